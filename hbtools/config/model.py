@@ -1,0 +1,147 @@
+"""The validated, normalised form of a makertbin YAML config.
+
+``hbtools.config.loader.load_config`` turns the user's YAML (all the value forms
+real configs use) into these dataclasses; everything downstream reads only
+these. Per-input values are already split into one ``InputSpec`` per input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+IMAGE_TYPES = ("rgb", "bgr", "yuv444", "gray")
+TRAIN_TYPES = (*IMAGE_TYPES, "featuremap")
+RT_TYPES = ("nv12", *IMAGE_TYPES, "featuremap")
+
+# input_type_train -> the input_type_rt values it may be fed from (seed 004 table).
+ALLOWED_RT_FOR_TRAIN: dict[str, tuple[str, ...]] = {
+    "yuv444": ("nv12", "yuv444"),
+    "rgb": ("nv12", "yuv444", "rgb", "bgr"),
+    "bgr": ("nv12", "yuv444", "rgb", "bgr"),
+    "gray": ("gray",),
+    "featuremap": ("featuremap",),
+}
+
+# input_type_rt -> the intermediate type the ONNX artefacts take as input.
+INTERMEDIATE_TYPE: dict[str, str] = {
+    "nv12": "yuv444_128",
+    "yuv444": "yuv444_128",
+    "rgb": "RGB_128",
+    "bgr": "BGR_128",
+    "gray": "GRAY_128",
+    "featuremap": "featuremap",
+}
+
+
+@dataclass
+class NodeInfo:
+    """One entry of ``model_parameters.node_info`` (or run_on_cpu/run_on_bpu)."""
+
+    on: str | None = None  # "BPU" | "CPU" | None
+    input_types: dict[int | None, str] = field(default_factory=dict)  # None = all inputs
+    output_type: str | None = None  # "int8" | "int16" | None
+
+
+@dataclass
+class InputSpec:
+    """Everything the config says about one model input.
+
+    ``name`` and ``shape`` may be None when the config leaves them to the model;
+    the parse stage fills them in (``resolved``).
+    """
+
+    name: str | None
+    shape: list[int] | None
+    type_train: str
+    layout_train: str  # "NCHW" | "NHWC" (featuremap of other rank: as given)
+    type_rt: str
+    layout_rt: str | None  # None: default (NHWC for nv12, else layout_train)
+    space_and_range: str = "regular"  # "regular" | "bt601_video"
+    norm_type: str = "no_preprocess"
+    mean: list[float] | None = None  # one value (all channels) or one per channel
+    scale: list[float] | None = None
+    cal_data_dir: Path | None = None
+    cal_data_type: str | None = None  # None: from the folder name (_f32 -> float32, else uint8)
+
+    @property
+    def is_featuremap(self) -> bool:
+        return self.type_rt == "featuremap"
+
+    @property
+    def intermediate_type(self) -> str:
+        return INTERMEDIATE_TYPE[self.type_rt]
+
+    @property
+    def effective_layout_rt(self) -> str:
+        if self.layout_rt:
+            return self.layout_rt
+        return "NHWC" if self.type_rt == "nv12" else self.layout_train
+
+
+@dataclass
+class ModelParameters:
+    model_type: str  # "onnx" | "caffe"
+    march: str  # lower case
+    onnx_model: Path | None = None
+    prototxt: Path | None = None
+    caffe_model: Path | None = None
+    output_model_file_prefix: str = "model"
+    working_dir: Path = Path("model_output")
+    layer_out_dump: bool = False
+    output_nodes: list[str] = field(default_factory=list)
+    remove_node_type: list[str] = field(default_factory=list)
+    remove_node_name: list[str] = field(default_factory=list)
+    debug_mode: list[str] = field(default_factory=list)  # e.g. ["dump_calibration_data"]
+    # set_node_data_type, run_on_cpu/run_on_bpu and node_info merged, by node name.
+    node_info: dict[str, NodeInfo] = field(default_factory=dict)
+
+
+@dataclass
+class CalibrationParameters:
+    calibration_type: str = "default"  # default|mix|kl|max|load|skip
+    max_percentile: float | None = None
+    per_channel: bool = False
+    preprocess_on: bool = False
+    optimization: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CompilerParameters:
+    compile_mode: str = "latency"  # latency|bandwidth|balance
+    balance_factor: int | None = None
+    debug: bool = False
+    core_num: int = 1
+    optimize_level: str = "O0"
+    input_source: dict[str, str] = field(default_factory=dict)
+    max_time_per_fc: int = 0
+    jobs: int | None = None
+    advice: int | None = None
+
+
+@dataclass
+class CustomOpParameters:
+    custom_op_method: str | None = None
+    op_register_files: list[str] = field(default_factory=list)
+    custom_op_dir: Path | None = None
+
+
+@dataclass
+class Config:
+    model: ModelParameters
+    inputs: list[InputSpec]
+    input_batch: int
+    calibration: CalibrationParameters
+    compiler: CompilerParameters
+    custom_op: CustomOpParameters
+    yaml_path: Path | None = None
+    # The user's values after normalisation, by group, for logs and the .bin snapshot.
+    snapshot: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def output_prefix_path(self) -> Path:
+        return self.model.working_dir / self.model.output_model_file_prefix
+
+    def wants(self, optimization: str) -> bool:
+        return optimization in self.calibration.optimization

@@ -1,0 +1,267 @@
+"""Parsers for the value forms makertbin YAML configs use.
+
+Every parser turns one raw YAML value into its normalised form or raises
+``schema.SchemaError`` with a single line that names the parameter and says how
+to fix it. The loader puts the ``Key '<group>' error:`` line in front, so the
+user sees which group is wrong and exactly what to change.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn
+
+import yaml
+from schema import SchemaError
+
+from hbtools.errors import ConfigError
+
+Parser = Callable[[Any], Any]
+
+
+def group_error(group: str, detail: str) -> ConfigError:
+    """The error every config problem ends up as (seed format: group line, detail line)."""
+    return ConfigError(f"Key '{group}' error:\n{detail}")
+
+
+def fail(message: str) -> NoReturn:
+    raise SchemaError(message)
+
+
+def is_unset(value: Any) -> bool:
+    """None, blank strings and empty lists/mappings all mean "not given" (``input_shape: ''``)."""
+    if isinstance(value, str):
+        return not value.strip()
+    return value is None or (isinstance(value, list | dict) and not value)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _is_number(value: Any) -> bool:
+    # YAML True/False are ints in Python; a boolean is never a number here.
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def inline_mapping(value: Any) -> Any:
+    """A quoted ``'{"data": "ddr"}'`` is read as the mapping it spells (else returned as is)."""
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+        if isinstance(parsed, dict):
+            return parsed
+    return value
+
+
+def split_multi(key: str, value: Any) -> list[Any]:
+    """``'a; b; c'`` or a YAML list -> items; any other scalar is one item.
+
+    Blank items stay in place (their position matters for per-input values),
+    except one left by a trailing ``;``.
+    """
+    if isinstance(value, str):
+        items: list[Any] = [part.strip() for part in value.split(";")]
+        if len(items) > 1 and items[-1] == "":
+            items.pop()
+        return items
+    if isinstance(value, list):
+        return [v.strip() if isinstance(v, str) else v for v in value]
+    if isinstance(value, dict):
+        fail(f"'{key}' must be a string (several values separated by ';') or a list, not a mapping")
+    return [value]
+
+
+def as_text(key: str) -> Parser:
+    def parse(value: Any) -> str:
+        if isinstance(value, dict | list) or isinstance(value, bool):
+            fail(f"'{key}' must be a single string, got {value!r}")
+        return str(value).strip()
+
+    return parse
+
+
+def as_bool(key: str) -> Parser:
+    def parse(value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        fail(f"'{key}' must be True or False, got {value!r}")
+
+    return parse
+
+
+def as_int(key: str, lo: int, hi: int | None = None, *, zero_ok: bool = False) -> Parser:
+    """Integer in [lo, hi]; ``zero_ok`` also admits 0 below ``lo`` (max_time_per_fc)."""
+    allowed = f"{'0 or ' if zero_ok else ''}{lo}" + (f"-{hi}" if hi is not None else " or more")
+
+    def parse(value: Any) -> int:
+        number: int | None = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+            number = int(value)
+        if number is None:
+            fail(f"'{key}' must be an integer ({allowed}), got {value!r}")
+        if (number == 0 and zero_ok) or (number >= lo and (hi is None or number <= hi)):
+            return number
+        fail(f"'{key}' is {number}, out of range; use {allowed}")
+
+    return parse
+
+
+def to_float(value: Any) -> float | None:
+    if _is_number(value):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def as_percentile(key: str) -> Parser:
+    def parse(value: Any) -> float:
+        number = to_float(value)
+        if number is None:
+            fail(f"'{key}' must be a number in (0, 1], e.g. 0.99995, got {value!r}")
+        if not 0.0 < number <= 1.0:
+            fail(f"'{key}' is {number}, out of range; use a value in (0, 1], e.g. 0.99995")
+        return number
+
+    return parse
+
+
+def choice(key: str, value: Any, choices: Sequence[str]) -> str:
+    """Case-insensitive match against ``choices``; returns the canonical spelling."""
+    text = str(value).strip() if isinstance(value, str | int | float) else None
+    if text is not None and not isinstance(value, bool):
+        for canonical in choices:
+            if canonical.lower() == text.lower():
+                return canonical
+    hint = did_you_mean(str(value), choices)
+    fail(f"'{key}' value {value!r} is not valid{hint}; use one of: {', '.join(choices)}")
+
+
+def as_choice(key: str, choices: Sequence[str]) -> Parser:
+    return lambda value: choice(key, value, choices)
+
+
+def as_names(key: str, choices: Sequence[str] | None = None) -> Parser:
+    """A multi-value list of names (node names, op types, ...), blanks dropped."""
+
+    def parse(value: Any) -> list[str]:
+        out: list[str] = []
+        for item in split_multi(key, value):
+            if is_unset(item):
+                continue
+            if isinstance(item, dict | list | bool):
+                fail(f"'{key}' items must be plain names, got {item!r}")
+            name = choice(key, item, choices) if choices else str(item)
+            if name not in out:
+                out.append(name)
+        return out
+
+    return parse
+
+
+def as_per_input(key: str, item: Callable[[str, Any], Any]) -> Parser:
+    """One value per model input; a blank item becomes None (for that input: unset)."""
+
+    def parse(value: Any) -> list[Any]:
+        return [None if is_unset(v) else item(key, v) for v in split_multi(key, value)]
+
+    return parse
+
+
+def choice_item(choices: Sequence[str]) -> Callable[[str, Any], str]:
+    return lambda key, value: choice(key, value, choices)
+
+
+def text_item(key: str, value: Any) -> str:
+    if isinstance(value, dict | list | bool):
+        fail(f"'{key}' items must be plain strings, got {value!r}")
+    return str(value)
+
+
+def layout_item(key: str, value: Any) -> str:
+    # Image inputs must be NCHW/NHWC (checked per input later); featuremap inputs
+    # of another rank may name their own layout, so only the spelling is checked here.
+    text = str(value).strip().upper()
+    if not re.fullmatch(r"[A-Z]+", text):
+        fail(f"'{key}' value {value!r} is not a layout; use NCHW or NHWC")
+    return text
+
+
+def shape_item(key: str, value: Any) -> list[int]:
+    """``'1x3x224x224'`` -> [1, 3, 224, 224]; every dimension must be positive."""
+    if isinstance(value, list) and value and all(_is_number(v) for v in value):
+        dims_text = [str(v) for v in value]
+    elif _is_number(value) or isinstance(value, str):
+        dims_text = [d.strip() for d in str(value).lower().split("x")]
+    else:
+        fail(f"'{key}' value {value!r} is not a shape; write it like '1x3x224x224'")
+    if not all(re.fullmatch(r"[+-]?\d+", d) for d in dims_text):
+        fail(
+            f"'{key}' value {value!r} is not a shape; write integers joined by 'x', "
+            f"e.g. '1x3x224x224'"
+        )
+    dims = [int(d) for d in dims_text]
+    if any(d <= 0 for d in dims):
+        fail(
+            f"'{key}' value {value!r} has a dimension <= 0; every dimension must be a "
+            f"positive integer (set the real size of dynamic dimensions)"
+        )
+    return dims
+
+
+def numbers_item(key: str, value: Any) -> list[float] | None:
+    """Per-channel numbers: ``'123.675 116.28 103.53'``, a number, a list, or 'None'."""
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
+    if _is_number(value):
+        return [float(value)]
+    parts = value if isinstance(value, list) else re.split(r"[\s,]+", str(value).strip())
+    numbers = [to_float(p) for p in parts]
+    if not numbers or any(n is None for n in numbers):
+        fail(
+            f"'{key}' value {value!r} is not a list of numbers; write one number or one per "
+            f"channel separated by spaces (e.g. '123.675 116.28 103.53'), or 'None'"
+        )
+    return numbers  # type: ignore[return-value]
+
+
+def as_per_channel(key: str) -> Parser:
+    """Per-input per-channel numbers.
+
+    A YAML list of plain numbers is read as ONE input's per-channel values (the
+    common way to write ``[123.675, 116.28, 103.53]``); several inputs are written
+    ``'a b c; d e f'`` or as a list of such strings.
+    """
+    per_input = as_per_input(key, numbers_item)
+
+    def parse(value: Any) -> list[list[float] | None]:
+        if isinstance(value, list) and value and all(_is_number(v) for v in value):
+            return [[float(v) for v in value]]
+        return per_input(value)
+
+    return parse
+
+
+def as_shapes(key: str) -> Parser:
+    """Per-input shapes; a YAML list of plain integers is one input's shape."""
+    per_input = as_per_input(key, shape_item)
+
+    def parse(value: Any) -> list[list[int] | None]:
+        if isinstance(value, list) and value and all(_is_number(v) for v in value):
+            return [shape_item(key, value)]
+        return per_input(value)
+
+    return parse

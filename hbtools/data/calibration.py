@@ -1,0 +1,223 @@
+"""Calibration samples, streamed one at a time in the intermediate type (SPEC §5).
+
+A source yields ``{input_name: array}`` dicts that can be fed straight to the
+original/optimized/calibrated ONNX artefacts. Nothing is kept between samples,
+so memory does not grow with the size of the calibration set.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from hbtools.config.model import InputSpec
+from hbtools.data.images import IMAGE_EXTENSIONS, load_images
+from hbtools.data.intermediate import to_intermediate
+from hbtools.errors import HbError
+from hbtools.log import logger
+
+
+class CalibrationSource:
+    """Common interface: ``names``, ``len()`` and iteration over sample dicts."""
+
+    def __init__(self, specs: Sequence[InputSpec]) -> None:
+        for s in specs:
+            if s.name is None or s.shape is None:
+                raise ValueError("calibration needs resolved input specs (name and shape)")
+        self.specs = list(specs)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+
+def raw_dtype(spec: InputSpec) -> np.dtype:
+    """The element type of the raw calibration files of one input."""
+    if spec.cal_data_type:
+        return np.dtype(spec.cal_data_type)
+    # Featuremaps are documented as float32 tofile dumps whatever the folder name.
+    if spec.is_featuremap or Path(spec.cal_data_dir or "").name.endswith("_f32"):
+        return np.dtype(np.float32)
+    return np.dtype(np.uint8)
+
+
+def _listing(spec: InputSpec) -> list[Path]:
+    folder = spec.cal_data_dir
+    if folder is None:
+        raise HbError(f"input '{spec.name}': cal_data_dir is not set")
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HbError(f"calibration data folder {folder} for input '{spec.name}' does not exist")
+    # Hidden files (.DS_Store, editor swap files) are never samples.
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise HbError(f"calibration data folder {folder} for input '{spec.name}' is empty")
+    return files
+
+
+def _check_raw(path: Path, spec: InputSpec) -> None:
+    count = math.prod(spec.shape)
+    if path.suffix.lower() == ".npy":
+        with open(path, "rb") as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            except ValueError as e:
+                raise HbError(f"calibration file {path} is not a valid .npy file: {e}") from e
+        if math.prod(shape) != count or dtype.kind not in "biuf":
+            raise HbError(
+                f"calibration file {path} holds {dtype} {list(shape)}, "
+                f"expected {count} numbers (shape {spec.shape}) for input '{spec.name}'"
+            )
+        return
+    dtype = raw_dtype(spec)
+    expected = count * dtype.itemsize
+    size = path.stat().st_size
+    if size != expected:
+        raise HbError(
+            f"calibration file {path} has {size} bytes, expected {expected} bytes "
+            f"(shape {spec.shape}, dtype {dtype}) for input '{spec.name}'",
+            hint="Set cal_data_type (or end the folder name with _f32 for float32 data) "
+            "to match how the files were written.",
+        )
+
+
+def _plan_input(spec: InputSpec, preprocess_on: bool) -> list[tuple[Path, ...]]:
+    files = _listing(spec)
+    if spec.is_featuremap or not preprocess_on:
+        for f in files:
+            _check_raw(f, spec)
+        return [(f,) for f in files]
+    for f in files:
+        if f.suffix.lower() not in IMAGE_EXTENSIONS:
+            raise HbError(
+                f"calibration file {f} is not an image ({'/'.join(IMAGE_EXTENSIONS)}); "
+                "preprocess_on is True"
+            )
+    batch = spec.shape[0]
+    if len(files) < batch:
+        raise HbError(
+            f"input '{spec.name}' has batch {batch} but {spec.cal_data_dir} holds {len(files)} images"
+        )
+    if len(files) % batch:
+        logger.warning(
+            "input '%s': %d images do not fill batches of %d; the last %d are ignored",
+            spec.name,
+            len(files),
+            batch,
+            len(files) % batch,
+        )
+    return [tuple(files[i : i + batch]) for i in range(0, len(files) - batch + 1, batch)]
+
+
+def _plan(specs: Sequence[InputSpec], preprocess_on: bool) -> list[list[tuple[Path, ...]]]:
+    plans = [_plan_input(s, preprocess_on) for s in specs]
+    counts = {len(p) for p in plans}
+    if len(counts) > 1:
+        detail = ", ".join(f"{s.cal_data_dir}: {len(p)}" for s, p in zip(specs, plans, strict=True))
+        raise HbError(f"calibration folders hold different numbers of samples ({detail})")
+    return plans
+
+
+def preflight(specs: Sequence[InputSpec], preprocess_on: bool = False) -> int:
+    """Check the calibration folders without reading any sample; return the sample count."""
+    CalibrationSource(specs)  # name/shape check
+    return len(_plan(specs, preprocess_on)[0])
+
+
+def _read_sample(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> np.ndarray:
+    if preprocess_on and not spec.is_featuremap:
+        return to_intermediate(load_images(paths, spec), spec)
+    (path,) = paths
+    data = np.load(path) if path.suffix.lower() == ".npy" else np.fromfile(path, raw_dtype(spec))
+    return to_intermediate(data.reshape(spec.shape), spec)
+
+
+class FolderCalibrationSource(CalibrationSource):
+    """Samples read from ``cal_data_dir`` folders (one per input, files in name order)."""
+
+    def __init__(self, specs: Sequence[InputSpec], preprocess_on: bool = False) -> None:
+        super().__init__(specs)
+        self.preprocess_on = preprocess_on
+        self._plans = _plan(self.specs, preprocess_on)
+
+    def __len__(self) -> int:
+        return len(self._plans[0])
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for i in range(len(self)):
+            yield {
+                s.name: _read_sample(p[i], s, self.preprocess_on)
+                for s, p in zip(self.specs, self._plans, strict=True)
+            }
+
+
+class RandomCalibrationSource(CalibrationSource):
+    """Generated samples for ``calibration_type: skip``: uniform 0..255 images, N(0, 1) featuremaps.
+
+    Every iteration restarts from ``seed``, so repeated passes see the same data.
+    """
+
+    def __init__(self, specs: Sequence[InputSpec], num_samples: int = 4, seed: int = 0) -> None:
+        super().__init__(specs)
+        self.num_samples = num_samples
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        rng = np.random.default_rng(self.seed)
+        for _ in range(self.num_samples):
+            sample = {}
+            for s in self.specs:
+                if s.is_featuremap:
+                    data = rng.standard_normal(s.shape)
+                else:
+                    data = rng.integers(0, 256, size=s.shape, dtype=np.uint8)
+                sample[s.name] = to_intermediate(data, s)
+            yield sample
+
+
+def folder_names(names: Sequence[str]) -> dict[str, str]:
+    """Filesystem-safe, distinct folder name for each input name."""
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for name in names:
+        base = re.sub(r"[^A-Za-z0-9._-]", "_", name).strip(".") or "input"
+        safe, i = base, 0
+        while safe in used:
+            i += 1
+            safe = f"{base}_{i}"
+        used.add(safe)
+        out[name] = safe
+    return out
+
+
+def dump_calibration_data(source: CalibrationSource, working_dir: str | Path) -> Path:
+    """Write every sample to ``working_dir/calibration_data/<input>/<i>.npy``; return that folder."""
+    root = Path(working_dir) / "calibration_data"
+    dirs = {n: root / d for n, d in folder_names(source.names).items()}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+        # A previous, longer run would otherwise leave extra samples behind.
+        for old in d.glob("*.npy"):
+            if old.stem.isdigit():
+                old.unlink()
+    for i, sample in enumerate(source):
+        for name, data in sample.items():
+            np.save(dirs[name] / f"{i}.npy", data)
+    return root

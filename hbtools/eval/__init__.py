@@ -1,0 +1,23 @@
+"""Task-level accuracy helpers: compare a quantized model's outputs with the float
+model's in terms the task cares about (same class, same text, same text regions),
+beyond a raw cosine similarity."""
+
+from hbtools.eval.ppocr import (
+    DetAgreement,
+    cls_agreement,
+    cosine,
+    ctc_decode,
+    det_agreement,
+    rec_agreement,
+    rec_characters,
+)
+
+__all__ = [
+    "DetAgreement",
+    "cls_agreement",
+    "cosine",
+    "ctc_decode",
+    "det_agreement",
+    "rec_agreement",
+    "rec_characters",
+]

@@ -1,0 +1,149 @@
+"""A small read-mostly view of an ONNX graph: producers, consumers, constants, shapes."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+import onnx
+from onnx import ModelProto, NodeProto, numpy_helper
+
+from hbtools.ops.base import attrs_of
+
+
+class GraphView:
+    """Index of a model's graph. Rebuild it after editing the graph."""
+
+    def __init__(self, model: ModelProto) -> None:
+        self.model = model
+        self.graph = model.graph
+
+    @cached_property
+    def producer(self) -> dict[str, NodeProto]:
+        return {o: n for n in self.graph.node for o in n.output if o}
+
+    @cached_property
+    def consumers(self) -> dict[str, list[NodeProto]]:
+        out: dict[str, list[NodeProto]] = {}
+        for n in self.graph.node:
+            for i in n.input:
+                if i:
+                    out.setdefault(i, []).append(n)
+        return out
+
+    @cached_property
+    def initializers(self) -> dict[str, np.ndarray]:
+        return {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
+
+    @cached_property
+    def graph_inputs(self) -> list[str]:
+        inits = {t.name for t in self.graph.initializer}
+        return [i.name for i in self.graph.input if i.name not in inits]
+
+    @cached_property
+    def graph_outputs(self) -> list[str]:
+        return [o.name for o in self.graph.output]
+
+    @cached_property
+    def node_by_name(self) -> dict[str, NodeProto]:
+        return {n.name: n for n in self.graph.node}
+
+    @cached_property
+    def shapes(self) -> dict[str, list[int | None]]:
+        """Static shapes from onnx shape inference (None for unknown dims)."""
+        inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+        out: dict[str, list[int | None]] = {}
+        for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                out[vi.name] = [
+                    d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim
+                ]
+        for name, arr in self.initializers.items():
+            out[name] = list(arr.shape)
+        return out
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of a tensor if it is an initializer (constants are folded by then)."""
+        return self.initializers.get(name)
+
+    def is_const(self, name: str) -> bool:
+        return name in self.initializers
+
+    def attrs(self, node: NodeProto) -> dict:
+        return attrs_of(node)
+
+
+def name_unnamed_nodes(model: ModelProto) -> None:
+    """Give every node a unique name (tables, node_info and the debugger key on names)."""
+    taken = {n.name for n in model.graph.node if n.name}
+    counters: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.name:
+            continue
+        i = counters.get(node.op_type, 0)
+        while f"{node.op_type}_{i}" in taken:
+            i += 1
+        node.name = f"{node.op_type}_{i}"
+        taken.add(node.name)
+        counters[node.op_type] = i + 1
+
+
+def remove_dead_nodes(model: ModelProto) -> None:
+    """Drop nodes and initializers that do not contribute to a graph output."""
+    g = model.graph
+    needed = {o.name for o in g.output}
+    keep: list[NodeProto] = []
+    for node in reversed(list(g.node)):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+    keep.reverse()
+    del g.node[:]
+    g.node.extend(keep)
+    inits = [t for t in g.initializer if t.name in needed]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+
+
+def topological_sort(model: ModelProto) -> None:
+    g = model.graph
+    available = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+    pending = list(g.node)
+    ordered: list[NodeProto] = []
+    while pending:
+        rest = []
+        for n in pending:
+            if all(i in available for i in n.input):
+                ordered.append(n)
+                available.update(n.output)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            raise ValueError("graph has a cycle or a dangling input: " + ", ".join(n.name for n in rest[:5]))
+        pending = rest
+    del g.node[:]
+    g.node.extend(ordered)
+
+
+# Hz ops of the float artefacts whose output has their first input's shape (and is float).
+_SHAPE_PRESERVING = ("HzPreprocess", "HzCalibration")
+
+
+def infer_shapes(model: ModelProto) -> ModelProto:
+    """onnx shape inference that also passes shapes through HzPreprocess / HzCalibration."""
+    del model.graph.value_info[:]
+    for _ in range(64):
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        known = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+                 if vi.type.tensor_type.HasField("shape")}
+        added = False
+        for node in inferred.graph.node:
+            if node.op_type in _SHAPE_PRESERVING and node.output[0] not in known and node.input[0] in known:
+                dims = [d.dim_value for d in known[node.input[0]].type.tensor_type.shape.dim]
+                inferred.graph.value_info.append(
+                    onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, dims))
+                added = True
+        model = inferred
+        if not added:
+            break
+    return model

@@ -1,0 +1,85 @@
+"""Loading, checking and atomically saving ONNX models: the one place that does it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+from onnx import ModelProto
+
+from hbtools.errors import HbError
+from hbtools.ops.base import DOMAIN, DOMAIN_VERSION
+
+MIN_OPSET, MAX_OPSET = 10, 21
+MAX_IR_VERSION = 10
+
+
+def load_model(path: str | Path) -> ModelProto:
+    """Load an ONNX file, turning every way it can be unreadable into an HbError."""
+    path = Path(path)
+    if not path.is_file():
+        raise HbError(f"model file '{path}' does not exist", hint="check the model path")
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # protobuf raises several unrelated types
+        raise HbError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
+    if not model.graph.node:
+        raise HbError(f"'{path}' is not a readable ONNX model (the graph has no nodes)")
+    return model
+
+
+def default_opset(model: ModelProto) -> int:
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            return op.version
+    return 0
+
+
+def check_source_model(model: ModelProto, path: str | Path) -> None:
+    """Constraints on a user's float model (SPEC §3)."""
+    opset = default_opset(model)
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise HbError(
+            f"'{path}' uses opset {opset}; supported default-domain opsets are {MIN_OPSET}..{MAX_OPSET}",
+            hint="re-export the model with a supported opset",
+        )
+    if model.ir_version > MAX_IR_VERSION:
+        raise HbError(f"'{path}' has IR version {model.ir_version}; at most {MAX_IR_VERSION} is supported")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
+        raise HbError(f"'{path}' fails the ONNX checker: {first}") from exc
+
+
+def with_horizon_domain(model: ModelProto) -> ModelProto:
+    """Declare the custom domain (needed by onnx.checker) and drop unused imported domains."""
+    used = {n.domain for n in model.graph.node}
+    keep = [op for op in model.opset_import if op.domain in ("", "ai.onnx") or op.domain in used]
+    if DOMAIN in used and not any(op.domain == DOMAIN for op in keep):
+        keep.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    del model.opset_import[:]
+    model.opset_import.extend(keep)
+    return model
+
+
+def save_model(model: ModelProto, path: str | Path) -> Path:
+    """Check and write a model atomically: a temp file in the same folder, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with_horizon_domain(model)
+    onnx.checker.check_model(model)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(model.SerializeToString())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

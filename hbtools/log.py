@@ -1,0 +1,36 @@
+"""Logging in the seed's format: ``YYYY-MM-DD HH:MM:SS,mmm LEVEL message``.
+
+Tools log through the ``hbtools`` logger. ``setup`` sends INFO and above to the
+console and DEBUG and above (tracebacks included) to the tool's log file.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+LOGGER_NAME = "hbtools"
+FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> logging.Logger:
+    """Configure the ``hbtools`` logger for one tool run (idempotent)."""
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+        h.close()
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    fmt = logging.Formatter(FORMAT)
+    console = logging.StreamHandler(sys.stdout)
+    console.setLevel(console_level)
+    console.setFormatter(fmt)
+    logger.addHandler(console)
+    if log_file is not None:
+        fh = logging.FileHandler(log_file, mode="w", encoding="utf-8")
+        fh.setLevel(logging.DEBUG)
+        fh.setFormatter(fmt)
+        logger.addHandler(fh)
+    return logger

@@ -1,0 +1,74 @@
+"""Similarity metrics between a float and a quantized tensor: the one implementation.
+
+The debugger, the makertbin similarity table, vec_diff and the benchmarks all use
+these. Each takes two arrays of the same size and returns a float.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _flat(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(a, dtype=np.float64).reshape(-1)
+    b = np.asarray(b, dtype=np.float64).reshape(-1)
+    if a.size != b.size:
+        raise ValueError(f"cannot compare tensors of {a.size} and {b.size} elements")
+    return a, b
+
+
+def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = _flat(a, b)
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def mse(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = _flat(a, b)
+    return float(np.mean((a - b) ** 2)) if a.size else 0.0
+
+
+def mre(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean relative error |a - b| / |a| over elements where a is not zero."""
+    a, b = _flat(a, b)
+    mask = a != 0
+    return float(np.mean(np.abs(a[mask] - b[mask]) / np.abs(a[mask]))) if mask.any() else 0.0
+
+
+def sqnr(a: np.ndarray, b: np.ndarray) -> float:
+    """Signal-to-quantization-noise ratio in dB (a is the reference)."""
+    a, b = _flat(a, b)
+    noise = np.sum((a - b) ** 2)
+    signal = np.sum(a**2)
+    if noise == 0:
+        return float("inf")
+    if signal == 0:
+        return float("-inf")
+    return float(10.0 * np.log10(signal / noise))
+
+
+def chebyshev(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest absolute difference."""
+    a, b = _flat(a, b)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def relative_euclidean_distance(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = _flat(a, b)
+    na = np.linalg.norm(a)
+    return float(np.linalg.norm(a - b) / na) if na else float(np.linalg.norm(b))
+
+
+METRICS = {
+    "cosine-similarity": cosine_similarity,
+    "mse": mse,
+    "mre": mre,
+    "sqnr": sqnr,
+    "chebyshev": chebyshev,
+}
+# Metrics where a larger value means closer (rank ascending to find the worst first).
+HIGHER_IS_BETTER = {"cosine-similarity", "sqnr"}

@@ -1,0 +1,93 @@
+"""The shape every Hz op follows: attributes, ONNX lowering, reference numerics.
+
+Artefact files keep Horizon op types in the ``horizon`` domain. When
+``HB_ONNXRuntime`` opens a file it replaces each Hz node by standard ONNX nodes
+(``HzOp.lower``), so onnxruntime executes everything. ``HzOp.reference`` is an
+independent numpy implementation used by tests and the ``.bin`` simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from onnx import NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
+
+DOMAIN = "horizon"
+DOMAIN_VERSION = 1
+
+
+def attrs_of(node: NodeProto) -> dict:
+    """A node's attributes as plain Python values (bytes decoded to str)."""
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [x.decode() for x in v]
+        out[a.name] = v
+    return out
+
+
+class LoweringContext:
+    """What a lowering may add to the graph besides nodes: constants and fresh names."""
+
+    def __init__(
+        self,
+        opset: int,
+        taken: set[str],
+        shapes: dict[str, list[int | None]] | None = None,
+        *,
+        feed_calibration: bool = False,
+    ) -> None:
+        self.opset = opset
+        self._taken = taken
+        self.shapes = shapes or {}
+        # When set, calibration scales and enable flags become graph inputs so one
+        # session can evaluate any threshold assignment (search, debugger).
+        self.feed_calibration = feed_calibration
+        self.initializers: list[TensorProto] = []
+        self.inputs: list[ValueInfoProto] = []
+
+    def unique(self, hint: str) -> str:
+        name, i = hint, 0
+        while name in self._taken:
+            i += 1
+            name = f"{hint}_{i}"
+        self._taken.add(name)
+        return name
+
+    def constant(self, hint: str, value: np.ndarray) -> str:
+        name = self.unique(hint)
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def graph_input(self, name: str, elem_type: int, shape: list[int]) -> str:
+        self._taken.add(name)
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        return name
+
+    def rank(self, tensor: str) -> int | None:
+        shape = self.shapes.get(tensor)
+        return None if shape is None else len(shape)
+
+
+class HzOp:
+    """Base class: one subclass per Hz op type, registered in ``hbtools.ops.registry``."""
+
+    op_type: str = ""
+
+    @classmethod
+    def make_node(cls, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs) -> NodeProto:
+        return helper.make_node(cls.op_type, list(inputs), list(outputs), name=name, domain=DOMAIN, **attrs)
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        """Standard-ONNX nodes computing exactly this node's outputs from its inputs."""
+        raise NotImplementedError
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """numpy implementation of the node (independent of ``lower``)."""
+        raise NotImplementedError

@@ -1,0 +1,157 @@
+"""HzPreprocess: intermediate int8 pixels -> normalised float train input (SPEC §5, §7)."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper
+
+from hbtools.config.model import ALLOWED_RT_FOR_TRAIN, InputSpec
+from hbtools.data import colour
+from hbtools.data.intermediate import channels_last, from_channels_last
+from hbtools.errors import HbError
+from hbtools.ops.base import HzOp, LoweringContext, attrs_of
+from hbtools.ops.registry import register
+
+NORM_TYPES = ("no_preprocess", "data_mean", "data_scale", "data_mean_and_scale")
+_CHANNELS = {"rgb": 3, "bgr": 3, "yuv444": 3, "gray": 1}
+
+
+@register
+class HzPreprocess(HzOp):
+    """Colour conversion plus mean/scale for one image input.
+
+    Input: int8 tensor of the intermediate type (uint8 value − 128), 4-D in
+    ``layout``. Output: float32, same shape, ``(convert(x + 128) − mean) × scale``.
+
+    Attributes:
+        input_type_rt (str): nv12 | yuv444 | rgb | bgr | gray. For nv12 the
+            input is already upsampled yuv444, as the hardware delivers it.
+        input_type_train (str): yuv444 | rgb | bgr | gray.
+        input_space_and_range (str): regular | bt601_video (range of the YUV input).
+        layout (str): NCHW | NHWC, the input and output layout.
+        norm_type (str): no_preprocess | data_mean | data_scale | data_mean_and_scale.
+        mean (floats): one per channel, in train channel order.
+        scale (floats): one per channel, in train channel order.
+    """
+
+    op_type = "HzPreprocess"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        m, b = affine(node)
+        layout = attrs_of(node)["layout"]
+        x, y = node.input[0], node.output[0]
+        xf = ctx.unique(f"{node.name}_float")
+        nodes = [
+            helper.make_node(
+                "Cast", [x], [xf], name=ctx.unique(f"{node.name}_cast"), to=TensorProto.FLOAT
+            )
+        ]
+        if layout == "NCHW":
+            c = m.shape[0]
+            w = ctx.constant(f"{node.name}_weight", m.reshape(c, c, 1, 1).astype(np.float32))
+            bias = ctx.constant(f"{node.name}_bias", b.astype(np.float32))
+            nodes.append(
+                helper.make_node("Conv", [xf, w, bias], [y], name=ctx.unique(f"{node.name}_conv"))
+            )
+            return nodes
+        w = ctx.constant(f"{node.name}_weight", m.T.astype(np.float32))
+        bias = ctx.constant(f"{node.name}_bias", b.astype(np.float32))
+        xm = ctx.unique(f"{node.name}_matmul_out")
+        nodes += [
+            helper.make_node("MatMul", [xf, w], [xm], name=ctx.unique(f"{node.name}_matmul")),
+            helper.make_node("Add", [xm, bias], [y], name=ctx.unique(f"{node.name}_add")),
+        ]
+        return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = attrs_of(node)
+        pixels = channels_last(inputs[0].astype(np.float64) + 128.0, a["layout"])
+        src = colour.intermediate_space(a["input_type_rt"], a["input_space_and_range"])
+        v = colour.convert(pixels, src, a["input_type_train"])
+        mean, scale = _norm(a)
+        out = (v - mean) * scale
+        return [np.ascontiguousarray(from_channels_last(out, a["layout"])).astype(np.float32)]
+
+
+def _norm(a: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Effective per-channel mean and scale: the ones norm_type does not use are 0 and 1."""
+    norm = a["norm_type"]
+    mean = np.asarray(a["mean"], dtype=np.float64)
+    scale = np.asarray(a["scale"], dtype=np.float64)
+    if "mean" not in norm:
+        mean = np.zeros_like(mean)
+    if "scale" not in norm:
+        scale = np.ones_like(scale)
+    return mean, scale
+
+
+def affine(node: NodeProto) -> tuple[np.ndarray, np.ndarray]:
+    """``(M, b)`` (float64) with output pixel = ``M @ q + b`` for the int8 input vector ``q``."""
+    a = attrs_of(node)
+    mc, bc = colour.affine_from_intermediate(
+        a["input_type_rt"], a["input_type_train"], a["input_space_and_range"]
+    )
+    mean, scale = _norm(a)
+    # The op sees q = pixel - 128, so the +128 folds into the bias.
+    m = scale[:, None] * mc
+    b = scale * (mc @ np.full(len(bc), 128.0) + bc - mean)
+    return m, b
+
+
+def _per_channel(
+    values: list[float] | None, default: float, c: int, what: str, spec: InputSpec
+) -> list[float]:
+    if values is None:
+        return [default] * c
+    if len(values) == 1:
+        return [float(values[0])] * c
+    if len(values) != c:
+        raise HbError(
+            f"input '{spec.name}': {what} has {len(values)} values but the input has {c} channels"
+        )
+    return [float(v) for v in values]
+
+
+def make_preprocess_node(
+    spec: InputSpec, input_name: str, output_name: str, node_name: str, channels: int
+) -> NodeProto:
+    """The HzPreprocess node for one image input; ``channels`` is the model's C."""
+    if spec.is_featuremap or spec.type_train == "featuremap":
+        raise ValueError(f"featuremap input {spec.name!r} gets no HzPreprocess")
+    if spec.type_rt not in ALLOWED_RT_FOR_TRAIN.get(spec.type_train, ()):
+        raise HbError(
+            f"input '{spec.name}': input_type_rt {spec.type_rt} cannot feed "
+            f"input_type_train {spec.type_train}"
+        )
+    if spec.layout_train not in ("NCHW", "NHWC"):
+        raise HbError(
+            f"input '{spec.name}': image input needs layout NCHW or NHWC, got {spec.layout_train}"
+        )
+    if channels != _CHANNELS[spec.type_train]:
+        raise HbError(
+            f"input '{spec.name}': input_type_train {spec.type_train} needs "
+            f"{_CHANNELS[spec.type_train]} channels but the model input has {channels}"
+        )
+    if spec.norm_type not in NORM_TYPES:
+        raise HbError(f"input '{spec.name}': unknown norm_type {spec.norm_type}")
+    uses_mean, uses_scale = "mean" in spec.norm_type, "scale" in spec.norm_type
+    if uses_mean and spec.mean is None:
+        raise HbError(f"input '{spec.name}': norm_type {spec.norm_type} needs mean_value")
+    if uses_scale and spec.scale is None:
+        raise HbError(f"input '{spec.name}': norm_type {spec.norm_type} needs scale_value")
+    mean = _per_channel(spec.mean if uses_mean else None, 0.0, channels, "mean_value", spec)
+    scale = _per_channel(spec.scale if uses_scale else None, 1.0, channels, "scale_value", spec)
+    return HzPreprocess.make_node(
+        [input_name],
+        [output_name],
+        node_name,
+        input_type_rt=spec.type_rt,
+        input_type_train=spec.type_train,
+        input_space_and_range=spec.space_and_range,
+        layout=spec.layout_train,
+        norm_type=spec.norm_type,
+        mean=mean,
+        scale=scale,
+    )

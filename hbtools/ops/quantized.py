@@ -1,0 +1,347 @@
+"""Integer Hz ops of the quantized model and their exact ONNX lowering.
+
+Numerics (SPEC §7): int8/int16 symmetric activations, int8 per-channel weights,
+int32 bias and accumulation; requantization is ``clip(round(acc * m), lo, hi)``
+with ``m`` a float64 multiplier and round half to even. Integer products run in
+ConvInteger/MatMulInteger; everything after the accumulator runs in float64,
+which represents every int32 exactly, so a numpy implementation can reproduce
+the results bit for bit.
+
+Common attributes: ``out_type`` (int8 | int16 | int32), ``multiplier`` (floats,
+one or per channel along ``axis``), ``out_min``/``out_max`` (integer clip bounds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper
+
+from hbtools.ops.base import HzOp, LoweringContext, attrs_of
+from hbtools.ops.registry import register
+
+ONNX_INT = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
+NUMPY_INT = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
+
+
+def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, **attrs) -> tuple[NodeProto, str]:
+    out = ctx.unique(hint)
+    return helper.make_node(op, inputs, [out], name=out, **attrs), out
+
+
+def _cast(ctx: LoweringContext, x: str, to: int, hint: str, nodes: list[NodeProto]) -> str:
+    n, out = _node(ctx, "Cast", [x], f"{hint}_cast", to=to)
+    nodes.append(n)
+    return out
+
+
+def _per_axis(values: list[float], axis: int, rank: int | None) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 1 or rank is None:
+        return v.reshape([]) if v.size == 1 else v
+    shape = [1] * rank
+    shape[axis] = v.size
+    return v.reshape(shape)
+
+
+def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: str, hint: str,
+                nodes: list[NodeProto]) -> None:
+    """float64 accumulator -> clip(round(acc * m)) in out_type (or exact int32 cast)."""
+    axis = a.get("axis", 1)
+    x = acc
+    if a["out_type"] != "int32" or any(m != 1.0 for m in a["multiplier"]):
+        m = ctx.constant(f"{hint}_m", _per_axis(a["multiplier"], axis, rank))
+        n, x = _node(ctx, "Mul", [x, m], f"{hint}_scaled")
+        nodes.append(n)
+    n, x = _node(ctx, "Round", [x], f"{hint}_round")
+    nodes.append(n)
+    lo = ctx.constant(f"{hint}_lo", np.array(a["out_min"], dtype=np.float64))
+    hi = ctx.constant(f"{hint}_hi", np.array(a["out_max"], dtype=np.float64))
+    n, x = _node(ctx, "Clip", [x, lo, hi], f"{hint}_clip")
+    nodes.append(n)
+    nodes.append(helper.make_node("Cast", [x], [out], name=ctx.unique(f"{hint}_out"), to=ONNX_INT[a["out_type"]]))
+
+
+def _split16(ctx: LoweringContext, x: str, hint: str, nodes: list[NodeProto]) -> list[tuple[str, float]]:
+    """int16 x = 256*hi + lo with hi int8 and lo uint8, so 8-bit integer kernels stay exact."""
+    xd = _cast(ctx, x, TensorProto.DOUBLE, f"{hint}_x", nodes)
+    c256 = ctx.constant(f"{hint}_256", np.array(256.0))
+    n, q = _node(ctx, "Div", [xd, c256], f"{hint}_div")
+    nodes.append(n)
+    n, hi = _node(ctx, "Floor", [q], f"{hint}_hi")
+    nodes.append(n)
+    n, hi256 = _node(ctx, "Mul", [hi, c256], f"{hint}_hi256")
+    nodes.append(n)
+    n, lo = _node(ctx, "Sub", [xd, hi256], f"{hint}_lo")
+    nodes.append(n)
+    hi8 = _cast(ctx, hi, TensorProto.INT8, f"{hint}_hi8", nodes)
+    lo8 = _cast(ctx, lo, TensorProto.UINT8, f"{hint}_lo8", nodes)
+    return [(hi8, 256.0), (lo8, 1.0)]
+
+
+def _integer_product(ctx: LoweringContext, op: str, a: str, a_bits: int, b: str, b_bits: int, hint: str,
+                     nodes: list[NodeProto], **attrs) -> str:
+    """Exact a (*) b as float64 through ConvInteger / MatMulInteger on 8-bit parts."""
+    parts_a = _split16(ctx, a, f"{hint}_a", nodes) if a_bits == 16 else [(a, 1.0)]
+    parts_b = _split16(ctx, b, f"{hint}_b", nodes) if b_bits == 16 else [(b, 1.0)]
+    total = None
+    for pa, wa in parts_a:
+        for pb, wb in parts_b:
+            n, acc = _node(ctx, op, [pa, pb], f"{hint}_acc", **attrs)
+            nodes.append(n)
+            term = _cast(ctx, acc, TensorProto.DOUBLE, f"{hint}_accd", nodes)
+            if wa * wb != 1.0:
+                k = ctx.constant(f"{hint}_w", np.array(wa * wb))
+                n, term = _node(ctx, "Mul", [term, k], f"{hint}_term")
+                nodes.append(n)
+            if total is None:
+                total = term
+            else:
+                n, total = _node(ctx, "Add", [total, term], f"{hint}_sum")
+                nodes.append(n)
+    return total
+
+
+def _add_bias(ctx: LoweringContext, acc: str, bias: str, rank: int | None, axis: int, hint: str,
+              nodes: list[NodeProto]) -> str:
+    bd = _cast(ctx, bias, TensorProto.DOUBLE, f"{hint}_bias", nodes)
+    if rank is not None and axis != rank - 1:
+        shape = ctx.constant(f"{hint}_bshape", np.array([-1] + [1] * (rank - 1 - axis), dtype=np.int64))
+        n, bd = _node(ctx, "Reshape", [bd, shape], f"{hint}_breshape")
+        nodes.append(n)
+    n, out = _node(ctx, "Add", [acc, bd], f"{hint}_biased")
+    nodes.append(n)
+    return out
+
+
+@register
+class HzSQuantizedConv(HzOp):
+    """Conv / ConvTranspose / MatMul-with-weight on integers.
+
+    Inputs: x (int8|int16), w (int8), optional bias (int32). Extra attributes:
+    ``kind`` (Conv | ConvTranspose | MatMul), ``x_bits``, the conv attributes
+    (kernel_shape, strides, pads, dilations, group, output_padding), ``axis``
+    (output channel axis of the result: 1 for convs, -1 for MatMul).
+    """
+
+    op_type = "HzSQuantizedConv"
+    CONV_ATTRS = ("kernel_shape", "strides", "pads", "dilations", "group", "output_padding", "auto_pad")
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        nodes: list[NodeProto] = []
+        hint = node.name
+        conv_attrs = {k: a[k] for k in cls.CONV_ATTRS if k in a}
+        x, w = node.input[0], node.input[1]
+        rank = ctx.rank(node.output[0])
+        if a["kind"] == "ConvTranspose":
+            # No integer ConvTranspose kernel: float32 on integer values is exact below 2**24.
+            xf = _cast(ctx, x, TensorProto.FLOAT, f"{hint}_xf", nodes)
+            wf = _cast(ctx, w, TensorProto.FLOAT, f"{hint}_wf", nodes)
+            n, acc = _node(ctx, "ConvTranspose", [xf, wf], f"{hint}_acc", **conv_attrs)
+            nodes.append(n)
+            acc = _cast(ctx, acc, TensorProto.DOUBLE, f"{hint}_accd", nodes)
+        elif a["kind"] == "MatMul":
+            acc = _integer_product(ctx, "MatMulInteger", x, a["x_bits"], w, 8, hint, nodes)
+        else:
+            acc = _integer_product(ctx, "ConvInteger", x, a["x_bits"], w, 8, hint, nodes, **conv_attrs)
+        axis = a.get("axis", 1)
+        if rank is not None and axis < 0:
+            axis += rank
+        if len(node.input) > 2 and node.input[2]:
+            acc = _add_bias(ctx, acc, node.input[2], rank, axis, hint, nodes)
+        _requantize(ctx, acc, {**a, "axis": axis}, rank, node.output[0], hint, nodes)
+        return nodes
+
+
+@register
+class HzSQuantizedMatMul(HzOp):
+    """MatMul of two integer activations. Attributes: a_bits, b_bits, axis=-1."""
+
+    op_type = "HzSQuantizedMatMul"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        nodes: list[NodeProto] = []
+        acc = _integer_product(ctx, "MatMulInteger", node.input[0], a["a_bits"], node.input[1], a["b_bits"],
+                               node.name, nodes)
+        _requantize(ctx, acc, a, ctx.rank(node.output[0]), node.output[0], node.name, nodes)
+        return nodes
+
+
+@register
+class HzSQuantizedEltwise(HzOp):
+    """Add/Sub/Mul of two integer tensors: ``mode`` add (a*ma + b*mb) or mul (a*b*m)."""
+
+    op_type = "HzSQuantizedEltwise"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        nodes: list[NodeProto] = []
+        hint = node.name
+        xa = _cast(ctx, node.input[0], TensorProto.DOUBLE, f"{hint}_a", nodes)
+        xb = _cast(ctx, node.input[1], TensorProto.DOUBLE, f"{hint}_b", nodes)
+        if a["mode"] == "mul":
+            n, acc = _node(ctx, "Mul", [xa, xb], f"{hint}_prod")
+            nodes.append(n)
+        else:
+            ma = ctx.constant(f"{hint}_ma", np.array(a["a_multiplier"]))
+            mb = ctx.constant(f"{hint}_mb", np.array(a["b_multiplier"]))
+            n1, sa = _node(ctx, "Mul", [xa, ma], f"{hint}_sa")
+            n2, sb = _node(ctx, "Mul", [xb, mb], f"{hint}_sb")
+            n3, acc = _node(ctx, "Add", [sa, sb], f"{hint}_sum")
+            nodes += [n1, n2, n3]
+        _requantize(ctx, acc, a, None, node.output[0], hint, nodes)
+        return nodes
+
+
+@register
+class HzLut(HzOp):
+    """Element-wise function by table: ``y = table[x - in_min]``. Attributes: table, in_min, out_type."""
+
+    op_type = "HzLut"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        nodes: list[NodeProto] = []
+        hint = node.name
+        table = ctx.constant(f"{hint}_table", np.asarray(a["table"], dtype=NUMPY_INT[a["out_type"]]))
+        xi = _cast(ctx, node.input[0], TensorProto.INT32, f"{hint}_x", nodes)
+        off = ctx.constant(f"{hint}_offset", np.array(-a["in_min"], dtype=np.int32))
+        n, idx = _node(ctx, "Add", [xi, off], f"{hint}_idx")
+        nodes.append(n)
+        nodes.append(helper.make_node("Gather", [table, idx], [node.output[0]], name=ctx.unique(f"{hint}_gather")))
+        return nodes
+
+
+@register
+class HzSQuantizedPool(HzOp):
+    """Average pooling: integer window sums times ``multiplier`` (1/window folded in).
+
+    ``kind`` GlobalAveragePool (ReduceSum over spatial axes) or AveragePool (a
+    depthwise ConvInteger with a ones kernel). Attributes also: channels, pool attrs.
+    """
+
+    op_type = "HzSQuantizedPool"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        nodes: list[NodeProto] = []
+        hint = node.name
+        rank = ctx.rank(node.input[0]) or 4
+        if a["kind"] == "GlobalAveragePool":
+            xi = _cast(ctx, node.input[0], TensorProto.INT32, f"{hint}_x", nodes)
+            axes = list(range(2, rank))
+            if ctx.opset >= 13:
+                ax = ctx.constant(f"{hint}_axes", np.array(axes, dtype=np.int64))
+                n, s = _node(ctx, "ReduceSum", [xi, ax], f"{hint}_sum", keepdims=1)
+            else:
+                n, s = _node(ctx, "ReduceSum", [xi], f"{hint}_sum", axes=axes, keepdims=1)
+            nodes.append(n)
+            acc = _cast(ctx, s, TensorProto.DOUBLE, f"{hint}_sumd", nodes)
+        else:
+            kernel = a["kernel_shape"]
+            ones = ctx.constant(f"{hint}_ones", np.ones([a["channels"], 1, *kernel], dtype=np.int8))
+            attrs = {k: a[k] for k in ("kernel_shape", "strides", "pads") if k in a}
+            x = node.input[0]
+            if a.get("x_bits", 8) == 16:
+                acc = _integer_product(ctx, "ConvInteger", x, 16, ones, 8, hint, nodes, group=a["channels"], **attrs)
+            else:
+                acc = _integer_product(ctx, "ConvInteger", x, 8, ones, 8, hint, nodes, group=a["channels"], **attrs)
+        _requantize(ctx, acc, a, None, node.output[0], hint, nodes)
+        return nodes
+
+
+@register
+class HzSQuantizedConcat(HzOp):
+    """Concat of integer tensors brought to one scale: ``multipliers`` per input, ``concat_axis``."""
+
+    op_type = "HzSQuantizedConcat"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        nodes: list[NodeProto] = []
+        parts = []
+        for k, (x, m) in enumerate(zip(node.input, a["multipliers"], strict=True)):
+            if m == 1.0 and a.get("in_types", [a["out_type"]] * len(node.input))[k] == a["out_type"]:
+                parts.append(x)
+                continue
+            xd = _cast(ctx, x, TensorProto.DOUBLE, f"{node.name}_{k}", nodes)
+            out = ctx.unique(f"{node.name}_{k}_rq")
+            _requantize(ctx, xd, {**a, "multiplier": [m]}, None, out, f"{node.name}_{k}", nodes)
+            parts.append(out)
+        nodes.append(helper.make_node("Concat", parts, [node.output[0]], name=ctx.unique(node.name), axis=a["concat_axis"]))
+        return nodes
+
+
+@register
+class HzRequantize(HzOp):
+    """Integer to integer at another scale (e.g. an int32 accumulator to int8)."""
+
+    op_type = "HzRequantize"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        nodes: list[NodeProto] = []
+        xd = _cast(ctx, node.input[0], TensorProto.DOUBLE, node.name, nodes)
+        rank = ctx.rank(node.input[0])
+        axis = a.get("axis", 1)
+        if rank is not None and axis < 0:
+            axis += rank
+        _requantize(ctx, xd, {**a, "axis": axis}, rank, node.output[0], node.name, nodes)
+        return nodes
+
+
+@register
+class HzQuantize(HzOp):
+    """float -> int: ``clip(round(x / scale))``. Attributes: scale, out_type, out_min, out_max."""
+
+    op_type = "HzQuantize"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        nodes: list[NodeProto] = []
+        hint = node.name
+        s = ctx.constant(f"{hint}_scale", np.array(a["scale"], dtype=np.float32))
+        n, q = _node(ctx, "Div", [node.input[0], s], f"{hint}_div")
+        nodes.append(n)
+        n, r = _node(ctx, "Round", [q], f"{hint}_round")
+        nodes.append(n)
+        lo = ctx.constant(f"{hint}_lo", np.array(a["out_min"], dtype=np.float32))
+        hi = ctx.constant(f"{hint}_hi", np.array(a["out_max"], dtype=np.float32))
+        n, c = _node(ctx, "Clip", [r, lo, hi], f"{hint}_clip")
+        nodes.append(n)
+        nodes.append(helper.make_node("Cast", [c], [node.output[0]], name=ctx.unique(f"{hint}_cast"),
+                                      to=ONNX_INT[a["out_type"]]))
+        return nodes
+
+
+@register
+class HzDequantize(HzOp):
+    """int -> float32: ``x * scale`` (per tensor, or per channel along ``axis``), in float64."""
+
+    op_type = "HzDequantize"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        nodes: list[NodeProto] = []
+        hint = node.name
+        rank = ctx.rank(node.input[0])
+        axis = a.get("axis", 1)
+        if rank is not None and axis < 0:
+            axis += rank
+        xd = _cast(ctx, node.input[0], TensorProto.DOUBLE, hint, nodes)
+        s = ctx.constant(f"{hint}_scale", _per_axis(a["scales"], axis, rank))
+        n, y = _node(ctx, "Mul", [xd, s], f"{hint}_mul")
+        nodes.append(n)
+        nodes.append(helper.make_node("Cast", [y], [node.output[0]], name=ctx.unique(f"{hint}_cast"),
+                                      to=TensorProto.FLOAT))
+        return nodes

@@ -1,0 +1,168 @@
+"""Calibrate stage: stream calibration data, pick thresholds, insert HzCalibration nodes.
+
+One onnxruntime session over the optimized model yields every planned tensor per
+sample; statistics are streamed (memory independent of the sample count). Method
+search evaluates candidate thresholds on one session whose calibration scales are
+graph inputs, so trying a threshold never rebuilds a session.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import ModelProto, TensorProto, helper
+from tqdm import tqdm
+
+from hbtools.metrics import cosine_similarity
+from hbtools.ops.calibration import scales_for
+from hbtools.quant.plan import CalibrationPlan, build_calibrated_model, weight_thresholds
+from hbtools.quant.statistics import StatsCollector
+from hbtools.quant.thresholds import threshold_for
+from hbtools.runtime.lowering import lower_model
+from hbtools.runtime.session import make_session
+
+log = logging.getLogger("hbtools")
+
+EVAL_SAMPLES = 4  # samples kept in memory to score candidate thresholds
+DEFAULT_CANDIDATES = (("max", None), ("percentile", 0.99995), ("percentile", 0.9999), ("kl", None))
+
+Samples = Callable[[], Iterable[dict[str, np.ndarray]]]
+
+
+@dataclass
+class CalibrationResult:
+    model: ModelProto
+    plan: CalibrationPlan
+    thresholds: dict[str, float]
+    method: str
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *,
+        calibration_type: str, max_percentile: float | None = None,
+        loaded_thresholds: dict[str, float] | None = None) -> CalibrationResult:
+    collector, eval_feeds, eval_refs = _collect(optimized, plan, samples, count)
+    weight_th = weight_thresholds(optimized, plan)
+    candidates = {_label(m, p): _thresholds(plan, collector, m, p) for m, p in _methods(calibration_type, max_percentile)}
+    if calibration_type == "load" and loaded_thresholds:
+        base = candidates.get("max") or next(iter(candidates.values()))
+        candidates = {"load": {t: loaded_thresholds.get(t, v) for t, v in base.items()}}
+    scores: dict[str, float] = {}
+    if len(candidates) > 1 or calibration_type == "mix":
+        evaluator = _Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs)
+        scores = {label: evaluator.score(th) for label, th in candidates.items()}
+        for label, score in scores.items():
+            log.info("calibration method %s: output cosine %.6f", label, score)
+        method = max(scores, key=scores.get)
+        thresholds = dict(candidates[method])
+        methods = {t: method for t in thresholds}
+        if calibration_type == "mix":
+            thresholds, methods = evaluator.refine(thresholds, candidates, scores[method])
+    else:
+        method = next(iter(candidates))
+        thresholds = candidates[method]
+        methods = {t: method for t in thresholds}
+    log.info("Select %s method", method)
+    model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
+    return CalibrationResult(model, plan, thresholds, method, scores)
+
+
+def _methods(calibration_type: str, max_percentile: float | None) -> list[tuple[str, float | None]]:
+    if calibration_type in ("default", "mix"):
+        return list(DEFAULT_CANDIDATES)
+    if calibration_type == "kl":
+        return [("kl", None)]
+    if calibration_type == "max" and max_percentile is not None and max_percentile < 1.0:
+        return [("percentile", max_percentile)]
+    return [("max", None)]  # max, skip (random data) and load (fallback for unlabelled tensors)
+
+
+def _label(method: str, percentile: float | None) -> str:
+    return f"max-percentile {percentile}" if method == "percentile" else method
+
+
+def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
+                percentile: float | None) -> dict[str, float]:
+    return {p.tensor: threshold_for(method, collector.stats[p.tensor], p.bits, percentile)
+            for p in plan.activations}
+
+
+def _float_session(optimized: ModelProto, tensors: list[str]):
+    model = lower_model(optimized)
+    present = {o.name for o in model.graph.output}
+    for t in tensors:
+        if t not in present:
+            model.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    return make_session(model), [o.name for o in optimized.graph.output]
+
+
+def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int):
+    tensors = [p.tensor for p in plan.activations]
+    session, outputs = _float_session(optimized, tensors)
+    fetch = list(dict.fromkeys([*tensors, *outputs]))
+    collector = StatsCollector(tensors)
+    eval_feeds, eval_refs = [], []
+    bar = tqdm(samples(), total=count, desc="calibration", unit="sample", disable=not sys.stderr.isatty(),
+               leave=False)
+    for feed in bar:
+        values = dict(zip(fetch, session.run(fetch, feed), strict=True))
+        collector.update({t: values[t] for t in tensors})
+        if len(eval_feeds) < EVAL_SAMPLES:
+            eval_feeds.append(feed)
+            eval_refs.append([values[o] for o in outputs])
+    if collector.samples == 0:
+        from hbtools.errors import HbError
+
+        raise HbError("no calibration samples were read; check cal_data_dir")
+    log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(tensors))
+    return collector, eval_feeds, eval_refs
+
+
+class _Evaluator:
+    """Scores threshold assignments on one session with fed calibration scales."""
+
+    def __init__(self, optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],
+                 feeds: list[dict], refs: list[list[np.ndarray]]) -> None:
+        dummy = {p.tensor: 1.0 for p in plan.activations}
+        calibrated = build_calibrated_model(optimized, plan, dummy, weight_th, {})
+        self.session = make_session(lower_model(calibrated, feed_calibration=True))
+        self.plan = plan
+        self.feeds = feeds
+        self.refs = refs
+        self.outputs = [o.name for o in optimized.graph.output]
+
+    def _extra(self, thresholds: dict[str, float]) -> dict[str, np.ndarray]:
+        extra: dict[str, np.ndarray] = {}
+        for p in self.plan.activations:
+            extra[f"{p.node_name}_scale"] = scales_for(np.array([thresholds[p.tensor]]), p.bits).reshape([])
+            extra[f"{p.node_name}_enable"] = np.array(True)
+        return extra
+
+    def score(self, thresholds: dict[str, float]) -> float:
+        extra = self._extra(thresholds)
+        sims = []
+        for feed, ref in zip(self.feeds, self.refs, strict=True):
+            outs = self.session.run(self.outputs, {**feed, **extra})
+            sims.append(np.mean([cosine_similarity(r, o) for r, o in zip(ref, outs, strict=True)]))
+        return float(np.mean(sims))
+
+    def refine(self, thresholds: dict[str, float], candidates: dict[str, dict[str, float]],
+               best: float) -> tuple[dict[str, float], dict[str, str]]:
+        """mix: per tensor, keep whichever method's threshold scores best (greedy, in graph order)."""
+        current = copy.copy(thresholds)
+        methods = {t: "default" for t in current}
+        for p in tqdm(self.plan.activations, desc="mix search", disable=not sys.stderr.isatty(), leave=False):
+            for label, cand in candidates.items():
+                if np.isclose(cand[p.tensor], current[p.tensor]):
+                    continue
+                trial = {**current, p.tensor: cand[p.tensor]}
+                s = self.score(trial)
+                if s > best + 1e-6:
+                    best, current, methods[p.tensor] = s, trial, label
+        log.info("mix calibration: output cosine %.6f", best)
+        return current, methods

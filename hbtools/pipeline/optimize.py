@@ -1,0 +1,191 @@
+"""Optimize stage: numerically neutral graph rewrites.
+
+onnxruntime's basic-level optimizer does constant folding (static shape chains
+included, since the parse stage fixed the input shapes), Identity/Dropout
+removal and Conv+BatchNormalization fusion. On top of it we fold per-channel
+or scalar affine constants that follow a Conv (PP-OCR's learnable affine
+blocks) and turn any remaining BatchNormalization into a depthwise 1x1 Conv,
+so the quantizer sees fewer, larger integer ops.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import ModelProto, helper, numpy_helper
+
+from hbtools.graph.graph import GraphView, infer_shapes, remove_dead_nodes, topological_sort
+from hbtools.graph.model_io import with_horizon_domain
+from hbtools.ops.base import DOMAIN
+
+log = logging.getLogger("hbtools")
+
+
+def run(model: ModelProto) -> ModelProto:
+    """Return the optimized copy of an original float model (HzPreprocess kept in front)."""
+    model = copy.deepcopy(model)
+    pre_nodes = [n for n in model.graph.node if n.domain == DOMAIN]
+    original_inputs = list(model.graph.input)
+    body = _without_preprocess(model, pre_nodes)
+    body = _onnxruntime_basic(body)
+    _fold_affine_into_conv(body)
+    _batchnorm_to_depthwise_conv(body)
+    remove_dead_nodes(body)
+    out = _with_preprocess(body, pre_nodes, original_inputs, model)
+    topological_sort(out)
+    log.info("Optimized model: %d nodes (from %d)", len(out.graph.node), len(model.graph.node))
+    return out
+
+
+def _without_preprocess(model: ModelProto, pre_nodes: list) -> ModelProto:
+    """The float body: each HzPreprocess output becomes a float graph input."""
+    body = copy.deepcopy(model)
+    shapes = GraphView(model).shapes
+    pre_names = {n.name for n in pre_nodes}
+    keep = [n for n in body.graph.node if n.name not in pre_names]
+    del body.graph.node[:]
+    body.graph.node.extend(keep)
+    new_inputs = [i for i in body.graph.input if not any(i.name == n.input[0] for n in pre_nodes)]
+    for n in pre_nodes:
+        new_inputs.append(helper.make_tensor_value_info(n.output[0], onnx.TensorProto.FLOAT, shapes.get(n.input[0])))
+    del body.graph.input[:]
+    body.graph.input.extend(new_inputs)
+    with_horizon_domain(body)
+    return body
+
+
+def _with_preprocess(body: ModelProto, pre_nodes: list, inputs: list, source: ModelProto) -> ModelProto:
+    pre_outputs = {n.output[0] for n in pre_nodes}
+    kept_inputs = [i for i in body.graph.input if i.name not in pre_outputs]
+    del body.graph.input[:]
+    # Keep the original input order: preprocessed inputs come back as the raw inputs.
+    order = {i.name: k for k, i in enumerate(inputs)}
+    merged = {i.name: i for i in kept_inputs}
+    for i in inputs:
+        merged[i.name] = i
+    body.graph.input.extend(sorted(merged.values(), key=lambda vi: order.get(vi.name, len(order))))
+    nodes = [*pre_nodes, *body.graph.node]
+    del body.graph.node[:]
+    body.graph.node.extend(nodes)
+    body.ir_version = source.ir_version
+    with_horizon_domain(body)
+    return infer_shapes(body)
+
+
+def _onnxruntime_basic(model: ModelProto) -> ModelProto:
+    for out in model.graph.output:  # stale output shapes make onnxruntime warn
+        out.type.tensor_type.ClearField("shape")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as tmp:
+        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath)
+    optimized.ir_version = model.ir_version
+    with_horizon_domain(optimized)
+    unexpected = {n.domain for n in optimized.graph.node} - {"", "ai.onnx"}
+    if unexpected:  # onnxruntime-only ops must never reach an artefact
+        log.warning("onnxruntime produced %s ops; keeping the unoptimized graph", sorted(unexpected))
+        return model
+    return optimized
+
+
+def _per_channel_const(value: np.ndarray, channels: int) -> np.ndarray | None:
+    """A constant that broadcasts as one value per channel of an NCHW tensor, as a [C] vector."""
+    if value.size == 1:
+        return np.full(channels, float(value.reshape(-1)[0]))
+    squeezed = value.reshape(-1)
+    if squeezed.size == channels and value.ndim >= 3 and value.shape[-1] == 1 and value.shape[-2] == 1:
+        return squeezed.astype(np.float64)
+    return None
+
+
+def _fold_affine_into_conv(model: ModelProto) -> None:
+    """Conv -> Mul(c) / Add(c) / Sub(c) / Div(c) with per-channel or scalar c: fold into W and B."""
+    changed = True
+    while changed:
+        changed = False
+        view = GraphView(model)
+        for node in model.graph.node:
+            if node.op_type not in ("Mul", "Add", "Sub", "Div"):
+                continue
+            act = [i for i in node.input if not view.is_const(i)]
+            if len(act) != 1:
+                continue
+            conv = view.producer.get(act[0])
+            if conv is None or conv.op_type != "Conv" or len(view.consumers.get(act[0], [])) != 1:
+                continue
+            if act[0] in view.graph_outputs or not view.is_const(conv.input[1]):
+                continue
+            if len(conv.input) > 2 and not view.is_const(conv.input[2]):
+                continue
+            const_name = next(i for i in node.input if view.is_const(i))
+            if node.op_type in ("Sub", "Div") and node.input[1] != const_name:
+                continue  # c - x and c / x are not affine in x
+            weight = view.const(conv.input[1]).astype(np.float64)
+            c = _per_channel_const(view.const(const_name).astype(np.float64), weight.shape[0])
+            if c is None:
+                continue
+            bias = view.const(conv.input[2]).astype(np.float64) if len(conv.input) > 2 else np.zeros(weight.shape[0])
+            if node.op_type == "Mul":
+                weight, bias = weight * c.reshape(-1, 1, 1, 1), bias * c
+            elif node.op_type == "Div":
+                weight, bias = weight / c.reshape(-1, 1, 1, 1), bias / c
+            elif node.op_type == "Add":
+                bias = bias + c
+            else:
+                bias = bias - c
+            _set_conv_params(model, conv, weight, bias, node.output[0])
+            model.graph.node.remove(node)
+            changed = True
+            break
+
+
+def _set_conv_params(model: ModelProto, conv, weight: np.ndarray, bias: np.ndarray, new_output: str) -> None:
+    w_name, b_name = f"{conv.name}_weight_folded", f"{conv.name}_bias_folded"
+    for name in (w_name, b_name):
+        for t in list(model.graph.initializer):
+            if t.name == name:
+                model.graph.initializer.remove(t)
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(weight.astype(np.float32), w_name),
+            numpy_helper.from_array(bias.astype(np.float32), b_name),
+        ]
+    )
+    conv.input[1] = w_name
+    if len(conv.input) > 2:
+        conv.input[2] = b_name
+    else:
+        conv.input.append(b_name)
+    conv.output[0] = new_output
+
+
+def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
+    view = GraphView(model)
+    for node in list(model.graph.node):
+        if node.op_type != "BatchNormalization" or len(node.output) != 1:
+            continue
+        if view.shapes.get(node.input[0]) is None or len(view.shapes[node.input[0]]) != 4:
+            continue
+        params = [view.const(i) for i in node.input[1:5]]
+        if any(p is None for p in params):
+            continue
+        gamma, beta, mean, var = (p.astype(np.float64) for p in params)
+        eps = view.attrs(node).get("epsilon", 1e-5)
+        k = gamma / np.sqrt(var + eps)
+        channels = k.size
+        conv = helper.make_node(
+            "Conv", [node.input[0], "", ""], [node.output[0]], name=node.name, group=channels, kernel_shape=[1, 1]
+        )
+        index = list(model.graph.node).index(node)
+        model.graph.node.remove(node)
+        model.graph.node.insert(index, conv)
+        _set_conv_params(model, conv, k.reshape(-1, 1, 1, 1), beta - mean * k, node.output[0])

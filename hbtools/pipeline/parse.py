@@ -1,0 +1,178 @@
+"""Parse stage: load and check the float model, fix input shapes, pick outputs, insert HzPreprocess."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import onnx
+from onnx import ModelProto, TensorProto, helper, version_converter
+
+from hbtools.config.inputs import check_input_channels
+from hbtools.config.model import Config, InputSpec
+from hbtools.errors import HbError
+from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes
+from hbtools.graph.model_io import (
+    check_source_model,
+    default_opset,
+    load_model,
+    with_horizon_domain,
+)
+from hbtools.ops.preprocess import make_preprocess_node
+
+log = logging.getLogger("hbtools")
+
+MAX_OUTPUTS = 32
+MIN_WORKING_OPSET = 11  # the lowering of Hz ops needs Clip with tensor bounds and Round
+
+
+@dataclass
+class ParseResult:
+    model: ModelProto  # the original float model (HzPreprocess in front)
+    source: ModelProto  # the user's model with the same shapes/outputs, without HzPreprocess
+    inputs: list[InputSpec]  # name and shape resolved
+
+
+def preprocess_node_name(input_name: str) -> str:
+    return f"HZ_PREPROCESS_FOR_{input_name}"
+
+
+def run(config: Config) -> ParseResult:
+    if config.model.model_type == "caffe":
+        raise HbError("Caffe models are not supported by this version yet",
+                      hint="convert the model to ONNX and use --model-type onnx")
+    path = config.model.onnx_model
+    log.info("Using onnx model file: %s", path)
+    model = load_model(path)
+    check_source_model(model, path)
+    model = _working_opset(model)
+    name_unnamed_nodes(model)
+    inputs = resolve_inputs(model, config.inputs)
+    _fix_input_shapes(model, inputs)
+    if config.model.output_nodes:
+        _set_outputs(model, config.model.output_nodes)
+    if len(model.graph.output) > MAX_OUTPUTS:
+        raise HbError(f"the model has {len(model.graph.output)} outputs; at most {MAX_OUTPUTS} are supported",
+                      hint="use output_nodes to select the outputs you need")
+    remove_dead_nodes(model)
+    model = _infer(model)
+    source = copy.deepcopy(model)
+    _insert_preprocess(model, inputs)
+    model = _infer(model)
+    onnx.checker.check_model(model)
+    return ParseResult(model, source, inputs)
+
+
+def _working_opset(model: ModelProto) -> ModelProto:
+    opset = default_opset(model)
+    if opset >= MIN_WORKING_OPSET:
+        return model
+    log.info("converting the model from opset %d to %d", opset, MIN_WORKING_OPSET)
+    try:
+        return version_converter.convert_version(model, MIN_WORKING_OPSET)
+    except Exception as exc:  # the converter raises plain RuntimeErrors
+        raise HbError(f"cannot convert the model from opset {opset} to {MIN_WORKING_OPSET}: {exc}") from exc
+
+
+def _dims(vi) -> list[int | None]:
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+            for d in vi.type.tensor_type.shape.dim]
+
+
+def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]:
+    """Match config inputs to the model's inputs; fill names and shapes; check them."""
+    view = GraphView(model)
+    graph_inputs = {i.name: i for i in model.graph.input if i.name in view.graph_inputs}
+    names = list(graph_inputs)
+    if len(specs) != len(names):
+        raise HbError(f"the config describes {len(specs)} input(s) but the model has {len(names)}: {names}",
+                      hint="list every model input in input_name (and the per-input parameters)")
+    resolved = []
+    for k, spec in enumerate(specs):
+        name = spec.name
+        if name is None:
+            if len(names) > 1:
+                raise HbError("input_name is required for a model with several inputs", hint=f"model inputs: {names}")
+            name = names[k]
+        if name not in graph_inputs:
+            raise HbError(f"input_name '{name}' is not an input of the model; its inputs are {names}")
+        model_shape = _dims(graph_inputs[name])
+        shape = spec.shape or model_shape
+        if spec.shape and len(spec.shape) != len(model_shape):
+            raise HbError(f"input '{name}': input_shape {spec.shape} has rank {len(spec.shape)} "
+                          f"but the model input has rank {len(model_shape)}")
+        if spec.shape:
+            for given, fixed in zip(spec.shape, model_shape, strict=True):
+                if fixed is not None and given != fixed:
+                    log.warning("input '%s': input_shape %s overrides the model's shape %s", name, spec.shape,
+                                model_shape)
+                    break
+        if shape is None or any(d is None for d in shape):
+            raise HbError(f"input '{name}' has a dynamic shape {['?' if d is None else d for d in model_shape]}",
+                          hint="set input_shape in input_parameters (e.g. '1x3x224x224')")
+        r = dataclasses.replace(spec, name=name, shape=[int(d) for d in shape])
+        if r.type_train != "featuremap":
+            if len(r.shape) != 4:
+                raise HbError(f"input '{name}' has rank {len(r.shape)}; only 4-D inputs can be images",
+                              hint="use input_type_train/input_type_rt 'featuremap' for this input")
+            check_input_channels(r, r.shape[1] if r.layout_train == "NCHW" else r.shape[3])
+        resolved.append(r)
+    return resolved
+
+
+def _fix_input_shapes(model: ModelProto, inputs: list[InputSpec]) -> None:
+    shapes = {s.name: s.shape for s in inputs}
+    for vi in model.graph.input:
+        if vi.name in shapes:
+            dims = vi.type.tensor_type.shape
+            dims.ClearField("dim")
+            for d in shapes[vi.name]:
+                dims.dim.add().dim_value = d
+    del model.graph.value_info[:]
+    for out in model.graph.output:
+        out.type.tensor_type.ClearField("shape")
+
+
+def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:
+    view = GraphView(model)
+    outputs = []
+    for name in output_nodes:
+        node = view.node_by_name.get(name)
+        if node is not None:
+            outputs.extend(o for o in node.output if o)
+        elif name in view.producer:
+            outputs.append(name)
+        else:
+            raise HbError(f"output_nodes: '{name}' is neither a node nor a tensor of the model")
+    del model.graph.output[:]
+    model.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs)
+
+
+def _insert_preprocess(model: ModelProto, inputs: list[InputSpec]) -> None:
+    nodes = []
+    for spec in inputs:
+        if spec.type_train == "featuremap":
+            continue
+        raw, normalised = spec.name, f"{spec.name}_hz_preprocessed"
+        for node in model.graph.node:
+            for k, i in enumerate(node.input):
+                if i == raw:
+                    node.input[k] = normalised
+        for out in model.graph.output:
+            if out.name == raw:
+                raise HbError(f"input '{raw}' is also a model output; nothing to convert")
+        channels = spec.shape[1] if spec.layout_train == "NCHW" else spec.shape[3]
+        nodes.append(make_preprocess_node(spec, raw, normalised, preprocess_node_name(raw), channels))
+        for vi in model.graph.input:
+            if vi.name == raw:
+                vi.type.tensor_type.elem_type = TensorProto.INT8
+    existing = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend([*nodes, *existing])
+    with_horizon_domain(model)
+
+
+def _infer(model: ModelProto) -> ModelProto:
+    return infer_shapes(model)

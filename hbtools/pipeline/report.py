@@ -1,0 +1,80 @@
+"""The makertbin console tables: node placement and per-node similarity."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from onnx import ModelProto, TensorProto, helper
+
+from hbtools.metrics import cosine_similarity
+from hbtools.pipeline.quantize import QuantizedResult
+from hbtools.runtime.lowering import lower_model
+from hbtools.runtime.session import make_session
+
+log = logging.getLogger("hbtools")
+
+
+def _with_outputs(model: ModelProto, names: list[str], elem: int | None) -> ModelProto:
+    present = {o.name for o in model.graph.output}
+    for t in names:
+        if t not in present:
+            model.graph.output.append(helper.make_tensor_value_info(t, elem or TensorProto.FLOAT, None))
+    return model
+
+
+def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[str, np.ndarray]) -> dict[str, float]:
+    """Cosine of each unit's output between the float and the quantized model (one sample)."""
+    q_model = result.model
+    float_names = {o.name for o in q_model.graph.output} | {n for node in q_model.graph.node for n in node.output}
+    pairs: dict[str, tuple[str, np.ndarray | None]] = {}
+    for unit in result.partition.units:
+        for t in unit.outputs:
+            if t in result.tensors and result.tensors[t].dtype != "int32":
+                qt = result.tensors[t]
+                pairs[t] = (qt.name, qt.scale)
+            elif t in float_names:
+                pairs[t] = (t, None)
+    float_sess = make_session(_with_outputs(lower_model(optimized), list(pairs), None))
+    q_lowered = lower_model(q_model)
+    elem_of = {vi.name: vi.type.tensor_type.elem_type for vi in q_model.graph.value_info}
+    for q_name, _ in pairs.values():
+        if q_name not in {o.name for o in q_lowered.graph.output}:
+            q_lowered.graph.output.append(
+                helper.make_tensor_value_info(q_name, elem_of.get(q_name, TensorProto.FLOAT), None))
+    q_sess = make_session(q_lowered)
+    q_feed = {}
+    for i in q_sess.get_inputs():
+        x = feed[i.name]
+        q_feed[i.name] = x if list(x.shape) == list(i.shape) else np.transpose(x, (0, 2, 3, 1))
+    tensors = list(pairs)
+    f_out = dict(zip(tensors, float_sess.run(tensors, feed), strict=True))
+    q_names = [pairs[t][0] for t in tensors]
+    q_out = dict(zip(tensors, q_sess.run(q_names, q_feed), strict=True))
+    sims = {}
+    for t in tensors:
+        _, scale = pairs[t]
+        q = q_out[t].astype(np.float64) * (scale[0] if scale is not None else 1.0)
+        sims[t] = cosine_similarity(f_out[t], q)
+    return sims
+
+
+def log_node_table(result: QuantizedResult, sims: dict[str, float] | None = None) -> None:
+    rows = result.partition.rows()
+    width = max([len("Node"), *(len(r[0]) for r in rows)]) + 2
+    header = f"{'Node':<{width}}{'ON':<5}{'Subgraph':<10}{'Type':<30}"
+    if sims is not None:
+        header += f"{'Cosine Similarity':<19}Threshold"
+    lines = ["=" * len(header), header, "-" * len(header)]
+    out_of = {n.name: u for u in result.partition.units for n in u.nodes}
+    for name, on, sub, kind in rows:
+        line = f"{name:<{width}}{on:<5}{sub:<10}{kind:<30}"
+        if sims is not None:
+            unit = out_of[name]
+            last = unit.nodes[-1].name == name
+            tensor = unit.outputs[0] if unit.outputs else None
+            cos = f"{sims[tensor]:.6f}" if last and tensor in sims else "--"
+            th = result.thresholds.get(tensor) if last else None
+            line += f"{cos:<19}{th:.6f}" if th is not None else f"{cos:<19}--"
+        lines.append(line)
+    log.info("The converted model node information:\n%s", "\n".join(lines))

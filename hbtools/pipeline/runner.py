@@ -1,0 +1,84 @@
+"""makertbin: sequence the five stages and write the artefacts."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from hbtools.config.loader import load_config
+from hbtools.config.model import Config
+from hbtools.data.calibration import (
+    CalibrationSource,
+    FolderCalibrationSource,
+    RandomCalibrationSource,
+    dump_calibration_data,
+)
+from hbtools.graph.model_io import save_model
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline import calibrate, compile, optimize, parse, quantize, report
+from hbtools.quant.plan import make_plan
+from hbtools.quant.units import build_partition
+
+log = logging.getLogger("hbtools")
+
+SKIP_SAMPLES = 4
+
+
+def artefact_paths(config: Config) -> dict[str, Path]:
+    prefix = config.output_prefix_path
+    return {
+        "original": Path(f"{prefix}_original_float_model.onnx"),
+        "optimized": Path(f"{prefix}_optimized_float_model.onnx"),
+        "calibrated": Path(f"{prefix}_calibrated_model.onnx"),
+        "quantized": Path(f"{prefix}_quantized_model.onnx"),
+        "bin": Path(f"{prefix}.bin"),
+    }
+
+
+def makertbin(config_path: str | Path, model_type: str) -> dict[str, Path]:
+    config = load_config(config_path, model_type)
+    log.info("Start Model Convert....")
+    profile = get_profile(config.model.march)
+    parsed = parse.run(config)
+    config = dataclasses.replace(config, inputs=parsed.inputs)
+    source = _calibration_source(config)  # checks every data file before anything is written
+    paths = artefact_paths(config)
+    config.model.working_dir.mkdir(parents=True, exist_ok=True)
+
+    save_model(parsed.model, paths["original"])
+    log.info("Parsing the input model done: %s", paths["original"])
+    optimized = optimize.run(parsed.model)
+    save_model(optimized, paths["optimized"])
+    log.info("Model optimization done: %s", paths["optimized"])
+
+    partition = build_partition(optimized, profile, config.model.node_info)
+    plan = make_plan(optimized, partition, config, profile)
+    if "dump_calibration_data" in config.model.debug_mode:
+        folder = dump_calibration_data(source, config.model.working_dir)
+        log.info("calibration data dumped to %s", folder)
+    if config.calibration.calibration_type == "skip":
+        log.warning("calibration_type 'skip' calibrates on random data: the model is fit for performance "
+                    "checks only, not for accuracy evaluation")
+    cal = calibrate.run(optimized, plan, lambda: iter(source), len(source),
+                        calibration_type=config.calibration.calibration_type,
+                        max_percentile=config.calibration.max_percentile)
+    save_model(cal.model, paths["calibrated"])
+    log.info("Model calibration done: %s", paths["calibrated"])
+
+    result = quantize.run(cal.model, config, profile)
+    save_model(result.model, paths["quantized"])
+    log.info("Model quantization done: %s", paths["quantized"])
+    first = next(iter(source))
+    report.log_node_table(result, report.node_similarity(optimized, result, first))
+
+    compile.run(result, config, parsed.inputs, profile, paths["bin"])
+    log.info("Convert to runtime bin file successfully!")
+    log.info("End Model Convert")
+    return paths
+
+
+def _calibration_source(config: Config) -> CalibrationSource:
+    if config.calibration.calibration_type in ("skip", "load"):
+        return RandomCalibrationSource(config.inputs, num_samples=SKIP_SAMPLES)
+    return FolderCalibrationSource(config.inputs, preprocess_on=config.calibration.preprocess_on)

@@ -1,0 +1,77 @@
+"""Threshold selection from streamed statistics: max, max-percentile and KL (entropy)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hbtools.quant.statistics import BINS, TensorStats
+
+
+def max_threshold(stats: TensorStats) -> float:
+    return float(stats.max_abs)
+
+
+def percentile_threshold(stats: TensorStats, percentile: float) -> float:
+    """Smallest |x| bound covering ``percentile`` of the observed values."""
+    total = stats.hist.sum()
+    if total == 0 or percentile >= 1.0:
+        return float(stats.max_abs)
+    cdf = np.cumsum(stats.hist) / total
+    idx = int(np.searchsorted(cdf, percentile))
+    return float(min((idx + 1) * stats.bin_width, stats.max_abs))
+
+
+def kl_threshold(stats: TensorStats, bits: int = 8, stride: int = 16) -> float:
+    """Entropy calibration: the clip bound whose quantized histogram diverges least (KL)."""
+    hist = stats.hist.astype(np.float64)
+    levels = (1 << (bits - 1))  # positive levels of a symmetric grid on |x|
+    if hist.sum() == 0 or levels >= BINS:
+        return float(stats.max_abs)
+    last = int(np.nonzero(hist)[0][-1]) + 1
+    candidates = list(range(levels, max(last, levels) + 1, stride))
+    if candidates[-1] != max(last, levels):
+        candidates.append(max(last, levels))
+    best_i, best_kl = candidates[-1], np.inf
+    for i in candidates:
+        p = hist[:i].copy()
+        p[i - 1] += hist[i:].sum()  # outliers are clipped into the last bin
+        q = _quantize_histogram(hist[:i], levels)
+        kl = _kl(p, q)
+        if kl < best_kl:
+            best_kl, best_i = kl, i
+    return float(min(best_i * stats.bin_width, stats.max_abs))
+
+
+def _quantize_histogram(p: np.ndarray, levels: int) -> np.ndarray:
+    """Merge ``p`` into ``levels`` groups, then spread each group over its non-empty bins."""
+    n = p.size
+    edges = np.linspace(0, n, levels + 1).astype(int)
+    group = np.repeat(np.arange(levels), np.diff(edges))
+    nonzero = p > 0
+    sums = np.bincount(group, weights=p, minlength=levels)
+    counts = np.bincount(group, weights=nonzero.astype(np.float64), minlength=levels)
+    per_bin = np.divide(sums, counts, out=np.zeros(levels), where=counts > 0)
+    return np.where(nonzero, per_bin[group], 0.0)
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    p = p / p.sum()
+    qs = q.sum()
+    if qs == 0:
+        return np.inf
+    q = q / qs
+    mask = p > 0
+    with np.errstate(divide="ignore"):
+        ratio = np.where(q[mask] > 0, p[mask] / np.where(q[mask] > 0, q[mask], 1), np.inf)
+    return float(np.sum(p[mask] * np.log(ratio)))
+
+
+def threshold_for(method: str, stats: TensorStats, bits: int, percentile: float | None = None) -> float:
+    if method == "max":
+        return max_threshold(stats)
+    if method == "percentile":
+        return percentile_threshold(stats, percentile if percentile is not None else 0.99995)
+    if method == "kl":
+        # A 16-bit grid is fine enough that clipping only hurts: use max there.
+        return kl_threshold(stats, bits) if bits == 8 else max_threshold(stats)
+    raise ValueError(f"unknown calibration method {method!r}")

@@ -1,0 +1,99 @@
+"""HB_ONNXRuntime: run plain ONNX models and every hbtools artefact on onnxruntime."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnx import ModelProto
+
+from hbtools.errors import HbError
+from hbtools.graph.model_io import load_model
+from hbtools.runtime.lowering import lower_model
+
+_NUMPY_OF_ORT = {
+    "tensor(float)": np.float32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(int16)": np.int16, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
+    "tensor(double)": np.float64, "tensor(bool)": np.bool_, "tensor(float16)": np.float16,
+}
+
+
+def make_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession:
+    """The one way hbtools builds an onnxruntime CPU session from a standard-ONNX model."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
+    """onnxruntime session over a float, optimized, calibrated or quantized model."""
+
+    def __init__(self, model_file: str | Path | None = None, onnx_model: ModelProto | None = None) -> None:
+        if onnx_model is None:
+            if model_file is None:
+                raise HbError("HB_ONNXRuntime needs model_file or onnx_model")
+            onnx_model = load_model(model_file)
+        self.model = onnx_model
+        self._session = make_session(lower_model(onnx_model))
+        original_inputs = {i.name for i in onnx_model.graph.input} - {t.name for t in onnx_model.graph.initializer}
+        self._inputs = [i for i in self._session.get_inputs() if i.name in original_inputs]
+        self._outputs = self._session.get_outputs()
+
+    def get_inputs(self) -> list:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list:
+        return list(self._outputs)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self._inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self._outputs]
+
+    @property
+    def input_types(self) -> dict[str, type]:
+        return {i.name: _NUMPY_OF_ORT.get(i.type, np.float32) for i in self._inputs}
+
+    def run(self, output_names: Sequence[str] | None, feed_dict: dict, input_offset: int = 128,
+            **_: object) -> list[np.ndarray]:
+        """Run with image data: uint8 feeds for int8 inputs are shifted by ``input_offset``."""
+        return self._run(output_names, feed_dict, input_offset)
+
+    def run_feature(self, output_names: Sequence[str] | None, feed_dict: dict, input_offset: int = 0,
+                    **_: object) -> list[np.ndarray]:
+        """Run with feature-map data (offset 0 by default)."""
+        return self._run(output_names, feed_dict, input_offset)
+
+    def _run(self, output_names: Sequence[str] | None, feed_dict: dict, input_offset: int) -> list[np.ndarray]:
+        unknown = set(feed_dict) - set(self.input_names)
+        if unknown:
+            raise HbError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are {self.input_names}")
+        missing = set(self.input_names) - set(feed_dict)
+        if missing:
+            raise HbError(f"missing input(s) {sorted(missing)}")
+        feeds = {name: convert_feed(np.asarray(v), self.input_types[name], input_offset, name)
+                 for name, v in feed_dict.items()}
+        names = list(output_names) if output_names else self.output_names
+        return self._session.run(names, feeds)
+
+
+def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.ndarray:
+    """Lossless conversions between the feed's dtype and the input's dtype (seed 001 §6.2.11)."""
+    if data.dtype == target:
+        return data
+    if target == np.int8 and data.dtype == np.uint8:
+        return (data.astype(np.int16) - offset).astype(np.int8)
+    if target == np.uint8 and data.dtype == np.int8:
+        return (data.astype(np.int16) + offset).astype(np.uint8)
+    if target == np.float32 and data.dtype in (np.uint8, np.int8, np.float64, np.float16):
+        return data.astype(np.float32)
+    raise HbError(f"input '{name}' expects {np.dtype(target).name}; cannot convert {data.dtype} data without loss")
+
+

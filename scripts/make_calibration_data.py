@@ -1,0 +1,385 @@
+#!/usr/bin/env python
+"""Make calibration and held-out samples for the PaddleOCR sample models.
+
+    python scripts/make_calibration_data.py --model cls|det|rec [--count 50] [--heldout 20]
+                                            [--out build]
+
+writes ``<out>/calibration/ppocr_<model>/`` (what ``configs/ppocr_<model>.yaml`` calibrates
+on) and a disjoint ``<out>/heldout/ppocr_<model>/`` for measuring accuracy. Each file is
+one sample as hb_mapper expects it (SPEC §5): a raw ``numpy.tofile`` uint8 array,
+1x3xHxW (NCHW), colour order BGR because PaddleOCR reads images with OpenCV. The name
+is ``<index>_<source>.bin`` (sorted order = index order), where ``<source>`` says what
+the sample shows (``page``, ``page180``, ``text``, ``natural``, …) so tests can pick
+e.g. the samples that must contain text.
+
+Content comes only from images bundled in the scikit-image wheel (no pooch downloads):
+text-line crops of ``page()``/``text()`` for cls/rec, prepared like PaddleOCR's
+``resize_norm_img`` but stopping before normalisation (that is the model's
+HzPreprocess job); for det, ``page()``/``text()`` and natural images scaled, cropped,
+tiled and flipped to 640x640. Everything is seeded, so runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import sys
+from collections.abc import Callable, Iterator
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "build"
+
+# (height, width) of the model input, from PaddleOCR's inference configs.
+SHAPES: dict[str, tuple[int, int]] = {"cls": (48, 192), "det": (640, 640), "rec": (48, 320)}
+
+# Separate seeds per split: the held-out set must not change when --count changes.
+SPLIT_SEEDS = {"calibration": 1_000_003, "heldout": 2_000_003}
+MODEL_SEEDS = {"cls": 11, "det": 22, "rec": 33}
+
+# Value that pads text crops on the right. resize_norm_img pads with 0 *after*
+# (x/255-0.5)/0.5, i.e. mid grey 127.5; 128 is the nearest uint8.
+PAD_VALUE = 128
+
+# Bundled images used for "no text" content. All ship inside skimage/data/ (checked
+# by _load), unlike e.g. eagle() or kidney() which pooch would download.
+NATURAL_RGB = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "hubble_deep_field",
+    "immunohistochemistry",
+)
+NATURAL_GREY = ("camera", "coins", "moon", "brick", "grass", "gravel", "clock", "cell")
+
+# skimage.data function -> file in skimage/data/ (names differ for a few).
+_BUNDLED_FILES = {
+    "astronaut": "astronaut.png",
+    "coffee": "coffee.png",
+    "chelsea": "chelsea.png",
+    "rocket": "rocket.jpg",
+    "hubble_deep_field": "hubble_deep_field.jpg",
+    "immunohistochemistry": "ihc.png",
+    "camera": "camera.png",
+    "coins": "coins.png",
+    "moon": "moon.png",
+    "brick": "brick.png",
+    "grass": "grass.png",
+    "gravel": "gravel.png",
+    "clock": "clock_motion.png",
+    "cell": "cell.png",
+    "page": "page.png",
+    "text": "text.png",
+}
+
+
+@cache
+def _load(name: str) -> np.ndarray:
+    """A bundled skimage image as uint8 HxW (grey) or HxWx3 (RGB)."""
+    import skimage.data
+
+    bundled = Path(skimage.data.__file__).parent / _BUNDLED_FILES[name]
+    if not bundled.is_file():
+        # Calling the loader would make pooch try the network, which we must not do.
+        raise RuntimeError(f"skimage image {name!r} is not bundled ({bundled} missing)")
+    img = np.asarray(getattr(skimage.data, name)())
+    if img.ndim == 3:
+        img = img[..., :3]
+    return img.astype(np.uint8)
+
+
+def _resize(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bilinear resize to (height, width); anti-aliased only when shrinking, so that
+    downscaled natural images do not alias into patterns a camera would not produce."""
+    from skimage.transform import resize
+
+    shrink = height < img.shape[0] or width < img.shape[1]
+    out = resize(
+        img.astype(np.float32),
+        (height, width, *img.shape[2:]),
+        order=1,
+        mode="edge",
+        anti_aliasing=shrink,
+        preserve_range=True,
+    )
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def _to_bgr(img: np.ndarray) -> np.ndarray:
+    """Grey or RGB uint8 -> BGR HxWx3 (the colour order cv2.imread gives PaddleOCR)."""
+    if img.ndim == 2:
+        return np.repeat(img[..., None], 3, axis=2)
+    return np.ascontiguousarray(img[..., ::-1])
+
+
+def _photometric(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Random contrast/brightness so calibration covers a range of exposures."""
+    contrast = rng.uniform(0.75, 1.25)
+    brightness = rng.uniform(-25.0, 25.0)
+    out = (img.astype(np.float32) - 128.0) * contrast + 128.0 + brightness
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+# --------------------------------------------------------------------------- text lines
+
+
+@cache
+def _ink(name: str) -> np.ndarray:
+    """Boolean ink mask; Sauvola because page() is unevenly lit (dark lower right)."""
+    from skimage.filters import threshold_sauvola
+
+    img = _load(name)
+    return img < threshold_sauvola(img, window_size=25, k=0.2, r=128)
+
+
+@cache
+def page_lines() -> tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]:
+    """Text lines of page() as (y0, y1, words) with words as (x0, x1) column spans.
+
+    Rows whose ink fraction exceeds a threshold form line bands (row projection);
+    within a band, runs of ink-free columns wider than a letter gap split words.
+    """
+    ink = _ink("page")
+    rows = _runs(ink.mean(axis=1) > 0.08, min_len=6)
+    lines = []
+    for y0, y1 in rows:
+        cols = ink[y0:y1].any(axis=0)
+        # Close gaps narrower than 5 px (letter spacing) so each run is one word.
+        words = _runs(~_runs_mask(~cols, min_len=5), min_len=3)
+        if words:
+            lines.append((y0, y1, tuple(words)))
+    return tuple(lines)
+
+
+def _runs(mask: np.ndarray, min_len: int = 1) -> list[tuple[int, int]]:
+    """[start, end) spans of True runs in a 1-D mask, at least ``min_len`` long."""
+    padded = np.concatenate(([False], mask, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return [
+        (int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True) if b - a >= min_len
+    ]
+
+
+def _runs_mask(mask: np.ndarray, min_len: int) -> np.ndarray:
+    """``mask`` keeping only True runs at least ``min_len`` long."""
+    out = np.zeros_like(mask)
+    for a, b in _runs(mask, min_len):
+        out[a:b] = True
+    return out
+
+
+def _page_crop(rng: np.random.Generator, max_aspect: float) -> np.ndarray:
+    """A run of consecutive words from one page() line, with a little margin jitter."""
+    page = _load("page")
+    lines = page_lines()
+    y0, y1, words = lines[rng.integers(len(lines))]
+    # Mostly one crop per detected box (aspect up to the input's), sometimes a long
+    # line that resize_norm_img has to squeeze, as happens with real det boxes.
+    limit = max_aspect * rng.uniform(0.4, 1.3)
+    start = int(rng.integers(len(words)))
+    top = max(0, y0 - int(rng.integers(0, 4)))
+    bottom = min(page.shape[0], y1 + int(rng.integers(0, 4)))
+    end = start + 1
+    while end < len(words) and (words[end][1] - words[start][0]) / (bottom - top) <= limit:
+        end += 1
+    left = max(0, words[start][0] - int(rng.integers(1, 6)))
+    right = min(page.shape[1], words[end - 1][1] + int(rng.integers(1, 6)))
+    return page[top:bottom, left:right]
+
+
+def _window(
+    img: np.ndarray,
+    rng: np.random.Generator,
+    h_range: tuple[int, int],
+    aspect_range: tuple[float, float],
+) -> np.ndarray:
+    """A random window of ``img`` with height in h_range and width/height in aspect_range."""
+    h = min(img.shape[0], int(rng.integers(*h_range)))
+    w = min(img.shape[1], max(8, int(h * rng.uniform(*aspect_range))))
+    y = int(rng.integers(0, img.shape[0] - h + 1))
+    x = int(rng.integers(0, img.shape[1] - w + 1))
+    return img[y : y + h, x : x + w]
+
+
+def resize_norm_img(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    """PaddleOCR's cls/rec ``resize_norm_img`` up to (not including) normalisation.
+
+    Scale the HxWx3 ``img`` to ``height`` keeping the aspect ratio (width capped at
+    ``width``), then pad on the right with mid grey. Keeps the channel order.
+    """
+    h, w = img.shape[:2]
+    resized_w = min(width, int(math.ceil(height * w / h)))
+    out = np.full((height, width, 3), PAD_VALUE, dtype=np.uint8)
+    out[:, :resized_w] = _resize(img, height, resized_w)
+    return out
+
+
+def _line_sample(kind: str, rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """One cls/rec sample (HxWx3 BGR uint8) of the given kind."""
+    max_aspect = width / height
+    if kind.startswith("page"):
+        crop = _photometric(_page_crop(rng, max_aspect), rng)
+    elif kind.startswith("text"):
+        # text() is handwriting on a slanted sheet: windows about one line tall.
+        crop = _photometric(_window(_load("text"), rng, (28, 56), (1.5, max_aspect)), rng)
+    else:
+        name = (
+            NATURAL_RGB[rng.integers(len(NATURAL_RGB))]
+            if rng.random() < 0.6
+            else (NATURAL_GREY[rng.integers(len(NATURAL_GREY))])
+        )
+        crop = _window(_load(name), rng, (40, 160), (1.5, max_aspect))
+    if kind.endswith("180"):
+        # The cls model decides 0 vs 180 degrees: show it upside-down lines too.
+        crop = crop[::-1, ::-1]
+    return resize_norm_img(_to_bgr(crop), height, width)
+
+
+# --------------------------------------------------------------------------- det images
+
+
+def _tile_to(img: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Tile ``img`` periodically and cut a size x size window at a random offset."""
+    reps = (math.ceil(size / img.shape[0]) + 1, math.ceil(size / img.shape[1]) + 1)
+    tiled = np.tile(img, reps + (1,) * (img.ndim - 2))
+    y = int(rng.integers(0, img.shape[0]))
+    x = int(rng.integers(0, img.shape[1]))
+    return tiled[y : y + size, x : x + size]
+
+
+def _scaled(img: np.ndarray, scale: float) -> np.ndarray:
+    h, w = img.shape[:2]
+    return _resize(img, max(1, round(h * scale)), max(1, round(w * scale)))
+
+
+def _natural_square(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A random square crop (35-100 % of the short side) of a natural image, maybe
+    mirrored, resized to size x size, BGR."""
+    names = NATURAL_RGB + NATURAL_GREY
+    img = _load(names[rng.integers(len(names))])
+    side = int(min(img.shape[:2]) * rng.uniform(0.35, 1.0))
+    crop = _window(img, rng, (side, side + 1), (1.0, 1.0))
+    if rng.random() < 0.5:
+        crop = crop[:, ::-1]
+    if rng.random() < 0.2:
+        crop = crop[::-1]
+    return _to_bgr(_resize(crop, size, size))
+
+
+def _det_sample(kind: str, rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """One det sample (HxWx3 BGR uint8) of the given kind."""
+    size = height  # det inputs are square here; asserted in generate()
+    if kind == "page":
+        # Several copies of the page at a text size DB-Net sees in real documents.
+        page = _scaled(_load("page"), rng.uniform(1.0, 2.6))
+        out = _to_bgr(_tile_to(_photometric(page, rng), size, rng))
+    elif kind == "pagepaste":
+        # One page pasted on a natural image: text and clutter in the same frame.
+        out = _natural_square(rng, size)
+        page = _to_bgr(_photometric(_scaled(_load("page"), rng.uniform(0.9, 1.6)), rng))
+        ph, pw = min(page.shape[0], size), min(page.shape[1], size)
+        y, x = int(rng.integers(0, size - ph + 1)), int(rng.integers(0, size - pw + 1))
+        out[y : y + ph, x : x + pw] = page[:ph, :pw]
+    elif kind == "text":
+        text = _scaled(_load("text"), rng.uniform(1.0, 2.2))
+        if rng.random() < 0.5:
+            text = text[:, ::-1]
+        out = _to_bgr(_tile_to(_photometric(text, rng), size, rng))
+    else:
+        out = _natural_square(rng, size)
+    return out
+
+
+# --------------------------------------------------------------------------- driver
+
+# Kinds cycle in this order so every split, however small, has the same mix.
+SCHEDULES: dict[str, tuple[str, ...]] = {
+    "cls": ("page", "page180", "text", "page", "natural", "page180", "text180", "page"),
+    "rec": ("page", "page", "text", "page", "natural", "page", "text", "page"),
+    "det": ("page", "natural", "pagepaste", "text", "page", "natural", "pagepaste", "page"),
+}
+
+
+def _samples(model: str, split: str) -> Iterator[tuple[str, np.ndarray]]:
+    """Endless, deterministic stream of (kind, 1x3xHxW uint8 BGR) for one split."""
+    height, width = SHAPES[model]
+    make: Callable[[str, np.random.Generator, int, int], np.ndarray]
+    make = _det_sample if model == "det" else _line_sample
+    rng = np.random.default_rng([SPLIT_SEEDS[split], MODEL_SEEDS[model]])
+    schedule = SCHEDULES[model]
+    i = 0
+    while True:
+        kind = schedule[i % len(schedule)]
+        hwc = make(kind, rng, height, width)
+        yield kind, np.ascontiguousarray(hwc.transpose(2, 0, 1)[None])
+        i += 1
+
+
+def generate(model: str, count: int, heldout: int) -> dict[str, list[tuple[str, np.ndarray]]]:
+    """Calibration and held-out samples; no sample occurs in both (nor twice in one)."""
+    if model not in SHAPES:
+        raise ValueError(f"unknown model {model!r}; expected one of {sorted(SHAPES)}")
+    if model == "det":
+        assert SHAPES["det"][0] == SHAPES["det"][1]
+    seen: set[bytes] = set()
+    splits: dict[str, list[tuple[str, np.ndarray]]] = {}
+    # Held-out first so its content depends only on --heldout, not on --count.
+    for split, n in (("heldout", heldout), ("calibration", count)):
+        chosen: list[tuple[str, np.ndarray]] = []
+        stream = _samples(model, split)
+        for _ in range(100 * max(n, 1)):
+            if len(chosen) == n:
+                break
+            kind, arr = next(stream)
+            digest = hashlib.sha256(arr.tobytes()).digest()
+            if digest not in seen:
+                seen.add(digest)
+                chosen.append((kind, arr))
+        if len(chosen) < n:
+            raise RuntimeError(f"could only make {len(chosen)} distinct {split} samples")
+        splits[split] = chosen
+    return splits
+
+
+def write_split(samples: list[tuple[str, np.ndarray]], folder: Path) -> list[Path]:
+    """Write samples as ``NNNN_<kind>.bin``; stale .bin files from earlier runs go."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.bin"):
+        old.unlink()
+    paths = []
+    for i, (kind, arr) in enumerate(samples):
+        path = folder / f"{i:04d}_{kind}.bin"
+        arr.astype(np.uint8).tofile(path)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, choices=sorted(SHAPES))
+    parser.add_argument("--count", type=int, default=50, help="calibration samples (50)")
+    parser.add_argument("--heldout", type=int, default=20, help="held-out samples (20)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="root for calibration/ppocr_<model>/ and heldout/ppocr_<model>/ (build/)",
+    )
+    args = parser.parse_args(argv)
+    if args.count < 1 or args.heldout < 0:
+        parser.error("--count must be >= 1 and --heldout >= 0")
+    splits = generate(args.model, args.count, args.heldout)
+    for split, samples in splits.items():
+        folder = args.out / split / f"ppocr_{args.model}"
+        write_split(samples, folder)
+        print(f"{split}: {len(samples)} samples -> {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
