@@ -26,6 +26,7 @@ from hbtools.config.nodes import merge_node_settings, node_info_snapshot
 from hbtools.config.schema import GROUPS, MODEL_FILES, validate_groups
 from hbtools.config.values import group_error
 from hbtools.config.yaml_io import read_yaml
+from hbtools.march.profiles import get_profile
 
 __all__ = ["check_input_channels", "load_config"]
 
@@ -118,8 +119,14 @@ def _compiler(
             "compile_mode balance needs 'balance_factor' (0-100); add it "
             "or choose compile_mode latency or bandwidth",
         )
-    if cc["core_num"] == 2 and model.march == "bayes":
-        raise group_error(group, "core_num 2 is not available on march bayes; set core_num: 1")
+    # The allowed core counts are march data (bayes, for one, has a single core).
+    cores = get_profile(model.march).core_num
+    if cc["core_num"] not in cores:
+        raise group_error(
+            group,
+            f"core_num {cc['core_num']} is not available on march {model.march}; "
+            f"use core_num: {' or '.join(map(str, cores))}",
+        )
     source = cc.get("input_source", {})
     names = [s.name for s in inputs]
     if None not in names:

@@ -146,4 +146,25 @@ def infer_shapes(model: ModelProto) -> ModelProto:
         model = inferred
         if not added:
             break
+    _type_outputs(model)
+    typed = [vi for vi in model.graph.value_info if vi.type.tensor_type.HasField("shape")]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(typed)
     return model
+
+
+def _type_outputs(model: ModelProto) -> None:
+    """onnx never fills an output's missing shape; probe it through an Identity and copy it over."""
+    missing = [o for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
+    if not missing:
+        return
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    for o in missing:
+        probe.graph.node.append(onnx.helper.make_node("Identity", [o.name], [f"{o.name}__shape_probe"]))
+    inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
+    known = {vi.name: vi for vi in inferred.graph.value_info if vi.type.tensor_type.HasField("shape")}
+    for o in missing:
+        vi = known.get(f"{o.name}__shape_probe")
+        if vi is not None:
+            o.type.CopyFrom(vi.type)

@@ -56,7 +56,10 @@ def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: 
     nodes.append(n)
     lo = ctx.constant(f"{hint}_lo", np.array(a["out_min"], dtype=np.float64))
     hi = ctx.constant(f"{hint}_hi", np.array(a["out_max"], dtype=np.float64))
-    n, x = _node(ctx, "Clip", [x, lo, hi], f"{hint}_clip")
+    # Max/Min rather than Clip: onnxruntime has no float64 Clip before opset 12.
+    n, x = _node(ctx, "Max", [x, lo], f"{hint}_lo_clip")
+    nodes.append(n)
+    n, x = _node(ctx, "Min", [x, hi], f"{hint}_hi_clip")
     nodes.append(n)
     nodes.append(helper.make_node("Cast", [x], [out], name=ctx.unique(f"{hint}_out"), to=ONNX_INT[a["out_type"]]))
 

@@ -17,7 +17,7 @@ def register(cls: type[HzOp]) -> type[HzOp]:
 
 
 def get(op_type: str) -> type[HzOp]:
-    if not _OPS:
+    if op_type not in _OPS:
         for mod in _OP_MODULES:
             importlib.import_module(mod)
     try:

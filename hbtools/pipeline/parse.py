@@ -132,7 +132,9 @@ def _fix_input_shapes(model: ModelProto, inputs: list[InputSpec]) -> None:
                 dims.dim.add().dim_value = d
     del model.graph.value_info[:]
     for out in model.graph.output:
-        out.type.tensor_type.ClearField("shape")
+        # Keep the rank (the checker needs a shape) but forget stale sizes.
+        for d in out.type.tensor_type.shape.dim:
+            d.Clear()
 
 
 def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:

@@ -385,15 +385,16 @@ class _Builder:
         outs = [f"{o}_quantized" for o in node.output]
         copy = helper.make_node(node.op_type, [xq.name, *node.input[1:]], outs, name=node.name)
         copy.attribute.extend(node.attribute)
-        if xq.dtype == "int16" and node.op_type in ("MaxPool", "GlobalMaxPool", "Resize"):
-            # onnxruntime has no int16 kernels for these; integers survive a float32 round trip.
+        opset = next((o.version for o in self.src.opset_import if o.domain in ("", "ai.onnx")), 0)
+        if node.op_type in ("MaxPool", "GlobalMaxPool", "Resize") and (xq.dtype == "int16" or opset < 13):
+            # No int16 (or, before opset 12/13, int8) kernels for these; integers survive a float32 round trip.
             xf = f"{xq.name}_as_float"
             self.nodes.append(helper.make_node("Cast", [xq.name], [xf], name=f"{xf}_Cast", to=TensorProto.FLOAT))
             copy.input[0] = xf
             copy.output[0] = f"{node.output[0]}_float_int16"
             self.nodes.append(copy)
             self.nodes.append(helper.make_node("Cast", [copy.output[0]], [outs[0]], name=f"{outs[0]}_Cast",
-                                               to=TensorProto.INT16))
+                                               to=TensorProto.INT16 if xq.dtype == "int16" else TensorProto.INT8))
         else:
             self.nodes.append(copy)
         for o, qo in zip(node.output, outs, strict=True):
