@@ -188,4 +188,5 @@ def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
         index = list(model.graph.node).index(node)
         model.graph.node.remove(node)
         model.graph.node.insert(index, conv)
+        conv = model.graph.node[index]  # protobuf inserted a copy; edit the one in the graph
         _set_conv_params(model, conv, k.reshape(-1, 1, 1, 1), beta - mean * k, node.output[0])

@@ -122,6 +122,15 @@ def test_config_points_at_the_data(ppocr_sample_data, model: str) -> None:
         np.testing.assert_allclose(scale, [1 / 127.5], rtol=1e-6)
 
 
+@pytest.mark.parametrize("model", sorted(SHAPES))
+def test_config_loads_and_finds_the_calibration_set(ppocr_sample_data, model: str) -> None:
+    loader = pytest.importorskip("hbtools.config.loader")
+    calibration = pytest.importorskip("hbtools.data.calibration")
+    cfg = loader.load_config(ppocr_sample_data.configs[model])
+    assert cfg.model.march == "bayes-e"
+    assert calibration.preflight(cfg.inputs) == 50
+
+
 def test_cls_float_model_tells_upright_from_upside_down(ppocr_sample_data) -> None:
     d = ppocr_sample_data
     outputs = [
