@@ -58,11 +58,12 @@ class HzCalibration(HzOp):
         x, y = node.input[0], node.output[0]
         base = node.name
         if ctx.feed_calibration and a.get("kind") == "activation":
-            # Scale and an enable flag are fed at run time: y = enable ? fq(x) : x.
+            # Scale, grid size and an enable flag are fed at run time: y = enable ? fq(x) : x.
             scale = ctx.graph_input(f"{base}_scale", TensorProto.FLOAT, shape)
+            qmax_in = ctx.graph_input(f"{base}_qmax", TensorProto.FLOAT, [])
             enable = ctx.graph_input(f"{base}_enable", TensorProto.BOOL, [])
             fq = ctx.unique(f"{base}_fq")
-            nodes = _fake_quant(x, fq, scale, qmax, ctx, base)
+            nodes = _fake_quant(x, fq, scale, qmax_in, ctx, base)
             nodes.append(helper.make_node("Where", [enable, fq, x], [y], name=ctx.unique(f"{base}_where")))
             return nodes
         scale = ctx.constant(f"{base}_scales", scales.reshape(shape))
@@ -78,11 +79,18 @@ class HzCalibration(HzOp):
         return [(np.clip(np.round(x / s), -qmax, qmax) * s).astype(np.float32)]
 
 
-def _fake_quant(x: str, y: str, scale: str, qmax: float, ctx: LoweringContext, base: str) -> list[NodeProto]:
+def _fake_quant(x: str, y: str, scale: str, qmax: float | str, ctx: LoweringContext, base: str) -> list[NodeProto]:
     div, rnd, clp = (ctx.unique(f"{base}_{k}") for k in ("div", "round", "clip"))
-    lo = ctx.constant(f"{base}_qmin", np.array(-qmax, dtype=np.float32))
-    hi = ctx.constant(f"{base}_qmax", np.array(qmax, dtype=np.float32))
+    extra = []
+    if isinstance(qmax, str):  # a fed grid size
+        hi = qmax
+        lo = ctx.unique(f"{base}_qmin")
+        extra.append(helper.make_node("Neg", [hi], [lo], name=lo))
+    else:
+        lo = ctx.constant(f"{base}_qmin", np.array(-qmax, dtype=np.float32))
+        hi = ctx.constant(f"{base}_qmax", np.array(qmax, dtype=np.float32))
     return [
+        *extra,
         helper.make_node("Div", [x, scale], [div], name=div),
         helper.make_node("Round", [div], [rnd], name=rnd),
         helper.make_node("Clip", [rnd, lo, hi], [clp], name=clp),

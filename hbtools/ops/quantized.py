@@ -54,8 +54,12 @@ def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: 
         nodes.append(n)
     n, x = _node(ctx, "Round", [x], f"{hint}_round")
     nodes.append(n)
-    lo = ctx.constant(f"{hint}_lo", np.array(a["out_min"], dtype=np.float64))
-    hi = ctx.constant(f"{hint}_hi", np.array(a["out_max"], dtype=np.float64))
+    out_min, out_max = float(a["out_min"]), float(a["out_max"])
+    if a["out_type"] == "int32":
+        # Float attributes are float32: 2**31 - 1 reads back as 2**31, which Cast wraps to -2**31.
+        out_min, out_max = max(out_min, -(2.0**31)), min(out_max, 2.0**31 - 1)
+    lo = ctx.constant(f"{hint}_lo", np.array(out_min, dtype=np.float64))
+    hi = ctx.constant(f"{hint}_hi", np.array(out_max, dtype=np.float64))
     # Max/Min rather than Clip: onnxruntime has no float64 Clip before opset 12.
     n, x = _node(ctx, "Max", [x, lo], f"{hint}_lo_clip")
     nodes.append(n)

@@ -18,17 +18,20 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper
 from tqdm import tqdm
 
+from hbtools.errors import HbError
 from hbtools.metrics import cosine_similarity
-from hbtools.ops.calibration import scales_for
+from hbtools.ops.calibration import qmax_for, scales_for
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model, weight_thresholds
 from hbtools.quant.statistics import StatsCollector
-from hbtools.quant.thresholds import threshold_for
+from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runtime.lowering import lower_model
 from hbtools.runtime.session import make_session
 
 log = logging.getLogger("hbtools")
 
-EVAL_SAMPLES = 4  # samples kept in memory to score candidate thresholds
+EVAL_SAMPLES = 8  # samples kept in memory to score candidate thresholds
+PROMOTE_TARGET = 0.9995  # output cosine at which the int16 search stops
+PROMOTE_BUDGET = 0.25  # at most this share of tensors become int16
 DEFAULT_CANDIDATES = (("max", None), ("percentile", 0.99995), ("percentile", 0.9999), ("kl", None))
 
 Samples = Callable[[], Iterable[dict[str, np.ndarray]]]
@@ -45,7 +48,8 @@ class CalibrationResult:
 
 def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *,
         calibration_type: str, max_percentile: float | None = None,
-        loaded_thresholds: dict[str, float] | None = None) -> CalibrationResult:
+        loaded_thresholds: dict[str, float] | None = None, allow_int16: bool = False) -> CalibrationResult:
+    """Calibrate; ``allow_int16`` lets default/mix give int16 to the most sensitive tensors."""
     collector, eval_feeds, eval_refs = _collect(optimized, plan, samples, count)
     weight_th = weight_thresholds(optimized, plan)
     candidates = {_label(m, p): _thresholds(plan, collector, m, p) for m, p in _methods(calibration_type, max_percentile)}
@@ -61,8 +65,16 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         method = max(scores, key=scores.get)
         thresholds = dict(candidates[method])
         methods = {t: method for t in thresholds}
+        best = scores[method]
         if calibration_type == "mix":
-            thresholds, methods = evaluator.refine(thresholds, candidates, scores[method])
+            thresholds, methods = evaluator.refine(thresholds, candidates, best)
+            best = evaluator.score(thresholds)
+        if allow_int16:
+            noise = {p.tensor: relative_noise(collector.stats[p.tensor], thresholds[p.tensor], p.bits)
+                     for p in plan.activations}
+            for tensor in evaluator.promote_to_int16(thresholds, candidates["max"], best, noise):
+                plan.activation(tensor).bits = 16
+                methods[tensor] = "max"
     else:
         method = next(iter(candidates))
         thresholds = candidates[method]
@@ -116,8 +128,6 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
             eval_feeds.append(feed)
             eval_refs.append([values[o] for o in outputs])
     if collector.samples == 0:
-        from hbtools.errors import HbError
-
         raise HbError("no calibration samples were read; check cal_data_dir")
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(tensors))
     return collector, eval_feeds, eval_refs
@@ -136,19 +146,31 @@ class _Evaluator:
         self.refs = refs
         self.outputs = [o.name for o in optimized.graph.output]
 
-    def _extra(self, thresholds: dict[str, float]) -> dict[str, np.ndarray]:
+    def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
+               disabled: set[str] = frozenset()) -> dict[str, np.ndarray]:
         extra: dict[str, np.ndarray] = {}
         for p in self.plan.activations:
-            extra[f"{p.node_name}_scale"] = scales_for(np.array([thresholds[p.tensor]]), p.bits).reshape([])
-            extra[f"{p.node_name}_enable"] = np.array(True)
+            b = (bits or {}).get(p.tensor, p.bits)
+            extra[f"{p.node_name}_scale"] = scales_for(np.array([thresholds[p.tensor]]), b).reshape([])
+            extra[f"{p.node_name}_qmax"] = np.array(qmax_for(b), dtype=np.float32)
+            extra[f"{p.node_name}_enable"] = np.array(p.tensor not in disabled)
         return extra
 
-    def score(self, thresholds: dict[str, float]) -> float:
-        extra = self._extra(thresholds)
+    def score(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
+              disabled: set[str] = frozenset()) -> float:
+        """Output cosine over all evaluation samples at once, averaged over model outputs.
+
+        One cosine over the concatenated samples, not a mean of per-sample cosines: a
+        sample whose float output is ~0 (a detector on a picture without text) has a
+        meaningless per-sample cosine that would otherwise swamp the score.
+        """
+        extra = self._extra(thresholds, bits, disabled)
+        runs = [self.session.run(self.outputs, {**feed, **extra}) for feed in self.feeds]
         sims = []
-        for feed, ref in zip(self.feeds, self.refs, strict=True):
-            outs = self.session.run(self.outputs, {**feed, **extra})
-            sims.append(np.mean([cosine_similarity(r, o) for r, o in zip(ref, outs, strict=True)]))
+        for k in range(len(self.outputs)):
+            ref = np.concatenate([r[k].reshape(-1) for r in self.refs])
+            got = np.concatenate([o[k].reshape(-1) for o in runs])
+            sims.append(cosine_similarity(ref, got))
         return float(np.mean(sims))
 
     def refine(self, thresholds: dict[str, float], candidates: dict[str, dict[str, float]],
@@ -166,3 +188,33 @@ class _Evaluator:
                     best, current, methods[p.tensor] = s, trial, label
         log.info("mix calibration: output cosine %.6f", best)
         return current, methods
+
+    def promote_to_int16(self, thresholds: dict[str, float], max_thresholds: dict[str, float], score: float,
+                         noise: dict[str, float], *, target: float = PROMOTE_TARGET,
+                         budget: float = PROMOTE_BUDGET) -> dict[str, int]:
+        """Mixed precision: give int16 to the tensors the int8 grid represents worst.
+
+        Tensors are ranked by their own relative quantization noise (from the streamed
+        histograms, no inference needed) and promoted worst-first in small steps; a step is
+        kept only if the output cosine improves. Stops at ``target`` or when ``budget`` of
+        the tensors are int16.
+        """
+        ranked = sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
+        if not ranked or score >= target:
+            return {}
+        limit = min(len(ranked), max(1, int(budget * len(self.plan.activations))))
+        step = max(1, len(self.plan.activations) // 40)
+        best, chosen = score, {}
+        for start in tqdm(range(0, limit, step), desc="mixed precision", disable=not sys.stderr.isatty(),
+                          leave=False):
+            bits = {**chosen, **{t: 16 for t in ranked[start:start + step]}}
+            trial = {**thresholds, **{t: max_thresholds[t] for t in bits}}  # 16 bits need no clipping
+            s = self.score(trial, bits)
+            if s > best:
+                best, chosen = s, bits
+            if best >= target:
+                break
+        thresholds.update({t: max_thresholds[t] for t in chosen})
+        log.info("mixed precision: %d of %d tensors calibrated as int16, output cosine %.6f",
+                 len(chosen), len(self.plan.activations), best)
+        return chosen

@@ -22,7 +22,7 @@ from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.ops.calibration import qmax_for
 from hbtools.ops.preprocess import affine
-from hbtools.quant.plan import weight_axis
+from hbtools.quant.plan import wants_int_outputs, weight_axis
 from hbtools.quant.units import Partition, Unit, build_partition
 from hbtools.runtime.session import make_session
 
@@ -143,7 +143,8 @@ class _Builder:
 
     def _cpu_needs(self, tensor: str) -> bool:
         users = self.part.consumers.get(tensor, [])
-        return tensor in self.view.graph_outputs or any(u.on == "CPU" for u in users)
+        float_output = tensor in self.view.graph_outputs and not wants_int_outputs(self.config)
+        return float_output or any(u.on == "CPU" for u in users)
 
     def _out_attrs(self, tensor: str, lo: float | None = None, hi: float | None = None) -> tuple[QTensor, dict]:
         """Output tensor at its calibrated scale, with activation bounds folded into the clip."""
@@ -268,16 +269,23 @@ class _Builder:
         if "kernel_shape" not in conv_attrs and kind != "MatMul":
             conv_attrs["kernel_shape"] = list(w.shape[2:])
         common = {"kind": kind, "x_bits": int(xq.dtype[3:]), "axis": out_axis, **conv_attrs}
-        self._emit_accumulator(unit, "HzSQuantizedConv", inputs, acc_scale, out_axis, common)
+        # Largest |accumulator| any input can produce, per output channel.
+        reduce = tuple(k for k in range(w_q.ndim) if k != axis_w)
+        bound = qmax_for(int(xq.dtype[3:])) * float(np.abs(w_q.astype(np.int64)).sum(axis=reduce).max())
+        if bias is not None:
+            bound += float(np.abs(b_q.astype(np.int64)).max())
+        self._emit_accumulator(unit, "HzSQuantizedConv", inputs, acc_scale, out_axis, common, bound)
 
     def _unit_matmul(self, unit: Unit) -> None:
         qa, qb = (self.need_q(t) for t in unit.main.input[:2])
         acc_scale = np.array([qa.scale[0] * qb.scale[0]])
         common = {"a_bits": int(qa.dtype[3:]), "b_bits": int(qb.dtype[3:]), "axis": -1}
-        self._emit_accumulator(unit, "HzSQuantizedMatMul", [qa.name, qb.name], acc_scale, -1, common)
+        depth = (self.view.shapes.get(unit.main.input[0]) or [None])[-1]
+        bound = None if not depth else float(qmax_for(int(qa.dtype[3:])) * qmax_for(int(qb.dtype[3:])) * depth)
+        self._emit_accumulator(unit, "HzSQuantizedMatMul", [qa.name, qb.name], acc_scale, -1, common, bound)
 
     def _emit_accumulator(self, unit: Unit, op: str, inputs: list[str], acc_scale: np.ndarray, axis: int,
-                          common: dict) -> None:
+                          common: dict, bound: float | None = None) -> None:
         out = unit.outputs[0]
         lo, hi = self._activation_bounds(unit)
         calibrated = out in self.acts
@@ -291,9 +299,15 @@ class _Builder:
             self._record(out, qt)
             return
         # int32 accumulator: dequantized exactly for CPU users / outputs, requantized for BPU users.
+        # With int16 operands the sum can exceed int32: drop low bits (a power-of-two multiplier) so
+        # it never saturates; the result keeps ~31 significant bits.
+        shift = 0
+        if bound is not None and bound > 2**31 - 1:
+            shift = int(np.ceil(np.log2(bound / (2**31 - 1))))
+        acc_scale = acc_scale * 2.0**shift
         acc_tensor = unit.activation.input[0] if unit.activation is not None else out
         acc = QTensor(f"{acc_tensor}_int32", "int32", acc_scale, axis)
-        self.nodes.append(helper.make_node(op, inputs, [acc.name], name=name, domain=DOMAIN, multiplier=[1.0],
+        self.nodes.append(helper.make_node(op, inputs, [acc.name], name=name, domain=DOMAIN, multiplier=[2.0**-shift],
                                            out_type="int32", out_min=float(-(2**31)), out_max=float(2**31 - 1),
                                            **common))
         self._record(acc_tensor, acc)

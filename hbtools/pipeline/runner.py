@@ -62,7 +62,7 @@ def makertbin(config_path: str | Path, model_type: str) -> dict[str, Path]:
                     "checks only, not for accuracy evaluation")
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source),
                         calibration_type=config.calibration.calibration_type,
-                        max_percentile=config.calibration.max_percentile)
+                        max_percentile=config.calibration.max_percentile, allow_int16=profile.int16)
     save_model(cal.model, paths["calibrated"])
     log.info("Model calibration done: %s", paths["calibrated"])
 

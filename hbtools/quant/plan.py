@@ -74,6 +74,7 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     view = GraphView(model)
     bits_of = _requested_bits(part, config, profile, set(view.graph_outputs))
     plan = CalibrationPlan()
+    int_outputs = wants_int_outputs(config)
     integer_inputs = {i.name for i in model.graph.input
                       if i.type.tensor_type.elem_type in (TensorProto.INT8, TensorProto.UINT8)}
     tensors = [*view.graph_inputs, *(t for u in part.units for t in u.outputs)]
@@ -85,6 +86,9 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         if producer is not None and producer.on == "BPU" and producer.kind == "passive":
             continue
         materialised = producer is not None and producer.on == "BPU" and not producer.is_accumulator
+        if int_outputs and producer is not None and producer.on == "BPU" and producer.is_accumulator \
+                and tensor in view.graph_outputs:
+            materialised = True  # set_model_output_int8/int16: a conv output leaves as integers too
         if not materialised and not bpu_users:
             continue
         users = part.consumers.get(tensor, []) if materialised else bpu_users
@@ -103,6 +107,12 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     return plan
 
 
+def wants_int_outputs(config: Config | None) -> bool:
+    """set_model_output_int8 / set_model_output_int16: BPU outputs stay integers."""
+    opts = config.calibration.optimization if config else []
+    return "set_model_output_int8" in opts or "set_model_output_int16" in opts
+
+
 def _requested_bits(part: Partition, config: Config | None, profile: MarchProfile,
                     graph_outputs: set[str]) -> dict[str, int]:
     """int16 requests (node_info, optimization) per tensor; int8 where the march has no int16."""
@@ -118,7 +128,7 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
 
     for unit in part.units:
         for t in unit.outputs:
-            if unit.on == "BPU" and unit.kind != "passive" and not unit.is_accumulator:
+            if unit.on == "BPU" and unit.kind != "passive" and (not unit.is_accumulator or wants_int_outputs(config)):
                 if t in graph_outputs:
                     bits[t] = output_bits
     if "set_model_output_int16" in opts and not profile.int16:

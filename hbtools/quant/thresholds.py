@@ -75,3 +75,19 @@ def threshold_for(method: str, stats: TensorStats, bits: int, percentile: float 
         # A 16-bit grid is fine enough that clipping only hurts: use max there.
         return kl_threshold(stats, bits) if bits == 8 else max_threshold(stats)
     raise ValueError(f"unknown calibration method {method!r}")
+
+
+def relative_noise(stats: TensorStats, threshold: float, bits: int) -> float:
+    """Expected quantization noise power over signal power for this threshold (from the histogram).
+
+    Rounding inside the range adds s**2/12 per value; values beyond the threshold are clipped.
+    """
+    hist = stats.hist.astype(np.float64)
+    centres = (np.arange(BINS) + 0.5) * stats.bin_width
+    signal = float(np.sum(hist * centres**2))
+    if signal == 0 or threshold <= 0:
+        return 0.0
+    scale = threshold / ((1 << (bits - 1)) - 1)
+    inside = centres <= threshold
+    noise = np.sum(hist[inside]) * scale**2 / 12 + np.sum(hist[~inside] * (centres[~inside] - threshold) ** 2)
+    return float(noise / signal)

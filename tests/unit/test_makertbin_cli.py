@@ -1,0 +1,198 @@
+"""``hb_mapper makertbin`` as a user runs it: console messages, exit codes, the log file.
+
+Runs the click command in-process (click's CliRunner, exceptions not swallowed) in a
+temp folder that is the current directory, on a small model built in the test.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from builders import MODELS, Project, make_project
+from click.testing import CliRunner, Result
+from onnx import TensorProto, helper
+
+from hbtools.cli.hb_mapper import main
+
+SUCCESS = "Convert to runtime bin file successfully!"
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) ")
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def makertbin(config: str | Path = "config.yaml", *extra: str) -> Result:
+    return invoke("makertbin", "--config", str(config), "--model-type", "onnx", *extra)
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """resnet_like in tmp_path (also the current directory), ready to convert."""
+    monkeypatch.chdir(tmp_path)
+    return make_project(tmp_path, MODELS["resnet_like"](), cal_count=3)
+
+
+def test_help() -> None:
+    top = invoke("--help")
+    assert top.exit_code == 0 and "makertbin" in top.output
+    sub = invoke("makertbin", "--help")
+    assert sub.exit_code == 0
+    for option in ("--config", "--model-type", "--fast-perf"):
+        assert option in sub.output
+
+
+def test_success(project: Project) -> None:
+    result = makertbin("config.yaml")
+    assert result.exit_code == 0, result.output
+    assert SUCCESS in result.output and "End Model Convert" in result.output
+    assert "ERROR" not in result.output and "Traceback" not in result.output
+    assert "Start Model Convert" in result.output
+    assert re.search(r"^Node\s+ON\s+Subgraph\s+Type", result.output, re.M), "node table missing"
+    log = Path("hb_mapper_makertbin.log")
+    assert log.is_file(), "hb_mapper_makertbin.log must be written in the current directory"
+    text = log.read_text()
+    assert SUCCESS in text and "End Model Convert" in text
+    assert LOG_LINE.match(text.splitlines()[0]), text.splitlines()[0]
+    for kind in ("original", "optimized", "calibrated", "quantized", "bin"):
+        assert project.artefact(kind).is_file()
+    # The log shows the model path resolved against the config's folder.
+    assert str(project.model_path) in result.output
+
+
+def test_success_from_another_directory(project: Project, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = makertbin(Path("..") / "config.yaml")
+    assert result.exit_code == 0, result.output
+    assert project.artefact("bin").is_file()  # relative paths follow the YAML file
+    assert (elsewhere / "hb_mapper_makertbin.log").is_file()
+
+
+# ---------------------------------------------------------------- user mistakes
+
+
+def _set(**groups: dict) -> Callable[[Project], None]:
+    return lambda p: p.write(**groups)
+
+
+def _write_model(model: onnx.ModelProto) -> Callable[[Project], None]:
+    return lambda p: onnx.save(model, str(p.model_path))
+
+
+def _dynamic_model() -> onnx.ModelProto:
+    model = MODELS["resnet_like"]().model
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    return model
+
+
+def _opset_model(opset: int) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["data"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 16, 16])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _cal_files(p: Project) -> list[Path]:
+    return sorted((p.root / "cal_data").iterdir())
+
+
+def _truncate_cal_file(p: Project) -> None:
+    f = _cal_files(p)[1]
+    f.write_bytes(f.read_bytes()[:-5])
+
+
+def _empty_cal_folder(p: Project) -> None:
+    for f in _cal_files(p):
+        f.unlink()
+
+
+def _npy_wrong_shape(p: Project) -> None:
+    np.save(p.root / "cal_data" / "zzz.npy", np.zeros([1, 3, 8, 8], np.uint8))
+
+
+def _raw(text: str) -> Callable[[Project], None]:
+    return lambda p: p.config_path.write_text(text)
+
+
+def _remove_group(group: str) -> Callable[[Project], None]:
+    def edit(p: Project) -> None:
+        text = p.config_path.read_text()
+        start = text.index(f"{group}:")
+        rest = text[start:].split("\n")
+        end = next((k for k, line in enumerate(rest[1:], 1) if line and not line.startswith(" ")), len(rest))
+        p.config_path.write_text(text[:start] + "\n".join(rest[end:]))
+    return edit
+
+
+# (id, how to break the project, command-line arguments or None for the default, fragments the
+# ERROR output must contain: each a regex)
+BAD = [
+    ("missing_group", _remove_group("compiler_parameters"), None, [r"Missing key.*'compiler_parameters'"]),
+    ("missing_onnx_file", _set(model_parameters={"onnx_model": "nowhere/model.onnx"}), None,
+     [r"onnx_model", r"nowhere/model\.onnx", r"does not exist"]),
+    ("bad_march", _set(model_parameters={"march": "bernoulli9"}), None, [r"march", r"bernoulli9"]),
+    ("bad_train_rt_pair", _set(input_parameters={"input_type_train": "gray", "input_type_rt": "nv12"}), None,
+     [r"gray", r"nv12"]),
+    ("wrong_size_calibration_file", _truncate_cal_file, None,
+     [r"001\.bin", r"768 bytes", r"uint8"]),
+    ("empty_calibration_folder", _empty_cal_folder, None, [r"cal_data", r"empty"]),
+    ("npy_wrong_shape", _npy_wrong_shape, None, [r"zzz\.npy", r"768"]),
+    ("missing_calibration_folder", _set(calibration_parameters={"cal_data_dir": "no_such_dir"}), None,
+     [r"no_such_dir", r"does not exist"]),
+    ("input_name_not_in_model", _set(input_parameters={"input_name": "image"}), None,
+     [r"'image'", r"not an input of the model", r"data"]),
+    ("dynamic_input_without_shape", lambda p: (_write_model(_dynamic_model())(p),
+                                              p.write(input_parameters={"input_shape": None})), None,
+     [r"dynamic", r"input_shape"]),
+    ("mean_count_not_channels", _set(input_parameters={"mean_value": "120 116"}), None,
+     [r"mean_value", r"2 values", r"3 channel"]),
+    ("model_not_onnx", lambda p: p.model_path.write_bytes(b"this is not a protobuf at all\x00\xff" * 10), None,
+     [r"model\.onnx", r"not a readable ONNX model"]),
+    ("opset_too_new", _write_model(_opset_model(22)), None, [r"opset 22", r"10\.\.21"]),
+    ("malformed_yaml", _raw("model_parameters:\n  onnx_model: model.onnx\n   march: [bayes-e\n"), None,
+     [r"not valid YAML", r"line \d+"]),
+    ("unknown_key", _set(calibration_parameters={"calibration_methd": "max"}), None,
+     [r"Unknown parameter 'calibration_methd'", r"calibration_parameters"]),
+    ("config_file_missing", lambda p: None, ["makertbin", "--config", "missing.yaml", "--model-type", "onnx"],
+     [r"missing\.yaml"]),
+    ("no_config", lambda p: None, ["makertbin", "--model-type", "onnx"], [r"--config"]),
+    ("fast_perf_without_model", lambda p: None, ["makertbin", "--fast-perf"], [r"fast-perf|--model"]),
+    ("fast_perf_with_config", lambda p: None, ["makertbin", "--fast-perf", "--config", "config.yaml", "--model",
+                                               "model.onnx", "--march", "bayes-e"], [r"fast-perf|--config"]),
+    ("image_input_not_4d", lambda p: (_write_model(MODELS["featuremap_mlp"]().model)(p),
+                                     p.write(input_parameters={"input_name": "feat", "input_shape": "1x5x12"})),
+     None, [r"feat", r"featuremap"]),
+]
+
+
+@pytest.mark.parametrize(("break_it", "args", "expected"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_user_mistake(project: Project, break_it: Callable[[Project], None], args: list[str] | None,
+                      expected: list[str]) -> None:
+    break_it(project)
+    result = invoke(*args) if args else makertbin("config.yaml")
+    out = result.output
+    assert result.exit_code == 1, f"exit code {result.exit_code}\n{out}"
+    errors = [line for line in out.splitlines() if "ERROR" in line]
+    assert errors, f"no ERROR line:\n{out}"
+    assert "Traceback" not in out
+    assert "internal error" not in out, f"a user mistake must get a real message:\n{out}"
+    message = "\n".join(errors)
+    for fragment in expected:
+        assert re.search(fragment, message), f"ERROR lines miss {fragment!r}:\n{message}"
+    assert SUCCESS not in out
+    wd = project.working_dir
+    assert not wd.exists() or not any(wd.iterdir()), f"working_dir not empty: {list(wd.iterdir())}"
+    log = Path("hb_mapper_makertbin.log")
+    assert log.is_file() and "ERROR" in log.read_text()
