@@ -31,7 +31,10 @@ log = logging.getLogger("hbtools")
 
 EVAL_SAMPLES = 8  # samples kept in memory to score candidate thresholds
 PROMOTE_TARGET = 0.9995  # output cosine at which the int16 search stops
-PROMOTE_BUDGET = 0.25  # at most this share of tensors become int16
+KEEP_GAIN = 0.9  # share of the all-int16 improvement mixed precision must keep
+DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
+SENSITIVITY_SAMPLES = 2  # samples used to measure each tensor's sensitivity
+SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
 DEFAULT_CANDIDATES = (("max", None), ("percentile", 0.99995), ("percentile", 0.9999), ("kl", None))
 
 Samples = Callable[[], Iterable[dict[str, np.ndarray]]]
@@ -190,31 +193,53 @@ class _Evaluator:
         return current, methods
 
     def promote_to_int16(self, thresholds: dict[str, float], max_thresholds: dict[str, float], score: float,
-                         noise: dict[str, float], *, target: float = PROMOTE_TARGET,
-                         budget: float = PROMOTE_BUDGET) -> dict[str, int]:
-        """Mixed precision: give int16 to the tensors the int8 grid represents worst.
+                         noise: dict[str, float], *, target: float = PROMOTE_TARGET) -> dict[str, int]:
+        """Mixed precision: int16 only where the int8 grid costs the output.
 
-        Tensors are ranked by their own relative quantization noise (from the streamed
-        histograms, no inference needed) and promoted worst-first in small steps; a step is
-        kept only if the output cosine improves. Stops at ``target`` or when ``budget`` of
-        the tensors are int16.
+        Start from every tensor at int16, then move tensors back to int8, least sensitive
+        first, as long as the output cosine keeps ``KEEP_GAIN`` of what int16 gains over
+        int8 (or stays above ``target``).
         """
-        ranked = sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
-        if not ranked or score >= target:
+        if score >= target:
             return {}
-        limit = min(len(ranked), max(1, int(budget * len(self.plan.activations))))
-        step = max(1, len(self.plan.activations) // 40)
-        best, chosen = score, {}
-        for start in tqdm(range(0, limit, step), desc="mixed precision", disable=not sys.stderr.isatty(),
-                          leave=False):
-            bits = {**chosen, **{t: 16 for t in ranked[start:start + step]}}
-            trial = {**thresholds, **{t: max_thresholds[t] for t in bits}}  # 16 bits need no clipping
-            s = self.score(trial, bits)
-            if s > best:
-                best, chosen = s, bits
-            if best >= target:
-                break
-        thresholds.update({t: max_thresholds[t] for t in chosen})
-        log.info("mixed precision: %d of %d tensors calibrated as int16, output cosine %.6f",
-                 len(chosen), len(self.plan.activations), best)
-        return chosen
+        ranked = self._rank_by_sensitivity(thresholds, noise)
+        if not ranked:
+            return {}
+        all16 = {t: 16 for t in ranked}
+        wide = {t: max_thresholds[t] for t in ranked}  # a 16-bit grid needs no clipping
+        best16 = self.score({**thresholds, **wide}, all16)
+        if best16 <= score:
+            return {}
+        goal = min(target, score + KEEP_GAIN * (best16 - score))
+        current = dict(all16)
+        step = max(1, len(ranked) // DEMOTE_STEPS)
+        least_first = ranked[::-1]
+        for start in tqdm(range(0, len(least_first), step), desc="mixed precision",
+                          disable=not sys.stderr.isatty(), leave=False):
+            trial = {t: b for t, b in current.items() if t not in least_first[start:start + step]}
+            th = {**thresholds, **{t: wide[t] for t in trial}}
+            if self.score(th, trial) >= goal:
+                current = trial
+        thresholds.update({t: wide[t] for t in current})
+        log.info("mixed precision: %d of %d tensors calibrated as int16, output cosine %.6f (int8 %.6f, all int16 "
+                 "%.6f)", len(current), len(self.plan.activations), self.score(thresholds, current), score, best16)
+        return current
+
+    def _rank_by_sensitivity(self, thresholds: dict[str, float], noise: dict[str, float]) -> list[str]:
+        """int8 tensors ordered by the output cosine their quantization costs (measured).
+
+        Each tensor's cost is the score gained by leaving it unquantized, on the first
+        ``SENSITIVITY_SAMPLES`` samples; ties and unmeasured tensors fall back to the
+        histogram's relative noise.
+        """
+        candidates = sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
+        measured = candidates[:SENSITIVITY_MAX_TENSORS]
+        feeds, self.feeds = self.feeds, self.feeds[:SENSITIVITY_SAMPLES]
+        refs, self.refs = self.refs, self.refs[:SENSITIVITY_SAMPLES]
+        try:
+            base = self.score(thresholds)
+            gain = {t: self.score(thresholds, disabled={t}) - base
+                    for t in tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False)}
+        finally:
+            self.feeds, self.refs = feeds, refs
+        return sorted(candidates, key=lambda t: (gain.get(t, -1.0), noise[t]), reverse=True)

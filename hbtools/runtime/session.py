@@ -24,6 +24,9 @@ def make_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession
     """The one way hbtools builds an onnxruntime CPU session from a standard-ONNX model."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    # Without the arena, memory of the many large intermediate outputs calibration and
+    # the similarity report fetch goes back to the system after each run.
+    options.enable_cpu_mem_arena = False
     if threads:
         options.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
