@@ -254,11 +254,8 @@ class HzSQuantizedPool(HzOp):
             kernel = a["kernel_shape"]
             ones = ctx.constant(f"{hint}_ones", np.ones([a["channels"], 1, *kernel], dtype=np.int8))
             attrs = {k: a[k] for k in ("kernel_shape", "strides", "pads") if k in a}
-            x = node.input[0]
-            if a.get("x_bits", 8) == 16:
-                acc = _integer_product(ctx, "ConvInteger", x, 16, ones, 8, hint, nodes, group=a["channels"], **attrs)
-            else:
-                acc = _integer_product(ctx, "ConvInteger", x, 8, ones, 8, hint, nodes, group=a["channels"], **attrs)
+            acc = _integer_product(ctx, "ConvInteger", node.input[0], a.get("x_bits", 8), ones, 8, hint, nodes,
+                                   group=a["channels"], **attrs)
         _requantize(ctx, acc, a, None, node.output[0], hint, nodes)
         return nodes
 

@@ -56,9 +56,13 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     collector, eval_feeds, eval_refs = _collect(optimized, plan, samples, count)
     weight_th = weight_thresholds(optimized, plan)
     candidates = {_label(m, p): _thresholds(plan, collector, m, p) for m, p in _methods(calibration_type, max_percentile)}
-    if calibration_type == "load" and loaded_thresholds:
-        base = candidates.get("max") or next(iter(candidates.values()))
-        candidates = {"load": {t: loaded_thresholds.get(t, v) for t, v in base.items()}}
+    if calibration_type == "load":
+        base = candidates["max"]
+        missing = [t for t in base if t not in (loaded_thresholds or {})]
+        if missing:
+            log.warning("calibration_type load: %d of %d tensors have no QuantizeLinear in the model; they use the "
+                        "max of generated data (e.g. %s)", len(missing), len(base), ", ".join(missing[:3]))
+        candidates = {"load": {t: (loaded_thresholds or {}).get(t, v) for t, v in base.items()}}
     scores: dict[str, float] = {}
     if len(candidates) > 1 or calibration_type == "mix":
         evaluator = _Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs)

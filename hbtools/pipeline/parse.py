@@ -21,6 +21,7 @@ from hbtools.graph.model_io import (
     with_horizon_domain,
 )
 from hbtools.ops.preprocess import make_preprocess_node
+from hbtools.pipeline.qdq import strip_qdq
 
 log = logging.getLogger("hbtools")
 
@@ -33,6 +34,7 @@ class ParseResult:
     model: ModelProto  # the original float model (HzPreprocess in front)
     source: ModelProto  # the user's model with the same shapes/outputs, without HzPreprocess
     inputs: list[InputSpec]  # name and shape resolved
+    loaded_thresholds: dict[str, float] = dataclasses.field(default_factory=dict)  # calibration_type load
 
 
 def preprocess_node_name(input_name: str) -> str:
@@ -49,6 +51,7 @@ def run(config: Config) -> ParseResult:
     check_source_model(model, path)
     model = _working_opset(model)
     name_unnamed_nodes(model)
+    loaded = strip_qdq(model) if config.calibration.calibration_type == "load" else {}
     inputs = resolve_inputs(model, config.inputs)
     _fix_input_shapes(model, inputs)
     if config.model.output_nodes:
@@ -62,7 +65,7 @@ def run(config: Config) -> ParseResult:
     _insert_preprocess(model, inputs)
     model = _infer(model)
     onnx.checker.check_model(model)
-    return ParseResult(model, source, inputs)
+    return ParseResult(model, source, inputs, loaded)
 
 
 def _working_opset(model: ModelProto) -> ModelProto:

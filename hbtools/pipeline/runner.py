@@ -40,6 +40,7 @@ def makertbin(config_path: str | Path, model_type: str) -> dict[str, Path]:
     config = load_config(config_path, model_type)
     log.info("Start Model Convert....")
     profile = get_profile(config.model.march)
+    _warn_unsupported(config)
     parsed = parse.run(config)
     config = dataclasses.replace(config, inputs=parsed.inputs)
     source = _calibration_source(config)  # checks every data file before anything is written
@@ -62,7 +63,8 @@ def makertbin(config_path: str | Path, model_type: str) -> dict[str, Path]:
                     "checks only, not for accuracy evaluation")
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source),
                         calibration_type=config.calibration.calibration_type,
-                        max_percentile=config.calibration.max_percentile, allow_int16=profile.int16)
+                        max_percentile=config.calibration.max_percentile, allow_int16=profile.int16,
+                        loaded_thresholds=parsed.loaded_thresholds)
     save_model(cal.model, paths["calibrated"])
     log.info("Model calibration done: %s", paths["calibrated"])
 
@@ -82,3 +84,19 @@ def _calibration_source(config: Config) -> CalibrationSource:
     if config.calibration.calibration_type in ("skip", "load"):
         return RandomCalibrationSource(config.inputs, num_samples=SKIP_SAMPLES)
     return FolderCalibrationSource(config.inputs, preprocess_on=config.calibration.preprocess_on)
+
+
+# Accepted for compatibility with existing configs, but not acted on yet.
+_NOT_YET = {
+    "asymmetric": "asymmetric quantization is not implemented yet; calibrating symmetrically",
+    "bias_correction": "bias_correction is not implemented yet; biases are quantized as calibrated",
+    "lstm_batch_last": "lstm_batch_last has no effect (no LSTM support yet)",
+}
+
+
+def _warn_unsupported(config: Config) -> None:
+    for option, message in _NOT_YET.items():
+        if config.wants(option):
+            log.warning("optimization %s", message)
+    if config.calibration.per_channel:
+        log.warning("per_channel activation calibration is not implemented yet; calibrating per tensor")

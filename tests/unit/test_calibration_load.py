@@ -1,0 +1,69 @@
+"""calibration_type load: thresholds come from a QAT model's QuantizeLinear scales."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.log import setup
+from hbtools.pipeline.runner import makertbin
+from hbtools.runtime import HB_ONNXRuntime
+
+ACT_SCALE = 0.05
+
+
+def _qdq_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w_q = rng.integers(-127, 128, size=(4, 2, 3, 3)).astype(np.int8)
+    w_scale = np.full(4, 0.01, dtype=np.float32)
+    inits = [
+        numpy_helper.from_array(np.array(ACT_SCALE, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.int8), "zp"),
+        numpy_helper.from_array(w_q, "w_q"),
+        numpy_helper.from_array(w_scale, "w_s"),
+        numpy_helper.from_array(np.zeros(4, np.int8), "w_zp"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["feat", "s", "zp"], ["feat_q"], name="q0"),
+        helper.make_node("DequantizeLinear", ["feat_q", "s", "zp"], ["feat_dq"], name="dq0"),
+        helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_zp"], ["w"], name="dqw", axis=0),
+        helper.make_node("Conv", ["feat_dq", "w"], ["y"], name="conv0", pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(nodes, "qat", [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 2, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_load_takes_thresholds_from_quantize_linear(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    setup(None)
+    onnx.save(_qdq_model(), str(tmp_path / "qat.onnx"))
+    config = {
+        "model_parameters": {"onnx_model": "qat.onnx", "march": "bayes-e", "working_dir": "out",
+                             "output_model_file_prefix": "qat"},
+        "input_parameters": {"input_type_train": "featuremap", "input_layout_train": "NCHW",
+                             "input_type_rt": "featuremap", "norm_type": "no_preprocess"},
+        "calibration_parameters": {"calibration_type": "load"},
+        "compiler_parameters": {"optimize_level": "O3"},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    paths = makertbin(tmp_path / "c.yaml", "onnx")
+
+    calibrated = onnx.load(str(paths["calibrated"]))
+    ops = {n.op_type for n in calibrated.graph.node}
+    assert not ops & {"QuantizeLinear", "DequantizeLinear"}, "the QDQ pairs must be removed"
+    node = next(n for n in calibrated.graph.node if n.name == "feat_HzCalibration")
+    thresholds = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "thresholds")
+    assert np.isclose(thresholds[0], ACT_SCALE * 127), f"threshold {thresholds[0]} is not scale*127"
+
+    x = (np.random.default_rng(1).standard_normal((1, 2, 8, 8)) * 2).astype(np.float32)
+    qat = HB_ONNXRuntime(onnx_model=_qdq_model()).run_feature(None, {"feat": x})[0]
+    quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(None, {"feat": x})[0]
+    # The QAT model already rounds like the quantized model does: they agree closely.
+    assert np.abs(qat - quant).max() <= 0.02 * np.abs(qat).max()
