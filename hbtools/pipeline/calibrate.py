@@ -21,6 +21,7 @@ from tqdm import tqdm
 from hbtools.errors import HbError
 from hbtools.metrics import cosine_similarity
 from hbtools.ops.calibration import qmax_for, scales_for
+from hbtools.quant.bias_correction import CORRECTABLE, correct_biases
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model, weight_thresholds
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
@@ -32,6 +33,7 @@ log = logging.getLogger("hbtools")
 EVAL_SAMPLES = 8  # samples kept in memory to score candidate thresholds
 PROMOTE_TARGET = 0.9995  # output cosine at which the int16 search stops
 KEEP_GAIN = 0.97  # share of the all-int16 improvement mixed precision must keep
+BIAS_CORRECTION_SAMPLES = 16  # samples (after the evaluation ones) measuring the mean shift
 DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
 SENSITIVITY_SAMPLES = 2  # samples used to measure each tensor's sensitivity
 SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
@@ -51,9 +53,14 @@ class CalibrationResult:
 
 def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *,
         calibration_type: str, max_percentile: float | None = None,
-        loaded_thresholds: dict[str, float] | None = None, allow_int16: bool = False) -> CalibrationResult:
-    """Calibrate; ``allow_int16`` lets default/mix give int16 to the most sensitive tensors."""
-    collector, eval_feeds, eval_refs = _collect(optimized, plan, samples, count)
+        loaded_thresholds: dict[str, float] | None = None, allow_int16: bool = False,
+        bias_correction: str = "auto") -> CalibrationResult:
+    """Calibrate.
+
+    ``allow_int16`` lets default/mix give int16 to the most sensitive tensors;
+    ``bias_correction`` is "on", "off" or "auto" (kept only if the output improves).
+    """
+    collector, eval_feeds, eval_refs, bc_feeds = _collect(optimized, plan, samples, count)
     weight_th = weight_thresholds(optimized, plan)
     candidates = {_label(m, p): _thresholds(plan, collector, m, p) for m, p in _methods(calibration_type, max_percentile)}
     if calibration_type == "load":
@@ -88,7 +95,30 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         methods = {t: method for t in thresholds}
     log.info("Select %s method", method)
     model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
+    if bias_correction != "off":
+        model = _bias_correction(optimized, model, plan, thresholds, weight_th, methods, bc_feeds or eval_feeds,
+                                 eval_feeds, eval_refs, forced=bias_correction == "on")
     return CalibrationResult(model, plan, thresholds, method, scores)
+
+
+def _bias_correction(optimized: ModelProto, calibrated: ModelProto, plan: CalibrationPlan,
+                     thresholds: dict[str, float], weight_th: dict[str, np.ndarray], methods: dict[str, str],
+                     bc_feeds: list[dict], eval_feeds: list[dict], eval_refs: list, *, forced: bool) -> ModelProto:
+    names = {name for p in plan.weights for name, _ in p.rewire}
+    convs = [n for n in optimized.graph.node if n.name in names and n.op_type in CORRECTABLE]
+    if not convs:
+        return calibrated
+    axes = {p.tensor: p.axis for p in plan.weights}
+    corrected = correct_biases(optimized, convs, weight_th, axes, bc_feeds)
+    candidate = build_calibrated_model(corrected, plan, thresholds, weight_th, methods)
+    if forced:
+        log.info("bias correction applied to %d nodes", len(convs))
+        return candidate
+    before = _Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs).score(thresholds)
+    after = _Evaluator(corrected, plan, weight_th, eval_feeds, eval_refs).score(thresholds)
+    keep = after > before
+    log.info("bias correction: output cosine %.6f -> %.6f (%s)", before, after, "kept" if keep else "not kept")
+    return candidate if keep else calibrated
 
 
 def _methods(calibration_type: str, max_percentile: float | None) -> list[tuple[str, float | None]]:
@@ -125,7 +155,7 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     session, outputs = _float_session(optimized, tensors)
     fetch = list(dict.fromkeys([*tensors, *outputs]))
     collector = StatsCollector(tensors)
-    eval_feeds, eval_refs = [], []
+    eval_feeds, eval_refs, bc_feeds = [], [], []
     bar = tqdm(samples(), total=count, desc="calibration", unit="sample", disable=not sys.stderr.isatty(),
                leave=False)
     for feed in bar:
@@ -134,10 +164,12 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
         if len(eval_feeds) < EVAL_SAMPLES:
             eval_feeds.append(feed)
             eval_refs.append([values[o] for o in outputs])
+        elif len(bc_feeds) < BIAS_CORRECTION_SAMPLES:
+            bc_feeds.append(feed)
     if collector.samples == 0:
         raise HbError("no calibration samples were read; check cal_data_dir")
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(tensors))
-    return collector, eval_feeds, eval_refs
+    return collector, eval_feeds, eval_refs, bc_feeds
 
 
 class _Evaluator:

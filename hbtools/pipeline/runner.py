@@ -64,7 +64,7 @@ def makertbin(config_path: str | Path, model_type: str) -> dict[str, Path]:
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source),
                         calibration_type=config.calibration.calibration_type,
                         max_percentile=config.calibration.max_percentile, allow_int16=profile.int16,
-                        loaded_thresholds=parsed.loaded_thresholds)
+                        loaded_thresholds=parsed.loaded_thresholds, bias_correction=_bias_correction_mode(config))
     save_model(cal.model, paths["calibrated"])
     log.info("Model calibration done: %s", paths["calibrated"])
 
@@ -89,7 +89,6 @@ def _calibration_source(config: Config) -> CalibrationSource:
 # Accepted for compatibility with existing configs, but not acted on yet.
 _NOT_YET = {
     "asymmetric": "asymmetric quantization is not implemented yet; calibrating symmetrically",
-    "bias_correction": "bias_correction is not implemented yet; biases are quantized as calibrated",
     "lstm_batch_last": "lstm_batch_last has no effect (no LSTM support yet)",
 }
 
@@ -100,3 +99,10 @@ def _warn_unsupported(config: Config) -> None:
             log.warning("optimization %s", message)
     if config.calibration.per_channel:
         log.warning("per_channel activation calibration is not implemented yet; calibrating per tensor")
+
+
+def _bias_correction_mode(config: Config) -> str:
+    if config.wants("bias_correction"):
+        return "on"
+    # The searching methods try it and keep it only when the output gets closer to float.
+    return "auto" if config.calibration.calibration_type in ("default", "mix") else "off"

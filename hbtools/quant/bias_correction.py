@@ -1,0 +1,90 @@
+"""Bias correction for weight quantization.
+
+Rounding a conv's weights shifts the mean of each output channel by
+``(W - W_q) · E[x]``; adding that shift back to the bias removes the systematic
+part of the weight error. ``E[x]`` (per input channel) is streamed from the float
+model on calibration data. Only the weight-induced shift is corrected: correcting
+the measured end-to-end shift of every layer at once over-corrects, since each
+layer's shift already contains its predecessors'.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from hbtools.graph.graph import GraphView
+from hbtools.runtime.lowering import lower_model
+from hbtools.runtime.session import make_session
+
+CORRECTABLE = ("Conv", "Gemm")  # ops with a bias input to absorb the shift
+
+
+def _input_channel_means(model: ModelProto, convs: list[NodeProto], feeds: Iterable[dict]) -> dict[str, np.ndarray]:
+    lowered = lower_model(model)
+    present = {o.name for o in lowered.graph.output}
+    names = list(dict.fromkeys(n.input[0] for n in convs))
+    for t in names:
+        if t not in present:
+            lowered.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    session = make_session(lowered)
+    sums: dict[str, np.ndarray] = {}
+    count = 0
+    for feed in feeds:
+        for name, value in zip(names, session.run(names, feed), strict=True):
+            axis = 1 if value.ndim == 4 else value.ndim - 1
+            axes = tuple(k for k in range(value.ndim) if k != axis)
+            sums[name] = sums.get(name, 0.0) + value.astype(np.float64).mean(axis=axes)
+        count += 1
+    return {k: v / max(count, 1) for k, v in sums.items()}
+
+
+def _fake_quant(w: np.ndarray, thresholds: np.ndarray, axis: int) -> np.ndarray:
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    scale = (np.where(thresholds > 0, thresholds, 1.0) / 127.0).reshape(shape)
+    return np.clip(np.round(w / scale), -127, 127) * scale
+
+
+def _weight_shift(node: NodeProto, w: np.ndarray, wq: np.ndarray, mean_x: np.ndarray, trans_b: bool) -> np.ndarray:
+    err = w - wq
+    if node.op_type == "Gemm":
+        alpha = next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
+        err = err.T if trans_b else err  # -> [K, N]
+        return alpha * (mean_x @ err)
+    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    per_in = err.sum(axis=tuple(range(2, err.ndim)))  # [O, I/group]
+    out_per_group = per_in.shape[0] // group
+    means = mean_x.reshape(group, -1)  # [group, I/group]
+    return np.einsum("gok,gk->go", per_in.reshape(group, out_per_group, -1), means).reshape(-1)
+
+
+def correct_biases(optimized: ModelProto, convs: list[NodeProto], weight_thresholds: dict[str, np.ndarray],
+                   weight_axes: dict[str, int], feeds: list[dict]) -> ModelProto:
+    """A copy of ``optimized`` whose conv biases absorb their weight-rounding shift."""
+    means = _input_channel_means(optimized, convs, feeds)
+    model = copy.deepcopy(optimized)
+    view = GraphView(model)
+    nodes = {n.name: n for n in model.graph.node}
+    for conv in convs:
+        node = nodes[conv.name]
+        w_name = node.input[1]
+        w = view.const(w_name).astype(np.float64)
+        wq = _fake_quant(w, weight_thresholds[w_name], weight_axes[w_name])
+        trans_b = bool(next((a.i for a in node.attribute if a.name == "transB"), 0))
+        shift = _weight_shift(node, w, wq, means[node.input[0]], trans_b)
+        name = f"{node.name}_bias_corrected"
+        if len(node.input) > 2 and node.input[2]:
+            bias = np.broadcast_to(view.const(node.input[2]).astype(np.float64).reshape(-1), shift.shape)
+            node.input[2] = name
+        else:
+            bias = np.zeros_like(shift)
+            if len(node.input) == 2:
+                node.input.append(name)
+            else:
+                node.input[2] = name
+        model.graph.initializer.append(numpy_helper.from_array((bias + shift).astype(np.float32), name))
+    return model
