@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 SHAPES = {"cls": (1, 3, 48, 192), "det": (1, 3, 640, 640), "rec": (1, 3, 48, 320)}
 # Regression floors for calibration_type: default, measured on this data (see the issue notes);
 # the issue's targets are in test_accuracy_targets.
-FLOOR = {"cls": 0.99, "det": 0.95, "rec": 0.97}
+FLOOR = {"cls": 0.995, "det": 0.97, "rec": 0.98}
 
 
 @dataclasses.dataclass
@@ -113,7 +113,7 @@ def test_calibrated_model_emulates_quantized(converted: Converted) -> None:
 def test_accuracy_targets(converted: Converted, request) -> None:
     """The issue's targets for calibration_type: default (det's is not reached yet)."""
     if converted.name == "det":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="det target 0.99 not reached yet (0.975)"))
+        request.applymarker(pytest.mark.xfail(strict=True, reason="det target 0.99 not reached yet (0.978; int8 weights alone cap it at 0.990)"))
     ref = _outputs(converted.paths["original"], converted.heldout)
     quant = _outputs(converted.paths["quantized"], converted.heldout)
     keep = _similar_samples(converted.name, ref)
@@ -127,7 +127,7 @@ def test_accuracy_targets(converted: Converted, request) -> None:
         chars = ppocr.rec_characters(converted.source)
         same = [ppocr.ctc_decode(r, chars) == ppocr.ctc_decode(q, chars) for r, q in zip(ref, quant, strict=True)]
         # onnxruntime's quantize_static reaches 35-50 % on this data; stay clearly above it.
-        assert np.mean(same) >= 0.55, f"rec: only {np.mean(same):.0%} of held-out lines decode identically"
+        assert np.mean(same) >= 0.65, f"rec: only {np.mean(same):.0%} of held-out lines decode identically"
 
 
 def test_artefact_paths_follow_prefix(converted: Converted) -> None:
