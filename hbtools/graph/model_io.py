@@ -72,6 +72,9 @@ def save_model(model: ModelProto, path: str | Path) -> Path:
     with_horizon_domain(model)
     onnx.checker.check_model(model)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make artefacts private to the converter
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(model.SerializeToString())
