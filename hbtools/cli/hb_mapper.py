@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from hbtools import __version__
 from hbtools.cli.common import reports_errors
 from hbtools.log import setup
+
+log = logging.getLogger("hbtools")
+
+MODEL_TYPES = click.Choice(["onnx", "caffe"], case_sensitive=False)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,27 +22,102 @@ def main() -> None:
 
 
 @main.command()
+@click.option("--model-type", type=MODEL_TYPES, default="onnx", show_default=True, help="Type of the float model.")
+@click.option("--march", default="bayes", show_default=True,
+              help="BPU micro-architecture: bernoulli2, bayes, bayes-e, nash-e or nash-m.")
+@click.option("--model", type=click.Path(), help="ONNX model file, or the Caffe .caffemodel.")
+@click.option("--proto", type=click.Path(), help="Caffe prototxt (with --model-type caffe).")
+@click.option("--input-shape", "input_shape", nargs=2, multiple=True, metavar="NAME SHAPE",
+              help="Shape of one input, e.g. --input-shape data 1x3x224x224; repeat for several inputs.")
+@click.option("--output", help="Deprecated and ignored: the log goes to hb_mapper_checker.log.")
+def checker(model_type: str, march: str, model: str | None, proto: str | None,
+            input_shape: tuple[tuple[str, str], ...], output: str | None) -> None:
+    """Check that a float model converts, and show where each node runs (BPU subgraph or CPU)."""
+    setup("hb_mapper_checker.log")
+    _checker(model_type.lower(), march, model, proto, list(input_shape), output)
+
+
+@reports_errors("checker", single_line=True)
+def _checker(model_type: str, march: str, model: str | None, proto: str | None,
+             input_shape: list[tuple[str, str]], output: str | None) -> None:
+    from hbtools.errors import HbError
+    from hbtools.pipeline.checker import check
+
+    if output is not None:
+        log.warning("--output is deprecated and ignored; the log is written to hb_mapper_checker.log")
+    if not model:
+        raise HbError("checker needs --model", hint="hb_mapper checker --model-type onnx --march bayes-e --model m.onnx")
+    if model_type == "caffe" and not proto:
+        raise HbError("--model-type caffe needs --proto with the prototxt file")
+    check(model, model_type, march, input_shape)
+
+
+@main.command()
 @click.option("-c", "--config", "config", type=click.Path(), help="YAML conversion config.")
-@click.option("--model-type", type=click.Choice(["onnx", "caffe"], case_sensitive=False), default="onnx",
-              show_default=True, help="Type of the float model.")
-@click.option("--fast-perf", is_flag=True, help="Build with a built-in performance config (not yet available).")
+@click.option("--model-type", type=MODEL_TYPES, default="onnx", show_default=True, help="Type of the float model.")
+@click.option("--fast-perf", is_flag=True,
+              help="Build for the best board performance with a built-in config (needs --model and --march; "
+                   "no --config). Calibration is skipped: not for accuracy evaluation.")
 @click.option("--model", type=click.Path(), help="Float model for --fast-perf.")
 @click.option("--proto", type=click.Path(), help="Caffe prototxt for --fast-perf.")
 @click.option("--march", help="BPU micro-architecture for --fast-perf.")
-@click.option("-i", "--input-shape", nargs=2, multiple=True, help="NAME SHAPE for --fast-perf.")
+@click.option("-i", "--input-shape", nargs=2, multiple=True, metavar="NAME SHAPE",
+              help="Shape of one input for --fast-perf, e.g. -i data 1x3x224x224; repeat for several inputs.")
 def makertbin(config, model_type, fast_perf, model, proto, march, input_shape) -> None:
     """Convert a float model into quantized ONNX artefacts and a .bin runtime model."""
     setup("hb_mapper_makertbin.log")
-    _makertbin(config, model_type.lower(), fast_perf)
+    _makertbin(config, model_type.lower(), fast_perf, model, proto, march, list(input_shape))
 
 
 @reports_errors("makertbin")
-def _makertbin(config: str | None, model_type: str, fast_perf: bool) -> None:
+def _makertbin(config: str | None, model_type: str, fast_perf: bool, model: str | None, proto: str | None,
+               march: str | None, input_shape: list[tuple[str, str]]) -> None:
     from hbtools.errors import HbError
     from hbtools.pipeline.runner import makertbin as run
+    from hbtools.pipeline.runner import makertbin_fast_perf
 
     if fast_perf:
-        raise HbError("--fast-perf is not available in this version", hint="use --config with a YAML file")
+        if config:
+            raise HbError("--fast-perf uses a built-in config; do not give --config",
+                          hint="hb_mapper makertbin --fast-perf --model m.onnx --model-type onnx --march bayes-e")
+        if not model or not march:
+            raise HbError("--fast-perf needs --model and --march",
+                          hint="hb_mapper makertbin --fast-perf --model m.onnx --model-type onnx --march bayes-e")
+        if model_type == "caffe" and not proto:
+            raise HbError("--model-type caffe needs --proto with the prototxt file")
+        makertbin_fast_perf(model, model_type, march, input_shape)
+        return
     if not config:
         raise HbError("makertbin needs --config", hint="hb_mapper makertbin --config model.yaml --model-type onnx")
     run(config, model_type)
+
+
+@main.command()
+@click.option("-c", "--config", "config", type=click.Path(), help="The YAML config the model was converted with.")
+@click.option("--model-file", type=click.Path(), help="Float or quantized ONNX artefact to run.")
+@click.option("--model-type", type=MODEL_TYPES, default="onnx", show_default=True,
+              help="Type of the original float model.")
+@click.option("--image-file", "image_file", nargs=2, multiple=True, metavar="NAME FILE",
+              help="Input name and its data file, prepared like the config's calibration data; repeat per input.")
+@click.option("--input-layout", type=click.Choice(["NCHW", "NHWC"], case_sensitive=False),
+              help="Layout the model's image inputs take (default: from the model's input shape).")
+@click.option("--output-dir", type=click.Path(), help="Folder for the ${layername}_float.bin results.")
+def infer(config, model_file, model_type, image_file, input_layout, output_dir) -> None:
+    """Run a float or quantized model on one input and dump its layer results as float32."""
+    setup("hb_mapper_infer.log")
+    _infer(config, model_file, model_type.lower(), list(image_file), input_layout, output_dir)
+
+
+@reports_errors("infer")
+def _infer(config: str | None, model_file: str | None, model_type: str, image_file: list[tuple[str, str]],
+           input_layout: str | None, output_dir: str | None) -> None:
+    from hbtools.errors import HbError
+    from hbtools.pipeline.infer import infer as run
+
+    for value, option in ((config, "--config"), (model_file, "--model-file"), (output_dir, "--output-dir")):
+        if not value:
+            raise HbError(f"infer needs {option}", hint="hb_mapper infer -c model.yaml --model-file m.onnx "
+                          "--model-type onnx --image-file data img.bin --output-dir out")
+    if not image_file:
+        raise HbError("infer needs --image-file NAME FILE for each input")
+    run(config, model_file, model_type, image_file, output_dir, input_layout.upper() if input_layout else None)

@@ -28,7 +28,7 @@ from hbtools.config.values import group_error
 from hbtools.config.yaml_io import read_yaml
 from hbtools.march.profiles import get_profile
 
-__all__ = ["check_input_channels", "load_config"]
+__all__ = ["check_input_channels", "config_from_dict", "load_config"]
 
 NO_CAL_DATA = ("load", "skip")  # calibration types that need no calibration data
 
@@ -245,10 +245,19 @@ def load_config(path: str | Path, model_type: str = "onnx") -> Config:
     """
     yaml_path = Path(os.path.abspath(Path(path).expanduser()))
     raw = read_yaml(yaml_path)
+    return config_from_dict(raw, model_type, yaml_path.parent, yaml_path=yaml_path)
+
+
+def config_from_dict(raw: dict[Any, Any], model_type: str, base: Path, *,
+                     yaml_path: Path | None = None) -> Config:
+    """Validate and normalise a config given as the YAML's mapping; paths are relative to ``base``.
+
+    The built-in configs of ``hb_mapper checker`` and ``makertbin --fast-perf`` come
+    through here too, so they are checked exactly like a user's file.
+    """
     model_type = str(model_type).strip().lower()
     groups = validate_groups(raw, model_type)
     mp, ip, cp, cc, co = (groups[g] for g in GROUPS)
-    base = yaml_path.parent
     model = _model(mp, cp, model_type, base)
     inputs = build_inputs(ip, cp, _cal_dirs(cp, base), model.march)
     _check_cal_dirs(inputs, cp["calibration_type"], base)

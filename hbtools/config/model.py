@@ -96,6 +96,9 @@ class ModelParameters:
     debug_mode: list[str] = field(default_factory=list)  # e.g. ["dump_calibration_data"]
     # set_node_data_type, run_on_cpu/run_on_bpu and node_info merged, by node name.
     node_info: dict[str, NodeInfo] = field(default_factory=dict)
+    # Not a YAML key: set by `makertbin --fast-perf`. Every BPU-able node goes on the BPU and
+    # removable nodes at the model's edges are deleted until none is left.
+    fast_perf: bool = False
 
 
 @dataclass

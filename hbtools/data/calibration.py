@@ -146,6 +146,24 @@ def _read_sample(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) 
     return to_intermediate(data.reshape(spec.shape), spec)
 
 
+def read_sample_file(path: Path, spec: InputSpec, preprocess_on: bool = False) -> np.ndarray:
+    """One file prepared exactly as a calibration sample of ``spec`` (``hb_mapper infer``).
+
+    Image files (jpg/png/bmp) are read like ``preprocess_on`` calibration images
+    whatever the config says (raw bytes could not be them anyway); ``.npy`` and raw
+    files must match the input's shape and data type.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise HbError(f"input file {path} for input '{spec.name}' does not exist")
+    image = not spec.is_featuremap and (preprocess_on or path.suffix.lower() in IMAGE_EXTENSIONS)
+    if not image:
+        _check_raw(path, spec)
+    elif spec.shape[0] != 1:
+        raise HbError(f"input '{spec.name}' has batch {spec.shape[0]}; give a raw or .npy sample, not one image")
+    return _read_sample((path,), spec, image)
+
+
 class FolderCalibrationSource(CalibrationSource):
     """Samples read from ``cal_data_dir`` folders (one per input, files in name order)."""
 

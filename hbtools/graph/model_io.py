@@ -45,6 +45,7 @@ def check_source_model(model: ModelProto, path: str | Path) -> None:
             f"'{path}' uses opset {opset}; supported default-domain opsets are {MIN_OPSET}..{MAX_OPSET}",
             hint="re-export the model with a supported opset",
         )
+    check_layers_supported(model)
     if model.ir_version > MAX_IR_VERSION:
         raise HbError(f"'{path}' has IR version {model.ir_version}; at most {MAX_IR_VERSION} is supported")
     try:
@@ -86,3 +87,33 @@ def save_model(model: ModelProto, path: str | Path) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+# Domains whose ops onnxruntime's CPU provider runs besides the standard ones (its contrib ops).
+_CPU_DOMAINS = ("com.microsoft",)
+
+
+def check_layers_supported(model: ModelProto) -> None:
+    """Every node must run somewhere: a standard op of the model's opset, a Horizon op, or an
+    onnxruntime contrib op. Anything else cannot go on the BPU or the CPU (seed message form)."""
+    from hbtools.ops import registry
+
+    opset = default_opset(model)
+    local_functions = {(f.domain, f.name) for f in model.functions}  # onnxruntime inlines these
+    for node in model.graph.node:
+        domain = node.domain or ""
+        if (domain, node.op_type) in local_functions:
+            continue
+        if domain in ("", "ai.onnx"):
+            known = onnx.defs.has(node.op_type, opset, "")
+        elif domain == DOMAIN:
+            try:
+                registry.get(node.op_type)
+                known = True
+            except KeyError:
+                known = False
+        else:
+            known = domain in _CPU_DOMAINS
+        if not known:
+            where = f" (domain '{domain}')" if domain else f" (not an ONNX op at opset {opset})"
+            raise HbError(f"Not support layer name={node.name or '?'} type={node.op_type}{where}")

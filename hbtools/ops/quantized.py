@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
+from hbtools.ops import int_kernels
 from hbtools.ops.base import HzOp, LoweringContext, attrs_of
 from hbtools.ops.registry import register
 
@@ -120,6 +121,81 @@ def _add_bias(ctx: LoweringContext, acc: str, bias: str, rank: int | None, axis:
     return out
 
 
+# ---------------------------------------------------------------- numpy reference numerics
+# Written from the numerics above, not from the lowering: the .bin simulator runs these, and
+# hb_verifier compares them with the lowered model.
+
+_CACHE_SIZE = 4096
+_cache: dict[int, tuple[NodeProto, dict]] = {}
+
+
+def _attrs(node: NodeProto) -> dict:
+    """``attrs_of`` remembered per node object: a simulator runs the same nodes every frame,
+    and decoding a 65536-entry int16 table attribute costs more than applying it."""
+    hit = _cache.get(id(node))
+    if hit is not None and hit[0] is node:  # the node is kept alive, so its id is not reused
+        return hit[1]
+    a = attrs_of(node)
+    if "table" in a:
+        a["table"] = np.asarray(a["table"], dtype=NUMPY_INT.get(a.get("out_type"), np.int64))
+    if len(_cache) >= _CACHE_SIZE:
+        _cache.clear()
+    _cache[id(node)] = (node, a)
+    return a
+
+
+def _axis_shaped(values: list[float], axis: int, rank: int) -> np.ndarray:
+    """float64 per-tensor scalar, or values laid along ``axis`` of a rank-``rank`` tensor."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 1:
+        return v.reshape([])
+    shape = [1] * rank
+    shape[axis % rank] = v.size
+    return v.reshape(shape)
+
+
+def _np_requantize(acc: np.ndarray, a: dict, axis: int | None = None) -> np.ndarray:
+    """``clip(round(acc * m), out_min, out_max)`` in float64, round half to even, as ``out_type``."""
+    m = a["multiplier"]
+    scaled = acc.astype(np.float64)
+    if len(m) > 1 or m[0] != 1.0:
+        scaled = scaled * _axis_shaped(m, -1 if axis is None else axis, acc.ndim)
+    lo, hi = float(a["out_min"]), float(a["out_max"])
+    if a["out_type"] == "int32":
+        lo, hi = max(lo, -(2.0**31)), min(hi, 2.0**31 - 1)
+    return np.minimum(np.maximum(np.round(scaled), lo), hi).astype(NUMPY_INT[a["out_type"]])
+
+
+def _spatial_attrs(a: dict, spatial: int) -> tuple[list[int], list[int]]:
+    return list(a.get("strides") or [1] * spatial), list(a.get("dilations") or [1] * spatial)
+
+
+def _np_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
+    spatial = x.ndim - 2
+    kernel = list(a.get("kernel_shape") or w.shape[2:])
+    strides, dilations = _spatial_attrs(a, spatial)
+    begin, end = int_kernels.resolve_pads(a.get("auto_pad", "NOTSET"), list(x.shape[2:]), kernel, strides,
+                                          dilations, a.get("pads"))
+    bound = int_kernels.product_bound(x, w, tuple(range(1, w.ndim)))
+    return int_kernels.conv(x, w, strides=strides, pads_begin=begin, pads_end=end, dilations=dilations,
+                            group=int(a.get("group", 1)), bound=bound)
+
+
+def _np_conv_transpose(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
+    spatial = x.ndim - 2
+    kernel = list(a.get("kernel_shape") or w.shape[2:])
+    strides, dilations = _spatial_attrs(a, spatial)
+    output_padding = list(a.get("output_padding") or [0] * spatial)
+    begin, end = int_kernels.conv_transpose_pads(a.get("auto_pad", "NOTSET"), list(x.shape[2:]), kernel,
+                                                 strides, dilations, output_padding, a.get("pads"),
+                                                 a.get("output_shape"))
+    axes = (0, *range(2, w.ndim))  # a ConvTranspose output channel sums over Cin and the kernel
+    bound = int_kernels.product_bound(x, w, axes)
+    return int_kernels.conv_transpose(x, w, strides=strides, pads_begin=begin, pads_end=end,
+                                      dilations=dilations, output_padding=output_padding,
+                                      group=int(a.get("group", 1)), bound=bound)
+
+
 @register
 class HzSQuantizedConv(HzOp):
     """Conv / ConvTranspose / MatMul-with-weight on integers.
@@ -142,12 +218,24 @@ class HzSQuantizedConv(HzOp):
         x, w = node.input[0], node.input[1]
         rank = ctx.rank(node.output[0])
         if a["kind"] == "ConvTranspose":
-            # No integer ConvTranspose kernel: float32 on integer values is exact below 2**24.
-            xf = _cast(ctx, x, TensorProto.FLOAT, f"{hint}_xf", nodes)
+            # No integer ConvTranspose kernel: float32 on 8-bit integer values is exact while the
+            # sums stay below 2**24 (the partition bounds the terms); int16 inputs go in 8-bit parts.
+            parts = _split16(ctx, x, f"{hint}_x", nodes) if a["x_bits"] == 16 else [(x, 1.0)]
             wf = _cast(ctx, w, TensorProto.FLOAT, f"{hint}_wf", nodes)
-            n, acc = _node(ctx, "ConvTranspose", [xf, wf], f"{hint}_acc", **conv_attrs)
-            nodes.append(n)
-            acc = _cast(ctx, acc, TensorProto.DOUBLE, f"{hint}_accd", nodes)
+            acc = None
+            for part, weight in parts:
+                xf = _cast(ctx, part, TensorProto.FLOAT, f"{hint}_xf", nodes)
+                n, term = _node(ctx, "ConvTranspose", [xf, wf], f"{hint}_acc", **conv_attrs)
+                nodes.append(n)
+                term = _cast(ctx, term, TensorProto.DOUBLE, f"{hint}_accd", nodes)
+                if weight != 1.0:
+                    n, term = _node(ctx, "Mul", [term, ctx.constant(f"{hint}_w", np.array(weight))], f"{hint}_term")
+                    nodes.append(n)
+                if acc is None:
+                    acc = term
+                else:
+                    n, acc = _node(ctx, "Add", [acc, term], f"{hint}_sum")
+                    nodes.append(n)
         elif a["kind"] == "MatMul":
             acc = _integer_product(ctx, "MatMulInteger", x, a["x_bits"], w, 8, hint, nodes)
         else:
@@ -159,6 +247,24 @@ class HzSQuantizedConv(HzOp):
             acc = _add_bias(ctx, acc, node.input[2], rank, axis, hint, nodes)
         _requantize(ctx, acc, {**a, "axis": axis}, rank, node.output[0], hint, nodes)
         return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = _attrs(node)
+        x, w = inputs[0], inputs[1]
+        if a["kind"] == "MatMul":
+            acc = int_kernels.matmul(x, w, int_kernels.product_bound(x, w, (0,)))
+        elif a["kind"] == "ConvTranspose":
+            acc = _np_conv_transpose(x, w, a)
+        else:
+            acc = _np_conv(x, w, a)
+        axis = a.get("axis", 1) % acc.ndim
+        acc = acc.astype(np.float64)
+        if len(inputs) > 2 and inputs[2] is not None:
+            shape = [1] * acc.ndim
+            shape[axis] = -1
+            acc = acc + inputs[2].astype(np.float64).reshape(shape)
+        return [_np_requantize(acc, a, axis)]
 
 
 @register
@@ -175,6 +281,12 @@ class HzSQuantizedMatMul(HzOp):
                                node.name, nodes)
         _requantize(ctx, acc, a, ctx.rank(node.output[0]), node.output[0], node.name, nodes)
         return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a, b = inputs[0], inputs[1]
+        bound = int_kernels.max_abs(a) * int_kernels.max_abs(b) * a.shape[-1]
+        return [_np_requantize(int_kernels.matmul(a, b, bound), _attrs(node))]
 
 
 @register
@@ -203,6 +315,16 @@ class HzSQuantizedEltwise(HzOp):
         _requantize(ctx, acc, a, None, node.output[0], hint, nodes)
         return nodes
 
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = _attrs(node)
+        xa, xb = (x.astype(np.float64) for x in inputs[:2])
+        if a["mode"] == "mul":
+            acc = xa * xb
+        else:
+            acc = xa * np.float64(a["a_multiplier"]) + xb * np.float64(a["b_multiplier"])
+        return [_np_requantize(acc, a)]
+
 
 @register
 class HzLut(HzOp):
@@ -222,6 +344,15 @@ class HzLut(HzOp):
         nodes.append(n)
         nodes.append(helper.make_node("Gather", [table, idx], [node.output[0]], name=ctx.unique(f"{hint}_gather")))
         return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = _attrs(node)
+        table = a["table"]
+        index = inputs[0].astype(np.int64) - int(a["in_min"])
+        if index.size and (index.min() < 0 or index.max() >= table.size):
+            raise ValueError(f"{node.name}: input values outside the {table.size}-entry table")
+        return [table[index]]
 
 
 @register
@@ -259,6 +390,23 @@ class HzSQuantizedPool(HzOp):
         _requantize(ctx, acc, a, None, node.output[0], hint, nodes)
         return nodes
 
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = _attrs(node)
+        x = inputs[0]
+        if a["kind"] == "GlobalAveragePool":
+            acc = x.astype(np.int64).sum(axis=tuple(range(2, x.ndim)), keepdims=True)
+        else:
+            # count_include_pad: a depthwise sum with a ones kernel, padding counts as zeros
+            kernel = list(a["kernel_shape"])
+            pads = list(a.get("pads") or [0] * 2 * len(kernel))
+            room = [s + pb + pe for s, pb, pe in zip(x.shape[2:], pads[: len(kernel)], pads[len(kernel):], strict=True)]
+            if not all(0 < k <= r for k, r in zip(kernel, room, strict=True)):
+                raise ValueError(f"{node.name}: pooling window {kernel} does not fit the padded input {room}")
+            ones = np.ones([x.shape[1], 1, *kernel], dtype=np.int64)
+            acc = _np_conv(x, ones, {**a, "group": x.shape[1], "dilations": None})
+        return [_np_requantize(acc, a)]
+
 
 @register
 class HzSQuantizedConcat(HzOp):
@@ -282,6 +430,16 @@ class HzSQuantizedConcat(HzOp):
         nodes.append(helper.make_node("Concat", parts, [node.output[0]], name=ctx.unique(node.name), axis=a["concat_axis"]))
         return nodes
 
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = _attrs(node)
+        in_types = a.get("in_types", [a["out_type"]] * len(inputs))
+        parts = []
+        for x, m, t in zip(inputs, a["multipliers"], in_types, strict=True):
+            # on the output grid already: copied as is, without clipping (as the hardware does)
+            parts.append(x if m == 1.0 and t == a["out_type"] else _np_requantize(x, {**a, "multiplier": [m]}))
+        return [np.concatenate(parts, axis=a["concat_axis"])]
+
 
 @register
 class HzRequantize(HzOp):
@@ -300,6 +458,11 @@ class HzRequantize(HzOp):
             axis += rank
         _requantize(ctx, xd, {**a, "axis": axis}, rank, node.output[0], node.name, nodes)
         return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = _attrs(node)
+        return [_np_requantize(inputs[0], a, a.get("axis", 1))]
 
 
 @register
@@ -326,6 +489,14 @@ class HzQuantize(HzOp):
                                       to=ONNX_INT[a["out_type"]]))
         return nodes
 
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = _attrs(node)
+        # float32 division, as the float input arrives; float64 would round some ties differently
+        q = np.round(inputs[0].astype(np.float32) / np.float32(a["scale"]))
+        q = np.clip(q, np.float32(a["out_min"]), np.float32(a["out_max"]))
+        return [q.astype(NUMPY_INT[a["out_type"]])]
+
 
 @register
 class HzDequantize(HzOp):
@@ -349,3 +520,10 @@ class HzDequantize(HzOp):
         nodes.append(helper.make_node("Cast", [y], [node.output[0]], name=ctx.unique(f"{hint}_cast"),
                                       to=TensorProto.FLOAT))
         return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = _attrs(node)
+        x = inputs[0]
+        scales = _axis_shaped(a["scales"], a.get("axis", 1), x.ndim) if x.ndim else np.float64(a["scales"][0])
+        return [(x.astype(np.float64) * scales).astype(np.float32)]

@@ -8,6 +8,7 @@ from pathlib import Path
 from hbtools.config.model import Config, InputSpec
 from hbtools.march.layout import quantized_layout, to_layout
 from hbtools.march.profiles import MarchProfile
+from hbtools.pipeline.edge_nodes import remove_edge_nodes
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.runtime.binfile import BinModel, current_deps, write_bin
 
@@ -78,6 +79,8 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
         perf=None,
         meta={"march": profile.name, "board": profile.board},
     )
+    model = remove_edge_nodes(model, config.model.remove_node_type, config.model.remove_node_name,
+                              until_stable=config.model.fast_perf)
     write_bin(path, [model])
     log.info("runtime model written: %s", path)
     return path

@@ -108,7 +108,7 @@ def _per_channel_const(value: np.ndarray, channels: int) -> np.ndarray | None:
 
 
 def _fold_affine_into_conv(model: ModelProto) -> None:
-    """Conv -> Mul(c) / Add(c) / Sub(c) / Div(c) with per-channel or scalar c: fold into W and B."""
+    """Conv/ConvTranspose -> Mul(c) / Add(c) / Sub(c) / Div(c), c per-channel or scalar: fold into W and B."""
     changed = True
     while changed:
         changed = False
@@ -120,7 +120,7 @@ def _fold_affine_into_conv(model: ModelProto) -> None:
             if len(act) != 1:
                 continue
             conv = view.producer.get(act[0])
-            if conv is None or conv.op_type != "Conv" or len(view.consumers.get(act[0], [])) != 1:
+            if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or len(view.consumers.get(act[0], [])) != 1:
                 continue
             if act[0] in view.graph_outputs or not view.is_const(conv.input[1]):
                 continue
@@ -130,14 +130,22 @@ def _fold_affine_into_conv(model: ModelProto) -> None:
             if node.op_type in ("Sub", "Div") and node.input[1] != const_name:
                 continue  # c - x and c / x are not affine in x
             weight = view.const(conv.input[1]).astype(np.float64)
-            c = _per_channel_const(view.const(const_name).astype(np.float64), weight.shape[0])
+            # ConvTranspose weights are [C_in, C_out / group, k...]: output channels on axis 1.
+            transposed = conv.op_type == "ConvTranspose"
+            group = int(view.attrs(conv).get("group", 1))
+            channels = weight.shape[1] * group if transposed else weight.shape[0]
+            if transposed and group != 1 and node.op_type in ("Mul", "Div"):
+                continue
+            c = _per_channel_const(view.const(const_name).astype(np.float64), channels)
             if c is None:
                 continue
-            bias = view.const(conv.input[2]).astype(np.float64) if len(conv.input) > 2 else np.zeros(weight.shape[0])
+            bias = view.const(conv.input[2]).astype(np.float64) if len(conv.input) > 2 and conv.input[2] \
+                else np.zeros(channels)
+            along = [1, -1] + [1] * (weight.ndim - 2) if transposed else [-1] + [1] * (weight.ndim - 1)
             if node.op_type == "Mul":
-                weight, bias = weight * c.reshape(-1, 1, 1, 1), bias * c
+                weight, bias = weight * c.reshape(along), bias * c
             elif node.op_type == "Div":
-                weight, bias = weight / c.reshape(-1, 1, 1, 1), bias / c
+                weight, bias = weight / c.reshape(along), bias / c
             elif node.op_type == "Add":
                 bias = bias + c
             else:

@@ -77,7 +77,7 @@ def strip_calibration(calibrated: ModelProto) -> tuple[ModelProto, dict, dict]:
 
 def run(calibrated: ModelProto, config: Config, profile: MarchProfile) -> QuantizedResult:
     float_model, acts, weights = strip_calibration(calibrated)
-    part = build_partition(float_model, profile, config.model.node_info)
+    part = build_partition(float_model, profile, config.model.node_info, all_bpu=config.model.fast_perf, warn=False)
     builder = _Builder(float_model, part, acts, weights, config, profile)
     model = builder.build()
     return QuantizedResult(model, part, builder.q, {t: th for t, (th, _) in acts.items()})

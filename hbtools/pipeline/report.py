@@ -9,6 +9,7 @@ from onnx import ModelProto, TensorProto, helper
 
 from hbtools.metrics import cosine_similarity
 from hbtools.pipeline.quantize import QuantizedResult
+from hbtools.quant.units import Partition
 from hbtools.runtime.lowering import lower_model
 from hbtools.runtime.session import make_session
 
@@ -78,3 +79,18 @@ def log_node_table(result: QuantizedResult, sims: dict[str, float] | None = None
             line += f"{cos:<19}{th:.6f}" if th is not None else f"{cos:<19}--"
         lines.append(line)
     log.info("The converted model node information:\n%s", "\n".join(lines))
+
+
+def log_cpu_reasons(partition: Partition) -> None:
+    """Each CPU node with the reason it is not on the BPU, after the node table."""
+    subgraphs = len({u.subgraph for u in partition.units if u.on == "BPU"})
+    cpu = [(n.name, n.op_type, u.reason) for u in partition.units if u.on == "CPU" for n in u.nodes]
+    log.info("The model has %d BPU subgraph(s) and %d CPU node(s)", subgraphs, len(cpu))
+    if not cpu:
+        return
+    name_w = max(len("Node"), *(len(c[0]) for c in cpu)) + 2
+    type_w = max(len("Type"), *(len(c[1]) for c in cpu)) + 2
+    header = f"{'Node':<{name_w}}{'Type':<{type_w}}Reason"
+    lines = [header, "-" * len(header)]
+    lines += [f"{name:<{name_w}}{kind:<{type_w}}{reason}" for name, kind, reason in cpu]
+    log.info("The nodes running on the CPU and why:\n%s", "\n".join(lines))

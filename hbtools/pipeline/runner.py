@@ -16,7 +16,8 @@ from hbtools.data.calibration import (
 )
 from hbtools.graph.model_io import save_model
 from hbtools.march.profiles import get_profile
-from hbtools.pipeline import calibrate, compile, optimize, parse, quantize, report
+from hbtools.pipeline import calibrate, compile, layer_dump, optimize, parse, quantize, report
+from hbtools.pipeline.builtin_config import builtin_config
 from hbtools.quant.plan import make_plan
 from hbtools.quant.units import build_partition
 
@@ -37,7 +38,18 @@ def artefact_paths(config: Config) -> dict[str, Path]:
 
 
 def makertbin(config_path: str | Path, model_type: str) -> dict[str, Path]:
-    config = load_config(config_path, model_type)
+    return convert(load_config(config_path, model_type))
+
+
+def makertbin_fast_perf(model: str | Path, model_type: str, march: str,
+                        input_shapes: list[tuple[str, str]]) -> dict[str, Path]:
+    """``makertbin --fast-perf``: the built-in performance config (SPEC §6), artefacts in ./model_output."""
+    config = builtin_config(model, model_type, march, input_shapes, fast_perf=True,
+                            working_dir=Path("model_output"), prefix=Path(model).stem, option="--input-shape")
+    return convert(config)
+
+
+def convert(config: Config) -> dict[str, Path]:
     log.info("Start Model Convert....")
     profile = get_profile(config.model.march)
     _warn_unsupported(config)
@@ -53,7 +65,7 @@ def makertbin(config_path: str | Path, model_type: str) -> dict[str, Path]:
     save_model(optimized, paths["optimized"])
     log.info("Model optimization done: %s", paths["optimized"])
 
-    partition = build_partition(optimized, profile, config.model.node_info)
+    partition = build_partition(optimized, profile, config.model.node_info, all_bpu=config.model.fast_perf)
     plan = make_plan(optimized, partition, config, profile)
     if "dump_calibration_data" in config.model.debug_mode:
         folder = dump_calibration_data(source, config.model.working_dir)
@@ -69,10 +81,13 @@ def makertbin(config_path: str | Path, model_type: str) -> dict[str, Path]:
     log.info("Model calibration done: %s", paths["calibrated"])
 
     result = quantize.run(cal.model, config, profile)
+    if config.model.layer_out_dump:
+        layer_dump.annotate(result)
     save_model(result.model, paths["quantized"])
     log.info("Model quantization done: %s", paths["quantized"])
     first = next(iter(source))
     report.log_node_table(result, report.node_similarity(optimized, result, first))
+    report.log_cpu_reasons(result.partition)
 
     compile.run(result, config, parsed.inputs, profile, paths["bin"])
     log.info("Convert to runtime bin file successfully!")

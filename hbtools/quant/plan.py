@@ -121,10 +121,20 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     output_bits = 8 if "set_model_output_int8" in opts else (16 if profile.int16 else 8)
 
     def request(tensor: str, what: str) -> None:
-        if profile.int16:
-            bits[tensor] = 16
-        else:
-            log.warning("%s: int16 is not available on %s; falling back to int8", what, profile.name)
+        if not profile.int16:
+            log.warning("%s: int16 is not available on %s; falling back to int8", what, profile.label)
+            return
+        # An int16 tensor needs its producer and every BPU reader to take int16 (seed: the
+        # request updates the op's context; unsupported combinations fall back to int8).
+        producer = part.producer.get(tensor)
+        touching = [u for u in [producer, *part.bpu_consumers(tensor)] if u is not None and u.on == "BPU"]
+        for unit in touching:
+            rule = profile.rule(unit.main.op_type)
+            if rule is not None and not rule.int16:
+                log.warning("%s: %s node %s has no int16 form on %s; falling back to int8", what,
+                            unit.main.op_type, unit.main.name, profile.label)
+                return
+        bits[tensor] = 16
 
     for unit in part.units:
         for t in unit.outputs:
@@ -132,7 +142,7 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                 if t in graph_outputs:
                     bits[t] = output_bits
     if "set_model_output_int16" in opts and not profile.int16:
-        log.warning("set_model_output_int16: int16 is not available on %s; falling back to int8", profile.name)
+        log.warning("set_model_output_int16: int16 is not available on %s; falling back to int8", profile.label)
     node_info = config.model.node_info if config else {}
     all16 = "set_all_nodes_int16" in opts
     for unit in part.units:

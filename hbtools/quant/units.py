@@ -17,14 +17,8 @@ from onnx import ModelProto, NodeProto
 
 from hbtools.config.model import NodeInfo
 from hbtools.graph.graph import GraphView
-from hbtools.march.profiles import (
-    CONV_OPS,
-    ELTWISE_OPS,
-    PASSIVE_OPS,
-    POOL_OPS,
-    UNARY_OPS,
-    MarchProfile,
-)
+from hbtools.march.constraints import violation
+from hbtools.march.profiles import MarchProfile, OpRule
 from hbtools.ops.base import DOMAIN
 
 log = logging.getLogger("hbtools")
@@ -88,7 +82,14 @@ class Partition:
         return out
 
 
-def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[str, NodeInfo]) -> Partition:
+def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[str, NodeInfo], *,
+                    all_bpu: bool = False, warn: bool = True) -> Partition:
+    """Group ``model``'s nodes into units and place each on the BPU or the CPU.
+
+    ``all_bpu`` (fast-perf) keeps every BPU-able unit on the BPU, even where
+    keeping it in float would cost nothing. ``warn`` logs override problems; the
+    quantize stage re-derives the partition silently so they are logged once.
+    """
     view = GraphView(model)
     taken: set[str] = set()
     units: list[Unit] = []
@@ -100,8 +101,9 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
         units.append(unit)
     part = Partition(units)
     part.index()
-    _apply_overrides(part, node_info)
-    _keep_isolated_ops_in_float(part, view)
+    forced = _apply_overrides(part, node_info, warn)
+    if not all_bpu:
+        _keep_isolated_ops_in_float(part, view, forced)
     _number_subgraphs(part)
     return part
 
@@ -115,6 +117,10 @@ def _scalar_consts(node: NodeProto, view: GraphView) -> bool:
     return all(c.size == 1 for c in consts)
 
 
+def _const_shapes(node: NodeProto, view: GraphView) -> str:
+    return ", ".join(str(list(view.const(i).shape)) for i in node.input if i and view.is_const(i))
+
+
 def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: set[str]) -> Unit:
     op = node.op_type
     acts = _activation_inputs(node, view)
@@ -122,56 +128,67 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         if op == "HzPreprocess":
             return Unit("preprocess", [node], acts, list(node.output), hz_type="HzPreprocess")
         return _cpu(node, acts, f"custom op {op} is not a BPU op")
-    if op not in profile.bpu_ops:
-        return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.name}")
-    if op in CONV_OPS:
-        return _conv_unit(node, acts, view, profile, taken)
-    if op in ELTWISE_OPS and len(acts) == 2 and acts[0] != acts[1]:
-        return Unit("eltwise", [node], acts, list(node.output), hz_type=ELTWISE_OPS[op])
-    if op in UNARY_OPS and len(set(acts)) == 1 and _scalar_consts(node, view):
-        return _lut_unit(node, acts[0], view, taken)
-    if op in POOL_OPS:
+    rule = profile.rule(op) if node.domain in ("", "ai.onnx") else None
+    if rule is None:
+        return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}")
+    if not rule.forms:
+        return _cpu(node, acts, f"{op} runs on the BPU of {profile.label}, but hbtools has no integer kernel "
+                                f"for it yet")
+    reason = violation(node, rule, view, profile)
+    if reason:
+        return _cpu(node, acts, reason)
+    forms = rule.forms
+    if "conv" in forms and len(node.input) > 1 and view.is_const(node.input[1]):
+        return _conv_unit(node, acts, view, rule, taken)
+    if "matmul" in forms and len(acts) == 2:
+        return Unit("matmul", [node], acts, list(node.output), hz_type=rule.hz_type)
+    if "conv" in forms:
+        return _cpu(node, acts, f"{op} without a constant weight has no BPU form on {profile.label}")
+    if "eltwise" in forms and len(acts) == 2 and acts[0] != acts[1]:
+        return Unit("eltwise", [node], acts, list(node.output), hz_type=rule.hz_type)
+    if "lut" in forms and len(set(acts)) == 1:
+        if _scalar_consts(node, view):
+            return _lut_unit(node, acts[0], view, profile, taken)
+        return _cpu(node, acts, f"{op} with a constant of shape {_const_shapes(node, view)}: only scalar "
+                                f"constants fold into a BPU lookup table")
+    if "lut" in forms and len(acts) > 1:
+        return _cpu(node, acts, f"{op} of {len(set(acts))} tensors has no BPU form (only functions of one "
+                                f"tensor become lookup tables)")
+    if "pool" in forms:
         a = view.attrs(node)
         if op == "AveragePool" and (a.get("ceil_mode", 0) or (any(a.get("pads", [])) and not a.get("count_include_pad", 0))):
-            return _cpu(node, acts, "AveragePool with ceil_mode or excluded padding runs on the CPU")
-        return Unit("pool", [node], acts, list(node.output), hz_type=POOL_OPS[op])
-    if op in PASSIVE_OPS and len(acts) == 1 and acts[0] == node.input[0]:
-        if op == "Resize" and view.attrs(node).get("mode", "nearest") != "nearest":
-            return _cpu(node, acts, "Resize with linear/cubic interpolation runs on the CPU")
-        return Unit("passive", [node], acts, list(node.output), hz_type=op)
-    if op == "Concat" and len(acts) == len([i for i in node.input if i]):
-        return Unit("concat", [node], acts, list(node.output), hz_type="HzSQuantizedConcat")
-    return _cpu(node, acts, f"{op} with these inputs is not supported on the BPU")
+            return _cpu(node, acts, "AveragePool with ceil_mode or excluded padding has no BPU form in hbtools")
+        return Unit("pool", [node], acts, list(node.output), hz_type=rule.hz_type)
+    if "passive" in forms:
+        if len(acts) == 1 and acts[0] == node.input[0]:
+            return Unit("passive", [node], acts, list(node.output), hz_type=rule.hz_type or op)
+        return _cpu(node, acts, f"{op} with parameters computed at run time has no BPU form")
+    if "concat" in forms:
+        if len(acts) == len([i for i in node.input if i]):
+            return Unit("concat", [node], acts, list(node.output), hz_type=rule.hz_type)
+        return _cpu(node, acts, f"{op} with a constant input has no BPU form")
+    return _cpu(node, acts, f"{op} with these inputs has no BPU form on {profile.label}")
 
 
 def _cpu(node: NodeProto, acts: list[str], reason: str) -> Unit:
     return Unit("cpu", [node], acts, list(node.output), on="CPU", hz_type=node.op_type, reason=reason)
 
 
-def _conv_unit(node: NodeProto, acts: list[str], view: GraphView, profile: MarchProfile, taken: set[str]) -> Unit:
+def _conv_unit(node: NodeProto, acts: list[str], view: GraphView, rule: OpRule, taken: set[str]) -> Unit:
     op = node.op_type
-    weight = view.const(node.input[1]) if len(node.input) > 1 else None
-    if op == "MatMul" and len(acts) == 2:
-        return Unit("matmul", [node], acts, list(node.output), hz_type="HzSQuantizedMatMul")
-    if weight is None or len(acts) != 1 or acts[0] != node.input[0]:
-        return _cpu(node, acts, f"{op} without a constant weight is not supported on the BPU")
+    weight = view.const(node.input[1])
+    if len(acts) != 1 or acts[0] != node.input[0]:
+        return _cpu(node, acts, f"{op} whose data input is a constant has no BPU form")
     if len(node.input) > 2 and node.input[2] and not view.is_const(node.input[2]):
-        return _cpu(node, acts, f"{op} with a non-constant bias is not supported on the BPU")
+        return _cpu(node, acts, f"{op} with a bias computed at run time has no BPU form")
     a = view.attrs(node)
     if op == "Gemm" and (a.get("transA", 0) or weight.ndim != 2):
-        return _cpu(node, acts, "Gemm with transA is not supported on the BPU")
+        return _cpu(node, acts, "Gemm with transA has no BPU form")
     if op == "MatMul" and weight.ndim != 2:
-        return _cpu(node, acts, "MatMul with a batched constant weight is not supported on the BPU")
-    if op in ("Conv", "ConvTranspose"):
-        kernel = list(weight.shape[2:])
-        if any(k > profile.max_kernel for k in kernel):
-            return _cpu(node, acts, f"kernel {kernel} exceeds the BPU limit {profile.max_kernel} of {profile.name}")
-        if any(s > profile.max_stride for s in a.get("strides", [])):
-            return _cpu(node, acts, f"stride {a['strides']} exceeds the BPU limit {profile.max_stride}")
-        if max(weight.shape[:2]) > profile.max_channels:
-            return _cpu(node, acts, f"channels {list(weight.shape[:2])} exceed the BPU limit {profile.max_channels}")
+        return _cpu(node, acts, f"MatMul with a batched constant weight {list(weight.shape)} has no BPU form")
     if op == "ConvTranspose" and weight.shape[0] * int(np.prod(weight.shape[2:])) > CONV_TRANSPOSE_MAX_TERMS:
-        return _cpu(node, acts, "ConvTranspose too large for exact integer accumulation; kept in float")
+        return _cpu(node, acts, f"ConvTranspose summing {weight.shape[0] * int(np.prod(weight.shape[2:]))} terms "
+                                f"per output is too large for exact integer accumulation in hbtools; kept in float")
     nodes = [node]
     activation = None
     consumers = view.consumers.get(node.output[0], [])
@@ -181,10 +198,10 @@ def _conv_unit(node: NodeProto, acts: list[str], view: GraphView, profile: March
             if nxt.name not in taken:
                 nodes.append(nxt)
                 activation = nxt
-    return Unit("conv", nodes, acts, list(nodes[-1].output), hz_type=CONV_OPS[op], activation=activation)
+    return Unit("conv", nodes, acts, list(nodes[-1].output), hz_type=rule.hz_type, activation=activation)
 
 
-def _lut_unit(start: NodeProto, root: str, view: GraphView, taken: set[str]) -> Unit:
+def _lut_unit(start: NodeProto, root: str, view: GraphView, profile: MarchProfile, taken: set[str]) -> Unit:
     """Grow a run of element-wise nodes that are all functions of ``root`` alone."""
     cluster = [start]
     inside = set(start.output)
@@ -195,7 +212,7 @@ def _lut_unit(start: NodeProto, root: str, view: GraphView, taken: set[str]) -> 
             if tensor in view.graph_outputs:
                 continue
             for cand in view.consumers.get(tensor, []):
-                if cand in cluster or cand.name in taken or cand.op_type not in UNARY_OPS:
+                if cand in cluster or cand.name in taken or not _lut_capable(cand, view, profile):
                     continue
                 acts = _activation_inputs(cand, view)
                 if not all(a == root or a in inside for a in acts) or not _scalar_consts(cand, view):
@@ -214,6 +231,11 @@ def _lut_unit(start: NodeProto, root: str, view: GraphView, taken: set[str]) -> 
     return Unit("lut", cluster, [root], outputs, hz_type="HzLut")
 
 
+def _lut_capable(node: NodeProto, view: GraphView, profile: MarchProfile) -> bool:
+    rule = profile.rule(node.op_type) if node.domain in ("", "ai.onnx") else None
+    return rule is not None and "lut" in rule.forms and violation(node, rule, view, profile) is None
+
+
 def _external_outputs(nodes: list[NodeProto], view: GraphView) -> list[str]:
     names = {id(n) for n in nodes}
     out = []
@@ -225,25 +247,41 @@ def _external_outputs(nodes: list[NodeProto], view: GraphView) -> list[str]:
     return out
 
 
-def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo]) -> None:
+def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool) -> set[int]:
+    """run_on_cpu / run_on_bpu / node_info ON; returns the ids of units the user put on the BPU."""
+    forced: set[int] = set()
     for name, info in node_info.items():
-        unit = part.unit_of_node.get(name)
-        if unit is None or info.on is None:
+        if info.on is None:
             continue
-        if info.on == "CPU" and unit.on == "BPU" and unit.kind != "preprocess":
+        unit = part.unit_of_node.get(name)
+        if unit is None:
+            if warn:
+                log.warning("node_info / run_on_%s names node %s, which is not in the optimized model (removed or "
+                            "fused by optimization?); ignored", info.on.lower(), name)
+            continue
+        if info.on == "CPU" and unit.on == "BPU":
+            if unit.kind == "preprocess":
+                if warn:
+                    log.warning("node %s is the input preprocessing; it stays on the BPU", name)
+                continue
             unit.on, unit.reason = "CPU", "placed on the CPU by run_on_cpu / node_info"
-        elif info.on == "BPU" and unit.on == "CPU":
-            log.warning("node %s cannot run on the BPU (%s); it stays on the CPU", name, unit.reason)
+        elif info.on == "BPU":
+            if unit.on == "CPU":
+                if warn:
+                    log.warning("node %s cannot run on the BPU (%s); it stays on the CPU", name, unit.reason)
+            else:
+                forced.add(id(unit))
+    return forced
 
 
-def _keep_isolated_ops_in_float(part: Partition, view: GraphView) -> None:
+def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[int]) -> None:
     """Cheap ops wedged between CPU ops gain nothing from int8: keep them in float too."""
     movable = ("lut", "eltwise", "passive", "concat", "pool")
     changed = True
     while changed:
         changed = False
         for u in part.units:
-            if u.on != "BPU" or u.kind not in movable:
+            if u.on != "BPU" or u.kind not in movable or id(u) in forced:
                 continue
             producers = [part.producer.get(t) for t in u.inputs]
             inputs_cpu = bool(producers) and all(p is not None and p.on == "CPU" for p in producers)
@@ -251,7 +289,8 @@ def _keep_isolated_ops_in_float(part: Partition, view: GraphView) -> None:
             is_output = any(t in view.graph_outputs for t in u.outputs)
             outputs_cpu = bool(users) and not is_output and all(c.on == "CPU" for c in users)
             if inputs_cpu or outputs_cpu:
-                u.on, u.reason = "CPU", "isolated between CPU ops; kept in float"
+                side = "reads only CPU results" if inputs_cpu else "feeds only CPU nodes"
+                u.on, u.reason = "CPU", f"{side}; kept in float next to them (run_on_bpu moves it)"
                 changed = True
 
 

@@ -1,0 +1,72 @@
+"""hb_model_modifier: delete Quantize/Dequantize/Transpose/Cast/Reshape/Softmax nodes at a model's edges."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from hbtools import __version__
+from hbtools.cli.common import reports_errors
+from hbtools.errors import HbError
+from hbtools.log import setup
+from hbtools.runtime.binfile import BinModel, read_bin, write_bin
+from hbtools.runtime.runtime_model import load
+from hbtools.tools import modifier
+from hbtools.tools.pack import warn_if_newer
+
+log = logging.getLogger("hbtools")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hb_model_modifier")
+@click.argument("model_file", type=click.Path())
+@click.option("-r", "remove", multiple=True, help="Name of a node to delete; repeat for several, deleted in order.")
+@click.option("-a", "--all", "types", multiple=True,
+              help="Delete every deletable node of this type (e.g. Dequantize); repeat for several types.")
+@click.option("-o", "output", help="Output file (default: <model>_modified.bin in the current folder).")
+def main(model_file: str, remove: tuple[str, ...], types: tuple[str, ...], output: str | None) -> None:
+    """List the deletable nodes of MODEL_FILE, or delete the given ones."""
+    setup("hb_model_modifier.log")
+    _run(model_file, list(remove), list(types), output)
+
+
+@reports_errors("modify")
+def _run(model_file: str, remove: list[str], types: list[str], output: str | None) -> None:
+    f = read_bin(model_file)
+    if f.packed:
+        raise HbError("pack model is not supported")
+    warn_if_newer(f)
+    model = f.models[0]
+    load(model, f.path)
+    if not remove and not types:
+        names = [c.name for c in modifier.candidates(model.load_graph())]
+        log.info("Nodes that can be deleted: %s", names)
+        return
+    for node_type in types:
+        wanted = node_type.lower().removeprefix("hz")
+        while True:
+            graph = model.load_graph()
+            batch = [c.name for c in modifier.candidates(graph) if c.type.lower() == wanted]
+            if not batch:
+                break
+            for name in batch:
+                model = _delete(model, name)
+    for name in remove:
+        model = _delete(model, name)
+    if model is f.models[0]:
+        log.info("no node of type %s can be deleted", ", ".join(types))
+        return
+    target = Path(output) if output else Path(f"{Path(model_file).stem}_modified.bin")
+    write_bin(target, [model])
+    click.echo(f"modified model saved as {target}")
+
+
+def _delete(model: BinModel, name: str) -> BinModel:
+    node = modifier.find(model.load_graph(), name)
+    click.echo(f"Node '{name}' found, its OP type is '{modifier.display_type(node)}'")
+    result = modifier.delete(model, name)
+    click.echo(f"Node info: {modifier.info_line(result.deleted_nodes[-1])}")
+    click.echo(f"Node '{name}' is removed")
+    return result

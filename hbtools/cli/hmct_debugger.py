@@ -1,0 +1,221 @@
+"""hmct-debugger: the accuracy debugger (``hbtools.debug``) on the command line.
+
+List arguments are Python literals (``-q "['Conv_2','Conv_90']"``); the shell's
+quote removal is tolerated (``-m [cosine-similarity,mse]``) and so is a list split
+at spaces (``-q ['weight', 'activation']``). Booleans are ``True`` / ``False``.
+Sub-commands may be written with ``_`` for ``-``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# One BLAS thread: the metrics' dot products otherwise fight onnxruntime's threads on a
+# small machine. Must be set before numpy is imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import ast  # noqa: E402
+import logging  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from typing import Any  # noqa: E402
+
+import click  # noqa: E402
+
+from hbtools import __version__  # noqa: E402
+from hbtools.cli.common import reports_errors  # noqa: E402
+from hbtools.errors import HbError  # noqa: E402
+from hbtools.log import setup  # noqa: E402
+
+log = logging.getLogger("hbtools")
+LOG_FILE = "hmct_debugger.log"
+# A quoted string (kept) or a bare word (to be quoted) inside a list literal.
+_WORD = re.compile(r"""('[^']*'|"[^"]*")|([^\[\],\s'"]+)""")
+
+
+class PyValue(click.ParamType):
+    """A Python literal (list, nested list, string); anything else is kept as a string."""
+
+    name = "value"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            pass
+        if text.startswith("["):
+            try:  # the shell removed the quotes: [a,b] or [[a],[b,c]]
+                return ast.literal_eval(_WORD.sub(lambda m: m.group(1) or repr(m.group(2)), text))
+            except (ValueError, SyntaxError):
+                self.fail(f"{value!r} is not a list; write it as \"['name1','name2']\"", param, ctx)
+        return text
+
+
+VALUE = PyValue()
+
+
+class DebuggerGroup(click.Group):
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, cmd_name.replace("_", "-"))
+
+
+@click.group(cls=DebuggerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hmct-debugger")
+def cli() -> None:
+    """Find the nodes of a calibrated model that cost accuracy.
+
+    Each command takes the calibrated model (*_calibrated_model.onnx) and the
+    calibration_data folder written with debug_mode: 'dump_calibration_data'.
+    """
+
+
+def _model_and_data(fn: Callable) -> Callable:
+    fn = click.argument("calibration_data", metavar="CALIBRATION_DATA")(fn)
+    return click.argument("model_or_file", metavar="MODEL_OR_FILE")(fn)
+
+
+def _option(short: str, name: str, **kwargs: Any) -> Callable:
+    """The vendor's short flag plus the API parameter's name as the long one."""
+    return click.option(short, f"--{name}", name, **kwargs)
+
+
+@cli.command("get-sensitivity-of-nodes")
+@_model_and_data
+@_option("-m", "metrics", type=VALUE, default="cosine-similarity", show_default=True,
+         help="Metric or list of metrics; the first one ranks.")
+@_option("-o", "output_node", help="Measure at this node's output instead of the model outputs.")
+@_option("-n", "node_type", default="node", show_default=True, help="node, weight or activation.")
+@_option("-d", "data_num", type=int, help="Number of samples (default: all).")
+@_option("-v", "verbose", type=click.BOOL, default=False, show_default=True, help="Print the table.")
+@_option("-i", "interested_nodes", type=VALUE, help="Only these nodes (overrides -n).")
+def get_sensitivity_of_nodes(model_or_file: str, calibration_data: str, **kwargs: Any) -> None:
+    """Rank nodes by the output error their quantization alone causes."""
+    from hbtools.debug import get_sensitivity_of_nodes as run
+
+    result = run(model_or_file=model_or_file, calibrated_data=calibration_data, **kwargs)
+    if result and not kwargs["verbose"]:
+        name, values = next(iter(result.items()))
+        log.info("%d nodes ranked; most sensitive: %s %s (-v True prints the table)", len(result), name, values)
+
+
+@cli.command("plot-acc-error")
+@_model_and_data
+@_option("-s", "save_dir", help="Folder for the plot (default ./debug_result).")
+@_option("-q", "quantize_node", type=VALUE, help="Nodes to quantize alone: names, lists, 'weight', 'activation'.")
+@_option("-nq", "non_quantize_node", type=VALUE, help="Nodes to leave float, everything else quantized.")
+@_option("-m", "metric", default="cosine-similarity", show_default=True, help="Error metric.")
+@_option("-a", "average_mode", type=click.BOOL, default=False, show_default=True, help="Plot the running mean.")
+def plot_acc_error(model_or_file: str, calibration_data: str, **kwargs: Any) -> None:
+    """Error of every node's output along the graph for partly quantized models."""
+    from hbtools.debug import plot_acc_error as run
+
+    run(model_or_file=model_or_file, calibrated_data=calibration_data, **kwargs)
+
+
+@cli.command("plot-distribution")
+@_model_and_data
+@_option("-s", "save_dir", help="Folder for the plots (default ./debug_result).")
+@_option("-n", "nodes_list", type=VALUE, required=True, help="Nodes to plot (any kind).")
+def plot_distribution(model_or_file: str, calibration_data: str, **kwargs: Any) -> None:
+    """Histograms of nodes' data in the float and the calibrated model."""
+    from hbtools.debug import plot_distribution as run
+
+    run(model_or_file=model_or_file, calibrated_data=calibration_data, **kwargs)
+
+
+@cli.command("get-channelwise-data-distribution")
+@_model_and_data
+@_option("-s", "save_dir", help="Folder for the plots (default ./debug_result).")
+@_option("-n", "nodes_list", type=VALUE, required=True, help="Calibration nodes to plot.")
+@_option("-a", "axis", type=int, help="Channel axis (default: weight's own axis, 1 for activations).")
+def get_channelwise_data_distribution(model_or_file: str, calibration_data: str, **kwargs: Any) -> None:
+    """Per-channel box plots of calibration nodes' input."""
+    from hbtools.debug import get_channelwise_data_distribution as run
+
+    run(model_or_file=model_or_file, calibrated_data=calibration_data, **kwargs)
+
+
+@cli.command("sensitivity-analysis")
+@_model_and_data
+@_option("-p", "pick_threshold", type=float, default=0.999, show_default=True,
+         help="Nodes with a lower output cosine are sensitive.")
+@_option("-d", "data_num", type=int, default=1, show_default=True, help="Number of samples.")
+@_option("-sn", "sensitive_nodes", type=VALUE, help="Analyse these nodes instead of picking.")
+@_option("-sd", "save_dir", help="Folder for the chart (default ./debug_result).")
+def sensitivity_analysis(model_or_file: str, calibration_data: str, **kwargs: Any) -> None:
+    """Sensitive nodes quantized alone and un-quantized cumulatively."""
+    from hbtools.debug import sensitivity_analysis as run
+
+    run(model_or_file=model_or_file, calibrated_data=calibration_data, **kwargs)
+
+
+@cli.command("runall")
+@_model_and_data
+@_option("-s", "save_dir", help="Folder for all results (default ./debug_result).")
+@_option("-nm", "ns_metrics", type=VALUE, default="cosine-similarity", show_default=True,
+         help="Sensitivity metric(s).")
+@_option("-o", "output_node", help="Measure sensitivity at this node's output.")
+@_option("-nt", "node_type", help="node, weight or activation (default: weight and activation).")
+@_option("-dn", "data_num", type=int, help="Number of samples (default: all).")
+@_option("-v", "verbose", type=click.BOOL, default=False, show_default=True, help="Print the tables.")
+@_option("-i", "interested_nodes", type=VALUE, help="Only rank these nodes.")
+@_option("-dnl", "dis_nodes_list", type=VALUE, help="Nodes for the distribution plots.")
+@_option("-cn", "cw_nodes_list", type=VALUE, help="Calibration nodes for the box plots.")
+@_option("-a", "axis", type=int, help="Channel axis of the box plots.")
+@_option("-qn", "quantize_node", type=VALUE, help="Accumulated error: nodes to quantize alone.")
+@_option("-nqn", "non_quantize_node", type=VALUE, help="Accumulated error: nodes to leave float.")
+@_option("-am", "ae_metric", default="cosine-similarity", show_default=True, help="Accumulated error metric.")
+@_option("-avm", "average_mode", type=click.BOOL, default=False, show_default=True,
+         help="Accumulated error as running mean.")
+@_option("-pt", "pick_threshold", type=float, default=0.999, show_default=True,
+         help="Sensitivity analysis threshold.")
+@_option("-sn", "sensitive_nodes", type=VALUE, help="Sensitivity analysis nodes.")
+def runall(model_or_file: str, calibration_data: str, **kwargs: Any) -> None:
+    """Every analysis in one go; results under the save folder."""
+    from hbtools.debug import runall as run
+
+    run(model_or_file=model_or_file, calibrated_data=calibration_data, **kwargs)
+
+
+def join_split_lists(args: Sequence[str]) -> list[str]:
+    """Re-join a list argument the shell split at spaces: ``['a',`` ``'b']`` -> ``['a', 'b']``."""
+    out: list[str] = []
+    depth = 0
+    for arg in args:
+        if depth > 0:
+            out[-1] += " " + arg
+        else:
+            out.append(arg)
+        if depth > 0 or arg.startswith("["):
+            depth = out[-1].count("[") - out[-1].count("]")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = join_split_lists(sys.argv[1:] if argv is None else argv)
+    setup(LOG_FILE)
+    if not args:
+        click.echo(cli.get_help(click.Context(cli, info_name="hmct-debugger")))
+        return
+    code = _run(args)
+    if isinstance(code, int) and code:
+        sys.exit(code)
+
+
+@reports_errors("hmct-debugger", single_line=True)
+def _run(args: list[str]) -> object:
+    """Usage mistakes caught by click become ERROR lines like the debugger's own."""
+    try:
+        return cli.main(args=args, prog_name="hmct-debugger", standalone_mode=False)
+    except click.exceptions.UsageError as exc:
+        raise HbError(f"{exc.format_message()} (see hmct-debugger {' '.join(args[:1])} --help)") from exc
+    except click.exceptions.Abort as exc:
+        raise KeyboardInterrupt from exc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""hrt_model_exec: the board tool's infer / perf / model_info, on the x86 simulator."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from hbtools import __version__
+from hbtools.cli.common import reports_errors
+from hbtools.errors import HbError
+from hbtools.log import setup
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from hbtools.runtime.simulator import Simulator
+
+log = logging.getLogger("hbtools")
+
+
+def _model_options(fn: Callable) -> Callable:
+    fn = click.option("--core_id", type=click.IntRange(0, 2), default=0, show_default=True,
+                      help="Core to run on (0 = any); recorded only, the simulator has no cores.")(fn)
+    fn = click.option("--model_name", default="", help="Model in a packed file (may be omitted for one model).")(fn)
+    return click.option("--model_file", required=True, type=click.Path(), help="The .bin model.")(fn)
+
+
+def _input_option(fn: Callable) -> Callable:
+    return click.option("--input_file", default="",
+                        help="Input files, comma separated, one per model input (image, .npy or raw binary); "
+                             "random data when omitted.")(fn)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hrt_model_exec")
+def main() -> None:
+    """Run a .bin model on the hbtools x86 simulator (board tool interface)."""
+
+
+@main.command("model_info")
+@_model_options
+def model_info(model_file: str, model_name: str, core_id: int) -> None:
+    """Print the inputs and outputs of the model(s)."""
+    setup("hrt_model_exec.log")
+    _model_info(model_file, model_name or None)
+
+
+@reports_errors("model_info")
+def _model_info(model_file: str, model_name: str | None) -> None:
+    from hbtools.runtime.binfile import read_bin
+    from hbtools.tools.hrt_exec import model_info as lines
+
+    click.echo("\n".join(lines(read_bin(model_file), model_name)))
+
+
+@main.command("infer")
+@_model_options
+@_input_option
+@click.option("--frame_count", type=click.IntRange(min=1), default=1, show_default=True, help="Frames to run.")
+@click.option("--enable_dump", type=click.BOOL, default=False, show_default=True, help="Write the outputs to files.")
+@click.option("--dump_format", type=click.Choice(["bin", "txt", "npy"]), default="bin", show_default=True)
+@click.option("--dump_txt_axis", type=int, default=-1, show_default=True,
+              help="txt dumps: one line per index of the axes before this one.")
+@click.option("--dump_path", default=".", show_default=True, help="Folder for dumped outputs.")
+@click.option("--enable_cls_post_process", type=click.BOOL, default=False, show_default=True,
+              help="Print the top-5 classes of the first output.")
+def infer(model_file: str, model_name: str, core_id: int, input_file: str, frame_count: int, enable_dump: bool,
+          dump_format: str, dump_txt_axis: int, dump_path: str, enable_cls_post_process: bool) -> None:
+    """Run the model and report (or dump) its outputs."""
+    del core_id
+    setup("hrt_model_exec.log")
+    _infer(model_file, model_name or None, input_file, frame_count, enable_dump, dump_format, dump_txt_axis,
+           dump_path, enable_cls_post_process)
+
+
+@reports_errors("infer")
+def _infer(model_file: str, model_name: str | None, input_file: str, frame_count: int, enable_dump: bool,
+           dump_format: str, dump_txt_axis: int, dump_path: str, cls_post: bool) -> None:
+    import numpy as np
+
+    from hbtools.tools.hrt_exec import dump_output
+
+    sim, feeds = _simulator(model_file, model_name, input_file)
+    prepared = sim.prepare(feeds)
+    for _ in range(frame_count):
+        outputs = sim.run(prepared, prepared=True)
+    log.info("infer success")
+    for k, (name, value) in enumerate(outputs.items()):
+        click.echo(f"output[{k}] {name}: shape {list(value.shape)} {value.dtype}")
+        if enable_dump:
+            log.info("output[%d] dumped to %s", k, dump_output(Path(dump_path), k, name, value, dump_format,
+                                                              dump_txt_axis))
+    if cls_post:
+        scores = np.asarray(next(iter(outputs.values())), dtype=np.float64).reshape(-1)
+        for rank, idx in enumerate(np.argsort(-scores, kind="stable")[:5]):
+            click.echo(f"top {rank}: id {int(idx)} score {scores[idx]:.6f}")
+
+
+@main.command("perf")
+@_model_options
+@_input_option
+@click.option("--frame_count", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Frames to run when --perf_time is 0.")
+@click.option("--perf_time", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="Minutes to run (0: run --frame_count frames).")
+@click.option("--thread_num", type=click.IntRange(1, 8), default=1, show_default=True, help="Running threads.")
+@click.option("--profile_path", default="", help="Folder for profiler.log and profiler.csv (off when empty).")
+def perf(model_file: str, model_name: str, core_id: int, input_file: str, frame_count: int, perf_time: float,
+         thread_num: int, profile_path: str) -> None:
+    """Measure latency and frame rate of the simulated model."""
+    setup("hrt_model_exec.log")
+    _perf(model_file, model_name or None, core_id, input_file, frame_count, perf_time, thread_num, profile_path)
+
+
+@reports_errors("perf")
+def _perf(model_file: str, model_name: str | None, core_id: int, input_file: str, frame_count: int,
+          perf_time: float, thread_num: int, profile_path: str) -> None:
+    from hbtools.tools.hrt_exec import perf as run_perf
+    from hbtools.tools.hrt_exec import perf_report, write_profile
+
+    sim, feeds = _simulator(model_file, model_name, input_file)
+    log.warning("times below are of the x86 simulator on this host, not of the board; hb_perf estimates the board")
+    run = run_perf(sim, feeds, frame_count, thread_num, perf_time)
+    core_num = sim.model.config_group("compiler_parameters").get("core_num", 1)
+    click.echo("\n".join(perf_report(run, core_num if isinstance(core_num, int) else 1)))
+    if profile_path:
+        for path in write_profile(Path(profile_path), run, sim.model, core_id):
+            log.info("profile written to %s", path)
+
+
+def _simulator(model_file: str, model_name: str | None,
+               input_file: str) -> tuple[Simulator, dict[str, np.ndarray]]:
+    import numpy as np
+
+    from hbtools.runtime.rt_input import load_rt_file, random_rt_input
+    from hbtools.runtime.runtime_model import open_model
+    from hbtools.runtime.simulator import Simulator
+
+    rm = open_model(model_file, model_name)
+    files = [p.strip() for p in input_file.split(",") if p.strip()]
+    if files and len(files) != len(rm.inputs):
+        raise HbError(f"--input_file gives {len(files)} files; model '{rm.name}' has {len(rm.inputs)} inputs "
+                      f"({', '.join(d.name for d in rm.inputs)})")
+    if not files:
+        log.info("no --input_file: running on random data")
+        rng = np.random.default_rng(0)
+        feeds = {d.name: random_rt_input(d, rng) for d in rm.inputs}
+    else:
+        feeds = {d.name: load_rt_file(d, p) for d, p in zip(rm.inputs, files, strict=True)}
+    return Simulator(rm), feeds

@@ -1,0 +1,123 @@
+"""Calibration samples for the debugger: a ``calibration_data/`` folder or a dataset object.
+
+The folder is what ``debug_mode: dump_calibration_data`` writes (SPEC §5): one
+sub-folder per model input holding ``0.npy, 1.npy, ...`` in the intermediate type,
+fed to the calibrated model as they are. A dataset object is a mapping
+``{input_name: [array, ...]}``, or an iterable of ``{input_name: array}`` dicts
+(``hbtools.data.calibration`` sources are such iterables).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from hbtools.data.calibration import folder_names
+from hbtools.debug.model import CalibratedModel, GraphInput
+from hbtools.errors import HbError
+from hbtools.runtime.session import convert_feed
+
+Sample = dict[str, np.ndarray]
+IMAGE_OFFSET = 128  # uint8 pictures become the int8 intermediate type by subtracting 128
+# The plotting functions take no data_num; they use at most this many samples (the first).
+PLOT_SAMPLES = 8
+
+
+def load_samples(calibrated_data: object, cm: CalibratedModel, data_num: int | None = None,
+                 *, param: str = "data_num") -> list[Sample]:
+    """The first ``data_num`` samples (all when None), checked against the model's inputs."""
+    if calibrated_data is None:
+        raise HbError("calibrated_data is required: the calibration_data folder written with "
+                      "debug_mode: 'dump_calibration_data', or a dataset object")
+    if isinstance(calibrated_data, str | Path):
+        files = _folder_files(Path(calibrated_data), cm)
+        count = len(next(iter(files.values())))
+        take = _count(data_num, count, param, f"'{calibrated_data}'")
+        return [{name: _checked(np.load(paths[i]), cm_input, str(paths[i]))
+                 for (name, paths), cm_input in zip(files.items(), cm.inputs, strict=True)}
+                for i in range(take)]
+    samples = _dataset(calibrated_data, cm)
+    take = _count(data_num, len(samples), param, "the dataset")
+    return [{i.name: _checked(np.asarray(s[i.name]), i, f"sample {k} of input '{i.name}'") for i in cm.inputs}
+            for k, s in enumerate(samples[:take])]
+
+
+def _count(data_num: int | None, available: int, param: str, where: str) -> int:
+    if data_num is None:
+        return available
+    if isinstance(data_num, bool) or not isinstance(data_num, int | np.integer) or not 1 <= data_num <= available:
+        raise HbError(f"{param} must be an integer from 1 to {available} (the number of samples in {where}), "
+                      f"got {data_num!r}")
+    return int(data_num)
+
+
+def _folder_files(root: Path, cm: CalibratedModel) -> dict[str, list[Path]]:
+    if not root.is_dir():
+        raise HbError(f"calibrated_data folder '{root}' does not exist; pass the calibration_data folder that "
+                      "debug_mode: 'dump_calibration_data' writes to working_dir")
+    names = [i.name for i in cm.inputs]
+    safe = folder_names(names)
+    subdirs = sorted(p.name for p in root.iterdir() if p.is_dir())
+    files: dict[str, list[Path]] = {}
+    for name in names:
+        folder = next((root / d for d in (safe[name], name) if (root / d).is_dir()), None)
+        if folder is None and len(names) == 1 and _npy(root):
+            folder = root  # a one-input model's samples directly in the folder
+        if folder is None:
+            expected = ", ".join(safe[n] for n in names)
+            raise HbError(f"calibrated_data '{root}' has no folder for model input '{name}'; the model's inputs "
+                          f"need the sub-folders [{expected}], found [{', '.join(subdirs)}]")
+        found = _npy(folder)
+        if not found:
+            raise HbError(f"calibrated_data folder '{folder}' for input '{name}' holds no .npy files")
+        files[name] = found
+    counts = {n: len(f) for n, f in files.items()}
+    if len(set(counts.values())) > 1:
+        raise HbError(f"calibrated_data '{root}': the input folders hold different numbers of samples {counts}")
+    return files
+
+
+def _npy(folder: Path) -> list[Path]:
+    # 0.npy, 1.npy, ..., 10.npy: numeric order, not name order.
+    found = [p for p in folder.iterdir() if p.is_file() and p.suffix == ".npy" and not p.name.startswith(".")]
+    return sorted(found, key=lambda p: (not p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name))
+
+
+def _dataset(data: object, cm: CalibratedModel) -> list[Mapping[str, np.ndarray]]:
+    names = [i.name for i in cm.inputs]
+    if isinstance(data, Mapping):
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise HbError(f"the calibrated_data mapping has no entry for model input(s) {missing}; "
+                          f"its keys are {sorted(map(str, data))}")
+        lists = [list(data[n]) for n in names]
+        if len({len(v) for v in lists}) > 1:
+            raise HbError("the calibrated_data mapping holds different numbers of samples per input")
+        return [dict(zip(names, values, strict=True)) for values in zip(*lists, strict=True)]
+    if isinstance(data, Iterable):
+        samples = []
+        for k, s in enumerate(data):
+            if isinstance(s, np.ndarray) and len(names) == 1:
+                s = {names[0]: s}
+            if not isinstance(s, Mapping) or any(n not in s for n in names):
+                raise HbError(f"calibrated_data sample {k} must be a dict with the model inputs {names}")
+            samples.append(s)
+        if not samples:
+            raise HbError("calibrated_data holds no samples")
+        return samples
+    raise HbError(f"calibrated_data must be a folder path or a dataset, not {type(data).__name__}")
+
+
+def _checked(data: np.ndarray, spec: GraphInput, where: str) -> np.ndarray:
+    shape = tuple(spec.shape)
+    if None not in shape and data.size != int(np.prod(shape, dtype=np.int64)):
+        raise HbError(f"{where} holds {data.dtype} {list(data.shape)}, but model input '{spec.name}' "
+                      f"takes shape {list(shape)}")
+    if None not in shape:
+        data = data.reshape(shape)
+    try:
+        return np.ascontiguousarray(convert_feed(data, spec.dtype.type, IMAGE_OFFSET, spec.name))
+    except HbError as exc:
+        raise HbError(f"{where}: {exc}") from exc

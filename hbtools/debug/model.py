@@ -1,0 +1,211 @@
+"""The calibrated model as the debugger sees it: calibration nodes and ordinary nodes.
+
+A calibrated model holds ``HzCalibration`` nodes of two kinds: ``weight`` nodes
+(fake-quantize a constant weight) and ``activation`` nodes (fake-quantize a tensor
+computed at run time). Every other node is an *ordinary* node. An ordinary node is
+quantized when all calibration nodes feeding it are enabled, so its sensitivity is
+measured by enabling exactly those.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import ModelProto, NodeProto, numpy_helper
+
+from hbtools.errors import HbError
+from hbtools.graph.graph import infer_shapes, name_unnamed_nodes
+from hbtools.graph.model_io import load_model
+from hbtools.ops.base import attrs_of
+
+CALIBRATION_OP = "HzCalibration"
+KINDS = ("weight", "activation")
+PREVIEW = 8  # names shown when an error lists the valid choices
+
+
+@dataclass(frozen=True)
+class CalibrationNode:
+    name: str
+    kind: str  # "weight" | "activation"
+    input: str
+    output: str
+    thresholds: tuple[float, ...]
+    bits: int
+    axis: int
+    consumers: tuple[str, ...]  # ordinary nodes that read the calibrated value
+
+    @property
+    def threshold(self) -> float:
+        """The largest threshold (weights have one per channel)."""
+        return max(self.thresholds) if self.thresholds else 0.0
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | None, ...]
+
+
+class CalibratedModel:
+    """Index of a calibrated model; read-only."""
+
+    def __init__(self, model: ModelProto, source: str) -> None:
+        if any(not n.name for n in model.graph.node):
+            model = copy.deepcopy(model)
+            name_unnamed_nodes(model)  # tables and arguments refer to nodes by name
+        self.model = model
+        self.source = source
+        graph = model.graph
+        readers: dict[str, list[NodeProto]] = {}
+        for n in graph.node:
+            for i in n.input:
+                readers.setdefault(i, []).append(n)
+        producers = {o: n for n in graph.node for o in n.output}
+        self.nodes: dict[str, NodeProto] = {n.name: n for n in graph.node if n.op_type != CALIBRATION_OP}
+        self.calibration: dict[str, CalibrationNode] = {}
+        for n in graph.node:
+            if n.op_type != CALIBRATION_OP:
+                continue
+            a = attrs_of(n)
+            self.calibration[n.name] = CalibrationNode(
+                name=n.name, kind=a.get("kind", "activation"), input=n.input[0], output=n.output[0],
+                thresholds=tuple(float(t) for t in a.get("thresholds", [])), bits=int(a.get("bits", 8)),
+                axis=int(a.get("axis", -1)),
+                consumers=tuple(dict.fromkeys(r.name for r in readers.get(n.output[0], [])
+                                              if r.op_type != CALIBRATION_OP)),
+            )
+        if not self.calibration:
+            raise HbError(f"{source} has no HzCalibration nodes, so it is not a calibrated model; pass the "
+                          "*_calibrated_model.onnx that hb_mapper makertbin writes to working_dir")
+        by_output = {c.output: c.name for c in self.calibration.values()}
+        # Calibration nodes feeding each ordinary node, in input order.
+        self.feeding: dict[str, tuple[str, ...]] = {
+            name: tuple(dict.fromkeys(by_output[i] for i in n.input if i in by_output))
+            for name, n in self.nodes.items()
+        }
+        self.producers = producers
+        inits = {t.name for t in graph.initializer}
+        self.inputs = [_graph_input(vi) for vi in graph.input if vi.name not in inits]
+        self.outputs = [o.name for o in graph.output]
+
+    @cached_property
+    def tensor_types(self) -> dict[str, int]:
+        """Element type of every tensor whose type shape inference finds."""
+        model = infer_shapes(copy.deepcopy(self.model))
+        g = model.graph
+        out = {t.name: t.data_type for t in g.initializer}
+        for vi in [*g.input, *g.value_info, *g.output]:
+            if vi.type.tensor_type.elem_type:
+                out[vi.name] = vi.type.tensor_type.elem_type
+        return out
+
+    @cached_property
+    def constants(self) -> dict[str, np.ndarray]:
+        return {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer}
+
+    def calibration_proto(self, name: str) -> NodeProto:
+        return next(n for n in self.model.graph.node if n.name == name)
+
+    # ------------------------------------------------------------------ node sets
+
+    @cached_property
+    def quantizable(self) -> list[str]:
+        """Ordinary nodes fed by at least one calibration node, in graph order."""
+        return [n for n, cal in self.feeding.items() if cal]
+
+    def of_kind(self, kind: str) -> list[str]:
+        return [c.name for c in self.calibration.values() if c.kind == kind]
+
+    def kind_of(self, name: str) -> str:
+        """'weight', 'activation' or 'node'."""
+        return self.calibration[name].kind if name in self.calibration else "node"
+
+    def switches_of(self, name: str) -> set[str]:
+        """The calibration nodes that quantize ``name`` (itself for a calibration node)."""
+        if name in self.calibration:
+            return {name}
+        return set(self.feeding[name])
+
+    def switches_of_group(self, item: str) -> set[str]:
+        """Like ``switches_of`` but also 'weight' / 'activation' for all nodes of that kind."""
+        if item in KINDS:
+            return set(self.of_kind(item))
+        return self.switches_of(item)
+
+    # ------------------------------------------------------------------ argument checks
+
+    def check(self, names: list[str], param: str, *, allowed: tuple[str, ...] = ("node", *KINDS),
+              quantizable_only: bool = True) -> list[str]:
+        """Validate user-given node names; the error names the valid choices."""
+        valid = self._valid(allowed, quantizable_only)
+        for name in names:
+            if not isinstance(name, str):
+                raise HbError(f"{param}: expected node names, got {name!r} ({type(name).__name__})")
+            if name in valid:
+                continue
+            raise HbError(self._unknown(name, param, allowed, quantizable_only, valid))
+        return list(names)
+
+    def _valid(self, allowed: tuple[str, ...], quantizable_only: bool) -> list[str]:
+        out: list[str] = []
+        if "node" in allowed:
+            out += self.quantizable if quantizable_only else list(self.nodes)
+        for kind in KINDS:
+            if kind in allowed:
+                out += self.of_kind(kind)
+        return out
+
+    def _unknown(self, name: str, param: str, allowed: tuple[str, ...], quantizable_only: bool,
+                 valid: list[str]) -> str:
+        what = _describe(allowed)
+        if name in self.calibration or name in self.nodes:
+            kind = self.kind_of(name)
+            problem = (f"'{name}' is an ordinary node that no calibration node feeds, so it has nothing to quantize"
+                       if kind == "node" and "node" in allowed else
+                       f"'{name}' is {_article(kind)} {_kind_label(kind)}, but {param} takes {what}")
+        else:
+            problem = f"no node named '{name}' in {self.source}"
+            close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
+            if close:
+                problem += f" (did you mean {', '.join(close)}?)"
+        preview = ", ".join(valid[:PREVIEW]) + (", ..." if len(valid) > PREVIEW else "")
+        return f"{param}: {problem}; valid choices are the {len(valid)} {what} of the model: {preview}"
+
+
+def load_calibrated(model_or_file: str | Path | ModelProto | None) -> CalibratedModel:
+    """A path or ``onnx.ModelProto`` of a calibrated model."""
+    if model_or_file is None:
+        raise HbError("model_or_file is required: the path or onnx.ModelProto of a *_calibrated_model.onnx")
+    if isinstance(model_or_file, ModelProto):
+        return CalibratedModel(model_or_file, "the given model")
+    if isinstance(model_or_file, str | Path):
+        return CalibratedModel(load_model(model_or_file), f"'{model_or_file}'")
+    raise HbError(f"model_or_file must be a file path or an onnx.ModelProto, not {type(model_or_file).__name__}")
+
+
+def _graph_input(vi: onnx.ValueInfoProto) -> GraphInput:
+    t = vi.type.tensor_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
+    return GraphInput(vi.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)), dims)
+
+
+def _kind_label(kind: str) -> str:
+    return "ordinary node" if kind == "node" else f"{kind} calibration node"
+
+
+def _article(kind: str) -> str:
+    return "an" if _kind_label(kind)[0] in "aeiou" else "a"
+
+
+def _describe(allowed: tuple[str, ...]) -> str:
+    labels = {"node": "quantizable ordinary nodes", "weight": "weight calibration nodes",
+              "activation": "activation calibration nodes"}
+    parts = [labels[k] for k in allowed]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]

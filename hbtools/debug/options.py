@@ -1,0 +1,76 @@
+"""Checks of the debugger's plain arguments (metrics, node types, numbers, lists)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hbtools.errors import HbError
+from hbtools.metrics import METRICS
+
+NODE_TYPES = ("node", "weight", "activation")
+
+
+def metric_list(metrics: str | Sequence[str], param: str) -> list[str]:
+    """One metric name or a list of them; the first decides the ranking."""
+    names = [metrics] if isinstance(metrics, str) else list(metrics or [])
+    if not names:
+        raise HbError(f"{param} is empty; choose from {', '.join(METRICS)}")
+    for name in names:
+        if name not in METRICS:
+            raise HbError(f"{param}: unknown metric {name!r}; choose from {', '.join(METRICS)}")
+    return list(dict.fromkeys(names))
+
+
+def one_metric(metric: str, param: str) -> str:
+    if not isinstance(metric, str):
+        raise HbError(f"{param} takes one metric name, got {metric!r}; choose from {', '.join(METRICS)}")
+    return metric_list(metric, param)[0]
+
+
+def node_type(value: str, param: str, choices: Sequence[str] = NODE_TYPES) -> str:
+    if value not in choices:
+        raise HbError(f"{param}: unknown node type {value!r}; choose from {', '.join(map(repr, choices))}")
+    return value
+
+
+def names(value: str | Sequence[str] | None, param: str) -> list[str] | None:
+    """A node name or a flat list of names (None stays None)."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else list(value)
+    for item in items:
+        if not isinstance(item, str):
+            raise HbError(f"{param} takes node names, got {item!r}")
+    return items
+
+
+def groups(value: str | Sequence[str | Sequence[str]] | None, param: str) -> list[str | list[str]] | None:
+    """quantize_node / non_quantize_node: names (one curve each) and lists of names (one curve per list)."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else list(value)
+    out: list[str | list[str]] = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, Sequence) and all(isinstance(x, str) for x in item):
+            out.append(list(item))
+        else:
+            raise HbError(f"{param} takes node names or lists of node names, got {item!r}")
+    if not out:
+        raise HbError(f"{param} is empty")
+    return out
+
+
+def number(value: object, param: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise HbError(f"{param} must be a number, got {value!r}")
+    return float(value)
+
+
+def integer_or_none(value: object, param: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HbError(f"{param} must be an integer, got {value!r}")
+    return value

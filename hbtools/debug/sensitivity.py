@@ -1,0 +1,116 @@
+"""get_sensitivity_of_nodes: how much quantizing each node alone costs the model output.
+
+The sensitivity of a node is the metric between the float model's output and the
+output of the model in which only that node is quantized: for an ordinary node, the
+calibration nodes feeding it; for a calibration node, itself. Everything else stays
+float.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from hbtools.debug import options
+from hbtools.debug.board import shared_board
+from hbtools.debug.data import Sample, load_samples
+from hbtools.debug.evaluate import scores
+from hbtools.debug.model import CalibratedModel, load_calibrated
+from hbtools.debug.tables import console_table, csv_text
+from hbtools.metrics import HIGHER_IS_BETTER
+
+
+@dataclass
+class Sensitivity:
+    kind: str  # table layout: "node", "weight" or "activation"
+    metrics: list[str]
+    rows: list[tuple[str, dict[str, float]]]  # most sensitive first
+    cm: CalibratedModel
+
+    def as_dict(self) -> dict[str, dict[str, str]]:
+        return {name: {m: str(values[m]) for m in self.metrics} for name, values in self.rows}
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.rows]
+
+    def headers(self) -> list[str]:
+        lead = {"node": ["Node"], "weight": ["Weight", "Node"],
+                "activation": ["Activation", "Node", "Threshold", "Bit"]}[self.kind]
+        return [*lead, *self.metrics]
+
+    def cells(self) -> list[list[str]]:
+        out = []
+        for name, values in self.rows:
+            lead = [name]
+            if self.kind != "node":
+                c = self.cm.calibration[name]
+                lead.append(",".join(c.consumers))
+                if self.kind == "activation":
+                    lead += [str(c.threshold), str(c.bits)]
+            out.append([*lead, *(str(values[m]) for m in self.metrics)])
+        return out
+
+    def table(self) -> str:
+        return console_table(self.kind, self.headers(), self.cells())
+
+    def write(self, folder: Path, stem: str) -> list[Path]:
+        txt, csv = folder / f"{stem}.txt", folder / f"{stem}.csv"
+        txt.write_text(self.table() + "\n")
+        csv.write_text(csv_text(self.headers(), self.cells()))
+        return [txt, csv]
+
+
+def get_sensitivity_of_nodes(model_or_file: str | onnx.ModelProto | None = None,
+                             metrics: str | Sequence[str] = "cosine-similarity",
+                             calibrated_data: object = None, output_node: str | None = None,
+                             node_type: str = "node", data_num: int | None = None, verbose: bool = False,
+                             interested_nodes: str | Sequence[str] | None = None) -> dict[str, dict[str, str]]:
+    """Quantization sensitivity of every node of ``node_type`` (or of ``interested_nodes``).
+
+    Returns ``{node: {metric: value}}`` as strings, most sensitive first by the first
+    metric; with ``verbose`` the table is printed too.
+    """
+    cm = load_calibrated(model_or_file)
+    metric_names = options.metric_list(metrics, "metrics")
+    node_type = options.node_type(node_type, "node_type")
+    interested = options.names(interested_nodes, "interested_nodes")
+    samples = load_samples(calibrated_data, cm, data_num)
+    result = measure(cm, samples, metric_names, node_type, output_node, interested)
+    if verbose:
+        print(result.table())
+    return result.as_dict()
+
+
+def measure(cm: CalibratedModel, samples: Sequence[Sample], metrics: list[str], node_type: str,
+            output_node: str | None = None, interested: list[str] | None = None) -> Sensitivity:
+    if interested is not None:
+        nodes = cm.check(interested, "interested_nodes")
+        kinds = {cm.kind_of(n) for n in nodes}
+        kind = kinds.pop() if len(kinds) == 1 else "node"
+    else:
+        nodes = cm.quantizable if node_type == "node" else cm.of_kind(node_type)
+        kind = node_type
+    observe = None
+    if output_node is not None:
+        (output_node,) = cm.check([output_node], "output_node", allowed=("node",))
+        observe = [o for o in cm.nodes[output_node].output if o]
+    board = shared_board(cm, observe)
+    configs = [frozenset(cm.switches_of(n)) for n in nodes]
+    values = scores(board, samples, configs, metrics, f"sensitivity of {kind} nodes")
+    return Sensitivity(kind, metrics, rank(list(zip(nodes, values, strict=True)), metrics[0]), cm)
+
+
+def rank(rows: list[tuple[str, dict[str, float]]], metric: str) -> list[tuple[str, dict[str, float]]]:
+    """Most sensitive first: lowest cosine / sqnr, highest error; undefined values last."""
+    sign = 1.0 if metric in HIGHER_IS_BETTER else -1.0
+
+    def key(row: tuple[str, dict[str, float]]) -> tuple[bool, float]:
+        v = row[1][metric]
+        return (math.isnan(v), sign * v if not math.isnan(v) else 0.0)
+
+    return sorted(rows, key=key)

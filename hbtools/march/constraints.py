@@ -1,0 +1,113 @@
+"""One node against its march rule: the reason it cannot run on the BPU, or None.
+
+The limits are data in ``hbtools.march.profiles``; this module only reads a
+node's shapes and attributes and words the first limit it breaks, naming the
+march, so the checker can print why a node runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import NodeProto
+
+from hbtools.graph.graph import GraphView
+from hbtools.march.profiles import MarchProfile, OpRule
+
+_BROADCAST_WORDS = {"same": "equal shapes", "scalar": "a single-value operand",
+                    "channel": "a per-channel operand", "general": "general broadcasting"}
+
+
+def _shape_text(shape: list[int | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def classify_broadcast(a: list[int | None], b: list[int | None]) -> str | None:
+    """Which operand form two shapes are: same, scalar, channel, general (None: unknown or invalid)."""
+    if None in a or None in b:
+        return None
+    if list(a) == list(b):
+        return "same"
+    if math.prod(a) == 1 or math.prod(b) == 1:
+        return "scalar"
+    big, small = (a, b) if len(a) >= len(b) else (b, a)
+    padded = [1] * (len(big) - len(small)) + list(small)
+    if len(big) >= 3 and padded[1] == big[1] and all(d == 1 for k, d in enumerate(padded) if k != 1):
+        return "channel"
+    try:
+        np.broadcast_shapes(tuple(a), tuple(b))
+    except ValueError:
+        return None
+    return "general"
+
+
+def _channels(node: NodeProto, view: GraphView) -> tuple[int, int] | None:
+    """(input, output) channels of a conv-like node with a constant weight."""
+    w = view.const(node.input[1]) if len(node.input) > 1 else None
+    if w is None or w.ndim < 2:
+        return None
+    a = view.attrs(node)
+    group = int(a.get("group", 1))
+    if node.op_type == "Conv":
+        return int(w.shape[1]) * group, int(w.shape[0])
+    if node.op_type == "ConvTranspose":
+        return int(w.shape[0]), int(w.shape[1]) * group
+    if node.op_type == "Gemm":
+        return (int(w.shape[1]), int(w.shape[0])) if a.get("transB", 0) else (int(w.shape[0]), int(w.shape[1]))
+    return int(w.shape[-2]), int(w.shape[-1])  # MatMul
+
+
+def _kernel(node: NodeProto, view: GraphView) -> list[int]:
+    a = view.attrs(node)
+    if "kernel_shape" in a:
+        return list(a["kernel_shape"])
+    w = view.const(node.input[1]) if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1 else None
+    return list(w.shape[2:]) if w is not None else []
+
+
+def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProfile) -> str | None:
+    """The first constraint of ``rule`` that ``node`` breaks on ``profile``, as a sentence."""
+    op, where = node.op_type, f"the BPU of {profile.label}"
+    acts = [i for i in node.input if i and not view.is_const(i)]
+    lo, hi = rule.ranks
+    for t in [*acts, *(o for o in node.output if o)]:
+        shape = view.shapes.get(t)
+        if shape is not None and not lo <= len(shape) <= hi:
+            allowed = f"{lo}-D" if lo == hi else f"{lo}-D to {hi}-D"
+            return f"{op} on a {len(shape)}-D tensor {_shape_text(shape)}: {where} takes {allowed} tensors only"
+    a = view.attrs(node)
+    for key, limit, values in (("kernel", rule.kernel, _kernel(node, view)),
+                               ("stride", rule.stride, a.get("strides", [])),
+                               ("dilation", rule.dilation, a.get("dilations", []))):
+        if limit is not None and values and max(values) > limit:
+            return f"{op} {key} {list(values)} exceeds {limit}, the largest {where} takes"
+    if rule.channels is not None:
+        ch = _channels(node, view)
+        if ch is not None and max(ch) > rule.channels:
+            return f"{op} with {ch[0]} input / {ch[1]} output channels exceeds {where}'s limit of {rule.channels}"
+    if rule.axes is not None and acts:
+        shape = view.shapes.get(acts[0])
+        axis = a.get("axis", 0)
+        if shape is not None and shape:
+            axis %= len(shape)
+        if axis not in rule.axes:
+            return f"{op} along axis {axis}: {where} takes axis {' or '.join(map(str, rule.axes))} only"
+    if rule.perms is not None and op == "Transpose":
+        shape = view.shapes.get(acts[0]) if acts else None
+        perm = tuple(a.get("perm", range(len(shape) - 1, -1, -1) if shape else ()))
+        if perm not in rule.perms:
+            return f"Transpose with perm {list(perm)}: {where} only converts between NCHW and NHWC"
+    if rule.modes is not None:
+        mode = a.get("mode", "nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if mode not in rule.modes:
+            return f"{op} mode '{mode}': hbtools lowers only {' / '.join(rule.modes)} to {where}"
+    if len(acts) == 2 and acts[0] != acts[1] and "eltwise" in rule.forms:
+        sa, sb = view.shapes.get(acts[0]), view.shapes.get(acts[1])
+        form = classify_broadcast(sa, sb) if sa is not None and sb is not None else None
+        if form is not None and form not in rule.broadcast:
+            accepted = ", ".join(_BROADCAST_WORDS[f] for f in rule.broadcast)
+            return (f"{op} of {_shape_text(sa)} and {_shape_text(sb)} needs {_BROADCAST_WORDS[form]}; "
+                    f"{where} takes {accepted}")
+    return None

@@ -1,0 +1,143 @@
+"""The built-in configs of ``hb_mapper checker`` and ``makertbin --fast-perf``.
+
+Neither command takes a YAML file: the model, the march and the input shapes
+come from the command line, everything else from here. The config is built as
+the mapping a YAML file would hold and goes through the same validation as a
+user's file (``config_from_dict``).
+
+Input types are guessed from the shape: a 4-D input with 3 channels is an
+rgb image, with 1 channel a gray one (NCHW if the channel axis is 1, NHWC if it
+is 3); anything else is a featuremap. No mean/scale: placement does not depend
+on them, and random calibration data carries no meaning to normalise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from onnx import ModelProto
+
+from hbtools.config.loader import config_from_dict
+from hbtools.config.model import Config
+from hbtools.errors import HbError
+from hbtools.graph.model_io import load_model
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline.parse import MAX_OUTPUTS
+
+log = logging.getLogger("hbtools")
+
+# The boundary node types fast-perf removes (SPEC §6).
+FAST_PERF_REMOVABLE = ("Quantize", "Dequantize", "Transpose", "Cast", "Reshape")
+
+
+def parse_shape(text: str, name: str, option: str = "--input-shape") -> list[int]:
+    """'1x3x224x224' -> [1, 3, 224, 224]."""
+    parts = str(text).strip().lower().split("x")
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise HbError(f"{option} {name}: '{text}' is not a shape; write positive sizes joined by 'x', "
+                      f"e.g. 1x3x224x224")
+    return [int(p) for p in parts]
+
+
+def model_inputs(model: ModelProto) -> dict[str, list[int | None]]:
+    """Graph inputs that are not initializers, with None for dynamic dims."""
+    inits = {t.name for t in model.graph.initializer}
+    out = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        out[vi.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                        for d in vi.type.tensor_type.shape.dim]
+    return out
+
+
+def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one: bool,
+                   option: str = "--input-shape") -> dict[str, list[int]]:
+    """Every input's static shape: from ``given`` (NAME SHAPE pairs), else from the model.
+
+    ``batch_one`` (fast-perf) sets a dynamic first dimension to 1; any other
+    dynamic dimension is an error naming the option that fixes it.
+    """
+    declared = model_inputs(model)
+    shapes: dict[str, list[int]] = {}
+    for name, text in given:
+        if name not in declared:
+            raise HbError(f"{option} names '{name}', which is not an input of the model; its inputs are "
+                          f"{', '.join(declared)}")
+        shape = parse_shape(text, name, option)
+        if len(shape) != len(declared[name]):
+            raise HbError(f"{option} {name} {text} has rank {len(shape)} but the model input has rank "
+                          f"{len(declared[name])}")
+        shapes[name] = shape
+    for name, dims in declared.items():
+        if name in shapes:
+            continue
+        if batch_one and dims and dims[0] is None and None not in dims[1:]:
+            log.info("input '%s': dynamic first dimension set to 1", name)
+            dims = [1, *dims[1:]]
+        if None in dims:
+            text = "x".join("?" if d is None else str(d) for d in dims)
+            example = "x".join(str(d) if d is not None else ("1" if k == 0 else "<size>") for k, d in enumerate(dims))
+            raise HbError(f"input '{name}' has a dynamic shape {text}; give a static one with {option} {name} "
+                          f"{example}")
+        shapes[name] = [int(d) for d in dims]
+    return shapes
+
+
+def _input_parameters(shapes: dict[str, list[int]]) -> dict[str, str]:
+    columns: dict[str, list[str]] = {k: [] for k in ("input_name", "input_type_train", "input_layout_train",
+                                                     "input_type_rt", "input_shape", "norm_type")}
+    for name, shape in shapes.items():
+        kind, layout = "featuremap", "NCHW"
+        if len(shape) == 4:
+            for channels, image in ((3, "rgb"), (1, "gray")):
+                if shape[1] == channels:
+                    kind, layout = image, "NCHW"
+                    break
+                if shape[3] == channels:
+                    kind, layout = image, "NHWC"
+                    break
+        for key, value in (("input_name", name), ("input_type_train", kind), ("input_layout_train", layout),
+                           ("input_type_rt", kind), ("input_shape", "x".join(map(str, shape))),
+                           ("norm_type", "no_preprocess")):
+            columns[key].append(value)
+    return {k: "; ".join(v) for k, v in columns.items()}
+
+
+def builtin_config(model_path: str | Path, model_type: str, march: str, input_shapes: list[tuple[str, str]], *,
+                   fast_perf: bool, working_dir: Path, prefix: str, option: str = "--input-shape") -> Config:
+    """The config ``checker`` (``fast_perf`` False) or ``makertbin --fast-perf`` runs with."""
+    profile = get_profile(march)  # an unknown march is one clear line, before anything is read
+    if model_type == "caffe":
+        raise HbError("Caffe models are not supported by this version yet",
+                      hint="convert the model to ONNX and use --model-type onnx")
+    path = Path(model_path).expanduser().resolve()
+    model = load_model(path)
+    if len(model.graph.output) > MAX_OUTPUTS:
+        raise HbError(f"the model has {len(model.graph.output)} outputs; at most {MAX_OUTPUTS} are supported")
+    shapes = resolve_shapes(model, input_shapes, batch_one=fast_perf, option=option)
+    raw: dict[str, Any] = {
+        "model_parameters": {
+            "onnx_model": str(path),
+            "march": profile.name,
+            "working_dir": str(working_dir),
+            "output_model_file_prefix": prefix,
+        },
+        "input_parameters": _input_parameters(shapes),
+        # skip: max thresholds on generated data, no method search; enough to place and lower every op.
+        "calibration_parameters": {"calibration_type": "skip"},
+        "compiler_parameters": {"compile_mode": "latency", "optimize_level": "O3" if fast_perf else "O0",
+                                "debug": fast_perf},
+    }
+    if fast_perf:
+        raw["model_parameters"]["remove_node_type"] = "; ".join(FAST_PERF_REMOVABLE)
+    config = config_from_dict(raw, model_type, Path.cwd())
+    for spec in config.inputs:
+        log.info("input '%s': shape %s, treated as %s (%s)", spec.name, "x".join(map(str, spec.shape)),
+                 spec.type_train, spec.layout_train)
+    if fast_perf:
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, fast_perf=True))
+    return config

@@ -1,0 +1,49 @@
+"""``hb_mapper checker``: will this model convert, and where does each node run?
+
+Runs the conversion stages on a built-in config, with the slow parts cut down:
+parse -> optimize -> calibrate (``skip``: max thresholds of one generated
+sample, no method search, no bias correction) -> quantize. Nothing is written
+but the log. The node table comes from the quantize stage's partition, the very
+function makertbin uses, so both commands report the same placement for the
+same model and config.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from hbtools.data.calibration import RandomCalibrationSource
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline import calibrate, optimize, parse, quantize, report
+from hbtools.pipeline.builtin_config import builtin_config
+from hbtools.pipeline.quantize import QuantizedResult
+from hbtools.quant.plan import make_plan
+from hbtools.quant.units import build_partition
+
+log = logging.getLogger("hbtools")
+
+CHECK_SAMPLES = 1  # thresholds only need to exist for the quantizer to lower every op
+
+
+def check(model_path: str | Path, model_type: str, march: str, input_shapes: list[tuple[str, str]]) -> QuantizedResult:
+    log.info("Start Model Check....")
+    profile = get_profile(march)
+    log.info("march: %s", profile.label)
+    config = builtin_config(model_path, model_type, march, input_shapes, fast_perf=False,
+                            working_dir=Path(".hb_check"), prefix="model")
+    parsed = parse.run(config)
+    log.info("Parsing the input model done")
+    optimized = optimize.run(parsed.model)
+    log.info("Model optimization done")
+    partition = build_partition(optimized, profile, config.model.node_info)
+    plan = make_plan(optimized, partition, config, profile)
+    source = RandomCalibrationSource(parsed.inputs, num_samples=CHECK_SAMPLES)
+    cal = calibrate.run(optimized, plan, lambda: iter(source), len(source), calibration_type="skip",
+                        allow_int16=profile.int16, bias_correction="off")
+    result = quantize.run(cal.model, config, profile)
+    log.info("Model quantization done")
+    report.log_node_table(result)
+    report.log_cpu_reasons(result.partition)
+    log.info("End Model Check")
+    return result

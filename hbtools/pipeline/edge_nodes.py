@@ -1,0 +1,67 @@
+"""``remove_node_type`` / ``remove_node_name`` at compile time, and fast-perf's boundary clean-up.
+
+Deleting a node at a model input or output is what ``hb_model_modifier`` does to
+a finished ``.bin``; compile applies the same deletions (``hbtools.tools.modifier``,
+one implementation) to the model before it is written, so the ``.bin`` records
+each one in ``deleted_nodes``. Only nodes next to a model input or output go,
+one at a time on the updated graph, in the order the config lists them: a node
+that only becomes removable after a later entry has gone stays.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from hbtools.runtime.binfile import BinModel
+from hbtools.tools import modifier
+
+log = logging.getLogger("hbtools")
+
+
+def _delete(model: BinModel, name: str, node_type: str, side: str) -> BinModel:
+    model = modifier.delete(model, name)
+    log.info("removed %s node %s at the model %s", node_type, name, side)
+    return model
+
+
+def _remove_type(model: BinModel, node_type: str) -> BinModel:
+    """Every removable node of ``node_type``, including ones exposed by removing the previous."""
+    wanted = node_type.lower()
+    while True:
+        found = [c for c in modifier.candidates(model.load_graph()) if c.type.lower() == wanted]
+        if not found:
+            return model
+        model = _delete(model, found[0].name, found[0].type, found[0].side)
+
+
+def _remove_name(model: BinModel, name: str) -> BinModel:
+    graph = model.load_graph()
+    candidate = next((c for c in modifier.candidates(graph) if c.name == name), None)
+    if candidate is None:
+        node = next((n for n in graph.graph.node if n.name == name), None)
+        if node is None:
+            log.warning("remove_node_name: the model has no node %s; nothing removed", name)
+        else:
+            log.warning("remove_node_name: node %s (%s) is not a removable node next to a model input or "
+                        "output; kept", name, modifier.display_type(node))
+        return model
+    return _delete(model, name, candidate.type, candidate.side)
+
+
+def remove_edge_nodes(model: BinModel, types: Sequence[str], names: Sequence[str], *,
+                      until_stable: bool = False) -> BinModel:
+    """Apply remove_node_type (each type in order), then remove_node_name (in order).
+
+    ``until_stable`` (fast-perf) repeats the type pass while it still removes
+    something, so e.g. a Transpose behind a Dequantize goes too.
+    """
+    while True:
+        before = len(model.deleted_nodes)
+        for node_type in types:
+            model = _remove_type(model, node_type)
+        if not until_stable or len(model.deleted_nodes) == before:
+            break
+    for name in names:
+        model = _remove_name(model, name)
+    return model

@@ -1,0 +1,133 @@
+"""``hb_mapper infer``: run one float or quantized artefact on one prepared input, dump layer results.
+
+The input file is prepared exactly like a calibration sample of the same config
+(``read_sample_file``), so float and quantized artefacts see the same data.
+Each layer result is written as float32 ``numpy.tofile`` data to
+``${layername}_float.bin``; results of the quantized model are dequantized.
+Which layers: see ``hbtools.pipeline.layer_dump``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import ModelProto
+
+from hbtools.config.loader import load_config
+from hbtools.config.model import Config, InputSpec
+from hbtools.data.calibration import read_sample_file
+from hbtools.errors import HbError
+from hbtools.graph.model_io import load_model
+from hbtools.march.layout import permutation, to_layout
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline.layer_dump import (
+    Layer,
+    conv_layers,
+    is_quantized,
+    output_layers,
+    recorded_layers,
+)
+from hbtools.pipeline.parse import resolve_inputs
+from hbtools.runtime.session import HB_ONNXRuntime
+
+log = logging.getLogger("hbtools")
+
+
+def file_stem(layer: str) -> str:
+    """A layer name as a file name (Caffe-style names contain '/')."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", layer).strip(".") or "layer"
+
+
+def _specs(config: Config, model: ModelProto) -> list[InputSpec]:
+    """Input names and shapes: from the config, else from the float model the config names."""
+    if all(s.name and s.shape for s in config.inputs):
+        return config.inputs
+    source = config.model.onnx_model
+    return resolve_inputs(load_model(source) if source else model, config.inputs)
+
+
+def _layers(model: ModelProto, config: Config) -> list[Layer]:
+    if not is_quantized(model):
+        extra = conv_layers(model, config, get_profile(config.model.march)) if config.model.layer_out_dump else []
+        return [*output_layers(model), *extra]
+    recorded = recorded_layers(model)
+    if recorded is None:
+        if config.model.layer_out_dump:
+            log.warning("the quantized model was built without layer_out_dump; only its outputs are written "
+                        "(set layer_out_dump: True and run makertbin again for conv layers)")
+        return output_layers(model)
+    names = {o.name for o in model.graph.output}
+    return recorded if config.model.layer_out_dump else [layer for layer in recorded if layer.name in names]
+
+
+def _arrange(data: np.ndarray, spec: InputSpec, model_shape: list[int | None], layout: str | None) -> np.ndarray:
+    """The prepared sample (train layout) in the layout the model input takes."""
+    if data.ndim == 4 and spec.layout_train in ("NCHW", "NHWC"):
+        if layout is None:
+            other = "NHWC" if spec.layout_train == "NCHW" else "NCHW"
+            fits = [d is None or d == s for d, s in zip(model_shape, data.shape, strict=False)]
+            moved = to_layout(list(data.shape), spec.layout_train, other)
+            if not all(fits) and list(moved) == list(model_shape):
+                layout = other
+        if layout and layout != spec.layout_train:
+            data = np.ascontiguousarray(np.transpose(data, permutation(spec.layout_train, layout)))
+    if len(model_shape) != data.ndim or any(d is not None and d != s for d, s in zip(model_shape, data.shape,
+                                                                                     strict=True)):
+        raise HbError(f"input '{spec.name}': the prepared data has shape {list(data.shape)} but the model takes "
+                      f"{['?' if d is None else d for d in model_shape]}",
+                      hint="check --input-layout and the config's input_shape / input_layout_train")
+    return data
+
+
+def infer(config_path: str | Path, model_file: str | Path, model_type: str, images: Sequence[tuple[str, str]],
+          output_dir: str | Path, input_layout: str | None = None) -> list[Path]:
+    """Run ``model_file`` on ``images`` (input name, file) and write its layer results into ``output_dir``."""
+    config = load_config(config_path, model_type)
+    model = load_model(model_file)
+    specs = {s.name: s for s in _specs(config, model)}
+    given = dict(images)
+    for name in given:
+        if name not in specs:
+            raise HbError(f"--image-file names input '{name}', which is not in the config; its inputs are "
+                          f"{', '.join(specs)}")
+    missing = [n for n in specs if n not in given]
+    if missing:
+        raise HbError(f"no --image-file for input(s) {', '.join(missing)}", hint="give --image-file NAME FILE per input")
+    model_inputs = {vi.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                              for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
+    elem_types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
+    feeds = {}
+    for name, spec in specs.items():
+        if name not in model_inputs:
+            raise HbError(f"input '{name}' of the config is not an input of {model_file}")
+        if not spec.is_featuremap and elem_types[name] != onnx.TensorProto.INT8:
+            # The user's own float model expects normalised data the config's pipeline never produces.
+            raise HbError(f"input '{name}' of {model_file} does not take image data as prepared for calibration",
+                          hint="run infer on a makertbin artefact (*_original_float_model.onnx ... "
+                               "*_quantized_model.onnx)")
+        data = read_sample_file(Path(given[name]), spec, config.calibration.preprocess_on)
+        feeds[name] = _arrange(data, spec, model_inputs[name], input_layout)
+    layers = _layers(model, config)
+    present = {o.name for o in model.graph.output}
+    for layer in layers:
+        if layer.tensor not in present:
+            # Untyped output: onnxruntime infers the type, whatever the lowering made of it.
+            model.graph.output.append(onnx.ValueInfoProto(name=layer.tensor))
+            present.add(layer.tensor)
+    session = HB_ONNXRuntime(onnx_model=model)
+    tensors = list(dict.fromkeys(layer.tensor for layer in layers))
+    values = dict(zip(tensors, session.run(tensors, feeds), strict=True))
+    out_dir = Path(output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for layer in layers:
+        path = out_dir / f"{file_stem(layer.name)}_float.bin"
+        layer.to_float(values[layer.tensor]).tofile(path)
+        written.append(path)
+    log.info("%d layer result(s) of %s written to %s", len(written), model_file, out_dir)
+    return written

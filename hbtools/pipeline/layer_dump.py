@@ -1,0 +1,105 @@
+"""``layer_out_dump``: which layer results ``hb_mapper infer`` writes, and where each artefact holds them.
+
+Layers are the model outputs and, with ``layer_out_dump: True``, every conv-like
+BPU unit (Conv/ConvTranspose/Gemm/MatMul with its fused Relu/Clip), named after
+its conv node. Float artefacts hold them as float tensors; the quantized model
+holds most as int8/int16 tensors whose scale is nowhere in the graph, so the
+quantize step of makertbin records, in the model's metadata, which tensor holds
+each layer and its scale. The same record travels into the ``.bin``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import ModelProto, TensorProto
+
+from hbtools.config.model import Config
+from hbtools.march.profiles import MarchProfile
+from hbtools.ops.base import DOMAIN
+from hbtools.pipeline.quantize import QuantizedResult, strip_calibration
+from hbtools.quant.units import build_partition
+
+META_KEY = "hbtools.layer_out_dump"
+CONV_KINDS = ("conv", "matmul")
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str  # file name stem: ${name}_float.bin
+    tensor: str  # tensor of the model that holds the result
+    scale: tuple[float, ...] | None = None  # integer tensor: value of one step (per channel along axis)
+    axis: int = 1
+
+    def to_float(self, value: np.ndarray) -> np.ndarray:
+        """The layer result as float32 (integers dequantized like HzDequantize does, in float32)."""
+        if self.scale is None:
+            return np.asarray(value, dtype=np.float32)
+        scale = np.asarray(self.scale, dtype=np.float32)
+        if scale.size > 1:
+            shape = [1] * value.ndim
+            shape[self.axis] = -1
+            scale = scale.reshape(shape)
+        return value.astype(np.float32) * scale
+
+
+def annotate(result: QuantizedResult) -> None:
+    """Record in the quantized model where each conv layer's and output's result is, with its scale."""
+    model = result.model
+    produced = {o for n in model.graph.node for o in n.output}
+    entries: list[dict] = []
+
+    def add(name: str, tensor: str) -> None:
+        qt = result.tensors.get(tensor)
+        if qt is not None and qt.dtype in ("int8", "int16") and qt.name in produced:
+            entries.append({"name": name, "tensor": qt.name, "scale": [float(s) for s in qt.scale.reshape(-1)],
+                            "axis": qt.axis})
+        elif tensor in produced:
+            entries.append({"name": name, "tensor": tensor})
+
+    for unit in result.partition.units:
+        if unit.on == "BPU" and unit.kind in CONV_KINDS:
+            add(unit.main.name, unit.outputs[0])
+    for out in model.graph.output:
+        if out.type.tensor_type.elem_type == TensorProto.FLOAT:
+            entries.append({"name": out.name, "tensor": out.name})
+        else:
+            add(out.name, out.name)
+    for prop in list(model.metadata_props):
+        if prop.key == META_KEY:
+            model.metadata_props.remove(prop)
+    model.metadata_props.add(key=META_KEY, value=json.dumps(entries))
+
+
+def recorded_layers(model: ModelProto) -> list[Layer] | None:
+    """The layers ``annotate`` recorded in a quantized model, or None."""
+    for prop in model.metadata_props:
+        if prop.key == META_KEY:
+            return [Layer(e["name"], e["tensor"], tuple(e["scale"]) if e.get("scale") else None, e.get("axis", 1))
+                    for e in json.loads(prop.value)]
+    return None
+
+
+def is_quantized(model: ModelProto) -> bool:
+    return any(n.domain == DOMAIN and n.op_type.startswith("HzSQuantized") for n in model.graph.node)
+
+
+def output_layers(model: ModelProto) -> list[Layer]:
+    return [Layer(o.name, o.name) for o in model.graph.output]
+
+
+def conv_layers(model: ModelProto, config: Config, profile: MarchProfile) -> list[Layer]:
+    """Conv-like BPU units of a float artefact (original, optimized or calibrated), by the same partition."""
+    float_model, _, _ = strip_calibration(model)
+    part = build_partition(float_model, profile, config.model.node_info, all_bpu=config.model.fast_perf,
+                           warn=False)
+    tensors = {o for n in model.graph.node for o in n.output}
+    layers = []
+    for unit in part.units:
+        if unit.on == "BPU" and unit.kind in CONV_KINDS:
+            t = unit.outputs[0]
+            # The calibrated model's fake-quantized value is what the quantized model computes.
+            layers.append(Layer(unit.main.name, f"{t}_calibrated" if f"{t}_calibrated" in tensors else t))
+    return layers

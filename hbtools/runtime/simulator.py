@@ -1,0 +1,247 @@
+"""x86 simulator of a ``.bin`` model (SPEC §8).
+
+Executes the model from ``input_type_rt`` data without the ONNX lowering that
+HB_ONNXRuntime uses: every Hz op runs its numpy ``reference`` (exact integer
+arithmetic), and runs of standard ONNX nodes (data movement on integers, float
+CPU ops) run in onnxruntime sessions built once, when the simulator is created.
+
+The schedule is a topological order that keeps standard nodes of the same kind
+(BPU or CPU) together, so a whole float CPU region (a LayerNorm, say) is one
+session and onnxruntime optimises it as it would inside the full model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from hbtools.errors import HbError
+from hbtools.ops import registry
+from hbtools.ops.base import DOMAIN
+from hbtools.runtime.binfile import BinFormatError
+from hbtools.runtime.rt_input import to_model_input
+from hbtools.runtime.runtime_model import RuntimeModel, numpy_dtype
+from hbtools.runtime.session import make_session
+from hbtools.runtime.structure import Structure, analyse, tensor_info
+
+
+@dataclass
+class Step:
+    """One unit of execution: a single Hz node, or a run of standard nodes in one session."""
+
+    nodes: list[NodeProto]
+    label: str  # profile name: BPU_<subgraph> or the CPU node(s)
+    inputs: list[str]
+    outputs: list[str]
+    op: type | None = None  # Hz op class for a Hz step
+    session: ort.InferenceSession | None = None
+
+
+@dataclass
+class Simulator:
+    model: RuntimeModel
+    expose_all: bool = False  # keep every intermediate tensor (hb_verifier -r)
+    threads: int = 1
+    steps: list[Step] = field(init=False)
+    structure: Structure = field(init=False)
+
+    def __post_init__(self) -> None:
+        graph = self.model.graph
+        info = tensor_info(graph)
+        self.structure = analyse(graph, self.model.bin.partition, info)
+        self._constants = _constants(graph)
+        order = _schedule(graph, self.structure.on, set(self._constants))
+        self.steps = self._build_steps(order, info)
+
+    # ---- construction ---------------------------------------------------------------------
+    def _label(self, index: int, node: NodeProto) -> str:
+        k = self.structure.subgraph_of.get(index)
+        return node.name if k is None else "BPU_" + self.structure.subgraph_name(self.model.name, k)
+
+    def _build_steps(self, order: list[list[int]], info: dict) -> list[Step]:
+        nodes = list(self.model.graph.graph.node)
+        needed_later = _consumers_after(order, nodes, [o.name for o in self.model.graph.graph.output])
+        steps = []
+        for k, group in enumerate(order):
+            members = [nodes[i] for i in group]
+            produced = [o for n in members for o in n.output if o]
+            inside = set(produced)
+            inputs = list(dict.fromkeys(i for n in members for i in n.input
+                                        if i and i not in inside and i not in self._constants))
+            outputs = produced if self.expose_all else [o for o in produced if o in needed_later[k]]
+            labels = list(dict.fromkeys(self._label(i, nodes[i]) for i in group))
+            step = Step(members, " + ".join(labels), inputs, outputs)
+            if members[0].domain == DOMAIN:
+                try:
+                    step.op = registry.get(members[0].op_type)
+                except KeyError:
+                    raise BinFormatError(f"node '{members[0].name}' has unknown op type "
+                                         f"{members[0].op_type!r}") from None
+            else:
+                step.session = self._session(members, inputs, outputs, info)
+            steps.append(step)
+        return steps
+
+    def _session(self, members: list[NodeProto], inputs: list[str], outputs: list[str],
+                 info: dict) -> ort.InferenceSession:
+        src = self.model.graph
+        missing = [t for t in inputs if t not in info]
+        if missing:
+            raise BinFormatError(f"type of tensor '{missing[0]}' (input of node '{members[0].name}') is unknown")
+        used = {i for n in members for i in n.input}
+        graph = helper.make_graph(
+            members, "segment",
+            [helper.make_tensor_value_info(t, info[t].elem_type, None) for t in inputs],
+            [helper.make_tensor_value_info(t, info[t].elem_type, None) if t in info
+             else helper.make_empty_tensor_value_info(t) for t in outputs],
+            [t for t in src.graph.initializer if t.name in used],
+        )
+        opsets = [o for o in src.opset_import if o.domain != DOMAIN]
+        model = helper.make_model(graph, opset_imports=opsets)
+        model.ir_version = src.ir_version
+        try:
+            return make_session(model, threads=self.threads)
+        except Exception as e:  # onnxruntime's exception types are not importable
+            raise BinFormatError(f"node '{members[0].name}' ({members[0].op_type}) cannot be run: "
+                                 f"{_first_line(e)}") from None
+
+    # ---- running --------------------------------------------------------------------------
+    def prepare(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Runtime data of every input -> the model input tensors."""
+        names = [d.name for d in self.model.inputs]
+        unknown = sorted(set(feeds) - set(names))
+        missing = [n for n in names if n not in feeds]
+        if unknown or missing:
+            raise HbError(f"model '{self.model.name}' takes inputs {names}; "
+                          f"missing {missing}, unknown {unknown}")
+        return {d.name: to_model_input(d, feeds[d.name]) for d in self.model.inputs}
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, timings: dict[str, list[float]] | None = None,
+            prepared: bool = False) -> dict[str, np.ndarray]:
+        """Outputs by name, in model output order, from ``input_type_rt`` data (or model tensors)."""
+        tensors = self.run_all(feeds, timings=timings, prepared=prepared)
+        return {o.name: tensors[o.name] for o in self.model.outputs}
+
+    def run_all(self, feeds: Mapping[str, np.ndarray], *, timings: dict[str, list[float]] | None = None,
+                prepared: bool = False) -> dict[str, np.ndarray]:
+        """Every tensor the run kept (all of them with ``expose_all``)."""
+        start = time.perf_counter()
+        env: dict[str, np.ndarray] = dict(feeds) if prepared else self.prepare(feeds)
+        for d in self.model.inputs:
+            if d.name not in env:
+                raise HbError(f"model '{self.model.name}': no data for input '{d.name}'")
+            if env[d.name].dtype != d.dtype or tuple(env[d.name].shape) != d.shape:
+                raise HbError(f"input '{d.name}' must be {d.dtype} {list(d.shape)}, "
+                              f"got {env[d.name].dtype} {list(env[d.name].shape)}")
+        _record(timings, "Preprocess", start)
+        for step in self.steps:
+            start = time.perf_counter()
+            env.update(self._execute(step, env))
+            _record(timings, step.label, start)
+        return env
+
+    def _execute(self, step: Step, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        node = step.nodes[0]
+        try:
+            if step.op is not None:
+                args = [self._value(t, env) if t else None for t in node.input]
+                return dict(zip(node.output, step.op.reference(node, args), strict=True))
+            results = step.session.run(step.outputs, {t: env[t] for t in step.inputs})
+            return dict(zip(step.outputs, results, strict=True))
+        except HbError:
+            raise
+        except Exception as e:  # corrupted attributes or shapes surface here, as any exception type
+            raise HbError(f"model '{self.model.name}': node '{node.name}' ({node.op_type}) failed: "
+                          f"{_first_line(e)}") from None
+
+    def _value(self, name: str, env: dict[str, np.ndarray]) -> np.ndarray:
+        return env[name] if name in env else self._constants[name]
+
+
+def _record(timings: dict[str, list[float]] | None, label: str, start: float) -> None:
+    if timings is not None:
+        timings.setdefault(label, []).append((time.perf_counter() - start) * 1000.0)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[-1] if text else ''}"
+
+
+def _constants(graph: ModelProto) -> dict[str, np.ndarray]:
+    out = {}
+    for t in graph.graph.initializer:
+        try:
+            out[t.name] = numpy_helper.to_array(t)
+        except Exception as e:  # malformed tensor data
+            raise BinFormatError(f"initializer '{t.name}' is unreadable: {_first_line(e)}") from None
+        numpy_dtype(t.data_type)
+    return out
+
+
+def _schedule(graph: ModelProto, on: list[str], constants: set[str]) -> list[list[int]]:
+    """Topological order grouped into steps: each Hz node alone, standard nodes in same-kind runs."""
+    nodes = list(graph.graph.node)
+    producer: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for o in n.output:
+            if o:
+                if o in producer:
+                    raise BinFormatError(f"tensor '{o}' is produced by two nodes")
+                producer[o] = i
+    graph_inputs = {vi.name for vi in graph.graph.input}
+    deps: list[set[int]] = []
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        d = set()
+        for t in n.input:
+            if not t or t in constants or t in graph_inputs:
+                continue
+            if t not in producer:
+                raise BinFormatError(f"node '{n.name}' reads tensor '{t}' that nothing produces")
+            d.add(producer[t])
+        deps.append(d)
+        for j in d:
+            users[j].append(i)
+    pending = [len(d) for d in deps]
+    ready = sorted(i for i, c in enumerate(pending) if c == 0)
+    groups: list[list[int]] = []
+    kind = None
+    while ready:
+        pick = next((i for i in ready if _kind(nodes[i], on[i]) == kind and kind is not None), ready[0])
+        ready.remove(pick)
+        this = _kind(nodes[pick], on[pick])
+        if this is not None and this == kind:
+            groups[-1].append(pick)
+        else:
+            groups.append([pick])
+        kind = this
+        for u in users[pick]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                ready.append(u)
+        ready.sort()
+    if sum(len(g) for g in groups) != len(nodes):
+        raise BinFormatError("the graph has a cycle")
+    return groups
+
+
+def _kind(node: NodeProto, on: str) -> str | None:
+    """Standard nodes group by where they run; Hz nodes never group (None)."""
+    return None if node.domain == DOMAIN else on
+
+
+def _consumers_after(order: list[list[int]], nodes: list[NodeProto], outputs: list[str]) -> list[set[str]]:
+    """For each step, the tensors some later step (or the model output) reads."""
+    later: set[str] = set(outputs)
+    result: list[set[str]] = [set() for _ in order]
+    for k in range(len(order) - 1, -1, -1):
+        result[k] = set(later)
+        for i in order[k]:
+            later.update(t for t in nodes[i].input if t)
+    return result

@@ -1,0 +1,193 @@
+"""What runs where in a ``.bin`` graph: tensor types, BPU/CPU nodes, BPU subgraphs.
+
+The quantized graph mixes integer Hz ops, standard ops on integers (Reshape,
+MaxPool, Resize ... that only move int8 values) and float CPU ops behind
+HzDequantize / HzQuantize. A node runs on the BPU when the compile stage's
+partition says so, or, for nodes it does not list (helpers the quantizer added),
+when it is an integer Hz op or touches an integer tensor. Quantize and Dequantize
+are CPU nodes, as in the vendor's structure pictures. Connected BPU nodes form
+one subgraph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+from onnx import ModelProto, NodeProto, TensorProto, helper
+
+from hbtools.ops.base import DOMAIN, attrs_of
+from hbtools.runtime.binfile import BinFormatError
+
+CPU_HZ_OPS = ("HzQuantize", "HzDequantize")
+_FLOAT_HZ_OPS = ("HzDequantize", "HzPreprocess", "HzCalibration")
+_INT_TYPES = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.UINT8, TensorProto.UINT16}
+_OUT_TYPES = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    elem_type: int
+    shape: tuple[int | None, ...] | None  # None: rank unknown
+
+    @property
+    def is_integer(self) -> bool:
+        return self.elem_type in _INT_TYPES
+
+
+def hz_output_type(node: NodeProto) -> int:
+    """Element type of a Hz node's outputs, from its attributes alone."""
+    if node.op_type in _FLOAT_HZ_OPS:
+        return TensorProto.FLOAT
+    out_type = attrs_of(node).get("out_type")
+    if not isinstance(out_type, str) or out_type not in _OUT_TYPES:
+        raise BinFormatError(f"node '{node.name}' ({node.op_type}) has no valid out_type")
+    return _OUT_TYPES[out_type]
+
+
+def _info_of(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+    if not vi.type.HasField("tensor_type") or vi.type.tensor_type.elem_type == TensorProto.UNDEFINED:
+        return None
+    t = vi.type.tensor_type
+    shape = None
+    if t.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
+    return TensorInfo(t.elem_type, shape)
+
+
+def tensor_info(graph: ModelProto) -> dict[str, TensorInfo]:
+    """Type (and shape where known) of every tensor: Hz outputs from attributes, the rest by onnx inference.
+
+    Element-wise Hz ops pass their input's shape on; onnx inference is rerun until
+    that stops adding shapes, so float regions behind a Dequantize get shapes too.
+    """
+    known: dict[str, TensorInfo] = {}
+    for _ in range(_MAX_ROUNDS):
+        found = _inference_round(graph, known)
+        if len(found) == len(known) and all(known[k].shape == v.shape for k, v in found.items()):
+            break
+        known = found
+    for t in graph.graph.initializer:
+        known[t.name] = TensorInfo(t.data_type, tuple(t.dims))
+    return known
+
+
+_MAX_ROUNDS = 8
+_SHAPE_PRESERVING_HZ = ("HzQuantize", "HzDequantize", "HzLut", "HzRequantize", "HzPreprocess", "HzCalibration")
+
+
+def _inference_round(graph: ModelProto, known: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    probe = ModelProto()
+    probe.CopyFrom(graph)
+    declared = {vi.name for vi in [*probe.graph.value_info, *probe.graph.input, *probe.graph.output]}
+    for node in probe.graph.node:
+        if node.domain != DOMAIN:
+            continue
+        elem = hz_output_type(node)
+        source = known.get(node.input[0]) if node.input and node.op_type in _SHAPE_PRESERVING_HZ else None
+        shape = list(source.shape) if source is not None and source.shape is not None else None
+        probe.graph.value_info.extend(
+            helper.make_tensor_value_info(o, elem, shape) for o in node.output if o and o not in declared
+        )
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
+    except Exception as e:  # onnx raises several types on malformed graphs
+        raise BinFormatError(f"graph cannot be type-checked: {type(e).__name__}: {e}") from None
+    out: dict[str, TensorInfo] = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        info = _info_of(vi)
+        if info is not None and (vi.name not in out or out[vi.name].shape is None):
+            out[vi.name] = info
+    return out
+
+
+@dataclass
+class Structure:
+    """Per node (by position in the graph): where it runs and its BPU subgraph."""
+
+    on: list[str]  # "BPU" | "CPU"
+    subgraph_of: dict[int, int]  # node index -> subgraph number, BPU nodes only
+    subgraphs: list[list[int]]  # node indices per subgraph, in graph order
+
+    def subgraph_name(self, model_name: str, k: int) -> str:
+        return f"{model_name}_subgraph_{k}"
+
+
+def _partition_names(partition: dict) -> tuple[set[str], set[str]]:
+    bpu, cpu = set(), set()
+    subgraphs, cpu_nodes = partition.get("subgraphs"), partition.get("cpu_nodes")
+    for sub in subgraphs if isinstance(subgraphs, list) else []:
+        if isinstance(sub, dict) and isinstance(sub.get("nodes"), list):
+            bpu.update(n for n in sub["nodes"] if isinstance(n, str))
+    for node in cpu_nodes if isinstance(cpu_nodes, list) else []:
+        if isinstance(node, dict) and isinstance(node.get("name"), str):
+            cpu.add(node["name"])
+    return bpu, cpu
+
+
+def analyse(graph: ModelProto, partition: dict, info: dict[str, TensorInfo]) -> Structure:
+    bpu_names, cpu_names = _partition_names(partition if isinstance(partition, dict) else {})
+    nodes = list(graph.graph.node)
+    on = []
+    for node in nodes:
+        if node.domain == DOMAIN:
+            on.append("CPU" if node.op_type in CPU_HZ_OPS else "BPU")
+        elif node.name in cpu_names:
+            on.append("CPU")
+        elif node.name in bpu_names:
+            on.append("BPU")
+        else:
+            touched = [info.get(t) for t in [*node.input, *node.output] if t]
+            on.append("BPU" if any(i is not None and i.is_integer for i in touched) else "CPU")
+    subgraphs = _components(nodes, on)
+    subgraph_of = {i: k for k, members in enumerate(subgraphs) for i in members}
+    return Structure(on, subgraph_of, subgraphs)
+
+
+def _components(nodes: list[NodeProto], on: list[str]) -> list[list[int]]:
+    """BPU subgraphs: linked BPU nodes, split wherever a path leaves through the CPU and comes back.
+
+    A node's stage counts the CPU-to-BPU crossings on the longest path reaching it;
+    BPU nodes join a subgraph only with linked BPU nodes of the same stage, so each
+    subgraph can start once its inputs exist (the subgraph graph has no cycles).
+    """
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    preds = [[producer[t] for t in n.input if t in producer and producer[t] != i] for i, n in enumerate(nodes)]
+    stage = [0] * len(nodes)
+    for i in _topological(preds):
+        crossings = [stage[j] + (on[j] == "CPU" and on[i] == "BPU") for j in preds[i]]
+        stage[i] = max(crossings, default=0)
+    parent = list(range(len(nodes)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(len(nodes)):
+        for j in preds[i]:
+            if on[i] == on[j] == "BPU" and stage[i] == stage[j]:
+                parent[root(i)] = root(j)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(nodes)):
+        if on[i] == "BPU":
+            groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values(), key=lambda members: members[0])
+
+
+def _topological(preds: list[list[int]]) -> list[int]:
+    """Node indices, predecessors first; nodes on a cycle (a corrupted graph) come last, unordered."""
+    pending = [len(set(p)) for p in preds]
+    users: list[list[int]] = [[] for _ in preds]
+    for i, p in enumerate(preds):
+        for j in set(p):
+            users[j].append(i)
+    order = [i for i, c in enumerate(pending) if c == 0]
+    for i in order:  # the list grows while it is walked
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                order.append(u)
+    seen = set(order)
+    return order + [i for i in range(len(preds)) if i not in seen]

@@ -1,0 +1,189 @@
+"""hrt_model_exec on the x86 simulator: model_info, infer and perf.
+
+Times are measured on this host while the simulator runs; they describe the
+simulation, not the board (hb_perf estimates the board). The report layout
+follows the board tool's (seed 004 §Model Performance Analysis).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hbtools.runtime.binfile import BinFile
+from hbtools.runtime.rt_input import rt_dtype, rt_shape
+from hbtools.runtime.runtime_model import InputDesc, OutputDesc, RuntimeModel, load
+from hbtools.runtime.simulator import Simulator
+
+_IMG_TYPE = {"nv12": "HB_DNN_IMG_TYPE_NV12", "yuv444": "HB_DNN_IMG_TYPE_YUV444", "rgb": "HB_DNN_IMG_TYPE_RGB",
+             "bgr": "HB_DNN_IMG_TYPE_BGR", "gray": "HB_DNN_IMG_TYPE_Y"}
+_TENSOR_TYPE = {"int8": "S8", "uint8": "U8", "int16": "S16", "uint16": "U16", "int32": "S32", "uint32": "U32",
+                "float32": "F32", "float16": "F16", "float64": "F64", "int64": "S64"}
+
+
+def _shape_text(shape: tuple) -> str:
+    return "(" + "".join(f"{d if d is not None else '?'}," for d in shape) + ")"
+
+
+def _strides(shape: tuple, itemsize: int) -> tuple:
+    if any(d is None for d in shape):
+        return tuple(0 for _ in shape)
+    return tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * itemsize for k in range(len(shape)))
+
+
+def _input_lines(k: int, d: InputDesc) -> list[str]:
+    shape, dtype = rt_shape(d), rt_dtype(d)
+    layout = d.layout if d.layout in ("NCHW", "NHWC") else "NONE"
+    tensor = _IMG_TYPE.get(d.type_rt) or f"HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(dtype), 'F32')}"
+    return [f"input[{k}]: ", f"name: {d.name}", f"input source: HB_DNN_INPUT_FROM_{d.source.upper()}",
+            f"valid shape: {_shape_text(d.shape)}", f"aligned shape: {_shape_text(d.shape)}",
+            f"aligned byte size: {int(np.prod(shape)) * dtype.itemsize}", f"tensor type: {tensor}",
+            f"tensor layout: HB_DNN_LAYOUT_{layout}",
+            f"quanti type: {'SCALE' if 'scale' in d.raw else 'NONE'}",
+            f"stride: {_shape_text(_strides(d.shape, dtype.itemsize))}", ""]
+
+
+def _output_lines(k: int, o: OutputDesc) -> list[str]:
+    size = int(np.prod([d or 0 for d in o.shape])) * o.dtype.itemsize
+    return [f"output[{k}]: ", f"name: {o.name}", f"valid shape: {_shape_text(o.shape)}",
+            f"aligned shape: {_shape_text(o.shape)}", f"aligned byte size: {size}",
+            f"tensor type: HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(o.dtype), 'F32')}",
+            f"tensor layout: HB_DNN_LAYOUT_{'NCHW' if len(o.shape) == 4 else 'NONE'}",
+            f"quanti type: {'SCALE' if o.scale else 'NONE'}",
+            f"stride: {_shape_text(_strides(o.shape, o.dtype.itemsize))}", ""]
+
+
+def model_info(f: BinFile, name: str | None) -> list[str]:
+    """The board tool's model_info listing: inputs and outputs of one or every model."""
+    models = [f.model(name)] if name else f.models
+    lines = [f"This model file has {len(f.models)} model{'s' if len(f.models) > 1 else ''}:",
+             "".join(f"[{m.name}]" for m in f.models)]
+    for m in models:
+        rm = load(m, f.path)
+        lines += ["-" * 69, f"[model name]: {m.name}", ""]
+        for k, d in enumerate(rm.inputs):
+            lines += _input_lines(k, d)
+        for k, o in enumerate(rm.outputs):
+            lines += _output_lines(k, o)
+    lines.append("-" * 69)
+    return lines
+
+
+@dataclass
+class PerfRun:
+    thread_num: int
+    frames: int
+    run_time_ms: float
+    latencies_ms: list[float]
+    per_label_ms: dict[str, list[float]] = field(default_factory=dict)  # per frame, summed over steps
+
+    @property
+    def total_latency_ms(self) -> float:
+        return float(sum(self.latencies_ms))
+
+    @property
+    def average_ms(self) -> float:
+        return self.total_latency_ms / self.frames if self.frames else 0.0
+
+    @property
+    def fps(self) -> float:
+        return self.frames * 1000.0 / self.run_time_ms if self.run_time_ms else 0.0
+
+
+def perf(sim: Simulator, feeds: dict[str, np.ndarray], frame_count: int, thread_num: int,
+         perf_time_min: float = 0.0) -> PerfRun:
+    """Run frames on ``thread_num`` threads: ``frame_count`` in all, or for ``perf_time_min`` minutes."""
+    prepared = sim.prepare(feeds)
+    lock = threading.Lock()
+    claimed = [0]
+    results: list[tuple[float, dict[str, list[float]]]] = []
+    deadline = time.perf_counter() + perf_time_min * 60.0 if perf_time_min > 0 else None
+
+    def more() -> bool:
+        with lock:
+            if deadline is None and claimed[0] >= frame_count:
+                return False
+            claimed[0] += 1
+            return deadline is None or time.perf_counter() < deadline
+
+    def worker() -> None:
+        while more():
+            timings: dict[str, list[float]] = {}
+            start = time.perf_counter()
+            sim.run(prepared, prepared=True, timings=timings)
+            latency = (time.perf_counter() - start) * 1000.0
+            with lock:
+                results.append((latency, timings))
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=thread_num) as pool:
+        for fut in [pool.submit(worker) for _ in range(thread_num)]:
+            fut.result()
+    run_time = (time.perf_counter() - start) * 1000.0
+    per_label: dict[str, list[float]] = {}
+    for _, timings in results:
+        for label, values in timings.items():
+            per_label.setdefault(label, []).append(sum(values))
+    return PerfRun(thread_num, len(results), run_time, [lat for lat, _ in results], per_label)
+
+
+def perf_report(run: PerfRun, core_num: int) -> list[str]:
+    return ["Running condition:", f"  Thread number is: {run.thread_num}", f"  Frame count   is: {run.frames}",
+            f"  core number   is: {core_num}", f"  Program run time: {run.run_time_ms:.6f} ms", "Perf result:",
+            f"  Frame totally latency is: {run.total_latency_ms:.6f} ms",
+            f"  Average    latency    is: {run.average_ms:.6f} ms",
+            f"  Frame      rate       is: {run.fps:.6f} FPS"]
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"avg_time": float(np.mean(values)), "max_time": float(np.max(values)), "min_time": float(np.min(values))}
+
+
+def write_profile(folder: Path, run: PerfRun, rm: RuntimeModel, core_id: int) -> tuple[Path, Path]:
+    """profiler.log (JSON, the board tool's keys) and profiler.csv (one row per model part)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model_latency = {label: _stats(v) for label, v in sorted(run.per_label_ms.items())}
+    frames = range(run.frames)
+    bpu = [sum(v[i] for k, v in run.per_label_ms.items() if k.startswith("BPU_")) for i in frames]
+    cpu = [sum(v[i] for k, v in run.per_label_ms.items() if not k.startswith("BPU_")) for i in frames]
+    doc = {
+        "perf_result": {"FPS": run.fps, "average_latency": run.average_ms},
+        "running_condition": {"core_id": core_id, "frame_count": run.frames, "model_name": rm.name,
+                              "run_time": run.run_time_ms, "thread_num": run.thread_num},
+        "chip_latency": {"BPU_inference_time_cost": _stats(bpu), "CPU_inference_time_cost": _stats(cpu)}
+        if run.frames else {},
+        "model_latency": model_latency,
+        "task_latency": {"TaskRunningTime": _stats(run.latencies_ms)} if run.frames else {},
+        "note": "measured on the hbtools x86 simulator, not on a board",
+    }
+    log_path, csv_path = folder / "profiler.log", folder / "profiler.csv"
+    log_path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["name", "avg_time(ms)", "max_time(ms)", "min_time(ms)"])
+        for label, s in model_latency.items():
+            writer.writerow([label, f"{s['avg_time']:.6f}", f"{s['max_time']:.6f}", f"{s['min_time']:.6f}"])
+    return log_path, csv_path
+
+
+def dump_output(folder: Path, index: int, name: str, value: np.ndarray, fmt: str, txt_axis: int) -> Path:
+    """One output as ``model_infer_output_<i>_<name>.<bin|txt|npy>``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    path = folder / f"model_infer_output_{index}_{safe}.{fmt}"
+    if fmt == "bin":
+        value.tofile(path)
+    elif fmt == "npy":
+        np.save(path, value)
+    else:
+        axis = txt_axis % value.ndim if value.ndim else 0
+        rows = value.reshape(int(np.prod(value.shape[:axis], dtype=np.int64)), -1) if value.ndim else value[None, None]
+        np.savetxt(path, rows, fmt="%d" if np.issubdtype(value.dtype, np.integer) else "%.6f")
+    return path

@@ -1,0 +1,166 @@
+"""hb_verifier logic: the quantized ONNX (HB_ONNXRuntime) against the ``.bin`` (simulator).
+
+Both get the same input: the runtime data goes through the device's input path
+once (``Simulator.prepare``) and the resulting model-input tensors feed the ONNX
+model, so any difference comes from the two implementations of the graph.
+Outputs are matched by tensor name; a ``.bin`` whose output-side nodes were
+removed by hb_model_modifier is compared on the tensors that became its outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from onnx import ModelProto, helper
+
+from hbtools.errors import HbError
+from hbtools.graph.model_io import load_model
+from hbtools.runtime.binfile import read_bin
+from hbtools.runtime.rt_input import load_rt_file, random_rt_input
+from hbtools.runtime.runtime_model import RuntimeModel, load
+from hbtools.runtime.session import HB_ONNXRuntime
+from hbtools.runtime.simulator import Simulator
+from hbtools.runtime.structure import tensor_info
+
+RANDOM_SEED = 0  # random inputs are the same in every run, so a failure can be reproduced
+
+
+@dataclass
+class Comparison:
+    name: str
+    total: int
+    miss: int  # elements present in one result only
+    diff: int  # elements further apart than the tolerance
+    nan: int  # elements that are NaN in either result
+    max_abs: float
+    max_rel: float
+
+    @property
+    def mismatch(self) -> int:
+        return self.miss + self.diff + self.nan
+
+    @property
+    def rate(self) -> float:
+        return self.mismatch / self.total if self.total else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatch == 0
+
+
+def compare(name: str, expected: np.ndarray, actual: np.ndarray, digits: int) -> Comparison:
+    """Element-wise comparison to ``digits`` decimals: |a - b| < 1.5 * 10**-digits (numpy's rule)."""
+    a = np.asarray(expected).reshape(-1)
+    b = np.asarray(actual).reshape(-1)
+    n = min(a.size, b.size)
+    a64, b64 = a[:n].astype(np.float64), b[:n].astype(np.float64)
+    nan = np.isnan(a64) | np.isnan(b64)
+    err = np.where(nan, 0.0, np.abs(a64 - b64))
+    diff = int(((err >= 1.5 * 10.0**-digits) & ~nan).sum())
+    rel = err / np.maximum(np.abs(a64), np.finfo(np.float64).tiny)
+    return Comparison(name, max(a.size, b.size), abs(a.size - b.size), diff, int(nan.sum()),
+                      float(err.max()) if n else 0.0, float(rel[err > 0].max()) if (err > 0).any() else 0.0)
+
+
+def open_for_verify(bin_path: str | Path) -> RuntimeModel:
+    f = read_bin(bin_path)
+    if f.packed:
+        raise HbError("pack model is not supported")
+    rm = load(f.models[0], f.path)
+    changed = [r.get("name") for r in rm.bin.deleted_nodes if r.get("side") != "output"]
+    if changed:
+        raise HbError(f"the .bin had input-side nodes removed ({', '.join(map(str, changed))}); it can no longer "
+                      f"be compared with the quantized model", hint="verify the .bin from before hb_model_modifier")
+    return rm
+
+
+def runtime_inputs(rm: RuntimeModel, images: list[str] | None) -> dict[str, np.ndarray]:
+    """Runtime data per input from ``name:path`` or positional paths; random data when none are given."""
+    rng = np.random.default_rng(RANDOM_SEED)
+    if not images:
+        return {d.name: random_rt_input(d, rng) for d in rm.inputs}
+    names = [d.name for d in rm.inputs]
+    given: dict[str, str] = {}
+    for k, item in enumerate(images):
+        name, sep, path = item.partition(":")
+        if sep and name in names:
+            given[name] = path
+        elif k < len(names):
+            given[names[k]] = item
+        else:
+            raise HbError(f"more input files than model inputs ({names})")
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise HbError(f"no input file for {missing}", hint="give one file per input: name1:file1,name2:file2")
+    descs = {d.name: d for d in rm.inputs}
+    return {n: load_rt_file(descs[n], p) for n, p in given.items()}
+
+
+def _with_outputs(model: ModelProto, names: list[str]) -> ModelProto:
+    """The quantized model with ``names`` as graph outputs (tensors a modified .bin exposes)."""
+    out = ModelProto()
+    out.CopyFrom(model)
+    present = {o.name for o in out.graph.output}
+    produced = {o for n in out.graph.node for o in n.output}
+    info = tensor_info(out) if any(n not in present for n in names) else {}
+    for name in names:
+        if name in present:
+            continue
+        if name not in produced or name not in info:
+            raise HbError(f"the .bin output '{name}' is not a tensor of the quantized model; "
+                          f"were the two built by the same makertbin run?")
+        out.graph.output.append(helper.make_tensor_value_info(name, info[name].elem_type, None))
+    return out
+
+
+def _check_same_inputs(quantized: ModelProto, rm: RuntimeModel) -> None:
+    inits = {t.name for t in quantized.graph.initializer}
+    onnx_inputs = {}
+    for vi in quantized.graph.input:
+        if vi.name not in inits:
+            t = vi.type.tensor_type
+            onnx_inputs[vi.name] = (t.elem_type, tuple(d.dim_value for d in t.shape.dim))
+    bin_inputs = {d.name: (helper.np_dtype_to_tensor_dtype(d.dtype), d.shape) for d in rm.inputs}
+    if onnx_inputs != bin_inputs:
+        raise HbError(f"the quantized model's inputs {onnx_inputs} differ from the .bin's {bin_inputs} "
+                      f"(name: (ONNX type, shape)); were the two built by the same makertbin run?")
+
+
+@dataclass
+class Verification:
+    outputs: list[Comparison]  # model outputs
+    nodes: list[Comparison]  # every shared intermediate tensor (dump_all only)
+    onnx_values: dict[str, np.ndarray]
+    sim_values: dict[str, np.ndarray]
+
+
+def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None, digits: int,
+           dump_all: bool = False) -> Verification:
+    rm = open_for_verify(bin_path)
+    quantized = load_model(onnx_path)
+    _check_same_inputs(quantized, rm)
+    sim = Simulator(rm, expose_all=dump_all)
+    feeds = sim.prepare(runtime_inputs(rm, images))
+    sim_values = sim.run_all(feeds, prepared=True)
+    output_names = [o.name for o in rm.outputs]
+    shared = output_names
+    if dump_all:
+        produced = {o for n in quantized.graph.node for o in n.output}
+        shared = list(dict.fromkeys([*output_names, *(t for t in sim_values if t in produced)]))
+    session = HB_ONNXRuntime(onnx_model=_with_outputs(quantized, shared))
+    onnx_values = dict(zip(shared, session.run(shared, feeds), strict=True))
+    outputs = [compare(n, onnx_values[n], sim_values[n], digits) for n in output_names]
+    nodes = [compare(n, onnx_values[n], sim_values[n], digits) for n in shared] if dump_all else []
+    return Verification(outputs, nodes, onnx_values, {n: sim_values[n] for n in shared})
+
+
+def save_dumps(result: Verification, folder: Path) -> Path:
+    """Every compared tensor of both runs as .npy under ``folder/{quanti_onnx,sim}``."""
+    for side, values in (("quanti_onnx", result.onnx_values), ("sim", result.sim_values)):
+        (folder / side).mkdir(parents=True, exist_ok=True)
+        for name, value in values.items():
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            np.save(folder / side / f"{safe}.npy", value)
+    return folder

@@ -1,0 +1,1 @@
+"""Compatibility package: the vendor import paths, re-exported from hbtools."""

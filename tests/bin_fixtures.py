@@ -1,0 +1,57 @@
+"""Small ``.bin`` models for the simulator and tool tests, built by the real pipeline in well under a second."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builders import MODELS, make_project
+from click.testing import CliRunner, Result
+
+from hbtools.log import setup
+from hbtools.pipeline.runner import makertbin
+
+
+@dataclass
+class Built:
+    bin: Path
+    quantized: Path
+    name: str
+
+
+def build_bin(root: Path, model: str = "resnet_like", *, march: str = "bayes-e", prefix: str = "small",
+              **groups: dict[str, Any]) -> Built:
+    """makertbin on one of builders.MODELS, with ``{group: {key: value}}`` config overrides."""
+    project = make_project(root, MODELS[model](), march=march)
+    project.write(model_parameters={"output_model_file_prefix": prefix}, **groups)
+    with logger_restored():
+        setup(None, console_level=logging.WARNING)
+        paths = makertbin(project.config_path, "onnx")
+    return Built(paths["bin"], paths["quantized"], prefix)
+
+
+def invoke(command: Any, args: list[str]) -> Result:
+    """Run a click command in-process; stdout (log lines included) is ``result.output``."""
+    with logger_restored():
+        return CliRunner().invoke(command, [str(a) for a in args], catch_exceptions=False)
+
+
+@contextlib.contextmanager
+def logger_restored() -> Iterator[None]:
+    """Undo what a tool's ``hbtools.log.setup`` did to the ``hbtools`` logger: its handlers write to
+    streams that close with the command, and it stops propagation that pytest's caplog relies on."""
+    logger = logging.getLogger("hbtools")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    try:
+        yield
+    finally:
+        for h in logger.handlers:
+            if h not in handlers:
+                h.close()
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate

@@ -1,0 +1,352 @@
+"""The .bin tools on small models: hb_model_info, hb_pack, hb_model_modifier, hb_perf, hb_verifier, hrt_model_exec."""
+
+from __future__ import annotations
+
+import ast
+import html.parser
+import json
+import re
+import shutil
+import subprocess
+
+import matplotlib.image
+import numpy as np
+import pytest
+from bin_fixtures import build_bin, invoke
+
+from hbtools.cli import (
+    hb_model_info,
+    hb_model_modifier,
+    hb_pack,
+    hb_perf,
+    hb_verifier,
+    hrt_model_exec,
+)
+from hbtools.ops import registry
+from hbtools.runtime import HB_ONNXRuntime
+from hbtools.runtime.binfile import read_bin
+from hbtools.runtime.rt_input import random_rt_input
+from hbtools.runtime.runtime_model import open_model
+from hbtools.runtime.simulator import Simulator
+from hbtools.tools import perf_model
+
+PASSED = "Quanti onnx and Sim result Strict check PASSED"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """Two small models (a Softmax after a Dequantize at the output; a featuremap MLP)."""
+    root = tmp_path_factory.mktemp("bins")
+    resnet = build_bin(root / "resnet", "resnet_like", prefix="resnet", input_parameters={"input_type_rt": "nv12"})
+    mlp = build_bin(root / "mlp", "featuremap_mlp", prefix="mlp")
+    return resnet, mlp
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # tools write logs and results into the current folder
+    return tmp_path
+
+
+# ---------------------------------------------------------------- hb_model_info
+
+
+def test_model_info_prints_the_config_used(small) -> None:
+    result = invoke(hb_model_info.main, [small[0].bin])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.startswith("Start hb_model_info....\nhb_model_info version ")
+    for line in ("******** resnet info *********", "BPU march           : bayes-e",
+                 "input_type_rt       : nv12", "input_type_train    : rgb", "input_layout_train  : NCHW",
+                 "norm_type           : data_mean_and_scale", "mean_value          : 120.0,116.0,104.0,",
+                 "scale_value         : 0.015625,0.0078125,0.03125,", "input_shape         : 1x3x16x16",
+                 "calibration_type    : max", "optimize_level      : O3",
+                 "input-source        : {'data': 'pyramid', '_default_value': 'ddr'}",
+                 "model input types   : [<InputDataType.NV12: 7>]",
+                 "model output types  : [<InputDataType.F32: 5>]"):
+        assert line in out, line
+    assert re.search(r"onnxruntime version : \d", out)
+    assert "deleted nodes" not in out
+
+
+def test_model_info_errors_are_one_line(tmp_path) -> None:
+    (tmp_path / "junk.bin").write_bytes(b"\x89PNG\r\n\x1a\n....")
+    result = invoke(hb_model_info.main, ["junk.bin"])
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if " ERROR " in line]
+    assert "not an hbtools .bin model (it looks like a PNG image)" in errors[0]
+    assert "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------- hb_pack
+
+
+def test_pack_then_info_and_perf_per_member(small, in_tmp) -> None:
+    result = invoke(hb_pack.main, [small[0].bin, small[1].bin, "-o", "both.bin"])
+    assert result.exit_code == 0, result.output
+    f = read_bin("both.bin")
+    assert f.packed and f.names == ["resnet", "mlp"]
+    for name in f.names:
+        info = invoke(hb_model_info.main, ["both.bin", "-m", name])
+        assert info.exit_code == 0 and f"******** {name} info" in info.output
+        assert info.output.count(" info *********") == 1
+        perf = invoke(hb_perf.main, ["-m", name, "both.bin"])
+        assert perf.exit_code == 0, perf.output
+        assert (in_tmp / "hb_perf_result" / name / f"{name}.html").is_file()
+    unknown = invoke(hb_model_info.main, ["both.bin", "-m", "nope"])
+    assert unknown.exit_code == 1 and "has no model 'nope'; it holds 'resnet', 'mlp'" in unknown.output
+    again = invoke(hb_pack.main, ["both.bin", small[0].bin, "-o", "more.bin"])
+    assert again.exit_code == 1
+    assert "ERROR model: both.bin is a packed model, it can not be packed again!" in again.output
+    assert "ERROR exception in command: pack" in again.output
+    assert not (in_tmp / "more.bin").exists()
+
+
+def test_pack_refuses_duplicate_names_and_single_models(small) -> None:
+    result = invoke(hb_pack.main, [small[0].bin, small[0].bin, "-o", "dup.bin"])
+    assert result.exit_code == 1 and "two models are both named 'resnet'" in result.output
+    result = invoke(hb_pack.main, [small[0].bin, "-o", "one.bin"])
+    assert result.exit_code == 1 and "needs at least two models" in result.output
+
+
+# ---------------------------------------------------------------- hb_model_modifier
+
+
+def _deletable(path) -> list[str]:
+    listing = invoke(hb_model_modifier.main, [path])
+    return ast.literal_eval(re.search(r"Nodes that can be deleted: (\[.*\])", listing.output).group(1))
+
+
+def test_modifier_lists_and_removes_output_nodes(small, in_tmp) -> None:
+    transpose, softmax = _deletable(small[0].bin)
+    assert transpose == "data_nchw_Transpose"  # nv12 arrives NHWC; the graph transposes it for the convs
+    result = invoke(hb_model_modifier.main, [small[0].bin, "-r", softmax])
+    assert result.exit_code == 0, result.output
+    assert f"Node '{softmax}' found, its OP type is 'Softmax'" in result.output
+    assert f"Node '{softmax}' is removed" in result.output
+    assert "modified model saved as resnet_modified.bin" in result.output
+    dequantize = _deletable("resnet_modified.bin")[1]
+    assert dequantize.endswith("_HzDequantize")
+    result = invoke(hb_model_modifier.main, ["resnet_modified.bin", "-r", dequantize, "-o", "twice.bin"])
+    assert "its OP type is 'Dequantize'" in result.output and result.exit_code == 0
+    info = invoke(hb_model_info.main, ["twice.bin"])
+    assert f"deleted nodes: {softmax}\ndeleted nodes: {dequantize}" in info.output
+    lines = (in_tmp / "deleted_nodes_info.txt").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{dequantize} type=Dequantize") and "scales=[" in lines[0]
+
+
+def test_modified_model_equals_quantized_onnx_before_the_dequantize(small, in_tmp) -> None:
+    result = invoke(hb_model_modifier.main, [small[0].bin, "-a", "Softmax", "-a", "Dequantize"])
+    assert result.exit_code == 0, result.output
+    model = open_model("resnet_modified.bin")
+    record = read_bin("resnet_modified.bin").model().deleted_nodes[-1]
+    assert record["type"] == "Dequantize" and model.outputs[0].name == record["inputs"][0]
+    assert model.outputs[0].dtype == np.int32 and model.outputs[0].scale
+    sim = Simulator(model)
+    feeds = {d.name: random_rt_input(d, np.random.default_rng(5)) for d in model.inputs}
+    ours = sim.run(feeds)[model.outputs[0].name]
+    # the quantized ONNX model with the Dequantize input exposed as an output
+    import onnx
+    from onnx import helper
+
+    q = onnx.load(str(small[0].quantized))
+    q.graph.output.append(helper.make_tensor_value_info(model.outputs[0].name, onnx.TensorProto.INT32, None))
+    theirs = HB_ONNXRuntime(onnx_model=q).run([model.outputs[0].name], sim.prepare(feeds))[0]
+    np.testing.assert_array_equal(ours, theirs)
+    verified = invoke(hb_verifier.main, ["-m", f"{small[0].quantized},resnet_modified.bin", "-s", "True"])
+    assert PASSED in verified.output, verified.output
+
+
+def test_modifier_input_quantize_of_a_featuremap(small, in_tmp) -> None:
+    result = invoke(hb_model_modifier.main, [small[1].bin, "-a", "Quantize"])
+    assert result.exit_code == 0, result.output
+    model = open_model("mlp_modified.bin")
+    assert model.inputs[0].dtype == np.int8 and model.inputs[0].raw["scale"]
+    sim = Simulator(model)
+    out = sim.run({model.inputs[0].name: np.zeros(model.inputs[0].shape, np.int8)})
+    assert all(np.isfinite(v).all() for v in out.values())
+    refused = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},mlp_modified.bin"])
+    assert refused.exit_code == 1 and "input-side nodes removed" in refused.output
+
+
+def test_modifier_refusals(small, in_tmp) -> None:
+    invoke(hb_pack.main, [small[0].bin, small[1].bin, "-o", "both.bin"])
+    packed = invoke(hb_model_modifier.main, ["both.bin"])
+    assert packed.exit_code == 1 and "ERROR pack model is not supported" in packed.output
+    graph = read_bin(small[0].bin).model().load_graph()
+    inner = next(n.name for n in graph.graph.node if n.op_type == "HzSQuantizedConv")
+    result = invoke(hb_model_modifier.main, [small[0].bin, "-r", inner])
+    assert result.exit_code == 1 and f"node '{inner}' (HzSQuantizedConv) cannot be deleted" in result.output
+    result = invoke(hb_model_modifier.main, [small[0].bin, "-r", "no_such_node"])
+    assert result.exit_code == 1 and "node 'no_such_node' is not in the model" in result.output
+    assert not list(in_tmp.glob("*_modified.bin"))
+
+
+# ---------------------------------------------------------------- hb_perf
+
+
+class _Tags(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[str] = []
+        self.images: list[str] = []
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in ("meta", "img", "br"):
+            self.open.append(tag)
+        values = dict(attrs)
+        if tag == "img":
+            self.images.append(values["src"])
+        if tag == "a":
+            self.links.append(values["href"])
+
+    def handle_endtag(self, tag: str) -> None:
+        assert self.open and self.open.pop() == tag, f"unbalanced </{tag}>"
+
+
+def _parse(path) -> _Tags:
+    tags = _Tags()
+    tags.feed(path.read_text())
+    assert not tags.open, f"unclosed tags {tags.open}"
+    return tags
+
+
+def test_perf_writes_pages_picture_and_json(small, in_tmp) -> None:
+    result = invoke(hb_perf.main, [small[0].bin])
+    assert result.exit_code == 0, result.output
+    assert "WARNING bpu model don't have per-layer perf info." in result.output
+    assert ("WARNING if you need per-layer perf info, please enable [compiler_parameters.debug:True] "
+            "when using makertbin.") in result.output
+    folder = in_tmp / "hb_perf_result" / "resnet"
+    main = _parse(folder / "resnet.html")
+    assert main.images == ["resnet.png"]
+    picture = matplotlib.image.imread(folder / "resnet.png")
+    assert picture.shape[0] > 100 and picture.shape[1] > 100
+    page = (folder / "resnet.html").read_text()
+    for heading in ("Model Performance Summary", "Details", "BIN Model Structure", "Model Latency (ms)",
+                    "Total DDR (loaded+stored) bytes per frame (MB per frame)", "Loaded Bytes per Frame",
+                    "Stored Bytes per Frame"):
+        assert heading in page
+    for link in main.links:
+        sub = _parse(folder / link)
+        assert "<h2>Layer Details</h2>" not in (folder / link).read_text()
+        data = json.loads((folder / link.replace(".html", ".json")).read_text())
+        assert data["ops_per_frame"] > 0 and data["latency_ms"] > 0 and "layers" not in data
+        del sub
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium:  # render it the way a user looks at it
+        shot = in_tmp / "shot.png"
+        subprocess.run([chromium, "--headless", "--disable-gpu", "--no-sandbox", f"--screenshot={shot}",
+                        (folder / "resnet.html").as_uri()], check=True, capture_output=True, timeout=120)
+        assert matplotlib.image.imread(shot).std() > 0
+
+
+def test_perf_layer_details_with_debug(tmp_path, in_tmp) -> None:
+    built = build_bin(tmp_path / "dbg", "resnet_like", prefix="dbg", compiler_parameters={"debug": True})
+    result = invoke(hb_perf.main, [built.bin])
+    assert result.exit_code == 0 and "WARNING" not in result.output
+    folder = in_tmp / "hb_perf_result" / "dbg"
+    sub = next(folder.glob("dbg_subgraph_*.json"))
+    layers = json.loads(sub.read_text())["layers"]
+    assert {"name", "op_type", "macs", "ops", "latency_ms", "bound"} <= set(layers[0])
+    assert "<h2>Layer Details</h2>" in sub.with_suffix(".html").read_text()
+
+
+def test_cost_model_counts_conv_macs_and_scales_with_the_march(small) -> None:
+    from hbtools.march.profiles import get_profile
+
+    rm = open_model(small[0].bin)
+    slow, fast = perf_model.estimate(rm, get_profile("bernoulli2")), perf_model.estimate(rm, get_profile("bayes"))
+    assert fast.latency_ms < slow.latency_ms and fast.loaded_bytes == slow.loaded_bytes
+    graph = rm.graph.graph
+    convs = [n for n in graph.node if n.op_type == "HzSQuantizedConv" and n.name.startswith("Conv_1")]
+    layer = next(la for s in slow.subgraphs for la in s.layers if la.name == convs[0].name)
+    assert layer.macs == 16 * 16 * 8 * 8 * 9  # output elements x Cin x kernel (the 8->8 3x3 conv on 16x16)
+    assert slow.loaded_bytes > 0 and slow.stored_bytes > 0 and slow.cpu_nodes
+
+
+# ---------------------------------------------------------------- hb_verifier
+
+
+def test_verifier_passes_and_alias(small) -> None:
+    for built in small:
+        result = invoke(hb_verifier.main, ["-m", f"{built.quantized},{built.bin}", "-s", "True", "-c", "6"])
+        assert result.exit_code == 0 and PASSED in result.output, result.output
+    alias = invoke(hb_verifier.model_verifier, ["-q", small[0].quantized, "-b", small[0].bin, "-d", "5"])
+    assert alias.exit_code == 0 and PASSED in alias.output
+
+
+def test_verifier_dump_all_and_image_input(small, in_tmp) -> None:
+    import skimage.data
+    import skimage.io
+
+    skimage.io.imsave(in_tmp / "cat.png", skimage.data.chelsea())
+    result = invoke(hb_verifier.main, ["-m", f"{small[0].quantized},{small[0].bin}", "-i", "cat.png", "-r", "True"])
+    assert result.exit_code == 0 and PASSED in result.output, result.output
+    assert re.search(r"compared \d+ shared tensors, 0 differ", result.output)
+    assert list((in_tmp / "hb_verifier_dump" / "sim").glob("*.npy"))
+
+
+def test_verifier_reports_mismatch_statistics(small, monkeypatch) -> None:
+    op = registry.get("HzDequantize")
+    original = op.reference.__func__
+
+    def off_by_a_bit(cls: type, node: object, inputs: list) -> list:
+        return [y * np.float32(1.01) for y in original(cls, node, inputs)]  # a shift would pass the Softmax
+
+    monkeypatch.setattr(op, "reference", classmethod(off_by_a_bit))
+    result = invoke(hb_verifier.main, ["-m", f"{small[0].quantized},{small[0].bin}", "-s", "True"])
+    assert result.exit_code == 1
+    for key in ("mismatch line num:", "mismatch.line_miss num: 0", "mismatch.line_diff num:",
+                "mismatch.line_nan num: 0", "total line num: 10", "mismatch rate:", "max abs error:"):
+        assert key in result.output, key
+    assert "Strict check FAILED" in result.output
+
+
+def test_verifier_refuses_packed_and_unrelated_models(small, in_tmp) -> None:
+    invoke(hb_pack.main, [small[0].bin, small[1].bin, "-o", "both.bin"])
+    result = invoke(hb_verifier.main, ["-m", f"{small[0].quantized},both.bin"])
+    assert result.exit_code == 1 and "ERROR pack model is not supported" in result.output
+    result = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},{small[0].bin}"])
+    assert result.exit_code == 1 and "were the two built by the same makertbin run?" in result.output
+    result = invoke(hb_verifier.main, ["-m", str(small[0].bin)])
+    assert result.exit_code == 1 and "needs one quantized .onnx and one .bin" in result.output
+
+
+# ---------------------------------------------------------------- hrt_model_exec
+
+
+def test_hrt_model_exec_model_info_and_infer(small, in_tmp) -> None:
+    info = invoke(hrt_model_exec.main, ["model_info", f"--model_file={small[0].bin}"])
+    assert info.exit_code == 0
+    for line in ("[model name]: resnet", "tensor type: HB_DNN_IMG_TYPE_NV12", "input source: HB_DNN_INPUT_FROM_PYRAMID",
+                 "valid shape: (1,16,16,3,)", "aligned byte size: 384", "tensor type: HB_DNN_TENSOR_TYPE_F32"):
+        assert line in info.output, line
+    np.zeros((24, 16), np.uint8).tofile(in_tmp / "frame.bin")
+    result = invoke(hrt_model_exec.main, ["infer", "--model_file", small[0].bin, "--input_file", "frame.bin",
+                                          "--enable_dump", "true", "--dump_format", "txt",
+                                          "--enable_cls_post_process", "true"])
+    assert result.exit_code == 0, result.output
+    assert "infer success" in result.output and "top 0: id" in result.output
+    dumped = next(in_tmp.glob("model_infer_output_0_*.txt"))
+    assert np.loadtxt(dumped).size == 10
+    wrong = np.zeros(10, np.uint8)
+    wrong.tofile(in_tmp / "short.bin")
+    result = invoke(hrt_model_exec.main, ["infer", "--model_file", small[0].bin, "--input_file", "short.bin"])
+    assert result.exit_code == 1 and "holds 10 uint8 values; input 'data' (nv12) takes 384" in result.output
+
+
+def test_hrt_model_exec_perf_and_profile(small, in_tmp) -> None:
+    result = invoke(hrt_model_exec.main, ["perf", f"--model_file={small[0].bin}", "--frame_count=6",
+                                          "--thread_num=2", "--profile_path=prof"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert re.search(r"Running condition:\n  Thread number is: 2\n  Frame count   is: 6\n  core number   is: 1\n"
+                     r"  Program run time: [\d.]+ ms\nPerf result:\n  Frame totally latency is: [\d.]+ ms\n"
+                     r"  Average    latency    is: [\d.]+ ms\n  Frame      rate       is: [\d.]+ FPS", out)
+    doc = json.loads((in_tmp / "prof" / "profiler.log").read_text())
+    assert doc["running_condition"]["frame_count"] == 6 and doc["perf_result"]["FPS"] > 0
+    assert "BPU_resnet_subgraph_0" in doc["model_latency"] and "Preprocess" in doc["model_latency"]
+    rows = (in_tmp / "prof" / "profiler.csv").read_text().splitlines()
+    assert rows[0] == "name,avg_time(ms),max_time(ms),min_time(ms)" and len(rows) > 2

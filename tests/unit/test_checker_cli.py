@@ -1,0 +1,217 @@
+"""``hb_mapper checker`` as a user runs it, on small models (in-process click runner, temp cwd)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from builders import MODELS, _Graph, make_project
+from click.testing import CliRunner, Result
+from onnx import TensorProto, helper
+
+from hbtools.cli.hb_mapper import main
+from hbtools.config.model import NodeInfo
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline import optimize, parse
+from hbtools.pipeline.builtin_config import builtin_config
+from hbtools.quant.units import build_partition
+
+ROW = re.compile(r"^(\S+)\s+(BPU|CPU)\s+(id\(\d+\)|--)\s+(\S+)")
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def checker(model: Path | str, march: str = "bayes-e", *extra: str) -> Result:
+    return invoke("checker", "--model-type", "onnx", "--march", march, "--model", str(model), *extra)
+
+
+def rows(output: str) -> list[tuple[str, str, str, str]]:
+    """The node table rows (first four columns) of a checker or makertbin output."""
+    start = output.index("The converted model node information")
+    return [m.groups() for line in output[start:].splitlines() if (m := ROW.match(line))]
+
+
+@pytest.fixture(autouse=True)
+def _cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def _save(model: onnx.ModelProto, name: str = "model.onnx") -> Path:
+    onnx.save(model, name)
+    return Path(name)
+
+
+def test_checker_help() -> None:
+    result = invoke("checker", "--help")
+    assert result.exit_code == 0
+    for option in ("--model-type", "--march", "--model", "--proto", "--input-shape", "--output"):
+        assert option in result.output
+
+
+def test_checker_table_reasons_and_log(tmp_path: Path) -> None:
+    fm = MODELS["resnet_like"]()
+    path = _save(fm.model)
+    result = checker(path, "bayes-e", "--output", "ignored.txt")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert re.search(r"WARNING --output is deprecated", out)
+    assert re.search(r"^Node\s+ON\s+Subgraph\s+Type", out, re.M)
+    table = rows(out)
+    # One row per node of the optimized model, in its order.
+    config = builtin_config(path, "onnx", "bayes-e", [], fast_perf=False, working_dir=tmp_path / "w", prefix="m")
+    optimized = optimize.run(parse.run(config).model)
+    assert sorted(r[0] for r in table) == sorted(n.name for n in optimized.graph.node)
+    assert ("Softmax_0", "CPU", "--", "Softmax") in table
+    assert {r[2] for r in table if r[1] == "BPU"} == {"id(0)"}
+    assert "1 BPU subgraph(s) and 1 CPU node(s)" in out
+    assert re.search(r"^Softmax_0\s+Softmax\s+Softmax runs on the BPU of bayes-e .*no integer kernel", out, re.M)
+    assert "ERROR" not in out
+    log = Path("hb_mapper_checker.log").read_text()
+    assert "The converted model node information" in log and "End Model Check" in log
+    assert not Path("ignored.txt").exists()
+    assert not Path(".hb_check").exists(), "the checker writes no artefacts"
+
+
+def test_checker_shows_the_split_and_reasons_on_bernoulli2() -> None:
+    g = _Graph(7)
+    c1 = g.conv("data", 3, 8)
+    flat = g.op("Reshape", [c1, g.const(np.array([1, 8, 64], dtype=np.int64), "s3")])
+    sq = g.op("Pow", [flat, g.const(np.float32(2.0))])
+    back = g.op("Reshape", [sq, g.const(np.array([1, 8, 8, 8], dtype=np.int64), "s4")])
+    path = _save(g.model({"data": [1, 3, 8, 8]}, [g.conv(back, 8, 4)]).model)
+    out = checker(path, "bernoulli2").output
+    table = {r[0]: r[1:] for r in rows(out)}
+    assert table["Conv_0"] == ("BPU", "id(0)", "HzSQuantizedConv")
+    assert table["Reshape_0"] == ("CPU", "--", "Reshape") and table["Pow_0"] == ("CPU", "--", "Pow")
+    assert table["Conv_1"] == ("BPU", "id(1)", "HzSQuantizedConv")
+    assert "2 BPU subgraph(s) and 3 CPU node(s)" in out
+    assert re.search(r"^Pow_0\s+Pow\s+Pow on a 3-D tensor \[1, 8, 64\]", out, re.M)
+    assert {r[1] for r in rows(checker(path, "bayes-e").output)} == {"BPU"}
+
+
+def test_checker_and_makertbin_report_the_same_placement(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "p", MODELS["activations"](), cal_count=2)
+    made = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert made.exit_code == 0, made.output
+    checked = checker(project.model_path, "bayes-e", "--input-shape", "data", "1x3x12x12")
+    assert checked.exit_code == 0, checked.output
+    assert rows(checked.output) == rows(made.output)
+    assert len(rows(made.output)) > 5
+
+
+def test_run_on_cpu_in_makertbin_splits_and_says_why(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "p", MODELS["activations"](), cal_count=2)
+    project.write(calibration_parameters={"run_on_cpu": "Conv_1"})
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    table = {r[0]: r[1:] for r in rows(result.output)}
+    assert table["Conv_1"][:2] == ("CPU", "--")
+    assert table["Conv_0"][1] == "id(0)" and table["Conv_2"][1] == "id(1)"
+    assert re.search(r"^Conv_1\s+Conv\s+placed on the CPU by run_on_cpu", result.output, re.M)
+
+
+def test_bernoulli2_falls_back_with_warnings(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), march="bernoulli2", cal_count=2)
+    project.write(model_parameters={"node_info": {"Softmax_0": {"ON": "BPU"}, "Conv_1": {"InputType": "int16"}}},
+                  calibration_parameters={"optimization": "set_Softmax_input_int16"})
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert re.search(r"WARNING node Softmax_0 cannot run on the BPU \(Softmax is not supported on the BPU of "
+                     r"bernoulli2", out)
+    assert re.search(r"WARNING node Conv_1 input .*int16 is not available on bernoulli2.*falling back to int8", out)
+    assert re.search(r"WARNING node Softmax_0 input.*int16 is not available", out)
+    assert ("Softmax_0", "CPU", "--", "Softmax") in rows(out)
+    assert "ERROR" not in out
+
+
+def test_int16_request_on_an_int8_only_op_falls_back(tmp_path: Path) -> None:
+    g = _Graph(13)
+    up = g.op("ConvTranspose", [g.conv("data", 3, 4), g.const(
+        (0.1 * g.rng.standard_normal((4, 4, 2, 2))).astype(np.float32), "wt")], kernel_shape=[2, 2], strides=[2, 2])
+    fm = g.model({"data": [1, 3, 8, 8]}, [g.conv(up, 4, 4)])
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    project.write(model_parameters={"node_info": {"ConvTranspose_0": {"InputType": "int16"}}})
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"WARNING node ConvTranspose_0 input .*ConvTranspose node ConvTranspose_0 has no int16 form",
+                     result.output)
+
+
+def _dynamic() -> onnx.ModelProto:
+    model = MODELS["resnet_like"]().model
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "height"
+    return model
+
+
+def _outputs33() -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", ["x"], [f"y{i}"], name=f"relu{i}") for i in range(33)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, 3, 8, 8])
+                               for i in range(33)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _custom_op() -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Accuracy", ["r"], ["y"], name="accuracy", domain="caffe.layers")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid("caffe.layers", 1)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("model", "extra", "expected"), [
+    (_dynamic, [], r"input 'data' has a dynamic shape 1x3x\?x16; give a static one with --input-shape data"),
+    (_outputs33, [], r"33 outputs; at most 32"),
+    (_custom_op, [], r"Not support layer name=accuracy type=Accuracy"),
+    (lambda: MODELS["resnet_like"]().model, ["--input-shape", "image", "1x3x16x16"], r"'image'.*not an input"),
+    (lambda: MODELS["resnet_like"]().model, ["--input-shape", "data", "1x3xAx16"], r"not a shape"),
+], ids=["dynamic_input", "33_outputs", "custom_domain_op", "unknown_input", "bad_shape"])
+def test_checker_errors_are_one_line(model, extra: list[str], expected: str) -> None:
+    path = _save(model())
+    result = checker(path, "bayes-e", *extra)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, result.output
+    assert re.search(expected, errors[0]), errors[0]
+    assert "Traceback" not in result.output and "internal error" not in result.output
+    assert "Traceback" in Path("hb_mapper_checker.log").read_text()  # the details go to the log only
+
+
+def test_checker_error_without_model_or_with_unknown_march() -> None:
+    for args in (["checker"], ["checker", "--model", "m.onnx", "--march", "bayes9"],
+                 ["checker", "--model", "missing.onnx"]):
+        result = invoke(*args)
+        assert result.exit_code == 1
+        assert len([line for line in result.output.splitlines() if "ERROR" in line]) == 1, result.output
+
+
+def test_makertbin_rejects_a_custom_op_too(tmp_path: Path) -> None:
+    """The layer check is part of the parse stage, so makertbin reports it the same way."""
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), cal_count=1)
+    onnx.save(_custom_op(), str(project.model_path))
+    project.write(input_parameters={"input_name": "x", "input_shape": "1x3x8x8"})
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 1
+    assert "Not support layer name=accuracy type=Accuracy" in result.output
+
+
+def test_partition_is_deterministic_between_stages(tmp_path: Path) -> None:
+    """The quantize stage re-derives the partition from the calibrated model: same rows as on the optimized."""
+    project = make_project(tmp_path / "p", MODELS["act_matmul"](), cal_count=2)
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    optimized = onnx.load(str(project.artefact("optimized")))
+    direct = build_partition(optimized, get_profile("bayes-e"), {"unused": NodeInfo()})
+    # Same placement and subgraph ids (the calibrated graph may list the nodes in another order).
+    assert sorted((n, on, sub) for n, on, sub, _ in direct.rows()) == sorted(r[:3] for r in rows(result.output))

@@ -1,0 +1,156 @@
+"""hmct-debugger as a user types it: the seeds' command lines, help, and one-line errors.
+
+Command lines go through ``shlex.split`` (what the shell does to them: quotes
+removed, lists split at spaces) and then ``main``, in-process; one test runs the
+installed console script through bash.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from builders import MODELS
+from debug_support import Dumped, assert_png, convert_with_dump
+
+from hbtools.cli.hmct_debugger import join_split_lists, main
+from hbtools.debug.model import load_calibrated
+
+ERROR_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ERROR \S")
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory: pytest.TempPathFactory) -> Dumped:
+    return convert_with_dump(tmp_path_factory.mktemp("resnet_like"), MODELS["resnet_like"]())
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    yield
+    for handler in list(logging.getLogger("hbtools").handlers):  # they point at pytest's captured stdout
+        logging.getLogger("hbtools").removeHandler(handler)
+
+
+def run(command: str, dumped: Dumped, capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    """A seed command line with the sample paths; returns (exit code, console output)."""
+    command = command.replace("calibrated_model.onnx", str(dumped.calibrated))
+    command = re.sub(r"\b(calibration_data|calibrated_data)\b(?!/)", str(dumped.data), command, count=1)
+    args = shlex.split(command)
+    assert args[0] == "hmct-debugger"
+    try:
+        main(args[1:])
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_sensitivity_command_prints_the_table(dumped: Dumped, capsys: pytest.CaptureFixture) -> None:
+    code, out = run("hmct-debugger get-sensitivity-of-nodes calibrated_model.onnx calibration_data "
+                    "-m ['cosine-similarity','mse'] -v True", dumped, capsys)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert re.fullmatch(r"=+node=+", lines[0]) and lines[1].split() == ["Node", "cosine-similarity", "mse"]
+    assert len(lines) == 3 + len(load_calibrated(dumped.calibrated).quantizable)
+    code, out = run("hmct-debugger get-sensitivity-of-nodes calibrated_model.onnx calibration_data -n weight -d 1 "
+                    "-i Conv_1", dumped, capsys)
+    assert code == 0 and "1 nodes ranked; most sensitive: Conv_1" in out
+
+
+@pytest.mark.parametrize("command", [
+    "hmct-debugger plot-acc-error calibrated_model.onnx calibrated_data -q ['Conv_0','Conv_1']",
+    "hmct-debugger plot-acc-error calibrated_model.onnx calibration_data -q [['Conv_0'],['Conv_0','Conv_1']]",
+    "hmct-debugger plot-acc-error calibrated_model.onnx calibration_data -nq ['Conv_0','Conv_1'] -a True",
+    "hmct-debugger plot-acc-error calibrated_model.onnx calibration_data -nq [['Conv_0'],['Conv_0','Conv_1']]",
+    "hmct-debugger plot_acc_error calibrated_model.onnx calibration_data -q ['weight', 'activation']",
+    "hmct-debugger plot-distribution calibrated_model.onnx calibration_data "
+    "-n ['Relu_0_out_HzCalibration','w_5_HzCalibration','Conv_0']",
+    "hmct-debugger get-channelwise-data-distribution calibrated_model.onnx calibration_data "
+    "-n ['Relu_0_out_HzCalibration','w_5_HzCalibration'] -a 1",
+    "hmct-debugger sensitivity-analysis calibrated_model.onnx calibration_data -p 1.0 -d 1 -sn ['Conv_1'] -sd out",
+])
+def test_plot_commands_write_pngs(dumped: Dumped, command: str, capsys: pytest.CaptureFixture,
+                                  tmp_path: Path) -> None:
+    code, out = run(command, dumped, capsys)
+    assert code == 0, out
+    saved = [Path(line.split(" INFO saved ", 1)[1]) for line in out.splitlines() if " INFO saved " in line]
+    assert saved, out
+    for path in saved:
+        assert_png(path if path.is_absolute() else tmp_path / path, 400, 300)
+
+
+def test_runall_command(dumped: Dumped, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    code, out = run("hmct-debugger runall calibrated_model.onnx calibration_data -nt node -dn 1 -v True "
+                    "-qn ['Conv_1'] -s result", dumped, capsys)
+    assert code == 0, out
+    assert f"runall: results saved under {tmp_path / 'result'}" in out
+    assert (tmp_path / "result" / "node_sensitivity" / "sensitivity_of_node.csv").is_file()
+
+
+@pytest.mark.parametrize(("command", "words"), [
+    ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -n layer", ["'layer'", "'weight'"]),
+    ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -i ['Conv_9']",
+     ["no node named 'Conv_9'", "Conv_0"]),
+    ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -d 9", ["from 1 to 4"]),
+    ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -d many", ["'many' is not a valid integer"]),
+    ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -m [cosine,mse]", ["'cosine'", "sqnr"]),
+    ("plot-distribution calibrated_model.onnx calibration_data", ["Missing option '-n'"]),
+    ("plot-acc-error calibrated_model.onnx calibration_data", ["quantize_node or non_quantize_node"]),
+    ("plot-acc-error calibrated_model.onnx calibration_data -a maybe -q ['Conv_1']", ["'maybe'", "boolean"]),
+    ("get-channelwise-data-distribution calibrated_model.onnx calibration_data -n ['Conv_1']",
+     ["ordinary node", "weight calibration nodes"]),
+    ("get-sensitivity-of-nodes missing.onnx calibration_data", ["'missing.onnx' does not exist"]),
+    ("get-sensitivity-of-nodes calibrated_model.onnx nowhere", ["'nowhere' does not exist"]),
+    ("plot-everything calibrated_model.onnx calibration_data", ["No such command 'plot-everything'"]),
+])
+def test_mistakes_give_one_error_line(dumped: Dumped, command: str, words: list[str],
+                                      capsys: pytest.CaptureFixture) -> None:
+    code, out = run(f"hmct-debugger {command}", dumped, capsys)
+    assert code == 1
+    lines = [line for line in out.splitlines() if line.strip()]
+    errors = [line for line in lines if " ERROR " in line]
+    assert len(errors) == 1 and ERROR_LINE.match(errors[0]), out
+    assert "Traceback" not in out
+    for word in words:
+        assert word in errors[0], errors[0]
+
+
+@pytest.mark.parametrize(("command", "flags"), [
+    ("get-sensitivity-of-nodes", ["-m", "-o", "-n", "-d", "-v", "-i"]),
+    ("plot-acc-error", ["-s", "-q", "-nq", "-m", "-a"]),
+    ("plot-distribution", ["-s", "-n"]),
+    ("get-channelwise-data-distribution", ["-s", "-n", "-a"]),
+    ("sensitivity-analysis", ["-p", "-d", "-sn", "-sd"]),
+    ("runall", ["-s", "-nm", "-o", "-nt", "-dn", "-v", "-i", "-dnl", "-cn", "-a", "-qn", "-nqn", "-am", "-avm", "-pt",
+                "-sn"]),
+])
+def test_help_lists_the_short_flags(command: str, flags: list[str], capsys: pytest.CaptureFixture) -> None:
+    main([command, "-h"])
+    out = capsys.readouterr().out
+    assert "[OPTIONS] MODEL_OR_FILE CALIBRATION_DATA" in " ".join(out.split())
+    for flag in flags:
+        assert re.search(rf"^\s+{re.escape(flag)}, --", out, re.MULTILINE), flag
+
+
+def test_split_lists_are_joined() -> None:
+    assert join_split_lists(["-q", "['weight',", "'activation']", "-a", "True"]) == [
+        "-q", "['weight', 'activation']", "-a", "True"]
+    assert join_split_lists(["-q", "[['a'],", "['b',", "'c']]"]) == ["-q", "[['a'], ['b', 'c']]"]
+
+
+def test_console_script_through_the_shell(dumped: Dumped, tmp_path: Path) -> None:
+    command = (f"hmct-debugger get-sensitivity-of-nodes {dumped.calibrated} {dumped.data} "
+               "-m ['cosine-similarity','mse'] -v True -n weight")
+    proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[1].split() == ["Weight", "Node", "cosine-similarity", "mse"]
+    bad = subprocess.run(["bash", "-c", f"hmct-debugger plot-distribution {dumped.calibrated} {dumped.data} -n [x]"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stdout.count(" ERROR ") == 1 and "Traceback" not in bad.stdout + bad.stderr
+    assert "Traceback" in (tmp_path / "hmct_debugger.log").read_text(), "the log keeps the details"

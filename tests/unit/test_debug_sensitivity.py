@@ -1,0 +1,131 @@
+"""get_sensitivity_of_nodes on a small converted model: tables, ranking, arguments, errors."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from builders import MODELS
+from debug_support import Dumped, convert_with_dump, degrade
+
+import horizon_nn.debug as dbg
+from hbtools.debug.model import load_calibrated
+from hbtools.errors import HbError
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory: pytest.TempPathFactory) -> Dumped:
+    return convert_with_dump(tmp_path_factory.mktemp("resnet_like"), MODELS["resnet_like"]())
+
+
+def sens(dumped: Dumped, model: object = None, **kwargs) -> dict[str, dict[str, str]]:
+    return dbg.get_sensitivity_of_nodes(model_or_file=model or str(dumped.calibrated),
+                                        calibrated_data=str(dumped.data), **kwargs)
+
+
+HEADERS = {"node": ["Node"], "weight": ["Weight", "Node"], "activation": ["Activation", "Node", "Threshold", "Bit"]}
+
+
+@pytest.mark.parametrize("node_type", ["node", "weight", "activation"])
+def test_table_layout_and_return_value(dumped: Dumped, node_type: str, capsys: pytest.CaptureFixture) -> None:
+    result = sens(dumped, metrics=["cosine-similarity", "mse"], node_type=node_type, verbose=True)
+    lines = capsys.readouterr().out.rstrip("\n").splitlines()
+    cm = load_calibrated(dumped.calibrated)
+    expected = cm.quantizable if node_type == "node" else cm.of_kind(node_type)
+    assert sorted(result) == sorted(expected)
+    assert re.fullmatch(rf"=+{node_type}=+", lines[0])
+    assert set(lines[2]) == {"-"} and len(lines[2]) == len(lines[0])
+    assert lines[1].split() == [*HEADERS[node_type], "cosine-similarity", "mse"]
+    rows = lines[3:]
+    assert [r.split()[0] for r in rows] == list(result), "table rows in the returned order"
+    column = lines[1].index("cosine-similarity")
+    for row, (name, values) in zip(rows, result.items(), strict=True):
+        assert row[column:].split()[0] == values["cosine-similarity"]
+        assert set(values) == {"cosine-similarity", "mse"} and all(isinstance(v, str) for v in values.values())
+        if node_type == "weight":
+            assert row.split()[1] == ",".join(cm.calibration[name].consumers)
+        if node_type == "activation":
+            c = cm.calibration[name]
+            assert row.split()[2:4] == [str(c.threshold), str(c.bits)]
+    cosines = [float(v["cosine-similarity"]) for v in result.values()]
+    assert cosines == sorted(cosines), "most sensitive (lowest cosine) first"
+
+
+def test_ranking_follows_the_first_metric(dumped: Dumped) -> None:
+    result = sens(dumped, metrics=["mse", "cosine-similarity"])
+    errors = [float(v["mse"]) for v in result.values()]
+    assert errors == sorted(errors, reverse=True), "higher error first"
+    sqnr = [float(v["sqnr"]) for v in sens(dumped, metrics="sqnr").values()]
+    assert sqnr == sorted(sqnr)
+
+
+def test_degraded_weight_is_ranked_first(dumped: Dumped, tmp_path: Path) -> None:
+    ranked = list(sens(dumped, node_type="weight"))
+    victim = ranked[-1]  # the least sensitive one
+    path = tmp_path / "degraded.onnx"
+    onnx.save(degrade(dumped.model(), {victim: 10.0}), str(path))
+    assert list(sens(dumped, model=str(path), node_type="weight"))[0] == victim
+    # An onnx.ModelProto works as well as a path.
+    assert list(sens(dumped, model=onnx.load(str(path)), node_type="weight"))[0] == victim
+
+
+def test_interested_nodes_and_output_node(dumped: Dumped) -> None:
+    cm = load_calibrated(dumped.calibrated)
+    weight = cm.of_kind("weight")[0]
+    result = sens(dumped, interested_nodes=["Conv_1", weight], node_type="activation")
+    assert sorted(result) == sorted(["Conv_1", weight])
+    # Measured at Conv_1's output, nodes whose calibration comes after Conv_1 cost nothing.
+    at_conv = sens(dumped, output_node="Conv_1", node_type="node")
+    for later in ("Relu_1", "GlobalAveragePool_0", "Gemm_0"):
+        assert float(at_conv[later]["cosine-similarity"]) == pytest.approx(1.0, abs=1e-12)
+    assert float(at_conv["Conv_1"]["cosine-similarity"]) < 1.0
+
+
+def test_data_num_and_dataset_objects(dumped: Dumped) -> None:
+    one = sens(dumped, data_num=1)
+    cm = load_calibrated(dumped.calibrated)
+    sample = np.load(dumped.data / "data" / "0.npy")
+    from_mapping = dbg.get_sensitivity_of_nodes(str(dumped.calibrated), calibrated_data={"data": [sample]})
+    from_list = dbg.get_sensitivity_of_nodes(str(dumped.calibrated), calibrated_data=[{"data": sample}])
+    assert from_mapping == one == from_list
+    assert len(sens(dumped, data_num=None)) == len(cm.quantizable)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"interested_nodes": ["Conv_9"]}, ["no node named 'Conv_9'", "Conv_0", "valid choices"]),
+    ({"output_node": "data_hz_preprocessed_HzCalibration"}, ["activation calibration node", "output_node takes", "Conv_0"]),
+    ({"output_node": "Relu_0"}, ["no calibration node feeds", "Conv_0"]),
+    ({"data_num": 0}, ["data_num", "from 1 to 4"]),
+    ({"data_num": 5}, ["data_num", "from 1 to 4"]),
+    ({"node_type": "layer"}, ["'layer'", "'node', 'weight', 'activation'"]),
+    ({"metrics": ["cosine"]}, ["'cosine'", "cosine-similarity, mse, mre, sqnr, chebyshev"]),
+])
+def test_argument_errors_name_the_choices(dumped: Dumped, kwargs: dict, words: list[str]) -> None:
+    with pytest.raises(HbError) as info:
+        sens(dumped, **kwargs)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+
+
+def test_model_and_data_errors(dumped: Dumped, tmp_path: Path) -> None:
+    optimized = str(dumped.calibrated).replace("_calibrated_model", "_optimized_float_model")
+    with pytest.raises(HbError, match="no HzCalibration nodes"):
+        dbg.get_sensitivity_of_nodes(optimized, calibrated_data=str(dumped.data))
+    wrong = tmp_path / "calibration_data" / "image"
+    wrong.mkdir(parents=True)
+    shutil.copy(dumped.data / "data" / "0.npy", wrong / "0.npy")
+    with pytest.raises(HbError, match=r"no folder for model input 'data'.*\[data\].*found \[image\]"):
+        dbg.get_sensitivity_of_nodes(str(dumped.calibrated), calibrated_data=str(wrong.parent))
+    bad = tmp_path / "bad" / "data"
+    bad.mkdir(parents=True)
+    np.save(bad / "0.npy", np.zeros((1, 3, 4, 4), np.int8))
+    with pytest.raises(HbError, match=r"0.npy holds int8 \[1, 3, 4, 4\].*takes shape \[1, 3, 16, 16\]"):
+        dbg.get_sensitivity_of_nodes(str(dumped.calibrated), calibrated_data=str(bad.parent))
+    with pytest.raises(HbError, match="does not exist"):
+        dbg.get_sensitivity_of_nodes(str(dumped.calibrated), calibrated_data=str(tmp_path / "nowhere"))
+    with pytest.raises(HbError, match="calibrated_data is required"):
+        dbg.get_sensitivity_of_nodes(str(dumped.calibrated))

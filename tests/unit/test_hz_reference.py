@@ -1,0 +1,203 @@
+"""``HzOp.reference`` (numpy, used by the .bin simulator) equals the ONNX lowering bit for bit.
+
+The two are independent implementations of the numerics in the op docstrings;
+hb_verifier relies on them agreeing exactly. Each case builds one node, runs its
+lowering in onnxruntime (helpers from test_hz_ops) and its reference in numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_hz_ops import CONV_CASES, assert_exact, f32, hz_node, ints, run_op
+
+from hbtools.ops import registry
+from hbtools.ops.int_kernels import EXACT_LIMIT, conv
+
+QMAX = {8: 127, 16: 32767}
+NP = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
+
+
+def check(node, feeds: dict, consts: dict | None = None) -> np.ndarray:
+    consts = consts or {}
+    values = {**feeds, **consts}
+    want = registry.get(node.op_type).reference(node, [values[n] for n in node.input])[0]
+    got = run_op(node, feeds, want.dtype, list(want.shape), consts)
+    assert_exact(want, got)
+    return want
+
+
+def requant_attrs(rng: np.random.Generator, out_type: str, channels: int, typical: float) -> dict:
+    if out_type == "int32":
+        return {"multiplier": [1.0], "out_type": "int32", "out_min": -(2.0**31), "out_max": 2.0**31 - 1}
+    q = QMAX[int(out_type[3:])]
+    mult = f32(rng.uniform(0.3, 1.2, channels) * typical * q)
+    mult[0] = 0.5  # ties
+    return {"multiplier": [float(m) for m in mult], "out_type": out_type, "out_min": float(-q),
+            "out_max": float(q)}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv_cases_of_the_lowering_tests(case: str) -> None:
+    x_bits, xs, ws, conv_attrs, out_type, clip = CONV_CASES[case]
+    rng = np.random.default_rng(20 + sorted(CONV_CASES).index(case))
+    x, w = ints(rng, x_bits, xs), ints(rng, 8, ws)
+    bias = rng.integers(-5000, 5000, ws[0]).astype(np.int32)
+    attrs = requant_attrs(rng, out_type, ws[0], 1.0 / (QMAX[x_bits] * 127 * np.prod(ws[1:]) ** 0.5))
+    if clip:
+        attrs["out_min"], attrs["out_max"] = map(float, clip)
+    node = hz_node("HzSQuantizedConv", ["x", "w", "b"], kind="Conv", x_bits=x_bits, axis=1,
+                   kernel_shape=ws[2:], **conv_attrs, **attrs)
+    check(node, {"x": x}, {"w": w, "b": bias})
+
+
+TRANSPOSE_CASES = {
+    "stride2": ([1, 4, 5, 6], [4, 3, 2, 2], {"strides": [2, 2]}),
+    "pads_output_padding_groups": ([2, 6, 4, 4], [6, 2, 3, 3],
+                                   {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1], "group": 3}),
+    "dilation_asymmetric_pads": ([1, 2, 3, 5], [2, 4, 3, 2], {"dilations": [2, 1], "pads": [0, 1, 1, 0]}),
+    "int16_input": ([1, 3, 4, 4], [3, 2, 4, 4], {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    # Sums far beyond 2**24: exact only because int16 inputs are split into 8-bit parts.
+    "int16_wide_sums": ([1, 64, 5, 5], [64, 8, 3, 3], {"strides": [2, 2]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRANSPOSE_CASES))
+def test_conv_transpose(case: str) -> None:
+    xs, ws, attrs = TRANSPOSE_CASES[case]
+    rng = np.random.default_rng(sorted(TRANSPOSE_CASES).index(case))
+    x_bits = 16 if case.startswith("int16") else 8
+    x, w = ints(rng, x_bits, xs), ints(rng, 8, ws)
+    cout = ws[1] * attrs.get("group", 1)
+    bias = rng.integers(-3000, 3000, cout).astype(np.int32)
+    out_type = "int16" if x_bits == 16 else "int8"
+    req = requant_attrs(rng, out_type, cout, 1.0 / (QMAX[x_bits] * 127 * 3))
+    node = hz_node("HzSQuantizedConv", ["x", "w", "b"], kind="ConvTranspose", x_bits=x_bits, axis=1,
+                   kernel_shape=ws[2:], **attrs, **req)
+    y = check(node, {"x": x}, {"w": w, "b": bias})
+    assert (np.abs(y) == QMAX[x_bits]).any() or np.unique(y).size > 10
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_conv_auto_pad(auto_pad: str) -> None:
+    rng = np.random.default_rng(3)
+    x, w = ints(rng, 8, [1, 3, 7, 6]), ints(rng, 8, [4, 3, 2, 3])
+    node = hz_node("HzSQuantizedConv", ["x", "w"], kind="Conv", x_bits=8, axis=1, kernel_shape=[2, 3],
+                   strides=[2, 1], auto_pad=auto_pad, **requant_attrs(rng, "int8", 4, 1 / (127 * 127 * 4)))
+    check(node, {"x": x}, {"w": w})
+
+
+def test_conv_1d_and_matmul_kind() -> None:
+    rng = np.random.default_rng(4)
+    x, w = ints(rng, 8, [2, 5, 9]), ints(rng, 8, [6, 5, 3])
+    node = hz_node("HzSQuantizedConv", ["x", "w"], kind="Conv", x_bits=8, axis=1, kernel_shape=[3], pads=[1, 1],
+                   **requant_attrs(rng, "int8", 6, 1 / (127 * 127 * 4)))
+    check(node, {"x": x}, {"w": w})
+    for x_bits in (8, 16):
+        x, w = ints(rng, x_bits, [2, 3, 16]), ints(rng, 8, [16, 5])
+        bias = rng.integers(-20000, 20000, 5).astype(np.int32)
+        node = hz_node("HzSQuantizedConv", ["x", "w", "b"], kind="MatMul", x_bits=x_bits, axis=-1,
+                       **requant_attrs(rng, "int8", 5, 1 / (QMAX[x_bits] * 127 * 4)))
+        check(node, {"x": x}, {"w": w, "b": bias})
+
+
+@pytest.mark.parametrize(("a_bits", "b_bits"), [(8, 8), (16, 8), (16, 16)])
+def test_matmul_of_activations(a_bits: int, b_bits: int) -> None:
+    rng = np.random.default_rng(a_bits * b_bits)
+    a, b = ints(rng, a_bits, [2, 3, 4, 9]), ints(rng, b_bits, [2, 3, 9, 5])
+    out = f"int{max(a_bits, b_bits)}"
+    node = hz_node("HzSQuantizedMatMul", ["a", "b"], a_bits=a_bits, b_bits=b_bits, axis=-1,
+                   **requant_attrs(rng, out, 1, 1 / (QMAX[a_bits] * QMAX[b_bits] * 3)))
+    check(node, {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("mode", ["add", "mul"])
+@pytest.mark.parametrize(("a_bits", "b_bits", "b_shape"), [(8, 8, [1, 4, 5, 5]), (16, 8, [1, 4, 1, 1])])
+def test_eltwise(mode: str, a_bits: int, b_bits: int, b_shape: list[int]) -> None:
+    rng = np.random.default_rng(6)
+    a, b = ints(rng, a_bits, [1, 4, 5, 5]), ints(rng, b_bits, b_shape)
+    q = QMAX[a_bits]
+    if mode == "add":
+        attrs = {"a_multiplier": float(f32(0.5)), "b_multiplier": float(f32(-0.75 * q / QMAX[b_bits])),
+                 "multiplier": [1.0]}
+    else:
+        attrs = {"multiplier": [float(f32(2.0 / QMAX[b_bits]))]}
+    node = hz_node("HzSQuantizedEltwise", ["a", "b"], mode=mode, out_type=f"int{a_bits}", out_min=float(-q),
+                   out_max=float(q), **attrs)
+    check(node, {"a": a, "b": b})
+
+
+@pytest.mark.parametrize(("in_bits", "out_type"), [(8, "int8"), (16, "int16"), (16, "int8")])
+def test_lut(in_bits: int, out_type: str) -> None:
+    rng = np.random.default_rng(8)
+    lo = -(1 << (in_bits - 1))
+    q = QMAX[int(out_type[3:])]
+    table = rng.integers(-q, q + 1, -2 * lo)
+    x = rng.integers(lo, -lo, [2, 3, 40]).astype(np.int8 if in_bits == 8 else np.int16)
+    node = hz_node("HzLut", ["x"], table=[int(v) for v in table], in_min=lo, out_type=out_type)
+    check(node, {"x": x})
+
+
+def test_lut_rejects_values_outside_its_table() -> None:
+    node = hz_node("HzLut", ["x"], table=[1, 2, 3], in_min=-1, out_type="int8")
+    with pytest.raises(ValueError, match="outside"):
+        registry.get("HzLut").reference(node, [np.array([5], dtype=np.int8)])
+
+
+@pytest.mark.parametrize("x_bits", [8, 16])
+def test_pools(x_bits: int) -> None:
+    rng = np.random.default_rng(9)
+    q = QMAX[x_bits]
+    x = ints(rng, x_bits, [2, 3, 6, 7])
+    node = hz_node("HzSQuantizedPool", ["x"], kind="GlobalAveragePool", multiplier=[float(f32(1 / 42 * 0.9))],
+                   out_type=f"int{x_bits}", out_min=float(-q), out_max=float(q))
+    check(node, {"x": x})
+    for kernel, strides, pads in [([2, 2], [2, 2], [0, 0, 0, 0]), ([3, 2], [2, 1], [1, 0, 1, 1])]:
+        node = hz_node("HzSQuantizedPool", ["x"], kind="AveragePool", channels=3, x_bits=x_bits,
+                       kernel_shape=kernel, strides=strides, pads=pads,
+                       multiplier=[float(f32(1 / np.prod(kernel)))], out_type=f"int{x_bits}",
+                       out_min=float(-q), out_max=float(q))
+        check(node, {"x": x})
+
+
+def test_concat_copies_and_rescales() -> None:
+    rng = np.random.default_rng(11)
+    a, b, c = ints(rng, 8, [1, 2, 3, 4]), ints(rng, 8, [1, 3, 3, 4]), ints(rng, 16, [1, 1, 3, 4])
+    node = hz_node("HzSQuantizedConcat", ["a", "b", "c"], multipliers=[1.0, 0.5, float(f32(127 / 32767 * 1.3))],
+                   in_types=["int8", "int8", "int16"], concat_axis=1, out_type="int8", out_min=-127.0,
+                   out_max=127.0)
+    y = check(node, {"a": a, "b": b, "c": c})
+    assert_exact(y[:, :2], a)
+
+
+@pytest.mark.parametrize(("shape", "axis", "out_type"), [([2, 4, 3, 3], 1, "int8"), ([2, 3, 5], -1, "int16")])
+def test_requantize_quantize_dequantize(shape: list[int], axis: int, out_type: str) -> None:
+    rng = np.random.default_rng(13)
+    x = rng.integers(-(2**24), 2**24, size=shape).astype(np.int32)
+    q = QMAX[int(out_type[3:])]
+    mult = f32(rng.uniform(0.5, 1.0, shape[axis]) * q / 2**24)
+    node = hz_node("HzRequantize", ["x"], multiplier=[float(m) for m in mult], axis=axis, out_type=out_type,
+                   out_min=float(-q), out_max=float(q))
+    check(node, {"x": x})
+    xf = np.concatenate([(np.arange(-8, 8) + 0.5) * 0.25, rng.normal(0, q * 0.1, 100)]).astype(np.float32)
+    node = hz_node("HzQuantize", ["x"], scale=0.25, out_type=out_type, out_min=float(-q), out_max=float(q))
+    check(node, {"x": xf})
+    scales = f32(rng.uniform(1e-5, 1e-2, shape[axis]))
+    node = hz_node("HzDequantize", ["x"], scales=[float(s) for s in scales], axis=axis)
+    check(node, {"x": x})
+
+
+def test_int32_saturation() -> None:
+    x = np.array([2**30, -(2**30), 5], dtype=np.int32)
+    node = hz_node("HzRequantize", ["x"], multiplier=[4.0], axis=-1, out_type="int32",
+                   out_min=float(-(2**31)), out_max=float(2**31 - 1))
+    assert check(node, {"x": x}).tolist() == [2**31 - 1, -(2**31), 20]
+
+
+def test_conv_falls_back_to_int64_beyond_float64_exactness() -> None:
+    x = np.array([[[[3]]]], dtype=np.int64)
+    w = np.array([[[[2**52 + 1]]]], dtype=np.int64)
+    kwargs = dict(strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], dilations=[1, 1], group=1)
+    exact = conv(x, w, bound=3 * (2**52 + 1), **kwargs)
+    assert exact.dtype == np.int64 and int(exact.reshape(-1)[0]) == 3 * (2**52 + 1)
+    assert 3 * (2**52 + 1) > EXACT_LIMIT

@@ -1,0 +1,173 @@
+"""``hb_mapper infer`` on float and quantized artefacts, then ``vec_diff`` of the two dumps."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from builders import MODELS, Project, make_project
+from click.testing import CliRunner, Result
+
+from hbtools.cli.hb_mapper import main as hb_mapper
+from hbtools.cli.vec_diff import main as vec_diff
+from hbtools.config.loader import load_config
+from hbtools.data.calibration import read_sample_file
+from hbtools.metrics import cosine_similarity
+from hbtools.runtime import HB_ONNXRuntime
+from hbtools.tools.vec_diff import COLUMNS, read_vector
+
+
+def infer(project: Project, kind: str, out: str, *extra: str) -> Result:
+    return CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
+                                          str(project.artefact(kind)), "--model-type", "onnx", "--image-file", "data",
+                                          str(project.root / "cal_data" / "000.bin"), "--output-dir", out, *extra],
+                              catch_exceptions=False)
+
+
+def diff(*args: str) -> Result:
+    return CliRunner().invoke(vec_diff, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(autouse=True)
+def _cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def _converted(root: Path, march: str, layer_out_dump: bool = True) -> Project:
+    project = make_project(root, MODELS["resnet_like"](), march=march, cal_count=3)
+    project.write(model_parameters={"layer_out_dump": layer_out_dump})
+    made = CliRunner().invoke(hb_mapper, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+    assert made.exit_code == 0, made.output
+    return project
+
+
+def _direct_output(project: Project, kind: str, layout: str | None = None) -> np.ndarray:
+    spec = load_config(project.config_path).inputs[0]
+    sample = read_sample_file(project.root / "cal_data" / "000.bin", spec)
+    if layout == "NHWC":
+        sample = np.transpose(sample, (0, 2, 3, 1))
+    sess = HB_ONNXRuntime(model_file=str(project.artefact(kind)))
+    return sess.run(None, {"data": sample})[0]
+
+
+@pytest.mark.parametrize("march", ["bayes-e", "bernoulli2"])
+def test_infer_then_vec_diff_matches_direct_cosine(tmp_path: Path, march: str) -> None:
+    project = _converted(tmp_path / "p", march)
+    for kind, folder in (("optimized", "float_out"), ("quantized", "quant_out")):
+        result = infer(project, kind, folder)
+        assert result.exit_code == 0, result.output
+    assert Path("hb_mapper_infer.log").is_file()
+    output = project.fm.model.graph.output[0].name
+    names = {p.name for p in Path("quant_out").iterdir()}
+    assert names == {p.name for p in Path("float_out").iterdir()}
+    assert {f"{output}_float.bin", "Conv_0_float.bin", "Conv_1_float.bin", "Gemm_0_float.bin"} <= names
+    result = diff("quant_out", "float_out", "-o", "diff.csv")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"Left Files\s+Right Files\s+Cosine Similarity\s+Relative Euclidean Distance\s+"
+                     r"Max Absolute Error\s+Mean Square Error", result.output)
+    with open("diff.csv", newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert tuple(table[0]) == COLUMNS
+    by_file = {r["Left Files"]: r for r in table}
+    direct = cosine_similarity(_direct_output(project, "optimized"),
+                               _direct_output(project, "quantized", "NHWC" if march == "bernoulli2" else None))
+    assert abs(float(by_file[f"{output}_float.bin"]["Cosine Similarity"]) - direct) < 1e-6
+    # Conv layers of the quantized model come back dequantized: close to the float ones.
+    for layer in ("Conv_0", "Conv_1", "Gemm_0"):
+        assert float(by_file[f"{layer}_float.bin"]["Cosine Similarity"]) > 0.95, by_file[f"{layer}_float.bin"]
+    # The calibrated model emulates the quantized one.
+    assert infer(project, "calibrated", "cal_out").exit_code == 0
+    cal = read_vector(Path("cal_out") / f"{output}_float.bin")
+    assert cosine_similarity(cal, read_vector(Path("quant_out") / f"{output}_float.bin")) > 0.99
+
+
+def test_infer_without_layer_out_dump_writes_outputs_only(tmp_path: Path) -> None:
+    project = _converted(tmp_path / "p", "bayes-e", layer_out_dump=False)
+    assert infer(project, "quantized", "q").exit_code == 0
+    assert [p.name for p in Path("q").iterdir()] == [f"{project.fm.model.graph.output[0].name}_float.bin"]
+    # Turning it on afterwards cannot recover the conv layers of a model built without it.
+    project.write(model_parameters={"layer_out_dump": True})
+    result = infer(project, "quantized", "q2")
+    assert result.exit_code == 0 and "built without layer_out_dump" in result.output
+
+
+def test_infer_mistakes(tmp_path: Path) -> None:
+    project = _converted(tmp_path / "p", "bayes-e", layer_out_dump=False)
+    wrong = project.root / "wrong.bin"
+    wrong.write_bytes(b"\x00" * 10)
+    bad = [
+        (["--image-file", "image", "x.bin"], r"'image'"),
+        (["--image-file", "data", str(wrong)], r"wrong\.bin.*10 bytes.*768"),
+    ]
+    for extra, expected in bad:
+        args = ["infer", "-c", str(project.config_path), "--model-file", str(project.artefact("quantized")),
+                "--output-dir", "o", *extra]
+        result = CliRunner().invoke(hb_mapper, args, catch_exceptions=False)
+        assert result.exit_code == 1
+        assert re.search(expected, result.output), result.output
+        assert "Traceback" not in result.output
+    result = CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
+                                            str(project.model_path), "--image-file", "data",
+                                            str(project.root / "cal_data" / "000.bin"), "--output-dir", "o"])
+    assert result.exit_code == 1 and "makertbin artefact" in result.output
+
+
+def test_infer_reads_an_image_file(tmp_path: Path) -> None:
+    import skimage.io
+
+    project = _converted(tmp_path / "p", "bayes-e", layer_out_dump=False)
+    image = np.random.default_rng(0).integers(0, 256, size=(40, 30, 3), dtype=np.uint8)
+    skimage.io.imsave(tmp_path / "photo.png", image, check_contrast=False)
+    result = CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
+                                            str(project.artefact("optimized")), "--image-file", "data",
+                                            str(tmp_path / "photo.png"), "--output-dir", "img"])
+    assert result.exit_code == 0, result.output
+    assert len(list(Path("img").iterdir())) == 1
+
+
+def test_vec_diff_files_and_formats(tmp_path: Path) -> None:
+    a = np.linspace(-1, 1, 12, dtype=np.float32)
+    b = a + np.float32(0.01)
+    a.tofile("a.bin")
+    np.save("b.npy", b)
+    Path("b.txt").write_text(" ".join(map(str, b.tolist())))
+    for right in ("b.npy", "b.txt"):
+        result = diff("a.bin", right)
+        assert result.exit_code == 0, result.output
+        with open("vec_diff_out.csv", newline="") as fh:
+            row = list(csv.DictReader(fh))[0]
+        assert row["Left Files"] == "a.bin" and row["Right Files"] == right
+        assert float(row["Max Absolute Error"]) == pytest.approx(0.01, abs=1e-6)
+        assert float(row["Mean Square Error"]) == pytest.approx(1e-4, rel=1e-3)
+        assert float(row["Relative Euclidean Distance"]) == pytest.approx(
+            np.linalg.norm(a - b) / np.linalg.norm(b), rel=1e-5)
+        assert 0.99 < float(row["Cosine Similarity"]) <= 1.0
+    np.zeros(5, np.float32).tofile("short.bin")
+    result = diff("a.bin", "short.bin")
+    assert result.exit_code == 1 and re.search(r"ERROR .*12 values.*5", result.output)
+    assert diff("a.bin", "missing.bin").exit_code == 1
+    assert diff("--version").exit_code == 0
+
+
+def test_vec_diff_folders_match_by_name(tmp_path: Path) -> None:
+    for folder in ("L", "R"):
+        Path(folder).mkdir()
+    for name in ("x_float.bin", "y_float.bin"):
+        np.arange(4, dtype=np.float32).tofile(Path("L") / name)
+        np.arange(4, dtype=np.float32).tofile(Path("R") / name)
+    np.ones(3, np.float32).tofile(Path("L") / "only_left.bin")
+    np.ones(3, np.float32).tofile(Path("L") / "z_float.bin")
+    np.ones(5, np.float32).tofile(Path("R") / "z_float.bin")
+    result = diff("L", "R", "-o", "out.csv")
+    assert result.exit_code == 0, result.output
+    assert "only_left.bin" in result.output and "WARNING" in result.output
+    assert re.search(r"WARNING skipped: .*z_float\.bin has 3 values", result.output)
+    with open("out.csv", newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert [r["Left Files"] for r in table] == ["x_float.bin", "y_float.bin"]
+    assert all(float(r["Cosine Similarity"]) == 1.0 for r in table)
+    assert diff("L", "a_file_that_is_not_here").exit_code == 1

@@ -1,0 +1,167 @@
+"""March profiles as data, and the BPU/CPU placement they give (build_partition on small graphs)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from builders import _Graph
+from onnx import ModelProto
+
+from hbtools.config.model import NodeInfo
+from hbtools.march.constraints import classify_broadcast
+from hbtools.march.profiles import BROADCASTS, FORMS, PROFILES, get_profile
+from hbtools.quant.units import Partition, build_partition
+
+MARCHES = ("bernoulli2", "bayes", "bayes-e", "nash-e", "nash-m")
+
+
+def _partition(model: ModelProto, march: str, node_info: dict[str, NodeInfo] | None = None, **kw) -> Partition:
+    return build_partition(model, get_profile(march), node_info or {}, **kw)
+
+
+def _placement(part: Partition) -> dict[str, tuple[str, str]]:
+    return {name: (on, sub) for name, on, sub, _ in part.rows()}
+
+
+def _reason(part: Partition, node: str) -> str:
+    return part.unit_of_node[node].reason
+
+
+@pytest.mark.parametrize("march", MARCHES)
+def test_profiles_are_well_formed_data(march: str) -> None:
+    p = get_profile(march.upper())  # case-insensitive
+    assert p.name == march and p.board and p.peak_int8_tops > 0 and p.ddr_gbps > 0 and p.core_num
+    assert p.bpu_ops == frozenset(p.ops)
+    for op, rule in p.ops.items():
+        assert set(rule.forms) <= set(FORMS), op
+        assert set(rule.broadcast) <= set(BROADCASTS), op
+        assert 1 <= rule.ranks[0] <= rule.ranks[1], op
+        assert rule.hz_type == "" or rule.hz_type.startswith("Hz"), op
+    assert p.ops["Conv"].hz_type == "HzSQuantizedConv"
+    assert p.ops["Sigmoid"].hz_type == "HzLut"
+    assert p.ops["Mul"].hz_type == "HzSQuantizedMul"
+
+
+def test_march_differences_live_in_the_data() -> None:
+    x3, x5 = PROFILES["bernoulli2"], PROFILES["bayes-e"]
+    assert not x3.int16 and x5.int16
+    assert x3.quantized_input_layout == "NHWC"
+    assert "Reshape" not in x3.ops and "Reshape" in x5.ops
+    assert x3.ops["Conv"].kernel < x5.ops["Conv"].kernel
+    assert x3.ops["Conv"].ranks == (4, 4)
+
+
+@pytest.mark.parametrize(("a", "b", "form"), [
+    ([1, 8, 4, 4], [1, 8, 4, 4], "same"),
+    ([1, 8, 4, 4], [1], "scalar"),
+    ([1, 8, 4, 4], [1, 8, 1, 1], "channel"),
+    ([1, 8, 4, 4], [8, 1, 1], "channel"),
+    ([1, 8, 4, 4], [1, 1, 4, 4], "general"),
+    ([1, 8, 4, 4], [1, 3, 4, 4], None),
+])
+def test_classify_broadcast(a: list[int], b: list[int], form: str | None) -> None:
+    assert classify_broadcast(a, b) == form
+
+
+def _reshape_pow_chain() -> ModelProto:
+    """conv -> Reshape to 3-D -> Pow -> Reshape back -> conv: BPU on bayes-e, split on bernoulli2."""
+    g = _Graph(7)
+    c1 = g.conv("data", 3, 8)
+    flat = g.op("Reshape", [c1, g.const(np.array([1, 8, 64], dtype=np.int64), "s3")])
+    sq = g.op("Pow", [flat, g.const(np.float32(2.0))])
+    back = g.op("Reshape", [sq, g.const(np.array([1, 8, 8, 8], dtype=np.int64), "s4")])
+    out = g.conv(back, 8, 4)
+    return g.model({"data": [1, 3, 8, 8]}, [out]).model
+
+
+def test_reshape_chain_splits_subgraphs_on_bernoulli2() -> None:
+    model = _reshape_pow_chain()
+    x5 = _partition(model, "bayes-e")
+    assert {sub for _, _, sub, _ in x5.rows()} == {"id(0)"}
+    x3 = _partition(model, "bernoulli2")
+    placed = _placement(x3)
+    assert placed["Conv_0"] == ("BPU", "id(0)")
+    assert placed["Reshape_0"] == ("CPU", "--") and placed["Pow_0"] == ("CPU", "--")
+    assert placed["Conv_1"] == ("BPU", "id(1)")
+    assert "Reshape is not supported on the BPU of bernoulli2 (RDK X3)" in _reason(x3, "Reshape_0")
+    assert "3-D tensor [1, 8, 64]" in _reason(x3, "Pow_0") and "4-D" in _reason(x3, "Pow_0")
+    # Rows: one per node, CPU rows show the ONNX type.
+    assert [r[0] for r in x3.rows()] == [n.name for n in model.graph.node]
+    assert ("Pow_0", "CPU", "--", "Pow") in x3.rows()
+
+
+@pytest.mark.parametrize(("build", "node", "x3_reason"), [
+    (lambda g: g.op("Transpose", [g.conv("data", 3, 8)], perm=[0, 1, 3, 2]), "Transpose_0", "perm [0, 1, 3, 2]"),
+    (lambda g: g.op("Concat", [g.conv("data", 3, 8), g.conv("data", 3, 8)], axis=0), "Concat_0", "axis 0"),
+    (lambda g: g.op("Mul", [g.conv("data", 3, 8), g.op("Relu", [g.conv("data", 3, 1)])]), "Mul_0",
+     "general broadcasting"),
+])
+def test_march_constraints_give_reasons(build, node: str, x3_reason: str) -> None:
+    g = _Graph(8)
+    out = build(g)
+    model = g.model({"data": [1, 3, 8, 8]}, [g.conv(out, 8 if node != "Concat_0" else 8, 4, k=1)]).model
+    assert _placement(_partition(model, "bayes-e"))[node][0] == "BPU"
+    x3 = _partition(model, "bernoulli2")
+    assert _placement(x3)[node][0] == "CPU"
+    assert x3_reason in _reason(x3, node) and "bernoulli2" in _reason(x3, node)
+
+
+def test_kernel_limit_is_per_march() -> None:
+    g = _Graph(9)
+    model = g.model({"data": [1, 3, 16, 16]}, [g.conv("data", 3, 4, k=9)]).model
+    assert _placement(_partition(model, "bayes-e"))["Conv_0"][0] == "BPU"
+    x3 = _partition(model, "bernoulli2")
+    assert _placement(x3)["Conv_0"][0] == "CPU"
+    assert "kernel [9, 9] exceeds 7" in _reason(x3, "Conv_0")
+
+
+def test_unlowered_and_unknown_ops_say_why() -> None:
+    g = _Graph(10)
+    s = g.op("Softmax", [g.conv("data", 3, 8)], axis=1)
+    t = g.op("Mul", [s, g.const(np.full([1, 8, 1, 1], 0.5, dtype=np.float32))])
+    model = g.model({"data": [1, 3, 8, 8]}, [g.op("Relu", [t])]).model
+    x5 = _partition(model, "bayes-e")
+    assert "no integer kernel" in _reason(x5, "Softmax_0")
+    assert "only scalar constants" in _reason(x5, "Mul_0")
+    x3 = _partition(model, "bernoulli2")
+    assert "Softmax is not supported on the BPU of bernoulli2" in _reason(x3, "Softmax_0")
+
+
+def test_overrides_and_isolated_ops() -> None:
+    """A Transpose between two CPU ops stays in float unless run_on_bpu or fast-perf (all_bpu) says otherwise."""
+    g = _Graph(11)
+    s1 = g.op("Softmax", [g.conv("data", 3, 8)], axis=1)
+    t = g.op("Transpose", [s1], perm=[0, 1, 3, 2])
+    s2 = g.op("Softmax", [t], axis=1)
+    model = g.model({"data": [1, 3, 8, 8]}, [g.conv(s2, 8, 4)]).model
+    default = _partition(model, "bayes-e")
+    assert _placement(default)["Transpose_0"] == ("CPU", "--")
+    assert "kept in float" in _reason(default, "Transpose_0")
+    forced = _partition(model, "bayes-e", {"Transpose_0": NodeInfo(on="BPU")})
+    assert _placement(forced)["Transpose_0"] == ("BPU", "id(1)")
+    fast = _partition(model, "bayes-e", all_bpu=True)
+    assert _placement(fast)["Transpose_0"] == ("BPU", "id(1)")
+    assert _placement(fast)["Conv_1"] == ("BPU", "id(2)")
+    on_cpu = _partition(model, "bayes-e", {"Conv_0": NodeInfo(on="CPU")})
+    assert _placement(on_cpu)["Conv_0"] == ("CPU", "--")
+    assert "run_on_cpu" in _reason(on_cpu, "Conv_0")
+
+
+def test_run_on_bpu_of_an_impossible_node_warns(caplog: pytest.LogCaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # hbtools.log.setup (run by earlier CLI tests) stops propagation to the root logger caplog hooks.
+    monkeypatch.setattr(logging.getLogger("hbtools"), "propagate", True)
+    g = _Graph(12)
+    model = g.model({"data": [1, 3, 8, 8]}, [g.op("Softmax", [g.conv("data", 3, 8)], axis=1)]).model
+    with caplog.at_level("WARNING", logger="hbtools"):
+        part = _partition(model, "bernoulli2", {"Softmax_0": NodeInfo(on="BPU"), "nope": NodeInfo(on="CPU")})
+    assert _placement(part)["Softmax_0"][0] == "CPU"
+    text = caplog.text
+    assert "Softmax_0 cannot run on the BPU" in text and "bernoulli2" in text
+    assert "nope" in text and "not in the optimized model" in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hbtools"):
+        _partition(model, "bernoulli2", {"Softmax_0": NodeInfo(on="BPU")}, warn=False)
+    assert not caplog.text
