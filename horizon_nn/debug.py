@@ -1,19 +1,4 @@
 """Compatibility import: ``import horizon_nn.debug as dbg`` is ``hbtools.debug``."""
 
-from hbtools.debug import (
-    get_channelwise_data_distribution,
-    get_sensitivity_of_nodes,
-    plot_acc_error,
-    plot_distribution,
-    runall,
-    sensitivity_analysis,
-)
-
-__all__ = [
-    "get_channelwise_data_distribution",
-    "get_sensitivity_of_nodes",
-    "plot_acc_error",
-    "plot_distribution",
-    "runall",
-    "sensitivity_analysis",
-]
+from hbtools.debug import *  # noqa: F403 - the re-export is the point of this module
+from hbtools.debug import __all__  # noqa: F401

@@ -88,12 +88,17 @@ def _split16(ctx: LoweringContext, x: str, hint: str, nodes: list[NodeProto]) ->
 
 def _integer_product(ctx: LoweringContext, op: str, a: str, a_bits: int, b: str, b_bits: int, hint: str,
                      nodes: list[NodeProto], **attrs) -> str:
-    """Exact a (*) b as float64 through ConvInteger / MatMulInteger on 8-bit parts."""
+    """Exact a (*) b as float64 through ConvInteger / MatMulInteger (or ConvTranspose) on 8-bit parts."""
     parts_a = _split16(ctx, a, f"{hint}_a", nodes) if a_bits == 16 else [(a, 1.0)]
     parts_b = _split16(ctx, b, f"{hint}_b", nodes) if b_bits == 16 else [(b, 1.0)]
     total = None
     for pa, wa in parts_a:
         for pb, wb in parts_b:
+            if op == "ConvTranspose":
+                # No integer ConvTranspose kernel: float32 on 8-bit parts is exact while sums stay
+                # below 2**24, which the partition's bound on the number of terms guarantees.
+                pa = _cast(ctx, pa, TensorProto.FLOAT, f"{hint}_af", nodes)
+                pb = _cast(ctx, pb, TensorProto.FLOAT, f"{hint}_bf", nodes)
             n, acc = _node(ctx, op, [pa, pb], f"{hint}_acc", **attrs)
             nodes.append(n)
             term = _cast(ctx, acc, TensorProto.DOUBLE, f"{hint}_accd", nodes)
@@ -218,24 +223,7 @@ class HzSQuantizedConv(HzOp):
         x, w = node.input[0], node.input[1]
         rank = ctx.rank(node.output[0])
         if a["kind"] == "ConvTranspose":
-            # No integer ConvTranspose kernel: float32 on 8-bit integer values is exact while the
-            # sums stay below 2**24 (the partition bounds the terms); int16 inputs go in 8-bit parts.
-            parts = _split16(ctx, x, f"{hint}_x", nodes) if a["x_bits"] == 16 else [(x, 1.0)]
-            wf = _cast(ctx, w, TensorProto.FLOAT, f"{hint}_wf", nodes)
-            acc = None
-            for part, weight in parts:
-                xf = _cast(ctx, part, TensorProto.FLOAT, f"{hint}_xf", nodes)
-                n, term = _node(ctx, "ConvTranspose", [xf, wf], f"{hint}_acc", **conv_attrs)
-                nodes.append(n)
-                term = _cast(ctx, term, TensorProto.DOUBLE, f"{hint}_accd", nodes)
-                if weight != 1.0:
-                    n, term = _node(ctx, "Mul", [term, ctx.constant(f"{hint}_w", np.array(weight))], f"{hint}_term")
-                    nodes.append(n)
-                if acc is None:
-                    acc = term
-                else:
-                    n, acc = _node(ctx, "Add", [acc, term], f"{hint}_sum")
-                    nodes.append(n)
+            acc = _integer_product(ctx, "ConvTranspose", x, a["x_bits"], w, 8, hint, nodes, **conv_attrs)
         elif a["kind"] == "MatMul":
             acc = _integer_product(ctx, "MatMulInteger", x, a["x_bits"], w, 8, hint, nodes)
         else:
