@@ -55,3 +55,23 @@ def logger_restored() -> Iterator[None]:
         logger.handlers[:] = handlers
         logger.setLevel(level)
         logger.propagate = propagate
+
+
+def mutate_bytes(data: bytes, ops: list[tuple[str, int, int]]) -> bytes:
+    """Apply (op, position, value) edits: flip/set a byte, cut the tail, insert or delete bytes."""
+    b = bytearray(data)
+    for op, pos, val in ops:
+        if not b:
+            break
+        pos %= len(b)
+        if op == "flip":
+            b[pos] ^= val
+        elif op == "set":
+            b[pos] = val
+        elif op == "cut":
+            del b[pos:]
+        elif op == "insert":
+            b[pos:pos] = bytes([val])
+        else:
+            del b[pos : pos + min(val, 40)]
+    return bytes(b)

@@ -28,7 +28,7 @@ def _run(bin_file: str, model_name: str | None) -> None:
     from hbtools.tools.model_info import deleted_nodes_info, report
 
     f = read_bin(bin_file)
-    models = [f.model(model_name)] if model_name else f.models
+    models = f.selected(model_name)
     click.echo("Start hb_model_info....")
     click.echo(f"hb_model_info version {__version__}")
     if f.packed:

@@ -34,7 +34,7 @@ def _run(bin_file: str, model_name: str | None) -> None:
     from hbtools.tools.perf_report import write_report
 
     f = read_bin(bin_file)
-    models = [f.model(model_name)] if model_name else f.models
+    models = f.selected(model_name)
     for model in models:
         page = write_report(load(model, f.path), Path(RESULT_DIR))
         log.info("%s: performance report written to %s", model.name, page)

@@ -64,11 +64,27 @@ class BinModel:
         from google.protobuf.message import DecodeError
 
         try:
-            return onnx.load_model_from_string(bytes(self.graph))
+            model = onnx.load_model_from_string(bytes(self.graph))
         except (DecodeError, ValueError, RuntimeError) as e:
             raise BinFormatError(
                 _one_line(f"graph of model {self.name!r} is not a valid ONNX model: {e}")
             ) from None
+        _check_text_attributes(model, self.name)
+        return model
+
+
+def _check_text_attributes(model: Any, name: str) -> None:
+    """ONNX keeps string attributes as raw bytes; ours are always UTF-8, anything else is damage."""
+    for node in model.graph.node:
+        for attr in node.attribute:
+            for raw in (attr.s, *attr.strings):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise BinFormatError(
+                        _one_line(f"graph of model {name!r}: attribute {attr.name!r} of node "
+                                  f"{node.name!r} is not UTF-8 text (corrupted file?)")
+                    ) from None
 
 
 @dataclass
@@ -83,6 +99,10 @@ class BinFile:
     @property
     def names(self) -> list[str]:
         return [m.name for m in self.models]
+
+    def selected(self, name: str | None) -> list[BinModel]:
+        """The model called ``name`` (the tools' ``-m``), or every model when no name is given."""
+        return [self.model(name)] if name else list(self.models)
 
     def model(self, name: str | None = None) -> BinModel:
         """The model called ``name``; ``None`` means the only one."""

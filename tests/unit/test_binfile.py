@@ -7,6 +7,7 @@ import struct
 import zlib
 
 import pytest
+from bin_fixtures import mutate_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -317,30 +318,13 @@ _MUTATION = st.one_of(
 )
 
 
-def _mutate(data: bytes, ops) -> bytes:
-    b = bytearray(data)
-    for op, pos, val in ops:
-        if not b:
-            break
-        pos %= len(b)
-        if op == "flip":
-            b[pos] ^= val
-        elif op == "set":
-            b[pos] = val
-        elif op == "cut":
-            del b[pos:]
-        elif op == "insert":
-            b[pos:pos] = bytes([val])
-        else:
-            del b[pos : pos + val]
-    return bytes(b)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(_MUTATION, min_size=1, max_size=4), reseal=st.booleans())
 def test_fuzz_only_binformaterror(sample, ops, reseal):
     folder, base = sample
-    data = _mutate(base, ops)
+    data = mutate_bytes(base, ops)
     if reseal:  # get past the checksums so the structural checks are exercised too
         data = _reseal(data)
     path = folder / "fuzz.bin"
@@ -447,3 +431,12 @@ def test_write_rejects_bad_models(tmp_path, models, packed, expect):
 def test_write_into_missing_directory(tmp_path):
     with pytest.raises(BinFormatError, match="cannot write"):
         write_bin(tmp_path / "no" / "out.bin", [_model()])
+
+
+def test_graph_with_non_utf8_attribute_is_a_format_error() -> None:
+    node = helper.make_node("HzLut", ["x"], ["y"], name="lut", domain="horizon", out_type=b"\xce\x00int8")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT8, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT8, [1])])
+    model = BinModel(name="damaged", graph=helper.make_model(graph).SerializeToString())
+    with pytest.raises(BinFormatError, match="attribute 'out_type' of node 'lut' is not UTF-8"):
+        model.load_graph()

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import onnx
 import pytest
-from bin_fixtures import build_bin, invoke
+from bin_fixtures import build_bin, invoke, mutate_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
@@ -103,23 +103,6 @@ _BYTE_OP = st.tuples(st.sampled_from(["flip", "set", "cut", "insert", "delete"])
                      st.integers(1, 255))
 
 
-def _mutate_bytes(data: bytes, ops: list) -> bytes:
-    b = bytearray(data)
-    for op, pos, val in ops:
-        if not b:
-            break
-        pos %= len(b)
-        if op == "flip":
-            b[pos] ^= val
-        elif op == "set":
-            b[pos] = val
-        elif op == "cut":
-            del b[pos:]
-        elif op == "insert":
-            b[pos:pos] = bytes([val])
-        else:
-            del b[pos: pos + val % 40]
-    return bytes(b)
 
 
 @settings(max_examples=FILES["bytes"], deadline=None, derandomize=True,
@@ -127,7 +110,7 @@ def _mutate_bytes(data: bytes, ops: list) -> bytes:
 @given(ops=st.lists(_BYTE_OP, min_size=1, max_size=4), reseal=st.booleans())
 def test_fuzz_bytes(base, ops, reseal) -> None:
     folder, _, original = base
-    data = _mutate_bytes(original, ops)
+    data = mutate_bytes(original, ops)
     check_entry_points(folder, _reseal(data) if reseal else data)
 
 
