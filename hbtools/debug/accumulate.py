@@ -73,13 +73,13 @@ def accumulate(cm: CalibratedModel, samples: Sequence[Sample], curves: list[Curv
                average_mode: bool, folder: Path, mode: str) -> tuple[dict[str, dict[str, float]], Path]:
     nodes = _traced_nodes(cm)
     board = shared_board(cm, [cm.nodes[n].output[0] for n in nodes])
-    totals = np.zeros((len(curves), len(nodes)))
+    per_sample = np.zeros((len(curves), len(samples), len(nodes)))
 
-    def visit(k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
-        totals[k] += [METRICS[metric](r, g) for r, g in zip(reference, got, strict=True)]
+    def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
+        per_sample[k, index] = [METRICS[metric](r, g) for r, g in zip(reference, got, strict=True)]
 
     sweep(board, samples, [c.config for c in curves], visit, "accumulated error")
-    values = totals / len(samples)
+    values = per_sample.mean(axis=1)
     if average_mode:
         values = np.cumsum(values, axis=1) / np.arange(1, len(nodes) + 1)
     fig, (ax,) = plots.figure(max(10.0, len(nodes) * 0.08), 6.0, bottom=0.3)

@@ -10,6 +10,7 @@ no switch is enabled.
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Collection, Sequence
 
@@ -24,6 +25,8 @@ from hbtools.debug.switches import enable_input, switchable_model
 
 log = logging.getLogger("hbtools")
 ON, OFF = np.array(True), np.array(False)
+# Runs side by side (see ``evaluate.sweep``), each on one onnxruntime thread.
+WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 class Switchboard:
@@ -61,6 +64,7 @@ class Switchboard:
             self._dummy = {t: np.zeros((0,), helper.tensor_dtype_to_np_dtype(types[t])) for t in exported}
             self._has_quant = {k for stages in self._stages_of.values() for k in stages}
         self.runs = 0
+        self.workers = WORKERS
 
     def _with_outputs(self, model: ModelProto, plan: staging.Stages | None) -> ModelProto:
         """The observed and handed-over tensors as graph outputs, so runs can fetch them."""
@@ -127,6 +131,7 @@ def _session(model: ModelProto) -> ort.InferenceSession:
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = False
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.intra_op_num_threads = max(1, (os.cpu_count() or 1) // WORKERS)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

@@ -2,14 +2,19 @@
 
 Samples are the outer loop: one float pass per sample (kept only while that sample
 is evaluated), then every configuration on it. The models here have a fixed batch
-of 1, so samples run one by one. A score is the mean over samples of the metric,
-itself the mean over the observed tensors.
+of 1 (their shape constants are folded for it), so instead of batching, samples run
+on parallel workers sharing the one session, each run single-threaded
+(``board.WORKERS``): the small convolutions of a batch-1 model split badly over
+threads, and whole runs side by side keep every core busy. A score is the mean over
+samples of the metric, itself the mean over the observed tensors.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from tqdm import tqdm
@@ -19,20 +24,34 @@ from hbtools.debug.data import Sample
 from hbtools.metrics import METRICS
 
 Config = frozenset[str]
-# Called with (configuration index, float values, quantized values) of the observed tensors.
-Visitor = Callable[[int, list[np.ndarray], list[np.ndarray]], None]
+# Called with (sample index, configuration index, float values, quantized values) of the
+# observed tensors; calls are serialized, in no particular sample order.
+Visitor = Callable[[int, int, list[np.ndarray], list[np.ndarray]], None]
 
 
 def sweep(board: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], visit: Visitor,
           desc: str) -> None:
     bar = tqdm(total=len(samples) * len(configs), desc=desc, unit="run", disable=not sys.stderr.isatty(),
                leave=False)
-    for sample in samples:
+    lock = threading.Lock()
+
+    def one_sample(index: int) -> None:
+        sample = samples[index]
         cache = board.float_pass(sample)
         reference = [cache[t] for t in board.observe]
         for k, config in enumerate(configs):
-            visit(k, reference, board.run(sample, cache, config))
-            bar.update()
+            got = board.run(sample, cache, config)
+            with lock:
+                visit(index, k, reference, got)
+                bar.update()
+
+    workers = min(board.workers, len(samples))
+    if workers <= 1:
+        for index in range(len(samples)):
+            one_sample(index)
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(one_sample, range(len(samples))))  # list(): re-raise a worker's exception
     bar.close()
 
 
@@ -40,27 +59,29 @@ def scores(board: Switchboard, samples: Sequence[Sample], configs: Sequence[Conf
            desc: str) -> list[dict[str, float]]:
     """Per configuration, each metric between its outputs and the float outputs."""
     unique = list(dict.fromkeys(configs))  # nodes with the same switches share one run
-    sums = [dict.fromkeys(metrics, 0.0) for _ in unique]
+    # Per sample, summed in sample order afterwards: the result does not depend on which worker finished first.
+    values = np.zeros((len(unique), len(metrics), len(samples)))
 
-    def visit(k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
-        for m in metrics:
-            sums[k][m] += float(np.mean([METRICS[m](r, g) for r, g in zip(reference, got, strict=True)]))
+    def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
+        for j, m in enumerate(metrics):
+            values[k, j, index] = np.mean([METRICS[m](r, g) for r, g in zip(reference, got, strict=True)])
 
     sweep(board, samples, unique, visit, desc)
-    by_config = {c: {m: v / len(samples) for m, v in s.items()} for c, s in zip(unique, sums, strict=True)}
+    means = values.mean(axis=2)
+    by_config = {c: {m: float(v) for m, v in zip(metrics, row, strict=True)} for c, row in zip(unique, means, strict=True)}
     return [by_config[c] for c in configs]
 
 
 def tensor_values(board: Switchboard, samples: Sequence[Sample], quantized: Config) -> tuple[
         dict[str, list[np.ndarray]], dict[str, list[np.ndarray]]]:
     """The observed tensors per sample in the float model and with ``quantized`` enabled."""
-    floats: dict[str, list[np.ndarray]] = {t: [] for t in board.observe}
-    quants: dict[str, list[np.ndarray]] = {t: [] for t in board.observe}
+    floats: dict[str, list[np.ndarray]] = {t: [np.empty(0)] * len(samples) for t in board.observe}
+    quants: dict[str, list[np.ndarray]] = {t: [np.empty(0)] * len(samples) for t in board.observe}
 
-    def visit(_: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
+    def visit(index: int, _: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
         for t, r, g in zip(board.observe, reference, got, strict=True):
-            floats[t].append(r)
-            quants[t].append(g)
+            floats[t][index] = r
+            quants[t][index] = g
 
     sweep(board, samples, [quantized], visit, "distributions")
     return floats, quants
