@@ -163,9 +163,30 @@ def _custom_op(co: dict[str, Any], base: Path) -> CustomOpParameters:
         raise group_error(
             "custom_op", f"custom_op_dir '{op_dir}' is not an existing folder; {_where(base)}"
         )
+    files = co.get("op_register_files", [])
+    if co.get("custom_op_method") and not files:
+        raise group_error(
+            "custom_op",
+            "custom_op_method register needs 'op_register_files': the Python file(s) of the ops "
+            "(write one with 'hb_custom_op create')",
+        )
+    # The files are looked up in custom_op_dir, else next to the config; ".py" may be left out.
+    folder = op_dir or base
+    resolved = []
+    for name in files:
+        path = _resolve(folder, name)
+        if not path.is_file() and path.suffix != ".py" and path.with_name(path.name + ".py").is_file():
+            path = path.with_name(path.name + ".py")
+        if not path.is_file():
+            raise group_error(
+                "custom_op",
+                f"op_register_files: '{path}' does not exist; check the file name and "
+                f"custom_op_dir (relative paths start from the config's folder {base})",
+            )
+        resolved.append(str(path))
     return CustomOpParameters(
         custom_op_method=co.get("custom_op_method"),
-        op_register_files=co.get("op_register_files", []),
+        op_register_files=resolved,
         custom_op_dir=op_dir,
     )
 

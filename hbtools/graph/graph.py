@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, numpy_helper
 
+from hbtools.ops import custom
 from hbtools.ops.base import attrs_of
 
 
@@ -52,6 +53,11 @@ class GraphView:
     def shapes(self) -> dict[str, list[int | None]]:
         """Static shapes from onnx shape inference (None for unknown dims)."""
         inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+        for _ in range(64 if any(custom.custom_op_of(n) is not None for n in self.graph.node) else 0):
+            # Custom ops' shape functions fill the gaps onnx leaves; then onnx continues from there.
+            if not _apply_value_infos(inferred, custom_value_infos(inferred, _known(inferred))):
+                break
+            inferred = onnx.shape_inference.infer_shapes(inferred, strict_mode=False)
         out: dict[str, list[int | None]] = {}
         for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
@@ -134,8 +140,7 @@ def infer_shapes(model: ModelProto) -> ModelProto:
     del model.graph.value_info[:]
     for _ in range(64):
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        known = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
-                 if vi.type.tensor_type.HasField("shape")}
+        known = _known(inferred)
         added = False
         for node in inferred.graph.node:
             if node.op_type in _SHAPE_PRESERVING and node.output[0] not in known and node.input[0] in known:
@@ -143,6 +148,7 @@ def infer_shapes(model: ModelProto) -> ModelProto:
                 inferred.graph.value_info.append(
                     onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, dims))
                 added = True
+        added |= _apply_value_infos(inferred, custom_value_infos(inferred, known))
         model = inferred
         if not added:
             break
@@ -151,6 +157,45 @@ def infer_shapes(model: ModelProto) -> ModelProto:
     del model.graph.value_info[:]
     model.graph.value_info.extend(typed)
     return model
+
+
+def _known(model: ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    graph = model.graph
+    return {vi.name: vi for vi in [*graph.value_info, *graph.input, *graph.output] if vi.type.tensor_type.HasField("shape")}
+
+
+def custom_value_infos(model: ModelProto, known: dict[str, onnx.ValueInfoProto]) -> list[onnx.ValueInfoProto]:
+    """Float outputs of registered custom CPU ops (onnx cannot infer them), shaped by their shape function."""
+    out = []
+    consts = {t.name: list(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if custom.custom_op_of(node) is None:
+            continue
+        shapes = [consts[i] if i in consts else (_dims(known[i]) if i in known else None) for i in node.input if i]
+        dims = custom.output_shapes(node, shapes)
+        if dims is None:
+            continue
+        for o, d in zip(node.output, dims, strict=True):
+            if o and (o not in known or _dims(known[o]) != d):
+                out.append(onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, d))
+    return out
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list[int | None]:
+    return [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+
+
+def _apply_value_infos(model: ModelProto, infos: list[onnx.ValueInfoProto]) -> bool:
+    """Record ``infos`` in the graph (graph outputs take the type directly); True if anything changed."""
+    outputs = {o.name: o for o in model.graph.output}
+    for vi in infos:
+        if vi.name in outputs:
+            outputs[vi.name].type.CopyFrom(vi.type)
+            continue
+        for old in [v for v in model.graph.value_info if v.name == vi.name]:
+            model.graph.value_info.remove(old)
+        model.graph.value_info.append(vi)
+    return bool(infos)
 
 
 def _type_outputs(model: ModelProto) -> None:

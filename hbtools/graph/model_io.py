@@ -96,7 +96,7 @@ _CPU_DOMAINS = ("com.microsoft",)
 def check_layers_supported(model: ModelProto) -> None:
     """Every node must run somewhere: a standard op of the model's opset, a Horizon op, or an
     onnxruntime contrib op. Anything else cannot go on the BPU or the CPU (seed message form)."""
-    from hbtools.ops import registry
+    from hbtools.ops import custom, registry
 
     opset = default_opset(model)
     local_functions = {(f.domain, f.name) for f in model.functions}  # onnxruntime inlines these
@@ -113,7 +113,10 @@ def check_layers_supported(model: ModelProto) -> None:
             except KeyError:
                 known = False
         else:
-            known = domain in _CPU_DOMAINS
+            known = domain in _CPU_DOMAINS or custom.custom_op_of(node) is not None
         if not known:
             where = f" (domain '{domain}')" if domain else f" (not an ONNX op at opset {opset})"
-            raise HbError(f"Not support layer name={node.name or '?'} type={node.op_type}{where}")
+            # One line: what is unknown, then how a custom CPU op is made known.
+            own_domain = "" if domain else "give it a domain of its own (e.g. 'horizon.custom'), "
+            raise HbError(f"Not support layer name={node.name or '?'} type={node.op_type}{where}; if it is a "
+                          f"custom CPU op, {own_domain}{custom.REGISTER_HINT}")

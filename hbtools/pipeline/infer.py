@@ -25,6 +25,7 @@ from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
 from hbtools.march.layout import permutation, to_layout
 from hbtools.march.profiles import get_profile
+from hbtools.ops import custom
 from hbtools.pipeline.layer_dump import (
     Layer,
     conv_layers,
@@ -88,6 +89,7 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
           output_dir: str | Path, input_layout: str | None = None) -> list[Path]:
     """Run ``model_file`` on ``images`` (input name, file) and write its layer results into ``output_dir``."""
     config = load_config(config_path, model_type)
+    custom.register_from_config(config.custom_op.op_register_files)  # the model may use custom CPU ops
     model = load_model(model_file)
     specs = {s.name: s for s in _specs(config, model)}
     given = dict(images)

@@ -13,15 +13,17 @@ from __future__ import annotations
 import copy
 import logging
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import ModelProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView, infer_shapes, remove_dead_nodes, topological_sort
 from hbtools.graph.model_io import with_horizon_domain
+from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
 
 log = logging.getLogger("hbtools")
@@ -33,10 +35,12 @@ def run(model: ModelProto) -> ModelProto:
     pre_nodes = [n for n in model.graph.node if n.domain == DOMAIN]
     original_inputs = list(model.graph.input)
     body = _without_preprocess(model, pre_nodes)
+    cut = _cut_custom_nodes(body)
     body = _onnxruntime_basic(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     remove_dead_nodes(body)
+    _restore_custom_nodes(body, cut)
     out = _with_preprocess(body, pre_nodes, original_inputs, model)
     topological_sort(out)
     log.info("Optimized model: %d nodes (from %d)", len(out.graph.node), len(model.graph.node))
@@ -58,6 +62,62 @@ def _without_preprocess(model: ModelProto, pre_nodes: list) -> ModelProto:
     body.graph.input.extend(new_inputs)
     with_horizon_domain(body)
     return body
+
+
+@dataclass
+class _CustomCut:
+    nodes: list[NodeProto]
+    inputs: set[str]  # custom outputs, graph inputs of the body while onnxruntime optimizes it
+    outputs: set[str]  # custom inputs, graph outputs of the body meanwhile (so they survive)
+    constants: list[onnx.TensorProto]
+    opsets: list[onnx.OperatorSetIdProto]
+
+
+def _cut_custom_nodes(body: ModelProto) -> _CustomCut:
+    """Take the custom CPU ops out of the body: onnxruntime cannot load them.
+
+    Their outputs become body inputs and their inputs body outputs, so what
+    onnxruntime rewrites around them keeps the tensor names they connect to.
+    """
+    nodes = [n for n in body.graph.node if custom.custom_op_of(n) is not None]
+    if not nodes:
+        return _CustomCut([], set(), set(), [], [])
+    view = GraphView(body)
+    shapes = view.shapes
+    for n in nodes:
+        body.graph.node.remove(n)
+    outs = {o for n in nodes for o in n.output if o}
+    ins = {i for n in nodes for i in n.input if i and i not in outs}
+    consts = [t for t in body.graph.initializer if t.name in ins]
+    produced = {o for n in body.graph.node for o in n.output}
+    present = {o.name for o in body.graph.output}
+    elem = {vi.name: vi.type.tensor_type.elem_type for vi in [*body.graph.value_info, *body.graph.input]}
+    extra_out = sorted(i for i in ins if i in produced and i not in present)
+    body.graph.output.extend(helper.make_tensor_value_info(i, elem.get(i, onnx.TensorProto.FLOAT), None)
+                             for i in extra_out)
+    body.graph.input.extend(helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, shapes.get(o))
+                            for o in sorted(outs))
+    domains = {n.domain for n in nodes}
+    opsets = [o for o in body.opset_import if o.domain in domains]
+    return _CustomCut(nodes, outs, set(extra_out), consts, opsets)
+
+
+def _restore_custom_nodes(body: ModelProto, cut: _CustomCut) -> None:
+    if not cut.nodes:
+        return
+    kept_in = [i for i in body.graph.input if i.name not in cut.inputs]
+    del body.graph.input[:]
+    body.graph.input.extend(kept_in)
+    kept_out = [o for o in body.graph.output if o.name not in cut.outputs]
+    del body.graph.output[:]
+    body.graph.output.extend(kept_out)
+    have = {t.name for t in body.graph.initializer}
+    body.graph.initializer.extend(t for t in cut.constants if t.name not in have)
+    body.graph.node.extend(cut.nodes)
+    imported = {o.domain for o in body.opset_import}
+    body.opset_import.extend(o for o in cut.opsets if o.domain not in imported)
+    topological_sort(body)
+    remove_dead_nodes(body)
 
 
 def _with_preprocess(body: ModelProto, pre_nodes: list, inputs: list, source: ModelProto) -> ModelProto:

@@ -16,6 +16,7 @@ from hbtools.data.calibration import (
 )
 from hbtools.graph.model_io import save_model
 from hbtools.march.profiles import get_profile
+from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, layer_dump, optimize, parse, quantize, report
 from hbtools.pipeline.builtin_config import builtin_config
 from hbtools.quant.plan import make_plan
@@ -41,11 +42,12 @@ def makertbin(config_path: str | Path, model_type: str) -> dict[str, Path]:
     return convert(load_config(config_path, model_type))
 
 
-def makertbin_fast_perf(model: str | Path, model_type: str, march: str,
-                        input_shapes: list[tuple[str, str]]) -> dict[str, Path]:
+def makertbin_fast_perf(model: str | Path, model_type: str, march: str, input_shapes: list[tuple[str, str]],
+                        proto: str | Path | None = None) -> dict[str, Path]:
     """``makertbin --fast-perf``: the built-in performance config (SPEC §6), artefacts in ./model_output."""
     config = builtin_config(model, model_type, march, input_shapes, fast_perf=True,
-                            working_dir=Path("model_output"), prefix=Path(model).stem, option="--input-shape")
+                            working_dir=Path("model_output"), prefix=Path(model).stem, option="--input-shape",
+                            proto=proto)
     return convert(config)
 
 
@@ -53,6 +55,7 @@ def convert(config: Config) -> dict[str, Path]:
     log.info("Start Model Convert....")
     profile = get_profile(config.model.march)
     _warn_unsupported(config)
+    custom.register_from_config(config.custom_op.op_register_files)  # before parse checks the ops
     parsed = parse.run(config)
     config = dataclasses.replace(config, inputs=parsed.inputs)
     source = _calibration_source(config)  # checks every data file before anything is written

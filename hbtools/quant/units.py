@@ -19,6 +19,7 @@ from hbtools.config.model import NodeInfo
 from hbtools.graph.graph import GraphView
 from hbtools.march.constraints import violation
 from hbtools.march.profiles import MarchProfile, OpRule
+from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
 
 log = logging.getLogger("hbtools")
@@ -128,6 +129,8 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         if op == "HzPreprocess":
             return Unit("preprocess", [node], acts, list(node.output), hz_type="HzPreprocess")
         return _cpu(node, acts, f"custom op {op} is not a BPU op")
+    if custom.custom_op_of(node) is not None:
+        return _cpu(node, acts, f"custom op {custom.op_name(node)} (domain '{node.domain}') runs on the CPU")
     rule = profile.rule(op) if node.domain in ("", "ai.onnx") else None
     if rule is None:
         return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -11,7 +12,11 @@ from onnx import ModelProto
 
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
+from hbtools.ops import custom
 from hbtools.runtime.lowering import lower_model
+
+if TYPE_CHECKING:
+    from hbtools.runtime.custom_session import CustomOpSession
 
 _NUMPY_OF_ORT = {
     "tensor(float)": np.float32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
@@ -20,8 +25,26 @@ _NUMPY_OF_ORT = {
 }
 
 
-def make_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession:
-    """The one way hbtools builds an onnxruntime CPU session from a standard-ONNX model."""
+def make_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession | CustomOpSession:
+    """The one way hbtools builds a session over a standard-ONNX model.
+
+    A model with registered custom CPU ops gets a ``CustomOpSession`` (onnxruntime
+    around the custom nodes); any other model a plain onnxruntime session.
+    """
+    if any(custom.is_foreign_domain(n.domain) for n in model.graph.node):
+        missing = custom.unregistered_nodes(model)
+        if missing:
+            raise HbError(custom.unregistered_message(missing[0]),
+                          hint="in Python, call hbtools.ops.custom.load_op_files(['<file>.py']) first")
+        if custom.has_custom_nodes(model):
+            from hbtools.runtime.custom_session import CustomOpSession
+
+            return CustomOpSession(model, threads=threads)
+    return ort_session(model, threads=threads)
+
+
+def ort_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession:
+    """A plain onnxruntime CPU session (no custom ops)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     # Without the arena, memory of the many large intermediate outputs calibration and
@@ -35,13 +58,15 @@ def make_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession
 class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
     """onnxruntime session over a float, optimized, calibrated or quantized model."""
 
-    def __init__(self, model_file: str | Path | None = None, onnx_model: ModelProto | None = None) -> None:
+    def __init__(self, model_file: str | Path | None = None, onnx_model: ModelProto | None = None,
+                 *, threads: int = 0) -> None:
+        """``threads``: onnxruntime intra-op threads (0: onnxruntime's default)."""
         if onnx_model is None:
             if model_file is None:
                 raise HbError("HB_ONNXRuntime needs model_file or onnx_model")
             onnx_model = load_model(model_file)
         self.model = onnx_model
-        self._session = make_session(lower_model(onnx_model))
+        self._session = make_session(lower_model(onnx_model), threads=threads)
         original_inputs = {i.name for i in onnx_model.graph.input} - {t.name for t in onnx_model.graph.initializer}
         self._inputs = [i for i in self._session.get_inputs() if i.name in original_inputs]
         self._outputs = self._session.get_outputs()

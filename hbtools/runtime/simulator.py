@@ -21,7 +21,7 @@ import onnxruntime as ort
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.errors import HbError
-from hbtools.ops import registry
+from hbtools.ops import custom, registry
 from hbtools.ops.base import DOMAIN
 from hbtools.runtime.binfile import BinFormatError
 from hbtools.runtime.rt_input import to_model_input
@@ -52,6 +52,8 @@ class Simulator:
 
     def __post_init__(self) -> None:
         graph = self.model.graph
+        # Custom CPU ops run their Python implementation: the files the conversion recorded.
+        custom.ensure_registered(graph, self.model.config_group("custom_op"))
         info = tensor_info(graph)
         self.structure = analyse(graph, self.model.bin.partition, info)
         self._constants = _constants(graph)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
+from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.runtime.binfile import BinFormatError
 
@@ -81,6 +82,13 @@ def _inference_round(graph: ModelProto, known: dict[str, TensorInfo]) -> dict[st
     probe.CopyFrom(graph)
     declared = {vi.name for vi in [*probe.graph.value_info, *probe.graph.input, *probe.graph.output]}
     for node in probe.graph.node:
+        if custom.is_foreign_domain(node.domain):  # custom CPU ops compute in float
+            shapes = custom.output_shapes(node, [_shape_of(known.get(i)) for i in node.input if i])
+            probe.graph.value_info.extend(
+                helper.make_tensor_value_info(o, TensorProto.FLOAT, s)
+                for o, s in zip(node.output, shapes or [None] * len(node.output), strict=True)
+                if o and o not in declared)
+            continue
         if node.domain != DOMAIN:
             continue
         elem = hz_output_type(node)
@@ -99,6 +107,10 @@ def _inference_round(graph: ModelProto, known: dict[str, TensorInfo]) -> dict[st
         if info is not None and (vi.name not in out or out[vi.name].shape is None):
             out[vi.name] = info
     return out
+
+
+def _shape_of(info: TensorInfo | None) -> list[int | None] | None:
+    return None if info is None or info.shape is None else list(info.shape)
 
 
 @dataclass

@@ -195,6 +195,8 @@ def test_relative_paths_resolve_against_yaml_folder(
     sub = workdir / "cfg"
     sub.mkdir()
     (workdir / "ops").mkdir()
+    for name in ("a.py", "b.py"):
+        (workdir / "ops" / name).write_text("")
     path = make(
         sub,
         {
@@ -214,7 +216,7 @@ def test_relative_paths_resolve_against_yaml_folder(
     assert cfg.inputs[0].cal_data_dir == workdir / "cal"
     assert cfg.custom_op.custom_op_dir == workdir / "ops"
     assert cfg.custom_op.custom_op_method == "register"
-    assert cfg.custom_op.op_register_files == ["a.py", "b.py"]
+    assert cfg.custom_op.op_register_files == [str(workdir / "ops" / "a.py"), str(workdir / "ops" / "b.py")]
 
 
 def test_relative_config_path_and_absolute_model_path(
