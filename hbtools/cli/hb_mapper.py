@@ -49,7 +49,7 @@ def _checker(model_type: str, march: str, model: str | None, proto: str | None,
         raise HbError("checker needs --model", hint="hb_mapper checker --model-type onnx --march bayes-e --model m.onnx")
     if model_type == "caffe" and not proto:
         raise HbError("--model-type caffe needs --proto with the prototxt file")
-    check(model, model_type, march, input_shape)
+    check(model, model_type, march, input_shape, proto)
 
 
 @main.command()
@@ -85,7 +85,7 @@ def _makertbin(config: str | None, model_type: str, fast_perf: bool, model: str 
                           hint="hb_mapper makertbin --fast-perf --model m.onnx --model-type onnx --march bayes-e")
         if model_type == "caffe" and not proto:
             raise HbError("--model-type caffe needs --proto with the prototxt file")
-        makertbin_fast_perf(model, model_type, march, input_shape)
+        makertbin_fast_perf(model, model_type, march, input_shape, proto)
         return
     if not config:
         raise HbError("makertbin needs --config", hint="hb_mapper makertbin --config model.yaml --model-type onnx")

@@ -108,20 +108,30 @@ def _input_parameters(shapes: dict[str, list[int]]) -> dict[str, str]:
 
 
 def builtin_config(model_path: str | Path, model_type: str, march: str, input_shapes: list[tuple[str, str]], *,
-                   fast_perf: bool, working_dir: Path, prefix: str, option: str = "--input-shape") -> Config:
-    """The config ``checker`` (``fast_perf`` False) or ``makertbin --fast-perf`` runs with."""
+                   fast_perf: bool, working_dir: Path, prefix: str, option: str = "--input-shape",
+                   proto: str | Path | None = None) -> Config:
+    """The config ``checker`` (``fast_perf`` False) or ``makertbin --fast-perf`` runs with.
+
+    ``proto`` is the prototxt of a Caffe model (``model_path`` is then its caffemodel)."""
     profile = get_profile(march)  # an unknown march is one clear line, before anything is read
-    if model_type == "caffe":
-        raise HbError("Caffe models are not supported by this version yet",
-                      hint="convert the model to ONNX and use --model-type onnx")
     path = Path(model_path).expanduser().resolve()
-    model = load_model(path)
+    if model_type == "caffe":
+        if proto is None:
+            raise HbError("--model-type caffe needs --proto with the prototxt file")
+        from hbtools.frontends.caffe import load_caffe
+
+        proto = Path(proto).expanduser().resolve()
+        model = load_caffe(proto, path, {name: parse_shape(text, name, option) for name, text in input_shapes})
+        files = {"prototxt": str(proto), "caffe_model": str(path)}
+    else:
+        model = load_model(path)
+        files = {"onnx_model": str(path)}
     if len(model.graph.output) > MAX_OUTPUTS:
         raise HbError(f"the model has {len(model.graph.output)} outputs; at most {MAX_OUTPUTS} are supported")
     shapes = resolve_shapes(model, input_shapes, batch_one=fast_perf, option=option)
     raw: dict[str, Any] = {
         "model_parameters": {
-            "onnx_model": str(path),
+            **files,
             "march": profile.name,
             "working_dir": str(working_dir),
             "output_model_file_prefix": prefix,

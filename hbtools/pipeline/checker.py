@@ -26,12 +26,13 @@ log = logging.getLogger("hbtools")
 CHECK_SAMPLES = 1  # thresholds only need to exist for the quantizer to lower every op
 
 
-def check(model_path: str | Path, model_type: str, march: str, input_shapes: list[tuple[str, str]]) -> QuantizedResult:
+def check(model_path: str | Path, model_type: str, march: str, input_shapes: list[tuple[str, str]],
+          proto: str | Path | None = None) -> QuantizedResult:
     log.info("Start Model Check....")
     profile = get_profile(march)
     log.info("march: %s", profile.label)
     config = builtin_config(model_path, model_type, march, input_shapes, fast_perf=False,
-                            working_dir=Path(".hb_check"), prefix="model")
+                            working_dir=Path(".hb_check"), prefix="model", proto=proto)
     parsed = parse.run(config)
     log.info("Parsing the input model done")
     optimized = optimize.run(parsed.model)

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx
 from onnx import ModelProto, TensorProto, helper, version_converter
@@ -42,12 +43,7 @@ def preprocess_node_name(input_name: str) -> str:
 
 
 def run(config: Config) -> ParseResult:
-    if config.model.model_type == "caffe":
-        raise HbError("Caffe models are not supported by this version yet",
-                      hint="convert the model to ONNX and use --model-type onnx")
-    path = config.model.onnx_model
-    log.info("Using onnx model file: %s", path)
-    model = load_model(path)
+    model, path = load_source_model(config)
     check_source_model(model, path)
     model = _working_opset(model)
     name_unnamed_nodes(model)
@@ -66,6 +62,19 @@ def run(config: Config) -> ParseResult:
     model = _infer(model)
     onnx.checker.check_model(model)
     return ParseResult(model, source, inputs, loaded)
+
+
+def load_source_model(config: Config) -> tuple[ModelProto, Path]:
+    """The user's float model as ONNX: read, or converted from Caffe (with the config's input shapes)."""
+    m = config.model
+    if m.model_type == "caffe":
+        from hbtools.frontends.caffe import load_caffe
+
+        log.info("Using caffe model files: %s, %s", m.prototxt, m.caffe_model)
+        shapes = {s.name: s.shape for s in config.inputs if s.shape}
+        return load_caffe(m.prototxt, m.caffe_model, shapes), m.caffe_model
+    log.info("Using onnx model file: %s", m.onnx_model)
+    return load_model(m.onnx_model), m.onnx_model
 
 
 def _working_opset(model: ModelProto) -> ModelProto:

@@ -1,0 +1,1 @@
+"""Readers that turn models of other frameworks into ONNX at the parse stage."""

@@ -1,0 +1,118 @@
+"""Caffe network (prototxt + caffemodel) -> ONNX ModelProto."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from hbtools.errors import HbError
+from hbtools.frontends.caffe import layers_compute, layers_shape
+from hbtools.frontends.caffe.builder import Layer, Net
+from hbtools.frontends.caffe.reader import deploy_layers, read_prototxt, read_weights
+
+log = logging.getLogger("hbtools")
+
+CONVERTERS = {**layers_compute.CONVERTERS, **layers_shape.CONVERTERS}
+# Layers whose first top is a network input; any other top (labels) is left out.
+INPUT_LAYERS = ("Input", "Data", "ImageData", "MemoryData", "HDF5Data", "DummyData", "WindowData",
+                "AnnotatedData")
+SUPPORTED_TYPES = tuple(sorted({*CONVERTERS, *INPUT_LAYERS}))
+
+Shapes = Mapping[str | None, Sequence[int]]
+
+
+def _layer_input_shapes(layer: Any) -> list[tuple[str, list[int] | None]]:
+    tops = list(layer.top) if layer.type == "Input" else list(layer.top[:1])
+    if layer.type == "Input":
+        shapes = [[int(d) for d in s.dim] for s in layer.input_param.shape]
+        if len(shapes) not in (0, 1, len(tops)):
+            raise HbError(f"caffe layer '{layer.name}' (Input): {len(shapes)} shapes for {len(tops)} tops")
+        shapes = shapes * len(tops) if len(shapes) == 1 else shapes or [None] * len(tops)
+        return list(zip(tops, shapes, strict=True))
+    shape = None
+    if layer.type == "MemoryData":
+        m = layer.memory_data_param
+        shape = [int(m.batch_size), int(m.channels), int(m.height), int(m.width)]
+    elif layer.type == "DummyData":
+        d = layer.dummy_data_param
+        if d.shape:
+            shape = [int(v) for v in d.shape[0].dim]
+        elif d.num:
+            shape = [int(d.num[0]), int(d.channels[0]), int(d.height[0]), int(d.width[0])]
+    return [(tops[0], shape)] if tops else []
+
+
+def _declared_inputs(net: Any, layers: list[Any]) -> list[tuple[str, list[int] | None, str]]:
+    """(blob, shape or None, where it is declared) for every network input, in order."""
+    found = []
+    names = list(net.input)
+    for k, blob in enumerate(names):
+        if len(net.input_shape) == len(names):
+            shape = [int(d) for d in net.input_shape[k].dim]
+        elif len(net.input_dim) == 4 * len(names):
+            shape = [int(d) for d in net.input_dim[4 * k:4 * k + 4]]
+        else:
+            shape = None
+        found.append((blob, shape, "the net's 'input'"))
+    for layer in layers:
+        if layer.type in INPUT_LAYERS:
+            found += [(blob, shape, f"layer '{layer.name}' ({layer.type})")
+                      for blob, shape in _layer_input_shapes(layer)]
+    return found
+
+
+def _input_shape(blob: str, declared: list[int] | None, where: str, given: Sequence[int] | None) -> list[int]:
+    if given is not None:
+        given = [int(d) for d in given]
+        if declared and declared != given:
+            log.info("caffe input '%s': input_shape %s replaces the prototxt's %s", blob, given, declared)
+        return given
+    if not declared:
+        raise HbError(f"caffe input '{blob}' ({where}) has no shape in the prototxt",
+                      hint=f"give one with input_shape in input_parameters, or --input-shape {blob} 1x3x224x224")
+    return declared
+
+
+def check_layer_types(layers: list[Any]) -> None:
+    """The first layer hbtools cannot convert stops the run, in the vendor tool's words."""
+    for layer in layers:
+        if layer.type not in CONVERTERS and layer.type not in INPUT_LAYERS:
+            raise HbError(f"ValueError: Not support layer name={layer.name} type={layer.type}",
+                          hint="remove it from the deploy prototxt (training-only layers such as Accuracy or "
+                               "losses can be kept out with include { phase: TRAIN }); docs/caffe.md lists "
+                               "the supported layers")
+
+
+def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: Shapes | None = None
+                  ) -> onnx.ModelProto:
+    """Convert a Caffe 1.0 deploy network to an ONNX model (opset 13, static shapes).
+
+    ``input_shapes`` (input name -> shape; the key None names the only input) replaces
+    or supplies the input shapes the prototxt declares.
+    """
+    net_param = read_prototxt(prototxt)
+    layers = deploy_layers(net_param)
+    check_layer_types(layers)
+    weights = read_weights(caffe_model)
+    blob_names = {b for layer in layers for b in [*layer.bottom, *layer.top]} | set(net_param.input)
+    net = Net(net_param.name, blob_names)
+    declared = _declared_inputs(net_param, layers)
+    given = dict(input_shapes or {})
+    if None in given and len(declared) == 1:
+        given.setdefault(declared[0][0], given[None])
+    for blob, shape, where in declared:
+        net.add_input(blob, _input_shape(blob, shape, where, given.get(blob)))
+    for param in layers:
+        if param.type in INPUT_LAYERS:
+            continue
+        layer = Layer(net, param, weights.get(param.name))
+        CONVERTERS[param.type](layer)
+        net.commit(layer)
+    model = net.model()
+    log.debug("caffe model converted to ONNX: %d layers -> %d nodes, inputs %s, outputs %s", len(layers),
+             len(model.graph.node), [i.name for i in model.graph.input], [o.name for o in model.graph.output])
+    return model

@@ -1,0 +1,136 @@
+"""Reading a Caffe network: prototxt text, .caffemodel weights, the TEST-phase layer list."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import message, text_format
+
+from hbtools.errors import HbError
+from hbtools.frontends.caffe import proto
+
+log = logging.getLogger("hbtools")
+
+# Legacy ``layers { type: CONVOLUTION }`` enum names -> the type strings of ``layer``.
+V1_TYPES = {
+    "ABSVAL": "AbsVal", "ACCURACY": "Accuracy", "ARGMAX": "ArgMax", "BNLL": "BNLL", "CONCAT": "Concat",
+    "CONVOLUTION": "Convolution", "DATA": "Data", "DECONVOLUTION": "Deconvolution", "DROPOUT": "Dropout",
+    "DUMMY_DATA": "DummyData", "ELTWISE": "Eltwise", "EXP": "Exp", "FLATTEN": "Flatten",
+    "HDF5_DATA": "HDF5Data", "IMAGE_DATA": "ImageData", "INNER_PRODUCT": "InnerProduct", "LRN": "LRN",
+    "MEMORY_DATA": "MemoryData", "POOLING": "Pooling", "POWER": "Power", "RELU": "ReLU",
+    "SIGMOID": "Sigmoid", "SILENCE": "Silence", "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss",
+    "SPLIT": "Split", "SLICE": "Slice", "TANH": "TanH", "WINDOW_DATA": "WindowData",
+    "THRESHOLD": "Threshold", "EUCLIDEAN_LOSS": "EuclideanLoss", "HINGE_LOSS": "HingeLoss",
+}
+
+
+def _file(path: str | Path, what: str) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise HbError(f"{what} '{path}' does not exist", hint="check the prototxt / caffe_model path")
+    return path
+
+
+def read_prototxt(path: str | Path) -> Any:
+    """The NetParameter of a prototxt. Fields hbtools does not know (those of other
+    Caffe branches) are skipped with a warning; their layers are then reported as
+    unsupported unless the skipped field was only a training detail."""
+    path = _file(path, "prototxt")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    net = proto.NetParameter()
+    try:
+        text_format.Parse(text, net)
+    except text_format.ParseError as exc:
+        if "has no field named" not in str(exc):
+            raise HbError(f"'{path}' is not a valid Caffe prototxt: {exc}") from exc
+        log.warning("prototxt %s: %s (skipped; only Caffe 1.0 parameters are read, see docs/caffe.md)", path, exc)
+        net = proto.NetParameter()
+        try:
+            text_format.Parse(text, net, allow_unknown_field=True)
+        except text_format.ParseError as again:
+            raise HbError(f"'{path}' is not a valid Caffe prototxt: {again}") from again
+    if net.layer and net.layers:
+        raise HbError(f"'{path}' mixes 'layer' and legacy 'layers' entries; use one form")
+    if not net.layer and not net.layers:
+        raise HbError(f"'{path}' has no layers; is it a Caffe network prototxt?")
+    return net
+
+
+def read_weights(path: str | Path) -> dict[str, list[np.ndarray]]:
+    """Layer name -> its blobs (float32 arrays in their stored shapes)."""
+    path = _file(path, "caffe_model")
+    try:
+        net = proto.WeightsNet.FromString(path.read_bytes())
+    except message.DecodeError as exc:
+        raise HbError(f"'{path}' is not a readable .caffemodel (a binary Caffe NetParameter): {exc}") from exc
+    weights = {}
+    for layer in [*net.layer, *net.layers]:
+        if layer.blobs:
+            weights[layer.name] = [_blob_array(b, layer.name, path) for b in layer.blobs]
+    return weights
+
+
+def _blob_array(blob: Any, layer: str, path: Path) -> np.ndarray:
+    if blob.HasField("shape"):
+        shape = [int(d) for d in blob.shape.dim]
+    else:  # the 4-D fields of old models
+        shape = [int(blob.num), int(blob.channels), int(blob.height), int(blob.width)]
+    if blob.data:
+        values = np.frombuffer(b"".join(blob.data), dtype="<f4")
+    elif blob.double_data:
+        values = np.frombuffer(b"".join(blob.double_data), dtype="<f8")
+    else:
+        # Data written without packing arrives as unknown fields here: read the full message.
+        full = proto.BlobProto.FromString(blob.SerializeToString())
+        values = np.asarray(full.data or full.double_data, dtype=np.float64)
+    count = int(np.prod(shape)) if shape else 1
+    if values.size != count:
+        raise HbError(f"'{path}': a blob of layer '{layer}' has shape {shape} but {values.size} values")
+    return values.astype(np.float32).reshape(shape)
+
+
+def _rule_matches(rule: Any, state: Any) -> bool:
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    stages = set(state.stage)
+    return all(s in stages for s in rule.stage) and not any(s in stages for s in rule.not_stage)
+
+
+def _included(layer: Any, state: Any) -> bool:
+    # Caffe's NetState filtering: include rules (any matches) or exclude rules (none matches).
+    if layer.include:
+        return any(_rule_matches(r, state) for r in layer.include)
+    return not any(_rule_matches(r, state) for r in layer.exclude)
+
+
+def _upgrade_v1(old: Any) -> Any:
+    layer = proto.LayerParameter(name=old.name, bottom=old.bottom, top=old.top)
+    layer.include.extend(old.include)
+    layer.exclude.extend(old.exclude)
+    enum_name = type(old).DESCRIPTOR.enum_types_by_name["LayerType"].values_by_number[old.type].name
+    layer.type = V1_TYPES.get(enum_name, enum_name)
+    known = layer.DESCRIPTOR.fields_by_name
+    for fd, value in old.ListFields():
+        if fd.name.endswith("_param") and fd.name in known:
+            getattr(layer, fd.name).CopyFrom(value)
+    return layer
+
+
+def deploy_layers(net: Any) -> list[Any]:
+    """The layers a deploy (TEST-phase) network runs, legacy entries upgraded."""
+    state = net.state if net.HasField("state") else proto.NetParameter().state
+    layers = list(net.layer) if net.layer else [_upgrade_v1(v1) for v1 in net.layers]
+    kept = []
+    for layer in layers:
+        if _included(layer, state):
+            kept.append(layer)
+        else:
+            log.info("caffe layer '%s' (%s) is not part of the TEST phase; left out", layer.name, layer.type)
+    return kept

@@ -1,0 +1,148 @@
+"""``hb_mapper checker`` / ``makertbin`` with ``--model-type caffe``, as a user runs them.
+
+The Caffe models (a MobileNet-like and a ResNet-like network) are built by the test
+(prototxt + caffemodel); click's CliRunner runs the commands in a temp folder.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from builders import EXACT_MEAN, EXACT_SCALE, image_input_params
+from caffe_builders import CaffeNet, mobilenet_like, resnet_like
+from click.testing import CliRunner, Result
+
+from hbtools.cli.hb_mapper import main
+from hbtools.runtime import HB_ONNXRuntime
+
+SUCCESS = "Convert to runtime bin file successfully!"
+SIZE = 16
+NETS = {"mobilenet_like": mobilenet_like, "resnet_like": resnet_like}
+ARTEFACTS = ("_original_float_model.onnx", "_optimized_float_model.onnx", "_calibrated_model.onnx",
+             "_quantized_model.onnx", ".bin")
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def checker(*extra: str) -> Result:
+    return invoke("checker", "--model-type", "caffe", "--march", "bayes-e", "--proto", "model.prototxt",
+                  "--model", "model.caffemodel", *extra)
+
+
+def error_lines(result: Result) -> list[str]:
+    return [line for line in result.output.splitlines() if " ERROR " in line or line.startswith("ERROR")]
+
+
+@pytest.fixture(autouse=True)
+def _cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def write_project(net: CaffeNet, prefix: str, **model_parameters: object) -> Path:
+    """model.prototxt, model.caffemodel, uint8 calibration images and config.yaml in the cwd."""
+    net.write(Path.cwd(), "model")
+    cal = Path("cal")
+    cal.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(3):
+        rng.integers(0, 256, (1, 3, SIZE, SIZE), dtype=np.uint8).tofile(cal / f"{i}.bin")
+    config = {
+        "model_parameters": {"prototxt": "model.prototxt", "caffe_model": "model.caffemodel", "march": "bayes-e",
+                             "working_dir": "model_output", "output_model_file_prefix": prefix,
+                             **model_parameters},
+        "input_parameters": {"input_name": "data", "input_shape": f"1x3x{SIZE}x{SIZE}", **image_input_params()},
+        "calibration_parameters": {"cal_data_dir": "cal", "calibration_type": "max"},
+        "compiler_parameters": {"compile_mode": "latency", "optimize_level": "O3"},
+    }
+    path = Path("config.yaml")
+    path.write_text(yaml.safe_dump({g: {k: v for k, v in p.items() if v is not None} for g, p in config.items()},
+                                   sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_caffe_model_through_checker_and_makertbin(name: str) -> None:
+    net = NETS[name](SIZE)
+    write_project(net, name)
+    checked = checker()
+    assert checked.exit_code == 0, checked.output
+    assert not error_lines(checked) and "End Model Check" in checked.output
+    first_conv = next(layer.name for layer in net.net.layer if layer.type == "Convolution")
+    assert re.search(rf"^{first_conv}\s+BPU\s+id\(0\)", checked.output, re.M), "Caffe layer names in the table"
+
+    result = invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe")
+    assert result.exit_code == 0, result.output
+    assert SUCCESS in result.output and not error_lines(result)
+    for suffix in ARTEFACTS:
+        path = Path("model_output") / f"{name}{suffix}"
+        assert path.is_file() and path.stat().st_size > 0, f"missing artefact {path}"
+
+    # The original float model (HzPreprocess + the converted network) against numpy on the
+    # same normalised image: uint8 data goes in through input_offset=128, as on the board.
+    x = np.random.default_rng(9).integers(0, 256, (1, 3, SIZE, SIZE), dtype=np.uint8)
+    original = HB_ONNXRuntime(model_file=str(Path("model_output") / f"{name}_original_float_model.onnx"))
+    (got,) = original.run(None, {"data": x}, input_offset=128)
+    mean, scale = (np.array(v, np.float64).reshape(1, 3, 1, 1) for v in (EXACT_MEAN, EXACT_SCALE))
+    ref = net.forward({"data": (x - mean) * scale})[net.net.layer[-1].top[0]]
+    assert got.shape == ref.shape
+    rel = np.abs(got - ref).max() / np.abs(ref).max()
+    assert rel <= 1e-5, f"original float model vs numpy: {rel:.3g} > 1e-5"
+    quantized = HB_ONNXRuntime(model_file=str(Path("model_output") / f"{name}_quantized_model.onnx"))
+    (q,) = quantized.run(None, {"data": x}, input_offset=128)
+    assert np.abs(q - ref).max() < 0.1, "the quantized model still computes the same function"
+
+
+def test_fast_perf_with_a_caffe_model() -> None:
+    mobilenet_like(SIZE).write(Path.cwd(), "model")
+    result = invoke("makertbin", "--fast-perf", "--model-type", "caffe", "--march", "bayes-e",
+                    "--proto", "model.prototxt", "--model", "model.caffemodel")
+    assert result.exit_code == 0, result.output
+    assert SUCCESS in result.output
+    assert (Path("model_output") / "model.bin").is_file()
+
+
+def seed_accuracy_net() -> CaffeNet:
+    """The vendor document's example: an Input, a 1x1 Convolution and an Accuracy layer."""
+    n = CaffeNet("accuracy_example", seed=40)
+    n.input("data", [1, 3, SIZE, SIZE])
+    n.layer("Convolution", ["data"], ["Convolution1"],
+            'convolution_param { num_output: 8 bias_term: false pad: 0 kernel_size: 1 group: 1 stride: 1 '
+            'weight_filler { type: "msra" } }', blobs=[n.randn(8, 3, 1, 1)], name="Convolution1")
+    n.layer("Accuracy", ["Convolution1"], ["accuracy"], "include { phase: TEST }", name="accuracy")
+    return n
+
+
+def test_accuracy_layer_fails_like_the_vendor_tool() -> None:
+    write_project(seed_accuracy_net(), "acc")
+    expected = "ValueError: Not support layer name=accuracy type=Accuracy"
+    checked = checker()
+    assert checked.exit_code == 1
+    errors = error_lines(checked)
+    assert len(errors) == 1 and expected in errors[0], checked.output
+    assert "Traceback" not in checked.output
+    converted = invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe")
+    assert converted.exit_code == 1
+    assert expected in error_lines(converted)[0], converted.output
+    assert not Path("model_output").exists(), "nothing written"
+
+
+def test_caffe_config_without_model_files() -> None:
+    write_project(resnet_like(SIZE), "r", prototxt=None, caffe_model=None)  # None: key left out
+    assert "prototxt" not in yaml.safe_load(Path("config.yaml").read_text())["model_parameters"]
+    result = invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe")
+    assert result.exit_code == 1
+    lines = [line.split(" ERROR ", 1)[1] for line in error_lines(result)]
+    assert lines[:2] == ["Key 'model_parameters' error:", "Missing keys: 'caffe_model', 'prototxt'"], result.output
+    assert not Path("model_output").exists()
+
+
+def test_checker_needs_the_prototxt() -> None:
+    result = invoke("checker", "--model-type", "caffe", "--march", "bayes-e", "--model", "model.caffemodel")
+    assert result.exit_code == 1
+    assert "--proto" in error_lines(result)[0]

@@ -1,0 +1,131 @@
+"""Caffe front end: what a user gets wrong is one HbError saying what and where."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+from caffe_builders import CaffeNet
+
+from hbtools.errors import HbError
+from hbtools.frontends.caffe import load_caffe
+
+
+def small_net() -> CaffeNet:
+    n = CaffeNet(seed=20)
+    n.conv(n.input("data", [1, 3, 6, 6]), 4, 3, pad=1, top="conv1")
+    return n
+
+
+def convert_error(net: CaffeNet, tmp_path: Path, **kwargs: object) -> str:
+    with pytest.raises(HbError) as info:
+        load_caffe(*net.write(tmp_path), **kwargs)  # type: ignore[arg-type]
+    return str(info.value)
+
+
+def test_an_accuracy_layer_gives_the_vendor_message(tmp_path: Path) -> None:
+    n = small_net()
+    n.layer("Accuracy", ["conv1"], ["accuracy"], "include { phase: TEST }", name="accuracy")
+    assert convert_error(n, tmp_path) == "ValueError: Not support layer name=accuracy type=Accuracy"
+
+
+def test_unknown_layer_type_is_reported_before_any_weight_is_read(tmp_path: Path) -> None:
+    proto, _ = small_net().write(tmp_path)
+    text = proto.read_text() + 'layer { name: "mystery" type: "Mystery" bottom: "conv1" top: "m" }\n'
+    proto.write_text(text)
+    (tmp_path / "empty.caffemodel").write_bytes(b"")
+    with pytest.raises(HbError, match=r"^ValueError: Not support layer name=mystery type=Mystery$"):
+        load_caffe(proto, tmp_path / "empty.caffemodel")
+
+
+def test_parameters_of_other_caffe_branches_are_skipped_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    proto, weights = small_net().write(tmp_path)
+    proto.write_text(proto.read_text() + 'layer { name: "priors" type: "PriorBox" bottom: "conv1" top: "p" '
+                                          'prior_box_param { min_size: 30 } }\n')
+    logger = logging.getLogger("hbtools")  # may not propagate once a CLI test has set up logging
+    logger.addHandler(caplog.handler)
+    try:
+        with pytest.raises(HbError, match="Not support layer name=priors type=PriorBox"):
+            load_caffe(proto, weights)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert any(r.levelno == logging.WARNING and "prior_box_param" in r.getMessage() for r in caplog.records)
+
+
+def test_weights_must_belong_to_the_prototxt(tmp_path: Path) -> None:
+    n = small_net()
+    proto, _ = n.write(tmp_path)
+    other = CaffeNet(seed=21)
+    other.conv(other.input("data", [1, 3, 6, 6]), 4, 3, pad=1)
+    other.net.layer[1].name = "another_conv"  # weights are matched by layer name
+    _, weights = other.write(tmp_path / "other")
+    with pytest.raises(HbError, match=r"caffe layer 'convolution2' \(type Convolution\): the caffemodel has no weights for it"):
+        load_caffe(proto, weights)
+
+
+def test_blob_of_the_wrong_size(tmp_path: Path) -> None:
+    n = small_net()
+    blob = n.net.layer[1].blobs[0]
+    del blob.data[:]
+    del blob.shape.dim[:]
+    blob.shape.dim.extend([8, 3, 3, 3])
+    blob.data.extend([0.0] * 8 * 27)
+    message = convert_error(n, tmp_path)
+    assert "weight blob has shape [8, 3, 3, 3]" in message and "needs [4, 3, 3, 3]" in message
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 } }', "not a valid Caffe prototxt"),
+    ('name: "empty"', "has no layers"),
+    ('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 3 } } }\n'
+     'layers { name: "y" type: RELU bottom: "x" top: "y" }', "mixes 'layer' and legacy 'layers'"),
+])
+def test_bad_prototxt_text(text: str, expected: str, tmp_path: Path) -> None:
+    (tmp_path / "bad.prototxt").write_text(text)
+    (tmp_path / "w.caffemodel").write_bytes(b"")
+    with pytest.raises(HbError, match=expected):
+        load_caffe(tmp_path / "bad.prototxt", tmp_path / "w.caffemodel")
+
+
+def test_missing_and_corrupt_files(tmp_path: Path) -> None:
+    proto, weights = small_net().write(tmp_path)
+    with pytest.raises(HbError, match="prototxt '.*nope.prototxt' does not exist"):
+        load_caffe(tmp_path / "nope.prototxt", weights)
+    with pytest.raises(HbError, match="caffe_model '.*nope.caffemodel' does not exist"):
+        load_caffe(proto, tmp_path / "nope.caffemodel")
+    weights.write_bytes(b"\xff\xff\xff not protobuf")
+    with pytest.raises(HbError, match="is not a readable .caffemodel"):
+        load_caffe(proto, weights)
+
+
+def test_a_data_layer_needs_an_input_shape(tmp_path: Path) -> None:
+    n = CaffeNet(seed=22)
+    n.layer("Data", [], ["data", "label"], 'data_param { source: "train_lmdb" batch_size: 8 }', name="data")
+    n.layer("ReLU", ["data"], ["out"])
+    proto, weights = n.write(tmp_path)
+    with pytest.raises(HbError, match=r"caffe input 'data' \(layer 'data' \(Data\)\) has no shape") as info:
+        load_caffe(proto, weights)
+    assert "input_shape" in (info.value.hint or "")
+    model = load_caffe(proto, weights, {"data": [1, 3, 4, 4]})
+    assert [i.name for i in model.graph.input] == ["data"]  # the label top is not an input
+
+
+@pytest.mark.parametrize(("layer", "expected"), [
+    (("ReLU", ["nothing"], ["r"], ""), "bottom 'nothing' is not produced"),
+    (("Concat", ["data", "conv1"], ["c"], "concat_param { axis: 2 }"), "do not fit its input shapes"),
+    (("Eltwise", ["data", "conv1"], ["e"], ""), "bottom shapes differ"),
+    (("Reshape", ["conv1"], ["r"], "reshape_param { shape { dim: 5 dim: -1 } }"), "cannot hold the 144 values"),
+    (("Slice", ["conv1"], ["a", "b"], "slice_param { slice_point: 9 }"), "does not cut axis 1"),
+    (("Pooling", ["conv1"], ["p"], "pooling_param { pool: MAX kernel_size: 2 pad: 2 }"), "must be smaller"),
+    (("Convolution", ["conv1"], ["c"], "convolution_param { num_output: 3 kernel_size: 1 group: 2 }"),
+     "group 2 does not divide"),
+])
+def test_layer_parameters_that_do_not_fit(layer: tuple, expected: str, tmp_path: Path) -> None:
+    n = small_net()
+    type_, bottoms, tops, params = layer
+    n.layer(type_, bottoms, tops, params, blobs=[np.zeros((3, 4, 1, 1), np.float32)] if type_ == "Convolution"
+            else [])
+    assert expected in convert_error(n, tmp_path)

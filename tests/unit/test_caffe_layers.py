@@ -1,0 +1,310 @@
+"""Caffe front end, layer by layer: the converted ONNX (run by onnxruntime) against numpy.
+
+Every case builds a small Caffe network with ``CaffeNet`` (prototxt text + caffemodel
+bytes), converts it with ``load_caffe`` and compares each network output with the
+float64 numpy reference: max |onnx - ref| / max |ref| <= 1e-5.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from caffe_builders import CaffeNet, conv2d, interp_bilinear, lrn, pool2d
+from google.protobuf import text_format
+from onnx import ModelProto
+
+from hbtools.frontends.caffe import load_caffe
+from hbtools.frontends.caffe.proto import NetParameter
+from hbtools.frontends.caffe.reader import read_weights
+
+RTOL = 1e-5
+
+
+def run(model: ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray, what: str) -> None:
+    assert got.shape == ref.shape, f"{what}: shape {got.shape}, reference {ref.shape}"
+    rel = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-12)
+    assert rel <= RTOL, f"{what}: max |onnx - numpy| / max |numpy| = {rel:.3g} > {RTOL}"
+
+
+def check(net: CaffeNet, tmp_path: Path, outputs: list[str]) -> ModelProto:
+    """Convert ``net``; its outputs, in order, must be the blobs ``outputs`` and match numpy."""
+    proto, weights = net.write(tmp_path)
+    model = load_caffe(proto, weights)
+    onnx.checker.check_model(model, full_check=True)
+    feeds = net.sample()
+    ref = net.forward(feeds)
+    got = run(model, feeds)
+    assert len(got) == len(outputs), [o.name for o in model.graph.output]
+    for g, blob in zip(got, outputs, strict=True):
+        assert_close(g, ref[blob], blob)
+    return model
+
+
+# ---------------------------------------------------------------- the cases
+
+def convolutions() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=1)
+    x = n.input("data", [2, 4, 11, 10])
+    a = n.conv(x, 6, 3, stride=2, pad=1)
+    b = n.conv(a, 6, 3, pad=2, dilation=2, group=2, bias=False)
+    c = n.conv(b, 6, 3, pad=1, group=6)  # depthwise
+    d = n.conv(c, 5, 1)  # pointwise
+    return n, [d]
+
+
+def deconvolutions() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=2)
+    x = n.input("data", [1, 4, 5, 6])
+    a = n.conv(x, 6, 4, stride=2, pad=1, deconv=True)
+    b = n.conv(a, 4, 3, pad=1, group=2, bias=False, deconv=True)
+    return n, [b]
+
+
+def inner_products() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=3)
+    x = n.input("data", [2, 3, 4, 5])
+    a = n.inner_product(x, 7)  # 4-D input, flattened from axis 1
+    b = n.inner_product(a, 6, transpose=True, bias=False)
+    c = n.inner_product(x, 3, axis=2)  # keeps N and C
+    d = n.inner_product(x, 4, axis=-1, transpose=True)
+    return n, [b, c, d]
+
+
+def batch_norm_scale() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=4)
+    x = n.input("data", [2, 5, 6, 6])
+    a = n.conv(x, 8, 3, pad=1, bias=False)
+    n.batch_norm(a, eps=1e-3)
+    n.scale(a)
+    b = n.inner_product(a, 6)
+    n.batch_norm(b)  # 2-D input
+    n.scale(b, bias=False)
+    c = n.conv(x, 4, 1)
+    n.scale(c, axis=1, num_axes=-1)  # a C x H x W scale
+    return n, [b, c]
+
+
+def activations() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=5)
+    x = n.input("data", [1, 4, 5, 5])
+    a = n.relu(x, slope=0.1, in_place=False)
+    b = n.prelu(a)
+    c = n.prelu(x, shared=True)
+    d = n.unary("Sigmoid", c, lambda v: 1 / (1 + np.exp(-v)))
+    e = n.unary("TanH", x, np.tanh)
+    f = n.unary("ELU", x, lambda v: np.where(v > 0, v, 0.5 * (np.exp(v) - 1)), "elu_param { alpha: 0.5 }")
+    g = n.unary("AbsVal", x, np.abs)
+    h = n.relu(g, in_place=False)
+    return n, [b, d, e, f, h]
+
+
+def eltwise() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=6)
+    x = n.input("data", [1, 3, 4, 4])
+    a, b = n.conv(x, 3, 1), n.conv(x, 3, 3, pad=1)
+    return n, [n.eltwise([x, a]), n.eltwise([x, a, b], coeff=[0.5, -1.5, 2.0]), n.eltwise([a, b], "PROD"),
+               n.eltwise([x, a, b], "MAX")]
+
+
+def data_movement() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=7)
+    x = n.input("data", [2, 6, 4, 5])
+    cat = n.layer("Concat", [x, x], ["cat"], "concat_param { axis: 1 }",
+                  step=lambda v: v.__setitem__("cat", np.concatenate([v[x], v[x]], axis=1)))
+    n.layer("Slice", [cat], ["s1", "s2", "s3"], "slice_param { axis: 1 slice_point: 2 slice_point: 7 }",
+            step=lambda v: v.update(s1=v[cat][:, :2], s2=v[cat][:, 2:7], s3=v[cat][:, 7:]))
+    n.layer("Slice", ["s2"], ["w1", "w2", "w3", "w4", "w5"], "slice_param { axis: -1 }",
+            step=lambda v: v.update({f"w{i + 1}": v["s2"][..., i:i + 1] for i in range(5)}))
+    n.layer("Concat", ["w5", "w1"], ["cat2"], "concat_param { concat_dim: 3 }",
+            step=lambda v: v.__setitem__("cat2", np.concatenate([v["w5"], v["w1"]], axis=3)))
+    n.layer("Flatten", ["s1"], ["flat"], step=lambda v: v.__setitem__("flat", v["s1"].reshape(2, -1)))
+    n.layer("Flatten", ["s3"], ["flat2"], "flatten_param { axis: 2 }",
+            step=lambda v: v.__setitem__("flat2", v["s3"].reshape(2, 5, -1)))
+    n.layer("Flatten", ["s3"], ["flat3"], "flatten_param { axis: 0 end_axis: 1 }",
+            step=lambda v: v.__setitem__("flat3", v["s3"].reshape(10, 4, 5)))
+    n.layer("Reshape", ["w1"], ["r1"], "reshape_param { shape { dim: 0 dim: -1 dim: 2 } }",
+            step=lambda v: v.__setitem__("r1", v["w1"].reshape(2, -1, 2)))
+    n.layer("Reshape", ["w2"], ["r2"], "reshape_param { shape { dim: 1 dim: -1 } axis: 1 num_axes: 1 }",
+            step=lambda v: v.__setitem__("r2", v["w2"].reshape(2, 1, 5, 4, 1)))
+    n.layer("Permute", ["s2"], ["p1"], "permute_param { order: 0 order: 2 order: 3 order: 1 }",
+            step=lambda v: v.__setitem__("p1", v["s2"].transpose(0, 2, 3, 1)))
+    n.layer("Permute", ["s2"], ["p2"], "permute_param { order: 0 order: 3 }",
+            step=lambda v: v.__setitem__("p2", v["s2"].transpose(0, 3, 1, 2)))
+    for blob in ("w3", "w4"):
+        n.layer("Silence", [blob], [])
+    return n, ["cat2", "flat", "flat2", "flat3", "r1", "r2", "p1", "p2"]
+
+
+def softmax_and_friends() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=8)
+    x = n.input("data", [2, 5, 3, 4])
+    a, b, c = n.softmax(x), n.softmax(x, axis=2), n.softmax(x, axis=-1)
+    n.layer("LRN", [x], ["lrn_a"], "lrn_param { local_size: 3 alpha: 0.5 beta: 0.75 k: 2 }",
+            step=lambda v: v.__setitem__("lrn_a", lrn(v[x], 3, 0.5, 0.75, 2.0, within=False)))
+    n.layer("LRN", [x], ["lrn_w"], "lrn_param { local_size: 3 alpha: 0.3 beta: 0.6 norm_region: WITHIN_CHANNEL }",
+            step=lambda v: v.__setitem__("lrn_w", lrn(v[x], 3, 0.3, 0.6, 1.0, within=True)))
+    n.layer("Power", [x], ["pw"], "power_param { power: 2 scale: 0.5 shift: 1 }",
+            step=lambda v: v.__setitem__("pw", (1 + 0.5 * v[x]) ** 2))
+    n.layer("Power", ["pw"], ["pw2"], "power_param { power: 0.5 shift: 0.25 }",
+            step=lambda v: v.__setitem__("pw2", (0.25 + v["pw"]) ** 0.5))
+    n.layer("Dropout", ["pw2"], ["pw2"], "dropout_param { dropout_ratio: 0.3 }", step=lambda v: None)
+    n.layer("Dropout", [x], ["drop"], "dropout_param { dropout_ratio: 0.25 scale_train: false }",
+            step=lambda v: v.__setitem__("drop", v[x] * 0.75))
+    return n, [a, b, c, "lrn_a", "lrn_w", "pw2", "drop"]
+
+
+def resizing() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=9)
+    x = n.input("data", [1, 3, 5, 4])
+    n.layer("Upsample", [x], ["up"], "upsample_param { scale: 2 }",
+            step=lambda v: v.__setitem__("up", v[x].repeat(2, axis=2).repeat(2, axis=3)))
+    n.layer("Interp", [x], ["zoom"], "interp_param { zoom_factor: 3 }",
+            step=lambda v: v.__setitem__("zoom", interp_bilinear(v[x], 13, 10)))
+    n.layer("Interp", [x], ["sized"], "interp_param { height: 7 width: 9 }",
+            step=lambda v: v.__setitem__("sized", interp_bilinear(v[x], 7, 9)))
+    n.layer("Interp", ["up", x], ["like"], "",
+            step=lambda v: v.__setitem__("like", interp_bilinear(v["up"], 5, 4)))
+    n.layer("Crop", ["zoom", x], ["crop"], "crop_param { axis: 2 offset: 1 offset: 3 }",
+            step=lambda v: v.__setitem__("crop", v["zoom"][:, :, 1:6, 3:7]))
+    return n, ["sized", "like", "crop"]
+
+
+CASES: dict[str, Callable[[], tuple[CaffeNet, list[str]]]] = {
+    "convolutions": convolutions,
+    "deconvolutions": deconvolutions,
+    "inner_products": inner_products,
+    "batch_norm_scale": batch_norm_scale,
+    "activations": activations,
+    "eltwise": eltwise,
+    "data_movement": data_movement,
+    "softmax_lrn_power_dropout": softmax_and_friends,
+    "upsample_interp_crop": resizing,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_layers_match_numpy(case: str, tmp_path: Path) -> None:
+    net, outputs = CASES[case]()
+    check(net, tmp_path, outputs)
+
+
+# Pooling: Caffe rounds the output size up, then drops a last window that would start in
+# the padding. (size, size) pairs include ones where only one axis is rounded up.
+POOL_SHAPES = [(7, 7), (8, 8), (5, 6), (6, 5), (9, 12)]
+POOL_CONFIGS = [(2, 2, 0), (3, 2, 0), (3, 2, 1), (3, 3, 1), (3, 1, 1), (4, 3, 2)]
+
+
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+def test_pooling_rounds_like_caffe(method: str, tmp_path: Path) -> None:
+    n = CaffeNet(seed=10)
+    outputs = []
+    for h, w in POOL_SHAPES:
+        x = n.input(f"x{h}_{w}", [1, 2, h, w])
+        outputs += [n.pool(x, method, k, s, p) for k, s, p in POOL_CONFIGS]
+        outputs.append(n.pool(x, method, 3, 2, 1, floor=True))
+    outputs += [n.pool("x9_12", method, global_=True)]
+    model = check(n, tmp_path, outputs)
+    ops = {node.op_type for node in model.graph.node}
+    assert {"GlobalMaxPool" if method == "MAX" else "GlobalAveragePool"} <= ops
+    # Rounding up shows as ONNX ceil_mode where onnx's shape rule agrees with Caffe's.
+    assert any(a.name == "ceil_mode" and a.i == 1 for node in model.graph.node for a in node.attribute)
+
+
+@pytest.mark.parametrize("form", ["input_shape", "input_dim"])
+def test_net_level_inputs_and_input_shape_override(form: str, tmp_path: Path) -> None:
+    n = CaffeNet(seed=11)
+    a = n.input("a", [1, 3, 6, 6], form=form)
+    b = n.input("b", [1, 3, 6, 6], form=form)
+    out = n.eltwise([n.conv(a, 3, 3, pad=1), b])
+    check(n, tmp_path, [out])
+    proto, weights = n.write(tmp_path / "again")
+    model = load_caffe(proto, weights, {"a": [2, 3, 8, 10], "b": [2, 3, 8, 10]})
+    assert [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output] == [[2, 3, 8, 10]]
+
+
+def test_single_input_override_without_a_name(tmp_path: Path) -> None:
+    n = CaffeNet(seed=12)
+    n.pool(n.input("data", [1, 3, 8, 8]), "AVE", global_=True)
+    model = load_caffe(*n.write(tmp_path), {None: [4, 3, 5, 5]})
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [4, 3, 5, 5]
+
+
+def test_in_place_layers_names_and_outputs(tmp_path: Path) -> None:
+    """Layer names become node names; blobs rewritten in place get fresh tensors; the outputs
+    are the blobs nothing consumes, as in Caffe."""
+    n = CaffeNet(seed=13)
+    x = n.input("data", [1, 3, 8, 8])
+    c = n.conv(x, 4, 3, pad=1, top="conv")
+    n.batch_norm(c)
+    n.scale(c)
+    n.relu(c)
+    side = n.pool(c, "MAX", 2, 2, top="side")
+    main = n.conv(c, 4, 1, top="main")
+    n.relu(main)
+    model = check(n, tmp_path, [side, main])
+    layer_names = [layer.name for layer in n.net.layer if layer.type != "Input"]
+    main_nodes = [node.name for node in model.graph.node if "_" not in node.name]
+    assert main_nodes == layer_names
+    tensors = [o for node in model.graph.node for o in node.output]
+    assert len(tensors) == len(set(tensors)), "every tensor written once"
+    assert model.graph.output[0].name == "side"
+    assert model.graph.output[1].name == layer_names[-1]  # the in-place ReLU on "main"
+
+
+def test_phase_rules_drop_training_layers(tmp_path: Path) -> None:
+    n = CaffeNet(seed=14)
+    x = n.input("data", [1, 3, 4, 4])
+    y = n.conv(x, 2, 1)
+    n.layer("Accuracy", [y, "label"], ["accuracy"], "include { phase: TRAIN }")
+    n.layer("SoftmaxWithLoss", [y, "label"], ["loss"], "exclude { phase: TEST }")
+    check(n, tmp_path, [y])
+
+
+def test_legacy_v1_layers(tmp_path: Path) -> None:
+    """``layers { type: CONVOLUTION }`` networks (Caffe before 1.0) read the same way."""
+    rng = np.random.default_rng(15)
+    w, b = rng.standard_normal((4, 3, 3, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    text = """name: "old" input: "data" input_dim: 1 input_dim: 3 input_dim: 7 input_dim: 7
+    layers { name: "conv1" type: CONVOLUTION bottom: "data" top: "conv1" blobs_lr: 1 blobs_lr: 2
+             convolution_param { num_output: 4 kernel_size: 3 stride: 2 } }
+    layers { name: "relu1" type: RELU bottom: "conv1" top: "conv1" }
+    layers { name: "pool1" type: POOLING bottom: "conv1" top: "pool1" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+    """
+    net = NetParameter()
+    text_format.Parse(text, net)
+    for blob in (w, b):
+        proto = net.layers[0].blobs.add()
+        proto.num, proto.channels, proto.height, proto.width = [1] * (4 - blob.ndim) + list(blob.shape)
+        proto.data.extend(blob.ravel().tolist())
+    (tmp_path / "old.prototxt").write_text(text)
+    (tmp_path / "old.caffemodel").write_bytes(net.SerializeToString())
+    model = load_caffe(tmp_path / "old.prototxt", tmp_path / "old.caffemodel")
+    x = rng.standard_normal((1, 3, 7, 7)).astype(np.float32)
+    ref = pool2d(np.maximum(conv2d(x.astype(np.float64), w, b, (2, 2), (0, 0), (1, 1), 1), 0), "AVE", (2, 2),
+                 (2, 2), (0, 0))
+    (got,) = run(model, {"data": x})
+    assert_close(got, ref, "pool1")
+    assert [node.name for node in model.graph.node] == ["conv1", "relu1", "pool1"]
+
+
+def test_weights_written_without_packing(tmp_path: Path) -> None:
+    """Blob data stored as single floats (unpacked repeated field) reads like packed data."""
+    def field(tag: int, payload: bytes) -> bytes:
+        return bytes([tag, len(payload)]) + payload
+
+    blob = field(0x3A, field(0x0A, b"\x02")) + b"".join(b"\x2d" + struct.pack("<f", v) for v in (1.5, -2.0))
+    layer = field(0x0A, b"c") + field(0x3A, blob)
+    (tmp_path / "w.caffemodel").write_bytes(b"\xa2\x06" + bytes([len(layer)]) + layer)  # NetParameter.layer
+    weights = read_weights(tmp_path / "w.caffemodel")
+    assert list(weights) == ["c"] and weights["c"][0].tolist() == [1.5, -2.0]
