@@ -26,10 +26,14 @@ import hashlib
 import math
 import sys
 from collections.abc import Callable, Iterator
-from functools import cache
 from pathlib import Path
 
 import numpy as np
+
+from hbtools.data import colour
+from hbtools.data.pictures import NATURAL_GREY, NATURAL_RGB, page_lines
+from hbtools.data.pictures import bundled as _load
+from hbtools.data.transforms import ResizeTransformer, TextLineResizeTransformer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "build"
@@ -41,80 +45,21 @@ SHAPES: dict[str, tuple[int, int]] = {"cls": (48, 192), "det": (640, 640), "rec"
 SPLIT_SEEDS = {"calibration": 1_000_003, "heldout": 2_000_003}
 MODEL_SEEDS = {"cls": 11, "det": 22, "rec": 33}
 
-# Value that pads text crops on the right. resize_norm_img pads with 0 *after*
-# (x/255-0.5)/0.5, i.e. mid grey 127.5; 128 is the nearest uint8.
+# Value that pads text crops on the right (see TextLineResizeTransformer).
 PAD_VALUE = 128
-
-# Bundled images used for "no text" content. All ship inside skimage/data/ (checked
-# by _load), unlike e.g. eagle() or kidney() which pooch would download.
-NATURAL_RGB = (
-    "astronaut",
-    "coffee",
-    "chelsea",
-    "rocket",
-    "hubble_deep_field",
-    "immunohistochemistry",
-)
-NATURAL_GREY = ("camera", "coins", "moon", "brick", "grass", "gravel", "clock", "cell")
-
-# skimage.data function -> file in skimage/data/ (names differ for a few).
-_BUNDLED_FILES = {
-    "astronaut": "astronaut.png",
-    "coffee": "coffee.png",
-    "chelsea": "chelsea.png",
-    "rocket": "rocket.jpg",
-    "hubble_deep_field": "hubble_deep_field.jpg",
-    "immunohistochemistry": "ihc.png",
-    "camera": "camera.png",
-    "coins": "coins.png",
-    "moon": "moon.png",
-    "brick": "brick.png",
-    "grass": "grass.png",
-    "gravel": "gravel.png",
-    "clock": "clock_motion.png",
-    "cell": "cell.png",
-    "page": "page.png",
-    "text": "text.png",
-}
-
-
-@cache
-def _load(name: str) -> np.ndarray:
-    """A bundled skimage image as uint8 HxW (grey) or HxWx3 (RGB)."""
-    import skimage.data
-
-    bundled = Path(skimage.data.__file__).parent / _BUNDLED_FILES[name]
-    if not bundled.is_file():
-        # Calling the loader would make pooch try the network, which we must not do.
-        raise RuntimeError(f"skimage image {name!r} is not bundled ({bundled} missing)")
-    img = np.asarray(getattr(skimage.data, name)())
-    if img.ndim == 3:
-        img = img[..., :3]
-    return img.astype(np.uint8)
 
 
 def _resize(img: np.ndarray, height: int, width: int) -> np.ndarray:
     """Bilinear resize to (height, width); anti-aliased only when shrinking, so that
     downscaled natural images do not alias into patterns a camera would not produce."""
-    from skimage.transform import resize
-
-    shrink = height < img.shape[0] or width < img.shape[1]
-    out = resize(
-        img.astype(np.float32),
-        (height, width, *img.shape[2:]),
-        order=1,
-        mode="edge",
-        anti_aliasing=shrink,
-        preserve_range=True,
-    )
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    return ResizeTransformer((height, width), interpolation="bilinear")(img)
 
 
 def _to_bgr(img: np.ndarray) -> np.ndarray:
     """Grey or RGB uint8 -> BGR HxWx3 (the colour order cv2.imread gives PaddleOCR)."""
     if img.ndim == 2:
         return np.repeat(img[..., None], 3, axis=2)
-    return np.ascontiguousarray(img[..., ::-1])
+    return np.ascontiguousarray(colour.rgb_to_bgr(img))
 
 
 def _photometric(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -126,51 +71,6 @@ def _photometric(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- text lines
-
-
-@cache
-def _ink(name: str) -> np.ndarray:
-    """Boolean ink mask; Sauvola because page() is unevenly lit (dark lower right)."""
-    from skimage.filters import threshold_sauvola
-
-    img = _load(name)
-    return img < threshold_sauvola(img, window_size=25, k=0.2, r=128)
-
-
-@cache
-def page_lines() -> tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]:
-    """Text lines of page() as (y0, y1, words) with words as (x0, x1) column spans.
-
-    Rows whose ink fraction exceeds a threshold form line bands (row projection);
-    within a band, runs of ink-free columns wider than a letter gap split words.
-    """
-    ink = _ink("page")
-    rows = _runs(ink.mean(axis=1) > 0.08, min_len=6)
-    lines = []
-    for y0, y1 in rows:
-        cols = ink[y0:y1].any(axis=0)
-        # Close gaps narrower than 5 px (letter spacing) so each run is one word.
-        words = _runs(~_runs_mask(~cols, min_len=5), min_len=3)
-        if words:
-            lines.append((y0, y1, tuple(words)))
-    return tuple(lines)
-
-
-def _runs(mask: np.ndarray, min_len: int = 1) -> list[tuple[int, int]]:
-    """[start, end) spans of True runs in a 1-D mask, at least ``min_len`` long."""
-    padded = np.concatenate(([False], mask, [False])).astype(np.int8)
-    edges = np.flatnonzero(np.diff(padded))
-    return [
-        (int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True) if b - a >= min_len
-    ]
-
-
-def _runs_mask(mask: np.ndarray, min_len: int) -> np.ndarray:
-    """``mask`` keeping only True runs at least ``min_len`` long."""
-    out = np.zeros_like(mask)
-    for a, b in _runs(mask, min_len):
-        out[a:b] = True
-    return out
 
 
 def _page_crop(rng: np.random.Generator, max_aspect: float) -> np.ndarray:
@@ -207,16 +107,8 @@ def _window(
 
 
 def resize_norm_img(img: np.ndarray, height: int, width: int) -> np.ndarray:
-    """PaddleOCR's cls/rec ``resize_norm_img`` up to (not including) normalisation.
-
-    Scale the HxWx3 ``img`` to ``height`` keeping the aspect ratio (width capped at
-    ``width``), then pad on the right with mid grey. Keeps the channel order.
-    """
-    h, w = img.shape[:2]
-    resized_w = min(width, int(math.ceil(height * w / h)))
-    out = np.full((height, width, 3), PAD_VALUE, dtype=np.uint8)
-    out[:, :resized_w] = _resize(img, height, resized_w)
-    return out
+    """PaddleOCR's cls/rec ``resize_norm_img`` up to (not including) normalisation."""
+    return TextLineResizeTransformer((height, width), pad_value=PAD_VALUE)(img)
 
 
 def _line_sample(kind: str, rng: np.random.Generator, height: int, width: int) -> np.ndarray:
@@ -273,7 +165,7 @@ def _natural_square(rng: np.random.Generator, size: int) -> np.ndarray:
 
 def _det_sample(kind: str, rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     """One det sample (HxWx3 BGR uint8) of the given kind."""
-    size = height  # det inputs are square here; asserted in generate()
+    size = height  # det inputs are square here; checked in generate()
     if kind == "page":
         # Several copies of the page at a text size DB-Net sees in real documents.
         page = _scaled(_load("page"), rng.uniform(1.0, 2.6))
@@ -305,9 +197,9 @@ SCHEDULES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _samples(model: str, split: str) -> Iterator[tuple[str, np.ndarray]]:
+def _samples(model: str, split: str, size: tuple[int, int]) -> Iterator[tuple[str, np.ndarray]]:
     """Endless, deterministic stream of (kind, 1x3xHxW uint8 BGR) for one split."""
-    height, width = SHAPES[model]
+    height, width = size
     make: Callable[[str, np.random.Generator, int, int], np.ndarray]
     make = _det_sample if model == "det" else _line_sample
     rng = np.random.default_rng([SPLIT_SEEDS[split], MODEL_SEEDS[model]])
@@ -320,18 +212,24 @@ def _samples(model: str, split: str) -> Iterator[tuple[str, np.ndarray]]:
         i += 1
 
 
-def generate(model: str, count: int, heldout: int) -> dict[str, list[tuple[str, np.ndarray]]]:
-    """Calibration and held-out samples; no sample occurs in both (nor twice in one)."""
+def generate(
+    model: str, count: int, heldout: int, size: tuple[int, int] | None = None
+) -> dict[str, list[tuple[str, np.ndarray]]]:
+    """Calibration and held-out samples; no sample occurs in both (nor twice in one).
+
+    ``size`` is the (height, width) of the model input, ``SHAPES[model]`` by default.
+    """
     if model not in SHAPES:
         raise ValueError(f"unknown model {model!r}; expected one of {sorted(SHAPES)}")
-    if model == "det":
-        assert SHAPES["det"][0] == SHAPES["det"][1]
+    size = size or SHAPES[model]
+    if model == "det" and size[0] != size[1]:
+        raise ValueError(f"det samples are square; got {size[0]}x{size[1]}")
     seen: set[bytes] = set()
     splits: dict[str, list[tuple[str, np.ndarray]]] = {}
     # Held-out first so its content depends only on --heldout, not on --count.
     for split, n in (("heldout", heldout), ("calibration", count)):
         chosen: list[tuple[str, np.ndarray]] = []
-        stream = _samples(model, split)
+        stream = _samples(model, split, size)
         for _ in range(100 * max(n, 1)):
             if len(chosen) == n:
                 break

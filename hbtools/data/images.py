@@ -26,11 +26,12 @@ def image_hw(spec: InputSpec) -> tuple[int, int]:
     return (shape[2], shape[3]) if spec.layout_train == "NCHW" else (shape[1], shape[2])
 
 
-def _read_rgb_or_gray(path: Path) -> np.ndarray:
+def read_rgb_or_gray(path: Path, what: str = "calibration image") -> np.ndarray:
+    """An image file as uint8 HxW (grey) or HxWx3 (RGB; alpha dropped)."""
     try:
         img = skimage.io.imread(path)
     except Exception as e:  # skimage raises many types for unreadable files
-        raise HbError(f"cannot read calibration image {path}: {e}") from e
+        raise HbError(f"cannot read {what} {path}: {e}") from e
     if img.dtype != np.uint8:
         img = skimage.util.img_as_ubyte(img)
     if img.ndim == 3 and img.shape[-1] == 4:
@@ -38,7 +39,7 @@ def _read_rgb_or_gray(path: Path) -> np.ndarray:
     if img.ndim == 3 and img.shape[-1] == 1:
         img = img[..., 0]
     if img.ndim not in (2, 3) or (img.ndim == 3 and img.shape[-1] != 3):
-        raise HbError(f"calibration image {path} has unsupported shape {img.shape}")
+        raise HbError(f"{what} {path} has unsupported shape {img.shape}")
     return img
 
 
@@ -52,7 +53,7 @@ def _to_train_type(img: np.ndarray, type_train: str) -> np.ndarray:
 
 def load_image(path: Path, spec: InputSpec) -> np.ndarray:
     """One image resized to the input's HxW, in the train colour space, HWC, 0..255 float."""
-    img = _read_rgb_or_gray(path)
+    img = read_rgb_or_gray(path)
     resized = skimage.transform.resize(img.astype(np.float64), image_hw(spec), preserve_range=True)
     return _to_train_type(resized, spec.type_train)
 

@@ -1,0 +1,143 @@
+"""``hb_eval_preprocess``: turn a folder of images into model input files by recipe.
+
+A recipe is the preprocessing one sample model needs, written with the transformers
+of ``hbtools.data.transforms``. Every output file is a raw ``numpy.tofile`` dump of
+one image in the model's run-time input format (the same format as its calibration
+data, so the files also work as ``cal_data_dir`` content or ``hb_mapper infer`` input).
+Images are read with scikit-image; the recipes first bring them to what OpenCV would
+have read (uint8 BGR), because PaddleOCR's own preprocessing starts from there.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hbtools.data.images import IMAGE_EXTENSIONS
+from hbtools.data.transforms import (
+    Compose,
+    F32ToU8Transformer,
+    HWC2CHWTransformer,
+    PadResizeTransformer,
+    RGB2BGRTransformer,
+    ScaleTransformer,
+    TextLineResizeTransformer,
+    Transformer,
+    read_image,
+)
+from hbtools.errors import HbError
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    summary: str  # one line for --help
+    output: str  # what each output file holds
+    transformers: Callable[[], list[Transformer]]  # applied to a skimage RGB float image
+
+    def pipeline(self) -> Compose:
+        return Compose(self.transformers())
+
+
+def _opencv_like() -> list[Transformer]:
+    """skimage RGB float 0..1 -> uint8 BGR HWC, i.e. what ``cv2.imread`` returns."""
+    return [ScaleTransformer(255), F32ToU8Transformer(), RGB2BGRTransformer(data_format="HWC")]
+
+
+def _text_line(width: int) -> Callable[[], list[Transformer]]:
+    return lambda: [*_opencv_like(), TextLineResizeTransformer((48, width)), HWC2CHWTransformer()]
+
+
+def _det() -> list[Transformer]:
+    # Letterbox into the fixed 640x640 input; the image stays in the top-left corner so
+    # boxes map back by one scale factor. Black padding holds no text for DB-Net to find.
+    return [*_opencv_like(), PadResizeTransformer(640, pad_value=0, pad_position="bottom_right"),
+            HWC2CHWTransformer()]
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe("ppocr_cls", "PP-OCR text-direction classifier: text-line crop -> height 48, "
+               "padded to width 192", "uint8 BGR 1x3x48x192 (NCHW)", _text_line(192)),
+        Recipe("ppocr_det", "PP-OCRv4 text detector: letterbox into 640x640 (top-left, "
+               "black padding)", "uint8 BGR 1x3x640x640 (NCHW)", _det),
+        Recipe("ppocr_rec", "PP-OCRv4 text recogniser: text-line crop -> height 48, "
+               "padded to width 320", "uint8 BGR 1x3x48x320 (NCHW)", _text_line(320)),
+    )
+}
+
+
+def recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise HbError(f"unknown model name {name!r}",
+                      hint=f"use one of: {', '.join(RECIPES)} (hb_eval_preprocess --help)")
+    return RECIPES[name]
+
+
+def list_images(image_dir: Path, val_txt: Path | None = None) -> list[Path]:
+    """The images to process: those named in ``val_txt`` (first word of each line,
+    relative to ``image_dir``), else every image file in ``image_dir`` in name order."""
+    if not image_dir.is_dir():
+        raise HbError(f"image folder {image_dir} does not exist", hint="pass an existing folder with -i")
+    if val_txt is None:
+        files = sorted(p for p in image_dir.iterdir()
+                       if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        if not files:
+            raise HbError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {image_dir}")
+        return files
+    if not val_txt.is_file():
+        raise HbError(f"val_txt file {val_txt} does not exist")
+    names = [line.split()[0] for line in val_txt.read_text(encoding="utf-8").splitlines()
+             if line.strip()]
+    if not names:
+        raise HbError(f"val_txt file {val_txt} names no images")
+    missing = [n for n in names if not (image_dir / n).is_file()]
+    if missing:
+        raise HbError(f"{len(missing)} image(s) listed in {val_txt} are not in {image_dir}, "
+                      f"e.g. {missing[0]}")
+    return [image_dir / n for n in names]
+
+
+def output_name(image: Path) -> str:
+    return f"{image.stem}.bin"
+
+
+def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
+                      val_txt: Path | None = None,
+                      progress: Callable[[Path], None] | None = None) -> list[Path]:
+    """Preprocess the images with the recipe of ``model_name`` into ``output_dir``.
+
+    Files are written to a scratch folder first and moved into ``output_dir`` only
+    when every image succeeded, so a failure leaves nothing half-written.
+    """
+    pipeline = recipe(model_name).pipeline()
+    images = list_images(image_dir, val_txt)
+    names = [output_name(p) for p in images]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise HbError(f"several images would be written to {clashes[0]} (same name, other "
+                      "extension)", hint="keep one image per file name stem")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise HbError(f"output path {output_dir} exists and is not a folder")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".hb_eval_preprocess_", dir=output_dir))
+    try:
+        for image, name in zip(images, names, strict=True):
+            sample = np.ascontiguousarray(pipeline(read_image(image)))
+            sample.tofile(scratch / name)
+            if progress is not None:
+                progress(image)
+        written = []
+        for name in names:
+            target = output_dir / name
+            (scratch / name).replace(target)
+            written.append(target)
+        return written
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,179 @@
+"""Resizing, cropping and padding of HW / HWC images (scikit-image does the resampling).
+
+Sizes are ``(height, width)`` (an ``int`` means a square). Resampling computes in
+float32 for uint8 images and in the image's own float type otherwise, with edge
+padding at the borders and skimage's anti-aliasing when shrinking (not for
+``nearest``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import skimage.transform
+
+from hbtools.data.transforms.base import Transformer, check_image, float_dtype, like, size_hw
+
+# Interpolation name -> spline order of skimage.transform.resize.
+INTERPOLATIONS = {
+    "nearest": 0,
+    "linear": 1,
+    "bilinear": 1,
+    "biquadratic": 2,
+    "cubic": 3,
+    "bicubic": 3,
+    "biquartic": 4,
+    "biquintic": 5,
+}
+
+
+def _order(interpolation: str | int) -> int:
+    if isinstance(interpolation, int) and 0 <= interpolation <= 5:
+        return interpolation
+    if isinstance(interpolation, str) and interpolation.lower() in INTERPOLATIONS:
+        return INTERPOLATIONS[interpolation.lower()]
+    raise ValueError(
+        f"interpolation {interpolation!r} is not one of {sorted(INTERPOLATIONS)} (or 0..5)"
+    )
+
+
+def resize(image: np.ndarray, height: int, width: int, interpolation: str | int = "bilinear",
+           anti_aliasing: bool | None = None) -> np.ndarray:
+    """``image`` (HW or HWC) resampled to ``height`` x ``width``."""
+    check_image(image, "resize")
+    src = image.astype(np.float32 if image.dtype == np.uint8 else float_dtype(image))
+    out = skimage.transform.resize(
+        src, (height, width, *image.shape[2:]), order=_order(interpolation), mode="edge",
+        anti_aliasing=anti_aliasing, preserve_range=True,
+    )  # fmt: skip
+    return like(out, image)
+
+
+class ResizeTransformer(Transformer):
+    """Resize to ``target_size`` = (height, width), ignoring the aspect ratio."""
+
+    def __init__(self, target_size: int | Sequence[int], interpolation: str | int = "bilinear",
+                 anti_aliasing: bool | None = None) -> None:
+        self.target_size = size_hw(target_size, "target_size")
+        _order(interpolation)  # fail at construction, not on the first image
+        self.interpolation = interpolation
+        self.anti_aliasing = anti_aliasing
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        return resize(image, *self.target_size, self.interpolation, self.anti_aliasing)
+
+
+class ShortSideResizeTransformer(Transformer):
+    """Scale so the shorter side is ``short_size``, keeping the aspect ratio.
+
+    The longer side becomes ``int(long * short_size / short)`` (rounded down, as
+    torchvision's ``Resize(int)`` does).
+    """
+
+    def __init__(self, short_size: int, interpolation: str | int = "bilinear") -> None:
+        self.short_size = size_hw(short_size, "short_size")[0]
+        _order(interpolation)
+        self.interpolation = interpolation
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        check_image(image, "ShortSideResize")
+        h, w = image.shape[:2]
+        s = self.short_size
+        if h <= w:
+            new_h, new_w = s, max(1, int(w * s / h))
+        else:
+            new_h, new_w = max(1, int(h * s / w)), s
+        return resize(image, new_h, new_w, self.interpolation)
+
+
+class CenterCropTransformer(Transformer):
+    """Cut the central ``crop_size`` = (height, width) window; the top-left corner is
+    at ``((H - height) // 2, (W - width) // 2)``."""
+
+    def __init__(self, crop_size: int | Sequence[int]) -> None:
+        self.crop_size = size_hw(crop_size, "crop_size")
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        check_image(image, "CenterCrop")
+        (h, w), (ch, cw) = image.shape[:2], self.crop_size
+        if ch > h or cw > w:
+            raise ValueError(f"CenterCrop: crop {ch}x{cw} is larger than the image {h}x{w}")
+        top, left = (h - ch) // 2, (w - cw) // 2
+        return image[top : top + ch, left : left + cw]
+
+
+class Placement(NamedTuple):
+    """Where ``PadResize`` puts the scaled image on its canvas."""
+
+    scale: float  # canvas pixels per source pixel
+    height: int  # of the scaled image
+    width: int
+    top: int  # offset of the scaled image on the canvas
+    left: int
+
+
+PAD_POSITIONS = ("boundary", "bottom_right")
+
+
+class PadResizeTransformer(Transformer):
+    """Letterbox: scale to fit inside ``target_size`` keeping the aspect ratio, then pad.
+
+    ``pad_position='boundary'`` centres the image (padding on all sides);
+    ``'bottom_right'`` keeps it in the top-left corner, so a point maps back to the
+    source by dividing by ``placement(...).scale`` alone.
+    """
+
+    def __init__(self, target_size: int | Sequence[int], pad_value: float = 127.0,
+                 pad_position: str = "boundary", interpolation: str | int = "bilinear") -> None:
+        self.target_size = size_hw(target_size, "target_size")
+        if pad_position not in PAD_POSITIONS:
+            raise ValueError(f"pad_position {pad_position!r} is not one of {PAD_POSITIONS}")
+        _order(interpolation)
+        self.pad_value = pad_value
+        self.pad_position = pad_position
+        self.interpolation = interpolation
+
+    def placement(self, height: int, width: int) -> Placement:
+        """Where an image of ``height`` x ``width`` lands on the canvas."""
+        th, tw = self.target_size
+        scale = min(th / height, tw / width)
+        new_h, new_w = max(1, min(th, int(height * scale))), max(1, min(tw, int(width * scale)))
+        if self.pad_position == "boundary":
+            return Placement(scale, new_h, new_w, (th - new_h) // 2, (tw - new_w) // 2)
+        return Placement(scale, new_h, new_w, 0, 0)
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        check_image(image, "PadResize")
+        p = self.placement(*image.shape[:2])
+        scaled = resize(image, p.height, p.width, self.interpolation)
+        canvas = like(np.full((*self.target_size, *image.shape[2:]), self.pad_value), image)
+        canvas[p.top : p.top + p.height, p.left : p.left + p.width] = scaled
+        return canvas
+
+
+class TextLineResizeTransformer(Transformer):
+    """PaddleOCR's cls/rec ``resize_norm_img`` without the normalisation.
+
+    Scale to the target height keeping the aspect ratio (width rounded up and capped
+    at the target width, so long lines get squeezed), then pad on the right with
+    ``pad_value``. 128 is the uint8 value nearest to PaddleOCR's padding, which is 0
+    after ``(x / 255 - 0.5) / 0.5``.
+    """
+
+    def __init__(self, target_size: Sequence[int], pad_value: float = 128,
+                 interpolation: str | int = "bilinear") -> None:
+        self.target_size = size_hw(target_size, "target_size")
+        _order(interpolation)
+        self.pad_value = pad_value
+        self.interpolation = interpolation
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        check_image(image, "TextLineResize")
+        (h, w), (th, tw) = image.shape[:2], self.target_size
+        new_w = min(tw, math.ceil(th * w / h))
+        canvas = like(np.full((th, tw, *image.shape[2:]), self.pad_value), image)
+        canvas[:, :new_w] = resize(image, th, new_w, self.interpolation)
+        return canvas

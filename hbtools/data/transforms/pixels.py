@@ -1,0 +1,233 @@
+"""Layout, colour and value transformers.
+
+Colour conversions go through ``hbtools.data.colour`` (the toolchain's one colour
+implementation), in the uint8 value domain: scale a skimage float image (0..1)
+by 255 first. ``data_format`` says where the channels are (``'HWC'``, ``'CHW'``,
+``'NHWC'``, ``'NCHW'``); ``None`` tells a 3-D image's layout from its shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hbtools.data import colour
+from hbtools.data.transforms.base import Transformer, channels_last, float_dtype, like, size_hw
+
+# --------------------------------------------------------------------------- layout
+
+
+class TransposeTransformer(Transformer):
+    """``np.transpose(image, order)``."""
+
+    def __init__(self, order: Sequence[int]) -> None:
+        self.order = tuple(order)
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        if len(self.order) != image.ndim:
+            raise ValueError(f"transpose order {self.order} does not fit shape {image.shape}")
+        return np.ascontiguousarray(np.transpose(image, self.order))
+
+
+class HWC2CHWTransformer(Transformer):
+    """HWC -> CHW (NHWC -> NCHW for a 4-D batch)."""
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        if image.ndim not in (3, 4):
+            raise ValueError(f"HWC2CHW needs a 3-D or 4-D image, got shape {image.shape}")
+        return np.ascontiguousarray(np.moveaxis(image, -1, -3))
+
+
+class CHW2HWCTransformer(Transformer):
+    """CHW -> HWC (NCHW -> NHWC for a 4-D batch)."""
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        if image.ndim not in (3, 4):
+            raise ValueError(f"CHW2HWC needs a 3-D or 4-D image, got shape {image.shape}")
+        return np.ascontiguousarray(np.moveaxis(image, -3, -1))
+
+
+# --------------------------------------------------------------------------- colour
+
+
+class _ColourTransformer(Transformer):
+    """Convert channel-last pixels with ``convert``, in the image's own layout."""
+
+    channels = 3
+
+    def __init__(self, data_format: str | None = None) -> None:
+        self.data_format = data_format
+
+    def convert(self, hwc: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        last, axis = channels_last(image, self.data_format)
+        if last.shape[-1] != self.channels:
+            raise ValueError(f"{type(self).__name__} needs {self.channels} channels, "
+                             f"got shape {image.shape} ({self.data_format or 'layout from shape'})")
+        return np.ascontiguousarray(np.moveaxis(self.convert(last), -1, axis))
+
+
+class RGB2BGRTransformer(_ColourTransformer):
+    """Swap the first and last channel (RGB -> BGR)."""
+
+    def convert(self, hwc: np.ndarray) -> np.ndarray:
+        return colour.rgb_to_bgr(hwc)
+
+
+class BGR2RGBTransformer(_ColourTransformer):
+    """Swap the first and last channel (BGR -> RGB)."""
+
+    def convert(self, hwc: np.ndarray) -> np.ndarray:
+        return colour.bgr_to_rgb(hwc)
+
+
+class _SpaceTransformer(_ColourTransformer):
+    """A conversion between colour spaces, with ``space_and_range`` for YUV."""
+
+    def __init__(self, data_format: str | None = None, space_and_range: str = "regular") -> None:
+        super().__init__(data_format)
+        colour.intermediate_space("yuv444", space_and_range)  # validates the name
+        self.space_and_range = space_and_range
+
+
+class RGB2YUV444Transformer(_SpaceTransformer):
+    """RGB -> YUV444 (BT.601; full range, or video range with ``'bt601_video'``)."""
+
+    def convert(self, hwc: np.ndarray) -> np.ndarray:
+        return like(colour.rgb_to_yuv444(hwc, self.space_and_range), hwc)
+
+
+class BGR2YUV444Transformer(_SpaceTransformer):
+    """BGR -> YUV444 (BT.601; full range, or video range with ``'bt601_video'``)."""
+
+    def convert(self, hwc: np.ndarray) -> np.ndarray:
+        return like(colour.bgr_to_yuv444(hwc, self.space_and_range), hwc)
+
+
+class RGB2GRAYTransformer(_ColourTransformer):
+    """RGB -> one luma channel (BT.601 weights)."""
+
+    def convert(self, hwc: np.ndarray) -> np.ndarray:
+        return like(colour.rgb_to_gray(hwc), hwc)
+
+
+class BGR2GRAYTransformer(_ColourTransformer):
+    """BGR -> one luma channel (BT.601 weights)."""
+
+    def convert(self, hwc: np.ndarray) -> np.ndarray:
+        return like(colour.rgb_to_gray(colour.bgr_to_rgb(hwc)), hwc)
+
+
+class _NV12Transformer(_SpaceTransformer):
+    """RGB/BGR (0..255, even height and width) -> NV12 bytes, shape (H * 3 // 2, W)."""
+
+    source = "rgb"
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        last, _ = channels_last(image, self.data_format)
+        if last.ndim != 3 or last.shape[-1] != 3:
+            raise ValueError(f"{type(self).__name__} needs one 3-channel image, got shape {image.shape}")
+        rgb = last if self.source == "rgb" else colour.bgr_to_rgb(last)
+        return colour.rgb_to_nv12(rgb, self.space_and_range)
+
+
+class RGB2NV12Transformer(_NV12Transformer):
+    __doc__ = _NV12Transformer.__doc__
+    source = "rgb"
+
+
+class BGR2NV12Transformer(_NV12Transformer):
+    __doc__ = _NV12Transformer.__doc__
+    source = "bgr"
+
+
+class NV12ToYUV444Transformer(Transformer):
+    """NV12 bytes -> YUV444 uint8, each chroma sample repeated over its 2x2 block.
+
+    Takes the (H * 3 // 2, W) array the ``*2NV12`` transformers make, or a flat
+    buffer when ``target_size`` = (H, W) is given. Output layout
+    ``yuv444_output_layout``: ``'HWC'`` or ``'CHW'``.
+    """
+
+    def __init__(self, target_size: int | Sequence[int] | None = None,
+                 yuv444_output_layout: str = "HWC") -> None:
+        self.target_size = None if target_size is None else size_hw(target_size, "target_size")
+        if yuv444_output_layout.upper() not in ("HWC", "CHW"):
+            raise ValueError(f"yuv444_output_layout {yuv444_output_layout!r} is not HWC or CHW")
+        self.yuv444_output_layout = yuv444_output_layout.upper()
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        if self.target_size is not None:
+            h, w = self.target_size
+            if image.size != h * w * 3 // 2:
+                raise ValueError(f"NV12 of {h}x{w} has {h * w * 3 // 2} bytes, got {image.size}")
+            image = image.reshape(h * 3 // 2, w)
+        yuv = colour.nv12_decode(image)
+        return np.ascontiguousarray(np.moveaxis(yuv, -1, 0)) if self.yuv444_output_layout == "CHW" else yuv
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _per_channel(values: float | Sequence[float], image: np.ndarray, data_format: str | None) -> np.ndarray:
+    """``values`` shaped to broadcast over ``image``'s channel axis (a scalar over all)."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if v.size == 1:
+        return v.reshape(())
+    last, axis = channels_last(image, data_format)
+    if last.shape[-1] != v.size:
+        raise ValueError(f"{v.size} per-channel values for an image with {last.shape[-1]} channels")
+    shape = [1] * image.ndim
+    shape[axis] = v.size
+    return v.reshape(shape)
+
+
+class ScaleTransformer(Transformer):
+    """Multiply by ``scale_value`` (e.g. 255 to take a skimage float image to 0..255)."""
+
+    def __init__(self, scale_value: float) -> None:
+        self.scale_value = scale_value
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        return image.astype(float_dtype(image)) * float_dtype(image)(self.scale_value)
+
+
+class MeanTransformer(Transformer):
+    """Subtract ``means`` (one per channel, or one for all)."""
+
+    def __init__(self, means: float | Sequence[float], data_format: str | None = None) -> None:
+        self.means = means
+        self.data_format = data_format
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        dtype = float_dtype(image)
+        return image.astype(dtype) - _per_channel(self.means, image, self.data_format).astype(dtype)
+
+
+class NormalizeTransformer(Transformer):
+    """Divide by ``std`` (one per channel, or one for all)."""
+
+    def __init__(self, std: float | Sequence[float], data_format: str | None = None) -> None:
+        self.std = std
+        self.data_format = data_format
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        dtype = float_dtype(image)
+        return image.astype(dtype) / _per_channel(self.std, image, self.data_format).astype(dtype)
+
+
+class F32ToU8Transformer(Transformer):
+    """Round half to even and saturate to uint8 (``astype`` would truncate 127.99 to 127)."""
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        return colour.round_to_uint8(image)
+
+
+class F32ToS8Transformer(Transformer):
+    """Round and saturate to 0..255, then subtract 128: the int8 ``*_128`` input type."""
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        return (colour.round_to_uint8(image).astype(np.int16) - 128).astype(np.int8)

@@ -1,0 +1,120 @@
+"""hb_eval_preprocess: recipe outputs, image selection and bad arguments."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import skimage.data
+import skimage.io
+import skimage.transform
+from click.testing import CliRunner
+
+from hbtools.cli.hb_eval_preprocess import main
+from hbtools.data.pictures import page_line
+
+LINE = page_line(0, 0, 1)[:, :60]  # grey 19x60: "Regi", narrower than 192 at height 48
+
+
+@pytest.fixture
+def images(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the tool writes its log into the current folder
+    folder = tmp_path / "images"
+    folder.mkdir()
+    skimage.io.imsave(folder / "line.png", LINE, check_contrast=False)
+    skimage.io.imsave(folder / "cat.png", skimage.data.chelsea())  # RGB 300x451
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def error_lines(result) -> list[str]:
+    return [line for line in result.output.splitlines() if " ERROR " in line]
+
+
+def expected_resize(rgb: np.ndarray, h: int, w: int) -> np.ndarray:
+    """BGR uint8 resize computed directly with skimage (bilinear, edge, float32)."""
+    out = skimage.transform.resize(rgb[..., ::-1].astype(np.float32), (h, w, 3), order=1,
+                                   mode="edge", preserve_range=True)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def test_ppocr_cls_writes_one_text_line_sample_per_image(images, tmp_path):
+    result = run("-m", "ppocr_cls", "-i", str(images), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["cat.bin", "line.bin"]  # notes.txt is not an image
+    line = np.fromfile(tmp_path / "out" / "line.bin", np.uint8).reshape(3, 48, 192)
+    width = math.ceil(48 * LINE.shape[1] / LINE.shape[0])
+    want = expected_resize(np.repeat(LINE[..., None], 3, axis=-1), 48, width).transpose(2, 0, 1)
+    np.testing.assert_array_equal(line[:, :, :width], want)
+    assert (line[:, :, width:] == 128).all()  # PaddleOCR's padding before normalisation
+    assert "2 image(s)" in result.output
+
+
+def test_ppocr_det_letterboxes_into_640(images, tmp_path):
+    result = run("-m", "ppocr_det", "-i", str(images), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    cat = np.fromfile(tmp_path / "out" / "cat.bin", np.uint8).reshape(3, 640, 640)
+    h = int(300 * 640 / 451)  # 425
+    want = expected_resize(skimage.data.chelsea(), h, 640).transpose(2, 0, 1)
+    np.testing.assert_array_equal(cat[:, :h], want)
+    assert (cat[:, h:] == 0).all()
+
+
+def test_val_txt_selects_images_and_ignores_labels(images, tmp_path):
+    val = tmp_path / "val.txt"
+    val.write_text("cat.png 281\n\n")
+    result = run("-m", "ppocr_rec", "-i", str(images), "-o", str(tmp_path / "out"), "-v", str(val))
+    assert result.exit_code == 0, result.output
+    [only] = list((tmp_path / "out").iterdir())
+    assert only.name == "cat.bin" and only.stat().st_size == 3 * 48 * 320
+
+
+def test_help_lists_the_recipes():
+    result = run("--help")
+    assert result.exit_code == 0
+    for name in ("ppocr_cls", "ppocr_det", "ppocr_rec"):
+        assert name in result.output
+    assert "-v, --val_txt" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "yolo", "-i", "images", "-o", "out"], "unknown model name 'yolo'"),
+        (["-i", "images", "-o", "out"], "missing -m/--model_name"),
+        (["-m", "ppocr_cls", "-i", "nowhere", "-o", "out"], "image folder nowhere does not exist"),
+        (["-m", "ppocr_cls", "-i", "images", "-o", "out", "-v", "none.txt"], "none.txt does not exist"),
+        (["-m", "ppocr_cls", "-i", "images", "-o", "out", "--colour", "bgr"], "No such option"),
+    ],
+)
+def test_bad_arguments_are_one_error_line(images, tmp_path, args, message):
+    result = run(*args)
+    assert result.exit_code == 1
+    [line] = error_lines(result)
+    assert message in line
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # imageio probing plugins
+def test_missing_listed_image_and_unreadable_image_write_nothing(images, tmp_path):
+    val = tmp_path / "val.txt"
+    val.write_text("cat.png\ndog.png\n")
+    result = run("-m", "ppocr_cls", "-i", str(images), "-o", str(tmp_path / "out"), "-v", str(val))
+    assert result.exit_code == 1
+    [line] = error_lines(result)
+    assert "1 image(s) listed" in line and "dog.png" in line
+
+    (images / "zz_broken.png").write_bytes(b"\x89PNG not really")
+    result = run("-m", "ppocr_cls", "-i", str(images), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 1
+    [line] = error_lines(result)
+    assert "zz_broken.png" in line
+    # cat.png and line.png were fine, but a failed run leaves no output behind.
+    assert list((tmp_path / "out").iterdir()) == []

@@ -1,0 +1,262 @@
+"""hbtools.data.transforms: shapes and values against plain numpy, round trips, dtypes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import skimage.data
+import skimage.io
+import skimage.util
+
+from hbtools.data import colour
+from hbtools.data import transforms as T
+from hbtools.errors import HbError
+
+RNG = np.random.default_rng(7)
+
+
+def rgb_uint8(h: int = 6, w: int = 8) -> np.ndarray:
+    return RNG.integers(0, 256, size=(h, w, 3)).astype(np.uint8)
+
+
+def test_vendor_import_path_is_the_same_code():
+    from horizon_tc_ui.data import transformer
+
+    assert transformer.ShortSideResizeTransformer is T.ShortSideResizeTransformer
+    assert transformer.RGB2NV12Transformer is T.RGB2NV12Transformer
+    assert set(T.__all__) <= set(dir(transformer))
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+@pytest.mark.parametrize(
+    ("hw", "expected"),
+    [((300, 450), (256, 384)), ((450, 300), (384, 256)), ((200, 333), (256, 426)), ((9, 9), (256, 256))],
+)
+def test_short_side_resize_keeps_aspect_ratio(hw, expected):
+    out = T.ShortSideResizeTransformer(short_size=256)(np.zeros((*hw, 3), np.uint8))
+    assert out.shape == (*expected, 3) and out.dtype == np.uint8
+
+
+def test_bilinear_upscale_of_a_ramp_is_the_ramp_at_the_pixel_centres():
+    ramp = np.tile(np.arange(8, dtype=np.float64), (4, 1))
+    out = T.ResizeTransformer((4, 16), interpolation="bilinear")(ramp)
+    # Output pixel i samples input position (i + 0.5) * 8 / 16 - 0.5, clamped at the edges.
+    expected = np.clip((np.arange(16) + 0.5) * 8 / 16 - 0.5, 0, 7)
+    np.testing.assert_allclose(out, np.tile(expected, (4, 1)), atol=1e-12)
+    assert out.dtype == np.float64
+
+
+def test_nearest_upscale_repeats_pixels_and_interpolation_matters():
+    img = rgb_uint8(3, 4)
+    nearest = T.Resize(img, (6, 8), interpolation="nearest")
+    np.testing.assert_array_equal(nearest, img.repeat(2, axis=0).repeat(2, axis=1))
+    assert not np.array_equal(T.Resize(img, (6, 8), interpolation="bicubic"), nearest)
+
+
+def test_uint8_stays_uint8_and_float_stays_float():
+    img = rgb_uint8(10, 12)
+    assert T.Resize(img, 5).dtype == np.uint8
+    as_float = skimage.util.img_as_float(img)
+    out = T.Resize(as_float, 5)
+    assert out.dtype == np.float64 and 0 <= out.min() and out.max() <= 1
+    np.testing.assert_allclose(out * 255, T.Resize(img, 5), atol=0.51)
+    assert T.Resize(img.astype(np.float32), 5).dtype == np.float32
+
+
+def test_bad_parameters_fail_when_the_transformer_is_made():
+    with pytest.raises(ValueError, match="interpolation"):
+        T.ResizeTransformer(8, interpolation="lanczos9")
+    with pytest.raises(ValueError, match="target_size"):
+        T.ResizeTransformer((0, 8))
+    with pytest.raises(ValueError, match="pad_position"):
+        T.PadResizeTransformer(8, pad_position="middle")
+
+
+def test_center_crop_is_the_central_slice():
+    img = np.arange(7 * 10 * 3).reshape(7, 10, 3)
+    np.testing.assert_array_equal(T.CenterCrop(img, crop_size=(4, 6)), img[1:5, 2:8])
+    np.testing.assert_array_equal(T.CenterCrop(img, crop_size=7), img[:, 1:8])
+    with pytest.raises(ValueError, match="larger than the image"):
+        T.CenterCrop(img, crop_size=8)
+
+
+def test_seed_calibration_pipeline_matches_step_by_step_numpy():
+    # ShortSideResize 256 -> CenterCrop 224 -> HWC2CHW -> RGB2BGR -> Scale 255 (seed 004).
+    img = skimage.util.img_as_float(skimage.data.chelsea())  # 300x451
+    pipeline = T.Compose([
+        T.ShortSideResizeTransformer(short_size=256), T.CenterCropTransformer(crop_size=224),
+        T.HWC2CHWTransformer(), T.RGB2BGRTransformer(data_format="CHW"),
+        T.ScaleTransformer(scale_value=255),
+    ])  # fmt: skip
+    out = pipeline(img)
+    resized = T.Resize(img, (256, 384))
+    top, left = (256 - 224) // 2, (384 - 224) // 2
+    expected = resized[top : top + 224, left : left + 224].transpose(2, 0, 1)[::-1] * 255
+    assert out.shape == (3, 224, 224)
+    np.testing.assert_allclose(out, expected, atol=1e-9)
+
+
+@pytest.mark.parametrize("position", ["boundary", "bottom_right"])
+def test_pad_resize_letterboxes(position):
+    img = rgb_uint8(100, 200)
+    t = T.PadResizeTransformer(64, pad_value=7, pad_position=position)
+    out = t(img)
+    p = t.placement(100, 200)
+    assert (p.scale, p.height, p.width) == (0.32, 32, 64)
+    assert (p.top, p.left) == ((16, 0) if position == "boundary" else (0, 0))
+    assert out.shape == (64, 64, 3) and out.dtype == np.uint8
+    inside = np.zeros((64, 64), bool)
+    inside[p.top : p.top + 32, :] = True
+    np.testing.assert_array_equal(out[inside].reshape(32, 64, 3), T.Resize(img, (32, 64)))
+    assert (out[~inside] == 7).all()
+
+
+@pytest.mark.parametrize(("w", "resized_w"), [(50, 120), (100, 192), (400, 192)])
+def test_text_line_resize_scales_to_the_height_and_pads_right(w, resized_w):
+    img = rgb_uint8(20, w)
+    out = T.TextLineResize(img, (48, 192))
+    assert resized_w == min(192, math.ceil(48 * w / 20))
+    np.testing.assert_array_equal(out[:, :resized_w], T.Resize(img, (48, resized_w)))
+    assert (out[:, resized_w:] == 128).all()
+
+
+# --------------------------------------------------------------------------- layout and colour
+
+
+def test_hwc_chw_round_trips():
+    img = rgb_uint8(4, 5)
+    chw = T.HWC2CHW(img)
+    np.testing.assert_array_equal(chw, np.transpose(img, (2, 0, 1)))
+    np.testing.assert_array_equal(T.CHW2HWC(chw), img)
+    batch = np.stack([img, img])
+    np.testing.assert_array_equal(T.HWC2CHW(batch), batch.transpose(0, 3, 1, 2))
+    np.testing.assert_array_equal(T.Transpose(img, (1, 0, 2)), img.transpose(1, 0, 2))
+
+
+def test_rgb_bgr_swap_in_either_layout():
+    img = rgb_uint8(4, 5)
+    np.testing.assert_array_equal(T.RGB2BGR(img), img[..., ::-1])
+    chw = img.transpose(2, 0, 1)
+    np.testing.assert_array_equal(T.RGB2BGR(chw), chw[::-1])  # layout told from the shape
+    np.testing.assert_array_equal(T.BGR2RGB(T.RGB2BGR(img, data_format="HWC"), data_format="HWC"), img)
+    with pytest.raises(ValueError, match="data_format"):
+        T.RGB2BGR(np.zeros((3, 4, 3)))  # both ends could be channels
+    with pytest.raises(ValueError, match="3 channels"):
+        T.RGB2BGR(np.zeros((4, 5, 1)), data_format="HWC")
+
+
+def test_rgb2nv12_matches_bt601_by_hand_and_colour_py():
+    img = rgb_uint8(4, 6).astype(np.float64)
+    nv12 = T.RGB2NV12Transformer()(img)
+    assert nv12.shape == (6, 6) and nv12.dtype == np.uint8
+    r, g, b = img[..., 0], img[..., 1], img[..., 2]
+    y = 0.299 * r + 0.587 * g + 0.114 * b
+    u = 128 + (b - y) / 1.772
+    v = 128 + (r - y) / 1.402
+    mean2x2 = lambda c: c.reshape(2, 2, 3, 2).mean(axis=(1, 3))  # noqa: E731
+    assert np.abs(nv12[:4].astype(int) - np.rint(y)).max() <= 1
+    uv = nv12[4:].reshape(2, 3, 2).astype(int)
+    assert np.abs(uv[..., 0] - np.rint(mean2x2(u))).max() <= 1
+    assert np.abs(uv[..., 1] - np.rint(mean2x2(v))).max() <= 1
+    np.testing.assert_array_equal(nv12, colour.rgb_to_nv12(img))
+
+
+def test_bgr2nv12_and_chw_input_agree_with_rgb2nv12():
+    img = rgb_uint8(4, 6)
+    want = T.RGB2NV12(img)
+    np.testing.assert_array_equal(T.BGR2NV12(img[..., ::-1]), want)
+    np.testing.assert_array_equal(T.RGB2NV12(img.transpose(2, 0, 1), data_format="CHW"), want)
+    video = T.RGB2NV12(img, space_and_range="bt601_video")
+    assert 16 <= video[:4].min() and video[:4].max() <= 235
+    with pytest.raises(ValueError, match="even"):
+        T.RGB2NV12(rgb_uint8(5, 6))
+
+
+def test_nv12_to_yuv444_repeats_chroma_over_2x2_blocks():
+    # A picture constant on each 2x2 block survives NV12 -> YUV444 up to rounding.
+    img = rgb_uint8(2, 3).repeat(2, axis=0).repeat(2, axis=1)
+    nv12 = T.RGB2NV12(img)
+    yuv = T.NV12ToYUV444(nv12)
+    assert yuv.shape == (4, 6, 3) and yuv.dtype == np.uint8
+    np.testing.assert_array_equal(yuv, colour.round_to_uint8(colour.rgb_to_yuv444(img)))
+    flat = T.NV12ToYUV444Transformer(target_size=(4, 6), yuv444_output_layout="CHW")(nv12.ravel())
+    np.testing.assert_array_equal(flat, yuv.transpose(2, 0, 1))
+    with pytest.raises(ValueError, match="bytes"):
+        T.NV12ToYUV444(nv12.ravel()[:-1], target_size=(4, 6))
+
+
+def test_yuv444_and_gray_conversions_use_colour_py():
+    img = rgb_uint8(4, 6)
+    np.testing.assert_array_equal(T.RGB2YUV444(img), colour.round_to_uint8(colour.rgb_to_yuv444(img)))
+    np.testing.assert_array_equal(T.BGR2YUV444(img[..., ::-1]), T.RGB2YUV444(img))
+    gray = T.RGB2GRAY(img)
+    assert gray.shape == (4, 6, 1)
+    np.testing.assert_array_equal(gray[..., 0], colour.round_to_uint8(img @ [0.299, 0.587, 0.114]))
+    np.testing.assert_array_equal(T.BGR2GRAY(img[..., ::-1]), gray)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def test_scale_mean_normalize_per_channel():
+    img = rgb_uint8(2, 4)
+    np.testing.assert_allclose(T.Scale(img, 0.5), img / 2)
+    means, std = [10.0, 20.0, 30.0], [1.0, 2.0, 4.0]
+    np.testing.assert_allclose(T.Mean(img, means), img - np.array(means))
+    chw = img.transpose(2, 0, 1)
+    np.testing.assert_allclose(T.Mean(chw, means), chw - np.array(means)[:, None, None])
+    np.testing.assert_allclose(T.Normalize(chw, std), chw / np.array(std)[:, None, None])
+    np.testing.assert_allclose(T.Mean(img, 5), img - 5.0)
+    with pytest.raises(ValueError, match="3 channels"):
+        T.Mean(img, [1.0, 2.0])
+
+
+def test_float_to_integer_rounds_instead_of_truncating():
+    x = np.array([127.9999, -3.0, 300.0, 0.5, 1.5])
+    np.testing.assert_array_equal(T.F32ToU8(x), [128, 0, 255, 0, 2])
+    np.testing.assert_array_equal(T.F32ToS8(x), [0, -128, 127, -128, -126])
+    assert T.F32ToS8(x).dtype == np.int8
+
+
+def test_function_forms_equal_the_classes():
+    img = skimage.util.img_as_float(skimage.data.astronaut()[::4, ::4])
+    np.testing.assert_array_equal(
+        T.ShortSideResize(img, short_size=64), T.ShortSideResizeTransformer(short_size=64)(img)
+    )
+    assert T.ShortSideResize.__name__ == "ShortSideResize"
+    assert "ShortSideResizeTransformer" in T.ShortSideResize.__doc__
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_read_image_skimage_mode(tmp_path):
+    img = rgb_uint8(5, 7)
+    skimage.io.imsave(tmp_path / "c.png", img)
+    skimage.io.imsave(tmp_path / "g.png", img[..., 0])
+    got = T.read_image(tmp_path / "c.png")
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, img / 255)
+    gray = T.read_image(tmp_path / "g.png", read_mode="skimage")
+    np.testing.assert_allclose(gray, np.repeat(img[..., :1], 3, axis=-1) / 255)
+    with pytest.raises(HbError, match="read_mode"):
+        T.read_image(tmp_path / "c.png", read_mode="pil")
+    with pytest.raises(HbError, match="cannot read image"):
+        T.read_image(tmp_path / "missing.png")
+
+
+def test_read_image_opencv_mode(tmp_path):
+    img = rgb_uint8(5, 7)
+    skimage.io.imsave(tmp_path / "c.png", img)
+    if not T.opencv_available():
+        with pytest.raises(HbError, match="needs OpenCV") as info:
+            T.read_image(tmp_path / "c.png", read_mode="opencv")
+        assert "opencv-python-headless" in info.value.hint
+        return
+    got = T.read_image(tmp_path / "c.png", read_mode="opencv")
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, img[..., ::-1])
