@@ -1,0 +1,137 @@
+"""Weight rounding that minimizes each convolution's output error (GPTQ).
+
+Rounding every weight to its nearest grid point minimizes the error of the weight,
+not of the layer's output. With ``H = E[x xᵀ]`` over the layer's input patches
+(streamed from the float model on calibration data), GPTQ / optimal brain
+quantization rounds the weights of an output channel one input position at a time
+and spreads each rounding error over the positions not yet rounded, weighted by
+``H⁻¹``; the output error ``(W - Q) H (W - Q)ᵀ`` drops well below nearest rounding's.
+Scales (the per-channel thresholds) are unchanged: only the integers move, by a
+small offset from nearest rounding that the calibrated model stores next to the
+weight (``HzCalibration``'s optional second input).
+
+Patches are sampled (``POSITIONS`` per sample and layer), so the cost does not
+depend on the picture size; the loop is over a layer's input positions, each step a
+vectorized update of all output channels (and of all groups of a depthwise conv).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TensorProto, helper
+
+from hbtools.graph.graph import GraphView
+from hbtools.runtime.lowering import lower_model
+from hbtools.runtime.session import make_session
+
+POSITIONS = 4096  # sampled output positions per sample and layer
+DAMPING = 0.01  # of the mean diagonal, keeps H invertible where inputs are (nearly) constant
+QMAX = 127
+
+
+@dataclass
+class ConvGeometry:
+    group: int
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pads: tuple[int, int, int, int]
+
+    @classmethod
+    def of(cls, node: NodeProto, view: GraphView) -> ConvGeometry:
+        a = view.attrs(node)
+        w_shape = view.const(node.input[1]).shape
+        pads = tuple(a.get("pads", [0, 0, 0, 0]))
+        return cls(int(a.get("group", 1)), tuple(a.get("kernel_shape", w_shape[2:])),
+                   tuple(a.get("strides", [1, 1])), tuple(a.get("dilations", [1, 1])), pads)
+
+
+def roundable(node: NodeProto, view: GraphView) -> bool:
+    """2-D Conv with a constant 4-D weight and explicit padding (what ``patches`` handles)."""
+    if node.op_type != "Conv" or len(node.input) < 2 or not view.is_const(node.input[1]):
+        return False
+    a = view.attrs(node)
+    return view.const(node.input[1]).ndim == 4 and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
+
+
+def patches(x: np.ndarray, geo: ConvGeometry, rng: np.random.Generator, positions: int) -> np.ndarray:
+    """Sampled input patches of one sample ``x`` [C, H, W] as [group, C/group·kh·kw, positions]."""
+    kh, kw = geo.kernel
+    dh, dw = geo.dilations
+    top, left, bottom, right = geo.pads
+    x = np.pad(x, ((0, 0), (top, bottom), (left, right)))
+    windows = np.lib.stride_tricks.sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2))
+    windows = windows[:, ::geo.strides[0], ::geo.strides[1], ::dh, ::dw]  # C, Ho, Wo, kh, kw
+    c, ho, wo = windows.shape[:3]
+    chosen = rng.choice(ho * wo, size=min(ho * wo, positions), replace=False)
+    picked = windows.reshape(c, ho * wo, kh, kw)[:, chosen]  # C, P, kh, kw
+    g = geo.group
+    return picked.reshape(g, c // g, len(chosen), kh * kw).transpose(0, 1, 3, 2).reshape(g, -1, len(chosen))
+
+
+def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Iterable[dict],
+                   positions: int = POSITIONS, seed: int = 0) -> dict[str, np.ndarray]:
+    """Per conv, ``E[x xᵀ]`` of its input patches, [group, K, K], streamed over ``feeds``."""
+    view = GraphView(optimized)
+    geos = {n.name: ConvGeometry.of(n, view) for n in convs}
+    lowered = lower_model(optimized)
+    present = {o.name for o in lowered.graph.output}
+    names = list(dict.fromkeys(n.input[0] for n in convs))
+    for t in names:
+        if t not in present:
+            lowered.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    session = make_session(lowered)
+    rng = np.random.default_rng(seed)
+    sums: dict[str, np.ndarray] = {}
+    count = 0
+    for feed in feeds:
+        values = dict(zip(names, session.run(names, feed), strict=True))
+        for node in convs:
+            x = values[node.input[0]]
+            for sample in x:  # a batch contributes each of its samples
+                cols = patches(sample, geos[node.name], rng, positions).astype(np.float64)
+                h = np.matmul(cols, cols.transpose(0, 2, 1)) / cols.shape[2]
+                sums[node.name] = sums.get(node.name, 0.0) + h
+        count += len(values[names[0]]) if names else 1
+    return {k: v / max(count, 1) for k, v in sums.items()}
+
+
+def rounding_offsets(w: np.ndarray, thresholds: np.ndarray, group: int, hessian: np.ndarray) -> np.ndarray:
+    """int8 offsets from nearest rounding of conv weight ``w`` [O, C/g, kh, kw] chosen by GPTQ.
+
+    ``clip(round(w / s) + offset, -127, 127)`` are the weight's integers, ``s`` the
+    per-output-channel scale of ``thresholds``.
+    """
+    out_channels = w.shape[0]
+    k = int(np.prod(w.shape[1:]))
+    scale = (np.where(thresholds > 0, thresholds, 1.0) / QMAX).reshape(group, out_channels // group, 1)
+    work = w.astype(np.float64).reshape(group, out_channels // group, k).copy()
+    nearest = np.clip(np.round(work / scale), -QMAX, QMAX)
+    h = np.array(hessian, dtype=np.float64)
+    diag = np.diagonal(h, axis1=1, axis2=2).copy()
+    dead = diag <= 0  # inputs that are always zero: their weights do not matter
+    damp = DAMPING * np.maximum(diag.mean(axis=1), 1e-12)
+    h = h + damp[:, None, None] * np.eye(k)
+    # The upper Cholesky factor of H⁻¹ gives, row by row, how a rounding error propagates.
+    upper = np.linalg.cholesky(np.linalg.inv(h)).transpose(0, 2, 1)
+    chosen = np.empty_like(work)
+    for j in range(k):
+        col = work[:, :, j]
+        q = np.clip(np.round(col / scale[:, :, 0]), -QMAX, QMAX)
+        chosen[:, :, j] = q
+        err = (col - q * scale[:, :, 0]) / upper[:, j, j][:, None]
+        work[:, :, j + 1:] -= err[:, :, None] * upper[:, None, j, j + 1:]
+    chosen = np.where(dead[:, None, :], nearest, chosen)
+    return (chosen - nearest).astype(np.int8).reshape(w.shape)
+
+
+def output_error(w: np.ndarray, integers: np.ndarray, thresholds: np.ndarray, group: int,
+                 hessian: np.ndarray) -> float:
+    """``trace((W - Q) H (W - Q)ᵀ)``: the layer's summed mean squared output error."""
+    shape = (group, w.shape[0] // group, -1)
+    scale = (np.where(thresholds > 0, thresholds, 1.0) / QMAX).reshape(group, w.shape[0] // group, 1)
+    diff = w.astype(np.float64).reshape(shape) - integers.astype(np.float64).reshape(shape) * scale
+    return float(np.einsum("gok,gkl,gol->", diff, hessian, diff))
