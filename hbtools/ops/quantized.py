@@ -9,6 +9,13 @@ the results bit for bit.
 
 Common attributes: ``out_type`` (int8 | int16 | int32), ``multiplier`` (floats,
 one or per channel along ``axis``), ``out_min``/``out_max`` (integer clip bounds).
+
+Asymmetric (``optimization: asymmetric``) int8 tensors carry a zero point ``z``:
+the value of ``q`` is ``(q - z) * scale``. Ops reading one subtract it first
+(``x_zero_point``, ``a_zero_point``/``b_zero_point``, concat ``zero_points``; an
+integer conv pads with ``z``, i.e. with the value 0); an op writing one adds its
+``zero_point`` after rounding, before the clip: ``clip(round(acc * m) + z, lo, hi)``.
+Absent zero-point attributes mean 0.
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: 
         nodes.append(n)
     n, x = _node(ctx, "Round", [x], f"{hint}_round")
     nodes.append(n)
+    if a.get("zero_point", 0):
+        z = ctx.constant(f"{hint}_zp", np.array(float(a["zero_point"])))
+        n, x = _node(ctx, "Add", [x, z], f"{hint}_shifted")
+        nodes.append(n)
     out_min, out_max = float(a["out_min"]), float(a["out_max"])
     if a["out_type"] == "int32":
         # Float attributes are float32: 2**31 - 1 reads back as 2**31, which Cast wraps to -2**31.
@@ -87,10 +98,22 @@ def _split16(ctx: LoweringContext, x: str, hint: str, nodes: list[NodeProto]) ->
 
 
 def _integer_product(ctx: LoweringContext, op: str, a: str, a_bits: int, b: str, b_bits: int, hint: str,
-                     nodes: list[NodeProto], **attrs) -> str:
-    """Exact a (*) b as float64 through ConvInteger / MatMulInteger (or ConvTranspose) on 8-bit parts."""
+                     nodes: list[NodeProto], zero_points: tuple[int, int] = (0, 0), **attrs) -> str:
+    """Exact a (*) b as float64 through ConvInteger / MatMulInteger (or ConvTranspose) on 8-bit parts.
+
+    ``zero_points`` of int8 ``a``/``b`` go to the integer kernels' zero-point inputs
+    (ConvInteger pads with the zero point, so padding stays the value 0).
+    """
     parts_a = _split16(ctx, a, f"{hint}_a", nodes) if a_bits == 16 else [(a, 1.0)]
     parts_b = _split16(ctx, b, f"{hint}_b", nodes) if b_bits == 16 else [(b, 1.0)]
+    zp_inputs: list[str] = []
+    if any(zero_points):
+        if op == "ConvTranspose" or (zero_points[0] and a_bits != 8) or (zero_points[1] and b_bits != 8):
+            raise ValueError(f"{hint}: zero points are supported on int8 inputs of ConvInteger/MatMulInteger only")
+        zp_inputs = [ctx.constant(f"{hint}_{k}_zp", np.array(z, dtype=np.int8)) if z else ""
+                     for k, z in zip("ab", zero_points, strict=True)]
+        while zp_inputs and not zp_inputs[-1]:
+            zp_inputs.pop()
     total = None
     for pa, wa in parts_a:
         for pb, wb in parts_b:
@@ -99,7 +122,7 @@ def _integer_product(ctx: LoweringContext, op: str, a: str, a_bits: int, b: str,
                 # below 2**24, which the partition's bound on the number of terms guarantees.
                 pa = _cast(ctx, pa, TensorProto.FLOAT, f"{hint}_af", nodes)
                 pb = _cast(ctx, pb, TensorProto.FLOAT, f"{hint}_bf", nodes)
-            n, acc = _node(ctx, op, [pa, pb], f"{hint}_acc", **attrs)
+            n, acc = _node(ctx, op, [pa, pb, *zp_inputs], f"{hint}_acc", **attrs)
             nodes.append(n)
             term = _cast(ctx, acc, TensorProto.DOUBLE, f"{hint}_accd", nodes)
             if wa * wb != 1.0:
@@ -168,7 +191,15 @@ def _np_requantize(acc: np.ndarray, a: dict, axis: int | None = None) -> np.ndar
     lo, hi = float(a["out_min"]), float(a["out_max"])
     if a["out_type"] == "int32":
         lo, hi = max(lo, -(2.0**31)), min(hi, 2.0**31 - 1)
-    return np.minimum(np.maximum(np.round(scaled), lo), hi).astype(NUMPY_INT[a["out_type"]])
+    rounded = np.round(scaled)
+    if a.get("zero_point", 0):
+        rounded = rounded + np.float64(a["zero_point"])
+    return np.minimum(np.maximum(rounded, lo), hi).astype(NUMPY_INT[a["out_type"]])
+
+
+def _shifted(x: np.ndarray, zero_point: int) -> np.ndarray:
+    """Integer levels minus their zero point (int16 holds every int8 difference)."""
+    return x.astype(np.int16) - np.int16(zero_point) if zero_point else x
 
 
 def _spatial_attrs(a: dict, spatial: int) -> tuple[list[int], list[int]]:
@@ -222,12 +253,13 @@ class HzSQuantizedConv(HzOp):
         conv_attrs = {k: a[k] for k in cls.CONV_ATTRS if k in a}
         x, w = node.input[0], node.input[1]
         rank = ctx.rank(node.output[0])
+        zps = (int(a.get("x_zero_point", 0)), 0)
         if a["kind"] == "ConvTranspose":
-            acc = _integer_product(ctx, "ConvTranspose", x, a["x_bits"], w, 8, hint, nodes, **conv_attrs)
+            acc = _integer_product(ctx, "ConvTranspose", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs)
         elif a["kind"] == "MatMul":
-            acc = _integer_product(ctx, "MatMulInteger", x, a["x_bits"], w, 8, hint, nodes)
+            acc = _integer_product(ctx, "MatMulInteger", x, a["x_bits"], w, 8, hint, nodes, zps)
         else:
-            acc = _integer_product(ctx, "ConvInteger", x, a["x_bits"], w, 8, hint, nodes, **conv_attrs)
+            acc = _integer_product(ctx, "ConvInteger", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs)
         axis = a.get("axis", 1)
         if rank is not None and axis < 0:
             axis += rank
@@ -239,7 +271,7 @@ class HzSQuantizedConv(HzOp):
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = _attrs(node)
-        x, w = inputs[0], inputs[1]
+        x, w = _shifted(inputs[0], a.get("x_zero_point", 0)), inputs[1]
         if a["kind"] == "MatMul":
             acc = int_kernels.matmul(x, w, int_kernels.product_bound(x, w, (0,)))
         elif a["kind"] == "ConvTranspose":
@@ -265,16 +297,18 @@ class HzSQuantizedMatMul(HzOp):
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a = attrs_of(node)
         nodes: list[NodeProto] = []
+        zps = (int(a.get("a_zero_point", 0)), int(a.get("b_zero_point", 0)))
         acc = _integer_product(ctx, "MatMulInteger", node.input[0], a["a_bits"], node.input[1], a["b_bits"],
-                               node.name, nodes)
+                               node.name, nodes, zps)
         _requantize(ctx, acc, a, ctx.rank(node.output[0]), node.output[0], node.name, nodes)
         return nodes
 
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        a, b = inputs[0], inputs[1]
+        attrs = _attrs(node)
+        a, b = _shifted(inputs[0], attrs.get("a_zero_point", 0)), _shifted(inputs[1], attrs.get("b_zero_point", 0))
         bound = int_kernels.max_abs(a) * int_kernels.max_abs(b) * a.shape[-1]
-        return [_np_requantize(int_kernels.matmul(a, b, bound), _attrs(node))]
+        return [_np_requantize(int_kernels.matmul(a, b, bound), attrs)]
 
 
 @register
@@ -290,6 +324,8 @@ class HzSQuantizedEltwise(HzOp):
         hint = node.name
         xa = _cast(ctx, node.input[0], TensorProto.DOUBLE, f"{hint}_a", nodes)
         xb = _cast(ctx, node.input[1], TensorProto.DOUBLE, f"{hint}_b", nodes)
+        xa = _minus_zero_point(ctx, xa, a.get("a_zero_point", 0), f"{hint}_a", nodes)
+        xb = _minus_zero_point(ctx, xb, a.get("b_zero_point", 0), f"{hint}_b", nodes)
         if a["mode"] == "mul":
             n, acc = _node(ctx, "Mul", [xa, xb], f"{hint}_prod")
             nodes.append(n)
@@ -306,7 +342,8 @@ class HzSQuantizedEltwise(HzOp):
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = _attrs(node)
-        xa, xb = (x.astype(np.float64) for x in inputs[:2])
+        xa, xb = (x.astype(np.float64) - np.float64(a.get(f"{k}_zero_point", 0))
+                  for x, k in zip(inputs[:2], "ab", strict=True))
         if a["mode"] == "mul":
             acc = xa * xb
         else:
@@ -359,8 +396,13 @@ class HzSQuantizedPool(HzOp):
         nodes: list[NodeProto] = []
         hint = node.name
         rank = ctx.rank(node.input[0]) or 4
+        zp = int(a.get("x_zero_point", 0))
         if a["kind"] == "GlobalAveragePool":
             xi = _cast(ctx, node.input[0], TensorProto.INT32, f"{hint}_x", nodes)
+            if zp:
+                n, xi = _node(ctx, "Sub", [xi, ctx.constant(f"{hint}_zp", np.array(zp, dtype=np.int32))],
+                              f"{hint}_shifted")
+                nodes.append(n)
             axes = list(range(2, rank))
             if ctx.opset >= 13:
                 ax = ctx.constant(f"{hint}_axes", np.array(axes, dtype=np.int64))
@@ -374,14 +416,14 @@ class HzSQuantizedPool(HzOp):
             ones = ctx.constant(f"{hint}_ones", np.ones([a["channels"], 1, *kernel], dtype=np.int8))
             attrs = {k: a[k] for k in ("kernel_shape", "strides", "pads") if k in a}
             acc = _integer_product(ctx, "ConvInteger", node.input[0], a.get("x_bits", 8), ones, 8, hint, nodes,
-                                   group=a["channels"], **attrs)
+                                   (zp, 0), group=a["channels"], **attrs)
         _requantize(ctx, acc, a, None, node.output[0], hint, nodes)
         return nodes
 
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = _attrs(node)
-        x = inputs[0]
+        x = _shifted(inputs[0], a.get("x_zero_point", 0))
         if a["kind"] == "GlobalAveragePool":
             acc = x.astype(np.int64).sum(axis=tuple(range(2, x.ndim)), keepdims=True)
         else:
@@ -407,11 +449,13 @@ class HzSQuantizedConcat(HzOp):
         a = attrs_of(node)
         nodes: list[NodeProto] = []
         parts = []
+        zps = a.get("zero_points", [0] * len(node.input))
         for k, (x, m) in enumerate(zip(node.input, a["multipliers"], strict=True)):
-            if m == 1.0 and a.get("in_types", [a["out_type"]] * len(node.input))[k] == a["out_type"]:
+            if _copied(a, k, len(node.input)):
                 parts.append(x)
                 continue
             xd = _cast(ctx, x, TensorProto.DOUBLE, f"{node.name}_{k}", nodes)
+            xd = _minus_zero_point(ctx, xd, zps[k], f"{node.name}_{k}", nodes)
             out = ctx.unique(f"{node.name}_{k}_rq")
             _requantize(ctx, xd, {**a, "multiplier": [m]}, None, out, f"{node.name}_{k}", nodes)
             parts.append(out)
@@ -421,12 +465,29 @@ class HzSQuantizedConcat(HzOp):
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = _attrs(node)
-        in_types = a.get("in_types", [a["out_type"]] * len(inputs))
+        zps = a.get("zero_points", [0] * len(inputs))
         parts = []
-        for x, m, t in zip(inputs, a["multipliers"], in_types, strict=True):
+        for k, (x, m) in enumerate(zip(inputs, a["multipliers"], strict=True)):
             # on the output grid already: copied as is, without clipping (as the hardware does)
-            parts.append(x if m == 1.0 and t == a["out_type"] else _np_requantize(x, {**a, "multiplier": [m]}))
+            copied = _copied(a, k, len(inputs))
+            parts.append(x if copied else _np_requantize(_shifted(x, zps[k]), {**a, "multiplier": [m]}))
         return [np.concatenate(parts, axis=a["concat_axis"])]
+
+
+def _copied(a: dict, k: int, count: int) -> bool:
+    """Concat input ``k`` is on the output grid already (same step, type and zero point)."""
+    in_type = a.get("in_types", [a["out_type"]] * count)[k]
+    zp = a.get("zero_points", [0] * count)[k]
+    return a["multipliers"][k] == 1.0 and in_type == a["out_type"] and zp == a.get("zero_point", 0)
+
+
+def _minus_zero_point(ctx: LoweringContext, x: str, zero_point: int, hint: str, nodes: list[NodeProto]) -> str:
+    """float64 integer levels minus their zero point (unchanged without one)."""
+    if not zero_point:
+        return x
+    n, out = _node(ctx, "Sub", [x, ctx.constant(f"{hint}_zp", np.array(float(zero_point)))], f"{hint}_shifted")
+    nodes.append(n)
+    return out
 
 
 @register
@@ -455,20 +516,39 @@ class HzRequantize(HzOp):
 
 @register
 class HzQuantize(HzOp):
-    """float -> int: ``clip(round(x / scale))``. Attributes: scale, out_type, out_min, out_max."""
+    """float -> int: ``clip(round(x / scale) + zero_point)`` in float32.
+
+    Attributes: scale (or, per channel, ``scales`` along ``axis``; a negative axis
+    counts from the end), out_type, out_min, out_max, optional zero_point.
+    """
 
     op_type = "HzQuantize"
+
+    @staticmethod
+    def _scale(a: dict, rank: int | None) -> np.ndarray:
+        if "scales" in a:
+            axis = a.get("axis", 1)
+            if axis < 0:  # counted from the end: the broadcast shape needs no rank
+                return np.asarray(a["scales"], dtype=np.float32).reshape([-1] + [1] * (-axis - 1))
+            if rank is None:
+                raise ValueError("HzQuantize: per-channel scales on a positive axis need the input's rank")
+            return _per_axis(a["scales"], axis, rank).astype(np.float32)
+        return np.array(a["scale"], dtype=np.float32)
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a = attrs_of(node)
         nodes: list[NodeProto] = []
         hint = node.name
-        s = ctx.constant(f"{hint}_scale", np.array(a["scale"], dtype=np.float32))
+        s = ctx.constant(f"{hint}_scale", cls._scale(a, ctx.rank(node.input[0])))
         n, q = _node(ctx, "Div", [node.input[0], s], f"{hint}_div")
         nodes.append(n)
         n, r = _node(ctx, "Round", [q], f"{hint}_round")
         nodes.append(n)
+        if a.get("zero_point", 0):
+            z = ctx.constant(f"{hint}_zp", np.array(a["zero_point"], dtype=np.float32))
+            n, r = _node(ctx, "Add", [r, z], f"{hint}_shifted")
+            nodes.append(n)
         lo = ctx.constant(f"{hint}_lo", np.array(a["out_min"], dtype=np.float32))
         hi = ctx.constant(f"{hint}_hi", np.array(a["out_max"], dtype=np.float32))
         n, c = _node(ctx, "Clip", [r, lo, hi], f"{hint}_clip")
@@ -481,14 +561,17 @@ class HzQuantize(HzOp):
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = _attrs(node)
         # float32 division, as the float input arrives; float64 would round some ties differently
-        q = np.round(inputs[0].astype(np.float32) / np.float32(a["scale"]))
+        x = inputs[0].astype(np.float32)
+        q = np.round(x / cls._scale(a, x.ndim))
+        if a.get("zero_point", 0):
+            q = q + np.float32(a["zero_point"])
         q = np.clip(q, np.float32(a["out_min"]), np.float32(a["out_max"]))
         return [q.astype(NUMPY_INT[a["out_type"]])]
 
 
 @register
 class HzDequantize(HzOp):
-    """int -> float32: ``x * scale`` (per tensor, or per channel along ``axis``), in float64."""
+    """int -> float32: ``(x - zero_point) * scale`` (per tensor, or per channel along ``axis``), in float64."""
 
     op_type = "HzDequantize"
 
@@ -502,6 +585,7 @@ class HzDequantize(HzOp):
         if rank is not None and axis < 0:
             axis += rank
         xd = _cast(ctx, node.input[0], TensorProto.DOUBLE, hint, nodes)
+        xd = _minus_zero_point(ctx, xd, a.get("zero_point", 0), hint, nodes)
         s = ctx.constant(f"{hint}_scale", _per_axis(a["scales"], axis, rank))
         n, y = _node(ctx, "Mul", [xd, s], f"{hint}_mul")
         nodes.append(n)
@@ -514,4 +598,4 @@ class HzDequantize(HzOp):
         a = _attrs(node)
         x = inputs[0]
         scales = _axis_shaped(a["scales"], a.get("axis", 1), x.ndim) if x.ndim else np.float64(a["scales"][0])
-        return [(x.astype(np.float64) * scales).astype(np.float32)]
+        return [((x.astype(np.float64) - np.float64(a.get("zero_point", 0))) * scales).astype(np.float32)]

@@ -19,10 +19,16 @@ from onnx import ModelProto, TensorProto, helper
 from tqdm import tqdm
 
 from hbtools.errors import HbError
+from hbtools.graph.graph import GraphView
 from hbtools.metrics import cosine_similarity
-from hbtools.ops.calibration import qmax_for, scales_for
+from hbtools.quant import weight_rounding
 from hbtools.quant.bias_correction import CORRECTABLE, correct_biases
-from hbtools.quant.plan import CalibrationPlan, build_calibrated_model, weight_thresholds
+from hbtools.quant.plan import (
+    CalibrationPlan,
+    build_calibrated_model,
+    folded_weights,
+    weight_thresholds,
+)
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runtime.lowering import lower_model
@@ -34,6 +40,7 @@ EVAL_SAMPLES = 8  # samples kept in memory to score candidate thresholds
 PROMOTE_TARGET = 0.9995  # output cosine at which the int16 search stops
 KEEP_GAIN = 0.97  # share of the all-int16 improvement mixed precision must keep
 BIAS_CORRECTION_SAMPLES = 16  # samples (after the evaluation ones) measuring the mean shift
+ROUNDING_SAMPLES = 8  # of those, the samples whose conv inputs drive the GPTQ weight rounding
 DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
 SENSITIVITY_SAMPLES = 2  # samples used to measure each tensor's sensitivity
 SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
@@ -76,6 +83,8 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         scores = {label: evaluator.score(th) for label, th in candidates.items()}
         for label, score in scores.items():
             log.info("calibration method %s: output cosine %.6f", label, score)
+        evaluator, scores = _weight_rounding(optimized, plan, weight_th, bc_feeds or eval_feeds, candidates,
+                                             evaluator, scores)
         method = max(scores, key=scores.get)
         thresholds = dict(candidates[method])
         methods = {t: method for t in thresholds}
@@ -101,6 +110,34 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     return CalibrationResult(model, plan, thresholds, method, scores)
 
 
+def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],
+                     feeds: list[dict], candidates: dict[str, dict[str, float]], nearest: _Evaluator,
+                     nearest_scores: dict[str, float]) -> tuple[_Evaluator, dict[str, float]]:
+    """GPTQ rounding of the conv weights, kept when the best method's output gets closer to float."""
+    view = GraphView(optimized)
+    nodes = {n.name: n for n in optimized.graph.node}
+    readers = {p.tensor: nodes[p.rewire[0][0]] for p in plan.weights
+               if len(p.rewire) == 1 and weight_rounding.roundable(nodes[p.rewire[0][0]], view)}
+    if not readers:
+        return nearest, nearest_scores
+    hessians = weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES])
+    plan.rounding = {w: weight_rounding.rounding_offsets(view.const(w), weight_th[w],
+                                                         int(view.attrs(n).get("group", 1)), hessians[n.name])
+                     for w, n in readers.items()}
+    rounded = _Evaluator(optimized, plan, weight_th, nearest.feeds, nearest.refs)
+    scores = {label: rounded.score(th) for label, th in candidates.items()}
+    before, after = max(nearest_scores.values()), max(scores.values())
+    keep = after > before
+    log.info("weight rounding (GPTQ) of %d convolutions: output cosine %.6f -> %.6f (%s)", len(readers), before,
+             after, "kept" if keep else "not kept")
+    if not keep:
+        plan.rounding = {}
+        return nearest, nearest_scores
+    for label, score in scores.items():
+        log.info("calibration method %s with rounded weights: output cosine %.6f", label, score)
+    return rounded, scores
+
+
 def _bias_correction(optimized: ModelProto, calibrated: ModelProto, plan: CalibrationPlan,
                      thresholds: dict[str, float], weight_th: dict[str, np.ndarray], methods: dict[str, str],
                      bc_feeds: list[dict], eval_feeds: list[dict], eval_refs: list, *, forced: bool) -> ModelProto:
@@ -109,7 +146,7 @@ def _bias_correction(optimized: ModelProto, calibrated: ModelProto, plan: Calibr
     if not convs:
         return calibrated
     axes = {p.tensor: p.axis for p in plan.weights}
-    corrected = correct_biases(optimized, convs, weight_th, axes, bc_feeds)
+    corrected = correct_biases(optimized, convs, weight_th, axes, bc_feeds, quantized=folded_weights(calibrated))
     candidate = build_calibrated_model(corrected, plan, thresholds, weight_th, methods)
     if forced:
         log.info("bias correction applied to %d nodes", len(convs))
@@ -154,7 +191,7 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     tensors = [p.tensor for p in plan.activations]
     session, outputs = _float_session(optimized, tensors)
     fetch = list(dict.fromkeys([*tensors, *outputs]))
-    collector = StatsCollector(tensors)
+    collector = plan.collector()
     eval_feeds, eval_refs, bc_feeds = [], [], []
     bar = tqdm(samples(), total=count, desc="calibration", unit="sample", disable=not sys.stderr.isatty(),
                leave=False)
@@ -168,6 +205,7 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
             bc_feeds.append(feed)
     if collector.samples == 0:
         raise HbError("no calibration samples were read; check cal_data_dir")
+    plan.observe(collector)
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(tensors))
     return collector, eval_feeds, eval_refs, bc_feeds
 
@@ -190,8 +228,7 @@ class _Evaluator:
         extra: dict[str, np.ndarray] = {}
         for p in self.plan.activations:
             b = (bits or {}).get(p.tensor, p.bits)
-            extra[f"{p.node_name}_scale"] = scales_for(np.array([thresholds[p.tensor]]), b).reshape([])
-            extra[f"{p.node_name}_qmax"] = np.array(qmax_for(b), dtype=np.float32)
+            extra.update(p.fed(thresholds[p.tensor], b))
             extra[f"{p.node_name}_enable"] = np.array(p.tensor not in disabled)
         return extra
 

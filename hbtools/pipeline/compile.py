@@ -49,7 +49,10 @@ def output_descriptors(result: QuantizedResult) -> list[dict]:
         elem = vi.type.tensor_type.elem_type
         desc = {"name": vi.name, "shape": dims, "dtype": {1: "float32", 3: "int8", 5: "int16"}.get(elem, str(elem))}
         if vi.name in result.tensors and desc["dtype"] != "float32":
-            desc["scale"] = [float(s) for s in result.tensors[vi.name].scale.reshape(-1)]
+            qt = result.tensors[vi.name]
+            desc["scale"] = [float(s) for s in qt.scale.reshape(-1)]
+            if qt.zero_point:
+                desc["zero_point"] = qt.zero_point
         out.append(desc)
     return out
 

@@ -32,6 +32,7 @@ class Layer:
     tensor: str  # tensor of the model that holds the result
     scale: tuple[float, ...] | None = None  # integer tensor: value of one step (per channel along axis)
     axis: int = 1
+    zero_point: int = 0  # asymmetric integer tensor: the level of 0
 
     def to_float(self, value: np.ndarray) -> np.ndarray:
         """The layer result as float32 (integers dequantized like HzDequantize does, in float32)."""
@@ -42,6 +43,8 @@ class Layer:
             shape = [1] * value.ndim
             shape[self.axis] = -1
             scale = scale.reshape(shape)
+        if self.zero_point:
+            return (value.astype(np.float32) - np.float32(self.zero_point)) * scale
         return value.astype(np.float32) * scale
 
 
@@ -55,7 +58,7 @@ def annotate(result: QuantizedResult) -> None:
         qt = result.tensors.get(tensor)
         if qt is not None and qt.dtype in ("int8", "int16") and qt.name in produced:
             entries.append({"name": name, "tensor": qt.name, "scale": [float(s) for s in qt.scale.reshape(-1)],
-                            "axis": qt.axis})
+                            "axis": qt.axis, **({"zero_point": qt.zero_point} if qt.zero_point else {})})
         elif tensor in produced:
             entries.append({"name": name, "tensor": tensor})
 
@@ -77,8 +80,8 @@ def recorded_layers(model: ModelProto) -> list[Layer] | None:
     """The layers ``annotate`` recorded in a quantized model, or None."""
     for prop in model.metadata_props:
         if prop.key == META_KEY:
-            return [Layer(e["name"], e["tensor"], tuple(e["scale"]) if e.get("scale") else None, e.get("axis", 1))
-                    for e in json.loads(prop.value)]
+            return [Layer(e["name"], e["tensor"], tuple(e["scale"]) if e.get("scale") else None, e.get("axis", 1),
+                          int(e.get("zero_point", 0))) for e in json.loads(prop.value)]
     return None
 
 

@@ -3,6 +3,10 @@
 Reads everything from the calibrated model file itself (thresholds live in its
 HzCalibration nodes), re-derives the same BPU/CPU partition, and emits one Hz op
 per BPU unit. CPU nodes stay float behind HzDequantize / HzQuantize.
+
+A per-channel input of a conv-like unit has its channel scales folded into the
+integer weight (the weight's calibration node says how: ``input_scales``); an
+asymmetric tensor's zero point goes to the ops that read and write it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from hbtools.graph.model_io import with_horizon_domain
 from hbtools.march.layout import permutation, quantized_layout, to_layout
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import DOMAIN, attrs_of
-from hbtools.ops.calibration import qmax_for
+from hbtools.ops.calibration import grid_bounds, qmax_for, quantize_weight
 from hbtools.ops.preprocess import affine
 from hbtools.quant.plan import wants_int_outputs, weight_axis
 from hbtools.quant.units import Partition, Unit, build_partition
@@ -35,6 +39,25 @@ class QTensor:
     dtype: str  # int8 | int16 | int32
     scale: np.ndarray  # one value, or one per channel along axis
     axis: int = 1
+    zero_point: int = 0  # value = (q - zero_point) * scale
+
+    def to_float(self, q: np.ndarray) -> np.ndarray:
+        """Integer values of this tensor as float64 values."""
+        scale = self.scale.reshape([-1 if k == self.axis % q.ndim else 1 for k in range(q.ndim)]) \
+            if self.scale.size > 1 else self.scale[0]
+        return (np.asarray(q).astype(np.float64) - self.zero_point) * scale
+
+
+@dataclass
+class ActGrid:
+    """An activation calibration node's grid, as the quantized model uses it."""
+
+    threshold: float  # largest threshold (the node table shows it)
+    bits: int
+    scales: np.ndarray | None = None  # None: symmetric per tensor, step threshold / qmax
+    zero_point: int = 0
+    asymmetric: bool = False  # the whole integer range (-128..127), zero point may be 0
+    axis: int | None = None  # channel axis of per-channel scales
 
 
 @dataclass
@@ -46,11 +69,11 @@ class QuantizedResult:
 
 
 def strip_calibration(calibrated: ModelProto) -> tuple[ModelProto, dict, dict]:
-    """Undo the calibrate stage: the float graph plus activation and weight parameters."""
+    """Undo the calibrate stage: the float graph, activation grids and weight calibration attributes."""
     model = ModelProto()
     model.CopyFrom(calibrated)
-    acts: dict[str, tuple[float, int]] = {}
-    weights: dict[str, np.ndarray] = {}
+    acts: dict[str, ActGrid] = {}
+    weights: dict[str, dict] = {}
     rename: dict[str, str] = {}
     keep = []
     for node in model.graph.node:
@@ -58,9 +81,9 @@ def strip_calibration(calibrated: ModelProto) -> tuple[ModelProto, dict, dict]:
             a = attrs_of(node)
             tensor = node.name[: -len("_HzCalibration")] if node.name.endswith("_HzCalibration") else node.input[0]
             if a["kind"] == "weight":
-                weights[tensor] = np.asarray(a["thresholds"], dtype=np.float64)
+                weights[tensor] = a
             else:
-                acts[tensor] = (float(a["thresholds"][0]), int(a["bits"]))
+                acts[tensor] = _act_grid(a, node.name)
             rename[node.output[0]] = tensor
             rename[node.input[0]] = tensor
         else:
@@ -75,12 +98,41 @@ def strip_calibration(calibrated: ModelProto) -> tuple[ModelProto, dict, dict]:
     return model, acts, weights
 
 
+def _act_grid(a: dict, name: str) -> ActGrid:
+    threshold, bits = float(max(a["thresholds"])), int(a["bits"])
+    axis = int(a.get("axis", -1))
+    if axis < 0 and "zero_points" not in a:
+        return ActGrid(threshold, bits)  # the symmetric per-tensor grid, exactly as before
+    zero_points = set(a.get("zero_points", [0]))
+    if len(zero_points) != 1:
+        raise ValueError(f"{name}: per-channel zero points must be equal (integer kernels take one)")
+    return ActGrid(threshold, bits, np.asarray(a["scales"], dtype=np.float64), int(zero_points.pop()),
+                   "zero_points" in a, None if axis < 0 else axis)
+
+
 def run(calibrated: ModelProto, config: Config, profile: MarchProfile) -> QuantizedResult:
     float_model, acts, weights = strip_calibration(calibrated)
     part = build_partition(float_model, profile, config.model.node_info, all_bpu=config.model.fast_perf, warn=False)
     builder = _Builder(float_model, part, acts, weights, config, profile)
     model = builder.build()
-    return QuantizedResult(model, part, builder.q, {t: th for t, (th, _) in acts.items()})
+    return QuantizedResult(model, part, builder.q, {t: g.threshold for t, g in acts.items()})
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> list[float]:
+    """Requantization multipliers: one scale over another, per channel where either is."""
+    return [float(v) for v in np.asarray(num, dtype=np.float64) / np.asarray(den, dtype=np.float64)]
+
+
+def _levels_span(qt: QTensor) -> int:
+    """Largest |q - zero_point| of an integer tensor."""
+    qmax = qmax_for(int(qt.dtype[3:]))
+    return qmax + 1 + abs(qt.zero_point) if qt.zero_point else qmax
+
+
+def _per_tensor(qt: QTensor, what: str) -> QTensor:
+    if qt.scale.size > 1:
+        raise RuntimeError(f"{what} reads per-channel tensor {qt.name}; only conv-like units take one")
+    return qt
 
 
 class _Builder:
@@ -112,32 +164,44 @@ class _Builder:
         self.value_info.append(helper.make_tensor_value_info(qt.name, elem, shape))
         return qt
 
-    def _scale_of(self, tensor: str) -> tuple[float, int]:
-        threshold, bits = self.acts[tensor]
-        qmax = qmax_for(bits)
-        return (threshold if threshold > 0 else 1.0) / qmax, bits
+    def _grid(self, tensor: str) -> tuple[QTensor, int, int]:
+        """The integer form of calibrated ``tensor`` and its clip range."""
+        g = self.acts[tensor]
+        if g.scales is None:
+            scale = np.array([(g.threshold if g.threshold > 0 else 1.0) / qmax_for(g.bits)])
+        else:
+            scale = g.scales
+        qt = QTensor(f"{tensor}_quantized", f"int{g.bits}", scale, 1 if g.axis is None else g.axis, g.zero_point)
+        return (qt, *grid_bounds(g.bits, g.asymmetric))
 
     def need_q(self, tensor: str) -> QTensor:
         if tensor in self.q and self.q[tensor].dtype != "int32":
             return self.q[tensor]
         if tensor not in self.acts:
             raise RuntimeError(f"tensor {tensor} reaches the BPU without calibration")
-        scale, bits = self._scale_of(tensor)
+        qt, qmin, qmax = self._grid(tensor)
         src = self.need_float(tensor)
-        qt = QTensor(f"{tensor}_quantized", f"int{bits}", np.array([scale]))
-        qmax = qmax_for(bits)
+        if qt.scale.size > 1:
+            # A CPU result's rank may be unknown to the lowering: count the axis from the end.
+            rank = len(self.view.shapes.get(tensor) or [])
+            scale_attrs = {"scales": [float(s) for s in qt.scale], "axis": qt.axis - rank if rank else qt.axis}
+        else:
+            scale_attrs = {"scale": float(qt.scale[0])}
+        if qt.zero_point:
+            scale_attrs["zero_point"] = qt.zero_point
         self.nodes.append(helper.make_node("HzQuantize", [src], [qt.name], name=f"{tensor}_HzQuantize",
-                                           domain=DOMAIN, scale=float(scale), out_type=qt.dtype,
-                                           out_min=float(-qmax), out_max=float(qmax)))
+                                           domain=DOMAIN, out_type=qt.dtype, out_min=float(qmin),
+                                           out_max=float(qmax), **scale_attrs))
         return self._record(tensor, qt)
 
     def need_float(self, tensor: str) -> str:
         if tensor in self.floats:
             return tensor
         qt = self.q[tensor]
+        extra = {"zero_point": qt.zero_point} if qt.zero_point else {}
         self.nodes.append(helper.make_node("HzDequantize", [qt.name], [tensor], name=f"{tensor}_HzDequantize",
                                            domain=DOMAIN, scales=[float(s) for s in qt.scale.reshape(-1)],
-                                           axis=qt.axis))
+                                           axis=qt.axis, **extra))
         self.floats.add(tensor)
         return tensor
 
@@ -147,13 +211,19 @@ class _Builder:
         return float_output or any(u.on == "CPU" for u in users)
 
     def _out_attrs(self, tensor: str, lo: float | None = None, hi: float | None = None) -> tuple[QTensor, dict]:
-        """Output tensor at its calibrated scale, with activation bounds folded into the clip."""
-        scale, bits = self._scale_of(tensor)
-        qmax = qmax_for(bits)
-        out_min = -qmax if lo is None else max(-qmax, int(np.ceil(lo / scale - 1e-9)))
-        out_max = qmax if hi is None else min(qmax, int(np.floor(hi / scale + 1e-9)))
-        qt = QTensor(f"{tensor}_quantized", f"int{bits}", np.array([scale]))
-        return qt, {"out_type": qt.dtype, "out_min": float(out_min), "out_max": float(out_max)}
+        """Output tensor at its calibrated scale, with activation bounds folded into the clip.
+
+        Per-channel bounds that differ between channels keep the loosest (the clip never
+        cuts a value the calibrated model keeps).
+        """
+        qt, qmin, qmax = self._grid(tensor)
+        scale, z = qt.scale, qt.zero_point
+        out_min = qmin if lo is None else max(qmin, z + int(np.ceil(lo / scale - 1e-9).min()))
+        out_max = qmax if hi is None else min(qmax, z + int(np.floor(hi / scale + 1e-9).max()))
+        attrs = {"out_type": qt.dtype, "out_min": float(out_min), "out_max": float(out_max)}
+        if z:
+            attrs["zero_point"] = z
+        return qt, attrs
 
     # ---- build ---------------------------------------------------------------------------
     def build(self) -> ModelProto:
@@ -206,7 +276,7 @@ class _Builder:
         conv_out = qt.name if layout == "NCHW" else f"{out}_nchw_quantized"
         w = self._init(f"{node.name}_weight_quantized", w_q.reshape(*w_q.shape, 1, 1))
         bn = self._init(f"{node.name}_bias_quantized", bias)
-        mult = [float(s / qt.scale[0]) for s in w_scale]
+        mult = _ratio(w_scale, qt.scale)
         self.nodes.append(helper.make_node("HzSQuantizedConv", [x, w, bn], [conv_out], name=node.name, domain=DOMAIN,
                                            kind="Conv", x_bits=8, kernel_shape=[1, 1], axis=1, multiplier=mult, **oa))
         if layout == "NHWC":
@@ -241,24 +311,18 @@ class _Builder:
         node = unit.main
         a = self.view.attrs(node)
         xq = self.need_q(unit.inputs[0])
-        w = self.view.const(node.input[1]).astype(np.float64)
         bias = self.view.const(node.input[2]).astype(np.float64) if len(node.input) > 2 and node.input[2] else None
         kind = node.op_type
-        axis_w = weight_axis(node, self.view)
-        w_th = self.weights[node.input[1]]
+        if kind == "Gemm" and bias is not None:
+            bias = (bias * a.get("beta", 1.0)).reshape(-1)
+        w_attrs = self.weights[node.input[1]]
+        if "input_scales" in w_attrs:
+            w_q, acc_scale = self._folded_weight(node, w_attrs, xq)
+        else:
+            w_q, acc_scale = self._weight(node, w_attrs, xq)
         if kind == "Gemm":
-            w = w * a.get("alpha", 1.0)
-            w_th = w_th * abs(a.get("alpha", 1.0))
-            if a.get("transB", 0):
-                w = w.T
-            if bias is not None:
-                bias = (bias * a.get("beta", 1.0)).reshape(-1)
-            kind, axis_w = "MatMul", 1
-        w_scale = np.where(w_th > 0, w_th, 1.0) / 127.0
-        shape = [1] * w.ndim
-        shape[axis_w] = -1
-        w_q = np.clip(np.round(w / w_scale.reshape(shape)), -127, 127).astype(np.int8)
-        acc_scale = xq.scale[0] * w_scale
+            kind = "MatMul"
+        axis_w = 1 if kind == "MatMul" else weight_axis(node, self.view)
         out_axis = -1 if kind == "MatMul" else 1
         inputs = [xq.name, self._init(f"{node.name}_weight_quantized", w_q)]
         if bias is not None:
@@ -267,21 +331,63 @@ class _Builder:
         conv_attrs = {k: a[k] for k in ("kernel_shape", "strides", "pads", "dilations", "group", "output_padding",
                                         "auto_pad") if k in a}
         if "kernel_shape" not in conv_attrs and kind != "MatMul":
-            conv_attrs["kernel_shape"] = list(w.shape[2:])
+            conv_attrs["kernel_shape"] = list(w_q.shape[2:])
         common = {"kind": kind, "x_bits": int(xq.dtype[3:]), "axis": out_axis, **conv_attrs}
+        if xq.zero_point:
+            common["x_zero_point"] = xq.zero_point
         # Largest |accumulator| any input can produce, per output channel.
         reduce = tuple(k for k in range(w_q.ndim) if k != axis_w)
-        bound = qmax_for(int(xq.dtype[3:])) * float(np.abs(w_q.astype(np.int64)).sum(axis=reduce).max())
+        bound = _levels_span(xq) * float(np.abs(w_q.astype(np.int64)).sum(axis=reduce).max())
         if bias is not None:
             bound += float(np.abs(b_q.astype(np.int64)).max())
         self._emit_accumulator(unit, "HzSQuantizedConv", inputs, acc_scale, out_axis, common, bound)
 
+    def _weight(self, node: NodeProto, w_attrs: dict, xq: QTensor) -> tuple[np.ndarray, np.ndarray]:
+        """int8 weight (Gemm as MatMul [K, N]) and the accumulator scale, per output channel."""
+        a = self.view.attrs(node)
+        w = self.view.const(node.input[1]).astype(np.float64)
+        axis_w = weight_axis(node, self.view)
+        w_th = np.asarray(w_attrs["thresholds"], dtype=np.float64)
+        if node.op_type == "Gemm":
+            w = w * a.get("alpha", 1.0)
+            w_th = w_th * abs(a.get("alpha", 1.0))
+            if a.get("transB", 0):
+                w = w.T
+            axis_w = 1
+        w_scale = np.where(w_th > 0, w_th, 1.0) / 127.0
+        shape = [1] * w.ndim
+        shape[axis_w] = -1
+        w_q = np.clip(np.round(w / w_scale.reshape(shape)), -127, 127).astype(np.int8)
+        return w_q, xq.scale[0] * w_scale
+
+    def _folded_weight(self, node: NodeProto, w_attrs: dict, xq: QTensor) -> tuple[np.ndarray, np.ndarray]:
+        """The weight with the per-channel input scales folded in, as its calibration node quantizes it.
+
+        ``x[c] = q[c] * s_c`` and ``w[o, c] * s_c = wq[o, c] * s_o``, so the accumulator's
+        step is the folded weight's step ``s_o`` alone.
+        """
+        if not np.allclose(np.asarray(w_attrs["input_scales"], dtype=np.float32), xq.scale.astype(np.float32),
+                           rtol=0, atol=0):
+            raise RuntimeError(f"{node.name}: weight calibration was folded with other input scales than "
+                               f"{node.input[0]}'s")
+        levels, _ = quantize_weight(self.view.const(node.input[1]), w_attrs)
+        w_scale = np.asarray(w_attrs["scales"], dtype=np.float64)
+        if node.op_type == "Gemm":
+            alpha = self.view.attrs(node).get("alpha", 1.0)
+            levels, w_scale = levels * np.sign(alpha), w_scale * abs(alpha)
+            if self.view.attrs(node).get("transB", 0):
+                levels = levels.T
+        return levels.astype(np.int8), w_scale
+
     def _unit_matmul(self, unit: Unit) -> None:
-        qa, qb = (self.need_q(t) for t in unit.main.input[:2])
+        qa, qb = (_per_tensor(self.need_q(t), unit.main.name) for t in unit.main.input[:2])
         acc_scale = np.array([qa.scale[0] * qb.scale[0]])
         common = {"a_bits": int(qa.dtype[3:]), "b_bits": int(qb.dtype[3:]), "axis": -1}
+        for key, q in (("a_zero_point", qa), ("b_zero_point", qb)):
+            if q.zero_point:
+                common[key] = q.zero_point
         depth = (self.view.shapes.get(unit.main.input[0]) or [None])[-1]
-        bound = None if not depth else float(qmax_for(int(qa.dtype[3:])) * qmax_for(int(qb.dtype[3:])) * depth)
+        bound = None if not depth else float(_levels_span(qa) * _levels_span(qb) * depth)
         self._emit_accumulator(unit, "HzSQuantizedMatMul", [qa.name, qb.name], acc_scale, -1, common, bound)
 
     def _emit_accumulator(self, unit: Unit, op: str, inputs: list[str], acc_scale: np.ndarray, axis: int,
@@ -293,7 +399,7 @@ class _Builder:
         name = unit.main.name
         if calibrated and not cpu:
             qt, oa = self._out_attrs(out, lo, hi)
-            mult = [float(s / qt.scale[0]) for s in acc_scale]
+            mult = _ratio(acc_scale, qt.scale)
             self.nodes.append(helper.make_node(op, inputs, [qt.name], name=name, domain=DOMAIN,
                                                multiplier=mult, **oa, **common))
             self._record(out, qt)
@@ -317,7 +423,7 @@ class _Builder:
             self.floats.update(unit.activation.output)
         if calibrated:
             qt, oa = self._out_attrs(out, lo, hi)
-            mult = [float(s / qt.scale[0]) for s in acc_scale]
+            mult = _ratio(acc_scale, qt.scale)
             self.nodes.append(helper.make_node("HzRequantize", [acc.name], [qt.name], name=f"{name}_HzRequantize",
                                                domain=DOMAIN, multiplier=mult, axis=axis, **oa))
             self._record(out, qt)
@@ -335,16 +441,17 @@ class _Builder:
         return lo, hi
 
     def _unit_lut(self, unit: Unit) -> None:
-        xq = self.need_q(unit.inputs[0])
+        xq = _per_tensor(self.need_q(unit.inputs[0]), unit.main.name)
         out = unit.outputs[0]
         qt, oa = self._out_attrs(out)
         in_bits = int(xq.dtype[3:])
         levels = np.arange(-(1 << (in_bits - 1)), 1 << (in_bits - 1), dtype=np.float64)
-        y = self._evaluate_cluster(unit, (levels * xq.scale[0]).astype(np.float32))
-        table = np.clip(np.round(y.astype(np.float64) / qt.scale[0]), oa["out_min"], oa["out_max"])
+        y = self._evaluate_cluster(unit, ((levels - xq.zero_point) * xq.scale[0]).astype(np.float32))
+        rounded = np.round(y.astype(np.float64) / qt.scale[0]) + qt.zero_point
+        table = np.clip(rounded, oa["out_min"], oa["out_max"])
         self.nodes.append(helper.make_node("HzLut", [xq.name], [qt.name], name=unit.main.name, domain=DOMAIN,
                                            table=[int(v) for v in table], in_min=int(levels[0]),
-                                           out_type=qt.dtype))
+                                           out_type=qt.dtype))  # zero points live in the table
         self._record(out, qt)
 
     def _evaluate_cluster(self, unit: Unit, x: np.ndarray) -> np.ndarray:
@@ -360,10 +467,13 @@ class _Builder:
 
     def _unit_eltwise(self, unit: Unit) -> None:
         node = unit.main
-        qa, qb = (self.need_q(t) for t in node.input[:2])
+        qa, qb = (_per_tensor(self.need_q(t), node.name) for t in node.input[:2])
         out = unit.outputs[0]
         qt, oa = self._out_attrs(out)
         sy = qt.scale[0]
+        for key, q in (("a_zero_point", qa), ("b_zero_point", qb)):
+            if q.zero_point:
+                oa[key] = q.zero_point
         if node.op_type == "Mul":
             attrs = {"mode": "mul", "multiplier": [float(qa.scale[0] * qb.scale[0] / sy)]}
         else:
@@ -376,9 +486,11 @@ class _Builder:
 
     def _unit_pool(self, unit: Unit) -> None:
         node = unit.main
-        xq = self.need_q(unit.inputs[0])
+        xq = _per_tensor(self.need_q(unit.inputs[0]), node.name)
         out = unit.outputs[0]
         qt, oa = self._out_attrs(out)
+        if xq.zero_point:
+            oa["x_zero_point"] = xq.zero_point
         shape = self.view.shapes.get(node.input[0])
         a = self.view.attrs(node)
         if node.op_type == "GlobalAveragePool":
@@ -412,14 +524,16 @@ class _Builder:
         else:
             self.nodes.append(copy)
         for o, qo in zip(node.output, outs, strict=True):
-            self._record(o, QTensor(qo, xq.dtype, xq.scale))
+            self._record(o, QTensor(qo, xq.dtype, xq.scale, xq.axis, xq.zero_point))
 
     def _unit_concat(self, unit: Unit) -> None:
         node = unit.main
-        qs = [self.need_q(t) for t in node.input]
+        qs = [_per_tensor(self.need_q(t), node.name) for t in node.input]
         out = unit.outputs[0]
         qt, oa = self._out_attrs(out)
         mult = [float(q.scale[0] / qt.scale[0]) for q in qs]
+        if any(q.zero_point for q in qs):
+            oa["zero_points"] = [q.zero_point for q in qs]
         self.nodes.append(helper.make_node("HzSQuantizedConcat", [q.name for q in qs], [qt.name], name=node.name,
                                            domain=DOMAIN, multipliers=mult, in_types=[q.dtype for q in qs],
                                            concat_axis=self.view.attrs(node).get("axis", 1), **oa))

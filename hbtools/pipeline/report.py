@@ -8,7 +8,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
 from hbtools.metrics import cosine_similarity
-from hbtools.pipeline.quantize import QuantizedResult
+from hbtools.pipeline.quantize import QTensor, QuantizedResult
 from hbtools.quant.units import Partition
 from hbtools.runtime.lowering import lower_model
 from hbtools.runtime.session import make_session
@@ -28,12 +28,12 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
     """Cosine of each unit's output between the float and the quantized model (one sample)."""
     q_model = result.model
     float_names = {o.name for o in q_model.graph.output} | {n for node in q_model.graph.node for n in node.output}
-    pairs: dict[str, tuple[str, np.ndarray | None]] = {}
+    pairs: dict[str, tuple[str, QTensor | None]] = {}
     for unit in result.partition.units:
         for t in unit.outputs:
             if t in result.tensors and result.tensors[t].dtype != "int32":
                 qt = result.tensors[t]
-                pairs[t] = (qt.name, qt.scale)
+                pairs[t] = (qt.name, qt)
             elif t in float_names:
                 pairs[t] = (t, None)
     float_sess = make_session(_with_outputs(lower_model(optimized), list(pairs), None))
@@ -54,8 +54,8 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
     q_out = dict(zip(tensors, q_sess.run(q_names, q_feed), strict=True))
     sims = {}
     for t in tensors:
-        _, scale = pairs[t]
-        q = q_out[t].astype(np.float64) * (scale[0] if scale is not None else 1.0)
+        _, qt = pairs[t]
+        q = qt.to_float(q_out[t]) if qt is not None else q_out[t].astype(np.float64)
         sims[t] = cosine_similarity(f_out[t], q)
     return sims
 

@@ -19,7 +19,7 @@ from hbtools.march.profiles import get_profile
 from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, layer_dump, optimize, parse, quantize, report
 from hbtools.pipeline.builtin_config import builtin_config
-from hbtools.quant.plan import make_plan
+from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
 from hbtools.quant.units import build_partition
 
 log = logging.getLogger("hbtools")
@@ -106,7 +106,6 @@ def _calibration_source(config: Config) -> CalibrationSource:
 
 # Accepted for compatibility with existing configs, but not acted on yet.
 _NOT_YET = {
-    "asymmetric": "asymmetric quantization is not implemented yet; calibrating symmetrically",
     "lstm_batch_last": "lstm_batch_last has no effect (no LSTM support yet)",
 }
 
@@ -115,8 +114,12 @@ def _warn_unsupported(config: Config) -> None:
     for option, message in _NOT_YET.items():
         if config.wants(option):
             log.warning("optimization %s", message)
-    if config.calibration.per_channel:
-        log.warning("per_channel activation calibration is not implemented yet; calibrating per tensor")
+    kind = config.calibration.calibration_type
+    if config.calibration.per_channel and not per_channel_wanted(config):
+        log.warning("per_channel takes effect with calibration_type max or kl, not %s; calibrating per tensor", kind)
+    if config.wants("asymmetric") and not asymmetric_wanted(config):
+        log.warning("optimization asymmetric is ignored with calibration_type load: the QAT model's scales are "
+                    "used as they are")
 
 
 def _bias_correction_mode(config: Config) -> str:

@@ -63,8 +63,13 @@ def _weight_shift(node: NodeProto, w: np.ndarray, wq: np.ndarray, mean_x: np.nda
 
 
 def correct_biases(optimized: ModelProto, convs: list[NodeProto], weight_thresholds: dict[str, np.ndarray],
-                   weight_axes: dict[str, int], feeds: list[dict]) -> ModelProto:
-    """A copy of ``optimized`` whose conv biases absorb their weight-rounding shift."""
+                   weight_axes: dict[str, int], feeds: list[dict],
+                   quantized: dict[str, np.ndarray] | None = None) -> ModelProto:
+    """A copy of ``optimized`` whose conv biases absorb their weight-rounding shift.
+
+    Weights are rounded to their per-channel grid, except those in ``quantized``
+    (name -> fake-quantized weight), e.g. weights that fold a per-channel input's scales.
+    """
     means = _input_channel_means(optimized, convs, feeds)
     model = copy.deepcopy(optimized)
     view = GraphView(model)
@@ -73,7 +78,10 @@ def correct_biases(optimized: ModelProto, convs: list[NodeProto], weight_thresho
         node = nodes[conv.name]
         w_name = node.input[1]
         w = view.const(w_name).astype(np.float64)
-        wq = _fake_quant(w, weight_thresholds[w_name], weight_axes[w_name])
+        if quantized and w_name in quantized:
+            wq = quantized[w_name].astype(np.float64)
+        else:
+            wq = _fake_quant(w, weight_thresholds[w_name], weight_axes[w_name])
         trans_b = bool(next((a.i for a in node.attribute if a.name == "transB"), 0))
         shift = _weight_shift(node, w, wq, means[node.input[0]], trans_b)
         name = f"{node.name}_bias_corrected"

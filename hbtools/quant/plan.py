@@ -7,6 +7,11 @@ by all its BPU consumers (SPEC §7):
 - the output of a Conv/MatMul, or a CPU/float tensor, read by a BPU op;
 - data-movement ops (Reshape, MaxPool, …) keep their input's grid: no node.
 Conv/MatMul outputs read only by the CPU or the user stay int32 (no node).
+
+``calibration_parameters.per_channel`` gives a tensor one threshold per channel
+when every reader is a BPU conv-like unit (its integer kernel folds the input
+scales into the weights); ``optimization: asymmetric`` gives int8 tensors a zero
+point (see ``hbtools.quant.grids``).
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ from onnx import ModelProto, NodeProto, TensorProto
 
 from hbtools.config.model import Config
 from hbtools.graph.graph import GraphView, topological_sort
+from hbtools.graph.model_io import with_horizon_domain
 from hbtools.march.profiles import MarchProfile
-from hbtools.ops.calibration import HzCalibration
+from hbtools.ops.base import attrs_of
+from hbtools.ops.calibration import HzCalibration, input_scale_array, scales_for
+from hbtools.quant.grids import Grid, activation_grid, fed_values
+from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.units import Partition, Unit
 
 log = logging.getLogger("hbtools")
@@ -33,10 +42,24 @@ class ActivationPoint:
     bits: int
     rewire: list[tuple[str, int]]  # (node name, input index) that read the calibrated value
     graph_output: bool = False
+    axis: int | None = None  # channel axis of a per-channel tensor
+    asymmetric: bool = False  # zero point wanted (applies to int8 grids)
+    low: float | np.ndarray | None = None  # observed minimum (per channel along axis), see observe
+    high: float | np.ndarray | None = None
 
     @property
     def node_name(self) -> str:
         return f"{self.tensor}_HzCalibration"
+
+    def grid(self, threshold: float | np.ndarray, bits: int | None = None) -> Grid:
+        return activation_grid(threshold, self.bits if bits is None else bits, asymmetric=self.asymmetric,
+                               low=self.low, high=self.high)
+
+    def fed(self, threshold: float, bits: int | None = None) -> dict[str, np.ndarray]:
+        """Graph-input values setting this point's node in a ``feed_calibration`` session to ``threshold``."""
+        bits = self.bits if bits is None else bits
+        node_has_zero_points = self.grid(1.0).zero_points is not None  # as build_calibrated_model made it
+        return fed_values(self.node_name, self.grid(threshold, bits), bits, node_has_zero_points)
 
 
 @dataclass
@@ -57,6 +80,18 @@ class CalibrationPlan:
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)
+
+    def collector(self) -> StatsCollector:
+        """Statistics for every point: per channel where the point is per channel."""
+        axes = {p.tensor: p.axis for p in self.activations if p.axis is not None}
+        return StatsCollector([p.tensor for p in self.activations], axes)
+
+    def observe(self, collector: StatsCollector) -> None:
+        """Record the observed ranges (asymmetric grids are fitted to them)."""
+        for p in self.activations:
+            stats = collector.stats.get(p.tensor)
+            if stats is not None and stats.count:
+                p.low, p.high = stats.min, stats.max
 
 
 def weight_axis(node: NodeProto, view: GraphView) -> int:
@@ -95,6 +130,25 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         rewire = [(n.name, k) for u in users for n in u.nodes for k, i in enumerate(n.input) if i == tensor]
         is_output = materialised and tensor in view.graph_outputs
         plan.activations.append(ActivationPoint(tensor, bits_of.get(tensor, 8), rewire, is_output))
+    _plan_weights(plan, part, view)
+    if per_channel_wanted(config):
+        readers: dict[str, int] = {}
+        for n in view.graph.node:
+            for i in set(n.input):
+                readers[i] = readers.get(i, 0) + 1
+        for p in plan.activations:
+            p.axis = _channel_axis(p.tensor, part, view, readers)
+        log.info("per_channel: %d of %d calibrated tensors (those read only by convolutions) get per-channel "
+                 "thresholds", sum(p.axis is not None for p in plan.activations), len(plan.activations))
+    if asymmetric_wanted(config):
+        for p in plan.activations:
+            p.asymmetric = _zero_point_ok(p.tensor, part, view, int_outputs)
+        log.info("asymmetric: %d of %d calibrated tensors may get a zero point (int8 ones)",
+                 sum(p.asymmetric for p in plan.activations), len(plan.activations))
+    return plan
+
+
+def _plan_weights(plan: CalibrationPlan, part: Partition, view: GraphView) -> None:
     for unit in part.units:
         if unit.on == "BPU" and unit.kind == "conv":
             node = unit.main
@@ -104,7 +158,98 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
                 existing.rewire.append((node.name, 1))
             else:
                 plan.weights.append(WeightPoint(w, weight_axis(node, view), [(node.name, 1)]))
-    return plan
+
+
+def per_channel_wanted(config: Config | None) -> bool:
+    """per_channel acts with the single-method calibration types (seed 001: not with default/mix)."""
+    return bool(config and config.calibration.per_channel
+                and config.calibration.calibration_type in ("max", "kl", "skip"))
+
+
+def asymmetric_wanted(config: Config | None) -> bool:
+    """optimization: asymmetric; a QAT model (load) brings its own grids."""
+    return bool(config and config.wants("asymmetric") and config.calibration.calibration_type != "load")
+
+
+def weight_input_axis(node: NodeProto, view: GraphView) -> int:
+    """The input-channel axis of a conv-like node's weight."""
+    if node.op_type in ("ConvTranspose", "MatMul"):
+        return 0
+    if node.op_type == "Gemm":
+        return 1 if view.attrs(node).get("transB", 0) else 0
+    return 1
+
+
+def _data_axis(unit: Unit, view: GraphView) -> int | None:
+    """Axis of a conv-like unit's input that its weight reduces over (the input channels)."""
+    if unit.main.op_type in ("Conv", "ConvTranspose"):
+        return 1
+    shape = view.shapes.get(unit.main.input[0])
+    return len(shape) - 1 if shape else None
+
+
+def _channel_axis(tensor: str, part: Partition, view: GraphView, readers_of: dict[str, int]) -> int | None:
+    """The per-channel axis of ``tensor``, or None when it must stay per tensor.
+
+    Every reader must be a BPU conv-like unit (Conv, ConvTranspose, MatMul/Gemm with a
+    constant weight) reading it as data, with a weight no other node reads, all
+    reducing over the same axis; the producer must write per-channel scales: a model
+    input or CPU tensor (HzQuantize), a conv-like unit with that output channel axis,
+    or an NCHW preprocess.
+    """
+    readers = part.consumers.get(tensor, [])
+    if not readers or tensor in view.graph_outputs:
+        return None
+    axes = set()
+    for u in readers:
+        if u.on != "BPU" or u.kind != "conv" or u.main.input[0] != tensor or readers_of[u.main.input[1]] != 1:
+            return None
+        axes.add(_data_axis(u, view))
+    if len(axes) != 1 or None in axes:
+        return None
+    axis = axes.pop()
+    producer = part.producer.get(tensor)
+    if producer is None or producer.on == "CPU":
+        return axis
+    if producer.kind == "conv":
+        shape = view.shapes.get(tensor)
+        if not shape:
+            return None
+        out_axis = 1 if producer.main.op_type in ("Conv", "ConvTranspose") else len(shape) - 1
+        return axis if out_axis == axis else None
+    if producer.kind == "preprocess" and attrs_of(producer.main).get("layout", "NCHW") == "NCHW":
+        return axis if axis == 1 else None
+    return None
+
+
+def _zero_point_ok(tensor: str, part: Partition, view: GraphView, int_outputs: bool) -> bool:
+    """Whether ``tensor`` may take an asymmetric grid.
+
+    Every integer reader (through data-movement ops) must take a zero point: all Hz
+    integer ops do, except a ConvTranspose (its float kernel is exact only for
+    symmetric int8 sums). Integer model outputs (set_model_output_int8/16) stay
+    symmetric since their descriptors carry a scale only. The preprocessed image
+    stays symmetric too: it already lies on a 256-level pixel grid, and a 256-level
+    grid holding 0 exactly is offset from it by half a level whenever the mean is a
+    half-integer (e.g. 127.5), which puts every pixel on a rounding tie.
+    """
+    producer = part.producer.get(tensor)
+    if producer is not None and producer.kind == "preprocess":
+        return False
+    pending, seen = [tensor], set()
+    while pending:
+        t = pending.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if int_outputs and t in view.graph_outputs:
+            return False
+        for u in part.bpu_consumers(t):
+            if u.kind == "conv" and u.main.op_type == "ConvTranspose":
+                return False
+            if u.kind == "passive":
+                pending.extend(u.outputs)
+    return True
 
 
 def wants_int_outputs(config: Config | None) -> bool:
@@ -181,16 +326,26 @@ def weight_thresholds(model: ModelProto, plan: CalibrationPlan) -> dict[str, np.
     return out
 
 
-def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds: dict[str, float],
+def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds: dict[str, float | np.ndarray],
                            weight_th: dict[str, np.ndarray], methods: dict[str, str]) -> ModelProto:
-    """The optimized model with HzCalibration nodes inserted per the plan."""
+    """The optimized model with HzCalibration nodes inserted per the plan.
+
+    ``thresholds`` holds one value per tensor, or an array for per-channel points.
+    """
     model = copy.deepcopy(model)
     nodes = {n.name: n for n in model.graph.node}
+    grids = {p.tensor: p.grid(thresholds[p.tensor]) for p in plan.activations}
+    per_channel = {p.tensor for p in plan.activations if p.axis is not None}
+    view = GraphView(model) if per_channel else None
     new_nodes: list[NodeProto] = []
     for p in plan.weights:
         out = f"{p.tensor}_calibrated"
-        new_nodes.append(HzCalibration.build(p.tensor, out, kind="weight", thresholds=weight_th[p.tensor],
-                                             bits=8, axis=p.axis, method="max"))
+        reader = nodes[p.rewire[0][0]]
+        if reader.input[0] in per_channel:
+            new_nodes.append(_folded_weight_node(p, reader, view, grids[reader.input[0]].scales))
+        else:
+            new_nodes.append(HzCalibration.build(p.tensor, out, kind="weight", thresholds=weight_th[p.tensor],
+                                                 bits=8, axis=p.axis, method="max"))
         for name, k in p.rewire:
             nodes[name].input[k] = out
     for p in plan.activations:
@@ -205,15 +360,41 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
                 for k, i in enumerate(n.input):
                     if i == p.tensor:
                         n.input[k] = src
-        node = HzCalibration.build(src, out, kind="activation", thresholds=np.array([thresholds[p.tensor]]),
-                                   bits=p.bits, axis=-1, method=methods.get(p.tensor, "max"))
+        grid = grids[p.tensor]
+        node = HzCalibration.build(src, out, kind="activation", thresholds=grid.thresholds, bits=p.bits,
+                                   axis=-1 if p.axis is None else p.axis, method=methods.get(p.tensor, "max"),
+                                   scales=grid.scales, zero_points=grid.zero_points)
         node.name = p.node_name
         new_nodes.append(node)
         for name, k in p.rewire:
             nodes[name].input[k] = out
     model.graph.node.extend(new_nodes)
     topological_sort(model)
+    with_horizon_domain(model)
     return model
+
+
+def folded_weights(calibrated: ModelProto) -> dict[str, np.ndarray]:
+    """Fake-quantized values of the weights whose calibration folds a per-channel input's scales."""
+    view = GraphView(calibrated)
+    out = {}
+    for node in calibrated.graph.node:
+        if node.op_type == HzCalibration.op_type and "input_scales" in attrs_of(node):
+            out[node.input[0]] = HzCalibration.reference(node, [view.const(node.input[0])])[0]
+    return out
+
+
+def _folded_weight_node(p: WeightPoint, reader: NodeProto, view: GraphView, input_scales: np.ndarray) -> NodeProto:
+    """Weight calibration of a conv whose input is per channel: per output channel of ``w * u``."""
+    w = view.const(p.tensor).astype(np.float32)
+    input_axis = weight_input_axis(reader, view)
+    group = int(view.attrs(reader).get("group", 1)) if reader.op_type == "Conv" else 1
+    u = input_scale_array(w.shape, input_scales, input_axis, group)
+    folded = np.abs(w * u).astype(np.float64)
+    thresholds = folded.max(axis=tuple(k for k in range(w.ndim) if k != p.axis))
+    return HzCalibration.build(p.tensor, f"{p.tensor}_calibrated", kind="weight", thresholds=thresholds, bits=8,
+                               axis=p.axis, method="max", scales=scales_for(thresholds, 8),
+                               input_scales=input_scales, input_axis=input_axis, group=group)
 
 
 def unit_output_threshold(unit: Unit, plan: CalibrationPlan, thresholds: dict[str, float]) -> float | None:

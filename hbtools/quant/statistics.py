@@ -1,8 +1,9 @@
 """Streaming activation statistics: the one implementation calibration uses.
 
-Each tensor keeps a running max |x| and a fixed-size histogram of |x| whose range
-doubles (merging bin pairs) when a larger value arrives, so memory depends on the
-number of tensors, never on the number of samples.
+Each tensor keeps a running max |x|, min and max, and a fixed-size histogram of
+|x| whose range doubles (merging bin pairs) when a larger value arrives, so memory
+depends on the number of tensors (and, per channel, of channels), never on the
+number of samples.
 """
 
 from __future__ import annotations
@@ -10,16 +11,17 @@ from __future__ import annotations
 import numpy as np
 
 BINS = 2048
+CHANNEL_BINS = 512  # per channel: KL/percentile still resolve a 128-level grid, memory stays C * 4 kB
 
 
 class TensorStats:
     __slots__ = ("max_abs", "hist", "range", "count", "min", "max")
 
-    def __init__(self) -> None:
+    def __init__(self, bins: int = BINS) -> None:
         self.max_abs = 0.0
         self.min = np.inf
         self.max = -np.inf
-        self.hist = np.zeros(BINS, dtype=np.int64)
+        self.hist = np.zeros(bins, dtype=np.int64)
         self.range = 0.0
         self.count = 0
 
@@ -33,24 +35,79 @@ class TensorStats:
         self.max_abs = max(self.max_abs, peak)
         if self.range == 0.0:
             self.range = peak if peak > 0 else 1e-8
+        bins = self.hist.size
         while peak > self.range:
             # Halve the resolution: merge neighbouring bins and double the covered range.
-            self.hist = np.concatenate([self.hist.reshape(-1, 2).sum(axis=1), np.zeros(BINS // 2, np.int64)])
+            self.hist = np.concatenate([self.hist.reshape(-1, 2).sum(axis=1), np.zeros(bins // 2, np.int64)])
             self.range *= 2.0
-        counts, _ = np.histogram(np.abs(x), bins=BINS, range=(0.0, self.range))
+        counts, _ = np.histogram(np.abs(x), bins=bins, range=(0.0, self.range))
         self.hist += counts
         self.count += x.size
 
     @property
     def bin_width(self) -> float:
-        return self.range / BINS
+        return self.range / self.hist.size
+
+
+class ChannelStats:
+    """The statistics of TensorStats for every channel along ``axis`` (per-channel calibration).
+
+    One ``bincount`` per update fills all channels' histograms; a channel's range
+    doubles on its own when a larger value arrives.
+    """
+
+    def __init__(self, axis: int, bins: int = CHANNEL_BINS) -> None:
+        self.axis = axis
+        self.bins = bins
+        self.max_abs = self.min = self.max = self.range = None
+        self.hist: np.ndarray | None = None
+        self.count = 0
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float32)
+        if x.size == 0:
+            return
+        rows = np.moveaxis(x, self.axis, 0).reshape(x.shape[self.axis], -1)
+        lo, hi = rows.min(axis=1).astype(np.float64), rows.max(axis=1).astype(np.float64)
+        peak = np.maximum(np.abs(lo), np.abs(hi))
+        if self.hist is None:
+            channels = rows.shape[0]
+            self.hist = np.zeros((channels, self.bins), dtype=np.int64)
+            self.min, self.max, self.max_abs = lo, hi, peak
+            self.range = np.where(peak > 0, peak, 1e-8)
+        else:
+            self.min, self.max = np.minimum(self.min, lo), np.maximum(self.max, hi)
+            self.max_abs = np.maximum(self.max_abs, peak)
+        for c in np.nonzero(peak > self.range)[0]:
+            while peak[c] > self.range[c]:
+                merged = self.hist[c].reshape(-1, 2).sum(axis=1)
+                self.hist[c] = np.concatenate([merged, np.zeros(self.bins // 2, np.int64)])
+                self.range[c] *= 2.0
+        width = self.range / self.bins
+        index = np.minimum((np.abs(rows) / width[:, None]).astype(np.int64), self.bins - 1)
+        index += (np.arange(rows.shape[0]) * self.bins)[:, None]
+        self.hist += np.bincount(index.reshape(-1), minlength=self.hist.size).reshape(self.hist.shape)
+        self.count += rows.shape[1]
+
+    @property
+    def channels(self) -> int:
+        return 0 if self.hist is None else self.hist.shape[0]
+
+    def channel(self, c: int) -> TensorStats:
+        """Channel ``c`` as a TensorStats (the threshold methods take those)."""
+        stats = TensorStats(self.bins)
+        stats.max_abs, stats.min, stats.max = float(self.max_abs[c]), float(self.min[c]), float(self.max[c])
+        stats.hist, stats.range, stats.count = self.hist[c], float(self.range[c]), self.count
+        return stats
 
 
 class StatsCollector:
-    """Per-tensor statistics over a stream of ``{tensor: array}`` batches."""
+    """Per-tensor (or, for tensors in ``axes``, per-channel) statistics over a stream of batches."""
 
-    def __init__(self, tensors: list[str]) -> None:
-        self.stats = {t: TensorStats() for t in tensors}
+    def __init__(self, tensors: list[str], axes: dict[str, int] | None = None) -> None:
+        axes = axes or {}
+        self.stats: dict[str, TensorStats | ChannelStats] = {
+            t: ChannelStats(axes[t]) if t in axes else TensorStats() for t in tensors}
         self.samples = 0
 
     def update(self, values: dict[str, np.ndarray]) -> None:

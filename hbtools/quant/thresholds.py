@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hbtools.quant.statistics import BINS, TensorStats
+from hbtools.quant.statistics import ChannelStats, TensorStats
 
 
 def max_threshold(stats: TensorStats) -> float:
@@ -25,7 +25,7 @@ def kl_threshold(stats: TensorStats, bits: int = 8, stride: int = 16) -> float:
     """Entropy calibration: the clip bound whose quantized histogram diverges least (KL)."""
     hist = stats.hist.astype(np.float64)
     levels = (1 << (bits - 1))  # positive levels of a symmetric grid on |x|
-    if hist.sum() == 0 or levels >= BINS:
+    if hist.sum() == 0 or levels >= hist.size:
         return float(stats.max_abs)
     last = int(np.nonzero(hist)[0][-1]) + 1
     candidates = list(range(levels, max(last, levels) + 1, stride))
@@ -66,7 +66,11 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
     return float(np.sum(p[mask] * np.log(ratio)))
 
 
-def threshold_for(method: str, stats: TensorStats, bits: int, percentile: float | None = None) -> float:
+def threshold_for(method: str, stats: TensorStats | ChannelStats, bits: int,
+                  percentile: float | None = None) -> float | np.ndarray:
+    """The method's threshold; per channel (an array) for ChannelStats."""
+    if isinstance(stats, ChannelStats):
+        return np.array([threshold_for(method, stats.channel(c), bits, percentile) for c in range(stats.channels)])
     if method == "max":
         return max_threshold(stats)
     if method == "percentile":
@@ -83,7 +87,7 @@ def relative_noise(stats: TensorStats, threshold: float, bits: int) -> float:
     Rounding inside the range adds s**2/12 per value; values beyond the threshold are clipped.
     """
     hist = stats.hist.astype(np.float64)
-    centres = (np.arange(BINS) + 0.5) * stats.bin_width
+    centres = (np.arange(hist.size) + 0.5) * stats.bin_width
     signal = float(np.sum(hist * centres**2))
     if signal == 0 or threshold <= 0:
         return 0.0

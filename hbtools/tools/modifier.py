@@ -137,7 +137,10 @@ def _delete_input_side(graph: ModelProto, node: NodeProto, info: dict[str, Tenso
             perm = attrs_of(node).get("perm") or [3, 2, 1, 0]
             desc["layout"] = "".join(desc["layout"][p] for p in perm)
         if node.op_type == "HzQuantize":
-            desc["scale"] = [float(attrs_of(node)["scale"])]
+            a = attrs_of(node)
+            desc["scale"] = [float(a["scale"])] if "scale" in a else [float(s) for s in a["scales"]]
+            if a.get("zero_point"):
+                desc["zero_point"] = int(a["zero_point"])
     return out
 
 
@@ -150,7 +153,10 @@ def _delete_output_side(graph: ModelProto, node: NodeProto, info: dict[str, Tens
     out = copy.deepcopy(descriptors)
     replaced = {"name": new, "shape": list(info[new].shape), "dtype": _dtype_name(info[new])}
     if node.op_type == "HzDequantize":
-        replaced["scale"] = [float(s) for s in attrs_of(node)["scales"]]
+        a = attrs_of(node)
+        replaced["scale"] = [float(s) for s in a["scales"]]
+        if a.get("zero_point"):
+            replaced["zero_point"] = int(a["zero_point"])
     for k, desc in enumerate(out):
         if desc.get("name") == old:
             if node.op_type != "HzDequantize" and "scale" in desc:
