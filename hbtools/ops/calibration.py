@@ -17,6 +17,10 @@ per-channel scales), ``input_axis`` (the weight's input-channel axis) and
 ``group``: the integer conv folds the input scales into the weight, so the weight
 is quantized as ``q = clip(round(w * u / s))``, ``y = q * s / u`` with ``u`` the
 input scale of each weight element's input channel.
+
+A weight node may have a second input, ``rounding`` (int8, the weight's shape): the
+offset of each integer from nearest rounding chosen by GPTQ
+(``hbtools.quant.weight_rounding``), ``q = clip(round(w / s) + rounding)``.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ def input_scale_array(shape: tuple[int, ...] | list[int], input_scales, input_ax
     return u.reshape(bshape)
 
 
-def quantize_weight(w: np.ndarray, a: dict) -> tuple[np.ndarray, np.ndarray | None]:
+def quantize_weight(w: np.ndarray, a: dict, rounding: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Integer levels of a weight calibration node (float32 arithmetic, as the lowering), and ``u``."""
     w = np.asarray(w, dtype=np.float32)
     scales = np.asarray(a["scales"], dtype=np.float32)
@@ -83,7 +87,10 @@ def quantize_weight(w: np.ndarray, a: dict) -> tuple[np.ndarray, np.ndarray | No
     if "input_scales" in a:
         u = input_scale_array(w.shape, a["input_scales"], a["input_axis"], a.get("group", 1))
         w = w * u
-    return np.clip(np.round(w / s), -qmax, qmax), u
+    levels = np.round(w / s)
+    if rounding is not None:
+        levels = levels + rounding.astype(np.float32)
+    return np.clip(levels, -qmax, qmax), u
 
 
 @register
@@ -94,7 +101,7 @@ class HzCalibration(HzOp):
     def build(cls, tensor: str, output: str, *, kind: str, thresholds: np.ndarray, bits: int,
               axis: int = -1, method: str = "max", scales: np.ndarray | None = None,
               zero_points: np.ndarray | None = None, input_scales: np.ndarray | None = None,
-              input_axis: int = 1, group: int = 1) -> NodeProto:
+              input_axis: int = 1, group: int = 1, rounding: str | None = None) -> NodeProto:
         thresholds = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
         scales = scales_for(thresholds, bits) if scales is None else np.atleast_1d(scales).astype(np.float32)
         extra: dict = {}
@@ -104,7 +111,7 @@ class HzCalibration(HzOp):
             extra.update(input_scales=[float(u) for u in np.asarray(input_scales, dtype=np.float32)],
                          input_axis=int(input_axis), group=int(group))
         return cls.make_node(
-            [tensor], [output], f"{tensor}_HzCalibration", kind=kind,
+            [tensor, rounding] if rounding else [tensor], [output], f"{tensor}_HzCalibration", kind=kind,
             thresholds=[float(t) for t in thresholds], scales=[float(s) for s in scales],
             bits=int(bits), axis=int(axis), method=method, **extra,
         )
@@ -133,6 +140,10 @@ class HzCalibration(HzOp):
             nodes.append(helper.make_node("Where", [enable, fq, x], [y], name=ctx.unique(f"{base}_where")))
             return nodes
         nodes: list[NodeProto] = []
+        offset = None
+        if len(node.input) > 1 and node.input[1]:
+            offset = ctx.unique(f"{base}_rounding")
+            nodes.append(helper.make_node("Cast", [node.input[1]], [offset], name=offset, to=TensorProto.FLOAT))
         if "input_scales" in a:
             wshape = ctx.shapes.get(x)
             if wshape is None:
@@ -142,14 +153,14 @@ class HzCalibration(HzOp):
             folded, quantized = ctx.unique(f"{base}_folded"), ctx.unique(f"{base}_fq")
             nodes.append(helper.make_node("Mul", [x, u], [folded], name=folded))
             nodes += _fake_quant(folded, quantized, ctx.constant(f"{base}_scales", scales.reshape(shape)),
-                                 (float(lo), float(hi)), ctx, base)
+                                 (float(lo), float(hi)), ctx, base, offset=offset)
             nodes.append(helper.make_node("Div", [quantized, u], [y], name=ctx.unique(f"{base}_unfold")))
             return nodes
         scale = ctx.constant(f"{base}_scales", scales.reshape(shape))
         zp = None
         if zero_points is not None:
             zp = ctx.constant(f"{base}_zero_points", np.asarray(zero_points, dtype=np.float32).reshape(shape))
-        return _fake_quant(x, y, scale, (float(lo), float(hi)), ctx, base, zp)
+        return nodes + _fake_quant(x, y, scale, (float(lo), float(hi)), ctx, base, zp, offset=offset)
 
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -157,9 +168,13 @@ class HzCalibration(HzOp):
         x = inputs[0]
         scales = np.asarray(a["scales"], dtype=np.float32)
         s = scales.reshape(_broadcast_shape(scales.size, a.get("axis", -1), x.ndim))
+        rounding = inputs[1] if len(inputs) > 1 else None
         if "input_scales" in a:
-            q, u = quantize_weight(x, a)
+            q, u = quantize_weight(x, a, rounding)
             return [((q * s) / u).astype(np.float32)]
+        if rounding is not None:
+            q, _ = quantize_weight(x, a, rounding)
+            return [(q * s).astype(np.float32)]
         lo, hi = grid_bounds(a["bits"], "zero_points" in a)
         if "zero_points" not in a:
             return [(np.clip(np.round(x / s), lo, hi) * s).astype(np.float32)]
@@ -168,7 +183,7 @@ class HzCalibration(HzOp):
 
 
 def _fake_quant(x: str, y: str, scale: str, bounds: tuple, ctx: LoweringContext, base: str,
-                zero_point: str | None = None) -> list[NodeProto]:
+                zero_point: str | None = None, offset: str | None = None) -> list[NodeProto]:
     """Div, Round, (+z), Clip, (-z), Mul; ``bounds`` are numbers or fed tensor names (qmin may be None)."""
     div, rnd, clp = (ctx.unique(f"{base}_{k}") for k in ("div", "round", "clip"))
     qmin, qmax = bounds
@@ -185,6 +200,10 @@ def _fake_quant(x: str, y: str, scale: str, bounds: tuple, ctx: LoweringContext,
         hi = ctx.constant(f"{base}_qmax", np.array(qmax, dtype=np.float32))
     nodes = [*extra, helper.make_node("Div", [x, scale], [div], name=div),
              helper.make_node("Round", [div], [rnd], name=rnd)]
+    if offset is not None:  # a weight's GPTQ rounding
+        moved = ctx.unique(f"{base}_rounded")
+        nodes.append(helper.make_node("Add", [rnd, offset], [moved], name=moved))
+        rnd = moved
     if zero_point is not None:
         shifted = ctx.unique(f"{base}_shift")
         nodes.append(helper.make_node("Add", [rnd, zero_point], [shifted], name=shifted))

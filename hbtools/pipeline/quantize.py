@@ -76,12 +76,17 @@ def strip_calibration(calibrated: ModelProto) -> tuple[ModelProto, dict, dict]:
     weights: dict[str, dict] = {}
     rename: dict[str, str] = {}
     keep = []
+    inits = {t.name: t for t in model.graph.initializer}
+    roundings = set()
     for node in model.graph.node:
         if node.domain == DOMAIN and node.op_type == "HzCalibration":
             a = attrs_of(node)
             tensor = node.name[: -len("_HzCalibration")] if node.name.endswith("_HzCalibration") else node.input[0]
             if a["kind"] == "weight":
                 weights[tensor] = a
+                if len(node.input) > 1 and node.input[1]:  # GPTQ rounding offsets
+                    a["rounding"] = numpy_helper.to_array(inits[node.input[1]])
+                    roundings.add(node.input[1])
             else:
                 acts[tensor] = _act_grid(a, node.name)
             rename[node.output[0]] = tensor
@@ -90,6 +95,9 @@ def strip_calibration(calibrated: ModelProto) -> tuple[ModelProto, dict, dict]:
             keep.append(node)
     del model.graph.node[:]
     model.graph.node.extend(keep)
+    kept_inits = [t for t in model.graph.initializer if t.name not in roundings]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept_inits)
     for node in model.graph.node:
         for k, i in enumerate(node.input):
             node.input[k] = rename.get(i, i)
@@ -357,7 +365,11 @@ class _Builder:
         w_scale = np.where(w_th > 0, w_th, 1.0) / 127.0
         shape = [1] * w.ndim
         shape[axis_w] = -1
-        w_q = np.clip(np.round(w / w_scale.reshape(shape)), -127, 127).astype(np.int8)
+        levels = np.round(w / w_scale.reshape(shape))
+        if "rounding" in w_attrs:  # offsets of the weight as stored (a Gemm's may be transposed above)
+            offsets = w_attrs["rounding"]
+            levels = levels + (offsets.T if node.op_type == "Gemm" and a.get("transB", 0) else offsets)
+        w_q = np.clip(levels, -127, 127).astype(np.int8)
         return w_q, xq.scale[0] * w_scale
 
     def _folded_weight(self, node: NodeProto, w_attrs: dict, xq: QTensor) -> tuple[np.ndarray, np.ndarray]:
@@ -370,7 +382,7 @@ class _Builder:
                            rtol=0, atol=0):
             raise RuntimeError(f"{node.name}: weight calibration was folded with other input scales than "
                                f"{node.input[0]}'s")
-        levels, _ = quantize_weight(self.view.const(node.input[1]), w_attrs)
+        levels, _ = quantize_weight(self.view.const(node.input[1]), w_attrs, w_attrs.get("rounding"))
         w_scale = np.asarray(w_attrs["scales"], dtype=np.float64)
         if node.op_type == "Gemm":
             alpha = self.view.attrs(node).get("alpha", 1.0)

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto
+from onnx import ModelProto, NodeProto, TensorProto, numpy_helper
 
 from hbtools.config.model import Config
 from hbtools.graph.graph import GraphView, topological_sort
@@ -77,6 +77,7 @@ class WeightPoint:
 class CalibrationPlan:
     activations: list[ActivationPoint] = field(default_factory=list)
     weights: list[WeightPoint] = field(default_factory=list)
+    rounding: dict[str, np.ndarray] = field(default_factory=dict)  # weight -> GPTQ offsets from nearest (int8)
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)
@@ -344,8 +345,13 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
         if reader.input[0] in per_channel:
             new_nodes.append(_folded_weight_node(p, reader, view, grids[reader.input[0]].scales))
         else:
+            rounding = None
+            if p.tensor in plan.rounding:
+                rounding = f"{p.tensor}_rounding"
+                model.graph.initializer.append(numpy_helper.from_array(plan.rounding[p.tensor].astype(np.int8),
+                                                                       rounding))
             new_nodes.append(HzCalibration.build(p.tensor, out, kind="weight", thresholds=weight_th[p.tensor],
-                                                 bits=8, axis=p.axis, method="max"))
+                                                 bits=8, axis=p.axis, method="max", rounding=rounding))
         for name, k in p.rewire:
             nodes[name].input[k] = out
     for p in plan.activations:
@@ -375,12 +381,16 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
 
 
 def folded_weights(calibrated: ModelProto) -> dict[str, np.ndarray]:
-    """Fake-quantized values of the weights whose calibration folds a per-channel input's scales."""
+    """Fake-quantized values of the weights not simply rounded to nearest on their grid.
+
+    Those whose calibration folds a per-channel input's scales, and those with GPTQ rounding.
+    """
     view = GraphView(calibrated)
     out = {}
     for node in calibrated.graph.node:
-        if node.op_type == HzCalibration.op_type and "input_scales" in attrs_of(node):
-            out[node.input[0]] = HzCalibration.reference(node, [view.const(node.input[0])])[0]
+        if node.op_type == HzCalibration.op_type and ("input_scales" in attrs_of(node) or len(node.input) > 1):
+            values = [view.const(i) for i in node.input if i]
+            out[node.input[0]] = HzCalibration.reference(node, values)[0]
     return out
 
 

@@ -79,3 +79,102 @@ def test_patches_match_a_direct_convolution() -> None:
     got = np.matmul(w.reshape(2, 2, -1), cols)  # [group, out/group, positions]
     expected = np.sort(y[0].reshape(2, 2, -1), axis=2)
     assert np.allclose(np.sort(got, axis=2), expected, atol=1e-4)
+
+
+def test_rounding_offsets_flow_from_calibrated_to_quantized_model(tmp_path) -> None:
+    """Offsets stored with a weight's HzCalibration decide the quantized model's integers,
+    and the calibrated model (its float emulation) follows them too."""
+    import onnx
+    from builders import make_project, resnet_like, write_calibration
+
+    from hbtools.config.loader import load_config
+    from hbtools.log import setup
+    from hbtools.march.profiles import get_profile
+    from hbtools.ops.base import attrs_of
+    from hbtools.pipeline import quantize
+    from hbtools.pipeline.runner import makertbin
+    from hbtools.runtime import HB_ONNXRuntime
+
+    setup(None)
+    fm = resnet_like()
+    project = make_project(tmp_path, fm, cal_count=6, calibration_type="max")
+    paths = makertbin(project.config_path, "onnx")
+    calibrated = onnx.load(str(paths["calibrated"]))
+    inits = {t.name: numpy_helper.to_array(t) for t in calibrated.graph.initializer}
+    rng = np.random.default_rng(3)
+    moved = {}
+    for node in calibrated.graph.node:
+        if node.op_type == "HzCalibration" and attrs_of(node)["kind"] == "weight":
+            offsets = rng.integers(-1, 2, size=inits[node.input[0]].shape).astype(np.int8)
+            calibrated.graph.initializer.append(numpy_helper.from_array(offsets, f"{node.input[0]}_rounding"))
+            node.input.append(f"{node.input[0]}_rounding")
+            moved[node.output[0]] = (node, offsets)
+    assert moved
+    config = load_config(project.config_path, "onnx")
+    result = quantize.run(calibrated, config, get_profile(config.model.march))
+    q_inits = {t.name: numpy_helper.to_array(t) for t in result.model.graph.initializer}
+    assert not any(name.endswith("_rounding") for name in q_inits)
+    for conv in (n for n in calibrated.graph.node if n.op_type == "Conv" and n.input[1] in moved):
+        node, offsets = moved[conv.input[1]]
+        levels = wr_levels(inits[node.input[0]], np.asarray(attrs_of(node)["scales"], dtype=np.float32), offsets)
+        assert np.array_equal(q_inits[f"{conv.name}_weight_quantized"].reshape(levels.shape), levels)
+    # The emulation tracks the moved integers: calibrated and quantized outputs stay together,
+    # while both move away from the model without offsets.
+    (tmp_path / "c.onnx").write_bytes(calibrated.SerializeToString())
+    (tmp_path / "q.onnx").write_bytes(result.model.SerializeToString())
+    held = write_calibration(fm, tmp_path / "held", count=3, seed=7)
+    xs = [np.fromfile(f, np.uint8).reshape(fm.inputs["data"]) for f in sorted(next(iter(held.values())).iterdir())]
+    outs = {}
+    for key, path in (("c", tmp_path / "c.onnx"), ("q", tmp_path / "q.onnx"), ("plain", paths["calibrated"])):
+        sess = HB_ONNXRuntime(model_file=str(path))
+        outs[key] = np.concatenate([sess.run(None, {sess.input_names[0]: x})[0].ravel() for x in xs])
+    scale = np.abs(outs["plain"]).max()
+    assert np.abs(outs["c"] - outs["q"]).max() < 0.02 * scale
+    assert np.abs(outs["c"] - outs["plain"]).max() > 5 * np.abs(outs["c"] - outs["q"]).max()
+
+
+def test_default_calibration_rounds_weights_and_quantized_model_follows(tmp_path, caplog) -> None:
+    """makertbin with default calibration: GPTQ offsets reach the calibrated model, and the
+    quantized model's integer weights are exactly the calibrated model's levels."""
+    import logging
+
+    import onnx
+    from builders import make_project, resnet_like
+
+    from hbtools.log import setup
+    from hbtools.ops.base import attrs_of
+    from hbtools.pipeline.runner import makertbin
+
+    setup(None)
+    logging.getLogger("hbtools").addHandler(caplog.handler)
+    try:
+        project = make_project(tmp_path, resnet_like(), cal_count=12, calibration_type="default")
+        paths = makertbin(project.config_path, "onnx")
+    finally:
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    line = next(r.getMessage() for r in caplog.records if "weight rounding (GPTQ)" in r.getMessage())
+    calibrated = onnx.load(str(paths["calibrated"]))
+    inits = {t.name: numpy_helper.to_array(t) for t in calibrated.graph.initializer}
+    rounded = [n for n in calibrated.graph.node if n.op_type == "HzCalibration" and len(n.input) > 1]
+    if "not kept" in line:
+        assert not rounded
+        return
+    assert rounded, line
+    quantized = onnx.load(str(paths["quantized"]))
+    q_inits = {t.name: numpy_helper.to_array(t) for t in quantized.graph.initializer}
+    assert not any(name.endswith("_rounding") for name in q_inits), "offsets do not outlive the calibrated model"
+    convs = {n.input[1]: n.name for n in calibrated.graph.node if n.op_type == "Conv"}
+    checked = 0
+    for node in rounded:
+        a = attrs_of(node)
+        levels = wr_levels(inits[node.input[0]], np.asarray(a["scales"], dtype=np.float32), inits[node.input[1]])
+        conv = convs.get(node.output[0])
+        if conv and f"{conv}_weight_quantized" in q_inits:
+            assert np.array_equal(q_inits[f"{conv}_weight_quantized"].reshape(levels.shape), levels)
+            checked += 1
+    assert checked, "no rounded conv found in the quantized model"
+
+
+def wr_levels(w: np.ndarray, scales: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    s = scales.reshape(-1, *[1] * (w.ndim - 1))
+    return np.clip(np.round(w / s) + offsets, -127, 127).astype(np.int8)
