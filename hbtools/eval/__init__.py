@@ -3,9 +3,13 @@ model's in terms the task cares about (same class, same text, same text regions)
 beyond a raw cosine similarity."""
 
 from hbtools.eval.ppocr import (
+    DET_THRESH,
     DetAgreement,
+    TaskComparison,
     cls_agreement,
+    compare_outputs,
     cosine,
+    cosine_samples,
     ctc_decode,
     det_agreement,
     rec_agreement,
@@ -13,9 +17,13 @@ from hbtools.eval.ppocr import (
 )
 
 __all__ = [
+    "DET_THRESH",
     "DetAgreement",
+    "TaskComparison",
     "cls_agreement",
+    "compare_outputs",
     "cosine",
+    "cosine_samples",
     "ctc_decode",
     "det_agreement",
     "rec_agreement",

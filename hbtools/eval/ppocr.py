@@ -18,6 +18,7 @@ Only numpy is needed, except ``rec_characters`` which reads the ONNX file.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,14 +29,21 @@ import numpy as np
 from hbtools.metrics import cosine_similarity as cosine
 
 __all__ = [
+    "DET_THRESH",
     "DetAgreement",
+    "TaskComparison",
     "cls_agreement",
+    "compare_outputs",
     "cosine",
+    "cosine_samples",
     "ctc_decode",
     "det_agreement",
     "rec_agreement",
     "rec_characters",
 ]
+
+# DBPostProcess's ``thresh``: a det map pixel above it is text.
+DET_THRESH = 0.3
 
 
 def cls_agreement(float_out: np.ndarray, quant_out: np.ndarray) -> float:
@@ -56,7 +64,7 @@ class DetAgreement(NamedTuple):
 
 
 def det_agreement(
-    float_map: np.ndarray, quant_map: np.ndarray, thresh: float = 0.3
+    float_map: np.ndarray, quant_map: np.ndarray, thresh: float = DET_THRESH
 ) -> DetAgreement:
     """Compare two det probability maps binarised at ``thresh`` (DBPostProcess's 0.3).
 
@@ -122,3 +130,52 @@ def rec_characters(model_path: str | Path) -> list[str]:
         if prop.key == "character":
             return prop.value.splitlines()
     raise ValueError(f"{model_path}: no 'character' entry in the model's metadata_props")
+
+
+def cosine_samples(task: str, float_outs: Sequence[np.ndarray], thresh: float = DET_THRESH) -> list[int]:
+    """Indices of the samples over which output cosine similarity means something.
+
+    All of them for cls and rec. For det only the pictures whose float map has text
+    (a pixel above ``thresh``): on a map that is ~0 everywhere cosine measures noise.
+    """
+    if task != "det":
+        return list(range(len(float_outs)))
+    return [k for k, out in enumerate(float_outs) if (np.asarray(out) > thresh).any()]
+
+
+@dataclass(frozen=True)
+class TaskComparison:
+    """A quantized model's held-out outputs against the float model's."""
+
+    cosine_mean: float  # over ``cosine_samples`` (nan when there are none)
+    cosine_min: float
+    cosine_samples: int
+    agreement: float  # cls: same class; det: same side of DET_THRESH per pixel; rec: same string
+    iou: float | None = None  # det only: IoU of the thresholded text regions, all samples pooled
+
+
+def compare_outputs(
+    task: str,
+    float_outs: Sequence[np.ndarray],
+    quant_outs: Sequence[np.ndarray],
+    characters: Sequence[str] | None = None,
+) -> TaskComparison:
+    """Cosine and task agreement of one output per sample; ``characters`` is needed for rec."""
+    if len(float_outs) != len(quant_outs) or not float_outs:
+        raise ValueError(f"compare_outputs: {len(float_outs)} float vs {len(quant_outs)} quantized outputs")
+    keep = cosine_samples(task, float_outs)
+    cos = [cosine(float_outs[k], quant_outs[k]) for k in keep]
+    mean, low = (float(np.mean(cos)), float(np.min(cos))) if cos else (float("nan"), float("nan"))
+    ref, quant = np.concatenate(float_outs), np.concatenate(quant_outs)
+    iou = None
+    if task == "cls":
+        agreement = cls_agreement(ref, quant)
+    elif task == "det":
+        agreement, iou = det_agreement(ref, quant)
+    elif task == "rec":
+        if characters is None:
+            raise ValueError("compare_outputs: rec needs the model's characters (rec_characters)")
+        agreement = rec_agreement(ref, quant, characters)
+    else:
+        raise ValueError(f"compare_outputs: unknown task {task!r}; expected cls, det or rec")
+    return TaskComparison(mean, low, len(keep), agreement, iou)

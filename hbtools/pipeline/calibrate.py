@@ -125,14 +125,18 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
                                                          int(view.attrs(n).get("group", 1)), hessians[n.name])
                      for w, n in readers.items()}
     rounded = _Evaluator(optimized, plan, weight_th, nearest.feeds, nearest.refs)
-    scores = {label: rounded.score(th) for label, th in candidates.items()}
-    before, after = max(nearest_scores.values()), max(scores.values())
+    # Judged with float activations: with int8 activations their error can hide the weights' gain,
+    # which shows once mixed precision gives the sensitive tensors int16.
+    any_th = next(iter(candidates.values()))
+    floats = {p.tensor for p in plan.activations}
+    before, after = nearest.score(any_th, disabled=floats), rounded.score(any_th, disabled=floats)
     keep = after > before
-    log.info("weight rounding (GPTQ) of %d convolutions: output cosine %.6f -> %.6f (%s)", len(readers), before,
-             after, "kept" if keep else "not kept")
+    log.info("weight rounding (GPTQ) of %d convolutions: weights-only output cosine %.6f -> %.6f (%s)",
+             len(readers), before, after, "kept" if keep else "not kept")
     if not keep:
         plan.rounding = {}
         return nearest, nearest_scores
+    scores = {label: rounded.score(th) for label, th in candidates.items()}
     for label, score in scores.items():
         log.info("calibration method %s with rounded weights: output cosine %.6f", label, score)
     return rounded, scores

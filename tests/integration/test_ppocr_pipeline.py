@@ -55,12 +55,6 @@ def _outputs(model_file: Path, samples: list[np.ndarray]) -> list[np.ndarray]:
     return [sess.run(None, {sess.input_names[0]: x})[0] for x in samples]
 
 
-def _similar_samples(name: str, ref: list[np.ndarray]) -> list[int]:
-    if name != "det":
-        return list(range(len(ref)))
-    return [k for k, r in enumerate(ref) if (r > 0.3).any()]
-
-
 def test_artefacts_exist_check_and_run(converted: Converted) -> None:
     for key in ("original", "optimized", "calibrated", "quantized"):
         model = onnx.load(str(converted.paths[key]))
@@ -96,7 +90,7 @@ def test_optimized_matches_original(converted: Converted) -> None:
 def test_quantized_close_to_float(converted: Converted) -> None:
     ref = _outputs(converted.paths["original"], converted.heldout)
     quant = _outputs(converted.paths["quantized"], converted.heldout)
-    keep = _similar_samples(converted.name, ref)
+    keep = ppocr.cosine_samples(converted.name, ref)
     assert len(keep) >= 5, "too few usable held-out samples"
     cos = [cosine_similarity(ref[k], quant[k]) for k in keep]
     assert np.mean(cos) >= FLOOR[converted.name], f"{converted.name}: mean held-out cosine {np.mean(cos):.4f}"
@@ -112,7 +106,7 @@ def test_calibrated_model_emulates_quantized(converted: Converted) -> None:
     calibrated = _outputs(converted.paths["calibrated"], converted.heldout)
     quant = _outputs(converted.paths["quantized"], converted.heldout)
     ref = _outputs(converted.paths["original"], converted.heldout)
-    keep = _similar_samples(converted.name, ref)
+    keep = ppocr.cosine_samples(converted.name, ref)
     cos = np.mean([cosine_similarity(calibrated[k], quant[k]) for k in keep])
     assert cos >= 0.98, f"{converted.name}: calibrated vs quantized mean cosine {cos:.4f}"
 
@@ -123,7 +117,7 @@ def test_accuracy_targets(converted: Converted, request) -> None:
         request.applymarker(pytest.mark.xfail(strict=True, reason="det target 0.99 not reached yet (0.978; int8 weights alone cap it at 0.990)"))
     ref = _outputs(converted.paths["original"], converted.heldout)
     quant = _outputs(converted.paths["quantized"], converted.heldout)
-    keep = _similar_samples(converted.name, ref)
+    keep = ppocr.cosine_samples(converted.name, ref)
     cos = float(np.mean([cosine_similarity(ref[k], quant[k]) for k in keep]))
     target = {"cls": 0.995, "det": 0.99, "rec": 0.97}[converted.name]
     assert cos >= target, f"{converted.name}: mean held-out cosine {cos:.4f} < {target}"
