@@ -37,7 +37,7 @@ from hbtools.runtime.session import make_session
 log = logging.getLogger("hbtools")
 
 EVAL_SAMPLES = 8  # samples kept in memory to score candidate thresholds
-PROMOTE_TARGET = 0.9995  # output cosine at which the int16 search stops
+PROMOTE_TARGET = 0.9999  # output cosine at which the int16 search stops
 KEEP_GAIN = 0.97  # share of the all-int16 improvement mixed precision must keep
 BIAS_CORRECTION_SAMPLES = 16  # samples (after the evaluation ones) measuring the mean shift
 ROUNDING_SAMPLES = 8  # of those, the samples whose conv inputs drive the GPTQ weight rounding

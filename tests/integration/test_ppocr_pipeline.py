@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 SHAPES = {"cls": (1, 3, 48, 192), "det": (1, 3, 640, 640), "rec": (1, 3, 48, 320)}
 # Regression floors for calibration_type: default, measured on this data (see the issue notes);
 # the issue's targets are in test_accuracy_targets.
-FLOOR = {"cls": 0.995, "det": 0.97, "rec": 0.98}
+FLOOR = {"cls": 0.995, "det": 0.985, "rec": 0.985}
 
 
 @dataclasses.dataclass
@@ -111,10 +111,8 @@ def test_calibrated_model_emulates_quantized(converted: Converted) -> None:
     assert cos >= 0.98, f"{converted.name}: calibrated vs quantized mean cosine {cos:.4f}"
 
 
-def test_accuracy_targets(converted: Converted, request) -> None:
-    """The issue's targets for calibration_type: default (det's is not reached yet)."""
-    if converted.name == "det":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="det target 0.99 not reached yet (0.978; int8 weights alone cap it at 0.990)"))
+def test_accuracy_targets(converted: Converted) -> None:
+    """The issue's targets for calibration_type: default."""
     ref = _outputs(converted.paths["original"], converted.heldout)
     quant = _outputs(converted.paths["quantized"], converted.heldout)
     keep = ppocr.cosine_samples(converted.name, ref)
