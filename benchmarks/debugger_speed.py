@@ -1,10 +1,10 @@
 """Wall time of get_sensitivity_of_nodes(node_type='node') against the naive cost.
 
 The naive way to measure node sensitivity runs the whole model once per node and
-sample: nodes x data_num x (one float inference). The debugger instead uses one
-session whose calibration nodes switch by feeds, skips the float part upstream of
-the quantized node, runs nodes sharing the same calibration inputs once and
-computes the float outputs once per sample. This script converts PP-OCR rec with
+sample: nodes x data_num x (one float inference). The debugger instead switches
+calibration nodes by feeds, skips the float part upstream of the quantized node,
+runs the float part downstream of it as one fused tail, runs nodes sharing the same
+calibration inputs once and computes the float outputs once per sample. This script converts PP-OCR rec with
 ``debug_mode: dump_calibration_data`` (calibration_type max, to keep it short),
 times the debugger and one float inference in the same run, and prints the ratio
 (target: at most 0.5).

@@ -1,22 +1,24 @@
-"""One onnxruntime session that runs the calibrated model with any calibration nodes enabled.
+"""onnxruntime sessions that run the calibrated model with any calibration nodes enabled.
 
-``Switchboard`` joins the switchable model (``switches``) and its stages
-(``stages``). Per sample, ``float_pass`` runs the float model once and keeps what
-the stages hand on; ``run`` then evaluates one configuration, computing only the
-stages from the first enabled switch to the last observed tensor, float-only where
-no switch is enabled.
+``Switchboard`` joins the switchable model (``switches``), its stages (``stages``)
+and float tails (``tails``), each stage and tail a session. Per sample,
+``float_pass`` runs the float model once and keeps what the stages hand on; ``run``
+then evaluates one configuration: the stages from its first to its last enabled
+switch in their switchable form, fed the kept float values, then the rest of the
+model in one fused float tail.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Collection, Sequence
 
 import numpy as np
 import onnxruntime as ort
-from onnx import ModelProto, TensorProto, helper
+from onnx import ModelProto
 
 from hbtools.debug import stages as staging
 from hbtools.debug.data import Sample
@@ -30,7 +32,7 @@ WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 class Switchboard:
-    """Evaluate configurations of enabled calibration nodes on one session.
+    """Evaluate configurations of enabled calibration nodes.
 
     ``observe`` are the tensors every run returns (the model outputs by default).
     """
@@ -40,83 +42,103 @@ class Switchboard:
         self.observe = list(dict.fromkeys(observe or cm.outputs))
         switched = switchable_model(cm)
         shapes, types = staging.tensor_info(switched, cm.model)
-        self.types = types
-        plan = staging.plan(switched, shapes, types, self.observe, max_stages)
+        self._source = (switched, shapes, types)
+        typical = [*({c} for c in cm.calibration), *(cm.switches_of(n) for n in cm.quantizable)]
+        plan = staging.plan(switched, shapes, types, self.observe, max_stages,
+                            list({frozenset(c): c for c in typical}.values()))
         try:
-            self.session = _session(self._with_outputs(staging.wrap(switched, plan, shapes) if plan else
-                                                       switched.model, plan))
-        except Exception:  # staging is only an optimization: fall back to the plain switchable model
+            self._build(plan or staging.single(switched, self.observe))
+        except Exception:  # cutting is only an optimization: fall back to the whole switchable model
             if plan is None:
                 raise
             log.debug("running unstaged", exc_info=True)
-            plan = None
-            self.session = _session(self._with_outputs(switched.model, None))
-        exported = [t for ex in plan.exports for t in ex] if plan else []
-        self._plan = plan
+            self._build(staging.single(switched, self.observe))
         self._off = {enable_input(c): OFF for c in cm.calibration}
-        self._exports = exported
-        if plan is None:
-            self._stages_of = {c: {0} for c in cm.calibration}
-            self._last = 0
-        else:
-            self._stages_of = {c: {plan.stage_of[h] for h in holders} for c, holders in switched.holders.items()}
-            self._last = max(plan.producer(t) for t in self.observe)
-            self._dummy = {t: np.zeros((0,), helper.tensor_dtype_to_np_dtype(types[t])) for t in exported}
-            self._has_quant = {k for stages in self._stages_of.values() for k in stages}
+        self._stages_of = {c: {self._plan.stage_of[h] for h in holders} for c, holders in switched.holders.items()}
         self.runs = 0
         self.workers = WORKERS
 
-    def _with_outputs(self, model: ModelProto, plan: staging.Stages | None) -> ModelProto:
-        """The observed and handed-over tensors as graph outputs, so runs can fetch them."""
-        exported = [t for ex in plan.exports for t in ex] if plan else []
-        present = {o.name for o in model.graph.output}
-        for t in dict.fromkeys([*self.observe, *exported]):
-            if t not in present:
-                model.graph.output.append(helper.make_tensor_value_info(t, self.types.get(t, TensorProto.FLOAT), None))
-        return model
+    def _build(self, plan: staging.Stages) -> None:
+        switched, shapes, types = self._source
+        self._plan = plan
+        self._stages = [_Part(staging.stage_model(switched, plan, k, shapes, types)) for k in range(plan.last + 1)]
+        self._tails = {j: _Part(staging.tail_model(switched, plan, j, shapes, types)) for j in plan.tails}
+        self._float_stages: dict[int, _Part] = {}  # made when first needed (only when some tails are missing)
+        self._lock = threading.Lock()
+        self._exports = list(dict.fromkeys([*(t for ex in plan.exports[:plan.last + 1] for t in ex), *self.observe]))
+        # The whole float model, fused as a whole: its hand-overs are what the float model computes, so
+        # a quantized node's input rounds as in the float model (a stage-by-stage float pass moved the
+        # metrics' distance to the model with the other nodes deleted several-fold).
+        self._float_model = _Part(staging.tail_model(switched, plan, 0, shapes, types, self._exports))
 
     @property
     def stage_count(self) -> int:
-        return 1 if self._plan is None else self._plan.count
+        return self._plan.count
 
     def float_pass(self, sample: Sample) -> dict[str, np.ndarray]:
         """Everything the stages hand on, and the observed tensors, of the float model."""
-        fetch = list(dict.fromkeys([*self._exports, *self.observe]))
-        feeds = {**sample, **self._off, **self._stage_feeds(0, self.stage_count - 1, set(), {})}
+        values = dict(sample)
+        self._float_model(values)
         self.runs += 1
-        return dict(zip(fetch, self.session.run(fetch, feeds), strict=True))
+        return {t: values[t] for t in self._exports}
 
     def stages_run(self, enabled: Collection[str]) -> list[int]:
-        """The stages a run with ``enabled`` computes (the others hand on float values)."""
-        if not enabled:
-            return []
-        first = min(min(self._stages_of[c]) for c in enabled)
-        return list(range(first, self._last + 1))
+        """The stages a run with ``enabled`` computes in switchable form (the others hand on float values)."""
+        return self._route(enabled)[0]
+
+    def tail_run(self, enabled: Collection[str]) -> int | None:
+        """The float tail a run with ``enabled`` finishes with (None: none)."""
+        return self._route(enabled)[2]
 
     def run(self, sample: Sample, cache: dict[str, np.ndarray], enabled: Collection[str]) -> list[np.ndarray]:
         """The observed tensors with exactly the ``enabled`` calibration nodes quantizing."""
-        if not enabled:
+        switchable, floating, tail = self._route(enabled)
+        if not switchable:
             return [cache[t] for t in self.observe]
-        quant = set().union(*(self._stages_of[c] for c in enabled))
-        feeds = {**sample, **self._off, **{enable_input(c): ON for c in enabled},
-                 **self._stage_feeds(min(quant), self._last, quant, cache)}
+        values = {**sample, **cache, **self._off, **{enable_input(c): ON for c in enabled}}
+        for k in switchable:
+            self._stages[k](values)
+        for k in floating:
+            self._float_stage(k)(values)
+        if tail is not None:
+            self._tails[tail](values)
         self.runs += 1
-        return self.session.run(self.observe, feeds)
+        return [values[t] for t in self.observe]
 
-    def _stage_feeds(self, first: int, last: int, quant: set[int], cache: dict[str, np.ndarray]) -> dict:
-        plan = self._plan
-        if plan is None:
-            return {}
-        feeds: dict[str, np.ndarray] = {}
-        for k, exports in enumerate(plan.exports):
-            feeds[f"__stage{k}_run"] = ON if first <= k <= last else OFF
-            if k in self._has_quant:
-                feeds[f"__stage{k}_quant"] = ON if k in quant else OFF
-            for t in exports:
-                # Only a skipped stage's hand-over to a running stage is copied; the rest is a 0-size stand-in.
-                needed = k < first and (plan.last_reader.get(t, -1) >= first or t in self.observe)
-                feeds[f"{t}__cache"] = cache[t] if needed else self._dummy[t]
-        return feeds
+    def _route(self, enabled: Collection[str]) -> tuple[list[int], list[int], int | None]:
+        """The stages run in switchable form, then in float form, then the tail (None: none)."""
+        if not enabled:
+            return [], [], None
+        quant = set().union(*(self._stages_of[c] for c in enabled))
+        last = len(self._stages) - 1  # the stages after the last observed tensor are never needed
+        first, q = min(quant), min(max(quant), last)
+        floating = []
+        for k in range(q + 1, last + 1):
+            if k in self._tails:
+                return list(range(first, q + 1)), floating, k
+            floating.append(k)
+        return list(range(first, q + 1)), floating, None
+
+    def _float_stage(self, k: int) -> _Part:
+        with self._lock:
+            if k not in self._float_stages:
+                switched, shapes, types = self._source
+                model = staging.stage_model(switched, self._plan, k, shapes, types, floating=True)
+                self._float_stages[k] = _Part(model)
+            return self._float_stages[k]
+
+
+class _Part:
+    """One stage or tail and its session; a call adds its outputs to ``values``."""
+
+    def __init__(self, model: ModelProto) -> None:
+        self.inputs = [i.name for i in model.graph.input]
+        self.outputs = [o.name for o in model.graph.output]
+        self.session = _session(model)
+
+    def __call__(self, values: dict[str, np.ndarray]) -> None:
+        values.update(zip(self.outputs, self.session.run(self.outputs, {i: values[i] for i in self.inputs}),
+                          strict=True))
 
 
 def _session(model: ModelProto) -> ort.InferenceSession:

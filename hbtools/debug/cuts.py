@@ -1,10 +1,14 @@
 """Where to cut a switchable model into stages (see ``stages``).
 
-A configuration pays for every stage from the one holding its first enabled switch
-to the end, that stage in its slower switchable form, plus a small hand-over cost
-at each stage boundary it crosses. Cuts are chosen by dynamic programming to
-minimize that cost summed over the calibration nodes, each enabled on its own,
-with compute estimated from tensor shapes.
+A configuration runs the stages from the one holding its first enabled switch to
+the one holding its last in their slower switchable form, then one fused float
+tail for everything downstream. At each stage boundary it crosses it pays for
+handing tensors over (layout reorders, broken fusions), and each stage it runs
+costs a small fixed amount (a session run). Cuts are chosen by dynamic programming
+to minimize that cost summed over typical configurations, with compute estimated
+from tensor shapes. Without tails (``tails=False``) the stages after the last
+switch run one by one too, so every configuration starting before a boundary
+crosses it.
 """
 
 from __future__ import annotations
@@ -27,58 +31,65 @@ STAGE_OVERHEAD = 0.002  # fixed cost of running one more stage, as a share of th
 
 
 def stage_starts(switched: Switched, shapes: dict[str, list[int | None]], types: dict[str, int],
-                 max_stages: int) -> list[int]:
-    """Indices of the main-graph nodes that begin a stage; the first is 0."""
+                 max_stages: int, spans: Sequence[tuple[int, int]], tails: bool = True) -> list[int]:
+    """Indices of the main-graph nodes that begin a stage; the first is 0.
+
+    ``spans`` are typical configurations as (first, last) indices of the nodes holding
+    their switches.
+    """
     nodes = list(switched.model.graph.node)
-    index = {n.name: i for i, n in enumerate(nodes)}
-    positions = sorted(min(index[h] for h in holders) for holders in switched.holders.values())
     cost = np.array([node_cost(n, switched, shapes) for n in nodes], dtype=np.float64)
     extra = np.array([_switch_cost(n, switched, shapes) for n in nodes], dtype=np.float64)
     crossing = ELEMENT_COST * np.concatenate([[0.0], _crossing_elements(nodes, shapes, types)])
-    return _best_starts(_prefix(cost), _prefix(extra), crossing, np.array(positions), max_stages)
+    firsts = np.sort(np.array([a for a, _ in spans], dtype=np.int64))
+    lasts = np.sort(np.array([b for _, b in spans], dtype=np.int64))
+    return _best_starts(_prefix(cost), _prefix(extra), crossing, firsts, lasts, max_stages, tails)
 
 
 def _prefix(values: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(values)])
 
 
-def _best_starts(cumulative: np.ndarray, switched_extra: np.ndarray, crossing: np.ndarray, positions: np.ndarray,
-                 max_stages: int) -> list[int]:
-    """cumulative[i]: float cost of nodes before i; switched_extra likewise for the switches' extra cost."""
+def _best_starts(cumulative: np.ndarray, switched_extra: np.ndarray, crossing: np.ndarray, firsts: np.ndarray,
+                 lasts: np.ndarray, max_stages: int, tails: bool) -> list[int]:
+    """cumulative[i]: float cost of nodes before i; switched_extra likewise for the switches' extra cost.
+
+    ``firsts`` / ``lasts``: sorted first / last holder indices of the configurations.
+    """
     n = len(cumulative) - 1
     total = cumulative[-1]
-    cand = np.unique(np.concatenate([[0], positions[positions > 0]]))
-    ends = np.concatenate([cand, [n]])
-    before = np.searchsorted(positions, ends, side="left")  # configurations starting before each candidate
-    start_cost = cumulative[cand]
+    points = np.unique(np.concatenate([[0], firsts[firsts > 0], [n]]))  # possible stage starts, and the end
+    starting = np.searchsorted(firsts, points, side="left")  # configurations starting before each point
+    ended = np.searchsorted(lasts, points, side="left")  # configurations whose last switch is before it
+    crossed = BOUNDARY_COPIES * crossing[points]
+    overhead = STAGE_OVERHEAD * total
 
     def stage_cost(i: np.ndarray, j: int) -> np.ndarray:
-        """Cost of the configurations in a stage from cand[i] to ends[j]."""
-        count = before[j] - before[i]
-        extra = switched_extra[ends[j]] - switched_extra[cand[i]]
-        return count * (total - start_cost[i] + extra)
+        """Cost of a stage from points[i] to points[j], summed over the configurations."""
+        begin = starting[j] - starting[i]  # start in the stage: the float work from its start on
+        active = starting[j] - ended[i]  # hold a switch in it or straddle it: its switchable form
+        extra = switched_extra[points[j]] - switched_extra[points[i]]
+        if not tails:  # every configuration starting before the end runs the stage
+            return begin * (total - cumulative[points[i]] + extra) + (crossed[j] + overhead) * starting[j]
+        return begin * (total - cumulative[points[i]]) + active * (extra + crossed[i] + crossed[j] + overhead)
 
-    boundary = (BOUNDARY_COPIES * crossing[ends] + STAGE_OVERHEAD * total) * before
-    m = len(cand)
-    best = np.full((max_stages, m), np.inf)
-    came = np.zeros((max_stages, m), dtype=np.int64)
+    m = len(points) - 1
+    best = np.full((max_stages + 1, m + 1), np.inf)
+    came = np.zeros((max_stages + 1, m + 1), dtype=np.int64)
     best[0, 0] = 0.0
-    for t in range(1, max_stages):
-        for j in range(1, m):
+    for t in range(1, max_stages + 1):
+        for j in range(1, m + 1):
             i = np.arange(j)
-            vals = best[t - 1, :j] + stage_cost(i, j) + boundary[j]
+            vals = best[t - 1, :j] + stage_cost(i, j)
             k = int(np.argmin(vals))
             best[t, j], came[t, j] = vals[k], k
-    final = best + np.stack([stage_cost(np.arange(m), m) for _ in range(max_stages)])
-    t, j = np.unravel_index(int(np.argmin(final)), final.shape)
+    t, j = int(np.argmin(best[:, m])), m
     starts = []
-    while t >= 0:
-        starts.append(int(cand[j]))
-        j = came[t, j]
+    while t > 0:
+        j = int(came[t, j])
+        starts.append(int(points[j]))
         t -= 1
-        if not starts[-1]:
-            break
-    return sorted(set(starts))
+    return sorted(starts)
 
 
 def node_cost(node: NodeProto, switched: Switched, shapes: dict[str, list[int | None]]) -> float:

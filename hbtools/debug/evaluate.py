@@ -3,7 +3,7 @@
 Samples are the outer loop: one float pass per sample (kept only while that sample
 is evaluated), then every configuration on it. The models here have a fixed batch
 of 1 (their shape constants are folded for it), so instead of batching, samples run
-on parallel workers sharing the one session, each run single-threaded
+on parallel workers sharing the board's sessions, each run single-threaded
 (``board.WORKERS``): the small convolutions of a batch-1 model split badly over
 threads, and whole runs side by side keep every core busy. A score is the mean over
 samples of the metric, itself the mean over the observed tensors.

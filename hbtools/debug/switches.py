@@ -55,8 +55,8 @@ def switchable_model(cm: CalibratedModel) -> Switched:
         if node.op_type == HzCalibration.op_type:
             graph.input.append(helper.make_tensor_value_info(enable_input(node.name), TensorProto.BOOL, []))
         if node.name in wrapped:
-            w = numpy_helper.to_array(inits[node.input[0]])
-            q = ctx.constant(f"{node.name}_quantized", HzCalibration.reference(node, [w])[0])
+            values = [numpy_helper.to_array(inits[i]) for i in node.input if i]  # the weight, its rounding
+            q = ctx.constant(f"{node.name}_quantized", HzCalibration.reference(node, values)[0])
             quantized_weight[node.output[0]] = (node.name, q, node.input[0])
         elif node.op_type == HzCalibration.op_type:
             nodes.append(_switched_fake_quant(node, ctx))

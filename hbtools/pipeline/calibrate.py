@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper
+from onnx import ModelProto
 from tqdm import tqdm
 
 from hbtools.errors import HbError
@@ -32,7 +32,7 @@ from hbtools.quant.plan import (
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runtime.lowering import lower_model
-from hbtools.runtime.session import make_session
+from hbtools.runtime.session import fetching_session, make_session
 
 log = logging.getLogger("hbtools")
 
@@ -183,12 +183,7 @@ def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
 
 
 def _float_session(optimized: ModelProto, tensors: list[str]):
-    model = lower_model(optimized)
-    present = {o.name for o in model.graph.output}
-    for t in tensors:
-        if t not in present:
-            model.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
-    return make_session(model), [o.name for o in optimized.graph.output]
+    return fetching_session(optimized, tensors), [o.name for o in optimized.graph.output]
 
 
 def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int):

@@ -14,23 +14,17 @@ import copy
 from collections.abc import Iterable
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, numpy_helper
 
 from hbtools.graph.graph import GraphView
-from hbtools.runtime.lowering import lower_model
-from hbtools.runtime.session import make_session
+from hbtools.runtime.session import fetching_session
 
 CORRECTABLE = ("Conv", "Gemm")  # ops with a bias input to absorb the shift
 
 
 def _input_channel_means(model: ModelProto, convs: list[NodeProto], feeds: Iterable[dict]) -> dict[str, np.ndarray]:
-    lowered = lower_model(model)
-    present = {o.name for o in lowered.graph.output}
     names = list(dict.fromkeys(n.input[0] for n in convs))
-    for t in names:
-        if t not in present:
-            lowered.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
-    session = make_session(lowered)
+    session = fetching_session(model, names)
     sums: dict[str, np.ndarray] = {}
     count = 0
     for feed in feeds:

@@ -21,11 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, helper
+from onnx import ModelProto, NodeProto
 
 from hbtools.graph.graph import GraphView
-from hbtools.runtime.lowering import lower_model
-from hbtools.runtime.session import make_session
+from hbtools.runtime.session import fetching_session
 
 POSITIONS = 4096  # sampled output positions per sample and layer
 DAMPING = 0.01  # of the mean diagonal, keeps H invertible where inputs are (nearly) constant
@@ -77,13 +76,8 @@ def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Iterabl
     """Per conv, ``E[x xᵀ]`` of its input patches, [group, K, K], streamed over ``feeds``."""
     view = GraphView(optimized)
     geos = {n.name: ConvGeometry.of(n, view) for n in convs}
-    lowered = lower_model(optimized)
-    present = {o.name for o in lowered.graph.output}
     names = list(dict.fromkeys(n.input[0] for n in convs))
-    for t in names:
-        if t not in present:
-            lowered.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
-    session = make_session(lowered)
+    session = fetching_session(optimized, names)
     rng = np.random.default_rng(seed)
     sums: dict[str, np.ndarray] = {}
     count = 0

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto, helper
 
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
@@ -41,6 +41,16 @@ def make_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession
 
             return CustomOpSession(model, threads=threads)
     return ort_session(model, threads=threads)
+
+
+def fetching_session(model: ModelProto, tensors: Sequence[str]) -> ort.InferenceSession | CustomOpSession:
+    """A session over ``model`` (Hz ops lowered) that can also fetch the float ``tensors``."""
+    lowered = lower_model(model)
+    present = {o.name for o in lowered.graph.output}
+    for t in dict.fromkeys(tensors):
+        if t not in present:
+            lowered.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+    return make_session(lowered)
 
 
 def ort_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession:

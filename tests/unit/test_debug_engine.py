@@ -1,8 +1,9 @@
-"""The debugger's engine: one session whose calibration nodes switch per run.
+"""The debugger's engine: sessions whose calibration nodes switch per run.
 
 A configuration "these calibration nodes on, the rest off" must give exactly what the
 calibrated model gives with the other calibration nodes deleted, whether the run
-skips stages or not; all off is the float model, all on the calibrated model.
+skips stages and finishes with a float tail or not; all off is the float model, all
+on the calibrated model.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from builders import MODELS
+from builders import MODELS, FloatModel, _Graph
 from debug_support import Dumped, convert_with_dump, two_inputs
 from onnx import helper
 
+from hbtools.debug import tails
 from hbtools.debug.board import Switchboard
 from hbtools.debug.data import load_samples
 from hbtools.debug.model import load_calibrated
@@ -81,10 +83,66 @@ def test_float_pass_is_the_float_model_and_stages_are_used(dumped: Dumped) -> No
     assert board.stage_count > 1, "small models are still cut into stages"
 
 
-def test_a_late_switch_skips_the_float_prefix(dumped: Dumped) -> None:
+def test_a_run_computes_its_own_stages_then_one_tail(dumped: Dumped) -> None:
     cm = load_calibrated(dumped.calibrated)
     board = Switchboard(cm)
-    runs = {c: board.stages_run({c}) for c in cm.calibration}
-    assert all(r and r[-1] == board.stage_count - 1 for r in runs.values())
-    assert any(r[0] > 0 for r in runs.values()), "some calibration node starts after the first stage"
-    assert board.stages_run(set()) == []
+    for c in cm.calibration:
+        stages, tail = board.stages_run({c}), board.tail_run({c})
+        assert stages == list(range(stages[0], stages[-1] + 1)), c
+        assert tail == stages[-1] + 1 if tail is not None else stages[-1] == board.stage_count - 1, c
+    assert any(board.stages_run({c})[0] > 0 for c in cm.calibration), "some calibration node starts after stage 0"
+    assert any(board.tail_run({c}) is not None for c in cm.calibration), "some run finishes with a float tail"
+    assert board.stages_run(set()) == [] and board.tail_run(set()) is None
+
+
+def deep() -> FloatModel:
+    """Ten conv blocks with residuals and a second output in the middle: enough nodes for many stages."""
+    g = _Graph(8)
+    x = g.op("Relu", [g.conv("data", 3, 6)])
+    middle = ""
+    for k in range(10):
+        y = g.op("Relu", [g.conv(x, 6, 6)])
+        x = g.op("Add", [x, y]) if k % 2 else y
+        if k == 4:
+            middle = g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1)
+    out = g.op("Softmax", [g.gemm(g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1), 6, 5)], axis=1)
+    return g.model({"data": [1, 3, 10, 10]}, [middle, out])
+
+
+@pytest.fixture(scope="module")
+def deep_dumped(tmp_path_factory: pytest.TempPathFactory) -> Dumped:
+    return convert_with_dump(tmp_path_factory.mktemp("deep"), deep(), cal_count=2)
+
+
+LIMITS = {"all tails": {}, "some tails": {"MAX_TAILS": 3}, "no tails": {"MAX_TAIL_BYTES": 0}}
+
+
+@pytest.mark.parametrize("limits", sorted(LIMITS))
+def test_staged_runs_match_the_whole_switchable_model(deep_dumped: Dumped, limits: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several configurations; without a tail right after its stages a run goes on with float stages."""
+    for name, value in LIMITS[limits].items():
+        monkeypatch.setattr(tails, name, value)
+    cm = load_calibrated(deep_dumped.calibrated)
+    staged, whole = Switchboard(cm), Switchboard(cm, max_stages=1)
+    assert staged.stage_count >= 4 and whole.stage_count == 1
+    order = [c for n in cm.model.graph.node for c in [n.name] if c in cm.calibration]  # graph order
+    early, late = order[1], order[-2]
+    middle = next(c for c in order if staged.stages_run({c})[0] >= staged.stage_count // 2)
+    configs = {"none": set(), "all": set(order), "early": {early}, "late": {late}, "middle": {middle},
+               "several stages": {early, middle, late}, "early pair": set(order[:2])}
+    assert len(staged.stages_run({early})) < staged.stage_count
+    ends = {staged.stages_run({c})[-1]: staged.tail_run({c}) for c in order}
+    if limits == "all tails":
+        assert all(tail == end + 1 for end, tail in ends.items() if tail is not None) and ends[0] == 1
+    elif limits == "some tails":
+        assert any(tail is not None and tail > end + 1 for end, tail in ends.items()), ends
+    else:
+        assert set(ends.values()) == {None}
+    assert len(staged.stages_run(configs["several stages"])) > 1
+    for sample in load_samples(deep_dumped.data, cm, 2):
+        reference, cache = whole.float_pass(sample), staged.float_pass(sample)
+        for name, enabled in configs.items():
+            got, expected = staged.run(sample, cache, enabled), whole.run(sample, reference, enabled)
+            for t, g, e in zip(staged.observe, got, expected, strict=True):
+                np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=f"{name}: {t}")
