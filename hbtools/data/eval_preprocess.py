@@ -21,13 +21,11 @@ import numpy as np
 from hbtools.data.images import IMAGE_EXTENSIONS
 from hbtools.data.transforms import (
     Compose,
-    F32ToU8Transformer,
     HWC2CHWTransformer,
     PadResizeTransformer,
-    RGB2BGRTransformer,
-    ScaleTransformer,
     TextLineResizeTransformer,
     Transformer,
+    opencv_like,
     read_image,
 )
 from hbtools.errors import HbError
@@ -44,19 +42,14 @@ class Recipe:
         return Compose(self.transformers())
 
 
-def _opencv_like() -> list[Transformer]:
-    """skimage RGB float 0..1 -> uint8 BGR HWC, i.e. what ``cv2.imread`` returns."""
-    return [ScaleTransformer(255), F32ToU8Transformer(), RGB2BGRTransformer(data_format="HWC")]
-
-
 def _text_line(width: int) -> Callable[[], list[Transformer]]:
-    return lambda: [*_opencv_like(), TextLineResizeTransformer((48, width)), HWC2CHWTransformer()]
+    return lambda: [*opencv_like(), TextLineResizeTransformer((48, width)), HWC2CHWTransformer()]
 
 
 def _det() -> list[Transformer]:
     # Letterbox into the fixed 640x640 input; the image stays in the top-left corner so
     # boxes map back by one scale factor. Black padding holds no text for DB-Net to find.
-    return [*_opencv_like(), PadResizeTransformer(640, pad_value=0, pad_position="bottom_right"),
+    return [*opencv_like(), PadResizeTransformer(640, pad_value=0, pad_position="bottom_right"),
             HWC2CHWTransformer()]
 
 

@@ -22,6 +22,8 @@ NATURAL_RGB = (
     "immunohistochemistry",
 )
 NATURAL_GREY = ("camera", "coins", "moon", "brick", "grass", "gravel", "clock", "cell")
+# (top, bottom, left, right) of handwritten formula lines in text().
+TEXT_LINE_BOXES = ((20, 62, 95, 290), (55, 100, 0, 170), (0, 32, 140, 320), (110, 165, 40, 260))
 
 # skimage.data function -> file in skimage/data/ (names differ for a few).
 BUNDLED_FILES = {
@@ -100,6 +102,12 @@ def page_line(index: int, first_word: int = 0, words: int | None = None,
     top, bottom = max(0, y0 - margin), min(page.shape[0], y1 + margin)
     left, right = max(0, chosen[0][0] - margin), min(page.shape[1], chosen[-1][1] + margin)
     return page[top:bottom, left:right]
+
+
+def text_lines() -> list[np.ndarray]:
+    """The handwritten formula lines of text() (uint8 grey crops, ``TEXT_LINE_BOXES``)."""
+    text = bundled("text")  # handwriting on a slanted sheet
+    return [text[y0:y1, x0:x1] for y0, y1, x0, x1 in TEXT_LINE_BOXES]
 
 
 def runs(mask: np.ndarray, min_len: int = 1) -> list[tuple[int, int]]:

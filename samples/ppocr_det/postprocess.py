@@ -11,21 +11,17 @@ does, simplified to axis-aligned boxes. Both sets of boxes are drawn into one PN
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
-import skimage.io
 import skimage.measure
 from matplotlib.figure import Figure  # a bare Figure draws to files without any display
 from matplotlib.patches import Rectangle
 from preprocess import letterbox, prepare
 
 from hbtools.data.pictures import bundled
-from hbtools.data.transforms import READ_MODES
+from hbtools.eval import samples
 from hbtools.eval.ppocr import det_agreement
-from hbtools.runtime import HB_ONNXRuntime
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom in picture pixels
 
@@ -88,34 +84,18 @@ def draw(picture: np.ndarray, boxes: dict[str, list[Box]], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="the sample's output folder")
-    parser.add_argument("--read_mode", choices=READ_MODES, default="skimage")
-    args = parser.parse_args()
-
-    models = {
-        # makertbin's float artefact takes the same uint8 input as the quantized one.
-        "float": args.out / "model_output" / "ppocr_det_original_float_model.onnx",
-        "quantized": args.out / "model_output" / "ppocr_det_quantized_model.onnx",
-    }
-    for path in models.values():
-        if not path.is_file():
-            sys.exit(f"ERROR {path} is missing; run 03_build.sh first")
-
-    pictures = args.out / "inference"
-    pictures.mkdir(parents=True, exist_ok=True)
+    args = samples.parse_arguments(__doc__)
+    sessions = samples.open_models(args.out, "ppocr_det")
     page = bundled("page")
-    png = pictures / "page.png"
-    skimage.io.imsave(png, page, check_contrast=False)
+    png = samples.inference_picture(args.out, "page", page)
     sample = prepare(png, args.read_mode)
     scale = letterbox().placement(*page.shape[:2]).scale
 
     maps, boxes = {}, {}
-    for kind, path in models.items():
-        session = HB_ONNXRuntime(model_file=str(path))
-        maps[kind] = session.run(None, {session.input_names[0]: sample})[0][0, 0]
+    for kind, session in sessions.items():
+        maps[kind] = samples.first_output(session, sample)[0, 0]
         boxes[kind] = text_boxes(maps[kind], scale, *page.shape[:2])
-    drawn = pictures / "page_boxes.png"
+    drawn = png.with_name("page_boxes.png")
     draw(page, boxes, drawn)
 
     print(f"{png}:")
@@ -126,8 +106,7 @@ def main() -> None:
     print(f"  {same} float boxes have a quantized box overlapping by IoU >= 0.5; "
           f"text-region IoU {region_iou:.3f}")
     print(f"boxes drawn into {drawn}")
-    agree = len(boxes["float"]) == len(boxes["quantized"]) == same
-    print(f"float and quantized agree: {'yes' if agree else 'no'}")
+    samples.print_agreement(len(boxes["float"]) == len(boxes["quantized"]) == same)
 
 
 if __name__ == "__main__":

@@ -15,27 +15,22 @@ The whole page() is kept out: 04_inference.sh finds the text on it.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import skimage.io
 
 from hbtools.data.pictures import NATURAL_GREY, NATURAL_RGB, bundled
 from hbtools.data.transforms import (
-    READ_MODES,
     Compose,
-    F32ToU8Transformer,
     HWC2CHWTransformer,
     PadResizeTransformer,
     Resize,
-    RGB2BGRTransformer,
-    ScaleTransformer,
     Transformer,
+    opencv_like,
     read_image,
 )
+from hbtools.eval import samples
 
 SIZE = 640  # input_shape 1x3x640x640 in ppocr_det.yaml
 
@@ -48,13 +43,8 @@ def letterbox() -> PadResizeTransformer:
 
 def transformers(read_mode: str) -> list[Transformer]:
     """A picture as read -> uint8 BGR 3x640x640, the input before normalisation."""
-    # skimage gives RGB floats in 0..1; OpenCV gives uint8 BGR, as PaddleOCR trained on.
-    to_bgr_uint8 = [] if read_mode == "opencv" else [
-        ScaleTransformer(scale_value=255),
-        F32ToU8Transformer(),
-        RGB2BGRTransformer(data_format="HWC"),
-    ]
-    return [*to_bgr_uint8, letterbox(), HWC2CHWTransformer()]
+    # PaddleOCR trained on pictures read by OpenCV: uint8 BGR.
+    return [*opencv_like(read_mode), letterbox(), HWC2CHWTransformer()]
 
 
 def prepare(path: Path, read_mode: str = "skimage") -> np.ndarray:
@@ -88,22 +78,9 @@ def source_pictures() -> Iterator[tuple[str, np.ndarray]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="the sample's output folder")
-    parser.add_argument("--read_mode", choices=READ_MODES, default="skimage")
-    args = parser.parse_args()
-
-    images, data = args.out / "calibration_images", args.out / "calibration_data"
-    for folder in (images, data):
-        shutil.rmtree(folder, ignore_errors=True)  # no stale files from earlier runs
-        folder.mkdir(parents=True)
-    for i, (name, picture) in enumerate(source_pictures()):
-        png = images / f"{i:04d}_{name}.png"
-        skimage.io.imsave(png, picture, check_contrast=False)
-        prepare(png, args.read_mode).tofile(data / f"{png.stem}.bin")
-    count = len(list(data.iterdir()))
-    print(f"{count} pictures in {images}")
-    print(f"{count} calibration samples (uint8 BGR 1x3x{SIZE}x{SIZE}) in {data}")
+    args = samples.parse_arguments(__doc__)
+    samples.write_calibration(args.out, source_pictures(), lambda png: prepare(png, args.read_mode),
+                              f"uint8 BGR 1x3x{SIZE}x{SIZE}")
 
 
 if __name__ == "__main__":

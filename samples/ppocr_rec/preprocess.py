@@ -14,42 +14,29 @@ Line 0 of page() (the title) is kept out: 04_inference.sh reads it.
 
 from __future__ import annotations
 
-import argparse
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import skimage.io
 
-from hbtools.data.pictures import NATURAL_RGB, bundled, page_windows
+from hbtools.data.pictures import NATURAL_RGB, bundled, page_windows, text_lines
 from hbtools.data.transforms import (
-    READ_MODES,
     Compose,
-    F32ToU8Transformer,
     HWC2CHWTransformer,
-    RGB2BGRTransformer,
-    ScaleTransformer,
     TextLineResizeTransformer,
     Transformer,
+    opencv_like,
     read_image,
 )
+from hbtools.eval import samples
 
 HEIGHT, WIDTH = 48, 320  # input_shape 1x3x48x320 in ppocr_rec.yaml
-# (top, bottom, left, right) of handwritten formula lines in skimage's text() picture.
-TEXT_BOXES = ((20, 62, 95, 290), (55, 100, 0, 170), (0, 32, 140, 320), (110, 165, 40, 260))
 
 
 def transformers(read_mode: str) -> list[Transformer]:
     """A picture as read -> uint8 BGR 3x48x320, the input before normalisation."""
-    # skimage gives RGB floats in 0..1; OpenCV gives uint8 BGR, as PaddleOCR trained on.
-    to_bgr_uint8 = [] if read_mode == "opencv" else [
-        ScaleTransformer(scale_value=255),
-        F32ToU8Transformer(),
-        RGB2BGRTransformer(data_format="HWC"),
-    ]
     return [
-        *to_bgr_uint8,
+        *opencv_like(read_mode),  # PaddleOCR trained on pictures read by OpenCV
         # PaddleOCR's resize_norm_img: height 48 keeping the aspect ratio, mid-grey
         # padding on the right up to width 320; its normalisation is in the model.
         TextLineResizeTransformer(target_size=(HEIGHT, WIDTH), pad_value=128),
@@ -69,31 +56,17 @@ def source_pictures() -> Iterator[tuple[str, np.ndarray]]:
         for aspect in (WIDTH / HEIGHT, 4.0):
             for i, crop in enumerate(page_windows(line, max_aspect=aspect)):
                 yield f"page{line}_a{aspect:.0f}_{i}", crop
-    text = bundled("text")
-    for i, (y0, y1, x0, x1) in enumerate(TEXT_BOXES):
-        yield f"text_{i}", text[y0:y1, x0:x1]
+    for i, crop in enumerate(text_lines()):
+        yield f"text_{i}", crop
     for name in NATURAL_RGB[:3]:  # no text at all
         img = bundled(name)
         yield name, img[: img.shape[0] // 5, : img.shape[1] // 2]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="the sample's output folder")
-    parser.add_argument("--read_mode", choices=READ_MODES, default="skimage")
-    args = parser.parse_args()
-
-    images, data = args.out / "calibration_images", args.out / "calibration_data"
-    for folder in (images, data):
-        shutil.rmtree(folder, ignore_errors=True)  # no stale files from earlier runs
-        folder.mkdir(parents=True)
-    for i, (name, picture) in enumerate(source_pictures()):
-        png = images / f"{i:04d}_{name}.png"
-        skimage.io.imsave(png, picture, check_contrast=False)
-        prepare(png, args.read_mode).tofile(data / f"{png.stem}.bin")
-    count = len(list(data.iterdir()))
-    print(f"{count} pictures in {images}")
-    print(f"{count} calibration samples (uint8 BGR 1x3x{HEIGHT}x{WIDTH}) in {data}")
+    args = samples.parse_arguments(__doc__)
+    samples.write_calibration(args.out, source_pictures(), lambda png: prepare(png, args.read_mode),
+                              f"uint8 BGR 1x3x{HEIGHT}x{WIDTH}")
 
 
 if __name__ == "__main__":

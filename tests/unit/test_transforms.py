@@ -260,3 +260,14 @@ def test_read_image_opencv_mode(tmp_path):
     got = T.read_image(tmp_path / "c.png", read_mode="opencv")
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, img[..., ::-1])
+
+
+def test_opencv_like_brings_a_skimage_read_to_what_opencv_reads(tmp_path):
+    img = rgb_uint8(5, 7)
+    skimage.io.imsave(tmp_path / "c.png", img)
+    got = T.Compose(T.opencv_like("skimage"))(T.read_image(tmp_path / "c.png"))
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, img[..., ::-1])  # uint8 BGR, as cv2.imread
+    assert T.opencv_like("opencv") == []  # already uint8 BGR
+    with pytest.raises(HbError, match="read_mode"):
+        T.opencv_like("pil")

@@ -31,7 +31,7 @@ from hbtools.data.transforms.geometry import (
     ShortSideResizeTransformer,
     TextLineResizeTransformer,
 )
-from hbtools.data.transforms.imread import READ_MODES, opencv_available, read_image
+from hbtools.data.transforms.imread import READ_MODES, opencv_available, opencv_like, read_image
 from hbtools.data.transforms.pixels import (
     BGR2GRAYTransformer,
     BGR2NV12Transformer,
@@ -138,5 +138,6 @@ __all__ = [
     "Transpose",
     "TransposeTransformer",
     "opencv_available",
+    "opencv_like",
     "read_image",
 ]

@@ -15,6 +15,8 @@ import numpy as np
 import skimage.util
 
 from hbtools.data.images import read_rgb_or_gray
+from hbtools.data.transforms.base import Transformer
+from hbtools.data.transforms.pixels import F32ToU8Transformer, RGB2BGRTransformer, ScaleTransformer
 from hbtools.errors import HbError
 
 READ_MODES = ("skimage", "opencv")
@@ -39,6 +41,20 @@ def read_image(path: str | Path, read_mode: str = "skimage") -> np.ndarray:
     if read_mode == "opencv":
         return _read_opencv(path)
     raise HbError(f"read_mode {read_mode!r} is not one of {READ_MODES}")
+
+
+def opencv_like(read_mode: str = "skimage") -> list[Transformer]:
+    """Transformers that turn ``read_image(path, read_mode)`` into what ``cv2.imread``
+    returns (uint8 BGR HWC): scale, round and swap for ``'skimage'``, none for ``'opencv'``.
+
+    Models trained with OpenCV-read pictures (PaddleOCR, most detectors) start their
+    preprocessing from there, whichever way the file was read.
+    """
+    if read_mode not in READ_MODES:
+        raise HbError(f"read_mode {read_mode!r} is not one of {READ_MODES}")
+    if read_mode == "opencv":
+        return []
+    return [ScaleTransformer(scale_value=255), F32ToU8Transformer(), RGB2BGRTransformer(data_format="HWC")]
 
 
 def _read_opencv(path: Path) -> np.ndarray:
