@@ -178,3 +178,32 @@ def test_default_calibration_rounds_weights_and_quantized_model_follows(tmp_path
 def wr_levels(w: np.ndarray, scales: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     s = scales.reshape(-1, *[1] * (w.ndim - 1))
     return np.clip(np.round(w / s) + offsets, -127, 127).astype(np.int8)
+
+
+def test_debugger_sees_rounding_offsets_as_weight_error(tmp_path) -> None:
+    """The debugger quantizes a weight with its stored offsets: a conv whose offsets push
+    every integer 3 steps off ranks first in weight sensitivity."""
+    import onnx
+    from builders import resnet_like
+    from debug_support import convert_with_dump
+
+    import hbtools.debug as dbg
+    from hbtools.log import setup
+    from hbtools.ops.base import attrs_of
+
+    setup(None)
+    dumped = convert_with_dump(tmp_path, resnet_like())
+    model = onnx.load(str(dumped.calibrated))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    weights = [n for n in model.graph.node if n.op_type == "HzCalibration" and attrs_of(n)["kind"] == "weight"]
+    assert len(weights) >= 2
+    for k, node in enumerate(weights):
+        shape = inits[node.input[0]].shape
+        offsets = np.full(shape, 3 if k == 1 else 0, dtype=np.int8)
+        model.graph.initializer.append(numpy_helper.from_array(offsets, f"{node.input[0]}_rounding"))
+        node.input.append(f"{node.input[0]}_rounding")
+    path = tmp_path / "rounded_calibrated_model.onnx"
+    onnx.save(model, str(path))
+    result = dbg.get_sensitivity_of_nodes(model_or_file=str(path), calibrated_data=str(dumped.data),
+                                          node_type="weight")
+    assert next(iter(result)) == weights[1].name, result
