@@ -320,3 +320,35 @@ def test_vendor_pyop_node_and_vendor_import_path(tmp_path: Path) -> None:
         np.testing.assert_array_equal(y, [3.0, -6.0])
     finally:
         custom.unregister("VendorScale")
+
+
+def test_debugger_runs_a_model_with_a_custom_op(tmp_path: Path) -> None:
+    """Sensitivity analysis works around the custom CPU op, and is real: a weight whose
+    threshold is made ten times coarser ranks first."""
+    from debug_support import degrade
+
+    import hbtools.debug as dbg
+
+    model = conv_custom_conv()
+    project = make_project(tmp_path, FloatModel(model, {"data": SHAPE}), cal_count=4)
+    (tmp_path / "custom_op").mkdir()
+    write_op_file(tmp_path / "custom_op")
+    project.config["custom_op"] = {}
+    project.write(custom_op={"custom_op_method": "register", "op_register_files": "space_to_depth.py",
+                             "custom_op_dir": "./custom_op"},
+                  model_parameters={"debug_mode": "dump_calibration_data"})
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(tmp_path)
+            result = invoke(hb_mapper, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+        assert result.exit_code == 0, result.output
+        calibrated = next(project.working_dir.glob("*_calibrated_model.onnx"))
+        data = str(project.working_dir / "calibration_data")
+        weights = dbg.get_sensitivity_of_nodes(model_or_file=str(calibrated), calibrated_data=data, node_type="weight")
+        assert len(weights) == 2 and all(0.9 < float(v["cosine-similarity"]) <= 1.0 for v in weights.values())
+        last = list(weights)[-1]  # the least sensitive weight, made the worst
+        degraded = degrade(onnx.load(str(calibrated)), {last: 10.0})
+        ranked = dbg.get_sensitivity_of_nodes(model_or_file=degraded, calibrated_data=data, node_type="weight")
+        assert next(iter(ranked)) == last, ranked
+    finally:
+        custom.unregister(OP)
