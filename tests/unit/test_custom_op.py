@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -101,19 +102,24 @@ class Converted:
     reference: ort.InferenceSession  # plain onnxruntime, standard SpaceToDepth
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Converted]:
-    root = tmp_path_factory.mktemp("custom_op")
-    model = conv_custom_conv()
+def convert_custom_op_model(root: Path, model: onnx.ModelProto, **overrides: dict) -> tuple[Project, Any]:
+    """makertbin (run in ``root``) of ``model`` with the op file registered by the custom_op group."""
     project = make_project(root, FloatModel(model, {"data": SHAPE}), cal_count=4)
     (root / "custom_op").mkdir()
     write_op_file(root / "custom_op")
     project.config["custom_op"] = {}
     project.write(custom_op={"custom_op_method": "register", "op_register_files": "space_to_depth.py",
-                             "custom_op_dir": "./custom_op"})
+                             "custom_op_dir": "./custom_op"}, **overrides)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
         result = invoke(hb_mapper, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    return project, result
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Converted]:
+    model = conv_custom_conv()
+    project, result = convert_custom_op_model(tmp_path_factory.mktemp("custom_op"), model)
     reference = ort.InferenceSession(standard_equivalent(model).SerializeToString(),
                                      providers=["CPUExecutionProvider"])
     yield Converted(project, result.output, result.exit_code, reference)
@@ -329,18 +335,9 @@ def test_debugger_runs_a_model_with_a_custom_op(tmp_path: Path) -> None:
 
     import hbtools.debug as dbg
 
-    model = conv_custom_conv()
-    project = make_project(tmp_path, FloatModel(model, {"data": SHAPE}), cal_count=4)
-    (tmp_path / "custom_op").mkdir()
-    write_op_file(tmp_path / "custom_op")
-    project.config["custom_op"] = {}
-    project.write(custom_op={"custom_op_method": "register", "op_register_files": "space_to_depth.py",
-                             "custom_op_dir": "./custom_op"},
-                  model_parameters={"debug_mode": "dump_calibration_data"})
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.chdir(tmp_path)
-            result = invoke(hb_mapper, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+        project, result = convert_custom_op_model(tmp_path, conv_custom_conv(),
+                                                  model_parameters={"debug_mode": "dump_calibration_data"})
         assert result.exit_code == 0, result.output
         calibrated = next(project.working_dir.glob("*_calibrated_model.onnx"))
         data = str(project.working_dir / "calibration_data")
