@@ -101,6 +101,36 @@ class ModelParameters:
     fast_perf: bool = False
 
 
+@dataclass(frozen=True)
+class OptimizationOptions:
+    """``calibration_parameters.optimization`` as typed switches (the strings are read here only)."""
+
+    output_bits: int | None = None  # set_model_output_int8 / int16: BPU outputs stay integers
+    all_int16: bool = False  # set_all_nodes_int16
+    int16_inputs: frozenset[str] = frozenset()  # op types of set_{Op}_input_int16
+    int16_outputs: frozenset[str] = frozenset()  # op types of set_{Op}_output_int16
+    int8_inputs: frozenset[str] = frozenset()  # op types of set_{Op}_input_int8
+    int8_outputs: frozenset[str] = frozenset()  # op types of set_{Op}_output_int8
+    asymmetric: bool = False
+    bias_correction: bool = False
+    lstm_batch_last: bool = False
+
+    @property
+    def int_outputs(self) -> bool:
+        return self.output_bits is not None
+
+    @classmethod
+    def parse(cls, values: list[str]) -> OptimizationOptions:
+        def kinds(suffix: str) -> frozenset[str]:
+            return frozenset(v[len("set_"): -len(suffix)] for v in values
+                             if v.startswith("set_") and v.endswith(suffix) and not v.startswith("set_model_"))
+
+        output_bits = 8 if "set_model_output_int8" in values else 16 if "set_model_output_int16" in values else None
+        return cls(output_bits, "set_all_nodes_int16" in values, kinds("_input_int16"), kinds("_output_int16"),
+                   kinds("_input_int8"), kinds("_output_int8"), "asymmetric" in values,
+                   "bias_correction" in values, "lstm_batch_last" in values)
+
+
 @dataclass
 class CalibrationParameters:
     calibration_type: str = "default"  # default|mix|kl|max|load|skip
@@ -108,6 +138,10 @@ class CalibrationParameters:
     per_channel: bool = False
     preprocess_on: bool = False
     optimization: list[str] = field(default_factory=list)
+
+    @property
+    def options(self) -> OptimizationOptions:
+        return OptimizationOptions.parse(self.optimization)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from hbtools.errors import HbError
 from hbtools.graph.graph import infer_shapes, name_unnamed_nodes
 from hbtools.graph.model_io import load_model
 from hbtools.ops.base import attrs_of
+from hbtools.quant.calibrated import without_integer_emulation
 
 CALIBRATION_OP = "HzCalibration"
 KINDS = ("weight", "activation")
@@ -54,11 +55,16 @@ class GraphInput:
 
 
 class CalibratedModel:
-    """Index of a calibrated model; read-only."""
+    """Index of a calibrated model; read-only.
+
+    The debugger works on the model's switchable parts: the bias and preprocessing
+    emulation, which belong to no calibration node, is taken out (with every node
+    disabled the model is the float model).
+    """
 
     def __init__(self, model: ModelProto, source: str) -> None:
+        model = without_integer_emulation(model)
         if any(not n.name for n in model.graph.node):
-            model = copy.deepcopy(model)
             name_unnamed_nodes(model)  # tables and arguments refer to nodes by name
         self.model = model
         self.source = source

@@ -10,6 +10,7 @@ from onnx import ModelProto, NodeProto, numpy_helper
 
 from hbtools.ops import custom
 from hbtools.ops.base import attrs_of
+from hbtools.ops.registry import has_fact
 
 
 class GraphView:
@@ -131,8 +132,11 @@ def topological_sort(model: ModelProto) -> None:
     g.node.extend(ordered)
 
 
-# Hz ops of the float artefacts whose output has their first input's shape (and is float).
-_SHAPE_PRESERVING = ("HzPreprocess", "HzCalibration")
+
+
+def _float_shape_preserving(op_type: str) -> bool:
+    """Hz ops of the float artefacts whose output has their first input's shape (and is float)."""
+    return has_fact(op_type, "shape_preserving") and has_fact(op_type, "float_output")
 
 
 def infer_shapes(model: ModelProto) -> ModelProto:
@@ -143,7 +147,7 @@ def infer_shapes(model: ModelProto) -> ModelProto:
         known = _known(inferred)
         added = False
         for node in inferred.graph.node:
-            if node.op_type in _SHAPE_PRESERVING and node.output[0] not in known and node.input[0] in known:
+            if _float_shape_preserving(node.op_type) and node.output[0] not in known and node.input[0] in known:
                 dims = [d.dim_value for d in known[node.input[0]].type.tensor_type.shape.dim]
                 inferred.graph.value_info.append(
                     onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, dims))

@@ -15,6 +15,7 @@ from onnx import NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
 DOMAIN = "horizon"
 DOMAIN_VERSION = 1
+REQUIRED = object()  # attribute-spec default of an attribute every node must have
 
 
 def attrs_of(node: NodeProto) -> dict:
@@ -77,10 +78,31 @@ class HzOp:
     """Base class: one subclass per Hz op type, registered in ``hbtools.ops.registry``."""
 
     op_type: str = ""
+    # Facts the rest of hbtools asks about instead of keeping lists of op types:
+    shape_preserving: bool = False  # output 0 has input 0's shape
+    float_output: bool = False  # output 0 is float32
+    mac: bool = False  # a multiply-accumulate op (hb_perf counts its MACs)
+    boundary: bool = False  # converts between float and integers at a BPU/CPU boundary
+
+    # Attribute spec: name -> default (REQUIRED: no default). Empty: not declared (free form).
+    attributes: dict[str, object] = {}
 
     @classmethod
     def make_node(cls, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs) -> NodeProto:
+        """A node of this op; attributes are checked against the spec, ``None`` values left out."""
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        if cls.attributes:
+            unknown = sorted(set(attrs) - set(cls.attributes))
+            missing = sorted(k for k, v in cls.attributes.items() if v is REQUIRED and k not in attrs)
+            if unknown or missing:
+                raise ValueError(f"{cls.op_type} {name}: unknown attributes {unknown}, missing {missing}")
         return helper.make_node(cls.op_type, list(inputs), list(outputs), name=name, domain=DOMAIN, **attrs)
+
+    @classmethod
+    def read(cls, node: NodeProto) -> dict:
+        """A node's attributes with the spec's defaults filled in (the inverse of ``make_node``)."""
+        defaults = {k: v for k, v in cls.attributes.items() if v is not REQUIRED and v is not None}
+        return {**defaults, **attrs_of(node)}
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:

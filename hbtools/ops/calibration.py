@@ -28,74 +28,39 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
-from hbtools.ops.base import HzOp, LoweringContext, attrs_of
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
+from hbtools.ops.names import calibration_node, enable_input, fed_input
 from hbtools.ops.registry import register
-
-
-def qmax_for(bits: int) -> int:
-    return (1 << (bits - 1)) - 1
-
-
-def scales_for(thresholds: np.ndarray, bits: int) -> np.ndarray:
-    # A zero threshold (an all-zero tensor/channel) would divide by zero; any scale works there.
-    t = np.where(np.asarray(thresholds, dtype=np.float64) > 0, thresholds, 1.0)
-    return (t / qmax_for(bits)).astype(np.float32)
-
-
-def grid_bounds(bits: int, asymmetric: bool) -> tuple[int, int]:
-    """Integer range of a grid: symmetric ±qmax, asymmetric the whole signed range."""
-    qmax = qmax_for(bits)
-    return (-qmax - 1 if asymmetric else -qmax), qmax
-
-
-def _broadcast_shape(count: int, axis: int, rank: int | None) -> list[int]:
-    if count > 1 and axis >= 0 and rank is None:
-        raise ValueError(f"per-channel calibration along axis {axis} needs the tensor's rank")
-    if count == 1 or axis < 0:
-        return [count] if count > 1 else []
-    shape = [1] * rank
-    shape[axis] = count
-    return shape
-
-
-def input_scale_array(shape: tuple[int, ...] | list[int], input_scales, input_axis: int,
-                      group: int = 1) -> np.ndarray:
-    """Per-element input-channel scales of a weight of ``shape`` (float32, broadcastable to it).
-
-    A grouped Conv weight ``[O, C/group, k...]`` reads input channel
-    ``(o // (O/group)) * C/group + j`` at ``[o, j]``; other weights have the input
-    channels along ``input_axis``.
-    """
-    u = np.asarray(input_scales, dtype=np.float32)
-    rank = len(shape)
-    if group > 1 and input_axis == 1:
-        out, per_group = shape[0], shape[1]
-        table = u.reshape(group, per_group)[np.arange(out) // (out // group)]  # [O, C/group]
-        return table.reshape(out, per_group, *[1] * (rank - 2))
-    bshape = [1] * rank
-    bshape[input_axis] = -1
-    return u.reshape(bshape)
+from hbtools.quant import grids
+from hbtools.quant.grids import grid_bounds, input_scale_array, scales_for
 
 
 def quantize_weight(w: np.ndarray, a: dict, rounding: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Integer levels of a weight calibration node (float32 arithmetic, as the lowering), and ``u``."""
     w = np.asarray(w, dtype=np.float32)
-    scales = np.asarray(a["scales"], dtype=np.float32)
-    s = scales.reshape(_broadcast_shape(scales.size, a.get("axis", -1), w.ndim))
-    qmax = qmax_for(a["bits"])
     u = None
     if "input_scales" in a:
         u = input_scale_array(w.shape, a["input_scales"], a["input_axis"], a.get("group", 1))
-        w = w * u
-    levels = np.round(w / s)
-    if rounding is not None:
-        levels = levels + rounding.astype(np.float32)
-    return np.clip(levels, -qmax, qmax), u
+    levels = grids.quantize(w if u is None else w * u, _scales(a, w.ndim), a["bits"], offsets=rounding)
+    return levels, u
+
+
+def _scales(a: dict, rank: int | None) -> np.ndarray:
+    """A calibration node's float32 scales, shaped to broadcast along its axis."""
+    scales = np.asarray(a["scales"], dtype=np.float32)
+    axis = a.get("axis", -1)
+    if scales.size > 1 and axis >= 0 and rank is None:
+        raise ValueError(f"per-channel calibration along axis {axis} needs the tensor's rank")
+    return grids.along_axis(scales, axis if axis >= 0 else None, rank)
 
 
 @register
 class HzCalibration(HzOp):
     op_type = "HzCalibration"
+    attributes = {"kind": REQUIRED, "thresholds": REQUIRED, "scales": REQUIRED, "bits": REQUIRED, "axis": -1,
+                  "method": "max", "zero_points": None, "input_scales": None, "input_axis": None, "group": None}
+    shape_preserving = True
+    float_output = True
 
     @classmethod
     def build(cls, tensor: str, output: str, *, kind: str, thresholds: np.ndarray, bits: int,
@@ -111,7 +76,7 @@ class HzCalibration(HzOp):
             extra.update(input_scales=[float(u) for u in np.asarray(input_scales, dtype=np.float32)],
                          input_axis=int(input_axis), group=int(group))
         return cls.make_node(
-            [tensor, rounding] if rounding else [tensor], [output], f"{tensor}_HzCalibration", kind=kind,
+            [tensor, rounding] if rounding else [tensor], [output], calibration_node(tensor), kind=kind,
             thresholds=[float(t) for t in thresholds], scales=[float(s) for s in scales],
             bits=int(bits), axis=int(axis), method=method, **extra,
         )
@@ -119,22 +84,21 @@ class HzCalibration(HzOp):
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a = attrs_of(node)
-        scales = np.asarray(a["scales"], dtype=np.float32)
-        rank = ctx.rank(node.input[0])
-        shape = _broadcast_shape(scales.size, a.get("axis", -1), rank)
+        scales = _scales(a, ctx.rank(node.input[0]))
+        shape = list(scales.shape)
         x, y = node.input[0], node.output[0]
         base = node.name
         zero_points = a.get("zero_points")
         lo, hi = grid_bounds(a["bits"], zero_points is not None)
         if ctx.feed_calibration and a.get("kind") == "activation":
             # Scale, grid and an enable flag are fed at run time: y = enable ? fq(x) : x.
-            scale = ctx.graph_input(f"{base}_scale", TensorProto.FLOAT, shape)
-            qmax_in = ctx.graph_input(f"{base}_qmax", TensorProto.FLOAT, [])
-            enable = ctx.graph_input(f"{base}_enable", TensorProto.BOOL, [])
+            scale = ctx.graph_input(fed_input(base, "scale"), TensorProto.FLOAT, shape)
+            qmax_in = ctx.graph_input(fed_input(base, "qmax"), TensorProto.FLOAT, [])
+            enable = ctx.graph_input(enable_input(base), TensorProto.BOOL, [])
             zp = qmin_in = None
             if zero_points is not None:
-                zp = ctx.graph_input(f"{base}_zero_point", TensorProto.FLOAT, shape)
-                qmin_in = ctx.graph_input(f"{base}_qmin", TensorProto.FLOAT, [])
+                zp = ctx.graph_input(fed_input(base, "zero_point"), TensorProto.FLOAT, shape)
+                qmin_in = ctx.graph_input(fed_input(base, "qmin"), TensorProto.FLOAT, [])
             fq = ctx.unique(f"{base}_fq")
             nodes = _fake_quant(x, fq, scale, (qmin_in, qmax_in), ctx, base, zp)
             nodes.append(helper.make_node("Where", [enable, fq, x], [y], name=ctx.unique(f"{base}_where")))
@@ -152,11 +116,11 @@ class HzCalibration(HzOp):
                              input_scale_array(wshape, a["input_scales"], a["input_axis"], a.get("group", 1)))
             folded, quantized = ctx.unique(f"{base}_folded"), ctx.unique(f"{base}_fq")
             nodes.append(helper.make_node("Mul", [x, u], [folded], name=folded))
-            nodes += _fake_quant(folded, quantized, ctx.constant(f"{base}_scales", scales.reshape(shape)),
+            nodes += _fake_quant(folded, quantized, ctx.constant(f"{base}_scales", scales),
                                  (float(lo), float(hi)), ctx, base, offset=offset)
             nodes.append(helper.make_node("Div", [quantized, u], [y], name=ctx.unique(f"{base}_unfold")))
             return nodes
-        scale = ctx.constant(f"{base}_scales", scales.reshape(shape))
+        scale = ctx.constant(f"{base}_scales", scales)
         zp = None
         if zero_points is not None:
             zp = ctx.constant(f"{base}_zero_points", np.asarray(zero_points, dtype=np.float32).reshape(shape))
@@ -166,20 +130,14 @@ class HzCalibration(HzOp):
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = attrs_of(node)
         x = inputs[0]
-        scales = np.asarray(a["scales"], dtype=np.float32)
-        s = scales.reshape(_broadcast_shape(scales.size, a.get("axis", -1), x.ndim))
+        s = _scales(a, x.ndim)
         rounding = inputs[1] if len(inputs) > 1 else None
         if "input_scales" in a:
             q, u = quantize_weight(x, a, rounding)
             return [((q * s) / u).astype(np.float32)]
-        if rounding is not None:
-            q, _ = quantize_weight(x, a, rounding)
-            return [(q * s).astype(np.float32)]
-        lo, hi = grid_bounds(a["bits"], "zero_points" in a)
-        if "zero_points" not in a:
-            return [(np.clip(np.round(x / s), lo, hi) * s).astype(np.float32)]
-        z = np.asarray(a["zero_points"], dtype=np.float32).reshape(s.shape)
-        return [((np.clip(np.round(x / s) + z, lo, hi) - z) * s).astype(np.float32)]
+        z = 0 if "zero_points" not in a else np.asarray(a["zero_points"], dtype=np.float32).reshape(s.shape)
+        return [grids.fake_quantize(x, s, a["bits"], zero_point=z, asymmetric="zero_points" in a,
+                                    offsets=rounding)]
 
 
 def _fake_quant(x: str, y: str, scale: str, bounds: tuple, ctx: LoweringContext, base: str,
@@ -215,3 +173,61 @@ def _fake_quant(x: str, y: str, scale: str, bounds: tuple, ctx: LoweringContext,
         clp = back
     nodes.append(helper.make_node("Mul", [clp, scale], [y], name=ctx.unique(f"{base}_mul")))
     return nodes
+
+
+@register
+class HzBiasCalibration(HzOp):
+    """A conv bias moved onto its accumulator grid, as the integer kernel adds it (int32).
+
+    ``y = round(x / step) * step`` with ``step = input_scale * weight_scales * gain`` per
+    output channel: the input's activation step (1 when the input's per-channel scales are
+    folded into the weight), the weight's step and, for a Gemm, ``|alpha| / beta``.
+
+    Attributes: ``weight_scales`` (floats), ``input_scale`` (float), ``gain`` (float, default
+    1), ``input_calibration`` (str: the activation calibration node whose step the input
+    carries; with ``feed_calibration`` its fed scale is used, so a threshold search scores
+    the bias its candidate implies), ``axis`` (int, the bias's channel axis, default -1).
+    """
+
+    op_type = "HzBiasCalibration"
+    attributes = {"weight_scales": REQUIRED, "input_scale": REQUIRED, "gain": 1.0, "input_calibration": ""}
+    shape_preserving = True
+    float_output = True
+
+    @classmethod
+    def build(cls, bias: str, output: str, name: str, *, weight_scales: np.ndarray, input_scale: float,
+              input_calibration: str = "", gain: float = 1.0) -> NodeProto:
+        return cls.make_node([bias], [output], name, weight_scales=[float(s) for s in np.atleast_1d(weight_scales)],
+                             input_scale=float(input_scale), gain=float(gain), input_calibration=input_calibration)
+
+    @staticmethod
+    def steps(a: dict) -> np.ndarray:
+        """The accumulator step per output channel (float64)."""
+        return (np.float64(np.float32(a["input_scale"])) * np.asarray(a["weight_scales"], dtype=np.float64)
+                * np.float64(a.get("gain", 1.0)))
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = attrs_of(node)
+        base = node.name
+        per_weight = np.asarray(a["weight_scales"], dtype=np.float64) * np.float64(a.get("gain", 1.0))
+        nodes: list[NodeProto] = []
+        fed = fed_input(a["input_calibration"], "scale") if a.get("input_calibration") else None
+        if ctx.feed_calibration and fed is not None:
+            step = ctx.unique(f"{base}_step")
+            nodes.append(helper.make_node("Mul", [fed, ctx.constant(f"{base}_weight_steps",
+                                                                     per_weight.astype(np.float32))],
+                                          [step], name=step))
+        else:
+            step = ctx.constant(f"{base}_step", cls.steps(a).astype(np.float32))
+        div, rnd = ctx.unique(f"{base}_div"), ctx.unique(f"{base}_round")
+        nodes += [helper.make_node("Div", [node.input[0], step], [div], name=div),
+                  helper.make_node("Round", [div], [rnd], name=rnd),
+                  helper.make_node("Mul", [rnd, step], [node.output[0]], name=ctx.unique(f"{base}_mul"))]
+        return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        step = cls.steps(attrs_of(node)).astype(np.float32)
+        x = np.asarray(inputs[0], dtype=np.float32)
+        return [(np.round(x / step) * step).astype(np.float32)]

@@ -9,8 +9,9 @@ from hbtools.config.model import ALLOWED_RT_FOR_TRAIN, InputSpec
 from hbtools.data import colour
 from hbtools.data.intermediate import channels_last, from_channels_last
 from hbtools.errors import HbError
-from hbtools.ops.base import HzOp, LoweringContext, attrs_of
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
 from hbtools.ops.registry import register
+from hbtools.quant import grids
 
 NORM_TYPES = ("no_preprocess", "data_mean", "data_scale", "data_mean_and_scale")
 _CHANNELS = {"rgb": 3, "bgr": 3, "yuv444": 3, "gray": 1}
@@ -32,47 +33,81 @@ class HzPreprocess(HzOp):
         norm_type (str): no_preprocess | data_mean | data_scale | data_mean_and_scale.
         mean (floats): one per channel, in train channel order.
         scale (floats): one per channel, in train channel order.
+        integer (int, default 0): 1 computes with the BPU's integer coefficients
+            (``integer_affine``) instead of the exact ones. The calibrated model sets
+            it, so it emulates the quantized model's preprocessing conv exactly.
     """
 
     op_type = "HzPreprocess"
+    attributes = {"input_type_rt": REQUIRED, "input_type_train": REQUIRED, "input_space_and_range": "regular",
+                  "layout": REQUIRED, "norm_type": REQUIRED, "mean": REQUIRED, "scale": REQUIRED, "integer": 0}
+    shape_preserving = True
+    float_output = True
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
-        m, b = affine(node)
+        m, b, step = _coefficients(node)
         layout = attrs_of(node)["layout"]
         x, y = node.input[0], node.output[0]
         xf = ctx.unique(f"{node.name}_float")
-        nodes = [
-            helper.make_node(
-                "Cast", [x], [xf], name=ctx.unique(f"{node.name}_cast"), to=TensorProto.FLOAT
-            )
-        ]
+        nodes = [helper.make_node("Cast", [x], [xf], name=ctx.unique(f"{node.name}_cast"), to=TensorProto.FLOAT)]
+        affine_out = y if step is None else ctx.unique(f"{node.name}_accumulator")
+        bias = ctx.constant(f"{node.name}_bias", b.astype(np.float32))
         if layout == "NCHW":
             c = m.shape[0]
             w = ctx.constant(f"{node.name}_weight", m.reshape(c, c, 1, 1).astype(np.float32))
-            bias = ctx.constant(f"{node.name}_bias", b.astype(np.float32))
-            nodes.append(
-                helper.make_node("Conv", [xf, w, bias], [y], name=ctx.unique(f"{node.name}_conv"))
-            )
-            return nodes
-        w = ctx.constant(f"{node.name}_weight", m.T.astype(np.float32))
-        bias = ctx.constant(f"{node.name}_bias", b.astype(np.float32))
-        xm = ctx.unique(f"{node.name}_matmul_out")
-        nodes += [
-            helper.make_node("MatMul", [xf, w], [xm], name=ctx.unique(f"{node.name}_matmul")),
-            helper.make_node("Add", [xm, bias], [y], name=ctx.unique(f"{node.name}_add")),
-        ]
+            nodes.append(helper.make_node("Conv", [xf, w, bias], [affine_out], name=ctx.unique(f"{node.name}_conv")))
+        else:
+            w = ctx.constant(f"{node.name}_weight", m.T.astype(np.float32))
+            xm = ctx.unique(f"{node.name}_matmul_out")
+            nodes += [
+                helper.make_node("MatMul", [xf, w], [xm], name=ctx.unique(f"{node.name}_matmul")),
+                helper.make_node("Add", [xm, bias], [affine_out], name=ctx.unique(f"{node.name}_add")),
+            ]
+        if step is not None:
+            # Integer coefficients: the sums above are exact in float32; one product scales them.
+            shape = [1, -1, 1, 1] if layout == "NCHW" else [-1]
+            s = ctx.constant(f"{node.name}_step", step.astype(np.float32).reshape(shape))
+            nodes.append(helper.make_node("Mul", [affine_out, s], [y], name=ctx.unique(f"{node.name}_scale")))
         return nodes
 
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = attrs_of(node)
+        if a.get("integer", 0):
+            w_q, step, bias_q = integer_affine(node)
+            pixels = channels_last(inputs[0].astype(np.int64), a["layout"])
+            acc = (pixels @ w_q.astype(np.int64).T + bias_q.astype(np.int64)).astype(np.float32)
+            out = acc * step.astype(np.float32)
+            return [np.ascontiguousarray(from_channels_last(out, a["layout"])).astype(np.float32)]
         pixels = channels_last(inputs[0].astype(np.float64) + 128.0, a["layout"])
         src = colour.intermediate_space(a["input_type_rt"], a["input_space_and_range"])
         v = colour.convert(pixels, src, a["input_type_train"])
         mean, scale = _norm(a)
         out = (v - mean) * scale
         return [np.ascontiguousarray(from_channels_last(out, a["layout"])).astype(np.float32)]
+
+
+def _coefficients(node: NodeProto) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Matrix, bias and (integer mode) the per-channel step the lowering multiplies by."""
+    if attrs_of(node).get("integer", 0):
+        w_q, step, bias_q = integer_affine(node)
+        return w_q.astype(np.float64), bias_q.astype(np.float64), step
+    m, b = affine(node)
+    return m, b, None
+
+
+def integer_affine(node: NodeProto) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The BPU's form of the preprocessing: int8 matrix, float32 step per output channel, int32 bias.
+
+    Output channel ``c`` is ``(w_q[c] @ q + bias_q[c]) * step[c]`` for the int8 input ``q``;
+    each row of ``M`` is quantized on its own int8 grid, the bias on the same step.
+    """
+    m, b = affine(node)
+    step = grids.scales_for(np.abs(m).max(axis=1), grids.WEIGHT_BITS)
+    w_q = grids.quantize(m, step[:, None], grids.WEIGHT_BITS).astype(np.int8)
+    bias_q = grids.bias_levels(b, step).astype(np.int32)
+    return w_q, step, bias_q
 
 
 def _norm(a: dict) -> tuple[np.ndarray, np.ndarray]:

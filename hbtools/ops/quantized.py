@@ -24,11 +24,16 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import int_kernels
-from hbtools.ops.base import HzOp, LoweringContext, attrs_of
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
 from hbtools.ops.registry import register
+from hbtools.quant import grids
 
 ONNX_INT = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
 NUMPY_INT = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
+# Attributes every requantizing op has: output type, clip bounds and the zero point it adds.
+OUTPUT_ATTRS = {"out_type": REQUIRED, "out_min": REQUIRED, "out_max": REQUIRED, "zero_point": 0}
+CONV_ATTRS = {"kernel_shape": None, "strides": None, "pads": None, "dilations": None, "group": None,
+              "output_padding": None, "auto_pad": None}
 
 
 def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, **attrs) -> tuple[NodeProto, str]:
@@ -43,12 +48,8 @@ def _cast(ctx: LoweringContext, x: str, to: int, hint: str, nodes: list[NodeProt
 
 
 def _per_axis(values: list[float], axis: int, rank: int | None) -> np.ndarray:
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 1 or rank is None:
-        return v.reshape([]) if v.size == 1 else v
-    shape = [1] * rank
-    shape[axis] = v.size
-    return v.reshape(shape)
+    """float64 values along ``axis`` (flat when the rank is unknown)."""
+    return grids.along_axis(values, axis if rank is not None else None, rank, np.float64)
 
 
 def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: str, hint: str,
@@ -174,27 +175,18 @@ def _attrs(node: NodeProto) -> dict:
 
 def _axis_shaped(values: list[float], axis: int, rank: int) -> np.ndarray:
     """float64 per-tensor scalar, or values laid along ``axis`` of a rank-``rank`` tensor."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 1:
-        return v.reshape([])
-    shape = [1] * rank
-    shape[axis % rank] = v.size
-    return v.reshape(shape)
+    return grids.along_axis(values, axis % rank, rank, np.float64)
 
 
 def _np_requantize(acc: np.ndarray, a: dict, axis: int | None = None) -> np.ndarray:
-    """``clip(round(acc * m), out_min, out_max)`` in float64, round half to even, as ``out_type``."""
+    """``clip(round(acc * m) + z, out_min, out_max)`` in float64, round half to even, as ``out_type``."""
     m = a["multiplier"]
-    scaled = acc.astype(np.float64)
-    if len(m) > 1 or m[0] != 1.0:
-        scaled = scaled * _axis_shaped(m, -1 if axis is None else axis, acc.ndim)
     lo, hi = float(a["out_min"]), float(a["out_max"])
     if a["out_type"] == "int32":
         lo, hi = max(lo, -(2.0**31)), min(hi, 2.0**31 - 1)
-    rounded = np.round(scaled)
-    if a.get("zero_point", 0):
-        rounded = rounded + np.float64(a["zero_point"])
-    return np.minimum(np.maximum(rounded, lo), hi).astype(NUMPY_INT[a["out_type"]])
+    shaped = _axis_shaped(m, -1 if axis is None else axis, acc.ndim) if acc.ndim else np.float64(m[0])
+    out = grids.requantize(acc, shaped, lo, hi, int(a.get("zero_point", 0)))
+    return out.astype(NUMPY_INT[a["out_type"]])
 
 
 def _shifted(x: np.ndarray, zero_point: int) -> np.ndarray:
@@ -243,14 +235,16 @@ class HzSQuantizedConv(HzOp):
     """
 
     op_type = "HzSQuantizedConv"
-    CONV_ATTRS = ("kernel_shape", "strides", "pads", "dilations", "group", "output_padding", "auto_pad")
+    attributes = {"kind": REQUIRED, "x_bits": 8, "axis": 1, "multiplier": REQUIRED, "x_zero_point": 0,
+                  **OUTPUT_ATTRS, **CONV_ATTRS}
+    mac = True
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a = attrs_of(node)
         nodes: list[NodeProto] = []
         hint = node.name
-        conv_attrs = {k: a[k] for k in cls.CONV_ATTRS if k in a}
+        conv_attrs = {k: a[k] for k in CONV_ATTRS if k in a}
         x, w = node.input[0], node.input[1]
         rank = ctx.rank(node.output[0])
         zps = (int(a.get("x_zero_point", 0)), 0)
@@ -292,6 +286,9 @@ class HzSQuantizedMatMul(HzOp):
     """MatMul of two integer activations. Attributes: a_bits, b_bits, axis=-1."""
 
     op_type = "HzSQuantizedMatMul"
+    attributes = {"a_bits": 8, "b_bits": 8, "axis": -1, "multiplier": REQUIRED, "a_zero_point": 0,
+                  "b_zero_point": 0, **OUTPUT_ATTRS}
+    mac = True
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -316,6 +313,8 @@ class HzSQuantizedEltwise(HzOp):
     """Add/Sub/Mul of two integer tensors: ``mode`` add (a*ma + b*mb) or mul (a*b*m)."""
 
     op_type = "HzSQuantizedEltwise"
+    attributes = {"mode": REQUIRED, "multiplier": REQUIRED, "a_multiplier": None, "b_multiplier": None,
+                  "a_zero_point": 0, "b_zero_point": 0, **OUTPUT_ATTRS}
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -356,6 +355,8 @@ class HzLut(HzOp):
     """Element-wise function by table: ``y = table[x - in_min]``. Attributes: table, in_min, out_type."""
 
     op_type = "HzLut"
+    attributes = {"table": REQUIRED, "in_min": REQUIRED, "out_type": REQUIRED}
+    shape_preserving = True
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -389,6 +390,8 @@ class HzSQuantizedPool(HzOp):
     """
 
     op_type = "HzSQuantizedPool"
+    attributes = {"kind": REQUIRED, "multiplier": REQUIRED, "x_zero_point": 0, "channels": None, "x_bits": 8,
+                  "kernel_shape": None, "strides": None, "pads": None, **OUTPUT_ATTRS}
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -443,6 +446,8 @@ class HzSQuantizedConcat(HzOp):
     """Concat of integer tensors brought to one scale: ``multipliers`` per input, ``concat_axis``."""
 
     op_type = "HzSQuantizedConcat"
+    attributes = {"multipliers": REQUIRED, "in_types": None, "concat_axis": REQUIRED, "zero_points": None,
+                  **OUTPUT_ATTRS}
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -495,6 +500,8 @@ class HzRequantize(HzOp):
     """Integer to integer at another scale (e.g. an int32 accumulator to int8)."""
 
     op_type = "HzRequantize"
+    attributes = {"multiplier": REQUIRED, "axis": 1, **OUTPUT_ATTRS}
+    shape_preserving = True
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -523,6 +530,9 @@ class HzQuantize(HzOp):
     """
 
     op_type = "HzQuantize"
+    attributes = {"scale": None, "scales": None, "axis": 1, **OUTPUT_ATTRS}
+    shape_preserving = True
+    boundary = True
 
     @staticmethod
     def _scale(a: dict, rank: int | None) -> np.ndarray:
@@ -574,6 +584,10 @@ class HzDequantize(HzOp):
     """int -> float32: ``(x - zero_point) * scale`` (per tensor, or per channel along ``axis``), in float64."""
 
     op_type = "HzDequantize"
+    attributes = {"scales": REQUIRED, "axis": 1, "zero_point": 0}
+    shape_preserving = True
+    float_output = True
+    boundary = True
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:

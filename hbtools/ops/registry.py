@@ -24,3 +24,17 @@ def get(op_type: str) -> type[HzOp]:
         return _OPS[op_type]
     except KeyError:
         raise KeyError(f"unknown Hz op type {op_type!r}") from None
+
+
+def op_class(op_type: str) -> type[HzOp] | None:
+    """The Hz op class of ``op_type``, or None for any other op type."""
+    try:
+        return get(op_type)
+    except KeyError:
+        return None
+
+
+def has_fact(op_type: str, fact: str) -> bool:
+    """Whether Hz op ``op_type`` has ``fact`` (``shape_preserving``, ``float_output``, ``mac``, ``boundary``)."""
+    cls = op_class(op_type)
+    return bool(cls is not None and getattr(cls, fact))

@@ -19,7 +19,8 @@ from onnx import ModelProto, TensorProto
 from hbtools.config.model import Config
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import DOMAIN
-from hbtools.pipeline.quantize import QuantizedResult, strip_calibration
+from hbtools.pipeline.quantize import QuantizedResult
+from hbtools.quant.calibrated import read_calibrated
 from hbtools.quant.units import build_partition
 
 META_KEY = "hbtools.layer_out_dump"
@@ -95,7 +96,7 @@ def output_layers(model: ModelProto) -> list[Layer]:
 
 def conv_layers(model: ModelProto, config: Config, profile: MarchProfile) -> list[Layer]:
     """Conv-like BPU units of a float artefact (original, optimized or calibrated), by the same partition."""
-    float_model, _, _ = strip_calibration(model)
+    float_model = read_calibrated(model).float_model
     part = build_partition(float_model, profile, config.model.node_info, all_bpu=config.model.fast_perf,
                            warn=False)
     tensors = {o for n in model.graph.node for o in n.output}

@@ -1,8 +1,13 @@
-"""Integer grids of activation tensors: per tensor or per channel, symmetric or asymmetric.
+"""The one module of grid maths: scales, integer levels, dequantization, requantization.
+
+Everything that turns a threshold into a scale, a float into integer levels or
+levels back into floats calls this module: the HzCalibration reference and
+lowering, the quantize stage, GPTQ, bias correction, the layer dump, the report
+and the simulator. One rounding rule holds everywhere: round half to even.
 
 A calibration method yields a magnitude threshold ``T`` per tensor (or per
 channel). The grid follows from it:
-- symmetric (default): ``s = T / qmax``, levels ``-qmax..qmax``, no zero point;
+- symmetric (default): ``s = T / qmax`` in float32, levels ``-qmax..qmax``, no zero point;
 - asymmetric (``optimization: asymmetric``, int8 only): the observed range clipped
   to ``[-T, T]`` and widened to contain 0, ``[lo, hi]``, mapped onto -128..127:
   ``s = (hi - lo) / 255``, ``z = round(-128 - lo / s)``. A non-negative tensor
@@ -10,17 +15,152 @@ channel). The grid follows from it:
   Per-channel grids share one zero point (integer kernels take a scalar one), so
   they are asymmetric only when every channel is non-negative (``z = -128``);
   otherwise they stay symmetric per channel.
+
+Scales are float32 values wherever they are stored (node attributes): every user
+reads the stored float32 scale, never re-derives it from the threshold in another
+precision. Quantization divides in float32, as the fake-quant lowering does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from hbtools.ops.calibration import grid_bounds, qmax_for, scales_for
+from hbtools.ops.names import fed_input
 
 ASYMMETRIC_BITS = 8  # int16 grids are fine enough; their kernels have no zero-point form
+WEIGHT_BITS = 8
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def qmax_for(bits: int) -> int:
+    """Largest level of a symmetric grid: 127 for int8, 32767 for int16."""
+    return (1 << (bits - 1)) - 1
+
+
+def grid_bounds(bits: int, asymmetric: bool = False) -> tuple[int, int]:
+    """Integer range of a grid: symmetric ±qmax, asymmetric the whole signed range."""
+    qmax = qmax_for(bits)
+    return (-qmax - 1 if asymmetric else -qmax), qmax
+
+
+def scales_for(thresholds: float | np.ndarray, bits: int) -> np.ndarray:
+    """float32 step of a symmetric grid per threshold (a zero threshold gets step 1/qmax)."""
+    t = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
+    # An all-zero tensor or channel would divide by zero; any scale represents it.
+    t = np.where(t > 0, t, 1.0)
+    return (t / qmax_for(bits)).astype(np.float32)
+
+
+def along_axis(values: Sequence[float] | np.ndarray, axis: int | None, rank: int | None,
+               dtype: type = np.float32) -> np.ndarray:
+    """``values`` shaped to broadcast along ``axis`` of a rank-``rank`` tensor.
+
+    One value gives a scalar. A negative axis counts from the end and needs no rank.
+    """
+    v = np.asarray(values, dtype=dtype).reshape(-1)
+    if v.size == 1 or axis is None:
+        return v.reshape([]) if v.size == 1 else v
+    if axis < 0:
+        return v.reshape([-1] + [1] * (-axis - 1))
+    if rank is None:
+        raise ValueError(f"values along axis {axis} need the tensor's rank")
+    shape = [1] * rank
+    shape[axis] = v.size
+    return v.reshape(shape)
+
+
+def quantize(x: np.ndarray, scale: np.ndarray | float, bits: int, *, zero_point: np.ndarray | float = 0,
+             asymmetric: bool = False, offsets: np.ndarray | None = None) -> np.ndarray:
+    """Integer levels ``clip(round(x / s) + offsets + z, qmin, qmax)`` as float32 values.
+
+    Divides in float32 (as the fake-quant lowering and HzQuantize do); ``scale`` and
+    ``zero_point`` must already broadcast against ``x`` (see ``along_axis``).
+    """
+    levels = np.round(np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32))
+    if offsets is not None:
+        levels = levels + np.asarray(offsets, dtype=np.float32)
+    if np.any(zero_point):
+        levels = levels + np.asarray(zero_point, dtype=np.float32)
+    lo, hi = grid_bounds(bits, asymmetric)
+    return np.clip(levels, np.float32(lo), np.float32(hi))
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray | float, zero_point: np.ndarray | float = 0) -> np.ndarray:
+    """``(q - z) * s`` in float64 (exact for every int32 level times a float32 scale)."""
+    levels = np.asarray(q, dtype=np.float64)
+    if np.any(zero_point):
+        levels = levels - np.asarray(zero_point, dtype=np.float64)
+    return levels * np.asarray(scale, dtype=np.float64)
+
+
+def fake_quantize(x: np.ndarray, scale: np.ndarray | float, bits: int, *, zero_point: np.ndarray | float = 0,
+                  asymmetric: bool = False, offsets: np.ndarray | None = None) -> np.ndarray:
+    """``dequantize(quantize(x))`` in float32, exactly as the HzCalibration lowering computes it."""
+    q = quantize(x, scale, bits, zero_point=zero_point, asymmetric=asymmetric, offsets=offsets)
+    if np.any(zero_point):
+        q = q - np.asarray(zero_point, dtype=np.float32)
+    return (q * np.asarray(scale, dtype=np.float32)).astype(np.float32)
+
+
+def requantize(acc: np.ndarray, multiplier: np.ndarray | float, out_min: float, out_max: float,
+               zero_point: int = 0) -> np.ndarray:
+    """``clip(round(acc * m) + z, out_min, out_max)`` in float64: the integer ops' output rule."""
+    scaled = np.asarray(acc, dtype=np.float64)
+    m = np.asarray(multiplier, dtype=np.float64)
+    if m.size > 1 or float(m.reshape(-1)[0]) != 1.0:
+        scaled = scaled * m
+    rounded = np.round(scaled)
+    if zero_point:
+        rounded = rounded + np.float64(zero_point)
+    return np.minimum(np.maximum(rounded, np.float64(out_min)), np.float64(out_max))
+
+
+def multiplier(numerator: np.ndarray | float, denominator: np.ndarray | float) -> list[float]:
+    """Requantization multipliers: one scale over another (float64), per channel where either is."""
+    ratio = np.asarray(numerator, dtype=np.float64) / np.asarray(denominator, dtype=np.float64)
+    return [float(v) for v in np.atleast_1d(ratio)]
+
+
+def bias_levels(bias: np.ndarray, accumulator_scale: np.ndarray) -> np.ndarray:
+    """int32 levels of a conv bias on its accumulator grid (input scale × weight scale)."""
+    step = np.asarray(accumulator_scale, dtype=np.float64)
+    return np.clip(np.round(np.asarray(bias, dtype=np.float64) / step), INT32_MIN, INT32_MAX)
+
+
+def input_scale_array(shape: tuple[int, ...] | list[int], input_scales, input_axis: int,
+                      group: int = 1) -> np.ndarray:
+    """Per-element input-channel scales of a weight of ``shape`` (float32, broadcastable to it).
+
+    A grouped Conv weight ``[O, C/group, k...]`` reads input channel
+    ``(o // (O/group)) * C/group + j`` at ``[o, j]``; other weights have the input
+    channels along ``input_axis``.
+    """
+    u = np.asarray(input_scales, dtype=np.float32)
+    rank = len(shape)
+    if group > 1 and input_axis == 1:
+        out, per_group = shape[0], shape[1]
+        table = u.reshape(group, per_group)[np.arange(out) // (out // group)]  # [O, C/group]
+        return table.reshape(out, per_group, *[1] * (rank - 2))
+    bshape = [1] * rank
+    bshape[input_axis] = -1
+    return u.reshape(bshape)
+
+
+def weight_levels(w: np.ndarray, scales: np.ndarray, axis: int, *, input_scales: np.ndarray | None = None,
+                  offsets: np.ndarray | None = None) -> np.ndarray:
+    """int8 levels of a weight per output channel along ``axis`` (float32 values).
+
+    ``input_scales`` (broadcastable to ``w``) are per-channel input scales folded
+    into the weight; ``offsets`` GPTQ's choices away from nearest rounding.
+    """
+    w = np.asarray(w, dtype=np.float32)
+    if input_scales is not None:
+        w = w * np.asarray(input_scales, dtype=np.float32)
+    s = along_axis(scales, axis if np.size(scales) > 1 else None, w.ndim)
+    return quantize(w, s, WEIGHT_BITS, offsets=offsets)
 
 
 @dataclass
@@ -51,11 +191,11 @@ def activation_grid(threshold: float | np.ndarray, bits: int, *, asymmetric: boo
 
 def fed_values(node_name: str, grid: Grid, bits: int, node_has_zero_points: bool) -> dict[str, np.ndarray]:
     """Graph-input values of a HzCalibration lowered with ``feed_calibration`` (per-tensor grids)."""
-    feeds = {f"{node_name}_scale": grid.scales.reshape([]),
-             f"{node_name}_qmax": np.array(qmax_for(bits), dtype=np.float32)}
+    feeds = {fed_input(node_name, "scale"): grid.scales.reshape([]),
+             fed_input(node_name, "qmax"): np.array(qmax_for(bits), dtype=np.float32)}
     if node_has_zero_points:
         zp = grid.zero_points if grid.zero_points is not None else np.zeros(1)
         qmin, _ = grid_bounds(bits, grid.zero_points is not None)
-        feeds[f"{node_name}_zero_point"] = np.asarray(zp, dtype=np.float32).reshape([])
-        feeds[f"{node_name}_qmin"] = np.array(qmin, dtype=np.float32)
+        feeds[fed_input(node_name, "zero_point")] = np.asarray(zp, dtype=np.float32).reshape([])
+        feeds[fed_input(node_name, "qmin")] = np.array(qmin, dtype=np.float32)
     return feeds

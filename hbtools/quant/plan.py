@@ -21,15 +21,17 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.model import Config
 from hbtools.graph.graph import GraphView, topological_sort
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import attrs_of
-from hbtools.ops.calibration import HzCalibration, input_scale_array, scales_for
-from hbtools.quant.grids import Grid, activation_grid, fed_values
+from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
+from hbtools.ops.names import calibration_node
+from hbtools.ops.preprocess import HzPreprocess
+from hbtools.quant.grids import Grid, activation_grid, fed_values, input_scale_array, scales_for
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.units import Partition, Unit
 
@@ -49,7 +51,7 @@ class ActivationPoint:
 
     @property
     def node_name(self) -> str:
-        return f"{self.tensor}_HzCalibration"
+        return calibration_node(self.tensor)
 
     def grid(self, threshold: float | np.ndarray, bits: int | None = None) -> Grid:
         return activation_grid(threshold, self.bits if bits is None else bits, asymmetric=self.asymmetric,
@@ -70,7 +72,7 @@ class WeightPoint:
 
     @property
     def node_name(self) -> str:
-        return f"{self.tensor}_HzCalibration"
+        return calibration_node(self.tensor)
 
 
 @dataclass
@@ -78,6 +80,8 @@ class CalibrationPlan:
     activations: list[ActivationPoint] = field(default_factory=list)
     weights: list[WeightPoint] = field(default_factory=list)
     rounding: dict[str, np.ndarray] = field(default_factory=dict)  # weight -> GPTQ offsets from nearest (int8)
+    # tensor -> the calibrated tensor whose grid it carries (itself, or through data-movement ops)
+    grid_source: dict[str, str] = field(default_factory=dict)
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)
@@ -132,6 +136,12 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         is_output = materialised and tensor in view.graph_outputs
         plan.activations.append(ActivationPoint(tensor, bits_of.get(tensor, 8), rewire, is_output))
     _plan_weights(plan, part, view)
+    calibrated = {p.tensor for p in plan.activations}
+    plan.grid_source = {t: t for t in calibrated}
+    for unit in part.units:
+        if unit.on == "BPU" and unit.kind == "passive" and unit.inputs and unit.inputs[0] in plan.grid_source:
+            for t in unit.outputs:
+                plan.grid_source.setdefault(t, plan.grid_source[unit.inputs[0]])
     if per_channel_wanted(config):
         readers: dict[str, int] = {}
         for n in view.graph.node:
@@ -339,6 +349,10 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
     per_channel = {p.tensor for p in plan.activations if p.axis is not None}
     view = GraphView(model) if per_channel else None
     new_nodes: list[NodeProto] = []
+    for node in model.graph.node:
+        if node.op_type == HzPreprocess.op_type and node.output[0] in grids:
+            # The BPU runs the preprocessing as an integer conv: emulate its coefficients.
+            node.attribute.append(helper.make_attribute("integer", 1))
     for p in plan.weights:
         out = f"{p.tensor}_calibrated"
         reader = nodes[p.rewire[0][0]]
@@ -353,6 +367,7 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
             new_nodes.append(HzCalibration.build(p.tensor, out, kind="weight", thresholds=weight_th[p.tensor],
                                                  bits=8, axis=p.axis, method="max", rounding=rounding))
         for name, k in p.rewire:
+            new_nodes.extend(_bias_nodes(model, nodes[name], new_nodes[-1], plan, grids))
             nodes[name].input[k] = out
     for p in plan.activations:
         src, out = p.tensor, f"{p.tensor}_calibrated"
@@ -378,6 +393,37 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
     topological_sort(model)
     with_horizon_domain(model)
     return model
+
+
+def _bias_nodes(model: ModelProto, reader: NodeProto, weight_node: NodeProto, plan: CalibrationPlan,
+                grids: dict[str, Grid]) -> list[NodeProto]:
+    """The bias of ``reader`` moved onto its int32 accumulator grid (SPEC §7: the calibrated
+    model follows the integer rounding). Nothing for a reader without a bias or a
+    calibrated input."""
+    if len(reader.input) < 3 or not reader.input[2]:
+        return []
+    weight = attrs_of(weight_node)
+    if "input_scales" in weight:  # the input's per-channel steps are folded into the weight
+        input_scale, input_node = 1.0, ""
+    else:
+        source = plan.grid_source.get(reader.input[0])
+        if source is None or grids[source].scales.size != 1:
+            return []
+        input_scale, input_node = float(grids[source].scales[0]), calibration_node(source)
+    gain = 1.0
+    if reader.op_type == "Gemm":
+        a = {x.name: helper.get_attribute_value(x) for x in reader.attribute}
+        beta = float(a.get("beta", 1.0))
+        if beta == 0.0:
+            return []
+        gain = abs(float(a.get("alpha", 1.0))) / beta
+    bias = reader.input[2]
+    out = f"{bias}_{reader.name}_calibrated"
+    node = HzBiasCalibration.build(bias, out, f"{reader.name}_bias_HzCalibration",
+                                   weight_scales=np.asarray(weight["scales"], dtype=np.float32),
+                                   input_scale=input_scale, input_calibration=input_node, gain=gain)
+    reader.input[2] = out
+    return [node]
 
 
 def folded_weights(calibrated: ModelProto) -> dict[str, np.ndarray]:

@@ -18,10 +18,9 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN, attrs_of
+from hbtools.ops.registry import has_fact
 from hbtools.runtime.binfile import BinFormatError
 
-CPU_HZ_OPS = ("HzQuantize", "HzDequantize")
-_FLOAT_HZ_OPS = ("HzDequantize", "HzPreprocess", "HzCalibration")
 _INT_TYPES = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.UINT8, TensorProto.UINT16}
 _OUT_TYPES = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
 
@@ -38,7 +37,7 @@ class TensorInfo:
 
 def hz_output_type(node: NodeProto) -> int:
     """Element type of a Hz node's outputs, from its attributes alone."""
-    if node.op_type in _FLOAT_HZ_OPS:
+    if has_fact(node.op_type, "float_output"):
         return TensorProto.FLOAT
     out_type = attrs_of(node).get("out_type")
     if not isinstance(out_type, str) or out_type not in _OUT_TYPES:
@@ -74,7 +73,6 @@ def tensor_info(graph: ModelProto) -> dict[str, TensorInfo]:
 
 
 _MAX_ROUNDS = 8
-_SHAPE_PRESERVING_HZ = ("HzQuantize", "HzDequantize", "HzLut", "HzRequantize", "HzPreprocess", "HzCalibration")
 
 
 def _inference_round(graph: ModelProto, known: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
@@ -92,7 +90,7 @@ def _inference_round(graph: ModelProto, known: dict[str, TensorInfo]) -> dict[st
         if node.domain != DOMAIN:
             continue
         elem = hz_output_type(node)
-        source = known.get(node.input[0]) if node.input and node.op_type in _SHAPE_PRESERVING_HZ else None
+        source = known.get(node.input[0]) if node.input and has_fact(node.op_type, "shape_preserving") else None
         shape = list(source.shape) if source is not None and source.shape is not None else None
         probe.graph.value_info.extend(
             helper.make_tensor_value_info(o, elem, shape) for o in node.output if o and o not in declared
@@ -143,7 +141,7 @@ def analyse(graph: ModelProto, partition: dict, info: dict[str, TensorInfo]) -> 
     on = []
     for node in nodes:
         if node.domain == DOMAIN:
-            on.append("CPU" if node.op_type in CPU_HZ_OPS else "BPU")
+            on.append("CPU" if has_fact(node.op_type, "boundary") else "BPU")
         elif node.name in cpu_names:
             on.append("CPU")
         elif node.name in bpu_names:

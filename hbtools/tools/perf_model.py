@@ -15,6 +15,7 @@ from onnx import NodeProto, helper
 
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import DOMAIN, attrs_of
+from hbtools.ops.registry import has_fact
 from hbtools.runtime.binfile import BinFormatError
 from hbtools.runtime.runtime_model import RuntimeModel
 from hbtools.runtime.structure import TensorInfo, analyse, tensor_info
@@ -23,7 +24,6 @@ CHANNEL_BLOCK = 8  # channels the MAC array takes per step, on each of input and
 DEPTHWISE_EFFICIENCY = 1 / 8  # depthwise convolutions use a fraction of the MAC array
 VECTOR_SHARE = 1 / 32  # the vector unit's element rate relative to the MAC array's op rate
 LAYER_OVERHEAD_MS = 0.001  # issuing and synchronising one layer, whatever its size
-MAC_OPS = ("HzSQuantizedConv", "HzSQuantizedMatMul")
 
 
 @dataclass
@@ -206,7 +206,7 @@ def _subgraph(name: str, indices: list[int], nodes: list[NodeProto], info: dict[
     layers = []
     for node in members:
         try:
-            if node.domain == DOMAIN and node.op_type in MAC_OPS:
+            if node.domain == DOMAIN and has_fact(node.op_type, "mac"):
                 macs, share = _mac_work(node, info)
                 ops, rate = 2.0 * macs, peak_ops * share
             else:

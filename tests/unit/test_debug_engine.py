@@ -8,7 +8,6 @@ on the calibrated model.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from hbtools.debug import tails
 from hbtools.debug.board import Switchboard
 from hbtools.debug.data import load_samples
 from hbtools.debug.model import load_calibrated
+from hbtools.quant.calibrated import without_integer_emulation
 from hbtools.runtime import HB_ONNXRuntime
 
 CASES = {**{name: build for name, build in MODELS.items()}, "two_inputs": two_inputs}
@@ -33,8 +33,11 @@ def dumped(request, tmp_path_factory: pytest.TempPathFactory) -> Dumped:
 
 
 def without(model: onnx.ModelProto, removed: set[str]) -> onnx.ModelProto:
-    """The calibrated model with some calibration nodes deleted (their readers take the float input)."""
-    model = copy.deepcopy(model)
+    """The calibrated model with some calibration nodes deleted (their readers take the float input).
+
+    Like the debugger, it leaves out the bias and preprocessing emulation, which belong to no switch.
+    """
+    model = without_integer_emulation(model)
     outputs = {o.name for o in model.graph.output}
     bypass = {n.output[0]: n.input[0] for n in model.graph.node if n.name in removed and n.output[0] not in outputs}
     kept = [n if n.name not in removed or n.output[0] not in outputs else

@@ -1,0 +1,46 @@
+"""Naming contracts between the artefacts and the tools that read them.
+
+A calibrated model names the node calibrating tensor ``T`` ``T_HzCalibration``
+(seed 002); a session built with ``feed_calibration`` takes that node's grid and
+enable flag from graph inputs ``<node>_scale``, ``<node>_qmax``, ``<node>_qmin``,
+``<node>_zero_point`` and ``<node>_enable``; the quantized model holds the integer
+form of float tensor ``T`` as ``T_quantized``. Every module builds and parses these
+names here.
+"""
+
+from __future__ import annotations
+
+from onnx import NodeProto
+
+CALIBRATION_SUFFIX = "_HzCalibration"
+QUANTIZED_SUFFIX = "_quantized"
+FED_GRID_PARTS = ("scale", "qmax", "qmin", "zero_point", "enable")
+
+
+def calibration_node(tensor: str) -> str:
+    """Name of the HzCalibration node of ``tensor``."""
+    return f"{tensor}{CALIBRATION_SUFFIX}"
+
+
+def calibrated_tensor(node: NodeProto) -> str:
+    """The float tensor a HzCalibration node calibrates."""
+    if node.name.endswith(CALIBRATION_SUFFIX):
+        return node.name[: -len(CALIBRATION_SUFFIX)]
+    return node.input[0]
+
+
+def fed_input(node_name: str, part: str) -> str:
+    """Graph input feeding ``part`` (scale, qmax, qmin, zero_point, enable) of a calibration node."""
+    if part not in FED_GRID_PARTS:
+        raise ValueError(f"unknown fed part {part!r}")
+    return f"{node_name}_{part}"
+
+
+def enable_input(node_name: str) -> str:
+    """Boolean graph input switching a calibration node on or off (search, debugger)."""
+    return fed_input(node_name, "enable")
+
+
+def quantized_tensor(tensor: str) -> str:
+    """Name of the integer form of float ``tensor`` in the quantized model."""
+    return f"{tensor}{QUANTIZED_SUFFIX}"

@@ -1,0 +1,36 @@
+"""Data-movement ops (Reshape, Transpose, MaxPool, …) run on the integers as they are."""
+
+from __future__ import annotations
+
+from onnx import TensorProto, helper
+
+from hbtools.graph.model_io import default_opset
+from hbtools.quant.emitters import emits
+from hbtools.quant.emitters.state import EmitState, QTensor
+from hbtools.quant.units import Unit
+
+# onnxruntime has no int16 kernels for these (nor int8 ones before opset 12/13).
+_FLOAT_KERNEL_ONLY = ("MaxPool", "GlobalMaxPool", "Resize")
+
+
+@emits("passive")
+def emit(state: EmitState, unit: Unit) -> None:
+    node = unit.main
+    xq = state.need_q(unit.inputs[0])
+    outs = [f"{o}_quantized" for o in node.output]
+    copy = helper.make_node(node.op_type, [xq.name, *node.input[1:]], outs, name=node.name)
+    copy.attribute.extend(node.attribute)
+    if node.op_type in _FLOAT_KERNEL_ONLY and (xq.dtype == "int16" or default_opset(state.src) < 13):
+        # Integers survive a float32 round trip. The casts are named after this node: two readers
+        # of one tensor each get their own.
+        xf = f"{node.name}_{xq.name}_as_float"
+        state.nodes.append(helper.make_node("Cast", [xq.name], [xf], name=f"{xf}_Cast", to=TensorProto.FLOAT))
+        copy.input[0] = xf
+        copy.output[0] = f"{node.name}_{node.output[0]}_float"
+        state.nodes.append(copy)
+        state.nodes.append(helper.make_node("Cast", [copy.output[0]], [outs[0]], name=f"{outs[0]}_Cast",
+                                            to=TensorProto.INT16 if xq.dtype == "int16" else TensorProto.INT8))
+    else:
+        state.nodes.append(copy)
+    for o, qo in zip(node.output, outs, strict=True):
+        state.record(o, QTensor(qo, xq.dtype, xq.scale, xq.axis, xq.zero_point))
