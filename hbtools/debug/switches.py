@@ -47,6 +47,7 @@ def switchable_model(cm: CalibratedModel) -> Switched:
     taken = {o for n in graph.node for o in n.output} | {n.name for n in graph.node} | set(inits)
     taken |= {i.name for i in graph.input}
     ctx = LoweringContext(default_opset(model), taken, GraphView(cm.model).shapes)
+    ctx.exact = False  # switched piecewise: no float64 twins across the If branches
     wrapped = _wrappable_weights(cm, set(inits))
     quantized_weight: dict[str, tuple[str, str, str]] = {}  # calibrated name -> (switch, quantized, float)
     holders: dict[str, list[str]] = {}

@@ -23,7 +23,9 @@ def attrs_of(node: NodeProto) -> dict:
     out = {}
     for a in node.attribute:
         v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
+        if isinstance(v, TensorProto):  # float64 values (``HzOp.double_attributes``)
+            v = numpy_helper.to_array(v).tolist()
+        elif isinstance(v, bytes):
             v = v.decode()
         elif isinstance(v, list) and v and isinstance(v[0], bytes):
             v = [x.decode() for x in v]
@@ -50,6 +52,12 @@ class LoweringContext:
         self.feed_calibration = feed_calibration
         self.initializers: list[TensorProto] = []
         self.inputs: list[ValueInfoProto] = []
+        # Float64 twins of a calibrated model's tensors (``hbtools.ops.twins``), and the
+        # model's constants, which need no twin.
+        self.twins: dict = {}
+        self.exact = True  # keep twins (off where a lowering is switched piecewise, as the debugger's)
+        self.constants: set[str] = set()
+        self.float_constants: set[str] = set()
 
     def unique(self, hint: str) -> str:
         name, i = hint, 0
@@ -86,11 +94,17 @@ class HzOp:
 
     # Attribute spec: name -> default (REQUIRED: no default). Empty: not declared (free form).
     attributes: dict[str, object] = {}
+    # Attributes stored as float64 tensors: FLOAT(S) attributes are float32, and a requantization
+    # multiplier rounded to float32 moves results near a rounding tie to the other integer.
+    double_attributes: tuple[str, ...] = ()
 
     @classmethod
     def make_node(cls, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs) -> NodeProto:
         """A node of this op; attributes are checked against the spec, ``None`` values left out."""
         attrs = {k: v for k, v in attrs.items() if v is not None}
+        for k in cls.double_attributes:
+            if k in attrs:
+                attrs[k] = numpy_helper.from_array(np.asarray(attrs[k], dtype=np.float64))
         if cls.attributes:
             unknown = sorted(set(attrs) - set(cls.attributes))
             missing = sorted(k for k, v in cls.attributes.items() if v is REQUIRED and k not in attrs)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
+from hbtools.ops import twins
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
 from hbtools.ops.names import calibration_node, enable_input, fed_input
 from hbtools.ops.registry import register
@@ -86,10 +87,12 @@ class HzCalibration(HzOp):
         a = attrs_of(node)
         scales = _scales(a, ctx.rank(node.input[0]))
         shape = list(scales.shape)
+        scalar_step = scales.size == 1
         x, y = node.input[0], node.output[0]
         base = node.name
         zero_points = a.get("zero_points")
-        lo, hi = grid_bounds(a["bits"], zero_points is not None)
+        bits = int(a["bits"])
+        lo, hi = grid_bounds(bits, zero_points is not None)
         if ctx.feed_calibration and a.get("kind") == "activation":
             # Scale, grid and an enable flag are fed at run time: y = enable ? fq(x) : x.
             scale = ctx.graph_input(fed_input(base, "scale"), TensorProto.FLOAT, shape)
@@ -99,15 +102,30 @@ class HzCalibration(HzOp):
             if zero_points is not None:
                 zp = ctx.graph_input(fed_input(base, "zero_point"), TensorProto.FLOAT, shape)
                 qmin_in = ctx.graph_input(fed_input(base, "qmin"), TensorProto.FLOAT, [])
+            nodes: list[NodeProto] = []
+            if qmin_in is None:
+                qmin_in = ctx.unique(f"{base}_qmin")
+                nodes.append(helper.make_node("Neg", [qmax_in], [qmin_in], name=qmin_in))
+            if ctx.exact and x in ctx.twins:
+                twins.fake_quant_twin(ctx, x, y, scale, (qmin_in, qmax_in), bits, zp, base, nodes, enable,
+                                      scalar_step)
+                return nodes
             fq = ctx.unique(f"{base}_fq")
-            nodes = _fake_quant(x, fq, scale, (qmin_in, qmax_in), ctx, base, zp)
+            fq_nodes, levels = _fake_quant(x, fq, scale, (qmin_in, qmax_in), ctx, base, zp)
+            nodes += fq_nodes
             nodes.append(helper.make_node("Where", [enable, fq, x], [y], name=ctx.unique(f"{base}_where")))
+            # Disabled, the levels are x / scale: products over them still give the float value.
+            ratio, chosen = ctx.unique(f"{base}_ratio"), ctx.unique(f"{base}_chosen_levels")
+            nodes += [helper.make_node("Div", [x, scale], [ratio], name=ratio),
+                      helper.make_node("Where", [enable, levels, ratio], [chosen], name=chosen)]
+            twins.levels_twin(ctx, y, chosen, scale, bits, base, nodes, scalar_step=scalar_step)
             return nodes
-        nodes: list[NodeProto] = []
+        nodes = []
         offset = None
         if len(node.input) > 1 and node.input[1]:
             offset = ctx.unique(f"{base}_rounding")
             nodes.append(helper.make_node("Cast", [node.input[1]], [offset], name=offset, to=TensorProto.FLOAT))
+        scale = ctx.constant(f"{base}_scales", scales)
         if "input_scales" in a:
             wshape = ctx.shapes.get(x)
             if wshape is None:
@@ -116,15 +134,23 @@ class HzCalibration(HzOp):
                              input_scale_array(wshape, a["input_scales"], a["input_axis"], a.get("group", 1)))
             folded, quantized = ctx.unique(f"{base}_folded"), ctx.unique(f"{base}_fq")
             nodes.append(helper.make_node("Mul", [x, u], [folded], name=folded))
-            nodes += _fake_quant(folded, quantized, ctx.constant(f"{base}_scales", scales),
-                                 (float(lo), float(hi)), ctx, base, offset=offset)
+            fq_nodes, levels = _fake_quant(folded, quantized, scale, (float(lo), float(hi)), ctx, base, offset=offset)
+            nodes += fq_nodes
             nodes.append(helper.make_node("Div", [quantized, u], [y], name=ctx.unique(f"{base}_unfold")))
+            twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, folded=True, scalar_step=scalar_step)
             return nodes
-        scale = ctx.constant(f"{base}_scales", scales)
         zp = None
         if zero_points is not None:
             zp = ctx.constant(f"{base}_zero_points", np.asarray(zero_points, dtype=np.float32).reshape(shape))
-        return nodes + _fake_quant(x, y, scale, (float(lo), float(hi)), ctx, base, zp, offset=offset)
+        if ctx.exact and x in ctx.twins:
+            bounds = (ctx.constant(f"{base}_qmin", np.array(lo, dtype=np.float32)),
+                      ctx.constant(f"{base}_qmax", np.array(hi, dtype=np.float32)))
+            twins.fake_quant_twin(ctx, x, y, scale, bounds, bits, zp, base, nodes, scalar_step=scalar_step)
+            return nodes
+        fq_nodes, levels = _fake_quant(x, y, scale, (float(lo), float(hi)), ctx, base, zp, offset=offset)
+        nodes += fq_nodes
+        twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, scalar_step=scalar_step)
+        return nodes
 
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -141,8 +167,11 @@ class HzCalibration(HzOp):
 
 
 def _fake_quant(x: str, y: str, scale: str, bounds: tuple, ctx: LoweringContext, base: str,
-                zero_point: str | None = None, offset: str | None = None) -> list[NodeProto]:
-    """Div, Round, (+z), Clip, (-z), Mul; ``bounds`` are numbers or fed tensor names (qmin may be None)."""
+                zero_point: str | None = None, offset: str | None = None) -> tuple[list[NodeProto], str]:
+    """Div, Round, (+z), Clip, (-z), Mul; and the name of the levels (before the Mul).
+
+    ``bounds`` are numbers or fed tensor names.
+    """
     div, rnd, clp = (ctx.unique(f"{base}_{k}") for k in ("div", "round", "clip"))
     qmin, qmax = bounds
     extra = []
@@ -172,7 +201,7 @@ def _fake_quant(x: str, y: str, scale: str, bounds: tuple, ctx: LoweringContext,
         nodes.append(helper.make_node("Sub", [clp, zero_point], [back], name=back))
         clp = back
     nodes.append(helper.make_node("Mul", [clp, scale], [y], name=ctx.unique(f"{base}_mul")))
-    return nodes
+    return nodes, clp
 
 
 @register
@@ -213,21 +242,25 @@ class HzBiasCalibration(HzOp):
         per_weight = np.asarray(a["weight_scales"], dtype=np.float64) * np.float64(a.get("gain", 1.0))
         nodes: list[NodeProto] = []
         fed = fed_input(a["input_calibration"], "scale") if a.get("input_calibration") else None
+        # The step in float64, as the quantize stage divides the bias by it.
         if ctx.feed_calibration and fed is not None:
+            input_step = twins.to_double(ctx, fed, f"{base}_input_step", nodes)
             step = ctx.unique(f"{base}_step")
-            nodes.append(helper.make_node("Mul", [fed, ctx.constant(f"{base}_weight_steps",
-                                                                     per_weight.astype(np.float32))],
-                                          [step], name=step))
+            weight_steps = ctx.constant(f"{base}_weight_steps", per_weight)
+            nodes.append(helper.make_node("Mul", [input_step, weight_steps], [step], name=step))
         else:
-            step = ctx.constant(f"{base}_step", cls.steps(a).astype(np.float32))
-        div, rnd = ctx.unique(f"{base}_div"), ctx.unique(f"{base}_round")
-        nodes += [helper.make_node("Div", [node.input[0], step], [div], name=div),
-                  helper.make_node("Round", [div], [rnd], name=rnd),
-                  helper.make_node("Mul", [rnd, step], [node.output[0]], name=ctx.unique(f"{base}_mul"))]
+            step = ctx.constant(f"{base}_step", cls.steps(a))
+        bias = twins.to_double(ctx, node.input[0], base, nodes)
+        div, levels, value = (ctx.unique(f"{base}_{k}") for k in ("div", "levels", "value"))
+        nodes += [helper.make_node("Div", [bias, step], [div], name=div),
+                  helper.make_node("Round", [div], [levels], name=levels),
+                  helper.make_node("Mul", [levels, step], [value], name=value)]
+        twins.to_float(ctx, value, node.output[0], nodes)
+        ctx.twins[node.output[0]] = twins.Twin(value, levels, step, 32)
         return nodes
 
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        step = cls.steps(attrs_of(node)).astype(np.float32)
-        x = np.asarray(inputs[0], dtype=np.float32)
+        step = cls.steps(attrs_of(node))
+        x = np.asarray(inputs[0], dtype=np.float32).astype(np.float64)
         return [(np.round(x / step) * step).astype(np.float32)]

@@ -9,6 +9,7 @@ from hbtools.config.model import ALLOWED_RT_FOR_TRAIN, InputSpec
 from hbtools.data import colour
 from hbtools.data.intermediate import channels_last, from_channels_last
 from hbtools.errors import HbError
+from hbtools.ops import twins
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
 from hbtools.ops.registry import register
 from hbtools.quant import grids
@@ -65,10 +66,19 @@ class HzPreprocess(HzOp):
                 helper.make_node("Add", [xm, bias], [affine_out], name=ctx.unique(f"{node.name}_add")),
             ]
         if step is not None:
-            # Integer coefficients: the sums above are exact in float32; one product scales them.
+            # Integer coefficients: the sums above are exact in float32; one product scales them,
+            # in float64 where the calibrated model keeps twins (hbtools.ops.twins).
             shape = [1, -1, 1, 1] if layout == "NCHW" else [-1]
-            s = ctx.constant(f"{node.name}_step", step.astype(np.float32).reshape(shape))
-            nodes.append(helper.make_node("Mul", [affine_out, s], [y], name=ctx.unique(f"{node.name}_scale")))
+            if not ctx.exact:
+                s = ctx.constant(f"{node.name}_step", step.astype(np.float32).reshape(shape))
+                nodes.append(helper.make_node("Mul", [affine_out, s], [y], name=ctx.unique(f"{node.name}_scale")))
+                return nodes
+            s = ctx.constant(f"{node.name}_step", step.astype(np.float64).reshape(shape))
+            acc = twins.to_double(ctx, affine_out, f"{node.name}_accumulator", nodes)
+            value = ctx.unique(f"{node.name}_value_f64")
+            nodes.append(helper.make_node("Mul", [acc, s], [value], name=value))
+            twins.to_float(ctx, value, y, nodes)
+            ctx.twins[y] = twins.Twin(value)
         return nodes
 
     @classmethod

@@ -224,8 +224,14 @@ def _np_conv_transpose(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
                                       group=int(a.get("group", 1)), bound=bound)
 
 
+class _Requantizing(HzOp):
+    """An integer op whose output is ``clip(round(acc * m) + z)``: multipliers kept in float64."""
+
+    double_attributes = ("multiplier", "a_multiplier", "b_multiplier", "multipliers")
+
+
 @register
-class HzSQuantizedConv(HzOp):
+class HzSQuantizedConv(_Requantizing):
     """Conv / ConvTranspose / MatMul-with-weight on integers.
 
     Inputs: x (int8|int16), w (int8), optional bias (int32). Extra attributes:
@@ -282,7 +288,7 @@ class HzSQuantizedConv(HzOp):
 
 
 @register
-class HzSQuantizedMatMul(HzOp):
+class HzSQuantizedMatMul(_Requantizing):
     """MatMul of two integer activations. Attributes: a_bits, b_bits, axis=-1."""
 
     op_type = "HzSQuantizedMatMul"
@@ -309,7 +315,7 @@ class HzSQuantizedMatMul(HzOp):
 
 
 @register
-class HzSQuantizedEltwise(HzOp):
+class HzSQuantizedEltwise(_Requantizing):
     """Add/Sub/Mul of two integer tensors: ``mode`` add (a*ma + b*mb) or mul (a*b*m)."""
 
     op_type = "HzSQuantizedEltwise"
@@ -382,7 +388,7 @@ class HzLut(HzOp):
 
 
 @register
-class HzSQuantizedPool(HzOp):
+class HzSQuantizedPool(_Requantizing):
     """Average pooling: integer window sums times ``multiplier`` (1/window folded in).
 
     ``kind`` GlobalAveragePool (ReduceSum over spatial axes) or AveragePool (a
@@ -442,7 +448,7 @@ class HzSQuantizedPool(HzOp):
 
 
 @register
-class HzSQuantizedConcat(HzOp):
+class HzSQuantizedConcat(_Requantizing):
     """Concat of integer tensors brought to one scale: ``multipliers`` per input, ``concat_axis``."""
 
     op_type = "HzSQuantizedConcat"
@@ -496,7 +502,7 @@ def _minus_zero_point(ctx: LoweringContext, x: str, zero_point: int, hint: str, 
 
 
 @register
-class HzRequantize(HzOp):
+class HzRequantize(_Requantizing):
     """Integer to integer at another scale (e.g. an int32 accumulator to int8)."""
 
     op_type = "HzRequantize"

@@ -74,7 +74,16 @@ class BinModel:
 
 
 def _check_text_attributes(model: Any, name: str) -> None:
-    """ONNX keeps string attributes as raw bytes; ours are always UTF-8, anything else is damage."""
+    """ONNX keeps string attributes as raw bytes; ours are always UTF-8, anything else is damage.
+
+    Names are protobuf strings: undecodable ones come back as bytes.
+    """
+    graph = model.graph
+    names = [t.name for t in (*graph.input, *graph.output, *graph.initializer, *graph.value_info)]
+    for node in graph.node:
+        names += [node.name, node.op_type, node.domain, *node.input, *node.output]
+    if any(not isinstance(n, str) for n in names):
+        raise BinFormatError(_one_line(f"graph of model {name!r} has a name that is not UTF-8 text (corrupted file?)"))
     for node in model.graph.node:
         for attr in node.attribute:
             for raw in (attr.s, *attr.strings):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto
 
 from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset, with_horizon_domain
-from hbtools.ops import registry
+from hbtools.ops import registry, twins
 from hbtools.ops.base import DOMAIN, LoweringContext
 
 
@@ -29,12 +29,16 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False) -> ModelPr
     taken |= {t.name for t in model.graph.initializer} | {n.name for n in model.graph.node}
     shapes = GraphView(model).shapes
     ctx = LoweringContext(default_opset(model), taken, shapes, feed_calibration=feed_calibration)
+    ctx.constants = {t.name for t in model.graph.initializer}
+    ctx.float_constants = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
     nodes = []
     for node in model.graph.node:
         if node.domain == DOMAIN:
             nodes.extend(registry.get(node.op_type).lower(node, ctx))
-        else:
-            nodes.append(node)
+            continue
+        # In a calibrated model, integer-valued products run on their levels (hbtools.ops.twins).
+        twin = twins.lower_standard(node, ctx)
+        nodes.extend(twin or [node])
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(ctx.initializers)

@@ -1,0 +1,244 @@
+"""Double-precision twins: how the calibrated model follows the integer ops' rounding.
+
+The quantized model requantizes in float64 from exact integer sums:
+``round(acc * m)``. A float32 graph of fake-quantized values computes the same
+value with float32 rounding in the sums and in the division by the next step, and
+a value that lands near a rounding tie then takes the other integer. One such
+flip is harmless, but a network with global pooling or attention spreads it, so
+the lowering of a calibrated model keeps, next to a float32 tensor, its *twin*:
+the same value in float64 and, where it is ``levels * step``, the levels and the
+step. Products of integer levels run as float32 convolutions over the levels (whole
+numbers, exact while sums stay below 2**24: int16 levels are split in two bytes),
+and every fake quant fed by a twin divides in float64, as the integer ops do.
+
+Twins run through the ops the quantized model computes in integers without a
+lookup table: conv-like products, Add/Sub/Mul of two activations, global average
+pooling, Concat and data movement. Element-wise functions (lookup tables in the
+quantized model) stay float32, like the tables computed from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper
+
+from hbtools.ops.base import LoweringContext
+
+# Data-movement ops: levels in, levels out; the step does not change.
+_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Resize",
+          "GlobalMaxPool")
+_DOUBLE_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity")
+_ELEMENTWISE = ("Add", "Sub", "Mul")
+
+
+@dataclass
+class Twin:
+    value: str  # float64 tensor: the exact value
+    levels: str | None = None  # float64 integer levels (zero point removed), when value = levels * step
+    step: str | None = None  # float64 step, broadcastable to the levels
+    bits: int = 8
+    folded: bool = False  # a weight whose levels carry its input's per-channel steps
+    scalar_step: bool = True  # one step for the whole tensor
+
+
+def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
+    out = ctx.unique(hint)
+    nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+    return out
+
+
+def to_double(ctx: LoweringContext, x: str, hint: str, nodes: list[NodeProto]) -> str:
+    return _node(ctx, "Cast", [x], f"{hint}_f64", nodes, to=TensorProto.DOUBLE)
+
+
+def to_float(ctx: LoweringContext, x_d: str, out: str, nodes: list[NodeProto]) -> None:
+    nodes.append(helper.make_node("Cast", [x_d], [out], name=ctx.unique(f"{out}_f32"), to=TensorProto.FLOAT))
+
+
+def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tuple[str, str], bits: int,
+                    zero_point: str | None, base: str, nodes: list[NodeProto], enable: str | None = None,
+                    scalar_step: bool = True) -> None:
+    """Fake quant of twin-carrying ``x`` in float64: ``y`` (float32) and its twin.
+
+    ``scale``, ``bounds`` and ``zero_point`` are float32 tensors (constants or fed inputs).
+    With ``enable`` (a fed flag) a disabled node passes its input on; its levels are then
+    ``x / scale``, so products over levels still give the float value.
+    """
+    src = ctx.twins[x]
+    s = to_double(ctx, scale, f"{base}_scale", nodes)
+    lo, hi = (to_double(ctx, b, f"{base}_bound", nodes) for b in bounds)
+    ratio = _node(ctx, "Div", [src.value, s], f"{base}_div_f64", nodes)
+    q = _node(ctx, "Round", [ratio], f"{base}_round_f64", nodes)
+    z = to_double(ctx, zero_point, f"{base}_zp", nodes) if zero_point else None
+    if z:
+        q = _node(ctx, "Add", [q, z], f"{base}_shift_f64", nodes)
+    q = _node(ctx, "Max", [q, lo], f"{base}_lo_f64", nodes)
+    q = _node(ctx, "Min", [q, hi], f"{base}_hi_f64", nodes)
+    if z:
+        q = _node(ctx, "Sub", [q, z], f"{base}_unshift_f64", nodes)
+    value = _node(ctx, "Mul", [q, s], f"{base}_fq_f64", nodes)
+    if enable is not None:
+        value = _node(ctx, "Where", [enable, value, src.value], f"{base}_where_f64", nodes)
+        q = _node(ctx, "Where", [enable, q, ratio], f"{base}_levels_f64", nodes)
+    to_float(ctx, value, y, nodes)
+    ctx.twins[y] = Twin(value, q, s, bits, scalar_step=scalar_step)
+
+
+def levels_twin(ctx: LoweringContext, y: str, levels: str, scale: str, bits: int, base: str,
+                nodes: list[NodeProto], *, folded: bool = False, scalar_step: bool = True) -> None:
+    """Record the twin of a float32 fake-quant output ``y`` = ``levels * scale`` (float32 tensors)."""
+    if not ctx.exact:
+        return
+    lev = to_double(ctx, levels, f"{base}_levels", nodes)
+    s = to_double(ctx, scale, f"{base}_step", nodes)
+    value = to_double(ctx, y, f"{base}_value", nodes) if folded else _node(ctx, "Mul", [lev, s],
+                                                                            f"{base}_value_f64", nodes)
+    ctx.twins[y] = Twin(value, lev, s, bits, folded, scalar_step)
+
+
+def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+    """Twin nodes for standard ``node`` when its integer form rounds in float64; else none."""
+    if not ctx.exact or not ctx.twins or node.domain not in ("", "ai.onnx") or not node.output:
+        return []
+    op = node.op_type
+    data = [i for i in node.input if i and i not in ctx.constants]
+    if not data or any(i not in ctx.twins for i in data):
+        return []
+    nodes: list[NodeProto] = []
+    if op in ("Conv", "ConvTranspose"):
+        done = _conv(node, ctx, nodes)
+    elif op in ("Gemm", "MatMul"):
+        done = _product(node, ctx, nodes)
+    elif op in _ELEMENTWISE and len(data) == 2:
+        done = _same_op(node, ctx, nodes)
+    elif op == "Relu" or (op == "Clip" and ctx.opset >= 12):
+        done = _same_op(node, ctx, nodes)
+    elif op == "Concat":
+        done = _same_op(node, ctx, nodes)
+    elif op == "GlobalAveragePool":
+        done = _global_average(node, ctx, nodes)
+    elif op in _MOVES and len(data) == 1 and len(node.output) == 1:
+        done = _move(node, ctx, nodes)
+    else:
+        done = False
+    return nodes if done else []
+
+
+def _twin_input(i: str, ctx: LoweringContext, nodes: list[NodeProto]) -> str:
+    """The float64 form of a node input: its twin, or a cast of a float constant."""
+    if i in ctx.twins:
+        return ctx.twins[i].value
+    if i in ctx.float_constants:
+        return to_double(ctx, i, i, nodes)
+    return i  # shapes, axes, indices: as they are
+
+
+def _same_op(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    """The node itself, run on float64 twins."""
+    value = ctx.unique(f"{node.output[0]}_f64")
+    twin = helper.make_node(node.op_type, [_twin_input(i, ctx, nodes) if i else "" for i in node.input], [value],
+                            name=value)
+    twin.attribute.extend(node.attribute)
+    nodes.append(twin)
+    _replace_output(node, ctx, value, nodes)
+    return True
+
+
+def _replace_output(node: NodeProto, ctx: LoweringContext, value: str, nodes: list[NodeProto],
+                    twin: Twin | None = None) -> None:
+    """The node's float32 output becomes the cast of its twin."""
+    to_float(ctx, value, node.output[0], nodes)
+    ctx.twins[node.output[0]] = twin or Twin(value)
+
+
+def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    src = ctx.twins[node.input[0]]
+    if src.levels is None:
+        return _same_op(node, ctx, nodes) if node.op_type in _DOUBLE_MOVES else False
+    # Move the levels (exact in float32 too, for ops without a float64 kernel); the step stays.
+    levels = src.levels
+    if node.op_type not in _DOUBLE_MOVES:
+        levels = _node(ctx, "Cast", [levels], f"{node.name}_levels_f32", nodes, to=TensorProto.FLOAT)
+    moved = ctx.unique(f"{node.output[0]}_levels")
+    copy = helper.make_node(node.op_type, [levels, *node.input[1:]], [moved], name=moved)
+    copy.attribute.extend(node.attribute)
+    nodes.append(copy)
+    if node.op_type not in _DOUBLE_MOVES:
+        moved = to_double(ctx, moved, moved, nodes)
+    value = _node(ctx, "Mul", [moved, src.step], f"{node.output[0]}_value_f64", nodes)
+    _replace_output(node, ctx, value, nodes, Twin(value, moved, src.step, src.bits))
+    return True
+
+
+def _global_average(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    src = ctx.twins[node.input[0]]
+    shape = ctx.shapes.get(node.input[0])
+    if src.levels is None or not shape or any(not isinstance(d, int) or d <= 0 for d in shape[2:]):
+        return False
+    window = float(np.prod(shape[2:]))
+    axes = list(range(2, len(shape)))
+    if ctx.opset >= 13:
+        total = _node(ctx, "ReduceSum", [src.levels, ctx.constant(f"{node.name}_axes", np.array(axes, np.int64))],
+                      f"{node.name}_sum_f64", nodes, keepdims=1)
+    else:
+        total = _node(ctx, "ReduceSum", [src.levels], f"{node.name}_sum_f64", nodes, axes=axes, keepdims=1)
+    per = _node(ctx, "Div", [src.step, ctx.constant(f"{node.name}_window", np.array(window))],
+                f"{node.name}_step_f64", nodes)
+    value = _node(ctx, "Mul", [total, per], f"{node.output[0]}_f64", nodes)
+    _replace_output(node, ctx, value, nodes)
+    return True
+
+
+def _product(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    """Gemm / MatMul in float64: products of two float32-step values are exact to 2**-53."""
+    if any(ctx.twins.get(i) is not None and ctx.twins[i].folded for i in node.input):
+        return False
+    return _same_op(node, ctx, nodes)
+
+
+def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    """A convolution over integer levels: float32 sums of whole numbers, then one float64 product."""
+    x, w = ctx.twins.get(node.input[0]), ctx.twins.get(node.input[1])
+    rank = ctx.rank(node.output[0])
+    if x is None or w is None or x.levels is None or w.levels is None or rank is None:
+        return False
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if bias and (bias not in ctx.twins or ctx.twins[bias].levels is None):
+        return False
+    if not w.folded and not x.scalar_step:
+        return False
+    if node.op_type == "ConvTranspose" and any(a.name == "group" and a.i != 1 for a in node.attribute):
+        return False
+    attrs = list(node.attribute)
+    w32 = _node(ctx, "Cast", [w.levels], f"{node.name}_w_levels", nodes, to=TensorProto.FLOAT)
+    x32 = _node(ctx, "Cast", [x.levels], f"{node.name}_x_levels", nodes, to=TensorProto.FLOAT)
+    parts = [(x32, 1.0)]
+    if x.bits > 8:  # int16 levels: two bytes, so every sum stays an exact float32 integer
+        c256 = ctx.constant(f"{node.name}_256", np.array(256.0, dtype=np.float32))
+        hi = _node(ctx, "Floor", [_node(ctx, "Div", [x32, c256], f"{node.name}_x_div", nodes)],
+                   f"{node.name}_x_hi", nodes)
+        lo = _node(ctx, "Sub", [x32, _node(ctx, "Mul", [hi, c256], f"{node.name}_x_hi256", nodes)],
+                   f"{node.name}_x_lo", nodes)
+        parts = [(hi, 256.0), (lo, 1.0)]
+    acc = None
+    for part, weight in parts:
+        out = ctx.unique(f"{node.name}_acc")
+        conv = helper.make_node(node.op_type, [part, w32], [out], name=out)
+        conv.attribute.extend(attrs)
+        nodes.append(conv)
+        term = to_double(ctx, out, out, nodes)
+        if weight != 1.0:
+            term = _node(ctx, "Mul", [term, ctx.constant(f"{node.name}_k", np.array(weight))], f"{out}_k", nodes)
+        acc = term if acc is None else _node(ctx, "Add", [acc, term], f"{node.name}_acc_sum", nodes)
+    channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
+    if bias:
+        b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes)
+        acc = _node(ctx, "Add", [acc, b], f"{node.name}_acc_bias", nodes)
+    step = _node(ctx, "Reshape", [w.step, channel_shape], f"{node.name}_w_step", nodes)
+    if not w.folded:
+        step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
+    value = _node(ctx, "Mul", [acc, step], f"{node.output[0]}_f64", nodes)
+    _replace_output(node, ctx, value, nodes)
+    return True
