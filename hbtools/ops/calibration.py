@@ -252,8 +252,13 @@ class HzBiasCalibration(HzOp):
             step = ctx.constant(f"{base}_step", cls.steps(a))
         bias = twins.to_double(ctx, node.input[0], base, nodes)
         div, levels, value = (ctx.unique(f"{base}_{k}") for k in ("div", "levels", "value"))
+        rounded, low = ctx.unique(f"{base}_round"), ctx.unique(f"{base}_low")
         nodes += [helper.make_node("Div", [bias, step], [div], name=div),
-                  helper.make_node("Round", [div], [levels], name=levels),
+                  helper.make_node("Round", [div], [rounded], name=rounded),
+                  helper.make_node("Max", [rounded, ctx.constant(f"{base}_int32_min",
+                                                                 np.array(float(grids.INT32_MIN)))], [low], name=low),
+                  helper.make_node("Min", [low, ctx.constant(f"{base}_int32_max", np.array(float(grids.INT32_MAX)))],
+                                   [levels], name=levels),
                   helper.make_node("Mul", [levels, step], [value], name=value)]
         twins.to_float(ctx, value, node.output[0], nodes)
         ctx.twins[node.output[0]] = twins.Twin(value, levels, step, 32)
@@ -263,4 +268,4 @@ class HzBiasCalibration(HzOp):
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         step = cls.steps(attrs_of(node))
         x = np.asarray(inputs[0], dtype=np.float32).astype(np.float64)
-        return [(np.round(x / step) * step).astype(np.float32)]
+        return [(grids.bias_levels(x, step) * step).astype(np.float32)]

@@ -359,13 +359,17 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
         if reader.input[0] in per_channel:
             new_nodes.append(_folded_weight_node(p, reader, view, grids[reader.input[0]].scales))
         else:
+            th, raised = _with_bias_room(weight_th[p.tensor], [nodes[name] for name, _ in p.rewire], model, plan,
+                                         grids)
             rounding = None
             if p.tensor in plan.rounding:
                 rounding = f"{p.tensor}_rounding"
-                model.graph.initializer.append(numpy_helper.from_array(plan.rounding[p.tensor].astype(np.int8),
-                                                                       rounding))
-            new_nodes.append(HzCalibration.build(p.tensor, out, kind="weight", thresholds=weight_th[p.tensor],
-                                                 bits=8, axis=p.axis, method="max", rounding=rounding))
+                offsets = plan.rounding[p.tensor].astype(np.int8)
+                if raised.any():  # chosen for the old grid: nearest rounding on the new one
+                    offsets = np.where(along(raised, p.axis, offsets.ndim), 0, offsets).astype(np.int8)
+                model.graph.initializer.append(numpy_helper.from_array(offsets, rounding))
+            new_nodes.append(HzCalibration.build(p.tensor, out, kind="weight", thresholds=th, bits=8, axis=p.axis,
+                                                 method="max", rounding=rounding))
         for name, k in p.rewire:
             new_nodes.extend(_bias_nodes(model, nodes[name], new_nodes[-1], plan, grids))
             nodes[name].input[k] = out
@@ -393,6 +397,44 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
     topological_sort(model)
     with_horizon_domain(model)
     return model
+
+
+BIAS_ROOM = 2.0**30  # largest |bias level| a weight grid leaves on the int32 accumulator
+
+
+def along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    shape = [1] * rank
+    shape[axis] = -1
+    return np.asarray(values).reshape(shape)
+
+
+def _with_bias_room(thresholds: np.ndarray, readers: list[NodeProto], model: ModelProto, plan: CalibrationPlan,
+                    grids: dict[str, Grid]) -> tuple[np.ndarray, np.ndarray]:
+    """Weight thresholds raised where a reader's bias would not fit the int32 accumulator.
+
+    A (nearly) dead output channel has a tiny weight step, so its accumulator step
+    ``s_x * s_w`` is tiny and its bias, in that step, beyond int32. Its weights do not
+    matter next to the bias: a coarser weight grid keeps the bias. Returns the thresholds
+    and which channels were raised.
+    """
+    th = np.asarray(thresholds, dtype=np.float64).copy()
+    inits = {t.name: t for t in model.graph.initializer}
+    for reader in readers:
+        if len(reader.input) < 3 or reader.input[2] not in inits:
+            continue
+        source = plan.grid_source.get(reader.input[0])
+        if source is None or grids[source].scales.size != 1:
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in reader.attribute}
+        bias = np.abs(numpy_helper.to_array(inits[reader.input[2]]).astype(np.float64)).reshape(-1)
+        gain = 1.0
+        if reader.op_type == "Gemm":
+            bias, gain = bias * abs(float(a.get("beta", 1.0))), abs(float(a.get("alpha", 1.0))) or 1.0
+        if bias.size not in (1, th.size):
+            continue
+        s_x = float(grids[source].scales[0])
+        th = np.maximum(th, 127.0 * bias / (s_x * gain * BIAS_ROOM))
+    return th, th > np.asarray(thresholds, dtype=np.float64)
 
 
 def _bias_nodes(model: ModelProto, reader: NodeProto, weight_node: NodeProto, plan: CalibrationPlan,

@@ -97,18 +97,20 @@ def test_quantized_close_to_float(converted: Converted) -> None:
 
 
 def test_calibrated_model_emulates_quantized(converted: Converted) -> None:
-    """The calibrated model is the quantized model's float emulation.
+    """The calibrated model is the quantized model's exact float emulation (SPEC §7).
 
-    Per sample the two can part in deep models (a rounding tie broken differently early on
-    grows through rec's 30-odd int8 layers and its 6625-way softmax), so the bound is on the
-    held-out mean: they must agree at least as well as either agrees with float.
+    Per held-out sample the two agree (cosine >= 0.9999; a classifier keeps its class): the
+    calibrated model follows the integer rounding, so what every search scores is what runs.
     """
     calibrated = _outputs(converted.paths["calibrated"], converted.heldout)
     quant = _outputs(converted.paths["quantized"], converted.heldout)
     ref = _outputs(converted.paths["original"], converted.heldout)
-    keep = ppocr.cosine_samples(converted.name, ref)
-    cos = np.mean([cosine_similarity(calibrated[k], quant[k]) for k in keep])
-    assert cos >= 0.98, f"{converted.name}: calibrated vs quantized mean cosine {cos:.4f}"
+    for k in ppocr.cosine_samples(converted.name, ref):
+        cos = cosine_similarity(calibrated[k], quant[k])
+        assert cos >= 0.9999, f"{converted.name}: held-out sample {k}: calibrated vs quantized cosine {cos:.6f}"
+    if converted.name == "cls":
+        flipped = [k for k, (c, q) in enumerate(zip(calibrated, quant, strict=True)) if c.argmax() != q.argmax()]
+        assert not flipped, f"cls: held-out samples {flipped} have another class in the quantized model"
 
 
 def test_accuracy_targets(converted: Converted) -> None:

@@ -1,0 +1,124 @@
+"""The calibrated model is the quantized model's exact float emulation (SPEC §7).
+
+Per held-out sample the two agree to cosine >= 0.9999 (in practice bit for bit): the
+calibrated model follows the integer rounding (bias on the accumulator grid, the
+preprocessing's integer coefficients, float64 requantization), and the quantized
+model's integers are the ones the calibrated model's nodes imply.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from builders import (
+    FloatModel,
+    activations,
+    data_movement,
+    make_project,
+    resnet_like,
+    write_calibration,
+)
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.log import setup
+from hbtools.metrics import cosine_similarity
+from hbtools.ops.base import attrs_of
+from hbtools.ops.calibration import HzBiasCalibration, quantize_weight
+from hbtools.pipeline.runner import makertbin
+from hbtools.runtime import HB_ONNXRuntime
+
+# (model builder, calibration_parameters overrides)
+CASES = {
+    "resnet_max": (resnet_like, {"calibration_type": "max"}),
+    "resnet_default": (resnet_like, {"calibration_type": "default"}),
+    "resnet_int16": (resnet_like, {"calibration_type": "max", "optimization": "set_all_nodes_int16"}),
+    "activations_kl": (activations, {"calibration_type": "kl"}),
+    "movement_asymmetric": (data_movement, {"calibration_type": "max", "optimization": "asymmetric"}),
+    "movement_per_channel": (data_movement, {"calibration_type": "max", "per_channel": True}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def converted(request, tmp_path_factory):
+    setup(None)
+    build, overrides = CASES[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    fm = build()
+    project = make_project(root, fm, cal_count=8)
+    project.write(calibration_parameters=overrides)
+    paths = makertbin(project.config_path, "onnx")
+    held = write_calibration(fm, root / "held", count=6, seed=99)
+    samples = [np.fromfile(f, np.uint8).reshape(fm.inputs["data"]) for f in sorted(held["data"].iterdir())]
+    return paths, samples
+
+
+def _outputs(path, samples):
+    sess = HB_ONNXRuntime(model_file=str(path))
+    return [sess.run(None, {sess.input_names[0]: x})[0] for x in samples]
+
+
+def test_calibrated_and_quantized_agree_per_sample(converted) -> None:
+    paths, samples = converted
+    calibrated, quantized = _outputs(paths["calibrated"], samples), _outputs(paths["quantized"], samples)
+    for k, (c, q) in enumerate(zip(calibrated, quantized, strict=True)):
+        assert cosine_similarity(c, q) >= 0.9999, f"held-out sample {k}: cosine {cosine_similarity(c, q):.6f}"
+        assert np.argmax(c) == np.argmax(q), f"held-out sample {k} changes its argmax"
+        # Same integers everywhere: the outputs agree to float32 rounding.
+        diff = float(np.abs(c - q).max())
+        assert diff <= 1e-6 * float(np.abs(q).max()) + 1e-12, f"held-out sample {k}: max difference {diff}"
+
+
+def test_integer_weights_and_biases_are_the_calibrated_ones(converted) -> None:
+    paths, _ = converted
+    calibrated = onnx.load(str(paths["calibrated"]))
+    quantized = onnx.load(str(paths["quantized"]))
+    c_inits = {t.name: numpy_helper.to_array(t) for t in calibrated.graph.initializer}
+    q_inits = {t.name: numpy_helper.to_array(t) for t in quantized.graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in calibrated.graph.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+    compared = 0
+    for node in calibrated.graph.node:
+        if node.op_type == "HzCalibration" and attrs_of(node)["kind"] == "weight":
+            rounding = c_inits[node.input[1]] if len(node.input) > 1 and node.input[1] else None
+            levels, _ = quantize_weight(c_inits[node.input[0]], attrs_of(node), rounding)
+            for conv in readers[node.output[0]]:
+                got = q_inits[f"{conv.name}_weight_quantized"]
+                want = levels.T if conv.op_type == "Gemm" and attrs_of(conv).get("transB", 0) else levels
+                np.testing.assert_array_equal(got, want.astype(np.int8), err_msg=f"weight of {conv.name}")
+                compared += 1
+        elif node.op_type == HzBiasCalibration.op_type:
+            steps = HzBiasCalibration.steps(HzBiasCalibration.read(node))
+            levels = np.clip(np.round(c_inits[node.input[0]].astype(np.float64).reshape(-1) / steps), -2**31, 2**31 - 1)
+            conv = readers[node.output[0]][0]
+            np.testing.assert_array_equal(q_inits[f"{conv.name}_bias_quantized"], levels.astype(np.int32),
+                                          err_msg=f"bias of {conv.name}")
+            compared += 1
+    assert compared >= 2, "the model has integer weights to compare"
+
+
+def test_dead_channel_keeps_its_bias(tmp_path) -> None:
+    """A channel whose weights are ~0 still outputs its bias (the int32 accumulator has room for it)."""
+    setup(None)
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.3, size=(4, 3, 3, 3)).astype(np.float32)
+    w[2] = 1e-15  # e.g. a pruned or re-parameterised channel
+    b = np.array([0.1, -0.2, -0.45, 0.3], dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["data", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")], "dead",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    fm = FloatModel(model, {"data": [1, 3, 8, 8]},
+                    set())
+    project = make_project(tmp_path, fm, cal_count=4)
+    paths = makertbin(project.config_path, "onnx")
+    held = write_calibration(fm, tmp_path / "held", count=2, seed=3)
+    samples = [np.fromfile(f, np.uint8).reshape(1, 3, 8, 8) for f in sorted(held["data"].iterdir())]
+    for c, q in zip(_outputs(paths["calibrated"], samples), _outputs(paths["quantized"], samples), strict=True):
+        step = np.abs(q).max() / 127.0
+        np.testing.assert_allclose(q[0, 2], -0.45, atol=step)
+        np.testing.assert_allclose(c, q, rtol=0, atol=1e-6)
