@@ -35,12 +35,27 @@ _ELEMENTWISE = ("Add", "Sub", "Mul")
 
 @dataclass
 class Twin:
-    value: str  # float64 tensor: the exact value
+    value: str | None  # float64 tensor: the exact value (None: levels * step, made when first read)
     levels: str | None = None  # float64 integer levels (zero point removed), when value = levels * step
     step: str | None = None  # float64 step, broadcastable to the levels
     bits: int = 8
     folded: bool = False  # a weight whose levels carry its input's per-channel steps
     scalar_step: bool = True  # one step for the whole tensor
+    levels32: str | None = None  # the same levels as float32, where the lowering has them
+
+
+def value_of(ctx: LoweringContext, twin: Twin, nodes: list[NodeProto]) -> str:
+    """The float64 value of ``twin``, computed from its levels where nobody needed it before."""
+    if twin.value is None:
+        twin.value = _node(ctx, "Mul", [twin.levels, twin.step], f"{twin.levels}_value", nodes)
+    return twin.value
+
+
+def levels32_of(ctx: LoweringContext, twin: Twin, hint: str, nodes: list[NodeProto]) -> str:
+    """The float32 levels of ``twin`` (whole numbers, exact in float32)."""
+    if twin.levels32 is None:
+        twin.levels32 = _node(ctx, "Cast", [twin.levels], f"{hint}_levels_f32", nodes, to=TensorProto.FLOAT)
+    return twin.levels32
 
 
 def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
@@ -69,18 +84,27 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
     src = ctx.twins[x]
     s = to_double(ctx, scale, f"{base}_scale", nodes)
     lo, hi = (to_double(ctx, b, f"{base}_bound", nodes) for b in bounds)
-    ratio = _node(ctx, "Div", [src.value, s], f"{base}_div_f64", nodes)
+    if src.value is None and enable is None:
+        # levels * (step / s): the integer ops' requantization, multiplier and all.
+        multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
+        ratio = _node(ctx, "Mul", [src.levels, multiplier], f"{base}_div_f64", nodes)
+        x_value = None
+    else:
+        x_value = value_of(ctx, src, nodes)
+        ratio = _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes)
     q = _node(ctx, "Round", [ratio], f"{base}_round_f64", nodes)
     z = to_double(ctx, zero_point, f"{base}_zp", nodes) if zero_point else None
     if z:
         q = _node(ctx, "Add", [q, z], f"{base}_shift_f64", nodes)
-    q = _node(ctx, "Max", [q, lo], f"{base}_lo_f64", nodes)
-    q = _node(ctx, "Min", [q, hi], f"{base}_hi_f64", nodes)
+    if ctx.opset >= 12:
+        q = _node(ctx, "Clip", [q, lo, hi], f"{base}_clip_f64", nodes)
+    else:  # no float64 Clip before opset 12
+        q = _node(ctx, "Min", [_node(ctx, "Max", [q, lo], f"{base}_lo_f64", nodes), hi], f"{base}_hi_f64", nodes)
     if z:
         q = _node(ctx, "Sub", [q, z], f"{base}_unshift_f64", nodes)
     value = _node(ctx, "Mul", [q, s], f"{base}_fq_f64", nodes)
     if enable is not None:
-        value = _node(ctx, "Where", [enable, value, src.value], f"{base}_where_f64", nodes)
+        value = _node(ctx, "Where", [enable, value, x_value], f"{base}_where_f64", nodes)
         q = _node(ctx, "Where", [enable, q, ratio], f"{base}_levels_f64", nodes)
     to_float(ctx, value, y, nodes)
     ctx.twins[y] = Twin(value, q, s, bits, scalar_step=scalar_step)
@@ -93,9 +117,8 @@ def levels_twin(ctx: LoweringContext, y: str, levels: str, scale: str, bits: int
         return
     lev = to_double(ctx, levels, f"{base}_levels", nodes)
     s = to_double(ctx, scale, f"{base}_step", nodes)
-    value = to_double(ctx, y, f"{base}_value", nodes) if folded else _node(ctx, "Mul", [lev, s],
-                                                                            f"{base}_value_f64", nodes)
-    ctx.twins[y] = Twin(value, lev, s, bits, folded, scalar_step)
+    value = to_double(ctx, y, f"{base}_value", nodes) if folded else None
+    ctx.twins[y] = Twin(value, lev, s, bits, folded, scalar_step, levels32=levels)
 
 
 def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -129,7 +152,7 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
 def _twin_input(i: str, ctx: LoweringContext, nodes: list[NodeProto]) -> str:
     """The float64 form of a node input: its twin, or a cast of a float constant."""
     if i in ctx.twins:
-        return ctx.twins[i].value
+        return value_of(ctx, ctx.twins[i], nodes)
     if i in ctx.float_constants:
         return to_double(ctx, i, i, nodes)
     return i  # shapes, axes, indices: as they are
@@ -157,18 +180,16 @@ def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     src = ctx.twins[node.input[0]]
     if src.levels is None:
         return _same_op(node, ctx, nodes) if node.op_type in _DOUBLE_MOVES else False
-    # Move the levels (exact in float32 too, for ops without a float64 kernel); the step stays.
-    levels = src.levels
-    if node.op_type not in _DOUBLE_MOVES:
-        levels = _node(ctx, "Cast", [levels], f"{node.name}_levels_f32", nodes, to=TensorProto.FLOAT)
+    # Move the levels (as float32, exact, for ops without a float64 kernel); the step stays.
+    double = node.op_type in _DOUBLE_MOVES
+    levels = src.levels if double else levels32_of(ctx, src, node.name, nodes)
     moved = ctx.unique(f"{node.output[0]}_levels")
     copy = helper.make_node(node.op_type, [levels, *node.input[1:]], [moved], name=moved)
     copy.attribute.extend(node.attribute)
     nodes.append(copy)
-    if node.op_type not in _DOUBLE_MOVES:
-        moved = to_double(ctx, moved, moved, nodes)
-    value = _node(ctx, "Mul", [moved, src.step], f"{node.output[0]}_value_f64", nodes)
-    _replace_output(node, ctx, value, nodes, Twin(value, moved, src.step, src.bits))
+    twin = Twin(None, moved if double else to_double(ctx, moved, moved, nodes), src.step, src.bits,
+                scalar_step=src.scalar_step, levels32=None if double else moved)
+    _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
     return True
 
 
@@ -212,8 +233,8 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     if node.op_type == "ConvTranspose" and any(a.name == "group" and a.i != 1 for a in node.attribute):
         return False
     attrs = list(node.attribute)
-    w32 = _node(ctx, "Cast", [w.levels], f"{node.name}_w_levels", nodes, to=TensorProto.FLOAT)
-    x32 = _node(ctx, "Cast", [x.levels], f"{node.name}_x_levels", nodes, to=TensorProto.FLOAT)
+    w32 = levels32_of(ctx, w, f"{node.name}_w", nodes)
+    x32 = levels32_of(ctx, x, f"{node.name}_x", nodes)
     parts = [(x32, 1.0)]
     if x.bits > 8:  # int16 levels: two bytes, so every sum stays an exact float32 integer
         c256 = ctx.constant(f"{node.name}_256", np.array(256.0, dtype=np.float32))
@@ -239,6 +260,6 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     step = _node(ctx, "Reshape", [w.step, channel_shape], f"{node.name}_w_step", nodes)
     if not w.folded:
         step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
-    value = _node(ctx, "Mul", [acc, step], f"{node.output[0]}_f64", nodes)
-    _replace_output(node, ctx, value, nodes)
+    twin = Twin(None, acc, step, 32, scalar_step=False)
+    _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
     return True

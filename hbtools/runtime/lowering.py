@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from onnx import ModelProto, TensorProto
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset, with_horizon_domain
@@ -40,9 +40,38 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False) -> ModelPr
         twin = twins.lower_standard(node, ctx)
         nodes.extend(twin or [node])
     del model.graph.node[:]
-    model.graph.node.extend(nodes)
+    model.graph.node.extend(_live(nodes, {o.name for o in model.graph.output}))
     model.graph.initializer.extend(ctx.initializers)
     model.graph.input.extend(ctx.inputs)
     del model.graph.value_info[:]  # intermediate dtypes changed; let onnxruntime infer
     with_horizon_domain(model)
     return model
+
+
+def _live(nodes: list[NodeProto], outputs: set[str]) -> list[NodeProto]:
+    """``nodes`` without those whose results nobody reads (twins the model did not need)."""
+    while True:
+        read = set(outputs)
+        for node in nodes:
+            read.update(node.input)
+            for attr in node.attribute:
+                for graph in [attr.g, *attr.graphs] if attr.type in (AttributeProto.GRAPH,
+                                                                      AttributeProto.GRAPHS) else []:
+                    read.update(_names_read(graph))
+        kept = [n for n in nodes if any(o in read for o in n.output) or not n.output]
+        if len(kept) == len(nodes):
+            return kept
+        nodes = kept
+
+
+def _names_read(graph: GraphProto) -> set[str]:
+    names = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                names.update(_names_read(attr.g))
+            elif attr.type == AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    names.update(_names_read(g))
+    return names
