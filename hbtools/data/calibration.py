@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hbtools.config.model import InputSpec
+from hbtools.data.folders import sample_files
 from hbtools.data.images import IMAGE_EXTENSIONS, load_images
 from hbtools.data.intermediate import to_intermediate
 from hbtools.errors import HbError
@@ -58,8 +59,11 @@ def _listing(spec: InputSpec) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise HbError(f"calibration data folder {folder} for input '{spec.name}' does not exist")
-    # Hidden files (.DS_Store, editor swap files) are never samples.
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = sample_files(folder)
+    broken = [p for p in files if not p.exists()]
+    if broken:
+        raise HbError(f"calibration sample {broken[0]} is a broken symbolic link; remove it or point it at a "
+                      "sample file")
     if not files:
         raise HbError(f"calibration data folder {folder} for input '{spec.name}' is empty")
     return files

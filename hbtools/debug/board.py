@@ -26,7 +26,7 @@ from hbtools.debug.model import CalibratedModel
 from hbtools.debug.switches import enable_input, switchable_model
 from hbtools.ops import custom
 from hbtools.runtime.custom_session import CustomOpSession
-from hbtools.runtime.session import make_session
+from hbtools.runtime.session import make_session, ort_session
 
 log = logging.getLogger("hbtools")
 ON, OFF = np.array(True), np.array(False)
@@ -156,12 +156,7 @@ def _session(model: ModelProto) -> ort.InferenceSession | CustomOpSession:
     threads = max(1, (os.cpu_count() or 1) // WORKERS)
     if custom.has_custom_nodes(model):
         return make_session(model, threads=threads)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.enable_cpu_mem_arena = False
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort_session(model, threads=threads, spinning=False)
 
 
 _shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

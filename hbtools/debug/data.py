@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hbtools.data.calibration import folder_names
+from hbtools.data.folders import sample_files
 from hbtools.debug.model import CalibratedModel, GraphInput
 from hbtools.errors import HbError
 from hbtools.runtime.session import convert_feed
@@ -80,9 +81,7 @@ def _folder_files(root: Path, cm: CalibratedModel) -> dict[str, list[Path]]:
 
 
 def _npy(folder: Path) -> list[Path]:
-    # 0.npy, 1.npy, ..., 10.npy: numeric order, not name order.
-    found = [p for p in folder.iterdir() if p.is_file() and p.suffix == ".npy" and not p.name.startswith(".")]
-    return sorted(found, key=lambda p: (not p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name))
+    return sample_files(folder, ".npy")  # 0.npy, 1.npy, ..., 10.npy
 
 
 def _dataset(data: object, cm: CalibratedModel) -> list[Mapping[str, np.ndarray]]:

@@ -71,7 +71,7 @@ def switchable_model(cm: CalibratedModel) -> Switched:
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(ctx.initializers)
-    return Switched(lower_model(model), holders)
+    return Switched(lower_model(model, exact=False), holders)
 
 
 def float_version(node: NodeProto) -> list[NodeProto]:

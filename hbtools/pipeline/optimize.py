@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView, infer_shapes, remove_dead_nodes, topological_sort
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
+from hbtools.runtime.session import ort_session
 
 log = logging.getLogger("hbtools")
 
@@ -141,13 +141,10 @@ def _with_preprocess(body: ModelProto, pre_nodes: list, inputs: list, source: Mo
 def _onnxruntime_basic(model: ModelProto) -> ModelProto:
     for out in model.graph.output:  # stale output shapes make onnxruntime warn
         out.type.tensor_type.ClearField("shape")
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 3
     with tempfile.TemporaryDirectory() as tmp:
-        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(options.optimized_model_filepath)
+        path = str(Path(tmp) / "optimized.onnx")
+        ort_session(model, optimized_model_path=path, basic_optimizations=True)
+        optimized = onnx.load(path)
     optimized.ir_version = model.ir_version
     with_horizon_domain(optimized)
     unexpected = {n.domain for n in optimized.graph.node} - {"", "ai.onnx"}

@@ -37,7 +37,7 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
             elif t in float_names:
                 pairs[t] = (t, None)
     float_sess = make_session(_with_outputs(lower_model(optimized), list(pairs), None))
-    q_lowered = lower_model(q_model)
+    q_lowered = lower_model(q_model, keep=[q for q, _ in pairs.values()])
     elem_of = {vi.name: vi.type.tensor_type.elem_type for vi in q_model.graph.value_info}
     for q_name, _ in pairs.values():
         if q_name not in {o.name for o in q_lowered.graph.output}:

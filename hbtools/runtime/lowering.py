@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
@@ -16,11 +17,15 @@ def has_hz_ops(model: ModelProto) -> bool:
     return any(n.domain == DOMAIN for n in model.graph.node)
 
 
-def lower_model(model: ModelProto, *, feed_calibration: bool = False) -> ModelProto:
+def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Collection[str] = (),
+                exact: bool = True) -> ModelProto:
     """A standard-ONNX copy of ``model`` that onnxruntime can run.
 
     With ``feed_calibration`` every activation HzCalibration takes its scale and an
-    enable flag from graph inputs named ``<node>_scale`` / ``<node>_enable``.
+    enable flag from graph inputs named ``<node>_scale`` / ``<node>_enable``. Tensors
+    the model computes but nothing reads are dropped, except its outputs and ``keep``
+    (tensors a caller will fetch). ``exact=False`` keeps no float64 twins (a model switched
+    piecewise, as the debugger's, has no integer chain to follow).
     """
     model = copy.deepcopy(model)
     if not has_hz_ops(model):
@@ -29,9 +34,11 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False) -> ModelPr
     taken |= {t.name for t in model.graph.initializer} | {n.name for n in model.graph.node}
     shapes = GraphView(model).shapes
     ctx = LoweringContext(default_opset(model), taken, shapes, feed_calibration=feed_calibration)
+    ctx.exact = exact
     ctx.constants = {t.name for t in model.graph.initializer}
     ctx.float_constants = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
     nodes = []
+    keep = set(keep) | {o.name for o in model.graph.output}
     for node in model.graph.node:
         if node.domain == DOMAIN:
             nodes.extend(registry.get(node.op_type).lower(node, ctx))
@@ -40,7 +47,7 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False) -> ModelPr
         twin = twins.lower_standard(node, ctx)
         nodes.extend(twin or [node])
     del model.graph.node[:]
-    model.graph.node.extend(_live(nodes, {o.name for o in model.graph.output}))
+    model.graph.node.extend(_live(nodes, keep))
     model.graph.initializer.extend(ctx.initializers)
     model.graph.input.extend(ctx.inputs)
     del model.graph.value_info[:]  # intermediate dtypes changed; let onnxruntime infer
@@ -48,10 +55,10 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False) -> ModelPr
     return model
 
 
-def _live(nodes: list[NodeProto], outputs: set[str]) -> list[NodeProto]:
-    """``nodes`` without those whose results nobody reads (twins the model did not need)."""
+def _live(nodes: list[NodeProto], keep: set[str]) -> list[NodeProto]:
+    """``nodes`` without the helper nodes whose results nobody reads (twins the model did not need)."""
     while True:
-        read = set(outputs)
+        read = set(keep)
         for node in nodes:
             read.update(node.input)
             for attr in node.attribute:

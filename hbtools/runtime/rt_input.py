@@ -87,17 +87,13 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
 
 def image_to_rt(desc: InputDesc, path: Path) -> np.ndarray:
     """An image file resized to the input and converted to its runtime type, one copy per batch item."""
-    import skimage.io
     import skimage.transform
-    import skimage.util
+
+    from hbtools.data.images import read_rgb_or_gray
 
     if not desc.is_image:
         raise HbError(f"input '{desc.name}' is a featuremap; give a .npy or raw .bin file, not an image")
-    try:
-        img = skimage.io.imread(path)
-    except Exception as e:  # skimage raises many types for unreadable files
-        raise HbError(f"cannot read image '{path}': {e}") from None
-    img = skimage.util.img_as_ubyte(img) if img.dtype != np.uint8 else img
+    img = read_rgb_or_gray(Path(path), "image")
     if img.ndim == 2:
         img = np.repeat(img[..., None], 3, axis=-1)
     rgb = skimage.transform.resize(img[..., :3].astype(np.float64), desc.hw, preserve_range=True)

@@ -45,7 +45,7 @@ def make_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession
 
 def fetching_session(model: ModelProto, tensors: Sequence[str]) -> ort.InferenceSession | CustomOpSession:
     """A session over ``model`` (Hz ops lowered) that can also fetch the float ``tensors``."""
-    lowered = lower_model(model)
+    lowered = lower_model(model, keep=tensors)
     present = {o.name for o in lowered.graph.output}
     for t in dict.fromkeys(tensors):
         if t not in present:
@@ -53,8 +53,14 @@ def fetching_session(model: ModelProto, tensors: Sequence[str]) -> ort.Inference
     return make_session(lowered)
 
 
-def ort_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession:
-    """A plain onnxruntime CPU session (no custom ops)."""
+def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True,
+                optimized_model_path: str | None = None, basic_optimizations: bool = False) -> ort.InferenceSession:
+    """A plain onnxruntime CPU session (no custom ops): the one place hbtools configures onnxruntime.
+
+    ``spinning=False`` stops idle intra-op threads from spinning (for callers that
+    alternate short runs with numpy work); ``optimized_model_path`` with
+    ``basic_optimizations`` makes onnxruntime write its basic-level rewrite of the model.
+    """
     options = ort.SessionOptions()
     options.log_severity_level = 3
     # Without the arena, memory of the many large intermediate outputs calibration and
@@ -62,6 +68,12 @@ def ort_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession:
     options.enable_cpu_mem_arena = False
     if threads:
         options.intra_op_num_threads = threads
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if basic_optimizations:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    if optimized_model_path:
+        options.optimized_model_filepath = optimized_model_path
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

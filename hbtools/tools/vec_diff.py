@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hbtools.data.folders import natural_key, sample_files
 from hbtools.errors import HbError
 from hbtools.metrics import chebyshev, cosine_similarity, mse, relative_euclidean_distance
 
@@ -63,9 +64,9 @@ def pairs(left: Path, right: Path) -> list[tuple[Path, Path]]:
         return [(left, right)]
     if not (left.is_dir() and right.is_dir()):
         raise HbError(f"{left} and {right} must both be files or both be folders")
-    names_l = {p.name for p in left.iterdir() if p.is_file() and not p.name.startswith(".")}
-    names_r = {p.name for p in right.iterdir() if p.is_file() and not p.name.startswith(".")}
-    common = sorted(names_l & names_r)
+    names_l = {p.name for p in sample_files(left)}
+    names_r = {p.name for p in sample_files(right)}
+    common = sorted(names_l & names_r, key=natural_key)
     if not common:
         raise HbError(f"{left} and {right} have no file name in common")
     for only, side in ((names_l - names_r, right), (names_r - names_l, left)):

@@ -23,7 +23,7 @@ def _conv_mean_errors(project, paths: dict[str, Path], samples: list[dict]) -> f
     errors = []
     runs = []
     for model in (optimized, calibrated):
-        lowered = lower_model(model)
+        lowered = lower_model(model, keep=convs)
         for t in convs:
             lowered.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
         sess = make_session(lowered)
