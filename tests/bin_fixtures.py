@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builders import MODELS, make_project
+from builders import MODELS, FloatModel, make_project
 from click.testing import CliRunner, Result
 
 from hbtools.log import setup
@@ -23,11 +23,12 @@ class Built:
     name: str
 
 
-def build_bin(root: Path, model: str = "resnet_like", *, march: str = "bayes-e", prefix: str = "small",
-              **groups: dict[str, Any]) -> Built:
-    """makertbin on one of builders.MODELS, with ``{group: {key: value}}`` config overrides."""
-    project = make_project(root, MODELS[model](), march=march)
-    project.write(model_parameters={"output_model_file_prefix": prefix}, **groups)
+def build_bin(root: Path, model: str | FloatModel = "resnet_like", *, march: str = "bayes-e",
+              prefix: str = "small", **groups: dict[str, Any]) -> Built:
+    """makertbin on one of builders.MODELS (or a FloatModel), with ``{group: {key: value}}`` config overrides."""
+    project = make_project(root, MODELS[model]() if isinstance(model, str) else model, march=march)
+    groups["model_parameters"] = {"output_model_file_prefix": prefix, **groups.get("model_parameters", {})}
+    project.write(**groups)
     with logger_restored():
         setup(None, console_level=logging.WARNING)
         paths = makertbin(project.config_path, "onnx")

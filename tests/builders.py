@@ -157,12 +157,25 @@ def featuremap_mlp(opset: int = OPSET) -> FloatModel:
     return g.model({"feat": [1, 5, 12]}, [out], opset, featuremap={"feat"})
 
 
+def yolo_like(h: int = 16, channels: int = 3, opset: int = OPSET) -> FloatModel:
+    """A detector's shape: strided conv backbone, a box head (conv, int32 per-channel at the output) and a
+    class head (conv + Sigmoid, int8 per-tensor), named output0/output1 as exported detectors are."""
+    g = _Graph(6)
+    x = g.op("Relu", [g.conv("data", channels, 8, stride=2)])
+    x = g.op("Relu", [g.conv(x, 8, 8)])
+    heads = {g.conv(x, 8, 4, k=1): "output0", g.op("Sigmoid", [g.conv(x, 8, 3, k=1)]): "output1"}
+    for node in g.nodes:
+        node.output[:] = [heads.get(o, o) for o in node.output]
+    return g.model({"data": [1, channels, h, h]}, list(heads.values()), opset)
+
+
 MODELS = {
     "resnet_like": resnet_like,
     "activations": activations,
     "data_movement": data_movement,
     "act_matmul": act_matmul,
     "featuremap_mlp": featuremap_mlp,
+    "yolo_like": yolo_like,
 }
 
 

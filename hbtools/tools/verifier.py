@@ -4,7 +4,8 @@ Both get the same input: the runtime data goes through the device's input path
 once (``Simulator.prepare``) and the resulting model-input tensors feed the ONNX
 model, so any difference comes from the two implementations of the graph.
 Outputs are matched by tensor name; a ``.bin`` whose output-side nodes were
-removed by hb_model_modifier is compared on the tensors that became its outputs.
+removed by hb_model_modifier is compared on the tensors that became its outputs
+(they keep the deleted node's output name; ``modifier.original_tensor`` maps back).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hbtools.runtime.runtime_model import RuntimeModel, load
 from hbtools.runtime.session import HB_ONNXRuntime
 from hbtools.runtime.simulator import Simulator
 from hbtools.runtime.structure import tensor_info
+from hbtools.tools.modifier import original_tensor
 
 RANDOM_SEED = 0  # random inputs are the same in every run, so a failure can be reproduced
 
@@ -145,12 +147,16 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
     feeds = sim.prepare(runtime_inputs(rm, images))
     sim_values = sim.run_all(feeds, prepared=True)
     output_names = [o.name for o in rm.outputs]
+    # .bin tensor name -> the quantized model's name for the same values
+    onnx_name = {n: original_tensor(rm.bin, n) for n in output_names}
     shared = output_names
     if dump_all:
         produced = {o for n in quantized.graph.node for o in n.output}
-        shared = list(dict.fromkeys([*output_names, *(t for t in sim_values if t in produced)]))
-    session = HB_ONNXRuntime(onnx_model=_with_outputs(quantized, shared))
-    onnx_values = dict(zip(shared, session.run(shared, feeds), strict=True))
+        renamed = set(onnx_name.values()) - set(output_names)
+        shared = list(dict.fromkeys([*output_names, *(t for t in sim_values if t in produced and t not in renamed)]))
+    wanted = [onnx_name.get(n, n) for n in shared]
+    session = HB_ONNXRuntime(onnx_model=_with_outputs(quantized, wanted))
+    onnx_values = dict(zip(shared, session.run(wanted, feeds), strict=True))
     outputs = [compare(n, onnx_values[n], sim_values[n], digits) for n in output_names]
     nodes = [compare(n, onnx_values[n], sim_values[n], digits) for n in shared] if dump_all else []
     return Verification(outputs, nodes, onnx_values, {n: sim_values[n] for n in shared})
