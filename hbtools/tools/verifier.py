@@ -124,7 +124,9 @@ def _check_same_inputs(quantized: ModelProto, rm: RuntimeModel) -> None:
         if vi.name not in inits:
             t = vi.type.tensor_type
             onnx_inputs[vi.name] = (t.elem_type, tuple(d.dim_value for d in t.shape.dim))
-    bin_inputs = {d.name: (helper.np_dtype_to_tensor_dtype(d.dtype), d.shape) for d in rm.inputs}
+    # a batch-N .bin holds the quantized model's batch-1 graph
+    bin_inputs = {d.name: (helper.np_dtype_to_tensor_dtype(d.dtype), (d.shape[0] // rm.batch, *d.shape[1:]))
+                  for d in rm.inputs}
     if onnx_inputs != bin_inputs:
         raise HbError(f"the quantized model's inputs {onnx_inputs} differ from the .bin's {bin_inputs} "
                       f"(name: (ONNX type, shape)); were the two built by the same makertbin run?")
@@ -156,7 +158,9 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
         shared = list(dict.fromkeys([*output_names, *(t for t in sim_values if t in produced and t not in renamed)]))
     wanted = [onnx_name.get(n, n) for n in shared]
     session = HB_ONNXRuntime(onnx_model=_with_outputs(quantized, wanted))
-    onnx_values = dict(zip(shared, session.run(wanted, feeds), strict=True))
+    items = [session.run(wanted, {k: v[i:i + 1] for k, v in feeds.items()}) for i in range(rm.batch)]
+    onnx_values = {name: np.concatenate([item[k].reshape(1) if item[k].ndim == 0 else item[k] for item in items])
+                   if rm.batch > 1 else items[0][k] for k, name in enumerate(shared)}
     outputs = [compare(n, onnx_values[n], sim_values[n], digits) for n in output_names]
     nodes = [compare(n, onnx_values[n], sim_values[n], digits) for n in shared] if dump_all else []
     return Verification(outputs, nodes, onnx_values, {n: sim_values[n] for n in shared})

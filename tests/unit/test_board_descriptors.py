@@ -8,13 +8,16 @@ import re
 import numpy as np
 import pytest
 from bin_fixtures import build_bin, invoke
-from builders import yolo_like
+from builders import make_project, yolo_like
 
 from hbtools.cli import hb_model_info, hb_model_modifier, hb_verifier, hrt_model_exec
+from hbtools.errors import HbError
+from hbtools.march.profiles import get_profile
 from hbtools.runtime.binfile import read_bin
 from hbtools.runtime.rt_input import random_rt_input
 from hbtools.runtime.runtime_model import open_model
 from hbtools.runtime.simulator import Simulator
+from hbtools.tools import perf_model
 
 PASSED = "Quanti onnx and Sim result Strict check PASSED"
 
@@ -136,3 +139,41 @@ def test_featuremap_inputs_in_board_terms(tmp_path, in_tmp) -> None:
     assert (block["tensor type"], block["aligned byte size"], block["stride"], block["quanti type"],
             block["quantizeAxis"]) == ("HB_DNN_TENSOR_TYPE_S8", "60", "(60,12,1,)", "SCALE", "0")
     assert float(block["scale data"].rstrip(",")) > 0
+
+
+# ---------------------------------------------------------------- input_batch
+
+
+def test_input_batch_4_runs_four_pictures_like_four_single_runs(tmp_path, in_tmp) -> None:
+    single = build_bin(tmp_path / "b1", "yolo_like", prefix="m", input_parameters={"input_type_rt": "nv12"})
+    batched = build_bin(tmp_path / "b4", "yolo_like", prefix="m",
+                        input_parameters={"input_type_rt": "nv12", "input_batch": 4})
+    block = _block(_model_info(batched.bin), "input", 0)
+    assert (block["valid shape"], block["aligned byte size"]) == ("(4,3,16,16,)", str(4 * 384))
+    assert _block(_model_info(batched.bin), "output", 0)["valid shape"] == "(4,4,8,8,)"
+    one, four = open_model(single.bin), open_model(batched.bin)
+    assert four.batch == 4 and four.inputs[0].shape[0] == 4
+    pictures = np.random.default_rng(9).integers(0, 256, (4, 24, 16), dtype=np.uint8)
+    together = Simulator(four).run({"data": pictures})
+    sim = Simulator(one)
+    for name, value in together.items():
+        alone = np.concatenate([sim.run({"data": pictures[i:i + 1]})[name] for i in range(4)])
+        np.testing.assert_array_equal(value, alone)
+    with pytest.raises(HbError, match=r"takes 1536 values"):
+        Simulator(four).run({"data": pictures[:1]})
+    verified = invoke(hb_verifier.main, ["-m", f"{batched.quantized},{batched.bin}", "-s", "True"])
+    assert PASSED in verified.output, verified.output
+    perf_one, perf_four = (perf_model.estimate(m, get_profile("bayes-e")) for m in (one, four))
+    assert perf_four.subgraphs[0].ops == pytest.approx(4 * perf_one.subgraphs[0].ops)
+    assert perf_one.latency_ms < perf_four.latency_ms < 4 * perf_one.latency_ms + 1e-9
+
+
+def test_separate_batch_is_refused_with_the_reason(tmp_path) -> None:
+    from hbtools.config.loader import load_config
+
+    project = make_project(tmp_path, yolo_like())
+    project.write(input_parameters={"input_batch": 2, "separate_batch": True})
+    with pytest.raises(HbError, match="separate_batch: True .*one model input per batch item.*not supported"):
+        load_config(project.config_path)
+    project.write(input_parameters={"separate_batch": False})
+    assert load_config(project.config_path).input_batch == 2
