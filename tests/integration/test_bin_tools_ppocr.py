@@ -18,10 +18,11 @@ import numpy as np
 import onnx
 import pytest
 import yaml
-from bin_fixtures import Built, invoke, logger_restored
+from bin_fixtures import Built, invoke, logger_restored, subgraph_counts
 from onnx import helper
 
 from hbtools.cli import (
+    hb_mapper,
     hb_model_info,
     hb_model_modifier,
     hb_pack,
@@ -187,3 +188,15 @@ def test_cls_dequantize_removal_routes_agree(ppocr_sample_data, tmp_path, in_tmp
     out = after.outputs[0]
     scale = np.asarray(out.scale).reshape(-1 if len(out.scale) > 1 else [])
     np.testing.assert_allclose(got[out.name] * scale, expected[out.name], rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize(("name", "shape"), [("cls", "1x3x48x192"), ("det", "1x3x640x640"), ("rec", "1x3x48x320")])
+def test_subgraph_counts_agree(build, ppocr_sample_data, in_tmp, name: str, shape: str) -> None:
+    """checker, the .bin (makertbin's partition), hb_perf, the profiler and the picture give one count."""
+    built = build(name)
+    checked = invoke(hb_mapper.main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                                      ppocr_sample_data.models[name], "--input-shape", "x", shape])
+    assert checked.exit_code == 0, checked.output
+    expected = int(re.search(r"The model has (\d+) BPU subgraph", checked.output).group(1))
+    counts = subgraph_counts(built.bin, in_tmp)
+    assert set(counts.values()) == {expected}, counts

@@ -46,8 +46,8 @@ def _block(text: str, side: str, k: int) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def yolo(tmp_path_factory):
     root = tmp_path_factory.mktemp("yolo")
-    plain = build_bin(root / "plain", "yolo_like", prefix="yolo", input_parameters={"input_type_rt": "nv12"})
-    yaml_route = build_bin(root / "yaml", "yolo_like", prefix="yolo", input_parameters={"input_type_rt": "nv12"},
+    plain = build_bin(root / "plain", yolo_like(), prefix="yolo", input_parameters={"input_type_rt": "nv12"})
+    yaml_route = build_bin(root / "yaml", yolo_like(), prefix="yolo", input_parameters={"input_type_rt": "nv12"},
                            model_parameters={"remove_node_type": "Dequantize"})
     return plain, yaml_route
 
@@ -145,8 +145,8 @@ def test_featuremap_inputs_in_board_terms(tmp_path, in_tmp) -> None:
 
 
 def test_input_batch_4_runs_four_pictures_like_four_single_runs(tmp_path, in_tmp) -> None:
-    single = build_bin(tmp_path / "b1", "yolo_like", prefix="m", input_parameters={"input_type_rt": "nv12"})
-    batched = build_bin(tmp_path / "b4", "yolo_like", prefix="m",
+    single = build_bin(tmp_path / "b1", yolo_like(), prefix="m", input_parameters={"input_type_rt": "nv12"})
+    batched = build_bin(tmp_path / "b4", yolo_like(), prefix="m",
                         input_parameters={"input_type_rt": "nv12", "input_batch": 4})
     block = _block(_model_info(batched.bin), "input", 0)
     assert (block["valid shape"], block["aligned byte size"]) == ("(4,3,16,16,)", str(4 * 384))
