@@ -81,7 +81,8 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
         partition=partition_record(result),
         deleted_nodes=[],
         perf=None,
-        meta={"march": profile.name, "board": profile.board},
+        # layer_out_dump: the .bin keeps its conv layers' results reachable (hrt_model_exec infer dumps them)
+        meta={"march": profile.name, "board": profile.board, "layer_out_dump": config.model.layer_out_dump},
     )
     model = remove_edge_nodes(model, config.model.remove_node_type, config.model.remove_node_name,
                               until_stable=config.model.fast_perf)

@@ -212,6 +212,30 @@ def write_profile(folder: Path, run: PerfRun, rm: RuntimeModel, core_id: int) ->
     return log_path, csv_path
 
 
+def dump_layers(rm: RuntimeModel) -> list:
+    """The conv layers a ``layer_out_dump: True`` model recorded (``pipeline.layer_dump``); [] otherwise."""
+    from hbtools.pipeline.layer_dump import recorded_layers
+
+    if not rm.bin.meta.get("layer_out_dump"):
+        return []
+    outputs = {o.name for o in rm.outputs}
+    return [layer for layer in recorded_layers(rm.graph) or [] if layer.tensor not in outputs]
+
+
+def write_layers(folder: Path, layers: list, values: dict[str, np.ndarray]) -> list[Path]:
+    """Each layer as float32 ``<layer>_float.bin``, the name ``hb_mapper infer`` gives it, so vec_diff pairs them."""
+    from hbtools.pipeline.infer import file_stem
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for layer in layers:
+        if layer.tensor in values:
+            path = folder / f"{file_stem(layer.name)}_float.bin"
+            layer.to_float(values[layer.tensor]).tofile(path)
+            paths.append(path)
+    return paths
+
+
 def dump_output(folder: Path, index: int, name: str, value: np.ndarray, fmt: str, txt_axis: int) -> Path:
     """One output as ``model_infer_output_<i>_<name>.<bin|txt|npy>``."""
     folder.mkdir(parents=True, exist_ok=True)
