@@ -11,6 +11,8 @@ from hbtools.march.profiles import MarchProfile
 from hbtools.pipeline.edge_nodes import remove_edge_nodes
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.runtime.binfile import BinModel, current_deps, write_bin
+from hbtools.runtime.runtime_model import RuntimeModel, load
+from hbtools.tools import perf_advice, perf_model, perf_report
 
 log = logging.getLogger("hbtools")
 
@@ -86,6 +88,29 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
     )
     model = remove_edge_nodes(model, config.model.remove_node_type, config.model.remove_node_name,
                               until_stable=config.model.fast_perf)
+    rm = load(model, str(path))
+    if config.compiler.debug:  # the static analysis travels in the .bin (hb_perf shows its layer details)
+        cost = perf_model.estimate(rm, profile)
+        model.perf = {"latency_ms": cost.latency_ms, "ddr_mb_per_frame": cost.ddr_mb,
+                      "subgraphs": [sub.summary() for sub in cost.subgraphs]}
     write_bin(path, [model])
     log.info("runtime model written: %s", path)
+    _compile_notes(config, rm, profile)
+    page = perf_report.write_report(rm, config.model.working_dir, static=True)
+    log.info("static performance page written: %s", page)
     return path
+
+
+def _compile_notes(config: Config, rm: RuntimeModel, profile: MarchProfile) -> None:
+    """What compile_mode and advice mean for this build, in the log."""
+    cc = config.compiler
+    if cc.compile_mode != "latency":
+        extra = f" (balance_factor {cc.balance_factor})" if cc.compile_mode == "balance" else ""
+        log.warning("compile_mode %s%s: hbtools builds one schedule for every compile_mode, so the .bin and "
+                    "hb_perf's estimate are those of compile_mode latency", cc.compile_mode, extra)
+    if cc.advice:
+        lines = perf_advice.advice_lines(rm, profile, cc.advice)
+        log.info("advice %d us: %d BPU layer(s) modelled more than %d us above their ideal time%s", cc.advice,
+                 len(lines), cc.advice, "" if lines else " (none)")
+        for line in lines:
+            log.info("%s", line)

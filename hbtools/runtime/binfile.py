@@ -75,7 +75,23 @@ class BinModel:
 
 def _check_text_attributes(model: Any, name: str) -> None:
     """ONNX keeps string attributes as raw bytes; ours are always UTF-8, anything else is damage."""
-    for node in model.graph.node:
+    g = model.graph
+    for k, node in enumerate(g.node):
+        # protobuf hands back a string field that is not UTF-8 as bytes (or raises on access)
+        try:
+            texts = [node.name, node.op_type, node.domain, *node.input, *node.output]
+        except UnicodeDecodeError:
+            texts = [b""]
+        if not all(isinstance(t, str) for t in texts):
+            raise BinFormatError(_one_line(f"graph of model {name!r}: node #{k} has a name, type or tensor "
+                                           f"name that is not UTF-8 text (corrupted file?)"))
+    try:
+        names = [v.name for v in (*g.input, *g.output, *g.value_info, *g.initializer)]
+    except UnicodeDecodeError:
+        names = [b""]
+    if not all(isinstance(t, str) for t in names):
+        raise BinFormatError(_one_line(f"graph of model {name!r}: a tensor name is not UTF-8 text (corrupted file?)"))
+    for node in g.node:
         for attr in node.attribute:
             for raw in (attr.s, *attr.strings):
                 try:
