@@ -68,7 +68,10 @@ def partition_record(result: QuantizedResult) -> dict:
             subgraphs.setdefault(unit.subgraph, []).extend(n.name for n in unit.nodes)
         else:
             cpu.append({"name": unit.name, "type": unit.main.op_type, "reason": unit.reason})
-    return {"subgraphs": [{"id": k, "nodes": v} for k, v in sorted(subgraphs.items())], "cpu_nodes": cpu}
+    # the type names of makertbin's node table, so hb_perf names each node as the table does
+    types = {name: kind for name, _, _, kind in result.partition.rows()}
+    return {"subgraphs": [{"id": k, "nodes": v} for k, v in sorted(subgraphs.items())], "cpu_nodes": cpu,
+            "node_types": types}
 
 
 def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profile: MarchProfile,

@@ -48,6 +48,7 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
         log.warning("bpu model don't have per-layer perf info.")
         log.warning("if you need per-layer perf info, please enable [compiler_parameters.debug:True] "
                     "when using makertbin.")
+    _table_type_names(rm, cost)
     structure = analyse(rm.graph, rm.bin.partition, tensor_info(rm.graph))
     picture = structure_plot.draw(rm.graph, structure, rm.name, folder / f"{_safe(rm.name)}.png")
     for sub in cost.subgraphs:
@@ -60,6 +61,19 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
     main = folder / f"{_safe(rm.name)}.html"
     main.write_text(_main_page(rm, cost, picture.name), encoding="utf-8")
     return main
+
+
+def _table_type_names(rm: RuntimeModel, cost: ModelCost) -> None:
+    """Name each layer's type as makertbin's node table does (HzSQuantizedAdd, not the kernel's
+    HzSQuantizedEltwise); the .bin records those names in its partition."""
+    types = rm.bin.partition.get("node_types")
+    if not isinstance(types, dict):
+        return
+    for sub in cost.subgraphs:
+        for layer in sub.layers:
+            kind = types.get(layer.name)
+            if isinstance(kind, str) and kind:
+                layer.op_type = kind
 
 
 def _safe(name: str) -> str:
