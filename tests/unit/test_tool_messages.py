@@ -66,3 +66,12 @@ def test_infer_on_a_bin_says_it_needs_onnx(tmp_path, monkeypatch) -> None:
     assert result.exit_code == 1 and "DecodeError" not in result.output
     assert "small.bin' is an hbtools .bin runtime model; this command needs an ONNX model" in result.output
     assert "hrt_model_exec infer" in result.output
+
+
+def test_structure_picture_labels_wrap_instead_of_being_cut() -> None:
+    from hbtools.tools.structure_plot import _short
+
+    name = "/model.22/dfl/conv/Conv_output_0_HzDequantize"  # 45 characters
+    assert _short(f"{name}\n(HzDequantize)").split("\n") == [name[:30], name[30:], "(HzDequantize)"]
+    cut = _short("x" * 200 + "\n(Conv)").split("\n")
+    assert len(cut) == 4 and cut[2].endswith("…") and cut[-1] == "(Conv)"
