@@ -75,7 +75,7 @@ def partition_record(result: QuantizedResult) -> dict:
 
 
 def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profile: MarchProfile,
-        path: Path) -> Path:
+        path: Path, *, calibration: str = "") -> Path:
     model = BinModel(
         name=config.model.output_model_file_prefix,
         deps=current_deps(),
@@ -87,7 +87,8 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
         deleted_nodes=[],
         perf=None,
         # layer_out_dump: the .bin keeps its conv layers' results reachable (hrt_model_exec infer dumps them)
-        meta={"march": profile.name, "board": profile.board, "layer_out_dump": config.model.layer_out_dump},
+        meta={"march": profile.name, "board": profile.board, "layer_out_dump": config.model.layer_out_dump,
+              **({"calibration_summary": calibration} if calibration else {})},
     )
     model = remove_edge_nodes(model, config.model.remove_node_type, config.model.remove_node_name,
                               until_stable=config.model.fast_perf)

@@ -66,6 +66,8 @@ def report(model: BinModel, tool_version: str) -> list[str]:
     lines.append("############# calibration_parameters info #############")
     cp = _group(cfg, "calibration_parameters")
     lines += [_line(k, v) for k, v in cp.items() if k not in dict(_CAL_PER_INPUT) and not _empty(v)]
+    if isinstance(model.meta.get("calibration_summary"), str):  # what calibration chose, as makertbin logged it
+        lines.append(_line("calibration result", model.meta["calibration_summary"]))
     lines.append("############# compiler_parameters info #############")
     cc = _group(cfg, "compiler_parameters")
     lines += [_line(k, v) for k, v in cc.items() if k != "input_source" and not _empty(v)]

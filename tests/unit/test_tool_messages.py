@@ -75,3 +75,19 @@ def test_structure_picture_labels_wrap_instead_of_being_cut() -> None:
     assert _short(f"{name}\n(HzDequantize)").split("\n") == [name[:30], name[30:], "(HzDequantize)"]
     cut = _short("x" * 200 + "\n(Conv)").split("\n")
     assert len(cut) == 4 and cut[2].endswith("…") and cut[-1] == "(Conv)"
+
+
+def test_default_calibration_says_what_it_chose(tmp_path, monkeypatch) -> None:
+    from hbtools.cli import hb_model_info
+
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), calibration_type="default")
+    made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    assert made.exit_code == 0, made.output
+    found = re.search(r"INFO calibration summary: (method \S+.*; (GPTQ weight rounding kept on \d+ weights|weights "
+                      r"rounded to nearest \(no GPTQ\)); (\d+) of (\d+) activation tensors int16)$", made.output, re.M)
+    assert found, made.output
+    assert re.search(r"INFO Select \S+ method$", made.output, re.M)  # the seed's line stays as it is
+    assert 0 <= int(found.group(3)) <= int(found.group(4)) > 0
+    info = invoke(hb_model_info.main, [project.artefact("bin")]).output
+    assert f"calibration result  : {found.group(1)}" in info
