@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builders import MODELS, make_project
+from builders import MODELS, FloatModel, make_project
 from click.testing import CliRunner, Result
 
+from hbtools.cli import hb_perf, hrt_model_exec
 from hbtools.log import setup
 from hbtools.pipeline.runner import makertbin
+from hbtools.runtime.binfile import read_bin
+from hbtools.runtime.runtime_model import open_model
+from hbtools.runtime.structure import analyse, tensor_info
+from hbtools.tools.structure_plot import boxes_and_arrows
 
 
 @dataclass
@@ -23,11 +29,12 @@ class Built:
     name: str
 
 
-def build_bin(root: Path, model: str = "resnet_like", *, march: str = "bayes-e", prefix: str = "small",
-              **groups: dict[str, Any]) -> Built:
-    """makertbin on one of builders.MODELS, with ``{group: {key: value}}`` config overrides."""
-    project = make_project(root, MODELS[model](), march=march)
-    project.write(model_parameters={"output_model_file_prefix": prefix}, **groups)
+def build_bin(root: Path, model: str | FloatModel = "resnet_like", *, march: str = "bayes-e",
+              prefix: str = "small", **groups: dict[str, Any]) -> Built:
+    """makertbin on one of builders.MODELS (or a FloatModel), with ``{group: {key: value}}`` config overrides."""
+    project = make_project(root, MODELS[model]() if isinstance(model, str) else model, march=march)
+    groups["model_parameters"] = {"output_model_file_prefix": prefix, **groups.get("model_parameters", {})}
+    project.write(**groups)
     with logger_restored():
         setup(None, console_level=logging.WARNING)
         paths = makertbin(project.config_path, "onnx")
@@ -55,6 +62,27 @@ def logger_restored() -> Iterator[None]:
         logger.handlers[:] = handlers
         logger.setLevel(level)
         logger.propagate = propagate
+
+
+def subgraph_counts(bin_path: Path, folder: Path) -> dict[str, int]:
+    """The number of BPU subgraphs as each .bin tool reports it (hb_perf and the profiler write into ``folder``)."""
+    rm = open_model(bin_path)
+    structure = analyse(rm.graph, rm.bin.partition, tensor_info(rm.graph))
+    perf = invoke(hb_perf.main, [bin_path])
+    assert perf.exit_code == 0, perf.output
+    pages = list((folder / "hb_perf_result" / rm.name).glob(f"{rm.name}_subgraph_*.json"))
+    profile = invoke(hrt_model_exec.main, ["perf", f"--model_file={bin_path}", "--frame_count=1",
+                                           f"--profile_path={folder / 'prof'}"])
+    assert profile.exit_code == 0, profile.output
+    latency = json.loads((folder / "prof" / "profiler.log").read_text())["model_latency"]
+    boxes, _ = boxes_and_arrows(rm.graph, structure, rm.name)
+    return {
+        "bin": len(read_bin(bin_path).model().partition["subgraphs"]),
+        "hb_perf": len(pages),
+        "profiler": len([k for k in latency if k.startswith("BPU_")]),
+        "picture": len([b for b in boxes if b.kind == "bpu"]),
+        "structure": len(structure.subgraphs),
+    }
 
 
 def mutate_bytes(data: bytes, ops: list[tuple[str, int, int]]) -> bytes:

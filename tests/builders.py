@@ -157,6 +157,28 @@ def featuremap_mlp(opset: int = OPSET) -> FloatModel:
     return g.model({"feat": [1, 5, 12]}, [out], opset, featuremap={"feat"})
 
 
+def yolo_like(h: int = 16, channels: int = 3, opset: int = OPSET) -> FloatModel:
+    """A detector's shape: strided conv backbone, a box head (conv, int32 per-channel at the output) and a
+    class head (conv + Sigmoid, int8 per-tensor), named output0/output1 as exported detectors are."""
+    g = _Graph(6)
+    x = g.op("Relu", [g.conv("data", channels, 8, stride=2)])
+    x = g.op("Relu", [g.conv(x, 8, 8)])
+    heads = {g.conv(x, 8, 4, k=1): "output0", g.op("Sigmoid", [g.conv(x, 8, 3, k=1)]): "output1"}
+    for node in g.nodes:
+        node.output[:] = [heads.get(o, o) for o in node.output]
+    return g.model({"data": [1, channels, h, h]}, list(heads.values()), opset)
+
+
+def bpu_cpu_bpu(h: int = 8, opset: int = OPSET) -> FloatModel:
+    """Conv -> Cos (no BPU op) -> Conv, then a Concat of the first and the last conv: the Concat is
+    linked to the first BPU part but can only run after the CPU node, so it starts a second subgraph."""
+    g = _Graph(7)
+    a = g.op("Relu", [g.conv("data", 3, 8)])
+    b = g.conv(g.op("Cos", [g.conv(a, 8, 8)]), 8, 8)
+    out = g.conv(g.op("Concat", [a, b], axis=1), 16, 4, k=1)
+    return g.model({"data": [1, 3, h, h]}, [out], opset)
+
+
 MODELS = {
     "resnet_like": resnet_like,
     "activations": activations,

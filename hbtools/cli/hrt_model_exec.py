@@ -82,18 +82,27 @@ def _infer(model_file: str, model_name: str | None, input_file: str, frame_count
            dump_format: str, dump_txt_axis: int, dump_path: str, cls_post: bool) -> None:
     import numpy as np
 
-    from hbtools.tools.hrt_exec import dump_output
+    from hbtools.runtime.simulator import Simulator
+    from hbtools.tools.hrt_exec import dump_layers, dump_output, write_layers
 
     sim, feeds = _simulator(model_file, model_name, input_file)
+    layers = dump_layers(sim.model) if enable_dump else []
+    if layers:  # keep the intermediate tensors the model recorded as dumpable layers
+        sim = Simulator(sim.model, expose_all=True)
     prepared = sim.prepare(feeds)
     for _ in range(frame_count):
-        outputs = sim.run(prepared, prepared=True)
+        values = sim.run_all(prepared, prepared=True)
+    outputs = {o.name: values[o.name] for o in sim.model.outputs}
     log.info("infer success")
     for k, (name, value) in enumerate(outputs.items()):
         click.echo(f"output[{k}] {name}: shape {list(value.shape)} {value.dtype}")
         if enable_dump:
             log.info("output[%d] dumped to %s", k, dump_output(Path(dump_path), k, name, value, dump_format,
                                                               dump_txt_axis))
+    if layers:
+        written = write_layers(Path(dump_path), layers, values)
+        log.info("layer_out_dump: %d conv layer result(s) written to %s as <layer>_float.bin", len(written),
+                 dump_path)
     if cls_post:
         scores = np.asarray(next(iter(outputs.values())), dtype=np.float64).reshape(-1)
         for rank, idx in enumerate(np.argsort(-scores, kind="stable")[:5]):

@@ -35,6 +35,7 @@ from hbtools.config.values import (
     inline_mapping,
     is_unset,
     layout_item,
+    separate_batch,
     text_item,
 )
 from hbtools.errors import ConfigError
@@ -115,6 +116,7 @@ INPUT_PARAMETERS: dict[Any, Any] = {
     ),
     Optional("input_shape"): Use(as_shapes("input_shape")),
     Optional("input_batch", default=1): Use(as_int("input_batch", 1, 4096)),
+    Optional("separate_batch"): Use(separate_batch),
     Optional("norm_type"): Use(as_per_input("norm_type", choice_item(NORM_TYPES))),
     Optional("mean_value"): Use(as_per_channel("mean_value")),
     Optional("scale_value"): Use(as_per_channel("scale_value")),

@@ -97,6 +97,15 @@ def as_bool(key: str) -> Parser:
     return parse
 
 
+def separate_batch(value: Any) -> bool:
+    """X5's ``separate_batch``: False is the only layout hbtools builds (one input holding the batch)."""
+    if as_bool("separate_batch")(value):
+        fail("separate_batch: True (on X5: one model input per batch item, each of batch 1) is not "
+             "supported by hbtools; a .bin of input_batch N takes one input of batch N. Set "
+             "separate_batch: False, or convert with input_batch: 1 and run the items one by one")
+    return False
+
+
 def as_int(key: str, lo: int, hi: int | None = None, *, zero_ok: bool = False) -> Parser:
     """Integer in [lo, hi]; ``zero_ok`` also admits 0 below ``lo`` (max_time_per_fc)."""
     allowed = f"{'0 or ' if zero_ok else ''}{lo}" + (f"-{hi}" if hi is not None else " or more")

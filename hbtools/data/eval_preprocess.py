@@ -4,8 +4,9 @@ A recipe is the preprocessing one sample model needs, written with the transform
 of ``hbtools.data.transforms``. Every output file is a raw ``numpy.tofile`` dump of
 one image in the model's run-time input format (the same format as its calibration
 data, so the files also work as ``cal_data_dir`` content or ``hb_mapper infer`` input).
-Images are read with scikit-image; the recipes first bring them to what OpenCV would
-have read (uint8 BGR), because PaddleOCR's own preprocessing starts from there.
+Images are read with scikit-image; the PP-OCR and YOLO recipes first bring them to
+what OpenCV would have read (uint8 BGR), because those projects' own preprocessing
+starts from there.
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ import numpy as np
 
 from hbtools.data.images import IMAGE_EXTENSIONS
 from hbtools.data.transforms import (
+    BGR2RGBTransformer,
+    CenterCropTransformer,
     Compose,
+    F32ToU8Transformer,
     HWC2CHWTransformer,
     PadResizeTransformer,
+    ScaleTransformer,
+    ShortSideResizeTransformer,
     TextLineResizeTransformer,
     Transformer,
     opencv_like,
@@ -53,6 +59,19 @@ def _det() -> list[Transformer]:
             HWC2CHWTransformer()]
 
 
+def _imagenet() -> list[Transformer]:
+    # torchvision's evaluation transform without ToTensor/Normalize: the mean/std belong in
+    # the config (norm_type data_mean_and_scale), so the file holds the uint8 RGB crop.
+    return [ShortSideResizeTransformer(256), CenterCropTransformer(224), ScaleTransformer(scale_value=255),
+            F32ToU8Transformer(), HWC2CHWTransformer()]
+
+
+def _yolo(size: int) -> Callable[[], list[Transformer]]:
+    # Ultralytics' letterbox: centred, padding 114 gray, then BGR -> RGB; /255 goes in the config.
+    return lambda: [*opencv_like(), PadResizeTransformer(size, pad_value=114, pad_position="boundary"),
+                    BGR2RGBTransformer(data_format="HWC"), HWC2CHWTransformer()]
+
+
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -62,6 +81,12 @@ RECIPES: dict[str, Recipe] = {
                "black padding)", "uint8 BGR 1x3x640x640 (NCHW)", _det),
         Recipe("ppocr_rec", "PP-OCRv4 text recogniser: text-line crop -> height 48, "
                "padded to width 320", "uint8 BGR 1x3x48x320 (NCHW)", _text_line(320)),
+        Recipe("imagenet_cls", "ImageNet-style classifier (ResNet, MobileNet, EfficientNet): short side "
+               "256, centre crop 224", "uint8 RGB 1x3x224x224 (NCHW)", _imagenet),
+        Recipe("yolo_letterbox", "YOLOv5/v8-style detector: letterbox into 640x640 (centred, "
+               "padding 114)", "uint8 RGB 1x3x640x640 (NCHW)", _yolo(640)),
+        Recipe("yolo_letterbox_320", "the same letterbox into 320x320", "uint8 RGB 1x3x320x320 (NCHW)",
+               _yolo(320)),
     )
 }
 

@@ -21,6 +21,7 @@ def load_model(path: str | Path) -> ModelProto:
     path = Path(path)
     if not path.is_file():
         raise HbError(f"model file '{path}' does not exist", hint="check the model path")
+    _refuse_bin(path)
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # protobuf raises several unrelated types
@@ -28,6 +29,20 @@ def load_model(path: str | Path) -> ModelProto:
     if not model.graph.node:
         raise HbError(f"'{path}' is not a readable ONNX model (the graph has no nodes)")
     return model
+
+
+def _refuse_bin(path: Path) -> None:
+    from hbtools.runtime.binfile import MAGIC
+
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(MAGIC))
+    except OSError as e:
+        raise HbError(f"cannot read model file '{path}': {e.strerror or e}") from None
+    if head == MAGIC:
+        raise HbError(f"'{path}' is an hbtools .bin runtime model; this command needs an ONNX model (the "
+                      f"*_original_float/_optimized_float/_calibrated/_quantized_model.onnx artefacts of makertbin)",
+                      hint="run a .bin with hrt_model_exec infer, or compare it with hb_verifier")
 
 
 def default_opset(model: ModelProto) -> int:

@@ -56,6 +56,7 @@ class CalibrationResult:
     thresholds: dict[str, float]
     method: str
     scores: dict[str, float] = field(default_factory=dict)
+    summary: str = ""  # method, GPTQ kept or not, int16 tensor count
 
 
 def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *,
@@ -102,12 +103,22 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         method = next(iter(candidates))
         thresholds = candidates[method]
         methods = {t: method for t in thresholds}
-    log.info("Select %s method", method)
+    log.info("Select %s method", method)  # the seed's line, as it is
+    summary = _summary(method, plan)
+    log.info("calibration summary: %s", summary)
     model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
     if bias_correction != "off":
         model = _bias_correction(optimized, model, plan, thresholds, weight_th, methods, bc_feeds or eval_feeds,
                                  eval_feeds, eval_refs, forced=bias_correction == "on")
-    return CalibrationResult(model, plan, thresholds, method, scores)
+    return CalibrationResult(model, plan, thresholds, method, scores, summary)
+
+
+def _summary(method: str, plan: CalibrationPlan) -> str:
+    """The method and what else the search chose: GPTQ rounding kept or not, int16 tensors (hb_model_info too)."""
+    int16 = sum(p.bits == 16 for p in plan.activations)
+    gptq = f"GPTQ weight rounding kept on {len(plan.rounding)} weights" if plan.rounding else \
+        "weights rounded to nearest (no GPTQ)"
+    return f"method {method}; {gptq}; {int16} of {len(plan.activations)} activation tensors int16"
 
 
 def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],

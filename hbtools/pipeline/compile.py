@@ -11,6 +11,8 @@ from hbtools.march.profiles import MarchProfile
 from hbtools.pipeline.edge_nodes import remove_edge_nodes
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.runtime.binfile import BinModel, current_deps, write_bin
+from hbtools.runtime.runtime_model import RuntimeModel, load
+from hbtools.tools import perf_advice, perf_model, perf_report
 
 log = logging.getLogger("hbtools")
 
@@ -51,6 +53,7 @@ def output_descriptors(result: QuantizedResult) -> list[dict]:
         if vi.name in result.tensors and desc["dtype"] != "float32":
             qt = result.tensors[vi.name]
             desc["scale"] = [float(s) for s in qt.scale.reshape(-1)]
+            desc["quantize_axis"] = int(qt.axis) if qt.scale.size > 1 else 0
             if qt.zero_point:
                 desc["zero_point"] = qt.zero_point
         out.append(desc)
@@ -65,11 +68,14 @@ def partition_record(result: QuantizedResult) -> dict:
             subgraphs.setdefault(unit.subgraph, []).extend(n.name for n in unit.nodes)
         else:
             cpu.append({"name": unit.name, "type": unit.main.op_type, "reason": unit.reason})
-    return {"subgraphs": [{"id": k, "nodes": v} for k, v in sorted(subgraphs.items())], "cpu_nodes": cpu}
+    # the type names of makertbin's node table, so hb_perf names each node as the table does
+    types = {name: kind for name, _, _, kind in result.partition.rows()}
+    return {"subgraphs": [{"id": k, "nodes": v} for k, v in sorted(subgraphs.items())], "cpu_nodes": cpu,
+            "node_types": types}
 
 
 def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profile: MarchProfile,
-        path: Path) -> Path:
+        path: Path, *, calibration: str = "") -> Path:
     model = BinModel(
         name=config.model.output_model_file_prefix,
         deps=current_deps(),
@@ -80,10 +86,35 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
         partition=partition_record(result),
         deleted_nodes=[],
         perf=None,
-        meta={"march": profile.name, "board": profile.board},
+        # layer_out_dump: the .bin keeps its conv layers' results reachable (hrt_model_exec infer dumps them)
+        meta={"march": profile.name, "board": profile.board, "layer_out_dump": config.model.layer_out_dump,
+              **({"calibration_summary": calibration} if calibration else {})},
     )
     model = remove_edge_nodes(model, config.model.remove_node_type, config.model.remove_node_name,
                               until_stable=config.model.fast_perf)
+    rm = load(model, str(path))
+    if config.compiler.debug:  # the static analysis travels in the .bin (hb_perf shows its layer details)
+        cost = perf_model.estimate(rm, profile)
+        model.perf = {"latency_ms": cost.latency_ms, "ddr_mb_per_frame": cost.ddr_mb,
+                      "subgraphs": [sub.summary() for sub in cost.subgraphs]}
     write_bin(path, [model])
     log.info("runtime model written: %s", path)
+    _compile_notes(config, rm, profile)
+    page = perf_report.write_report(rm, config.model.working_dir, static=True)
+    log.info("static performance page written: %s", page)
     return path
+
+
+def _compile_notes(config: Config, rm: RuntimeModel, profile: MarchProfile) -> None:
+    """What compile_mode and advice mean for this build, in the log."""
+    cc = config.compiler
+    if cc.compile_mode != "latency":
+        extra = f" (balance_factor {cc.balance_factor})" if cc.compile_mode == "balance" else ""
+        log.warning("compile_mode %s%s: hbtools builds one schedule for every compile_mode, so the .bin and "
+                    "hb_perf's estimate are those of compile_mode latency", cc.compile_mode, extra)
+    if cc.advice:
+        lines = perf_advice.advice_lines(rm, profile, cc.advice)
+        log.info("advice %d us: %d BPU layer(s) modelled more than %d us above their ideal time%s", cc.advice,
+                 len(lines), cc.advice, "" if lines else " (none)")
+        for line in lines:
+            log.info("%s", line)

@@ -49,6 +49,7 @@ def run(config: Config) -> ParseResult:
     name_unnamed_nodes(model)
     loaded = strip_qdq(model) if config.calibration.calibration_type == "load" else {}
     inputs = resolve_inputs(model, config.inputs)
+    declared = {vi.name: _dims(vi) for vi in model.graph.input}
     _fix_input_shapes(model, inputs)
     if config.model.output_nodes:
         _set_outputs(model, config.model.output_nodes)
@@ -58,6 +59,8 @@ def run(config: Config) -> ParseResult:
     remove_dead_nodes(model)
     model = _infer(model)
     source = copy.deepcopy(model)
+    if any(declared.get(s.name) != s.shape for s in inputs):  # input_shape overrides what the model says
+        _dry_run(source, inputs)
     _insert_preprocess(model, inputs)
     model = _infer(model)
     onnx.checker.check_model(model)
@@ -116,6 +119,7 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
             raise HbError(f"input '{name}': input_shape {spec.shape} has rank {len(spec.shape)} "
                           f"but the model input has rank {len(model_shape)}")
         if spec.shape:
+            _check_not_transposed(name, spec.shape, model_shape)
             for given, fixed in zip(spec.shape, model_shape, strict=True):
                 if fixed is not None and given != fixed:
                     log.warning("input '%s': input_shape %s overrides the model's shape %s", name, spec.shape,
@@ -132,6 +136,42 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
             check_input_channels(r, r.shape[1] if r.layout_train == "NCHW" else r.shape[3])
         resolved.append(r)
     return resolved
+
+
+def _check_not_transposed(name: str, given: list[int], model_shape: list[int | None]) -> None:
+    """An input_shape that is the model's own 4-D shape in the other layout is a layout mix-up, not an override
+    (left alone it ends in an onnxruntime error deep inside the first convolution)."""
+    if len(given) != 4 or None in model_shape or list(given) == list(model_shape):
+        return
+    text = "x".join(map(str, model_shape))
+    for src, dst in (("NCHW", "NHWC"), ("NHWC", "NCHW")):
+        if [model_shape[src.index(c)] for c in dst] == list(given):
+            raise HbError(f"input '{name}': input_shape {'x'.join(map(str, given))} is the model's shape {text} "
+                          f"in {dst} order, but the model takes {src}",
+                          hint=f"input_shape is in the model's own layout: give {text}")
+
+
+def _dry_run(model: ModelProto, inputs: list[InputSpec]) -> None:
+    """Run the model once on zeros, so an input_shape it cannot take stops here with its name."""
+    import numpy as np
+
+    from hbtools.runtime.session import make_session
+
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name not in inits:
+            dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+            feeds[vi.name] = np.zeros([d.dim_value for d in vi.type.tensor_type.shape.dim], dtype=dtype)
+    try:
+        make_session(model).run(None, feeds)
+    except HbError:
+        raise
+    except Exception as e:  # onnxruntime's exception types are not importable
+        shapes = ", ".join(f"{s.name} {'x'.join(map(str, s.shape))}" for s in inputs)
+        text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise HbError(f"the model cannot run with the input shapes {shapes}: {text}",
+                      hint="check input_shape (it is in the model's own layout and must fit its layers)") from None
 
 
 def _fix_input_shapes(model: ModelProto, inputs: list[InputSpec]) -> None:

@@ -92,7 +92,7 @@ def convert(config: Config) -> dict[str, Path]:
     report.log_node_table(result, report.node_similarity(optimized, result, first))
     report.log_cpu_reasons(result.partition)
 
-    compile.run(result, config, parsed.inputs, profile, paths["bin"])
+    compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=cal.summary)
     log.info("Convert to runtime bin file successfully!")
     log.info("End Model Convert")
     return paths

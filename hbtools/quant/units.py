@@ -21,6 +21,7 @@ from hbtools.march.constraints import violation
 from hbtools.march.profiles import MarchProfile, OpRule
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
+from hbtools.runtime.structure import components
 
 log = logging.getLogger("hbtools")
 
@@ -298,28 +299,13 @@ def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[in
 
 
 def _number_subgraphs(part: Partition) -> None:
-    """Connected BPU units form one subgraph, numbered in graph order."""
-    parent: dict[int, int] = {}
-
-    def find(k: int) -> int:
-        while parent.setdefault(k, k) != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    ids = {id(u): k for k, u in enumerate(part.units)}
+    """BPU subgraphs: connected BPU units, a new one wherever a path comes back from the CPU
+    (``structure.components``, the same rule every .bin tool applies), numbered in graph order."""
+    index = {id(u): k for k, u in enumerate(part.units)}
+    preds = [[index[id(part.producer[t])] for t in u.inputs if t in part.producer and part.producer[t] is not u]
+             for u in part.units]
     for u in part.units:
-        if u.on != "BPU":
-            continue
-        find(ids[id(u)])
-        for t in u.inputs:
-            p = part.producer.get(t)
-            if p is not None and p.on == "BPU":
-                parent[find(ids[id(u)])] = find(ids[id(p)])
-    numbering: dict[int, int] = {}
-    for u in part.units:
-        if u.on == "BPU":
-            root = find(ids[id(u)])
-            u.subgraph = numbering.setdefault(root, len(numbering))
-        else:
-            u.subgraph = None
+        u.subgraph = None
+    for k, members in enumerate(components(preds, [u.on for u in part.units])):
+        for i in members:
+            part.units[i].subgraph = k

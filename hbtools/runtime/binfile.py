@@ -74,17 +74,24 @@ class BinModel:
 
 
 def _check_text_attributes(model: Any, name: str) -> None:
-    """ONNX keeps string attributes as raw bytes; ours are always UTF-8, anything else is damage.
-
-    Names are protobuf strings: undecodable ones come back as bytes.
-    """
-    graph = model.graph
-    names = [t.name for t in (*graph.input, *graph.output, *graph.initializer, *graph.value_info)]
-    for node in graph.node:
-        names += [node.name, node.op_type, node.domain, *node.input, *node.output]
-    if any(not isinstance(n, str) for n in names):
-        raise BinFormatError(_one_line(f"graph of model {name!r} has a name that is not UTF-8 text (corrupted file?)"))
-    for node in model.graph.node:
+    """ONNX keeps string attributes as raw bytes; ours are always UTF-8, anything else is damage."""
+    g = model.graph
+    for k, node in enumerate(g.node):
+        # protobuf hands back a string field that is not UTF-8 as bytes (or raises on access)
+        try:
+            texts = [node.name, node.op_type, node.domain, *node.input, *node.output]
+        except UnicodeDecodeError:
+            texts = [b""]
+        if not all(isinstance(t, str) for t in texts):
+            raise BinFormatError(_one_line(f"graph of model {name!r}: node #{k} has a name, type or tensor "
+                                           f"name that is not UTF-8 text (corrupted file?)"))
+    try:
+        names = [v.name for v in (*g.input, *g.output, *g.value_info, *g.initializer)]
+    except UnicodeDecodeError:
+        names = [b""]
+    if not all(isinstance(t, str) for t in names):
+        raise BinFormatError(_one_line(f"graph of model {name!r}: a tensor name is not UTF-8 text (corrupted file?)"))
+    for node in g.node:
         for attr in node.attribute:
             for raw in (attr.s, *attr.strings):
                 try:

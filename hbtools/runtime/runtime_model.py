@@ -4,6 +4,11 @@
 holds makes sense (descriptors agree with the graph, shapes are plausible), so
 the simulator and the tools can trust the fields. Every problem is a one-line
 ``BinFormatError`` naming the model.
+
+``input_batch`` (descriptor key ``batch``) sets the batch of the ``.bin`` but not of
+its graph, as in the vendor tool (the quantized ONNX keeps batch 1): the
+descriptors here have the batch as first dimension and the simulator runs the
+graph once per batch item.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ class RuntimeModel:
     inputs: list[InputDesc]
     outputs: list[OutputDesc]
     path: str = ""
+    batch: int = 1  # items per run; the graph itself takes one
+
 
     @property
     def name(self) -> str:
@@ -91,11 +98,26 @@ def load(model: BinModel, path: str = "") -> RuntimeModel:
     graph = model.load_graph()
     where = f"{path}: model {model.name!r}" if path else f"model {model.name!r}"
     try:
-        inputs = _inputs(model, graph)
-        outputs = _outputs(model, graph)
+        batch = _batch(model, graph)
+        inputs = _inputs(model, graph, batch)
+        outputs = _outputs(model, graph, batch)
     except _Bad as e:
         raise BinFormatError(f"{where}: {e}") from None
-    return RuntimeModel(model, graph, inputs, outputs, path)
+    return RuntimeModel(model, graph, inputs, outputs, path, batch)
+
+
+def _batch(model: BinModel, graph: ModelProto) -> int:
+    values = [d.get("batch", 1) for d in model.inputs]
+    if not all(type(v) is int and 1 <= v <= 4096 for v in values) or len(set(values)) > 1:
+        raise _Bad(f"input descriptors give batch {values}; expected one number from 1 to 4096")
+    batch = values[0] if values else 1
+    if batch > 1:
+        names = [d.get("name") for d in model.inputs]
+        for vi in graph.graph.input:
+            dims = vi.type.tensor_type.shape.dim
+            if vi.name in names and (not dims or dims[0].dim_value != 1):
+                raise _Bad(f"batch {batch} needs graph input '{vi.name}' to have batch 1")
+    return batch
 
 
 class _Bad(Exception):
@@ -130,7 +152,7 @@ def _text(desc: dict, key: str, default: str | None = None) -> str:
     return v
 
 
-def _inputs(model: BinModel, graph: ModelProto) -> list[InputDesc]:
+def _inputs(model: BinModel, graph: ModelProto, batch: int) -> list[InputDesc]:
     inits = {t.name for t in graph.graph.initializer}
     graph_inputs = {vi.name: vi for vi in graph.graph.input if vi.name not in inits}
     names = [d.get("name") for d in model.inputs]
@@ -141,6 +163,9 @@ def _inputs(model: BinModel, graph: ModelProto) -> list[InputDesc]:
         name = desc["name"]
         vi = graph_inputs[name]
         shape = _static_shape(vi, f"input '{name}'")
+        shape = (shape[0] * batch, *shape[1:])
+        if int(np.prod(shape, dtype=np.float64)) > MAX_ELEMENTS:
+            raise _Bad(f"input '{name}' has an implausible shape {list(shape)}")
         dtype = numpy_dtype(vi.type.tensor_type.elem_type)
         type_rt = _text(desc, "input_type_rt")
         if type_rt not in RT_TYPES:
@@ -167,7 +192,7 @@ def _check_image(name: str, type_rt: str, layout: str, shape: tuple[int, ...], d
         raise _Bad(f"nv12 input '{name}' needs an even height and width, has {h}x{w}")
 
 
-def _outputs(model: BinModel, graph: ModelProto) -> list[OutputDesc]:
+def _outputs(model: BinModel, graph: ModelProto, batch: int) -> list[OutputDesc]:
     described = {d["name"]: d for d in model.outputs if isinstance(d.get("name"), str)}
     out = []
     for vi in graph.graph.output:
@@ -175,6 +200,8 @@ def _outputs(model: BinModel, graph: ModelProto) -> list[OutputDesc]:
         if t.elem_type == TensorProto.UNDEFINED:
             raise _Bad(f"graph output '{vi.name}' has no element type")
         dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
+        if batch > 1:  # the items' outputs are joined along the first axis (a scalar becomes a vector)
+            dims = (dims[0] * batch if dims[0] is not None else None, *dims[1:]) if dims else (batch,)
         desc = described.get(vi.name, {})
         scale = desc.get("scale")
         valid_scale = isinstance(scale, list) and scale and all(isinstance(s, (int, float)) for s in scale)

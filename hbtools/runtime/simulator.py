@@ -141,6 +141,14 @@ class Simulator:
                 raise HbError(f"input '{d.name}' must be {d.dtype} {list(d.shape)}, "
                               f"got {env[d.name].dtype} {list(env[d.name].shape)}")
         _record(timings, "Preprocess", start)
+        if self.model.batch == 1:
+            return self._run_item(env, timings)
+        # A batch-N .bin holds a batch-1 graph: run it per item and join the items along axis 0.
+        items = [self._run_item({k: v[i:i + 1] for k, v in env.items()}, timings) for i in range(self.model.batch)]
+        return {name: np.concatenate([item[name].reshape(1) if item[name].ndim == 0 else item[name]
+                                      for item in items]) for name in items[0]}
+
+    def _run_item(self, env: dict[str, np.ndarray], timings: dict[str, list[float]] | None) -> dict[str, np.ndarray]:
         for step in self.steps:
             start = time.perf_counter()
             env.update(self._execute(step, env))

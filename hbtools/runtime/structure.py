@@ -6,7 +6,8 @@ HzDequantize / HzQuantize. A node runs on the BPU when the compile stage's
 partition says so, or, for nodes it does not list (helpers the quantizer added),
 when it is an integer Hz op or touches an integer tensor. Quantize and Dequantize
 are CPU nodes, as in the vendor's structure pictures. Connected BPU nodes form
-one subgraph.
+one subgraph, split where a path goes through the CPU and comes back; the ids are
+the ones the compile stage stored, computed once on the partition's units.
 """
 
 from __future__ import annotations
@@ -136,7 +137,10 @@ def _partition_names(partition: dict) -> tuple[set[str], set[str]]:
 
 
 def analyse(graph: ModelProto, partition: dict, info: dict[str, TensorInfo]) -> Structure:
-    bpu_names, cpu_names = _partition_names(partition if isinstance(partition, dict) else {})
+    """Where each node runs and its subgraph; the subgraph numbers are the ones the compile stage
+    stored in the partition (the makertbin/checker table's ids), so every tool shows the same."""
+    partition = partition if isinstance(partition, dict) else {}
+    bpu_names, cpu_names = _partition_names(partition)
     nodes = list(graph.graph.node)
     on = []
     for node in nodes:
@@ -149,25 +153,60 @@ def analyse(graph: ModelProto, partition: dict, info: dict[str, TensorInfo]) -> 
         else:
             touched = [info.get(t) for t in [*node.input, *node.output] if t]
             on.append("BPU" if any(i is not None and i.is_integer for i in touched) else "CPU")
-    subgraphs = _components(nodes, on)
+    computed = components(_preds(nodes), on)
+    stored = _stored_ids(partition)
+    subgraphs = _with_stored_ids(computed, [stored.get(n.name) for n in nodes]) if stored else computed
     subgraph_of = {i: k for k, members in enumerate(subgraphs) for i in members}
     return Structure(on, subgraph_of, subgraphs)
 
 
-def _components(nodes: list[NodeProto], on: list[str]) -> list[list[int]]:
-    """BPU subgraphs: linked BPU nodes, split wherever a path leaves through the CPU and comes back.
+def _stored_ids(partition: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    subgraphs = partition.get("subgraphs")
+    for sub in subgraphs if isinstance(subgraphs, list) else []:
+        if isinstance(sub, dict) and type(sub.get("id")) is int and isinstance(sub.get("nodes"), list):
+            out.update((n, sub["id"]) for n in sub["nodes"] if isinstance(n, str))
+    return out
+
+
+def _with_stored_ids(computed: list[list[int]], stored: list[int | None]) -> list[list[int]]:
+    """Group the computed components by the id the partition stored for their nodes.
+
+    A component's nodes the partition does not list (Requantize helpers the quantizer
+    added) go with their component; a component that lists none stays on its own.
+    Groups are numbered by stored id, so a .bin whose nodes were deleted keeps its order.
+    """
+    keyed: dict[tuple[int, int], list[int]] = {}
+    for k, members in enumerate(computed):
+        ids = sorted({stored[i] for i in members if stored[i] is not None})
+        if not ids:
+            keyed[(1, k)] = list(members)
+            continue
+        for i in members:  # a stored id per node wins over the computed component
+            sid = stored[i] if stored[i] is not None else ids[0]
+            keyed.setdefault((0, sid), []).append(i)
+    return [sorted(keyed[key]) for key in sorted(keyed)]
+
+
+def _preds(nodes: list[NodeProto]) -> list[list[int]]:
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    return [[producer[t] for t in n.input if t in producer and producer[t] != i] for i, n in enumerate(nodes)]
+
+
+def components(preds: list[list[int]], on: list[str]) -> list[list[int]]:
+    """BPU subgraphs of a graph given as predecessor lists: linked BPU nodes, split wherever a path
+    leaves through the CPU and comes back; numbered by first member (graph order is topological).
 
     A node's stage counts the CPU-to-BPU crossings on the longest path reaching it;
     BPU nodes join a subgraph only with linked BPU nodes of the same stage, so each
     subgraph can start once its inputs exist (the subgraph graph has no cycles).
+    The checker, makertbin (on units) and the .bin tools (on nodes) all use this.
     """
-    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    preds = [[producer[t] for t in n.input if t in producer and producer[t] != i] for i, n in enumerate(nodes)]
-    stage = [0] * len(nodes)
+    stage = [0] * len(preds)
     for i in _topological(preds):
         crossings = [stage[j] + (on[j] == "CPU" and on[i] == "BPU") for j in preds[i]]
         stage[i] = max(crossings, default=0)
-    parent = list(range(len(nodes)))
+    parent = list(range(len(preds)))
 
     def root(i: int) -> int:
         while parent[i] != i:
@@ -175,12 +214,12 @@ def _components(nodes: list[NodeProto], on: list[str]) -> list[list[int]]:
             i = parent[i]
         return i
 
-    for i in range(len(nodes)):
+    for i in range(len(preds)):
         for j in preds[i]:
             if on[i] == on[j] == "BPU" and stage[i] == stage[j]:
                 parent[root(i)] = root(j)
     groups: dict[int, list[int]] = {}
-    for i in range(len(nodes)):
+    for i in range(len(preds)):
         if on[i] == "BPU":
             groups.setdefault(root(i), []).append(i)
     return sorted(groups.values(), key=lambda members: members[0])

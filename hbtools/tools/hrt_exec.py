@@ -21,6 +21,7 @@ from hbtools.runtime.binfile import BinFile
 from hbtools.runtime.rt_input import rt_dtype, rt_shape
 from hbtools.runtime.runtime_model import InputDesc, OutputDesc, RuntimeModel, load
 from hbtools.runtime.simulator import Simulator
+from hbtools.tools.modifier import descriptor_scale, scale_lines
 
 _IMG_TYPE = {"nv12": "HB_DNN_IMG_TYPE_NV12", "yuv444": "HB_DNN_IMG_TYPE_YUV444", "rgb": "HB_DNN_IMG_TYPE_RGB",
              "bgr": "HB_DNN_IMG_TYPE_BGR", "gray": "HB_DNN_IMG_TYPE_Y"}
@@ -38,26 +39,63 @@ def _strides(shape: tuple, itemsize: int) -> tuple:
     return tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * itemsize for k in range(len(shape)))
 
 
-def _input_lines(k: int, d: InputDesc) -> list[str]:
-    shape, dtype = rt_shape(d), rt_dtype(d)
-    layout = d.layout if d.layout in ("NCHW", "NHWC") else "NONE"
-    tensor = _IMG_TYPE.get(d.type_rt) or f"HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(dtype), 'F32')}"
-    return [f"input[{k}]: ", f"name: {d.name}", f"input source: HB_DNN_INPUT_FROM_{d.source.upper()}",
-            f"valid shape: {_shape_text(d.shape)}", f"aligned shape: {_shape_text(d.shape)}",
-            f"aligned byte size: {int(np.prod(shape)) * dtype.itemsize}", f"tensor type: {tensor}",
-            f"tensor layout: HB_DNN_LAYOUT_{layout}",
-            f"quanti type: {'SCALE' if 'scale' in d.raw else 'NONE'}",
-            f"stride: {_shape_text(_strides(d.shape, dtype.itemsize))}", ""]
+@dataclass(frozen=True)
+class BoardTensor:
+    """An input or output as the board runtime describes it (hbDNNTensorProperties)."""
+
+    valid_shape: tuple
+    layout: str  # NCHW | NHWC | NONE
+    tensor_type: str  # HB_DNN_IMG_TYPE_* or HB_DNN_TENSOR_TYPE_*
+    byte_size: int
+    stride: tuple
+    scale: tuple[float, ...] = ()
+    quantize_axis: int = 0
+
+    def lines(self) -> list[str]:
+        # hbtools lays tensors out without padding, so the aligned shape is the valid shape.
+        out = [f"valid shape: {_shape_text(self.valid_shape)}", f"aligned shape: {_shape_text(self.valid_shape)}",
+               f"aligned byte size: {self.byte_size}", f"tensor type: {self.tensor_type}",
+               f"tensor layout: HB_DNN_LAYOUT_{self.layout}", f"quanti type: {'SCALE' if self.scale else 'NONE'}",
+               f"stride: {_shape_text(self.stride)}"]
+        return out + (scale_lines(self.scale, self.quantize_axis) if self.scale else [])
 
 
-def _output_lines(k: int, o: OutputDesc) -> list[str]:
+def _layout(shape: tuple, layout: str | None = None) -> str:
+    if len(shape) != 4:
+        return "NONE"
+    return layout if layout in ("NCHW", "NHWC") else "NCHW"
+
+
+def board_input(d: InputDesc) -> BoardTensor:
+    """An input in the board's terms: nv12 is (N,3,H,W) NCHW with zero strides, images are uint8
+    in the model input's layout, featuremaps carry their dtype (and scale once their Quantize is gone)."""
+    if d.type_rt == "nv12":
+        (h, w), n = d.hw, d.shape[0]
+        return BoardTensor((n, 3, h, w), "NCHW", _IMG_TYPE["nv12"], n * h * w * 3 // 2, (0, 0, 0, 0))
+    dtype = rt_dtype(d)
+    size = int(np.prod(rt_shape(d))) * dtype.itemsize
+    stride = _strides(d.shape, dtype.itemsize)
+    if d.is_image:
+        return BoardTensor(d.shape, _layout(d.shape, d.layout), _IMG_TYPE[d.type_rt], size, stride)
+    scale, axis = descriptor_scale(d.raw) if np.issubdtype(dtype, np.integer) else ((), 0)
+    tensor = f"HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(dtype), 'F32')}"
+    return BoardTensor(d.shape, _layout(d.shape, d.layout), tensor, size, stride, scale, axis)
+
+
+def board_output(o: OutputDesc, raw: dict) -> BoardTensor:
     size = int(np.prod([d or 0 for d in o.shape])) * o.dtype.itemsize
-    return [f"output[{k}]: ", f"name: {o.name}", f"valid shape: {_shape_text(o.shape)}",
-            f"aligned shape: {_shape_text(o.shape)}", f"aligned byte size: {size}",
-            f"tensor type: HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(o.dtype), 'F32')}",
-            f"tensor layout: HB_DNN_LAYOUT_{'NCHW' if len(o.shape) == 4 else 'NONE'}",
-            f"quanti type: {'SCALE' if o.scale else 'NONE'}",
-            f"stride: {_shape_text(_strides(o.shape, o.dtype.itemsize))}", ""]
+    scale, axis = descriptor_scale(raw) if np.issubdtype(o.dtype, np.integer) else ((), 0)
+    return BoardTensor(o.shape, _layout(o.shape), f"HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(o.dtype), 'F32')}",
+                       size, _strides(o.shape, o.dtype.itemsize), scale, axis)
+
+
+def _input_lines(k: int, d: InputDesc) -> list[str]:
+    return [f"input[{k}]: ", f"name: {d.name}", f"input source: HB_DNN_INPUT_FROM_{d.source.upper()}",
+            *board_input(d).lines(), ""]
+
+
+def _output_lines(k: int, o: OutputDesc, raw: dict) -> list[str]:
+    return [f"output[{k}]: ", f"name: {o.name}", *board_output(o, raw).lines(), ""]
 
 
 def model_info(f: BinFile, name: str | None) -> list[str]:
@@ -70,8 +108,9 @@ def model_info(f: BinFile, name: str | None) -> list[str]:
         lines += ["-" * 69, f"[model name]: {m.name}", ""]
         for k, d in enumerate(rm.inputs):
             lines += _input_lines(k, d)
+        described = {d["name"]: d for d in m.outputs if isinstance(d.get("name"), str)}
         for k, o in enumerate(rm.outputs):
-            lines += _output_lines(k, o)
+            lines += _output_lines(k, o, described.get(o.name, {}))
     lines.append("-" * 69)
     return lines
 
@@ -171,6 +210,30 @@ def write_profile(folder: Path, run: PerfRun, rm: RuntimeModel, core_id: int) ->
         for label, s in model_latency.items():
             writer.writerow([label, f"{s['avg_time']:.6f}", f"{s['max_time']:.6f}", f"{s['min_time']:.6f}"])
     return log_path, csv_path
+
+
+def dump_layers(rm: RuntimeModel) -> list:
+    """The conv layers a ``layer_out_dump: True`` model recorded (``pipeline.layer_dump``); [] otherwise."""
+    from hbtools.pipeline.layer_dump import recorded_layers
+
+    if not rm.bin.meta.get("layer_out_dump"):
+        return []
+    outputs = {o.name for o in rm.outputs}
+    return [layer for layer in recorded_layers(rm.graph) or [] if layer.tensor not in outputs]
+
+
+def write_layers(folder: Path, layers: list, values: dict[str, np.ndarray]) -> list[Path]:
+    """Each layer as float32 ``<layer>_float.bin``, the name ``hb_mapper infer`` gives it, so vec_diff pairs them."""
+    from hbtools.pipeline.infer import file_stem
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for layer in layers:
+        if layer.tensor in values:
+            path = folder / f"{file_stem(layer.name)}_float.bin"
+            layer.to_float(values[layer.tensor]).tofile(path)
+            paths.append(path)
+    return paths
 
 
 def dump_output(folder: Path, index: int, name: str, value: np.ndarray, fmt: str, txt_axis: int) -> Path:

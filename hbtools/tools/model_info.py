@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hbtools.runtime.binfile import BinModel
-from hbtools.tools.modifier import INFO_TYPES, info_line
+from hbtools.tools.modifier import INFO_TYPES, descriptor_scale, info_line, scale_lines
 
 # Numbering of the vendor's InputDataType enum; the seed shows F32 = 5 and NV12 = 7.
 DATA_TYPES = {"S8": 0, "U8": 1, "S16": 2, "U16": 3, "S32": 4, "F32": 5, "F16": 6, "NV12": 7, "YUV444": 8,
@@ -66,6 +66,8 @@ def report(model: BinModel, tool_version: str) -> list[str]:
     lines.append("############# calibration_parameters info #############")
     cp = _group(cfg, "calibration_parameters")
     lines += [_line(k, v) for k, v in cp.items() if k not in dict(_CAL_PER_INPUT) and not _empty(v)]
+    if isinstance(model.meta.get("calibration_summary"), str):  # what calibration chose, as makertbin logged it
+        lines.append(_line("calibration result", model.meta["calibration_summary"]))
     lines.append("############# compiler_parameters info #############")
     cc = _group(cfg, "compiler_parameters")
     lines += [_line(k, v) for k, v in cc.items() if k != "input_source" and not _empty(v)]
@@ -77,10 +79,23 @@ def report(model: BinModel, tool_version: str) -> list[str]:
     lines.append("--------- input/output types -------------------")
     lines.append(_line("model input types", _types(model.inputs, input_side=True)))
     lines.append(_line("model output types", _types(model.outputs, input_side=False)))
+    lines += _scales(model)
     if model.deleted_nodes:
         lines.append("--------- deleted nodes -------------------")
         lines += [f"deleted nodes: {r.get('name')}" for r in model.deleted_nodes]
     return lines
+
+
+def _scales(model: BinModel) -> list[str]:
+    """``scale data`` / ``quantizeAxis`` of every integer input and output, as the board prints them."""
+    lines = []
+    for side, descriptors in (("input", model.inputs), ("output", model.outputs)):
+        for k, desc in enumerate(descriptors):
+            scale, axis = descriptor_scale(desc)
+            if scale:
+                lines += [f"{side}[{k}] {desc.get('name')}: {_TENSOR_TYPE.get(str(desc.get('dtype')), 'F32')}",
+                          *scale_lines(scale, axis)]
+    return ["--------- integer input/output scales -------------------", *lines] if lines else []
 
 
 def _inputs(model: BinModel, cfg: dict) -> list[str]:

@@ -5,7 +5,11 @@ Reshape nodes that are the only reader of a model input; on the output side
 Transpose, Dequantize, Cast, Reshape and Softmax nodes whose output is a model
 output that nothing else reads. Deleting one makes its neighbour the new model
 input or output, so deletions happen one at a time, each on the updated graph.
-Every deletion is recorded in the model (``deleted_nodes``) with the node as it was.
+The model input or output keeps its name (board code looks tensors up by name):
+the neighbour's tensor is renamed to it. Every deletion is recorded in the model
+(``deleted_nodes``) with the node as it was; a deleted Quantize/Dequantize also
+leaves its scale(s), axis and zero point on the descriptor of the input/output,
+where ``hrt_model_exec model_info`` prints them as ``scale data``/``quantizeAxis``.
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ def delete(model: BinModel, name: str) -> BinModel:
     else:
         inputs = copy.deepcopy(model.inputs)
         outputs = _delete_output_side(graph, node, info, model.outputs)
+    kept, dropped = (node.input[0], node.output[0]) if cand.side == "input" else (node.output[0], node.input[0])
     graph.graph.node.remove(node)
+    _rename(graph, dropped, kept)
     _drop_unused_initializers(graph)
     result = replace(model, graph=graph.SerializeToString(), inputs=inputs, outputs=outputs,
                      partition=_without(model.partition, name),
@@ -105,8 +111,56 @@ def delete(model: BinModel, name: str) -> BinModel:
 
 def _record(node: NodeProto, cand: Candidate) -> dict:
     attrs = {k: v for k, v in attrs_of(node).items() if isinstance(v, (int, float, str, list))}
-    return {"name": node.name, "type": cand.type, "op_type": node.op_type, "domain": node.domain,
-            "side": cand.side, "inputs": list(node.input), "outputs": list(node.output), "attributes": attrs}
+    record = {"name": node.name, "type": cand.type, "op_type": node.op_type, "domain": node.domain,
+              "side": cand.side, "inputs": list(node.input), "outputs": list(node.output), "attributes": attrs}
+    return {**record, **quant_params(node)}
+
+
+def quant_params(node: NodeProto) -> dict:
+    """``scale`` (list), ``quantize_axis`` and ``zero_point`` of a HzQuantize/HzDequantize; {} otherwise."""
+    if node.domain != DOMAIN or node.op_type not in ("HzQuantize", "HzDequantize"):
+        return {}
+    a = attrs_of(node)
+    scales = [float(a["scale"])] if "scale" in a else [float(s) for s in a["scales"]]
+    # A single scale applies to the whole tensor; the board reports axis 0 for it.
+    out = {"scale": scales, "quantize_axis": int(a.get("axis", 1)) if len(scales) > 1 else 0}
+    if a.get("zero_point"):
+        out["zero_point"] = int(a["zero_point"])
+    return out
+
+
+def descriptor_scale(desc: dict) -> tuple[tuple[float, ...], int]:
+    """Scale(s) and quantize axis an input/output descriptor carries; ``((), 0)`` for none (or garbage)."""
+    scale = desc.get("scale")
+    if not isinstance(scale, list) or not scale or not all(isinstance(v, (int, float)) for v in scale):
+        return (), 0
+    axis = desc.get("quantize_axis", 0)
+    return tuple(float(v) for v in scale), axis if type(axis) is int else 0
+
+
+def scale_lines(scale: tuple[float, ...], axis: int) -> list[str]:
+    # the board prints floats with C++ stream defaults: 6 significant digits
+    return ["scale data: " + "".join(f"{v:g}," for v in scale), f"quantizeAxis: {axis}"]
+
+
+def _rename(graph: ModelProto, old: str, new: str) -> None:
+    """Tensor ``old`` becomes ``new`` everywhere in the graph (the deleted node's name for it)."""
+    for n in graph.graph.node:
+        for seq in (n.input, n.output):
+            for k, t in enumerate(seq):
+                if t == old:
+                    seq[k] = new
+    keep = [vi for vi in graph.graph.value_info if vi.name not in (old, new)]
+    del graph.graph.value_info[:]
+    graph.graph.value_info.extend(keep)
+
+
+def original_tensor(model: BinModel, name: str) -> str:
+    """The quantized model's name of the ``.bin`` output ``name`` (it took a deleted node's output name)."""
+    for record in reversed(model.deleted_nodes):
+        if record.get("side") == "output" and record.get("outputs") == [name] and record.get("inputs"):
+            name = str(record["inputs"][0])
+    return name
 
 
 def _value_info(name: str, info: TensorInfo | None) -> object:
@@ -122,45 +176,39 @@ def _dtype_name(info: TensorInfo) -> str:
 def _delete_input_side(graph: ModelProto, node: NodeProto, info: dict[str, TensorInfo],
                        descriptors: list[dict]) -> list[dict]:
     old, new = node.input[0], node.output[0]
-    vi = _value_info(new, info.get(new))
+    vi = _value_info(old, info.get(new))
     position = [i for i, v in enumerate(graph.graph.input) if v.name == old][0]
     graph.graph.input[position].CopyFrom(vi)
     out = copy.deepcopy(descriptors)
     for desc in out:
         if desc.get("name") != old:
             continue
-        desc.setdefault("config_name", old)  # hb_model_info finds the config values by it
-        desc.update(name=new, shape=list(info[new].shape))
+        desc.update(shape=list(info[new].shape))
         if desc.get("input_type_rt") == "featuremap":  # image inputs keep taking uint8 runtime data
             desc["dtype"] = _dtype_name(info[new])
         if node.op_type == "Transpose" and isinstance(desc.get("layout"), str) and len(desc["layout"]) == 4:
             perm = attrs_of(node).get("perm") or [3, 2, 1, 0]
             desc["layout"] = "".join(desc["layout"][p] for p in perm)
-        if node.op_type == "HzQuantize":
-            a = attrs_of(node)
-            desc["scale"] = [float(a["scale"])] if "scale" in a else [float(s) for s in a["scales"]]
-            if a.get("zero_point"):
-                desc["zero_point"] = int(a["zero_point"])
+        desc.update(quant_params(node))
     return out
 
 
 def _delete_output_side(graph: ModelProto, node: NodeProto, info: dict[str, TensorInfo],
                         descriptors: list[dict]) -> list[dict]:
     old, new = node.output[0], node.input[0]
-    vi = _value_info(new, info.get(new))
+    vi = _value_info(old, info.get(new))
     position = [i for i, v in enumerate(graph.graph.output) if v.name == old][0]
     graph.graph.output[position].CopyFrom(vi)
     out = copy.deepcopy(descriptors)
-    replaced = {"name": new, "shape": list(info[new].shape), "dtype": _dtype_name(info[new])}
-    if node.op_type == "HzDequantize":
-        a = attrs_of(node)
-        replaced["scale"] = [float(s) for s in a["scales"]]
-        if a.get("zero_point"):
-            replaced["zero_point"] = int(a["zero_point"])
+    replaced = {"name": old, "shape": list(info[new].shape), "dtype": _dtype_name(info[new]),
+                **quant_params(node)}
     for k, desc in enumerate(out):
         if desc.get("name") == old:
-            if node.op_type != "HzDequantize" and "scale" in desc:
-                replaced["scale"] = desc["scale"]  # moving or casting integers keeps their step
+            if node.op_type != "HzDequantize":  # moving or casting integers keeps their step
+                replaced.update({key: desc[key] for key in ("scale", "quantize_axis", "zero_point") if key in desc})
+                perm = attrs_of(node).get("perm")
+                if node.op_type == "Transpose" and len(replaced.get("scale", [])) > 1 and perm:
+                    replaced["quantize_axis"] = int(perm[int(replaced["quantize_axis"])])
             out[k] = replaced
             break
     else:

@@ -3,6 +3,8 @@
 A static estimate from the graph and the march profile (peak int8 TOPS, DDR
 bandwidth); docs/hb_perf.md explains every formula and constant. CPU nodes are
 not estimated, as in the vendor tool: their cost depends on the board's CPU.
+A ``.bin`` of ``input_batch`` N does N items' work and activation traffic per run
+and reads its weights once.
 """
 
 from __future__ import annotations
@@ -184,7 +186,8 @@ def estimate(rm: RuntimeModel, profile: MarchProfile) -> ModelCost:
     constants = {t.name for t in rm.graph.graph.initializer}
     outputs = [o.name for o in rm.graph.graph.output]
     subgraphs = [
-        _subgraph(structure.subgraph_name(rm.name, k), members, nodes, info, constants, profile, core_num, outputs)
+        _subgraph(structure.subgraph_name(rm.name, k), members, nodes, info, constants, profile, core_num, outputs,
+                  rm.batch)
         for k, members in enumerate(structure.subgraphs)
     ]
     cpu = [(n.name, n.op_type) for n, where in zip(nodes, structure.on, strict=True) if where == "CPU"]
@@ -192,7 +195,8 @@ def estimate(rm: RuntimeModel, profile: MarchProfile) -> ModelCost:
 
 
 def _subgraph(name: str, indices: list[int], nodes: list[NodeProto], info: dict[str, TensorInfo],
-              constants: set[str], profile: MarchProfile, core_num: int, graph_outputs: list[str]) -> SubgraphCost:
+              constants: set[str], profile: MarchProfile, core_num: int, graph_outputs: list[str],
+              batch: int = 1) -> SubgraphCost:
     members = [nodes[i] for i in indices]
     inside = set(indices)
     produced = {o for n in members for o in n.output if o}
@@ -214,11 +218,12 @@ def _subgraph(name: str, indices: list[int], nodes: list[NodeProto], info: dict[
         except (ArithmeticError, LookupError, TypeError, ValueError) as e:  # attributes come from the file
             raise BinFormatError(f"node '{node.name}' ({node.op_type}) has malformed attributes or shapes: "
                                  f"{type(e).__name__}: {e}") from None
+        macs, ops = macs * batch, ops * batch
         weights = sum(_bytes(info.get(i)) for i in node.input if i in constants)
         fresh = [i for i in node.input if i in inputs and i not in read_already]
         read_already.update(fresh)
-        loaded = weights + sum(_bytes(info.get(i)) for i in fresh)
-        stored = sum(_bytes(info.get(o)) for o in node.output if o in outputs)
+        loaded = weights + batch * sum(_bytes(info.get(i)) for i in fresh)
+        stored = batch * sum(_bytes(info.get(o)) for o in node.output if o in outputs)
         layers.append(LayerCost(node.name, node.op_type, macs, ops, weights, loaded, stored,
                                 1e3 * ops / rate if rate else 0.0, 1e3 * (loaded + stored) / bandwidth))
     return SubgraphCost(name, layers, inputs, outputs)

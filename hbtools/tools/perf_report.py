@@ -32,19 +32,23 @@ def has_layer_info(rm: RuntimeModel) -> bool:
     return rm.config_group("compiler_parameters").get("debug") is True or rm.bin.perf is not None
 
 
-def write_report(rm: RuntimeModel, root: Path) -> Path:
-    """Write every hb_perf file of one model under ``root/<model>/``; return the main page."""
+def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
+    """Write every hb_perf file of one model under ``root/<model>/``; return the main page.
+
+    ``static``: makertbin's static performance page, written straight into ``root`` (its working_dir).
+    """
     if not rm.march:
         log.warning("%s: the model does not record its march; estimating for bayes-e", rm.name)
     profile = get_profile(rm.march or "bayes-e")
     cost = perf_model.estimate(rm, profile)
-    folder = root / _safe(rm.name)
+    folder = root if static else root / _safe(rm.name)
     folder.mkdir(parents=True, exist_ok=True)
     layers = has_layer_info(rm)
-    if not layers:
+    if not layers and not static:
         log.warning("bpu model don't have per-layer perf info.")
         log.warning("if you need per-layer perf info, please enable [compiler_parameters.debug:True] "
                     "when using makertbin.")
+    _table_type_names(rm, cost)
     structure = analyse(rm.graph, rm.bin.partition, tensor_info(rm.graph))
     picture = structure_plot.draw(rm.graph, structure, rm.name, folder / f"{_safe(rm.name)}.png")
     for sub in cost.subgraphs:
@@ -57,6 +61,19 @@ def write_report(rm: RuntimeModel, root: Path) -> Path:
     main = folder / f"{_safe(rm.name)}.html"
     main.write_text(_main_page(rm, cost, picture.name), encoding="utf-8")
     return main
+
+
+def _table_type_names(rm: RuntimeModel, cost: ModelCost) -> None:
+    """Name each layer's type as makertbin's node table does (HzSQuantizedAdd, not the kernel's
+    HzSQuantizedEltwise); the .bin records those names in its partition."""
+    types = rm.bin.partition.get("node_types")
+    if not isinstance(types, dict):
+        return
+    for sub in cost.subgraphs:
+        for layer in sub.layers:
+            kind = types.get(layer.name)
+            if isinstance(kind, str) and kind:
+                layer.op_type = kind
 
 
 def _safe(name: str) -> str:

@@ -24,7 +24,8 @@ BPU_COLOUR = "#008b8b"  # dark cyan, as in the vendor's pictures
 CPU_COLOUR = "#a9a9a9"
 IO_COLOUR = "#ffffff"
 BOX_W, BOX_H, GAP_X, GAP_Y = 2.6, 0.55, 0.5, 0.5
-MAX_LABEL = 30
+MAX_LABEL = 30  # characters per line of a box label
+MAX_LINES = 4  # lines per box label
 LANE = 0.15  # spacing of the vertical lanes that arrows skipping rows run in
 
 
@@ -91,7 +92,11 @@ def _layout(boxes: list[Box], arrows: set[tuple[str, str]]) -> dict[str, tuple[f
 
 
 def _short(label: str) -> str:
-    return "\n".join(line if len(line) <= MAX_LABEL else line[: MAX_LABEL - 1] + "…" for line in label.split("\n"))
+    """Long names wrap onto more lines (a box holds MAX_LINES); only what is beyond them is cut."""
+    lines = [line[k:k + MAX_LABEL] for line in label.split("\n") for k in range(0, max(len(line), 1), MAX_LABEL)]
+    if len(lines) > MAX_LINES:  # keep the last line: it says what the box is (the type, the node count)
+        lines = [*lines[:MAX_LINES - 2], lines[MAX_LINES - 2][:-1] + "…", lines[-1]]
+    return "\n".join(lines)
 
 
 def draw(graph: ModelProto, structure: Structure, model_name: str, path: Path) -> Path:

@@ -4,7 +4,8 @@ Both get the same input: the runtime data goes through the device's input path
 once (``Simulator.prepare``) and the resulting model-input tensors feed the ONNX
 model, so any difference comes from the two implementations of the graph.
 Outputs are matched by tensor name; a ``.bin`` whose output-side nodes were
-removed by hb_model_modifier is compared on the tensors that became its outputs.
+removed by hb_model_modifier is compared on the tensors that became its outputs
+(they keep the deleted node's output name; ``modifier.original_tensor`` maps back).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hbtools.runtime.runtime_model import RuntimeModel, load
 from hbtools.runtime.session import HB_ONNXRuntime
 from hbtools.runtime.simulator import Simulator
 from hbtools.runtime.structure import tensor_info
+from hbtools.tools.modifier import original_tensor
 
 RANDOM_SEED = 0  # random inputs are the same in every run, so a failure can be reproduced
 
@@ -35,7 +37,7 @@ class Comparison:
     diff: int  # elements further apart than the tolerance
     nan: int  # elements that are NaN in either result
     max_abs: float
-    max_rel: float
+    max_rel: float  # largest |a - b| / max(|a|, |b|) over the mismatching elements
 
     @property
     def mismatch(self) -> int:
@@ -58,10 +60,12 @@ def compare(name: str, expected: np.ndarray, actual: np.ndarray, digits: int) ->
     a64, b64 = a[:n].astype(np.float64), b[:n].astype(np.float64)
     nan = np.isnan(a64) | np.isnan(b64)
     err = np.where(nan, 0.0, np.abs(a64 - b64))
-    diff = int(((err >= 1.5 * 10.0**-digits) & ~nan).sum())
-    rel = err / np.maximum(np.abs(a64), np.finfo(np.float64).tiny)
-    return Comparison(name, max(a.size, b.size), abs(a.size - b.size), diff, int(nan.sum()),
-                      float(err.max()) if n else 0.0, float(rel[err > 0].max()) if (err > 0).any() else 0.0)
+    differs = (err >= 1.5 * 10.0**-digits) & ~nan
+    # Relative to the larger of the two values, over the elements that mismatch: at most 2 (opposite
+    # signs), 1 where one side is 0; a near-zero expected value no longer divides into ~1e305.
+    rel = np.where(differs, err / np.maximum(np.maximum(np.abs(a64), np.abs(b64)), np.finfo(np.float64).tiny), 0.0)
+    return Comparison(name, max(a.size, b.size), abs(a.size - b.size), int(differs.sum()), int(nan.sum()),
+                      float(err.max()) if n else 0.0, float(rel.max()) if n else 0.0)
 
 
 def open_for_verify(bin_path: str | Path) -> RuntimeModel:
@@ -122,7 +126,9 @@ def _check_same_inputs(quantized: ModelProto, rm: RuntimeModel) -> None:
         if vi.name not in inits:
             t = vi.type.tensor_type
             onnx_inputs[vi.name] = (t.elem_type, tuple(d.dim_value for d in t.shape.dim))
-    bin_inputs = {d.name: (helper.np_dtype_to_tensor_dtype(d.dtype), d.shape) for d in rm.inputs}
+    # a batch-N .bin holds the quantized model's batch-1 graph
+    bin_inputs = {d.name: (helper.np_dtype_to_tensor_dtype(d.dtype), (d.shape[0] // rm.batch, *d.shape[1:]))
+                  for d in rm.inputs}
     if onnx_inputs != bin_inputs:
         raise HbError(f"the quantized model's inputs {onnx_inputs} differ from the .bin's {bin_inputs} "
                       f"(name: (ONNX type, shape)); were the two built by the same makertbin run?")
@@ -145,12 +151,18 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
     feeds = sim.prepare(runtime_inputs(rm, images))
     sim_values = sim.run_all(feeds, prepared=True)
     output_names = [o.name for o in rm.outputs]
+    # .bin tensor name -> the quantized model's name for the same values
+    onnx_name = {n: original_tensor(rm.bin, n) for n in output_names}
     shared = output_names
     if dump_all:
         produced = {o for n in quantized.graph.node for o in n.output}
-        shared = list(dict.fromkeys([*output_names, *(t for t in sim_values if t in produced)]))
-    session = HB_ONNXRuntime(onnx_model=_with_outputs(quantized, shared))
-    onnx_values = dict(zip(shared, session.run(shared, feeds), strict=True))
+        renamed = set(onnx_name.values()) - set(output_names)
+        shared = list(dict.fromkeys([*output_names, *(t for t in sim_values if t in produced and t not in renamed)]))
+    wanted = [onnx_name.get(n, n) for n in shared]
+    session = HB_ONNXRuntime(onnx_model=_with_outputs(quantized, wanted))
+    items = [session.run(wanted, {k: v[i:i + 1] for k, v in feeds.items()}) for i in range(rm.batch)]
+    onnx_values = {name: np.concatenate([item[k].reshape(1) if item[k].ndim == 0 else item[k] for item in items])
+                   if rm.batch > 1 else items[0][k] for k, name in enumerate(shared)}
     outputs = [compare(n, onnx_values[n], sim_values[n], digits) for n in output_names]
     nodes = [compare(n, onnx_values[n], sim_values[n], digits) for n in shared] if dump_all else []
     return Verification(outputs, nodes, onnx_values, {n: sim_values[n] for n in shared})

@@ -18,10 +18,18 @@ import numpy as np
 import onnx
 import pytest
 import yaml
-from bin_fixtures import Built, invoke, logger_restored
+from bin_fixtures import Built, invoke, logger_restored, subgraph_counts
 from onnx import helper
 
-from hbtools.cli import hb_model_info, hb_model_modifier, hb_pack, hb_perf, hb_verifier
+from hbtools.cli import (
+    hb_mapper,
+    hb_model_info,
+    hb_model_modifier,
+    hb_pack,
+    hb_perf,
+    hb_verifier,
+    hrt_model_exec,
+)
 from hbtools.log import setup
 from hbtools.pipeline.runner import makertbin
 from hbtools.runtime import HB_ONNXRuntime
@@ -54,15 +62,17 @@ def build(ppocr_sample_data, tmp_path_factory):
     return get
 
 
-def _fast_config(data, name: str, root: Path) -> Path:
+def _fast_config(data, name: str, root: Path, **model_parameters: object) -> Path:
     cfg = yaml.safe_load(data.configs[name].read_text())
     samples = root / f"cal_{name}"
-    samples.mkdir()
+    samples.mkdir(parents=True, exist_ok=True)
     for f in sorted(data.calibration[name].iterdir())[:4]:
-        (samples / f.name).symlink_to(f)
-    cfg["model_parameters"].update(onnx_model=str(data.models[name]), working_dir=str(root / name))
+        if not (samples / f.name).exists():
+            (samples / f.name).symlink_to(f)
+    cfg["model_parameters"].update(onnx_model=str(data.models[name]), working_dir=str(root / name),
+                                   **model_parameters)
     cfg["calibration_parameters"].update(cal_data_dir=str(samples), calibration_type="max")
-    path = root / f"ppocr_{name}.yaml"
+    path = root / f"ppocr_{name}{'_removed' if model_parameters else ''}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -145,6 +155,48 @@ def test_removed_output_dequantize_keeps_the_integer_result(build, in_tmp) -> No
     ours = sim.run(feeds)[out.name]
     quantized = onnx.load(str(det.quantized))
     elem = onnx.helper.np_dtype_to_tensor_dtype(out.dtype)
-    quantized.graph.output.append(helper.make_tensor_value_info(out.name, elem, None))
-    theirs = HB_ONNXRuntime(onnx_model=quantized).run([out.name], sim.prepare(feeds))[0]
+    tensor = read_bin("ppocr_det_modified.bin").model().deleted_nodes[-1]["inputs"][0]  # its quantized-model name
+    quantized.graph.output.append(helper.make_tensor_value_info(tensor, elem, None))
+    theirs = HB_ONNXRuntime(onnx_model=quantized).run([tensor], sim.prepare(feeds))[0]
     np.testing.assert_array_equal(ours, theirs)
+
+
+def test_cls_dequantize_removal_routes_agree(ppocr_sample_data, tmp_path, in_tmp) -> None:
+    """hb_model_modifier -r and remove_node_type give the same .bin description on PP-OCR cls
+    (whose Dequantize sits behind a CPU Softmax, so that goes first)."""
+    built = {}
+    for route, extra in (("cli", {}), ("yaml", {"remove_node_type": "Softmax; Dequantize"})):
+        config = _fast_config(ppocr_sample_data, "cls", tmp_path / route, **extra)
+        with logger_restored():
+            setup(None)
+            built[route] = makertbin(config, "onnx")
+    plain = read_bin(built["cli"]["bin"]).model()
+    names = [o["name"] for o in plain.outputs]
+    chain = [n.name for n in plain.load_graph().graph.node if n.op_type in ("Softmax", "HzDequantize")][::-1]
+    assert invoke(hb_model_modifier.main, [built["cli"]["bin"], "-r", chain[0], "-o", "logits.bin"]).exit_code == 0
+    assert invoke(hb_model_modifier.main, ["logits.bin", "-r", chain[1], "-o", "cli.bin"]).exit_code == 0
+    cli, by_yaml = read_bin("cli.bin").model(), read_bin(built["yaml"]["bin"]).model()
+    assert [o["name"] for o in cli.outputs] == names and cli.outputs == by_yaml.outputs
+    assert cli.deleted_nodes == by_yaml.deleted_nodes and [r["name"] for r in cli.deleted_nodes] == chain
+    assert cli.deleted_nodes[1]["scale"] == cli.outputs[0]["scale"]
+    listings = [invoke(hrt_model_exec.main, ["model_info", f"--model_file={p}"]).output
+                for p in ("cli.bin", built["yaml"]["bin"])]
+    assert listings[0] == listings[1] and "quanti type: SCALE\nstride: (8,4,)\nscale data: " in listings[0]
+    before, after = open_model("logits.bin"), open_model("cli.bin")
+    feeds = {d.name: random_rt_input(d, np.random.default_rng(2)) for d in before.inputs}
+    expected, got = Simulator(before).run(feeds), Simulator(after).run(feeds)
+    out = after.outputs[0]
+    scale = np.asarray(out.scale).reshape(-1 if len(out.scale) > 1 else [])
+    np.testing.assert_allclose(got[out.name] * scale, expected[out.name], rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize(("name", "shape"), [("cls", "1x3x48x192"), ("det", "1x3x640x640"), ("rec", "1x3x48x320")])
+def test_subgraph_counts_agree(build, ppocr_sample_data, in_tmp, name: str, shape: str) -> None:
+    """checker, the .bin (makertbin's partition), hb_perf, the profiler and the picture give one count."""
+    built = build(name)
+    checked = invoke(hb_mapper.main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                                      ppocr_sample_data.models[name], "--input-shape", "x", shape])
+    assert checked.exit_code == 0, checked.output
+    expected = int(re.search(r"The model has (\d+) BPU subgraph", checked.output).group(1))
+    counts = subgraph_counts(built.bin, in_tmp)
+    assert set(counts.values()) == {expected}, counts

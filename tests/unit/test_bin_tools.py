@@ -140,7 +140,9 @@ def test_modified_model_equals_quantized_onnx_before_the_dequantize(small, in_tm
     assert result.exit_code == 0, result.output
     model = open_model("resnet_modified.bin")
     record = read_bin("resnet_modified.bin").model().deleted_nodes[-1]
-    assert record["type"] == "Dequantize" and model.outputs[0].name == record["inputs"][0]
+    assert record["type"] == "Dequantize" and record["inputs"] == ["Gemm_0_out_int32"]
+    # the output keeps the model's output name (the Softmax's), as on the board
+    assert [o.name for o in model.outputs] == [o.name for o in open_model(small[0].bin).outputs]
     assert model.outputs[0].dtype == np.int32 and model.outputs[0].scale
     sim = Simulator(model)
     feeds = {d.name: random_rt_input(d, np.random.default_rng(5)) for d in model.inputs}
@@ -150,8 +152,8 @@ def test_modified_model_equals_quantized_onnx_before_the_dequantize(small, in_tm
     from onnx import helper
 
     q = onnx.load(str(small[0].quantized))
-    q.graph.output.append(helper.make_tensor_value_info(model.outputs[0].name, onnx.TensorProto.INT32, None))
-    theirs = HB_ONNXRuntime(onnx_model=q).run([model.outputs[0].name], sim.prepare(feeds))[0]
+    q.graph.output.append(helper.make_tensor_value_info("Gemm_0_out_int32", onnx.TensorProto.INT32, None))
+    theirs = HB_ONNXRuntime(onnx_model=q).run(["Gemm_0_out_int32"], sim.prepare(feeds))[0]
     np.testing.assert_array_equal(ours, theirs)
     verified = invoke(hb_verifier.main, ["-m", f"{small[0].quantized},resnet_modified.bin", "-s", "True"])
     assert PASSED in verified.output, verified.output
@@ -321,7 +323,8 @@ def test_hrt_model_exec_model_info_and_infer(small, in_tmp) -> None:
     info = invoke(hrt_model_exec.main, ["model_info", f"--model_file={small[0].bin}"])
     assert info.exit_code == 0
     for line in ("[model name]: resnet", "tensor type: HB_DNN_IMG_TYPE_NV12", "input source: HB_DNN_INPUT_FROM_PYRAMID",
-                 "valid shape: (1,16,16,3,)", "aligned byte size: 384", "tensor type: HB_DNN_TENSOR_TYPE_F32"):
+                 "valid shape: (1,3,16,16,)", "aligned byte size: 384",
+                 "tensor layout: HB_DNN_LAYOUT_NCHW\nquanti type: NONE\nstride: (0,0,0,0,)", "tensor type: HB_DNN_TENSOR_TYPE_F32"):
         assert line in info.output, line
     np.zeros((24, 16), np.uint8).tofile(in_tmp / "frame.bin")
     result = invoke(hrt_model_exec.main, ["infer", "--model_file", small[0].bin, "--input_file", "frame.bin",

@@ -9,6 +9,7 @@ import pytest
 import skimage.data
 import skimage.io
 import skimage.transform
+import skimage.util
 from click.testing import CliRunner
 
 from hbtools.cli.hb_eval_preprocess import main
@@ -64,6 +65,29 @@ def test_ppocr_det_letterboxes_into_640(images, tmp_path):
     want = expected_resize(skimage.data.chelsea(), h, 640).transpose(2, 0, 1)
     np.testing.assert_array_equal(cat[:, :h], want)
     assert (cat[:, h:] == 0).all()
+
+
+def test_imagenet_cls_resizes_short_side_and_centre_crops(images, tmp_path):
+    result = run("-m", "imagenet_cls", "-i", str(images), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    cat = np.fromfile(tmp_path / "out" / "cat.bin", np.uint8).reshape(3, 224, 224)
+    w = int(451 * 256 / 300)  # 384: short side 256, as torchvision's Resize(256)
+    scaled = skimage.transform.resize(skimage.util.img_as_float(skimage.data.chelsea()), (256, w), order=1)
+    crop = scaled[16:240, (w - 224) // 2:(w - 224) // 2 + 224]
+    want = np.clip(np.rint(crop * 255), 0, 255).astype(np.uint8).transpose(2, 0, 1)  # RGB, not BGR
+    assert np.abs(cat.astype(int) - want).max() <= 1
+
+
+def test_yolo_letterbox_centres_with_gray_padding(images, tmp_path):
+    result = run("-m", "yolo_letterbox_320", "-i", str(images), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    cat = np.fromfile(tmp_path / "out" / "cat.bin", np.uint8).reshape(3, 320, 320)
+    h = int(300 * 320 / 451)  # 212 rows of picture, 54 rows of padding above and below
+    top = (320 - h) // 2
+    want = expected_resize(skimage.data.chelsea(), h, 320)[..., ::-1].transpose(2, 0, 1)  # back to RGB
+    np.testing.assert_array_equal(cat[:, top:top + h], want)
+    assert (cat[:, :top] == 114).all() and (cat[:, top + h:] == 114).all()
+    assert (tmp_path / "out" / "line.bin").stat().st_size == 3 * 320 * 320
 
 
 def test_val_txt_selects_images_and_ignores_labels(images, tmp_path):

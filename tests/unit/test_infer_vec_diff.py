@@ -171,3 +171,28 @@ def test_vec_diff_folders_match_by_name(tmp_path: Path) -> None:
     assert [r["Left Files"] for r in table] == ["x_float.bin", "y_float.bin"]
     assert all(float(r["Cosine Similarity"]) == 1.0 for r in table)
     assert diff("L", "a_file_that_is_not_here").exit_code == 1
+
+
+def test_layer_out_dump_bin_dumps_its_conv_layers_like_the_quantized_model(tmp_path: Path) -> None:
+    """The .bin of a layer_out_dump model gives the conv layer results hb_mapper infer gives for the quantized
+    ONNX model, under the same file names, so vec_diff pairs them (and they agree exactly)."""
+    from hbtools.cli import hrt_model_exec
+    from hbtools.runtime.binfile import read_bin
+
+    project = _converted(tmp_path / "p", "bayes-e")
+    assert read_bin(project.artefact("bin")).model().meta["layer_out_dump"] is True
+    assert infer(project, "quantized", "quant_out").exit_code == 0
+    result = CliRunner().invoke(hrt_model_exec.main, [
+        "infer", f"--model_file={project.artefact('bin')}", f"--input_file={project.root / 'cal_data' / '000.bin'}",
+        "--enable_dump=true", "--dump_path=bin_out"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    layers = {p.name for p in Path("bin_out").glob("*_float.bin")}
+    assert layers == {"Conv_0_float.bin", "Conv_1_float.bin", "Gemm_0_float.bin"}
+    for name in layers:
+        np.testing.assert_array_equal(read_vector(Path("bin_out") / name), read_vector(Path("quant_out") / name))
+    # without layer_out_dump the .bin has no layers to give
+    plain = _converted(tmp_path / "plain", "bayes-e", layer_out_dump=False)
+    assert read_bin(plain.artefact("bin")).model().meta["layer_out_dump"] is False
+    CliRunner().invoke(hrt_model_exec.main, ["infer", f"--model_file={plain.artefact('bin')}", "--enable_dump=true",
+                                             "--dump_path=plain_out"], catch_exceptions=False)
+    assert not list(Path("plain_out").glob("*_float.bin"))

@@ -148,11 +148,11 @@ def test_graph_defects_are_one_line_errors(tmp_path) -> None:
 
 
 def test_bpu_subgraphs_split_where_a_path_returns_from_the_cpu() -> None:
-    from hbtools.runtime.structure import _components
+    from hbtools.runtime.structure import _preds, components
 
     def node(name: str, ins: list[str]) -> onnx.NodeProto:
         return helper.make_node("Relu", ins, [name], name=name)
 
     # a -> cpu -> b and a -> b: b must not share a's subgraph (it waits for the CPU)
     nodes = [node("a", ["x"]), node("cpu", ["a"]), node("b", ["a", "cpu"]), node("c", ["b"])]
-    assert _components(nodes, ["BPU", "CPU", "BPU", "BPU"]) == [[0], [2, 3]]
+    assert components(_preds(nodes), ["BPU", "CPU", "BPU", "BPU"]) == [[0], [2, 3]]

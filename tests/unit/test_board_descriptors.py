@@ -1,0 +1,179 @@
+"""What board code reads from a .bin: input/output descriptors in the board's terms, and output
+Dequantize removal (hb_model_modifier -r and YAML remove_node_type) keeping names and scales."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from bin_fixtures import build_bin, invoke
+from builders import make_project, yolo_like
+
+from hbtools.cli import hb_model_info, hb_model_modifier, hb_verifier, hrt_model_exec
+from hbtools.errors import HbError
+from hbtools.march.profiles import get_profile
+from hbtools.runtime.binfile import read_bin
+from hbtools.runtime.rt_input import random_rt_input
+from hbtools.runtime.runtime_model import open_model
+from hbtools.runtime.simulator import Simulator
+from hbtools.tools import perf_model
+
+PASSED = "Quanti onnx and Sim result Strict check PASSED"
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _model_info(path) -> str:
+    result = invoke(hrt_model_exec.main, ["model_info", f"--model_file={path}"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _block(text: str, side: str, k: int) -> dict[str, str]:
+    """``key: value`` lines of ``input[k]``/``output[k]`` in a model_info listing."""
+    part = text.split(f"{side}[{k}]: \n", 1)[1].split("\n\n", 1)[0]
+    return dict(line.split(": ", 1) for line in part.splitlines())
+
+
+# ---------------------------------------------------------------- Dequantize removal, both routes
+
+
+@pytest.fixture(scope="module")
+def yolo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("yolo")
+    plain = build_bin(root / "plain", yolo_like(), prefix="yolo", input_parameters={"input_type_rt": "nv12"})
+    yaml_route = build_bin(root / "yaml", yolo_like(), prefix="yolo", input_parameters={"input_type_rt": "nv12"},
+                           model_parameters={"remove_node_type": "Dequantize"})
+    return plain, yaml_route
+
+
+def test_both_dequantize_removal_routes_describe_the_same_bin(yolo, in_tmp) -> None:
+    plain, yaml_route = yolo
+    deq = [n.name for n in read_bin(plain.bin).model().load_graph().graph.node if n.op_type == "HzDequantize"]
+    assert len(deq) == 2
+    args = [plain.bin]
+    for name in deq:
+        args += ["-r", name]
+    result = invoke(hb_model_modifier.main, [*args, "-o", "cli.bin"])
+    assert result.exit_code == 0, result.output
+    cli, by_yaml = read_bin("cli.bin").model(), read_bin(yaml_route.bin).model()
+    assert cli.outputs == by_yaml.outputs and cli.deleted_nodes == by_yaml.deleted_nodes
+    assert [o["name"] for o in cli.outputs] == ["output0", "output1"]  # not output0_quantized / ..._int32
+    assert [r["name"] for r in cli.deleted_nodes] == deq
+    box, score = cli.outputs
+    assert box["dtype"] == "int32" and len(box["scale"]) == 4 and box["quantize_axis"] == 1
+    assert score["dtype"] in ("int8", "int16") and len(score["scale"]) == 1 and score["quantize_axis"] == 0
+    assert all(r["scale"] and "quantize_axis" in r for r in cli.deleted_nodes)
+
+    listing = _model_info("cli.bin")
+    assert listing == _model_info(yaml_route.bin)
+    out0 = _block(listing, "output", 0)
+    assert out0["name"] == "output0" and out0["tensor type"] == "HB_DNN_TENSOR_TYPE_S32"
+    assert out0["quanti type"] == "SCALE" and out0["quantizeAxis"] == "1"
+    assert [float(v) for v in out0["scale data"].rstrip(",").split(",")] == pytest.approx(box["scale"], rel=1e-5)
+    assert _block(listing, "output", 1)["quantizeAxis"] == "0"
+    assert "scale data" not in _model_info(plain.bin)
+
+    info = invoke(hb_model_info.main, ["cli.bin"]).output
+    assert re.search(r"output\[0\] output0: S32\nscale data: [0-9.e,-]+\nquantizeAxis: 1\n", info), info
+    assert "\n".join(f"deleted nodes: {n}" for n in deq) in info
+    assert info.split("hb_model_info version")[1].count("quantizeAxis") == 2
+    yaml_info = invoke(hb_model_info.main, [yaml_route.bin]).output
+    assert info[info.index("--------- input/output types"):] == yaml_info[yaml_info.index("--------- input/output types"):]
+
+
+def test_integer_output_times_scale_is_the_unmodified_output(yolo, in_tmp) -> None:
+    plain, yaml_route = yolo
+    before, after = open_model(plain.bin), open_model(yaml_route.bin)
+    feeds = {d.name: random_rt_input(d, np.random.default_rng(3)) for d in before.inputs}
+    expected, got = Simulator(before).run(feeds), Simulator(after).run(feeds)
+    for out in after.outputs:
+        scale = np.asarray(out.scale).reshape([-1, 1, 1] if len(out.scale) > 1 else [])
+        np.testing.assert_allclose(got[out.name] * scale, expected[out.name], rtol=1e-6, atol=1e-12)
+    verified = invoke(hb_verifier.main, ["-m", f"{yaml_route.quantized},{yaml_route.bin}", "-s", "True"])
+    assert PASSED in verified.output, verified.output
+
+
+# ---------------------------------------------------------------- descriptors per input_type_rt
+
+GRAY = {"input_type_rt": "gray", "input_type_train": "gray", "mean_value": "128", "scale_value": "0.0078125"}
+
+
+@pytest.mark.parametrize(("type_rt", "extra", "shape", "layout", "size", "stride", "tensor"), [
+    ("nv12", {}, "(1,3,16,16,)", "NCHW", 384, "(0,0,0,0,)", "HB_DNN_IMG_TYPE_NV12"),
+    ("rgb", {"input_layout_rt": "NHWC"}, "(1,16,16,3,)", "NHWC", 768, "(768,48,3,1,)", "HB_DNN_IMG_TYPE_RGB"),
+    ("bgr", {"input_layout_rt": "NCHW"}, "(1,3,16,16,)", "NCHW", 768, "(768,256,16,1,)", "HB_DNN_IMG_TYPE_BGR"),
+    ("yuv444", {"input_layout_rt": "NHWC"}, "(1,16,16,3,)", "NHWC", 768, "(768,48,3,1,)",
+     "HB_DNN_IMG_TYPE_YUV444"),
+    ("gray", {**GRAY, "input_layout_rt": "NCHW"}, "(1,1,16,16,)", "NCHW", 256, "(256,256,16,1,)",
+     "HB_DNN_IMG_TYPE_Y"),
+])
+def test_image_inputs_in_board_terms(tmp_path, type_rt, extra, shape, layout, size, stride, tensor) -> None:
+    fm = yolo_like(channels=1 if type_rt == "gray" else 3)
+    built = build_bin(tmp_path / type_rt, fm, prefix="m", input_parameters={"input_type_rt": type_rt, **extra})
+    block = _block(_model_info(built.bin), "input", 0)
+    assert (block["valid shape"], block["aligned shape"], block["tensor layout"], block["aligned byte size"],
+            block["stride"], block["tensor type"], block["quanti type"]) == \
+        (shape, shape, f"HB_DNN_LAYOUT_{layout}", str(size), stride, tensor, "NONE")
+    # the runtime takes exactly that many bytes
+    model = open_model(built.bin)
+    assert random_rt_input(model.inputs[0], np.random.default_rng(0)).nbytes == size
+
+
+def test_featuremap_inputs_in_board_terms(tmp_path, in_tmp) -> None:
+    built = build_bin(tmp_path / "mlp", "featuremap_mlp", prefix="mlp")
+    block = _block(_model_info(built.bin), "input", 0)
+    assert (block["valid shape"], block["tensor layout"], block["aligned byte size"], block["stride"],
+            block["tensor type"], block["quanti type"]) == \
+        ("(1,5,12,)", "HB_DNN_LAYOUT_NONE", str(5 * 12 * 4), "(240,48,4,)", "HB_DNN_TENSOR_TYPE_F32", "NONE")
+    assert "scale data" not in block
+    result = invoke(hb_model_modifier.main, [built.bin, "-a", "Quantize"])
+    assert result.exit_code == 0, result.output
+    block = _block(_model_info("mlp_modified.bin"), "input", 0)
+    assert block["name"] == "feat"  # the input keeps its name
+    assert (block["tensor type"], block["aligned byte size"], block["stride"], block["quanti type"],
+            block["quantizeAxis"]) == ("HB_DNN_TENSOR_TYPE_S8", "60", "(60,12,1,)", "SCALE", "0")
+    assert float(block["scale data"].rstrip(",")) > 0
+
+
+# ---------------------------------------------------------------- input_batch
+
+
+def test_input_batch_4_runs_four_pictures_like_four_single_runs(tmp_path, in_tmp) -> None:
+    single = build_bin(tmp_path / "b1", yolo_like(), prefix="m", input_parameters={"input_type_rt": "nv12"})
+    batched = build_bin(tmp_path / "b4", yolo_like(), prefix="m",
+                        input_parameters={"input_type_rt": "nv12", "input_batch": 4})
+    block = _block(_model_info(batched.bin), "input", 0)
+    assert (block["valid shape"], block["aligned byte size"]) == ("(4,3,16,16,)", str(4 * 384))
+    assert _block(_model_info(batched.bin), "output", 0)["valid shape"] == "(4,4,8,8,)"
+    one, four = open_model(single.bin), open_model(batched.bin)
+    assert four.batch == 4 and four.inputs[0].shape[0] == 4
+    pictures = np.random.default_rng(9).integers(0, 256, (4, 24, 16), dtype=np.uint8)
+    together = Simulator(four).run({"data": pictures})
+    sim = Simulator(one)
+    for name, value in together.items():
+        alone = np.concatenate([sim.run({"data": pictures[i:i + 1]})[name] for i in range(4)])
+        np.testing.assert_array_equal(value, alone)
+    with pytest.raises(HbError, match=r"takes 1536 values"):
+        Simulator(four).run({"data": pictures[:1]})
+    verified = invoke(hb_verifier.main, ["-m", f"{batched.quantized},{batched.bin}", "-s", "True"])
+    assert PASSED in verified.output, verified.output
+    perf_one, perf_four = (perf_model.estimate(m, get_profile("bayes-e")) for m in (one, four))
+    assert perf_four.subgraphs[0].ops == pytest.approx(4 * perf_one.subgraphs[0].ops)
+    assert perf_one.latency_ms < perf_four.latency_ms < 4 * perf_one.latency_ms + 1e-9
+
+
+def test_separate_batch_is_refused_with_the_reason(tmp_path) -> None:
+    from hbtools.config.loader import load_config
+
+    project = make_project(tmp_path, yolo_like())
+    project.write(input_parameters={"input_batch": 2, "separate_batch": True})
+    with pytest.raises(HbError, match="separate_batch: True .*one model input per batch item.*not supported"):
+        load_config(project.config_path)
+    project.write(input_parameters={"separate_batch": False})
+    assert load_config(project.config_path).input_batch == 2

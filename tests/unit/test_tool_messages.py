@@ -1,0 +1,93 @@
+"""Smaller tool behaviours users trip over: hb_verifier's relative mismatch ratio, one type name per node in
+makertbin's table and hb_perf, and clear ERRORs for a transposed --input-shape or a .bin given to infer."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+from bin_fixtures import invoke
+from builders import MODELS, make_project
+
+from hbtools.cli import hb_mapper, hb_perf
+from hbtools.tools.verifier import compare
+
+ROW = re.compile(r"^(\S+)\s+(BPU|CPU)\s+(id\(\d+\)|--)\s+(\S+)", re.M)
+
+
+def test_relative_mismatch_ratio_is_bounded() -> None:
+    expected = np.array([0.0, 1.0, 2.0, 3.0], np.float32)
+    actual = np.array([1e-3, 1.0, 2.5, -3.0], np.float32)
+    c = compare("out", expected, actual, 5)
+    assert c.diff == 3 and c.max_abs == 6.0
+    assert c.max_rel == 2.0  # opposite signs; the 0 -> 1e-3 element gives 1, not 1e-3 / tiny
+    assert compare("out", expected, expected, 5).max_rel == 0.0
+    within = compare("out", np.array([1e-9]), np.array([2e-9]), 5)  # differs, but within the tolerance
+    assert within.passed and within.max_rel == 0.0
+
+
+def test_node_type_names_agree_between_table_and_hb_perf(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), cal_count=2)
+    project.write(compiler_parameters={"debug": True})
+    made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    assert made.exit_code == 0, made.output
+    table = {m.group(1): m.group(4) for m in ROW.finditer(made.output[made.output.index("node information"):])}
+    assert table["Add_0"] == "HzSQuantizedAdd"
+    assert invoke(hb_perf.main, [project.artefact("bin")]).exit_code == 0
+    layers = json.loads((tmp_path / "hb_perf_result" / "small" / "small_subgraph_0.json").read_text())["layers"]
+    types = {layer["name"]: layer["op_type"] for layer in layers}
+    assert types["Add_0"] == "HzSQuantizedAdd"  # the kernel is HzSQuantizedEltwise; users see one name
+    assert all(types[name] == table[name] for name in types if name in table)
+
+
+def test_transposed_input_shape_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", MODELS["resnet_like"]())
+    base = ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", project.model_path, "--input-shape"]
+    result = invoke(hb_mapper.main, [*base, "data", "1x16x16x3"])
+    assert result.exit_code == 1
+    assert "ERROR input 'data': input_shape 1x16x16x3 is the model's shape 1x3x16x16 in NHWC order, but the " \
+           "model takes NCHW" in result.output
+    assert "give 1x3x16x16" in result.output and "internal error" not in result.output
+    result = invoke(hb_mapper.main, [*base, "data", "1x4x16x16"])  # an override the model cannot take
+    assert result.exit_code == 1 and "internal error" not in result.output
+    assert "ERROR the model cannot run with the input shapes data 1x4x16x16: " in result.output
+
+
+def test_infer_on_a_bin_says_it_needs_onnx(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), cal_count=2)
+    assert invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"]).exit_code == 0
+    result = invoke(hb_mapper.main, ["infer", "-c", project.config_path, "--model-file", project.artefact("bin"),
+                                     "--model-type", "onnx", "--image-file", "data",
+                                     project.root / "cal_data" / "000.bin", "--output-dir", "out"])
+    assert result.exit_code == 1 and "DecodeError" not in result.output
+    assert "small.bin' is an hbtools .bin runtime model; this command needs an ONNX model" in result.output
+    assert "hrt_model_exec infer" in result.output
+
+
+def test_structure_picture_labels_wrap_instead_of_being_cut() -> None:
+    from hbtools.tools.structure_plot import _short
+
+    name = "/model.22/dfl/conv/Conv_output_0_HzDequantize"  # 45 characters
+    assert _short(f"{name}\n(HzDequantize)").split("\n") == [name[:30], name[30:], "(HzDequantize)"]
+    cut = _short("x" * 200 + "\n(Conv)").split("\n")
+    assert len(cut) == 4 and cut[2].endswith("…") and cut[-1] == "(Conv)"
+
+
+def test_default_calibration_says_what_it_chose(tmp_path, monkeypatch) -> None:
+    from hbtools.cli import hb_model_info
+
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), calibration_type="default")
+    made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    assert made.exit_code == 0, made.output
+    found = re.search(r"INFO calibration summary: (method \S+.*; (GPTQ weight rounding kept on \d+ weights|weights "
+                      r"rounded to nearest \(no GPTQ\)); (\d+) of (\d+) activation tensors int16)$", made.output, re.M)
+    assert found, made.output
+    assert re.search(r"INFO Select \S+ method$", made.output, re.M)  # the seed's line stays as it is
+    assert 0 <= int(found.group(3)) <= int(found.group(4)) > 0
+    info = invoke(hb_model_info.main, [project.artefact("bin")]).output
+    assert f"calibration result  : {found.group(1)}" in info
