@@ -7,7 +7,7 @@ import logging
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolGroup, reports_errors
 from hbtools.log import setup
 
 log = logging.getLogger("hbtools")
@@ -15,7 +15,7 @@ log = logging.getLogger("hbtools")
 MODEL_TYPES = click.Choice(["onnx", "caffe"], case_sensitive=False)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ToolGroup, log_file='hb_mapper_{command}.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_mapper")
 def main() -> None:
     """Check, convert and run models for Horizon BPUs."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.errors import HbError
 from hbtools.log import setup
 from hbtools.runtime.binfile import BinModel, read_bin, write_bin
@@ -19,7 +19,7 @@ from hbtools.tools.pack import warn_if_newer
 log = logging.getLogger("hbtools")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_model_modifier.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_model_modifier")
 @click.argument("model_file", type=click.Path())
 @click.option("-r", "remove", multiple=True, help="Name of a node to delete; repeat for several, deleted in order.")

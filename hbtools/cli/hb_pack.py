@@ -7,13 +7,13 @@ import logging
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.log import setup
 
 log = logging.getLogger("hbtools")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_pack.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_pack")
 @click.argument("bin_files", nargs=-1, type=click.Path())
 @click.option("-o", "--output_name", "output", required=True, help="File name of the packed model.")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.errors import HbError
 from hbtools.log import setup
 
@@ -21,7 +21,7 @@ DUMP_DIR = "hb_verifier_dump"
 _BOOL = click.BOOL
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_verifier.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_verifier")
 @click.option("-m", "--model", "models", required=True, help="Quantized ONNX model and .bin model: Q.onnx,M.bin")
 @click.option("-b", "--board-ip", help="Board address (no board runs here: the x86 simulator is used).")
@@ -42,7 +42,7 @@ def main(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
     _run(models, board_ip, run_sim, input_img, digits, dump_all)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_verifier.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_model_verifier")
 @click.option("-q", "--quanti_model", required=True, help="Quantized ONNX model.")
 @click.option("-b", "--bin_model", required=True, help=".bin model.")

@@ -8,13 +8,13 @@ from pathlib import Path
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.log import setup
 
 log = logging.getLogger("hbtools")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='vec_diff.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="vec_diff")
 @click.argument("left", type=click.Path())
 @click.argument("right", type=click.Path())

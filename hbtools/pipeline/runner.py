@@ -15,10 +15,12 @@ from hbtools.data.calibration import (
     dump_calibration_data,
 )
 from hbtools.graph.model_io import save_model
-from hbtools.march.profiles import get_profile
+from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, layer_dump, optimize, parse, quantize, report
 from hbtools.pipeline.builtin_config import builtin_config
+from hbtools.pipeline.memory import check_memory
+from hbtools.pipeline.transaction import artefact_transaction
 from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
 from hbtools.quant.units import build_partition
 
@@ -58,21 +60,31 @@ def convert(config: Config) -> dict[str, Path]:
     custom.register_from_config(config.custom_op.op_register_files)  # before parse checks the ops
     parsed = parse.run(config)
     config = dataclasses.replace(config, inputs=parsed.inputs)
+    check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     source = _calibration_source(config)  # checks every data file before anything is written
-    paths = artefact_paths(config)
-    config.model.working_dir.mkdir(parents=True, exist_ok=True)
+    final = artefact_paths(config)
+    with artefact_transaction(config.model.working_dir) as staging:
+        _build(config, parsed, source, profile, staging, final)
+    log.info("Convert to runtime bin file successfully!")
+    log.info("End Model Convert")
+    return final
 
+
+def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource, profile: MarchProfile,
+           staging: Path, final: dict[str, Path]) -> None:
+    """Write every artefact into ``staging`` (logged under its final name)."""
+    paths = {kind: staging / path.name for kind, path in final.items()}
     save_model(parsed.model, paths["original"])
-    log.info("Parsing the input model done: %s", paths["original"])
+    log.info("Parsing the input model done: %s", final["original"])
     optimized = optimize.run(parsed.model)
     save_model(optimized, paths["optimized"])
-    log.info("Model optimization done: %s", paths["optimized"])
+    log.info("Model optimization done: %s", final["optimized"])
 
     partition = build_partition(optimized, profile, config.model.node_info, all_bpu=config.model.fast_perf)
     plan = make_plan(optimized, partition, config, profile)
     if "dump_calibration_data" in config.model.debug_mode:
-        folder = dump_calibration_data(source, config.model.working_dir)
-        log.info("calibration data dumped to %s", folder)
+        dump_calibration_data(source, staging)
+        log.info("calibration data dumped to %s", config.model.working_dir / "calibration_data")
     if config.calibration.calibration_type == "skip":
         log.warning("calibration_type 'skip' calibrates on random data: the model is fit for performance "
                     "checks only, not for accuracy evaluation")
@@ -81,21 +93,17 @@ def convert(config: Config) -> dict[str, Path]:
                         max_percentile=config.calibration.max_percentile, allow_int16=profile.int16,
                         loaded_thresholds=parsed.loaded_thresholds, bias_correction=_bias_correction_mode(config))
     save_model(cal.model, paths["calibrated"])
-    log.info("Model calibration done: %s", paths["calibrated"])
+    log.info("Model calibration done: %s", final["calibrated"])
 
     result = quantize.run(cal.model, config, profile)
     if config.model.layer_out_dump:
         layer_dump.annotate(result)
     save_model(result.model, paths["quantized"])
-    log.info("Model quantization done: %s", paths["quantized"])
+    log.info("Model quantization done: %s", final["quantized"])
     first = next(iter(source))
     report.log_node_table(result, report.node_similarity(optimized, result, first))
     report.log_cpu_reasons(result.partition)
-
     compile.run(result, config, parsed.inputs, profile, paths["bin"])
-    log.info("Convert to runtime bin file successfully!")
-    log.info("End Model Convert")
-    return paths
 
 
 def _calibration_source(config: Config) -> CalibrationSource:
