@@ -109,7 +109,9 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
 def _calibration_source(config: Config) -> CalibrationSource:
     if config.calibration.calibration_type in ("skip", "load"):
         return RandomCalibrationSource(config.inputs, num_samples=SKIP_SAMPLES)
-    return FolderCalibrationSource(config.inputs, preprocess_on=config.calibration.preprocess_on)
+    source = FolderCalibrationSource(config.inputs, preprocess_on=config.calibration.preprocess_on)
+    source.check_all()
+    return source
 
 
 # Accepted for compatibility with existing configs, but not acted on yet.
