@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -25,7 +23,6 @@ from hbtools.errors import (
     EXIT_INTERRUPTED,
     ConfigError,
     HbError,
-    ResourceError,
     UsageError,
     memory_error,
     os_error,
@@ -137,51 +134,3 @@ class ToolGroup(_ToolMixin, click.Group):
     def __init__(self, *args: Any, log_file: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.log_file = log_file
-
-
-# ---------------------------------------------------------------- output paths
-
-
-def output_dir(path: str | Path, option: str) -> Path:
-    """Create the output folder ``path`` (and its parents) or say in one line why not."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ResourceError(f"{option} '{path}' is a file, not a folder; give a folder path")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise os_error(exc, f"cannot create the {option} folder") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ResourceError(f"{option} '{path}' is not writable; choose a folder you may write")
-    return path
-
-
-def output_file(path: str | Path, option: str, inputs: Iterable[str | Path] = ()) -> Path:
-    """Check that ``path`` can be written as a new file and is none of ``inputs``."""
-    path = Path(path)
-    if "\0" in str(path):
-        raise UsageError(f"{option} '{path!s}' contains a NUL character; give a plain file path")
-    for given in inputs:
-        if _same_file(path, Path(given)):
-            raise UsageError(f"{option} '{path}' is also an input ({given}); write the result to another file")
-    if path.is_dir():
-        raise ResourceError(f"{option} '{path}' is a folder; give a file name")
-    parent = path.parent
-    if not parent.exists():
-        raise ResourceError(f"{option} '{path}': the folder '{parent}' does not exist; create it first")
-    if not parent.is_dir():
-        raise ResourceError(f"{option} '{path}': '{parent}' is a file, not a folder; correct the path")
-    if len(path.name.encode()) > 255:
-        raise ResourceError(f"{option} '{path.name[:40]}...' is too long a file name; use a shorter one")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ResourceError(f"{option} '{path}' cannot be written (no permission); choose another path")
-    return path
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        if a.exists() and b.exists():
-            return os.path.samefile(a, b)
-    except OSError:
-        pass
-    return os.path.abspath(a) == os.path.abspath(b)

@@ -9,6 +9,7 @@ import click
 from hbtools import __version__
 from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.log import setup
+from hbtools.outputs import output_file
 
 log = logging.getLogger("hbtools")
 
@@ -27,5 +28,6 @@ def main(bin_files: tuple[str, ...], output: str) -> None:
 def _run(bin_files: list[str], output: str) -> None:
     from hbtools.tools.pack import pack
 
+    output_file(output, "-o/--output_name", bin_files)
     path = pack(bin_files, output)
     log.info("packed %d models into %s", len(bin_files), path)

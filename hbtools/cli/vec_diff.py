@@ -10,6 +10,7 @@ import click
 from hbtools import __version__
 from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.log import setup
+from hbtools.outputs import output_file
 
 log = logging.getLogger("hbtools")
 
@@ -33,6 +34,7 @@ def main(left: str, right: str, output: str) -> None:
 def _run(left: Path, right: Path, output: Path) -> None:
     from hbtools.tools.vec_diff import compare, table, write_csv
 
+    output_file(output, "-o/--output-file", [left, right])
     rows = compare(left, right)
     click.echo(table(rows))
     write_csv(rows, output)

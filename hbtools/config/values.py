@@ -43,6 +43,12 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def closest_names(word: str, choices: Iterable[str], n: int = 3) -> str:
+    """`` (closest: 'a', 'b')`` for the names most like ``word``, or '' if none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.5)
+    return f" (closest: {', '.join(repr(c) for c in close)})" if close else ""
+
+
 def _is_number(value: Any) -> bool:
     # YAML True/False are ints in Python; a boolean is never a number here.
     return isinstance(value, int | float) and not isinstance(value, bool)

@@ -6,14 +6,18 @@ import dataclasses
 import logging
 from pathlib import Path
 
+import onnx
+
 from hbtools.config.loader import load_config
 from hbtools.config.model import Config
+from hbtools.config.values import closest_names
 from hbtools.data.calibration import (
     CalibrationSource,
     FolderCalibrationSource,
     RandomCalibrationSource,
     dump_calibration_data,
 )
+from hbtools.errors import HbError
 from hbtools.graph.model_io import save_model
 from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
@@ -60,6 +64,7 @@ def convert(config: Config) -> dict[str, Path]:
     custom.register_from_config(config.custom_op.op_register_files)  # before parse checks the ops
     parsed = parse.run(config)
     config = dataclasses.replace(config, inputs=parsed.inputs)
+    _check_node_names(config, parsed.model)
     check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     source = _calibration_source(config)  # checks every data file before anything is written
     final = artefact_paths(config)
@@ -104,6 +109,16 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     report.log_node_table(result, report.node_similarity(optimized, result, first))
     report.log_cpu_reasons(result.partition)
     compile.run(result, config, parsed.inputs, profile, paths["bin"])
+
+
+def _check_node_names(config: Config, model: onnx.ModelProto) -> None:
+    """Every node a config names must be in the model: a typo would otherwise change nothing."""
+    names = {n.name for n in model.graph.node}
+    for name in config.model.node_info:
+        if name not in names:
+            raise HbError(f"node_info / run_on_cpu / run_on_bpu / set_node_data_type name node '{name}', which the "
+                          f"model {config.model.onnx_model or config.model.caffe_model} does not have"
+                          f"{closest_names(name, names)}; use the model's node names")
 
 
 def _calibration_source(config: Config) -> CalibrationSource:
