@@ -58,6 +58,16 @@ def _emit(lines: list[str], command: str, single_line: bool) -> None:
             log.error(line)
 
 
+def exit_with_error(exc: BaseException, command: str = "", *, single_line: bool = True) -> None:
+    """Report ``exc`` as ERROR line(s) and exit with its class's code (a console is set up if needed)."""
+    if not log.handlers:
+        _setup_quietly(None)
+    log.debug("traceback", exc_info=exc)
+    code, lines = describe(exc)
+    _emit(lines, command, single_line)
+    sys.exit(code)
+
+
 def reports_errors(command: str, *, single_line: bool = False) -> Callable:
     """``single_line``: the whole failure is one ERROR line (message and hint joined, no
     trailing "exception in command" line), as ``hb_mapper checker`` reports it."""
@@ -68,10 +78,7 @@ def reports_errors(command: str, *, single_line: bool = False) -> Callable:
             try:
                 return fn(*args, **kwargs)
             except (Exception, KeyboardInterrupt) as exc:
-                log.debug("traceback", exc_info=True)
-                code, lines = describe(exc)
-            _emit(lines, command, single_line)
-            sys.exit(code)
+                exit_with_error(exc, command, single_line=single_line)
 
         return inner
 
@@ -99,10 +106,7 @@ class _ToolMixin:
                                   standalone_mode=False, **extra)
         except (Exception, KeyboardInterrupt) as exc:
             _setup_quietly(self._log_name(exc))
-            log.debug("traceback", exc_info=True)
-            code, lines = describe(exc)
-            _emit(lines, "", single_line=True)
-            sys.exit(code)
+            exit_with_error(exc)
         if standalone_mode and isinstance(result, int) and result:
             sys.exit(result)  # click's --help / --version return their exit code
         return result

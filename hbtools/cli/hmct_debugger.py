@@ -24,8 +24,8 @@ from typing import Any  # noqa: E402
 import click  # noqa: E402
 
 from hbtools import __version__  # noqa: E402
-from hbtools.cli.common import ToolGroup, reports_errors  # noqa: E402
-from hbtools.errors import UsageError  # noqa: E402
+from hbtools.cli.common import ToolGroup, exit_with_error, reports_errors  # noqa: E402
+from hbtools.errors import HbError, UsageError  # noqa: E402
 from hbtools.log import setup  # noqa: E402
 
 log = logging.getLogger("hbtools")
@@ -197,7 +197,10 @@ def join_split_lists(args: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = join_split_lists(sys.argv[1:] if argv is None else argv)
-    setup(LOG_FILE)
+    try:
+        setup(LOG_FILE)
+    except HbError as exc:
+        exit_with_error(exc)
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="hmct-debugger")))
         return

@@ -250,7 +250,7 @@ def numbers_item(key: str, value: Any) -> list[float] | None:
     if isinstance(value, str) and value.strip().lower() == "none":
         return None
     if _is_number(value):
-        return [float(value)]
+        value = [value]
     parts = value if isinstance(value, list) else re.split(r"[\s,]+", str(value).strip())
     numbers = [to_float(p) for p in parts]
     if not numbers or any(n is None for n in numbers):
