@@ -30,6 +30,8 @@ import yaml
 from bin_fixtures import logger_restored
 from builders import MODELS, make_project
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hbtools.cli import (
     hb_custom_op,
@@ -625,3 +627,73 @@ def test_stale_lock_of_a_dead_run_is_taken_over(env: Env) -> None:
     code, output = run_tool("hb_mapper", MK.format(**env.paths()).split())
     assert code == 0, output
     assert lock.read_text() == ""  # released
+
+
+# ---------------------------------------------------------------- property: any mutation converts or fails cleanly
+
+_KEYS = [("model_parameters", k) for k in ("march", "output_model_file_prefix", "working_dir", "layer_out_dump",
+                                            "node_info", "debug_mode", "remove_node_type")] + \
+        [("input_parameters", k) for k in ("input_type_rt", "input_type_train", "input_layout_train", "input_shape",
+                                            "norm_type", "mean_value", "scale_value", "input_batch")] + \
+        [("calibration_parameters", k) for k in ("calibration_type", "max_percentile", "per_channel",
+                                                  "optimization", "run_on_cpu", "cal_data_type")] + \
+        [("compiler_parameters", k) for k in ("compile_mode", "optimize_level", "balance_factor", "core_num")]
+_VALUES = st.one_of(
+    st.sampled_from(["", "0", "-1", "nan", "inf", "-inf", "1e400", "None", "x", "../x", "/tmp/x", "a/b", "\0",
+                     "NCHW", "nv12", "rgb", "featuremap", "1x3x16x16", "1x3x0x16", "1x3x17x16", "0 0 0", "1;2",
+                     "set_Softmax_input_int8,set_Softmax_output_int8", "max", "skip", "kl", "O0", "O3",
+                     "Conv_0", "Conv_99", "dump_calibration_data", "bayes", "nash-m", "True", "false"]),
+    st.integers(-3, 300), st.floats(allow_nan=True, allow_infinity=True), st.none(),
+    st.lists(st.sampled_from([0, 1, 0.5, "a", float("nan")]), max_size=4),
+)
+_DATA_EDITS = st.sampled_from(["none", "truncate", "nan", "inf", "extra_byte", "empty", "delete_all", "broken_link",
+                               "subfolder", "hidden"])
+
+
+def _edit_data(folder: Path, edit: str) -> None:
+    files = sorted(folder.iterdir())
+    if edit == "truncate":
+        files[0].write_bytes(files[0].read_bytes()[:100])
+    elif edit in ("nan", "inf"):
+        data = np.fromfile(files[0], np.uint8).astype(np.float32)
+        data[7] = np.nan if edit == "nan" else np.inf
+        data.tofile(files[0])  # also the wrong size for uint8 files
+    elif edit == "extra_byte":
+        files[-1].write_bytes(files[-1].read_bytes() + b"\0")
+    elif edit == "empty":
+        files[0].write_bytes(b"")
+    elif edit == "delete_all":
+        for f in files:
+            f.unlink()
+    elif edit == "broken_link":
+        (folder / "zz.bin").symlink_to(folder / "missing.bin")
+    elif edit == "subfolder":
+        (folder / "sub").mkdir()
+    elif edit == "hidden":
+        (folder / ".DS_Store").write_bytes(b"\1\2")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(mutations=st.lists(st.tuples(st.sampled_from(_KEYS), _VALUES), min_size=1, max_size=3), edit=_DATA_EDITS)
+def test_mutations_convert_or_fail_cleanly(base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           mutations: list[tuple[tuple[str, str], Any]], edit: str) -> None:
+    root = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+    shutil.copytree(base, root, symlinks=True)
+    monkeypatch.chdir(root)
+    env = Env(root)
+    groups: dict[str, dict[str, Any]] = {}
+    for (group, key), value in mutations:
+        groups.setdefault(group, {})[key] = value
+    config(**groups)(env)
+    _edit_data(root / "img" / "cal_data", edit)
+    before = snapshot(root / "img" / "model_output")
+    code, output = run_tool("hb_mapper", MK.format(**env.paths()).split())
+    assert "Traceback" not in output and "internal error" not in output, output
+    assert code in (0, EXIT_INPUT, EXIT_USAGE, EXIT_SYSTEM), output
+    if code:
+        assert len(problem_lines(output)) in (1, 2), output
+        assert snapshot(root / "img" / "model_output") == before, output
+    else:
+        assert "Convert to runtime bin file successfully!" in output
+        assert not any(p.name == ".hbtools_staging" for p in root.rglob(".hbtools_staging"))
