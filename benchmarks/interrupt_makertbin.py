@@ -105,14 +105,14 @@ def main() -> None:
             proc = subprocess.Popen(command(configs[target]), cwd=work, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
             time.sleep(delay)
-            finished_first = proc.poll() is not None
-            if not finished_first:
+            if proc.poll() is None:
                 proc.send_signal(getattr(signal, sig))
             code = proc.wait()
             after = snapshot(out_dir)
-            if code == 0:  # completed before the signal took effect: the new set must be whole
-                outcome, intact = "completed", after == reference[target]
-                current = target
+            # Either the previous set is untouched, or the signal came after the commit point and
+            # the new set is whole (e.g. a SIGINT during interpreter shutdown); anything else is mixed.
+            if after == reference[target]:
+                outcome, intact = "committed before the signal took effect", True
             else:
                 outcome, intact = "interrupted", after == reference[current]
             leftover = (out_dir / STAGING).exists()
@@ -124,11 +124,13 @@ def main() -> None:
             trials.append(trial)
             print(json.dumps(trial), flush=True)
     interrupted = [t for t in trials if t["outcome"] == "interrupted"]
+    committed = [t for t in trials if t["outcome"] != "interrupted"]
     result = {
         "model": "PP-OCR cls (ch_ppocr_mobile_v2.0_cls), calibration_type default, dump_calibration_data",
         "full_run_s": round(full, 1),
         "trials": len(trials),
         "interrupted": len(interrupted),
+        "committed_before_the_signal": len(committed),
         "by_signal": {s: sum(t["signal"] == s and t["outcome"] == "interrupted" for t in trials)
                       for s in ("SIGINT", "SIGKILL")},
         "previous_set_intact": sum(t["set_intact"] for t in trials),

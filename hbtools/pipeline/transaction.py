@@ -22,6 +22,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,12 +57,13 @@ def artefact_transaction(working_dir: Path) -> Iterator[Path]:
             raise os_error(exc, "cannot write in working_dir", "make working_dir writable or choose another") from None
         try:
             yield staging
-            _commit(staging)
+            with _signals_deferred():  # Ctrl-C between commit and the last move would leave a mixed set
+                _commit(staging)
+                _roll_forward(staging, working_dir)
         except BaseException:
             if not (staging / _COMMITTED).exists():
                 shutil.rmtree(staging, ignore_errors=True)
             raise
-        _roll_forward(staging, working_dir)
 
 
 def recover(working_dir: Path) -> None:
@@ -101,6 +104,24 @@ def _roll_forward(staging: Path, working_dir: Path) -> None:
         os.replace(new, target)
     _fsync(working_dir)
     shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block is done, then act on them as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda number, frame: caught.append(number))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for sig in caught[:1]:
+        signal.raise_signal(sig)  # the original handler: KeyboardInterrupt, or the default for SIGTERM
 
 
 def _fsync(path: Path) -> None:

@@ -697,3 +697,25 @@ def test_mutations_convert_or_fail_cleanly(base: Path, tmp_path: Path, monkeypat
     else:
         assert "Convert to runtime bin file successfully!" in output
         assert not any(p.name == ".hbtools_staging" for p in root.rglob(".hbtools_staging"))
+
+
+def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    from hbtools.pipeline import transaction
+
+    (tmp_path / "a.onnx").write_text("old a")
+    (tmp_path / "b.bin").write_text("old b")
+    commit = transaction._commit
+
+    def interrupted_commit(staging: Path) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right at the commit point
+        commit(staging)
+
+    monkeypatch.setattr(transaction, "_commit", interrupted_commit)
+    with pytest.raises(KeyboardInterrupt):
+        with transaction.artefact_transaction(tmp_path) as staging:
+            (staging / "a.onnx").write_text("new a")
+            (staging / "b.bin").write_text("new b")
+    assert (tmp_path / "a.onnx").read_text() == "new a" and (tmp_path / "b.bin").read_text() == "new b"
+    assert not (tmp_path / transaction.STAGING_NAME).exists()
