@@ -104,6 +104,9 @@ class _ToolMixin:
         try:
             result = super().main(args=args, prog_name=prog_name, complete_var=complete_var,  # type: ignore[misc]
                                   standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a bare command asks for its help
+            click.echo(exc.ctx.get_help() if exc.ctx is not None else "")
+            sys.exit(0)
         except (Exception, KeyboardInterrupt) as exc:
             _setup_quietly(self._log_name(exc))
             exit_with_error(exc)

@@ -82,6 +82,9 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with logger_restored():
         makertbin(img.config_path, "onnx")
         makertbin(fm.config_path, "onnx")
+    odd = make_project(root / "odd", MODELS["resnet_like"](h=15), cal_count=2, calibration_type="max")
+    odd.write(input_parameters={"input_type_rt": "nv12", "input_shape": None})  # the size comes from the model
+    shutil.copytree(root / "img" / "model_output", root / "odd" / "model_output")  # a previous set to keep
     (root / "afile").write_text("a file, not a folder\n")
     for name in ("empty_a.bin", "empty_b.bin"):
         (root / name).write_bytes(b"")
@@ -98,7 +101,7 @@ class Env:
     def paths(self) -> dict[str, str]:
         out = self.root / "img" / "model_output"
         return {"root": str(self.root), "cfg": str(self.root / "img" / "config.yaml"),
-                "fmcfg": str(self.root / "fm" / "config.yaml"), "bin": str(out / "small.bin"),
+                "fmcfg": str(self.root / "fm" / "config.yaml"), "oddcfg": str(self.root / "odd" / "config.yaml"), "bin": str(out / "small.bin"),
                 "q": str(out / "small_quantized_model.onnx"), "calq": str(out / "small_calibrated_model.onnx"),
                 "cal": str(out / "calibration_data"), "sample": str(self.root / "img" / "cal_data" / "000.bin"),
                 "model": str(self.root / "img" / "model.onnx"), "afile": str(self.root / "afile"),
@@ -349,6 +352,8 @@ CASES: list[Case] = [
     C("fm_truncated_npy", 1, "hb_mapper", MKFM, IN, "1.npy", setup=truncated_npy),
     C("fm_truncated_raw", 1, "hb_mapper", MKFM, IN, "000.bin", "bytes",
       setup=lambda env: (env.root / "fm" / "cal_feat" / "000.bin").write_bytes(b"\0" * 100)),
+    C("odd_nv12_size_from_model", 1, "hb_mapper", "makertbin --config {oddcfg} --model-type onnx", IN,
+      "even height", "1x3x15x15"),
     C("img_corrupt_picture", 1, "hb_mapper", MK, IN, "b.png", setup=corrupt_picture),
     C("img_truncated_raw", 1, "hb_mapper", MK, IN, "001.bin", "bytes", setup=img_file("001.bin", b"\1" * 700)),
     C("working_dir_locked", 1, "hb_mapper", MK, S, "in use", "4242", setup=lock_held),
@@ -719,3 +724,10 @@ def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monk
             (staging / "b.bin").write_text("new b")
     assert (tmp_path / "a.onnx").read_text() == "new a" and (tmp_path / "b.bin").read_text() == "new b"
     assert not (tmp_path / transaction.STAGING_NAME).exists()
+
+
+@pytest.mark.parametrize("tool", ["hb_mapper", "hrt_model_exec", "hb_custom_op", "hmct-debugger"])
+def test_a_bare_command_group_prints_its_help(tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, output = run_tool(tool, [])
+    assert code == 0 and "Usage:" in output and "ERROR" not in output, output
