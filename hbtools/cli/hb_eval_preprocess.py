@@ -10,7 +10,7 @@ import click
 from hbtools import __version__
 from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.data.eval_preprocess import RECIPES, preprocess_folder, recipe
-from hbtools.errors import HbError
+from hbtools.errors import UsageError
 from hbtools.log import setup
 
 log = logging.getLogger("hbtools")
@@ -45,7 +45,7 @@ def _run(model_name: str | None, image_dir: str | None, output_dir: str | None, 
     for value, flag in ((model_name, "-m/--model_name"), (image_dir, "-i/--image_dir"),
                         (output_dir, "-o/--output_dir")):
         if not value:
-            raise HbError(f"missing {flag}", hint="usage: hb_eval_preprocess -m MODEL -i IMAGE_DIR -o OUT_DIR "
+            raise UsageError(f"missing {flag}", hint="usage: hb_eval_preprocess -m MODEL -i IMAGE_DIR -o OUT_DIR "
                           "[-v VAL_TXT]; models: " + ", ".join(RECIPES))
     chosen = recipe(model_name)
     written = preprocess_folder(model_name, Path(image_dir), Path(output_dir),

@@ -10,7 +10,7 @@ import click
 
 from hbtools import __version__
 from hbtools.cli.common import ToolCommand, reports_errors
-from hbtools.errors import HbError
+from hbtools.errors import HbError, UsageError
 from hbtools.log import setup
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _run(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
     onnx_files = [p for p in parts if p.lower().endswith(".onnx")]
     bin_files = [p for p in parts if not p.lower().endswith(".onnx")]
     if len(onnx_files) != 1 or len(bin_files) != 1:
-        raise HbError(f"--model needs one quantized .onnx and one .bin, got {parts}",
+        raise UsageError(f"--model needs one quantized .onnx and one .bin, got {parts}",
                       hint="hb_verifier -m model_quantized_model.onnx,model.bin -s True")
     if board_ip:
         log.warning("board runs are not available in hbtools; comparing with the x86 simulator instead")

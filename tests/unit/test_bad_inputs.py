@@ -479,7 +479,7 @@ CASES: list[Case] = [
        ("hrt_model_exec", "model_info --model_file {bin}"), ("hrt_model_exec", "infer --model_file {bin}")]
       for kind, text in (("text.bin", "not a model\n"), ("empty.bin", ""))],
     C("hrt_input_file_wrong_size", 0, "hrt_model_exec", "infer --model_file {bin} --input_file {afile}", IN, "afile"),
-    C("hb_verifier_two_bins", 0, "hb_verifier", "-m {bin},{bin}", IN, "--model"),
+    C("hb_verifier_two_bins", 6, "hb_verifier", "-m {bin},{bin}", U, "--model"),
     C("infer_missing_image", 0, "hb_mapper", "infer -c {cfg} --model-file {q} --model-type onnx --image-file data "
       "{root}/none.bin --output-dir {root}/o", IN, "none.bin"),
     C("checker_missing_model", 0, "hb_mapper", "checker --model {root}/none.onnx", IN, "none.onnx"),
