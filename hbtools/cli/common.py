@@ -42,6 +42,8 @@ def describe(exc: BaseException) -> tuple[int, list[str]]:
         return EXIT_INTERRUPTED, ["interrupted"]
     if isinstance(exc, click.UsageError):
         return describe(_usage(exc))
+    if isinstance(exc, click.ClickException):
+        return describe(UsageError(exc.format_message()))
     if isinstance(exc, OSError):
         return describe(os_error(exc))
     if isinstance(exc, MemoryError):
