@@ -110,7 +110,8 @@ class _ToolMixin:
             click.echo(exc.ctx.get_help() if exc.ctx is not None else "")
             sys.exit(0)
         except (Exception, KeyboardInterrupt) as exc:
-            _setup_quietly(self._log_name(exc))
+            if isinstance(exc, click.ClickException):  # raised before the command set up its log
+                _setup_quietly(self._log_name(exc))
             exit_with_error(exc)
         if standalone_mode and isinstance(result, int) and result:
             sys.exit(result)  # click's --help / --version return their exit code
