@@ -85,5 +85,4 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
     model = remove_edge_nodes(model, config.model.remove_node_type, config.model.remove_node_name,
                               until_stable=config.model.fast_perf)
     write_bin(path, [model])
-    log.info("runtime model written: %s", path)
     return path

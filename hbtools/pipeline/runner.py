@@ -109,6 +109,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     report.log_node_table(result, report.node_similarity(optimized, result, first))
     report.log_cpu_reasons(result.partition)
     compile.run(result, config, parsed.inputs, profile, paths["bin"])
+    log.info("runtime model written: %s", final["bin"])
 
 
 def _check_node_names(config: Config, model: onnx.ModelProto) -> None:
