@@ -1,13 +1,26 @@
-"""User-facing errors.
+"""User-facing errors and the exit code of each class of mistake (docs/errors.md).
 
 Anything a user can get wrong (config, paths, data, models) raises ``HbError``.
-The CLI prints its message as ``ERROR`` lines and exits 1; the traceback goes
-only to the log file.
+The CLI prints its message as ``ERROR`` lines and exits with the class's code; the
+traceback goes only to the log file.
 """
+
+from __future__ import annotations
+
+import errno
+
+# One code per class of mistake, the same in every tool.
+EXIT_INPUT = 1  # what was given is wrong: config, model, data, node names, input files
+EXIT_USAGE = 2  # the command line: unknown option, missing argument, value out of range
+EXIT_SYSTEM = 3  # the machine refused: cannot write/read a path, no permission, memory, busy
+EXIT_INTERNAL = 4  # a bug in hbtools ("internal error")
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
 
 
 class HbError(Exception):
     """A mistake in the user's input, with a message saying what to fix."""
+
+    exit_code = EXIT_INPUT
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -23,3 +36,41 @@ class HbError(Exception):
 
 class ConfigError(HbError):
     """The YAML config is invalid."""
+
+
+class UsageError(HbError):
+    """The command line is wrong (unknown option, bad choice, missing argument)."""
+
+    exit_code = EXIT_USAGE
+
+
+class ResourceError(HbError):
+    """The file system or the machine refused: a path cannot be written, not enough memory."""
+
+    exit_code = EXIT_SYSTEM
+
+
+_FIXES = {
+    errno.ENOENT: "the folder or file does not exist; create the parent folder or correct the path",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; correct the path",
+    errno.EISDIR: "it is a folder; give a file name",
+    errno.EACCES: "no permission; choose a path you may write, or change its permissions",
+    errno.EPERM: "not permitted; choose a path you may write, or change its permissions",
+    errno.ENAMETOOLONG: "the name is too long; use a shorter path",
+    errno.ENOSPC: "the disk is full; free some space or choose another disk",
+    errno.EROFS: "the file system is read-only; choose a writable place",
+    errno.EEXIST: "something is already there; remove it or choose another path",
+    errno.ELOOP: "too many symbolic links; correct the path",
+}
+
+
+def os_error(exc: OSError, what: str = "cannot access", fix: str | None = None) -> ResourceError:
+    """One-line ``ResourceError`` for an ``OSError``: what failed, on which path, how to fix it."""
+    where = f" '{exc.filename}'" if exc.filename is not None else ""
+    reason = exc.strerror or str(exc)
+    hint = fix or _FIXES.get(exc.errno or 0, "check the path and its permissions")
+    return ResourceError(f"{what}{where}: {reason}; {hint}")
+
+
+def memory_error(what: str = "not enough memory") -> ResourceError:
+    return ResourceError(f"{what}; use smaller inputs (input_shape) or a machine with more memory")

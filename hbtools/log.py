@@ -29,7 +29,13 @@ def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> 
     console.setFormatter(fmt)
     logger.addHandler(console)
     if log_file is not None:
-        fh = logging.FileHandler(log_file, mode="w", encoding="utf-8")
+        try:
+            fh = logging.FileHandler(log_file, mode="w", encoding="utf-8")
+        except OSError as exc:
+            from hbtools.errors import os_error
+
+            raise os_error(exc, "cannot write the log file",
+                           "run the tool from a folder you may write (the log goes to the current folder)") from None
         fh.setLevel(logging.DEBUG)
         fh.setFormatter(fmt)
         logger.addHandler(fh)

@@ -6,6 +6,8 @@ these. Each takes two arrays of the same size and returns a float.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 
@@ -17,14 +19,28 @@ def _flat(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
+CHUNK = 1 << 20  # elements converted to float64 at a time: large tensors get no full-size copies
+
+
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = _flat(a, b)
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    a, b = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
+    if a.size != b.size:
+        raise ValueError(f"cannot compare tensors of {a.size} and {b.size} elements")
+    return cosine_of_chunks((a[s:s + CHUNK], b[s:s + CHUNK]) for s in range(0, a.size, CHUNK))
+
+
+def cosine_of_chunks(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Cosine similarity of two tensors given as matching pieces (accumulated in float64)."""
+    dot = aa = bb = 0.0
+    for x, y in pairs:
+        x, y = _flat(x, y)
+        dot, aa, bb = dot + float(x @ y), aa + float(x @ x), bb + float(y @ y)
+    na, nb = np.sqrt(aa), np.sqrt(bb)
     if na == 0 and nb == 0:
         return 1.0
     if na == 0 or nb == 0:
         return 0.0
-    return float(np.dot(a, b) / (na * nb))
+    return float(dot / (na * nb))
 
 
 def mse(a: np.ndarray, b: np.ndarray) -> float:

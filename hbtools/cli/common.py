@@ -1,16 +1,73 @@
-"""How every command reports failures: ERROR lines on the console, traceback in the log only."""
+"""How every command reports failures: ERROR lines on the console, traceback in the log only.
+
+Two layers, one policy (docs/errors.md):
+- ``reports_errors`` wraps a command's body: any exception becomes ERROR line(s) and the
+  exit code of its class.
+- ``ToolCommand`` / ``ToolGroup`` (``cls=`` of every click command) do the same for what
+  happens before the body runs: click's usage errors (unknown option, bad choice, missing
+  argument, value out of range) and a log file that cannot be opened.
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from hbtools.errors import ConfigError, HbError
+import click
+
+from hbtools.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    ConfigError,
+    HbError,
+    UsageError,
+    memory_error,
+    os_error,
+)
 
 log = logging.getLogger("hbtools")
+
+
+def describe(exc: BaseException) -> tuple[int, list[str]]:
+    """The exit code and the ERROR lines for ``exc``."""
+    if isinstance(exc, HbError):
+        lines = exc.lines()
+        if isinstance(exc, ConfigError):
+            lines.append("yaml file parse failed. Please double check your input")
+        return exc.exit_code, lines
+    if isinstance(exc, KeyboardInterrupt | click.exceptions.Abort):
+        return EXIT_INTERRUPTED, ["interrupted"]
+    if isinstance(exc, click.UsageError):
+        return describe(_usage(exc))
+    if isinstance(exc, click.ClickException):
+        return describe(UsageError(exc.format_message()))
+    if isinstance(exc, OSError):
+        return describe(os_error(exc))
+    if isinstance(exc, MemoryError):
+        return describe(memory_error())
+    # anything else is our bug: say so in one line
+    return EXIT_INTERNAL, [f"internal error: {type(exc).__name__}: {exc} (details in the log file)"]
+
+
+def _emit(lines: list[str], command: str, single_line: bool) -> None:
+    if single_line:
+        log.error(" ".join("; ".join(line.strip().rstrip(".;") for line in lines).split()))
+    else:
+        for line in [*lines, f"exception in command: {command}"]:
+            log.error(line)
+
+
+def exit_with_error(exc: BaseException, command: str = "", *, single_line: bool = True) -> None:
+    """Report ``exc`` as ERROR line(s) and exit with its class's code (a console is set up if needed)."""
+    if not log.handlers:
+        _setup_quietly(None)
+    log.debug("traceback", exc_info=exc)
+    code, lines = describe(exc)
+    _emit(lines, command, single_line)
+    sys.exit(code)
 
 
 def reports_errors(command: str, *, single_line: bool = False) -> Callable:
@@ -20,26 +77,70 @@ def reports_errors(command: str, *, single_line: bool = False) -> Callable:
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
-            lines: list[str] = []
             try:
                 return fn(*args, **kwargs)
-            except HbError as exc:
-                log.debug("traceback", exc_info=True)
-                lines = exc.lines()
-                if isinstance(exc, ConfigError):
-                    lines.append("yaml file parse failed. Please double check your input")
-            except KeyboardInterrupt:
-                lines = ["interrupted"]
-            except Exception as exc:  # anything else is our bug: say so in one line
-                log.debug("traceback", exc_info=True)
-                lines = [f"internal error: {type(exc).__name__}: {exc} (details in the log file)"]
-            if single_line:
-                log.error(" ".join("; ".join(line.strip().rstrip(".;") for line in lines).split()))
-            else:
-                for line in [*lines, f"exception in command: {command}"]:
-                    log.error(line)
-            sys.exit(1)
+            except (Exception, KeyboardInterrupt) as exc:
+                exit_with_error(exc, command, single_line=single_line)
 
         return inner
 
     return wrap
+
+
+def _usage(exc: click.UsageError) -> UsageError:
+    ctx = exc.ctx
+    path = ctx.command_path if ctx is not None else ""
+    return UsageError(f"{exc.format_message()} (see {path} --help)".replace("  ", " "))
+
+
+class _ToolMixin:
+    """Click's standalone handling replaced by ours: one ERROR line, documented exit codes.
+
+    ``log_file`` may contain ``{command}``, filled with the sub-command's name.
+    """
+
+    log_file: str | None
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            result = super().main(args=args, prog_name=prog_name, complete_var=complete_var,  # type: ignore[misc]
+                                  standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a bare command asks for its help
+            click.echo(exc.ctx.get_help() if exc.ctx is not None else "")
+            sys.exit(0)
+        except (Exception, KeyboardInterrupt) as exc:
+            if isinstance(exc, click.ClickException):  # raised before the command set up its log
+                _setup_quietly(self._log_name(exc))
+            exit_with_error(exc)
+        if standalone_mode and isinstance(result, int) and result:
+            sys.exit(result)  # click's --help / --version return their exit code
+        return result
+
+    def _log_name(self, exc: BaseException) -> str | None:
+        if self.log_file is None:
+            return None
+        ctx = getattr(exc, "ctx", None)
+        name = ctx.info_name if ctx is not None and ctx.parent is not None else "main"
+        return self.log_file.format(command=name)
+
+
+def _setup_quietly(log_file: str | None) -> None:
+    from hbtools.log import setup
+
+    try:
+        setup(log_file)
+    except HbError:  # the log file itself cannot be written: report on the console only
+        setup(None)
+
+
+class ToolCommand(_ToolMixin, click.Command):
+    def __init__(self, *args: Any, log_file: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log_file = log_file
+
+
+class ToolGroup(_ToolMixin, click.Group):
+    def __init__(self, *args: Any, log_file: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log_file = log_file

@@ -7,14 +7,14 @@ import logging
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolGroup, reports_errors
 from hbtools.log import setup
 from hbtools.tools.custom_op_template import DEFAULT_FILE, DEFAULT_NAME
 
 log = logging.getLogger("hbtools")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ToolGroup, log_file=None, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_custom_op")
 def main() -> None:
     """Tools for custom CPU operators implemented in Python."""

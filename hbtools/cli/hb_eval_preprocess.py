@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.data.eval_preprocess import RECIPES, preprocess_folder, recipe
-from hbtools.errors import HbError
+from hbtools.errors import UsageError
 from hbtools.log import setup
 
 log = logging.getLogger("hbtools")
@@ -23,19 +23,7 @@ def _epilog() -> str:
     return "\b\nModels (-m):\n" + "\n".join(rows)
 
 
-class _Command(click.Command):
-    """Usage mistakes (unknown option, missing value) are one ERROR line and exit 1 too."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            setup(LOG_FILE)
-            log.error("%s (see hb_eval_preprocess --help)", exc.format_message())
-            ctx.exit(1)
-
-
-@click.command(cls=_Command, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_epilog())
+@click.command(cls=ToolCommand, log_file=LOG_FILE, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_epilog())
 @click.version_option(__version__, prog_name="hb_eval_preprocess")
 @click.option("-m", "--model_name", "model_name", help="Model whose preprocessing to apply (listed below).")
 @click.option("-i", "--image_dir", "image_dir", help="Folder of input images.")
@@ -57,7 +45,7 @@ def _run(model_name: str | None, image_dir: str | None, output_dir: str | None, 
     for value, flag in ((model_name, "-m/--model_name"), (image_dir, "-i/--image_dir"),
                         (output_dir, "-o/--output_dir")):
         if not value:
-            raise HbError(f"missing {flag}", hint="usage: hb_eval_preprocess -m MODEL -i IMAGE_DIR -o OUT_DIR "
+            raise UsageError(f"missing {flag}", hint="usage: hb_eval_preprocess -m MODEL -i IMAGE_DIR -o OUT_DIR "
                           "[-v VAL_TXT]; models: " + ", ".join(RECIPES))
     chosen = recipe(model_name)
     written = preprocess_folder(model_name, Path(image_dir), Path(output_dir),

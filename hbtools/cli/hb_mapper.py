@@ -7,7 +7,7 @@ import logging
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolGroup, reports_errors
 from hbtools.log import setup
 
 log = logging.getLogger("hbtools")
@@ -15,7 +15,7 @@ log = logging.getLogger("hbtools")
 MODEL_TYPES = click.Choice(["onnx", "caffe"], case_sensitive=False)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ToolGroup, log_file='hb_mapper_{command}.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_mapper")
 def main() -> None:
     """Check, convert and run models for Horizon BPUs."""
@@ -40,15 +40,15 @@ def checker(model_type: str, march: str, model: str | None, proto: str | None,
 @reports_errors("checker", single_line=True)
 def _checker(model_type: str, march: str, model: str | None, proto: str | None,
              input_shape: list[tuple[str, str]], output: str | None) -> None:
-    from hbtools.errors import HbError
+    from hbtools.errors import UsageError
     from hbtools.pipeline.checker import check
 
     if output is not None:
         log.warning("--output is deprecated and ignored; the log is written to hb_mapper_checker.log")
     if not model:
-        raise HbError("checker needs --model", hint="hb_mapper checker --model-type onnx --march bayes-e --model m.onnx")
+        raise UsageError("checker needs --model", hint="hb_mapper checker --model-type onnx --march bayes-e --model m.onnx")
     if model_type == "caffe" and not proto:
-        raise HbError("--model-type caffe needs --proto with the prototxt file")
+        raise UsageError("--model-type caffe needs --proto with the prototxt file")
     check(model, model_type, march, input_shape, proto)
 
 
@@ -72,23 +72,23 @@ def makertbin(config, model_type, fast_perf, model, proto, march, input_shape) -
 @reports_errors("makertbin")
 def _makertbin(config: str | None, model_type: str, fast_perf: bool, model: str | None, proto: str | None,
                march: str | None, input_shape: list[tuple[str, str]]) -> None:
-    from hbtools.errors import HbError
+    from hbtools.errors import UsageError
     from hbtools.pipeline.runner import makertbin as run
     from hbtools.pipeline.runner import makertbin_fast_perf
 
     if fast_perf:
         if config:
-            raise HbError("--fast-perf uses a built-in config; do not give --config",
+            raise UsageError("--fast-perf uses a built-in config; do not give --config",
                           hint="hb_mapper makertbin --fast-perf --model m.onnx --model-type onnx --march bayes-e")
         if not model or not march:
-            raise HbError("--fast-perf needs --model and --march",
+            raise UsageError("--fast-perf needs --model and --march",
                           hint="hb_mapper makertbin --fast-perf --model m.onnx --model-type onnx --march bayes-e")
         if model_type == "caffe" and not proto:
-            raise HbError("--model-type caffe needs --proto with the prototxt file")
+            raise UsageError("--model-type caffe needs --proto with the prototxt file")
         makertbin_fast_perf(model, model_type, march, input_shape, proto)
         return
     if not config:
-        raise HbError("makertbin needs --config", hint="hb_mapper makertbin --config model.yaml --model-type onnx")
+        raise UsageError("makertbin needs --config", hint="hb_mapper makertbin --config model.yaml --model-type onnx")
     run(config, model_type)
 
 
@@ -111,13 +111,13 @@ def infer(config, model_file, model_type, image_file, input_layout, output_dir) 
 @reports_errors("infer")
 def _infer(config: str | None, model_file: str | None, model_type: str, image_file: list[tuple[str, str]],
            input_layout: str | None, output_dir: str | None) -> None:
-    from hbtools.errors import HbError
+    from hbtools.errors import UsageError
     from hbtools.pipeline.infer import infer as run
 
     for value, option in ((config, "--config"), (model_file, "--model-file"), (output_dir, "--output-dir")):
         if not value:
-            raise HbError(f"infer needs {option}", hint="hb_mapper infer -c model.yaml --model-file m.onnx "
+            raise UsageError(f"infer needs {option}", hint="hb_mapper infer -c model.yaml --model-file m.onnx "
                           "--model-type onnx --image-file data img.bin --output-dir out")
     if not image_file:
-        raise HbError("infer needs --image-file NAME FILE for each input")
+        raise UsageError("infer needs --image-file NAME FILE for each input")
     run(config, model_file, model_type, image_file, output_dir, input_layout.upper() if input_layout else None)

@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.log import setup
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_model_info.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_model_info")
 @click.argument("bin_file", type=click.Path())
 @click.option("-m", "model_name", help="Model to describe when BIN_FILE is a packed model (default: all).")

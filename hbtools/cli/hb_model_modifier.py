@@ -8,9 +8,10 @@ from pathlib import Path
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.errors import HbError
 from hbtools.log import setup
+from hbtools.outputs import output_file
 from hbtools.runtime.binfile import BinModel, read_bin, write_bin
 from hbtools.runtime.runtime_model import load
 from hbtools.tools import modifier
@@ -19,7 +20,7 @@ from hbtools.tools.pack import warn_if_newer
 log = logging.getLogger("hbtools")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_model_modifier.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_model_modifier")
 @click.argument("model_file", type=click.Path())
 @click.option("-r", "remove", multiple=True, help="Name of a node to delete; repeat for several, deleted in order.")
@@ -46,6 +47,11 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
         return
     for node_type in types:
         wanted = node_type.lower().removeprefix("hz")
+        first = modifier.candidates(model.load_graph())
+        if not any(c.type.lower() == wanted for c in first):
+            kinds = sorted({c.type for c in first})
+            raise HbError(f"-a {node_type}: no deletable node of that type in {model_file}; deletable types: "
+                          f"{', '.join(kinds) or 'none'} (nodes next to the model's inputs and outputs)")
         while True:
             graph = model.load_graph()
             batch = [c.name for c in modifier.candidates(graph) if c.type.lower() == wanted]
@@ -55,10 +61,7 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
                 model = _delete(model, name)
     for name in remove:
         model = _delete(model, name)
-    if model is f.models[0]:
-        log.info("no node of type %s can be deleted", ", ".join(types))
-        return
-    target = Path(output) if output else Path(f"{Path(model_file).stem}_modified.bin")
+    target = output_file(output or f"{Path(model_file).stem}_modified.bin", "-o", [model_file])
     write_bin(target, [model])
     click.echo(f"modified model saved as {target}")
 

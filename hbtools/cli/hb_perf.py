@@ -8,14 +8,14 @@ from pathlib import Path
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.log import setup
 
 log = logging.getLogger("hbtools")
 RESULT_DIR = "hb_perf_result"
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_perf.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_perf")
 @click.argument("bin_file", type=click.Path())
 @click.option("-m", "model_name", help="Model to analyse when BIN_FILE is a packed model (default: all).")

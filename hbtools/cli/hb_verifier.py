@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
-from hbtools.errors import HbError
+from hbtools.cli.common import ToolCommand, reports_errors
+from hbtools.errors import HbError, UsageError
 from hbtools.log import setup
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ DUMP_DIR = "hb_verifier_dump"
 _BOOL = click.BOOL
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_verifier.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_verifier")
 @click.option("-m", "--model", "models", required=True, help="Quantized ONNX model and .bin model: Q.onnx,M.bin")
 @click.option("-b", "--board-ip", help="Board address (no board runs here: the x86 simulator is used).")
@@ -42,7 +42,7 @@ def main(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
     _run(models, board_ip, run_sim, input_img, digits, dump_all)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_verifier.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_model_verifier")
 @click.option("-q", "--quanti_model", required=True, help="Quantized ONNX model.")
 @click.option("-b", "--bin_model", required=True, help=".bin model.")
@@ -66,7 +66,7 @@ def _run(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
     onnx_files = [p for p in parts if p.lower().endswith(".onnx")]
     bin_files = [p for p in parts if not p.lower().endswith(".onnx")]
     if len(onnx_files) != 1 or len(bin_files) != 1:
-        raise HbError(f"--model needs one quantized .onnx and one .bin, got {parts}",
+        raise UsageError(f"--model needs one quantized .onnx and one .bin, got {parts}",
                       hint="hb_verifier -m model_quantized_model.onnx,model.bin -s True")
     if board_ip:
         log.warning("board runs are not available in hbtools; comparing with the x86 simulator instead")

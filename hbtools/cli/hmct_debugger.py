@@ -24,8 +24,8 @@ from typing import Any  # noqa: E402
 import click  # noqa: E402
 
 from hbtools import __version__  # noqa: E402
-from hbtools.cli.common import reports_errors  # noqa: E402
-from hbtools.errors import HbError  # noqa: E402
+from hbtools.cli.common import ToolGroup, exit_with_error, reports_errors  # noqa: E402
+from hbtools.errors import HbError, UsageError  # noqa: E402
 from hbtools.log import setup  # noqa: E402
 
 log = logging.getLogger("hbtools")
@@ -58,12 +58,12 @@ class PyValue(click.ParamType):
 VALUE = PyValue()
 
 
-class DebuggerGroup(click.Group):
+class DebuggerGroup(ToolGroup):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return super().get_command(ctx, cmd_name.replace("_", "-"))
 
 
-@click.group(cls=DebuggerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=DebuggerGroup, log_file=LOG_FILE, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hmct-debugger")
 def cli() -> None:
     """Find the nodes of a calibrated model that cost accuracy.
@@ -197,7 +197,10 @@ def join_split_lists(args: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = join_split_lists(sys.argv[1:] if argv is None else argv)
-    setup(LOG_FILE)
+    try:
+        setup(LOG_FILE)
+    except HbError as exc:
+        exit_with_error(exc)
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="hmct-debugger")))
         return
@@ -212,7 +215,7 @@ def _run(args: list[str]) -> object:
     try:
         return cli.main(args=args, prog_name="hmct-debugger", standalone_mode=False)
     except click.exceptions.UsageError as exc:
-        raise HbError(f"{exc.format_message()} (see hmct-debugger {' '.join(args[:1])} --help)") from exc
+        raise UsageError(f"{exc.format_message()} (see hmct-debugger {' '.join(args[:1])} --help)") from exc
     except click.exceptions.Abort as exc:
         raise KeyboardInterrupt from exc
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolGroup, reports_errors
 from hbtools.errors import HbError
 from hbtools.log import setup
 
@@ -35,7 +35,7 @@ def _input_option(fn: Callable) -> Callable:
                              "random data when omitted.")(fn)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ToolGroup, log_file='hrt_model_exec.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hrt_model_exec")
 def main() -> None:
     """Run a .bin model on the hbtools x86 simulator (board tool interface)."""

@@ -8,13 +8,14 @@ from pathlib import Path
 import click
 
 from hbtools import __version__
-from hbtools.cli.common import reports_errors
+from hbtools.cli.common import ToolCommand, reports_errors
 from hbtools.log import setup
+from hbtools.outputs import output_file
 
 log = logging.getLogger("hbtools")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='vec_diff.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="vec_diff")
 @click.argument("left", type=click.Path())
 @click.argument("right", type=click.Path())
@@ -33,6 +34,7 @@ def main(left: str, right: str, output: str) -> None:
 def _run(left: Path, right: Path, output: Path) -> None:
     from hbtools.tools.vec_diff import compare, table, write_csv
 
+    output_file(output, "-o/--output-file", [left, right])
     rows = compare(left, right)
     click.echo(table(rows))
     write_csv(rows, output)

@@ -76,6 +76,19 @@ def check_input_channels(spec: InputSpec, channels: int) -> None:
             )
 
 
+def check_even_size(spec: InputSpec, source: str) -> None:
+    """nv12/yuv444 need an even height and width (``source``: where the shape came from)."""
+    shape = spec.shape or []
+    if spec.type_rt in ("nv12", "yuv444") and len(shape) == 4 and spec.layout_train in LAYOUTS:
+        h, w = (shape[2], shape[3]) if spec.layout_train == "NCHW" else (shape[1], shape[2])
+        if h % 2 or w % 2:
+            raise group_error(
+                IN,
+                f"{label(spec.name)}: input_type_rt {spec.type_rt} needs an even height and "
+                f"width, but {source} has H={h}, W={w}; use even sizes (set input_shape)",
+            )
+
+
 def _check_shape(spec: InputSpec, label: str, batch: int) -> None:
     shape = spec.shape
     if shape is None:
@@ -98,14 +111,7 @@ def _check_shape(spec: InputSpec, label: str, batch: int) -> None:
                 f"{spec.layout_train} but input_type_train {spec.type_train} has "
                 f"{want}; check input_shape and input_layout_train",
             )
-    if spec.type_rt in ("nv12", "yuv444") and len(shape) == 4 and spec.layout_train in LAYOUTS:
-        h, w = (shape[2], shape[3]) if spec.layout_train == "NCHW" else (shape[1], shape[2])
-        if h % 2 or w % 2:
-            raise group_error(
-                IN,
-                f"{label}: input_type_rt {spec.type_rt} needs an even height and "
-                f"width, but input_shape '{text}' has H={h}, W={w}; use even sizes",
-            )
+    check_even_size(spec, f"input_shape '{text}'")
     if batch > 1 and shape[0] != 1:
         raise group_error(
             IN,

@@ -187,7 +187,7 @@ def _check_optimization(item: str) -> None:
     if not m:
         fail(
             f"'optimization' value {item!r} is not valid{did_you_mean(item, FIXED_OPTIMIZATIONS)}; "
-            f"use one or more of (separated by ';'): {OPTIMIZATION_FORMS}"
+            f"use one or more of (separated by ';' or ','): {OPTIMIZATION_FORMS}"
         )
     kind = m.group(1)
     if not onnx.defs.has(kind):
@@ -209,10 +209,14 @@ def parse_optimization(value: Any) -> list[str]:
     for item in split_multi("optimization", value):
         if is_unset(item):
             continue
-        text = str(item).strip()
-        _check_optimization(text)
-        if text not in items:
-            items.append(text)
+        # Reference configs separate optimizations with ',' as well as ';'.
+        for part in str(item).split(","):
+            text = part.strip()
+            if not text:
+                continue
+            _check_optimization(text)
+            if text not in items:
+                items.append(text)
     if "set_model_output_int8" in items and "set_model_output_int16" in items:
         fail("'optimization' has both set_model_output_int8 and set_model_output_int16; keep one")
     return items

@@ -20,6 +20,7 @@ from hbtools.config.model import RT_TYPES, TRAIN_TYPES
 from hbtools.config.values import (
     as_bool,
     as_choice,
+    as_file_name,
     as_int,
     as_names,
     as_per_channel,
@@ -90,7 +91,7 @@ def model_parameters(model_type: str) -> dict[Any, Any]:
         file_key("onnx_model"): _path("onnx_model"),
         "march": Use(as_choice("march", MARCHES)),
         Optional("output_model_file_prefix", default="model"): Use(
-            as_text("output_model_file_prefix")
+            as_file_name("output_model_file_prefix")
         ),
         Optional("working_dir", default="model_output"): _path("working_dir"),
         Optional("layer_out_dump", default=False): Use(as_bool("layer_out_dump")),
@@ -119,7 +120,7 @@ INPUT_PARAMETERS: dict[Any, Any] = {
     Optional("separate_batch"): Use(separate_batch),
     Optional("norm_type"): Use(as_per_input("norm_type", choice_item(NORM_TYPES))),
     Optional("mean_value"): Use(as_per_channel("mean_value")),
-    Optional("scale_value"): Use(as_per_channel("scale_value")),
+    Optional("scale_value"): Use(as_per_channel("scale_value", nonzero=True)),
 }
 
 CALIBRATION_PARAMETERS: dict[Any, Any] = {

@@ -9,6 +9,7 @@ user sees which group is wrong and exactly what to change.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
@@ -40,6 +41,12 @@ def is_unset(value: Any) -> bool:
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def closest_names(word: str, choices: Iterable[str], n: int = 3) -> str:
+    """`` (closest: 'a', 'b')`` for the names most like ``word``, or '' if none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.5)
+    return f" (closest: {', '.join(repr(c) for c in close)})" if close else ""
 
 
 def _is_number(value: Any) -> bool:
@@ -200,6 +207,22 @@ def text_item(key: str, value: Any) -> str:
     return str(value)
 
 
+def as_file_name(key: str) -> Parser:
+    """A plain file name: the artefacts must land inside working_dir, nowhere else."""
+    text_of = as_text(key)
+
+    def parse(value: Any) -> str:
+        text = text_of(value)
+        if not text or text in (".", "..") or any(c in text for c in "/\\\0"):
+            fail(f"'{key}' value {value!r} is not a plain file name; give a name without '/', '\\', "
+                 f"'..' or NUL (the artefacts are written into working_dir), e.g. 'mobilenet'")
+        if len(text.encode()) > 200:
+            fail(f"'{key}' is {len(text.encode())} bytes long; use a name under 200 bytes")
+        return text
+
+    return parse
+
+
 def layout_item(key: str, value: Any) -> str:
     # Image inputs must be NCHW/NHWC (checked per input later); featuremap inputs
     # of another rank may name their own layout, so only the spelling is checked here.
@@ -236,7 +259,7 @@ def numbers_item(key: str, value: Any) -> list[float] | None:
     if isinstance(value, str) and value.strip().lower() == "none":
         return None
     if _is_number(value):
-        return [float(value)]
+        value = [value]
     parts = value if isinstance(value, list) else re.split(r"[\s,]+", str(value).strip())
     numbers = [to_float(p) for p in parts]
     if not numbers or any(n is None for n in numbers):
@@ -244,21 +267,32 @@ def numbers_item(key: str, value: Any) -> list[float] | None:
             f"'{key}' value {value!r} is not a list of numbers; write one number or one per "
             f"channel separated by spaces (e.g. '123.675 116.28 103.53'), or 'None'"
         )
+    if not all(math.isfinite(n) for n in numbers):  # type: ignore[arg-type]
+        fail(f"'{key}' value {value!r} is not finite; every number must be a real value (no inf or nan)")
     return numbers  # type: ignore[return-value]
 
 
-def as_per_channel(key: str) -> Parser:
-    """Per-input per-channel numbers.
+def as_per_channel(key: str, *, nonzero: bool = False) -> Parser:
+    """Per-input per-channel numbers, all finite (and not 0 with ``nonzero``: a scale of 0
+    would turn every input into zeros and calibrate every threshold to 0).
 
     A YAML list of plain numbers is read as ONE input's per-channel values (the
     common way to write ``[123.675, 116.28, 103.53]``); several inputs are written
     ``'a b c; d e f'`` or as a list of such strings.
     """
-    per_input = as_per_input(key, numbers_item)
+
+    def item(key: str, value: Any) -> list[float] | None:
+        numbers = numbers_item(key, value)
+        if nonzero and numbers is not None and 0.0 in numbers:
+            fail(f"'{key}' value {value!r} contains 0; a scale of 0 makes the input all zeros, "
+                 f"use the real scale (e.g. 0.017 for 1/58.8) or leave it out")
+        return numbers
+
+    per_input = as_per_input(key, item)
 
     def parse(value: Any) -> list[list[float] | None]:
         if isinstance(value, list) and value and all(_is_number(v) for v in value):
-            return [[float(v) for v in value]]
+            return [item(key, value)]  # type: ignore[list-item]
         return per_input(value)
 
     return parse

@@ -60,10 +60,10 @@ def _listing(spec: InputSpec) -> list[Path]:
     if not folder.is_dir():
         raise HbError(f"calibration data folder {folder} for input '{spec.name}' does not exist")
     files = sample_files(folder)
-    broken = [p for p in files if not p.exists()]
+    broken = [p for p in files if p.is_symlink() and not p.exists()]
     if broken:
-        raise HbError(f"calibration sample {broken[0]} is a broken symbolic link; remove it or point it at a "
-                      "sample file")
+        raise HbError(f"calibration file {broken[0]} for input '{spec.name}' is a broken symbolic link "
+                      f"(it points to {broken[0].readlink()}, which does not exist); fix or remove it")
     if not files:
         raise HbError(f"calibration data folder {folder} for input '{spec.name}' is empty")
     return files
@@ -142,12 +142,42 @@ def preflight(specs: Sequence[InputSpec], preprocess_on: bool = False) -> int:
     return len(_plan(specs, preprocess_on)[0])
 
 
-def _read_sample(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> np.ndarray:
+# Pixel values of image inputs are 0..255 (before mean/scale). Values a little outside
+# (resampling overshoot) are clipped; far outside means the data is not pixels at all.
+PIXEL_RANGE = (-128.0, 383.0)
+
+
+def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> np.ndarray:
+    """One sample as stored, checked: readable, complete, finite, pixels in 0..255."""
     if preprocess_on and not spec.is_featuremap:
-        return to_intermediate(load_images(paths, spec), spec)
+        return load_images(paths, spec)
     (path,) = paths
-    data = np.load(path) if path.suffix.lower() == ".npy" else np.fromfile(path, raw_dtype(spec))
-    return to_intermediate(data.reshape(spec.shape), spec)
+    try:
+        data = np.load(path, allow_pickle=False) if path.suffix.lower() == ".npy" \
+            else np.fromfile(path, raw_dtype(spec))
+        data = data.reshape(spec.shape)
+    except (OSError, ValueError, EOFError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise HbError(f"cannot read calibration file {path} for input '{spec.name}': {reason}; "
+                      f"rewrite it (numpy.save or ndarray.tofile of shape {spec.shape})") from None
+    if data.dtype.kind == "f":
+        finite = np.isfinite(data)
+        if not finite.all():
+            bad = int(data.size - np.count_nonzero(finite))
+            raise HbError(f"calibration file {path} for input '{spec.name}' holds {bad} of {data.size} values "
+                          f"that are NaN or infinite; calibration needs real numbers, regenerate the file")
+        if not spec.is_featuremap and data.size:
+            lo, hi = float(data.min()), float(data.max())
+            if lo < PIXEL_RANGE[0] or hi > PIXEL_RANGE[1]:
+                raise HbError(f"calibration file {path} for image input '{spec.name}' holds values from "
+                              f"{lo:g} to {hi:g}, outside the pixel range 0..255; give the image before "
+                              f"mean/scale (the model's preprocessing applies them), or declare the input "
+                              f"as featuremap")
+    return data
+
+
+def _read_sample(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> np.ndarray:
+    return to_intermediate(_load_raw(paths, spec, preprocess_on), spec)
 
 
 def read_sample_file(path: Path, spec: InputSpec, preprocess_on: bool = False) -> np.ndarray:
@@ -178,6 +208,12 @@ class FolderCalibrationSource(CalibrationSource):
 
     def __len__(self) -> int:
         return len(self._plans[0])
+
+    def check_all(self) -> None:
+        """Read and check every sample once, so bad data fails before anything is written."""
+        for spec, plan in zip(self.specs, self._plans, strict=True):
+            for paths in plan:
+                _load_raw(paths, spec, self.preprocess_on)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(len(self)):

@@ -36,13 +36,21 @@ def load_samples(calibrated_data: object, cm: CalibratedModel, data_num: int | N
         files = _folder_files(Path(calibrated_data), cm)
         count = len(next(iter(files.values())))
         take = _count(data_num, count, param, f"'{calibrated_data}'")
-        return [{name: _checked(np.load(paths[i]), cm_input, str(paths[i]))
+        return [{name: _checked(_load_npy(paths[i]), cm_input, str(paths[i]))
                  for (name, paths), cm_input in zip(files.items(), cm.inputs, strict=True)}
                 for i in range(take)]
     samples = _dataset(calibrated_data, cm)
     take = _count(data_num, len(samples), param, "the dataset")
     return [{i.name: _checked(np.asarray(s[i.name]), i, f"sample {k} of input '{i.name}'") for i in cm.inputs}
             for k, s in enumerate(samples[:take])]
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise HbError(f"cannot read calibration sample {path}: {exc}; dump the calibration data again "
+                      f"(debug_mode: 'dump_calibration_data')") from None
 
 
 def _count(data_num: int | None, available: int, param: str, where: str) -> int:
@@ -94,6 +102,8 @@ def _dataset(data: object, cm: CalibratedModel) -> list[Mapping[str, np.ndarray]
         lists = [list(data[n]) for n in names]
         if len({len(v) for v in lists}) > 1:
             raise HbError("the calibrated_data mapping holds different numbers of samples per input")
+        if not lists[0]:
+            raise HbError("the calibrated_data mapping holds no samples; give at least one per input")
         return [dict(zip(names, values, strict=True)) for values in zip(*lists, strict=True)]
     if isinstance(data, Iterable):
         samples = []

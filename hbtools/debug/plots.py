@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
+from hbtools import outputs  # noqa: E402
+
 log = logging.getLogger("hbtools")
 
 DEFAULT_SAVE_DIR = "./debug_result"
@@ -19,9 +21,8 @@ DPI = 100
 
 def output_dir(save_dir: str | Path | None) -> Path:
     """``save_dir``, created if needed; ``./debug_result`` when not given."""
-    path = Path(DEFAULT_SAVE_DIR if save_dir is None else save_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    # Checked now, made when the first file is written: a refused argument leaves no folder.
+    return outputs.output_dir(DEFAULT_SAVE_DIR if save_dir is None else save_dir, "save_dir", create=False)
 
 
 def file_stem(node: str) -> str:
@@ -41,6 +42,7 @@ def figure(width: float = 10.0, height: float = 6.0, cols: int = 1, *,
 
 
 def save(fig: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     log.info("saved %s", path)

@@ -60,6 +60,7 @@ class Sensitivity:
 
     def write(self, folder: Path, stem: str) -> list[Path]:
         txt, csv = folder / f"{stem}.txt", folder / f"{stem}.csv"
+        folder.mkdir(parents=True, exist_ok=True)
         txt.write_text(self.table() + "\n")
         csv.write_text(csv_text(self.headers(), self.cells()))
         return [txt, csv]

@@ -159,7 +159,7 @@ def _instance(op: CustomOp, node: NodeProto) -> Any:
         params = _params(node)
         try:
             op._instances[key] = op.impl(**params)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise HbError(f"custom op {op.name} (node '{node.name}'): cannot create {op.impl.__name__} from the "
                           f"node's attributes {sorted(params)}: {type(exc).__name__}: {exc}",
                           hint=f"make __init__ take these attribute names as arguments ({op.source})") from None
@@ -178,7 +178,7 @@ def compute(node: NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.nda
             result = op.impl(*inputs, **_params(node))
     except HbError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise HbError(f"custom op {op.name} (node '{node.name}') failed in compute: {type(exc).__name__}: {exc}",
                       hint=f"fix the compute function in {op.source or 'its registration'}") from None
     outputs = list(result) if isinstance(result, list | tuple) else [result]
@@ -204,7 +204,7 @@ def output_shapes(node: NodeProto, input_shapes: Sequence[Sequence[int | None] |
         return [list(shapes[0]) for _ in node.output]
     try:
         result = op.shape_fn(shapes)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise HbError(f"custom op {op.name} (node '{node.name}') failed in its shape function: "
                       f"{type(exc).__name__}: {exc}", hint=f"fix the shape function in {op.source}") from None
     result = list(result) if isinstance(result, list | tuple) else [result]
@@ -244,6 +244,10 @@ def load_op_files(paths: Iterable[str | Path]) -> list[str]:
         _loading.append(str(path))
         try:
             spec.loader.exec_module(mod)
+        except SystemExit as exc:  # sys.exit in an op file must not end the tool silently
+            sys.modules.pop(module, None)
+            raise HbError(f"custom op file '{path}' called sys.exit({exc.code!r}) while loading; an op file may "
+                          f"only define and register ops: remove the exit") from None
         except Exception as exc:
             sys.modules.pop(module, None)
             raise HbError(f"custom op file '{path}' failed to load: {type(exc).__name__}: {exc}") from None

@@ -68,7 +68,11 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     ``allow_int16`` lets default/mix give int16 to the most sensitive tensors;
     ``bias_correction`` is "on", "off" or "auto" (kept only if the output improves).
     """
-    collector, eval_feeds, eval_refs, bc_feeds = _collect(optimized, plan, samples, count)
+    # Samples are kept only for what scores candidates; skip/max/load with bias correction off
+    # keep none, so memory stays at one sample's activations.
+    keep = len(_methods(calibration_type, max_percentile)) > 1 or calibration_type == "mix" \
+        or bias_correction != "off"
+    collector, eval_feeds, eval_refs, bc_feeds = _collect(optimized, plan, samples, count, keep=keep)
     weight_th = weight_thresholds(optimized, plan)
     candidates = {_label(m, p): _thresholds(plan, collector, m, p) for m, p in _methods(calibration_type, max_percentile)}
     if calibration_type == "load":
@@ -197,7 +201,7 @@ def _float_session(optimized: ModelProto, tensors: list[str]):
     return fetching_session(optimized, tensors), [o.name for o in optimized.graph.output]
 
 
-def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int):
+def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *, keep: bool = True):
     tensors = [p.tensor for p in plan.activations]
     session, outputs = _float_session(optimized, tensors)
     fetch = list(dict.fromkeys([*tensors, *outputs]))
@@ -208,11 +212,12 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     for feed in bar:
         values = dict(zip(fetch, session.run(fetch, feed), strict=True))
         collector.update({t: values[t] for t in tensors})
-        if len(eval_feeds) < EVAL_SAMPLES:
+        if keep and len(eval_feeds) < EVAL_SAMPLES:
             eval_feeds.append(feed)
             eval_refs.append([values[o] for o in outputs])
-        elif len(bc_feeds) < BIAS_CORRECTION_SAMPLES:
+        elif keep and len(bc_feeds) < BIAS_CORRECTION_SAMPLES:
             bc_feeds.append(feed)
+        del values, feed  # else this sample's activations live on while the next one runs
     if collector.samples == 0:
         raise HbError("no calibration samples were read; check cal_data_dir")
     plan.observe(collector)

@@ -17,6 +17,7 @@ from hbtools.data.calibration import RandomCalibrationSource
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline import calibrate, optimize, parse, quantize, report
 from hbtools.pipeline.builtin_config import builtin_config
+from hbtools.pipeline.memory import check_memory
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.quant.plan import make_plan
 from hbtools.quant.units import build_partition
@@ -34,6 +35,7 @@ def check(model_path: str | Path, model_type: str, march: str, input_shapes: lis
     config = builtin_config(model_path, model_type, march, input_shapes, fast_perf=False,
                             working_dir=Path(".hb_check"), prefix="model", proto=proto)
     parsed = parse.run(config)
+    check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     log.info("Parsing the input model done")
     optimized = optimize.run(parsed.model)
     log.info("Model optimization done")

@@ -98,10 +98,9 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
         model.perf = {"latency_ms": cost.latency_ms, "ddr_mb_per_frame": cost.ddr_mb,
                       "subgraphs": [sub.summary() for sub in cost.subgraphs]}
     write_bin(path, [model])
-    log.info("runtime model written: %s", path)
     _compile_notes(config, rm, profile)
-    page = perf_report.write_report(rm, config.model.working_dir, static=True)
-    log.info("static performance page written: %s", page)
+    page = perf_report.write_report(rm, path.parent, static=True)  # the staging folder: moved with the set
+    log.info("static performance page written: %s", config.model.working_dir / page.relative_to(path.parent))
     return path
 
 

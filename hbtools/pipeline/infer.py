@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
+from hbtools import outputs
 from hbtools.config.loader import load_config
 from hbtools.config.model import Config, InputSpec
 from hbtools.data.calibration import read_sample_file
@@ -124,8 +125,7 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
     session = HB_ONNXRuntime(onnx_model=model)
     tensors = list(dict.fromkeys(layer.tensor for layer in layers))
     values = dict(zip(tensors, session.run(tensors, feeds), strict=True))
-    out_dir = Path(output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = outputs.output_dir(output_dir, "--output-dir")
     written = []
     for layer in layers:
         path = out_dir / f"{file_stem(layer.name)}_float.bin"

@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 from onnx import ModelProto, TensorProto, helper, version_converter
 
-from hbtools.config.inputs import check_input_channels
+from hbtools.config.inputs import check_even_size, check_input_channels
 from hbtools.config.model import Config, InputSpec
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes
@@ -134,6 +134,7 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
                 raise HbError(f"input '{name}' has rank {len(r.shape)}; only 4-D inputs can be images",
                               hint="use input_type_train/input_type_rt 'featuremap' for this input")
             check_input_channels(r, r.shape[1] if r.layout_train == "NCHW" else r.shape[3])
+            check_even_size(r, f"the model's input shape {'x'.join(map(str, r.shape))}")
         resolved.append(r)
     return resolved
 

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
-from hbtools.metrics import cosine_similarity
+from hbtools.metrics import CHUNK, cosine_of_chunks, cosine_similarity
 from hbtools.pipeline.quantize import QTensor, QuantizedResult
 from hbtools.quant.units import Partition
 from hbtools.runtime.lowering import lower_model
@@ -49,14 +49,21 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
         x = feed[i.name]
         q_feed[i.name] = x if list(x.shape) == list(i.shape) else np.transpose(x, (0, 2, 3, 1))
     tensors = list(pairs)
-    f_out = dict(zip(tensors, float_sess.run(tensors, feed), strict=True))
+    # Quantized first: its outputs are mostly 8/16-bit, so they cost little while the float run happens.
     q_names = [pairs[t][0] for t in tensors]
     q_out = dict(zip(tensors, q_sess.run(q_names, q_feed), strict=True))
+    f_out = dict(zip(tensors, float_sess.run(tensors, feed), strict=True))
     sims = {}
     for t in tensors:
         _, qt = pairs[t]
-        q = qt.to_float(q_out[t]) if qt is not None else q_out[t].astype(np.float64)
-        sims[t] = cosine_similarity(f_out[t], q)
+        f, q = f_out.pop(t), q_out.pop(t)  # each released once compared
+        if qt is None:
+            sims[t] = cosine_similarity(f, q)
+        elif qt.scale.size == 1:  # per-tensor grid: dequantize piece by piece
+            f, q = f.reshape(-1), q.reshape(-1)
+            sims[t] = cosine_of_chunks((f[s:s + CHUNK], qt.to_float(q[s:s + CHUNK])) for s in range(0, q.size, CHUNK))
+        else:
+            sims[t] = cosine_similarity(f, qt.to_float(q))
     return sims
 
 

@@ -6,19 +6,25 @@ import dataclasses
 import logging
 from pathlib import Path
 
+import onnx
+
 from hbtools.config.loader import load_config
 from hbtools.config.model import Config
+from hbtools.config.values import closest_names
 from hbtools.data.calibration import (
     CalibrationSource,
     FolderCalibrationSource,
     RandomCalibrationSource,
     dump_calibration_data,
 )
+from hbtools.errors import HbError
 from hbtools.graph.model_io import save_model
-from hbtools.march.profiles import get_profile
+from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, layer_dump, optimize, parse, quantize, report
 from hbtools.pipeline.builtin_config import builtin_config
+from hbtools.pipeline.memory import check_memory
+from hbtools.pipeline.transaction import artefact_transaction
 from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
 from hbtools.quant.units import build_partition
 
@@ -58,21 +64,32 @@ def convert(config: Config) -> dict[str, Path]:
     custom.register_from_config(config.custom_op.op_register_files)  # before parse checks the ops
     parsed = parse.run(config)
     config = dataclasses.replace(config, inputs=parsed.inputs)
+    _check_node_names(config, parsed.model)
+    check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     source = _calibration_source(config)  # checks every data file before anything is written
-    paths = artefact_paths(config)
-    config.model.working_dir.mkdir(parents=True, exist_ok=True)
+    final = artefact_paths(config)
+    with artefact_transaction(config.model.working_dir) as staging:
+        _build(config, parsed, source, profile, staging, final)
+    log.info("Convert to runtime bin file successfully!")
+    log.info("End Model Convert")
+    return final
 
+
+def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource, profile: MarchProfile,
+           staging: Path, final: dict[str, Path]) -> None:
+    """Write every artefact into ``staging`` (logged under its final name)."""
+    paths = {kind: staging / path.name for kind, path in final.items()}
     save_model(parsed.model, paths["original"])
-    log.info("Parsing the input model done: %s", paths["original"])
+    log.info("Parsing the input model done: %s", final["original"])
     optimized = optimize.run(parsed.model)
     save_model(optimized, paths["optimized"])
-    log.info("Model optimization done: %s", paths["optimized"])
+    log.info("Model optimization done: %s", final["optimized"])
 
     partition = build_partition(optimized, profile, config.model.node_info, all_bpu=config.model.fast_perf)
     plan = make_plan(optimized, partition, config, profile)
     if "dump_calibration_data" in config.model.debug_mode:
-        folder = dump_calibration_data(source, config.model.working_dir)
-        log.info("calibration data dumped to %s", folder)
+        dump_calibration_data(source, staging)
+        log.info("calibration data dumped to %s", config.model.working_dir / "calibration_data")
     if config.calibration.calibration_type == "skip":
         log.warning("calibration_type 'skip' calibrates on random data: the model is fit for performance "
                     "checks only, not for accuracy evaluation")
@@ -81,27 +98,36 @@ def convert(config: Config) -> dict[str, Path]:
                         max_percentile=config.calibration.max_percentile, allow_int16=profile.int16,
                         loaded_thresholds=parsed.loaded_thresholds, bias_correction=_bias_correction_mode(config))
     save_model(cal.model, paths["calibrated"])
-    log.info("Model calibration done: %s", paths["calibrated"])
+    log.info("Model calibration done: %s", final["calibrated"])
 
     result = quantize.run(cal.model, config, profile)
     if config.model.layer_out_dump:
         layer_dump.annotate(result)
     save_model(result.model, paths["quantized"])
-    log.info("Model quantization done: %s", paths["quantized"])
+    log.info("Model quantization done: %s", final["quantized"])
     first = next(iter(source))
     report.log_node_table(result, report.node_similarity(optimized, result, first))
     report.log_cpu_reasons(result.partition)
-
     compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=cal.summary)
-    log.info("Convert to runtime bin file successfully!")
-    log.info("End Model Convert")
-    return paths
+    log.info("runtime model written: %s", final["bin"])
+
+
+def _check_node_names(config: Config, model: onnx.ModelProto) -> None:
+    """Every node a config names must be in the model: a typo would otherwise change nothing."""
+    names = {n.name for n in model.graph.node}
+    for name in config.model.node_info:
+        if name not in names:
+            raise HbError(f"node_info / run_on_cpu / run_on_bpu / set_node_data_type name node '{name}', which the "
+                          f"model {config.model.onnx_model or config.model.caffe_model} does not have"
+                          f"{closest_names(name, names)}; use the model's node names")
 
 
 def _calibration_source(config: Config) -> CalibrationSource:
     if config.calibration.calibration_type in ("skip", "load"):
         return RandomCalibrationSource(config.inputs, num_samples=SKIP_SAMPLES)
-    return FolderCalibrationSource(config.inputs, preprocess_on=config.calibration.preprocess_on)
+    source = FolderCalibrationSource(config.inputs, preprocess_on=config.calibration.preprocess_on)
+    source.check_all()
+    return source
 
 
 # Accepted for compatibility with existing configs, but not acted on yet.

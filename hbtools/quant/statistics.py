@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 BINS = 2048
+CHUNK = 1 << 20  # elements histogrammed at a time: np.histogram's temporaries are ~20 bytes per element
 CHANNEL_BINS = 512  # per channel: KL/percentile still resolve a 128-level grid, memory stays C * 4 kB
 
 
@@ -40,8 +41,10 @@ class TensorStats:
             # Halve the resolution: merge neighbouring bins and double the covered range.
             self.hist = np.concatenate([self.hist.reshape(-1, 2).sum(axis=1), np.zeros(bins // 2, np.int64)])
             self.range *= 2.0
-        counts, _ = np.histogram(np.abs(x), bins=bins, range=(0.0, self.range))
-        self.hist += counts
+        flat = x.reshape(-1)
+        for start in range(0, flat.size, CHUNK):
+            counts, _ = np.histogram(np.abs(flat[start:start + CHUNK]), bins=bins, range=(0.0, self.range))
+            self.hist += counts
         self.count += x.size
 
     @property

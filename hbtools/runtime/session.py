@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import ModelProto, TensorProto, helper
 
+from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
 from hbtools.ops import custom
@@ -77,6 +78,10 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True,
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+class FeedError(HbError, ValueError):
+    """Inputs or output names that do not fit the model (a ValueError for API users)."""
+
+
 class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
     """onnxruntime session over a float, optimized, calibrated or quantized model."""
 
@@ -124,26 +129,53 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
     def _run(self, output_names: Sequence[str] | None, feed_dict: dict, input_offset: int) -> list[np.ndarray]:
         unknown = set(feed_dict) - set(self.input_names)
         if unknown:
-            raise HbError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are {self.input_names}")
+            raise FeedError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are {self.input_names}")
         missing = set(self.input_names) - set(feed_dict)
         if missing:
-            raise HbError(f"missing input(s) {sorted(missing)}")
-        feeds = {name: convert_feed(np.asarray(v), self.input_types[name], input_offset, name)
-                 for name, v in feed_dict.items()}
+            raise FeedError(f"missing input(s) {sorted(missing)}")
+        feeds = {}
+        for arg in self._inputs:
+            data = convert_feed(np.asarray(feed_dict[arg.name]), self.input_types[arg.name], input_offset, arg.name)
+            _check_shape(arg.name, data.shape, arg.shape)
+            feeds[arg.name] = data
         names = list(output_names) if output_names else self.output_names
-        return self._session.run(names, feeds)
+        wrong = [n for n in names if n not in self._fetchable]
+        if wrong:
+            raise FeedError(f"the model has no output '{wrong[0]}'{closest_names(wrong[0], self.output_names)}; "
+                            f"its outputs are {self.output_names}")
+        try:
+            return self._session.run(names, feeds)
+        except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+                ort.capi.onnxruntime_pybind11_state.RuntimeException) as exc:
+            raise FeedError(f"onnxruntime cannot run the model on these inputs: {str(exc).splitlines()[0]}") from None
+
+    @property
+    def _fetchable(self) -> set[str]:
+        return {o.name for o in self._outputs} | {v.name for v in self.model.graph.value_info} | {
+            t for n in self.model.graph.node for t in n.output}
+
+
+def _check_shape(name: str, got: tuple[int, ...], want: Sequence[object]) -> None:
+    fixed = len(got) == len(want) and all(not isinstance(w, int) or w == g for g, w in zip(got, want, strict=True))
+    if not fixed:
+        shown = "x".join(str(w) if isinstance(w, int) else "?" for w in want)
+        raise FeedError(f"input '{name}' has shape {'x'.join(map(str, got)) or 'scalar'}, the model expects {shown}")
 
 
 def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.ndarray:
     """Lossless conversions between the feed's dtype and the input's dtype (seed 001 §6.2.11)."""
     if data.dtype == target:
         return data
-    if target == np.int8 and data.dtype == np.uint8:
-        return (data.astype(np.int16) - offset).astype(np.int8)
-    if target == np.uint8 and data.dtype == np.int8:
-        return (data.astype(np.int16) + offset).astype(np.uint8)
+    if target in (np.int8, np.uint8) and data.dtype in (np.uint8, np.int8):
+        shifted = data.astype(np.int32) + (offset if target == np.uint8 else -offset)
+        info = np.iinfo(target)
+        if shifted.size and (shifted.min() < info.min or shifted.max() > info.max):
+            raise FeedError(f"input_offset {offset} moves {data.dtype} data of input '{name}' out of the "
+                            f"{np.dtype(target).name} range {info.min}..{info.max}; use input_offset 128 for "
+                            f"0..255 image data (0 for data already in {np.dtype(target).name})")
+        return shifted.astype(target)
     if target == np.float32 and data.dtype in (np.uint8, np.int8, np.float64, np.float16):
         return data.astype(np.float32)
-    raise HbError(f"input '{name}' expects {np.dtype(target).name}; cannot convert {data.dtype} data without loss")
+    raise FeedError(f"input '{name}' expects {np.dtype(target).name}; cannot convert {data.dtype} data without loss")
 
 

@@ -6,6 +6,7 @@ import keyword
 import re
 from pathlib import Path
 
+from hbtools import outputs
 from hbtools.errors import HbError
 
 DEFAULT_NAME = "SampleCustom"
@@ -85,7 +86,6 @@ def create(output: str | Path = DEFAULT_FILE, name: str = DEFAULT_NAME, *, force
                       hint=f"e.g. -o {path.stem or 'custom_op'}.py")
     if path.exists() and not force:
         raise HbError(f"'{path}' already exists", hint="choose another --output, or add --force to overwrite it")
-    if not path.parent.is_dir():
-        raise HbError(f"folder '{path.parent}' does not exist", hint="create it first or choose another --output")
+    outputs.output_file(path, "--output")
     path.write_text(render(name, path.name), encoding="utf-8")
     return path

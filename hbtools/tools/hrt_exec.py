@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hbtools import outputs
 from hbtools.runtime.binfile import BinFile
 from hbtools.runtime.rt_input import rt_dtype, rt_shape
 from hbtools.runtime.runtime_model import InputDesc, OutputDesc, RuntimeModel, load
@@ -238,7 +239,7 @@ def write_layers(folder: Path, layers: list, values: dict[str, np.ndarray]) -> l
 
 def dump_output(folder: Path, index: int, name: str, value: np.ndarray, fmt: str, txt_axis: int) -> Path:
     """One output as ``model_infer_output_<i>_<name>.<bin|txt|npy>``."""
-    folder.mkdir(parents=True, exist_ok=True)
+    outputs.output_dir(folder, "--dump_path")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     path = folder / f"model_infer_output_{index}_{safe}.{fmt}"
     if fmt == "bin":

@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from hbtools import __version__
+from hbtools import __version__, outputs
 from hbtools.march.profiles import get_profile
 from hbtools.runtime.runtime_model import RuntimeModel
 from hbtools.runtime.structure import analyse, tensor_info
@@ -41,8 +41,11 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
         log.warning("%s: the model does not record its march; estimating for bayes-e", rm.name)
     profile = get_profile(rm.march or "bayes-e")
     cost = perf_model.estimate(rm, profile)
-    folder = root if static else root / _safe(rm.name)
-    folder.mkdir(parents=True, exist_ok=True)
+    if static:
+        folder = root
+        folder.mkdir(parents=True, exist_ok=True)
+    else:
+        folder = outputs.output_dir(root / _safe(rm.name), "hb_perf result folder")
     layers = has_layer_info(rm)
     if not layers and not static:
         log.warning("bpu model don't have per-layer perf info.")

@@ -81,14 +81,21 @@ def compare(left: Path, right: Path) -> list[Row]:
     folder = left.is_dir()
     for lp, rp in matched:
         a, b = read_vector(lp), read_vector(rp)
+        message = None
         if a.size != b.size:
             message = f"{lp} has {a.size} values but {rp} has {b.size}"
+        elif a.size == 0:
+            message = f"{lp} and {rp} hold no values"
+        if message is not None:
             if not folder:
-                raise HbError(f"cannot compare: {message}")
+                raise HbError(f"cannot compare: {message}; give two dumps of the same tensor")
             log.warning("skipped: %s", message)
             continue
         rows.append(Row(lp.name if folder else str(lp), rp.name if folder else str(rp), cosine_similarity(a, b),
                         relative_euclidean_distance(b, a), chebyshev(a, b), mse(a, b)))
+    if not rows:
+        raise HbError(f"no file pair of {left} and {right} could be compared (all {len(matched)} skipped, see the "
+                      f"warnings); give folders of dumps of the same tensors")
     return rows
 
 

@@ -313,7 +313,7 @@ def test_verifier_refuses_packed_and_unrelated_models(small, in_tmp) -> None:
     result = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},{small[0].bin}"])
     assert result.exit_code == 1 and "were the two built by the same makertbin run?" in result.output
     result = invoke(hb_verifier.main, ["-m", str(small[0].bin)])
-    assert result.exit_code == 1 and "needs one quantized .onnx and one .bin" in result.output
+    assert result.exit_code == 2 and "needs one quantized .onnx and one .bin" in result.output  # usage
 
 
 # ---------------------------------------------------------------- hrt_model_exec

@@ -144,5 +144,5 @@ def test_caffe_config_without_model_files() -> None:
 
 def test_checker_needs_the_prototxt() -> None:
     result = invoke("checker", "--model-type", "caffe", "--march", "bayes-e", "--model", "model.caffemodel")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "--proto" in error_lines(result)[0]

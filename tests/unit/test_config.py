@@ -528,6 +528,21 @@ def test_optimization_several(workdir: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "value",
+    [
+        "set_Softmax_input_int8,set_Softmax_output_int8",  # D-Robotics' reference YOLO config
+        "set_Softmax_input_int8, set_Softmax_output_int8;",
+        "set_Softmax_input_int8; set_Softmax_output_int8",
+        ["set_Softmax_input_int8,set_Softmax_output_int8"],
+    ],
+)
+def test_optimization_comma_separated(workdir: Path, value: Any) -> None:
+    cfg = load(workdir, {"calibration_parameters": {"optimization": value}})
+    assert cfg.calibration.optimization == ["set_Softmax_input_int8", "set_Softmax_output_int8"]
+    assert cfg.wants("set_Softmax_input_int8") and cfg.wants("set_Softmax_output_int8")
+
+
+@pytest.mark.parametrize(
     "given, expected",
     [(True, True), ("True", True), ("false", False), (False, False), ("FALSE", False)],
 )
@@ -959,6 +974,8 @@ def test_set_node_data_type_conflicts_with_node_info(workdir: Path) -> None:
         ("set_Foo_output_int16", "'Foo' is not an ONNX op type"),
         ("asymmetric; set_Conv_input_int8", "'set_Conv_input_int8'"),
         ("set_model_output_int8; set_model_output_int16", "keep one"),
+        ("set_model_output_int8,set_model_output_int16", "keep one"),
+        ("asymmetric,set_Softmax_input_int16x", "'set_Softmax_input_int16x'"),
     ],
 )
 def test_bad_optimization(workdir: Path, value: str, fragment: str) -> None:

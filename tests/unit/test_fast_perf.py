@@ -84,7 +84,7 @@ def test_fast_perf_sets_a_dynamic_batch_to_one() -> None:
 ])
 def test_fast_perf_argument_errors(args: list[str]) -> None:
     result = invoke("makertbin", "--fast-perf", *args)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a command-line mistake (docs/errors.md)
     assert re.search(r"ERROR .*(--config|--model|--march)", result.output), result.output
     assert "Traceback" not in result.output
 

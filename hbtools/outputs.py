@@ -1,0 +1,70 @@
+"""Checks on the paths a tool writes, made before it writes anything.
+
+A folder that is a file, a missing parent, no permission, a name too long, or an
+output that is one of the tool's own inputs is one ERROR line, not a traceback and
+not a replaced input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from hbtools.errors import ResourceError, UsageError, os_error
+
+
+def output_dir(path: str | Path, option: str, *, create: bool = True) -> Path:
+    """Check (and with ``create`` make) the output folder ``path``, or say in one line why not.
+
+    Without ``create`` the folder is made later, when the first file is written, so a
+    run that fails on its arguments leaves no empty folder behind.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ResourceError(f"{option} '{path}' is a file, not a folder; give a folder path")
+    if not create:
+        existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor or "."))
+        if existing.exists() and not existing.is_dir():
+            raise ResourceError(f"{option} '{path}': '{existing}' is a file, not a folder; correct the path")
+        if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
+            raise ResourceError(f"{option} '{path}': '{existing}' is not writable; choose a folder you may write")
+        return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, f"cannot create the {option} folder") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ResourceError(f"{option} '{path}' is not writable; choose a folder you may write")
+    return path
+
+
+def output_file(path: str | Path, option: str, inputs: Iterable[str | Path] = ()) -> Path:
+    """Check that ``path`` can be written as a new file and is none of ``inputs``."""
+    path = Path(path)
+    if "\0" in str(path):
+        raise UsageError(f"{option} '{path!s}' contains a NUL character; give a plain file path")
+    for given in inputs:
+        if _same_file(path, Path(given)):
+            raise UsageError(f"{option} '{path}' is also an input ({given}); write the result to another file")
+    if path.is_dir():
+        raise ResourceError(f"{option} '{path}' is a folder; give a file name")
+    parent = path.parent
+    if not parent.exists():
+        raise ResourceError(f"{option} '{path}': the folder '{parent}' does not exist; create it first")
+    if not parent.is_dir():
+        raise ResourceError(f"{option} '{path}': '{parent}' is a file, not a folder; correct the path")
+    if len(path.name.encode()) > 255:
+        raise ResourceError(f"{option} '{path.name[:40]}...' is too long a file name; use a shorter one")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ResourceError(f"{option} '{path}' cannot be written (no permission); choose another path")
+    return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.abspath(a) == os.path.abspath(b)

@@ -1,0 +1,164 @@
+"""A makertbin run as a transaction on its ``working_dir`` (SPEC §6).
+
+The artefacts are built in a staging folder inside ``working_dir`` and moved into
+place only after all of them were written. The commit point is one atomic rename
+of a marker file into the staging folder: before it, an interrupted run is rolled
+back (the staging folder is deleted by the next run); after it, the moves are
+finished by whoever gets there first (the run itself, or the next run if this one
+was killed mid-move). Each move is an ``os.replace`` on the same filesystem, so a
+reader sees either the old or the new file, never a partial one.
+
+One run per ``working_dir`` at a time: an exclusive ``flock`` on a lock file that
+holds the owner's pid. The kernel drops the lock when its process dies, so the
+lock of a killed run is simply taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from hbtools.errors import ResourceError, os_error
+
+log = logging.getLogger("hbtools")
+
+LOCK_NAME = ".hbtools.lock"
+STAGING_NAME = ".hbtools_staging"
+_COMMITTED = ".committed"  # inside the staging folder: the list of entries to move
+_OLD = ".old-"  # a replaced folder waits here until its successor is in place
+
+
+@contextlib.contextmanager
+def artefact_transaction(working_dir: Path) -> Iterator[Path]:
+    """Yield an empty staging folder; on success move everything in it into ``working_dir``.
+
+    Anything raised inside the block (KeyboardInterrupt included) deletes the staging
+    folder and leaves ``working_dir`` as it was.
+    """
+    try:
+        working_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, "cannot create working_dir", "choose a working_dir in a folder you can write") from None
+    with _lock(working_dir):
+        recover(working_dir)
+        staging = working_dir / STAGING_NAME
+        try:
+            staging.mkdir()
+        except OSError as exc:
+            raise os_error(exc, "cannot write in working_dir", "make working_dir writable or choose another") from None
+        try:
+            yield staging
+            with _signals_deferred():  # Ctrl-C between commit and the last move would leave a mixed set
+                _commit(staging)
+                _roll_forward(staging, working_dir)
+        except BaseException:
+            if not (staging / _COMMITTED).exists():
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+
+def recover(working_dir: Path) -> None:
+    """Finish or undo what a killed run left behind (call with the lock held)."""
+    staging = working_dir / STAGING_NAME
+    if not staging.exists():
+        return
+    if (staging / _COMMITTED).is_file():
+        log.info("finishing the interrupted commit of a previous run in %s", working_dir)
+        _roll_forward(staging, working_dir)
+    else:
+        log.info("removing the staging folder an interrupted run left in %s", working_dir)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _commit(staging: Path) -> None:
+    entries = sorted(p.name for p in staging.iterdir() if not p.name.startswith("."))
+    for path in staging.rglob("*"):
+        if path.is_file():
+            _fsync(path)
+    tmp = staging / f"{_COMMITTED}.tmp"
+    tmp.write_text(json.dumps(entries), encoding="utf-8")
+    _fsync(tmp)
+    os.replace(tmp, staging / _COMMITTED)  # the commit point
+    _fsync(staging)
+
+
+def _roll_forward(staging: Path, working_dir: Path) -> None:
+    """Move the committed entries into place; safe to repeat after an interruption."""
+    entries = json.loads((staging / _COMMITTED).read_text(encoding="utf-8"))
+    for name in entries:
+        new, target, old = staging / name, working_dir / name, staging / f"{_OLD}{name}"
+        if not new.exists() and not new.is_symlink():
+            continue  # moved before the interruption
+        if new.is_dir() and target.exists():
+            # os.replace cannot put a folder over a non-empty one: set the old one aside first.
+            os.replace(target, old)
+        os.replace(new, target)
+    _fsync(working_dir)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block is done, then act on them as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda number, frame: caught.append(number))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for sig in caught[:1]:
+        signal.raise_signal(sig)  # the original handler: KeyboardInterrupt, or the default for SIGTERM
+
+
+def _fsync(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _lock(working_dir: Path) -> Iterator[None]:
+    path = working_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise os_error(exc, "cannot create the lock file", "make working_dir writable or choose another") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            owner = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise ResourceError(
+                f"working_dir '{working_dir}' is in use by another makertbin run (pid {owner}, lock "
+                f"{path}); wait for it to finish or give this config another working_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            # The file stays: deleting it would let a waiting run lock an orphaned inode.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
