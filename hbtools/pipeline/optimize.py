@@ -21,7 +21,13 @@ import onnx
 import onnxruntime as ort
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView, infer_shapes, remove_dead_nodes, topological_sort
+from hbtools.graph.graph import (
+    GraphView,
+    infer_shapes,
+    name_unnamed_nodes,
+    remove_dead_nodes,
+    topological_sort,
+)
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
@@ -37,6 +43,9 @@ def run(model: ModelProto) -> ModelProto:
     body = _without_preprocess(model, pre_nodes)
     cut = _cut_custom_nodes(body)
     body = _onnxruntime_basic(body)
+    # onnxruntime inlines function ops (HardSwish from opset 14, ...) into unnamed nodes;
+    # partition, calibration and tables key on node names.
+    name_unnamed_nodes(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     remove_dead_nodes(body)

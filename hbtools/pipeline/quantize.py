@@ -527,7 +527,9 @@ class _Builder:
         if node.op_type in ("MaxPool", "GlobalMaxPool", "Resize") and (xq.dtype == "int16" or opset < 13):
             # No int16 (or, before opset 12/13, int8) kernels for these; integers survive a float32 round trip.
             xf = f"{xq.name}_as_float"
-            self.nodes.append(helper.make_node("Cast", [xq.name], [xf], name=f"{xf}_Cast", to=TensorProto.FLOAT))
+            if xf not in self.floats:  # one Cast however many passive nodes read the tensor
+                self.nodes.append(helper.make_node("Cast", [xq.name], [xf], name=f"{xf}_Cast", to=TensorProto.FLOAT))
+                self.floats.add(xf)
             copy.input[0] = xf
             copy.output[0] = f"{node.output[0]}_float_int16"
             self.nodes.append(copy)
