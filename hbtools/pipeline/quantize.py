@@ -460,7 +460,8 @@ class _Builder:
         levels = np.arange(-(1 << (in_bits - 1)), 1 << (in_bits - 1), dtype=np.float64)
         y = self._evaluate_cluster(unit, ((levels - xq.zero_point) * xq.scale[0]).astype(np.float32))
         rounded = np.round(y.astype(np.float64) / qt.scale[0]) + qt.zero_point
-        table = np.clip(rounded, oa["out_min"], oa["out_max"])
+        # inf saturates in the clip; NaN (a function undefined at some input level) has no grid value: 0
+        table = np.clip(np.where(np.isnan(rounded), qt.zero_point, rounded), oa["out_min"], oa["out_max"])
         self.nodes.append(helper.make_node("HzLut", [xq.name], [qt.name], name=unit.main.name, domain=DOMAIN,
                                            table=[int(v) for v in table], in_min=int(levels[0]),
                                            out_type=qt.dtype))  # zero points live in the table
@@ -524,8 +525,10 @@ class _Builder:
         copy = helper.make_node(node.op_type, [xq.name, *node.input[1:]], outs, name=node.name)
         copy.attribute.extend(node.attribute)
         opset = next((o.version for o in self.src.opset_import if o.domain in ("", "ai.onnx")), 0)
-        if node.op_type in ("MaxPool", "GlobalMaxPool", "Resize") and (xq.dtype == "int16" or opset < 13):
-            # No int16 (or, before opset 12/13, int8) kernels for these; integers survive a float32 round trip.
+        if node.op_type == "GlobalMaxPool" or (node.op_type in ("MaxPool", "Resize") and
+                                                 (xq.dtype == "int16" or opset < 13)):
+            # No int16 (or, before opset 12/13, int8; GlobalMaxPool: no integer) kernels for these in
+            # onnxruntime; integers survive a float32 round trip.
             xf = f"{xq.name}_as_float"
             if xf not in self.floats:  # one Cast however many passive nodes read the tensor
                 self.nodes.append(helper.make_node("Cast", [xq.name], [xf], name=f"{xf}_Cast", to=TensorProto.FLOAT))
