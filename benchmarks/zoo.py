@@ -234,6 +234,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write the results here (rewritten after every model)")
     parser.add_argument("--markdown", type=Path, help="write the table here (rewritten after every model)")
     parser.add_argument("--work-dir", type=Path, help="keep configs, data and models here (default: a temp dir)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other models' results already in --json; replace those of --models")
     args = parser.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in fetch_models.ZOO]
@@ -243,6 +245,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if any(p not in ("MinMax", "Percentile", "Entropy") for p in args.peers):
         raise UsageError(f"--peers {args.peers}: choose from MinMax, Percentile, Entropy")
+    if args.update and not (args.json and args.json.is_file()):
+        raise UsageError("--update needs an existing --json file to update")
     if args.cal_num < 1 or args.heldout_num < 1 or args.det_size < 0 or args.det_size % 32:
         raise UsageError("--cal-num and --heldout-num must be at least 1, --det-size a multiple of 32")
     return args
@@ -257,8 +261,14 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                            "peers": args.peers, "activation_type": args.activation_type, "threads": args.threads,
                            "mem_limit_gb": args.mem_limit_gb, "timeout_min": args.timeout_min},
               "models": []}
+    previous = json.loads(args.json.read_text())["models"] if args.update else []
     for name in args.models:
         result["models"].append(run_model(name, args, work))
+        done = {m["model"] for m in result["models"]}
+        order = list(fetch_models.ZOO)
+        result["models"] = sorted([*result["models"], *(m for m in previous if m["model"] not in done)],
+                                  key=lambda m: order.index(m["model"]))
+        previous = [m for m in previous if m["model"] not in done]
         result["total_wall_s"] = round(time.perf_counter() - started)
         result["load_average_at_end"] = os.getloadavg()
         write(result, args)
