@@ -261,14 +261,10 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                            "peers": args.peers, "activation_type": args.activation_type, "threads": args.threads,
                            "mem_limit_gb": args.mem_limit_gb, "timeout_min": args.timeout_min},
               "models": []}
-    previous = json.loads(args.json.read_text())["models"] if args.update else []
+    runs = {m["model"]: m for m in json.loads(args.json.read_text())["models"]} if args.update else {}
     for name in args.models:
-        result["models"].append(run_model(name, args, work))
-        done = {m["model"] for m in result["models"]}
-        order = list(fetch_models.ZOO)
-        result["models"] = sorted([*result["models"], *(m for m in previous if m["model"] not in done)],
-                                  key=lambda m: order.index(m["model"]))
-        previous = [m for m in previous if m["model"] not in done]
+        runs[name] = run_model(name, args, work)
+        result["models"] = [runs[n] for n in fetch_models.ZOO if n in runs]
         result["total_wall_s"] = round(time.perf_counter() - started)
         result["load_average_at_end"] = os.getloadavg()
         write(result, args)
