@@ -57,7 +57,7 @@ def _source_feed(fm: FloatModel, x: dict[str, np.ndarray], mean: list[float], sc
     return {n: v if n in fm.featuremap else (v.astype(np.float32) - m) * s for n, v in x.items()}
 
 
-def convert_and_check(fm: FloatModel, root: Path, calibration_type: str = "max", cal_count: int = 4,
+def convert_and_check(fm: FloatModel, root: Path, calibration_type: str = "max", cal_count: int = 8,
                       checker: bool = True) -> Outcome:
     """Convert ``fm`` under ``root`` and check every artefact; fails the test on any problem."""
     from builders import EXACT_MEAN, EXACT_SCALE

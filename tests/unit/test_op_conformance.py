@@ -36,7 +36,7 @@ def _report(group: str, opset: int, outcome: Outcome, outputs: list[str], produc
                          ids=[f"{g}-opset{o}-{c}" for g, o, c in CASES])
 def test_op_group(group: str, opset: int, calibration_type: str, tmp_path: Path) -> None:
     fm = GROUPS[group](opset)
-    outcome = convert_and_check(fm, tmp_path, calibration_type, cal_count=8, checker=calibration_type == "max")
+    outcome = convert_and_check(fm, tmp_path, calibration_type, checker=calibration_type == "max")
     outputs = [o.name for o in fm.model.graph.output]
     producers = {o: n.name for n in fm.model.graph.node for o in n.output}
     print("\n".join(_report(group, opset, outcome, outputs, producers)))
