@@ -48,6 +48,8 @@ def run(model: ModelProto) -> ModelProto:
     name_unnamed_nodes(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
+    if _affine_to_depthwise_conv(body):
+        _fold_affine_into_conv(body)  # the Add of a Mul+Add pair goes into the new conv's bias
     remove_dead_nodes(body)
     _restore_custom_nodes(body, cut)
     out = _with_preprocess(body, pre_nodes, original_inputs, model)
@@ -243,6 +245,37 @@ def _set_conv_params(model: ModelProto, conv, weight: np.ndarray, bias: np.ndarr
     else:
         conv.input.append(b_name)
     conv.output[0] = new_output
+
+
+def _affine_to_depthwise_conv(model: ModelProto) -> bool:
+    """Mul / Add / Sub by a per-channel constant of a 4-D tensor no conv precedes (a BatchNormalization
+    an exporter wrote as Mul + Add after an activation): a depthwise 1x1 Conv, which the BPU runs."""
+    view = GraphView(model)
+    changed = False
+    for node in list(model.graph.node):
+        if node.op_type not in ("Mul", "Add", "Sub") or len(node.input) != 2:
+            continue
+        act = [i for i in node.input if not view.is_const(i)]
+        shape = view.shapes.get(act[0]) if len(act) == 1 else None
+        if shape is None or len(shape) != 4 or not isinstance(shape[1], int) or shape[1] <= 1:
+            continue
+        const_name = next(i for i in node.input if view.is_const(i))
+        if node.op_type == "Sub" and node.input[1] != const_name:
+            continue  # c - x
+        value = view.const(const_name).astype(np.float64)
+        c = _per_channel_const(value, shape[1]) if value.ndim in (3, 4) and value.size == shape[1] else None
+        if c is None:
+            continue  # scalars stay lookup tables; other shapes are no per-channel affine
+        weight = c if node.op_type == "Mul" else np.ones(shape[1])
+        bias = np.zeros(shape[1]) if node.op_type == "Mul" else (c if node.op_type == "Add" else -c)
+        conv = helper.make_node("Conv", [act[0], "", ""], [node.output[0]], name=node.name, group=shape[1],
+                                kernel_shape=[1, 1])
+        index = list(model.graph.node).index(node)
+        model.graph.node.remove(node)
+        model.graph.node.insert(index, conv)
+        _set_conv_params(model, model.graph.node[index], weight.reshape(-1, 1, 1, 1), bias, node.output[0])
+        changed = True
+    return changed
 
 
 def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
