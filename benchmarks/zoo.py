@@ -223,9 +223,9 @@ def markdown(result: dict) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(fetch_models.ZOO), help="comma-separated corpus models (all)")
-    parser.add_argument("--cal-num", type=int, default=20, help="calibration samples (20)")
+    parser.add_argument("--cal-num", type=int, default=16, help="calibration samples (16)")
     parser.add_argument("--heldout-num", type=int, default=10, help="held-out samples (10)")
-    parser.add_argument("--det-size", type=int, default=640, help="det input N x N (640); 0: the config's")
+    parser.add_argument("--det-size", type=int, default=480, help="det input N x N (480); 0: the config's")
     parser.add_argument("--peers", default=",".join(PEER_METHODS), help="onnxruntime methods (MinMax,Percentile)")
     parser.add_argument("--mem-limit-gb", type=float, default=12.0, help="address-space cap per quantization run")
     parser.add_argument("--timeout-min", type=float, default=20.0, help="kill a quantization run after this (20)")
