@@ -63,6 +63,7 @@ def conv_family(opset: int) -> FloatModel:
     outs.append(g.op("MatMul", [seq, g.op("Transpose", [seq], perm=[0, 2, 1])]))
     outs.append(g.bn(g.op("Relu", [x]), C))
     outs.append(g.bn(g.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2]), C))
+    outs.append(g.bn(seq, C))  # on a 3-D [N, C, L] tensor
     return _done(g, outs, opset)
 
 

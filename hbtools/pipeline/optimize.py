@@ -279,11 +279,16 @@ def _affine_to_depthwise_conv(model: ModelProto) -> bool:
 
 
 def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
+    """Each remaining BatchNormalization of a 4-D tensor becomes a depthwise 1x1 Conv; of a 3-D
+    tensor [N, C, L] (after a Squeeze, in sequence heads) the same Conv between an Unsqueeze and
+    a Squeeze, so it runs on the BPU too."""
     view = GraphView(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     for node in list(model.graph.node):
         if node.op_type != "BatchNormalization" or len(node.output) != 1:
             continue
-        if view.shapes.get(node.input[0]) is None or len(view.shapes[node.input[0]]) != 4:
+        rank = len(view.shapes[node.input[0]]) if view.shapes.get(node.input[0]) is not None else 0
+        if rank not in (3, 4):
             continue
         params = [view.const(i) for i in node.input[1:5]]
         if any(p is None for p in params):
@@ -292,11 +297,26 @@ def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
         eps = view.attrs(node).get("epsilon", 1e-5)
         k = gamma / np.sqrt(var + eps)
         channels = k.size
-        conv = helper.make_node(
-            "Conv", [node.input[0], "", ""], [node.output[0]], name=node.name, group=channels, kernel_shape=[1, 1]
-        )
+        x, y = node.input[0], node.output[0]
+        nodes = []
+        if rank == 3:
+            x, y = f"{node.input[0]}_{node.name}_4d", f"{node.output[0]}_4d"
+            nodes.append(_axes_node("Unsqueeze", node.input[0], x, f"{node.name}_unsqueeze", opset, model))
+        nodes.append(helper.make_node("Conv", [x, "", ""], [y], name=node.name, group=channels, kernel_shape=[1, 1]))
+        if rank == 3:
+            nodes.append(_axes_node("Squeeze", y, node.output[0], f"{node.name}_squeeze", opset, model))
         index = list(model.graph.node).index(node)
         model.graph.node.remove(node)
-        model.graph.node.insert(index, conv)
-        conv = model.graph.node[index]  # protobuf inserted a copy; edit the one in the graph
-        _set_conv_params(model, conv, k.reshape(-1, 1, 1, 1), beta - mean * k, node.output[0])
+        for k_node, new in enumerate(nodes):
+            model.graph.node.insert(index + k_node, new)
+        conv = model.graph.node[index + (1 if rank == 3 else 0)]  # protobuf inserted a copy; edit that one
+        _set_conv_params(model, conv, k.reshape(-1, 1, 1, 1), beta - mean * k, y)
+
+
+def _axes_node(op: str, x: str, y: str, name: str, opset: int, model: ModelProto) -> NodeProto:
+    """Unsqueeze / Squeeze of the last axis of a 3-D / 4-D tensor (axes an input from opset 13)."""
+    if opset < 13:
+        return helper.make_node(op, [x], [y], name=name, axes=[3])
+    axes = f"{name}_axes"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([3], dtype=np.int64), axes))
+    return helper.make_node(op, [x, axes], [y], name=name)
