@@ -229,8 +229,18 @@ def run_peer(setup: Setup, method: str, stride: int, args: argparse.Namespace) -
 
 
 def evaluate(setup: Setup, quantized: Path, takes_uint8: bool, threads: int) -> dict:
-    """Held-out comparison with the float model; both sessions alternate per sample so
-    that the load of other processes hits their timings alike."""
+    """Held-out comparison with the float model (cosine, task agreement, timings)."""
+    ref, quant, timing = infer_pairs(setup, quantized, takes_uint8, threads)
+    characters = ppocr.rec_characters(setup.source) if setup.name == "rec" else None
+    comparison = ppocr.compare_outputs(setup.name, ref, quant, characters)
+    return {**dataclasses.asdict(comparison), **timing}
+
+
+def infer_pairs(setup: Setup, quantized: Path, takes_uint8: bool,
+                threads: int) -> tuple[list[np.ndarray], list[np.ndarray], dict]:
+    """First outputs of the float and the quantized model on every held-out sample, and the
+    median times; both sessions alternate per sample so that the load of other processes
+    hits their timings alike."""
     float_sess = HB_ONNXRuntime(model_file=setup.source, threads=threads)
     quant_sess = HB_ONNXRuntime(model_file=quantized, threads=threads)
     ref, quant, float_t, quant_t = [], [], [], []
@@ -251,10 +261,7 @@ def evaluate(setup: Setup, quantized: Path, takes_uint8: bool, threads: int) -> 
                 best = min(best, time.perf_counter() - start)
             outs.append(out)
             times.append(best)
-    characters = ppocr.rec_characters(setup.source) if setup.name == "rec" else None
-    comparison = ppocr.compare_outputs(setup.name, ref, quant, characters)
-    return {**dataclasses.asdict(comparison), "infer_ms": 1000 * float(np.median(quant_t)),
-            "float_ms": 1000 * float(np.median(float_t))}
+    return ref, quant, {"infer_ms": 1000 * float(np.median(quant_t)), "float_ms": 1000 * float(np.median(float_t))}
 
 
 def finish(tool: str, measured: Measured, quantized: Path, setup: Setup, takes_uint8: bool,

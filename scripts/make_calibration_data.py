@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Make calibration and held-out samples for the PaddleOCR sample models.
 
-    python scripts/make_calibration_data.py --model cls|det|rec [--count 50] [--heldout 20]
-                                            [--out build]
+    python scripts/make_calibration_data.py --model cls|det|rec|captcha [--count 50] [--heldout 20]
+                                            [--out build] [--size HxW] [--name NAME]
 
 writes ``<out>/calibration/ppocr_<model>/`` (what ``configs/ppocr_<model>.yaml`` calibrates
 on) and a disjoint ``<out>/heldout/ppocr_<model>/`` for measuring accuracy. Each file is
@@ -16,7 +16,10 @@ Content comes only from images bundled in the scikit-image wheel (no pooch downl
 text-line crops of ``page()``/``text()`` for cls/rec, prepared like PaddleOCR's
 ``resize_norm_img`` but stopping before normalisation (that is the model's
 HzPreprocess job); for det, ``page()``/``text()`` and natural images scaled, cropped,
-tiled and flipped to 640x640. Everything is seeded, so runs are reproducible.
+tiled and flipped to 640x640. ``captcha`` samples are strings of digits and capital
+letters rendered with matplotlib's bundled font on noisy backgrounds (60x160).
+``--size`` changes the input size, ``--name`` the folder name (``zoo_<model>`` for
+the corpus configs in ``configs/zoo/``). Everything is seeded, so runs are reproducible.
 """
 
 from __future__ import annotations
@@ -39,11 +42,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "build"
 
 # (height, width) of the model input, from PaddleOCR's inference configs.
-SHAPES: dict[str, tuple[int, int]] = {"cls": (48, 192), "det": (640, 640), "rec": (48, 320)}
+SHAPES: dict[str, tuple[int, int]] = {"cls": (48, 192), "det": (640, 640), "rec": (48, 320), "captcha": (60, 160)}
 
 # Separate seeds per split: the held-out set must not change when --count changes.
 SPLIT_SEEDS = {"calibration": 1_000_003, "heldout": 2_000_003}
-MODEL_SEEDS = {"cls": 11, "det": 22, "rec": 33}
+MODEL_SEEDS = {"cls": 11, "det": 22, "rec": 33, "captcha": 44}
+CAPTCHA_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 # Value that pads text crops on the right (see TextLineResizeTransformer).
 PAD_VALUE = 128
@@ -187,6 +191,44 @@ def _det_sample(kind: str, rng: np.random.Generator, height: int, width: int) ->
     return out
 
 
+# --------------------------------------------------------------------------- captchas
+
+
+def _captcha_sample(kind: str, rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A captcha-like picture (HxWx3 BGR uint8): 4-6 rotated characters, noise lines and dots."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    dpi = 100
+    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
+    canvas = FigureCanvasAgg(fig)
+    background = rng.uniform(0.75, 1.0, 3)
+    fig.patch.set_facecolor(background)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_axis_off()
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    text = "".join(rng.choice(list(CAPTCHA_ALPHABET), size=int(rng.integers(4, 7))))
+    x = rng.uniform(0.04, 0.12)
+    step = (0.92 - x) / len(text)
+    for ch in text:
+        ax.text(x, rng.uniform(0.3, 0.7), ch, fontsize=float(rng.uniform(20, 30)), rotation=float(rng.uniform(-30, 30)),
+                color=rng.uniform(0.0, 0.5, 3), family="DejaVu Sans", weight=str(rng.choice(["normal", "bold"])),
+                va="center")
+        x += step * rng.uniform(0.85, 1.1)
+    if kind != "clean":
+        for _ in range(int(rng.integers(1, 4))):
+            ax.plot(rng.uniform(0, 1, 2), rng.uniform(0, 1, 2), color=rng.uniform(0.2, 0.7, 3),
+                    linewidth=float(rng.uniform(0.8, 2.0)))
+        ax.scatter(rng.uniform(0, 1, 60), rng.uniform(0, 1, 60), s=float(rng.uniform(0.5, 3)),
+                   color=rng.uniform(0.2, 0.8, 3))
+    canvas.draw()
+    rgb = np.asarray(canvas.buffer_rgba())[:, :, :3]
+    if rgb.shape[:2] != (height, width):
+        rgb = _resize(rgb, height, width)
+    return _to_bgr(np.ascontiguousarray(rgb))
+
+
 # --------------------------------------------------------------------------- driver
 
 # Kinds cycle in this order so every split, however small, has the same mix.
@@ -194,6 +236,7 @@ SCHEDULES: dict[str, tuple[str, ...]] = {
     "cls": ("page", "page180", "text", "page", "natural", "page180", "text180", "page"),
     "rec": ("page", "page", "text", "page", "natural", "page", "text", "page"),
     "det": ("page", "natural", "pagepaste", "text", "page", "natural", "pagepaste", "page"),
+    "captcha": ("noisy", "noisy", "clean", "noisy"),
 }
 
 
@@ -201,7 +244,7 @@ def _samples(model: str, split: str, size: tuple[int, int]) -> Iterator[tuple[st
     """Endless, deterministic stream of (kind, 1x3xHxW uint8 BGR) for one split."""
     height, width = size
     make: Callable[[str, np.random.Generator, int, int], np.ndarray]
-    make = _det_sample if model == "det" else _line_sample
+    make = {"det": _det_sample, "captcha": _captcha_sample}.get(model, _line_sample)
     rng = np.random.default_rng([SPLIT_SEEDS[split], MODEL_SEEDS[model]])
     schedule = SCHEDULES[model]
     i = 0
@@ -268,12 +311,22 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_OUT,
         help="root for calibration/ppocr_<model>/ and heldout/ppocr_<model>/ (build/)",
     )
+    parser.add_argument("--size", help="input HxW instead of the model kind's default")
+    parser.add_argument("--name", help="folder name under calibration/ and heldout/ (ppocr_<model>)")
     args = parser.parse_args(argv)
     if args.count < 1 or args.heldout < 0:
         parser.error("--count must be >= 1 and --heldout >= 0")
-    splits = generate(args.model, args.count, args.heldout)
+    size = None
+    if args.size:
+        try:
+            size = tuple(int(v) for v in args.size.lower().split("x"))
+        except ValueError:
+            parser.error(f"--size {args.size!r}: expected HxW, e.g. 48x320")
+        if len(size) != 2:
+            parser.error(f"--size {args.size!r}: expected HxW, e.g. 48x320")
+    splits = generate(args.model, args.count, args.heldout, size)
     for split, samples in splits.items():
-        folder = args.out / split / f"ppocr_{args.model}"
+        folder = args.out / split / (args.name or f"ppocr_{args.model}")
         write_split(samples, folder)
         print(f"{split}: {len(samples)} samples -> {folder}")
     return 0

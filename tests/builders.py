@@ -90,7 +90,7 @@ class _Graph:
             self.inits,
         )
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests")
-        m.ir_version = 8
+        m.ir_version = 10 if opset >= 21 else 8  # opset 21 needs IR 10
         m = onnx.shape_inference.infer_shapes(m)
         onnx.checker.check_model(m, full_check=True)
         return FloatModel(m, dict(inputs), set(featuremap or ()))

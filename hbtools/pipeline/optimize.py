@@ -20,7 +20,13 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView, infer_shapes, remove_dead_nodes, topological_sort
+from hbtools.graph.graph import (
+    GraphView,
+    infer_shapes,
+    name_unnamed_nodes,
+    remove_dead_nodes,
+    topological_sort,
+)
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
@@ -37,8 +43,13 @@ def run(model: ModelProto) -> ModelProto:
     body = _without_preprocess(model, pre_nodes)
     cut = _cut_custom_nodes(body)
     body = _onnxruntime_basic(body)
+    # onnxruntime inlines function ops (HardSwish from opset 14, ...) into unnamed nodes;
+    # partition, calibration and tables key on node names.
+    name_unnamed_nodes(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
+    if _affine_to_depthwise_conv(body):
+        _fold_affine_into_conv(body)  # the Add of a Mul+Add pair goes into the new conv's bias
     remove_dead_nodes(body)
     _restore_custom_nodes(body, cut)
     out = _with_preprocess(body, pre_nodes, original_inputs, model)
@@ -233,12 +244,48 @@ def _set_conv_params(model: ModelProto, conv, weight: np.ndarray, bias: np.ndarr
     conv.output[0] = new_output
 
 
-def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
+def _affine_to_depthwise_conv(model: ModelProto) -> bool:
+    """Mul / Add / Sub by a per-channel constant of a 4-D tensor no conv precedes (a BatchNormalization
+    an exporter wrote as Mul + Add after an activation): a depthwise 1x1 Conv, which the BPU runs."""
     view = GraphView(model)
+    changed = False
+    for node in list(model.graph.node):
+        if node.op_type not in ("Mul", "Add", "Sub") or len(node.input) != 2:
+            continue
+        act = [i for i in node.input if not view.is_const(i)]
+        shape = view.shapes.get(act[0]) if len(act) == 1 else None
+        if shape is None or len(shape) != 4 or not isinstance(shape[1], int) or shape[1] <= 1:
+            continue
+        const_name = next(i for i in node.input if view.is_const(i))
+        if node.op_type == "Sub" and node.input[1] != const_name:
+            continue  # c - x
+        value = view.const(const_name).astype(np.float64)
+        c = _per_channel_const(value, shape[1]) if value.ndim in (3, 4) and value.size == shape[1] else None
+        if c is None:
+            continue  # scalars stay lookup tables; other shapes are no per-channel affine
+        weight = c if node.op_type == "Mul" else np.ones(shape[1])
+        bias = np.zeros(shape[1]) if node.op_type == "Mul" else (c if node.op_type == "Add" else -c)
+        conv = helper.make_node("Conv", [act[0], "", ""], [node.output[0]], name=node.name, group=shape[1],
+                                kernel_shape=[1, 1])
+        index = list(model.graph.node).index(node)
+        model.graph.node.remove(node)
+        model.graph.node.insert(index, conv)
+        _set_conv_params(model, model.graph.node[index], weight.reshape(-1, 1, 1, 1), bias, node.output[0])
+        changed = True
+    return changed
+
+
+def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
+    """Each remaining BatchNormalization of a 4-D tensor becomes a depthwise 1x1 Conv; of a 3-D
+    tensor [N, C, L] (after a Squeeze, in sequence heads) the same Conv between an Unsqueeze and
+    a Squeeze, so it runs on the BPU too."""
+    view = GraphView(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     for node in list(model.graph.node):
         if node.op_type != "BatchNormalization" or len(node.output) != 1:
             continue
-        if view.shapes.get(node.input[0]) is None or len(view.shapes[node.input[0]]) != 4:
+        rank = len(view.shapes[node.input[0]]) if view.shapes.get(node.input[0]) is not None else 0
+        if rank not in (3, 4):
             continue
         params = [view.const(i) for i in node.input[1:5]]
         if any(p is None for p in params):
@@ -247,11 +294,26 @@ def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
         eps = view.attrs(node).get("epsilon", 1e-5)
         k = gamma / np.sqrt(var + eps)
         channels = k.size
-        conv = helper.make_node(
-            "Conv", [node.input[0], "", ""], [node.output[0]], name=node.name, group=channels, kernel_shape=[1, 1]
-        )
+        x, y = node.input[0], node.output[0]
+        nodes = []
+        if rank == 3:
+            x, y = f"{node.input[0]}_{node.name}_4d", f"{node.output[0]}_4d"
+            nodes.append(_axes_node("Unsqueeze", node.input[0], x, f"{node.name}_unsqueeze", opset, model))
+        nodes.append(helper.make_node("Conv", [x, "", ""], [y], name=node.name, group=channels, kernel_shape=[1, 1]))
+        if rank == 3:
+            nodes.append(_axes_node("Squeeze", y, node.output[0], f"{node.name}_squeeze", opset, model))
         index = list(model.graph.node).index(node)
         model.graph.node.remove(node)
-        model.graph.node.insert(index, conv)
-        conv = model.graph.node[index]  # protobuf inserted a copy; edit the one in the graph
-        _set_conv_params(model, conv, k.reshape(-1, 1, 1, 1), beta - mean * k, node.output[0])
+        for k_node, new in enumerate(nodes):
+            model.graph.node.insert(index + k_node, new)
+        conv = model.graph.node[index + (1 if rank == 3 else 0)]  # protobuf inserted a copy; edit that one
+        _set_conv_params(model, conv, k.reshape(-1, 1, 1, 1), beta - mean * k, y)
+
+
+def _axes_node(op: str, x: str, y: str, name: str, opset: int, model: ModelProto) -> NodeProto:
+    """Unsqueeze / Squeeze of the last axis of a 3-D / 4-D tensor (axes an input from opset 13)."""
+    if opset < 13:
+        return helper.make_node(op, [x], [y], name=name, axes=[3])
+    axes = f"{name}_axes"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([3], dtype=np.int64), axes))
+    return helper.make_node(op, [x, axes], [y], name=name)

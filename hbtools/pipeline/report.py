@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper
+from onnx import ModelProto, helper
 
 from hbtools.metrics import CHUNK, cosine_of_chunks, cosine_similarity
 from hbtools.pipeline.quantize import QTensor, QuantizedResult
@@ -19,8 +19,9 @@ log = logging.getLogger("hbtools")
 def _with_outputs(model: ModelProto, names: list[str], elem: int | None) -> ModelProto:
     present = {o.name for o in model.graph.output}
     for t in names:
-        if t not in present:
-            model.graph.output.append(helper.make_tensor_value_info(t, elem or TensorProto.FLOAT, None))
+        if t not in present:  # untyped when unknown: a CPU node's output may be bool or int64
+            model.graph.output.append(helper.make_tensor_value_info(t, elem, None) if elem
+                                      else helper.make_empty_tensor_value_info(t))
     return model
 
 
@@ -41,8 +42,9 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
     elem_of = {vi.name: vi.type.tensor_type.elem_type for vi in q_model.graph.value_info}
     for q_name, _ in pairs.values():
         if q_name not in {o.name for o in q_lowered.graph.output}:
-            q_lowered.graph.output.append(
-                helper.make_tensor_value_info(q_name, elem_of.get(q_name, TensorProto.FLOAT), None))
+            elem = elem_of.get(q_name)
+            q_lowered.graph.output.append(helper.make_tensor_value_info(q_name, elem, None) if elem
+                                          else helper.make_empty_tensor_value_info(q_name))
     q_sess = make_session(q_lowered)
     q_feed = {}
     for i in q_sess.get_inputs():

@@ -15,6 +15,12 @@ CHUNK = 1 << 20  # elements histogrammed at a time: np.histogram's temporaries a
 CHANNEL_BINS = 512  # per channel: KL/percentile still resolve a 128-level grid, memory stays C * 4 kB
 
 
+def _finite(x: np.ndarray) -> np.ndarray:
+    """The finite values of ``x``: an overflowing float model (Exp of a large input gives inf)
+    has no grid for inf or NaN; they saturate at run time and must not spoil the statistics."""
+    return x if np.isfinite(x).all() else x[np.isfinite(x)]
+
+
 class TensorStats:
     __slots__ = ("max_abs", "hist", "range", "count", "min", "max")
 
@@ -27,7 +33,7 @@ class TensorStats:
         self.count = 0
 
     def update(self, x: np.ndarray) -> None:
-        x = np.asarray(x, dtype=np.float32)
+        x = _finite(np.asarray(x, dtype=np.float32)).reshape(-1)
         if x.size == 0:
             return
         lo, hi = float(x.min()), float(x.max())
@@ -70,6 +76,8 @@ class ChannelStats:
         x = np.asarray(x, dtype=np.float32)
         if x.size == 0:
             return
+        if not np.isfinite(x).all():  # keep the channel layout: non-finite values count as 0
+            x = np.where(np.isfinite(x), x, np.float32(0.0))
         rows = np.moveaxis(x, self.axis, 0).reshape(x.shape[self.axis], -1)
         lo, hi = rows.min(axis=1).astype(np.float64), rows.max(axis=1).astype(np.float64)
         peak = np.maximum(np.abs(lo), np.abs(hi))

@@ -26,6 +26,8 @@ def emit(state: EmitState, unit: Unit) -> None:
     # ... and their results go on the output grid as that fake quant puts them (float32 division).
     table = grids.quantize(y, np.float32(qt.scale[0]), qt.bits, zero_point=qt.zero_point,
                            asymmetric=state.acts[out].asymmetric)
+    # inf saturates in the clip; NaN (a function undefined at some input level) has no grid value: 0
+    table = np.where(np.isnan(table), np.float32(qt.zero_point), table)
     state.nodes.append(HzLut.make_node([xq.name], [qt.name], unit.main.name, table=[int(v) for v in table],
                                        in_min=int(levels[0]), out_type=qt.dtype))  # zero points live in the table
     state.record(out, qt)

@@ -9,7 +9,7 @@ from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState, QTensor
 from hbtools.quant.units import Unit
 
-# onnxruntime has no int16 kernels for these (nor int8 ones before opset 12/13).
+# onnxruntime has no int16 kernels for these (nor int8 ones before opset 12/13; GlobalMaxPool none).
 _FLOAT_KERNEL_ONLY = ("MaxPool", "GlobalMaxPool", "Resize")
 
 
@@ -20,7 +20,8 @@ def emit(state: EmitState, unit: Unit) -> None:
     outs = [f"{o}_quantized" for o in node.output]
     copy = helper.make_node(node.op_type, [xq.name, *node.input[1:]], outs, name=node.name)
     copy.attribute.extend(node.attribute)
-    if node.op_type in _FLOAT_KERNEL_ONLY and (xq.dtype == "int16" or default_opset(state.src) < 13):
+    if node.op_type == "GlobalMaxPool" or (node.op_type in _FLOAT_KERNEL_ONLY and
+                                           (xq.dtype == "int16" or default_opset(state.src) < 13)):
         # Integers survive a float32 round trip. The casts are named after this node: two readers
         # of one tensor each get their own.
         xf = f"{node.name}_{xq.name}_as_float"

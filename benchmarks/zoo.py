@@ -1,0 +1,302 @@
+"""The public model corpus: every model through hb_mapper makertbin, next to onnxruntime's quantize_static.
+
+For each corpus model (``scripts/fetch_models.py --zoo``, configs in ``configs/zoo/``) the
+same calibration and held-out samples (``scripts/make_calibration_data.py``) go to
+``hb_mapper makertbin`` (``calibration_type: default``) and to onnxruntime's
+``quantize_static`` (QDQ, per-channel int8; MinMax and Percentile), each in its own process
+under a memory cap (compare_ort.py's machinery). Reported per model: the placement (BPU
+subgraphs, CPU nodes, from the ``.bin``), makertbin wall time and peak RSS, held-out cosine
+mean/min against the float model and task agreement (cls: argmax; det: IoU of the maps
+thresholded at 0.3; rec and captcha: the greedy-CTC string), the hb_verifier verdict (the
+quantized ONNX model against the ``.bin`` on the simulator) and the quantized/float
+inference time in HB_ONNXRuntime.
+
+    python benchmarks/zoo.py --json benchmarks/results/zoo.json --markdown benchmarks/results/zoo.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import compare_ort  # noqa: E402
+import compare_report as report  # noqa: E402
+import fetch_models  # noqa: E402
+import ort_peer  # noqa: E402
+
+from hbtools.config.loader import load_config  # noqa: E402
+from hbtools.eval import ppocr  # noqa: E402
+from hbtools.pipeline.runner import artefact_paths  # noqa: E402
+from hbtools.runtime.binfile import read_bin  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "configs" / "zoo"
+PEER_METHODS = ("MinMax", "Percentile")
+OURS = compare_ort.OURS
+AGREEMENT = {"cls": "same class", "det": "IoU @0.3", "rec": "same string", "captcha": "same string"}
+# Acceptance (issue 13): held-out cosine per task, CTC string agreement.
+TARGET_COSINE = {"cls": 0.99, "det": 0.99, "rec": 0.98, "captcha": 0.98}
+TARGET_STRINGS = 0.8
+
+
+class UsageError(Exception):
+    """Bad command-line input: one ERROR line, exit 1."""
+
+
+def prepare(name: str, args: argparse.Namespace, work: Path) -> tuple[compare_ort.Setup, str]:
+    """Calibration data and a makertbin config for one corpus model under ``work``."""
+    task = fetch_models.ZOO[name].task
+    config = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    model_params, input_params = config["model_parameters"], config["input_parameters"]
+    model_params["onnx_model"] = str((CONFIGS / model_params["onnx_model"]).resolve())
+    shape = [int(v) for v in input_params["input_shape"].split("x")]
+    if task == "det" and args.det_size:
+        shape[2:] = [args.det_size, args.det_size]
+        input_params["input_shape"] = "x".join(map(str, shape))
+    splits = compare_ort.sample_generator()(task, args.cal_num, args.heldout_num, size=tuple(shape[2:]))
+    cal_dir = work / "calibration"
+    cal_dir.mkdir(parents=True)
+    for i, (kind, arr) in enumerate(splits["calibration"]):
+        arr.tofile(cal_dir / f"{i:04d}_{kind}.bin")
+    model_params["working_dir"] = str(work / "hbtools")
+    config["calibration_parameters"]["cal_data_dir"] = str(cal_dir)
+    config["calibration_parameters"]["calibration_type"] = "default"
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    spec = load_config(path).inputs[0]
+    channels = shape[1]
+    mean = ort_peer.channel_vector(spec.mean or [0.0], channels)
+    scale = ort_peer.channel_vector(spec.scale or [1.0], channels)
+    setup = compare_ort.Setup(name, path, Path(model_params["onnx_model"]), spec.name, tuple(shape), mean, scale,
+                              cal_dir, [arr for _, arr in splits["heldout"]], work)
+    return setup, task
+
+
+def _ctc_ready(task: str, outs: list[np.ndarray]) -> list[np.ndarray]:
+    """rec outputs as N x T x C with the blank first; the captcha model gives T x N x C, blank last."""
+    if task != "captcha":
+        return outs
+    return [np.roll(np.transpose(o, (1, 0, 2)), 1, axis=-1) for o in outs]
+
+
+def compare(task: str, ref: list[np.ndarray], quant: list[np.ndarray]) -> dict:
+    """Cosine and task agreement; strings compare class-index sequences (no dictionary needed)."""
+    metric_task = "rec" if task == "captcha" else task
+    ref, quant = _ctc_ready(task, ref), _ctc_ready(task, quant)
+    characters = [chr(0x4E00 + k) for k in range(ref[0].shape[-1] - 2)] if metric_task == "rec" else None
+    c = ppocr.compare_outputs(metric_task, ref, quant, characters)
+    agreement = c.iou if task == "det" else c.agreement
+    return {"cosine_mean": c.cosine_mean, "cosine_min": c.cosine_min, "cosine_samples": c.cosine_samples,
+            "agreement": agreement}
+
+
+def evaluate(setup: compare_ort.Setup, task: str, quantized: Path, takes_uint8: bool, threads: int) -> dict:
+    ref, quant, timing = compare_ort.infer_pairs(setup, quantized, takes_uint8, threads)
+    return {**compare(task, ref, quant), **timing}
+
+
+def placement(bin_path: Path) -> dict:
+    part = read_bin(bin_path).models[0].partition
+    cpu = part.get("cpu_nodes", [])
+    types: dict[str, int] = {}
+    for node in cpu:
+        types[node["type"]] = types.get(node["type"], 0) + 1
+    return {"bpu_subgraphs": len(part.get("subgraphs", [])),
+            "bpu_nodes": sum(len(s["nodes"]) for s in part.get("subgraphs", [])),
+            "cpu_nodes": len(cpu), "cpu_types": types}
+
+
+def verifier(quantized: Path, bin_path: Path) -> str:
+    from hbtools.tools.verifier import verify
+
+    try:
+        result = verify(quantized, bin_path, None, 5)
+    except Exception as exc:  # a verifier crash is a result of this model, not of the benchmark
+        return f"error: {type(exc).__name__}: {exc}"[:200]
+    bad = [c.name for c in result.outputs if not c.passed]
+    return "PASS" if not bad else f"FAIL ({', '.join(bad)})"
+
+
+def finish(tool: str, measured: compare_ort.Measured, quantized: Path, setup: compare_ort.Setup, task: str,
+           takes_uint8: bool, args: argparse.Namespace, detail: dict | None = None) -> dict:
+    row = {"tool": tool, "status": "ok", "error": None, "wall_s": round(measured.wall_s, 1),
+           "peak_rss_mb": round(measured.peak_rss_mb), **(detail or {})}
+    error = measured.error()
+    if error is None:
+        try:
+            row.update(evaluate(setup, task, quantized, takes_uint8, args.threads))
+        except Exception as exc:  # an unusable model is a result, not a crash of the benchmark
+            error = f"evaluation failed: {type(exc).__name__}: {str(exc).strip()[:300]}"
+    if error is not None:
+        row.update(status="failed", error=error)
+    print(report.progress_line(setup.name, row), flush=True)
+    return row
+
+
+def run_model(name: str, args: argparse.Namespace, work: Path) -> dict:
+    setup, task = prepare(name, args, work / name)
+    measured, quantized = compare_ort.run_ours(setup, args)
+    detail: dict = {}
+    paths = artefact_paths(load_config(setup.config))
+    if measured.returncode == 0:
+        detail = {**compare_ort.precision(paths["calibrated"], setup.work / "hbtools_run" / "hb_mapper_makertbin.log"),
+                  **placement(paths["bin"]), "hb_verifier": verifier(quantized, paths["bin"])}
+    internal = "internal error" in measured.stdout + measured.stderr
+    rows = [finish(OURS, measured, quantized, setup, task, True, args, {**detail, "internal_error": internal})]
+    for method in args.peers:
+        measured, out, detail = compare_ort.run_peer(setup, method, 0, args)
+        rows.append(finish(f"ORT {method}", measured, out, setup, task, False, args, detail))
+    return {"model": name, "task": task, "source": fetch_models.ZOO[name].requirement + " " + fetch_models.ZOO[name].member,
+            "input_shape": list(setup.shape), "calibration_samples": args.cal_num,
+            "heldout_samples": args.heldout_num, "agreement": AGREEMENT[task], "runs": rows}
+
+
+def _f(value: float | None, spec: str = ".4f") -> str:
+    return "—" if value is None or (isinstance(value, float) and np.isnan(value)) else format(value, spec)
+
+
+def _meets(model: dict) -> bool:
+    ours = model["runs"][0]
+    if ours["status"] != "ok" or ours.get("hb_verifier") != "PASS":
+        return False
+    ok = ours["cosine_mean"] >= TARGET_COSINE[model["task"]]
+    if model["task"] in ("rec", "captcha"):
+        ok = ok and ours["agreement"] >= TARGET_STRINGS
+    return ok
+
+
+def markdown(result: dict) -> str:
+    lines = ["## Model corpus: hb_mapper makertbin (default) next to onnxruntime quantize_static", "",
+             f"{result['machine']['date']}, {result['machine']['cpu']} ({result['machine']['cores']} cores), "
+             f"onnxruntime {result['machine']['onnxruntime']}. Load average at start "
+             f"{'/'.join(f'{v:.1f}' for v in result['load_average_at_start'])} (shared machine: timings are "
+             f"indicative). Total {result['total_wall_s']} s.", "", f"`{result['command']}`", "",
+             f"{result['settings']['cal_num']} calibration and {result['settings']['heldout_num']} held-out samples "
+             f"per model (scikit-image pictures; rendered strings for the captcha model); det inputs "
+             f"{result['settings']['det_size'] or 'as configured'}. Cosine: first output against the float model "
+             "(det: pictures whose float map has text). Agreement: cls same argmax, det IoU of the maps "
+             "thresholded at 0.3, rec/captcha same greedy-CTC string. Targets: cosine ≥ 0.99 (det, cls), "
+             "≥ 0.98 (rec), strings ≥ 80 %.", "",
+             "| model | input | BPU subgraphs / CPU nodes | wall s | peak MB | cosine mean / min | agreement "
+             "| hb_verifier | ms (× float) | ORT MinMax cos / agr | ORT Percentile cos / agr | target met |",
+             "|---|---|--:|--:|--:|--:|--:|---|--:|--:|--:|---|"]
+    for m in result["models"]:
+        ours, peers = m["runs"][0], {r["tool"]: r for r in m["runs"][1:]}
+        shape = "x".join(map(str, m["input_shape"][2:]))
+        if ours["status"] != "ok":
+            lines.append(f"| {m['model']} | {shape} | — | {ours['wall_s']} | {ours['peak_rss_mb']} | — | — | — | — "
+                         f"| | | **failed**: {report.shorten(ours['error'])} |")
+            continue
+        cells = []
+        for method in PEER_METHODS:
+            r = peers.get(f"ORT {method}")
+            cells.append("—" if r is None else (f"{_f(r['cosine_mean'])} / {_f(r['agreement'], '.3f')}"
+                                                 if r["status"] == "ok" else "failed"))
+        lines.append(
+            f"| {m['model']} | {shape} | {ours.get('bpu_subgraphs')} / {ours.get('cpu_nodes')} | {ours['wall_s']} "
+            f"| {ours['peak_rss_mb']} | {_f(ours['cosine_mean'])} / {_f(ours['cosine_min'])} "
+            f"| {_f(ours['agreement'], '.3f')} | {ours.get('hb_verifier')} "
+            f"| {ours['infer_ms']:.1f} ({ours['infer_ms'] / ours['float_ms']:.2f}×) | {cells[0]} | {cells[1]} "
+            f"| {'yes' if _meets(m) else '**no**'} |")
+    lines += ["", "CPU nodes by type (ours):", ""]
+    for m in result["models"]:
+        types = m["runs"][0].get("cpu_types") or {}
+        lines.append(f"- {m['model']}: " + (", ".join(f"{t} {n}" for t, n in sorted(types.items())) or "none"))
+    failed_peers = [(m["model"], r) for m in result["models"] for r in m["runs"][1:] if r["status"] != "ok"]
+    if failed_peers:
+        lines += ["", "onnxruntime runs that failed:", ""]
+        lines += [f"- {name} {r['tool']}: {report.shorten(r['error'])}" for name, r in failed_peers]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(fetch_models.ZOO), help="comma-separated corpus models (all)")
+    parser.add_argument("--cal-num", type=int, default=16, help="calibration samples (16)")
+    parser.add_argument("--heldout-num", type=int, default=10, help="held-out samples (10)")
+    parser.add_argument("--det-size", type=int, default=480, help="det input N x N (480); 0: the config's")
+    parser.add_argument("--peers", default=",".join(PEER_METHODS), help="onnxruntime methods (MinMax,Percentile)")
+    parser.add_argument("--mem-limit-gb", type=float, default=12.0, help="address-space cap per quantization run")
+    parser.add_argument("--timeout-min", type=float, default=20.0, help="kill a quantization run after this (20)")
+    parser.add_argument("--activation-type", default="QInt8", choices=["QInt8", "QUInt8", "QInt16"])
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads for the timed inference (1)")
+    parser.add_argument("--json", type=Path, help="write the results here (rewritten after every model)")
+    parser.add_argument("--markdown", type=Path, help="write the table here (rewritten after every model)")
+    parser.add_argument("--work-dir", type=Path, help="keep configs, data and models here (default: a temp dir)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other models' results already in --json; replace those of --models")
+    args = parser.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in fetch_models.ZOO]
+    if unknown or not args.models:
+        raise UsageError(f"--models: unknown {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{','.join(fetch_models.ZOO)}")
+    args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if any(p not in ("MinMax", "Percentile", "Entropy") for p in args.peers):
+        raise UsageError(f"--peers {args.peers}: choose from MinMax, Percentile, Entropy")
+    if args.update and not (args.json and args.json.is_file()):
+        raise UsageError("--update needs an existing --json file to update")
+    if args.cal_num < 1 or args.heldout_num < 1 or args.det_size < 0 or args.det_size % 32:
+        raise UsageError("--cal-num and --heldout-num must be at least 1, --det-size a multiple of 32")
+    return args
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
+    fetch_models.fetch_zoo(args.models)
+    started = time.perf_counter()
+    result = {"command": "python benchmarks/zoo.py " + " ".join(sys.argv[1:]), "machine": compare_ort.machine(),
+              "load_average_at_start": os.getloadavg(),
+              "settings": {"cal_num": args.cal_num, "heldout_num": args.heldout_num, "det_size": args.det_size,
+                           "peers": args.peers, "activation_type": args.activation_type, "threads": args.threads,
+                           "mem_limit_gb": args.mem_limit_gb, "timeout_min": args.timeout_min},
+              "models": []}
+    runs = {m["model"]: m for m in json.loads(args.json.read_text())["models"]} if args.update else {}
+    for name in args.models:
+        runs[name] = run_model(name, args, work)
+        result["models"] = [runs[n] for n in fetch_models.ZOO if n in runs]
+        result["total_wall_s"] = round(time.perf_counter() - started)
+        result["load_average_at_end"] = os.getloadavg()
+        write(result, args)
+    return result
+
+
+def write(result: dict, args: argparse.Namespace) -> None:
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(result))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        if args.work_dir:
+            args.work_dir.mkdir(parents=True, exist_ok=True)
+            if any(args.work_dir.iterdir()):
+                raise UsageError(f"--work-dir {args.work_dir} is not empty; give a new or empty folder")
+            result = run(args, args.work_dir)
+        else:
+            with tempfile.TemporaryDirectory(prefix="zoo_") as tmp:
+                result = run(args, Path(tmp))
+    except (UsageError, fetch_models.FetchError) as exc:
+        print(f"ERROR {exc}", file=sys.stderr)
+        return 1
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

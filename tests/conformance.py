@@ -1,0 +1,93 @@
+"""Run a small float model through everything a user runs, and say where each op went.
+
+``convert_and_check`` is the conformance check for one model and one calibration type:
+``hb_mapper checker`` and ``hb_mapper makertbin`` on the command line (exit 0, no
+"internal error"), every ONNX artefact loads and runs in ``HB_ONNXRuntime``, the
+quantized model agrees with the float one on held-out data, and ``hb_verifier``
+finds the ``.bin`` equal to the quantized model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from bin_fixtures import logger_restored
+from builders import FloatModel, make_project, random_sample
+from click.testing import CliRunner
+
+from hbtools.cli.hb_mapper import main as hb_mapper
+from hbtools.metrics import cosine_similarity
+from hbtools.runtime import HB_ONNXRuntime
+from hbtools.runtime.binfile import read_bin
+from hbtools.tools.verifier import verify
+
+ARTEFACTS = ("original", "optimized", "calibrated", "quantized")
+INTERNAL = "internal error"
+
+
+@dataclass
+class Outcome:
+    cosine: list[float]  # quantized vs float model, per output
+    cpu: list[dict]  # the .bin's CPU nodes: name, type, reason
+    bpu_nodes: list[str]
+    log: str
+
+    def placement(self) -> str:
+        cpu = "; ".join(f"{c['type']} {c['name']}: {c['reason']}" for c in self.cpu) or "none"
+        return f"BPU nodes {len(self.bpu_nodes)}, CPU nodes: {cpu}"
+
+
+def _cli(args: list[str], cwd: Path) -> tuple[int, str]:
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with logger_restored():
+            result = CliRunner().invoke(hb_mapper, args, catch_exceptions=False)
+    finally:
+        os.chdir(old)
+    return result.exit_code, result.output
+
+
+def _source_feed(fm: FloatModel, x: dict[str, np.ndarray], mean: list[float], scale: list[float]) -> dict:
+    m = np.array(mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    s = np.array(scale, dtype=np.float32).reshape(1, -1, 1, 1)
+    return {n: v if n in fm.featuremap else (v.astype(np.float32) - m) * s for n, v in x.items()}
+
+
+def convert_and_check(fm: FloatModel, root: Path, calibration_type: str = "max", cal_count: int = 8,
+                      checker: bool = True) -> Outcome:
+    """Convert ``fm`` under ``root`` and check every artefact; fails the test on any problem."""
+    from builders import EXACT_MEAN, EXACT_SCALE
+
+    project = make_project(root, fm, cal_count=cal_count, calibration_type=calibration_type)
+    logs = []
+    if checker:
+        code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                          str(project.model_path)], root)
+        assert INTERNAL not in out and code == 0, f"checker failed:\n{out[-3000:]}"
+        logs.append(out)
+    code, out = _cli(["makertbin", "--config", str(project.config_path), "--model-type", "onnx"], root)
+    logs.append(out)
+    assert INTERNAL not in out, out[-3000:]
+    assert code == 0, f"makertbin ({calibration_type}) failed:\n{out[-3000:]}"
+    rng = np.random.default_rng(4321)
+    x = {n: random_sample(fm, n, rng) for n in fm.inputs}
+    ref = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))
+    outs = {}
+    for kind in ARTEFACTS:
+        sess = HB_ONNXRuntime(model_file=str(project.artefact(kind)))
+        shapes = {i.name: list(i.shape) for i in sess.get_inputs()}
+        feed = {n: v if list(v.shape) == shapes[n] or v.ndim != 4 else v.transpose(0, 2, 3, 1) for n, v in x.items()}
+        outs[kind] = sess.run(None, feed) if kind != "original" else sess.run(None, x, input_offset=128)
+        assert all(np.isfinite(o).all() for o in outs[kind]), f"{kind} model gives non-finite outputs"
+    cos = [cosine_similarity(np.asarray(r, np.float64), np.asarray(q, np.float64))
+           for r, q in zip(ref, outs["quantized"], strict=True)]
+    verdict = verify(project.artefact("quantized"), project.artefact("bin"), None, 5)
+    bad = [c.name for c in verdict.outputs if not c.passed]
+    assert not bad, f"hb_verifier: quantized model and .bin differ on {bad}"
+    part = read_bin(project.artefact("bin")).models[0].partition
+    bpu = [n for s in part["subgraphs"] for n in s["nodes"]]
+    return Outcome(cos, part["cpu_nodes"], bpu, "\n".join(logs))
