@@ -41,7 +41,7 @@ def checker(model_type: str, march: str, model: str | None, proto: str | None,
 def _checker(model_type: str, march: str, model: str | None, proto: str | None,
              input_shape: list[tuple[str, str]], output: str | None) -> None:
     from hbtools.errors import UsageError
-    from hbtools.pipeline.checker import check
+    from hbtools.tools.checker import check
 
     if output is not None:
         log.warning("--output is deprecated and ignored; the log is written to hb_mapper_checker.log")
@@ -112,7 +112,7 @@ def infer(config, model_file, model_type, image_file, input_layout, output_dir) 
 def _infer(config: str | None, model_file: str | None, model_type: str, image_file: list[tuple[str, str]],
            input_layout: str | None, output_dir: str | None) -> None:
     from hbtools.errors import UsageError
-    from hbtools.pipeline.infer import infer as run
+    from hbtools.tools.infer import infer as run
 
     for value, option in ((config, "--config"), (model_file, "--model-file"), (output_dir, "--output-dir")):
         if not value:

@@ -24,16 +24,6 @@ ALLOWED_RT_FOR_TRAIN: dict[str, tuple[str, ...]] = {
     "featuremap": ("featuremap",),
 }
 
-# input_type_rt -> the intermediate type the ONNX artefacts take as input.
-INTERMEDIATE_TYPE: dict[str, str] = {
-    "nv12": "yuv444_128",
-    "yuv444": "yuv444_128",
-    "rgb": "RGB_128",
-    "bgr": "BGR_128",
-    "gray": "GRAY_128",
-    "featuremap": "featuremap",
-}
-
 
 @dataclass
 class NodeInfo:
@@ -69,9 +59,6 @@ class InputSpec:
     def is_featuremap(self) -> bool:
         return self.type_rt == "featuremap"
 
-    @property
-    def intermediate_type(self) -> str:
-        return INTERMEDIATE_TYPE[self.type_rt]
 
     @property
     def effective_layout_rt(self) -> str:

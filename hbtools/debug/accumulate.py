@@ -19,10 +19,10 @@ import onnx
 from onnx import TensorProto
 
 from hbtools.debug import options, plots
-from hbtools.debug.board import shared_board
 from hbtools.debug.data import PLOT_SAMPLES, Sample, load_samples
 from hbtools.debug.evaluate import Config, sweep
 from hbtools.debug.model import KINDS, CalibratedModel, load_calibrated
+from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
 from hbtools.metrics import METRICS
 
@@ -72,13 +72,13 @@ def curves_for(cm: CalibratedModel, quantize: list | None, non_quantize: list | 
 def accumulate(cm: CalibratedModel, samples: Sequence[Sample], curves: list[Curve], metric: str,
                average_mode: bool, folder: Path, mode: str) -> tuple[dict[str, dict[str, float]], Path]:
     nodes = _traced_nodes(cm)
-    board = shared_board(cm, [cm.nodes[n].output[0] for n in nodes])
+    switchboard = shared_switchboard(cm, [cm.nodes[n].output[0] for n in nodes])
     per_sample = np.zeros((len(curves), len(samples), len(nodes)))
 
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
         per_sample[k, index] = [METRICS[metric](r, g) for r, g in zip(reference, got, strict=True)]
 
-    sweep(board, samples, [c.config for c in curves], visit, "accumulated error")
+    sweep(switchboard, samples, [c.config for c in curves], visit, "accumulated error")
     values = per_sample.mean(axis=1)
     if average_mode:
         values = np.cumsum(values, axis=1) / np.arange(1, len(nodes) + 1)

@@ -17,11 +17,11 @@ from pathlib import Path
 import onnx
 
 from hbtools.debug import options, plots
-from hbtools.debug.board import shared_board
 from hbtools.debug.data import Sample, load_samples
 from hbtools.debug.evaluate import scores
 from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.sensitivity import measure
+from hbtools.debug.switchboard import shared_switchboard
 
 log = logging.getLogger("hbtools")
 METRIC = "cosine-similarity"
@@ -57,7 +57,7 @@ def analyse(cm: CalibratedModel, samples: Sequence[Sample], pick_threshold: floa
     single = [frozenset(cm.switches_of(n)) for n in picked]
     partial = [everything - frozenset().union(*(cm.switches_of(n) for n in picked[:k]))
                for k in range(len(picked) + 1)]
-    values = scores(shared_board(cm), samples, [*single, *partial], [METRIC], "sensitivity analysis")
+    values = scores(shared_switchboard(cm), samples, [*single, *partial], [METRIC], "sensitivity analysis")
     result = {"single": {n: v[METRIC] for n, v in zip(picked, values[:len(picked)], strict=True)},
               "partial": {label: v[METRIC] for label, v in zip(["none", *picked], values[len(picked):],
                                                                 strict=True)}}

@@ -15,10 +15,10 @@ import numpy as np
 import onnx
 
 from hbtools.debug import options, plots
-from hbtools.debug.board import shared_board
 from hbtools.debug.data import PLOT_SAMPLES, Sample, load_samples
 from hbtools.debug.evaluate import tensor_values
 from hbtools.debug.model import KINDS, CalibratedModel, load_calibrated
+from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
 
 MAX_OUTLIERS = 50
@@ -44,7 +44,7 @@ def channel_boxes(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[st
     tensors = [cm.calibration[n].input for n in nodes if cm.calibration[n].input not in cm.constants]
     quants: dict[str, list[np.ndarray]] = {}
     if tensors:
-        _, quants = tensor_values(shared_board(cm, tensors), samples, frozenset(cm.calibration))
+        _, quants = tensor_values(shared_switchboard(cm, tensors), samples, frozenset(cm.calibration))
     out = {}
     for name in nodes:
         c = cm.calibration[name]

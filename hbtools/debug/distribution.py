@@ -18,10 +18,10 @@ import numpy as np
 import onnx
 
 from hbtools.debug import options, plots
-from hbtools.debug.board import shared_board
 from hbtools.debug.data import PLOT_SAMPLES, Sample, load_samples
 from hbtools.debug.evaluate import tensor_values
 from hbtools.debug.model import CalibratedModel, load_calibrated
+from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
 from hbtools.ops.calibration import HzCalibration
 
@@ -43,8 +43,8 @@ def distributions(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[st
     observed = [t for n in nodes if (t := _tensor_of(cm, n)) is not None]
     floats, quants = ({}, {})
     if observed:
-        board = shared_board(cm, observed)
-        floats, quants = tensor_values(board, samples, frozenset(cm.calibration))
+        switchboard = shared_switchboard(cm, observed)
+        floats, quants = tensor_values(switchboard, samples, frozenset(cm.calibration))
     out = {}
     for name in nodes:
         kind = cm.kind_of(name)

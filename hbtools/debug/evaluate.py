@@ -3,8 +3,8 @@
 Samples are the outer loop: one float pass per sample (kept only while that sample
 is evaluated), then every configuration on it. The models here have a fixed batch
 of 1 (their shape constants are folded for it), so instead of batching, samples run
-on parallel workers sharing the board's sessions, each run single-threaded
-(``board.WORKERS``): the small convolutions of a batch-1 model split badly over
+on parallel workers sharing the switchboard's sessions, each run single-threaded
+(``switchboard.WORKERS``): the small convolutions of a batch-1 model split badly over
 threads, and whole runs side by side keep every core busy. A score is the mean over
 samples of the metric, itself the mean over the observed tensors.
 """
@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from tqdm import tqdm
 
-from hbtools.debug.board import Switchboard
 from hbtools.debug.data import Sample
+from hbtools.debug.switchboard import Switchboard
 from hbtools.metrics import METRICS
 
 Config = frozenset[str]
@@ -29,7 +29,7 @@ Config = frozenset[str]
 Visitor = Callable[[int, int, list[np.ndarray], list[np.ndarray]], None]
 
 
-def sweep(board: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], visit: Visitor,
+def sweep(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], visit: Visitor,
           desc: str) -> None:
     bar = tqdm(total=len(samples) * len(configs), desc=desc, unit="run", disable=not sys.stderr.isatty(),
                leave=False)
@@ -37,15 +37,15 @@ def sweep(board: Switchboard, samples: Sequence[Sample], configs: Sequence[Confi
 
     def one_sample(index: int) -> None:
         sample = samples[index]
-        cache = board.float_pass(sample)
-        reference = [cache[t] for t in board.observe]
+        cache = switchboard.float_pass(sample)
+        reference = [cache[t] for t in switchboard.observe]
         for k, config in enumerate(configs):
-            got = board.run(sample, cache, config)
+            got = switchboard.run(sample, cache, config)
             with lock:
                 visit(index, k, reference, got)
                 bar.update()
 
-    workers = min(board.workers, len(samples))
+    workers = min(switchboard.workers, len(samples))
     if workers <= 1:
         for index in range(len(samples)):
             one_sample(index)
@@ -55,7 +55,7 @@ def sweep(board: Switchboard, samples: Sequence[Sample], configs: Sequence[Confi
     bar.close()
 
 
-def scores(board: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], metrics: Sequence[str],
+def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], metrics: Sequence[str],
            desc: str) -> list[dict[str, float]]:
     """Per configuration, each metric between its outputs and the float outputs."""
     unique = list(dict.fromkeys(configs))  # nodes with the same switches share one run
@@ -66,22 +66,22 @@ def scores(board: Switchboard, samples: Sequence[Sample], configs: Sequence[Conf
         for j, m in enumerate(metrics):
             values[k, j, index] = np.mean([METRICS[m](r, g) for r, g in zip(reference, got, strict=True)])
 
-    sweep(board, samples, unique, visit, desc)
+    sweep(switchboard, samples, unique, visit, desc)
     means = values.mean(axis=2)
     by_config = {c: {m: float(v) for m, v in zip(metrics, row, strict=True)} for c, row in zip(unique, means, strict=True)}
     return [by_config[c] for c in configs]
 
 
-def tensor_values(board: Switchboard, samples: Sequence[Sample], quantized: Config) -> tuple[
+def tensor_values(switchboard: Switchboard, samples: Sequence[Sample], quantized: Config) -> tuple[
         dict[str, list[np.ndarray]], dict[str, list[np.ndarray]]]:
     """The observed tensors per sample in the float model and with ``quantized`` enabled."""
-    floats: dict[str, list[np.ndarray]] = {t: [np.empty(0)] * len(samples) for t in board.observe}
-    quants: dict[str, list[np.ndarray]] = {t: [np.empty(0)] * len(samples) for t in board.observe}
+    floats: dict[str, list[np.ndarray]] = {t: [np.empty(0)] * len(samples) for t in switchboard.observe}
+    quants: dict[str, list[np.ndarray]] = {t: [np.empty(0)] * len(samples) for t in switchboard.observe}
 
     def visit(index: int, _: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
-        for t, r, g in zip(board.observe, reference, got, strict=True):
+        for t, r, g in zip(switchboard.observe, reference, got, strict=True):
             floats[t][index] = r
             quants[t][index] = g
 
-    sweep(board, samples, [quantized], visit, "distributions")
+    sweep(switchboard, samples, [quantized], visit, "distributions")
     return floats, quants

@@ -16,10 +16,10 @@ from pathlib import Path
 import onnx
 
 from hbtools.debug import options
-from hbtools.debug.board import shared_board
 from hbtools.debug.data import Sample, load_samples
 from hbtools.debug.evaluate import scores
 from hbtools.debug.model import CalibratedModel, load_calibrated
+from hbtools.debug.switchboard import shared_switchboard
 from hbtools.debug.tables import console_table, csv_text
 from hbtools.metrics import HIGHER_IS_BETTER
 
@@ -100,9 +100,9 @@ def measure(cm: CalibratedModel, samples: Sequence[Sample], metrics: list[str], 
     if output_node is not None:
         (output_node,) = cm.check([output_node], "output_node", allowed=("node",))
         observe = [o for o in cm.nodes[output_node].output if o]
-    board = shared_board(cm, observe)
+    switchboard = shared_switchboard(cm, observe)
     configs = [frozenset(cm.switches_of(n)) for n in nodes]
-    values = scores(board, samples, configs, metrics, f"sensitivity of {kind} nodes")
+    values = scores(switchboard, samples, configs, metrics, f"sensitivity of {kind} nodes")
     return Sensitivity(kind, metrics, rank(list(zip(nodes, values, strict=True)), metrics[0]), cm)
 
 

@@ -8,7 +8,7 @@ enabled switch, fed the float values earlier stages hand on (kept from one float
 pass per sample), and then everything downstream in one fused float tail
 (``tails``). Where the cuts go is decided in ``cuts``.
 
-Each stage and tail is a separate model (the board gives each its own session)
+Each stage and tail is a separate model (the switchboard gives each its own session)
 rather than a branch of an ``If`` in one model: onnxruntime optimizes (NCHWc
 layout, fused activations) only a main graph, so branches had to be pre-optimized
 one by one, and with the tails as branches the one session took about 4x longer to

@@ -33,7 +33,7 @@ BROADCASTS = ("same", "scalar", "channel", "general")
 class OpRule:
     """How one ONNX op type maps onto a BPU, and the limits that send an instance to the CPU."""
 
-    hz_type: str  # Horizon op shown in the checker table; "" keeps the ONNX name (data movement)
+    table_type: str  # the type the node tables show (seed names); "" keeps the ONNX name (data movement)
     forms: tuple[str, ...]  # unit kinds hbtools lowers it to; () = a device op hbtools cannot lower yet
     ranks: tuple[int, int] = (1, 5)  # allowed rank of its activation inputs and outputs
     kernel: int | None = None  # largest kernel size per spatial axis (conv, pool)

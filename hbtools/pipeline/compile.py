@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 from hbtools.config.model import Config, InputSpec
+from hbtools.graph.edge_nodes import remove_edge_nodes
 from hbtools.march.layout import quantized_layout, to_layout
 from hbtools.march.profiles import MarchProfile
-from hbtools.pipeline.edge_nodes import remove_edge_nodes
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.runtime.binfile import BinModel, current_deps, write_bin
 from hbtools.runtime.runtime_model import RuntimeModel, load

@@ -22,7 +22,7 @@ from hbtools.graph.model_io import (
     with_horizon_domain,
 )
 from hbtools.ops.preprocess import make_preprocess_node
-from hbtools.pipeline.qdq import strip_qdq
+from hbtools.quant.qdq import strip_qdq
 
 log = logging.getLogger("hbtools")
 

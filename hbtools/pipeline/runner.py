@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnx
 
+from hbtools.config.builtin import builtin_config
 from hbtools.config.loader import load_config
 from hbtools.config.model import Config
 from hbtools.config.values import closest_names
@@ -21,10 +22,10 @@ from hbtools.errors import HbError
 from hbtools.graph.model_io import save_model
 from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
-from hbtools.pipeline import calibrate, compile, layer_dump, optimize, parse, quantize, report
-from hbtools.pipeline.builtin_config import builtin_config
+from hbtools.pipeline import calibrate, compile, optimize, parse, quantize
 from hbtools.pipeline.memory import check_memory
 from hbtools.pipeline.transaction import artefact_transaction
+from hbtools.quant import layer_dump, report
 from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
 from hbtools.quant.units import build_partition
 

@@ -493,10 +493,3 @@ def _folded_weight_node(p: WeightPoint, reader: NodeProto, view: GraphView, inpu
     return HzCalibration.build(p.tensor, f"{p.tensor}_calibrated", kind="weight", thresholds=thresholds, bits=8,
                                axis=p.axis, method="max", scales=scales_for(thresholds, 8),
                                input_scales=input_scales, input_axis=input_axis, group=group)
-
-
-def unit_output_threshold(unit: Unit, plan: CalibrationPlan, thresholds: dict[str, float]) -> float | None:
-    for t in unit.outputs:
-        if t in thresholds and plan.activation(t):
-            return thresholds[t]
-    return None

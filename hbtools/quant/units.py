@@ -38,7 +38,7 @@ class Unit:
     inputs: list[str]  # activation (non-constant) inputs
     outputs: list[str]
     on: str = "BPU"
-    hz_type: str = ""
+    table_type: str = ""  # the type the node tables and hb_perf show for it
     reason: str = ""
     subgraph: int | None = None
     activation: NodeProto | None = None  # fused Relu/Clip of a conv unit
@@ -80,7 +80,7 @@ class Partition:
         for u in self.units:
             sub = f"id({u.subgraph})" if u.subgraph is not None else "--"
             for n in u.nodes:
-                out.append((n.name, u.on, sub, u.hz_type if u.on == "BPU" else n.op_type))
+                out.append((n.name, u.on, sub, u.table_type if u.on == "BPU" else n.op_type))
         return out
 
 
@@ -128,7 +128,7 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
     acts = _activation_inputs(node, view)
     if node.domain == DOMAIN:
         if op == "HzPreprocess":
-            return Unit("preprocess", [node], acts, list(node.output), hz_type="HzPreprocess")
+            return Unit("preprocess", [node], acts, list(node.output), table_type="HzPreprocess")
         return _cpu(node, acts, f"custom op {op} is not a BPU op")
     if custom.custom_op_of(node) is not None:
         return _cpu(node, acts, f"custom op {custom.op_name(node)} (domain '{node.domain}') runs on the CPU")
@@ -145,11 +145,11 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
     if "conv" in forms and len(node.input) > 1 and view.is_const(node.input[1]):
         return _conv_unit(node, acts, view, rule, taken)
     if "matmul" in forms and len(acts) == 2:
-        return Unit("matmul", [node], acts, list(node.output), hz_type=rule.hz_type)
+        return Unit("matmul", [node], acts, list(node.output), table_type=rule.table_type)
     if "conv" in forms:
         return _cpu(node, acts, f"{op} without a constant weight has no BPU form on {profile.label}")
     if "eltwise" in forms and len(acts) == 2 and acts[0] != acts[1]:
-        return Unit("eltwise", [node], acts, list(node.output), hz_type=rule.hz_type)
+        return Unit("eltwise", [node], acts, list(node.output), table_type=rule.table_type)
     if "lut" in forms and len(set(acts)) == 1:
         if _scalar_consts(node, view):
             return _lut_unit(node, acts[0], view, profile, taken)
@@ -162,20 +162,20 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         a = view.attrs(node)
         if op == "AveragePool" and (a.get("ceil_mode", 0) or (any(a.get("pads", [])) and not a.get("count_include_pad", 0))):
             return _cpu(node, acts, "AveragePool with ceil_mode or excluded padding has no BPU form in hbtools")
-        return Unit("pool", [node], acts, list(node.output), hz_type=rule.hz_type)
+        return Unit("pool", [node], acts, list(node.output), table_type=rule.table_type)
     if "passive" in forms:
         if len(acts) == 1 and acts[0] == node.input[0]:
-            return Unit("passive", [node], acts, list(node.output), hz_type=rule.hz_type or op)
+            return Unit("passive", [node], acts, list(node.output), table_type=rule.table_type or op)
         return _cpu(node, acts, f"{op} with parameters computed at run time has no BPU form")
     if "concat" in forms:
         if len(acts) == len([i for i in node.input if i]):
-            return Unit("concat", [node], acts, list(node.output), hz_type=rule.hz_type)
+            return Unit("concat", [node], acts, list(node.output), table_type=rule.table_type)
         return _cpu(node, acts, f"{op} with a constant input has no BPU form")
     return _cpu(node, acts, f"{op} with these inputs has no BPU form on {profile.label}")
 
 
 def _cpu(node: NodeProto, acts: list[str], reason: str) -> Unit:
-    return Unit("cpu", [node], acts, list(node.output), on="CPU", hz_type=node.op_type, reason=reason)
+    return Unit("cpu", [node], acts, list(node.output), on="CPU", table_type=node.op_type, reason=reason)
 
 
 def _conv_unit(node: NodeProto, acts: list[str], view: GraphView, rule: OpRule, taken: set[str]) -> Unit:
@@ -202,7 +202,7 @@ def _conv_unit(node: NodeProto, acts: list[str], view: GraphView, rule: OpRule, 
             if nxt.name not in taken:
                 nodes.append(nxt)
                 activation = nxt
-    return Unit("conv", nodes, acts, list(nodes[-1].output), hz_type=rule.hz_type, activation=activation)
+    return Unit("conv", nodes, acts, list(nodes[-1].output), table_type=rule.table_type, activation=activation)
 
 
 def _lut_unit(start: NodeProto, root: str, view: GraphView, profile: MarchProfile, taken: set[str]) -> Unit:
@@ -232,7 +232,7 @@ def _lut_unit(start: NodeProto, root: str, view: GraphView, profile: MarchProfil
         cluster, outputs = [start], list(start.output)
     order = {id(n): k for k, n in enumerate(view.graph.node)}
     cluster.sort(key=lambda n: order[id(n)])
-    return Unit("lut", cluster, [root], outputs, hz_type="HzLut")
+    return Unit("lut", cluster, [root], outputs, table_type="HzLut")
 
 
 def _lut_capable(node: NodeProto, view: GraphView, profile: MarchProfile) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
-from hbtools.runtime.binfile import BinFile, BinFormatError, BinModel, read_bin
+from hbtools.runtime.binfile import BinFormatError, BinModel, read_bin
 
 IMAGE_RT_TYPES = ("nv12", "yuv444", "rgb", "bgr", "gray")
 RT_TYPES = (*IMAGE_RT_TYPES, "featuremap")
@@ -82,10 +82,6 @@ class RuntimeModel:
     def config_group(self, group: str) -> dict[str, Any]:
         value = self.bin.config.get(group)
         return value if isinstance(value, dict) else {}
-
-
-def open_bin(path: str | os.PathLike[str]) -> BinFile:
-    return read_bin(path)
 
 
 def open_model(path: str | os.PathLike[str], name: str | None = None) -> RuntimeModel:

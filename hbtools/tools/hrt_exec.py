@@ -214,8 +214,8 @@ def write_profile(folder: Path, run: PerfRun, rm: RuntimeModel, core_id: int) ->
 
 
 def dump_layers(rm: RuntimeModel) -> list:
-    """The conv layers a ``layer_out_dump: True`` model recorded (``pipeline.layer_dump``); [] otherwise."""
-    from hbtools.pipeline.layer_dump import recorded_layers
+    """The conv layers a ``layer_out_dump: True`` model recorded (``quant.layer_dump``); [] otherwise."""
+    from hbtools.quant.layer_dump import recorded_layers
 
     if not rm.bin.meta.get("layer_out_dump"):
         return []
@@ -225,7 +225,7 @@ def dump_layers(rm: RuntimeModel) -> list:
 
 def write_layers(folder: Path, layers: list, values: dict[str, np.ndarray]) -> list[Path]:
     """Each layer as float32 ``<layer>_float.bin``, the name ``hb_mapper infer`` gives it, so vec_diff pairs them."""
-    from hbtools.pipeline.infer import file_stem
+    from hbtools.tools.infer import file_stem
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []

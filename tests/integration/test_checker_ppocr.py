@@ -12,13 +12,13 @@ from click.testing import CliRunner, Result
 
 from hbtools.cli.hb_mapper import main as hb_mapper
 from hbtools.cli.vec_diff import main as vec_diff
+from hbtools.config.builtin import builtin_config
 from hbtools.config.loader import load_config
 from hbtools.data.calibration import read_sample_file
 from hbtools.metrics import cosine_similarity
 from hbtools.pipeline import optimize, parse
-from hbtools.pipeline.builtin_config import builtin_config
-from hbtools.pipeline.infer import file_stem
 from hbtools.runtime import HB_ONNXRuntime
+from hbtools.tools.infer import file_stem
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ from test_debug_engine import without
 from test_hz_ops import assert_exact, build, conv_int64, hz_node, run_lowered, run_op
 from test_pipeline_small import Converted, all_tensors, calibration_nodes, convert, warnings
 
-from hbtools.debug.board import Switchboard
 from hbtools.debug.model import load_calibrated
+from hbtools.debug.switchboard import Switchboard
 from hbtools.ops import registry
 from hbtools.ops.base import attrs_of
 from hbtools.ops.calibration import HzCalibration
@@ -390,12 +390,12 @@ def test_per_channel_with_asymmetric_non_negative_channels(relu_cases: dict[str,
 
 def test_debugger_switches_per_channel_and_zero_point_nodes(relu_cases: dict[str, Case]) -> None:
     cm = load_calibrated(relu_cases["both"].conv.paths["calibrated"])
-    board = Switchboard(cm)
+    switchboard = Switchboard(cm)
     sample = {"x": relu_cases["both"].held_out[0]}
-    cache = board.float_pass(sample)
+    cache = switchboard.float_pass(sample)
     names = sorted(cm.calibration)
     for enabled in (set(names), {"act_HzCalibration", "conv2_w_HzCalibration"}, {"x_HzCalibration"}):
-        got = board.run(sample, cache, enabled)
+        got = switchboard.run(sample, cache, enabled)
         want = HB_ONNXRuntime(onnx_model=without(cm.model, set(names) - enabled)).run(None, sample)
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
 

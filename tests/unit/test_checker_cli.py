@@ -13,10 +13,10 @@ from click.testing import CliRunner, Result
 from onnx import TensorProto, helper
 
 from hbtools.cli.hb_mapper import main
+from hbtools.config.builtin import builtin_config
 from hbtools.config.model import NodeInfo
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline import optimize, parse
-from hbtools.pipeline.builtin_config import builtin_config
 from hbtools.quant.units import build_partition
 
 ROW = re.compile(r"^(\S+)\s+(BPU|CPU)\s+(id\(\d+\)|--)\s+(\S+)")

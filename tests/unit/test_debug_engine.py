@@ -18,9 +18,9 @@ from debug_support import Dumped, convert_with_dump, two_inputs
 from onnx import helper
 
 from hbtools.debug import tails
-from hbtools.debug.board import Switchboard
 from hbtools.debug.data import load_samples
 from hbtools.debug.model import load_calibrated
+from hbtools.debug.switchboard import Switchboard
 from hbtools.quant.calibrated import without_integer_emulation
 from hbtools.runtime import HB_ONNXRuntime
 
@@ -58,17 +58,17 @@ def reference(model: onnx.ModelProto, sample: dict) -> list[np.ndarray]:
 def test_configurations_match_the_model_without_the_other_nodes(dumped: Dumped, max_stages: int) -> None:
     cm = load_calibrated(dumped.calibrated)
     samples = load_samples(dumped.data, cm, 2)
-    board = Switchboard(cm, max_stages=max_stages)
+    switchboard = Switchboard(cm, max_stages=max_stages)
     if max_stages == 1:
-        assert board.stage_count == 1
+        assert switchboard.stage_count == 1
     rng = np.random.default_rng(0)
     names = sorted(cm.calibration)
     configs = [set(), set(names), *({n} for n in names),
                *(set(rng.choice(names, size=max(1, len(names) // 2), replace=False)) for _ in range(3))]
     for sample in samples:
-        cache = board.float_pass(sample)
+        cache = switchboard.float_pass(sample)
         for enabled in configs:
-            got = board.run(sample, cache, enabled)
+            got = switchboard.run(sample, cache, enabled)
             expected = reference(without(cm.model, set(names) - enabled), sample)
             for g, e in zip(got, expected, strict=True):
                 np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5, err_msg=f"enabled={sorted(enabled)}")
@@ -77,25 +77,25 @@ def test_configurations_match_the_model_without_the_other_nodes(dumped: Dumped, 
 def test_float_pass_is_the_float_model_and_stages_are_used(dumped: Dumped) -> None:
     cm = load_calibrated(dumped.calibrated)
     sample = load_samples(dumped.data, cm, 1)[0]
-    board = Switchboard(cm)
+    switchboard = Switchboard(cm)
     optimized = Path(str(dumped.calibrated).replace("_calibrated_model", "_optimized_float_model"))
     floats = HB_ONNXRuntime(model_file=optimized).run(None, sample)
-    cache = board.float_pass(sample)
+    cache = switchboard.float_pass(sample)
     for name, f in zip(cm.outputs, floats, strict=True):
         np.testing.assert_allclose(cache[name], f, rtol=1e-5, atol=1e-6)
-    assert board.stage_count > 1, "small models are still cut into stages"
+    assert switchboard.stage_count > 1, "small models are still cut into stages"
 
 
 def test_a_run_computes_its_own_stages_then_one_tail(dumped: Dumped) -> None:
     cm = load_calibrated(dumped.calibrated)
-    board = Switchboard(cm)
+    switchboard = Switchboard(cm)
     for c in cm.calibration:
-        stages, tail = board.stages_run({c}), board.tail_run({c})
+        stages, tail = switchboard.stages_run({c}), switchboard.tail_run({c})
         assert stages == list(range(stages[0], stages[-1] + 1)), c
-        assert tail == stages[-1] + 1 if tail is not None else stages[-1] == board.stage_count - 1, c
-    assert any(board.stages_run({c})[0] > 0 for c in cm.calibration), "some calibration node starts after stage 0"
-    assert any(board.tail_run({c}) is not None for c in cm.calibration), "some run finishes with a float tail"
-    assert board.stages_run(set()) == [] and board.tail_run(set()) is None
+        assert tail == stages[-1] + 1 if tail is not None else stages[-1] == switchboard.stage_count - 1, c
+    assert any(switchboard.stages_run({c})[0] > 0 for c in cm.calibration), "some calibration node starts after stage 0"
+    assert any(switchboard.tail_run({c}) is not None for c in cm.calibration), "some run finishes with a float tail"
+    assert switchboard.stages_run(set()) == [] and switchboard.tail_run(set()) is None
 
 
 def deep() -> FloatModel:

@@ -38,10 +38,10 @@ def test_profiles_are_well_formed_data(march: str) -> None:
         assert set(rule.forms) <= set(FORMS), op
         assert set(rule.broadcast) <= set(BROADCASTS), op
         assert 1 <= rule.ranks[0] <= rule.ranks[1], op
-        assert rule.hz_type == "" or rule.hz_type.startswith("Hz"), op
-    assert p.ops["Conv"].hz_type == "HzSQuantizedConv"
-    assert p.ops["Sigmoid"].hz_type == "HzLut"
-    assert p.ops["Mul"].hz_type == "HzSQuantizedMul"
+        assert rule.table_type == "" or rule.table_type.startswith("Hz"), op
+    assert p.ops["Conv"].table_type == "HzSQuantizedConv"
+    assert p.ops["Sigmoid"].table_type == "HzLut"
+    assert p.ops["Mul"].table_type == "HzSQuantizedMul"
 
 
 def test_march_differences_live_in_the_data() -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from hbtools.config.builtin import builtin_config
 from hbtools.data.calibration import RandomCalibrationSource
 from hbtools.march.profiles import get_profile
-from hbtools.pipeline import calibrate, optimize, parse, quantize, report
-from hbtools.pipeline.builtin_config import builtin_config
+from hbtools.pipeline import calibrate, optimize, parse, quantize
 from hbtools.pipeline.memory import check_memory
 from hbtools.pipeline.quantize import QuantizedResult
+from hbtools.quant import report
 from hbtools.quant.plan import make_plan
 from hbtools.quant.units import build_partition
 

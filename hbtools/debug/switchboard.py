@@ -162,8 +162,8 @@ def _session(model: ModelProto) -> ort.InferenceSession | CustomOpSession:
 _shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def shared_board(cm: CalibratedModel, observe: Sequence[str] | None = None) -> Switchboard:
-    """The board of ``cm`` observing ``observe``, built once per model object (runall reuses it)."""
+def shared_switchboard(cm: CalibratedModel, observe: Sequence[str] | None = None) -> Switchboard:
+    """The switchboard of ``cm`` observing ``observe``, built once per model object (runall reuses it)."""
     boards = _shared.setdefault(cm, {})
     key = tuple(dict.fromkeys(observe or cm.outputs))
     if key not in boards:

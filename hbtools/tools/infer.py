@@ -4,7 +4,7 @@ The input file is prepared exactly like a calibration sample of the same config
 (``read_sample_file``), so float and quantized artefacts see the same data.
 Each layer result is written as float32 ``numpy.tofile`` data to
 ``${layername}_float.bin``; results of the quantized model are dequantized.
-Which layers: see ``hbtools.pipeline.layer_dump``.
+Which layers: see ``hbtools.quant.layer_dump``.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from hbtools.graph.model_io import load_model
 from hbtools.march.layout import permutation, to_layout
 from hbtools.march.profiles import get_profile
 from hbtools.ops import custom
-from hbtools.pipeline.layer_dump import (
+from hbtools.pipeline.parse import resolve_inputs
+from hbtools.quant.layer_dump import (
     Layer,
     conv_layers,
     is_quantized,
     output_layers,
     recorded_layers,
 )
-from hbtools.pipeline.parse import resolve_inputs
 from hbtools.runtime.session import HB_ONNXRuntime
 
 log = logging.getLogger("hbtools")
