@@ -100,6 +100,7 @@ _BAYES_OPS: dict[str, OpRule] = {
     "Sub": OpRule("HzSQuantizedSub", ("eltwise", "lut")),
     "Mul": OpRule("HzSQuantizedMul", ("eltwise", "lut")),
     **_each(LUT_OPS, OpRule("HzLut", ("lut",))),
+    **_each(("Max", "Min"), OpRule("HzSQuantizedMaxMin", ("maxmin", "lut"))),  # of two tensors, or a table
     "GlobalAveragePool": OpRule("HzSQuantizedGlobalAveragePool", ("pool",), ranks=(4, 4)),
     "AveragePool": OpRule("HzSQuantizedAveragePool", ("pool",), ranks=(4, 4), kernel=15, stride=8),
     **_each(PASSIVE_OPS, OpRule("", ("passive",))),

@@ -92,6 +92,12 @@ class HzOp:
     mac: bool = False  # a multiply-accumulate op (hb_perf counts its MACs)
     boundary: bool = False  # converts between float and integers at a BPU/CPU boundary
 
+    # An op that quantizes a partition unit by itself: the unit kind (a march profile form) and
+    # the ONNX ops it stands for. ``emit`` then turns such a unit into this op; ``float64_twins``
+    # says the ONNX ops run exactly on a calibrated model's float64 twins (``hbtools.ops.twins``).
+    unit_kind: str = ""
+    onnx_ops: tuple[str, ...] = ()
+    float64_twins: bool = False
     # Attribute spec: name -> default (REQUIRED: no default). Empty: not declared (free form).
     attributes: dict[str, object] = {}
     # Attributes stored as float64 tensors: FLOAT(S) attributes are float32, and a requantization
@@ -117,6 +123,11 @@ class HzOp:
         """A node's attributes with the spec's defaults filled in (the inverse of ``make_node``)."""
         defaults = {k: v for k, v in cls.attributes.items() if v is not REQUIRED and v is not None}
         return {**defaults, **attrs_of(node)}
+
+    @classmethod
+    def emit(cls, state, unit) -> None:  # noqa: ANN001 - EmitState and Unit live above ops/
+        """Quantize partition ``unit`` (of ``unit_kind``) into this op on the quantize stage's ``state``."""
+        raise NotImplementedError
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:

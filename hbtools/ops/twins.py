@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
+from hbtools.ops import registry
 from hbtools.ops.base import LoweringContext
 
 # Data-movement ops: levels in, levels out; the step does not change.
@@ -138,7 +139,7 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         done = _same_op(node, ctx, nodes)
     elif op == "Relu" or (op == "Clip" and ctx.opset >= 12):
         done = _same_op(node, ctx, nodes)
-    elif op == "Concat":
+    elif op == "Concat" or registry.float64_exact(op):
         done = _same_op(node, ctx, nodes)
     elif op == "GlobalAveragePool":
         done = _global_average(node, ctx, nodes)

@@ -19,12 +19,14 @@ from hbtools.config.model import NodeInfo
 from hbtools.graph.graph import GraphView
 from hbtools.march.constraints import violation
 from hbtools.march.profiles import MarchProfile, OpRule
-from hbtools.ops import custom
+from hbtools.ops import custom, registry
 from hbtools.ops.base import DOMAIN
 from hbtools.runtime.structure import components
 
 log = logging.getLogger("hbtools")
 
+# Unit kinds the partition forms itself; any other profile form is an op class's (HzOp.unit_kind).
+BUILTIN_KINDS = ("preprocess", "conv", "matmul", "lut", "eltwise", "pool", "passive", "concat", "cpu")
 # Kinds whose integer result is an int32 accumulator (dequantized directly when no BPU op reads it).
 ACCUMULATOR_KINDS = ("conv", "matmul")
 # A ConvTranspose is lowered with a float32 kernel on integer values; exact while sums stay < 2**24.
@@ -150,6 +152,10 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         return _cpu(node, acts, f"{op} without a constant weight has no BPU form on {profile.label}")
     if "eltwise" in forms and len(acts) == 2 and acts[0] != acts[1]:
         return Unit("eltwise", [node], acts, list(node.output), table_type=rule.table_type)
+    for form in forms:  # a kind an op class quantizes by itself: every input an activation
+        if form not in BUILTIN_KINDS and registry.op_for_unit_kind(form) is not None \
+                and len(acts) == len([i for i in node.input if i]) and len(set(acts)) == len(acts):
+            return Unit(form, [node], acts, list(node.output), table_type=rule.table_type)
     if "lut" in forms and len(set(acts)) == 1:
         if _scalar_consts(node, view):
             return _lut_unit(node, acts[0], view, profile, taken)

@@ -2,7 +2,8 @@
 
 An emitter is ``emit(state, unit)``; it reads its inputs' integer forms from the
 shared ``EmitState`` and records the integer tensors it writes. Adding a BPU op
-kind is one module here plus its op class in ``hbtools.ops``.
+kind is one module here plus its op class in ``hbtools.ops`` -- or just the op class, when
+it declares the unit kind and emits its units itself (``HzOp.unit_kind``, ``HzOp.emit``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
+from hbtools.ops import registry
 from hbtools.quant.emitters.state import EmitState, QTensor, QuantizedResult
 from hbtools.quant.units import Unit
 
@@ -32,9 +34,12 @@ def emitter_for(unit: Unit) -> Emitter:
         for mod in _MODULES:
             importlib.import_module(f"{__name__}.{mod}")
     kind = unit.kind if unit.on == "BPU" else "cpu"
-    if kind not in _EMITTERS:
+    if kind in _EMITTERS:
+        return _EMITTERS[kind]
+    op = registry.op_for_unit_kind(kind)  # an op class that quantizes its units itself
+    if op is None:
         raise RuntimeError(f"no emitter for BPU unit kind {kind!r} ({unit.name})")
-    return _EMITTERS[kind]
+    return op.emit
 
 
 __all__ = ["EmitState", "QTensor", "QuantizedResult", "emits", "emitter_for"]
