@@ -8,7 +8,6 @@ graph inputs, so trying a threshold never rebuilds a session.
 
 from __future__ import annotations
 
-import copy
 import logging
 import sys
 from collections.abc import Callable, Iterable
@@ -20,7 +19,6 @@ from tqdm import tqdm
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView
-from hbtools.metrics import cosine_similarity
 from hbtools.quant import weight_rounding
 from hbtools.quant.bias_correction import CORRECTABLE, correct_biases
 from hbtools.quant.plan import (
@@ -29,21 +27,16 @@ from hbtools.quant.plan import (
     folded_weights,
     weight_thresholds,
 )
+from hbtools.quant.search import Evaluator
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
-from hbtools.runtime.lowering import lower_model
-from hbtools.runtime.session import fetching_session, make_session
+from hbtools.runtime.session import fetching_session
 
 log = logging.getLogger("hbtools")
 
 EVAL_SAMPLES = 8  # samples kept in memory to score candidate thresholds
-PROMOTE_TARGET = 0.9999  # output cosine at which the int16 search stops
-KEEP_GAIN = 0.97  # share of the all-int16 improvement mixed precision must keep
 BIAS_CORRECTION_SAMPLES = 16  # samples (after the evaluation ones) measuring the mean shift
 ROUNDING_SAMPLES = 8  # of those, the samples whose conv inputs drive the GPTQ weight rounding
-DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
-SENSITIVITY_SAMPLES = 2  # samples used to measure each tensor's sensitivity
-SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
 DEFAULT_CANDIDATES = (("max", None), ("percentile", 0.99995), ("percentile", 0.9999), ("kl", None))
 
 Samples = Callable[[], Iterable[dict[str, np.ndarray]]]
@@ -73,6 +66,7 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     keep = len(_methods(calibration_type, max_percentile)) > 1 or calibration_type == "mix" \
         or bias_correction != "off"
     collector, eval_feeds, eval_refs, bc_feeds = _collect(optimized, plan, samples, count, keep=keep)
+    plan = plan.observed(collector)  # asymmetric grids are fitted to the observed ranges
     weight_th = weight_thresholds(optimized, plan)
     candidates = {_label(m, p): _thresholds(plan, collector, m, p) for m, p in _methods(calibration_type, max_percentile)}
     if calibration_type == "load":
@@ -84,12 +78,12 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         candidates = {"load": {t: (loaded_thresholds or {}).get(t, v) for t, v in base.items()}}
     scores: dict[str, float] = {}
     if len(candidates) > 1 or calibration_type == "mix":
-        evaluator = _Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs)
+        evaluator = Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs)
         scores = {label: evaluator.score(th) for label, th in candidates.items()}
         for label, score in scores.items():
             log.info("calibration method %s: output cosine %.6f", label, score)
-        evaluator, scores = _weight_rounding(optimized, plan, weight_th, bc_feeds or eval_feeds, candidates,
-                                             evaluator, scores)
+        plan, evaluator, scores = _weight_rounding(optimized, plan, weight_th, bc_feeds or eval_feeds, candidates,
+                                                   evaluator, scores)
         method = max(scores, key=scores.get)
         thresholds = dict(candidates[method])
         methods = {t: method for t in thresholds}
@@ -100,9 +94,9 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         if allow_int16:
             noise = {p.tensor: relative_noise(collector.stats[p.tensor], thresholds[p.tensor], p.bits)
                      for p in plan.activations}
-            for tensor in evaluator.promote_to_int16(thresholds, candidates["max"], best, noise):
-                plan.activation(tensor).bits = 16
-                methods[tensor] = "max"
+            int16, thresholds = evaluator.promote_to_int16(thresholds, candidates["max"], best, noise)
+            plan = plan.with_bits(int16)
+            methods.update({t: "max" for t in int16})
     else:
         method = next(iter(candidates))
         thresholds = candidates[method]
@@ -126,20 +120,24 @@ def _summary(method: str, plan: CalibrationPlan) -> str:
 
 
 def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],
-                     feeds: list[dict], candidates: dict[str, dict[str, float]], nearest: _Evaluator,
-                     nearest_scores: dict[str, float]) -> tuple[_Evaluator, dict[str, float]]:
-    """GPTQ rounding of the conv weights, kept when the best method's output gets closer to float."""
+                     feeds: list[dict], candidates: dict[str, dict[str, float]], nearest: Evaluator,
+                     nearest_scores: dict[str, float]) -> tuple[CalibrationPlan, Evaluator, dict[str, float]]:
+    """GPTQ rounding of the conv weights, kept when the best method's output gets closer to float.
+
+    Returns the plan with the rounding (or ``plan`` itself), its evaluator and method scores.
+    """
     view = GraphView(optimized)
     nodes = {n.name: n for n in optimized.graph.node}
     readers = {p.tensor: nodes[p.rewire[0][0]] for p in plan.weights
                if len(p.rewire) == 1 and weight_rounding.roundable(nodes[p.rewire[0][0]], view)}
     if not readers:
-        return nearest, nearest_scores
+        return plan, nearest, nearest_scores
     hessians = weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES])
-    plan.rounding = {w: weight_rounding.rounding_offsets(view.const(w), weight_th[w],
-                                                         int(view.attrs(n).get("group", 1)), hessians[n.name])
-                     for w, n in readers.items()}
-    rounded = _Evaluator(optimized, plan, weight_th, nearest.feeds, nearest.refs)
+    rounded_plan = plan.with_rounding({w: weight_rounding.rounding_offsets(view.const(w), weight_th[w],
+                                                                           int(view.attrs(n).get("group", 1)),
+                                                                           hessians[n.name])
+                                       for w, n in readers.items()})
+    rounded = Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs)
     # Judged with float activations: with int8 activations their error can hide the weights' gain,
     # which shows once mixed precision gives the sensitive tensors int16.
     any_th = next(iter(candidates.values()))
@@ -149,12 +147,11 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     log.info("weight rounding (GPTQ) of %d convolutions: weights-only output cosine %.6f -> %.6f (%s)",
              len(readers), before, after, "kept" if keep else "not kept")
     if not keep:
-        plan.rounding = {}
-        return nearest, nearest_scores
+        return plan, nearest, nearest_scores
     scores = {label: rounded.score(th) for label, th in candidates.items()}
     for label, score in scores.items():
         log.info("calibration method %s with rounded weights: output cosine %.6f", label, score)
-    return rounded, scores
+    return rounded_plan, rounded, scores
 
 
 def _bias_correction(optimized: ModelProto, calibrated: ModelProto, plan: CalibrationPlan,
@@ -170,8 +167,8 @@ def _bias_correction(optimized: ModelProto, calibrated: ModelProto, plan: Calibr
     if forced:
         log.info("bias correction applied to %d nodes", len(convs))
         return candidate
-    before = _Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs).score(thresholds)
-    after = _Evaluator(corrected, plan, weight_th, eval_feeds, eval_refs).score(thresholds)
+    before = Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs).score(thresholds)
+    after = Evaluator(corrected, plan, weight_th, eval_feeds, eval_refs).score(thresholds)
     keep = after > before
     log.info("bias correction: output cosine %.6f -> %.6f (%s)", before, after, "kept" if keep else "not kept")
     return candidate if keep else calibrated
@@ -220,114 +217,5 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
         del values, feed  # else this sample's activations live on while the next one runs
     if collector.samples == 0:
         raise HbError("no calibration samples were read; check cal_data_dir")
-    plan.observe(collector)
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(tensors))
     return collector, eval_feeds, eval_refs, bc_feeds
-
-
-class _Evaluator:
-    """Scores threshold assignments on one session with fed calibration scales."""
-
-    def __init__(self, optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],
-                 feeds: list[dict], refs: list[list[np.ndarray]]) -> None:
-        dummy = {p.tensor: 1.0 for p in plan.activations}
-        calibrated = build_calibrated_model(optimized, plan, dummy, weight_th, {})
-        self.session = make_session(lower_model(calibrated, feed_calibration=True))
-        self.plan = plan
-        self.feeds = feeds
-        self.refs = refs
-        self.outputs = [o.name for o in optimized.graph.output]
-
-    def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
-               disabled: set[str] = frozenset()) -> dict[str, np.ndarray]:
-        extra: dict[str, np.ndarray] = {}
-        for p in self.plan.activations:
-            b = (bits or {}).get(p.tensor, p.bits)
-            extra.update(p.fed(thresholds[p.tensor], b))
-            extra[f"{p.node_name}_enable"] = np.array(p.tensor not in disabled)
-        return extra
-
-    def score(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
-              disabled: set[str] = frozenset()) -> float:
-        """Output cosine over all evaluation samples at once, averaged over model outputs.
-
-        One cosine over the concatenated samples, not a mean of per-sample cosines: a
-        sample whose float output is ~0 (a detector on a picture without text) has a
-        meaningless per-sample cosine that would otherwise swamp the score.
-        """
-        extra = self._extra(thresholds, bits, disabled)
-        runs = [self.session.run(self.outputs, {**feed, **extra}) for feed in self.feeds]
-        sims = []
-        for k in range(len(self.outputs)):
-            ref = np.concatenate([r[k].reshape(-1) for r in self.refs])
-            got = np.concatenate([o[k].reshape(-1) for o in runs])
-            sims.append(cosine_similarity(ref, got))
-        return float(np.mean(sims))
-
-    def refine(self, thresholds: dict[str, float], candidates: dict[str, dict[str, float]],
-               best: float) -> tuple[dict[str, float], dict[str, str]]:
-        """mix: per tensor, keep whichever method's threshold scores best (greedy, in graph order)."""
-        current = copy.copy(thresholds)
-        methods = {t: "default" for t in current}
-        for p in tqdm(self.plan.activations, desc="mix search", disable=not sys.stderr.isatty(), leave=False):
-            for label, cand in candidates.items():
-                if np.isclose(cand[p.tensor], current[p.tensor]):
-                    continue
-                trial = {**current, p.tensor: cand[p.tensor]}
-                s = self.score(trial)
-                if s > best + 1e-6:
-                    best, current, methods[p.tensor] = s, trial, label
-        log.info("mix calibration: output cosine %.6f", best)
-        return current, methods
-
-    def promote_to_int16(self, thresholds: dict[str, float], max_thresholds: dict[str, float], score: float,
-                         noise: dict[str, float], *, target: float = PROMOTE_TARGET) -> dict[str, int]:
-        """Mixed precision: int16 only where the int8 grid costs the output.
-
-        Start from every tensor at int16, then move tensors back to int8, least sensitive
-        first, as long as the output cosine keeps ``KEEP_GAIN`` of what int16 gains over
-        int8 (or stays above ``target``).
-        """
-        if score >= target:
-            return {}
-        ranked = self._rank_by_sensitivity(thresholds, noise)
-        if not ranked:
-            return {}
-        all16 = {t: 16 for t in ranked}
-        wide = {t: max_thresholds[t] for t in ranked}  # a 16-bit grid needs no clipping
-        best16 = self.score({**thresholds, **wide}, all16)
-        if best16 <= score:
-            return {}
-        goal = min(target, score + KEEP_GAIN * (best16 - score))
-        current = dict(all16)
-        step = max(1, len(ranked) // DEMOTE_STEPS)
-        least_first = ranked[::-1]
-        for start in tqdm(range(0, len(least_first), step), desc="mixed precision",
-                          disable=not sys.stderr.isatty(), leave=False):
-            trial = {t: b for t, b in current.items() if t not in least_first[start:start + step]}
-            th = {**thresholds, **{t: wide[t] for t in trial}}
-            if self.score(th, trial) >= goal:
-                current = trial
-        thresholds.update({t: wide[t] for t in current})
-        log.info("mixed precision: %d of %d tensors calibrated as int16, output cosine %.6f (int8 %.6f, all int16 "
-                 "%.6f)", len(current), len(self.plan.activations), self.score(thresholds, current), score, best16)
-        return current
-
-    def _rank_by_sensitivity(self, thresholds: dict[str, float], noise: dict[str, float]) -> list[str]:
-        """int8 tensors ordered by the output cosine their quantization costs (measured).
-
-        Each tensor's cost is the score gained by leaving it unquantized, on the first
-        ``SENSITIVITY_SAMPLES`` samples; ties and unmeasured tensors fall back to the
-        histogram's relative noise.
-        """
-        candidates = sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
-        measured = candidates[:SENSITIVITY_MAX_TENSORS]
-        feeds, self.feeds = self.feeds, self.feeds[:SENSITIVITY_SAMPLES]
-        refs, self.refs = self.refs, self.refs[:SENSITIVITY_SAMPLES]
-        try:
-            base = self.score(thresholds)
-            gain = {t: self.score(thresholds, disabled={t}) - base
-                    for t in tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False)}
-        finally:
-            self.feeds, self.refs = feeds, refs
-        return sorted(candidates, key=lambda t: (gain.get(t, -1.0), noise[t]), reverse=True)

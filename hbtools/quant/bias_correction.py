@@ -17,6 +17,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, numpy_helper
 
 from hbtools.graph.graph import GraphView
+from hbtools.quant import grids
 from hbtools.runtime.session import fetching_session
 
 CORRECTABLE = ("Conv", "Gemm")  # ops with a bias input to absorb the shift
@@ -37,10 +38,8 @@ def _input_channel_means(model: ModelProto, convs: list[NodeProto], feeds: Itera
 
 
 def _fake_quant(w: np.ndarray, thresholds: np.ndarray, axis: int) -> np.ndarray:
-    shape = [1] * w.ndim
-    shape[axis] = -1
-    scale = (np.where(thresholds > 0, thresholds, 1.0) / 127.0).reshape(shape)
-    return np.clip(np.round(w / scale), -127, 127) * scale
+    steps = grids.along_axis(grids.scales_for(thresholds, grids.WEIGHT_BITS), axis, w.ndim)
+    return grids.fake_quantize(w, steps, grids.WEIGHT_BITS).astype(np.float64)
 
 
 def _weight_shift(node: NodeProto, w: np.ndarray, wq: np.ndarray, mean_x: np.ndarray, trans_b: bool) -> np.ndarray:

@@ -91,12 +91,27 @@ class CalibrationPlan:
         axes = {p.tensor: p.axis for p in self.activations if p.axis is not None}
         return StatsCollector([p.tensor for p in self.activations], axes)
 
-    def observe(self, collector: StatsCollector) -> None:
-        """Record the observed ranges (asymmetric grids are fitted to them)."""
-        for p in self.activations:
+    def observed(self, collector: StatsCollector) -> CalibrationPlan:
+        """A copy with the observed ranges recorded (asymmetric grids are fitted to them)."""
+        plan = copy.deepcopy(self)
+        for p in plan.activations:
             stats = collector.stats.get(p.tensor)
             if stats is not None and stats.count:
                 p.low, p.high = stats.min, stats.max
+        return plan
+
+    def with_bits(self, bits: dict[str, int]) -> CalibrationPlan:
+        """A copy with some tensors' bit widths changed (mixed precision's choice)."""
+        plan = copy.deepcopy(self)
+        for p in plan.activations:
+            p.bits = bits.get(p.tensor, p.bits)
+        return plan
+
+    def with_rounding(self, rounding: dict[str, np.ndarray]) -> CalibrationPlan:
+        """A copy whose weights take GPTQ's offsets from nearest rounding."""
+        plan = copy.deepcopy(self)
+        plan.rounding = dict(rounding)
+        return plan
 
 
 def weight_axis(node: NodeProto, view: GraphView) -> int:

@@ -24,11 +24,12 @@ import numpy as np
 from onnx import ModelProto, NodeProto
 
 from hbtools.graph.graph import GraphView
+from hbtools.quant import grids
 from hbtools.runtime.session import fetching_session
 
 POSITIONS = 4096  # sampled output positions per sample and layer
 DAMPING = 0.01  # of the mean diagonal, keeps H invertible where inputs are (nearly) constant
-QMAX = 127
+QMAX = grids.qmax_for(grids.WEIGHT_BITS)
 
 
 @dataclass
@@ -101,9 +102,12 @@ def rounding_offsets(w: np.ndarray, thresholds: np.ndarray, group: int, hessian:
     """
     out_channels = w.shape[0]
     k = int(np.prod(w.shape[1:]))
-    scale = (np.where(thresholds > 0, thresholds, 1.0) / QMAX).reshape(group, out_channels // group, 1)
+    steps = grids.scales_for(thresholds, grids.WEIGHT_BITS)  # float32, as the calibration node stores them
+    scale = steps.astype(np.float64).reshape(group, out_channels // group, 1)
     work = w.astype(np.float64).reshape(group, out_channels // group, k).copy()
-    nearest = np.clip(np.round(work / scale), -QMAX, QMAX)
+    # Nearest as the lowering rounds (float32 division): the offsets are taken from these integers.
+    nearest = grids.quantize(w.reshape(group, out_channels // group, k), steps.reshape(group, -1, 1),
+                             grids.WEIGHT_BITS).astype(np.float64)
     h = np.array(hessian, dtype=np.float64)
     diag = np.diagonal(h, axis1=1, axis2=2).copy()
     dead = diag <= 0  # inputs that are always zero: their weights do not matter
@@ -126,6 +130,6 @@ def output_error(w: np.ndarray, integers: np.ndarray, thresholds: np.ndarray, gr
                  hessian: np.ndarray) -> float:
     """``trace((W - Q) H (W - Q)ᵀ)``: the layer's summed mean squared output error."""
     shape = (group, w.shape[0] // group, -1)
-    scale = (np.where(thresholds > 0, thresholds, 1.0) / QMAX).reshape(group, w.shape[0] // group, 1)
+    scale = grids.scales_for(thresholds, grids.WEIGHT_BITS).astype(np.float64).reshape(group, w.shape[0] // group, 1)
     diff = w.astype(np.float64).reshape(shape) - integers.astype(np.float64).reshape(shape) * scale
     return float(np.einsum("gok,gkl,gol->", diff, hessian, diff))
