@@ -132,25 +132,19 @@ def _calibration_source(config: Config) -> CalibrationSource:
 
 
 # Accepted for compatibility with existing configs, but not acted on yet.
-_NOT_YET = {
-    "lstm_batch_last": "lstm_batch_last has no effect (no LSTM support yet)",
-}
-
-
 def _warn_unsupported(config: Config) -> None:
-    for option, message in _NOT_YET.items():
-        if config.wants(option):
-            log.warning("optimization %s", message)
+    if config.calibration.options.lstm_batch_last:
+        log.warning("optimization lstm_batch_last has no effect (no LSTM support yet)")
     kind = config.calibration.calibration_type
     if config.calibration.per_channel and not per_channel_wanted(config):
         log.warning("per_channel takes effect with calibration_type max or kl, not %s; calibrating per tensor", kind)
-    if config.wants("asymmetric") and not asymmetric_wanted(config):
+    if config.calibration.options.asymmetric and not asymmetric_wanted(config):
         log.warning("optimization asymmetric is ignored with calibration_type load: the QAT model's scales are "
                     "used as they are")
 
 
 def _bias_correction_mode(config: Config) -> str:
-    if config.wants("bias_correction"):
+    if config.calibration.options.bias_correction:
         return "on"
     # The searching methods try it and keep it only when the output gets closer to float.
     return "auto" if config.calibration.calibration_type in ("default", "mix") else "off"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from hbtools.config.model import Config
+from hbtools.config.model import Config, OptimizationOptions
 from hbtools.graph.graph import GraphView, topological_sort
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.march.profiles import MarchProfile
@@ -194,7 +194,7 @@ def per_channel_wanted(config: Config | None) -> bool:
 
 def asymmetric_wanted(config: Config | None) -> bool:
     """optimization: asymmetric; a QAT model (load) brings its own grids."""
-    return bool(config and config.wants("asymmetric") and config.calibration.calibration_type != "load")
+    return bool(config and config.calibration.options.asymmetric and config.calibration.calibration_type != "load")
 
 
 def weight_input_axis(node: NodeProto, view: GraphView) -> int:
@@ -280,16 +280,15 @@ def _zero_point_ok(tensor: str, part: Partition, view: GraphView, int_outputs: b
 
 def wants_int_outputs(config: Config | None) -> bool:
     """set_model_output_int8 / set_model_output_int16: BPU outputs stay integers."""
-    opts = config.calibration.optimization if config else []
-    return "set_model_output_int8" in opts or "set_model_output_int16" in opts
+    return bool(config and config.calibration.options.int_outputs)
 
 
 def _requested_bits(part: Partition, config: Config | None, profile: MarchProfile,
                     graph_outputs: set[str]) -> dict[str, int]:
     """int16 requests (node_info, optimization) per tensor; int8 where the march has no int16."""
     bits: dict[str, int] = {}
-    opts = config.calibration.optimization if config else []
-    output_bits = 8 if "set_model_output_int8" in opts else (16 if profile.int16 else 8)
+    opts = config.calibration.options if config else OptimizationOptions()
+    output_bits = 8 if opts.output_bits == 8 else (16 if profile.int16 else 8)
 
     def request(tensor: str, what: str) -> None:
         if not profile.int16:
@@ -312,18 +311,18 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             if unit.on == "BPU" and unit.kind != "passive" and (not unit.is_accumulator or wants_int_outputs(config)):
                 if t in graph_outputs:
                     bits[t] = output_bits
-    if "set_model_output_int16" in opts and not profile.int16:
+    if opts.output_bits == 16 and not profile.int16:
         log.warning("set_model_output_int16: int16 is not available on %s; falling back to int8", profile.label)
     node_info = config.model.node_info if config else {}
-    all16 = "set_all_nodes_int16" in opts
+    all16 = opts.all_int16
     for unit in part.units:
         for node in unit.nodes:
             info = node_info.get(node.name)
             kind = node.op_type
-            if all16 or (info and info.output_type == "int16") or f"set_{kind}_output_int16" in opts:
+            if all16 or (info and info.output_type == "int16") or kind in opts.int16_outputs:
                 for t in unit.outputs:
                     request(t, f"node {node.name} output")
-            if all16 or f"set_{kind}_input_int16" in opts:
+            if all16 or kind in opts.int16_inputs:
                 for t in unit.inputs:
                     request(t, f"node {node.name} input")
             if info:
@@ -333,10 +332,10 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                     targets = unit.inputs if idx is None else unit.inputs[idx: idx + 1]
                     for t in targets:
                         request(t, f"node {node.name} input {idx if idx is not None else 'all'}")
-            if f"set_{kind}_input_int8" in opts:
+            if kind in opts.int8_inputs:
                 for t in unit.inputs:
                     bits[t] = 8
-            if f"set_{kind}_output_int8" in opts:
+            if kind in opts.int8_outputs:
                 for t in unit.outputs:
                     bits[t] = 8
     return bits
