@@ -18,7 +18,7 @@ from onnx import ModelProto, NodeProto
 from hbtools.config.model import NodeInfo
 from hbtools.graph.graph import GraphView
 from hbtools.march.constraints import violation
-from hbtools.march.profiles import MarchProfile, OpRule
+from hbtools.march.profiles import FORMS, MarchProfile, OpRule
 from hbtools.ops import custom, registry
 from hbtools.ops.base import DOMAIN
 from hbtools.runtime.structure import components
@@ -26,7 +26,7 @@ from hbtools.runtime.structure import components
 log = logging.getLogger("hbtools")
 
 # Unit kinds the partition forms itself; any other profile form is an op class's (HzOp.unit_kind).
-BUILTIN_KINDS = ("preprocess", "conv", "matmul", "lut", "eltwise", "pool", "passive", "concat", "cpu")
+BUILTIN_KINDS = (*FORMS, "cpu")
 # Kinds whose integer result is an int32 accumulator (dequantized directly when no BPU op reads it).
 ACCUMULATOR_KINDS = ("conv", "matmul")
 # A ConvTranspose is lowered with a float32 kernel on integer values; exact while sums stay < 2**24.
