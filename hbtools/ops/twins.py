@@ -179,7 +179,8 @@ def _replace_output(node: NodeProto, ctx: LoweringContext, value: str, nodes: li
 
 def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
     src = ctx.twins[node.input[0]]
-    if src.levels is None:
+    # Reshape and the like may move the channel axis a per-channel step lies along: move the value.
+    if src.levels is None or (not src.scalar_step and node.op_type in _DOUBLE_MOVES):
         return _same_op(node, ctx, nodes) if node.op_type in _DOUBLE_MOVES else False
     # Move the levels (as float32, exact, for ops without a float64 kernel); the step stays.
     double = node.op_type in _DOUBLE_MOVES
