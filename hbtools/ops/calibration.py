@@ -261,7 +261,7 @@ class HzBiasCalibration(HzOp):
                                    [levels], name=levels),
                   helper.make_node("Mul", [levels, step], [value], name=value)]
         twins.to_float(ctx, value, node.output[0], nodes)
-        ctx.twins[node.output[0]] = twins.Twin(value, levels, step, 32)
+        ctx.twins[node.output[0]] = twins.Twin(value, levels, step, twins.ACCUMULATOR_BITS)
         return nodes
 
     @classmethod

@@ -32,6 +32,7 @@ _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "I
           "GlobalMaxPool")
 _DOUBLE_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity")
 _ELEMENTWISE = ("Add", "Sub", "Mul")
+ACCUMULATOR_BITS = 32  # a twin holding an integer product's exact sum
 
 
 @dataclass
@@ -138,7 +139,9 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
     elif op in _ELEMENTWISE and len(data) == 2:
         done = _same_op(node, ctx, nodes)
     elif op == "Relu" or (op == "Clip" and ctx.opset >= 12):
-        done = _same_op(node, ctx, nodes)
+        # Fused into a conv's requantization when it reads the accumulator; anywhere else it is a
+        # lookup table, computed (like the table) in float32.
+        done = ctx.twins[data[0]].bits == ACCUMULATOR_BITS and _same_op(node, ctx, nodes)
     elif op == "Concat" or registry.float64_exact(op):
         done = _same_op(node, ctx, nodes)
     elif op == "GlobalAveragePool":
@@ -262,6 +265,6 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     step = _node(ctx, "Reshape", [w.step, channel_shape], f"{node.name}_w_step", nodes)
     if not w.folded:
         step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
-    twin = Twin(None, acc, step, 32, scalar_step=False)
+    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False)
     _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
     return True

@@ -122,3 +122,4 @@ def test_dead_channel_keeps_its_bias(tmp_path) -> None:
         step = np.abs(q).max() / 127.0
         np.testing.assert_allclose(q[0, 2], -0.45, atol=step)
         np.testing.assert_allclose(c, q, rtol=0, atol=1e-6)
+

@@ -138,8 +138,9 @@ class EmitState:
         """
         qt, qmin, qmax = self.grid(tensor)
         scale, z = qt.scale, qt.zero_point
-        out_min = qmin if lo is None else max(qmin, z + int(np.ceil(lo / scale - 1e-9).min()))
-        out_max = qmax if hi is None else min(qmax, z + int(np.floor(hi / scale + 1e-9).max()))
+        # The calibrated model clips the value, then rounds it onto the grid: a bound lands on round(bound / s).
+        out_min = qmin if lo is None else max(qmin, z + int(np.round(lo / scale).min()))
+        out_max = qmax if hi is None else min(qmax, z + int(np.round(hi / scale).max()))
         attrs = {"out_type": qt.dtype, "out_min": float(out_min), "out_max": float(out_max),
                  "zero_point": z or None}
         return qt, attrs
