@@ -23,8 +23,9 @@ from onnx import ModelProto
 from hbtools.debug import stages as staging
 from hbtools.debug.data import Sample
 from hbtools.debug.model import CalibratedModel
-from hbtools.debug.switches import enable_input, switchable_model
+from hbtools.debug.switches import switchable_model
 from hbtools.ops import custom
+from hbtools.ops.names import enable_input
 from hbtools.runtime.custom_session import CustomOpSession
 from hbtools.runtime.session import make_session, ort_session
 

@@ -21,11 +21,8 @@ from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset
 from hbtools.ops.base import LoweringContext
 from hbtools.ops.calibration import HzCalibration
+from hbtools.ops.names import enable_input
 from hbtools.runtime.lowering import lower_model
-
-
-def enable_input(calibration_node: str) -> str:
-    return f"{calibration_node}_enable"
 
 
 @dataclass

@@ -6,6 +6,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.config.model import ALLOWED_RT_FOR_TRAIN, InputSpec
+from hbtools.config.schema import NORM_TYPES
 from hbtools.data import colour
 from hbtools.data.intermediate import channels_last, from_channels_last
 from hbtools.errors import HbError
@@ -14,7 +15,6 @@ from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 
-NORM_TYPES = ("no_preprocess", "data_mean", "data_scale", "data_mean_and_scale")
 _CHANNELS = {"rgb": 3, "bgr": 3, "yuv444": 3, "gray": 1}
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from onnx import NodeProto
 
 from hbtools.ops.calibration import quantize_weight
+from hbtools.ops.names import quantized_tensor
 from hbtools.ops.quantized import HzRequantize, HzSQuantizedConv
 from hbtools.quant import grids
 from hbtools.quant.emitters import emits
@@ -36,7 +37,7 @@ def emit(state: EmitState, unit: Unit) -> None:
     kind = "MatMul" if node.op_type == "Gemm" else node.op_type
     axis_w = 1 if kind == "MatMul" else weight_axis(node, state.view)
     out_axis = -1 if kind == "MatMul" else 1
-    inputs = [xq.name, state.init(f"{node.name}_weight_quantized", w_q)]
+    inputs = [xq.name, state.init(quantized_tensor(f"{node.name}_weight"), w_q)]
     bias = state.view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     b_q = None
     if bias is not None:
@@ -44,7 +45,7 @@ def emit(state: EmitState, unit: Unit) -> None:
         if node.op_type == "Gemm":
             bias = (bias * a.get("beta", 1.0)).reshape(-1)
         b_q = grids.bias_levels(bias, acc_scale).astype(np.int32)
-        inputs.append(state.init(f"{node.name}_bias_quantized", b_q))
+        inputs.append(state.init(quantized_tensor(f"{node.name}_bias"), b_q))
     conv_attrs = {k: a[k] for k in ("kernel_shape", "strides", "pads", "dilations", "group", "output_padding",
                                     "auto_pad") if k in a}
     if "kernel_shape" not in conv_attrs and kind != "MatMul":

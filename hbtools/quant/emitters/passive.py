@@ -5,6 +5,7 @@ from __future__ import annotations
 from onnx import TensorProto, helper
 
 from hbtools.graph.model_io import default_opset
+from hbtools.ops.names import quantized_tensor
 from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState, QTensor
 from hbtools.quant.units import Unit
@@ -17,7 +18,7 @@ _FLOAT_KERNEL_ONLY = ("MaxPool", "GlobalMaxPool", "Resize")
 def emit(state: EmitState, unit: Unit) -> None:
     node = unit.main
     xq = state.need_q(unit.inputs[0])
-    outs = [f"{o}_quantized" for o in node.output]
+    outs = [quantized_tensor(o) for o in node.output]
     copy = helper.make_node(node.op_type, [xq.name, *node.input[1:]], outs, name=node.name)
     copy.attribute.extend(node.attribute)
     if node.op_type == "GlobalMaxPool" or (node.op_type in _FLOAT_KERNEL_ONLY and

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from onnx import helper
 
+from hbtools.ops.names import quantized_tensor
 from hbtools.ops.preprocess import HzPreprocess, integer_affine
 from hbtools.ops.quantized import HzSQuantizedConv
 from hbtools.quant import grids
@@ -22,9 +23,9 @@ def emit(state: EmitState, unit: Unit) -> None:
     x = state.input_in_rt_layout(node.input[0], layout)
     if layout == "NHWC":
         x = state.transpose(x, [0, 3, 1, 2], f"{x}_nchw")
-    conv_out = qt.name if layout == "NCHW" else f"{out}_nchw_quantized"
-    w = state.init(f"{node.name}_weight_quantized", w_q.reshape(*w_q.shape, 1, 1))
-    bias = state.init(f"{node.name}_bias_quantized", bias_q)
+    conv_out = qt.name if layout == "NCHW" else quantized_tensor(f"{out}_nchw")
+    w = state.init(quantized_tensor(f"{node.name}_weight"), w_q.reshape(*w_q.shape, 1, 1))
+    bias = state.init(quantized_tensor(f"{node.name}_bias"), bias_q)
     state.nodes.append(HzSQuantizedConv.make_node(
         [x, w, bias], [conv_out], node.name, kind="Conv", x_bits=8, kernel_shape=[1, 1], axis=1,
         multiplier=grids.multiplier(step, qt.scale), **oa))
