@@ -94,7 +94,8 @@ def accumulate(cm: CalibratedModel, samples: Sequence[Sample], curves: list[Curv
     ax.grid(alpha=0.3)
     name = f"accumulate_error_{mode}_{metric}{'_average' if average_mode else ''}.png"
     path = plots.save(fig, folder / name)
-    return {c.label: dict(zip(nodes, map(float, row), strict=True)) for c, row in zip(curves, values, strict=True)}, path
+    per_curve = {c.label: dict(zip(nodes, map(float, row), strict=True)) for c, row in zip(curves, values, strict=True)}
+    return per_curve, path
 
 
 def _traced_nodes(cm: CalibratedModel) -> list[str]:

@@ -68,7 +68,8 @@ def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequenc
 
     sweep(switchboard, samples, unique, visit, desc)
     means = values.mean(axis=2)
-    by_config = {c: {m: float(v) for m, v in zip(metrics, row, strict=True)} for c, row in zip(unique, means, strict=True)}
+    by_config = {c: {m: float(v) for m, v in zip(metrics, row, strict=True)}
+                 for c, row in zip(unique, means, strict=True)}
     return [by_config[c] for c in configs]
 
 

@@ -165,7 +165,8 @@ def infer_shapes(model: ModelProto) -> ModelProto:
 
 def _known(model: ModelProto) -> dict[str, onnx.ValueInfoProto]:
     graph = model.graph
-    return {vi.name: vi for vi in [*graph.value_info, *graph.input, *graph.output] if vi.type.tensor_type.HasField("shape")}
+    infos = [*graph.value_info, *graph.input, *graph.output]
+    return {vi.name: vi for vi in infos if vi.type.tensor_type.HasField("shape")}
 
 
 def custom_value_infos(model: ModelProto, known: dict[str, onnx.ValueInfoProto]) -> list[onnx.ValueInfoProto]:

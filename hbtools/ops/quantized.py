@@ -470,7 +470,8 @@ class HzSQuantizedConcat(_Requantizing):
             out = ctx.unique(f"{node.name}_{k}_rq")
             _requantize(ctx, xd, {**a, "multiplier": [m]}, None, out, f"{node.name}_{k}", nodes)
             parts.append(out)
-        nodes.append(helper.make_node("Concat", parts, [node.output[0]], name=ctx.unique(node.name), axis=a["concat_axis"]))
+        nodes.append(helper.make_node("Concat", parts, [node.output[0]], name=ctx.unique(node.name),
+                                      axis=a["concat_axis"]))
         return nodes
 
     @classmethod

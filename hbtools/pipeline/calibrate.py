@@ -68,7 +68,8 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     collector, eval_feeds, eval_refs, bc_feeds = _collect(optimized, plan, samples, count, keep=keep)
     plan = plan.observed(collector)  # asymmetric grids are fitted to the observed ranges
     weight_th = weight_thresholds(optimized, plan)
-    candidates = {_label(m, p): _thresholds(plan, collector, m, p) for m, p in _methods(calibration_type, max_percentile)}
+    candidates = {_label(m, p): _thresholds(plan, collector, m, p)
+                  for m, p in _methods(calibration_type, max_percentile)}
     if calibration_type == "load":
         base = candidates["max"]
         missing = [t for t in base if t not in (loaded_thresholds or {})]

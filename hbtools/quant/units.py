@@ -166,7 +166,8 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
                                 f"tensor become lookup tables)")
     if "pool" in forms:
         a = view.attrs(node)
-        if op == "AveragePool" and (a.get("ceil_mode", 0) or (any(a.get("pads", [])) and not a.get("count_include_pad", 0))):
+        excluded_padding = any(a.get("pads", [])) and not a.get("count_include_pad", 0)
+        if op == "AveragePool" and (a.get("ceil_mode", 0) or excluded_padding):
             return _cpu(node, acts, "AveragePool with ceil_mode or excluded padding has no BPU form in hbtools")
         return Unit("pool", [node], acts, list(node.output), table_type=rule.table_type)
     if "passive" in forms:

@@ -100,7 +100,8 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
                           f"{', '.join(specs)}")
     missing = [n for n in specs if n not in given]
     if missing:
-        raise HbError(f"no --image-file for input(s) {', '.join(missing)}", hint="give --image-file NAME FILE per input")
+        raise HbError(f"no --image-file for input(s) {', '.join(missing)}",
+                      hint="give --image-file NAME FILE per input")
     model_inputs = {vi.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                               for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
     elem_types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}

@@ -71,7 +71,7 @@ def advice_lines(rm: RuntimeModel, profile: MarchProfile, threshold_us: float) -
             ideal_us = 2e6 * layer.macs / peak
             extra = layer.compute_ms * 1e3 - ideal_us
             if extra > threshold_us:
-                lines.append(f"advice: {layer.name} ({layer.op_type}, {sub.name}) compute {layer.compute_ms * 1e3:.2f} us "
-                             f"against {ideal_us:.2f} us at full MAC use (+{extra:.2f} us); "
+                lines.append(f"advice: {layer.name} ({layer.op_type}, {sub.name}) compute "
+                             f"{layer.compute_ms * 1e3:.2f} us against {ideal_us:.2f} us at full MAC use (+{extra:.2f} us); "
                              f"{_why(nodes[layer.name], info)}")
     return lines

@@ -36,7 +36,8 @@ class Box:
     kind: str  # input | bpu | cpu | output
 
 
-def boxes_and_arrows(graph: ModelProto, structure: Structure, model_name: str) -> tuple[list[Box], set[tuple[str, str]]]:
+def boxes_and_arrows(graph: ModelProto, structure: Structure,
+                     model_name: str) -> tuple[list[Box], set[tuple[str, str]]]:
     nodes = list(graph.graph.node)
     inits = {t.name for t in graph.graph.initializer}
     boxes: dict[str, Box] = {}
