@@ -72,6 +72,7 @@ def advice_lines(rm: RuntimeModel, profile: MarchProfile, threshold_us: float) -
             extra = layer.compute_ms * 1e3 - ideal_us
             if extra > threshold_us:
                 lines.append(f"advice: {layer.name} ({layer.op_type}, {sub.name}) compute "
-                             f"{layer.compute_ms * 1e3:.2f} us against {ideal_us:.2f} us at full MAC use (+{extra:.2f} us); "
+                             f"{layer.compute_ms * 1e3:.2f} us against {ideal_us:.2f} us at full MAC use "
+                             f"(+{extra:.2f} us); "
                              f"{_why(nodes[layer.name], info)}")
     return lines
