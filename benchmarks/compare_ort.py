@@ -139,7 +139,8 @@ def sample_generator() -> Callable:
     """scripts/make_calibration_data.py's ``generate`` (the one sample generator)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("make_calibration_data", REPO / "scripts" / "make_calibration_data.py")
+    script = REPO / "scripts" / "make_calibration_data.py"
+    spec = importlib.util.spec_from_file_location("make_calibration_data", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.generate
@@ -273,7 +274,8 @@ def finish(tool: str, measured: Measured, quantized: Path, setup: Setup, takes_u
         try:
             row.update(evaluate(setup, quantized, takes_uint8, args.threads))
         except Exception as exc:  # an unusable model is a result, not a crash of the benchmark
-            error = f"evaluation failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            error = f"evaluation failed: {type(exc).__name__}: {first}"
     if error is not None:
         row.update(status="failed", error=error)
     print(report.progress_line(setup.name, row), flush=True)

@@ -145,7 +145,8 @@ def standing(model: dict) -> dict:
 def _summary_line(model: dict, activation_type: str) -> str:
     summary = standing(model)
     if summary["best_peer"] is None:
-        return "No comparison: " + ("our run failed." if model["runs"][0]["status"] != "ok" else "every ORT run failed.")
+        ours_failed = model["runs"][0]["status"] != "ok"
+        return "No comparison: " + ("our run failed." if ours_failed else "every ORT run failed.")
     best = next(r for r in model["runs"] if r["tool"] == summary["best_peer"])
     ours = model["runs"][0]
     width = (f" with {ours['int16_activations']} of {ours['activations']} activation tensors in int16 "

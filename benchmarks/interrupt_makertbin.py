@@ -49,7 +49,8 @@ def variants(work: Path) -> dict[str, Path]:
     out = {}
     for name, mean, folder in (("A", "127.5", cal), ("B", "127.0", subset)):
         config = yaml.safe_load(yaml.safe_dump(base))
-        config["model_parameters"]["onnx_model"] = str(REPO / "build" / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx")
+        model = REPO / "build" / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+        config["model_parameters"]["onnx_model"] = str(model)
         config["model_parameters"]["working_dir"] = str(work / "model_output")
         config["model_parameters"]["debug_mode"] = "dump_calibration_data"
         config["input_parameters"]["mean_value"] = mean

@@ -54,7 +54,9 @@ def deconv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride: Sequenc
         xs, ws = x[:, g * cg:(g + 1) * cg], w[g * cg:(g + 1) * cg]
         for i in range(kh):
             for j in range(kw):
-                y[:, g * og:(g + 1) * og, i * dh:i * dh + sh * (h - 1) + 1:sh, j * dw:j * dw + sw * (wd - 1) + 1:sw] += \
+                rows = slice(i * dh, i * dh + sh * (h - 1) + 1, sh)
+                cols = slice(j * dw, j * dw + sw * (wd - 1) + 1, sw)
+                y[:, g * og:(g + 1) * og, rows, cols] += \
                     np.einsum("nchw,co->nohw", xs, ws[:, :, i, j])
     y = y[:, :, ph:fh - ph, pw:fw - pw]
     return y if b is None else y + b.reshape(1, -1, 1, 1)

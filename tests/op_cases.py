@@ -128,7 +128,8 @@ def pooling(opset: int) -> FloatModel:
 
 
 def data_movement(opset: int) -> FloatModel:
-    """Concat, Split, Slice, Gather, Reshape, Transpose, Flatten, Squeeze/Unsqueeze, Pad, Clip, Expand, Tile, D2S/S2D."""
+    """Concat, Split, Slice, Gather, Reshape, Transpose, Flatten, Squeeze/Unsqueeze, Pad, Clip, Expand, Tile,
+    D2S/S2D."""
     g, x = _stem(35)
     outs = [g.op("Concat", [x, g.op("Relu", [x])], axis=1)]
     if opset >= 13:

@@ -23,7 +23,8 @@ def _epilog() -> str:
     return "\b\nModels (-m):\n" + "\n".join(rows)
 
 
-@click.command(cls=ToolCommand, log_file=LOG_FILE, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_epilog())
+@click.command(cls=ToolCommand, log_file=LOG_FILE, context_settings={"help_option_names": ["-h", "--help"]},
+               epilog=_epilog())
 @click.version_option(__version__, prog_name="hb_eval_preprocess")
 @click.option("-m", "--model_name", "model_name", help="Model whose preprocessing to apply (listed below).")
 @click.option("-i", "--image_dir", "image_dir", help="Folder of input images.")

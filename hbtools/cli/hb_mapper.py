@@ -15,7 +15,8 @@ log = logging.getLogger("hbtools")
 MODEL_TYPES = click.Choice(["onnx", "caffe"], case_sensitive=False)
 
 
-@click.group(cls=ToolGroup, log_file='hb_mapper_{command}.log', context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ToolGroup, log_file='hb_mapper_{command}.log',
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_mapper")
 def main() -> None:
     """Check, convert and run models for Horizon BPUs."""
@@ -46,7 +47,8 @@ def _checker(model_type: str, march: str, model: str | None, proto: str | None,
     if output is not None:
         log.warning("--output is deprecated and ignored; the log is written to hb_mapper_checker.log")
     if not model:
-        raise UsageError("checker needs --model", hint="hb_mapper checker --model-type onnx --march bayes-e --model m.onnx")
+        raise UsageError("checker needs --model",
+                         hint="hb_mapper checker --model-type onnx --march bayes-e --model m.onnx")
     if model_type == "caffe" and not proto:
         raise UsageError("--model-type caffe needs --proto with the prototxt file")
     check(model, model_type, march, input_shape, proto)

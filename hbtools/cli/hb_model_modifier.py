@@ -20,7 +20,8 @@ from hbtools.tools.pack import warn_if_newer
 log = logging.getLogger("hbtools")
 
 
-@click.command(cls=ToolCommand, log_file='hb_model_modifier.log', context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=ToolCommand, log_file='hb_model_modifier.log',
+               context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_model_modifier")
 @click.argument("model_file", type=click.Path())
 @click.option("-r", "remove", multiple=True, help="Name of a node to delete; repeat for several, deleted in order.")

@@ -188,7 +188,8 @@ def _fold_affine_into_conv(model: ModelProto) -> None:
             if len(act) != 1:
                 continue
             conv = view.producer.get(act[0])
-            if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or len(view.consumers.get(act[0], [])) != 1:
+            if conv is None or conv.op_type not in ("Conv", "ConvTranspose") \
+                    or len(view.consumers.get(act[0], [])) != 1:
                 continue
             if act[0] in view.graph_outputs or not view.is_const(conv.input[1]):
                 continue

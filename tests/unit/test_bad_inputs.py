@@ -101,7 +101,8 @@ class Env:
     def paths(self) -> dict[str, str]:
         out = self.root / "img" / "model_output"
         return {"root": str(self.root), "cfg": str(self.root / "img" / "config.yaml"),
-                "fmcfg": str(self.root / "fm" / "config.yaml"), "oddcfg": str(self.root / "odd" / "config.yaml"), "bin": str(out / "small.bin"),
+                "fmcfg": str(self.root / "fm" / "config.yaml"), "oddcfg": str(self.root / "odd" / "config.yaml"),
+                "bin": str(out / "small.bin"),
                 "q": str(out / "small_quantized_model.onnx"), "calq": str(out / "small_calibrated_model.onnx"),
                 "cal": str(out / "calibration_data"), "sample": str(self.root / "img" / "cal_data" / "000.bin"),
                 "model": str(self.root / "img" / "model.onnx"), "afile": str(self.root / "afile"),
@@ -345,7 +346,8 @@ def _config_cases() -> list[Case]:
 CASES: list[Case] = [
     *_config_cases(),
     # class 1: data that failed after the first artefact, interrupted/concurrent runs
-    C("fm_inf", 1, "hb_mapper", MKFM, IN, "001.bin", "NaN or infinite", setup=fm_sample(lambda d: d.__setitem__(3, np.inf))),
+    C("fm_inf", 1, "hb_mapper", MKFM, IN, "001.bin", "NaN or infinite",
+      setup=fm_sample(lambda d: d.__setitem__(3, np.inf))),
     C("fm_minus_inf", 1, "hb_mapper", MKFM, IN, "001.bin", "infinite",
       setup=fm_sample(lambda d: d.__setitem__(0, -np.inf))),
     C("fm_one_nan", 1, "hb_mapper", MKFM, IN, "001.bin", "NaN", setup=fm_sample(lambda d: d.__setitem__(5, np.nan))),

@@ -324,7 +324,8 @@ def test_hrt_model_exec_model_info_and_infer(small, in_tmp) -> None:
     assert info.exit_code == 0
     for line in ("[model name]: resnet", "tensor type: HB_DNN_IMG_TYPE_NV12", "input source: HB_DNN_INPUT_FROM_PYRAMID",
                  "valid shape: (1,3,16,16,)", "aligned byte size: 384",
-                 "tensor layout: HB_DNN_LAYOUT_NCHW\nquanti type: NONE\nstride: (0,0,0,0,)", "tensor type: HB_DNN_TENSOR_TYPE_F32"):
+                 "tensor layout: HB_DNN_LAYOUT_NCHW\nquanti type: NONE\nstride: (0,0,0,0,)",
+                 "tensor type: HB_DNN_TENSOR_TYPE_F32"):
         assert line in info.output, line
     np.zeros((24, 16), np.uint8).tofile(in_tmp / "frame.bin")
     result = invoke(hrt_model_exec.main, ["infer", "--model_file", small[0].bin, "--input_file", "frame.bin",

@@ -84,7 +84,8 @@ def test_both_dequantize_removal_routes_describe_the_same_bin(yolo, in_tmp) -> N
     assert "\n".join(f"deleted nodes: {n}" for n in deq) in info
     assert info.split("hb_model_info version")[1].count("quantizeAxis") == 2
     yaml_info = invoke(hb_model_info.main, [yaml_route.bin]).output
-    assert info[info.index("--------- input/output types"):] == yaml_info[yaml_info.index("--------- input/output types"):]
+    types = "--------- input/output types"
+    assert info[info.index(types):] == yaml_info[yaml_info.index(types):]
 
 
 def test_integer_output_times_scale_is_the_unmodified_output(yolo, in_tmp) -> None:

@@ -62,7 +62,8 @@ def test_weights_must_belong_to_the_prototxt(tmp_path: Path) -> None:
     other.conv(other.input("data", [1, 3, 6, 6]), 4, 3, pad=1)
     other.net.layer[1].name = "another_conv"  # weights are matched by layer name
     _, weights = other.write(tmp_path / "other")
-    with pytest.raises(HbError, match=r"caffe layer 'convolution2' \(type Convolution\): the caffemodel has no weights for it"):
+    with pytest.raises(HbError,
+                       match=r"caffe layer 'convolution2' \(type Convolution\): the caffemodel has no weights for it"):
         load_caffe(proto, weights)
 
 

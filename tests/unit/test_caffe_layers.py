@@ -279,7 +279,8 @@ def test_legacy_v1_layers(tmp_path: Path) -> None:
     layers { name: "conv1" type: CONVOLUTION bottom: "data" top: "conv1" blobs_lr: 1 blobs_lr: 2
              convolution_param { num_output: 4 kernel_size: 3 stride: 2 } }
     layers { name: "relu1" type: RELU bottom: "conv1" top: "conv1" }
-    layers { name: "pool1" type: POOLING bottom: "conv1" top: "pool1" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+    layers { name: "pool1" type: POOLING bottom: "conv1" top: "pool1"
+             pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
     """
     net = NetParameter()
     text_format.Parse(text, net)

@@ -97,7 +97,8 @@ def test_data_num_and_dataset_objects(dumped: Dumped) -> None:
 
 @pytest.mark.parametrize(("kwargs", "words"), [
     ({"interested_nodes": ["Conv_9"]}, ["no node named 'Conv_9'", "Conv_0", "valid choices"]),
-    ({"output_node": "data_hz_preprocessed_HzCalibration"}, ["activation calibration node", "output_node takes", "Conv_0"]),
+    ({"output_node": "data_hz_preprocessed_HzCalibration"},
+     ["activation calibration node", "output_node takes", "Conv_0"]),
     ({"output_node": "Relu_0"}, ["no calibration node feeds", "Conv_0"]),
     ({"data_num": 0}, ["data_num", "from 1 to 4"]),
     ({"data_num": 5}, ["data_num", "from 1 to 4"]),

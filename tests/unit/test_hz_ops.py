@@ -394,7 +394,8 @@ def test_global_average_pool(opset: int, x_bits: int) -> None:
 
 @pytest.mark.parametrize("x_bits", [8, 16])
 @pytest.mark.parametrize(("kernel", "strides", "pads"),
-                         [([2, 2], [2, 2], [0, 0, 0, 0]), ([3, 3], [1, 1], [1, 1, 1, 1]), ([3, 2], [2, 1], [1, 0, 1, 1])])
+                         [([2, 2], [2, 2], [0, 0, 0, 0]), ([3, 3], [1, 1], [1, 1, 1, 1]),
+                          ([3, 2], [2, 1], [1, 0, 1, 1])])
 def test_average_pool(x_bits: int, kernel: list[int], strides: list[int], pads: list[int]) -> None:
     rng = np.random.default_rng(10)
     c = 3

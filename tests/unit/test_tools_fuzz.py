@@ -42,7 +42,8 @@ def base(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz_tools")
     built = build_bin(root / "model", "resnet_like", prefix="fz", input_parameters={"input_type_rt": "nv12"})
     # with one deleted node, so the deleted-node records are fuzzed too
-    model = modifier.delete(read_bin(built.bin).model(), modifier.candidates(read_bin(built.bin).model().load_graph())[-1].name)
+    last = modifier.candidates(read_bin(built.bin).model().load_graph())[-1].name
+    model = modifier.delete(read_bin(built.bin).model(), last)
     mp = pytest.MonkeyPatch()
     mp.chdir(root)  # the tools write their logs into the current folder
     yield root, model, _file([model])
