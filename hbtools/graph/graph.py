@@ -52,13 +52,10 @@ class GraphView:
 
     @cached_property
     def shapes(self) -> dict[str, list[int | None]]:
-        """Static shapes from onnx shape inference (None for unknown dims)."""
-        inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
-        for _ in range(64 if any(custom.custom_op_of(n) is not None for n in self.graph.node) else 0):
-            # Custom ops' shape functions fill the gaps onnx leaves; then onnx continues from there.
-            if not _apply_value_infos(inferred, custom_value_infos(inferred, _known(inferred))):
-                break
-            inferred = onnx.shape_inference.infer_shapes(inferred, strict_mode=False)
+        """Static shapes from onnx shape inference (None for unknown dims), through Hz and custom ops."""
+        probe = ModelProto()
+        probe.CopyFrom(self.model)
+        inferred = infer_shapes(probe, keep_declared=True)
         out: dict[str, list[int | None]] = {}
         for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
@@ -139,23 +136,29 @@ def _float_shape_preserving(op_type: str) -> bool:
     return has_fact(op_type, "shape_preserving") and has_fact(op_type, "float_output")
 
 
-def infer_shapes(model: ModelProto) -> ModelProto:
-    """onnx shape inference that also passes shapes through HzPreprocess / HzCalibration."""
-    del model.graph.value_info[:]
+def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProto:
+    """onnx shape inference that also passes shapes through HzPreprocess / HzCalibration.
+
+    The float shape-preserving Hz nodes stand in as Casts to float while onnx infers,
+    so one pass reaches through any number of them. ``keep_declared`` starts from the
+    model's own value_info (integer Hz ops declare their outputs there).
+    """
+    if not keep_declared:
+        del model.graph.value_info[:]
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    for k, node in enumerate(probe.graph.node):
+        if _float_shape_preserving(node.op_type) and node.input and node.output:
+            probe.graph.node[k].CopyFrom(onnx.helper.make_node("Cast", [node.input[0]], [node.output[0]],
+                                                               name=node.name, to=onnx.TensorProto.FLOAT))
     for _ in range(64):
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        known = _known(inferred)
-        added = False
-        for node in inferred.graph.node:
-            if _float_shape_preserving(node.op_type) and node.output[0] not in known and node.input[0] in known:
-                dims = [d.dim_value for d in known[node.input[0]].type.tensor_type.shape.dim]
-                inferred.graph.value_info.append(
-                    onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, dims))
-                added = True
-        added |= _apply_value_infos(inferred, custom_value_infos(inferred, known))
-        model = inferred
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
+        added = _apply_value_infos(inferred, custom_value_infos(inferred, _known(inferred)))
+        probe = inferred
         if not added:
             break
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(probe.graph.value_info)
     _type_outputs(model)
     typed = [vi for vi in model.graph.value_info if vi.type.tensor_type.HasField("shape")]
     del model.graph.value_info[:]

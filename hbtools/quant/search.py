@@ -26,7 +26,7 @@ from hbtools.runtime.session import make_session
 log = logging.getLogger("hbtools")
 
 PROMOTE_TARGET = 0.9999  # output cosine at which the int16 search stops
-KEEP_GAIN = 0.97  # share of the all-int16 improvement mixed precision must keep
+KEEP_GAIN = 0.99  # share of the all-int16 improvement mixed precision must keep
 DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
 SENSITIVITY_SAMPLES = 2  # samples used to measure each tensor's sensitivity
 SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
