@@ -14,6 +14,7 @@ from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
 from hbtools.ops import custom
+from hbtools.ops.base import DOMAIN
 from hbtools.runtime.lowering import lower_model
 
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ _NUMPY_OF_ORT = {
 }
 
 
-def make_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession | CustomOpSession:
+def make_session(model: ModelProto, *, threads: int = 0,
+                 per_node: bool = False) -> ort.InferenceSession | CustomOpSession:
     """The one way hbtools builds a session over a standard-ONNX model.
 
     A model with registered custom CPU ops gets a ``CustomOpSession`` (onnxruntime
@@ -41,7 +43,7 @@ def make_session(model: ModelProto, *, threads: int = 0) -> ort.InferenceSession
             from hbtools.runtime.custom_session import CustomOpSession
 
             return CustomOpSession(model, threads=threads)
-    return ort_session(model, threads=threads)
+    return ort_session(model, threads=threads, per_node=per_node)
 
 
 def fetching_session(model: ModelProto, tensors: Sequence[str]) -> ort.InferenceSession | CustomOpSession:
@@ -54,16 +56,22 @@ def fetching_session(model: ModelProto, tensors: Sequence[str]) -> ort.Inference
     return make_session(lowered)
 
 
-def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True,
-                optimized_model_path: str | None = None, basic_optimizations: bool = False) -> ort.InferenceSession:
+def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, per_node: bool = False,
+                optimized_model_path: str | None = None) -> ort.InferenceSession:
     """A plain onnxruntime CPU session (no custom ops): the one place hbtools configures onnxruntime.
 
     ``spinning=False`` stops idle intra-op threads from spinning (for callers that
-    alternate short runs with numpy work); ``optimized_model_path`` with
-    ``basic_optimizations`` makes onnxruntime write its basic-level rewrite of the model.
+    alternate short runs with numpy work). ``per_node``: only onnxruntime's basic graph
+    rewrites, so every node computes as it stands; the extended fusions (LayerNorm, GELU,
+    MatMul+Add, ...) round differently, and whether they apply depends on which tensors a
+    session fetches. The quantized model and the simulator's CPU segments use it, so that
+    both give the same float bits. ``optimized_model_path`` makes onnxruntime write its
+    rewrite of the model there.
     """
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if per_node:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     # Without the arena, memory of the many large intermediate outputs calibration and
     # the similarity report fetch goes back to the system after each run.
     options.enable_cpu_mem_arena = False
@@ -71,8 +79,6 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True,
         options.intra_op_num_threads = threads
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if basic_optimizations:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if optimized_model_path:
         options.optimized_model_filepath = optimized_model_path
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -93,7 +99,9 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
                 raise HbError("HB_ONNXRuntime needs model_file or onnx_model")
             onnx_model = load_model(model_file)
         self.model = onnx_model
-        self._session = make_session(lower_model(onnx_model), threads=threads)
+        quantized = any(n.domain == DOMAIN and n.op_type not in ("HzPreprocess", "HzCalibration")
+                        for n in onnx_model.graph.node)
+        self._session = make_session(lower_model(onnx_model), threads=threads, per_node=quantized)
         original_inputs = {i.name for i in onnx_model.graph.input} - {t.name for t in onnx_model.graph.initializer}
         self._inputs = [i for i in self._session.get_inputs() if i.name in original_inputs]
         self._outputs = self._session.get_outputs()
