@@ -157,7 +157,8 @@ def run_model(name: str, args: argparse.Namespace, work: Path) -> dict:
     for method in args.peers:
         measured, out, detail = compare_ort.run_peer(setup, method, 0, args)
         rows.append(finish(f"ORT {method}", measured, out, setup, task, False, args, detail))
-    return {"model": name, "task": task, "source": fetch_models.ZOO[name].requirement + " " + fetch_models.ZOO[name].member,
+    source = fetch_models.ZOO[name].requirement + " " + fetch_models.ZOO[name].member
+    return {"model": name, "task": task, "source": source,
             "input_shape": list(setup.shape), "calibration_samples": args.cal_num,
             "heldout_samples": args.heldout_num, "agreement": AGREEMENT[task], "runs": rows}
 

@@ -161,8 +161,8 @@ def vit_block(h: int = 16, opset: int = 17) -> FloatModel:
     att = g.op("Reshape", [g.op("Transpose", [att], perm=[0, 2, 1, 3]), g.const(np.array([1, n, dim], np.int64), "m")])
     x = g.op("Add", [x, linear(att, dim, dim)])
     hid = linear(ln(x), dim, 2 * dim)
-    gelu = g.op("Mul", [g.op("Mul", [hid, g.op("Add", [g.op("Erf", [g.op("Div", [hid, g.const(np.float32(1.4142135))])]),
-                                                       g.const(np.float32(1.0))])]), g.const(np.float32(0.5))])
+    erf = g.op("Erf", [g.op("Div", [hid, g.const(np.float32(1.4142135))])])
+    gelu = g.op("Mul", [g.op("Mul", [hid, g.op("Add", [erf, g.const(np.float32(1.0))])]), g.const(np.float32(0.5))])
     x = g.op("Add", [x, linear(gelu, 2 * dim, dim)])
     return g.model({"data": [1, 3, h, h]}, [x], opset)
 
@@ -176,8 +176,8 @@ def unet_up(h: int = 16, opset: int = 13) -> FloatModel:
     wt = (g.rng.standard_normal((16, 16, 2, 2)) / 8).astype(np.float32)
     up = g.op("ConvTranspose", [e3, g.const(wt, "wt")], kernel_shape=[2, 2], strides=[2, 2])
     d2 = g.op("Relu", [_conv_bn(g, g.op("Concat", [up, e2], axis=1), 32, 8)])
-    up = g.op("Resize", [d2, g.const(np.array([], np.float32), "roi"), g.const(np.array([1, 1, 2, 2], np.float32), "s")],
-              mode="nearest")
+    roi, scales = g.const(np.array([], np.float32), "roi"), g.const(np.array([1, 1, 2, 2], np.float32), "s")
+    up = g.op("Resize", [d2, roi, scales], mode="nearest")
     d1 = g.op("Relu", [_conv_bn(g, g.op("Concat", [up, e1], axis=1), 16, 8)])
     out = g.op("Sigmoid", [g.conv(d1, 8, 1, k=1)])
     return g.model({"data": [1, 3, h, h]}, [out], opset)
@@ -216,10 +216,11 @@ def yolov8_head(h: int = 32, classes: int = 4, opset: int = 13) -> FloatModel:
     g.op("Split", [allp, g.const(np.array([4 * bins, classes], np.int64), "split")], n_out=2, axis=1)
     box, cls = g.nodes[-1].output
     n = sum((h // s) ** 2 for s in (8, 16, 32))
-    dist = g.op("Softmax", [g.op("Transpose", [g.op("Reshape", [box, g.const(np.array([1, 4, bins, n], np.int64), "d")])],
-                                 perm=[0, 2, 1, 3])], axis=1)
+    bins_shape = g.const(np.array([1, 4, bins, n], np.int64), "d")
+    dist = g.op("Softmax", [g.op("Transpose", [g.op("Reshape", [box, bins_shape])], perm=[0, 2, 1, 3])], axis=1)
     proj = g.const(np.arange(bins, dtype=np.float32).reshape(1, bins, 1, 1), "dfl")
-    ltrb = g.op("Reshape", [g.op("Conv", [dist, proj], kernel_shape=[1, 1]), g.const(np.array([1, 4, n], np.int64), "o")])
+    out_shape = g.const(np.array([1, 4, n], np.int64), "o")
+    ltrb = g.op("Reshape", [g.op("Conv", [dist, proj], kernel_shape=[1, 1]), out_shape])
     out = g.op("Concat", [ltrb, g.op("Sigmoid", [cls])], axis=1)
     return g.model({"data": [1, 3, h, h]}, [out], opset)
 
