@@ -254,12 +254,19 @@ class HzBiasCalibration(HzOp):
         div, levels, value = (ctx.unique(f"{base}_{k}") for k in ("div", "levels", "value"))
         rounded, low = ctx.unique(f"{base}_round"), ctx.unique(f"{base}_low")
         nodes += [helper.make_node("Div", [bias, step], [div], name=div),
-                  helper.make_node("Round", [div], [rounded], name=rounded),
-                  helper.make_node("Max", [rounded, ctx.constant(f"{base}_int32_min",
-                                                                 np.array(float(grids.INT32_MIN)))], [low], name=low),
-                  helper.make_node("Min", [low, ctx.constant(f"{base}_int32_max", np.array(float(grids.INT32_MAX)))],
-                                   [levels], name=levels),
-                  helper.make_node("Mul", [levels, step], [value], name=value)]
+                  helper.make_node("Round", [div], [rounded], name=rounded)]
+        if ctx.feed_calibration and fed is not None:
+            # A candidate grid the search feeds: the model it becomes widens weight grids so the bias
+            # fits int32 (quant.plan), so it is scored without the clip.
+            nodes.append(helper.make_node("Identity", [rounded], [levels], name=levels))
+        else:
+            nodes += [helper.make_node("Max", [rounded, ctx.constant(f"{base}_int32_min",
+                                                                     np.array(float(grids.INT32_MIN)))],
+                                       [low], name=low),
+                      helper.make_node("Min", [low, ctx.constant(f"{base}_int32_max",
+                                                                 np.array(float(grids.INT32_MAX)))],
+                                       [levels], name=levels)]
+        nodes.append(helper.make_node("Mul", [levels, step], [value], name=value))
         twins.to_float(ctx, value, node.output[0], nodes)
         ctx.twins[node.output[0]] = twins.Twin(value, levels, step, twins.ACCUMULATOR_BITS)
         return nodes

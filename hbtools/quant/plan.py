@@ -414,7 +414,7 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
     return model
 
 
-BIAS_ROOM = 2.0**30  # largest |bias level| a weight grid leaves on the int32 accumulator
+BIAS_ROOM = 2.0**30  # largest |bias level| a weight grid leaves on the int32 accumulator (half: room for rounding)
 
 
 def along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
