@@ -24,9 +24,10 @@ pytestmark = pytest.mark.integration
 
 # model -> calibration type: the SVTR recogniser needs default's method search to keep its strings
 FAST = {"captcha_crnn": "max", "ppocrv5_cls": "max", "ppocrv6_tiny_rec": "default"}
-# 8 calibration samples are coarser than the benchmark's 20: looser bounds.
+# 8 calibration samples are coarser than the benchmark's 20: looser bounds. Six held-out lines
+# resolve string agreement only in sixths, so the bound is a coarse check; the benchmark judges 80 %.
 COSINE = {"cls": 0.98, "rec": 0.97, "captcha": 0.97}
-STRINGS = 0.75
+STRINGS = 0.5
 
 
 @pytest.fixture(scope="module")
