@@ -98,6 +98,8 @@ class HzOp:
     unit_kind: str = ""
     onnx_ops: tuple[str, ...] = ()
     float64_twins: bool = False
+    # Its units read one activation and constant tensors (not scalars: those fold into a lookup table).
+    constant_operands: bool = False
     # Attribute spec: name -> default (REQUIRED: no default). Empty: not declared (free form).
     attributes: dict[str, object] = {}
     # Attributes stored as float64 tensors: FLOAT(S) attributes are float32, and a requantization
