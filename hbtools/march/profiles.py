@@ -111,7 +111,8 @@ _BAYES_OPS: dict[str, OpRule] = {
     "Resize": OpRule("", ("passive",), ranks=(4, 4), modes=("nearest",)),
     "Concat": OpRule("HzSQuantizedConcat", ("concat",)),
     # BPU ops of the device that hbtools has no integer kernel for yet.
-    **_each(("Softmax", "ReduceMean", "ReduceMax", "ReduceSum", "ArgMax", "LayerNormalization", "Pad",
+    "Softmax": OpRule("HzSQuantizedSoftmax", ("softmax",)),
+    **_each(("ReduceMean", "ReduceMax", "ReduceSum", "ArgMax", "LayerNormalization", "Pad",
              "DepthToSpace", "SpaceToDepth", "GridSample", "Gather", "Tile"), OpRule("", ())),
 }
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import ModelProto, numpy_helper
 
+from hbtools.ops import registry
 from hbtools.ops.base import DOMAIN
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.names import calibrated_tensor
@@ -63,6 +64,9 @@ def read_calibrated(calibrated: ModelProto) -> CalibratedGraph:
         elif node.domain == DOMAIN and node.op_type == HzBiasCalibration.op_type:
             rename[node.output[0]] = node.input[0]  # the quantize stage rounds the float bias itself
         else:
+            op = registry.op_class(node.op_type) if node.domain == DOMAIN else None
+            if op is not None and op.float_op:  # an integer kernel's emulation: the float op again
+                node.op_type, node.domain = op.float_op, ""
             keep.append(node)
     del model.graph.node[:]
     model.graph.node.extend(keep)

@@ -156,6 +156,9 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         op_class = registry.op_for_unit_kind(form) if form not in BUILTIN_KINDS else None
         if op_class is None:
             continue
+        refusal = op_class.refusal(node, view)
+        if refusal:
+            return _cpu(node, acts, refusal)
         if op_class.constant_operands:  # one activation and tensor constants
             if len(acts) == 1 and not _scalar_consts(node, view):
                 reason = _constant_broadcast_violation(node, acts[0], view, rule, profile)
