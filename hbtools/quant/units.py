@@ -199,8 +199,9 @@ def _constant_broadcast_violation(node: NodeProto, act: str, view: GraphView, ru
         if i and view.is_const(i):
             form = classify_broadcast(shape, list(view.const(i).shape)) if shape is not None else None
             if form not in rule.broadcast:
-                return (f"{node.op_type} with a constant of shape {list(view.const(i).shape)} against "
-                        f"{list(shape) if shape is not None else 'an unknown shape'} has no BPU form on {profile.label}")
+                against = list(shape) if shape is not None else "an unknown shape"
+                return (f"{node.op_type} with a constant of shape {list(view.const(i).shape)} against {against} "
+                        f"has no BPU form on {profile.label}")
     return ""
 
 

@@ -55,9 +55,11 @@ def _softmax_model(opset: int = 13) -> FloatModel:
              helper.make_node("Softmax", ["c"], ["p"], axis=1, name="softmax"),
              helper.make_node("Mul", ["p", "gain"], ["g"], name="gain_mul"),
              helper.make_node("Sub", ["offset", "g"], ["y"], name="offset_sub")]
-    graph = helper.make_graph(nodes, "softmax", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
+    inits = [numpy_helper.from_array(v, n) for v, n in ((w, "w"), (gain, "gain"), (offset, "offset"))]
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])
+    graph = helper.make_graph(nodes, "softmax", [data],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
-                              [numpy_helper.from_array(v, n) for v, n in ((w, "w"), (gain, "gain"), (offset, "offset"))])
+                              inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
     return FloatModel(model, {"data": [1, 3, 8, 8]}, set())
 

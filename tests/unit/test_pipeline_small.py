@@ -38,7 +38,8 @@ from hbtools.runtime.session import make_session
 
 ONNX_ARTEFACTS = ("original", "optimized", "calibrated", "quantized")
 QUANTIZED_HZ_OPS = {"HzSQuantizedConv", "HzSQuantizedMatMul", "HzSQuantizedEltwise", "HzLut",
-                    "HzSQuantizedPool", "HzSQuantizedConcat", "HzRequantize", "HzQuantize", "HzDequantize"}
+                    "HzSQuantizedPool", "HzSQuantizedConcat", "HzRequantize", "HzQuantize", "HzDequantize",
+                    "HzSQuantizedSoftmax", "HzSQuantizedConstantEltwise"}
 # Standard ops that may run on the BPU side of a quantized model: they move integers around.
 DATA_MOVEMENT = {"Reshape", "Transpose", "Flatten", "MaxPool", "GlobalMaxPool", "Resize", "Squeeze",
                  "Unsqueeze", "Slice", "Split", "Identity", "Cast"}
