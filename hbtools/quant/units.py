@@ -197,6 +197,8 @@ def _constant_broadcast_violation(node: NodeProto, act: str, view: GraphView, ru
     shape = view.shapes.get(act)
     for i in node.input:
         if i and view.is_const(i):
+            if view.const(i).dtype != np.float32:
+                return f"{node.op_type} with a {view.const(i).dtype} constant has no BPU form"
             form = classify_broadcast(shape, list(view.const(i).shape)) if shape is not None else None
             if form not in rule.broadcast:
                 against = list(shape) if shape is not None else "an unknown shape"
