@@ -12,8 +12,9 @@ numbers, exact while sums stay below 2**24: int16 levels are split in two bytes)
 and every fake quant fed by a twin divides in float64, as the integer ops do.
 
 Twins run through the ops the quantized model computes in integers without a
-lookup table: conv-like products, Add/Sub/Mul of two activations, global average
-pooling, Concat and data movement. Element-wise functions (lookup tables in the
+lookup table: conv-like products, Add/Sub/Mul of two activations, Add/Sub/Mul/Div
+with a constant tensor (HzSQuantizedConstantEltwise), global average pooling,
+Concat and data movement (Split included). Element-wise functions (lookup tables in the
 quantized model) stay float32, like the tables computed from them.
 """
 
