@@ -395,8 +395,9 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
                 model.graph.initializer.append(numpy_helper.from_array(offsets, rounding))
             new_nodes.append(HzCalibration.build(p.tensor, out, kind="weight", thresholds=th, bits=8, axis=p.axis,
                                                  method="max", rounding=rounding))
+        weight_node = new_nodes[-1]  # each reader's bias goes after it: new_nodes[-1] moves on
         for name, k in p.rewire:
-            new_nodes.extend(_bias_nodes(model, nodes[name], new_nodes[-1], plan, grids))
+            new_nodes.extend(_bias_nodes(model, nodes[name], weight_node, plan, grids))
             nodes[name].input[k] = out
     for p in plan.activations:
         src, out = p.tensor, f"{p.tensor}_calibrated"
