@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from bin_fixtures import logger_restored
-from builders import FloatModel, make_project, random_sample
+from builders import FloatModel, Project, make_project, random_sample
 from click.testing import CliRunner
 
 from hbtools.cli.hb_mapper import main as hb_mapper
@@ -34,6 +34,7 @@ class Outcome:
     cpu: list[dict]  # the .bin's CPU nodes: name, type, reason
     bpu_nodes: list[str]
     log: str
+    project: Project | None = None
 
     def placement(self) -> str:
         cpu = "; ".join(f"{c['type']} {c['name']}: {c['reason']}" for c in self.cpu) or "none"
@@ -90,4 +91,4 @@ def convert_and_check(fm: FloatModel, root: Path, calibration_type: str = "max",
     assert not bad, f"hb_verifier: quantized model and .bin differ on {bad}"
     part = read_bin(project.artefact("bin")).models[0].partition
     bpu = [n for s in part["subgraphs"] for n in s["nodes"]]
-    return Outcome(cos, part["cpu_nodes"], bpu, "\n".join(logs))
+    return Outcome(cos, part["cpu_nodes"], bpu, "\n".join(logs), project)

@@ -49,7 +49,7 @@ class Sensitivity:
             lead = [name]
             if self.kind != "node":
                 c = self.cm.calibration[name]
-                lead.append(",".join(c.consumers))
+                lead.append(",".join(c.consumers) or "--")  # a model output no node reads
                 if self.kind == "activation":
                     lead += [str(c.threshold), str(c.bits)]
             out.append([*lead, *(str(values[m]) for m in self.metrics)])

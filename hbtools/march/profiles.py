@@ -96,10 +96,12 @@ _BAYES_OPS: dict[str, OpRule] = {
                             dilation=1, channels=8192, int16=False),
     "Gemm": OpRule("HzSQuantizedConv", ("conv",), ranks=(2, 2), channels=8192),
     "MatMul": OpRule("HzSQuantizedMatMul", ("conv", "matmul"), ranks=(2, 5)),
-    "Add": OpRule("HzSQuantizedAdd", ("eltwise", "lut")),
-    "Sub": OpRule("HzSQuantizedSub", ("eltwise", "lut")),
-    "Mul": OpRule("HzSQuantizedMul", ("eltwise", "lut")),
+    "Add": OpRule("HzSQuantizedAdd", ("eltwise", "constant_eltwise", "lut")),
+    "Sub": OpRule("HzSQuantizedSub", ("eltwise", "constant_eltwise", "lut")),
+    "Mul": OpRule("HzSQuantizedMul", ("eltwise", "constant_eltwise", "lut")),
     **_each(LUT_OPS, OpRule("HzLut", ("lut",))),
+    # A constant-tensor divisor or dividend: the constant is applied in the requantization.
+    "Div": OpRule("HzSQuantizedDiv", ("constant_eltwise", "lut")),
     **_each(("Max", "Min"), OpRule("HzSQuantizedMaxMin", ("maxmin", "lut"))),  # of two tensors, or a table
     "GlobalAveragePool": OpRule("HzSQuantizedGlobalAveragePool", ("pool",), ranks=(4, 4)),
     "AveragePool": OpRule("HzSQuantizedAveragePool", ("pool",), ranks=(4, 4), kernel=15, stride=8),
@@ -109,7 +111,8 @@ _BAYES_OPS: dict[str, OpRule] = {
     "Resize": OpRule("", ("passive",), ranks=(4, 4), modes=("nearest",)),
     "Concat": OpRule("HzSQuantizedConcat", ("concat",)),
     # BPU ops of the device that hbtools has no integer kernel for yet.
-    **_each(("Softmax", "ReduceMean", "ReduceMax", "ReduceSum", "ArgMax", "LayerNormalization", "Pad",
+    "Softmax": OpRule("HzSQuantizedSoftmax", ("softmax",)),
+    **_each(("ReduceMean", "ReduceMax", "ReduceSum", "ArgMax", "LayerNormalization", "Pad",
              "DepthToSpace", "SpaceToDepth", "GridSample", "Gather", "Tile"), OpRule("", ())),
 }
 
@@ -124,9 +127,12 @@ _BERNOULLI2_OPS: dict[str, OpRule] = {
                             dilation=1, channels=2048, int16=False),
     "Gemm": OpRule("HzSQuantizedConv", ("conv",), ranks=(2, 2), channels=2048),
     "MatMul": OpRule("HzSQuantizedConv", ("conv",), ranks=(2, 4), channels=2048),
-    "Add": OpRule("HzSQuantizedAdd", ("eltwise", "lut"), ranks=(4, 4), broadcast=("same", "scalar", "channel")),
-    "Sub": OpRule("HzSQuantizedSub", ("eltwise", "lut"), ranks=(4, 4), broadcast=("same", "scalar", "channel")),
-    "Mul": OpRule("HzSQuantizedMul", ("eltwise", "lut"), ranks=(4, 4), broadcast=("same", "scalar", "channel")),
+    "Add": OpRule("HzSQuantizedAdd", ("eltwise", "constant_eltwise", "lut"), ranks=(4, 4),
+                   broadcast=("same", "scalar", "channel")),
+    "Sub": OpRule("HzSQuantizedSub", ("eltwise", "constant_eltwise", "lut"), ranks=(4, 4),
+                   broadcast=("same", "scalar", "channel")),
+    "Mul": OpRule("HzSQuantizedMul", ("eltwise", "constant_eltwise", "lut"), ranks=(4, 4),
+                   broadcast=("same", "scalar", "channel")),
     "AveragePool": OpRule("HzSQuantizedAveragePool", ("pool",), ranks=(4, 4), kernel=7, stride=4),
     "MaxPool": OpRule("", ("passive",), ranks=(4, 4), kernel=7, stride=4),
     "Transpose": OpRule("", ("passive",), ranks=(4, 4), perms=_NCHW_NHWC),

@@ -98,6 +98,12 @@ class HzOp:
     unit_kind: str = ""
     onnx_ops: tuple[str, ...] = ()
     float64_twins: bool = False
+    # Its units read one activation and constant tensors (not scalars: those fold into a lookup table).
+    constant_operands: bool = False
+    # The Hz op that stands for such a unit's ONNX node in the calibrated model (its lowering emulates
+    # this op's numerics), and, on that op, the ONNX op it stands for.
+    calibrated_op: str = ""
+    float_op: str = ""
     # Attribute spec: name -> default (REQUIRED: no default). Empty: not declared (free form).
     attributes: dict[str, object] = {}
     # Attributes stored as float64 tensors: FLOAT(S) attributes are float32, and a requantization
@@ -123,6 +129,11 @@ class HzOp:
         """A node's attributes with the spec's defaults filled in (the inverse of ``make_node``)."""
         defaults = {k: v for k, v in cls.attributes.items() if v is not REQUIRED and v is not None}
         return {**defaults, **attrs_of(node)}
+
+    @classmethod
+    def refusal(cls, node: NodeProto, view) -> str:  # noqa: ANN001 - GraphView lives above ops/
+        """Why ``node`` cannot become a unit of this op's ``unit_kind`` ("" when it can)."""
+        return ""
 
     @classmethod
     def emit(cls, state, unit) -> None:  # noqa: ANN001 - EmitState and Unit live above ops/

@@ -12,8 +12,9 @@ numbers, exact while sums stay below 2**24: int16 levels are split in two bytes)
 and every fake quant fed by a twin divides in float64, as the integer ops do.
 
 Twins run through the ops the quantized model computes in integers without a
-lookup table: conv-like products, Add/Sub/Mul of two activations, global average
-pooling, Concat and data movement. Element-wise functions (lookup tables in the
+lookup table: conv-like products, Add/Sub/Mul of two activations, Add/Sub/Mul/Div
+with a constant tensor (HzSQuantizedConstantEltwise), global average pooling,
+Concat and data movement (Split included). Element-wise functions (lookup tables in the
 quantized model) stay float32, like the tables computed from them.
 """
 
@@ -32,6 +33,7 @@ _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "I
           "GlobalMaxPool")
 _DOUBLE_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity")
 _ELEMENTWISE = ("Add", "Sub", "Mul")
+_CONSTANT_OPERAND = ("Add", "Sub", "Mul", "Div")
 ACCUMULATOR_BITS = 32  # a twin holding an integer product's exact sum
 
 
@@ -138,6 +140,9 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         done = _product(node, ctx, nodes)
     elif op in _ELEMENTWISE and len(data) == 2:
         done = _same_op(node, ctx, nodes)
+    elif op in _CONSTANT_OPERAND and len(data) == 1 and _tensor_constant(node, ctx):
+        # HzSQuantizedConstantEltwise applies the constant in float64 (a scalar one is a table).
+        done = _same_op(node, ctx, nodes)
     elif op == "Relu" or (op == "Clip" and ctx.opset >= 12):
         # Fused into a conv's requantization when it reads the accumulator; anywhere else it is a
         # lookup table, computed (like the table) in float32.
@@ -148,6 +153,8 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         done = _global_average(node, ctx, nodes)
     elif op in _MOVES and len(data) == 1 and len(node.output) == 1:
         done = _move(node, ctx, nodes)
+    elif op == "Split" and len(data) == 1:
+        done = _split(node, ctx, nodes)
     else:
         done = False
     return nodes if done else []
@@ -178,6 +185,28 @@ def _replace_output(node: NodeProto, ctx: LoweringContext, value: str, nodes: li
     """The node's float32 output becomes the cast of its twin."""
     to_float(ctx, value, node.output[0], nodes)
     ctx.twins[node.output[0]] = twin or Twin(value)
+
+
+def _tensor_constant(node: NodeProto, ctx: LoweringContext) -> bool:
+    """Whether ``node`` has a float constant operand of more than one value."""
+    shapes = [ctx.shapes.get(i) for i in node.input if i in ctx.float_constants]
+    return any(s is None or int(np.prod(s)) > 1 for s in shapes) and bool(shapes)
+
+
+def _split(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    """Split of a twin: its levels (or, with per-channel steps, its value) split the same way."""
+    src = ctx.twins[node.input[0]]
+    by_levels = src.levels is not None and src.scalar_step
+    parts = [ctx.unique(f"{o}_f64") for o in node.output]
+    split = helper.make_node("Split", [src.levels if by_levels else value_of(ctx, src, nodes), *node.input[1:]],
+                             parts, name=ctx.unique(f"{node.name}_f64"))
+    split.attribute.extend(node.attribute)
+    nodes.append(split)
+    for out, part in zip(node.output, parts, strict=True):
+        twin = Twin(None, part, src.step, src.bits) if by_levels else Twin(part, scalar_step=src.scalar_step)
+        to_float(ctx, value_of(ctx, twin, nodes), out, nodes)
+        ctx.twins[out] = twin
+    return True
 
 
 def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:

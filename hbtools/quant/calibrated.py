@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import ModelProto, numpy_helper
+from onnx import ModelProto, NodeProto, numpy_helper
 
+from hbtools.ops import registry
 from hbtools.ops.base import DOMAIN
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.names import calibrated_tensor
@@ -63,6 +64,7 @@ def read_calibrated(calibrated: ModelProto) -> CalibratedGraph:
         elif node.domain == DOMAIN and node.op_type == HzBiasCalibration.op_type:
             rename[node.output[0]] = node.input[0]  # the quantize stage rounds the float bias itself
         else:
+            _as_float_op(node)
             keep.append(node)
     del model.graph.node[:]
     model.graph.node.extend(keep)
@@ -75,6 +77,13 @@ def read_calibrated(calibrated: ModelProto) -> CalibratedGraph:
         for k, o in enumerate(node.output):
             node.output[k] = rename.get(o, o)
     return CalibratedGraph(model, acts, weights)
+
+
+def _as_float_op(node: NodeProto) -> None:
+    """An integer kernel's emulation (``HzOp.float_op``, e.g. HzSoftmax) becomes its float op again."""
+    op = registry.op_class(node.op_type) if node.domain == DOMAIN else None
+    if op is not None and op.float_op:
+        node.op_type, node.domain = op.float_op, ""
 
 
 def _act_grid(a: dict, name: str) -> ActGrid:
@@ -106,6 +115,7 @@ def without_integer_emulation(calibrated: ModelProto) -> ModelProto:
             kept = [a for a in node.attribute if a.name != "integer"]
             del node.attribute[:]
             node.attribute.extend(kept)
+        _as_float_op(node)
         keep.append(node)
     for node in keep:
         for k, i in enumerate(node.input):

@@ -25,12 +25,14 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.model import Config, OptimizationOptions
 from hbtools.graph.graph import GraphView, topological_sort
-from hbtools.graph.model_io import with_horizon_domain
+from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.march.profiles import MarchProfile
-from hbtools.ops.base import attrs_of
+from hbtools.ops import registry
+from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.names import calibration_node
 from hbtools.ops.preprocess import HzPreprocess
+from hbtools.ops.softmax import softmax_axis
 from hbtools.quant.grids import Grid, activation_grid, fed_values, input_scale_array, scales_for
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.units import Partition, Unit
@@ -82,6 +84,8 @@ class CalibrationPlan:
     rounding: dict[str, np.ndarray] = field(default_factory=dict)  # weight -> GPTQ offsets from nearest (int8)
     # tensor -> the calibrated tensor whose grid it carries (itself, or through data-movement ops)
     grid_source: dict[str, str] = field(default_factory=dict)
+    # node -> the Hz op standing for it in the calibrated model (``HzOp.calibrated_op``)
+    emulated: dict[str, str] = field(default_factory=dict)
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)
@@ -151,6 +155,10 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         is_output = materialised and tensor in view.graph_outputs
         plan.activations.append(ActivationPoint(tensor, bits_of.get(tensor, 8), rewire, is_output))
     _plan_weights(plan, part, view)
+    for unit in part.units:
+        op_class = registry.op_for_unit_kind(unit.kind) if unit.on == "BPU" else None
+        if op_class is not None and op_class.calibrated_op:
+            plan.emulated[unit.main.name] = op_class.calibrated_op
     calibrated = {p.tensor for p in plan.activations}
     plan.grid_source = {t: t for t in calibrated}
     for unit in part.units:
@@ -313,6 +321,12 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                     bits[t] = output_bits
     if opts.output_bits == 16 and not profile.int16:
         log.warning("set_model_output_int16: int16 is not available on %s; falling back to int8", profile.label)
+    # An integer Softmax reads int16 where it can: on an int8 grid close logits share a level, and the
+    # largest one (an argmax, a decoded character) is lost (set_Softmax_input_int8 keeps int8).
+    for unit in part.units:
+        if unit.on == "BPU" and unit.kind == "softmax" and profile.int16:
+            for t in unit.inputs:
+                request(t, f"node {unit.main.name} input")
     node_info = config.model.node_info if config else {}
     all16 = opts.all_int16
     for unit in part.units:
@@ -363,7 +377,10 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
     per_channel = {p.tensor for p in plan.activations if p.axis is not None}
     view = GraphView(model) if per_channel else None
     new_nodes: list[NodeProto] = []
+    opset = default_opset(model)
     for node in model.graph.node:
+        if node.name in plan.emulated:
+            _emulated(node, plan.emulated[node.name], opset)
         if node.op_type == HzPreprocess.op_type and node.output[0] in grids:
             # The BPU runs the preprocessing as an integer conv: emulate its coefficients.
             node.attribute.append(helper.make_attribute("integer", 1))
@@ -384,7 +401,7 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
                 model.graph.initializer.append(numpy_helper.from_array(offsets, rounding))
             new_nodes.append(HzCalibration.build(p.tensor, out, kind="weight", thresholds=th, bits=8, axis=p.axis,
                                                  method="max", rounding=rounding))
-        weight_node = new_nodes[-1]
+        weight_node = new_nodes[-1]  # each reader's bias goes after it: new_nodes[-1] moves on
         for name, k in p.rewire:
             new_nodes.extend(_bias_nodes(model, nodes[name], weight_node, plan, grids))
             nodes[name].input[k] = out
@@ -412,6 +429,15 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
     topological_sort(model)
     with_horizon_domain(model)
     return model
+
+
+def _emulated(node: NodeProto, op_type: str, opset: int) -> None:
+    """Turn ``node`` into the Hz op whose lowering follows its integer kernel (``HzOp.calibrated_op``)."""
+    axis = softmax_axis(node, opset) if node.op_type == "Softmax" else None
+    node.op_type, node.domain = op_type, DOMAIN
+    if axis is not None:  # explicit: the default depends on the opset
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("axis", axis))
 
 
 BIAS_ROOM = 2.0**30  # largest |bias level| a weight grid leaves on the int32 accumulator (half: room for rounding)

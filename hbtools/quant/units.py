@@ -17,7 +17,7 @@ from onnx import ModelProto, NodeProto
 
 from hbtools.config.model import NodeInfo
 from hbtools.graph.graph import GraphView
-from hbtools.march.constraints import violation
+from hbtools.march.constraints import classify_broadcast, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
 from hbtools.ops import custom, registry
 from hbtools.ops.base import DOMAIN
@@ -152,9 +152,20 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         return _cpu(node, acts, f"{op} without a constant weight has no BPU form on {profile.label}")
     if "eltwise" in forms and len(acts) == 2 and acts[0] != acts[1]:
         return Unit("eltwise", [node], acts, list(node.output), table_type=rule.table_type)
-    for form in forms:  # a kind an op class quantizes by itself: every input an activation
-        if form not in BUILTIN_KINDS and registry.op_for_unit_kind(form) is not None \
-                and len(acts) == len([i for i in node.input if i]) and len(set(acts)) == len(acts):
+    for form in forms:  # a kind an op class quantizes by itself
+        op_class = registry.op_for_unit_kind(form) if form not in BUILTIN_KINDS else None
+        if op_class is None:
+            continue
+        refusal = op_class.refusal(node, view)
+        if refusal:
+            return _cpu(node, acts, refusal)
+        if op_class.constant_operands:  # one activation and tensor constants
+            if len(acts) == 1 and not _scalar_consts(node, view):
+                reason = _constant_broadcast_violation(node, acts[0], view, rule, profile)
+                if reason:
+                    return _cpu(node, acts, reason)
+                return Unit(form, [node], acts, list(node.output), table_type=rule.table_type)
+        elif len(acts) == len([i for i in node.input if i]) and len(set(acts)) == len(acts):
             return Unit(form, [node], acts, list(node.output), table_type=rule.table_type)
     if "lut" in forms and len(set(acts)) == 1:
         if _scalar_consts(node, view):
@@ -179,6 +190,22 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
             return Unit("concat", [node], acts, list(node.output), table_type=rule.table_type)
         return _cpu(node, acts, f"{op} with a constant input has no BPU form")
     return _cpu(node, acts, f"{op} with these inputs has no BPU form on {profile.label}")
+
+
+def _constant_broadcast_violation(node: NodeProto, act: str, view: GraphView, rule: OpRule,
+                                  profile: MarchProfile) -> str:
+    """Why a constant operand's shape has no BPU form against activation ``act`` ("" when it has one)."""
+    shape = view.shapes.get(act)
+    for i in node.input:
+        if i and view.is_const(i):
+            if view.const(i).dtype != np.float32:
+                return f"{node.op_type} with a {view.const(i).dtype} constant has no BPU form"
+            form = classify_broadcast(shape, list(view.const(i).shape)) if shape is not None else None
+            if form not in rule.broadcast:
+                against = list(shape) if shape is not None else "an unknown shape"
+                return (f"{node.op_type} with a constant of shape {list(view.const(i).shape)} against {against} "
+                        f"has no BPU form on {profile.label}")
+    return ""
 
 
 def _cpu(node: NodeProto, acts: list[str], reason: str) -> Unit:
@@ -287,7 +314,7 @@ def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool
 
 def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[int]) -> None:
     """Cheap ops wedged between CPU ops gain nothing from int8: keep them in float too."""
-    movable = ("lut", "eltwise", "passive", "concat", "pool")
+    movable = ("lut", "eltwise", "constant_eltwise", "passive", "concat", "pool")
     changed = True
     while changed:
         changed = False

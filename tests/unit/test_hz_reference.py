@@ -201,3 +201,40 @@ def test_conv_falls_back_to_int64_beyond_float64_exactness() -> None:
     exact = conv(x, w, bound=3 * (2**52 + 1), **kwargs)
     assert exact.dtype == np.int64 and int(exact.reshape(-1)[0]) == 3 * (2**52 + 1)
     assert 3 * (2**52 + 1) > EXACT_LIMIT
+
+
+@pytest.mark.parametrize(("mode", "constant_first", "c_shape"),
+                         [("add", 0, [1, 4, 1, 1]), ("sub", 1, [4, 1, 1]), ("mul", 0, [1, 4, 5, 5]),
+                          ("div", 0, [1, 4, 1, 1]), ("div", 1, [1, 4, 5, 5])])
+@pytest.mark.parametrize("x_bits", [8, 16])
+def test_constant_eltwise(mode: str, constant_first: int, c_shape: list[int], x_bits: int) -> None:
+    rng = np.random.default_rng(7)
+    x = ints(rng, x_bits, [1, 4, 5, 5])
+    c = f32(rng.uniform(0.5, 3.0, c_shape) * rng.choice([-1, 1], c_shape))
+    q = QMAX[x_bits]
+    node = registry.get("HzSQuantizedConstantEltwise").make_node(
+        ["x", "c"], ["y"], "ce", mode=mode, constant_first=constant_first, x_scale=[float(f32(1.5 / q))],
+        x_zero_point=3 if x_bits == 8 else None, out_scale=[float(f32(4.0 / q))], out_type=f"int{x_bits}",
+        out_min=float(-q - 1), out_max=float(q), zero_point=-2 if x_bits == 8 else None)
+    y = check(node, {"x": x}, {"c": c})
+    assert len(np.unique(y)) > 10
+
+
+@pytest.mark.parametrize(("x_bits", "out_type", "axis"), [(8, "int8", 1), (8, "int16", -1), (16, "int8", 2)])
+def test_softmax(x_bits: int, out_type: str, axis: int) -> None:
+    from hbtools.ops.softmax import exp_table
+
+    rng = np.random.default_rng(8)
+    x = ints(rng, x_bits, [1, 16, 4, 6])
+    step = float(f32(12.0 / QMAX[x_bits]))
+    table = exp_table(step, x_bits)
+    assert table[-1] == 2**15 and table[0] == 0 and len(table) == 2**x_bits
+    q = QMAX[int(out_type[3:])]
+    node = registry.get("HzSQuantizedSoftmax").make_node(
+        ["x"], ["y"], "sm", axis=axis, table=table, out_scale=[float(f32(1.0 / q))], out_type=out_type,
+        out_min=float(-q), out_max=float(q))
+    y = check(node, {"x": x})
+    p = np.exp(x * np.float64(step) - (x * np.float64(step)).max(axis=axis, keepdims=True))
+    p /= p.sum(axis=axis, keepdims=True)
+    # within an output step plus the table's 2**-15 resolution of the float softmax
+    assert np.abs(y / q - p).max() <= 1.0 / q + 2.0**-14

@@ -121,12 +121,17 @@ def test_kernel_limit_is_per_march() -> None:
 
 def test_unlowered_and_unknown_ops_say_why() -> None:
     g = _Graph(10)
-    s = g.op("Softmax", [g.conv("data", 3, 8)], axis=1)
+    c = g.conv("data", 3, 8)
+    s = g.op("Softmax", [c], axis=1)
     t = g.op("Mul", [s, g.const(np.full([1, 8, 1, 1], 0.5, dtype=np.float32))])
-    model = g.model({"data": [1, 3, 8, 8]}, [g.op("Relu", [t])]).model
+    outputs = [g.conv(t, 8, 4), g.op("DepthToSpace", [c], blocksize=2),
+               g.op("Pow", [c, g.const(np.full([1, 8, 1, 1], 2.0, dtype=np.float32))])]
+    model = g.model({"data": [1, 3, 8, 8]}, outputs).model
     x5 = _partition(model, "bayes-e")
-    assert "no integer kernel" in _reason(x5, "Softmax_0")
-    assert "only scalar constants" in _reason(x5, "Mul_0")
+    # Softmax and a per-channel constant have integer kernels; DepthToSpace has none yet
+    assert _placement(x5)["Softmax_0"][0] == _placement(x5)["Mul_0"][0] == "BPU"
+    assert "no integer kernel" in _reason(x5, "DepthToSpace_0")
+    assert "only scalar constants" in _reason(x5, "Pow_0")
     x3 = _partition(model, "bernoulli2")
     assert "Softmax is not supported on the BPU of bernoulli2" in _reason(x3, "Softmax_0")
 
@@ -134,9 +139,9 @@ def test_unlowered_and_unknown_ops_say_why() -> None:
 def test_overrides_and_isolated_ops() -> None:
     """A Transpose between two CPU ops stays in float unless run_on_bpu or fast-perf (all_bpu) says otherwise."""
     g = _Graph(11)
-    s1 = g.op("Softmax", [g.conv("data", 3, 8)], axis=1)
+    s1 = g.op("LogSoftmax", [g.conv("data", 3, 8)], axis=1)  # not a BPU op
     t = g.op("Transpose", [s1], perm=[0, 1, 3, 2])
-    s2 = g.op("Softmax", [t], axis=1)
+    s2 = g.op("LogSoftmax", [t], axis=1)
     model = g.model({"data": [1, 3, 8, 8]}, [g.conv(s2, 8, 4)]).model
     default = _partition(model, "bayes-e")
     assert _placement(default)["Transpose_0"] == ("CPU", "--")

@@ -38,7 +38,8 @@ from hbtools.runtime.session import make_session
 
 ONNX_ARTEFACTS = ("original", "optimized", "calibrated", "quantized")
 QUANTIZED_HZ_OPS = {"HzSQuantizedConv", "HzSQuantizedMatMul", "HzSQuantizedEltwise", "HzLut",
-                    "HzSQuantizedPool", "HzSQuantizedConcat", "HzRequantize", "HzQuantize", "HzDequantize"}
+                    "HzSQuantizedPool", "HzSQuantizedConcat", "HzRequantize", "HzQuantize", "HzDequantize",
+                    "HzSQuantizedSoftmax", "HzSQuantizedConstantEltwise"}
 # Standard ops that may run on the BPU side of a quantized model: they move integers around.
 DATA_MOVEMENT = {"Reshape", "Transpose", "Flatten", "MaxPool", "GlobalMaxPool", "Resize", "Squeeze",
                  "Unsqueeze", "Slice", "Split", "Identity", "Cast"}
@@ -255,10 +256,8 @@ def test_quantized_model_is_integer(converted: Converted) -> None:
             v = values[n.output[0]]
             assert np.issubdtype(v.dtype, np.integer) or np.array_equal(v, np.round(v)), (
                 f"{n.op_type} {n.name} on the BPU carries non-integer values")
-    for node in ("Softmax",):
-        if any(n.op_type == node for n in converted.fm.model.graph.node):
-            assert any(n.op_type == node and n.name in cpu_nodes for n in model.graph.node), (
-                f"{node} should stay a CPU node")
+    if any(n.op_type == "Softmax" for n in converted.fm.model.graph.node):  # bayes-e has an integer Softmax
+        assert any(n.op_type == "HzSQuantizedSoftmax" for n in model.graph.node), "Softmax left the BPU"
 
 
 def test_bin_reads_back(converted: Converted) -> None:
@@ -302,7 +301,7 @@ def test_node_table_and_similarity_logged(tmp_path: Path) -> None:
     assert re.search(r"Node\s+ON\s+Subgraph\s+Type\s+Cosine Similarity\s+Threshold", text)
     for row in ("Conv_1", "Add_0", "Softmax_0"):
         assert re.search(rf"^{row}\s+(BPU|CPU)\s", text, re.M), f"no table row for {row}"
-    assert re.search(r"^Softmax_0\s+CPU\s+--\s+Softmax", text, re.M)
+    assert re.search(r"^Softmax_0\s+BPU\s+id\(0\)\s+HzSQuantizedSoftmax", text, re.M)
     assert text.rstrip().endswith("End Model Convert")
 
 

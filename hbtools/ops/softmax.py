@@ -1,0 +1,208 @@
+"""Softmax on the BPU: an exp lookup table, an integer sum, a float64 division.
+
+``HzSQuantizedSoftmax`` (quantized model), along ``axis`` of integer input ``x``:
+
+    d = x - max(x)                          integers in [-(n - 1), 0] (the zero point cancels)
+    e = table[d + n - 1]                    table[k] = round(exp((k - n + 1) * x_scale) * 2**15)
+    S = sum(e)                              exact integer sum
+    y = clip(round((e / S) / out_scale) + zero_point, out_min, out_max)
+
+``n`` is the table length (the input type's level count); the two divisions are
+float64, round half to even. The numpy reference and the ONNX lowering compute the
+same IEEE operations on the same integers, so they agree bit for bit.
+
+The table is computed by onnxruntime from the ops ``exp_levels`` builds (Mul by the
+step, Exp, Mul by 2**15, Round, all float64). The calibrated model emulates the kernel
+with ``HzSoftmax``: in place of a Softmax the BPU runs, its lowering applies the same
+ops to the input's float64 twin levels (``hbtools.ops.twins``), then ``e / S``; the
+output's fake quant divides that by the step, as the kernel does. Without twins (a
+debugger's piecewise model) it is the float Softmax. A table entry and the emulation
+could only differ where onnxruntime's float64 Exp rounds one ulp differently on
+another vector lane and the product lies within that ulp of a rounding tie.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper
+
+from hbtools.ops import twins
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
+from hbtools.ops.quantized import NUMPY_INT, ONNX_INT, OUTPUT_ATTRS
+from hbtools.ops.registry import register
+from hbtools.quant import grids
+
+EXP_ONE = 2.0**15  # exp(0) in table levels
+
+
+def exp_levels(d: str, step: str, hint: str, unique, nodes: list[NodeProto]) -> str:  # noqa: ANN001 - a name maker
+    """float64 ``round(exp(d * step) * 2**15)`` of float64 tensors ``d`` and ``step``: the table's formula."""
+    names = []
+    for op, inputs in (("Mul", [d, step]), ("Exp", [None]), ("Mul", [None, "one"]), ("Round", [None])):
+        out = unique(f"{hint}_exp_{op.lower()}")
+        ins = [names[-1] if i is None else i for i in inputs]
+        if "one" in ins:
+            ins[ins.index("one")] = unique(f"{hint}_exp_one")
+            nodes.append(helper.make_node("Constant", [], [ins[-1]], name=ins[-1],
+                                          value=helper.make_tensor("v", TensorProto.DOUBLE, [], [EXP_ONE])))
+        nodes.append(helper.make_node(op, ins, [out], name=out))
+        names.append(out)
+    return names[-1]
+
+
+def exp_table(step: float, bits: int) -> list[int]:
+    """``table[k]`` for ``d = k - n + 1`` over every difference of two ``bits``-bit levels."""
+    from hbtools.runtime.session import make_session
+
+    n = 2**bits
+    taken: set[str] = set()
+
+    def unique(hint: str) -> str:
+        name, i = hint, 0
+        while name in taken:
+            i += 1
+            name = f"{hint}_{i}"
+        taken.add(name)
+        return name
+
+    nodes: list[NodeProto] = []
+    out = exp_levels("d", "step", "t", unique, nodes)
+    graph = helper.make_graph(nodes, "exp_table", [helper.make_tensor_value_info("d", TensorProto.DOUBLE, [n]),
+                                                   helper.make_tensor_value_info("step", TensorProto.DOUBLE, [])],
+                              [helper.make_tensor_value_info(out, TensorProto.DOUBLE, [n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    d = np.arange(-(n - 1), 1, dtype=np.float64)
+    levels = make_session(model).run([out], {"d": d, "step": np.array(float(np.float32(step)))})[0]
+    return [int(v) for v in levels]
+
+
+def _reduce(ctx: LoweringContext, op: str, x: str, axis: int, hint: str, nodes: list[NodeProto]) -> str:
+    out = ctx.unique(f"{hint}_{op.lower()}")
+    # axes became an input of ReduceSum at opset 13, of ReduceMax at 18
+    if ctx.opset >= (13 if op == "ReduceSum" else 18):
+        axes = ctx.constant(f"{hint}_axes", np.array([axis], dtype=np.int64))
+        nodes.append(helper.make_node(op, [x, axes], [out], name=out, keepdims=1))
+    else:
+        nodes.append(helper.make_node(op, [x], [out], name=out, axes=[axis], keepdims=1))
+    return out
+
+
+def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
+    out = ctx.unique(f"{hint}_{op.lower()}")
+    nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+    return out
+
+
+def softmax_axis(node: NodeProto, opset: int) -> int:
+    """A Softmax node's axis (its default changed at opset 13)."""
+    a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    return int(a.get("axis", -1 if opset >= 13 else 1))
+
+
+@register
+class HzSQuantizedSoftmax(HzOp):
+    op_type = "HzSQuantizedSoftmax"
+    attributes = {"axis": REQUIRED, "table": REQUIRED, "out_scale": REQUIRED, **OUTPUT_ATTRS}
+    double_attributes = ("out_scale",)
+    shape_preserving = True
+    unit_kind = "softmax"
+    onnx_ops = ("Softmax",)
+    calibrated_op = "HzSoftmax"
+
+    @classmethod
+    def refusal(cls, node: NodeProto, view) -> str:  # noqa: ANN001 - GraphView lives above ops/
+        from hbtools.graph.model_io import default_opset
+
+        opset = default_opset(view.model)
+        shape = view.shapes.get(node.input[0])
+        if shape is None:
+            return "Softmax of a tensor of unknown rank has no BPU form in hbtools"
+        axis = softmax_axis(node, opset) % len(shape)
+        if opset < 13 and axis != len(shape) - 1:
+            return "Softmax before opset 13 over more than its last axis has no BPU form in hbtools"
+        return ""
+
+    @classmethod
+    def emit(cls, state, unit) -> None:  # noqa: ANN001 - EmitState and Unit live above ops/
+        from hbtools.graph.model_io import default_opset
+        from hbtools.quant.emitters.state import per_tensor
+
+        node = unit.main
+        xq = per_tensor(state.need_q(unit.inputs[0]), node.name)
+        qt, out = state.out_attrs(unit.outputs[0])
+        axis = softmax_axis(node, default_opset(state.src))
+        state.nodes.append(cls.make_node([xq.name], [qt.name], node.name, axis=axis,
+                                         table=exp_table(float(xq.scale[0]), xq.bits),
+                                         out_scale=[float(qt.scale[0])], **out))
+        state.record(unit.outputs[0], qt)
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = cls.read(node)
+        nodes: list[NodeProto] = []
+        hint, axis = node.name, int(a["axis"])
+        table = np.asarray(a["table"], dtype=np.float64)
+
+        def const(k: str, v: float) -> str:
+            return ctx.constant(f"{hint}_{k}", np.array(v, dtype=np.float64))
+
+        x = twins.to_double(ctx, node.input[0], hint, nodes)
+        d = _node(ctx, "Sub", [x, _reduce(ctx, "ReduceMax", x, axis, hint, nodes)], hint, nodes)
+        idx = _node(ctx, "Cast", [_node(ctx, "Add", [d, const("offset", table.size - 1.0)], hint, nodes)], hint,
+                    nodes, to=TensorProto.INT64)
+        e = _node(ctx, "Gather", [ctx.constant(f"{hint}_table", table), idx], hint, nodes)
+        p = _node(ctx, "Div", [e, _reduce(ctx, "ReduceSum", e, axis, hint, nodes)], hint, nodes)
+        q = _node(ctx, "Round", [_node(ctx, "Div", [p, const("out_scale", a["out_scale"][0])], hint, nodes)], hint,
+                  nodes)
+        if a["zero_point"]:
+            q = _node(ctx, "Add", [q, const("zp", float(a["zero_point"]))], hint, nodes)
+        q = _node(ctx, "Min", [_node(ctx, "Max", [q, const("lo", float(a["out_min"]))], hint, nodes),
+                               const("hi", float(a["out_max"]))], hint, nodes)
+        nodes.append(helper.make_node("Cast", [q], [node.output[0]], name=ctx.unique(f"{hint}_out"),
+                                      to=ONNX_INT[a["out_type"]]))
+        return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = cls.read(node)
+        table = np.asarray(a["table"], dtype=np.float64)
+        x = inputs[0].astype(np.int64)
+        d = x - x.max(axis=a["axis"], keepdims=True)
+        e = table[d + table.size - 1]
+        p = e / e.sum(axis=a["axis"], keepdims=True)
+        q = grids.requantize(p / np.float64(a["out_scale"][0]), 1.0, a["out_min"], a["out_max"], int(a["zero_point"]))
+        return [q.astype(NUMPY_INT[a["out_type"]])]
+
+
+@register
+class HzSoftmax(HzOp):
+    """The calibrated model's Softmax where the BPU runs it: the integer kernel's numerics on float64 twins."""
+
+    op_type = "HzSoftmax"
+    attributes = {"axis": REQUIRED}
+    shape_preserving = True
+    float_output = True
+    float_op = "Softmax"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        axis = int(cls.read(node)["axis"])
+        x, y = node.input[0], node.output[0]
+        src = ctx.twins.get(x)
+        if not ctx.exact or src is None or src.levels is None or not src.scalar_step:
+            return [helper.make_node("Softmax", [x], [y], name=ctx.unique(node.name), axis=axis)]
+        nodes: list[NodeProto] = []
+        hint = node.name
+        d = _node(ctx, "Sub", [src.levels, _reduce(ctx, "ReduceMax", src.levels, axis, hint, nodes)], hint, nodes)
+        e = exp_levels(d, src.step, hint, ctx.unique, nodes)
+        p = _node(ctx, "Div", [e, _reduce(ctx, "ReduceSum", e, axis, hint, nodes)], hint, nodes)
+        twins.to_float(ctx, p, y, nodes)
+        ctx.twins[y] = twins.Twin(p)
+        return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        x = inputs[0].astype(np.float64)
+        axis = int(cls.read(node)["axis"])
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return [(e / e.sum(axis=axis, keepdims=True)).astype(np.float32)]
