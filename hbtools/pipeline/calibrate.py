@@ -199,6 +199,18 @@ def _float_session(optimized: ModelProto, tensors: list[str]):
     return fetching_session(optimized, tensors), [o.name for o in optimized.graph.output]
 
 
+def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:
+    """``n`` sample indices spread evenly over ``count`` (outside ``exclude``).
+
+    Sample folders are often sorted by kind or source; the first ``n`` would score every
+    candidate on one kind and the search would fit it at the others' expense.
+    """
+    free = [i for i in range(count) if i not in exclude]
+    if len(free) <= n:
+        return set(free)
+    return {free[(2 * k + 1) * len(free) // (2 * n)] for k in range(n)}
+
+
 def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *, keep: bool = True):
     tensors = [p.tensor for p in plan.activations]
     session, outputs = _float_session(optimized, tensors)
@@ -207,13 +219,15 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     eval_feeds, eval_refs, bc_feeds = [], [], []
     bar = tqdm(samples(), total=count, desc="calibration", unit="sample", disable=not sys.stderr.isatty(),
                leave=False)
-    for feed in bar:
+    scored = spread(count, EVAL_SAMPLES) if keep else set()
+    measured = spread(count, BIAS_CORRECTION_SAMPLES, exclude=scored) if keep else set()
+    for index, feed in enumerate(bar):
         values = dict(zip(fetch, session.run(fetch, feed), strict=True))
         collector.update({t: values[t] for t in tensors})
-        if keep and len(eval_feeds) < EVAL_SAMPLES:
+        if index in scored:
             eval_feeds.append(feed)
             eval_refs.append([values[o] for o in outputs])
-        elif keep and len(bc_feeds) < BIAS_CORRECTION_SAMPLES:
+        elif index in measured:
             bc_feeds.append(feed)
         del values, feed  # else this sample's activations live on while the next one runs
     if collector.samples == 0:
