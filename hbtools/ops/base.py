@@ -58,6 +58,11 @@ class LoweringContext:
         self.exact = True  # keep twins (off where a lowering is switched piecewise, as the debugger's)
         self.constants: set[str] = set()
         self.float_constants: set[str] = set()
+        self.constant_values: dict[str, TensorProto] = {}
+        # uint8 copies (value + 128) of int8 tensors, for onnxruntime's fast integer kernels
+        # (``hbtools.ops.uint8_kernels``), and the constants they share.
+        self.uint8: dict[str, str] = {}
+        self.uint8_constants: dict[str, str] = {}
 
     def unique(self, hint: str) -> str:
         name, i = hint, 0

@@ -78,7 +78,8 @@ class HzPreprocess(HzOp):
             value = ctx.unique(f"{node.name}_value_f64")
             nodes.append(helper.make_node("Mul", [acc, s], [value], name=value))
             twins.to_float(ctx, value, y, nodes)
-            ctx.twins[y] = twins.Twin(value)
+            # An integer conv's accumulator: its fake quant follows the conv requantization.
+            ctx.twins[y] = twins.Twin(value, acc, s, twins.ACCUMULATOR_BITS, scalar_step=False)
         return nodes
 
     @classmethod

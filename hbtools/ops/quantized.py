@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
-from hbtools.ops import int_kernels
+from hbtools.ops import int_kernels, uint8_kernels
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
 from hbtools.ops.registry import register
 from hbtools.quant import grids
@@ -57,12 +57,18 @@ def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: 
     """float64 accumulator -> clip(round(acc * m)) in out_type (or exact int32 cast)."""
     axis = a.get("axis", 1)
     x = acc
+    single = bool(a.get("requantize_f32"))
+    if single:  # float32(acc) * float32(m), as onnxruntime's integer conv kernels
+        x = _cast(ctx, x, TensorProto.FLOAT, f"{hint}_acc_f32", nodes)
     if a["out_type"] != "int32" or any(m != 1.0 for m in a["multiplier"]):
-        m = ctx.constant(f"{hint}_m", _per_axis(a["multiplier"], axis, rank))
+        m = _per_axis(a["multiplier"], axis, rank)
+        m = ctx.constant(f"{hint}_m", m.astype(np.float32) if single else m)
         n, x = _node(ctx, "Mul", [x, m], f"{hint}_scaled")
         nodes.append(n)
     n, x = _node(ctx, "Round", [x], f"{hint}_round")
     nodes.append(n)
+    if single:
+        x = _cast(ctx, x, TensorProto.DOUBLE, f"{hint}_rounded", nodes)
     if a.get("zero_point", 0):
         z = ctx.constant(f"{hint}_zp", np.array(float(a["zero_point"])))
         n, x = _node(ctx, "Add", [x, z], f"{hint}_shifted")
@@ -179,13 +185,16 @@ def _axis_shaped(values: list[float], axis: int, rank: int) -> np.ndarray:
 
 
 def _np_requantize(acc: np.ndarray, a: dict, axis: int | None = None) -> np.ndarray:
-    """``clip(round(acc * m) + z, out_min, out_max)`` in float64, round half to even, as ``out_type``."""
+    """``clip(round(acc * m) + z, out_min, out_max)``, round half to even, as ``out_type``.
+
+    The product is float64, or float32 where the op says ``requantize_f32`` (onnxruntime's
+    integer conv kernels requantize so; ``hbtools.ops.uint8_kernels``)."""
     m = a["multiplier"]
     lo, hi = float(a["out_min"]), float(a["out_max"])
     if a["out_type"] == "int32":
         lo, hi = max(lo, -(2.0**31)), min(hi, 2.0**31 - 1)
     shaped = _axis_shaped(m, -1 if axis is None else axis, acc.ndim) if acc.ndim else np.float64(m[0])
-    out = grids.requantize(acc, shaped, lo, hi, int(a.get("zero_point", 0)))
+    out = grids.requantize(acc, shaped, lo, hi, int(a.get("zero_point", 0)), single=bool(a.get("requantize_f32")))
     return out.astype(NUMPY_INT[a["out_type"]])
 
 
@@ -242,7 +251,7 @@ class HzSQuantizedConv(_Requantizing):
 
     op_type = "HzSQuantizedConv"
     attributes = {"kind": REQUIRED, "x_bits": 8, "axis": 1, "multiplier": REQUIRED, "x_zero_point": 0,
-                  **OUTPUT_ATTRS, **CONV_ATTRS}
+                  "requantize_f32": 0, **OUTPUT_ATTRS, **CONV_ATTRS}
     mac = True
 
     @classmethod
@@ -251,6 +260,8 @@ class HzSQuantizedConv(_Requantizing):
         nodes: list[NodeProto] = []
         hint = node.name
         conv_attrs = {k: a[k] for k in CONV_ATTRS if k in a}
+        if uint8_kernels.conv(ctx, node, a, conv_attrs, nodes):
+            return nodes
         x, w = node.input[0], node.input[1]
         rank = ctx.rank(node.output[0])
         zps = (int(a.get("x_zero_point", 0)), 0)
@@ -507,7 +518,7 @@ class HzRequantize(_Requantizing):
     """Integer to integer at another scale (e.g. an int32 accumulator to int8)."""
 
     op_type = "HzRequantize"
-    attributes = {"multiplier": REQUIRED, "axis": 1, **OUTPUT_ATTRS}
+    attributes = {"multiplier": REQUIRED, "axis": 1, "requantize_f32": 0, **OUTPUT_ATTRS}
     shape_preserving = True
 
     @classmethod

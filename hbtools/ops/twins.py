@@ -46,13 +46,26 @@ class Twin:
     folded: bool = False  # a weight whose levels carry its input's per-channel steps
     scalar_step: bool = True  # one step for the whole tensor
     levels32: str | None = None  # the same levels as float32, where the lowering has them
+    # An accumulator's fused Relu / Clip: float64 value bounds ("" for none), applied to the
+    # value but not to the levels (the integer op clips after requantizing).
+    bounds: tuple[str, str] | None = None
 
 
 def value_of(ctx: LoweringContext, twin: Twin, nodes: list[NodeProto]) -> str:
     """The float64 value of ``twin``, computed from its levels where nobody needed it before."""
     if twin.value is None:
         twin.value = _node(ctx, "Mul", [twin.levels, twin.step], f"{twin.levels}_value", nodes)
+        if twin.bounds is not None:
+            twin.value = _clip(ctx, twin.value, twin.bounds, f"{twin.levels}_bounded", nodes)
     return twin.value
+
+
+def _clip(ctx: LoweringContext, x: str, bounds: tuple[str, str], hint: str, nodes: list[NodeProto]) -> str:
+    """float64 ``x`` between ``bounds`` (either may be ""; Max/Min: bounds may be per channel)."""
+    lo, hi = bounds
+    if lo:
+        x = _node(ctx, "Max", [x, lo], f"{hint}_lo", nodes)
+    return _node(ctx, "Min", [x, hi], f"{hint}_hi", nodes) if hi else x
 
 
 def levels32_of(ctx: LoweringContext, twin: Twin, hint: str, nodes: list[NodeProto]) -> str:
@@ -88,15 +101,28 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
     src = ctx.twins[x]
     s = to_double(ctx, scale, f"{base}_scale", nodes)
     lo, hi = (to_double(ctx, b, f"{base}_bound", nodes) for b in bounds)
-    if src.value is None and enable is None:
+    x_value = None
+    accumulator = src.bits == ACCUMULATOR_BITS and src.levels is not None
+    if accumulator:
+        # A conv's requantization: float32(acc) * float32(step / s), as onnxruntime's integer
+        # conv kernels compute it (HzSQuantizedConv ``requantize_f32``).
+        multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
+        m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
+        product = _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
+        ratio = to_double(ctx, product, f"{base}_requant", nodes)
+    elif src.value is None and enable is None:
         # levels * (step / s): the integer ops' requantization, multiplier and all.
         multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
         ratio = _node(ctx, "Mul", [src.levels, multiplier], f"{base}_div_f64", nodes)
-        x_value = None
     else:
         x_value = value_of(ctx, src, nodes)
         ratio = _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes)
     q = _node(ctx, "Round", [ratio], f"{base}_round_f64", nodes)
+    if accumulator and src.bounds is not None:
+        # The fused activation clips the rounded result at its bounds' grid points.
+        q = _clip(ctx, q, tuple(_node(ctx, "Round", [_node(ctx, "Div", [b, s], f"{base}_act_bound", nodes)],
+                                      f"{base}_act_level", nodes) if b else "" for b in src.bounds),
+                  f"{base}_act_clip", nodes)
     z = to_double(ctx, zero_point, f"{base}_zp", nodes) if zero_point else None
     if z:
         q = _node(ctx, "Add", [q, z], f"{base}_shift_f64", nodes)
@@ -108,6 +134,9 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
         q = _node(ctx, "Sub", [q, z], f"{base}_unshift_f64", nodes)
     value = _node(ctx, "Mul", [q, s], f"{base}_fq_f64", nodes)
     if enable is not None:
+        if x_value is None:
+            x_value = value_of(ctx, src, nodes)
+            ratio = _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes)
         value = _node(ctx, "Where", [enable, value, x_value], f"{base}_where_f64", nodes)
         q = _node(ctx, "Where", [enable, q, ratio], f"{base}_levels_f64", nodes)
     to_float(ctx, value, y, nodes)
@@ -146,7 +175,7 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
     elif op == "Relu" or (op == "Clip" and ctx.opset >= 12):
         # Fused into a conv's requantization when it reads the accumulator; anywhere else it is a
         # lookup table, computed (like the table) in float32.
-        done = ctx.twins[data[0]].bits == ACCUMULATOR_BITS and _same_op(node, ctx, nodes)
+        done = ctx.twins[data[0]].bits == ACCUMULATOR_BITS and _fused_activation(node, ctx, nodes)
     elif op == "Concat" or registry.float64_exact(op):
         done = _same_op(node, ctx, nodes)
     elif op == "GlobalAveragePool":
@@ -185,6 +214,24 @@ def _replace_output(node: NodeProto, ctx: LoweringContext, value: str, nodes: li
     """The node's float32 output becomes the cast of its twin."""
     to_float(ctx, value, node.output[0], nodes)
     ctx.twins[node.output[0]] = twin or Twin(value)
+
+
+def _fused_activation(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    """Relu / Clip on a conv accumulator: the levels stay, the bounds go with them (the integer
+    op requantizes, then clips)."""
+    src = ctx.twins[node.input[0]]
+    if src.levels is None or src.bounds is not None:
+        return _same_op(node, ctx, nodes)
+    zero = ctx.constant(f"{node.name}_zero", np.array(0.0))
+    if node.op_type == "Relu":
+        bounds = (zero, "")
+    else:
+        bounds = tuple(to_double(ctx, i, f"{node.name}_bound", nodes) if i else ""
+                       for i in [*node.input[1:3], "", ""][:2])
+    twin = Twin(None, src.levels, src.step, ACCUMULATOR_BITS, scalar_step=src.scalar_step, levels32=src.levels32,
+                bounds=bounds)
+    _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
+    return True
 
 
 def _tensor_constant(node: NodeProto, ctx: LoweringContext) -> bool:

@@ -106,13 +106,19 @@ def fake_quantize(x: np.ndarray, scale: np.ndarray | float, bits: int, *, zero_p
 
 
 def requantize(acc: np.ndarray, multiplier: np.ndarray | float, out_min: float, out_max: float,
-               zero_point: int = 0) -> np.ndarray:
-    """``clip(round(acc * m) + z, out_min, out_max)`` in float64: the integer ops' output rule."""
-    scaled = np.asarray(acc, dtype=np.float64)
-    m = np.asarray(multiplier, dtype=np.float64)
+               zero_point: int = 0, *, single: bool = False) -> np.ndarray:
+    """``clip(round(acc * m) + z, out_min, out_max)``: the integer ops' output rule.
+
+    The product is float64, or with ``single`` float32 as onnxruntime's integer conv
+    kernels requantize (MLAS: the int32 sum converted to float32, times the float32
+    multiplier, rounded half to even). Returned as float64 whole numbers.
+    """
+    dtype = np.float32 if single else np.float64
+    scaled = np.asarray(acc, dtype=np.float64).astype(dtype)
+    m = np.asarray(multiplier, dtype=np.float64).astype(dtype)
     if m.size > 1 or float(m.reshape(-1)[0]) != 1.0:
         scaled = scaled * m
-    rounded = np.round(scaled)
+    rounded = np.round(scaled).astype(np.float64)
     if zero_point:
         rounded = rounded + np.float64(zero_point)
     return np.minimum(np.maximum(rounded, np.float64(out_min)), np.float64(out_max))

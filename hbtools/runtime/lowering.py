@@ -9,7 +9,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset, with_horizon_domain
-from hbtools.ops import registry, twins
+from hbtools.ops import registry, twins, uint8_kernels
 from hbtools.ops.base import DOMAIN, LoweringContext
 
 
@@ -37,6 +37,7 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     ctx.exact = exact
     ctx.constants = {t.name for t in model.graph.initializer}
     ctx.float_constants = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
+    ctx.constant_values = {t.name: t for t in model.graph.initializer}
     nodes = []
     keep = set(keep) | {o.name for o in model.graph.output}
     for node in model.graph.node:
@@ -45,7 +46,7 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
             continue
         # In a calibrated model, integer-valued products run on their levels (hbtools.ops.twins).
         twin = twins.lower_standard(node, ctx)
-        nodes.extend(twin or [node])
+        nodes.extend(twin or [node, *uint8_kernels.mirror(node, ctx)])
     del model.graph.node[:]
     model.graph.node.extend(_live(nodes, keep))
     model.graph.initializer.extend(ctx.initializers)

@@ -238,3 +238,43 @@ def test_softmax(x_bits: int, out_type: str, axis: int) -> None:
     p /= p.sum(axis=axis, keepdims=True)
     # within an output step plus the table's 2**-15 resolution of the float softmax
     assert np.abs(y / q - p).max() <= 1.0 / q + 2.0**-14
+
+
+FAST_CASES = {
+    # name: (x shape, w shape, conv attrs, (out_min, out_max), x zero point, output zero point)
+    "3x3_pad": ([2, 4, 7, 6], [5, 4, 3, 3], {"pads": [1, 1, 1, 1]}, (-128, 127), 0, 0),
+    "depthwise_stride": ([1, 6, 9, 9], [6, 1, 3, 3], {"group": 6, "strides": [2, 2], "pads": [1, 1, 1, 1]},
+                         (-128, 127), 0, 0),
+    "fused_relu6": ([1, 4, 5, 5], [6, 4, 3, 3], {"pads": [1, 1, 1, 1]}, (0, 48), 0, 0),
+    "zero_points": ([1, 3, 6, 6], [4, 3, 3, 3], {"pads": [1, 1, 1, 1]}, (-128, 127), -7, 5),
+    "conv1d": ([1, 8, 17], [4, 8, 3], {"dilations": [2], "pads": [2, 2]}, (-128, 127), 0, 0),
+    # A sum beyond 2**24: float32(acc) rounds before the multiplier, as in the kernel.
+    "wide_sums": ([1, 2080, 2, 2], [2, 2080, 1, 1], {}, (-128, 127), 0, 0),
+}
+
+
+@pytest.mark.parametrize("signed_weights", [True, False], ids=["u8s8", "u8u8"])
+@pytest.mark.parametrize("case", sorted(FAST_CASES))
+def test_int8_conv_runs_on_onnxruntime_integer_kernels(case: str, signed_weights: bool, monkeypatch) -> None:
+    """int8 -> int8 convolutions lower to QLinearConv on uint8 and still equal the reference bit for bit."""
+    from test_hz_ops import build
+
+    from hbtools.ops import uint8_kernels
+    from hbtools.runtime.lowering import lower_model
+
+    monkeypatch.setattr(uint8_kernels, "signed_weights_exact", lambda: signed_weights)
+    xs, ws, conv_attrs, (lo, hi), zx, zy = FAST_CASES[case]
+    rng = np.random.default_rng(sorted(FAST_CASES).index(case))
+    x, w = ints(rng, 8, xs), ints(rng, 8, ws)
+    bias = rng.integers(-5000, 5000, ws[0]).astype(np.int32)
+    attrs = requant_attrs(rng, "int8", ws[0], 1.0 / (127 * 127 * np.prod(ws[1:]) ** 0.5))
+    if case == "wide_sums":
+        # acc = 2080 * 127 * 127 + 6113 = 2**25 + 1; times 33 * 2**-26 that is 16.5 + 5e-7 (17 in
+        # float64), while float32(acc) = 2**25 gives the tie 16.5 (16).
+        x, w[0], bias[0], attrs["multiplier"][0] = np.full(xs, 127, dtype=np.int8), 127, 6113, 33 * 2.0**-26
+    attrs.update(out_min=float(lo), out_max=float(hi))
+    node = hz_node("HzSQuantizedConv", ["x", "w", "b"], kind="Conv", x_bits=8, axis=1, kernel_shape=ws[2:],
+                   requantize_f32=1, x_zero_point=zx or None, zero_point=zy or None, **conv_attrs, **attrs)
+    check(node, {"x": x}, {"w": w, "b": bias})
+    model = build(node, {"x": x}, np.int8, [xs[0], ws[0], *[0] * (len(xs) - 2)], {"w": w, "b": bias})
+    assert "QLinearConv" in {n.op_type for n in lower_model(model).graph.node}

@@ -52,6 +52,8 @@ def emit(state: EmitState, unit: Unit) -> None:
         conv_attrs["kernel_shape"] = list(w_q.shape[2:])
     common = {"kind": kind, "x_bits": xq.bits, "axis": out_axis, "x_zero_point": xq.zero_point or None,
               **conv_attrs}
+    if kind != "MatMul":  # requantized as onnxruntime's integer conv kernels do (the calibrated twins follow)
+        common["requantize_f32"] = 1
     # Largest |accumulator| any input can produce, per output channel.
     reduce = tuple(k for k in range(w_q.ndim) if k != axis_w)
     bound = xq.levels_span() * float(np.abs(w_q.astype(np.int64)).sum(axis=reduce).max())
@@ -96,6 +98,7 @@ def emit_accumulator(state: EmitState, unit: Unit, op: type, inputs: list[str], 
     acc_scale = acc_scale * 2.0**shift
     acc_tensor = unit.activation.input[0] if unit.activation is not None else out
     acc = QTensor(f"{acc_tensor}_int32", "int32", np.atleast_1d(acc_scale), axis)
+    single = common.pop("requantize_f32", None)  # the int32 accumulator itself stays exact
     state.nodes.append(op.make_node(inputs, [acc.name], name, multiplier=[2.0**-shift], out_type="int32",
                                     out_min=float(grids.INT32_MIN), out_max=float(grids.INT32_MAX), **common))
     state.record(acc_tensor, acc)
@@ -107,7 +110,7 @@ def emit_accumulator(state: EmitState, unit: Unit, op: type, inputs: list[str], 
         qt, oa = state.out_attrs(out, lo, hi)
         state.nodes.append(HzRequantize.make_node([acc.name], [qt.name], f"{name}_HzRequantize",
                                                   multiplier=grids.multiplier(acc_scale, qt.scale), axis=axis,
-                                                  **oa))
+                                                  requantize_f32=single, **oa))
         state.record(out, qt)
 
 

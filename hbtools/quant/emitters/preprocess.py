@@ -28,7 +28,7 @@ def emit(state: EmitState, unit: Unit) -> None:
     bias = state.init(quantized_tensor(f"{node.name}_bias"), bias_q)
     state.nodes.append(HzSQuantizedConv.make_node(
         [x, w, bias], [conv_out], node.name, kind="Conv", x_bits=8, kernel_shape=[1, 1], axis=1,
-        multiplier=grids.multiplier(step, qt.scale), **oa))
+        multiplier=grids.multiplier(step, qt.scale), requantize_f32=1, **oa))
     if layout == "NHWC":
         shape = state.view.shapes.get(out)
         nchw = [shape[0], shape[3], shape[1], shape[2]] if shape else None

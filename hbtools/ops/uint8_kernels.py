@@ -1,0 +1,164 @@
+"""Fast lowering of int8 convolutions: onnxruntime's QLinearConv on uint8 activations.
+
+MLAS, onnxruntime's kernel library, accelerates integer convolutions whose
+activations are uint8; int8 activations take a slow generic path (ConvInteger on
+int8 runs slower than the float model). An int8 level ``q`` is carried as the uint8
+``q + 128`` with zero point 128, which QLinearConv removes exactly. QLinearConv
+requantizes as ``round(float32(acc + bias) * float32(x_scale * w_scale / y_scale))``;
+with ``x_scale = y_scale = 1`` and ``w_scale = m`` that is the float32 rule of
+``HzSQuantizedConv`` (attribute ``requantize_f32``), so the lowering and the numpy
+reference agree bit for bit.
+
+Weights stay int8 (U8S8) where that kernel is exact: x86 with VNNI, and other
+architectures. x86 without VNNI multiplies u8 x s8 pairs with a saturating 16-bit
+instruction (``vpmaddubsw``), so there the weights are carried as uint8 ``w + 128``
+too (U8U8, exact everywhere, slower).
+
+Each int8 tensor gets at most one uint8 copy (``LoweringContext.uint8``); a conv
+writes its uint8 result there and converts back to int8 only for readers that need
+it (unread conversions are dropped with the other unread nodes).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+
+import numpy as np
+from onnx import NodeProto, helper, numpy_helper
+
+from hbtools.ops.base import LoweringContext
+
+OFFSET = 128  # uint8 = int8 + OFFSET
+
+
+@functools.cache
+def signed_weights_exact() -> bool:
+    """Whether MLAS's u8 x s8 kernels are exact on this machine (no 16-bit saturation)."""
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False  # unknown x86: the exact kernel
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+def as_uint8(ctx: LoweringContext, x: str, nodes: list[NodeProto]) -> str:
+    """The uint8 copy ``x + 128`` of int8 tensor ``x`` (made once)."""
+    if x in ctx.uint8:
+        return ctx.uint8[x]
+    value = _node(ctx, "DequantizeLinear", [x, _one(ctx), _s8_zero(ctx)], f"{x}_as_float", nodes)
+    u8 = _node(ctx, "QuantizeLinear", [value, _one(ctx), _u8_zero(ctx)], f"{x}_u8", nodes)
+    ctx.uint8[x] = u8
+    return u8
+
+
+def to_int8(ctx: LoweringContext, u8: str, out: str, nodes: list[NodeProto]) -> None:
+    """int8 ``out`` = uint8 ``u8`` - 128, recorded as ``out``'s uint8 copy."""
+    value = _node(ctx, "DequantizeLinear", [u8, _one(ctx), _u8_zero(ctx)], f"{out}_as_float", nodes)
+    nodes.append(_make("QuantizeLinear", [value, _one(ctx), _s8_zero(ctx)], out, ctx))
+    ctx.uint8[out] = u8
+
+
+def conv(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs: dict, nodes: list[NodeProto]) -> bool:
+    """``node`` (an int8 -> int8 HzSQuantizedConv) as QLinearConv; False where it does not apply."""
+    w_name = node.input[1]
+    weight = ctx.constant_values.get(w_name)
+    out_min, out_max = int(a["out_min"]), int(a["out_max"])
+    z_x, z_y = int(a.get("x_zero_point", 0)), int(a.get("zero_point", 0))
+    narrow = out_min > -128 or out_max < 127  # a fused Relu / Clip
+    if (a["kind"] != "Conv" or a.get("x_bits", 8) != 8 or a["out_type"] != "int8" or weight is None
+            or len(weight.dims) not in (3, 4) or not a.get("requantize_f32") or not -128 <= out_min <= out_max <= 127
+            or abs(z_x) > 127 or abs(z_y) > 127 or ctx.opset < 10):
+        return False
+    w = numpy_helper.to_array(weight)
+    channels = w.shape[0]
+    m = np.broadcast_to(np.asarray(a["multiplier"], dtype=np.float64), (channels,)).astype(np.float32)
+    if signed_weights_exact():
+        w_in, w_zero = w_name, ctx.constant(f"{node.name}_w_zero", np.zeros(channels, dtype=np.int8))
+    else:
+        w_in = ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
+        w_zero = ctx.constant(f"{node.name}_w_zero", np.full(channels, OFFSET, dtype=np.uint8))
+    inputs = [as_uint8(ctx, node.input[0], nodes), _one(ctx),
+              ctx.constant(f"{node.name}_x_zero", np.array(OFFSET + z_x, dtype=np.uint8)),
+              w_in, ctx.constant(f"{node.name}_m", m), w_zero, _one(ctx),
+              ctx.constant(f"{node.name}_y_zero", np.array(OFFSET + z_y, dtype=np.uint8))]
+    if len(node.input) > 2 and node.input[2]:
+        inputs.append(node.input[2])
+    y = _node(ctx, "QLinearConv", inputs, f"{node.output[0]}_u8", nodes, **conv_attrs)
+    if not narrow:
+        to_int8(ctx, y, node.output[0], nodes)
+    elif ctx.opset >= 12:  # a uint8 Clip
+        lo = ctx.constant(f"{node.name}_lo", np.array(out_min + OFFSET, dtype=np.uint8))
+        hi = ctx.constant(f"{node.name}_hi", np.array(out_max + OFFSET, dtype=np.uint8))
+        to_int8(ctx, _node(ctx, "Clip", [y, lo, hi], f"{node.output[0]}_u8_clip", nodes), node.output[0], nodes)
+    else:  # Clip is float-only before opset 12: clip the float value both forms are made from
+        value = _node(ctx, "DequantizeLinear", [y, _one(ctx), _u8_zero(ctx)], f"{node.output[0]}_as_float", nodes)
+        lo = ctx.constant(f"{node.name}_lo", np.array(out_min, dtype=np.float32))
+        hi = ctx.constant(f"{node.name}_hi", np.array(out_max, dtype=np.float32))
+        value = _node(ctx, "Clip", [value, lo, hi], f"{node.output[0]}_clipped", nodes)
+        nodes.append(_make("QuantizeLinear", [value, _one(ctx), _s8_zero(ctx)], node.output[0], ctx))
+        ctx.uint8[node.output[0]] = _node(ctx, "QuantizeLinear", [value, _one(ctx), _u8_zero(ctx)],
+                                          f"{node.output[0]}_u8", nodes)
+    return True
+
+
+# Ops that move int8 levels without arithmetic: run on the uint8 copies they give the same result + 128.
+_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "Split", "Concat",
+          "DepthToSpace", "SpaceToDepth", "Expand", "Tile")
+
+
+def mirror(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+    """``node`` again on the uint8 copies of its int8 inputs, where they all have one (else nothing).
+
+    The original node stays for readers of the int8 result; whichever is unread is dropped.
+    """
+    data = [i for i in node.input if i and i not in ctx.constant_values]
+    if node.op_type == "Concat":
+        data = list(node.input)  # every input is data, constants included
+    if not data or any(i not in ctx.uint8 for i in data) or node.domain not in ("", "ai.onnx"):
+        return []
+    op = node.op_type
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    moves = op in _MOVES or (op == "MaxPool" and ctx.opset >= 12 and len(node.output) == 1) or (
+        op == "Resize" and attrs.get("mode", b"nearest") == b"nearest")
+    if not moves:
+        return []
+    outputs = [ctx.unique(f"{o}_u8") for o in node.output]
+    copy = helper.make_node(op, [ctx.uint8.get(i, i) if i else "" for i in node.input], outputs,
+                            name=ctx.unique(f"{node.name}_u8"))
+    copy.attribute.extend(node.attribute)
+    for o, u8 in zip(node.output, outputs, strict=True):
+        ctx.uint8[o] = u8
+    return [copy]
+
+
+def _shared(ctx: LoweringContext, key: str, value: np.ndarray) -> str:
+    if key not in ctx.uint8_constants:
+        ctx.uint8_constants[key] = ctx.constant(f"uint8_kernels_{key}", value)
+    return ctx.uint8_constants[key]
+
+
+def _one(ctx: LoweringContext) -> str:
+    return _shared(ctx, "one", np.array(1.0, dtype=np.float32))
+
+
+def _u8_zero(ctx: LoweringContext) -> str:
+    return _shared(ctx, "u8_zero", np.array(OFFSET, dtype=np.uint8))
+
+
+def _s8_zero(ctx: LoweringContext) -> str:
+    return _shared(ctx, "s8_zero", np.array(0, dtype=np.int8))
+
+
+def _make(op: str, inputs: list[str], out: str, ctx: LoweringContext, **attrs) -> NodeProto:
+    return helper.make_node(op, inputs, [out], name=ctx.unique(f"{out}_{op}"), **attrs)
+
+
+def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
+    out = ctx.unique(hint)
+    nodes.append(_make(op, inputs, out, ctx, **attrs))
+    return out
