@@ -260,7 +260,7 @@ class HzSQuantizedConv(_Requantizing):
         nodes: list[NodeProto] = []
         hint = node.name
         conv_attrs = {k: a[k] for k in CONV_ATTRS if k in a}
-        if uint8_kernels.conv(ctx, node, a, conv_attrs, nodes):
+        if uint8_kernels.conv(ctx, node, a, conv_attrs, nodes) or uint8_kernels.matmul(ctx, node, a, nodes):
             return nodes
         x, w = node.input[0], node.input[1]
         rank = ctx.rank(node.output[0])
@@ -304,13 +304,15 @@ class HzSQuantizedMatMul(_Requantizing):
 
     op_type = "HzSQuantizedMatMul"
     attributes = {"a_bits": 8, "b_bits": 8, "axis": -1, "multiplier": REQUIRED, "a_zero_point": 0,
-                  "b_zero_point": 0, **OUTPUT_ATTRS}
+                  "b_zero_point": 0, "requantize_f32": 0, **OUTPUT_ATTRS}
     mac = True
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a = attrs_of(node)
         nodes: list[NodeProto] = []
+        if uint8_kernels.matmul(ctx, node, a, nodes):
+            return nodes
         zps = (int(a.get("a_zero_point", 0)), int(a.get("b_zero_point", 0)))
         acc = _integer_product(ctx, "MatMulInteger", node.input[0], a["a_bits"], node.input[1], a["b_bits"],
                                node.name, nodes, zps)

@@ -294,10 +294,22 @@ def _global_average(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto
 
 
 def _product(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
-    """Gemm / MatMul in float64: products of two float32-step values are exact to 2**-53."""
+    """Gemm / MatMul in float64: products of two float32-step values are exact to 2**-53.
+
+    A MatMul of levels (a scalar step on the left; on the right one step, or one per column of
+    a weight) keeps the integer accumulator, whose requantization follows the integer op's.
+    """
     if any(ctx.twins.get(i) is not None and ctx.twins[i].folded for i in node.input):
         return False
-    return _same_op(node, ctx, nodes)
+    a, b = (ctx.twins.get(i) for i in node.input[:2])
+    if node.op_type != "MatMul" or a is None or b is None or a.levels is None or b.levels is None \
+            or not a.scalar_step or a.bits == ACCUMULATOR_BITS or b.bits == ACCUMULATOR_BITS:
+        return _same_op(node, ctx, nodes)
+    acc = _node(ctx, "MatMul", [a.levels, b.levels], f"{node.output[0]}_acc_f64", nodes)
+    step = _node(ctx, "Mul", [a.step, b.step], f"{node.output[0]}_acc_step", nodes)
+    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=b.scalar_step)
+    _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
+    return True
 
 
 def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:

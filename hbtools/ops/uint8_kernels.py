@@ -69,7 +69,6 @@ def conv(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs: dict, nodes
     weight = ctx.constant_values.get(w_name)
     out_min, out_max = int(a["out_min"]), int(a["out_max"])
     z_x, z_y = int(a.get("x_zero_point", 0)), int(a.get("zero_point", 0))
-    narrow = out_min > -128 or out_max < 127  # a fused Relu / Clip
     if (a["kind"] != "Conv" or a.get("x_bits", 8) != 8 or a["out_type"] != "int8" or weight is None
             or len(weight.dims) not in (3, 4) or not a.get("requantize_f32") or not -128 <= out_min <= out_max <= 127
             or abs(z_x) > 127 or abs(z_y) > 127 or ctx.opset < 10):
@@ -89,7 +88,14 @@ def conv(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs: dict, nodes
     if len(node.input) > 2 and node.input[2]:
         inputs.append(node.input[2])
     y = _node(ctx, "QLinearConv", inputs, f"{node.output[0]}_u8", nodes, **conv_attrs)
-    if not narrow:
+    _finish(ctx, node, y, out_min, out_max, nodes)
+    return True
+
+
+def _finish(ctx: LoweringContext, node: NodeProto, y: str, out_min: int, out_max: int,
+            nodes: list[NodeProto]) -> None:
+    """The node's int8 output (and its uint8 copy) from the kernel's uint8 ``y``, clipped to its range."""
+    if out_min == -128 and out_max == 127:
         to_int8(ctx, y, node.output[0], nodes)
     elif ctx.opset >= 12:  # a uint8 Clip
         lo = ctx.constant(f"{node.name}_lo", np.array(out_min + OFFSET, dtype=np.uint8))
@@ -103,6 +109,46 @@ def conv(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs: dict, nodes
         nodes.append(_make("QuantizeLinear", [value, _one(ctx), _s8_zero(ctx)], node.output[0], ctx))
         ctx.uint8[node.output[0]] = _node(ctx, "QuantizeLinear", [value, _one(ctx), _u8_zero(ctx)],
                                           f"{node.output[0]}_u8", nodes)
+
+
+def matmul(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto]) -> bool:
+    """An int8 -> int8 MatMul (HzSQuantizedConv of kind MatMul without bias, or HzSQuantizedMatMul
+    of two activations) as QLinearMatMul; False where it does not apply."""
+    two_activations = node.op_type == "HzSQuantizedMatMul"
+    if two_activations:
+        zero_points = int(a.get("a_zero_point", 0)), int(a.get("b_zero_point", 0))
+        fits = a.get("a_bits", 8) == 8 and a.get("b_bits", 8) == 8
+    else:
+        zero_points = int(a.get("x_zero_point", 0)), 0
+        fits = a["kind"] == "MatMul" and a.get("x_bits", 8) == 8 and (len(node.input) < 3 or not node.input[2])
+    out_min, out_max = int(a["out_min"]), int(a["out_max"])
+    if (not fits or a["out_type"] != "int8" or not a.get("requantize_f32") or not -128 <= out_min <= out_max <= 127
+            or any(abs(z) > 127 for z in zero_points) or abs(int(a.get("zero_point", 0))) > 127 or ctx.opset < 10):
+        return False
+    b_name = node.input[1]
+    m = np.asarray(a["multiplier"], dtype=np.float64).astype(np.float32)
+    if two_activations:
+        b_in, b_zero = as_uint8(ctx, b_name, nodes), ctx.constant(f"{node.name}_b_zero",
+                                                                  np.array(OFFSET + zero_points[1], dtype=np.uint8))
+        m = m.reshape(()) if m.size == 1 else m
+    else:
+        weight = ctx.constant_values.get(b_name)
+        if weight is None or len(weight.dims) != 2:
+            return False
+        w = numpy_helper.to_array(weight)
+        columns = w.shape[1]
+        m = np.broadcast_to(m, (columns,)).copy()
+        if signed_weights_exact():
+            b_in, b_zero = b_name, ctx.constant(f"{node.name}_b_zero", np.zeros(columns, dtype=np.int8))
+        else:
+            b_in = ctx.constant(f"{node.name}_b_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
+            b_zero = ctx.constant(f"{node.name}_b_zero", np.full(columns, OFFSET, dtype=np.uint8))
+    inputs = [as_uint8(ctx, node.input[0], nodes), _one(ctx),
+              ctx.constant(f"{node.name}_a_zero", np.array(OFFSET + zero_points[0], dtype=np.uint8)),
+              b_in, ctx.constant(f"{node.name}_m", m), b_zero, _one(ctx),
+              ctx.constant(f"{node.name}_y_zero", np.array(OFFSET + int(a.get("zero_point", 0)), dtype=np.uint8))]
+    y = _node(ctx, "QLinearMatMul", inputs, f"{node.output[0]}_u8", nodes)
+    _finish(ctx, node, y, out_min, out_max, nodes)
     return True
 
 

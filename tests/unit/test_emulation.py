@@ -13,8 +13,10 @@ import onnx
 import pytest
 from builders import (
     FloatModel,
+    act_matmul,
     activations,
     data_movement,
+    featuremap_mlp,
     make_project,
     resnet_like,
     write_calibration,
@@ -36,6 +38,8 @@ CASES = {
     "activations_kl": (activations, {"calibration_type": "kl"}),
     "movement_asymmetric": (data_movement, {"calibration_type": "max", "optimization": "asymmetric"}),
     "movement_per_channel": (data_movement, {"calibration_type": "max", "per_channel": True}),
+    "attention_max": (act_matmul, {"calibration_type": "max"}),
+    "mlp_weights_default": (featuremap_mlp, {"calibration_type": "default"}),
 }
 
 
@@ -49,7 +53,9 @@ def converted(request, tmp_path_factory):
     project.write(calibration_parameters=overrides)
     paths = makertbin(project.config_path, "onnx")
     held = write_calibration(fm, root / "held", count=6, seed=99)
-    samples = [np.fromfile(f, np.uint8).reshape(fm.inputs["data"]) for f in sorted(held["data"].iterdir())]
+    (name, shape), = fm.inputs.items()
+    dtype = np.float32 if name in fm.featuremap else np.uint8
+    samples = [np.fromfile(f, dtype).reshape(shape) for f in sorted(held[name].iterdir())]
     return paths, samples
 
 

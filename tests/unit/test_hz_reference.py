@@ -278,3 +278,31 @@ def test_int8_conv_runs_on_onnxruntime_integer_kernels(case: str, signed_weights
     check(node, {"x": x}, {"w": w, "b": bias})
     model = build(node, {"x": x}, np.int8, [xs[0], ws[0], *[0] * (len(xs) - 2)], {"w": w, "b": bias})
     assert "QLinearConv" in {n.op_type for n in lower_model(model).graph.node}
+
+
+@pytest.mark.parametrize("signed_weights", [True, False], ids=["u8s8", "u8u8"])
+@pytest.mark.parametrize("case", ["weight", "weight_relu", "two_activations"])
+def test_int8_matmul_runs_on_onnxruntime_integer_kernels(case: str, signed_weights: bool, monkeypatch) -> None:
+    """int8 -> int8 MatMuls lower to QLinearMatMul on uint8 and still equal the reference bit for bit."""
+    from hbtools.ops import uint8_kernels
+    from hbtools.runtime.lowering import lower_model
+    from test_hz_ops import build
+
+    monkeypatch.setattr(uint8_kernels, "signed_weights_exact", lambda: signed_weights)
+    rng = np.random.default_rng(len(case))
+    a = ints(rng, 8, [2, 3, 5, 24])
+    if case == "two_activations":
+        b = ints(rng, 8, [2, 3, 24, 6])
+        attrs = requant_attrs(rng, "int8", 1, 1.0 / (127 * 127 * 24**0.5))
+        node = hz_node("HzSQuantizedMatMul", ["a", "b"], requantize_f32=1, a_zero_point=3, **attrs)
+        feeds, consts, out_shape = {"a": a, "b": b}, {}, [2, 3, 5, 6]
+    else:
+        w = ints(rng, 8, [24, 7])
+        attrs = requant_attrs(rng, "int8", 7, 1.0 / (127 * 127 * 24**0.5))
+        if case == "weight_relu":
+            attrs["out_min"] = 0.0
+        node = hz_node("HzSQuantizedConv", ["a", "w"], kind="MatMul", x_bits=8, axis=-1, requantize_f32=1, **attrs)
+        feeds, consts, out_shape = {"a": a}, {"w": w}, [2, 3, 5, 7]
+    check(node, feeds, consts)
+    model = build(node, feeds, np.int8, out_shape, consts)
+    assert "QLinearMatMul" in {n.op_type for n in lower_model(model).graph.node}
