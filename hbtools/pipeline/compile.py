@@ -95,7 +95,7 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
     rm = load(model, str(path))
     if calibration:  # what mixed precision costs, next to what calibration chose (hb_model_info shows it)
         fast, chosen = (perf_model.estimate(rm, profile, as_int8=as_int8).latency_ms for as_int8 in (True, False))
-        latencies = f"modelled BPU latency {fast:.3f} ms all-int8, {chosen:.3f} ms as chosen"
+        latencies = f"modelled BPU latency {fast:.4g} ms all-int8, {chosen:.4g} ms as chosen"
         log.info("calibration summary: %s", latencies)
         model.meta["calibration_summary"] = f"{calibration}; {latencies}"
     if config.compiler.debug:  # the static analysis travels in the .bin (hb_perf shows its layer details)
