@@ -297,9 +297,8 @@ def yolov8n(h: int = 640, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, _detect_heads(g, [(n3, 64), (m4, 128), (m5, 256)]), opset)
 
 
-def yolov5nu(h: int = 640, opset: int = 13) -> FloatModel:
-    """YOLOv5nu detect: C3 backbone (6x6 stem), SPPF, YOLOv5 PAN neck, the YOLOv8 head without DFL."""
-    g = _Graph(41)
+def _yolov5_pan(g: _Graph) -> list[tuple[str, int]]:
+    """YOLOv5 v6+ backbone (6x6 stem, C3, SPPF) and PAN neck at the n scale: the three levels and their widths."""
     x = _c3(g, _cbs(g, _cbs(g, "data", 3, 16, k=6, stride=2), 16, 32, stride=2), 32, 32, 1)
     p3 = _c3(g, _cbs(g, x, 32, 64, stride=2), 64, 64, 2)
     p4 = _c3(g, _cbs(g, p3, 64, 128, stride=2), 128, 128, 3)
@@ -309,7 +308,20 @@ def yolov5nu(h: int = 640, opset: int = 13) -> FloatModel:
     n3 = _c3(g, g.op("Concat", [_up(g, r4), p3], axis=1), 128, 64, 1, False)
     m4 = _c3(g, g.op("Concat", [_cbs(g, n3, 64, 64, stride=2), r4], axis=1), 128, 128, 1, False)
     m5 = _c3(g, g.op("Concat", [_cbs(g, m4, 128, 128, stride=2), r5], axis=1), 256, 256, 1, False)
-    return g.model({"data": [1, 3, h, h]}, _detect_heads(g, [(n3, 64), (m4, 128), (m5, 256)]), opset)
+    return [(n3, 64), (m4, 128), (m5, 256)]
+
+
+def yolov5nu(h: int = 640, opset: int = 13) -> FloatModel:
+    """YOLOv5nu detect: the YOLOv5 backbone and neck with the YOLOv8 head without DFL."""
+    g = _Graph(41)
+    return g.model({"data": [1, 3, h, h]}, _detect_heads(g, _yolov5_pan(g)), opset)
+
+
+def yolov5n(h: int = 640, opset: int = 13) -> FloatModel:
+    """YOLOv5n tag v7.0 detect: the YOLOv5 backbone and neck, one 1x1 conv to 3 anchors x 85 per level, NHWC."""
+    g = _Graph(43)
+    outs = [g.op("Transpose", [g.conv(x, c, 255, k=1)], perm=[0, 2, 3, 1]) for x, c in _yolov5_pan(g)]
+    return g.model({"data": [1, 3, h, h]}, outs, opset)
 
 
 def yolov8n_cls(h: int = 224, opset: int = 13) -> FloatModel:
@@ -323,7 +335,7 @@ def yolov8n_cls(h: int = 224, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.op("Softmax", [g.gemm(x, 1280, 1000)], axis=1)], opset)
 
 
-NETWORKS = {"yolov8n": yolov8n, "yolov5nu": yolov5nu, "yolov8n_cls": yolov8n_cls}
+NETWORKS = {"yolov8n": yolov8n, "yolov5nu": yolov5nu, "yolov5n": yolov5n, "yolov8n_cls": yolov8n_cls}
 
 
 BLOCKS = {

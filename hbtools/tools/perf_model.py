@@ -12,7 +12,7 @@ and reads its weights once.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
@@ -38,10 +38,12 @@ class CostConstants:
     on_chip_bytes: int  # a feature map larger than this goes through DDR (stored, then loaded back)
 
 
-# bayes-e (RDK X5) is fitted to the public compile logs of docs/hb_perf.md. No public figures were found
-# for the other marches: they share its constants, scaled only by their own peak TOPS and bandwidth.
-COSTS = {"bayes-e": CostConstants(mac_efficiency=0.32, vector_share=1 / 128, layer_overhead_ms=0.003,
-                                  on_chip_bytes=1 << 20)}
+# bayes-e (RDK X5) is fitted to the public compile logs of docs/hb_perf.md. bernoulli2 (RDK X3) takes them
+# with both compute rates x 0.3, from the X3 / X5 board throughput of one network (PP-OCRv3 det). No public
+# figure was found for the other marches: they share bayes-e's constants with their own peak TOPS and bandwidth.
+_BAYES_E = CostConstants(mac_efficiency=0.32, vector_share=1 / 128, layer_overhead_ms=0.003, on_chip_bytes=1 << 20)
+COSTS = {"bayes-e": _BAYES_E,
+         "bernoulli2": replace(_BAYES_E, mac_efficiency=0.32 * 0.3, vector_share=0.3 / 128)}
 
 
 def constants_for(march: str) -> CostConstants:
