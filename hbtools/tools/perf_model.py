@@ -26,6 +26,7 @@ from hbtools.runtime.structure import TensorInfo, analyse, tensor_info
 
 CHANNEL_BLOCK = 8  # channels the MAC array takes per step, on each of input and output side
 DEPTHWISE_EFFICIENCY = 1 / 8  # depthwise convolutions use a fraction of the MAC array
+_WIDE = (TensorProto.INT16, TensorProto.UINT16)  # int16 activations; the all-int8 view counts them as int8
 
 
 @dataclass(frozen=True)
@@ -151,9 +152,6 @@ def _bytes(info: TensorInfo | None, as_int8: bool = False) -> int:
     except (KeyError, TypeError, ValueError):
         itemsize = 4
     return _elements(info) * itemsize
-
-
-_WIDE = (TensorProto.INT16, TensorProto.UINT16)  # int16 activations; the all-int8 view counts them as int8
 
 
 def _aligned(channels: int) -> float:
