@@ -225,6 +225,119 @@ def yolov8_head(h: int = 32, classes: int = 4, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [out], opset)
 
 
+# ---------------------------------------------------------------- whole networks (benchmarks/perf_calibration.py)
+# Ultralytics "n" scale (width 0.25, depth 0.33), conv+BN folded into a biased conv, SiLU activations.
+# Random weights: the structure, shapes and op counts are the real ones, which is all a cost model reads.
+
+
+def _cbs(g: _Graph, x: str, cin: int, cout: int, k: int = 3, stride: int = 1) -> str:
+    return _silu(g, g.op("Conv", [x, g.const((g.rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k))
+                                             .astype(np.float32), "w"),
+                                  g.const((0.1 * g.rng.standard_normal(cout)).astype(np.float32), "b")],
+                         kernel_shape=[k, k], pads=[(k - 1) // 2] * 4, strides=[stride, stride]))
+
+
+def _bottleneck(g: _Graph, x: str, c: int, shortcut: bool, k1: int = 3) -> str:
+    y = _cbs(g, _cbs(g, x, c, c, k=k1), c, c)
+    return g.op("Add", [x, y]) if shortcut else y
+
+
+def _c2f(g: _Graph, x: str, cin: int, cout: int, n: int, shortcut: bool = True) -> str:
+    c = cout // 2
+    y = _cbs(g, x, cin, 2 * c, k=1)
+    g.op("Split", [y, g.const(np.array([c, c], np.int64), "split")], n_out=2, axis=1)
+    parts = list(g.nodes[-1].output)
+    for _ in range(n):
+        parts.append(_bottleneck(g, parts[-1], c, shortcut))
+    return _cbs(g, g.op("Concat", parts, axis=1), (2 + n) * c, cout, k=1)
+
+
+def _c3(g: _Graph, x: str, cin: int, cout: int, n: int, shortcut: bool = True) -> str:
+    c = cout // 2
+    y = _cbs(g, x, cin, c, k=1)
+    for _ in range(n):
+        y = _bottleneck(g, y, c, shortcut, k1=1)
+    return _cbs(g, g.op("Concat", [y, _cbs(g, x, cin, c, k=1)], axis=1), 2 * c, cout, k=1)
+
+
+def _sppf(g: _Graph, x: str, c: int) -> str:
+    parts = [_cbs(g, x, c, c // 2, k=1)]
+    for _ in range(3):
+        parts.append(g.op("MaxPool", [parts[-1]], kernel_shape=[5, 5], pads=[2] * 4, strides=[1, 1]))
+    return _cbs(g, g.op("Concat", parts, axis=1), 2 * c, c, k=1)
+
+
+def _up(g: _Graph, x: str) -> str:
+    return g.op("Resize", [x, "", g.const(np.array([1, 1, 2, 2], np.float32), "up")], mode="nearest")
+
+
+def _detect_heads(g: _Graph, levels: list[tuple[str, int]], classes: int = 80) -> list[str]:
+    """The RDK model zoo's export: per level a box branch (4 x 16 DFL bins) and a class branch, DFL on the CPU."""
+    outs = []
+    first = levels[0][1]  # both branches' widths follow the first level's channels
+    for x, c in levels:
+        for width in (classes, 64):
+            hidden = max(first, min(classes, 100)) if width == classes else max(16, first // 4, 64)
+            y = _cbs(g, _cbs(g, x, c, hidden), hidden, hidden)
+            outs.append(g.conv(y, hidden, width, k=1))
+    return outs
+
+
+def yolov8n(h: int = 640, opset: int = 13) -> FloatModel:
+    """YOLOv8n detect (63 convolutions): C2f backbone, SPPF, PAN neck, decoupled head without DFL."""
+    g = _Graph(40)
+    x = _c2f(g, _cbs(g, _cbs(g, "data", 3, 16, stride=2), 16, 32, stride=2), 32, 32, 1)
+    p3 = _c2f(g, _cbs(g, x, 32, 64, stride=2), 64, 64, 2)
+    p4 = _c2f(g, _cbs(g, p3, 64, 128, stride=2), 128, 128, 2)
+    p5 = _sppf(g, _c2f(g, _cbs(g, p4, 128, 256, stride=2), 256, 256, 1), 256)
+    n4 = _c2f(g, g.op("Concat", [_up(g, p5), p4], axis=1), 384, 128, 1, False)
+    n3 = _c2f(g, g.op("Concat", [_up(g, n4), p3], axis=1), 192, 64, 1, False)
+    m4 = _c2f(g, g.op("Concat", [_cbs(g, n3, 64, 64, stride=2), n4], axis=1), 192, 128, 1, False)
+    m5 = _c2f(g, g.op("Concat", [_cbs(g, m4, 128, 128, stride=2), p5], axis=1), 384, 256, 1, False)
+    return g.model({"data": [1, 3, h, h]}, _detect_heads(g, [(n3, 64), (m4, 128), (m5, 256)]), opset)
+
+
+def _yolov5_pan(g: _Graph) -> list[tuple[str, int]]:
+    """YOLOv5 v6+ backbone (6x6 stem, C3, SPPF) and PAN neck at the n scale: the three levels and their widths."""
+    x = _c3(g, _cbs(g, _cbs(g, "data", 3, 16, k=6, stride=2), 16, 32, stride=2), 32, 32, 1)
+    p3 = _c3(g, _cbs(g, x, 32, 64, stride=2), 64, 64, 2)
+    p4 = _c3(g, _cbs(g, p3, 64, 128, stride=2), 128, 128, 3)
+    p5 = _sppf(g, _c3(g, _cbs(g, p4, 128, 256, stride=2), 256, 256, 1), 256)
+    r5 = _cbs(g, p5, 256, 128, k=1)
+    r4 = _cbs(g, _c3(g, g.op("Concat", [_up(g, r5), p4], axis=1), 256, 128, 1, False), 128, 64, k=1)
+    n3 = _c3(g, g.op("Concat", [_up(g, r4), p3], axis=1), 128, 64, 1, False)
+    m4 = _c3(g, g.op("Concat", [_cbs(g, n3, 64, 64, stride=2), r4], axis=1), 128, 128, 1, False)
+    m5 = _c3(g, g.op("Concat", [_cbs(g, m4, 128, 128, stride=2), r5], axis=1), 256, 256, 1, False)
+    return [(n3, 64), (m4, 128), (m5, 256)]
+
+
+def yolov5nu(h: int = 640, opset: int = 13) -> FloatModel:
+    """YOLOv5nu detect: the YOLOv5 backbone and neck with the YOLOv8 head without DFL."""
+    g = _Graph(41)
+    return g.model({"data": [1, 3, h, h]}, _detect_heads(g, _yolov5_pan(g)), opset)
+
+
+def yolov5n(h: int = 640, opset: int = 13) -> FloatModel:
+    """YOLOv5n tag v7.0 detect: the YOLOv5 backbone and neck, one 1x1 conv to 3 anchors x 85 per level, NHWC."""
+    g = _Graph(43)
+    outs = [g.op("Transpose", [g.conv(x, c, 255, k=1)], perm=[0, 2, 3, 1]) for x, c in _yolov5_pan(g)]
+    return g.model({"data": [1, 3, h, h]}, outs, opset)
+
+
+def yolov8n_cls(h: int = 224, opset: int = 13) -> FloatModel:
+    """YOLOv8n-cls: the C2f backbone, then 1x1 conv to 1280, global average pool, Gemm to 1000, Softmax."""
+    g = _Graph(42)
+    x = _c2f(g, _cbs(g, _cbs(g, "data", 3, 16, stride=2), 16, 32, stride=2), 32, 32, 1)
+    x = _c2f(g, _cbs(g, x, 32, 64, stride=2), 64, 64, 2)
+    x = _c2f(g, _cbs(g, x, 64, 128, stride=2), 128, 128, 2)
+    x = _c2f(g, _cbs(g, x, 128, 256, stride=2), 256, 256, 1)
+    x = g.op("Flatten", [g.op("GlobalAveragePool", [_cbs(g, x, 256, 1280, k=1)])])
+    return g.model({"data": [1, 3, h, h]}, [g.op("Softmax", [g.gemm(x, 1280, 1000)], axis=1)], opset)
+
+
+NETWORKS = {"yolov8n": yolov8n, "yolov5nu": yolov5nu, "yolov5n": yolov5n, "yolov8n_cls": yolov8n_cls}
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,

@@ -93,6 +93,11 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
     model = remove_edge_nodes(model, config.model.remove_node_type, config.model.remove_node_name,
                               until_stable=config.model.fast_perf)
     rm = load(model, str(path))
+    if calibration:  # what mixed precision costs, next to what calibration chose (hb_model_info shows it)
+        fast, chosen = (perf_model.estimate(rm, profile, as_int8=as_int8).latency_ms for as_int8 in (True, False))
+        latencies = f"modelled BPU latency {fast:.4g} ms all-int8, {chosen:.4g} ms as chosen"
+        log.info("calibration summary: %s", latencies)
+        model.meta["calibration_summary"] = f"{calibration}; {latencies}"
     if config.compiler.debug:  # the static analysis travels in the .bin (hb_perf shows its layer details)
         cost = perf_model.estimate(rm, profile)
         model.perf = {"latency_ms": cost.latency_ms, "ddr_mb_per_frame": cost.ddr_mb,

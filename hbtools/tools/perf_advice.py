@@ -1,6 +1,7 @@
 """``compiler_parameters.advice``: the BPU layers whose modelled time exceeds their ideal by more than N µs.
 
-The ideal is the layer's multiply-accumulates at the march's full int8 rate. What the
+The ideal is the layer's multiply-accumulates at the march's sustained int8 rate (peak
+times the calibrated MAC efficiency, hbtools.tools.perf_model.COSTS). What the
 cost model adds on top (hbtools.tools.perf_model) comes from the MAC array's channel
 blocks: channels padded up to a block, depthwise convolutions using a fraction of
 the array, int16 operands taking two passes. Each line names the layer, both times,
@@ -62,7 +63,7 @@ def advice_lines(rm: RuntimeModel, profile: MarchProfile, threshold_us: float) -
     cost = perf_model.estimate(rm, profile)
     info = tensor_info(rm.graph)
     nodes = {n.name: n for n in rm.graph.graph.node}
-    peak = profile.peak_int8_tops * 1e12 * cost.core_num
+    peak = profile.peak_int8_tops * 1e12 * cost.core_num * perf_model.constants_for(profile.name).mac_efficiency
     lines = []
     for sub in cost.subgraphs:
         for layer in sub.layers:

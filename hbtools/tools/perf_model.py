@@ -1,7 +1,9 @@
 """The hb_perf cost model: operations, DDR traffic and latency of a ``.bin``'s BPU part.
 
-A static estimate from the graph and the march profile (peak int8 TOPS, DDR
-bandwidth); docs/hb_perf.md explains every formula and constant. CPU nodes are
+A static estimate from the graph, the march profile (peak int8 TOPS, DDR
+bandwidth) and a few constants fitted to public compile logs (``COSTS``,
+benchmarks/perf_calibration.py); docs/hb_perf.md explains every formula and
+constant and gives the calibration table. CPU nodes are
 not estimated, as in the vendor tool: their cost depends on the board's CPU.
 A ``.bin`` of ``input_batch`` N does N items' work and activation traffic per run
 and reads its weights once.
@@ -10,10 +12,10 @@ and reads its weights once.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
-from onnx import NodeProto, helper
+from onnx import NodeProto, TensorProto, helper
 
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import DOMAIN, attrs_of
@@ -24,8 +26,29 @@ from hbtools.runtime.structure import TensorInfo, analyse, tensor_info
 
 CHANNEL_BLOCK = 8  # channels the MAC array takes per step, on each of input and output side
 DEPTHWISE_EFFICIENCY = 1 / 8  # depthwise convolutions use a fraction of the MAC array
-VECTOR_SHARE = 1 / 32  # the vector unit's element rate relative to the MAC array's op rate
-LAYER_OVERHEAD_MS = 0.001  # issuing and synchronising one layer, whatever its size
+_WIDE = (TensorProto.INT16, TensorProto.UINT16)  # int16 activations; the all-int8 view counts them as int8
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """The fitted part of the model (benchmarks/perf_calibration.py fits them to public compile logs)."""
+
+    mac_efficiency: float  # share of the peak MAC rate a channel-aligned int8 convolution sustains
+    vector_share: float  # the vector unit's int8 element rate relative to the MAC array's peak op rate
+    layer_overhead_ms: float  # issuing and synchronising one layer, whatever its size
+    on_chip_bytes: int  # a feature map larger than this goes through DDR (stored, then loaded back)
+
+
+# bayes-e (RDK X5) is fitted to the public compile logs of docs/hb_perf.md. bernoulli2 (RDK X3) takes them
+# with both compute rates x 0.3, from the X3 / X5 board throughput of one network (PP-OCRv3 det). No public
+# figure was found for the other marches: they share bayes-e's constants with their own peak TOPS and bandwidth.
+_BAYES_E = CostConstants(mac_efficiency=0.32, vector_share=1 / 128, layer_overhead_ms=0.003, on_chip_bytes=1 << 20)
+COSTS = {"bayes-e": _BAYES_E,
+         "bernoulli2": replace(_BAYES_E, mac_efficiency=0.32 * 0.3, vector_share=0.3 / 128)}
+
+
+def constants_for(march: str) -> CostConstants:
+    return COSTS.get(march, COSTS["bayes-e"])
 
 
 @dataclass
@@ -35,14 +58,15 @@ class LayerCost:
     macs: float
     ops: float
     weight_bytes: int
-    loaded_bytes: int  # weights plus any subgraph input this layer reads
-    stored_bytes: int  # subgraph outputs this layer writes
+    loaded_bytes: int  # weights plus any subgraph input or spilled feature map this layer reads
+    stored_bytes: int  # subgraph outputs and spilled feature maps this layer writes
     compute_ms: float
     memory_ms: float
+    overhead_ms: float
 
     @property
     def latency_ms(self) -> float:
-        return max(self.compute_ms, self.memory_ms) + LAYER_OVERHEAD_MS
+        return max(self.compute_ms, self.memory_ms) + self.overhead_ms
 
     @property
     def bound(self) -> str:
@@ -118,9 +142,11 @@ def _elements(info: TensorInfo | None) -> int:
     return int(np.prod(info.shape, dtype=np.float64))
 
 
-def _bytes(info: TensorInfo | None) -> int:
+def _bytes(info: TensorInfo | None, as_int8: bool = False) -> int:
     if info is None:
         return 0
+    if as_int8 and info.elem_type in _WIDE:
+        return _elements(info)
     try:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(info.elem_type)).itemsize
     except (KeyError, TypeError, ValueError):
@@ -132,20 +158,20 @@ def _aligned(channels: int) -> float:
     return channels / (math.ceil(channels / CHANNEL_BLOCK) * CHANNEL_BLOCK) if channels > 0 else 1.0
 
 
-def _mac_work(node: NodeProto, info: dict[str, TensorInfo]) -> tuple[float, float]:
+def _mac_work(node: NodeProto, info: dict[str, TensorInfo], as_int8: bool = False) -> tuple[float, float]:
     """MACs of a Conv / MatMul node and the share of the MAC array it keeps busy."""
     a = attrs_of(node)
     out = _elements(info.get(node.output[0]))
     if node.op_type == "HzSQuantizedMatMul":
         a_shape = (info.get(node.input[0]) or TensorInfo(0, None)).shape or (0,)
         depth = a_shape[-1] or 0
-        bits = a.get("a_bits", 8), a.get("b_bits", 8)
+        bits = (8, 8) if as_int8 else (a.get("a_bits", 8), a.get("b_bits", 8))
         return float(out) * depth, _precision(bits)
     w = info.get(node.input[1])
     w_shape = list(w.shape or []) if w else []
     if len(w_shape) < 2:
         return 0.0, 1.0
-    precision = _precision((a.get("x_bits", 8), 8))
+    precision = _precision((8 if as_int8 else a.get("x_bits", 8), 8))
     if a.get("kind") == "MatMul":
         return float(out) * w_shape[0], precision * _aligned(w_shape[0]) * _aligned(w_shape[-1])
     group = a.get("group", 1) if isinstance(a.get("group", 1), int) and a.get("group", 1) > 0 else 1
@@ -177,53 +203,89 @@ def _vector_ops(node: NodeProto, info: dict[str, TensorInfo]) -> float:
     return out
 
 
-def estimate(rm: RuntimeModel, profile: MarchProfile) -> ModelCost:
+def _vector_width(node: NodeProto, info: dict[str, TensorInfo], as_int8: bool) -> int:
+    """1, or 2 when the layer reads or writes int16: the vector unit takes half as many 16-bit lanes."""
+    tensors = [info.get(t) for t in (*node.input, *node.output) if t]
+    return 1 if as_int8 or not any(t is not None and t.elem_type in _WIDE for t in tensors) else 2
+
+
+def estimate(rm: RuntimeModel, profile: MarchProfile, *, as_int8: bool = False,
+             constants: CostConstants | None = None) -> ModelCost:
+    """The cost of ``rm`` on ``profile``; ``as_int8``: as if every int16 activation were int8
+    (what the model would cost without mixed precision); ``constants``: override the fitted ones."""
     info = tensor_info(rm.graph)
     structure = analyse(rm.graph, rm.bin.partition, info)
     core_num = rm.config_group("compiler_parameters").get("core_num", 1)
     core_num = core_num if isinstance(core_num, int) and 1 <= core_num <= 8 else 1
     nodes = list(rm.graph.graph.node)
-    constants = {t.name for t in rm.graph.graph.initializer}
-    outputs = [o.name for o in rm.graph.graph.output]
-    subgraphs = [
-        _subgraph(structure.subgraph_name(rm.name, k), members, nodes, info, constants, profile, core_num, outputs,
-                  rm.batch)
-        for k, members in enumerate(structure.subgraphs)
-    ]
+    graph = _Graph(nodes, info, {t.name for t in rm.graph.graph.initializer}, [o.name for o in rm.graph.graph.output])
+    machine = _Machine(profile, constants or constants_for(profile.name), core_num, rm.batch, as_int8)
+    subgraphs = [_subgraph(structure.subgraph_name(rm.name, k), members, graph, machine)
+                 for k, members in enumerate(structure.subgraphs)]
     cpu = [(n.name, n.op_type) for n, where in zip(nodes, structure.on, strict=True) if where == "CPU"]
     return ModelCost(rm.name, profile.name, profile.peak_int8_tops, profile.ddr_gbps, core_num, subgraphs, cpu)
 
 
-def _subgraph(name: str, indices: list[int], nodes: list[NodeProto], info: dict[str, TensorInfo],
-              constants: set[str], profile: MarchProfile, core_num: int, graph_outputs: list[str],
-              batch: int = 1) -> SubgraphCost:
+@dataclass
+class _Graph:
+    nodes: list[NodeProto]
+    info: dict[str, TensorInfo]
+    constants: set[str]
+    outputs: list[str]
+
+
+@dataclass
+class _Machine:
+    profile: MarchProfile
+    k: CostConstants
+    core_num: int
+    batch: int
+    as_int8: bool
+
+    @property
+    def peak_ops(self) -> float:
+        return self.profile.peak_int8_tops * 1e12 * self.core_num
+
+    def compute_ms(self, node: NodeProto, info: dict[str, TensorInfo]) -> tuple[float, float, float]:
+        """(MACs, OPs, compute ms) of one layer for the whole batch."""
+        if node.domain == DOMAIN and has_fact(node.op_type, "mac"):
+            macs, share = _mac_work(node, info, self.as_int8)
+            ops, rate = 2.0 * macs, self.peak_ops * self.k.mac_efficiency * share
+        else:
+            macs, ops = 0.0, _vector_ops(node, info)
+            rate = self.peak_ops * self.k.vector_share / _vector_width(node, info, self.as_int8)
+        macs, ops = macs * self.batch, ops * self.batch
+        return macs, ops, 1e3 * ops / rate if rate else 0.0
+
+
+def _subgraph(name: str, indices: list[int], graph: _Graph, machine: _Machine) -> SubgraphCost:
+    nodes, info = graph.nodes, graph.info
     members = [nodes[i] for i in indices]
     inside = set(indices)
     produced = {o for n in members for o in n.output if o}
-    used_outside = {t for i, n in enumerate(nodes) if i not in inside for t in n.input} | set(graph_outputs)
+    used_outside = {t for i, n in enumerate(nodes) if i not in inside for t in n.input} | set(graph.outputs)
     inputs = list(dict.fromkeys(i for n in members for i in n.input
-                                if i and i not in produced and i not in constants))
+                                if i and i not in produced and i not in graph.constants))
     outputs = [o for n in members for o in n.output if o in used_outside]
-    peak_ops = profile.peak_int8_tops * 1e12 * core_num
-    bandwidth = profile.ddr_gbps * 1e9
+    # the part of a feature map that does not fit on chip: stored by its writer, loaded back by its first reader
+    spill = {o: b - machine.k.on_chip_bytes for o in produced - set(outputs)
+             if (b := _bytes(info.get(o), machine.as_int8)) > machine.k.on_chip_bytes}
+    bandwidth = machine.profile.ddr_gbps * 1e9
     read_already: set[str] = set()
     layers = []
     for node in members:
         try:
-            if node.domain == DOMAIN and has_fact(node.op_type, "mac"):
-                macs, share = _mac_work(node, info)
-                ops, rate = 2.0 * macs, peak_ops * share
-            else:
-                macs, ops, rate = 0.0, _vector_ops(node, info), peak_ops * VECTOR_SHARE
+            macs, ops, compute_ms = machine.compute_ms(node, info)
         except (ArithmeticError, LookupError, TypeError, ValueError) as e:  # attributes come from the file
             raise BinFormatError(f"node '{node.name}' ({node.op_type}) has malformed attributes or shapes: "
                                  f"{type(e).__name__}: {e}") from None
-        macs, ops = macs * batch, ops * batch
-        weights = sum(_bytes(info.get(i)) for i in node.input if i in constants)
-        fresh = [i for i in node.input if i in inputs and i not in read_already]
+        weights = sum(_bytes(info.get(i)) for i in node.input if i in graph.constants)
+        fresh = [i for i in node.input if (i in inputs or i in spill) and i not in read_already]
         read_already.update(fresh)
-        loaded = weights + batch * sum(_bytes(info.get(i)) for i in fresh)
-        stored = batch * sum(_bytes(info.get(o)) for o in node.output if o in outputs)
-        layers.append(LayerCost(node.name, node.op_type, macs, ops, weights, loaded, stored,
-                                1e3 * ops / rate if rate else 0.0, 1e3 * (loaded + stored) / bandwidth))
+        loaded = weights + machine.batch * sum(spill[i] if i in spill else _bytes(info.get(i), machine.as_int8)
+                                               for i in fresh)
+        stored = machine.batch * sum(_bytes(info.get(o), machine.as_int8) if o in outputs else spill[o]
+                                     for o in node.output if o in outputs or o in spill)
+        layers.append(LayerCost(node.name, node.op_type, macs, ops, weights, loaded, stored, compute_ms,
+                                1e3 * (loaded + stored) / bandwidth, machine.k.layer_overhead_ms))
     return SubgraphCost(name, layers, inputs, outputs)

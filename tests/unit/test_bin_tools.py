@@ -270,6 +270,27 @@ def test_cost_model_counts_conv_macs_and_scales_with_the_march(small) -> None:
     assert slow.loaded_bytes > 0 and slow.stored_bytes > 0 and slow.cpu_nodes
 
 
+def test_int16_activations_count_two_bytes_in_ddr(tmp_path) -> None:
+    """8 x 288 x 288 feature maps fit on chip as int8 (648 KiB) but not as int16: the excess goes through DDR."""
+    from builders import resnet_like
+
+    from hbtools.march.profiles import get_profile
+
+    profile = get_profile("bayes-e")
+    costs = {}
+    for opt in ("", "set_all_nodes_int16"):
+        built = build_bin(tmp_path / (opt or "int8"), resnet_like(288),
+                          calibration_parameters={"optimization": [opt] if opt else []})
+        costs[opt or "int8"] = perf_model.estimate(open_model(built.bin), profile)
+    int8, int16 = costs["int8"], costs["set_all_nodes_int16"]
+    assert int16.loaded_bytes + int16.stored_bytes > int8.loaded_bytes + int8.stored_bytes
+    assert int16.latency_ms > int8.latency_ms
+    as_int8 = perf_model.estimate(open_model(tmp_path / "set_all_nodes_int16" / "model_output" / "small.bin"), profile,
+                                  as_int8=True)
+    # the all-int8 view of the int16 model: no spill, and the model output (int16 even in the "int8" build) one byte
+    assert as_int8.loaded_bytes == int8.loaded_bytes and as_int8.stored_bytes <= int8.stored_bytes
+
+
 # ---------------------------------------------------------------- hb_verifier
 
 

@@ -91,3 +91,19 @@ def test_default_calibration_says_what_it_chose(tmp_path, monkeypatch) -> None:
     assert 0 <= int(found.group(3)) <= int(found.group(4)) > 0
     info = invoke(hb_model_info.main, [project.artefact("bin")]).output
     assert f"calibration result  : {found.group(1)}" in info
+
+
+def test_calibration_summary_states_modelled_latencies(tmp_path, monkeypatch) -> None:
+    from hbtools.cli import hb_model_info
+
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), calibration_type="max")
+    project.write(calibration_parameters={"optimization": ["set_all_nodes_int16"]})
+    made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    assert made.exit_code == 0, made.output
+    found = re.search(r"INFO calibration summary: (modelled BPU latency (\S+) ms all-int8, (\S+) ms as chosen)$",
+                      made.output, re.M)
+    assert found, made.output
+    assert float(found.group(3)) > float(found.group(2)) > 0  # the int16 tensors cost time
+    info = invoke(hb_model_info.main, [project.artefact("bin")]).output
+    assert re.search(r"calibration result  : method .*activation tensors int16; " + re.escape(found.group(1)), info)
