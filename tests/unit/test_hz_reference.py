@@ -284,9 +284,10 @@ def test_int8_conv_runs_on_onnxruntime_integer_kernels(case: str, signed_weights
 @pytest.mark.parametrize("case", ["weight", "weight_relu", "two_activations"])
 def test_int8_matmul_runs_on_onnxruntime_integer_kernels(case: str, signed_weights: bool, monkeypatch) -> None:
     """int8 -> int8 MatMuls lower to QLinearMatMul on uint8 and still equal the reference bit for bit."""
+    from test_hz_ops import build
+
     from hbtools.ops import uint8_kernels
     from hbtools.runtime.lowering import lower_model
-    from test_hz_ops import build
 
     monkeypatch.setattr(uint8_kernels, "signed_weights_exact", lambda: signed_weights)
     rng = np.random.default_rng(len(case))
