@@ -50,6 +50,15 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     del model.graph.node[:]
     model.graph.node.extend(_live(nodes, keep))
     model.graph.initializer.extend(ctx.initializers)
+    # Constants a lowering replaced (an int8 weight re-laid out for an integer kernel) would make
+    # onnxruntime warn about unused initializers on the console.
+    read = {i for n in model.graph.node for i in n.input} | _subgraph_reads(model.graph.node) | keep
+    unread = [t for t in model.graph.initializer if t.name not in read]
+    for t in unread:
+        model.graph.initializer.remove(t)
+    gone = {t.name for t in unread}
+    for i in [i for i in model.graph.input if i.name in gone]:  # old IR lists initializers as inputs too
+        model.graph.input.remove(i)
     model.graph.input.extend(ctx.inputs)
     del model.graph.value_info[:]  # intermediate dtypes changed; let onnxruntime infer
     with_horizon_domain(model)
@@ -70,6 +79,15 @@ def _live(nodes: list[NodeProto], keep: set[str]) -> list[NodeProto]:
         if len(kept) == len(nodes):
             return kept
         nodes = kept
+
+
+def _subgraph_reads(nodes) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        for attr in node.attribute:
+            for graph in [attr.g, *attr.graphs] if attr.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) else []:
+                names.update(_names_read(graph))
+    return names
 
 
 def _names_read(graph: GraphProto) -> set[str]:

@@ -281,7 +281,7 @@ def test_int8_conv_runs_on_onnxruntime_integer_kernels(case: str, signed_weights
 
 
 @pytest.mark.parametrize("signed_weights", [True, False], ids=["u8s8", "u8u8"])
-@pytest.mark.parametrize("case", ["weight", "weight_relu", "two_activations"])
+@pytest.mark.parametrize("case", ["weight", "weight_relu", "two_activations", "gemm_bias"])
 def test_int8_matmul_runs_on_onnxruntime_integer_kernels(case: str, signed_weights: bool, monkeypatch) -> None:
     """int8 -> int8 MatMuls lower to QLinearMatMul on uint8 and still equal the reference bit for bit."""
     from test_hz_ops import build
@@ -297,6 +297,13 @@ def test_int8_matmul_runs_on_onnxruntime_integer_kernels(case: str, signed_weigh
         attrs = requant_attrs(rng, "int8", 1, 1.0 / (127 * 127 * 24**0.5))
         node = hz_node("HzSQuantizedMatMul", ["a", "b"], requantize_f32=1, a_zero_point=3, **attrs)
         feeds, consts, out_shape = {"a": a, "b": b}, {}, [2, 3, 5, 6]
+    elif case == "gemm_bias":  # a Gemm's: 2-D input, int32 bias
+        a, w = a.reshape(30, 24), ints(rng, 8, [24, 7])
+        attrs = requant_attrs(rng, "int8", 7, 1.0 / (127 * 127 * 24**0.5))
+        node = hz_node("HzSQuantizedConv", ["a", "w", "b"], kind="MatMul", x_bits=8, axis=-1, requantize_f32=1,
+                       **attrs)
+        feeds, out_shape = {"a": a}, [30, 7]
+        consts = {"w": w, "b": rng.integers(-5000, 5000, 7).astype(np.int32)}
     else:
         w = ints(rng, 8, [24, 7])
         attrs = requant_attrs(rng, "int8", 7, 1.0 / (127 * 127 * 24**0.5))
@@ -306,4 +313,5 @@ def test_int8_matmul_runs_on_onnxruntime_integer_kernels(case: str, signed_weigh
         feeds, consts, out_shape = {"a": a}, {"w": w}, [2, 3, 5, 7]
     check(node, feeds, consts)
     model = build(node, feeds, np.int8, out_shape, consts)
-    assert "QLinearMatMul" in {n.op_type for n in lower_model(model).graph.node}
+    kernel = "QLinearConv" if case == "gemm_bias" else "QLinearMatMul"
+    assert kernel in {n.op_type for n in lower_model(model).graph.node}
