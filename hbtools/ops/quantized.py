@@ -387,7 +387,7 @@ class HzLut(HzOp):
         off = ctx.constant(f"{hint}_offset", np.array(-a["in_min"], dtype=np.int32))
         n, idx = _node(ctx, "Add", [xi, off], f"{hint}_idx")
         nodes.append(n)
-        nodes.append(helper.make_node("Gather", [table, idx], [node.output[0]], name=ctx.unique(f"{hint}_gather")))
+        uint8_kernels.lookup(ctx, table, idx, node.output[0], nodes)
         return nodes
 
     @classmethod

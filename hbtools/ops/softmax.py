@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
-from hbtools.ops import twins
+from hbtools.ops import twins, uint8_kernels
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
 from hbtools.ops.quantized import NUMPY_INT, ONNX_INT, OUTPUT_ATTRS
 from hbtools.ops.registry import register
@@ -150,7 +150,8 @@ class HzSQuantizedSoftmax(HzOp):
         d = _node(ctx, "Sub", [x, _reduce(ctx, "ReduceMax", x, axis, hint, nodes)], hint, nodes)
         idx = _node(ctx, "Cast", [_node(ctx, "Add", [d, const("offset", table.size - 1.0)], hint, nodes)], hint,
                     nodes, to=TensorProto.INT64)
-        e = _node(ctx, "Gather", [ctx.constant(f"{hint}_table", table), idx], hint, nodes)
+        e = ctx.unique(f"{hint}_exp")
+        uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), idx, e, nodes)
         p = _node(ctx, "Div", [e, _reduce(ctx, "ReduceSum", e, axis, hint, nodes)], hint, nodes)
         q = _node(ctx, "Round", [_node(ctx, "Div", [p, const("out_scale", a["out_scale"][0])], hint, nodes)], hint,
                   nodes)
