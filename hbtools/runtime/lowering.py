@@ -9,7 +9,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset, with_horizon_domain
-from hbtools.ops import registry, twins, uint8_kernels
+from hbtools.ops import fused, registry, twins, uint8_kernels
 from hbtools.ops.base import DOMAIN, LoweringContext
 
 
@@ -40,7 +40,13 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     ctx.constant_values = {t.name: t for t in model.graph.initializer}
     nodes = []
     keep = set(keep) | {o.name for o in model.graph.output}
+    fused_convs, absorbed = fused.fuse_calibrated_convs(model, ctx)
     for node in model.graph.node:
+        if node.name in absorbed:
+            continue
+        if node.name in fused_convs:
+            nodes.extend(fused.lower(node, ctx))
+            continue
         if node.domain == DOMAIN:
             nodes.extend(registry.get(node.op_type).lower(node, ctx))
             continue
