@@ -35,8 +35,12 @@ class _Pattern:
     clip: tuple[float | None, float | None] = (None, None)  # a Clip's bounds (float32 values)
 
 
-def fuse_calibrated_convs(model: ModelProto, ctx: LoweringContext) -> tuple[dict[str, NodeProto], set[str]]:
-    """Conv nodes to lower as a fused pattern (by name) and the names of the nodes they absorb."""
+def fuse_calibrated_convs(model: ModelProto, ctx: LoweringContext,
+                          keep: set[str]) -> tuple[dict[str, NodeProto], set[str]]:
+    """Conv nodes to lower as a fused pattern (by name) and the names of the nodes they absorb.
+
+    A pattern whose float tensors a caller fetches (``keep``) stays unfused.
+    """
     if ctx.feed_calibration or not ctx.exact or ctx.opset < 10:
         return {}, set()
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -44,7 +48,7 @@ def fuse_calibrated_convs(model: ModelProto, ctx: LoweringContext) -> tuple[dict
     for n in model.graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    outputs = {o.name for o in model.graph.output}
+    outputs = {o.name for o in model.graph.output} | keep
     inits = {t.name: t for t in model.graph.initializer}
     patterns: dict[str, NodeProto] = {}
     absorbed: set[str] = set()

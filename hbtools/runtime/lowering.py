@@ -40,7 +40,7 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     ctx.constant_values = {t.name: t for t in model.graph.initializer}
     nodes = []
     keep = set(keep) | {o.name for o in model.graph.output}
-    fused_convs, absorbed = fused.fuse_calibrated_convs(model, ctx)
+    fused_convs, absorbed = fused.fuse_calibrated_convs(model, ctx, keep)
     for node in model.graph.node:
         if node.name in absorbed:
             continue
