@@ -356,22 +356,59 @@ class HzSQuantizedEltwise(_Requantizing):
         return [_np_requantize(acc, a)]
 
 
+def varying_part(table: np.ndarray) -> tuple[int, int]:
+    """``[start, stop)`` of ``table`` outside of which every entry repeats the nearer end entry.
+
+    Clamping an index into that range changes no result, so only ``table[start:stop]`` need be stored.
+    """
+    changes = np.flatnonzero(table[1:] != table[:-1])
+    if changes.size == 0:
+        return 0, min(1, table.size)
+    return int(changes[0]), int(changes[-1]) + 2
+
+
 @register
 class HzLut(HzOp):
-    """Element-wise function by table: ``y = table[x - in_min]``. Attributes: table, in_min, out_type."""
+    """Element-wise function by table: ``y = table[clip(x - in_min, 0, len(table) - 1)]``.
+
+    Attributes: table (ints, or an integer tensor of ``out_type``), in_min, out_type. A table
+    may cover only the input levels where the function varies (and can be reached): inputs
+    beyond either end take that end's entry. (Older files hold tables over every level.)
+    """
 
     op_type = "HzLut"
     attributes = {"table": REQUIRED, "in_min": REQUIRED, "out_type": REQUIRED}
     shape_preserving = True
 
     @classmethod
+    def compact(cls, table: np.ndarray, in_min: int) -> tuple[np.ndarray, int]:
+        """``table`` (first entry for input ``in_min``) cut to its varying part, and that part's ``in_min``."""
+        start, stop = varying_part(table)
+        return table[start:stop], in_min + start
+
+    @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a = attrs_of(node)
         nodes: list[NodeProto] = []
         hint = node.name
-        table = ctx.constant(f"{hint}_table", np.asarray(a["table"], dtype=NUMPY_INT[a["out_type"]]))
-        xi = _cast(ctx, node.input[0], TensorProto.INT32, f"{hint}_x", nodes)
-        off = ctx.constant(f"{hint}_offset", np.array(-a["in_min"], dtype=np.int32))
+        values = np.asarray(a["table"], dtype=NUMPY_INT[a["out_type"]])
+        in_min, last = int(a["in_min"]), int(a["in_min"]) + values.size - 1
+        table = ctx.constant(f"{hint}_table", values)
+        # Clamp first: a table may cover only part of the input's levels (a whole one is unchanged by it).
+        if ctx.opset >= 12:  # integer Clip
+            xi = _cast(ctx, node.input[0], TensorProto.INT32, f"{hint}_x", nodes)
+            bounds = [ctx.constant(f"{hint}_{k}", np.array(v, dtype=np.int32)) for k, v in (("lo", in_min),
+                                                                                            ("hi", last))]
+            n, xi = _node(ctx, "Clip", [xi, *bounds], f"{hint}_clamp")
+            nodes.append(n)
+        else:  # earlier Clip and Max/Min take floats only: clamp in float32, exact for int16 levels
+            xf = _cast(ctx, node.input[0], TensorProto.FLOAT, f"{hint}_x", nodes)
+            for op, v in (("Max", in_min), ("Min", last)):
+                n, xf = _node(ctx, op, [xf, ctx.constant(f"{hint}_{op.lower()}", np.array(v, dtype=np.float32))],
+                              f"{hint}_clamp")
+                nodes.append(n)
+            xi = _cast(ctx, xf, TensorProto.INT32, f"{hint}_xi", nodes)
+        off = ctx.constant(f"{hint}_offset", np.array(-in_min, dtype=np.int32))
         n, idx = _node(ctx, "Add", [xi, off], f"{hint}_idx")
         nodes.append(n)
         nodes.append(helper.make_node("Gather", [table, idx], [node.output[0]], name=ctx.unique(f"{hint}_gather")))
@@ -381,9 +418,7 @@ class HzLut(HzOp):
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = _attrs(node)
         table = a["table"]
-        index = inputs[0].astype(np.int64) - int(a["in_min"])
-        if index.size and (index.min() < 0 or index.max() >= table.size):
-            raise ValueError(f"{node.name}: input values outside the {table.size}-entry table")
+        index = np.clip(inputs[0].astype(np.int64) - int(a["in_min"]), 0, table.size - 1)
         return [table[index]]
 
 

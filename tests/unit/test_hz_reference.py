@@ -138,10 +138,25 @@ def test_lut(in_bits: int, out_type: str) -> None:
     check(node, {"x": x})
 
 
-def test_lut_rejects_values_outside_its_table() -> None:
-    node = hz_node("HzLut", ["x"], table=[1, 2, 3], in_min=-1, out_type="int8")
-    with pytest.raises(ValueError, match="outside"):
-        registry.get("HzLut").reference(node, [np.array([5], dtype=np.int8)])
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_compact_lut_clamps_inputs_beyond_its_ends(opset: int, as_tensor: bool) -> None:
+    """A table cut to its varying part (HzLut.compact): inputs past either end take that end's entry."""
+    from onnx import numpy_helper
+
+    from hbtools.ops.quantized import HzLut
+
+    levels = np.arange(-32768, 32768)
+    full = np.clip(np.round(levels / 40.0), -127, 127).astype(np.int8)  # saturates at both ends
+    table, in_min = HzLut.compact(full, -32768)
+    # round(x / 40) leaves -127 above -5061 and reaches 127 at 5061 (ties to even)
+    assert (in_min, table.size, table[0], table[-1]) == (-5061, 10123, -127, 127)
+    x = np.array([-32768, -5062, -5061, -5060, -1, 0, 1, 5060, 5061, 5062, 32767], dtype=np.int16)
+    value = numpy_helper.from_array(table) if as_tensor else [int(v) for v in table]
+    node = hz_node("HzLut", ["x"], table=value, in_min=in_min, out_type="int8")
+    want = registry.get("HzLut").reference(node, [x])[0]
+    assert_exact(want, full[x.astype(np.int64) + 32768])
+    assert_exact(run_op(node, {"x": x}, np.int8, list(x.shape), opset=opset), want)
 
 
 @pytest.mark.parametrize("x_bits", [8, 16])
@@ -228,7 +243,8 @@ def test_softmax(x_bits: int, out_type: str, axis: int) -> None:
     x = ints(rng, x_bits, [1, 16, 4, 6])
     step = float(f32(12.0 / QMAX[x_bits]))
     table = exp_table(step, x_bits)
-    assert table[-1] == 2**15 and table[0] == 0 and len(table) == 2**x_bits
+    # cut where exp rounds to 0: the table starts with one 0 for every difference below it
+    assert table[-1] == 2**15 and table[0] == 0 != table[1] and len(table) < 2**x_bits
     q = QMAX[int(out_type[3:])]
     node = registry.get("HzSQuantizedSoftmax").make_node(
         ["x"], ["y"], "sm", axis=axis, table=table, out_scale=[float(f32(1.0 / q))], out_type=out_type,
