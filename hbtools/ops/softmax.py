@@ -30,7 +30,7 @@ from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import twins
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
-from hbtools.ops.quantized import NUMPY_INT, ONNX_INT, OUTPUT_ATTRS, varying_part
+from hbtools.ops.quantized import NUMPY_INT, ONNX_INT, OUTPUT_ATTRS, packed_table, table_of, varying_part
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 
@@ -135,7 +135,7 @@ class HzSQuantizedSoftmax(HzOp):
         qt, out = state.out_attrs(unit.outputs[0])
         axis = softmax_axis(node, default_opset(state.src))
         state.nodes.append(cls.make_node([xq.name], [qt.name], node.name, axis=axis,
-                                         table=exp_table(float(xq.scale[0]), xq.bits),
+                                         table=packed_table(exp_table(float(xq.scale[0]), xq.bits)),
                                          out_scale=[float(qt.scale[0])], **out))
         state.record(unit.outputs[0], qt)
 
@@ -144,7 +144,7 @@ class HzSQuantizedSoftmax(HzOp):
         a = cls.read(node)
         nodes: list[NodeProto] = []
         hint, axis = node.name, int(a["axis"])
-        table = np.asarray(a["table"], dtype=np.float64)
+        table = table_of(node).astype(np.float64)
 
         def const(k: str, v: float) -> str:
             return ctx.constant(f"{hint}_{k}", np.array(v, dtype=np.float64))
@@ -169,7 +169,7 @@ class HzSQuantizedSoftmax(HzOp):
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = cls.read(node)
-        table = np.asarray(a["table"], dtype=np.float64)
+        table = table_of(node).astype(np.float64)
         x = inputs[0].astype(np.int64)
         d = x - x.max(axis=a["axis"], keepdims=True)
         e = table[np.maximum(d + table.size - 1, 0)]

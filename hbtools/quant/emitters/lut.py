@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from hbtools.ops.base import attrs_of
-from hbtools.ops.quantized import NUMPY_INT, HzLut
+from hbtools.ops.quantized import HzLut, packed_table
 from hbtools.quant import grids
 from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState, per_tensor
@@ -31,9 +31,9 @@ def emit(state: EmitState, unit: Unit) -> None:
                            asymmetric=state.acts[out].asymmetric)
     # inf saturates in the clip; NaN (a function undefined at some input level) has no grid value: 0
     table = np.where(np.isnan(table), np.float32(qt.zero_point), table)
-    # Only the reachable, varying part is stored (an int16 input has 65536 levels), as a typed tensor.
-    table, in_min = HzLut.compact(table.astype(NUMPY_INT[qt.dtype]), qmin)
-    state.nodes.append(HzLut.make_node([xq.name], [qt.name], unit.main.name, table=numpy_helper.from_array(table),
+    # Only the reachable, varying part is stored (an int16 input has 65536 levels), packed.
+    table, in_min = HzLut.compact(table.astype(np.int64), qmin)
+    state.nodes.append(HzLut.make_node([xq.name], [qt.name], unit.main.name, table=packed_table(table),
                                        in_min=in_min, out_type=qt.dtype))  # zero points live in the table
     state.record(out, qt)
 
