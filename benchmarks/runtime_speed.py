@@ -231,6 +231,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout-min", type=float, default=30.0, help="kill a conversion after this (30)")
     parser.add_argument("--json", type=Path, help="write the results here (rewritten after every model)")
     parser.add_argument("--markdown", type=Path, help="write the table here (rewritten after every model)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other models' results already in --json; replace those of --models")
     args = parser.parse_args(argv)
     names = every if args.models.strip() == "all" else [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in names if m not in every]
@@ -249,6 +251,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise UsageError("--threads: comma-separated positive integers, e.g. 1,2")
     if args.runs < 1 or args.heldout_num < 1 or (args.cal_num is not None and args.cal_num < 1):
         raise UsageError("--runs, --heldout-num and --cal-num must be at least 1")
+    if args.update and not (args.json and args.json.is_file()):
+        raise UsageError("--update needs an existing --json file to update")
     if args.det_size < 0 or args.det_size % 32:
         raise UsageError("--det-size must be a multiple of 32 (0: the config's size)")
     return args
@@ -266,10 +270,13 @@ def run(args: argparse.Namespace, work: Path) -> dict:
               "settings": {"types": args.types, "threads": args.threads, "runs": args.runs,
                            "cal_num": args.cal_num, "heldout_num": args.heldout_num, "det_size": args.det_size},
               "models": []}
+    every = [*SAMPLES, *fetch_models.ZOO]
+    runs = {m["model"]: m for m in json.loads(args.json.read_text())["models"]} if args.update else {}
     for name in args.models:
         per_model = argparse.Namespace(**vars(args))
         per_model.cal_num = args.cal_num or (50 if name in SAMPLES else 16)
-        result["models"].append(run_model(name, per_model, work))
+        runs[name] = run_model(name, per_model, work)
+        result["models"] = [runs[n] for n in every if n in runs]
         result["total_wall_s"] = round(time.perf_counter() - started)
         write(result, args)
     return result
