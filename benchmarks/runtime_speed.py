@@ -11,8 +11,9 @@ quantized ONNX and the ``.bin``, with makertbin's wall time, peak RSS and step t
     python benchmarks/runtime_speed.py --json benchmarks/results/runtime_speed.json \\
         --markdown benchmarks/results/runtime_speed.md
 
-The default model set (cls, det, rec) takes about 15 minutes on 2 cores when nothing is
-cached; ``--models all`` adds the corpus. Conversions are kept in ``--cache-dir`` and reused
+The default model set (cls, det, rec) took 25 minutes on 2 cores under a load average of
+about 6 with nothing cached (det's ``default`` conversion is most of it), a few minutes
+with the conversions cached; ``--models all`` adds the corpus. Conversions are kept in ``--cache-dir`` and reused
 (``--reconvert`` converts again, e.g. after a change of the quantize stage; a change of the
 lowering only needs a re-run).
 """
