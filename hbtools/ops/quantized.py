@@ -434,6 +434,14 @@ class HzLut(HzOp):
         hint = node.name
         values = table_of(node).astype(NUMPY_INT[a["out_type"]])
         in_min, last = int(a["in_min"]), int(a["in_min"]) + values.size - 1
+        x_u8 = uint8_kernels.uint8_copy(ctx, node.input[0], nodes)
+        if x_u8 is not None and in_min >= -128 and last <= 127:
+            # An int8 input: index its uint8 copy into the table spread over all 256 levels (the clamp
+            # folded into the entries), so the lookup needs no clamp and no offset.
+            spread = values[np.clip(np.arange(256) - 128 - in_min, 0, values.size - 1)]
+            index = _cast(ctx, x_u8, TensorProto.INT32, f"{hint}_x", nodes)
+            uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", spread), index, node.output[0], nodes)
+            return nodes
         table = ctx.constant(f"{hint}_table", values)
         # Clamp first: a table may cover only part of the input's levels (a whole one is unchanged by it).
         if ctx.opset >= 12:  # integer Clip

@@ -56,6 +56,13 @@ def as_uint8(ctx: LoweringContext, x: str, nodes: list[NodeProto]) -> str:
     return u8
 
 
+def uint8_copy(ctx: LoweringContext, x: str, nodes: list[NodeProto]) -> str | None:
+    """``x``'s uint8 copy when ``x`` is known to be int8 (made if needed), else None."""
+    if x in ctx.uint8:
+        return ctx.uint8[x]
+    return as_uint8(ctx, x, nodes) if x in ctx.int8_tensors else None
+
+
 def to_int8(ctx: LoweringContext, u8: str, out: str, nodes: list[NodeProto]) -> None:
     """int8 ``out`` = uint8 ``u8`` - 128, recorded as ``out``'s uint8 copy."""
     value = _node(ctx, "DequantizeLinear", [u8, _one(ctx), _u8_zero(ctx)], f"{out}_as_float", nodes)

@@ -40,6 +40,9 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     ctx.constant_values = {t.name: t for t in model.graph.initializer}
     nodes = []
     keep = set(keep) | {o.name for o in model.graph.output}
+    ctx.int8_tensors = {o for n in model.graph.node if n.domain == DOMAIN
+                        for a in n.attribute if a.name == "out_type" and a.s == b"int8" for o in n.output[:1]}
+    ctx.int8_tensors |= {i.name for i in model.graph.input if i.type.tensor_type.elem_type == TensorProto.INT8}
     fused_convs, absorbed = fused.fuse_calibrated_convs(model, ctx, keep)
     for node in model.graph.node:
         if node.name in absorbed:
