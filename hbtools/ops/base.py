@@ -63,6 +63,8 @@ class LoweringContext:
         # (``hbtools.ops.uint8_kernels``), and the constants they share.
         self.uint8: dict[str, str] = {}
         self.uint8_constants: dict[str, str] = {}
+        self.int8_tensors: set[str] = set()  # tensors an integer op writes as int8
+        self.fused: dict[str, object] = {}  # calibrated-model patterns lowered as one kernel (hbtools.ops.fused)
 
     def unique(self, hint: str) -> str:
         name, i = hint, 0

@@ -20,8 +20,10 @@ Absent zero-point attributes mean 0.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
-from onnx import NodeProto, TensorProto, helper
+from onnx import AttributeProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.ops import int_kernels, uint8_kernels
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
@@ -172,7 +174,7 @@ def _attrs(node: NodeProto) -> dict:
         return hit[1]
     a = attrs_of(node)
     if "table" in a:
-        a["table"] = np.asarray(a["table"], dtype=NUMPY_INT.get(a.get("out_type"), np.int64))
+        a["table"] = table_of(node).astype(NUMPY_INT.get(a.get("out_type"), np.int64))
     if len(_cache) >= _CACHE_SIZE:
         _cache.clear()
     _cache[id(node)] = (node, a)
@@ -369,34 +371,103 @@ class HzSQuantizedEltwise(_Requantizing):
         return [_np_requantize(acc, a)]
 
 
+def packed_table(values: np.ndarray | list[int]) -> TensorProto:
+    """A lookup table as a ``table`` attribute value: a uint8 tensor holding the zlib stream of its
+    first differences (int32 little-endian, the first one from 0). Tables of smooth functions
+    repeat a few differences, so this is some fifty times smaller than the int16 entries."""
+    diffs = np.diff(np.asarray(values, dtype=np.int64), prepend=0).astype("<i4")
+    return numpy_helper.from_array(np.frombuffer(zlib.compress(diffs.tobytes(), 9), dtype=np.uint8))
+
+
+def table_of(node: NodeProto, name: str = "table") -> np.ndarray:
+    """A lookup-table attribute as int64: a list of ints, an integer tensor, or packed (a uint8
+    tensor, ``packed_table``; no table has uint8 entries)."""
+    attr = next((a for a in node.attribute if a.name == name), None)
+    if attr is None:
+        raise ValueError(f"{node.op_type} {node.name}: no {name} attribute")
+    if attr.type != AttributeProto.TENSOR:
+        return np.asarray(helper.get_attribute_value(attr), dtype=np.int64)
+    values = numpy_helper.to_array(attr.t)
+    if values.dtype != np.uint8:
+        return values.astype(np.int64)
+    try:
+        diffs = np.frombuffer(zlib.decompress(values.tobytes()), dtype="<i4")
+    except (zlib.error, ValueError):
+        raise ValueError(f"{node.op_type} {node.name}: the packed {name} attribute is damaged") from None
+    return np.cumsum(diffs, dtype=np.int64)
+
+
+def varying_part(table: np.ndarray) -> tuple[int, int]:
+    """``[start, stop)`` of ``table`` outside of which every entry repeats the nearer end entry.
+
+    Clamping an index into that range changes no result, so only ``table[start:stop]`` need be stored.
+    """
+    changes = np.flatnonzero(table[1:] != table[:-1])
+    if changes.size == 0:
+        return 0, min(1, table.size)
+    return int(changes[0]), int(changes[-1]) + 2
+
+
 @register
 class HzLut(HzOp):
-    """Element-wise function by table: ``y = table[x - in_min]``. Attributes: table, in_min, out_type."""
+    """Element-wise function by table: ``y = table[clip(x - in_min, 0, len(table) - 1)]``.
+
+    Attributes: table (ints, an integer tensor, or ``packed_table``), in_min, out_type. A table
+    may cover only the input levels where the function varies (and can be reached): inputs
+    beyond either end take that end's entry. (Older files hold tables over every level.)
+    """
 
     op_type = "HzLut"
     attributes = {"table": REQUIRED, "in_min": REQUIRED, "out_type": REQUIRED}
     shape_preserving = True
 
     @classmethod
+    def compact(cls, table: np.ndarray, in_min: int) -> tuple[np.ndarray, int]:
+        """``table`` (first entry for input ``in_min``) cut to its varying part, and that part's ``in_min``."""
+        start, stop = varying_part(table)
+        return table[start:stop], in_min + start
+
+    @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a = attrs_of(node)
         nodes: list[NodeProto] = []
         hint = node.name
-        table = ctx.constant(f"{hint}_table", np.asarray(a["table"], dtype=NUMPY_INT[a["out_type"]]))
-        xi = _cast(ctx, node.input[0], TensorProto.INT32, f"{hint}_x", nodes)
-        off = ctx.constant(f"{hint}_offset", np.array(-a["in_min"], dtype=np.int32))
+        values = table_of(node).astype(NUMPY_INT[a["out_type"]])
+        in_min, last = int(a["in_min"]), int(a["in_min"]) + values.size - 1
+        x_u8 = uint8_kernels.uint8_copy(ctx, node.input[0], nodes)
+        if x_u8 is not None and in_min >= -128 and last <= 127:
+            # An int8 input: index its uint8 copy into the table spread over all 256 levels (the clamp
+            # folded into the entries), so the lookup needs no clamp and no offset.
+            spread = values[np.clip(np.arange(256) - 128 - in_min, 0, values.size - 1)]
+            index = _cast(ctx, x_u8, TensorProto.INT32, f"{hint}_x", nodes)
+            uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", spread), index, node.output[0], nodes)
+            return nodes
+        table = ctx.constant(f"{hint}_table", values)
+        # Clamp first: a table may cover only part of the input's levels (a whole one is unchanged by it).
+        if ctx.opset >= 12:  # integer Clip
+            xi = _cast(ctx, node.input[0], TensorProto.INT32, f"{hint}_x", nodes)
+            bounds = [ctx.constant(f"{hint}_{k}", np.array(v, dtype=np.int32)) for k, v in (("lo", in_min),
+                                                                                            ("hi", last))]
+            n, xi = _node(ctx, "Clip", [xi, *bounds], f"{hint}_clamp")
+            nodes.append(n)
+        else:  # earlier Clip and Max/Min take floats only: clamp in float32, exact for int16 levels
+            xf = _cast(ctx, node.input[0], TensorProto.FLOAT, f"{hint}_x", nodes)
+            for op, v in (("Max", in_min), ("Min", last)):
+                n, xf = _node(ctx, op, [xf, ctx.constant(f"{hint}_{op.lower()}", np.array(v, dtype=np.float32))],
+                              f"{hint}_clamp")
+                nodes.append(n)
+            xi = _cast(ctx, xf, TensorProto.INT32, f"{hint}_xi", nodes)
+        off = ctx.constant(f"{hint}_offset", np.array(-in_min, dtype=np.int32))
         n, idx = _node(ctx, "Add", [xi, off], f"{hint}_idx")
         nodes.append(n)
-        nodes.append(helper.make_node("Gather", [table, idx], [node.output[0]], name=ctx.unique(f"{hint}_gather")))
+        uint8_kernels.lookup(ctx, table, idx, node.output[0], nodes)
         return nodes
 
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = _attrs(node)
         table = a["table"]
-        index = inputs[0].astype(np.int64) - int(a["in_min"])
-        if index.size and (index.min() < 0 or index.max() >= table.size):
-            raise ValueError(f"{node.name}: input values outside the {table.size}-entry table")
+        index = np.clip(inputs[0].astype(np.int64) - int(a["in_min"]), 0, table.size - 1)
         return [table[index]]
 
 

@@ -10,7 +10,7 @@ from hbtools.ops.base import HzOp
 
 _OPS: dict[str, type[HzOp]] = {}
 # Modules of the package that hold no op classes.
-_NOT_OPS = {"base", "registry", "names", "twins", "int_kernels", "custom", "uint8_kernels"}
+_NOT_OPS = {"base", "registry", "names", "twins", "int_kernels", "custom", "uint8_kernels", "fused"}
 _loaded = False
 
 

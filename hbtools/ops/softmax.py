@@ -3,11 +3,13 @@
 ``HzSQuantizedSoftmax`` (quantized model), along ``axis`` of integer input ``x``:
 
     d = x - max(x)                          integers in [-(n - 1), 0] (the zero point cancels)
-    e = table[d + n - 1]                    table[k] = round(exp((k - n + 1) * x_scale) * 2**15)
+    e = table[max(d + n - 1, 0)]            table[k] = round(exp((k - n + 1) * x_scale) * 2**15)
     S = sum(e)                              exact integer sum
     y = clip(round((e / S) / out_scale) + zero_point, out_min, out_max)
 
-``n`` is the table length (the input type's level count); the two divisions are
+``n`` is the table length: the input type's level count, less the leading entries
+equal to ``table[0]`` (exp rounds to 0 long before the end of an int16 range), which
+the clamp at 0 stands for; older files hold all of them. The two divisions are
 float64, round half to even. The numpy reference and the ONNX lowering compute the
 same IEEE operations on the same integers, so they agree bit for bit.
 
@@ -26,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
-from hbtools.ops import twins
+from hbtools.ops import twins, uint8_kernels
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
-from hbtools.ops.quantized import NUMPY_INT, ONNX_INT, OUTPUT_ATTRS
+from hbtools.ops.quantized import NUMPY_INT, ONNX_INT, OUTPUT_ATTRS, packed_table, table_of, varying_part
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 
@@ -51,7 +53,7 @@ def exp_levels(d: str, step: str, hint: str, unique, nodes: list[NodeProto]) -> 
 
 
 def exp_table(step: float, bits: int) -> list[int]:
-    """``table[k]`` for ``d = k - n + 1`` over every difference of two ``bits``-bit levels."""
+    """``table[k]`` for ``d = k - n + 1`` over the differences of two ``bits``-bit levels where it varies."""
     from hbtools.runtime.session import make_session
 
     n = 2**bits
@@ -73,7 +75,8 @@ def exp_table(step: float, bits: int) -> list[int]:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     d = np.arange(-(n - 1), 1, dtype=np.float64)
     levels = make_session(model).run([out], {"d": d, "step": np.array(float(np.float32(step)))})[0]
-    return [int(v) for v in levels]
+    start, _ = varying_part(levels)
+    return [int(v) for v in levels[start:]]
 
 
 def _reduce(ctx: LoweringContext, op: str, x: str, axis: int, hint: str, nodes: list[NodeProto]) -> str:
@@ -132,7 +135,7 @@ class HzSQuantizedSoftmax(HzOp):
         qt, out = state.out_attrs(unit.outputs[0])
         axis = softmax_axis(node, default_opset(state.src))
         state.nodes.append(cls.make_node([xq.name], [qt.name], node.name, axis=axis,
-                                         table=exp_table(float(xq.scale[0]), xq.bits),
+                                         table=packed_table(exp_table(float(xq.scale[0]), xq.bits)),
                                          out_scale=[float(qt.scale[0])], **out))
         state.record(unit.outputs[0], qt)
 
@@ -141,16 +144,18 @@ class HzSQuantizedSoftmax(HzOp):
         a = cls.read(node)
         nodes: list[NodeProto] = []
         hint, axis = node.name, int(a["axis"])
-        table = np.asarray(a["table"], dtype=np.float64)
+        table = table_of(node).astype(np.float64)
 
         def const(k: str, v: float) -> str:
             return ctx.constant(f"{hint}_{k}", np.array(v, dtype=np.float64))
 
         x = twins.to_double(ctx, node.input[0], hint, nodes)
         d = _node(ctx, "Sub", [x, _reduce(ctx, "ReduceMax", x, axis, hint, nodes)], hint, nodes)
-        idx = _node(ctx, "Cast", [_node(ctx, "Add", [d, const("offset", table.size - 1.0)], hint, nodes)], hint,
-                    nodes, to=TensorProto.INT64)
-        e = _node(ctx, "Gather", [ctx.constant(f"{hint}_table", table), idx], hint, nodes)
+        idx = _node(ctx, "Add", [d, const("offset", table.size - 1.0)], hint, nodes)
+        idx = _node(ctx, "Max", [idx, const("first", 0.0)], hint, nodes)  # the table may start where exp varies
+        idx = _node(ctx, "Cast", [idx], hint, nodes, to=TensorProto.INT64)
+        e = ctx.unique(f"{hint}_exp")
+        uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), idx, e, nodes)
         p = _node(ctx, "Div", [e, _reduce(ctx, "ReduceSum", e, axis, hint, nodes)], hint, nodes)
         q = _node(ctx, "Round", [_node(ctx, "Div", [p, const("out_scale", a["out_scale"][0])], hint, nodes)], hint,
                   nodes)
@@ -165,10 +170,10 @@ class HzSQuantizedSoftmax(HzOp):
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = cls.read(node)
-        table = np.asarray(a["table"], dtype=np.float64)
+        table = table_of(node).astype(np.float64)
         x = inputs[0].astype(np.int64)
         d = x - x.max(axis=a["axis"], keepdims=True)
-        e = table[d + table.size - 1]
+        e = table[np.maximum(d + table.size - 1, 0)]
         p = e / e.sum(axis=a["axis"], keepdims=True)
         q = grids.requantize(p / np.float64(a["out_scale"][0]), 1.0, a["out_min"], a["out_max"], int(a["zero_point"]))
         return [q.astype(NUMPY_INT[a["out_type"]])]

@@ -302,14 +302,48 @@ def _product(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> b
     if any(ctx.twins.get(i) is not None and ctx.twins[i].folded for i in node.input):
         return False
     a, b = (ctx.twins.get(i) for i in node.input[:2])
-    if node.op_type != "MatMul" or a is None or b is None or a.levels is None or b.levels is None \
-            or not a.scalar_step or a.bits == ACCUMULATOR_BITS or b.bits == ACCUMULATOR_BITS:
+    if a is None or b is None or a.levels is None or b.levels is None or not a.scalar_step \
+            or a.bits == ACCUMULATOR_BITS or b.bits == ACCUMULATOR_BITS:
         return _same_op(node, ctx, nodes)
-    acc = _node(ctx, "MatMul", [a.levels, b.levels], f"{node.output[0]}_acc_f64", nodes)
-    step = _node(ctx, "Mul", [a.step, b.step], f"{node.output[0]}_acc_step", nodes)
+    out = node.output[0]
+    if node.op_type == "MatMul":
+        acc = _node(ctx, "MatMul", [a.levels, b.levels], f"{out}_acc_f64", nodes)
+        step = _node(ctx, "Mul", [a.step, b.step], f"{out}_acc_step", nodes)
+    else:
+        gemm = _gemm_accumulator(node, ctx, a, b, nodes)
+        if gemm is None:
+            return _same_op(node, ctx, nodes)
+        acc, step = gemm
     twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=b.scalar_step)
     _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
     return True
+
+
+def _gemm_accumulator(node: NodeProto, ctx: LoweringContext, a: Twin, b: Twin,
+                      nodes: list[NodeProto]) -> tuple[str, str] | None:
+    """Levels and step of ``alpha * A @ op(B) + beta * C`` on the integer accumulator.
+
+    The quantize stage folds ``sign(alpha)`` into the weight levels, ``|alpha|`` into its
+    steps and ``beta`` into the bias levels (HzBiasCalibration's gain), so the accumulator is
+    ``sign(alpha) * (A @ op(B)) + C`` in levels with step ``s_a * (s_b * |alpha|)``.
+    """
+    attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    alpha = float(attrs.get("alpha", 1.0))
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    c = ctx.twins.get(bias) if bias else None
+    if attrs.get("transA", 0) or alpha == 0.0 or (bias and (c is None or c.levels is None)):
+        return None
+    out = node.output[0]
+    acc = _node(ctx, "Gemm", [a.levels, b.levels], f"{out}_acc_f64", nodes, alpha=float(np.sign(alpha)),
+                transB=int(attrs.get("transB", 0)))
+    if c is not None:
+        acc = _node(ctx, "Add", [acc, c.levels], f"{out}_acc_bias", nodes)
+    column_steps = _node(ctx, "Reshape", [b.step, ctx.constant(f"{out}_columns", np.array([-1], dtype=np.int64))],
+                         f"{out}_b_step", nodes)
+    if abs(alpha) != 1.0:
+        column_steps = _node(ctx, "Mul", [column_steps, ctx.constant(f"{out}_alpha", np.array(abs(alpha)))],
+                             f"{out}_b_step_alpha", nodes)
+    return acc, _node(ctx, "Mul", [a.step, column_steps], f"{out}_acc_step", nodes)
 
 
 def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:

@@ -56,6 +56,13 @@ def as_uint8(ctx: LoweringContext, x: str, nodes: list[NodeProto]) -> str:
     return u8
 
 
+def uint8_copy(ctx: LoweringContext, x: str, nodes: list[NodeProto]) -> str | None:
+    """``x``'s uint8 copy when ``x`` is known to be int8 (made if needed), else None."""
+    if x in ctx.uint8:
+        return ctx.uint8[x]
+    return as_uint8(ctx, x, nodes) if x in ctx.int8_tensors else None
+
+
 def to_int8(ctx: LoweringContext, u8: str, out: str, nodes: list[NodeProto]) -> None:
     """int8 ``out`` = uint8 ``u8`` - 128, recorded as ``out``'s uint8 copy."""
     value = _node(ctx, "DequantizeLinear", [u8, _one(ctx), _u8_zero(ctx)], f"{out}_as_float", nodes)
@@ -120,7 +127,7 @@ def matmul(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto
         fits = a.get("a_bits", 8) == 8 and a.get("b_bits", 8) == 8
     else:
         zero_points = int(a.get("x_zero_point", 0)), 0
-        fits = a["kind"] == "MatMul" and a.get("x_bits", 8) == 8 and (len(node.input) < 3 or not node.input[2])
+        fits = a["kind"] == "MatMul" and a.get("x_bits", 8) == 8
     out_min, out_max = int(a["out_min"]), int(a["out_max"])
     if (not fits or a["out_type"] != "int8" or not a.get("requantize_f32") or not -128 <= out_min <= out_max <= 127
             or any(abs(z) > 127 for z in zero_points) or abs(int(a.get("zero_point", 0))) > 127 or ctx.opset < 10):
@@ -141,15 +148,48 @@ def matmul(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto
         if signed_weights_exact():
             b_in, b_zero = b_name, ctx.constant(f"{node.name}_b_zero", np.zeros(columns, dtype=np.int8))
         else:
-            b_in = ctx.constant(f"{node.name}_b_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
+            w = (w.astype(np.int16) + OFFSET).astype(np.uint8)
+            b_in = ctx.constant(f"{node.name}_b_u8", w)
             b_zero = ctx.constant(f"{node.name}_b_zero", np.full(columns, OFFSET, dtype=np.uint8))
     inputs = [as_uint8(ctx, node.input[0], nodes), _one(ctx),
               ctx.constant(f"{node.name}_a_zero", np.array(OFFSET + zero_points[0], dtype=np.uint8)),
               b_in, ctx.constant(f"{node.name}_m", m), b_zero, _one(ctx),
               ctx.constant(f"{node.name}_y_zero", np.array(OFFSET + int(a.get("zero_point", 0)), dtype=np.uint8))]
-    y = _node(ctx, "QLinearMatMul", inputs, f"{node.output[0]}_u8", nodes)
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if bias:
+        y = _gemm_as_conv(ctx, node, inputs, w, bias, nodes)
+    else:
+        y = _node(ctx, "QLinearMatMul", inputs, f"{node.output[0]}_u8", nodes)
     _finish(ctx, node, y, out_min, out_max, nodes)
     return True
+
+
+def _gemm_as_conv(ctx: LoweringContext, node: NodeProto, inputs: list[str], weight: np.ndarray, bias: str,
+                  nodes: list[NodeProto]) -> str:
+    """A Gemm's ``[M, K] @ [K, N] + bias`` as a 1x1 QLinearConv over ``M`` positions (QLinearMatMul has
+    no bias, and the bias must be added before requantizing): ``[1, K, M, 1]`` in, ``[1, N, M, 1]`` out."""
+    out = node.output[0]
+    k, n = weight.shape
+    x = _node(ctx, "Transpose", [inputs[0]], f"{out}_xt_u8", nodes, perm=[1, 0])
+    x = _node(ctx, "Reshape", [x, ctx.constant(f"{out}_as_image", np.array([1, k, -1, 1], dtype=np.int64))],
+              f"{out}_x_image_u8", nodes)
+    w_1x1 = ctx.constant(f"{out}_w_1x1", np.ascontiguousarray(weight.T).reshape(n, k, 1, 1))
+    y = _node(ctx, "QLinearConv", [x, *inputs[1:3], w_1x1, *inputs[4:], bias], f"{out}_image_u8", nodes)
+    y = _node(ctx, "Reshape", [y, ctx.constant(f"{out}_as_rows", np.array([n, -1], dtype=np.int64))],
+              f"{out}_nm_u8", nodes)
+    return _node(ctx, "Transpose", [y], f"{out}_u8", nodes, perm=[1, 0])
+
+
+def lookup(ctx: LoweringContext, table: str, index: str, out: str, nodes: list[NodeProto]) -> None:
+    """``out = table[index]`` for a 1-D ``table``, elementwise over an index tensor of any shape.
+
+    GatherElements over the flattened index runs about three times faster in onnxruntime
+    than Gather, which copies each element as a block.
+    """
+    flat = _node(ctx, "Reshape", [index, _shared(ctx, "flat", np.array([-1], dtype=np.int64))], f"{out}_index_flat",
+                 nodes)
+    values = _node(ctx, "GatherElements", [table, flat], f"{out}_flat", nodes, axis=0)
+    nodes.append(_make("Reshape", [values, _node(ctx, "Shape", [index], f"{out}_shape", nodes)], out, ctx))
 
 
 # Ops that move int8 levels without arithmetic: run on the uint8 copies they give the same result + 128.

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView
+from hbtools.pipeline.timing import StepTimes
 from hbtools.quant import weight_rounding
 from hbtools.quant.bias_correction import CORRECTABLE, correct_biases
 from hbtools.quant.plan import (
@@ -55,21 +56,24 @@ class CalibrationResult:
 def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *,
         calibration_type: str, max_percentile: float | None = None,
         loaded_thresholds: dict[str, float] | None = None, allow_int16: bool = False,
-        bias_correction: str = "auto") -> CalibrationResult:
+        bias_correction: str = "auto", times: StepTimes | None = None) -> CalibrationResult:
     """Calibrate.
 
     ``allow_int16`` lets default/mix give int16 to the most sensitive tensors;
-    ``bias_correction`` is "on", "off" or "auto" (kept only if the output improves).
+    ``bias_correction`` is "on", "off" or "auto" (kept only if the output improves);
+    ``times`` gets the seconds of each step.
     """
+    times = times or StepTimes()
     # Samples are kept only for what scores candidates; skip/max/load with bias correction off
     # keep none, so memory stays at one sample's activations.
     keep = len(_methods(calibration_type, max_percentile)) > 1 or calibration_type == "mix" \
         or bias_correction != "off"
-    collector, eval_feeds, eval_refs, bc_feeds = _collect(optimized, plan, samples, count, keep=keep)
-    plan = plan.observed(collector)  # asymmetric grids are fitted to the observed ranges
-    weight_th = weight_thresholds(optimized, plan)
-    candidates = {_label(m, p): _thresholds(plan, collector, m, p)
-                  for m, p in _methods(calibration_type, max_percentile)}
+    with times.step("statistics"):
+        collector, eval_feeds, eval_refs, bc_feeds = _collect(optimized, plan, samples, count, keep=keep)
+        plan = plan.observed(collector)  # asymmetric grids are fitted to the observed ranges
+        weight_th = weight_thresholds(optimized, plan)
+        candidates = {_label(m, p): _thresholds(plan, collector, m, p)
+                      for m, p in _methods(calibration_type, max_percentile)}
     if calibration_type == "load":
         base = candidates["max"]
         missing = [t for t in base if t not in (loaded_thresholds or {})]
@@ -79,23 +83,27 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         candidates = {"load": {t: (loaded_thresholds or {}).get(t, v) for t, v in base.items()}}
     scores: dict[str, float] = {}
     if len(candidates) > 1 or calibration_type == "mix":
-        evaluator = Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs)
-        scores = {label: evaluator.score(th) for label, th in candidates.items()}
+        with times.step("method search"):
+            evaluator = Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs)
+            scores = {label: evaluator.score(th) for label, th in candidates.items()}
         for label, score in scores.items():
             log.info("calibration method %s: output cosine %.6f", label, score)
-        plan, evaluator, scores = _weight_rounding(optimized, plan, weight_th, bc_feeds or eval_feeds, candidates,
-                                                   evaluator, scores)
+        with times.step("GPTQ"):
+            plan, evaluator, scores = _weight_rounding(optimized, plan, weight_th, bc_feeds or eval_feeds,
+                                                       candidates, evaluator, scores)
         method = max(scores, key=scores.get)
         thresholds = dict(candidates[method])
         methods = {t: method for t in thresholds}
         best = scores[method]
         if calibration_type == "mix":
-            thresholds, methods = evaluator.refine(thresholds, candidates, best)
-            best = evaluator.score(thresholds)
+            with times.step("method search"):
+                thresholds, methods = evaluator.refine(thresholds, candidates, best)
+                best = evaluator.score(thresholds)
         if allow_int16:
             noise = {p.tensor: relative_noise(collector.stats[p.tensor], thresholds[p.tensor], p.bits)
                      for p in plan.activations}
-            int16, thresholds = evaluator.promote_to_int16(thresholds, candidates["max"], best, noise)
+            with times.step("int16 search"):
+                int16, thresholds = evaluator.promote_to_int16(thresholds, candidates["max"], best, noise)
             plan = plan.with_bits(int16)
             methods.update({t: "max" for t in int16})
     else:
@@ -107,8 +115,9 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     log.info("calibration summary: %s", summary)
     model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
     if bias_correction != "off":
-        model = _bias_correction(optimized, model, plan, thresholds, weight_th, methods, bc_feeds or eval_feeds,
-                                 eval_feeds, eval_refs, forced=bias_correction == "on")
+        with times.step("bias correction"):
+            model = _bias_correction(optimized, model, plan, thresholds, weight_th, methods, bc_feeds or eval_feeds,
+                                     eval_feeds, eval_refs, forced=bias_correction == "on")
     return CalibrationResult(model, plan, thresholds, method, scores, summary)
 
 

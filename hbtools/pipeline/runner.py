@@ -24,6 +24,7 @@ from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, optimize, parse, quantize
 from hbtools.pipeline.memory import check_memory
+from hbtools.pipeline.timing import StepTimes
 from hbtools.pipeline.transaction import artefact_transaction
 from hbtools.quant import layer_dump, report
 from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
@@ -94,14 +95,17 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     if config.calibration.calibration_type == "skip":
         log.warning("calibration_type 'skip' calibrates on random data: the model is fit for performance "
                     "checks only, not for accuracy evaluation")
+    times = StepTimes()
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source),
                         calibration_type=config.calibration.calibration_type,
                         max_percentile=config.calibration.max_percentile, allow_int16=profile.int16,
-                        loaded_thresholds=parsed.loaded_thresholds, bias_correction=_bias_correction_mode(config))
+                        loaded_thresholds=parsed.loaded_thresholds, bias_correction=_bias_correction_mode(config),
+                        times=times)
     save_model(cal.model, paths["calibrated"])
     log.info("Model calibration done: %s", final["calibrated"])
 
-    result = quantize.run(cal.model, config, profile)
+    with times.step("quantize"):
+        result = quantize.run(cal.model, config, profile)
     if config.model.layer_out_dump:
         layer_dump.annotate(result)
     save_model(result.model, paths["quantized"])
@@ -109,8 +113,10 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     first = next(iter(source))
     report.log_node_table(result, report.node_similarity(optimized, result, first))
     report.log_cpu_reasons(result.partition)
-    compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=cal.summary)
+    with times.step("compile"):
+        compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=cal.summary)
     log.info("runtime model written: %s", final["bin"])
+    log.info(times.line())
 
 
 def _check_node_names(config: Config, model: onnx.ModelProto) -> None:

@@ -9,7 +9,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
 from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset, with_horizon_domain
-from hbtools.ops import registry, twins, uint8_kernels
+from hbtools.ops import fused, registry, twins, uint8_kernels
 from hbtools.ops.base import DOMAIN, LoweringContext
 
 
@@ -40,7 +40,16 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     ctx.constant_values = {t.name: t for t in model.graph.initializer}
     nodes = []
     keep = set(keep) | {o.name for o in model.graph.output}
+    ctx.int8_tensors = {o for n in model.graph.node if n.domain == DOMAIN
+                        for a in n.attribute if a.name == "out_type" and a.s == b"int8" for o in n.output[:1]}
+    ctx.int8_tensors |= {i.name for i in model.graph.input if i.type.tensor_type.elem_type == TensorProto.INT8}
+    fused_convs, absorbed = fused.fuse_calibrated_convs(model, ctx, keep)
     for node in model.graph.node:
+        if node.name in absorbed:
+            continue
+        if node.name in fused_convs:
+            nodes.extend(fused.lower(node, ctx))
+            continue
         if node.domain == DOMAIN:
             nodes.extend(registry.get(node.op_type).lower(node, ctx))
             continue
@@ -50,6 +59,15 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     del model.graph.node[:]
     model.graph.node.extend(_live(nodes, keep))
     model.graph.initializer.extend(ctx.initializers)
+    # Constants a lowering replaced (an int8 weight re-laid out for an integer kernel) would make
+    # onnxruntime warn about unused initializers on the console.
+    read = {i for n in model.graph.node for i in n.input} | _subgraph_reads(model.graph.node) | keep
+    unread = [t for t in model.graph.initializer if t.name not in read]
+    for t in unread:
+        model.graph.initializer.remove(t)
+    gone = {t.name for t in unread}
+    for i in [i for i in model.graph.input if i.name in gone]:  # old IR lists initializers as inputs too
+        model.graph.input.remove(i)
     model.graph.input.extend(ctx.inputs)
     del model.graph.value_info[:]  # intermediate dtypes changed; let onnxruntime infer
     with_horizon_domain(model)
@@ -70,6 +88,15 @@ def _live(nodes: list[NodeProto], keep: set[str]) -> list[NodeProto]:
         if len(kept) == len(nodes):
             return kept
         nodes = kept
+
+
+def _subgraph_reads(nodes) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        for attr in node.attribute:
+            for graph in [attr.g, *attr.graphs] if attr.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) else []:
+                names.update(_names_read(graph))
+    return names
 
 
 def _names_read(graph: GraphProto) -> set[str]:

@@ -138,10 +138,47 @@ def test_lut(in_bits: int, out_type: str) -> None:
     check(node, {"x": x})
 
 
-def test_lut_rejects_values_outside_its_table() -> None:
-    node = hz_node("HzLut", ["x"], table=[1, 2, 3], in_min=-1, out_type="int8")
-    with pytest.raises(ValueError, match="outside"):
-        registry.get("HzLut").reference(node, [np.array([5], dtype=np.int8)])
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("encoding", ["ints", "tensor", "packed"])
+def test_compact_lut_clamps_inputs_beyond_its_ends(opset: int, encoding: str) -> None:
+    """A table cut to its varying part (HzLut.compact): inputs past either end take that end's entry."""
+    from onnx import numpy_helper
+
+    from hbtools.ops.quantized import HzLut, packed_table
+
+    levels = np.arange(-32768, 32768)
+    full = np.clip(np.round(levels / 40.0), -127, 127).astype(np.int8)  # saturates at both ends
+    table, in_min = HzLut.compact(full, -32768)
+    # round(x / 40) leaves -127 above -5061 and reaches 127 at 5061 (ties to even)
+    assert (in_min, table.size, table[0], table[-1]) == (-5061, 10123, -127, 127)
+    x = np.array([-32768, -5062, -5061, -5060, -1, 0, 1, 5060, 5061, 5062, 32767], dtype=np.int16)
+    value = {"ints": [int(v) for v in table], "tensor": numpy_helper.from_array(table),
+             "packed": packed_table(table)}[encoding]
+    node = hz_node("HzLut", ["x"], table=value, in_min=in_min, out_type="int8")
+    want = registry.get("HzLut").reference(node, [x])[0]
+    assert_exact(want, full[x.astype(np.int64) + 32768])
+    assert_exact(run_op(node, {"x": x}, np.int8, list(x.shape), opset=opset), want)
+
+
+def test_packed_table_round_trip_and_size() -> None:
+    from hbtools.ops.quantized import packed_table, table_of
+
+    rng = np.random.default_rng(3)
+    levels = np.arange(-32768, 32768)
+    smooth = np.clip(np.round(levels * 0.37 + 20), -32768, 32767)  # an int16 linear segment and its clip
+    for values in (smooth, rng.integers(-32768, 32768, 1000), np.array([7]), np.array([-32768, 32767, -32768])):
+        node = hz_node("HzLut", ["x"], table=packed_table(values), in_min=0, out_type="int16")
+        assert_exact(table_of(node), values.astype(np.int64))
+    assert packed_table(smooth).ByteSize() < 2 * smooth.size // 50, "a smooth table packs 50 times smaller than int16"
+
+
+def test_damaged_packed_table_is_named() -> None:
+    from onnx import numpy_helper
+
+    node = hz_node("HzLut", ["x"], table=numpy_helper.from_array(np.arange(9, dtype=np.uint8)), in_min=0,
+                   out_type="int8")
+    with pytest.raises(ValueError, match="HzLut_node: the packed table attribute is damaged"):
+        registry.get("HzLut").reference(node, [np.array([1], dtype=np.int8)])
 
 
 @pytest.mark.parametrize("x_bits", [8, 16])
@@ -222,17 +259,19 @@ def test_constant_eltwise(mode: str, constant_first: int, c_shape: list[int], x_
 
 @pytest.mark.parametrize(("x_bits", "out_type", "axis"), [(8, "int8", 1), (8, "int16", -1), (16, "int8", 2)])
 def test_softmax(x_bits: int, out_type: str, axis: int) -> None:
+    from hbtools.ops.quantized import packed_table
     from hbtools.ops.softmax import exp_table
 
     rng = np.random.default_rng(8)
     x = ints(rng, x_bits, [1, 16, 4, 6])
     step = float(f32(12.0 / QMAX[x_bits]))
     table = exp_table(step, x_bits)
-    assert table[-1] == 2**15 and table[0] == 0 and len(table) == 2**x_bits
+    # cut where exp rounds to 0: one 0 stands for every smaller difference (the index clamps to it)
+    assert table[-1] == 2**15 and table[0] == 0 != table[1] and len(table) < 2**x_bits
     q = QMAX[int(out_type[3:])]
-    node = registry.get("HzSQuantizedSoftmax").make_node(
-        ["x"], ["y"], "sm", axis=axis, table=table, out_scale=[float(f32(1.0 / q))], out_type=out_type,
-        out_min=float(-q), out_max=float(q))
+    node = registry.get("HzSQuantizedSoftmax").make_node(  # the emitter's packed table, and a plain list
+        ["x"], ["y"], "sm", axis=axis, table=packed_table(table) if x_bits == 16 else table,
+        out_scale=[float(f32(1.0 / q))], out_type=out_type, out_min=float(-q), out_max=float(q))
     y = check(node, {"x": x})
     p = np.exp(x * np.float64(step) - (x * np.float64(step)).max(axis=axis, keepdims=True))
     p /= p.sum(axis=axis, keepdims=True)
@@ -281,7 +320,7 @@ def test_int8_conv_runs_on_onnxruntime_integer_kernels(case: str, signed_weights
 
 
 @pytest.mark.parametrize("signed_weights", [True, False], ids=["u8s8", "u8u8"])
-@pytest.mark.parametrize("case", ["weight", "weight_relu", "two_activations"])
+@pytest.mark.parametrize("case", ["weight", "weight_relu", "two_activations", "gemm_bias"])
 def test_int8_matmul_runs_on_onnxruntime_integer_kernels(case: str, signed_weights: bool, monkeypatch) -> None:
     """int8 -> int8 MatMuls lower to QLinearMatMul on uint8 and still equal the reference bit for bit."""
     from test_hz_ops import build
@@ -297,6 +336,13 @@ def test_int8_matmul_runs_on_onnxruntime_integer_kernels(case: str, signed_weigh
         attrs = requant_attrs(rng, "int8", 1, 1.0 / (127 * 127 * 24**0.5))
         node = hz_node("HzSQuantizedMatMul", ["a", "b"], requantize_f32=1, a_zero_point=3, **attrs)
         feeds, consts, out_shape = {"a": a, "b": b}, {}, [2, 3, 5, 6]
+    elif case == "gemm_bias":  # a Gemm's: 2-D input, int32 bias
+        a, w = a.reshape(30, 24), ints(rng, 8, [24, 7])
+        attrs = requant_attrs(rng, "int8", 7, 1.0 / (127 * 127 * 24**0.5))
+        node = hz_node("HzSQuantizedConv", ["a", "w", "b"], kind="MatMul", x_bits=8, axis=-1, requantize_f32=1,
+                       **attrs)
+        feeds, out_shape = {"a": a}, [30, 7]
+        consts = {"w": w, "b": rng.integers(-5000, 5000, 7).astype(np.int32)}
     else:
         w = ints(rng, 8, [24, 7])
         attrs = requant_attrs(rng, "int8", 7, 1.0 / (127 * 127 * 24**0.5))
@@ -306,4 +352,5 @@ def test_int8_matmul_runs_on_onnxruntime_integer_kernels(case: str, signed_weigh
         feeds, consts, out_shape = {"a": a}, {"w": w}, [2, 3, 5, 7]
     check(node, feeds, consts)
     model = build(node, feeds, np.int8, out_shape, consts)
-    assert "QLinearMatMul" in {n.op_type for n in lower_model(model).graph.node}
+    kernel = "QLinearConv" if case == "gemm_bias" else "QLinearMatMul"
+    assert kernel in {n.op_type for n in lower_model(model).graph.node}

@@ -323,6 +323,14 @@ def test_calibration_types(tmp_path: Path, calibration_type: str, max_percentile
     conv = run_model(tmp_path, "activations", calibration_parameters=cal)
     text = conv.log_text()
     assert re.search(rf"^INFO Select {selected} method$", text, re.M), "the log must name the selected method"
+    # One line with the seconds of every step that ran; the searching methods run them all.
+    steps = ["statistics", "quantize", "compile"]
+    if calibration_type in ("default", "mix"):
+        steps[1:1] = ["method search", "GPTQ", "int16 search", "bias correction"]
+    timings = re.findall(r"^INFO step timings: (.*)$", text, re.M)
+    assert len(timings) == 1, "one step timings line"
+    named = re.findall(r"([A-Za-z0-9 ]+?) (\d+\.\d) s(?:, |$)", timings[0])
+    assert [name for name, _ in named] == steps, timings[0]
     if calibration_type == "skip":
         assert any("skip" in w and "accuracy" in w for w in warnings(conv)), warnings(conv)
     calibrated = onnx.load(str(conv.paths["calibrated"]))

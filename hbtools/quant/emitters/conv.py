@@ -52,7 +52,8 @@ def emit(state: EmitState, unit: Unit) -> None:
         conv_attrs["kernel_shape"] = list(w_q.shape[2:])
     common = {"kind": kind, "x_bits": xq.bits, "axis": out_axis, "x_zero_point": xq.zero_point or None,
               **conv_attrs}
-    if node.op_type != "Gemm":  # requantized as onnxruntime's integer kernels do (the calibrated twins follow)
+    if not folded and xq.scale.size == 1 and not a.get("transA", 0):
+        # Requantized as onnxruntime's integer kernels do; the calibrated twins keep this accumulator.
         common["requantize_f32"] = 1
     # Largest |accumulator| any input can produce, per output channel.
     reduce = tuple(k for k in range(w_q.ndim) if k != axis_w)

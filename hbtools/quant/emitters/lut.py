@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from onnx import TensorProto, helper
 
-from hbtools.ops.quantized import HzLut
+from hbtools.ops.base import attrs_of
+from hbtools.ops.quantized import HzLut, packed_table
 from hbtools.quant import grids
 from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState, per_tensor
@@ -18,7 +21,7 @@ def emit(state: EmitState, unit: Unit) -> None:
     xq = per_tensor(state.need_q(unit.inputs[0]), unit.main.name)
     out = unit.outputs[0]
     qt, oa = state.out_attrs(out)
-    qmin, qmax = grids.grid_bounds(xq.bits, asymmetric=True)
+    qmin, qmax = _reachable(state, xq.name, *grids.grid_bounds(xq.bits, asymmetric=True))
     levels = np.arange(qmin, qmax + 1, dtype=np.float64)
     # The float nodes see exactly the float32 values the calibrated model's fake quant gives them.
     x = (grids.dequantize(levels, xq.scale[0], xq.zero_point)).astype(np.float32)
@@ -28,9 +31,22 @@ def emit(state: EmitState, unit: Unit) -> None:
                            asymmetric=state.acts[out].asymmetric)
     # inf saturates in the clip; NaN (a function undefined at some input level) has no grid value: 0
     table = np.where(np.isnan(table), np.float32(qt.zero_point), table)
-    state.nodes.append(HzLut.make_node([xq.name], [qt.name], unit.main.name, table=[int(v) for v in table],
-                                       in_min=int(levels[0]), out_type=qt.dtype))  # zero points live in the table
+    # Only the reachable, varying part is stored (an int16 input has 65536 levels), packed.
+    table, in_min = HzLut.compact(table.astype(np.int64), qmin)
+    state.nodes.append(HzLut.make_node([xq.name], [qt.name], unit.main.name, table=packed_table(table),
+                                       in_min=in_min, out_type=qt.dtype))  # zero points live in the table
     state.record(out, qt)
+
+
+def _reachable(state: EmitState, tensor: str, lo: int, hi: int) -> tuple[int, int]:
+    """The input levels ``tensor`` can take: its grid, within the clip bounds of the op writing it."""
+    for node in reversed(state.nodes):
+        if tensor in node.output:
+            a = attrs_of(node)
+            if node.output[0] == tensor and "out_min" in a and "out_max" in a:
+                return max(lo, math.ceil(a["out_min"])), min(hi, math.floor(a["out_max"]))
+            break
+    return lo, hi
 
 
 def _evaluate_cluster(state: EmitState, unit: Unit, x: np.ndarray) -> np.ndarray:
