@@ -121,9 +121,11 @@ class HzOp:
     def make_node(cls, inputs: Sequence[str], outputs: Sequence[str], name: str, **attrs) -> NodeProto:
         """A node of this op; attributes are checked against the spec, ``None`` values left out."""
         attrs = {k: v for k, v in attrs.items() if v is not None}
+        # A float32 requantization uses float32 multipliers: float64 would store digits nobody reads.
+        precision = np.float32 if attrs.get("requantize_f32") else np.float64
         for k in cls.double_attributes:
             if k in attrs:
-                attrs[k] = numpy_helper.from_array(np.asarray(attrs[k], dtype=np.float64))
+                attrs[k] = numpy_helper.from_array(np.asarray(attrs[k], dtype=np.float64).astype(precision))
         if cls.attributes:
             unknown = sorted(set(attrs) - set(cls.attributes))
             missing = sorted(k for k, v in cls.attributes.items() if v is REQUIRED and k not in attrs)
