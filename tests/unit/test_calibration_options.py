@@ -29,6 +29,7 @@ from hbtools.debug.switchboard import Switchboard
 from hbtools.ops import registry
 from hbtools.ops.base import attrs_of
 from hbtools.ops.calibration import HzCalibration
+from hbtools.ops.quantized import table_of
 from hbtools.quant.statistics import ChannelStats
 from hbtools.quant.thresholds import threshold_for
 from hbtools.runtime import HB_ONNXRuntime
@@ -446,9 +447,9 @@ def test_asymmetric_sigmoid_output(sigmoid_cases: dict[str, Case]) -> None:
     assert act["zero_points"] == [-128] and act["axis"] == -1 and 0.9 < act["thresholds"][0] <= 1.0
     np.testing.assert_allclose(act["scales"], np.float32(act["thresholds"][0] / 255), rtol=1e-6)
     assert all("zero_points" in a for a in nodes.values()), "every int8 tensor here is read by zero-point ops"
-    q = {n.name: attrs_of(n) for n in asym.model("quantized").graph.node}
-    assert q["conv2"]["x_zero_point"] == -128
-    table = np.array(q["sigmoid"]["table"])
+    quantized = {n.name: n for n in asym.model("quantized").graph.node}
+    assert attrs_of(quantized["conv2"])["x_zero_point"] == -128
+    table = table_of(quantized["sigmoid"])
     assert table.min() >= -128 and table.max() == 127 and (table < -100).any(), "the LUT writes the whole range"
     assert_emulates(asym)
     assert_simulator_equals_quantized(asym)
