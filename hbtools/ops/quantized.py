@@ -272,7 +272,8 @@ class HzSQuantizedConv(_Requantizing):
         elif a["kind"] == "MatMul":
             acc = _integer_product(ctx, "MatMulInteger", x, a["x_bits"], w, 8, hint, nodes, zps)
         else:
-            acc = _integer_product(ctx, "ConvInteger", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs)
+            acc = uint8_kernels.conv_accumulator(ctx, node, a, conv_attrs, nodes) or \
+                _integer_product(ctx, "ConvInteger", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs)
         axis = a.get("axis", 1)
         if rank is not None and axis < 0:
             axis += rank

@@ -37,8 +37,13 @@ def requant_attrs(rng: np.random.Generator, out_type: str, channels: int, typica
             "out_max": float(q)}
 
 
+@pytest.mark.parametrize("signed_weights", [True, False], ids=["s8_activations", "u8_activations"])
 @pytest.mark.parametrize("case", sorted(CONV_CASES))
-def test_conv_cases_of_the_lowering_tests(case: str) -> None:
+def test_conv_cases_of_the_lowering_tests(case: str, signed_weights: bool, monkeypatch) -> None:
+    """Both layouts of the ConvInteger path (int8 or uint8 activations against uint8 weights)."""
+    from hbtools.ops import uint8_kernels
+
+    monkeypatch.setattr(uint8_kernels, "signed_weights_exact", lambda: signed_weights)
     x_bits, xs, ws, conv_attrs, out_type, clip = CONV_CASES[case]
     rng = np.random.default_rng(20 + sorted(CONV_CASES).index(case))
     x, w = ints(rng, x_bits, xs), ints(rng, 8, ws)
