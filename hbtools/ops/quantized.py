@@ -69,18 +69,20 @@ def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: 
         nodes.append(n)
     n, x = _node(ctx, "Round", [x], f"{hint}_round")
     nodes.append(n)
-    if single:
+    # The rest is exact in float32 for 8/16-bit outputs (their levels and bounds are small integers).
+    precision = np.float32 if single and a["out_type"] != "int32" else np.float64
+    if single and precision == np.float64:
         x = _cast(ctx, x, TensorProto.DOUBLE, f"{hint}_rounded", nodes)
     if a.get("zero_point", 0):
-        z = ctx.constant(f"{hint}_zp", np.array(float(a["zero_point"])))
+        z = ctx.constant(f"{hint}_zp", np.array(float(a["zero_point"]), dtype=precision))
         n, x = _node(ctx, "Add", [x, z], f"{hint}_shifted")
         nodes.append(n)
     out_min, out_max = float(a["out_min"]), float(a["out_max"])
     if a["out_type"] == "int32":
         # Float attributes are float32: 2**31 - 1 reads back as 2**31, which Cast wraps to -2**31.
         out_min, out_max = max(out_min, -(2.0**31)), min(out_max, 2.0**31 - 1)
-    lo = ctx.constant(f"{hint}_lo", np.array(out_min, dtype=np.float64))
-    hi = ctx.constant(f"{hint}_hi", np.array(out_max, dtype=np.float64))
+    lo = ctx.constant(f"{hint}_lo", np.array(out_min, dtype=precision))
+    hi = ctx.constant(f"{hint}_hi", np.array(out_max, dtype=precision))
     # Max/Min rather than Clip: onnxruntime has no float64 Clip before opset 12.
     n, x = _node(ctx, "Max", [x, lo], f"{hint}_lo_clip")
     nodes.append(n)

@@ -137,22 +137,21 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
     if bits == 8:
         parts = [(x, ctx.constant(f"{node.name}_x_zero", np.array(z, dtype=np.int8)), 1.0)] if signed else \
             [(as_uint8(ctx, x, nodes), ctx.constant(f"{node.name}_x_zero", np.array(OFFSET + z, dtype=np.uint8)), 1.0)]
-    else:  # int16 x = 256 * hi + lo, hi in [-128, 127], lo in [0, 255]
-        xd = _node(ctx, "Cast", [x], f"{node.name}_x_f64", nodes, to=TensorProto.DOUBLE)
-        c256 = _shared(ctx, "256", np.array(256.0))
-        hi = _node(ctx, "Floor", [_node(ctx, "Div", [xd, c256], f"{node.name}_x_div", nodes)], f"{node.name}_hi",
-                   nodes)
-        lo = _node(ctx, "Sub", [xd, _node(ctx, "Mul", [hi, c256], f"{node.name}_hi256", nodes)], f"{node.name}_lo",
-                   nodes)
-        shift = _shared(ctx, "128_f64", np.array(float(OFFSET)))
-        if signed:  # hi as int8; lo - 128 as int8 with zero point -128
-            lo = _node(ctx, "Sub", [lo, shift], f"{node.name}_lo_shifted", nodes)
-            kind, zeros = TensorProto.INT8, (_s8_zero(ctx), _shared(ctx, "s8_minus128", np.array(-128, np.int8)))
-        else:  # hi + 128 as uint8 with zero point 128; lo as uint8
-            hi = _node(ctx, "Add", [hi, shift], f"{node.name}_hi_shifted", nodes)
-            kind, zeros = TensorProto.UINT8, (_u8_zero(ctx), _shared(ctx, "u8_zero0", np.array(0, np.uint8)))
-        parts = [(_node(ctx, "Cast", [hi], f"{node.name}_hi8", nodes, to=kind), zeros[0], 256.0),
-                 (_node(ctx, "Cast", [lo], f"{node.name}_lo8", nodes, to=kind), zeros[1], 1.0)]
+    else:  # int16 x = 256 * hi + lo, hi in [-128, 127], lo in [0, 255]; float32 holds every int16
+        kind, zeros = (np.int8, (0, -128)) if signed else (np.uint8, (OFFSET, 0))
+        xf = _node(ctx, "Cast", [x], f"{node.name}_x_f32", nodes, to=TensorProto.FLOAT)
+        # hi = floor(x / 256) = round((x - 127.5) / 256): never a tie, so QuantizeLinear's rounding
+        # gives it, with the layout's zero point added and no clipping needed.
+        below = _node(ctx, "Sub", [xf, _shared(ctx, "127.5", np.array(127.5, np.float32))], f"{node.name}_x_low",
+                      nodes)
+        hi_zero = _shared(ctx, f"zero_{zeros[0]}_{kind.__name__}", np.array(zeros[0], kind))
+        lo_zero = _shared(ctx, f"zero_{zeros[1]}_{kind.__name__}", np.array(zeros[1], kind))
+        c256 = _shared(ctx, "256_f32", np.array(256.0, np.float32))
+        hi = _node(ctx, "QuantizeLinear", [below, c256, hi_zero], f"{node.name}_hi8", nodes)
+        lo = _node(ctx, "Sub", [xf, _node(ctx, "DequantizeLinear", [hi, c256, hi_zero], f"{node.name}_hi256",
+                                          nodes)], f"{node.name}_lo", nodes)
+        lo = _node(ctx, "QuantizeLinear", [lo, _one(ctx), lo_zero], f"{node.name}_lo8", nodes)
+        parts = [(hi, hi_zero, 256.0), (lo, lo_zero, 1.0)]
     total = None
     for part, zero, weight_of_part in parts:
         acc = _node(ctx, "ConvInteger", [part, w_u8, zero, w_zero], f"{node.name}_acc", nodes, **conv_attrs)
