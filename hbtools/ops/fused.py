@@ -19,6 +19,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 from hbtools.ops import twins, uint8_kernels
 from hbtools.ops.base import DOMAIN, LoweringContext, attrs_of
 from hbtools.ops.calibration import HzBiasCalibration, quantize_weight
+from hbtools.ops.uint8_kernels import node_output as _node
 from hbtools.quant import grids
 
 
@@ -71,12 +72,12 @@ def lower(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
     x_u8 = ctx.uint8.get(x)
     if x_u8 is None:  # x = levels * s_x in float32: dividing by s_x gives the levels back exactly
         x_u8 = _node(ctx, "QuantizeLinear", [x, _float(ctx, f"{node.name}_x_scale", p.x_scale),
-                                             uint8_kernels._u8_zero(ctx)], f"{x}_u8", nodes)
+                                             uint8_kernels.uint8_zero(ctx)], f"{x}_u8", nodes)
         ctx.uint8[x] = x_u8
     channels = p.weight.shape[0]
     # The twins' multiplier: float32(step_w * s_x / s_y), each step a float32 number taken to float64.
     m = (p.weight_steps.astype(np.float64) * np.float64(p.x_scale) / np.float64(p.y_scale)).astype(np.float32)
-    inputs = [x_u8, uint8_kernels._one(ctx), uint8_kernels._u8_zero(ctx)]
+    inputs = [x_u8, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)]
     if uint8_kernels.signed_weights_exact():
         inputs += [ctx.constant(f"{node.name}_w_levels", p.weight), ctx.constant(f"{node.name}_m", m),
                    ctx.constant(f"{node.name}_w_zero", np.zeros(channels, dtype=np.int8))]
@@ -84,7 +85,7 @@ def lower(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         inputs += [ctx.constant(f"{node.name}_w_levels", (p.weight.astype(np.int16) + 128).astype(np.uint8)),
                    ctx.constant(f"{node.name}_m", m),
                    ctx.constant(f"{node.name}_w_zero", np.full(channels, 128, dtype=np.uint8))]
-    inputs += [uint8_kernels._one(ctx), uint8_kernels._u8_zero(ctx)]
+    inputs += [uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)]
     if p.bias is not None:
         inputs.append(ctx.constant(f"{node.name}_b_levels", p.bias))
     conv_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -95,17 +96,17 @@ def lower(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         y = _node(ctx, "Clip", [y, ctx.constant(f"{out}_lo", np.array(lo + 128, dtype=np.uint8)),
                                 ctx.constant(f"{out}_hi", np.array(hi + 128, dtype=np.uint8))], f"{out}_u8_clip", nodes)
     elif lo > -128 or hi < 127:  # Clip is float-only before opset 12
-        value = _node(ctx, "DequantizeLinear", [y, uint8_kernels._one(ctx), uint8_kernels._u8_zero(ctx)],
+        value = _node(ctx, "DequantizeLinear", [y, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
                       f"{out}_levels", nodes)
         value = _node(ctx, "Clip", [value, _float(ctx, f"{out}_lo", lo), _float(ctx, f"{out}_hi", hi)],
                       f"{out}_levels_clipped", nodes)
-        y = _node(ctx, "QuantizeLinear", [value, uint8_kernels._one(ctx), uint8_kernels._u8_zero(ctx)],
+        y = _node(ctx, "QuantizeLinear", [value, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
                   f"{out}_u8_clipped", nodes)
     nodes.append(helper.make_node("DequantizeLinear", [y, _float(ctx, f"{out}_scale", p.y_scale),
-                                                       uint8_kernels._u8_zero(ctx)], [out], name=ctx.unique(out)))
+                                                       uint8_kernels.uint8_zero(ctx)], [out], name=ctx.unique(out)))
     ctx.uint8[out] = y
     # Its twin for ops that follow the integer rounding downstream: levels and step in float64.
-    levels = _node(ctx, "DequantizeLinear", [y, uint8_kernels._one(ctx), uint8_kernels._u8_zero(ctx)],
+    levels = _node(ctx, "DequantizeLinear", [y, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
                    f"{out}_levels_f32", nodes)
     ctx.twins[out] = twins.Twin(None, twins.to_double(ctx, levels, f"{out}_levels", nodes),
                                 ctx.constant(f"{out}_step", np.array(np.float64(p.y_scale))), 8, levels32=levels)
@@ -196,8 +197,4 @@ def _float(ctx: LoweringContext, hint: str, value: float) -> str:
     return ctx.constant(hint, np.array(value, dtype=np.float32))
 
 
-def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
-    out = ctx.unique(hint)
-    nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-    return out
 

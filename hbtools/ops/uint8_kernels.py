@@ -50,8 +50,8 @@ def as_uint8(ctx: LoweringContext, x: str, nodes: list[NodeProto]) -> str:
     """The uint8 copy ``x + 128`` of int8 tensor ``x`` (made once)."""
     if x in ctx.uint8:
         return ctx.uint8[x]
-    value = _node(ctx, "DequantizeLinear", [x, _one(ctx), _s8_zero(ctx)], f"{x}_as_float", nodes)
-    u8 = _node(ctx, "QuantizeLinear", [value, _one(ctx), _u8_zero(ctx)], f"{x}_u8", nodes)
+    value = _node(ctx, "DequantizeLinear", [x, one(ctx), int8_zero(ctx)], f"{x}_as_float", nodes)
+    u8 = _node(ctx, "QuantizeLinear", [value, one(ctx), uint8_zero(ctx)], f"{x}_u8", nodes)
     ctx.uint8[x] = u8
     return u8
 
@@ -65,8 +65,8 @@ def uint8_copy(ctx: LoweringContext, x: str, nodes: list[NodeProto]) -> str | No
 
 def to_int8(ctx: LoweringContext, u8: str, out: str, nodes: list[NodeProto]) -> None:
     """int8 ``out`` = uint8 ``u8`` - 128, recorded as ``out``'s uint8 copy."""
-    value = _node(ctx, "DequantizeLinear", [u8, _one(ctx), _u8_zero(ctx)], f"{out}_as_float", nodes)
-    nodes.append(_make("QuantizeLinear", [value, _one(ctx), _s8_zero(ctx)], out, ctx))
+    value = _node(ctx, "DequantizeLinear", [u8, one(ctx), uint8_zero(ctx)], f"{out}_as_float", nodes)
+    nodes.append(_make("QuantizeLinear", [value, one(ctx), int8_zero(ctx)], out, ctx))
     ctx.uint8[out] = u8
 
 
@@ -88,9 +88,9 @@ def conv(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs: dict, nodes
     else:
         w_in = ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
         w_zero = ctx.constant(f"{node.name}_w_zero", np.full(channels, OFFSET, dtype=np.uint8))
-    inputs = [as_uint8(ctx, node.input[0], nodes), _one(ctx),
+    inputs = [as_uint8(ctx, node.input[0], nodes), one(ctx),
               ctx.constant(f"{node.name}_x_zero", np.array(OFFSET + z_x, dtype=np.uint8)),
-              w_in, ctx.constant(f"{node.name}_m", m), w_zero, _one(ctx),
+              w_in, ctx.constant(f"{node.name}_m", m), w_zero, one(ctx),
               ctx.constant(f"{node.name}_y_zero", np.array(OFFSET + z_y, dtype=np.uint8))]
     if len(node.input) > 2 and node.input[2]:
         inputs.append(node.input[2])
@@ -109,12 +109,12 @@ def _finish(ctx: LoweringContext, node: NodeProto, y: str, out_min: int, out_max
         hi = ctx.constant(f"{node.name}_hi", np.array(out_max + OFFSET, dtype=np.uint8))
         to_int8(ctx, _node(ctx, "Clip", [y, lo, hi], f"{node.output[0]}_u8_clip", nodes), node.output[0], nodes)
     else:  # Clip is float-only before opset 12: clip the float value both forms are made from
-        value = _node(ctx, "DequantizeLinear", [y, _one(ctx), _u8_zero(ctx)], f"{node.output[0]}_as_float", nodes)
+        value = _node(ctx, "DequantizeLinear", [y, one(ctx), uint8_zero(ctx)], f"{node.output[0]}_as_float", nodes)
         lo = ctx.constant(f"{node.name}_lo", np.array(out_min, dtype=np.float32))
         hi = ctx.constant(f"{node.name}_hi", np.array(out_max, dtype=np.float32))
         value = _node(ctx, "Clip", [value, lo, hi], f"{node.output[0]}_clipped", nodes)
-        nodes.append(_make("QuantizeLinear", [value, _one(ctx), _s8_zero(ctx)], node.output[0], ctx))
-        ctx.uint8[node.output[0]] = _node(ctx, "QuantizeLinear", [value, _one(ctx), _u8_zero(ctx)],
+        nodes.append(_make("QuantizeLinear", [value, one(ctx), int8_zero(ctx)], node.output[0], ctx))
+        ctx.uint8[node.output[0]] = _node(ctx, "QuantizeLinear", [value, one(ctx), uint8_zero(ctx)],
                                           f"{node.output[0]}_u8", nodes)
 
 
@@ -131,7 +131,7 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
         return None
     w = numpy_helper.to_array(weight)
     w_u8 = ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
-    w_zero = _u8_zero(ctx)
+    w_zero = uint8_zero(ctx)
     signed = signed_weights_exact()  # int8 activations x uint8 weights: exact with VNNI
     x = node.input[0]
     if bits == 8:
@@ -150,7 +150,7 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
         hi = _node(ctx, "QuantizeLinear", [below, c256, hi_zero], f"{node.name}_hi8", nodes)
         lo = _node(ctx, "Sub", [xf, _node(ctx, "DequantizeLinear", [hi, c256, hi_zero], f"{node.name}_hi256",
                                           nodes)], f"{node.name}_lo", nodes)
-        lo = _node(ctx, "QuantizeLinear", [lo, _one(ctx), lo_zero], f"{node.name}_lo8", nodes)
+        lo = _node(ctx, "QuantizeLinear", [lo, one(ctx), lo_zero], f"{node.name}_lo8", nodes)
         parts = [(hi, hi_zero, 256.0), (lo, lo_zero, 1.0)]
     total = None
     for part, zero, weight_of_part in parts:
@@ -195,9 +195,9 @@ def matmul(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto
             w = (w.astype(np.int16) + OFFSET).astype(np.uint8)
             b_in = ctx.constant(f"{node.name}_b_u8", w)
             b_zero = ctx.constant(f"{node.name}_b_zero", np.full(columns, OFFSET, dtype=np.uint8))
-    inputs = [as_uint8(ctx, node.input[0], nodes), _one(ctx),
+    inputs = [as_uint8(ctx, node.input[0], nodes), one(ctx),
               ctx.constant(f"{node.name}_a_zero", np.array(OFFSET + zero_points[0], dtype=np.uint8)),
-              b_in, ctx.constant(f"{node.name}_m", m), b_zero, _one(ctx),
+              b_in, ctx.constant(f"{node.name}_m", m), b_zero, one(ctx),
               ctx.constant(f"{node.name}_y_zero", np.array(OFFSET + int(a.get("zero_point", 0)), dtype=np.uint8))]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     if bias:
@@ -272,15 +272,15 @@ def _shared(ctx: LoweringContext, key: str, value: np.ndarray) -> str:
     return ctx.uint8_constants[key]
 
 
-def _one(ctx: LoweringContext) -> str:
+def one(ctx: LoweringContext) -> str:
     return _shared(ctx, "one", np.array(1.0, dtype=np.float32))
 
 
-def _u8_zero(ctx: LoweringContext) -> str:
+def uint8_zero(ctx: LoweringContext) -> str:
     return _shared(ctx, "u8_zero", np.array(OFFSET, dtype=np.uint8))
 
 
-def _s8_zero(ctx: LoweringContext) -> str:
+def int8_zero(ctx: LoweringContext) -> str:
     return _shared(ctx, "s8_zero", np.array(0, dtype=np.int8))
 
 
@@ -288,7 +288,12 @@ def _make(op: str, inputs: list[str], out: str, ctx: LoweringContext, **attrs) -
     return helper.make_node(op, inputs, [out], name=ctx.unique(f"{out}_{op}"), **attrs)
 
 
-def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
+def node_output(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto],
+                **attrs) -> str:
+    """Append an ``op`` node with a fresh output name to ``nodes``; return that name."""
     out = ctx.unique(hint)
     nodes.append(_make(op, inputs, out, ctx, **attrs))
     return out
+
+
+_node = node_output
