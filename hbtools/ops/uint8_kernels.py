@@ -1,4 +1,9 @@
-"""Fast lowering of int8 convolutions: onnxruntime's QLinearConv on uint8 activations.
+"""Integer products and lookups on the layouts onnxruntime's MLAS kernels accelerate.
+
+int8 -> int8 convolutions run as QLinearConv, MatMuls as QLinearMatMul, a Gemm with a
+bias as a 1x1 QLinearConv; other integer convolutions (int16 inputs split into bytes,
+int16/int32 outputs) take their exact accumulator from ConvInteger against uint8
+weights ``w + 128``; lookup tables are GatherElements over the flattened index.
 
 MLAS, onnxruntime's kernel library, accelerates integer convolutions whose
 activations are uint8; int8 activations take a slow generic path (ConvInteger on
