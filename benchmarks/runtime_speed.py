@@ -279,17 +279,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         runs[name] = run_model(name, per_model, work)
         result["models"] = [runs[n] for n in every if n in runs]
         result["total_wall_s"] = round(time.perf_counter() - started)
-        write(result, args)
+        zoo.write(result, args, markdown)
     return result
-
-
-def write(result: dict, args: argparse.Namespace) -> None:
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown(result))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -272,13 +272,14 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     return result
 
 
-def write(result: dict, args: argparse.Namespace) -> None:
+def write(result: dict, args: argparse.Namespace, render: Callable[[dict], str] | None = None) -> None:
+    """``result`` as JSON to ``--json`` and as a markdown table (``render``, this module's by default)."""
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=float) + "\n")
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown(result))
+        args.markdown.write_text((render or markdown)(result))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
-from hbtools.ops.quantized import NUMPY_INT, ONNX_INT, OUTPUT_ATTRS
+from hbtools.ops.quantized import NUMPY_INT, OUTPUT_ATTRS, output_levels
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 
@@ -82,11 +82,7 @@ class HzSQuantizedConstantEltwise(HzOp):
         c = step("Cast", [node.input[1]], to=TensorProto.DOUBLE)
         v = step(_ONNX_OP[a["mode"]], [c, v] if a["constant_first"] else [v, c])
         q = step("Round", [step("Div", [v, const("out_scale", a["out_scale"][0])])])
-        if a["zero_point"]:
-            q = step("Add", [q, const("zp", float(a["zero_point"]))])
-        q = step("Min", [step("Max", [q, const("lo", float(a["out_min"]))]), const("hi", float(a["out_max"]))])
-        nodes.append(helper.make_node("Cast", [q], [node.output[0]], name=ctx.unique(f"{name}_out"),
-                                      to=ONNX_INT[a["out_type"]]))
+        output_levels(ctx, q, a, node.output[0], name, nodes)
         return nodes
 
     @classmethod

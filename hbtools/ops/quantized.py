@@ -73,6 +73,14 @@ def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: 
     precision = np.float32 if single and a["out_type"] != "int32" else np.float64
     if single and precision == np.float64:
         x = _cast(ctx, x, TensorProto.DOUBLE, f"{hint}_rounded", nodes)
+    output_levels(ctx, x, a, out, hint, nodes, precision)
+
+
+def output_levels(ctx: LoweringContext, rounded: str, a: dict, out: str, hint: str, nodes: list[NodeProto],
+                  precision: type = np.float64) -> None:
+    """Rounded levels (a float tensor) -> ``out``: plus the zero point, clipped to out_min/out_max,
+    cast to out_type. The tail every requantizing op shares."""
+    x = rounded
     if a.get("zero_point", 0):
         z = ctx.constant(f"{hint}_zp", np.array(float(a["zero_point"]), dtype=precision))
         n, x = _node(ctx, "Add", [x, z], f"{hint}_shifted")

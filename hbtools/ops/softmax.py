@@ -30,7 +30,7 @@ from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import twins, uint8_kernels
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
-from hbtools.ops.quantized import NUMPY_INT, ONNX_INT, OUTPUT_ATTRS, packed_table, table_of, varying_part
+from hbtools.ops.quantized import NUMPY_INT, OUTPUT_ATTRS, output_levels, packed_table, table_of, varying_part
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 
@@ -159,12 +159,7 @@ class HzSQuantizedSoftmax(HzOp):
         p = _node(ctx, "Div", [e, _reduce(ctx, "ReduceSum", e, axis, hint, nodes)], hint, nodes)
         q = _node(ctx, "Round", [_node(ctx, "Div", [p, const("out_scale", a["out_scale"][0])], hint, nodes)], hint,
                   nodes)
-        if a["zero_point"]:
-            q = _node(ctx, "Add", [q, const("zp", float(a["zero_point"]))], hint, nodes)
-        q = _node(ctx, "Min", [_node(ctx, "Max", [q, const("lo", float(a["out_min"]))], hint, nodes),
-                               const("hi", float(a["out_max"]))], hint, nodes)
-        nodes.append(helper.make_node("Cast", [q], [node.output[0]], name=ctx.unique(f"{hint}_out"),
-                                      to=ONNX_INT[a["out_type"]]))
+        output_levels(ctx, q, a, node.output[0], hint, nodes)
         return nodes
 
     @classmethod
