@@ -37,13 +37,14 @@ class _Pattern:
 
 
 def fuse_calibrated_convs(model: ModelProto, ctx: LoweringContext,
-                          keep: set[str]) -> tuple[dict[str, NodeProto], set[str]]:
-    """Conv nodes to lower as a fused pattern (by name) and the names of the nodes they absorb.
+                          keep: set[str]) -> tuple[set[str], set[str]]:
+    """Names of the Conv nodes to lower as a fused pattern (their patterns go to ``ctx.fused``) and
+    of the nodes they absorb.
 
     A pattern whose float tensors a caller fetches (``keep``) stays unfused.
     """
     if ctx.feed_calibration or not ctx.exact or ctx.opset < 10:
-        return {}, set()
+        return set(), set()
     producers = {o: n for n in model.graph.node for o in n.output}
     consumers: dict[str, list[NodeProto]] = {}
     for n in model.graph.node:
@@ -51,7 +52,6 @@ def fuse_calibrated_convs(model: ModelProto, ctx: LoweringContext,
             consumers.setdefault(i, []).append(n)
     outputs = {o.name for o in model.graph.output} | keep
     inits = {t.name: t for t in model.graph.initializer}
-    patterns: dict[str, NodeProto] = {}
     absorbed: set[str] = set()
     for node in model.graph.node:
         if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or not node.name:
@@ -59,9 +59,8 @@ def fuse_calibrated_convs(model: ModelProto, ctx: LoweringContext,
         pattern = _match(node, producers, consumers, outputs, inits)
         if pattern is not None:
             ctx.fused[node.name] = pattern
-            patterns[node.name] = node
             absorbed.update(n.name for n in (pattern.activation, pattern.output) if n is not None)
-    return patterns, absorbed
+    return set(ctx.fused), absorbed
 
 
 def lower(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:

@@ -77,20 +77,15 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
 def _live(nodes: list[NodeProto], keep: set[str]) -> list[NodeProto]:
     """``nodes`` without the helper nodes whose results nobody reads (twins the model did not need)."""
     while True:
-        read = set(keep)
-        for node in nodes:
-            read.update(node.input)
-            for attr in node.attribute:
-                for graph in [attr.g, *attr.graphs] if attr.type in (AttributeProto.GRAPH,
-                                                                      AttributeProto.GRAPHS) else []:
-                    read.update(_names_read(graph))
+        read = set(keep) | {i for n in nodes for i in n.input} | _subgraph_reads(nodes)
         kept = [n for n in nodes if any(o in read for o in n.output) or not n.output]
         if len(kept) == len(nodes):
             return kept
         nodes = kept
 
 
-def _subgraph_reads(nodes) -> set[str]:
+def _subgraph_reads(nodes: list[NodeProto]) -> set[str]:
+    """Names the subgraphs (If / Loop / Scan bodies) of ``nodes`` read."""
     names: set[str] = set()
     for node in nodes:
         for attr in node.attribute:
