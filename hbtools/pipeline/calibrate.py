@@ -84,13 +84,20 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     scores: dict[str, float] = {}
     if len(candidates) > 1 or calibration_type == "mix":
         with times.step("method search"):
-            evaluator = Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs)
+            widest = {t: max(c[t] for c in candidates.values()) for t in next(iter(candidates.values()))}
+            evaluator = Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs, widest)
             scores = {label: evaluator.score(th) for label, th in candidates.items()}
         for label, score in scores.items():
             log.info("calibration method %s: output cosine %.6f", label, score)
         with times.step("GPTQ"):
             plan, evaluator, scores = _weight_rounding(optimized, plan, weight_th, bc_feeds or eval_feeds,
                                                        candidates, evaluator, scores)
+        if bias_correction != "off":
+            # Before the threshold and int16 searches, so that they score the model the user will run.
+            with times.step("bias correction"):
+                optimized, evaluator, scores = _bias_correction(optimized, plan, weight_th, candidates, evaluator,
+                                                                scores, bc_feeds or eval_feeds,
+                                                                forced=bias_correction == "on")
         method = max(scores, key=scores.get)
         thresholds = dict(candidates[method])
         methods = {t: method for t in thresholds}
@@ -113,11 +120,13 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     log.info("Select %s method", method)  # the seed's line, as it is
     summary = _summary(method, plan)
     log.info("calibration summary: %s", summary)
-    model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
-    if bias_correction != "off":
+    if bias_correction == "on" and not scores:  # no search: corrected unconditionally, as asked
         with times.step("bias correction"):
-            model = _bias_correction(optimized, model, plan, thresholds, weight_th, methods, bc_feeds or eval_feeds,
-                                     eval_feeds, eval_refs, forced=bias_correction == "on")
+            corrected = _corrected_biases(optimized, plan, thresholds, weight_th, methods, bc_feeds or eval_feeds)
+        if corrected is not None:
+            log.info("bias correction applied")
+            optimized = corrected
+    model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
     return CalibrationResult(model, plan, thresholds, method, scores, summary)
 
 
@@ -147,7 +156,7 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
                                                                            int(view.attrs(n).get("group", 1)),
                                                                            hessians[n.name])
                                        for w, n in readers.items()})
-    rounded = Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs)
+    rounded = Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs, nearest.built)
     # Judged with float activations: with int8 activations their error can hide the weights' gain,
     # which shows once mixed precision gives the sensitive tensors int16.
     any_th = next(iter(candidates.values()))
@@ -164,24 +173,45 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     return rounded_plan, rounded, scores
 
 
-def _bias_correction(optimized: ModelProto, calibrated: ModelProto, plan: CalibrationPlan,
-                     thresholds: dict[str, float], weight_th: dict[str, np.ndarray], methods: dict[str, str],
-                     bc_feeds: list[dict], eval_feeds: list[dict], eval_refs: list, *, forced: bool) -> ModelProto:
+def _corrected_biases(optimized: ModelProto, plan: CalibrationPlan, thresholds: dict[str, float],
+                      weight_th: dict[str, np.ndarray], methods: dict[str, str],
+                      feeds: list[dict]) -> ModelProto | None:
+    """``optimized`` with conv biases absorbing their weights' rounding shift (None: no conv to correct)."""
     names = {name for p in plan.weights for name, _ in p.rewire}
     convs = [n for n in optimized.graph.node if n.name in names and n.op_type in CORRECTABLE]
     if not convs:
-        return calibrated
+        return None
     axes = {p.tensor: p.axis for p in plan.weights}
-    corrected = correct_biases(optimized, convs, weight_th, axes, bc_feeds, quantized=folded_weights(calibrated))
-    candidate = build_calibrated_model(corrected, plan, thresholds, weight_th, methods)
-    if forced:
-        log.info("bias correction applied to %d nodes", len(convs))
-        return candidate
-    before = Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs).score(thresholds)
-    after = Evaluator(corrected, plan, weight_th, eval_feeds, eval_refs).score(thresholds)
-    keep = after > before
-    log.info("bias correction: output cosine %.6f -> %.6f (%s)", before, after, "kept" if keep else "not kept")
-    return candidate if keep else calibrated
+    calibrated = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
+    return correct_biases(optimized, convs, weight_th, axes, feeds, quantized=folded_weights(calibrated))
+
+
+def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],
+                     candidates: dict[str, dict[str, float]], evaluator: Evaluator, scores: dict[str, float],
+                     feeds: list[dict], *, forced: bool) -> tuple[ModelProto, Evaluator, dict[str, float]]:
+    """Bias correction, kept (unless ``forced``) when the weights-only output gets closer to float.
+
+    The correction depends on the weights and the float model only, so it is made once, before the
+    searches. Returns the model the searches go on from, its evaluator and the method scores.
+    """
+    best = max(scores, key=scores.get)
+    th = candidates[best]
+    corrected = _corrected_biases(optimized, plan, th, weight_th, {t: best for t in th}, feeds)
+    if corrected is None:
+        return optimized, evaluator, scores
+    candidate = Evaluator(corrected, plan, weight_th, evaluator.feeds, evaluator.refs, evaluator.built)
+    # Judged like GPTQ, with float activations: their int8 error can hide the weights' gain.
+    floats = {p.tensor for p in plan.activations}
+    before, after = evaluator.score(th, disabled=floats), candidate.score(th, disabled=floats)
+    keep = forced or after > before
+    log.info("bias correction: weights-only output cosine %.6f -> %.6f (%s)", before, after,
+             "kept" if keep else "not kept")
+    if not keep:
+        return optimized, evaluator, scores
+    scores = {label: candidate.score(t) for label, t in candidates.items()}
+    for label, score in scores.items():
+        log.info("calibration method %s with corrected biases: output cosine %.6f", label, score)
+    return corrected, candidate, scores
 
 
 def _methods(calibration_type: str, max_percentile: float | None) -> list[tuple[str, float | None]]:

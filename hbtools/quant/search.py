@@ -36,9 +36,12 @@ class Evaluator:
     """Scores threshold assignments on one session with fed calibration scales."""
 
     def __init__(self, optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],
-                 feeds: list[dict], refs: list[list[np.ndarray]]) -> None:
-        dummy = {p.tensor: 1.0 for p in plan.activations}
-        calibrated = build_calibrated_model(optimized, plan, dummy, weight_th, {})
+                 feeds: list[dict], refs: list[list[np.ndarray]], built: dict[str, float]) -> None:
+        """``built``: activation thresholds the session is built with. Fed grids replace them at run
+        time, but the weight grids stay as they fix them (a grid widened so that a bias fits int32
+        depends on the input's step): give the candidates' largest, which widen the least."""
+        calibrated = build_calibrated_model(optimized, plan, built, weight_th, {})
+        self.built = built
         self.session = make_session(lower_model(calibrated, feed_calibration=True))
         self.plan = plan
         self.feeds = feeds
