@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection
 
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, version_converter
 
 from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset, with_horizon_domain
@@ -30,6 +30,7 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     model = copy.deepcopy(model)
     if not has_hz_ops(model):
         return model
+    model = _with_integer_clip(model)
     taken = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     taken |= {t.name for t in model.graph.initializer} | {n.name for n in model.graph.node}
     shapes = GraphView(model).shapes
@@ -72,6 +73,23 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     del model.graph.value_info[:]  # intermediate dtypes changed; let onnxruntime infer
     with_horizon_domain(model)
     return model
+
+
+INTEGER_CLIP_OPSET = 12  # Clip, Max, Min and MaxPool take (u)int8 from here on
+
+
+def _with_integer_clip(model: ModelProto) -> ModelProto:
+    """``model`` at opset 12 if it is older and onnx converts it (else as it is).
+
+    Before opset 12 Clip is float only, so every clipped integer result would make a round
+    trip through float; at 12 the lowering clips uint8 levels directly.
+    """
+    if default_opset(model) >= INTEGER_CLIP_OPSET:
+        return model
+    try:
+        return version_converter.convert_version(model, INTEGER_CLIP_OPSET)
+    except Exception:  # an op without a converter: keep the opset, the float clip is exact too
+        return model
 
 
 def _live(nodes: list[NodeProto], keep: set[str]) -> list[NodeProto]:

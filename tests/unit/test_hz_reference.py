@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_hz_ops import CONV_CASES, assert_exact, f32, hz_node, ints, run_op
+from test_hz_ops import CONV_CASES, assert_exact, f32, hz_node, ints, run_lowered, run_op
 
 from hbtools.ops import registry
 from hbtools.ops.int_kernels import EXACT_LIMIT, conv
@@ -319,9 +319,16 @@ def test_int8_conv_runs_on_onnxruntime_integer_kernels(case: str, signed_weights
     attrs.update(out_min=float(lo), out_max=float(hi))
     node = hz_node("HzSQuantizedConv", ["x", "w", "b"], kind="Conv", x_bits=8, axis=1, kernel_shape=ws[2:],
                    requantize_f32=1, x_zero_point=zx or None, zero_point=zy or None, **conv_attrs, **attrs)
-    check(node, {"x": x}, {"w": w, "b": bias})
+    want = check(node, {"x": x}, {"w": w, "b": bias})
     model = build(node, {"x": x}, np.int8, [xs[0], ws[0], *[0] * (len(xs) - 2)], {"w": w, "b": bias})
     assert "QLinearConv" in {n.op_type for n in lower_model(model).graph.node}
+    # An opset-11 model (Clip float only) is lowered at opset 12: its range clip stays on uint8.
+    old = build(node, {"x": x}, np.int8, list(want.shape), {"w": w, "b": bias}, opset=11)
+    lowered = lower_model(old)
+    producer = {o: n.op_type for n in lowered.graph.node for o in n.output}
+    assert all(producer[n.input[0]] == "QLinearConv" for n in lowered.graph.node if n.op_type == "Clip"), \
+        "the opset-11 model clips in float"
+    assert_exact(want, run_lowered(old, {"x": x}))
 
 
 @pytest.mark.parametrize("signed_weights", [True, False], ids=["u8s8", "u8u8"])
