@@ -451,7 +451,14 @@ class HzLut(HzOp):
             # folded into the entries), so the lookup needs no clamp and no offset.
             spread = values[np.clip(np.arange(256) - 128 - in_min, 0, values.size - 1)]
             index = _cast(ctx, x_u8, TensorProto.INT32, f"{hint}_x", nodes)
-            uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", spread), index, node.output[0], nodes)
+            if a["out_type"] != "int8":
+                uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", spread), index, node.output[0], nodes)
+                return nodes
+            # The result's uint8 copy straight from the table: integer kernels downstream read that one.
+            u8 = ctx.unique(f"{node.output[0]}_u8")
+            spread_u8 = (spread.astype(np.int16) + uint8_kernels.OFFSET).astype(np.uint8)
+            uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table_u8", spread_u8), index, u8, nodes)
+            uint8_kernels.to_int8(ctx, u8, node.output[0], nodes)
             return nodes
         table = ctx.constant(f"{hint}_table", values)
         # Clamp first: a table may cover only part of the input's levels (a whole one is unchanged by it).
