@@ -67,6 +67,9 @@ def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: 
         m = ctx.constant(f"{hint}_m", m.astype(np.float32) if single else m)
         n, x = _node(ctx, "Mul", [x, m], f"{hint}_scaled")
         nodes.append(n)
+    if single and a["out_type"] == "int8" and ctx.opset >= 12 and abs(int(a.get("zero_point", 0))) <= 127:
+        _round_to_int8(ctx, x, a, out, hint, nodes)
+        return
     n, x = _node(ctx, "Round", [x], f"{hint}_round")
     nodes.append(n)
     # The rest is exact in float32 for 8/16-bit outputs (their levels and bounds are small integers).
@@ -74,6 +77,21 @@ def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: 
     if single and precision == np.float64:
         x = _cast(ctx, x, TensorProto.DOUBLE, f"{hint}_rounded", nodes)
     output_levels(ctx, x, a, out, hint, nodes, precision)
+
+
+def _round_to_int8(ctx: LoweringContext, x: str, a: dict, out: str, hint: str, nodes: list[NodeProto]) -> None:
+    """float32 ``x`` -> int8 ``out`` = clip(round(x) + zero_point, out_min, out_max), by its uint8 copy.
+
+    QuantizeLinear with step 1 rounds half to even and saturates to uint8, i.e. to the levels
+    -128..127 plus 128: one node for Round, the zero point, the int8 clip and the cast.
+    """
+    zero = ctx.constant(f"{hint}_u8_zero", np.array(uint8_kernels.OFFSET + int(a.get("zero_point", 0)), np.uint8))
+    u8 = uint8_kernels.node_output(ctx, "QuantizeLinear", [x, uint8_kernels.one(ctx), zero], f"{out}_u8", nodes)
+    lo, hi = int(a["out_min"]) + uint8_kernels.OFFSET, int(a["out_max"]) + uint8_kernels.OFFSET
+    if lo > 0 or hi < 255:
+        bounds = [ctx.constant(f"{hint}_u8_{k}", np.array(v, np.uint8)) for k, v in (("lo", lo), ("hi", hi))]
+        u8 = uint8_kernels.node_output(ctx, "Clip", [u8, *bounds], f"{out}_u8_clip", nodes)
+    uint8_kernels.to_int8(ctx, u8, out, nodes)
 
 
 def output_levels(ctx: LoweringContext, rounded: str, a: dict, out: str, hint: str, nodes: list[NodeProto],

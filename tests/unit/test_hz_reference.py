@@ -37,10 +37,12 @@ def requant_attrs(rng: np.random.Generator, out_type: str, channels: int, typica
             "out_max": float(q)}
 
 
+@pytest.mark.parametrize("rule", ["float64", "float32"])
 @pytest.mark.parametrize("signed_weights", [True, False], ids=["s8_activations", "u8_activations"])
 @pytest.mark.parametrize("case", sorted(CONV_CASES))
-def test_conv_cases_of_the_lowering_tests(case: str, signed_weights: bool, monkeypatch) -> None:
-    """Both layouts of the ConvInteger path (int8 or uint8 activations against uint8 weights)."""
+def test_conv_cases_of_the_lowering_tests(case: str, signed_weights: bool, rule: str, monkeypatch) -> None:
+    """Both layouts of the ConvInteger path (int8 or uint8 activations against uint8 weights), with
+    either requantization rule (float32: an int8 result is rounded and clipped by QuantizeLinear)."""
     from hbtools.ops import uint8_kernels
 
     monkeypatch.setattr(uint8_kernels, "signed_weights_exact", lambda: signed_weights)
@@ -51,6 +53,8 @@ def test_conv_cases_of_the_lowering_tests(case: str, signed_weights: bool, monke
     attrs = requant_attrs(rng, out_type, ws[0], 1.0 / (QMAX[x_bits] * 127 * np.prod(ws[1:]) ** 0.5))
     if clip:
         attrs["out_min"], attrs["out_max"] = map(float, clip)
+    if rule == "float32":
+        attrs.update(requantize_f32=1, zero_point=5 if out_type == "int8" else None)
     node = hz_node("HzSQuantizedConv", ["x", "w", "b"], kind="Conv", x_bits=x_bits, axis=1,
                    kernel_shape=ws[2:], **conv_attrs, **attrs)
     check(node, {"x": x}, {"w": w, "b": bias})
