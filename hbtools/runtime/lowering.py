@@ -79,12 +79,13 @@ INTEGER_CLIP_OPSET = 12  # Clip, Max, Min and MaxPool take (u)int8 from here on
 
 
 def _with_integer_clip(model: ModelProto) -> ModelProto:
-    """``model`` at opset 12 if it is older and onnx converts it (else as it is).
+    """``model`` at opset 12 if it is at 11 and onnx converts it (else as it is).
 
     Before opset 12 Clip is float only, so every clipped integer result would make a round
-    trip through float; at 12 the lowering clips uint8 levels directly.
+    trip through float; at 12 the lowering clips uint8 levels directly. From 11 to 12 no op
+    changes its meaning (12 adds types and optional behaviour); older opsets are left alone.
     """
-    if default_opset(model) >= INTEGER_CLIP_OPSET:
+    if default_opset(model) != INTEGER_CLIP_OPSET - 1:
         return model
     try:
         return version_converter.convert_version(model, INTEGER_CLIP_OPSET)
