@@ -175,8 +175,9 @@ def _integer_product(ctx: LoweringContext, op: str, a: str, a_bits: int, b: str,
 
 
 def _add_bias(ctx: LoweringContext, acc: str, bias: str, rank: int | None, axis: int, hint: str,
-              nodes: list[NodeProto]) -> str:
-    bd = _cast(ctx, bias, TensorProto.DOUBLE, f"{hint}_bias", nodes)
+              nodes: list[NodeProto], in_int32: bool = False) -> str:
+    """``acc`` (float64, or int32 with ``in_int32``) plus the int32 bias along ``axis``."""
+    bd = bias if in_int32 else _cast(ctx, bias, TensorProto.DOUBLE, f"{hint}_bias", nodes)
     if rank is not None and axis != rank - 1:
         shape = ctx.constant(f"{hint}_bshape", np.array([-1] + [1] * (rank - 1 - axis), dtype=np.int64))
         n, bd = _node(ctx, "Reshape", [bd, shape], f"{hint}_breshape")
@@ -295,18 +296,24 @@ class HzSQuantizedConv(_Requantizing):
         x, w = node.input[0], node.input[1]
         rank = ctx.rank(node.output[0])
         zps = (int(a.get("x_zero_point", 0)), 0)
+        in_int32 = False  # an accumulator that fits int32 stays int32 until the requantization
         if a["kind"] == "ConvTranspose":
             acc = _integer_product(ctx, "ConvTranspose", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs)
         elif a["kind"] == "MatMul":
             acc = _integer_product(ctx, "MatMulInteger", x, a["x_bits"], w, 8, hint, nodes, zps)
         else:
-            acc = uint8_kernels.conv_accumulator(ctx, node, a, conv_attrs, nodes) or \
-                _integer_product(ctx, "ConvInteger", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs)
+            bias = ctx.constant_values.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            bias_max = float(np.abs(numpy_helper.to_array(bias).astype(np.float64)).max(initial=0.0)) \
+                if bias is not None else np.inf if len(node.input) > 2 and node.input[2] else 0.0
+            acc, in_int32 = uint8_kernels.conv_accumulator(ctx, node, a, conv_attrs, nodes, bias_max) or \
+                (_integer_product(ctx, "ConvInteger", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs), False)
         axis = a.get("axis", 1)
         if rank is not None and axis < 0:
             axis += rank
         if len(node.input) > 2 and node.input[2]:
-            acc = _add_bias(ctx, acc, node.input[2], rank, axis, hint, nodes)
+            acc = _add_bias(ctx, acc, node.input[2], rank, axis, hint, nodes, in_int32)
+        if in_int32:  # exact in float64 too; the float32 rule casts it itself
+            acc = acc if a.get("requantize_f32") else _cast(ctx, acc, TensorProto.DOUBLE, f"{hint}_acc", nodes)
         _requantize(ctx, acc, {**a, "axis": axis}, rank, node.output[0], hint, nodes)
         return nodes
 

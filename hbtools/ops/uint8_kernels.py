@@ -123,12 +123,13 @@ def _finish(ctx: LoweringContext, node: NodeProto, y: str, out_min: int, out_max
                                           f"{node.output[0]}_u8", nodes)
 
 
-def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs: dict,
-                     nodes: list[NodeProto]) -> str | None:
-    """The exact float64 accumulator of an HzSQuantizedConv (kind Conv, constant weight, any input
-    bits) from ConvInteger with uint8 weights ``w + 128``: the layouts MLAS accelerates (int8 or
-    uint8 activations against uint8 weights, about 15x faster than int8 weights). None where
-    it does not apply."""
+def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs: dict, nodes: list[NodeProto],
+                     bias_max: float = 0.0) -> tuple[str, bool] | None:
+    """The exact accumulator of an HzSQuantizedConv (kind Conv, constant weight, any input bits)
+    from ConvInteger with uint8 weights ``w + 128``: the layouts MLAS accelerates (int8 or uint8
+    activations against uint8 weights, about 15x faster than int8 weights). None where it does
+    not apply; else the accumulator and whether it is int32 (it is where every sum, plus a bias
+    up to ``bias_max``, fits int32; otherwise float64)."""
     weight = ctx.constant_values.get(node.input[1])
     bits, z = int(a.get("x_bits", 8)), int(a.get("x_zero_point", 0))
     if a["kind"] != "Conv" or weight is None or bits not in (8, 16) or (bits == 16 and z) or abs(z) > 127 \
@@ -157,14 +158,19 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
                                           nodes)], f"{node.name}_lo", nodes)
         lo = _node(ctx, "QuantizeLinear", [lo, one(ctx), lo_zero], f"{node.name}_lo8", nodes)
         parts = [(hi, hi_zero, 256.0), (lo, lo_zero, 1.0)]
+    # |x - z| <= 2**(bits-1) + |z| and |w| <= 128 bound every product; the sum has w[0].size terms.
+    bound = w[0].size * (2.0 ** (bits - 1) + abs(z)) * 128.0 + bias_max
+    in_int32 = bound < 2.0**31
     total = None
     for part, zero, weight_of_part in parts:
         acc = _node(ctx, "ConvInteger", [part, w_u8, zero, w_zero], f"{node.name}_acc", nodes, **conv_attrs)
-        term = _node(ctx, "Cast", [acc], f"{node.name}_acc_f64", nodes, to=TensorProto.DOUBLE)
+        term = acc if in_int32 else _node(ctx, "Cast", [acc], f"{node.name}_acc_f64", nodes, to=TensorProto.DOUBLE)
         if weight_of_part != 1.0:
-            term = _node(ctx, "Mul", [term, _shared(ctx, "256", np.array(256.0))], f"{node.name}_acc_hi", nodes)
+            c256 = _shared(ctx, "256_i32", np.array(256, np.int32)) if in_int32 else \
+                _shared(ctx, "256", np.array(256.0))
+            term = _node(ctx, "Mul", [term, c256], f"{node.name}_acc_hi", nodes)
         total = term if total is None else _node(ctx, "Add", [total, term], f"{node.name}_acc_sum", nodes)
-    return total
+    return total, in_int32
 
 
 def matmul(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto]) -> bool:

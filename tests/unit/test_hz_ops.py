@@ -229,6 +229,8 @@ CONV_CASES = {
     "fused_clip_range": (8, [1, 4, 5, 5], [6, 4, 3, 3], {"pads": [1, 1, 1, 1]}, "int8", (0, 48)),
     "int16_fused_relu": (16, [1, 3, 4, 4], [5, 3, 3, 3], {"pads": [1, 1, 1, 1]}, "int16", (0, 32767)),
     "int32_accumulator": (8, [1, 4, 5, 5], [3, 4, 3, 3], {}, "int32", None),
+    # 576 terms of int16 x int8 may pass 2**31: the accumulator is kept in float64, not int32.
+    "int16_wide_sums": (16, [1, 64, 4, 4], [3, 64, 3, 3], {"pads": [1, 1, 1, 1]}, "int16", None),
 }
 
 
