@@ -32,6 +32,25 @@ SENSITIVITY_SAMPLES = 2  # samples used to measure each tensor's sensitivity
 SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
 
 
+def reachable_cosine(refs: list[np.ndarray], got: list[np.ndarray]) -> float:
+    """Upper bound of the cosine between the concatenated ``refs`` and outputs of which only the
+    first ``len(got)`` are known (inf when ``refs`` are all zero).
+
+    With ``a`` the references and ``b`` the outputs, split into the known samples ``s`` and the
+    rest ``r``, the cosine ``(a_s.b_s + a_r.b_r) / (|a| |b|)`` is largest for ``b_r`` along
+    ``a_r``, where (Cauchy-Schwarz) it is at most ``sqrt(max(a_s.b_s, 0)^2 / |b_s|^2 + |a_r|^2) / |a|``.
+    """
+    total = sum(float(np.square(r, dtype=np.float64).sum()) for r in refs)
+    if total == 0.0:
+        return np.inf
+    seen = dot = norm = 0.0
+    for ref, out in zip(refs, got, strict=False):
+        a, b = ref.reshape(-1).astype(np.float64), out.reshape(-1).astype(np.float64)
+        seen, dot, norm = seen + float(a @ a), dot + float(a @ b), norm + float(b @ b)
+    first = max(dot, 0.0) ** 2 / norm if norm > 0 else 0.0
+    return float(np.sqrt(first + max(total - seen, 0.0)) / np.sqrt(total))
+
+
 class Evaluator:
     """Scores threshold assignments on one session with fed calibration scales."""
 
@@ -58,21 +77,36 @@ class Evaluator:
         return extra
 
     def score(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
-              disabled: set[str] = frozenset()) -> float:
+              disabled: set[str] = frozenset(), at_least: float | None = None) -> float:
         """Output cosine over all evaluation samples at once, averaged over model outputs.
 
         One cosine over the concatenated samples, not a mean of per-sample cosines: a
         sample whose float output is ~0 (a detector on a picture without text) has a
         meaningless per-sample cosine that would otherwise swamp the score.
+
+        With ``at_least``, the samples stop as soon as the score cannot reach it even if the
+        rest matched the float model exactly; the value returned is then that bound (below
+        ``at_least``), so a comparison with ``at_least`` decides as the full score would.
         """
         extra = self._extra(thresholds, bits, disabled)
-        runs = [self.session.run(self.outputs, {**feed, **extra}) for feed in self.feeds]
+        runs = []
+        for feed in self.feeds:
+            runs.append(self.session.run(self.outputs, {**feed, **extra}))
+            if at_least is not None and len(runs) < len(self.feeds):
+                bound = self._reachable(runs)
+                if bound < at_least:
+                    return bound
         sims = []
         for k in range(len(self.outputs)):
             ref = np.concatenate([r[k].reshape(-1) for r in self.refs])
             got = np.concatenate([o[k].reshape(-1) for o in runs])
             sims.append(cosine_similarity(ref, got))
         return float(np.mean(sims))
+
+    def _reachable(self, runs: list[list[np.ndarray]]) -> float:
+        """The highest score the samples of ``runs`` and any outputs for the others could give."""
+        return float(np.mean([reachable_cosine([r[k] for r in self.refs], [r[k] for r in runs])
+                              for k in range(len(self.outputs))]))
 
     def refine(self, thresholds: dict[str, float], candidates: dict[str, dict[str, float]],
                best: float) -> tuple[dict[str, float], dict[str, str]]:
@@ -84,7 +118,7 @@ class Evaluator:
                 if np.isclose(cand[p.tensor], current[p.tensor]):
                     continue
                 trial = {**current, p.tensor: cand[p.tensor]}
-                s = self.score(trial)
+                s = self.score(trial, at_least=best + 1e-6)
                 if s > best + 1e-6:
                     best, current, methods[p.tensor] = s, trial, label
         log.info("mix calibration: output cosine %.6f", best)
@@ -118,7 +152,7 @@ class Evaluator:
                           disable=not sys.stderr.isatty(), leave=False):
             trial = {t: b for t, b in current.items() if t not in least_first[start:start + step]}
             th = {**thresholds, **{t: wide[t] for t in trial}}
-            if self.score(th, trial) >= goal:
+            if self.score(th, trial, at_least=goal) >= goal:
                 current = trial
         chosen = {**thresholds, **{t: wide[t] for t in current}}
         log.info("mixed precision: %d of %d tensors calibrated as int16, output cosine %.6f (int8 %.6f, all int16 "
