@@ -19,7 +19,6 @@ from tqdm import tqdm
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView
-from hbtools.pipeline.timing import StepTimes
 from hbtools.quant import weight_rounding
 from hbtools.quant.bias_correction import CORRECTABLE, correct_biases
 from hbtools.quant.plan import (
@@ -31,6 +30,7 @@ from hbtools.quant.plan import (
 from hbtools.quant.search import Evaluator
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
+from hbtools.runs.timing import StepTimes
 from hbtools.runtime.session import fetching_session
 
 log = logging.getLogger("hbtools")

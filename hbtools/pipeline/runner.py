@@ -23,12 +23,12 @@ from hbtools.graph.model_io import save_model
 from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, optimize, parse, quantize
-from hbtools.pipeline.memory import check_memory
-from hbtools.pipeline.timing import StepTimes
-from hbtools.pipeline.transaction import artefact_transaction
 from hbtools.quant import layer_dump, report
 from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
 from hbtools.quant.units import build_partition
+from hbtools.runs.memory import check_memory
+from hbtools.runs.timing import StepTimes
+from hbtools.runs.transaction import artefact_transaction
 
 log = logging.getLogger("hbtools")
 

@@ -17,11 +17,11 @@ from hbtools.config.builtin import builtin_config
 from hbtools.data.calibration import RandomCalibrationSource
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline import calibrate, optimize, parse, quantize
-from hbtools.pipeline.memory import check_memory
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.quant import report
 from hbtools.quant.plan import make_plan
 from hbtools.quant.units import build_partition
+from hbtools.runs.memory import check_memory
 
 log = logging.getLogger("hbtools")
 

@@ -709,7 +709,7 @@ def test_mutations_convert_or_fail_cleanly(base: Path, tmp_path: Path, monkeypat
 def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import signal
 
-    from hbtools.pipeline import transaction
+    from hbtools.runs import transaction
 
     (tmp_path / "a.onnx").write_text("old a")
     (tmp_path / "b.bin").write_text("old b")
