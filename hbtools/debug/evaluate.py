@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from tqdm import tqdm
 
+from hbtools.debug import batching
 from hbtools.debug.data import Sample
 from hbtools.debug.switchboard import Switchboard
 from hbtools.metrics import METRICS
@@ -34,24 +35,27 @@ def sweep(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence
     bar = tqdm(total=len(samples) * len(configs), desc=desc, unit="run", disable=not sys.stderr.isatty(),
                leave=False)
     lock = threading.Lock()
+    size = switchboard.batch_for(samples)
+    batches = [range(i, min(i + size, len(samples))) for i in range(0, len(samples), size)]
 
-    def one_sample(index: int) -> None:
-        sample = samples[index]
+    def one_batch(indices: range) -> None:
+        sample = batching.stack([samples[i] for i in indices])
         cache = switchboard.float_pass(sample)
-        reference = [cache[t] for t in switchboard.observe]
+        reference = batching.unstack([cache[t] for t in switchboard.observe], len(indices))
         for k, config in enumerate(configs):
-            got = switchboard.run(sample, cache, config)
+            got = batching.unstack(switchboard.run(sample, cache, config), len(indices))
             with lock:
-                visit(index, k, reference, got)
-                bar.update()
+                for index, r, g in zip(indices, reference, got, strict=True):
+                    visit(index, k, r, g)
+                bar.update(len(indices))
 
-    workers = min(switchboard.workers, len(samples))
+    workers = min(switchboard.workers, len(batches))
     if workers <= 1:
-        for index in range(len(samples)):
-            one_sample(index)
+        for indices in batches:
+            one_batch(indices)
     else:
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(one_sample, range(len(samples))))  # list(): re-raise a worker's exception
+            list(pool.map(one_batch, batches))  # list(): re-raise a worker's exception
     bar.close()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Collection, Sequence
 
@@ -20,7 +21,9 @@ import numpy as np
 import onnxruntime as ort
 from onnx import ModelProto
 
+from hbtools.debug import batching
 from hbtools.debug import stages as staging
+from hbtools.debug.cuts import elements, itemsize
 from hbtools.debug.data import Sample
 from hbtools.debug.model import CalibratedModel
 from hbtools.debug.switches import switchable_model
@@ -33,6 +36,9 @@ log = logging.getLogger("hbtools")
 ON, OFF = np.array(True), np.array(False)
 # Runs side by side (see ``evaluate.sweep``), each on one onnxruntime thread.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
+# Samples are stacked only when a batched float pass costs at most this share of single ones
+# per sample: stacking adds work (copies, slicing) that only a clear gain repays.
+BATCH_GAIN = 0.8
 
 
 class Switchboard:
@@ -45,8 +51,11 @@ class Switchboard:
                  *, max_stages: int = staging.MAX_STAGES) -> None:
         self.observe = list(dict.fromkeys(observe or cm.outputs))
         switched = switchable_model(cm)
-        shapes, types = staging.tensor_info(switched, cm.model)
-        self._source = (switched, shapes, types)
+        shapes, types = staging.tensor_info(switched, cm)
+        batching.free_batch(switched.model, shapes)
+        declared = {t: batching.batch_shape(s) for t, s in shapes.items()}  # the stages take any batch
+        self._source = (switched, declared, types)
+        self._itemsizes = {t: (elements(shapes.get(t)), itemsize(e)) for t, e in types.items()}
         typical = [*({c} for c in cm.calibration), *(cm.switches_of(n) for n in cm.quantizable)]
         plan = staging.plan(switched, shapes, types, self.observe, max_stages,
                             list({frozenset(c): c for c in typical}.values()))
@@ -61,6 +70,8 @@ class Switchboard:
         self._stages_of = {c: {self._plan.stage_of[h] for h in holders} for c, holders in switched.holders.items()}
         self.runs = 0
         self.workers = WORKERS
+        self._batchable: bool | None = None  # found out on the first samples (``batch_for``)
+        self._routes: dict[frozenset[str], tuple[list[int], list[int], int | None]] = {}
 
     def _build(self, plan: staging.Stages) -> None:
         switched, shapes, types = self._source
@@ -74,6 +85,44 @@ class Switchboard:
         # a quantized node's input rounds as in the float model (a stage-by-stage float pass moved the
         # metrics' distance to the model with the other nodes deleted several-fold).
         self._float_model = _Part(staging.tail_model(switched, plan, 0, shapes, types, self._exports))
+
+    def batch_for(self, samples: Sequence[Sample]) -> int:
+        """How many of ``samples`` one run carries (``batching``): 1 unless stacking them changes nothing."""
+        if self._batchable is None and len(samples) > 1:
+            self._batchable = self._batches_exactly(samples[:2])
+        if not self._batchable:
+            return 1
+        per_sample = sum(n * size for n, size in (self._itemsizes.get(t, (1, 4)) for t in self._exports))
+        return batching.batch_size(len(samples), self.workers, per_sample)
+
+    def _batches_exactly(self, samples: Sequence[Sample]) -> bool:
+        """Whether stacking ``samples`` pays and changes nothing.
+
+        A batched float pass must take less time per sample than a single one, and it
+        and a batched run with the first switch on (its stages, then a tail) must equal
+        the single ones bit for bit.
+        """
+        first = list(self._stages_of)[:1]
+        try:
+            caches = [self.float_pass(samples[0])]  # the first runs of a shape warm the session up
+            start = time.perf_counter()
+            caches += [self.float_pass(s) for s in samples[1:]]
+            single = (time.perf_counter() - start) / (len(samples) - 1)
+            stacked = batching.stack(samples)
+            self.float_pass(stacked)
+            start = time.perf_counter()
+            cache = self.float_pass(stacked)
+            if (time.perf_counter() - start) / len(samples) > BATCH_GAIN * single:
+                return False
+            if not batching.identical(cache, caches, self._exports):
+                return False
+            got = dict(zip(self.observe, self.run(stacked, cache, first), strict=True))
+            singles = [dict(zip(self.observe, self.run(s, c, first), strict=True))
+                       for s, c in zip(samples, caches, strict=True)]
+            return batching.identical(got, singles, self.observe)
+        except Exception:  # e.g. a shape constant that still holds the batch of 1: one sample per run
+            log.debug("samples not batched", exc_info=True)
+            return False
 
     @property
     def stage_count(self) -> int:
@@ -99,7 +148,8 @@ class Switchboard:
         switchable, floating, tail = self._route(enabled)
         if not switchable:
             return [cache[t] for t in self.observe]
-        values = {**sample, **cache, **self._off, **{enable_input(c): ON for c in enabled}}
+        values = {**sample, **cache, **self._off}
+        values.update((enable_input(c), ON) for c in enabled)
         for k in switchable:
             self._stages[k](values)
         for k in floating:
@@ -111,6 +161,12 @@ class Switchboard:
 
     def _route(self, enabled: Collection[str]) -> tuple[list[int], list[int], int | None]:
         """The stages run in switchable form, then in float form, then the tail (None: none)."""
+        key = frozenset(enabled)
+        if key not in self._routes:  # a sweep runs each configuration once per batch of samples
+            self._routes[key] = self._find_route(key)
+        return self._routes[key]
+
+    def _find_route(self, enabled: Collection[str]) -> tuple[list[int], list[int], int | None]:
         if not enabled:
             return [], [], None
         quant = set().union(*(self._stages_of[c] for c in enabled))
