@@ -18,9 +18,11 @@ target). Models: PP-OCR det and rec (``configs/ppocr_*.yaml``) and corpus models
     python benchmarks/debugger_speed.py --json benchmarks/results/debugger_speed.json \\
         --markdown benchmarks/results/debugger_speed.md
 
-The former single-model form still works: ``--model rec --data-num 8`` (one model,
-the 'node' ranking only unless ``--node-types`` says otherwise); ``--working-dir``
-takes an existing makertbin working_dir of that one model.
+Sensitivity uses every dumped sample (``--cal-num``, 16), as the debugger does by
+default (``data_num=None``); ``--data-num`` takes fewer. The former single-model
+form still works: ``--model rec --data-num 8`` (one model, the 'node' ranking only
+unless ``--node-types`` says otherwise); ``--working-dir`` takes an existing makertbin
+working_dir of that one model.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def measure_model(name: str, out: Path, args: argparse.Namespace) -> dict:
     data = out / "calibration_data"
     cm = load_calibrated(calibrated)
     available = len(load_samples(data, cm))
-    data_num = min(args.data_num, available)
+    data_num = min(args.data_num or available, available)
     samples = load_samples(data, cm, data_num)
     timed_float = samples[:min(len(samples), 4)]
     before = float_inference_seconds(float_model, timed_float, 3)
@@ -189,7 +191,8 @@ def main() -> None:
                         "models are cls, det, rec, corpus models are named as in configs/zoo/")
     parser.add_argument("--model", help="one model, the former form (implies --node-types node --no-runall)")
     parser.add_argument("--node-types", default=",".join(NODE_TYPES), help="comma-separated (node,weight,activation)")
-    parser.add_argument("--data-num", type=int, default=8, help="samples per sensitivity run (8)")
+    parser.add_argument("--data-num", type=int, help="samples per sensitivity run (all dumped, as the debugger's "
+                        "default data_num=None)")
     parser.add_argument("--cal-num", type=int, default=16, help="calibration samples dumped; runall uses all (16)")
     parser.add_argument("--det-size", type=int, default=480, help="corpus detectors' input N x N (480)")
     parser.add_argument("--no-runall", dest="runall", action="store_false", help="skip timing runall")

@@ -61,20 +61,26 @@ def sweep(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence
 
 def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], metrics: Sequence[str],
            desc: str) -> list[dict[str, float]]:
-    """Per configuration, each metric between its outputs and the float outputs."""
+    """Per configuration, each metric between its outputs and the float outputs.
+
+    Configurations already scored on these samples are not run again (``Switchboard.scored``):
+    runall's node ranking repeats many of the weight and activation configurations.
+    """
     unique = list(dict.fromkeys(configs))  # nodes with the same switches share one run
+    known = switchboard.scored(samples)
+    todo = [c for c in unique if any((c, m) not in known for m in metrics)]
     # Per sample, summed in sample order afterwards: the result does not depend on which worker finished first.
-    values = np.zeros((len(unique), len(metrics), len(samples)))
+    values = np.zeros((len(todo), len(metrics), len(samples)))
 
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
         for j, m in enumerate(metrics):
             values[k, j, index] = np.mean([METRICS[m](r, g) for r, g in zip(reference, got, strict=True)])
 
-    sweep(switchboard, samples, unique, visit, desc)
-    means = values.mean(axis=2)
-    by_config = {c: {m: float(v) for m, v in zip(metrics, row, strict=True)}
-                 for c, row in zip(unique, means, strict=True)}
-    return [by_config[c] for c in configs]
+    if todo:
+        sweep(switchboard, samples, todo, visit, desc)
+    for c, per_metric in zip(todo, values, strict=True):
+        known.update(((c, m), v) for m, v in zip(metrics, per_metric, strict=True))
+    return [{m: float(known[(c, m)].mean()) for m in metrics} for c in configs]
 
 
 def tensor_values(switchboard: Switchboard, samples: Sequence[Sample], quantized: Config) -> tuple[

@@ -72,6 +72,7 @@ class Switchboard:
         self.workers = WORKERS
         self._batchable: bool | None = None  # found out on the first samples (``batch_for``)
         self._routes: dict[frozenset[str], tuple[list[int], list[int], int | None]] = {}
+        self._scored: tuple[list[Sample], dict[tuple[frozenset[str], str], np.ndarray]] = ([], {})
 
     def _build(self, plan: staging.Stages) -> None:
         switched, shapes, types = self._source
@@ -123,6 +124,14 @@ class Switchboard:
         except Exception:  # e.g. a shape constant that still holds the batch of 1: one sample per run
             log.debug("samples not batched", exc_info=True)
             return False
+
+    def scored(self, samples: Sequence[Sample]) -> dict[tuple[frozenset[str], str], np.ndarray]:
+        """Per (configuration, metric), the per-sample values already computed on ``samples`` (kept for the
+        latest samples only: runall scores several sets of configurations on the same ones)."""
+        kept = self._scored[0]
+        if len(kept) != len(samples) or any(a is not b for a, b in zip(kept, samples, strict=True)):
+            self._scored = (list(samples), {})  # holding the samples keeps their identity meaningful
+        return self._scored[1]
 
     @property
     def stage_count(self) -> int:

@@ -1,8 +1,9 @@
-"""Several samples per run (``hbtools.debug.batching``): used only where it changes no number.
+"""Work the debugger shares between runs, used only where it changes no number.
 
-Scores computed with stacked samples must equal, bit for bit, those computed one
-sample at a time; a model whose batch cannot pass (a Reshape that mixes samples)
-keeps one sample per run and still gives the right scores.
+Scores computed with stacked samples (``hbtools.debug.batching``) must equal, bit for
+bit, those computed one sample at a time; a model whose batch cannot pass (a Reshape
+that mixes samples) keeps one sample per run and still gives the right scores. A
+configuration scored once on the same samples is not run again.
 """
 
 from __future__ import annotations
@@ -84,3 +85,22 @@ def test_free_batch_keeps_batch_one_and_lets_the_batch_through() -> None:
     assert stacked.shape == (3, 6, 4)
     for i, s in enumerate(xs):
         np.testing.assert_array_equal(stacked[i:i + 1], one.run(None, {"x": s})[0])
+
+
+def test_configurations_scored_before_are_not_run_again(dumped: tuple[str, Dumped]) -> None:
+    cm = load_calibrated(dumped[1].calibrated)
+    samples = load_samples(dumped[1].data, cm)
+    names = sorted(cm.calibration)
+    first = [frozenset({n}) for n in names]
+    later = [frozenset(names), *first[:2], frozenset(names[:2])]
+    fresh = board.Switchboard(cm)
+    expected = scores(fresh, samples, later, ["cosine-similarity", "mse"], "t")
+    sb = board.Switchboard(cm)
+    sb._batchable = False  # one run per sample and configuration: runs count configurations
+    scores(sb, samples, first, ["cosine-similarity", "mse"], "t")
+    before = sb.runs
+    assert scores(sb, samples, later, ["cosine-similarity", "mse"], "t") == expected
+    # runs counts float passes too: one per sample and sweep
+    assert sb.runs - before == 3 * len(samples), "only the two new configurations run"
+    assert scores(sb, samples[:2], first[:1], ["cosine-similarity"], "t")  # other samples: computed afresh
+    assert sb.runs - before == 3 * len(samples) + 4
