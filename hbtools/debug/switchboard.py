@@ -36,8 +36,8 @@ log = logging.getLogger("hbtools")
 ON, OFF = np.array(True), np.array(False)
 # Runs side by side (see ``evaluate.sweep``), each on one onnxruntime thread.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
-# Samples are stacked only when a batched float pass costs at most this share of single ones
-# per sample: stacking adds work (copies, slicing) that only a clear gain repays.
+# Samples are stacked only when a batched run costs at most this share of the single runs: the
+# gain on small models is 10-40%, and a noisy timing must not stack a model that loses by it.
 BATCH_GAIN = 0.8
 
 
@@ -88,39 +88,43 @@ class Switchboard:
         self._float_model = _Part(staging.tail_model(switched, plan, 0, shapes, types, self._exports))
 
     def batch_for(self, samples: Sequence[Sample]) -> int:
-        """How many of ``samples`` one run carries (``batching``): 1 unless stacking them changes nothing."""
-        if self._batchable is None and len(samples) > 1:
-            self._batchable = self._batches_exactly(samples[:2])
-        if not self._batchable:
-            return 1
+        """How many of ``samples`` one run carries (``batching``): 1 unless stacking them pays and changes nothing.
+
+        Decided once, on the first samples swept, at the batch size that sweep uses.
+        """
         per_sample = sum(n * size for n, size in (self._itemsizes.get(t, (1, 4)) for t in self._exports))
-        return batching.batch_size(len(samples), self.workers, per_sample)
+        size = batching.batch_size(len(samples), self.workers, per_sample)
+        if size < 2:
+            return 1
+        if self._batchable is None:
+            self._batchable = self._batching_pays(samples[:size])
+        return size if self._batchable else 1
 
-    def _batches_exactly(self, samples: Sequence[Sample]) -> bool:
-        """Whether stacking ``samples`` pays and changes nothing.
+    def _batching_pays(self, samples: Sequence[Sample]) -> bool:
+        """Whether a run carrying ``samples`` stacked equals, bit for bit, and clearly beats their runs one by one.
 
-        A batched float pass must take less time per sample than a single one, and it
-        and a batched run with the first switch on (its stages, then a tail) must equal
-        the single ones bit for bit.
+        Compared: the float pass, and a run with the model's first switch on (a stage, then
+        nearly the whole model as a tail), each timed after a warm-up run of its shape.
         """
         first = list(self._stages_of)[:1]
         try:
-            caches = [self.float_pass(samples[0])]  # the first runs of a shape warm the session up
-            start = time.perf_counter()
-            caches += [self.float_pass(s) for s in samples[1:]]
-            single = (time.perf_counter() - start) / (len(samples) - 1)
+            caches = [self.float_pass(s) for s in samples]
             stacked = batching.stack(samples)
-            self.float_pass(stacked)
-            start = time.perf_counter()
             cache = self.float_pass(stacked)
-            if (time.perf_counter() - start) / len(samples) > BATCH_GAIN * single:
-                return False
             if not batching.identical(cache, caches, self._exports):
                 return False
-            got = dict(zip(self.observe, self.run(stacked, cache, first), strict=True))
             singles = [dict(zip(self.observe, self.run(s, c, first), strict=True))
                        for s, c in zip(samples, caches, strict=True)]
-            return batching.identical(got, singles, self.observe)
+            got = dict(zip(self.observe, self.run(stacked, cache, first), strict=True))
+            if not batching.identical(got, singles, self.observe):
+                return False
+            start = time.perf_counter()
+            for s, c in zip(samples, caches, strict=True):
+                self.run(s, c, first)
+            single = time.perf_counter() - start
+            start = time.perf_counter()
+            self.run(stacked, cache, first)
+            return time.perf_counter() - start <= BATCH_GAIN * single
         except Exception:  # e.g. a shape constant that still holds the batch of 1: one sample per run
             log.debug("samples not batched", exc_info=True)
             return False
