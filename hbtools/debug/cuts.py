@@ -148,11 +148,11 @@ def _crossing_elements(nodes: Sequence[NodeProto], shapes: dict[str, list[int | 
     delta = np.zeros(len(nodes) + 1)
     for t, end in last.items():
         if end > born[t]:
-            size = elements(shapes.get(t)) * _itemsize(types.get(t, TensorProto.FLOAT)) / 4
+            size = elements(shapes.get(t)) * itemsize(types.get(t, TensorProto.FLOAT)) / 4
             delta[born[t]] += size
             delta[end] -= size
     return np.cumsum(delta)[:-1]
 
 
-def _itemsize(elem_type: int) -> int:
+def itemsize(elem_type: int) -> int:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize

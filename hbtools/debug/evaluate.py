@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from tqdm import tqdm
 
+from hbtools.debug import batching
 from hbtools.debug.data import Sample
 from hbtools.debug.switchboard import Switchboard
 from hbtools.metrics import METRICS
@@ -34,43 +35,52 @@ def sweep(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence
     bar = tqdm(total=len(samples) * len(configs), desc=desc, unit="run", disable=not sys.stderr.isatty(),
                leave=False)
     lock = threading.Lock()
+    size = switchboard.batch_for(samples)
+    batches = [range(i, min(i + size, len(samples))) for i in range(0, len(samples), size)]
 
-    def one_sample(index: int) -> None:
-        sample = samples[index]
+    def one_batch(indices: range) -> None:
+        sample = batching.stack([samples[i] for i in indices])
         cache = switchboard.float_pass(sample)
-        reference = [cache[t] for t in switchboard.observe]
+        reference = batching.unstack([cache[t] for t in switchboard.observe], len(indices))
         for k, config in enumerate(configs):
-            got = switchboard.run(sample, cache, config)
+            got = batching.unstack(switchboard.run(sample, cache, config), len(indices))
             with lock:
-                visit(index, k, reference, got)
-                bar.update()
+                for index, r, g in zip(indices, reference, got, strict=True):
+                    visit(index, k, r, g)
+                bar.update(len(indices))
 
-    workers = min(switchboard.workers, len(samples))
+    workers = min(switchboard.workers, len(batches))
     if workers <= 1:
-        for index in range(len(samples)):
-            one_sample(index)
+        for indices in batches:
+            one_batch(indices)
     else:
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(one_sample, range(len(samples))))  # list(): re-raise a worker's exception
+            list(pool.map(one_batch, batches))  # list(): re-raise a worker's exception
     bar.close()
 
 
 def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], metrics: Sequence[str],
            desc: str) -> list[dict[str, float]]:
-    """Per configuration, each metric between its outputs and the float outputs."""
+    """Per configuration, each metric between its outputs and the float outputs.
+
+    Configurations already scored on these samples are not run again (``Switchboard.scored``):
+    runall's node ranking repeats many of the weight and activation configurations.
+    """
     unique = list(dict.fromkeys(configs))  # nodes with the same switches share one run
+    known = switchboard.scored(samples)
+    todo = [c for c in unique if any((c, m) not in known for m in metrics)]
     # Per sample, summed in sample order afterwards: the result does not depend on which worker finished first.
-    values = np.zeros((len(unique), len(metrics), len(samples)))
+    values = np.zeros((len(todo), len(metrics), len(samples)))
 
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
         for j, m in enumerate(metrics):
             values[k, j, index] = np.mean([METRICS[m](r, g) for r, g in zip(reference, got, strict=True)])
 
-    sweep(switchboard, samples, unique, visit, desc)
-    means = values.mean(axis=2)
-    by_config = {c: {m: float(v) for m, v in zip(metrics, row, strict=True)}
-                 for c, row in zip(unique, means, strict=True)}
-    return [by_config[c] for c in configs]
+    if todo:
+        sweep(switchboard, samples, todo, visit, desc)
+    for c, per_metric in zip(todo, values, strict=True):
+        known.update(((c, m), v) for m, v in zip(metrics, per_metric, strict=True))
+    return [{m: float(known[(c, m)].mean()) for m in metrics} for c in configs]
 
 
 def tensor_values(switchboard: Switchboard, samples: Sequence[Sample], quantized: Config) -> tuple[

@@ -20,7 +20,7 @@ import onnx
 from onnx import ModelProto, NodeProto, numpy_helper
 
 from hbtools.errors import HbError
-from hbtools.graph.graph import infer_shapes, name_unnamed_nodes
+from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes
 from hbtools.graph.model_io import load_model
 from hbtools.ops.base import attrs_of
 from hbtools.quant.calibrated import without_integer_emulation
@@ -100,6 +100,11 @@ class CalibratedModel:
         inits = {t.name for t in graph.initializer}
         self.inputs = [_graph_input(vi) for vi in graph.input if vi.name not in inits]
         self.outputs = [o.name for o in graph.output]
+
+    @cached_property
+    def shapes(self) -> dict[str, list[int | None]]:
+        """Static shapes of the tensors (None for unknown dimensions)."""
+        return GraphView(self.model).shapes
 
     @cached_property
     def tensor_types(self) -> dict[str, int]:

@@ -18,7 +18,6 @@ passing over the stages and tails it skipped.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -28,8 +27,8 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.debug import tails as tailing
 from hbtools.debug.cuts import references, stage_starts
+from hbtools.debug.model import CalibratedModel
 from hbtools.debug.switches import Switched, float_version
-from hbtools.graph.graph import infer_shapes
 
 MAX_STAGES = 24  # measured on PP-OCR rec: 16 ran ~5% slower, 32 and 48 no faster and built longer
 MIN_NODES_PER_STAGE = 4
@@ -59,21 +58,20 @@ class Stages:
         return [t for t in self.observe if self.producer(t) >= j]
 
 
-def tensor_info(switched: Switched, original: ModelProto) -> tuple[dict[str, list[int | None]], dict[str, int]]:
-    """Shapes and element types of the main-graph tensors."""
-    shapes: dict[str, list[int | None]] = {}
-    types: dict[str, int] = {}
-    for model in (infer_shapes(copy.deepcopy(original)), onnx.shape_inference.infer_shapes(switched.model)):
-        g = model.graph
-        for t in g.initializer:
-            shapes.setdefault(t.name, list(t.dims))
-            types.setdefault(t.name, t.data_type)
-        for vi in [*g.input, *g.value_info, *g.output]:
-            tt = vi.type.tensor_type
-            if tt.elem_type:
-                types.setdefault(vi.name, tt.elem_type)
-            if tt.HasField("shape") and vi.name not in shapes:
-                shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+def tensor_info(switched: Switched, cm: CalibratedModel) -> tuple[dict[str, list[int | None]], dict[str, int]]:
+    """Shapes and element types of the main-graph tensors: the calibrated model's, then the switchable one's."""
+    shapes = dict(cm.shapes)
+    types = dict(cm.tensor_types)
+    g = onnx.shape_inference.infer_shapes(switched.model).graph
+    for t in g.initializer:
+        shapes.setdefault(t.name, list(t.dims))
+        types.setdefault(t.name, t.data_type)
+    for vi in [*g.input, *g.value_info, *g.output]:
+        tt = vi.type.tensor_type
+        if tt.elem_type:
+            types.setdefault(vi.name, tt.elem_type)
+        if tt.HasField("shape") and vi.name not in shapes:
+            shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
     return shapes, types
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Collection, Sequence
 
@@ -20,7 +21,9 @@ import numpy as np
 import onnxruntime as ort
 from onnx import ModelProto
 
+from hbtools.debug import batching
 from hbtools.debug import stages as staging
+from hbtools.debug.cuts import elements, itemsize
 from hbtools.debug.data import Sample
 from hbtools.debug.model import CalibratedModel
 from hbtools.debug.switches import switchable_model
@@ -33,6 +36,9 @@ log = logging.getLogger("hbtools")
 ON, OFF = np.array(True), np.array(False)
 # Runs side by side (see ``evaluate.sweep``), each on one onnxruntime thread.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
+# Samples are stacked only when a batched run costs at most this share of the single runs: the
+# gain on small models is 10-40%, and a noisy timing must not stack a model that loses by it.
+BATCH_GAIN = 0.8
 
 
 class Switchboard:
@@ -45,8 +51,11 @@ class Switchboard:
                  *, max_stages: int = staging.MAX_STAGES) -> None:
         self.observe = list(dict.fromkeys(observe or cm.outputs))
         switched = switchable_model(cm)
-        shapes, types = staging.tensor_info(switched, cm.model)
-        self._source = (switched, shapes, types)
+        shapes, types = staging.tensor_info(switched, cm)
+        batching.free_batch(switched.model, shapes)
+        declared = {t: batching.batch_shape(s) for t, s in shapes.items()}  # the stages take any batch
+        self._source = (switched, declared, types)
+        self._itemsizes = {t: (elements(shapes.get(t)), itemsize(e)) for t, e in types.items()}
         typical = [*({c} for c in cm.calibration), *(cm.switches_of(n) for n in cm.quantizable)]
         plan = staging.plan(switched, shapes, types, self.observe, max_stages,
                             list({frozenset(c): c for c in typical}.values()))
@@ -61,6 +70,9 @@ class Switchboard:
         self._stages_of = {c: {self._plan.stage_of[h] for h in holders} for c, holders in switched.holders.items()}
         self.runs = 0
         self.workers = WORKERS
+        self._batchable: bool | None = None  # found out on the first samples (``batch_for``)
+        self._routes: dict[frozenset[str], tuple[list[int], list[int], int | None]] = {}
+        self._scored: tuple[list[Sample], dict[tuple[frozenset[str], str], np.ndarray]] = ([], {})
 
     def _build(self, plan: staging.Stages) -> None:
         switched, shapes, types = self._source
@@ -74,6 +86,56 @@ class Switchboard:
         # a quantized node's input rounds as in the float model (a stage-by-stage float pass moved the
         # metrics' distance to the model with the other nodes deleted several-fold).
         self._float_model = _Part(staging.tail_model(switched, plan, 0, shapes, types, self._exports))
+
+    def batch_for(self, samples: Sequence[Sample]) -> int:
+        """How many of ``samples`` one run carries (``batching``): 1 unless stacking them pays and changes nothing.
+
+        Decided once, on the first samples swept, at the batch size that sweep uses.
+        """
+        per_sample = sum(n * size for n, size in (self._itemsizes.get(t, (1, 4)) for t in self._exports))
+        size = batching.batch_size(len(samples), self.workers, per_sample)
+        if size < 2:
+            return 1
+        if self._batchable is None:
+            self._batchable = self._batching_pays(samples[:size])
+        return size if self._batchable else 1
+
+    def _batching_pays(self, samples: Sequence[Sample]) -> bool:
+        """Whether a run carrying ``samples`` stacked equals, bit for bit, and clearly beats their runs one by one.
+
+        Compared: the float pass, and a run with the model's first switch on (a stage, then
+        nearly the whole model as a tail), each timed after a warm-up run of its shape.
+        """
+        first = list(self._stages_of)[:1]
+        try:
+            caches = [self.float_pass(s) for s in samples]
+            stacked = batching.stack(samples)
+            cache = self.float_pass(stacked)
+            if not batching.identical(cache, caches, self._exports):
+                return False
+            singles = [dict(zip(self.observe, self.run(s, c, first), strict=True))
+                       for s, c in zip(samples, caches, strict=True)]
+            got = dict(zip(self.observe, self.run(stacked, cache, first), strict=True))
+            if not batching.identical(got, singles, self.observe):
+                return False
+            start = time.perf_counter()
+            for s, c in zip(samples, caches, strict=True):
+                self.run(s, c, first)
+            single = time.perf_counter() - start
+            start = time.perf_counter()
+            self.run(stacked, cache, first)
+            return time.perf_counter() - start <= BATCH_GAIN * single
+        except Exception:  # e.g. a shape constant that still holds the batch of 1: one sample per run
+            log.debug("samples not batched", exc_info=True)
+            return False
+
+    def scored(self, samples: Sequence[Sample]) -> dict[tuple[frozenset[str], str], np.ndarray]:
+        """Per (configuration, metric), the per-sample values already computed on ``samples`` (kept for the
+        latest samples only: runall scores several sets of configurations on the same ones)."""
+        kept = self._scored[0]
+        if len(kept) != len(samples) or any(a is not b for a, b in zip(kept, samples, strict=True)):
+            self._scored = (list(samples), {})  # holding the samples keeps their identity meaningful
+        return self._scored[1]
 
     @property
     def stage_count(self) -> int:
@@ -99,7 +161,8 @@ class Switchboard:
         switchable, floating, tail = self._route(enabled)
         if not switchable:
             return [cache[t] for t in self.observe]
-        values = {**sample, **cache, **self._off, **{enable_input(c): ON for c in enabled}}
+        values = {**sample, **cache, **self._off}
+        values.update((enable_input(c), ON) for c in enabled)
         for k in switchable:
             self._stages[k](values)
         for k in floating:
@@ -111,6 +174,12 @@ class Switchboard:
 
     def _route(self, enabled: Collection[str]) -> tuple[list[int], list[int], int | None]:
         """The stages run in switchable form, then in float form, then the tail (None: none)."""
+        key = frozenset(enabled)
+        if key not in self._routes:  # a sweep runs each configuration once per batch of samples
+            self._routes[key] = self._find_route(key)
+        return self._routes[key]
+
+    def _find_route(self, enabled: Collection[str]) -> tuple[list[int], list[int], int | None]:
         if not enabled:
             return [], [], None
         quant = set().union(*(self._stages_of[c] for c in enabled))

@@ -17,7 +17,6 @@ import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.debug.model import CalibratedModel
-from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset
 from hbtools.ops.base import LoweringContext
 from hbtools.ops.calibration import HzCalibration
@@ -43,7 +42,7 @@ def switchable_model(cm: CalibratedModel) -> Switched:
     inits = {t.name: t for t in graph.initializer}
     taken = {o for n in graph.node for o in n.output} | {n.name for n in graph.node} | set(inits)
     taken |= {i.name for i in graph.input}
-    ctx = LoweringContext(default_opset(model), taken, GraphView(cm.model).shapes)
+    ctx = LoweringContext(default_opset(model), taken, cm.shapes)
     ctx.exact = False  # switched piecewise: no float64 twins across the If branches
     wrapped = _wrappable_weights(cm, set(inits))
     quantized_weight: dict[str, tuple[str, str, str]] = {}  # calibrated name -> (switch, quantized, float)
