@@ -21,6 +21,8 @@ Absent zero-point attributes mean 0.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 from onnx import AttributeProto, NodeProto, TensorProto, helper, numpy_helper
@@ -192,22 +194,34 @@ def _add_bias(ctx: LoweringContext, acc: str, bias: str, rank: int | None, axis:
 # hb_verifier compares them with the lowered model.
 
 _CACHE_SIZE = 4096
-_cache: dict[int, tuple[NodeProto, dict]] = {}
+_cache: dict[int, tuple[NodeProto, object]] = {}
+T = TypeVar("T")
 
 
-def _attrs(node: NodeProto) -> dict:
-    """``attrs_of`` remembered per node object: a simulator runs the same nodes every frame,
-    and decoding a 65536-entry int16 table attribute costs more than applying it."""
+def remembered(node: NodeProto, compute: Callable[[NodeProto], T]) -> T:
+    """``compute(node)`` remembered per node object, for the numpy references: a simulator runs
+    the same nodes every frame, and decoding a 65536-entry table attribute costs more than
+    applying it. One ``compute`` per op class (the cache is keyed by the node alone)."""
     hit = _cache.get(id(node))
     if hit is not None and hit[0] is node:  # the node is kept alive, so its id is not reused
         return hit[1]
+    value = compute(node)
+    if len(_cache) >= _CACHE_SIZE:
+        _cache.clear()
+    _cache[id(node)] = (node, value)
+    return value
+
+
+def _decoded_attrs(node: NodeProto) -> dict:
     a = attrs_of(node)
     if "table" in a:
         a["table"] = table_of(node).astype(NUMPY_INT.get(a.get("out_type"), np.int64))
-    if len(_cache) >= _CACHE_SIZE:
-        _cache.clear()
-    _cache[id(node)] = (node, a)
     return a
+
+
+def _attrs(node: NodeProto) -> dict:
+    """``attrs_of`` with the table decoded, remembered per node object."""
+    return remembered(node, _decoded_attrs)
 
 
 def _axis_shaped(values: list[float], axis: int, rank: int) -> np.ndarray:

@@ -30,7 +30,15 @@ from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import twins, uint8_kernels
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
-from hbtools.ops.quantized import NUMPY_INT, OUTPUT_ATTRS, output_levels, packed_table, table_of, varying_part
+from hbtools.ops.quantized import (
+    NUMPY_INT,
+    OUTPUT_ATTRS,
+    output_levels,
+    packed_table,
+    remembered,
+    table_of,
+    varying_part,
+)
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 
@@ -163,9 +171,12 @@ class HzSQuantizedSoftmax(HzOp):
         return nodes
 
     @classmethod
+    def _decoded(cls, node: NodeProto) -> tuple[dict, np.ndarray]:
+        return cls.read(node), table_of(node).astype(np.float64)
+
+    @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        a = cls.read(node)
-        table = table_of(node).astype(np.float64)
+        a, table = remembered(node, cls._decoded)
         x = inputs[0].astype(np.int64)
         d = x - x.max(axis=a["axis"], keepdims=True)
         e = table[np.maximum(d + table.size - 1, 0)]
