@@ -157,20 +157,32 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
                                                                            hessians[n.name])
                                        for w, n in readers.items()})
     rounded = Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs, nearest.built)
-    # Judged with float activations: with int8 activations their error can hide the weights' gain,
-    # which shows once mixed precision gives the sensitive tensors int16.
-    any_th = next(iter(candidates.values()))
-    floats = {p.tensor for p in plan.activations}
-    before, after = nearest.score(any_th, disabled=floats), rounded.score(any_th, disabled=floats)
-    keep = after > before
-    log.info("weight rounding (GPTQ) of %d convolutions: weights-only output cosine %.6f -> %.6f (%s)",
-             len(readers), before, after, "kept" if keep else "not kept")
-    if not keep:
+    scores = _if_weights_gain(f"weight rounding (GPTQ) of {len(readers)} convolutions", nearest, rounded,
+                              next(iter(candidates.values())), candidates, "rounded weights")
+    if scores is None:
         return plan, nearest, nearest_scores
-    scores = {label: rounded.score(th) for label, th in candidates.items()}
-    for label, score in scores.items():
-        log.info("calibration method %s with rounded weights: output cosine %.6f", label, score)
     return rounded_plan, rounded, scores
+
+
+def _if_weights_gain(step: str, current: Evaluator, candidate: Evaluator, thresholds: dict[str, float],
+                     candidates: dict[str, dict[str, float]], change: str,
+                     forced: bool = False) -> dict[str, float] | None:
+    """The methods' scores on ``candidate`` if its weights alone (activations float) bring the output
+    closer to float than ``current``'s (or ``forced``), else None.
+
+    Judged with float activations: with int8 activations their error can hide the weights' gain,
+    which shows once mixed precision gives the sensitive tensors int16.
+    """
+    floats = {p.tensor for p in current.plan.activations}
+    before, after = current.score(thresholds, disabled=floats), candidate.score(thresholds, disabled=floats)
+    keep = forced or after > before
+    log.info("%s: weights-only output cosine %.6f -> %.6f (%s)", step, before, after, "kept" if keep else "not kept")
+    if not keep:
+        return None
+    scores = {label: candidate.score(th) for label, th in candidates.items()}
+    for label, score in scores.items():
+        log.info("calibration method %s with %s: output cosine %.6f", label, change, score)
+    return scores
 
 
 def _corrected_biases(optimized: ModelProto, plan: CalibrationPlan, thresholds: dict[str, float],
@@ -200,18 +212,11 @@ def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     if corrected is None:
         return optimized, evaluator, scores
     candidate = Evaluator(corrected, plan, weight_th, evaluator.feeds, evaluator.refs, evaluator.built)
-    # Judged like GPTQ, with float activations: their int8 error can hide the weights' gain.
-    floats = {p.tensor for p in plan.activations}
-    before, after = evaluator.score(th, disabled=floats), candidate.score(th, disabled=floats)
-    keep = forced or after > before
-    log.info("bias correction: weights-only output cosine %.6f -> %.6f (%s)", before, after,
-             "kept" if keep else "not kept")
-    if not keep:
+    corrected_scores = _if_weights_gain("bias correction", evaluator, candidate, th, candidates, "corrected biases",
+                                        forced)
+    if corrected_scores is None:
         return optimized, evaluator, scores
-    scores = {label: candidate.score(t) for label, t in candidates.items()}
-    for label, score in scores.items():
-        log.info("calibration method %s with corrected biases: output cosine %.6f", label, score)
-    return corrected, candidate, scores
+    return corrected, candidate, corrected_scores
 
 
 def _methods(calibration_type: str, max_percentile: float | None) -> list[tuple[str, float | None]]:
