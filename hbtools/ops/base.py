@@ -64,6 +64,9 @@ class LoweringContext:
         self.uint8: dict[str, str] = {}
         self.uint8_constants: dict[str, str] = {}
         self.int8_tensors: set[str] = set()  # tensors an integer op writes as int8
+        # int8 levels of the quantized model: what integer ops write, and their moves and exact casts
+        self.level_tensors: set[str] = set()
+        self._arrays: dict[str, np.ndarray] = {}
         self.fused: dict[str, object] = {}  # calibrated-model patterns lowered as one kernel (hbtools.ops.fused)
 
     def unique(self, hint: str) -> str:
@@ -77,7 +80,14 @@ class LoweringContext:
     def constant(self, hint: str, value: np.ndarray) -> str:
         name = self.unique(hint)
         self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        self._arrays[name] = np.asarray(value)
         return name
+
+    def known(self, name: str) -> np.ndarray | None:
+        """The value of constant ``name`` (the model's or one a lowering made), else None."""
+        if name not in self._arrays and name in self.constant_values:
+            self._arrays[name] = numpy_helper.to_array(self.constant_values[name])
+        return self._arrays.get(name)
 
     def graph_input(self, name: str, elem_type: int, shape: list[int]) -> str:
         self._taken.add(name)

@@ -392,6 +392,8 @@ class HzSQuantizedEltwise(_Requantizing):
         a = attrs_of(node)
         nodes: list[NodeProto] = []
         hint = node.name
+        if a["out_type"] in ("int8", "int16") and all(uint8_kernels.known_int8(ctx, x) for x in node.input[:2]):
+            return cls._lower_by_pair_table(node, ctx, a)
         xa = _cast(ctx, node.input[0], TensorProto.DOUBLE, f"{hint}_a", nodes)
         xb = _cast(ctx, node.input[1], TensorProto.DOUBLE, f"{hint}_b", nodes)
         xa = _minus_zero_point(ctx, xa, a.get("a_zero_point", 0), f"{hint}_a", nodes)
@@ -407,6 +409,35 @@ class HzSQuantizedEltwise(_Requantizing):
             n3, acc = _node(ctx, "Add", [sa, sb], f"{hint}_sum")
             nodes += [n1, n2, n3]
         _requantize(ctx, acc, a, None, node.output[0], hint, nodes)
+        return nodes
+
+    @classmethod
+    def _lower_by_pair_table(cls, node: NodeProto, ctx: LoweringContext, a: dict) -> list[NodeProto]:
+        """Two int8 inputs: the result of every (a, b) pair, looked up at ``256 * (a + 128) + (b + 128)``.
+
+        The 65,536 entries are this op's reference on every pair, so the lookup agrees with it bit
+        for bit; it replaces ten float64 element-wise nodes by two casts, two int32 nodes and a gather.
+        """
+        nodes: list[NodeProto] = []
+        hint = node.name
+        levels = np.arange(-128, 128, dtype=np.int8)
+        table = cls.reference(node, [levels.reshape(-1, 1), levels.reshape(1, -1)])[0].reshape(-1)
+        a_u8, b_u8 = (uint8_kernels.uint8_copy(ctx, x, nodes) for x in node.input[:2])
+        rows = _cast(ctx, a_u8, TensorProto.INT32, f"{hint}_a", nodes)
+        n, rows = _node(ctx, "Mul", [rows, ctx.constant(f"{hint}_256", np.array(256, np.int32))], f"{hint}_rows")
+        nodes.append(n)
+        n, index = _node(ctx, "Add", [rows, _cast(ctx, b_u8, TensorProto.INT32, f"{hint}_b", nodes)],
+                         f"{hint}_index")
+        nodes.append(n)
+        out = node.output[0]
+        if a["out_type"] != "int8":
+            uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), index, out, nodes)
+            return nodes
+        # The result's uint8 copy straight from the table: integer kernels downstream read that one.
+        u8 = ctx.unique(f"{out}_u8")
+        table_u8 = (table.astype(np.int16) + uint8_kernels.OFFSET).astype(np.uint8)
+        uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table_u8", table_u8), index, u8, nodes)
+        uint8_kernels.to_int8(ctx, u8, out, nodes)
         return nodes
 
     @classmethod

@@ -65,7 +65,12 @@ def uint8_copy(ctx: LoweringContext, x: str, nodes: list[NodeProto]) -> str | No
     """``x``'s uint8 copy when ``x`` is known to be int8 (made if needed), else None."""
     if x in ctx.uint8:
         return ctx.uint8[x]
-    return as_uint8(ctx, x, nodes) if x in ctx.int8_tensors else None
+    return as_uint8(ctx, x, nodes) if known_int8(ctx, x) else None
+
+
+def known_int8(ctx: LoweringContext, x: str) -> bool:
+    """Whether ``x`` is an int8 tensor whose uint8 copy exists or can be made."""
+    return x in ctx.uint8 or x in ctx.int8_tensors
 
 
 def to_int8(ctx: LoweringContext, u8: str, out: str, nodes: list[NodeProto]) -> None:
@@ -257,6 +262,8 @@ def mirror(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
 
     The original node stays for readers of the int8 result; whichever is unread is dropped.
     """
+    if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+        return _cast_of_levels(node, ctx)
     data = [i for i in node.input if i and i not in ctx.constant_values]
     if node.op_type == "Concat":
         data = list(node.input)  # every input is data, constants included
@@ -272,9 +279,30 @@ def mirror(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
     copy = helper.make_node(op, [ctx.uint8.get(i, i) if i else "" for i in node.input], outputs,
                             name=ctx.unique(f"{node.name}_u8"))
     copy.attribute.extend(node.attribute)
+    levels = all(i in ctx.int8_tensors or i in ctx.level_tensors for i in data)
     for o, u8 in zip(node.output, outputs, strict=True):
         ctx.uint8[o] = u8
+        if levels:
+            ctx.level_tensors.add(o)
     return [copy]
+
+
+# Casts that keep int8 levels exact: the result has the same uint8 copy as the source.
+_LEVEL_CASTS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT8, TensorProto.INT16, TensorProto.INT32,
+                TensorProto.INT64)
+
+
+def _cast_of_levels(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+    """A Cast of int8 levels (as a quantized model wraps a float-only op: Cast, Resize, Cast back)
+    shares the source's uint8 copy, so the moves after it can run on uint8 too."""
+    to = next((a.i for a in node.attribute if a.name == "to"), None)
+    source = node.input[0]
+    if to not in _LEVEL_CASTS or not (source in ctx.int8_tensors or source in ctx.level_tensors):
+        return []
+    nodes: list[NodeProto] = []
+    ctx.uint8[node.output[0]] = as_uint8(ctx, source, nodes)
+    ctx.level_tensors.add(node.output[0])
+    return nodes
 
 
 def _shared(ctx: LoweringContext, key: str, value: np.ndarray) -> str:

@@ -360,6 +360,58 @@ def test_quantized_mul(a_bits: int, b_bits: int, out_bits: int) -> None:
     assert (got == q).any() and (got == -q).any(), "a ×2 gain must saturate somewhere"
 
 
+@pytest.mark.parametrize(("mode", "out_bits", "zero_points"), [("add", 8, (0, 0)), ("add", 16, (3, -5)),
+                                                                ("mul", 8, (-7, 2))])
+def test_int8_eltwise_every_pair_of_levels_by_lookup(mode: str, out_bits: int, zero_points: tuple[int, int]) -> None:
+    """Two int8 inputs: the lowering looks the result up (no float64 arithmetic), exact for all 65,536 pairs."""
+    levels = np.arange(-128, 128, dtype=np.int8)
+    a, b = np.repeat(levels, 256).reshape(1, 256, 256), np.tile(levels, 256).reshape(1, 256, 256)
+    q = QMAX[out_bits]
+    za, zb = zero_points
+    if mode == "add":
+        ma, mb = f32(0.37 * q / 127), f32(-0.81 * q / 127)
+        attrs = {"a_multiplier": float(ma), "b_multiplier": float(mb), "multiplier": [1.0]}
+        acc = (a.astype(np.float64) - za) * np.float64(ma) + (b.astype(np.float64) - zb) * np.float64(mb)
+        mult = f32([1.0])
+    else:
+        mult = f32([1.3 * q / 127**2])
+        attrs = {"multiplier": [float(mult[0])]}
+        acc = (a.astype(np.int64) - za) * (b.astype(np.int64) - zb)
+    node = hz_node("HzSQuantizedEltwise", ["a", "b"], mode=mode, out_type=f"int{out_bits}", out_min=float(-q),
+                   out_max=float(q), a_zero_point=za, b_zero_point=zb, **attrs)
+    want = requant(acc, mult, -q, q, NP_INT[f"int{out_bits}"])
+    model = build(node, {"a": a, "b": b}, want.dtype, [1, 256, 256])
+    lowered = lower_model(model)
+    assert not [n.name for n in lowered.graph.node if n.op_type in ("Round", "Max", "Min")], "float arithmetic left"
+    assert_exact(run_op(node, {"a": a, "b": b}, want.dtype, [1, 256, 256]), want)
+
+
+def test_int8_levels_wrapped_in_float_casts_move_as_uint8() -> None:
+    """int8 -> Cast float -> Resize nearest -> Cast int8 (as a quantized model wraps a float-only op): the
+    lowered add reads the resized levels without float arithmetic, and the result is unchanged."""
+    rng = np.random.default_rng(11)
+    a = ints(rng, 8, [1, 2, 4, 4])
+    b = ints(rng, 8, [1, 2, 2, 2])
+    nodes = [helper.make_node("Cast", ["b"], ["bf"], to=TensorProto.FLOAT),
+             helper.make_node("Resize", ["bf", "", "scales"], ["rf"], mode="nearest"),
+             helper.make_node("Cast", ["rf"], ["r"], to=TensorProto.INT8),
+             hz_node("HzSQuantizedEltwise", ["a", "r"], mode="add", a_multiplier=0.5, b_multiplier=0.75,
+                     multiplier=[1.0], out_type="int8", out_min=-127.0, out_max=127.0)]
+    graph = helper.make_graph(nodes, "wrapped", [helper.make_tensor_value_info(k, TensorProto.INT8, list(v.shape))
+                                                 for k, v in (("a", a), ("b", b))],
+                              [helper.make_tensor_value_info("y", TensorProto.INT8, [1, 2, 4, 4])],
+                              [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid(DOMAIN, DOMAIN_VERSION)])
+    model.ir_version = 8
+    lowered = lower_model(model)
+    resizes = [n for n in lowered.graph.node if n.op_type == "Resize"]
+    assert len(resizes) == 1 and resizes[0].input[0] != "bf", "the resize should run on the uint8 copy"
+    r = b.repeat(2, axis=2).repeat(2, axis=3)
+    want = np.clip(np.round(a.astype(np.float64) * 0.5 + r.astype(np.float64) * 0.75), -127, 127).astype(np.int8)
+    assert_exact(run_lowered(model, {"a": a, "b": b}), want)
+
+
 # ---------------------------------------------------------------- HzLut
 
 
