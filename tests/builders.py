@@ -169,6 +169,26 @@ def yolo_like(h: int = 16, channels: int = 3, opset: int = OPSET) -> FloatModel:
     return g.model({"data": [1, channels, h, h]}, list(heads.values()), opset)
 
 
+def fpn_like(h: int = 16, opset: int = OPSET) -> FloatModel:
+    """A segmentation neck: two scales, the coarse one upsampled (Resize nearest and ConvTranspose),
+    added to and multiplied with the fine one, Concat of branches of different ranges, Sigmoid map."""
+    g = _Graph(7)
+    fine = g.op("Relu", [g.conv("data", 3, 6)])
+    coarse = g.op("Relu", [g.conv(fine, 6, 6, stride=2)])
+    scales = g.const(np.array([1, 1, 2, 2], dtype=np.float32), "scales")
+    roi = g.const(np.array([], dtype=np.float32), "roi")
+    up = g.op("Resize", [coarse, roi, scales], mode="nearest")
+    added = g.op("Add", [fine, up])
+    gate = g.conv(fine, 6, 6, k=1)
+    gated = g.op("Mul", [added, gate])
+    w = (g.rng.standard_normal((6, 4, 2, 2)) / 4).astype(np.float32)
+    deconv = g.op("ConvTranspose", [coarse, g.const(w, "wt"), g.const(np.full(4, 0.05, np.float32), "bt")],
+                  kernel_shape=[2, 2], strides=[2, 2])
+    cat = g.op("Concat", [gated, deconv, g.conv(added, 6, 2, k=1)], axis=1)
+    out = g.op("Sigmoid", [g.conv(cat, 12, 1, k=1)])
+    return g.model({"data": [1, 3, h, h]}, [out], opset)
+
+
 def bpu_cpu_bpu(h: int = 8, opset: int = OPSET) -> FloatModel:
     """Conv -> Cos (no BPU op) -> Conv, then a Concat of the first and the last conv: the Concat is
     linked to the first BPU part but can only run after the CPU node, so it starts a second subgraph."""

@@ -149,7 +149,8 @@ class HzCalibration(HzOp):
             return nodes
         fq_nodes, levels = _fake_quant(x, y, scale, (float(lo), float(hi)), ctx, base, zp, offset=offset)
         nodes += fq_nodes
-        twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, scalar_step=scalar_step)
+        twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, scalar_step=scalar_step,
+                          int8_levels=bits == 8 and zp is None and a.get("kind") == "activation")
         return nodes
 
     @classmethod

@@ -108,7 +108,8 @@ def lower(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
     levels = _node(ctx, "DequantizeLinear", [y, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
                    f"{out}_levels_f32", nodes)
     ctx.twins[out] = twins.Twin(None, twins.to_double(ctx, levels, f"{out}_levels", nodes),
-                                ctx.constant(f"{out}_step", np.array(np.float64(p.y_scale))), 8, levels32=levels)
+                                ctx.constant(f"{out}_step", np.array(np.float64(p.y_scale))), 8, levels32=levels,
+                                int8_levels=True)
     return nodes
 
 

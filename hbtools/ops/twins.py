@@ -16,6 +16,12 @@ lookup table: conv-like products, Add/Sub/Mul of two activations, Add/Sub/Mul/Di
 with a constant tensor (HzSQuantizedConstantEltwise), global average pooling,
 Concat and data movement (Split included). Element-wise functions (lookup tables in the
 quantized model) stay float32, like the tables computed from them.
+
+Where an int8 fake quant with a constant grid reads an Add/Sub/Mul of two int8-level twins,
+a Concat of them, or an integer product's accumulator, its levels are computed on uint8 as
+the quantized model computes them: a table of the twins' float64 rule over every input pair
+(or per Concat part), or one QuantizeLinear of the float32 requantization. Same bits, a few
+int8 nodes instead of a float64 chain.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
-from hbtools.ops import registry
+from hbtools.ops import registry, uint8_kernels
 from hbtools.ops.base import LoweringContext
 
 # Data-movement ops: levels in, levels out; the step does not change.
@@ -49,6 +55,11 @@ class Twin:
     # An accumulator's fused Relu / Clip: float64 value bounds ("" for none), applied to the
     # value but not to the levels (the integer op clips after requantizing).
     bounds: tuple[str, str] | None = None
+    int8_levels: bool = False  # levels are whole numbers in -128..127 (no zero point, not fed)
+    # Add/Sub/Mul of two int8-level twins: (op, a, b, a's twin, b's twin), for a pair lookup
+    pair: tuple | None = None
+    # Concat of int8-level twins: (axis, [(input, its twin), ...]), requantized part by part
+    parts: tuple | None = None
 
 
 def value_of(ctx: LoweringContext, twin: Twin, nodes: list[NodeProto]) -> str:
@@ -82,7 +93,139 @@ def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: li
 
 
 def to_double(ctx: LoweringContext, x: str, hint: str, nodes: list[NodeProto]) -> str:
+    value = ctx.known(x)
+    if value is not None and value.dtype == np.float32:  # a constant: its float64 copy (exact)
+        return ctx.constant(f"{hint}_f64", value.astype(np.float64))
     return _node(ctx, "Cast", [x], f"{hint}_f64", nodes, to=TensorProto.DOUBLE)
+
+
+def _scalar(ctx: LoweringContext, name: str) -> float | None:
+    """The float64 number a constant one-element tensor holds, else None."""
+    value = ctx.known(name) if name else None
+    return None if value is None or value.size != 1 else float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
+
+
+def _pairable(twin: Twin | None, ctx: LoweringContext) -> bool:
+    """Whether a pair lookup can take ``twin``'s levels: int8, one constant step, value = levels * step."""
+    return twin is not None and twin.int8_levels and twin.levels is not None and twin.scalar_step \
+        and twin.bounds is None and _scalar(ctx, twin.step) is not None
+
+
+def u8_levels(ctx: LoweringContext, x: str, twin: Twin, nodes: list[NodeProto]) -> str:
+    """The uint8 copy ``levels + 128`` of int8-level twin ``x`` (made once)."""
+    if x not in ctx.uint8:
+        ctx.uint8[x] = _node(ctx, "QuantizeLinear", [levels32_of(ctx, twin, x, nodes), uint8_kernels.one(ctx),
+                                                      uint8_kernels.uint8_zero(ctx)], f"{x}_u8", nodes)
+    return ctx.uint8[x]
+
+
+def _int8_output(ctx: LoweringContext, y: str, y_u8: str, step: float, nodes: list[NodeProto]) -> None:
+    """``y`` = uint8 levels ``y_u8`` (levels + 128) times the float32 ``step``, and its twin.
+
+    The twins make ``y`` as the float32 cast of ``levels * step`` in float64, an exact product (8-bit
+    levels, a float32 step): one rounding, the same as DequantizeLinear's float32 product."""
+    step32 = ctx.constant(f"{y}_step_f32", np.array(np.float32(step)))
+    nodes.append(helper.make_node("DequantizeLinear", [y_u8, step32, uint8_kernels.uint8_zero(ctx)], [y],
+                                  name=ctx.unique(f"{y}_value")))
+    ctx.uint8[y] = y_u8
+    levels32 = _node(ctx, "DequantizeLinear", [y_u8, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
+                     f"{y}_levels_f32", nodes)
+    ctx.twins[y] = Twin(None, to_double(ctx, levels32, f"{y}_levels", nodes),
+                        ctx.constant(f"{y}_step_f64", np.array(np.float64(step))), 8, levels32=levels32,
+                        int8_levels=True)
+
+
+def _u8_clip(ctx: LoweringContext, x_u8: str, lo: float, hi: float, hint: str, nodes: list[NodeProto]) -> str:
+    """uint8 levels clipped to the int8 levels ``lo..hi`` (nothing to do for the whole range)."""
+    if lo <= -128 and hi >= 127:
+        return x_u8
+    bounds = [ctx.constant(f"{hint}_{k}", np.array(int(v) + 128, np.uint8)) for k, v in (("lo", max(lo, -128)),
+                                                                                        ("hi", min(hi, 127)))]
+    return _node(ctx, "Clip", [x_u8, *bounds], f"{hint}_u8_clip", nodes)
+
+
+def _accumulator_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tuple[str, str], base: str,
+                            nodes: list[NodeProto]) -> bool:
+    """An integer product's requantization to int8: float32(acc) * float32(step / s), rounded half to even
+    and clipped, as QuantizeLinear (step 1, zero point 128) does in one node, on uint8 levels."""
+    if ctx.opset < 12:  # no uint8 Clip
+        return False
+    numbers = [_scalar(ctx, n) for n in (s, *bounds)]
+    if any(v is None for v in numbers):
+        return False
+    step, lo, hi = numbers
+    if src.bounds is not None:  # a fused Relu / Clip: its bounds' grid points
+        for k, b in enumerate(src.bounds):
+            value = _scalar(ctx, b) if b else None
+            if b and value is None:
+                return False
+            if value is not None:
+                level = float(np.round(np.float64(value) / np.float64(step)))
+                lo, hi = (max(lo, level), hi) if k == 0 else (lo, min(hi, level))
+        if lo > hi:
+            return False
+    multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
+    m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
+    product = _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
+    y_u8 = _node(ctx, "QuantizeLinear", [product, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
+                 f"{y}_u8", nodes)
+    _int8_output(ctx, y, _u8_clip(ctx, y_u8, lo, hi, f"{y}_bounds", nodes), step, nodes)
+    return True
+
+
+def _concat_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tuple[str, str], base: str,
+                       nodes: list[NodeProto]) -> bool:
+    """Fake quant (int8, constant grid) of a Concat of int8-level twins: each part's levels through a
+    256-entry table of the twins' float64 rule (none where a part already has the output's step)."""
+    numbers = [_scalar(ctx, n) for n in (s, *bounds)]
+    if any(v is None for v in numbers):
+        return False
+    step, lo, hi = numbers
+    axis, inputs = src.parts
+    levels = np.arange(-128, 128, dtype=np.float64)
+    parts = []
+    for k, (name, twin) in enumerate(inputs):
+        q = np.clip(np.round(levels * _scalar(ctx, twin.step) / step), lo, hi)
+        u8 = u8_levels(ctx, name, twin, nodes)
+        if not np.array_equal(q, levels):
+            index = _node(ctx, "Cast", [u8], f"{base}_part{k}_i32", nodes, to=TensorProto.INT32)
+            u8 = ctx.unique(f"{base}_part{k}_u8")
+            uint8_kernels.lookup(ctx, ctx.constant(f"{base}_part{k}_table", (q + 128).astype(np.uint8)), index, u8,
+                                 nodes)
+        parts.append(u8)
+    _int8_output(ctx, y, _node(ctx, "Concat", parts, f"{y}_u8", nodes, axis=axis), step, nodes)
+    return True
+
+
+def _pair_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tuple[str, str], base: str,
+                     nodes: list[NodeProto]) -> bool:
+    """Fake quant (int8, constant grid) of an Add/Sub/Mul of two int8-level twins, by one lookup.
+
+    The table holds, for each pair of input levels, the float64 computation the twins would make
+    (each value as levels * step, the op, division by the step, round half to even, clip); the
+    output is its levels times the float32 step, which is what the cast of the float64 product
+    gives (one rounding of an exact product).
+    """
+    op, a_name, b_name, a, b = src.pair
+    numbers = [_scalar(ctx, n) for n in (a.step, b.step, s, *bounds)]
+    if any(v is None for v in numbers):
+        return False
+    sa, sb, step, lo, hi = numbers
+    levels = np.arange(-128, 128, dtype=np.float64)
+    va, vb = (levels * sa).reshape(-1, 1), (levels * sb).reshape(1, -1)
+    value = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](va, vb)
+    q = np.clip(np.round(value / step), lo, hi)
+    if q.min() < -128 or q.max() > 127:
+        return False
+    table = (q.reshape(-1) + 128).astype(np.uint8)
+    rows = _node(ctx, "Cast", [u8_levels(ctx, a_name, a, nodes)], f"{base}_a_i32", nodes, to=TensorProto.INT32)
+    rows = _node(ctx, "Mul", [rows, ctx.constant(f"{base}_256", np.array(256, np.int32))], f"{base}_rows", nodes)
+    cols = _node(ctx, "Cast", [u8_levels(ctx, b_name, b, nodes)], f"{base}_b_i32", nodes, to=TensorProto.INT32)
+    index = _node(ctx, "Add", [rows, cols], f"{base}_index", nodes)
+    y_u8 = ctx.unique(f"{y}_u8")
+    uint8_kernels.lookup(ctx, ctx.constant(f"{base}_pair_table", table), index, y_u8, nodes)
+    _int8_output(ctx, y, y_u8, step, nodes)
+    return True
 
 
 def to_float(ctx: LoweringContext, x_d: str, out: str, nodes: list[NodeProto]) -> None:
@@ -101,6 +244,14 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
     src = ctx.twins[x]
     s = to_double(ctx, scale, f"{base}_scale", nodes)
     lo, hi = (to_double(ctx, b, f"{base}_bound", nodes) for b in bounds)
+    int8 = bits == 8 and zero_point is None and enable is None
+    if int8 and src.pair is not None and _pair_fake_quant(ctx, src, y, s, (lo, hi), base, nodes):
+        return
+    if int8 and src.parts is not None and _concat_fake_quant(ctx, src, y, s, (lo, hi), base, nodes):
+        return
+    if int8 and src.bits == ACCUMULATOR_BITS and src.levels is not None and \
+            _accumulator_fake_quant(ctx, src, y, s, (lo, hi), base, nodes):
+        return
     x_value = None
     accumulator = src.bits == ACCUMULATOR_BITS and src.levels is not None
     if accumulator:
@@ -140,18 +291,21 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
         value = _node(ctx, "Where", [enable, value, x_value], f"{base}_where_f64", nodes)
         q = _node(ctx, "Where", [enable, q, ratio], f"{base}_levels_f64", nodes)
     to_float(ctx, value, y, nodes)
-    ctx.twins[y] = Twin(value, q, s, bits, scalar_step=scalar_step)
+    ctx.twins[y] = Twin(value, q, s, bits, scalar_step=scalar_step, int8_levels=int8)
 
 
 def levels_twin(ctx: LoweringContext, y: str, levels: str, scale: str, bits: int, base: str,
-                nodes: list[NodeProto], *, folded: bool = False, scalar_step: bool = True) -> None:
-    """Record the twin of a float32 fake-quant output ``y`` = ``levels * scale`` (float32 tensors)."""
+                nodes: list[NodeProto], *, folded: bool = False, scalar_step: bool = True,
+                int8_levels: bool = False) -> None:
+    """Record the twin of a float32 fake-quant output ``y`` = ``levels * scale`` (float32 tensors).
+
+    ``int8_levels``: the levels are whole numbers in -128..127 (an int8 grid without zero point)."""
     if not ctx.exact:
         return
     lev = to_double(ctx, levels, f"{base}_levels", nodes)
     s = to_double(ctx, scale, f"{base}_step", nodes)
     value = to_double(ctx, y, f"{base}_value", nodes) if folded else None
-    ctx.twins[y] = Twin(value, lev, s, bits, folded, scalar_step, levels32=levels)
+    ctx.twins[y] = Twin(value, lev, s, bits, folded, scalar_step, levels32=levels, int8_levels=int8_levels)
 
 
 def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -169,6 +323,9 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         done = _product(node, ctx, nodes)
     elif op in _ELEMENTWISE and len(data) == 2:
         done = _same_op(node, ctx, nodes)
+        a, b = (ctx.twins[i] for i in node.input[:2])
+        if _pairable(a, ctx) and _pairable(b, ctx):
+            ctx.twins[node.output[0]].pair = (op, node.input[0], node.input[1], a, b)
     elif op in _CONSTANT_OPERAND and len(data) == 1 and _tensor_constant(node, ctx):
         # HzSQuantizedConstantEltwise applies the constant in float64 (a scalar one is a table).
         done = _same_op(node, ctx, nodes)
@@ -178,6 +335,10 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         done = ctx.twins[data[0]].bits == ACCUMULATOR_BITS and _fused_activation(node, ctx, nodes)
     elif op == "Concat" or registry.float64_exact(op):
         done = _same_op(node, ctx, nodes)
+        inputs = [(i, ctx.twins.get(i)) for i in node.input]
+        if op == "Concat" and inputs and all(_pairable(t, ctx) for _, t in inputs):
+            axis = next(a.i for a in node.attribute if a.name == "axis")
+            ctx.twins[node.output[0]].parts = (axis, inputs)
     elif op == "GlobalAveragePool":
         done = _global_average(node, ctx, nodes)
     elif op in _MOVES and len(data) == 1 and len(node.output) == 1:
@@ -250,7 +411,8 @@ def _split(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> boo
     split.attribute.extend(node.attribute)
     nodes.append(split)
     for out, part in zip(node.output, parts, strict=True):
-        twin = Twin(None, part, src.step, src.bits) if by_levels else Twin(part, scalar_step=src.scalar_step)
+        twin = Twin(None, part, src.step, src.bits, int8_levels=src.int8_levels) if by_levels else \
+            Twin(part, scalar_step=src.scalar_step)
         to_float(ctx, value_of(ctx, twin, nodes), out, nodes)
         ctx.twins[out] = twin
     return True
@@ -269,7 +431,7 @@ def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     copy.attribute.extend(node.attribute)
     nodes.append(copy)
     twin = Twin(None, moved if double else to_double(ctx, moved, moved, nodes), src.step, src.bits,
-                scalar_step=src.scalar_step, levels32=None if double else moved)
+                scalar_step=src.scalar_step, levels32=None if double else moved, int8_levels=src.int8_levels)
     _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
     return True
 

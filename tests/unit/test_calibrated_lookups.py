@@ -1,0 +1,98 @@
+"""The calibrated model runs its int8 element-wise ops as the quantized model does: by lookup.
+
+Where an Add, Sub or Mul of two int8 fake-quantized tensors (or a Concat of them, or an integer
+product's accumulator) feeds an int8 fake quant with a constant grid, the lowering computes the
+output levels on uint8 (a table of every input pair, a table per Concat part, one QuantizeLinear)
+instead of the float64 twin arithmetic. The tables hold the twins' own float64 rule, so the
+calibrated model still equals the quantized one bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from builders import fpn_like, make_project, write_calibration
+
+from hbtools.log import setup
+from hbtools.ops.base import DOMAIN
+from hbtools.pipeline.runner import makertbin
+from hbtools.runtime import HB_ONNXRuntime
+from hbtools.runtime.lowering import lower_model
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    setup(None)
+    root = tmp_path_factory.mktemp("fpn")
+    fm = fpn_like()
+    project = make_project(root, fm, cal_count=8)
+    project.write(calibration_parameters={"calibration_type": "max"})
+    paths = makertbin(project.config_path, "onnx")
+    held = write_calibration(fm, root / "held", count=8, seed=5)
+    samples = [np.fromfile(f, np.uint8).reshape(fm.inputs["data"]) for f in sorted(held["data"].iterdir())]
+    return fm, paths, samples
+
+
+def test_calibrated_equals_quantized_bit_for_bit(converted) -> None:
+    _, paths, samples = converted
+    calibrated, quantized = (HB_ONNXRuntime(model_file=str(paths[k])) for k in ("calibrated", "quantized"))
+    for k, x in enumerate(samples):
+        c = calibrated.run(None, {"data": x})[0]
+        q = quantized.run(None, {"data": x})[0].astype(np.float32)
+        assert np.array_equal(c, q), f"held-out sample {k}: max difference {np.abs(c - q).max()}"
+
+
+def test_int8_fake_quants_after_add_mul_concat_and_products_come_from_uint8_levels(converted) -> None:
+    fm, paths, _ = converted
+    model = onnx.load(str(paths["calibrated"]))
+    ops = {n.name: n.op_type for n in fm.model.graph.node}
+    outputs = {n.output[0]: n.name for n in model.graph.node}
+    # The fake quant right after each Add / Mul / Concat of the float model
+    wanted = {n.output[0]: ops[outputs[n.input[0]]] for n in model.graph.node
+              if n.domain == DOMAIN and n.op_type == "HzCalibration" and n.input[0] in outputs
+              and ops.get(outputs[n.input[0]]) in ("Add", "Mul", "Concat", "ConvTranspose")}
+    assert set(wanted.values()) == {"Add", "Mul", "Concat", "ConvTranspose"}, wanted
+    producers = {o: n.op_type for n in lower_model(model, keep=list(wanted)).graph.node for o in n.output}
+    # From uint8 levels (DequantizeLinear), not from a float64 product (Cast)
+    assert {y: producers[y] for y in wanted} == dict.fromkeys(wanted, "DequantizeLinear")
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
+def test_every_pair_of_int8_levels_follows_the_float64_rule(op: str) -> None:
+    """fq(fq(a) op fq(b)) over all 65,536 level pairs, with steps whose sums land on rounding ties:
+    the lookup gives clip(round((la * sa op lb * sb) / s)) * s, computed in float64 (the integer op's rule)."""
+    from onnx import TensorProto, helper
+
+    from hbtools.ops.base import DOMAIN_VERSION
+    from hbtools.ops.calibration import HzCalibration
+
+    steps = {"a": np.float32(0.1), "b": np.float32(0.3), "y": np.float32(0.2 if op != "Mul" else 0.12)}
+    levels = np.arange(-127, 128, dtype=np.float64)
+    la, lb = np.meshgrid(levels, levels, indexing="ij")
+    feeds = {"a": (la * np.float64(steps["a"])).astype(np.float32)[None],
+             "b": (lb * np.float64(steps["b"])).astype(np.float32)[None]}
+    nodes = [HzCalibration.build(k, f"{k}_fq", kind="activation", thresholds=[127 * float(steps[k])], bits=8,
+                                 scales=np.array([steps[k]])) for k in ("a", "b")]
+    nodes.append(helper.make_node(op, ["a_fq", "b_fq"], ["y"], name="op"))
+    nodes.append(HzCalibration.build("y", "y_fq", kind="activation", thresholds=[127 * float(steps["y"])], bits=8,
+                                     scales=np.array([steps["y"]])))
+    shape = [1, *la.shape]
+    graph = helper.make_graph(nodes, "pair", [helper.make_tensor_value_info(k, TensorProto.FLOAT, shape)
+                                              for k in ("a", "b")],
+                              [helper.make_tensor_value_info("y_fq", TensorProto.FLOAT, shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid(DOMAIN, DOMAIN_VERSION)])
+    model.ir_version = 8
+    got = HB_ONNXRuntime(onnx_model=model).run(None, feeds)[0]
+    va, vb = la * np.float64(steps["a"]), lb * np.float64(steps["b"])
+    value = {"Add": va + vb, "Sub": va - vb, "Mul": va * vb}[op]
+    s = np.float64(steps["y"])
+    want = (np.clip(np.round(value / s), -127, 127) * s).astype(np.float32)[None]
+    ties = np.abs(np.abs(value / s) % 1 - 0.5) < 1e-6
+    assert ties.sum() > 100, "the steps should put many pairs on a rounding tie"
+    diff = np.flatnonzero(got != want)
+    first = (la.reshape(-1)[diff[:3]], lb.reshape(-1)[diff[:3]])
+    assert diff.size == 0, f"{diff.size} pairs differ, the first at levels {first}"
+    lowered = lower_model(model)
+    assert "GatherElements" in {n.op_type for n in lowered.graph.node}, "expected the pair lookup"
