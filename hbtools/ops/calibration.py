@@ -29,7 +29,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import twins
-from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of, select
 from hbtools.ops.names import calibration_node, enable_input, fed_input
 from hbtools.ops.registry import register
 from hbtools.quant import grids
@@ -113,11 +113,11 @@ class HzCalibration(HzOp):
             fq = ctx.unique(f"{base}_fq")
             fq_nodes, levels = _fake_quant(x, fq, scale, (qmin_in, qmax_in), ctx, base, zp)
             nodes += fq_nodes
-            nodes.append(helper.make_node("Where", [enable, fq, x], [y], name=ctx.unique(f"{base}_where")))
+            nodes.append(select(ctx, enable, fq, x, y, TensorProto.FLOAT))
             # Disabled, the levels are x / scale: products over them still give the float value.
             ratio, chosen = ctx.unique(f"{base}_ratio"), ctx.unique(f"{base}_chosen_levels")
             nodes += [helper.make_node("Div", [x, scale], [ratio], name=ratio),
-                      helper.make_node("Where", [enable, levels, ratio], [chosen], name=chosen)]
+                      select(ctx, enable, levels, ratio, chosen, TensorProto.FLOAT)]
             twins.levels_twin(ctx, y, chosen, scale, bits, base, nodes, scalar_step=scalar_step)
             return nodes
         nodes = []

@@ -32,7 +32,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import registry, uint8_kernels
-from hbtools.ops.base import LoweringContext
+from hbtools.ops.base import LoweringContext, select
 
 # Data-movement ops: levels in, levels out; the step does not change.
 _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Resize",
@@ -288,8 +288,10 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
         if x_value is None:
             x_value = value_of(ctx, src, nodes)
             ratio = _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes)
-        value = _node(ctx, "Where", [enable, value, x_value], f"{base}_where_f64", nodes)
-        q = _node(ctx, "Where", [enable, q, ratio], f"{base}_levels_f64", nodes)
+        chosen, levels = ctx.unique(f"{base}_where_f64"), ctx.unique(f"{base}_levels_f64")
+        nodes += [select(ctx, enable, value, x_value, chosen, TensorProto.DOUBLE),
+                  select(ctx, enable, q, ratio, levels, TensorProto.DOUBLE)]
+        value, q = chosen, levels
     to_float(ctx, value, y, nodes)
     ctx.twins[y] = Twin(value, q, s, bits, scalar_step=scalar_step, int8_levels=int8)
 
