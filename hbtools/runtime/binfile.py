@@ -20,8 +20,12 @@ from typing import Any
 from hbtools.errors import HbError
 
 MAGIC = b"HBTBIN\x1a\n"  # \x1a\n: text-mode copies and newline mangling break the magic
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (2, 0)
+READABLE_MAJORS = (1, 2)  # 1.x files (no compressed sections) still read
 FLAG_PACKED = 0x1
+SECTION_DEFLATE = 0x1  # format 2: the payload is a zlib stream; the entry's last field is its unpacked length
+ZLIB_LEVEL = 6
+ZLIB_MAX_RATIO = 1032  # the most a zlib stream can expand (deflate's limit), to bound a claimed length
 
 # magic, major, minor, flags, section_count, body_crc32, table_offset, file_size,
 # reserved, header_crc32 (of bytes 0..59).
@@ -221,14 +225,24 @@ def _serialize(models: list[BinModel], packed: bool) -> list[bytes]:
             entry["extra_sections"][key] = len(sections)
             sections.append((KIND_BLOB, i, bytes(blob)))
         entries.append(entry)
+    sections = [sections[0], *(_deflated(*section) for section in sections[1:])]
     try:
         text = json.dumps({"models": entries}, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise _Bad(_which_field(models, e)) from None
     sections[0] = (KIND_DIRECTORY, NO_MODEL, text.encode("utf-8"))
     # Validate with the reader's own rules, so whatever is written can be read back.
-    _directory_models(json.loads(text), sections, packed)
+    _directory_models(json.loads(text), [(k, m, b) for k, m, b, *_ in sections], packed)
     return _pack(sections, FLAG_PACKED if packed else 0)
+
+
+def _deflated(kind: int, model: int, payload: bytes) -> tuple[int, int, bytes, int, int]:
+    """A graph or blob section stored as a zlib stream where that is smaller (int8 weights shrink a
+    little, names and attributes a lot), with its flag and unpacked length."""
+    packed = zlib.compress(payload, ZLIB_LEVEL)
+    if len(packed) >= len(payload) or len(payload) > 0xFFFFFFFF:
+        return kind, model, payload, 0, 0
+    return kind, model, packed, SECTION_DEFLATE, len(payload)
 
 
 def _which_field(models: list[BinModel], err: Exception) -> str:
@@ -245,14 +259,17 @@ def _which_field(models: list[BinModel], err: Exception) -> str:
 def _pack(
     sections: list[tuple[int, int, bytes]], flags: int, version: tuple[int, int] = FORMAT_VERSION
 ) -> list[bytes]:
-    """Lay out header, section table and aligned payloads; return the file as chunks."""
+    """Lay out header, section table and aligned payloads; return the file as chunks.
+
+    A section is ``(kind, model, payload)`` or ``(kind, model, payload, flags, unpacked_length)``."""
     pos = HEADER.size + ENTRY.size * len(sections)
     table, payloads = [], []
-    for kind, model, payload in sections:
+    for kind, model, payload, *stored in sections:
+        section_flags, unpacked = stored or (0, 0)
         pad = -pos % ALIGN
         payloads += [bytes(pad), payload]
         pos += pad
-        table.append(ENTRY.pack(kind, 0, model, pos, len(payload), zlib.crc32(payload), 0))
+        table.append(ENTRY.pack(kind, section_flags, model, pos, len(payload), zlib.crc32(payload), unpacked))
         pos += len(payload)
     chunks = [b"".join(table), *payloads]
     body_crc = 0
@@ -282,7 +299,7 @@ def read_bin(path: str | os.PathLike[str]) -> BinFile:
                 head, size
             )  # before reading a possibly huge foreign file
             data = head + f.read(size - len(head))
-        models = _parse_body(data, size, flags)
+        models = _parse_body(data, size, flags, version)
     except OSError as e:
         raise BinFormatError(_one_line(f"cannot read {where}: {e.strerror or e}")) from None
     except _Bad as e:
@@ -318,16 +335,11 @@ def _check_header(head: bytes, size: int) -> tuple[tuple[int, int], int]:
     _, major, minor, flags, _, _, _, file_size, _, head_crc = HEADER.unpack(head)
     if zlib.crc32(head[:60]) != head_crc:
         raise _Bad("header checksum mismatch, the file is corrupted")
-    if major > FORMAT_VERSION[0]:
-        raise _Bad(
-            f"format version {major}.{minor} is newer than this hbtools reads "
-            f"({FORMAT_VERSION[0]}.x); upgrade hbtools"
-        )
-    if major < FORMAT_VERSION[0]:
-        raise _Bad(
-            f"format version {major}.{minor} is not supported "
-            f"(this hbtools reads {FORMAT_VERSION[0]}.x)"
-        )
+    readable = " and ".join(f"{m}.x" for m in READABLE_MAJORS)
+    if major > max(READABLE_MAJORS):
+        raise _Bad(f"format version {major}.{minor} is newer than this hbtools reads ({readable}); upgrade hbtools")
+    if major not in READABLE_MAJORS:
+        raise _Bad(f"format version {major}.{minor} is not supported (this hbtools reads {readable})")
     if size < file_size:
         raise _Bad(f"truncated: {size} bytes on disk, header says {file_size}")
     if size > file_size:
@@ -335,7 +347,7 @@ def _check_header(head: bytes, size: int) -> tuple[tuple[int, int], int]:
     return (major, minor), flags
 
 
-def _parse_body(data: bytes, size: int, flags: int) -> list[BinModel]:
+def _parse_body(data: bytes, size: int, flags: int, version: tuple[int, int] = FORMAT_VERSION) -> list[BinModel]:
     _, _, _, _, count, body_crc, table_off, _, _, _ = HEADER.unpack_from(data)
     if len(data) != size:
         raise _Bad("file changed while it was being read")
@@ -345,12 +357,18 @@ def _parse_body(data: bytes, size: int, flags: int) -> list[BinModel]:
         raise _Bad(f"section table ({count} entries at offset {table_off}) lies outside the file")
     sections = []
     for i in range(count):
-        kind, _, model, off, length, crc, _ = ENTRY.unpack_from(data, table_off + i * ENTRY.size)
+        kind, section_flags, model, off, length, crc, unpacked = ENTRY.unpack_from(data, table_off + i * ENTRY.size)
         if off < HEADER.size or off + length > size:
             raise _Bad(f"section #{i} ({length} bytes at offset {off}) lies outside the file")
         payload = data[off : off + length]
         if zlib.crc32(payload) != crc:
             raise _Bad(f"section #{i} checksum mismatch, the file is corrupted")
+        if version[0] >= 2:  # format 1 wrote section flags as zero and read them as nothing
+            if section_flags & ~SECTION_DEFLATE:
+                raise _Bad(f"section #{i} has flags 0x{section_flags:04x} this hbtools does not know; "
+                           "upgrade hbtools")
+            if section_flags & SECTION_DEFLATE:
+                payload = _inflated(payload, unpacked, i)
         sections.append((kind, model, payload))
     dirs = [payload for kind, _, payload in sections if kind == KIND_DIRECTORY]
     if len(dirs) != 1:
@@ -365,6 +383,25 @@ def _parse_body(data: bytes, size: int, flags: int) -> list[BinModel]:
     ) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise _Bad(f"directory is not valid UTF-8 JSON ({e})") from None
     return _directory_models(doc, sections, bool(flags & FLAG_PACKED))
+
+
+def _inflated(payload: bytes, unpacked: int, index: int) -> bytes:
+    """A compressed section's bytes, its claimed length checked before any memory is given to it."""
+    if unpacked > ZLIB_MAX_RATIO * len(payload) + 64:
+        raise _Bad(f"section #{index} claims {unpacked} bytes unpacked from {len(payload)}, more than zlib "
+                   "can hold; the file is corrupted")
+    stream = zlib.decompressobj()
+    try:
+        out = stream.decompress(payload, unpacked + 1)
+    except zlib.error as e:
+        raise _Bad(f"section #{index} is not a valid zlib stream ({e}); the file is corrupted") from None
+    if len(out) != unpacked:
+        raise _Bad(f"section #{index} unpacks to {len(out)} bytes, not the {unpacked} its entry gives; "
+                   "the file is corrupted")
+    if not stream.eof or stream.unused_data:
+        raise _Bad(f"section #{index} is a {'truncated' if not stream.eof else 'padded'} zlib stream; "
+                   "the file is corrupted")
+    return out
 
 
 def _directory_models(

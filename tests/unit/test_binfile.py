@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 
@@ -190,10 +191,57 @@ def test_trailing_garbage(tmp_path):
 
 
 def test_newer_major_refused(tmp_path):
-    path = _craft(tmp_path, {"models": [_entry()]}, version=(2, 3))
-    assert "format version 2.3 is newer" in _err(path) and "upgrade hbtools" in _err(path)
+    path = _craft(tmp_path, {"models": [_entry()]}, version=(3, 1))
+    assert "format version 3.1 is newer" in _err(path) and "upgrade hbtools" in _err(path)
     path = _craft(tmp_path, {"models": [_entry()]}, version=(0, 1))
     assert "0.1 is not supported" in _err(path)
+
+
+def test_graph_and_blobs_are_stored_compressed_and_read_back(tmp_path):
+    graph = _graph() + bytes(4096)  # compressible (trailing bytes load_graph never sees)
+    m = _model(graph=graph, extra_sections={"zeros": bytes(10000), "noise": os.urandom(300)})
+    path = _write(tmp_path, [m])
+    assert path.stat().st_size < len(graph) + 10000
+    data = path.read_bytes()
+    h = bf.HEADER.unpack_from(data)
+    entries = [bf.ENTRY.unpack_from(data, h[6] + i * bf.ENTRY.size) for i in range(h[4])]
+    flags = {e[0]: e[1] for e in entries if e[0] != bf.KIND_BLOB}
+    assert flags == {bf.KIND_DIRECTORY: 0, bf.KIND_GRAPH: bf.SECTION_DEFLATE}
+    assert sorted(e[1] for e in entries if e[0] == bf.KIND_BLOB) == [0, bf.SECTION_DEFLATE]  # noise stays raw
+    assert read_bin(path).models == [m]
+
+
+def test_format_1_files_still_read(tmp_path):
+    """Files written before section compression (format 1.0, section flags zero) read as they were."""
+    path = _craft(tmp_path, {"models": [_entry()]}, version=(1, 0))
+    f = read_bin(path)
+    assert f.version == (1, 0) and f.model().load_graph().graph.node[0].op_type == "Relu"
+
+
+@pytest.mark.parametrize(("stored", "unpacked", "expect"), [
+    (zlib.compress(b"x" * 100), 99, "unpacks to 100 bytes, not the 99"),
+    (zlib.compress(b"x" * 100), 101, "unpacks to 100 bytes, not the 101"),
+    (b"not a zlib stream at all", 50, "not a valid zlib stream"),
+    (zlib.compress(b"x" * 100), 2**32 - 1, "more than zlib can hold"),
+    (zlib.compress(b"x" * 100)[:-3], 100, "truncated zlib stream"),
+    (zlib.compress(b"x" * 100) + b"zz", 100, "padded zlib stream"),
+])
+def test_damaged_compressed_section(tmp_path, stored, unpacked, expect):
+    directory = json.dumps({"models": [_entry(extra_sections={"w": 2})]}).encode()
+    sections = [(bf.KIND_DIRECTORY, bf.NO_MODEL, directory), (bf.KIND_GRAPH, 0, _graph()),
+                (bf.KIND_BLOB, 0, stored, bf.SECTION_DEFLATE, unpacked)]
+    path = tmp_path / "damaged.bin"
+    path.write_bytes(b"".join(bf._pack(sections, 0)))
+    msg = _err(path)
+    assert "section #2" in msg and expect in msg
+
+
+def test_unknown_section_flag_refused(tmp_path):
+    sections = [(bf.KIND_DIRECTORY, bf.NO_MODEL, json.dumps({"models": [_entry()]}).encode()),
+                (bf.KIND_GRAPH, 0, _graph(), 0x4, 0)]
+    path = tmp_path / "future.bin"
+    path.write_bytes(b"".join(bf._pack(sections, 0)))
+    assert "flags 0x0004" in _err(path) and "upgrade hbtools" in _err(path)
 
 
 @pytest.mark.parametrize(
