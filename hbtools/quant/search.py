@@ -59,9 +59,9 @@ class Evaluator:
         """``built``: activation thresholds the session is built with. Fed grids replace them at run
         time, but the weight grids stay as they fix them (a grid widened so that a bias fits int32
         depends on the input's step): give the candidates' largest, which widen the least."""
-        self.calibrated = build_calibrated_model(optimized, plan, built, weight_th, {})
+        calibrated = build_calibrated_model(optimized, plan, built, weight_th, {})
         self.built = built
-        self.session = make_session(lower_model(self.calibrated, feed_calibration=True))
+        self.session = make_session(lower_model(calibrated, feed_calibration=True))
         self.plan = plan
         self.feeds = feeds
         self.refs = refs
@@ -170,14 +170,10 @@ class Evaluator:
         measured = candidates[:SENSITIVITY_MAX_TENSORS]
         feeds, self.feeds = self.feeds, self.feeds[:SENSITIVITY_SAMPLES]
         refs, self.refs = self.refs, self.refs[:SENSITIVITY_SAMPLES]
-        # An order, not a decision: measured on the float32 fake quant (no float64 twins of the
-        # integer rounding), two to three times faster; every choice made from it is scored exactly.
-        exact, self.session = self.session, make_session(lower_model(self.calibrated, feed_calibration=True,
-                                                                     exact=False))
         try:
             base = self.score(thresholds)
             gain = {t: self.score(thresholds, disabled={t}) - base
                     for t in tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False)}
         finally:
-            self.feeds, self.refs, self.session = feeds, refs, exact
+            self.feeds, self.refs = feeds, refs
         return sorted(candidates, key=lambda t: (gain.get(t, -1.0), noise[t]), reverse=True)
