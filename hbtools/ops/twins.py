@@ -252,16 +252,12 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
     if int8 and src.bits == ACCUMULATOR_BITS and src.levels is not None and \
             _accumulator_fake_quant(ctx, src, y, s, (lo, hi), base, nodes):
         return
+    if src.bits == ACCUMULATOR_BITS and src.levels is not None:
+        _accumulator_fake_quant32(ctx, src, x, y, (scale, s), bounds, zero_point, base, nodes, enable)
+        ctx.twins[y].bits, ctx.twins[y].scalar_step, ctx.twins[y].int8_levels = bits, scalar_step, int8
+        return
     x_value = None
-    accumulator = src.bits == ACCUMULATOR_BITS and src.levels is not None
-    if accumulator:
-        # A conv's requantization: float32(acc) * float32(step / s), as onnxruntime's integer
-        # conv kernels compute it (HzSQuantizedConv ``requantize_f32``).
-        multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
-        m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
-        product = _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
-        ratio = to_double(ctx, product, f"{base}_requant", nodes)
-    elif src.value is None and enable is None:
+    if src.value is None and enable is None:
         # levels * (step / s): the integer ops' requantization, multiplier and all.
         multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
         ratio = _node(ctx, "Mul", [src.levels, multiplier], f"{base}_div_f64", nodes)
@@ -269,11 +265,6 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
         x_value = value_of(ctx, src, nodes)
         ratio = _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes)
     q = _node(ctx, "Round", [ratio], f"{base}_round_f64", nodes)
-    if accumulator and src.bounds is not None:
-        # The fused activation clips the rounded result at its bounds' grid points.
-        q = _clip(ctx, q, tuple(_node(ctx, "Round", [_node(ctx, "Div", [b, s], f"{base}_act_bound", nodes)],
-                                      f"{base}_act_level", nodes) if b else "" for b in src.bounds),
-                  f"{base}_act_clip", nodes)
     z = to_double(ctx, zero_point, f"{base}_zp", nodes) if zero_point else None
     if z:
         q = _node(ctx, "Add", [q, z], f"{base}_shift_f64", nodes)
@@ -294,6 +285,45 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
         value, q = chosen, levels
     to_float(ctx, value, y, nodes)
     ctx.twins[y] = Twin(value, q, s, bits, scalar_step=scalar_step, int8_levels=int8)
+
+
+def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, scale: tuple[str, str],
+                              bounds: tuple[str, str], zero_point: str | None, base: str, nodes: list[NodeProto],
+                              enable: str | None) -> None:
+    """An integer product's requantization, float32(acc) * float32(step / s) as onnxruntime's integer
+    conv kernels compute it (HzSQuantizedConv ``requantize_f32``), and the rest of the fake quant, in
+    float32: the rounding, clips and zero point work on whole numbers below 2**24, and the output is the
+    one rounding of levels * step, so float32 gives the float64 chain's bits at half the traffic."""
+    scale32, s = scale
+    multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
+    m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
+    product = _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
+    q = _node(ctx, "Round", [product], f"{base}_round", nodes)
+    if src.bounds is not None:  # a fused activation clips the rounded result at its bounds' grid points
+        levels = tuple(_node(ctx, "Cast", [_node(ctx, "Round", [_node(ctx, "Div", [b, s], f"{base}_act_bound", nodes)],
+                                                  f"{base}_act_level", nodes)], f"{base}_act_level_f32", nodes,
+                             to=TensorProto.FLOAT) if b else "" for b in src.bounds)
+        q = _clip(ctx, q, levels, f"{base}_act_clip", nodes)
+    if zero_point:
+        q = _node(ctx, "Add", [q, zero_point], f"{base}_shift", nodes)
+    q = _clip(ctx, q, bounds, f"{base}_clip", nodes)
+    if zero_point:
+        q = _node(ctx, "Sub", [q, zero_point], f"{base}_unshift", nodes)
+    levels = to_double(ctx, q, f"{base}_levels", nodes)
+    if enable is None:
+        nodes.append(helper.make_node("Mul", [q, scale32], [y], name=ctx.unique(f"{base}_fq")))
+        ctx.twins[y] = Twin(None, levels, s, levels32=q)
+        return
+    # Switched off, the node passes x on, and its levels are x / s (products over them give x back).
+    value = _node(ctx, "Mul", [q, scale32], f"{base}_fq", nodes)
+    x_value = value_of(ctx, src, nodes)
+    chosen_value, chosen_levels = ctx.unique(f"{base}_value_f64"), ctx.unique(f"{base}_levels_f64")
+    nodes += [select(ctx, enable, value, x, y, TensorProto.FLOAT),
+              select(ctx, enable, _node(ctx, "Mul", [levels, s], f"{base}_fq_f64", nodes), x_value, chosen_value,
+                     TensorProto.DOUBLE),
+              select(ctx, enable, levels, _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes), chosen_levels,
+                     TensorProto.DOUBLE)]
+    ctx.twins[y] = Twin(chosen_value, chosen_levels, s)
 
 
 def levels_twin(ctx: LoweringContext, y: str, levels: str, scale: str, bits: int, base: str,
