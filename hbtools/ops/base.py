@@ -66,6 +66,8 @@ class LoweringContext:
         self.int8_tensors: set[str] = set()  # tensors an integer op writes as int8
         # int8 levels of the quantized model: what integer ops write, and their moves and exact casts
         self.level_tensors: set[str] = set()
+        # Integer tensors an op cast from a float of whole numbers: tensor -> (that float, its type)
+        self.float_copies: dict[str, tuple[str, int]] = {}
         self._arrays: dict[str, np.ndarray] = {}
         self.fused: dict[str, object] = {}  # calibrated-model patterns lowered as one kernel (hbtools.ops.fused)
 

@@ -46,6 +46,12 @@ def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, **attrs) 
 
 
 def _cast(ctx: LoweringContext, x: str, to: int, hint: str, nodes: list[NodeProto]) -> str:
+    if to in (TensorProto.FLOAT, TensorProto.DOUBLE) and x in ctx.float_copies:
+        # The float its producer cast x from (whole numbers): read that, and x may go unread.
+        copy, copy_type = ctx.float_copies[x]
+        if copy_type == to:
+            return copy
+        x = copy
     n, out = _node(ctx, "Cast", [x], f"{hint}_cast", to=to)
     nodes.append(n)
     return out
@@ -111,12 +117,17 @@ def output_levels(ctx: LoweringContext, rounded: str, a: dict, out: str, hint: s
         out_min, out_max = max(out_min, -(2.0**31)), min(out_max, 2.0**31 - 1)
     lo = ctx.constant(f"{hint}_lo", np.array(out_min, dtype=precision))
     hi = ctx.constant(f"{hint}_hi", np.array(out_max, dtype=precision))
-    # Max/Min rather than Clip: onnxruntime has no float64 Clip before opset 12.
-    n, x = _node(ctx, "Max", [x, lo], f"{hint}_lo_clip")
-    nodes.append(n)
-    n, x = _node(ctx, "Min", [x, hi], f"{hint}_hi_clip")
-    nodes.append(n)
+    if ctx.opset >= (11 if precision == np.float32 else 12):  # Clip with bound inputs (float64 from 12)
+        n, x = _node(ctx, "Clip", [x, lo, hi], f"{hint}_clip")
+        nodes.append(n)
+    else:
+        n, x = _node(ctx, "Max", [x, lo], f"{hint}_lo_clip")
+        nodes.append(n)
+        n, x = _node(ctx, "Min", [x, hi], f"{hint}_hi_clip")
+        nodes.append(n)
     nodes.append(helper.make_node("Cast", [x], [out], name=ctx.unique(f"{hint}_out"), to=ONNX_INT[a["out_type"]]))
+    if a["out_type"] != "int32":  # int8/int16 levels, exact in float32 and float64
+        ctx.float_copies[out] = (x, TensorProto.FLOAT if precision == np.float32 else TensorProto.DOUBLE)
 
 
 def _split16(ctx: LoweringContext, x: str, hint: str, nodes: list[NodeProto]) -> list[tuple[str, float]]:

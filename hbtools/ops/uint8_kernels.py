@@ -150,7 +150,9 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
             [(as_uint8(ctx, x, nodes), ctx.constant(f"{node.name}_x_zero", np.array(OFFSET + z, dtype=np.uint8)), 1.0)]
     else:  # int16 x = 256 * hi + lo, hi in [-128, 127], lo in [0, 255]; float32 holds every int16
         kind, zeros = (np.int8, (0, -128)) if signed else (np.uint8, (OFFSET, 0))
-        xf = _node(ctx, "Cast", [x], f"{node.name}_x_f32", nodes, to=TensorProto.FLOAT)
+        copy = ctx.float_copies.get(x)
+        xf = copy[0] if copy and copy[1] == TensorProto.FLOAT else \
+            _node(ctx, "Cast", [x], f"{node.name}_x_f32", nodes, to=TensorProto.FLOAT)
         # hi = floor(x / 256) = round((x - 127.5) / 256): never a tie, so QuantizeLinear's rounding
         # gives it, with the layout's zero point added and no clipping needed.
         below = _node(ctx, "Sub", [xf, _shared(ctx, "127.5", np.array(127.5, np.float32))], f"{node.name}_x_low",

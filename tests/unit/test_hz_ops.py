@@ -269,6 +269,42 @@ def test_quantized_conv(case: str) -> None:
         assert (ties % 1 == 0.5).any(), "the test data should contain .5 ties"
 
 
+def test_int16_between_two_convs_is_read_as_the_float_it_was_cast_from() -> None:
+    """conv (int8 -> int16, float32 requantization) -> conv (int16 -> int8) and an int16 add: the readers
+    take the producer's float levels (no int16 round trip when nothing else reads it), bit for bit."""
+    rng = np.random.default_rng(21)
+    x = ints(rng, 8, [1, 4, 6, 6])
+    w1, w2 = ints(rng, 8, [5, 4, 3, 3]), ints(rng, 8, [3, 5, 1, 1])
+    m1, m2 = f32([0.37 * 32767 / (127 * 127 * 6)]), f32([0.5 * 127 / (32767 * 127 * 2)])
+    nodes = [hz_node("HzSQuantizedConv", ["x", "w1"], "h", kind="Conv", x_bits=8, axis=1, requantize_f32=1,
+                     multiplier=[float(m1[0])], out_type="int16", out_min=-32767.0, out_max=32767.0,
+                     kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             hz_node("HzSQuantizedConv", ["h", "w2"], "c", kind="Conv", x_bits=16, axis=1,
+                     multiplier=[float(m2[0])], out_type="int8", out_min=-127.0, out_max=127.0, kernel_shape=[1, 1]),
+             hz_node("HzSQuantizedEltwise", ["h", "h"], "y", mode="add", a_multiplier=0.25, b_multiplier=0.5,
+                     multiplier=[1.0], out_type="int16", out_min=-32767.0, out_max=32767.0)]
+    for k, n in enumerate(nodes):
+        n.name = f"n{k}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.INT8, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("c", TensorProto.INT8, [1, 3, 6, 6]),
+                               helper.make_tensor_value_info("y", TensorProto.INT16, [1, 5, 6, 6])],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid(DOMAIN, DOMAIN_VERSION)])
+    model.ir_version = 8
+    lowered = lower_model(model)
+    int16_casts = [n.name for n in lowered.graph.node if n.op_type == "Cast"
+                   and any(a.name == "to" and a.i == TensorProto.INT16 for a in n.attribute)]
+    assert len(int16_casts) == 1, int16_casts  # only y's: h is never made as int16
+    h = np.clip(np.round(conv_int64(x, w1, pads=(1, 1, 1, 1)).astype(np.float32) * m1[0]), -32767, 32767)
+    c = requant(conv_int64(h.astype(np.int16), w2), m2, -127, 127, np.int8)
+    y = np.clip(np.round(h.astype(np.float64) * 0.25 + h.astype(np.float64) * 0.5), -32767, 32767).astype(np.int16)
+    sess = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+    got_c, got_y = sess.run(["c", "y"], {"x": x})
+    assert_exact(got_c, c)
+    assert_exact(got_y, y)
+
+
 @pytest.mark.parametrize("x_bits", [8, 16])
 def test_quantized_conv_matmul_kind(x_bits: int) -> None:
     """Gemm / MatMul with a constant weight: HzSQuantizedConv kind MatMul, channels on the last axis."""
