@@ -46,12 +46,19 @@ def grid_bounds(bits: int, asymmetric: bool = False) -> tuple[int, int]:
     return (-qmax - 1 if asymmetric else -qmax), qmax
 
 
+# Smallest step kept: below float32's normal range a step rounds to a subnormal or to 0.
+SMALLEST_STEP = float(np.finfo(np.float32).tiny)
+
+
 def scales_for(thresholds: float | np.ndarray, bits: int) -> np.ndarray:
     """float32 step of a symmetric grid per threshold (a zero threshold gets step 1/qmax)."""
     t = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
-    # An all-zero tensor or channel would divide by zero; any scale represents it.
-    t = np.where(t > 0, t, 1.0)
-    return (t / qmax_for(bits)).astype(np.float32)
+    qmax = qmax_for(bits)
+    # An all-zero tensor or channel would divide by zero, and so would one of values so small
+    # (subnormal float32 weights in a dead channel) that their step underflows float32: any
+    # scale represents such values, as 0.
+    t = np.where(t / qmax >= SMALLEST_STEP, t, 1.0)
+    return (t / qmax).astype(np.float32)
 
 
 def along_axis(values: Sequence[float] | np.ndarray, axis: int | None, rank: int | None,
@@ -190,7 +197,7 @@ def activation_grid(threshold: float | np.ndarray, bits: int, *, asymmetric: boo
         return Grid(t, scales_for(t, bits))  # per channel with a signed channel: one zero point cannot fit
     qmin, qmax = grid_bounds(bits, True)
     span = hi - lo
-    scales = (np.where(span > 0, span, 1.0) / (qmax - qmin)).astype(np.float32)
+    scales = (np.where(span / (qmax - qmin) >= SMALLEST_STEP, span, 1.0) / (qmax - qmin)).astype(np.float32)
     zero_points = np.clip(np.round(qmin - lo / scales.astype(np.float64)), qmin, qmax).astype(np.int64)
     return Grid(np.maximum(-lo, hi), scales, zero_points)
 

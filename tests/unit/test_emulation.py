@@ -105,6 +105,37 @@ def test_integer_weights_and_biases_are_the_calibrated_ones(converted) -> None:
     assert compared >= 2, "the model has integer weights to compare"
 
 
+def test_channel_of_subnormal_weights_quantizes_to_zero(tmp_path) -> None:
+    """A channel whose weights are subnormal float32 (max |w| / 127 underflows float32) gets a usable
+    step: no division by zero, no NaN, and the channel outputs its (zero) bias."""
+    import warnings
+
+    setup(None)
+    rng = np.random.default_rng(6)
+    w = rng.normal(0, 0.3, size=(4, 3, 3, 3)).astype(np.float32)
+    w[1] = np.float32(7e-45)  # what a re-parameterised export leaves in a dead channel
+    w[1, 0, 0, 0] = 0.0
+    b = np.array([0.1, 0.0, -0.45, 0.3], dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["data", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")], "subnormal",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    project = make_project(tmp_path, FloatModel(model, {"data": [1, 3, 8, 8]}, set()), cal_count=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # 0/0 in the weight quantization
+        paths = makertbin(project.config_path, "onnx")
+    calibrated = onnx.load(str(paths["calibrated"]))
+    scales = [s for n in calibrated.graph.node if n.op_type == "HzCalibration"
+              for s in attrs_of(n)["scales"]]
+    assert min(scales) > 0
+    held = write_calibration(project.fm, tmp_path / "held", count=2, seed=3)
+    samples = [np.fromfile(f, np.uint8).reshape(1, 3, 8, 8) for f in sorted(held["data"].iterdir())]
+    for q in _outputs(paths["quantized"], samples):
+        assert np.isfinite(q).all() and not q[0, 1].any()
+
+
 def test_dead_channel_keeps_its_bias(tmp_path) -> None:
     """A channel whose weights are ~0 still outputs its bias (the int32 accumulator has room for it)."""
     setup(None)
