@@ -50,6 +50,7 @@ class LoweringContext:
         # When set, calibration scales and enable flags become graph inputs so one
         # session can evaluate any threshold assignment (search, debugger).
         self.feed_calibration = feed_calibration
+        self.switches = True  # with feed_calibration: an enable flag per node as well
         self.initializers: list[TensorProto] = []
         self.inputs: list[ValueInfoProto] = []
         # Float64 twins of a calibrated model's tensors (``hbtools.ops.twins``), and the

@@ -94,10 +94,11 @@ class HzCalibration(HzOp):
         bits = int(a["bits"])
         lo, hi = grid_bounds(bits, zero_points is not None)
         if ctx.feed_calibration and a.get("kind") == "activation":
-            # Scale, grid and an enable flag are fed at run time: y = enable ? fq(x) : x.
+            # Scale, grid and (in a switchable session) an enable flag are fed at run time:
+            # y = enable ? fq(x) : x.
             scale = ctx.graph_input(fed_input(base, "scale"), TensorProto.FLOAT, shape)
             qmax_in = ctx.graph_input(fed_input(base, "qmax"), TensorProto.FLOAT, [])
-            enable = ctx.graph_input(enable_input(base), TensorProto.BOOL, [])
+            enable = ctx.graph_input(enable_input(base), TensorProto.BOOL, []) if ctx.switches else None
             zp = qmin_in = None
             if zero_points is not None:
                 zp = ctx.graph_input(fed_input(base, "zero_point"), TensorProto.FLOAT, shape)
@@ -109,6 +110,11 @@ class HzCalibration(HzOp):
             if ctx.exact and x in ctx.twins:
                 twins.fake_quant_twin(ctx, x, y, scale, (qmin_in, qmax_in), bits, zp, base, nodes, enable,
                                       scalar_step)
+                return nodes
+            if enable is None:
+                fq_nodes, levels = _fake_quant(x, y, scale, (qmin_in, qmax_in), ctx, base, zp)
+                nodes += fq_nodes
+                twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, scalar_step=scalar_step)
                 return nodes
             fq = ctx.unique(f"{base}_fq")
             fq_nodes, levels = _fake_quant(x, fq, scale, (qmin_in, qmax_in), ctx, base, zp)

@@ -14,6 +14,7 @@ import logging
 import sys
 
 import numpy as np
+import onnxruntime as ort
 from onnx import ModelProto
 from tqdm import tqdm
 
@@ -59,9 +60,12 @@ class Evaluator:
         """``built``: activation thresholds the session is built with. Fed grids replace them at run
         time, but the weight grids stay as they fix them (a grid widened so that a bias fits int32
         depends on the input's step): give the candidates' largest, which widen the least."""
-        calibrated = build_calibrated_model(optimized, plan, built, weight_th, {})
+        self.calibrated = build_calibrated_model(optimized, plan, built, weight_th, {})
         self.built = built
-        self.session = make_session(lower_model(calibrated, feed_calibration=True))
+        # Every node on: no switch to evaluate. Scores with tensors left float (sensitivity, weights
+        # alone) run on a second session with an enable flag per node, built when first needed.
+        self.session = make_session(lower_model(self.calibrated, feed_calibration=True, switches=False))
+        self._switchable: ort.InferenceSession | None = None
         self.plan = plan
         self.feeds = feeds
         self.refs = refs
@@ -73,8 +77,16 @@ class Evaluator:
         for p in self.plan.activations:
             b = (bits or {}).get(p.tensor, p.bits)
             extra.update(p.fed(thresholds[p.tensor], b))
-            extra[enable_input(p.node_name)] = np.array(p.tensor not in disabled)
+            if disabled:
+                extra[enable_input(p.node_name)] = np.array(p.tensor not in disabled)
         return extra
+
+    def _session_for(self, disabled: set[str]):
+        if not disabled:
+            return self.session
+        if self._switchable is None:
+            self._switchable = make_session(lower_model(self.calibrated, feed_calibration=True))
+        return self._switchable
 
     def score(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
               disabled: set[str] = frozenset(), at_least: float | None = None) -> float:
@@ -89,9 +101,10 @@ class Evaluator:
         ``at_least``), so a comparison with ``at_least`` decides as the full score would.
         """
         extra = self._extra(thresholds, bits, disabled)
+        session = self._session_for(disabled)
         runs = []
         for feed in self.feeds:
-            runs.append(self.session.run(self.outputs, {**feed, **extra}))
+            runs.append(session.run(self.outputs, {**feed, **extra}))
             if at_least is not None and len(runs) < len(self.feeds):
                 bound = self._reachable(runs)
                 if bound < at_least:
