@@ -69,7 +69,9 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     rewrite of the model there.
     """
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    # Errors come back as exceptions, which the tools turn into one ERROR line; onnxruntime logging
+    # them too would put its own lines on the console (a batching probe expects to fail, for one).
+    options.log_severity_level = 4
     if per_node:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     # Without the arena, memory of the many large intermediate outputs calibration and

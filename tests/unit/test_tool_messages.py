@@ -107,3 +107,24 @@ def test_calibration_summary_states_modelled_latencies(tmp_path, monkeypatch) ->
     assert float(found.group(3)) > float(found.group(2)) > 0  # the int16 tensors cost time
     info = invoke(hb_model_info.main, [project.artefact("bin")]).output
     assert re.search(r"calibration result  : method .*activation tensors int16; " + re.escape(found.group(1)), info)
+
+
+def test_a_failing_run_leaves_onnxruntime_silent(capfd) -> None:
+    """A run onnxruntime refuses is an exception for the tool to report in one line (or, for a probe such
+    as the debugger's batching check, to expect); onnxruntime itself writes nothing to the console."""
+    import pytest
+    from onnx import TensorProto, helper
+
+    from hbtools.runtime.session import ort_session
+
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "reshape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    session = ort_session(model)
+    with pytest.raises(Exception, match="Reshape"):
+        session.run(None, {"x": np.ones(6, np.float32), "shape": np.array([4, 4])})
+    captured = capfd.readouterr()
+    assert "onnxruntime" not in captured.err + captured.out
