@@ -13,7 +13,7 @@ and every fake quant fed by a twin divides in float64, as the integer ops do.
 
 Twins run through the ops the quantized model computes in integers without a
 lookup table: conv-like products, Add/Sub/Mul of two activations, Add/Sub/Mul/Div
-with a constant tensor (HzSQuantizedConstantEltwise), global average pooling,
+with a constant tensor (HzSQuantizedConstantEltwise), global and windowed average pooling,
 Concat and data movement (Split included). Element-wise functions (lookup tables in the
 quantized model) stay float32, like the tables computed from them.
 
@@ -373,6 +373,8 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
             ctx.twins[node.output[0]].parts = (axis, inputs)
     elif op == "GlobalAveragePool":
         done = _global_average(node, ctx, nodes)
+    elif op == "AveragePool":
+        done = _average_pool(node, ctx, nodes)
     elif op in _MOVES and len(data) == 1 and len(node.output) == 1:
         done = _move(node, ctx, nodes)
     elif op == "Split" and len(data) == 1:
@@ -483,6 +485,30 @@ def _global_average(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto
     per = _node(ctx, "Div", [src.step, ctx.constant(f"{node.name}_window", np.array(window))],
                 f"{node.name}_step_f64", nodes)
     value = _node(ctx, "Mul", [total, per], f"{node.output[0]}_f64", nodes)
+    _replace_output(node, ctx, value, nodes)
+    return True
+
+
+def _average_pool(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    """AveragePool as the integer op computes it: window sums of the levels (a depthwise float32
+    convolution with a ones kernel, exact below 2**24), then times step / window in float64."""
+    src = ctx.twins[node.input[0]]
+    shape = ctx.shapes.get(node.input[0])
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    kernel = list(attrs.get("kernel_shape", []))
+    pads = list(attrs.get("pads") or [0] * 2 * len(kernel))
+    window = int(np.prod(kernel)) if kernel else 0
+    if src.levels is None or not src.scalar_step or not shape or not isinstance(shape[1], int) or not window \
+            or attrs.get("ceil_mode", 0) or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") \
+            or (any(pads) and not attrs.get("count_include_pad", 0)) or window << (src.bits - 1) >= 2**24:
+        return False
+    ones = ctx.constant(f"{node.name}_ones", np.ones([shape[1], 1, *kernel], dtype=np.float32))
+    conv = {k: v for k, v in (("strides", attrs.get("strides")), ("pads", pads)) if v}
+    total = _node(ctx, "Conv", [levels32_of(ctx, src, node.name, nodes), ones], f"{node.name}_sum", nodes,
+                  kernel_shape=kernel, group=shape[1], **conv)
+    per = _node(ctx, "Div", [src.step, ctx.constant(f"{node.name}_window", np.array(float(window)))],
+                f"{node.name}_step_f64", nodes)
+    value = _node(ctx, "Mul", [to_double(ctx, total, total, nodes), per], f"{node.output[0]}_f64", nodes)
     _replace_output(node, ctx, value, nodes)
     return True
 

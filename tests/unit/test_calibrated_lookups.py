@@ -15,10 +15,11 @@ import pytest
 from builders import fpn_like, make_project, write_calibration
 
 from hbtools.log import setup
-from hbtools.ops.base import DOMAIN
+from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.pipeline.runner import makertbin
 from hbtools.runtime import HB_ONNXRuntime
 from hbtools.runtime.lowering import lower_model
+from hbtools.runtime.session import ort_session
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +97,36 @@ def test_every_pair_of_int8_levels_follows_the_float64_rule(op: str) -> None:
     assert diff.size == 0, f"{diff.size} pairs differ, the first at levels {first}"
     lowered = lower_model(model)
     assert "GatherElements" in {n.op_type for n in lowered.graph.node}, "expected the pair lookup"
+
+
+def test_average_pool_follows_the_integer_window_sums(tmp_path) -> None:
+    """AveragePool (a 3x2 window, as PP-OCR rec's neck has) on int16 levels: the calibrated model sums the
+    levels exactly and scales in float64, as the quantized model's integer pool does, not float32 means."""
+    from builders import FloatModel, _Graph
+
+    from hbtools.ops.names import quantized_tensor
+
+    setup(None)
+    g = _Graph(8)
+    x = g.op("Relu", [g.conv("data", 3, 16)])
+    pooled = g.op("AveragePool", [x], kernel_shape=[3, 2], strides=[3, 2])
+    out = g.op("Sigmoid", [g.conv(pooled, 16, 4, k=1)])
+    fm: FloatModel = g.model({"data": [1, 3, 48, 64]}, [out])
+    project = make_project(tmp_path, fm, cal_count=6)
+    project.write(calibration_parameters={"calibration_type": "max", "optimization": "set_all_nodes_int16"})
+    paths = makertbin(project.config_path, "onnx")
+    step = next(attrs_of(n)["scales"][0] for n in onnx.load(str(paths["calibrated"])).graph.node
+                if n.op_type == "HzCalibration" and n.input[0] == pooled)
+    held = write_calibration(fm, tmp_path / "held", count=12, seed=9)
+    names = {"calibrated": f"{pooled}_calibrated", "quantized": quantized_tensor(pooled)}
+    sessions = {}
+    for k, tensor in names.items():
+        lowered = lower_model(onnx.load(str(paths[k])), keep=[tensor])
+        lowered.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
+        sessions[k] = ort_session(lowered)
+    differ = 0
+    for f in sorted(held["data"].iterdir()):
+        x = (np.fromfile(f, np.uint8).reshape(fm.inputs["data"]).astype(np.int16) - 128).astype(np.int8)
+        c, q = (sessions[k].run([names[k]], {"data": x})[0].astype(np.float64) for k in ("calibrated", "quantized"))
+        differ += int((np.round(c / np.float64(np.float32(step))) != q).sum())
+    assert differ == 0, f"{differ} pooled levels differ between the calibrated and the quantized model"
