@@ -440,15 +440,7 @@ class HzSQuantizedEltwise(_Requantizing):
         n, index = _node(ctx, "Add", [rows, _cast(ctx, b_u8, TensorProto.INT32, f"{hint}_b", nodes)],
                          f"{hint}_index")
         nodes.append(n)
-        out = node.output[0]
-        if a["out_type"] != "int8":
-            uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), index, out, nodes)
-            return nodes
-        # The result's uint8 copy straight from the table: integer kernels downstream read that one.
-        u8 = ctx.unique(f"{out}_u8")
-        table_u8 = (table.astype(np.int16) + uint8_kernels.OFFSET).astype(np.uint8)
-        uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table_u8", table_u8), index, u8, nodes)
-        uint8_kernels.to_int8(ctx, u8, out, nodes)
+        _look_up_levels(ctx, table, a["out_type"], index, node.output[0], hint, nodes)
         return nodes
 
     @classmethod
@@ -461,6 +453,19 @@ class HzSQuantizedEltwise(_Requantizing):
         else:
             acc = xa * np.float64(a["a_multiplier"]) + xb * np.float64(a["b_multiplier"])
         return [_np_requantize(acc, a)]
+
+
+def _look_up_levels(ctx: LoweringContext, table: np.ndarray, out_type: str, index: str, out: str, hint: str,
+                    nodes: list[NodeProto]) -> None:
+    """``out = table[index]`` as ``out_type``; an int8 result comes straight from a uint8 table (entries
+    + 128) as ``out``'s uint8 copy, the one integer kernels downstream read."""
+    if out_type != "int8":
+        uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table.astype(NUMPY_INT[out_type])), index, out, nodes)
+        return
+    u8 = ctx.unique(f"{out}_u8")
+    table_u8 = (table.astype(np.int16) + uint8_kernels.OFFSET).astype(np.uint8)
+    uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table_u8", table_u8), index, u8, nodes)
+    uint8_kernels.to_int8(ctx, u8, out, nodes)
 
 
 def packed_table(values: np.ndarray | list[int]) -> TensorProto:
@@ -532,14 +537,7 @@ class HzLut(HzOp):
             # folded into the entries), so the lookup needs no clamp and no offset.
             spread = values[np.clip(np.arange(256) - 128 - in_min, 0, values.size - 1)]
             index = _cast(ctx, x_u8, TensorProto.INT32, f"{hint}_x", nodes)
-            if a["out_type"] != "int8":
-                uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", spread), index, node.output[0], nodes)
-                return nodes
-            # The result's uint8 copy straight from the table: integer kernels downstream read that one.
-            u8 = ctx.unique(f"{node.output[0]}_u8")
-            spread_u8 = (spread.astype(np.int16) + uint8_kernels.OFFSET).astype(np.uint8)
-            uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table_u8", spread_u8), index, u8, nodes)
-            uint8_kernels.to_int8(ctx, u8, node.output[0], nodes)
+            _look_up_levels(ctx, spread, a["out_type"], index, node.output[0], hint, nodes)
             return nodes
         table = ctx.constant(f"{hint}_table", values)
         # Clamp first: a table may cover only part of the input's levels (a whole one is unchanged by it).

@@ -164,13 +164,18 @@ def _accumulator_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bou
                 lo, hi = (max(lo, level), hi) if k == 0 else (lo, min(hi, level))
         if lo > hi:
             return False
-    multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
-    m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
-    product = _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
-    y_u8 = _node(ctx, "QuantizeLinear", [product, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
-                 f"{y}_u8", nodes)
+    y_u8 = _node(ctx, "QuantizeLinear", [_requantized(ctx, src, s, base, nodes), uint8_kernels.one(ctx),
+                                          uint8_kernels.uint8_zero(ctx)], f"{y}_u8", nodes)
     _int8_output(ctx, y, _u8_clip(ctx, y_u8, lo, hi, f"{y}_bounds", nodes), step, nodes)
     return True
+
+
+def _requantized(ctx: LoweringContext, src: Twin, s: str, base: str, nodes: list[NodeProto]) -> str:
+    """An accumulator twin requantized to step ``s`` before rounding: float32(acc) * float32(step / s),
+    as onnxruntime's integer conv kernels compute it (HzSQuantizedConv ``requantize_f32``)."""
+    multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
+    m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
+    return _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
 
 
 def _concat_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tuple[str, str], base: str,
@@ -253,8 +258,8 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
             _accumulator_fake_quant(ctx, src, y, s, (lo, hi), base, nodes):
         return
     if src.bits == ACCUMULATOR_BITS and src.levels is not None:
-        _accumulator_fake_quant32(ctx, src, x, y, (scale, s), bounds, zero_point, base, nodes, enable)
-        ctx.twins[y].bits, ctx.twins[y].scalar_step, ctx.twins[y].int8_levels = bits, scalar_step, int8
+        kept = Twin(None, None, s, bits, scalar_step=scalar_step, int8_levels=int8)  # what y's twin records
+        _accumulator_fake_quant32(ctx, src, x, y, (scale, s), bounds, zero_point, base, nodes, enable, kept)
         return
     x_value = None
     if src.value is None and enable is None:
@@ -289,16 +294,15 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
 
 def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, scale: tuple[str, str],
                               bounds: tuple[str, str], zero_point: str | None, base: str, nodes: list[NodeProto],
-                              enable: str | None) -> None:
+                              enable: str | None, twin: Twin) -> None:
     """An integer product's requantization, float32(acc) * float32(step / s) as onnxruntime's integer
     conv kernels compute it (HzSQuantizedConv ``requantize_f32``), and the rest of the fake quant, in
     float32: the rounding, clips and zero point work on whole numbers below 2**24, and the output is the
-    one rounding of levels * step, so float32 gives the float64 chain's bits at half the traffic."""
+    one rounding of levels * step, so float32 gives the float64 chain's bits at half the traffic.
+
+    ``twin`` (step, bits, flags) becomes ``y``'s twin once its levels and value are filled in."""
     scale32, s = scale
-    multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
-    m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
-    product = _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
-    q = _node(ctx, "Round", [product], f"{base}_round", nodes)
+    q = _node(ctx, "Round", [_requantized(ctx, src, s, base, nodes)], f"{base}_round", nodes)
     if src.bounds is not None:  # a fused activation clips the rounded result at its bounds' grid points
         levels = tuple(_node(ctx, "Cast", [_node(ctx, "Round", [_node(ctx, "Div", [b, s], f"{base}_act_bound", nodes)],
                                                   f"{base}_act_level", nodes)], f"{base}_act_level_f32", nodes,
@@ -312,7 +316,8 @@ def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, s
     levels = to_double(ctx, q, f"{base}_levels", nodes)
     if enable is None:
         nodes.append(helper.make_node("Mul", [q, scale32], [y], name=ctx.unique(f"{base}_fq")))
-        ctx.twins[y] = Twin(None, levels, s, levels32=q)
+        twin.levels, twin.levels32 = levels, q
+        ctx.twins[y] = twin
         return
     # Switched off, the node passes x on, and its levels are x / s (products over them give x back).
     value = _node(ctx, "Mul", [q, scale32], f"{base}_fq", nodes)
@@ -323,7 +328,8 @@ def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, s
                      TensorProto.DOUBLE),
               select(ctx, enable, levels, _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes), chosen_levels,
                      TensorProto.DOUBLE)]
-    ctx.twins[y] = Twin(chosen_value, chosen_levels, s)
+    twin.value, twin.levels = chosen_value, chosen_levels
+    ctx.twins[y] = twin
 
 
 def levels_twin(ctx: LoweringContext, y: str, levels: str, scale: str, bits: int, base: str,

@@ -73,6 +73,12 @@ def known_int8(ctx: LoweringContext, x: str) -> bool:
     return x in ctx.uint8 or x in ctx.int8_tensors
 
 
+def _holds_levels(ctx: LoweringContext, x: str) -> bool:
+    """Whether ``x`` holds a quantized model's int8 levels (an integer op's output, or a move or exact
+    cast of one), as opposed to a calibrated model's float values that merely have a uint8 copy."""
+    return x in ctx.int8_tensors or x in ctx.level_tensors
+
+
 def to_int8(ctx: LoweringContext, u8: str, out: str, nodes: list[NodeProto]) -> None:
     """int8 ``out`` = uint8 ``u8`` - 128, recorded as ``out``'s uint8 copy."""
     value = _node(ctx, "DequantizeLinear", [u8, one(ctx), uint8_zero(ctx)], f"{out}_as_float", nodes)
@@ -281,7 +287,7 @@ def mirror(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
     copy = helper.make_node(op, [ctx.uint8.get(i, i) if i else "" for i in node.input], outputs,
                             name=ctx.unique(f"{node.name}_u8"))
     copy.attribute.extend(node.attribute)
-    levels = all(i in ctx.int8_tensors or i in ctx.level_tensors for i in data)
+    levels = all(_holds_levels(ctx, i) for i in data)
     for o, u8 in zip(node.output, outputs, strict=True):
         ctx.uint8[o] = u8
         if levels:
@@ -299,7 +305,7 @@ def _cast_of_levels(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
     shares the source's uint8 copy, so the moves after it can run on uint8 too."""
     to = next((a.i for a in node.attribute if a.name == "to"), None)
     source = node.input[0]
-    if to not in _LEVEL_CASTS or not (source in ctx.int8_tensors or source in ctx.level_tensors):
+    if to not in _LEVEL_CASTS or not _holds_levels(ctx, source):
         return []
     nodes: list[NodeProto] = []
     ctx.uint8[node.output[0]] = as_uint8(ctx, source, nodes)

@@ -105,6 +105,17 @@ def test_integer_weights_and_biases_are_the_calibrated_ones(converted) -> None:
     assert compared >= 2, "the model has integer weights to compare"
 
 
+def _one_conv(w: np.ndarray, b: np.ndarray) -> FloatModel:
+    """A 3x3 Conv (padding 1) of an 8x8 picture with the given weight and bias."""
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["data", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")], "one_conv",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, w.shape[1], 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, w.shape[0], 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return FloatModel(model, {"data": [1, w.shape[1], 8, 8]}, set())
+
+
 def test_channel_of_subnormal_weights_quantizes_to_zero(tmp_path) -> None:
     """A channel whose weights are subnormal float32 (max |w| / 127 underflows float32) gets a usable
     step: no division by zero, no NaN, and the channel outputs its (zero) bias."""
@@ -116,13 +127,7 @@ def test_channel_of_subnormal_weights_quantizes_to_zero(tmp_path) -> None:
     w[1] = np.float32(7e-45)  # what a re-parameterised export leaves in a dead channel
     w[1, 0, 0, 0] = 0.0
     b = np.array([0.1, 0.0, -0.45, 0.3], dtype=np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["data", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")], "subnormal",
-        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    project = make_project(tmp_path, FloatModel(model, {"data": [1, 3, 8, 8]}, set()), cal_count=4)
+    project = make_project(tmp_path, _one_conv(w, b), cal_count=4)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # 0/0 in the weight quantization
         paths = makertbin(project.config_path, "onnx")
@@ -143,14 +148,7 @@ def test_dead_channel_keeps_its_bias(tmp_path) -> None:
     w = rng.normal(0, 0.3, size=(4, 3, 3, 3)).astype(np.float32)
     w[2] = 1e-15  # e.g. a pruned or re-parameterised channel
     b = np.array([0.1, -0.2, -0.45, 0.3], dtype=np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["data", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")], "dead",
-        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    fm = FloatModel(model, {"data": [1, 3, 8, 8]},
-                    set())
+    fm = _one_conv(w, b)
     project = make_project(tmp_path, fm, cal_count=4)
     paths = makertbin(project.config_path, "onnx")
     held = write_calibration(fm, tmp_path / "held", count=2, seed=3)
