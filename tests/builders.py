@@ -199,6 +199,18 @@ def bpu_cpu_bpu(h: int = 8, opset: int = OPSET) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [out], opset)
 
 
+def cpu_island(h: int = 12, opset: int = OPSET) -> FloatModel:
+    """Two convs summed and layer-normalised over channels on the CPU (Div of two tensors has no
+    BPU form; the Add, Sub and Mul feed only CPU nodes), then a conv back on the BPU; both the
+    normalised map and the last conv are outputs."""
+    g = _Graph(11)
+    total = g.op("Add", [g.conv("data", 3, 8), g.conv("data", 3, 8)])
+    centred = g.op("Sub", [total, g.op("ReduceMean", [total], axes=[1], keepdims=1)])
+    spread = g.op("ReduceMean", [g.op("Mul", [centred, centred])], axes=[1], keepdims=1)
+    norm = g.op("Div", [centred, g.op("Sqrt", [g.op("Add", [spread, g.const(np.float32(1e-5), "eps")])])])
+    return g.model({"data": [1, 3, h, h]}, [norm, g.conv(norm, 8, 4, k=1)], opset)
+
+
 MODELS = {
     "resnet_like": resnet_like,
     "activations": activations,

@@ -57,6 +57,7 @@ class LoweringContext:
         # model's constants, which need no twin.
         self.twins: dict = {}
         self.exact = True  # keep twins (off where a lowering is switched piecewise, as the debugger's)
+        self.cpu_nodes: set[str] = set()  # computed in float32 by the quantized model: no twins
         self.constants: set[str] = set()
         self.float_constants: set[str] = set()
         self.constant_values: dict[str, TensorProto] = {}

@@ -5,16 +5,21 @@ A calibrated model names the node calibrating tensor ``T`` ``T_HzCalibration``
 enable flag from graph inputs ``<node>_scale``, ``<node>_qmax``, ``<node>_qmin``,
 ``<node>_zero_point`` and ``<node>_enable``; the quantized model holds the integer
 form of float tensor ``T`` as ``T_quantized``. Every module builds and parses these
-names here.
+names here. The calibrated model also records which of its nodes the quantized model
+runs in float on the CPU (metadata ``hbtools.cpu_nodes``), so that its emulation computes
+them in float32 as the quantized model does.
 """
 
 from __future__ import annotations
 
-from onnx import NodeProto
+import json
+
+from onnx import ModelProto, NodeProto
 
 CALIBRATION_SUFFIX = "_HzCalibration"
 QUANTIZED_SUFFIX = "_quantized"
 FED_GRID_PARTS = ("scale", "qmax", "qmin", "zero_point", "enable")
+CPU_NODES_KEY = "hbtools.cpu_nodes"
 
 
 def calibration_node(tensor: str) -> str:
@@ -44,3 +49,18 @@ def enable_input(node_name: str) -> str:
 def quantized_tensor(tensor: str) -> str:
     """Name of the integer form of float ``tensor`` in the quantized model."""
     return f"{tensor}{QUANTIZED_SUFFIX}"
+
+
+def record_cpu_nodes(model: ModelProto, names: list[str]) -> None:
+    """Record in ``model``'s metadata the nodes the quantized model runs on the CPU."""
+    for prop in [p for p in model.metadata_props if p.key == CPU_NODES_KEY]:
+        model.metadata_props.remove(prop)
+    model.metadata_props.add(key=CPU_NODES_KEY, value=json.dumps(list(names)))
+
+
+def recorded_cpu_nodes(model: ModelProto) -> set[str]:
+    """The nodes ``record_cpu_nodes`` recorded (none for a model without the record)."""
+    for prop in model.metadata_props:
+        if prop.key == CPU_NODES_KEY:
+            return set(json.loads(prop.value))
+    return set()

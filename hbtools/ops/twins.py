@@ -15,7 +15,9 @@ Twins run through the ops the quantized model computes in integers without a
 lookup table: conv-like products, Add/Sub/Mul of two activations, Add/Sub/Mul/Div
 with a constant tensor (HzSQuantizedConstantEltwise), global and windowed average pooling,
 Concat and data movement (Split included). Element-wise functions (lookup tables in the
-quantized model) stay float32, like the tables computed from them.
+quantized model) stay float32, like the tables computed from them, and so do the nodes the
+quantized model runs on the CPU (the calibrated model's ``hbtools.cpu_nodes`` record): they
+read dequantized float32 values, an accumulator's dequantized with its float32-stored scale.
 
 Where an int8 fake quant with a constant grid reads an Add/Sub/Mul of two int8-level twins,
 a Concat of them, or an integer product's accumulator, its levels are computed on uint8 as
@@ -348,7 +350,8 @@ def levels_twin(ctx: LoweringContext, y: str, levels: str, scale: str, bits: int
 
 def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
     """Twin nodes for standard ``node`` when its integer form rounds in float64; else none."""
-    if not ctx.exact or not ctx.twins or node.domain not in ("", "ai.onnx") or not node.output:
+    if not ctx.exact or not ctx.twins or node.domain not in ("", "ai.onnx") or not node.output \
+            or node.name in ctx.cpu_nodes:
         return []
     op = node.op_type
     data = [i for i in node.input if i and i not in ctx.constants]
@@ -417,6 +420,24 @@ def _replace_output(node: NodeProto, ctx: LoweringContext, value: str, nodes: li
     ctx.twins[node.output[0]] = twin or Twin(value)
 
 
+def _replace_output_by_accumulator(node: NodeProto, ctx: LoweringContext, twin: Twin,
+                                   nodes: list[NodeProto]) -> None:
+    """The node's float32 output as HzDequantize makes it from the int32 accumulator.
+
+    Only CPU nodes and model outputs read an accumulator as float; the quantized model hands
+    them ``levels * scale`` in float64 with the scale stored as float32 (a node attribute), so
+    the step is rounded to float32 here too. The twin keeps the exact step for its requantization.
+    """
+    step = _node(ctx, "Cast", [_node(ctx, "Cast", [twin.step], f"{node.output[0]}_step_f32", nodes,
+                                     to=TensorProto.FLOAT)], f"{node.output[0]}_step_stored", nodes,
+                 to=TensorProto.DOUBLE)
+    value = _node(ctx, "Mul", [twin.levels, step], f"{node.output[0]}_dequantized", nodes)
+    if twin.bounds is not None:
+        value = _clip(ctx, value, twin.bounds, f"{node.output[0]}_dequantized_bounded", nodes)
+    to_float(ctx, value, node.output[0], nodes)
+    ctx.twins[node.output[0]] = twin
+
+
 def _fused_activation(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
     """Relu / Clip on a conv accumulator: the levels stay, the bounds go with them (the integer
     op requantizes, then clips)."""
@@ -431,7 +452,7 @@ def _fused_activation(node: NodeProto, ctx: LoweringContext, nodes: list[NodePro
                        for i in [*node.input[1:3], "", ""][:2])
     twin = Twin(None, src.levels, src.step, ACCUMULATOR_BITS, scalar_step=src.scalar_step, levels32=src.levels32,
                 bounds=bounds)
-    _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
+    _replace_output_by_accumulator(node, ctx, twin, nodes)
     return True
 
 
@@ -541,7 +562,7 @@ def _product(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> b
             return _same_op(node, ctx, nodes)
         acc, step = gemm
     twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=b.scalar_step)
-    _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
+    _replace_output_by_accumulator(node, ctx, twin, nodes)
     return True
 
 
@@ -614,5 +635,5 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     if not w.folded:
         step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
     twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False)
-    _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
+    _replace_output_by_accumulator(node, ctx, twin, nodes)
     return True

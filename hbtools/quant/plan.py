@@ -30,7 +30,7 @@ from hbtools.march.profiles import MarchProfile
 from hbtools.ops import registry
 from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
-from hbtools.ops.names import calibration_node
+from hbtools.ops.names import calibration_node, record_cpu_nodes
 from hbtools.ops.preprocess import HzPreprocess
 from hbtools.ops.softmax import softmax_axis
 from hbtools.quant.grids import Grid, activation_grid, fed_values, input_scale_array, scales_for
@@ -86,6 +86,7 @@ class CalibrationPlan:
     grid_source: dict[str, str] = field(default_factory=dict)
     # node -> the Hz op standing for it in the calibrated model (``HzOp.calibrated_op``)
     emulated: dict[str, str] = field(default_factory=dict)
+    cpu_nodes: list[str] = field(default_factory=list)  # nodes the quantized model runs in float on the CPU
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)
@@ -159,6 +160,7 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         op_class = registry.op_for_unit_kind(unit.kind) if unit.on == "BPU" else None
         if op_class is not None and op_class.calibrated_op:
             plan.emulated[unit.main.name] = op_class.calibrated_op
+    plan.cpu_nodes = [n.name for unit in part.units if unit.on != "BPU" for n in unit.nodes]
     calibrated = {p.tensor for p in plan.activations}
     plan.grid_source = {t: t for t in calibrated}
     for unit in part.units:
@@ -428,6 +430,7 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
     model.graph.node.extend(new_nodes)
     topological_sort(model)
     with_horizon_domain(model)
+    record_cpu_nodes(model, plan.cpu_nodes)
     return model
 
 

@@ -11,6 +11,7 @@ from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.ops import fused, registry, twins, uint8_kernels
 from hbtools.ops.base import DOMAIN, LoweringContext
+from hbtools.ops.names import recorded_cpu_nodes
 
 
 def has_hz_ops(model: ModelProto) -> bool:
@@ -41,6 +42,7 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     ctx.constants = {t.name for t in model.graph.initializer}
     ctx.float_constants = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
     ctx.constant_values = {t.name: t for t in model.graph.initializer}
+    ctx.cpu_nodes = recorded_cpu_nodes(model)
     nodes = []
     keep = set(keep) | {o.name for o in model.graph.output}
     ctx.int8_tensors = {o for n in model.graph.node if n.domain == DOMAIN

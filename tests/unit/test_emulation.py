@@ -15,6 +15,7 @@ from builders import (
     FloatModel,
     act_matmul,
     activations,
+    cpu_island,
     data_movement,
     featuremap_mlp,
     make_project,
@@ -73,6 +74,25 @@ def test_calibrated_and_quantized_agree_per_sample(converted) -> None:
         # Same integers everywhere: the outputs agree to float32 rounding.
         diff = float(np.abs(c - q).max())
         assert diff <= 1e-6 * float(np.abs(q).max()) + 1e-12, f"held-out sample {k}: max difference {diff}"
+
+
+@pytest.mark.parametrize("calibration_type", ["max", "default"])
+def test_cpu_island_is_emulated_in_float32(tmp_path, calibration_type: str) -> None:
+    """Nodes the quantized model runs on the CPU compute in float32 on dequantized values: the
+    calibrated model computes them so too (not on its float64 twins), and the conv accumulators
+    they read are dequantized with the float32 scale the quantized model stores."""
+    setup(None)
+    fm = cpu_island()
+    project = make_project(tmp_path, fm, cal_count=8)
+    project.write(calibration_parameters={"calibration_type": calibration_type})
+    paths = makertbin(project.config_path, "onnx")
+    held = write_calibration(fm, tmp_path / "held", count=6, seed=99)
+    samples = [np.fromfile(f, np.uint8).reshape(fm.inputs["data"]) for f in sorted(held["data"].iterdir())]
+    calibrated, quantized = (HB_ONNXRuntime(model_file=str(paths[k])) for k in ("calibrated", "quantized"))
+    for k, x in enumerate(samples):
+        for c, q, out in zip(calibrated.run(None, {"data": x}), quantized.run(None, {"data": x}),
+                             calibrated.output_names, strict=True):
+            assert np.array_equal(c, q), f"held-out sample {k}, output {out}: {int((c != q).sum())} values differ"
 
 
 def test_integer_weights_and_biases_are_the_calibrated_ones(converted) -> None:
