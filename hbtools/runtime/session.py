@@ -56,17 +56,27 @@ def fetching_session(model: ModelProto, tensors: Sequence[str]) -> ort.Inference
     return make_session(lowered)
 
 
+# onnxruntime rewrites that replace a chain of float element-wise nodes by one kernel which rounds
+# differently (GELU, LayerNorm, MatMul+Add, attention, ...). Whether they apply depends on the
+# graph around the chain: the lookup table of a function, computed on its own, and the same
+# nodes inside a calibrated model would round differently. No session uses them, so every such
+# chain computes node by node everywhere. Names onnxruntime does not know are ignored.
+ROUNDING_FUSIONS = ("GeluFusion", "GeluFusionL1", "GeluFusionL2", "LayerNormFusion", "LayerNormFusionL1",
+                    "LayerNormFusionL2", "SimplifiedLayerNormFusion", "SkipLayerNormFusion", "BiasGeluFusion",
+                    "FastGeluFusion", "QuickGeluFusion", "BiasSoftmaxFusion", "MatMulScaleFusion",
+                    "MatMulAddFusion", "AttentionFusion", "EmbedLayerNormFusion")
+
+
 def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, per_node: bool = False,
                 optimized_model_path: str | None = None) -> ort.InferenceSession:
     """A plain onnxruntime CPU session (no custom ops): the one place hbtools configures onnxruntime.
 
     ``spinning=False`` stops idle intra-op threads from spinning (for callers that
     alternate short runs with numpy work). ``per_node``: only onnxruntime's basic graph
-    rewrites, so every node computes as it stands; the extended fusions (LayerNorm, GELU,
-    MatMul+Add, ...) round differently, and whether they apply depends on which tensors a
-    session fetches. The quantized model and the simulator's CPU segments use it, so that
-    both give the same float bits. ``optimized_model_path`` makes onnxruntime write its
-    rewrite of the model there.
+    rewrites, so every node computes as it stands (no layout change, no conv fusion either).
+    The quantized model and the simulator's CPU segments use it, so that both give the same
+    float bits. No session fuses element-wise chains (``ROUNDING_FUSIONS``).
+    ``optimized_model_path`` makes onnxruntime write its rewrite of the model there.
     """
     options = ort.SessionOptions()
     # Errors come back as exceptions, which the tools turn into one ERROR line; onnxruntime logging
@@ -83,7 +93,8 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if optimized_model_path:
         options.optimized_model_filepath = optimized_model_path
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(ROUNDING_FUSIONS))
 
 
 class FeedError(HbError, ValueError):

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from builders import (
     FloatModel,
+    _Graph,
     act_matmul,
     activations,
     cpu_island,
@@ -93,6 +94,25 @@ def test_cpu_island_is_emulated_in_float32(tmp_path, calibration_type: str) -> N
         for c, q, out in zip(calibrated.run(None, {"data": x}), quantized.run(None, {"data": x}),
                              calibrated.output_names, strict=True):
             assert np.array_equal(c, q), f"held-out sample {k}, output {out}: {int((c != q).sum())} values differ"
+
+
+def test_gelu_table_rounds_as_the_calibrated_nodes(tmp_path) -> None:
+    """An Erf GELU on int16 levels becomes one lookup table. onnxruntime fuses the chain into a
+    Gelu kernel that rounds differently, and whether it does depends on the graph around it (the
+    table's nodes on their own, or inside the calibrated model); no session fuses it, so every
+    level of a ramp over the input's range gives the calibrated model's value."""
+    g = _Graph(3)
+    x = g.op("Conv", ["feat", g.const(np.full((1, 1, 1, 1), 1.5, np.float32), "w")], kernel_shape=[1, 1])
+    erf = g.op("Erf", [g.op("Div", [x, g.const(np.float32(1.4142135))])])
+    gelu = g.op("Mul", [g.op("Mul", [x, g.op("Add", [erf, g.const(np.float32(1.0))])]), g.const(np.float32(0.5))])
+    fm = g.model({"feat": [1, 1, 256, 256]}, [gelu], featuremap={"feat"})
+    setup(None)
+    project = make_project(tmp_path, fm, cal_count=4)
+    project.write(calibration_parameters={"calibration_type": "max", "optimization": "set_all_nodes_int16"})
+    paths = makertbin(project.config_path, "onnx")
+    ramp = np.linspace(-4, 4, 256 * 256, dtype=np.float32).reshape(fm.inputs["feat"])
+    c, q = (HB_ONNXRuntime(model_file=str(paths[k])).run(None, {"feat": ramp})[0] for k in ("calibrated", "quantized"))
+    assert np.array_equal(c, q), f"{int((c != q).sum())} of {c.size} values differ"
 
 
 def test_integer_weights_and_biases_are_the_calibrated_ones(converted) -> None:
