@@ -154,7 +154,7 @@ def _onnxruntime_basic(model: ModelProto) -> ModelProto:
         out.type.tensor_type.ClearField("shape")
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "optimized.onnx")
-        ort_session(model, optimized_model_path=path, per_node=True)
+        ort_session(model, optimized_model_path=path, per_node=True, rounding_fusions=True)
         optimized = onnx.load(path)
     optimized.ir_version = model.ir_version
     with_horizon_domain(optimized)

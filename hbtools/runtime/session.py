@@ -68,15 +68,17 @@ ROUNDING_FUSIONS = ("GeluFusion", "GeluFusionL1", "GeluFusionL2", "LayerNormFusi
 
 
 def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, per_node: bool = False,
-                optimized_model_path: str | None = None) -> ort.InferenceSession:
+                optimized_model_path: str | None = None, rounding_fusions: bool = False) -> ort.InferenceSession:
     """A plain onnxruntime CPU session (no custom ops): the one place hbtools configures onnxruntime.
 
     ``spinning=False`` stops idle intra-op threads from spinning (for callers that
     alternate short runs with numpy work). ``per_node``: only onnxruntime's basic graph
     rewrites, so every node computes as it stands (no layout change, no conv fusion either).
     The quantized model and the simulator's CPU segments use it, so that both give the same
-    float bits. No session fuses element-wise chains (``ROUNDING_FUSIONS``).
-    ``optimized_model_path`` makes onnxruntime write its rewrite of the model there.
+    float bits. No session that runs a model fuses element-wise chains (``ROUNDING_FUSIONS``);
+    ``rounding_fusions`` allows them where the session only rewrites a graph (the optimize stage's
+    MatMul + Add -> Gemm, for one, decides what the partition sees). ``optimized_model_path`` makes
+    onnxruntime write its rewrite of the model there.
     """
     options = ort.SessionOptions()
     # Errors come back as exceptions, which the tools turn into one ERROR line; onnxruntime logging
@@ -94,7 +96,7 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     if optimized_model_path:
         options.optimized_model_filepath = optimized_model_path
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=list(ROUNDING_FUSIONS))
+                                disabled_optimizers=[] if rounding_fusions else list(ROUNDING_FUSIONS))
 
 
 class FeedError(HbError, ValueError):
