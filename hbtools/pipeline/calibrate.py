@@ -27,7 +27,7 @@ from hbtools.quant.plan import (
     folded_weights,
     weight_thresholds,
 )
-from hbtools.quant.search import Evaluator
+from hbtools.quant.search import Evaluator, scored_tensors
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runs.timing import StepTimes
@@ -240,7 +240,9 @@ def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
 
 
 def _float_session(optimized: ModelProto, tensors: list[str]):
-    return fetching_session(optimized, tensors), [o.name for o in optimized.graph.output]
+    """The float model's session and what the searches score (``search.scored_tensors``)."""
+    scored = scored_tensors(optimized)
+    return fetching_session(optimized, list(dict.fromkeys([*tensors, *scored]))), scored
 
 
 def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -21,8 +22,7 @@ from tqdm import tqdm
 from hbtools.metrics import cosine_similarity
 from hbtools.ops.names import enable_input
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
-from hbtools.runtime.lowering import lower_model
-from hbtools.runtime.session import make_session
+from hbtools.runtime.session import fetching_session
 
 log = logging.getLogger("hbtools")
 
@@ -31,6 +31,32 @@ KEEP_GAIN = 0.99  # share of the all-int16 improvement mixed precision must keep
 DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
 SENSITIVITY_SAMPLES = 2  # samples used to measure each tensor's sensitivity
 SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
+
+
+def final_logits(model: ModelProto) -> list[str | None]:
+    """Per model output, the logits a final Softmax giving it reads (None: no such Softmax).
+
+    Softmax saturates: on samples the float model classifies with confidence its outputs stay at
+    0 and 1 whatever the quantization does, and 8 such calibration samples scored a classifier's
+    int8 model at 0.99998, so the int16 search stopped before it began; on other pictures the
+    model gave 0.989. The logits show that error. They do not replace the outputs as the score,
+    though: on a many-class output (a CTC head) their cosine is mostly the many small logits, and
+    choosing by it clipped the few large ones that decide (PP-OCRv5 rec: 0.68 on held-out
+    pictures). The same rule finds them in the float model and in a calibrated one.
+    """
+    producer = {o: n for n in model.graph.node for o in n.output}
+    found: list[str | None] = []
+    for out in model.graph.output:
+        node = producer.get(out.name)
+        if node is not None and node.op_type == "HzCalibration":
+            node = producer.get(node.input[0])
+        found.append(node.input[0] if node is not None and node.op_type in ("Softmax", "HzSoftmax") else None)
+    return found
+
+
+def scored_tensors(model: ModelProto) -> list[str]:
+    """What a score compares: the model outputs, then their ``final_logits``."""
+    return [*(o.name for o in model.graph.output), *(t for t in final_logits(model) if t)]
 
 
 def reachable_cosine(refs: list[np.ndarray], got: list[np.ndarray]) -> float:
@@ -64,12 +90,15 @@ class Evaluator:
         self.built = built
         # Every node on: no switch to evaluate. Scores with tensors left float (sensitivity, weights
         # alone) run on a second session with an enable flag per node, built when first needed.
-        self.session = make_session(lower_model(self.calibrated, feed_calibration=True, switches=False))
+        self.fetched = scored_tensors(self.calibrated)
+        logit_index = iter(range(len(self.calibrated.graph.output), len(self.fetched)))
+        # per model output: its index in ``fetched`` and that of its logits (None: no final Softmax)
+        self.views = [(k, next(logit_index) if t else None) for k, t in enumerate(final_logits(self.calibrated))]
+        self.session = fetching_session(self.calibrated, self.fetched, feed_calibration=True, switches=False)
         self._switchable: ort.InferenceSession | None = None
         self.plan = plan
         self.feeds = feeds
-        self.refs = refs
-        self.outputs = [o.name for o in optimized.graph.output]
+        self.refs = refs  # per sample, the float model's ``scored_tensors``
 
     def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
                disabled: set[str] = frozenset()) -> dict[str, np.ndarray]:
@@ -85,12 +114,15 @@ class Evaluator:
         if not disabled:
             return self.session
         if self._switchable is None:
-            self._switchable = make_session(lower_model(self.calibrated, feed_calibration=True))
+            self._switchable = fetching_session(self.calibrated, self.fetched, feed_calibration=True)
         return self._switchable
 
     def score(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
-              disabled: set[str] = frozenset(), at_least: float | None = None) -> float:
+              disabled: set[str] = frozenset(), at_least: float | None = None, *, logits: bool = False) -> float:
         """Output cosine over all evaluation samples at once, averaged over model outputs.
+
+        ``logits``: an output a final Softmax gives scores the lower of its cosine and that of
+        the logits (``final_logits``).
 
         One cosine over the concatenated samples, not a mean of per-sample cosines: a
         sample whose float output is ~0 (a detector on a picture without text) has a
@@ -104,22 +136,20 @@ class Evaluator:
         session = self._session_for(disabled)
         runs = []
         for feed in self.feeds:
-            runs.append(session.run(self.outputs, {**feed, **extra}))
+            runs.append(session.run(self.fetched, {**feed, **extra}))
             if at_least is not None and len(runs) < len(self.feeds):
-                bound = self._reachable(runs)
+                bound = self._combined(lambda k: reachable_cosine([r[k] for r in self.refs], [r[k] for r in runs]),
+                                       logits)
                 if bound < at_least:
                     return bound
-        sims = []
-        for k in range(len(self.outputs)):
-            ref = np.concatenate([r[k].reshape(-1) for r in self.refs])
-            got = np.concatenate([o[k].reshape(-1) for o in runs])
-            sims.append(cosine_similarity(ref, got))
-        return float(np.mean(sims))
+        return self._combined(lambda k: cosine_similarity(np.concatenate([r[k].reshape(-1) for r in self.refs]),
+                                                          np.concatenate([o[k].reshape(-1) for o in runs])), logits)
 
-    def _reachable(self, runs: list[list[np.ndarray]]) -> float:
-        """The highest score the samples of ``runs`` and any outputs for the others could give."""
-        return float(np.mean([reachable_cosine([r[k] for r in self.refs], [r[k] for r in runs])
-                              for k in range(len(self.outputs))]))
+    def _combined(self, cosine: Callable[[int], float], logits: bool) -> float:
+        """The mean over model outputs of ``cosine`` (of a fetched index), with ``logits`` the lower
+        of an output's and its logits'."""
+        return float(np.mean([min(cosine(k), cosine(j)) if logits and j is not None else cosine(k)
+                              for k, j in self.views]))
 
     def refine(self, thresholds: dict[str, float], candidates: dict[str, dict[str, float]],
                best: float) -> tuple[dict[str, float], dict[str, str]]:
@@ -146,15 +176,25 @@ class Evaluator:
         first, as long as the output cosine keeps ``KEEP_GAIN`` of what int16 gains over
         int8 (or stays above ``target``). Returns the int16 tensors (tensor -> 16) and the
         thresholds with theirs widened to the max (a 16-bit grid needs no clipping).
+
+        Where the output is at ``target`` already, a final Softmax may only be saturated
+        (``final_logits``): the search runs if its logits are not at ``target`` too, and then
+        scores the lower of the two cosines throughout.
         """
+        logits = False
         if score >= target:
-            return {}, dict(thresholds)
-        ranked = self._rank_by_sensitivity(thresholds, noise)
+            with_logits = self.score(thresholds, logits=True)
+            if with_logits >= target:
+                return {}, dict(thresholds)
+            log.info("mixed precision: output cosine %.6f, but %.6f counting the logits of the final Softmax",
+                     score, with_logits)
+            logits, score = True, with_logits
+        ranked = self._rank_by_sensitivity(thresholds, noise, logits)
         if not ranked:
             return {}, dict(thresholds)
         all16 = {t: 16 for t in ranked}
         wide = {t: max_thresholds[t] for t in ranked}  # a 16-bit grid needs no clipping
-        best16 = self.score({**thresholds, **wide}, all16)
+        best16 = self.score({**thresholds, **wide}, all16, logits=logits)
         if best16 <= score:
             return {}, dict(thresholds)
         goal = min(target, score + KEEP_GAIN * (best16 - score))
@@ -165,14 +205,16 @@ class Evaluator:
                           disable=not sys.stderr.isatty(), leave=False):
             trial = {t: b for t, b in current.items() if t not in least_first[start:start + step]}
             th = {**thresholds, **{t: wide[t] for t in trial}}
-            if self.score(th, trial, at_least=goal) >= goal:
+            if self.score(th, trial, at_least=goal, logits=logits) >= goal:
                 current = trial
         chosen = {**thresholds, **{t: wide[t] for t in current}}
         log.info("mixed precision: %d of %d tensors calibrated as int16, output cosine %.6f (int8 %.6f, all int16 "
-                 "%.6f)", len(current), len(self.plan.activations), self.score(chosen, current), score, best16)
+                 "%.6f)", len(current), len(self.plan.activations), self.score(chosen, current, logits=logits), score,
+                 best16)
         return current, chosen
 
-    def _rank_by_sensitivity(self, thresholds: dict[str, float], noise: dict[str, float]) -> list[str]:
+    def _rank_by_sensitivity(self, thresholds: dict[str, float], noise: dict[str, float],
+                             logits: bool = False) -> list[str]:
         """int8 tensors ordered by the output cosine their quantization costs (measured).
 
         Each tensor's cost is the score gained by leaving it unquantized, on the first
@@ -184,8 +226,8 @@ class Evaluator:
         feeds, self.feeds = self.feeds, self.feeds[:SENSITIVITY_SAMPLES]
         refs, self.refs = self.refs, self.refs[:SENSITIVITY_SAMPLES]
         try:
-            base = self.score(thresholds)
-            gain = {t: self.score(thresholds, disabled={t}) - base
+            base = self.score(thresholds, logits=logits)
+            gain = {t: self.score(thresholds, disabled={t}, logits=logits) - base
                     for t in tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False)}
         finally:
             self.feeds, self.refs = feeds, refs

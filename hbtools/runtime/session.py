@@ -46,9 +46,11 @@ def make_session(model: ModelProto, *, threads: int = 0,
     return ort_session(model, threads=threads, per_node=per_node)
 
 
-def fetching_session(model: ModelProto, tensors: Sequence[str]) -> ort.InferenceSession | CustomOpSession:
-    """A session over ``model`` (Hz ops lowered) that can also fetch the float ``tensors``."""
-    lowered = lower_model(model, keep=tensors)
+def fetching_session(model: ModelProto, tensors: Sequence[str],
+                     **lowering: bool) -> ort.InferenceSession | CustomOpSession:
+    """A session over ``model`` (Hz ops lowered with the ``lower_model`` options ``lowering``)
+    that can also fetch the float ``tensors``."""
+    lowered = lower_model(model, keep=tensors, **lowering)
     present = {o.name for o in lowered.graph.output}
     for t in dict.fromkeys(tensors):
         if t not in present:

@@ -16,7 +16,7 @@ from hbtools.march.profiles import get_profile
 from hbtools.metrics import cosine_similarity
 from hbtools.pipeline import optimize
 from hbtools.quant.plan import build_calibrated_model, make_plan, weight_thresholds
-from hbtools.quant.search import Evaluator
+from hbtools.quant.search import PROMOTE_TARGET, Evaluator, final_logits, scored_tensors
 from hbtools.quant.units import build_partition
 from hbtools.runtime.lowering import lower_model
 from hbtools.runtime.session import fetching_session, make_session
@@ -69,3 +69,55 @@ def test_search_session_scores_the_built_calibrated_model(bits: int) -> None:
     th = next(a for a in w_node.attribute if a.name == "thresholds").floats
     w1 = numpy_helper.to_array(next(t for t in optimized.graph.initializer if t.name == "w1"))
     assert th[1] > 10 * np.abs(w1[1]).max()
+
+
+def _saturated_classifier() -> onnx.ModelProto:
+    """Conv -> Relu -> global pool -> Gemm -> Softmax, logits far apart: probabilities at 0 and 1."""
+    rng = np.random.default_rng(2)
+    w = rng.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32)
+    fc = rng.normal(0, 100.0, (4, 8)).astype(np.float32)
+    w[0] *= 50.0  # one large feature sets a coarse grid for the pooled features; it barely counts
+    fc[:, 0] *= 0.01
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"], name="pool"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fc"], ["logits"], name="fc", transB=1),
+             helper.make_node("Softmax", ["logits"], ["prob"], name="softmax", axis=1)]
+    graph = helper.make_graph(nodes, "classifier",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_saturated_softmax_does_not_stop_the_int16_search() -> None:
+    """Probabilities at 0 and 1 score an int8 classifier as perfect; the logits its Softmax reads
+    do not, so mixed precision still runs and its logits score is the built calibrated model's."""
+    optimized = optimize.run(_saturated_classifier())
+    profile = get_profile("bayes-e")
+    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    assert scored_tensors(optimized) == ["prob", "logits"]
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    tensors = [p.tensor for p in plan.activations]
+    names = list(dict.fromkeys([*tensors, "prob", "logits"]))
+    floats = fetching_session(optimized, names)
+    values = [dict(zip(names, floats.run(names, f), strict=True)) for f in feeds]
+    assert min(float(v["prob"].max()) for v in values) > 0.9999  # saturated
+    th = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
+    weight_th = weight_thresholds(optimized, plan)
+    evaluator = Evaluator(optimized, plan, weight_th, feeds, [[v["prob"], v["logits"]] for v in values], th)
+    model = build_calibrated_model(optimized, plan, th, weight_th, {})
+    (read,) = [t for t in final_logits(model) if t]  # what the calibrated model's Softmax reads
+    session = fetching_session(model, [read])
+    logits = cosine_similarity(np.concatenate([v["logits"].ravel() for v in values]),
+                               np.concatenate([session.run([read], f)[0].ravel() for f in feeds]))
+    score = evaluator.score(th)
+    assert score >= PROMOTE_TARGET > logits
+    assert evaluator.score(th, logits=True) == pytest.approx(logits, abs=1e-9)
+    noise = dict.fromkeys(tensors, 0.01)
+    int16, _ = evaluator.promote_to_int16(th, th, score, noise)
+    assert int16, "the int16 search stopped on the saturated probabilities"
