@@ -1,7 +1,9 @@
-"""Loading, checking and atomically saving ONNX models: the one place that does it."""
+"""Loading, checking and atomically saving ONNX models, and their JSON metadata entries: the one place
+that does it."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -135,3 +137,15 @@ def check_layers_supported(model: ModelProto) -> None:
             own_domain = "" if domain else "give it a domain of its own (e.g. 'horizon.custom'), "
             raise HbError(f"Not support layer name={node.name or '?'} type={node.op_type}{where}; if it is a "
                           f"custom CPU op, {own_domain}{custom.REGISTER_HINT}")
+
+
+def write_json_metadata(model: ModelProto, key: str, value: object) -> None:
+    """Set ``model``'s metadata entry ``key`` to ``value`` as JSON (replacing an earlier one)."""
+    for prop in [p for p in model.metadata_props if p.key == key]:
+        model.metadata_props.remove(prop)
+    model.metadata_props.add(key=key, value=json.dumps(value))
+
+
+def read_json_metadata(model: ModelProto, key: str) -> object | None:
+    """The value ``write_json_metadata`` stored under ``key``, or None."""
+    return next((json.loads(p.value) for p in model.metadata_props if p.key == key), None)

@@ -12,9 +12,9 @@ them in float32 as the quantized model does.
 
 from __future__ import annotations
 
-import json
-
 from onnx import ModelProto, NodeProto
+
+from hbtools.graph.model_io import read_json_metadata, write_json_metadata
 
 CALIBRATION_SUFFIX = "_HzCalibration"
 QUANTIZED_SUFFIX = "_quantized"
@@ -53,14 +53,9 @@ def quantized_tensor(tensor: str) -> str:
 
 def record_cpu_nodes(model: ModelProto, names: list[str]) -> None:
     """Record in ``model``'s metadata the nodes the quantized model runs on the CPU."""
-    for prop in [p for p in model.metadata_props if p.key == CPU_NODES_KEY]:
-        model.metadata_props.remove(prop)
-    model.metadata_props.add(key=CPU_NODES_KEY, value=json.dumps(list(names)))
+    write_json_metadata(model, CPU_NODES_KEY, list(names))
 
 
 def recorded_cpu_nodes(model: ModelProto) -> set[str]:
     """The nodes ``record_cpu_nodes`` recorded (none for a model without the record)."""
-    for prop in model.metadata_props:
-        if prop.key == CPU_NODES_KEY:
-            return set(json.loads(prop.value))
-    return set()
+    return set(read_json_metadata(model, CPU_NODES_KEY) or ())

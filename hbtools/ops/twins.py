@@ -428,14 +428,11 @@ def _replace_output_by_accumulator(node: NodeProto, ctx: LoweringContext, twin: 
     them ``levels * scale`` in float64 with the scale stored as float32 (a node attribute), so
     the step is rounded to float32 here too. The twin keeps the exact step for its requantization.
     """
-    step = _node(ctx, "Cast", [_node(ctx, "Cast", [twin.step], f"{node.output[0]}_step_f32", nodes,
-                                     to=TensorProto.FLOAT)], f"{node.output[0]}_step_stored", nodes,
-                 to=TensorProto.DOUBLE)
-    value = _node(ctx, "Mul", [twin.levels, step], f"{node.output[0]}_dequantized", nodes)
-    if twin.bounds is not None:
-        value = _clip(ctx, value, twin.bounds, f"{node.output[0]}_dequantized_bounded", nodes)
-    to_float(ctx, value, node.output[0], nodes)
-    ctx.twins[node.output[0]] = twin
+    stored = _node(ctx, "Cast", [_node(ctx, "Cast", [twin.step], f"{node.output[0]}_step_f32", nodes,
+                                       to=TensorProto.FLOAT)], f"{node.output[0]}_step_stored", nodes,
+                   to=TensorProto.DOUBLE)
+    dequantized = Twin(None, twin.levels, stored, bounds=twin.bounds)
+    _replace_output(node, ctx, value_of(ctx, dequantized, nodes), nodes, twin)
 
 
 def _fused_activation(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:

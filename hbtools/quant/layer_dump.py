@@ -10,13 +10,13 @@ each layer and its scale. The same record travels into the ``.bin``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
 from onnx import ModelProto, TensorProto
 
 from hbtools.config.model import Config
+from hbtools.graph.model_io import read_json_metadata, write_json_metadata
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import DOMAIN
 from hbtools.pipeline.quantize import QuantizedResult
@@ -71,19 +71,16 @@ def annotate(result: QuantizedResult) -> None:
             entries.append({"name": out.name, "tensor": out.name})
         else:
             add(out.name, out.name)
-    for prop in list(model.metadata_props):
-        if prop.key == META_KEY:
-            model.metadata_props.remove(prop)
-    model.metadata_props.add(key=META_KEY, value=json.dumps(entries))
+    write_json_metadata(model, META_KEY, entries)
 
 
 def recorded_layers(model: ModelProto) -> list[Layer] | None:
     """The layers ``annotate`` recorded in a quantized model, or None."""
-    for prop in model.metadata_props:
-        if prop.key == META_KEY:
-            return [Layer(e["name"], e["tensor"], tuple(e["scale"]) if e.get("scale") else None, e.get("axis", 1),
-                          int(e.get("zero_point", 0))) for e in json.loads(prop.value)]
-    return None
+    entries = read_json_metadata(model, META_KEY)
+    if entries is None:
+        return None
+    return [Layer(e["name"], e["tensor"], tuple(e["scale"]) if e.get("scale") else None, e.get("axis", 1),
+                  int(e.get("zero_point", 0))) for e in entries]
 
 
 def is_quantized(model: ModelProto) -> bool:
