@@ -171,8 +171,10 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
                                           nodes)], f"{node.name}_lo", nodes)
         lo = _node(ctx, "QuantizeLinear", [lo, one(ctx), lo_zero], f"{node.name}_lo8", nodes)
         parts = [(hi, hi_zero, 256.0), (lo, lo_zero, 1.0)]
-    # |x - z| <= 2**(bits-1) + |z| and |w| <= 128 bound every product; the sum has w[0].size terms.
-    bound = w[0].size * (2.0 ** (bits - 1) + abs(z)) * 128.0 + bias_max
+    # Every sum is at most |x - z| <= 2**(bits-1) + |z| times an output channel's sum of |w| (the
+    # int16 parts add 256 times it: 256 * hi and lo are summed one after the other).
+    weight_sum = float(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max(initial=0))
+    bound = weight_sum * (2.0 ** (bits - 1) + abs(z) + (256.0 if bits == 16 else 0.0)) + bias_max
     in_int32 = bound < 2.0**31
     total = None
     for part, zero, weight_of_part in parts:

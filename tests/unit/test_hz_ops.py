@@ -229,9 +229,29 @@ CONV_CASES = {
     "fused_clip_range": (8, [1, 4, 5, 5], [6, 4, 3, 3], {"pads": [1, 1, 1, 1]}, "int8", (0, 48)),
     "int16_fused_relu": (16, [1, 3, 4, 4], [5, 3, 3, 3], {"pads": [1, 1, 1, 1]}, "int16", (0, 32767)),
     "int32_accumulator": (8, [1, 4, 5, 5], [3, 4, 3, 3], {}, "int32", None),
-    # 576 terms of int16 x int8 may pass 2**31: the accumulator is kept in float64, not int32.
+    # 576 terms of int16 x int8, random weights: the sums of |w| keep every accumulator in int32.
     "int16_wide_sums": (16, [1, 64, 4, 4], [3, 64, 3, 3], {"pads": [1, 1, 1, 1]}, "int16", None),
 }
+
+
+def test_int16_conv_sums_past_int32_stay_exact() -> None:
+    """576 terms of int16 x int8 with signs aligned reach 32767 * 127 * 576 > 2**31 (and the
+    negated input -2**31 - ...): the accumulator must not wrap, one channel's sum of |w| sets the
+    bound; a channel of small weights beside it stays exact too."""
+    rng = np.random.default_rng(30)
+    w = np.where(rng.random((2, 64, 3, 3)) < 0.5, -127, 127).astype(np.int8)
+    w[1] = np.sign(w[1]) * 3
+    sign = np.sign(w[0].astype(np.int32))
+    x = np.stack([sign * 32767, -sign * 32767]).astype(np.int16)  # 2 x 64 x 3 x 3
+    mult = f32([2.0**-16, 2.0**-5])
+    node = hz_node("HzSQuantizedConv", ["x", "w"], kind="Conv", x_bits=16, axis=1,
+                   multiplier=[float(m) for m in mult], out_type="int16", out_min=-32767.0, out_max=32767.0,
+                   kernel_shape=[3, 3])
+    acc = conv_int64(x, w)
+    assert np.abs(acc[:, 0]).max() > 2**31
+    want = requant(acc, mult.reshape(1, -1, 1, 1), -32767, 32767, np.int16)
+    got = run_op(node, {"x": x}, np.int16, list(want.shape), {"w": w})
+    assert_exact(got, want)
 
 
 @pytest.mark.parametrize("case", sorted(CONV_CASES))
