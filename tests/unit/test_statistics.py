@@ -1,0 +1,48 @@
+"""The activation histogram calibration methods (KL, percentile) read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hbtools.quant.statistics import CHUNK, TensorStats, abs_histogram
+
+
+@pytest.mark.parametrize("bins", [2048, 512, 7])
+def test_abs_histogram_counts_as_numpy_does(bins: int) -> None:
+    rng = np.random.default_rng(bins)
+    x = np.concatenate([rng.standard_t(3, CHUNK + 12345), -np.abs(rng.normal(0, 0.01, 5000)), np.zeros(100)])
+    x = x.astype(np.float32)
+    top = float(np.abs(x).max())
+    got = abs_histogram(x, bins, top)
+    want, _ = np.histogram(np.abs(x).astype(np.float64), bins=bins, range=(0.0, top))
+    assert got.sum() == x.size
+    # Only values within a float32 rounding of a bin edge may fall in the neighbouring bin.
+    assert np.abs(got - want).sum() <= 2e-5 * x.size
+    assert got[-1] >= 1 and got[0] >= 100  # the largest value is in the last (closed) bin, zeros in the first
+
+
+def test_histogram_of_levels_puts_each_level_in_its_own_bin() -> None:
+    """Values k + 1/2 steps (k = 0..127) over 128 bins of one step: level k in bin k, exactly; a
+    value at the top lands in the last bin."""
+    step = 0.037
+    levels = ((np.arange(128) + 0.5) * step).astype(np.float32)
+    x = np.concatenate([np.repeat(levels, np.arange(1, 129)), [np.float32(-128 * step)]]).astype(np.float32)
+    np.random.default_rng(0).shuffle(x)
+    got = abs_histogram(x, 128, 128 * step)
+    np.testing.assert_array_equal(got, np.arange(1, 129) + np.eye(128, dtype=np.int64)[-1])
+
+
+def test_streamed_statistics_merge_bins_when_the_range_grows() -> None:
+    rng = np.random.default_rng(1)
+    parts = [rng.normal(0, s, 20000).astype(np.float32) for s in (0.5, 1.0, 4.0)]
+    stats = TensorStats(bins=256)
+    for p in parts:
+        stats.update(p)
+    assert stats.count == 60000 and stats.hist.sum() == 60000
+    assert stats.max_abs == pytest.approx(max(float(np.abs(p).max()) for p in parts))
+    # The range doubled until it covered the largest value; every value sits in the bin of its magnitude.
+    assert stats.range >= stats.max_abs > stats.range / 2
+    edges = np.arange(257) * stats.bin_width
+    want, _ = np.histogram(np.abs(np.concatenate(parts)), bins=edges)
+    assert np.abs(stats.hist - want).sum() <= 1e-3 * 60000
