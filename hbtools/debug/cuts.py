@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-import onnx
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.debug.switches import Switched, float_version
+from hbtools.graph.graph import references
 
 # Costs are in multiply-adds of a convolution. Element-wise work is memory-bound: one
 # element costs about as much as ELEMENT_COST multiply-adds on a CPU.
@@ -123,17 +123,6 @@ def elements(dims: Iterable[int | None] | None) -> int:
         return 1
     dims = list(dims)
     return int(np.prod(dims, dtype=np.int64)) if all(d is not None for d in dims) else 1
-
-
-def references(node: NodeProto) -> Iterable[str]:
-    """Every tensor a node reads, including those its sub-graphs read from the outer scope."""
-    yield from (i for i in node.input if i)
-    for attr in node.attribute:
-        for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-            local = {o for n in sub.node for o in n.output} | {t.name for t in sub.initializer}
-            local |= {i.name for i in sub.input}
-            for inner in sub.node:
-                yield from (r for r in references(inner) if r not in local)
 
 
 def _crossing_elements(nodes: Sequence[NodeProto], shapes: dict[str, list[int | None]],

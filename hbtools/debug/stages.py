@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import ModelProto, NodeProto, TensorProto, helper
+from onnx import ModelProto
 
 from hbtools.debug import tails as tailing
-from hbtools.debug.cuts import references, stage_starts
+from hbtools.debug.cuts import stage_starts
 from hbtools.debug.model import CalibratedModel
 from hbtools.debug.switches import Switched, float_version
+from hbtools.graph.graph import part_model, references
 
 MAX_STAGES = 24  # measured on PP-OCR rec: 16 ran ~5% slower, 32 and 48 no faster and built longer
 MIN_NODES_PER_STAGE = 4
@@ -147,22 +148,3 @@ def tail_model(switched: Switched, stages: Stages, j: int, shapes: dict[str, lis
     made = stages.made_from(j) if outputs is None else list(outputs)
     nodes = tailing.tail_nodes(list(switched.model.graph.node), switched, stages.stage_of, j, made)
     return part_model(switched.model, nodes, made, shapes, types, f"tail{j}")
-
-
-def part_model(whole: ModelProto, nodes: Sequence[NodeProto], outputs: Sequence[str],
-               shapes: dict[str, list[int | None]], types: dict[str, int], name: str) -> ModelProto:
-    """``nodes`` of ``whole`` as a model; what they read from elsewhere becomes inputs, constants come along."""
-    inits = {t.name: t for t in whole.graph.initializer}
-    made = {o for n in nodes for o in n.output}
-    reads = list(dict.fromkeys(r for n in nodes for r in references(n) if r not in made))
-
-    def info(t: str) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(t, types.get(t, TensorProto.FLOAT), shapes.get(t))
-
-    graph = helper.make_graph(list(nodes), name, [info(r) for r in reads if r not in inits],
-                              [helper.make_tensor_value_info(t, types.get(t, TensorProto.FLOAT), None)
-                               for t in outputs],
-                              [inits[r] for r in reads if r in inits])
-    model = helper.make_model(graph, opset_imports=list(whole.opset_import))
-    model.ir_version = whole.ir_version
-    return model

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from onnx import NodeProto, TensorProto
 
-from hbtools.debug.cuts import references
 from hbtools.debug.switches import Switched, float_version
+from hbtools.graph.graph import references
 
 MAX_TAIL_BYTES = 200_000_000
 # On PP-OCR rec, 24 stages with a tail after every second one ran as fast as with one

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from functools import cached_property
 
 import numpy as np
 import onnx
-from onnx import ModelProto, NodeProto, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.ops import custom
 from hbtools.ops.base import attrs_of
@@ -221,3 +222,33 @@ def _type_outputs(model: ModelProto) -> None:
         vi = known.get(f"{o.name}__shape_probe")
         if vi is not None:
             o.type.CopyFrom(vi.type)
+
+
+def references(node: NodeProto) -> Iterable[str]:
+    """Every tensor a node reads, including those its sub-graphs read from the outer scope."""
+    yield from (i for i in node.input if i)
+    for attr in node.attribute:
+        for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            local = {o for n in sub.node for o in n.output} | {t.name for t in sub.initializer}
+            local |= {i.name for i in sub.input}
+            for inner in sub.node:
+                yield from (r for r in references(inner) if r not in local)
+
+
+def part_model(whole: ModelProto, nodes: Sequence[NodeProto], outputs: Sequence[str],
+               shapes: dict[str, list[int | None]], types: dict[str, int], name: str) -> ModelProto:
+    """``nodes`` of ``whole`` as a model; what they read from elsewhere becomes inputs, constants come along."""
+    inits = {t.name: t for t in whole.graph.initializer}
+    made = {o for n in nodes for o in n.output}
+    reads = list(dict.fromkeys(r for n in nodes for r in references(n) if r not in made))
+
+    def info(t: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(t, types.get(t, TensorProto.FLOAT), shapes.get(t))
+
+    graph = helper.make_graph(list(nodes), name, [info(r) for r in reads if r not in inits],
+                              [helper.make_tensor_value_info(t, types.get(t, TensorProto.FLOAT), None)
+                               for t in outputs],
+                              [inits[r] for r in reads if r in inits])
+    model = helper.make_model(graph, opset_imports=list(whole.opset_import))
+    model.ir_version = whole.ir_version
+    return model

@@ -22,7 +22,8 @@ from tqdm import tqdm
 from hbtools.metrics import cosine_similarity
 from hbtools.ops.names import enable_input
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
-from hbtools.runtime.session import fetching_session
+from hbtools.runtime.session import fetching_model, fetching_session
+from hbtools.runtime.suffixes import Suffixes
 
 log = logging.getLogger("hbtools")
 
@@ -31,6 +32,7 @@ KEEP_GAIN = 0.99  # share of the all-int16 improvement mixed precision must keep
 DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
 SENSITIVITY_SAMPLES = 2  # samples used to measure each tensor's sensitivity
 SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
+SUFFIXES = 6  # cuts of the model the sensitivity measurements rerun from
 
 
 def final_logits(model: ModelProto) -> list[str | None]:
@@ -101,12 +103,13 @@ class Evaluator:
         self.refs = refs  # per sample, the float model's ``scored_tensors``
 
     def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
-               disabled: set[str] = frozenset()) -> dict[str, np.ndarray]:
+               disabled: set[str] = frozenset(), switched: bool = False) -> dict[str, np.ndarray]:
+        """The fed grids, and with ``disabled`` (or ``switched``) every node's enable flag."""
         extra: dict[str, np.ndarray] = {}
         for p in self.plan.activations:
             b = (bits or {}).get(p.tensor, p.bits)
             extra.update(p.fed(thresholds[p.tensor], b))
-            if disabled:
+            if disabled or switched:
                 extra[enable_input(p.node_name)] = np.array(p.tensor not in disabled)
         return extra
 
@@ -142,7 +145,11 @@ class Evaluator:
                                        logits)
                 if bound < at_least:
                     return bound
-        return self._combined(lambda k: cosine_similarity(np.concatenate([r[k].reshape(-1) for r in self.refs]),
+        return self._cosine(runs, self.refs, logits)
+
+    def _cosine(self, runs: list[list[np.ndarray]], refs: list[list[np.ndarray]], logits: bool) -> float:
+        """The score of ``runs`` (per sample, the ``fetched`` tensors) against the float ``refs``."""
+        return self._combined(lambda k: cosine_similarity(np.concatenate([r[k].reshape(-1) for r in refs]),
                                                           np.concatenate([o[k].reshape(-1) for o in runs])), logits)
 
     def _combined(self, cosine: Callable[[int], float], logits: bool) -> float:
@@ -219,16 +226,29 @@ class Evaluator:
 
         Each tensor's cost is the score gained by leaving it unquantized, on the first
         ``SENSITIVITY_SAMPLES`` samples; ties and unmeasured tensors fall back to the
-        histogram's relative noise.
+        histogram's relative noise. Turning one switch off changes nothing before it: each
+        measurement reruns the model from the last of ``SUFFIXES`` cuts before the switch.
         """
         candidates = sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
         measured = candidates[:SENSITIVITY_MAX_TENSORS]
-        feeds, self.feeds = self.feeds, self.feeds[:SENSITIVITY_SAMPLES]
-        refs, self.refs = self.refs, self.refs[:SENSITIVITY_SAMPLES]
-        try:
-            base = self.score(thresholds, logits=logits)
-            gain = {t: self.score(thresholds, disabled={t}, logits=logits) - base
-                    for t in tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False)}
-        finally:
-            self.feeds, self.refs = feeds, refs
+        if not measured:
+            return candidates
+        feeds, refs = self.feeds[:SENSITIVITY_SAMPLES], self.refs[:SENSITIVITY_SAMPLES]
+        model = fetching_model(self.calibrated, self.fetched, feed_calibration=True)
+        flags = {t: enable_input(self.plan.activation(t).node_name) for t in measured}
+        first_reader = {}
+        for i, node in enumerate(model.graph.node):
+            for name in node.input:
+                first_reader.setdefault(name, i)
+        starts = {t: first_reader.get(flags[t], 0) for t in measured}
+        ordered = sorted(starts.values())
+        suffixes = Suffixes(model, self.fetched, [ordered[k * len(ordered) // SUFFIXES] for k in range(1, SUFFIXES)])
+        extra = self._extra(thresholds, switched=True)
+        earlier = [suffixes.run({**f, **extra}) for f in feeds]
+        base = self._cosine([[e[o] for o in self.fetched] for e in earlier], refs, logits)
+        gain = {}
+        for t in tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False):
+            off = {**extra, flags[t]: np.array(False)}
+            runs = [suffixes.rerun(starts[t], {**f, **off}, e) for f, e in zip(feeds, earlier, strict=True)]
+            gain[t] = self._cosine(runs, refs, logits) - base
         return sorted(candidates, key=lambda t: (gain.get(t, -1.0), noise[t]), reverse=True)

@@ -50,12 +50,17 @@ def fetching_session(model: ModelProto, tensors: Sequence[str],
                      **lowering: bool) -> ort.InferenceSession | CustomOpSession:
     """A session over ``model`` (Hz ops lowered with the ``lower_model`` options ``lowering``)
     that can also fetch the float ``tensors``."""
+    return make_session(fetching_model(model, tensors, **lowering))
+
+
+def fetching_model(model: ModelProto, tensors: Sequence[str], **lowering: bool) -> ModelProto:
+    """``model`` lowered (``lower_model`` options ``lowering``) with the float ``tensors`` as outputs too."""
     lowered = lower_model(model, keep=tensors, **lowering)
     present = {o.name for o in lowered.graph.output}
     for t in dict.fromkeys(tensors):
         if t not in present:
             lowered.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
-    return make_session(lowered)
+    return lowered
 
 
 # onnxruntime rewrites that replace a chain of float element-wise nodes by one kernel which rounds
