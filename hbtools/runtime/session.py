@@ -27,12 +27,13 @@ _NUMPY_OF_ORT = {
 }
 
 
-def make_session(model: ModelProto, *, threads: int = 0,
-                 per_node: bool = False) -> ort.InferenceSession | CustomOpSession:
+def make_session(model: ModelProto, *, threads: int = 0, per_node: bool = False,
+                 spinning: bool = True) -> ort.InferenceSession | CustomOpSession:
     """The one way hbtools builds a session over a standard-ONNX model.
 
     A model with registered custom CPU ops gets a ``CustomOpSession`` (onnxruntime
-    around the custom nodes); any other model a plain onnxruntime session.
+    around the custom nodes); any other model a plain onnxruntime session. ``spinning``:
+    as ``ort_session``'s (sessions that take turns need it off).
     """
     if any(custom.is_foreign_domain(n.domain) for n in model.graph.node):
         missing = custom.unregistered_nodes(model)
@@ -43,14 +44,14 @@ def make_session(model: ModelProto, *, threads: int = 0,
             from hbtools.runtime.custom_session import CustomOpSession
 
             return CustomOpSession(model, threads=threads)
-    return ort_session(model, threads=threads, per_node=per_node)
+    return ort_session(model, threads=threads, per_node=per_node, spinning=spinning)
 
 
-def fetching_session(model: ModelProto, tensors: Sequence[str],
+def fetching_session(model: ModelProto, tensors: Sequence[str], *, spinning: bool = True,
                      **lowering: bool) -> ort.InferenceSession | CustomOpSession:
     """A session over ``model`` (Hz ops lowered with the ``lower_model`` options ``lowering``)
     that can also fetch the float ``tensors``."""
-    return make_session(fetching_model(model, tensors, **lowering))
+    return make_session(fetching_model(model, tensors, **lowering), spinning=spinning)
 
 
 def fetching_model(model: ModelProto, tensors: Sequence[str], **lowering: bool) -> ModelProto:
@@ -79,8 +80,10 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     """A plain onnxruntime CPU session (no custom ops): the one place hbtools configures onnxruntime.
 
     ``spinning=False`` stops idle intra-op threads from spinning (for callers that
-    alternate short runs with numpy work). ``per_node``: only onnxruntime's basic graph
-    rewrites, so every node computes as it stands (no layout change, no conv fusion either).
+    alternate short runs with numpy work, or runs of several sessions: each has its own threads,
+    and those of the session that just ran would spin against the next one's). ``per_node``:
+    only onnxruntime's basic graph rewrites, so every node computes as it stands (no layout
+    change, no conv fusion either).
     The quantized model and the simulator's CPU segments use it, so that both give the same
     float bits. No session that runs a model fuses element-wise chains (``ROUNDING_FUSIONS``);
     ``rounding_fusions`` allows them where the session only rewrites a graph (the optimize stage's

@@ -46,10 +46,11 @@ class Suffixes:
             if t not in present:
                 whole.graph.output.append(helper.make_tensor_value_info(t, types[t], None))
         self._fetch = list(dict.fromkeys([*self.outputs, *(t for c in self.cuts for t in self.boundary[c])]))
-        self._whole = make_session(whole)
+        # The sessions take turns: idle threads of one spinning would slow the next one down.
+        self._whole = make_session(whole, spinning=False)
         self._made_after = {c: [o for o in self.outputs if made_at.get(o, -1) >= c] for c in self.cuts}
-        self._parts = {c: make_session(part_model(model, nodes[c:], self._made_after[c], {}, types, f"suffix{c}"))
-                       for c in self.cuts}
+        self._parts = {c: make_session(part_model(model, nodes[c:], self._made_after[c], {}, types, f"suffix{c}"),
+                                       spinning=False) for c in self.cuts}
         self._inputs = {c: [i.name for i in self._parts[c].get_inputs()] for c in self.cuts}
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
