@@ -80,6 +80,16 @@ def reachable_cosine(refs: list[np.ndarray], got: list[np.ndarray]) -> float:
     return float(np.sqrt(first + max(total - seen, 0.0)) / np.sqrt(total))
 
 
+def scoring_order(refs: list[list[np.ndarray]]) -> list[int]:
+    """Sample indices, the largest share of the float outputs' energy first: a score that cannot
+    reach its ``at_least`` shows it after fewer runs (the bound drops as the energy seen grows)."""
+    if not refs:
+        return []
+    energy = np.array([[float(np.square(t, dtype=np.float64).sum()) for t in r] for r in refs])
+    share = (energy / np.maximum(energy.sum(axis=0), 1e-300)).sum(axis=1)
+    return [int(i) for i in np.argsort(-share, kind="stable")]
+
+
 class Evaluator:
     """Scores threshold assignments on one session with fed calibration scales."""
 
@@ -103,6 +113,7 @@ class Evaluator:
         self.plan = plan
         self.feeds = feeds
         self.refs = refs  # per sample, the float model's ``scored_tensors``
+        self._order = scoring_order(refs)
 
     def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
                disabled: set[str] = frozenset(), switched: bool = False) -> dict[str, np.ndarray]:
@@ -140,14 +151,14 @@ class Evaluator:
         extra = self._extra(thresholds, bits, disabled)
         session = self._session_for(disabled)
         runs = []
-        for feed in self.feeds:
-            runs.append(session.run(self.fetched, {**feed, **extra}))
+        refs = [self.refs[i] for i in self._order]
+        for i in self._order:
+            runs.append(session.run(self.fetched, {**self.feeds[i], **extra}))
             if at_least is not None and len(runs) < len(self.feeds):
-                bound = self._combined(lambda k: reachable_cosine([r[k] for r in self.refs], [r[k] for r in runs]),
-                                       logits)
+                bound = self._combined(lambda k: reachable_cosine([r[k] for r in refs], [r[k] for r in runs]), logits)
                 if bound < at_least:
                     return bound
-        return self._cosine(runs, self.refs, logits)
+        return self._cosine(runs, refs, logits)
 
     def _cosine(self, runs: list[list[np.ndarray]], refs: list[list[np.ndarray]], logits: bool) -> float:
         """The score of ``runs`` (per sample, the ``fetched`` tensors) against the float ``refs``."""
@@ -207,19 +218,19 @@ class Evaluator:
         if best16 <= score:
             return {}, dict(thresholds)
         goal = min(target, score + KEEP_GAIN * (best16 - score))
-        current = dict(all16)
+        current, current_score = dict(all16), best16
         step = max(1, len(ranked) // DEMOTE_STEPS)
         least_first = ranked[::-1]
         for start in tqdm(range(0, len(least_first), step), desc="mixed precision",
                           disable=not sys.stderr.isatty(), leave=False):
             trial = {t: b for t, b in current.items() if t not in least_first[start:start + step]}
             th = {**thresholds, **{t: wide[t] for t in trial}}
-            if self.score(th, trial, at_least=goal, logits=logits) >= goal:
-                current = trial
+            s = self.score(th, trial, at_least=goal, logits=logits)
+            if s >= goal:  # scored in full
+                current, current_score = trial, s
         chosen = {**thresholds, **{t: wide[t] for t in current}}
         log.info("mixed precision: %d of %d tensors calibrated as int16, output cosine %.6f (int8 %.6f, all int16 "
-                 "%.6f)", len(current), len(self.plan.activations), self.score(chosen, current, logits=logits), score,
-                 best16)
+                 "%.6f)", len(current), len(self.plan.activations), current_score, score, best16)
         return current, chosen
 
     def _rank_by_sensitivity(self, thresholds: dict[str, float], noise: dict[str, float],

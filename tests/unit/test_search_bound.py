@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hbtools.metrics import cosine_similarity
-from hbtools.quant.search import reachable_cosine
+from hbtools.quant.search import reachable_cosine, scoring_order
 
 
 @settings(max_examples=200, deadline=None)
@@ -29,3 +29,14 @@ def test_bound_is_never_below_the_cosine_of_any_completion(seed: int, samples: i
     best = outs[:known] + refs[known:]
     cos_best = cosine_similarity(np.concatenate([r.ravel() for r in refs]), np.concatenate([o.ravel() for o in best]))
     assert bound >= cos_best - 1e-9
+
+
+def test_scoring_order_puts_the_samples_carrying_most_of_the_output_first() -> None:
+    """Per output, each sample's share of the float energy; an output of small scale counts as much."""
+    quiet = np.zeros((2, 2), np.float32)
+    refs = [[quiet, np.full(3, 1e-3, np.float32)],  # all of the second output's energy
+            [np.ones((2, 2), np.float32), np.zeros(3, np.float32)],  # half of the first output's
+            [np.ones((2, 2), np.float32) * 0.5, np.zeros(3, np.float32)],
+            [np.ones((2, 2), np.float32) * np.sqrt(0.75), np.zeros(3, np.float32)]]
+    assert scoring_order(refs) == [0, 1, 3, 2]
+    assert scoring_order([]) == []
