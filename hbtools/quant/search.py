@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -33,6 +34,7 @@ DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
 SENSITIVITY_SAMPLES = 2  # samples used to measure each tensor's sensitivity
 SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
 SUFFIXES = 6  # cuts of the model the sensitivity measurements rerun from
+SUFFIXES_WORTH_SECONDS = 3.0  # measurements taking less than this run the whole model
 
 
 def final_logits(model: ModelProto) -> list[str | None]:
@@ -114,6 +116,7 @@ class Evaluator:
         self.feeds = feeds
         self.refs = refs  # per sample, the float model's ``scored_tensors``
         self._order = scoring_order(refs)
+        self.seconds_per_run = 0.0  # of the last score
 
     def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
                disabled: set[str] = frozenset(), switched: bool = False) -> dict[str, np.ndarray]:
@@ -152,8 +155,10 @@ class Evaluator:
         session = self._session_for(disabled)
         runs = []
         refs = [self.refs[i] for i in self._order]
+        started = time.perf_counter()
         for i in self._order:
             runs.append(session.run(self.fetched, {**self.feeds[i], **extra}))
+            self.seconds_per_run = (time.perf_counter() - started) / len(runs)
             if at_least is not None and len(runs) < len(self.feeds):
                 bound = self._combined(lambda k: reachable_cosine([r[k] for r in refs], [r[k] for r in runs]), logits)
                 if bound < at_least:
@@ -255,7 +260,10 @@ class Evaluator:
                 first_reader.setdefault(name, i)
         starts = {t: first_reader.get(flags[t], 0) for t in measured}
         ordered = sorted(starts.values())
-        suffixes = Suffixes(model, self.fetched, [ordered[k * len(ordered) // SUFFIXES] for k in range(1, SUFFIXES)])
+        # Cuts cost a few session builds: only where the measurements take a while.
+        worth = self.seconds_per_run * len(feeds) * len(measured) >= SUFFIXES_WORTH_SECONDS
+        suffixes = Suffixes(model, self.fetched,
+                            [ordered[k * len(ordered) // SUFFIXES] for k in range(1, SUFFIXES)] if worth else [])
         extra = self._extra(thresholds, switched=True)
         earlier = [suffixes.run({**f, **extra}) for f in feeds]
         base = self._cosine([[e[o] for o in self.fetched] for e in earlier], refs, logits)

@@ -31,7 +31,7 @@ class Suffixes:
         nodes = list(model.graph.node)
         self.outputs = list(outputs)
         made_at = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-        types = _element_types(model)
+        types = _element_types(model) if cuts else {}
         self.cuts: list[int] = []
         self.boundary: dict[int, list[str]] = {}
         for c in sorted({c for c in cuts if 0 < c < len(nodes)}):

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from hbtools.march.profiles import get_profile
 from hbtools.metrics import cosine_similarity
 from hbtools.pipeline import optimize
+from hbtools.quant import search
 from hbtools.quant.plan import build_calibrated_model, make_plan, weight_thresholds
 from hbtools.quant.search import PROMOTE_TARGET, Evaluator, final_logits, scored_tensors
 from hbtools.quant.units import build_partition
@@ -121,3 +122,41 @@ def test_saturated_softmax_does_not_stop_the_int16_search() -> None:
     noise = dict.fromkeys(tensors, 0.01)
     int16, _ = evaluator.promote_to_int16(th, th, score, noise)
     assert int16, "the int16 search stopped on the saturated probabilities"
+
+
+def _conv_chain(depth: int = 5) -> onnx.ModelProto:
+    rng = np.random.default_rng(5)
+    nodes, inits, x = [], [], "x"
+    for k in range(depth):
+        w = rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32)
+        w[k % 4] *= 4.0  # a different channel stands out in each layer: different sensitivities
+        inits.append(numpy_helper.from_array(w, f"w{k}"))
+        nodes += [helper.make_node("Conv", [x, f"w{k}"], [f"c{k}"], name=f"conv{k}", pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}")]
+        x = f"r{k}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_sensitivity_from_cuts_ranks_as_whole_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each leave-one-out run restarted from a cut of the model gives the gains whole runs give."""
+    optimized = optimize.run(_conv_chain())
+    profile = get_profile("bayes-e")
+    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    rng = np.random.default_rng(6)
+    feeds = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(3)]
+    tensors = [p.tensor for p in plan.activations]
+    out = optimized.graph.output[0].name
+    floats = fetching_session(optimized, [*tensors, out])
+    values = [dict(zip([*tensors, out], floats.run([*tensors, out], f), strict=True)) for f in feeds]
+    th = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
+    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, [[v[out]] for v in values], th)
+    noise = dict.fromkeys(tensors, 0.01)
+    monkeypatch.setattr(search, "SUFFIXES_WORTH_SECONDS", np.inf)
+    whole = evaluator._rank_by_sensitivity(th, noise)
+    monkeypatch.setattr(search, "SUFFIXES_WORTH_SECONDS", 0.0)
+    cut = evaluator._rank_by_sensitivity(th, noise)
+    assert len(tensors) >= 5 and cut == whole
