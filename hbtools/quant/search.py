@@ -108,9 +108,10 @@ class Evaluator:
         logit_index = iter(range(len(self.calibrated.graph.output), len(self.fetched)))
         # per model output: its index in ``fetched`` and that of its logits (None: no final Softmax)
         self.views = [(k, next(logit_index) if t else None) for k, t in enumerate(final_logits(self.calibrated))]
-        # spinning off: scores do numpy work between runs, and the searches take turns with other sessions
+        # Scores do numpy work between runs and the searches take turns with other sessions: no
+        # spinning threads, no intermediates kept between runs.
         self.session = fetching_session(self.calibrated, self.fetched, feed_calibration=True, switches=False,
-                                        spinning=False)
+                                        spinning=False, memory_pattern=False)
         self._switchable: ort.InferenceSession | None = None
         self.plan = plan
         self.feeds = feeds
@@ -133,7 +134,8 @@ class Evaluator:
         if not disabled:
             return self.session
         if self._switchable is None:
-            self._switchable = fetching_session(self.calibrated, self.fetched, feed_calibration=True, spinning=False)
+            self._switchable = fetching_session(self.calibrated, self.fetched, feed_calibration=True, spinning=False,
+                                                memory_pattern=False)
         return self._switchable
 
     def score(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,

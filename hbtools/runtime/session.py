@@ -27,13 +27,13 @@ _NUMPY_OF_ORT = {
 }
 
 
-def make_session(model: ModelProto, *, threads: int = 0, per_node: bool = False,
-                 spinning: bool = True) -> ort.InferenceSession | CustomOpSession:
+def make_session(model: ModelProto, *, threads: int = 0, per_node: bool = False, spinning: bool = True,
+                 memory_pattern: bool = True) -> ort.InferenceSession | CustomOpSession:
     """The one way hbtools builds a session over a standard-ONNX model.
 
     A model with registered custom CPU ops gets a ``CustomOpSession`` (onnxruntime
-    around the custom nodes); any other model a plain onnxruntime session. ``spinning``:
-    as ``ort_session``'s (sessions that take turns need it off).
+    around the custom nodes); any other model a plain onnxruntime session. ``spinning`` and
+    ``memory_pattern``: as ``ort_session``'s (sessions that take turns need them off).
     """
     if any(custom.is_foreign_domain(n.domain) for n in model.graph.node):
         missing = custom.unregistered_nodes(model)
@@ -44,14 +44,14 @@ def make_session(model: ModelProto, *, threads: int = 0, per_node: bool = False,
             from hbtools.runtime.custom_session import CustomOpSession
 
             return CustomOpSession(model, threads=threads)
-    return ort_session(model, threads=threads, per_node=per_node, spinning=spinning)
+    return ort_session(model, threads=threads, per_node=per_node, spinning=spinning, memory_pattern=memory_pattern)
 
 
 def fetching_session(model: ModelProto, tensors: Sequence[str], *, spinning: bool = True,
-                     **lowering: bool) -> ort.InferenceSession | CustomOpSession:
+                     memory_pattern: bool = True, **lowering: bool) -> ort.InferenceSession | CustomOpSession:
     """A session over ``model`` (Hz ops lowered with the ``lower_model`` options ``lowering``)
     that can also fetch the float ``tensors``."""
-    return make_session(fetching_model(model, tensors, **lowering), spinning=spinning)
+    return make_session(fetching_model(model, tensors, **lowering), spinning=spinning, memory_pattern=memory_pattern)
 
 
 def fetching_model(model: ModelProto, tensors: Sequence[str], **lowering: bool) -> ModelProto:
@@ -76,7 +76,8 @@ ROUNDING_FUSIONS = ("GeluFusion", "GeluFusionL1", "GeluFusionL2", "LayerNormFusi
 
 
 def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, per_node: bool = False,
-                optimized_model_path: str | None = None, rounding_fusions: bool = False) -> ort.InferenceSession:
+                optimized_model_path: str | None = None, rounding_fusions: bool = False,
+                memory_pattern: bool = True) -> ort.InferenceSession:
     """A plain onnxruntime CPU session (no custom ops): the one place hbtools configures onnxruntime.
 
     ``spinning=False`` stops idle intra-op threads from spinning (for callers that
@@ -103,6 +104,9 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
         options.intra_op_num_threads = threads
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # ``memory_pattern=False``: a session keeps no block of its intermediates between runs (several
+    # sessions that take turns would each hold one: about a whole model's activations each).
+    options.enable_mem_pattern = memory_pattern
     if optimized_model_path:
         options.optimized_model_filepath = optimized_model_path
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
