@@ -13,13 +13,13 @@ crosses it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
-from onnx import NodeProto, TensorProto, helper
+from onnx import NodeProto, TensorProto
 
 from hbtools.debug.switches import Switched, float_version
-from hbtools.graph.graph import references
+from hbtools.graph.graph import elements, itemsize, references
 
 # Costs are in multiply-adds of a convolution. Element-wise work is memory-bound: one
 # element costs about as much as ELEMENT_COST multiply-adds on a CPU.
@@ -118,13 +118,6 @@ def _switch_cost(node: NodeProto, switched: Switched, shapes: dict[str, list[int
     return NCHW_PENALTY * sum(node_cost(n, switched, shapes) for n in inner)
 
 
-def elements(dims: Iterable[int | None] | None) -> int:
-    if dims is None:
-        return 1
-    dims = list(dims)
-    return int(np.prod(dims, dtype=np.int64)) if all(d is not None for d in dims) else 1
-
-
 def _crossing_elements(nodes: Sequence[NodeProto], shapes: dict[str, list[int | None]],
                        types: dict[str, int]) -> np.ndarray:
     """Elements (4-byte units) of the tensors alive between node i and node i + 1."""
@@ -141,7 +134,3 @@ def _crossing_elements(nodes: Sequence[NodeProto], shapes: dict[str, list[int | 
             delta[born[t]] += size
             delta[end] -= size
     return np.cumsum(delta)[:-1]
-
-
-def itemsize(elem_type: int) -> int:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize

@@ -23,10 +23,10 @@ from onnx import ModelProto
 
 from hbtools.debug import batching
 from hbtools.debug import stages as staging
-from hbtools.debug.cuts import elements, itemsize
 from hbtools.debug.data import Sample
 from hbtools.debug.model import CalibratedModel
 from hbtools.debug.switches import switchable_model
+from hbtools.graph.graph import elements, itemsize
 from hbtools.ops import custom
 from hbtools.ops.names import enable_input
 from hbtools.runtime.custom_session import CustomOpSession

@@ -252,3 +252,16 @@ def part_model(whole: ModelProto, nodes: Sequence[NodeProto], outputs: Sequence[
     model = helper.make_model(graph, opset_imports=list(whole.opset_import))
     model.ir_version = whole.ir_version
     return model
+
+
+def elements(dims: Iterable[int | None] | None) -> int:
+    """Number of elements of a static shape (1 where it is unknown)."""
+    if dims is None:
+        return 1
+    dims = list(dims)
+    return int(np.prod(dims, dtype=np.int64)) if all(d is not None for d in dims) else 1
+
+
+def itemsize(elem_type: int) -> int:
+    """Bytes of one element of an ONNX tensor type."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize

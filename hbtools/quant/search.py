@@ -23,7 +23,7 @@ from tqdm import tqdm
 from hbtools.metrics import cosine_similarity
 from hbtools.ops.names import enable_input
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
-from hbtools.runtime.session import fetching_model, fetching_session
+from hbtools.runtime.session import fetching_model, fetching_session, make_session
 from hbtools.runtime.suffixes import Suffixes
 
 log = logging.getLogger("hbtools")
@@ -113,6 +113,7 @@ class Evaluator:
         self.session = fetching_session(self.calibrated, self.fetched, feed_calibration=True, switches=False,
                                         spinning=False, memory_pattern=False)
         self._switchable: ort.InferenceSession | None = None
+        self._switchable_lowered: ModelProto | None = None
         self.plan = plan
         self.feeds = feeds
         self.refs = refs  # per sample, the float model's ``scored_tensors``
@@ -131,12 +132,18 @@ class Evaluator:
         return extra
 
     def _session_for(self, disabled: set[str]):
-        if not disabled:
-            return self.session
+        return self._switchable_session() if disabled else self.session
+
+    def _switchable_session(self) -> ort.InferenceSession:
         if self._switchable is None:
-            self._switchable = fetching_session(self.calibrated, self.fetched, feed_calibration=True, spinning=False,
-                                                memory_pattern=False)
+            self._switchable = make_session(self._switchable_model(), spinning=False, memory_pattern=False)
         return self._switchable
+
+    def _switchable_model(self) -> ModelProto:
+        """The calibrated model lowered with an enable flag per node (for scores that leave tensors float)."""
+        if self._switchable_lowered is None:
+            self._switchable_lowered = fetching_model(self.calibrated, self.fetched, feed_calibration=True)
+        return self._switchable_lowered
 
     def score(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
               disabled: set[str] = frozenset(), at_least: float | None = None, *, logits: bool = False) -> float:
@@ -254,7 +261,7 @@ class Evaluator:
         if not measured:
             return candidates
         feeds, refs = self.feeds[:SENSITIVITY_SAMPLES], self.refs[:SENSITIVITY_SAMPLES]
-        model = fetching_model(self.calibrated, self.fetched, feed_calibration=True)
+        model = self._switchable_model()
         flags = {t: enable_input(self.plan.activation(t).node_name) for t in measured}
         first_reader = {}
         for i, node in enumerate(model.graph.node):
@@ -265,7 +272,8 @@ class Evaluator:
         # Cuts cost a few session builds: only where the measurements take a while.
         worth = self.seconds_per_run * len(feeds) * len(measured) >= SUFFIXES_WORTH_SECONDS
         suffixes = Suffixes(model, self.fetched,
-                            [ordered[k * len(ordered) // SUFFIXES] for k in range(1, SUFFIXES)] if worth else [])
+                            [ordered[k * len(ordered) // SUFFIXES] for k in range(1, SUFFIXES)] if worth else [],
+                            whole=self._switchable_session())
         extra = self._extra(thresholds, switched=True)
         earlier = [suffixes.run({**f, **extra}) for f in feeds]
         base = self._cosine([[e[o] for o in self.fetched] for e in earlier], refs, logits)

@@ -12,10 +12,11 @@ import copy
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import onnx
+import onnxruntime as ort
 from onnx import ModelProto, helper
 
-from hbtools.graph.graph import infer_shapes, part_model, references
+from hbtools.graph.graph import elements, infer_shapes, itemsize, part_model, references
+from hbtools.runtime.custom_session import CustomOpSession
 from hbtools.runtime.session import make_session
 
 KEPT_BYTES = 96 << 20  # values a run keeps for the cuts (per sample held by the caller)
@@ -30,9 +31,10 @@ class Suffixes:
     """
 
     def __init__(self, model: ModelProto, outputs: Sequence[str], cuts: Sequence[int],
-                 budget: int = KEPT_BYTES) -> None:
+                 budget: int = KEPT_BYTES, whole: ort.InferenceSession | CustomOpSession | None = None) -> None:
         """``budget``: bytes a ``run`` may keep for the cuts; cuts whose crossing values would pass
-        it (the smallest crossings go first) or whose size is unknown are left out."""
+        it (the smallest crossings go first) or whose size is unknown are left out. ``whole``: a
+        session over ``model`` as it is, used when no cut is kept."""
         nodes = list(model.graph.node)
         self.outputs = list(outputs)
         made_at = {o: i for i, n in enumerate(nodes) for o in n.output if o}
@@ -41,25 +43,26 @@ class Suffixes:
         for c in sorted({c for c in cuts if 0 < c < len(nodes)}):
             reads = dict.fromkeys(r for n in nodes[c:] for r in references(n))
             crossing = [t for t in reads if made_at.get(t, len(nodes)) < c]
-            if all(t in types and t in sizes for t in crossing):  # a value of unknown type or size is not kept
+            if all(t in sizes for t in crossing):  # a value of unknown size is not kept
                 crossings[c] = crossing
         kept: dict[str, int] = {}
-        self.boundary: dict[int, list[str]] = {}
         for c in sorted(crossings, key=lambda c: sum(sizes[t] for t in crossings[c])):
             more = {t: sizes[t] for t in crossings[c] if t not in kept}
             if sum(kept.values()) + sum(more.values()) <= budget:
                 kept.update(more)
-                self.boundary[c] = crossings[c]
-        self.cuts = sorted(self.boundary)
-        whole = copy.deepcopy(model)
-        present = {o.name for o in whole.graph.output}
-        for t in kept:
-            if t not in present:
-                whole.graph.output.append(helper.make_tensor_value_info(t, types[t], None))
+            else:
+                del crossings[c]
+        self.cuts = sorted(crossings)
         self._fetch = list(dict.fromkeys([*self.outputs, *kept]))
         # The sessions take turns: idle threads of one spinning would slow the next one down, and
         # each would hold a block of its intermediates between runs.
-        self._whole = make_session(whole, spinning=False, memory_pattern=False)
+        if whole is None or kept:
+            extended = copy.deepcopy(model)
+            present = {o.name for o in extended.graph.output}
+            extended.graph.output.extend(helper.make_tensor_value_info(t, types[t], None) for t in kept
+                                         if t not in present)
+            whole = make_session(extended, spinning=False, memory_pattern=False)
+        self._whole = whole
         self._made_after = {c: [o for o in self.outputs if made_at.get(o, -1) >= c] for c in self.cuts}
         self._parts = {c: make_session(part_model(model, nodes[c:], self._made_after[c], {}, types, f"suffix{c}"),
                                        spinning=False, memory_pattern=False) for c in self.cuts}
@@ -84,20 +87,14 @@ class Suffixes:
 
 
 def _types_and_sizes(model: ModelProto) -> tuple[dict[str, int], dict[str, int]]:
-    """Element type of every tensor onnx shape inference types (graph inputs and constants too),
-    shaped or not, and the bytes of those whose shape is static."""
-    types = {t.name: t.data_type for t in model.graph.initializer}
+    """Element type and bytes of every tensor shape inference gives a static shape."""
+    types: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    for inferred in (onnx.shape_inference.infer_shapes(model, strict_mode=False), infer_shapes(copy.deepcopy(model))):
-        graph = inferred.graph
-        for vi in [*graph.input, *graph.value_info, *graph.output]:
-            tensor = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
-            if tensor is None or not tensor.elem_type:
-                continue
-            types.setdefault(vi.name, tensor.elem_type)
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim] \
-                if tensor.HasField("shape") else None
-            if dims is not None and all(d is not None for d in dims) and vi.name not in sizes:
-                itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
-                sizes[vi.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+    graph = infer_shapes(copy.deepcopy(model)).graph
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
+        tensor = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        if tensor.elem_type and tensor.HasField("shape") and None not in dims:
+            types[vi.name] = tensor.elem_type
+            sizes[vi.name] = elements(dims) * itemsize(tensor.elem_type)
     return types, sizes
