@@ -5,7 +5,10 @@ int32 bias and accumulation; requantization is ``clip(round(acc * m), lo, hi)``
 with ``m`` a float64 multiplier and round half to even. Integer products run in
 ConvInteger/MatMulInteger; everything after the accumulator runs in float64,
 which represents every int32 exactly, so a numpy implementation can reproduce
-the results bit for bit.
+the results bit for bit. Convolutions with the float32 rule (``requantize_f32``)
+whose biased sums fit int32 requantize in one onnxruntime DequantizeLinear
+(the bias as its zero point), and a ConvTranspose whose kernel equals its stride
+runs as a 1x1 integer convolution followed by DepthToSpace.
 
 Common attributes: ``out_type`` (int8 | int16 | int32), ``multiplier`` (floats,
 one or per channel along ``axis``), ``out_min``/``out_max`` (integer clip bounds).
@@ -33,6 +36,7 @@ from hbtools.ops.registry import register
 from hbtools.quant import grids
 
 ONNX_INT = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
+CONTRIB_DOMAIN = "com.microsoft"  # onnxruntime's own ops, in every build HB_ONNXRuntime runs on
 NUMPY_INT = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
 # Attributes every requantizing op has: output type, clip bounds and the zero point it adds.
 OUTPUT_ATTRS = {"out_type": REQUIRED, "out_min": REQUIRED, "out_max": REQUIRED, "zero_point": 0}
@@ -63,14 +67,15 @@ def _per_axis(values: list[float], axis: int, rank: int | None) -> np.ndarray:
 
 
 def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: str, hint: str,
-                nodes: list[NodeProto]) -> None:
-    """float64 accumulator -> clip(round(acc * m)) in out_type (or exact int32 cast)."""
+                nodes: list[NodeProto], scaled: bool = False) -> None:
+    """float64 accumulator -> clip(round(acc * m)) in out_type (or exact int32 cast). ``scaled``:
+    ``acc`` is already the float32 product of the ``requantize_f32`` rule."""
     axis = a.get("axis", 1)
     x = acc
     single = bool(a.get("requantize_f32"))
-    if single:  # float32(acc) * float32(m), as onnxruntime's integer conv kernels
+    if single and not scaled:  # float32(acc) * float32(m), as onnxruntime's integer conv kernels
         x = _cast(ctx, x, TensorProto.FLOAT, f"{hint}_acc_f32", nodes)
-    if a["out_type"] != "int32" or any(m != 1.0 for m in a["multiplier"]):
+    if not scaled and any(m != 1.0 for m in a["multiplier"]):  # x * 1.0 is x in float32 and float64
         m = _per_axis(a["multiplier"], axis, rank)
         m = ctx.constant(f"{hint}_m", m.astype(np.float32) if single else m)
         n, x = _node(ctx, "Mul", [x, m], f"{hint}_scaled")
@@ -185,6 +190,77 @@ def _integer_product(ctx: LoweringContext, op: str, a: str, a_bits: int, b: str,
                 n, total = _node(ctx, "Add", [total, term], f"{hint}_sum")
                 nodes.append(n)
     return total
+
+
+def _scaled_accumulator(ctx: LoweringContext, acc: str, bias: np.ndarray | None, multiplier: list[float],
+                        axis: int, hint: str, nodes: list[NodeProto]) -> str | None:
+    """float32(int32 ``acc`` + ``bias``) * float32(m) along ``axis`` in one node; None where the biases
+    do not fit the node.
+
+    onnxruntime's DequantizeLinear computes ``float32(x - zero_point) * scale`` in int32 then float32:
+    with the bias as minus the zero point that is the ``requantize_f32`` rule (the caller has
+    bounded every biased sum to int32). The contrib-domain op takes per-axis scales at any opset.
+    """
+    channels = len(multiplier)
+    if bias is not None:
+        b = np.asarray(bias).astype(np.int64).reshape(-1)
+        if b.size == 0 or (channels > 1 and b.size not in (1, channels)) or b.min() <= -(2**31) or b.max() >= 2**31:
+            return None
+        channels = max(channels, b.size)
+        zero = np.broadcast_to(-b, (channels,)).astype(np.int32)
+    else:
+        zero = np.zeros(channels, np.int32)
+    m = np.broadcast_to(np.asarray(multiplier, np.float64), (channels,)).astype(np.float32)
+    if channels == 1:  # per tensor: scalars
+        m, zero = m.reshape(()), zero.reshape(())
+    inputs = [acc, ctx.constant(f"{hint}_m", m), ctx.constant(f"{hint}_acc_zero", zero)]
+    n, out = _node(ctx, "DequantizeLinear", inputs, f"{hint}_scaled", axis=axis, domain=CONTRIB_DOMAIN)
+    nodes.append(n)
+    return out
+
+
+def _transpose_by_blocks(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto]) -> bool:
+    """A ConvTranspose whose kernel equals its stride (the usual 2x2 / stride 2 upsampling) as an integer
+    1x1 convolution to ``stride**2`` blocks of channels, requantized, then DepthToSpace.
+
+    Each output pixel is one input pixel times one kernel tap, so the 1x1 conv's accumulator holds
+    exactly the transposed convolution's sums; the float32 requantization is per channel and
+    DepthToSpace only moves values, so the result is the reference's bit for bit. False where it
+    does not apply (the generic path runs instead).
+    """
+    w = ctx.known(node.input[1])
+    has_bias = len(node.input) > 2 and bool(node.input[2])
+    bias = ctx.known(node.input[2]) if has_bias else None
+    if w is None or w.ndim != 4 or (has_bias and bias is None) or not a.get("requantize_f32"):
+        return False
+    kernel = list(a.get("kernel_shape") or w.shape[2:])
+    stride = list(a.get("strides") or [1, 1])
+    plain = (not any(a.get("pads") or []) and not any(a.get("output_padding") or [])
+             and all(d == 1 for d in a.get("dilations") or [1]) and int(a.get("group") or 1) == 1
+             and (a.get("auto_pad") or b"NOTSET") in (b"NOTSET", b"VALID", "NOTSET", "VALID"))
+    if not plain or kernel != list(w.shape[2:]) or kernel != stride or kernel[0] != kernel[1] or kernel[0] < 2:
+        return False
+    block, (cin, cout) = kernel[0], w.shape[:2]
+    blocks = block * block
+    # 1x1 weight row (i * block + j) * cout + c holds tap (i, j) of output channel c: DepthToSpace's
+    # DCR order.
+    w_conv = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(blocks * cout, cin, 1, 1))
+    w_name = ctx.constant(f"{node.name}_w_blocks", w_conv)
+    as_conv = helper.make_node(node.op_type, [node.input[0], w_name], list(node.output), name=node.name)
+    bias_max = float(np.abs(bias.astype(np.float64)).max(initial=0.0)) if bias is not None else 0.0
+    local: list[NodeProto] = []
+    found = uint8_kernels.conv_accumulator(ctx, as_conv, {**a, "kind": "Conv"}, {}, local, bias_max)
+    if found is None or not found[1]:
+        return False
+    multiplier = np.broadcast_to(np.asarray(a["multiplier"], np.float64), (cout,))
+    tiled_bias = np.tile(np.broadcast_to(bias.reshape(-1), (cout,)), blocks) if bias is not None else None
+    scaled = _scaled_accumulator(ctx, found[0], tiled_bias, list(np.tile(multiplier, blocks)), 1, node.name, local)
+    if scaled is None:
+        return False
+    n, moved = _node(ctx, "DepthToSpace", [scaled], f"{node.name}_blocks", blocksize=block)
+    nodes += [*local, n]
+    _requantize(ctx, moved, {**a, "axis": 1}, 4, node.output[0], node.name, nodes, scaled=True)
+    return True
 
 
 def _add_bias(ctx: LoweringContext, acc: str, bias: str, rank: int | None, axis: int, hint: str,
@@ -322,6 +398,8 @@ class HzSQuantizedConv(_Requantizing):
         rank = ctx.rank(node.output[0])
         zps = (int(a.get("x_zero_point", 0)), 0)
         in_int32 = False  # an accumulator that fits int32 stays int32 until the requantization
+        if a["kind"] == "ConvTranspose" and _transpose_by_blocks(ctx, node, a, nodes):
+            return nodes
         if a["kind"] == "ConvTranspose":
             acc = _integer_product(ctx, "ConvTranspose", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs)
         elif a["kind"] == "MatMul":
@@ -335,6 +413,13 @@ class HzSQuantizedConv(_Requantizing):
         axis = a.get("axis", 1)
         if rank is not None and axis < 0:
             axis += rank
+        has_bias = len(node.input) > 2 and bool(node.input[2])
+        bias = ctx.known(node.input[2]) if has_bias else None
+        if in_int32 and a.get("requantize_f32") and rank is not None and (bias is not None or not has_bias):
+            scaled = _scaled_accumulator(ctx, acc, bias, a["multiplier"], axis, hint, nodes)
+            if scaled is not None:
+                _requantize(ctx, scaled, {**a, "axis": axis}, rank, node.output[0], hint, nodes, scaled=True)
+                return nodes
         if len(node.input) > 2 and node.input[2]:
             acc = _add_bias(ctx, acc, node.input[2], rank, axis, hint, nodes, in_int32)
         if in_int32:  # exact in float64 too; the float32 rule casts it itself

@@ -141,12 +141,11 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
     activations against uint8 weights, about 15x faster than int8 weights). None where it does
     not apply; else the accumulator and whether it is int32 (it is where every sum, plus a bias
     up to ``bias_max``, fits int32; otherwise float64)."""
-    weight = ctx.constant_values.get(node.input[1])
+    w = ctx.known(node.input[1])
     bits, z = int(a.get("x_bits", 8)), int(a.get("x_zero_point", 0))
-    if a["kind"] != "Conv" or weight is None or bits not in (8, 16) or (bits == 16 and z) or abs(z) > 127 \
+    if a["kind"] != "Conv" or w is None or bits not in (8, 16) or (bits == 16 and z) or abs(z) > 127 \
             or ctx.opset < 10:
         return None
-    w = numpy_helper.to_array(weight)
     w_u8 = ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
     w_zero = uint8_zero(ctx)
     signed = signed_weights_exact()  # int8 activations x uint8 weights: exact with VNNI

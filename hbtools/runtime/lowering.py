@@ -5,13 +5,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection
 
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, version_converter
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper, version_converter
 
 from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.ops import fused, registry, twins, uint8_kernels
 from hbtools.ops.base import DOMAIN, LoweringContext
 from hbtools.ops.names import recorded_cpu_nodes
+from hbtools.ops.quantized import CONTRIB_DOMAIN
 
 
 def has_hz_ops(model: ModelProto) -> bool:
@@ -76,6 +77,9 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     model.graph.input.extend(ctx.inputs)
     del model.graph.value_info[:]  # intermediate dtypes changed; let onnxruntime infer
     with_horizon_domain(model)
+    if any(n.domain == CONTRIB_DOMAIN for n in model.graph.node) and \
+            not any(op.domain == CONTRIB_DOMAIN for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return model
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_hz_ops import CONV_CASES, assert_exact, f32, hz_node, ints, run_lowered, run_op
+from test_hz_ops import CONV_CASES, assert_exact, build, f32, hz_node, ints, run_lowered, run_op
 
 from hbtools.ops import registry
 from hbtools.ops.int_kernels import EXACT_LIMIT, conv
+from hbtools.runtime.lowering import lower_model
 
 QMAX = {8: 127, 16: 32767}
 NP = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
@@ -62,6 +63,8 @@ def test_conv_cases_of_the_lowering_tests(case: str, signed_weights: bool, rule:
 
 TRANSPOSE_CASES = {
     "stride2": ([1, 4, 5, 6], [4, 3, 2, 2], {"strides": [2, 2]}),
+    "stride3": ([2, 5, 3, 4], [5, 6, 3, 3], {"strides": [3, 3]}),
+    "int16_stride2": ([1, 16, 4, 5], [16, 5, 2, 2], {"strides": [2, 2]}),
     "pads_output_padding_groups": ([2, 6, 4, 4], [6, 2, 3, 3],
                                    {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1], "group": 3}),
     "dilation_asymmetric_pads": ([1, 2, 3, 5], [2, 4, 3, 2], {"dilations": [2, 1], "pads": [0, 1, 1, 0]}),
@@ -71,8 +74,11 @@ TRANSPOSE_CASES = {
 }
 
 
+@pytest.mark.parametrize("rule", ["float64", "float32"])
 @pytest.mark.parametrize("case", sorted(TRANSPOSE_CASES))
-def test_conv_transpose(case: str) -> None:
+def test_conv_transpose(case: str, rule: str) -> None:
+    """Every layout, with either requantization rule; with the float32 rule a kernel equal to its
+    stride runs as a 1x1 integer conv to blocks of channels and DepthToSpace."""
     xs, ws, attrs = TRANSPOSE_CASES[case]
     rng = np.random.default_rng(sorted(TRANSPOSE_CASES).index(case))
     x_bits = 16 if case.startswith("int16") else 8
@@ -81,10 +87,15 @@ def test_conv_transpose(case: str) -> None:
     bias = rng.integers(-3000, 3000, cout).astype(np.int32)
     out_type = "int16" if x_bits == 16 else "int8"
     req = requant_attrs(rng, out_type, cout, 1.0 / (QMAX[x_bits] * 127 * 3))
+    if rule == "float32":
+        req["requantize_f32"] = 1
     node = hz_node("HzSQuantizedConv", ["x", "w", "b"], kind="ConvTranspose", x_bits=x_bits, axis=1,
                    kernel_shape=ws[2:], **attrs, **req)
     y = check(node, {"x": x}, {"w": w, "b": bias})
     assert (np.abs(y) == QMAX[x_bits]).any() or np.unique(y).size > 10
+    by_blocks = rule == "float32" and ws[2] == ws[3] == attrs.get("strides", [1])[0] and not attrs.get("pads")
+    lowered = lower_model(build(node, {"x": x}, y.dtype, list(y.shape), {"w": w, "b": bias}))
+    assert any(n.op_type == "DepthToSpace" for n in lowered.graph.node) == by_blocks
 
 
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
