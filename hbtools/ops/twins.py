@@ -8,8 +8,10 @@ flip is harmless, but a network with global pooling or attention spreads it, so
 the lowering of a calibrated model keeps, next to a float32 tensor, its *twin*:
 the same value in float64 and, where it is ``levels * step``, the levels and the
 step. Products of integer levels run as float32 convolutions over the levels (whole
-numbers, exact while sums stay below 2**24: int16 levels are split in two bytes),
-and every fake quant fed by a twin divides in float64, as the integer ops do.
+numbers, exact while sums stay below 2**24: int16 levels are split in two bytes), or,
+where the levels are known to be whole numbers of an int8 or int16 grid, on the quantized
+model's integer kernels; every fake quant fed by a twin divides in float64, as the
+integer ops do.
 
 Twins run through the ops the quantized model computes in integers without a
 lookup table: conv-like products, Add/Sub/Mul of two activations, Add/Sub/Mul/Div
@@ -603,7 +605,21 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
         return False
     if node.op_type == "ConvTranspose" and any(a.name == "group" and a.i != 1 for a in node.attribute):
         return False
-    attrs = list(node.attribute)
+    acc = _integer_conv(node, ctx, x, w, nodes) or _float_conv(node, ctx, x, w, nodes)
+    channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
+    if bias:
+        b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes)
+        acc = _node(ctx, "Add", [acc, b], f"{node.name}_acc_bias", nodes)
+    step = _node(ctx, "Reshape", [w.step, channel_shape], f"{node.name}_w_step", nodes)
+    if not w.folded:
+        step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
+    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False)
+    _replace_output_by_accumulator(node, ctx, twin, nodes)
+    return True
+
+
+def _float_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes: list[NodeProto]) -> str:
+    """The float64 accumulator of a Conv / ConvTranspose from float32 convolutions over the levels."""
     w32 = levels32_of(ctx, w, f"{node.name}_w", nodes)
     x32 = levels32_of(ctx, x, f"{node.name}_x", nodes)
     parts = [(x32, 1.0)]
@@ -618,19 +634,41 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     for part, weight in parts:
         out = ctx.unique(f"{node.name}_acc")
         conv = helper.make_node(node.op_type, [part, w32], [out], name=out)
-        conv.attribute.extend(attrs)
+        conv.attribute.extend(node.attribute)
         nodes.append(conv)
         term = to_double(ctx, out, out, nodes)
         if weight != 1.0:
             term = _node(ctx, "Mul", [term, ctx.constant(f"{node.name}_k", np.array(weight))], f"{out}_k", nodes)
         acc = term if acc is None else _node(ctx, "Add", [acc, term], f"{node.name}_acc_sum", nodes)
-    channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
-    if bias:
-        b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes)
-        acc = _node(ctx, "Add", [acc, b], f"{node.name}_acc_bias", nodes)
-    step = _node(ctx, "Reshape", [w.step, channel_shape], f"{node.name}_w_step", nodes)
-    if not w.folded:
-        step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
-    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False)
-    _replace_output_by_accumulator(node, ctx, twin, nodes)
-    return True
+    return acc
+
+
+def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes: list[NodeProto]) -> str | None:
+    """The float64 accumulator of a Conv from onnxruntime's integer kernels (``uint8_kernels``), as the
+    quantized model computes it: int8 levels, or int16 levels in two bytes, against int8 weight levels.
+
+    Only where the levels are whole numbers of the layout: int16 grids, and int8 grids without a zero
+    point; not in a switchable session, whose disabled nodes hand on levels ``x / step``. None elsewhere.
+    """
+    shape = ctx.shapes.get(node.input[1])
+    if node.op_type != "Conv" or ctx.opset < 10 or (ctx.feed_calibration and ctx.switches) or w.folded \
+            or w.bits != 8 or not (x.bits == 16 or (x.bits == 8 and x.int8_levels)) \
+            or not shape or any(not isinstance(d, int) or d <= 0 for d in shape):
+        return None
+    x32 = levels32_of(ctx, x, f"{node.name}_x", nodes)
+    if x.bits == 16:
+        parts = uint8_kernels.int16_parts(ctx, x32, node.name, nodes)
+    elif uint8_kernels.signed_weights_exact():
+        x8 = _node(ctx, "QuantizeLinear", [x32, uint8_kernels.one(ctx), uint8_kernels.int8_zero(ctx)],
+                   f"{node.name}_x_i8", nodes)
+        parts = [(x8, uint8_kernels.int8_zero(ctx), 1.0)]
+    else:
+        parts = [(u8_levels(ctx, node.input[0], x, nodes), uint8_kernels.uint8_zero(ctx), 1.0)]
+    w_u8 = _node(ctx, "QuantizeLinear", [levels32_of(ctx, w, f"{node.name}_w", nodes), uint8_kernels.one(ctx),
+                                         uint8_kernels.uint8_zero(ctx)], f"{node.name}_w_u8", nodes)
+    # Weight levels are at most 127: every sum of terms fits int32 up to this many terms per output.
+    terms = int(np.prod(shape[1:]))
+    in_int32 = terms * 127 * (2.0 ** (x.bits - 1) + (256 if x.bits == 16 else 0)) < 2.0**31
+    conv_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    acc = uint8_kernels.accumulate(ctx, parts, w_u8, conv_attrs, in_int32, node.name, nodes)
+    return to_double(ctx, acc, acc, nodes) if in_int32 else acc

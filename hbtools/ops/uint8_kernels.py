@@ -147,44 +147,61 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
             or ctx.opset < 10:
         return None
     w_u8 = ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
-    w_zero = uint8_zero(ctx)
-    signed = signed_weights_exact()  # int8 activations x uint8 weights: exact with VNNI
     x = node.input[0]
     if bits == 8:
-        parts = [(x, ctx.constant(f"{node.name}_x_zero", np.array(z, dtype=np.int8)), 1.0)] if signed else \
-            [(as_uint8(ctx, x, nodes), ctx.constant(f"{node.name}_x_zero", np.array(OFFSET + z, dtype=np.uint8)), 1.0)]
-    else:  # int16 x = 256 * hi + lo, hi in [-128, 127], lo in [0, 255]; float32 holds every int16
-        kind, zeros = (np.int8, (0, -128)) if signed else (np.uint8, (OFFSET, 0))
+        parts = int8_parts(ctx, x, z, node.name, nodes)
+    else:
         copy = ctx.float_copies.get(x)
         xf = copy[0] if copy and copy[1] == TensorProto.FLOAT else \
             _node(ctx, "Cast", [x], f"{node.name}_x_f32", nodes, to=TensorProto.FLOAT)
-        # hi = floor(x / 256) = round((x - 127.5) / 256): never a tie, so QuantizeLinear's rounding
-        # gives it, with the layout's zero point added and no clipping needed.
-        below = _node(ctx, "Sub", [xf, _shared(ctx, "127.5", np.array(127.5, np.float32))], f"{node.name}_x_low",
-                      nodes)
-        hi_zero = _shared(ctx, f"zero_{zeros[0]}_{kind.__name__}", np.array(zeros[0], kind))
-        lo_zero = _shared(ctx, f"zero_{zeros[1]}_{kind.__name__}", np.array(zeros[1], kind))
-        c256 = _shared(ctx, "256_f32", np.array(256.0, np.float32))
-        hi = _node(ctx, "QuantizeLinear", [below, c256, hi_zero], f"{node.name}_hi8", nodes)
-        lo = _node(ctx, "Sub", [xf, _node(ctx, "DequantizeLinear", [hi, c256, hi_zero], f"{node.name}_hi256",
-                                          nodes)], f"{node.name}_lo", nodes)
-        lo = _node(ctx, "QuantizeLinear", [lo, one(ctx), lo_zero], f"{node.name}_lo8", nodes)
-        parts = [(hi, hi_zero, 256.0), (lo, lo_zero, 1.0)]
+        parts = int16_parts(ctx, xf, node.name, nodes)
     # Every sum is at most |x - z| <= 2**(bits-1) + |z| times an output channel's sum of |w| (the
     # int16 parts add 256 times it: 256 * hi and lo are summed one after the other).
     weight_sum = float(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max(initial=0))
     bound = weight_sum * (2.0 ** (bits - 1) + abs(z) + (256.0 if bits == 16 else 0.0)) + bias_max
     in_int32 = bound < 2.0**31
+    return accumulate(ctx, parts, w_u8, conv_attrs, in_int32, node.name, nodes), in_int32
+
+
+def int8_parts(ctx: LoweringContext, x: str, z: int, hint: str, nodes: list[NodeProto]) -> list[tuple[str, str, float]]:
+    """int8 ``x`` (levels plus zero point ``z``) as the one part ``accumulate`` takes: itself with VNNI,
+    else its uint8 copy."""
+    if signed_weights_exact():  # int8 activations x uint8 weights: exact with VNNI
+        return [(x, ctx.constant(f"{hint}_x_zero", np.array(z, dtype=np.int8)), 1.0)]
+    return [(as_uint8(ctx, x, nodes), ctx.constant(f"{hint}_x_zero", np.array(OFFSET + z, dtype=np.uint8)), 1.0)]
+
+
+def int16_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto]) -> list[tuple[str, str, float]]:
+    """int16 levels ``xf`` (float32 whole numbers in -32768..32767) as the 8-bit parts ``accumulate``
+    takes: ``x = 256 * hi + lo``, hi in -128..127 and lo in 0..255, each with its zero point."""
+    kind, zeros = (np.int8, (0, -128)) if signed_weights_exact() else (np.uint8, (OFFSET, 0))
+    # hi = floor(x / 256) = round((x - 127.5) / 256): never a tie, so QuantizeLinear's rounding
+    # gives it, with the layout's zero point added and no clipping needed.
+    below = _node(ctx, "Sub", [xf, _shared(ctx, "127.5", np.array(127.5, np.float32))], f"{hint}_x_low", nodes)
+    hi_zero = _shared(ctx, f"zero_{zeros[0]}_{kind.__name__}", np.array(zeros[0], kind))
+    lo_zero = _shared(ctx, f"zero_{zeros[1]}_{kind.__name__}", np.array(zeros[1], kind))
+    c256 = _shared(ctx, "256_f32", np.array(256.0, np.float32))
+    hi = _node(ctx, "QuantizeLinear", [below, c256, hi_zero], f"{hint}_hi8", nodes)
+    lo = _node(ctx, "Sub", [xf, _node(ctx, "DequantizeLinear", [hi, c256, hi_zero], f"{hint}_hi256", nodes)],
+               f"{hint}_lo", nodes)
+    lo = _node(ctx, "QuantizeLinear", [lo, one(ctx), lo_zero], f"{hint}_lo8", nodes)
+    return [(hi, hi_zero, 256.0), (lo, lo_zero, 1.0)]
+
+
+def accumulate(ctx: LoweringContext, parts: list[tuple[str, str, float]], w_u8: str, conv_attrs: dict,
+               in_int32: bool, hint: str, nodes: list[NodeProto]) -> str:
+    """The sum over ``parts`` (tensor, zero point, weight) of weight * ConvInteger(part, ``w_u8``): the
+    uint8 weights ``w + 128``. int32 where the caller bounded every sum, else float64."""
     total = None
     for part, zero, weight_of_part in parts:
-        acc = _node(ctx, "ConvInteger", [part, w_u8, zero, w_zero], f"{node.name}_acc", nodes, **conv_attrs)
-        term = acc if in_int32 else _node(ctx, "Cast", [acc], f"{node.name}_acc_f64", nodes, to=TensorProto.DOUBLE)
+        acc = _node(ctx, "ConvInteger", [part, w_u8, zero, uint8_zero(ctx)], f"{hint}_acc", nodes, **conv_attrs)
+        term = acc if in_int32 else _node(ctx, "Cast", [acc], f"{hint}_acc_f64", nodes, to=TensorProto.DOUBLE)
         if weight_of_part != 1.0:
             c256 = _shared(ctx, "256_i32", np.array(256, np.int32)) if in_int32 else \
                 _shared(ctx, "256", np.array(256.0))
-            term = _node(ctx, "Mul", [term, c256], f"{node.name}_acc_hi", nodes)
-        total = term if total is None else _node(ctx, "Add", [total, term], f"{node.name}_acc_sum", nodes)
-    return total, in_int32
+            term = _node(ctx, "Mul", [term, c256], f"{hint}_acc_hi", nodes)
+        total = term if total is None else _node(ctx, "Add", [total, term], f"{hint}_acc_sum", nodes)
+    return total
 
 
 def matmul(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto]) -> bool:
