@@ -254,6 +254,9 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
     s = to_double(ctx, scale, f"{base}_scale", nodes)
     lo, hi = (to_double(ctx, b, f"{base}_bound", nodes) for b in bounds)
     int8 = bits == 8 and zero_point is None and enable is None
+    # Levels of a fed grid are whole numbers of whatever grid is fed (the int16 search feeds 16-bit
+    # ones to an 8-bit node): int8 only where the bounds are constants within int8.
+    int8_levels = int8 and all(v is not None and -128 <= v <= 127 for v in (_scalar(ctx, b) for b in bounds))
     if int8 and src.pair is not None and _pair_fake_quant(ctx, src, y, s, (lo, hi), base, nodes):
         return
     if int8 and src.parts is not None and _concat_fake_quant(ctx, src, y, s, (lo, hi), base, nodes):
@@ -262,7 +265,7 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
             _accumulator_fake_quant(ctx, src, y, s, (lo, hi), base, nodes):
         return
     if src.bits == ACCUMULATOR_BITS and src.levels is not None:
-        kept = Twin(None, None, s, bits, scalar_step=scalar_step, int8_levels=int8)  # what y's twin records
+        kept = Twin(None, None, s, bits, scalar_step=scalar_step, int8_levels=int8_levels)  # what y's twin records
         _accumulator_fake_quant32(ctx, src, x, y, (scale, s), bounds, zero_point, base, nodes, enable, kept)
         return
     x_value = None
@@ -293,7 +296,7 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
                   select(ctx, enable, q, ratio, levels, TensorProto.DOUBLE)]
         value, q = chosen, levels
     to_float(ctx, value, y, nodes)
-    ctx.twins[y] = Twin(value, q, s, bits, scalar_step=scalar_step, int8_levels=int8)
+    ctx.twins[y] = Twin(value, q, s, bits, scalar_step=scalar_step, int8_levels=int8_levels)
 
 
 def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, scale: tuple[str, str],

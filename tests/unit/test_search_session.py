@@ -72,6 +72,31 @@ def test_search_session_scores_the_built_calibrated_model(bits: int) -> None:
     assert th[1] > 10 * np.abs(w1[1]).max()
 
 
+def test_int16_fed_to_an_int8_session_scores_the_int16_calibrated_model() -> None:
+    """The int16 search feeds 16-bit grids to a session built with 8-bit ones: its score is that of
+    the calibrated model built with the 16-bit grids (levels beyond int8 must not meet int8 kernels)."""
+    optimized = optimize.run(_model_with_a_dead_channel())
+    profile = get_profile("bayes-e")
+    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    plan8 = plan.with_bits({p.tensor: 8 for p in plan.activations})
+    plan16 = plan.with_bits({p.tensor: 16 for p in plan.activations})
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
+    tensors = [p.tensor for p in plan.activations]
+    floats = fetching_session(optimized, tensors + ["y"])
+    values = [dict(zip([*tensors, "y"], floats.run([*tensors, "y"], f), strict=True)) for f in feeds]
+    widest = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
+    refs = [[v["y"]] for v in values]
+    weight_th = weight_thresholds(optimized, plan8)
+    evaluator = Evaluator(optimized, plan8, weight_th, feeds, refs, widest)
+    model = build_calibrated_model(optimized, plan16, widest, weight_th, {})
+    session = make_session(lower_model(model))
+    got = np.concatenate([session.run(["y"], f)[0].ravel() for f in feeds])
+    direct = cosine_similarity(np.concatenate([r[0].ravel() for r in refs]), got)
+    assert direct > 0.9999
+    assert evaluator.score(widest, {t: 16 for t in tensors}) == pytest.approx(direct, abs=1e-6)
+
+
 def _saturated_classifier() -> onnx.ModelProto:
     """Conv -> Relu -> global pool -> Gemm -> Softmax, logits far apart: probabilities at 0 and 1."""
     rng = np.random.default_rng(2)
