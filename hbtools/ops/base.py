@@ -15,6 +15,7 @@ from onnx import NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
 DOMAIN = "horizon"
 DOMAIN_VERSION = 1
+CONTRIB_DOMAIN = "com.microsoft"  # onnxruntime's own ops, in every build HB_ONNXRuntime runs on
 REQUIRED = object()  # attribute-spec default of an attribute every node must have
 
 

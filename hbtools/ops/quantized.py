@@ -31,12 +31,11 @@ import numpy as np
 from onnx import AttributeProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.ops import int_kernels, uint8_kernels
-from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
+from hbtools.ops.base import CONTRIB_DOMAIN, REQUIRED, HzOp, LoweringContext, attrs_of
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 
 ONNX_INT = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
-CONTRIB_DOMAIN = "com.microsoft"  # onnxruntime's own ops, in every build HB_ONNXRuntime runs on
 NUMPY_INT = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
 # Attributes every requantizing op has: output type, clip bounds and the zero point it adds.
 OUTPUT_ATTRS = {"out_type": REQUIRED, "out_min": REQUIRED, "out_max": REQUIRED, "zero_point": 0}

@@ -10,9 +10,8 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto,
 from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.ops import fused, registry, twins, uint8_kernels
-from hbtools.ops.base import DOMAIN, LoweringContext
+from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN, LoweringContext
 from hbtools.ops.names import recorded_cpu_nodes
-from hbtools.ops.quantized import CONTRIB_DOMAIN
 
 
 def has_hz_ops(model: ModelProto) -> bool:
