@@ -716,7 +716,9 @@ def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monk
     commit = transaction._commit
 
     def interrupted_commit(staging: Path) -> None:
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right at the commit point
+        # Ctrl-C right at the commit point, delivered to this thread now (os.kill lets the kernel
+        # pick a thread, and onnxruntime's may take it late)
+        signal.raise_signal(signal.SIGINT)
         commit(staging)
 
     monkeypatch.setattr(transaction, "_commit", interrupted_commit)
