@@ -722,10 +722,16 @@ def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monk
         commit(staging)
 
     monkeypatch.setattr(transaction, "_commit", interrupted_commit)
-    with pytest.raises(KeyboardInterrupt):
-        with transaction.artefact_transaction(tmp_path) as staging:
-            (staging / "a.onnx").write_text("new a")
-            (staging / "b.bin").write_text("new b")
+    # As in a terminal: a suite started in the background inherits SIGINT ignored, and then
+    # Ctrl-C rightly does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with transaction.artefact_transaction(tmp_path) as staging:
+                (staging / "a.onnx").write_text("new a")
+                (staging / "b.bin").write_text("new b")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert (tmp_path / "a.onnx").read_text() == "new a" and (tmp_path / "b.bin").read_text() == "new b"
     assert not (tmp_path / transaction.STAGING_NAME).exists()
 
