@@ -44,26 +44,40 @@ def _model_with_a_dead_channel() -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("bits", [8, 16])
-def test_search_session_scores_the_built_calibrated_model(bits: int) -> None:
+def _dead_channel_plan(bits: int):
+    """The optimized dead-channel model and its plan with every activation at ``bits``."""
     optimized = optimize.run(_model_with_a_dead_channel())
     profile = get_profile("bayes-e")
     plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
-    plan = plan.with_bits({p.tensor: bits for p in plan.activations})
-    rng = np.random.default_rng(1)
-    # A wide input range: at the real thresholds the input step is coarse, so channel 0 is not widened.
-    feeds = [{"x": rng.normal(0, 100, (1, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
+    return optimized, plan.with_bits({p.tensor: bits for p in plan.activations})
+
+
+def _float_run(optimized: onnx.ModelProto, plan, feeds: list[dict]) -> tuple[dict[str, float], list[list]]:
+    """Each activation's largest |value| over ``feeds`` and the float output per feed."""
     tensors = [p.tensor for p in plan.activations]
     floats = fetching_session(optimized, tensors + ["y"])
     values = [dict(zip([*tensors, "y"], floats.run([*tensors, "y"], f), strict=True)) for f in feeds]
-    widest = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
-    refs = [[v["y"]] for v in values]
+    return {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}, [[v["y"]] for v in values]
+
+
+def _calibrated_cosine(model: onnx.ModelProto, feeds: list[dict], refs: list[list]) -> float:
+    """Output cosine of the calibrated ``model`` run directly, over all feeds at once."""
+    session = make_session(lower_model(model))
+    got = np.concatenate([session.run(["y"], f)[0].ravel() for f in feeds])
+    return cosine_similarity(np.concatenate([r[0].ravel() for r in refs]), got)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_search_session_scores_the_built_calibrated_model(bits: int) -> None:
+    optimized, plan = _dead_channel_plan(bits)
+    rng = np.random.default_rng(1)
+    # A wide input range: at the real thresholds the input step is coarse, so channel 0 is not widened.
+    feeds = [{"x": rng.normal(0, 100, (1, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
+    widest, refs = _float_run(optimized, plan, feeds)
     weight_th = weight_thresholds(optimized, plan)
     evaluator = Evaluator(optimized, plan, weight_th, feeds, refs, widest)
     model = build_calibrated_model(optimized, plan, widest, weight_th, {})
-    session = make_session(lower_model(model))
-    got = np.concatenate([session.run(["y"], f)[0].ravel() for f in feeds])
-    direct = cosine_similarity(np.concatenate([r[0].ravel() for r in refs]), got)
+    direct = _calibrated_cosine(model, feeds, refs)
     assert evaluator.score(widest) == pytest.approx(direct, abs=1e-9)
     # The dead channel's grid really is widened (else the test would not test the widening).
     w_node = next(n for n in model.graph.node if n.op_type == "HzCalibration" and n.input[0] == "w1")
@@ -75,26 +89,16 @@ def test_search_session_scores_the_built_calibrated_model(bits: int) -> None:
 def test_int16_fed_to_an_int8_session_scores_the_int16_calibrated_model() -> None:
     """The int16 search feeds 16-bit grids to a session built with 8-bit ones: its score is that of
     the calibrated model built with the 16-bit grids (levels beyond int8 must not meet int8 kernels)."""
-    optimized = optimize.run(_model_with_a_dead_channel())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
-    plan8 = plan.with_bits({p.tensor: 8 for p in plan.activations})
-    plan16 = plan.with_bits({p.tensor: 16 for p in plan.activations})
+    optimized, plan8 = _dead_channel_plan(8)
+    plan16 = plan8.with_bits({p.tensor: 16 for p in plan8.activations})
     rng = np.random.default_rng(2)
     feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
-    tensors = [p.tensor for p in plan.activations]
-    floats = fetching_session(optimized, tensors + ["y"])
-    values = [dict(zip([*tensors, "y"], floats.run([*tensors, "y"], f), strict=True)) for f in feeds]
-    widest = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
-    refs = [[v["y"]] for v in values]
+    widest, refs = _float_run(optimized, plan8, feeds)
     weight_th = weight_thresholds(optimized, plan8)
     evaluator = Evaluator(optimized, plan8, weight_th, feeds, refs, widest)
-    model = build_calibrated_model(optimized, plan16, widest, weight_th, {})
-    session = make_session(lower_model(model))
-    got = np.concatenate([session.run(["y"], f)[0].ravel() for f in feeds])
-    direct = cosine_similarity(np.concatenate([r[0].ravel() for r in refs]), got)
+    direct = _calibrated_cosine(build_calibrated_model(optimized, plan16, widest, weight_th, {}), feeds, refs)
     assert direct > 0.9999
-    assert evaluator.score(widest, {t: 16 for t in tensors}) == pytest.approx(direct, abs=1e-6)
+    assert evaluator.score(widest, {p.tensor: 16 for p in plan8.activations}) == pytest.approx(direct, abs=1e-6)
 
 
 def _saturated_classifier() -> onnx.ModelProto:
