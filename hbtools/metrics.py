@@ -23,18 +23,32 @@ CHUNK = 1 << 20  # elements converted to float64 at a time: large tensors get no
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
+    return cosine_of_products(*products(a, b))
+
+
+def products(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """``a . b``, ``a . a`` and ``b . b`` of two tensors of one size, accumulated in float64."""
     a, b = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
     if a.size != b.size:
         raise ValueError(f"cannot compare tensors of {a.size} and {b.size} elements")
-    return cosine_of_chunks((a[s:s + CHUNK], b[s:s + CHUNK]) for s in range(0, a.size, CHUNK))
+    return _products((a[s:s + CHUNK], b[s:s + CHUNK]) for s in range(0, a.size, CHUNK))
 
 
-def cosine_of_chunks(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> float:
-    """Cosine similarity of two tensors given as matching pieces (accumulated in float64)."""
+def _products(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float, float]:
     dot = aa = bb = 0.0
     for x, y in pairs:
         x, y = _flat(x, y)
         dot, aa, bb = dot + float(x @ y), aa + float(x @ x), bb + float(y @ y)
+    return dot, aa, bb
+
+
+def cosine_of_chunks(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Cosine similarity of two tensors given as matching pieces (accumulated in float64)."""
+    return cosine_of_products(*_products(pairs))
+
+
+def cosine_of_products(dot: float, aa: float, bb: float) -> float:
+    """The cosine of two vectors from ``a . b``, ``a . a`` and ``b . b`` (1 for two zero vectors)."""
     na, nb = np.sqrt(aa), np.sqrt(bb)
     if na == 0 and nb == 0:
         return 1.0

@@ -86,9 +86,7 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         with times.step("method search"):
             widest = {t: max(c[t] for c in candidates.values()) for t in next(iter(candidates.values()))}
             evaluator = Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs, widest)
-            scores = {label: evaluator.score(th) for label, th in candidates.items()}
-        for label, score in scores.items():
-            log.info("calibration method %s: output cosine %.6f", label, score)
+            scores = _method_scores(evaluator, candidates, None, "")
         with times.step("GPTQ"):
             plan, evaluator, scores = _weight_rounding(optimized, plan, weight_th, bc_feeds or eval_feeds,
                                                        candidates, evaluator, scores)
@@ -158,14 +156,15 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
                                        for w, n in readers.items()})
     rounded = Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs, nearest.built)
     scores = _if_weights_gain(f"weight rounding (GPTQ) of {len(readers)} convolutions", nearest, rounded,
-                              next(iter(candidates.values())), candidates, "rounded weights")
+                              next(iter(candidates.values())), candidates, "rounded weights",
+                              max(nearest_scores, key=nearest_scores.get))
     if scores is None:
         return plan, nearest, nearest_scores
     return rounded_plan, rounded, scores
 
 
 def _if_weights_gain(step: str, current: Evaluator, candidate: Evaluator, thresholds: dict[str, float],
-                     candidates: dict[str, dict[str, float]], change: str,
+                     candidates: dict[str, dict[str, float]], change: str, best: str,
                      forced: bool = False) -> dict[str, float] | None:
     """The methods' scores on ``candidate`` if its weights alone (activations float) bring the output
     closer to float than ``current``'s (or ``forced``), else None.
@@ -179,9 +178,19 @@ def _if_weights_gain(step: str, current: Evaluator, candidate: Evaluator, thresh
     log.info("%s: weights-only output cosine %.6f -> %.6f (%s)", step, before, after, "kept" if keep else "not kept")
     if not keep:
         return None
-    scores = {label: candidate.score(th) for label, th in candidates.items()}
+    return _method_scores(candidate, candidates, best, f" with {change}")
+
+
+def _method_scores(evaluator: Evaluator, candidates: dict[str, dict[str, float]], first: str | None,
+                   change: str) -> dict[str, float]:
+    """``Evaluator.method_scores``, logged; a method that stopped early shows the bound it could not beat."""
+    scores, bounds = evaluator.method_scores(candidates, first)
+    best = max(scores.values())
     for label, score in scores.items():
-        log.info("calibration method %s with %s: output cosine %.6f", label, change, score)
+        if label in bounds:
+            log.info("calibration method %s%s: output cosine below %.6f (at most %.6f)", label, change, best, score)
+        else:
+            log.info("calibration method %s%s: output cosine %.6f", label, change, score)
     return scores
 
 
@@ -213,7 +222,7 @@ def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
         return optimized, evaluator, scores
     candidate = Evaluator(corrected, plan, weight_th, evaluator.feeds, evaluator.refs, evaluator.built)
     corrected_scores = _if_weights_gain("bias correction", evaluator, candidate, th, candidates, "corrected biases",
-                                        forced)
+                                        best, forced)
     if corrected_scores is None:
         return optimized, evaluator, scores
     return corrected, candidate, corrected_scores

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from onnx import ModelProto
 from tqdm import tqdm
 
-from hbtools.metrics import cosine_similarity
+from hbtools.metrics import cosine_of_products, products
 from hbtools.ops.names import enable_input
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
 from hbtools.runtime.session import fetching_model, fetching_session, make_session
@@ -71,13 +71,18 @@ def reachable_cosine(refs: list[np.ndarray], got: list[np.ndarray]) -> float:
     rest ``r``, the cosine ``(a_s.b_s + a_r.b_r) / (|a| |b|)`` is largest for ``b_r`` along
     ``a_r``, where (Cauchy-Schwarz) it is at most ``sqrt(max(a_s.b_s, 0)^2 / |b_s|^2 + |a_r|^2) / |a|``.
     """
-    total = sum(float(np.square(r, dtype=np.float64).sum()) for r in refs)
-    if total == 0.0:
-        return np.inf
+    total = sum(products(r, r)[1] for r in refs)
     seen = dot = norm = 0.0
     for ref, out in zip(refs, got, strict=False):
-        a, b = ref.reshape(-1).astype(np.float64), out.reshape(-1).astype(np.float64)
-        seen, dot, norm = seen + float(a @ a), dot + float(a @ b), norm + float(b @ b)
+        ab, aa, bb = products(ref, out)
+        seen, dot, norm = seen + aa, dot + ab, norm + bb
+    return bound_of_products(total, seen, dot, norm)
+
+
+def bound_of_products(total: float, seen: float, dot: float, norm: float) -> float:
+    """``reachable_cosine`` from sums: ``total`` = |a|^2, ``seen`` = |a_s|^2, ``dot`` = a_s.b_s, ``norm`` = |b_s|^2."""
+    if total == 0.0:
+        return np.inf
     first = max(dot, 0.0) ** 2 / norm if norm > 0 else 0.0
     return float(np.sqrt(first + max(total - seen, 0.0)) / np.sqrt(total))
 
@@ -117,8 +122,10 @@ class Evaluator:
         self.plan = plan
         self.feeds = feeds
         self.refs = refs  # per sample, the float model's ``scored_tensors``
+        self._energy = [[products(r, r)[1] for r in sample] for sample in refs]  # per sample, per fetched |ref|^2
         self._order = scoring_order(refs)
         self.seconds_per_run = 0.0  # of the last score
+        self.complete = True  # whether the last score ran every sample (False: it is a bound)
 
     def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
                disabled: set[str] = frozenset(), switched: bool = False) -> dict[str, np.ndarray]:
@@ -162,22 +169,48 @@ class Evaluator:
         """
         extra = self._extra(thresholds, bits, disabled)
         session = self._session_for(disabled)
-        runs = []
-        refs = [self.refs[i] for i in self._order]
+        total = np.sum(self._energy, axis=0)
+        sums = np.zeros((3, len(self.fetched)))  # per fetched tensor: |ref|^2, ref.out and |out|^2 so far
         started = time.perf_counter()
-        for i in self._order:
-            runs.append(session.run(self.fetched, {**self.feeds[i], **extra}))
-            self.seconds_per_run = (time.perf_counter() - started) / len(runs)
-            if at_least is not None and len(runs) < len(self.feeds):
-                bound = self._combined(lambda k: reachable_cosine([r[k] for r in refs], [r[k] for r in runs]), logits)
+        self.complete = False
+        for done, i in enumerate(self._order, start=1):
+            out = session.run(self.fetched, {**self.feeds[i], **extra})
+            sums += self._products(i, out)
+            self.seconds_per_run = (time.perf_counter() - started) / done
+            if at_least is not None and done < len(self.feeds):
+                bound = self._combined(lambda k, s=sums: bound_of_products(total[k], *s[:, k]), logits)
                 if bound < at_least:
                     return bound
-        return self._cosine(runs, refs, logits)
+        self.complete = True
+        return self._combined(lambda k: cosine_of_products(sums[1, k], total[k], sums[2, k]), logits)
 
-    def _cosine(self, runs: list[list[np.ndarray]], refs: list[list[np.ndarray]], logits: bool) -> float:
-        """The score of ``runs`` (per sample, the ``fetched`` tensors) against the float ``refs``."""
-        return self._combined(lambda k: cosine_similarity(np.concatenate([r[k].reshape(-1) for r in refs]),
-                                                          np.concatenate([o[k].reshape(-1) for o in runs])), logits)
+    def _products(self, sample: int, out: list[np.ndarray]) -> np.ndarray:
+        """Per fetched tensor (columns) of one sample's run: |ref|^2, ref.out and |out|^2 (rows)."""
+        rows = [(self._energy[sample][k], *products(ref, got)[::2]) for k, (ref, got)
+                in enumerate(zip(self.refs[sample], out, strict=True))]
+        return np.array(rows, dtype=np.float64).T
+
+    def _cosine(self, runs: list[list[np.ndarray]], samples: list[int], logits: bool) -> float:
+        """The score of ``runs`` (per sample, the ``fetched`` tensors) of ``samples`` against the float model."""
+        sums = sum(self._products(i, out) for i, out in zip(samples, runs, strict=True))
+        return self._combined(lambda k: cosine_of_products(sums[1, k], sums[0, k], sums[2, k]), logits)
+
+    def method_scores(self, candidates: dict[str, dict[str, float]],
+                      first: str | None = None) -> tuple[dict[str, float], set[str]]:
+        """Each method's score (in ``candidates``' order), enough to pick the best of them.
+
+        ``first`` (the best so far, if known) is scored first; each later method stops as soon as
+        it cannot reach the best before it, and its value is then an upper bound below that best
+        (the labels of such bounds are returned too). The best and its score are those a full
+        scoring of every method gives, ties to the earlier method in ``candidates`` included.
+        """
+        scores: dict[str, float] = {}
+        bounds: set[str] = set()
+        for label in sorted(candidates, key=lambda m: m != first):
+            scores[label] = self.score(candidates[label], at_least=max(scores.values(), default=None))
+            if not self.complete:
+                bounds.add(label)
+        return {label: scores[label] for label in candidates}, bounds
 
     def _combined(self, cosine: Callable[[int], float], logits: bool) -> float:
         """The mean over model outputs of ``cosine`` (of a fetched index), with ``logits`` the lower
@@ -260,7 +293,8 @@ class Evaluator:
         measured = candidates[:SENSITIVITY_MAX_TENSORS]
         if not measured:
             return candidates
-        feeds, refs = self.feeds[:SENSITIVITY_SAMPLES], self.refs[:SENSITIVITY_SAMPLES]
+        feeds = self.feeds[:SENSITIVITY_SAMPLES]
+        samples = list(range(len(feeds)))
         model = self._switchable_model()
         flags = {t: enable_input(self.plan.activation(t).node_name) for t in measured}
         first_reader = {}
@@ -276,10 +310,10 @@ class Evaluator:
                             whole=self._switchable_session())
         extra = self._extra(thresholds, switched=True)
         earlier = [suffixes.run({**f, **extra}) for f in feeds]
-        base = self._cosine([[e[o] for o in self.fetched] for e in earlier], refs, logits)
+        base = self._cosine([[e[o] for o in self.fetched] for e in earlier], samples, logits)
         gain = {}
         for t in tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False):
             off = {**extra, flags[t]: np.array(False)}
             runs = [suffixes.rerun(starts[t], {**f, **off}, e) for f, e in zip(feeds, earlier, strict=True)]
-            gain[t] = self._cosine(runs, refs, logits) - base
+            gain[t] = self._cosine(runs, samples, logits) - base
         return sorted(candidates, key=lambda t: (gain.get(t, -1.0), noise[t]), reverse=True)

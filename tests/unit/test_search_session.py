@@ -189,3 +189,26 @@ def test_sensitivity_from_cuts_ranks_as_whole_runs(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(search, "SUFFIXES_WORTH_SECONDS", 0.0)
     cut = evaluator._rank_by_sensitivity(th, noise)
     assert len(tensors) >= 5 and cut == whole
+
+
+def test_method_scores_stop_losers_early_and_pick_what_full_scores_pick() -> None:
+    optimized, plan = _dead_channel_plan(8)
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
+    widest, refs = _float_run(optimized, plan, feeds)
+    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, refs, widest)
+    # max, a tie of it, one clipping most values (far worse), one slightly tighter than max
+    candidates = {"max": widest, "same": dict(widest), "clipped": {t: v / 50 for t, v in widest.items()},
+                  "tight": {t: 0.9 * v for t, v in widest.items()}}
+    full = {label: evaluator.score(th) for label, th in candidates.items()}
+    for first in (None, "tight", "clipped", "same"):
+        scores, bounds = evaluator.method_scores(candidates, first)
+        assert list(scores) == list(candidates)
+        assert max(scores, key=scores.get) == max(full, key=full.get)
+        for label, score in scores.items():
+            if label in bounds:  # a bound: at least the true score, below the best
+                assert full[label] <= score + 1e-12 < max(full.values())
+            else:
+                assert score == pytest.approx(full[label], abs=1e-12)
+    _, bounds = evaluator.method_scores(candidates, "max")
+    assert "clipped" in bounds and "same" not in bounds
