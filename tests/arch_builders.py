@@ -335,6 +335,40 @@ def yolov8n_cls(h: int = 224, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.op("Softmax", [g.gemm(x, 1280, 1000)], axis=1)], opset)
 
 
+def ort_quantized_crnn(h: int = 16, w: int = 32, opset: int = 13) -> FloatModel:
+    """A CRNN as onnxruntime's ``quantize_dynamic`` leaves it: float convs, then DynamicQuantizeLSTM and
+    MatMulInteger (com.microsoft ops that onnx shape inference does not know) up to the output.
+
+    Its output keeps no inferable shape: the optimized model once failed the ONNX checker
+    (ddddocr's common_old.onnx). The convs stay float, so something goes to the BPU.
+    """
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    g = _Graph(7)
+    x = g.op("Relu", [_conv_bn(g, "data", 3, 8, stride=2)])
+    x = g.op("Relu", [_conv_bn(g, x, 8, 8)])  # [1, 8, h/2, w/2]
+    steps, features, hidden = w // 2, 8 * h // 2, 16
+    seq = g.op("Transpose", [g.op("Reshape", [x, g.const(np.array([1, features, steps], np.int64), "shape")])],
+               perm=[2, 0, 1])  # [T, N, C]
+    scale = 1.0 / np.sqrt(features)
+    weights = [g.const((g.rng.standard_normal(s) * scale).astype(np.float32), "lstm")
+               for s in ((1, 4 * hidden, features), (1, 4 * hidden, hidden), (1, 8 * hidden))]
+    y = g.op("LSTM", [seq, *weights], hidden_size=hidden)  # [T, 1, N, hidden]
+    y = g.op("Squeeze", [y, g.const(np.array([1], np.int64), "axes")])
+    logits = g.op("MatMul", [y, g.const((g.rng.standard_normal((hidden, 12)) / 4).astype(np.float32), "fc")])
+    float_model = g.model({"data": [1, 3, h, w]}, [logits], opset)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "dynamic.onnx"
+        onnx.save(float_model.model, src)
+        quantize_dynamic(str(src), str(dst), op_types_to_quantize=["LSTM", "MatMul"], weight_type=QuantType.QInt8)
+        model = onnx.load(dst)
+    return FloatModel(model, float_model.inputs)
+
+
 NETWORKS = {"yolov8n": yolov8n, "yolov5nu": yolov5nu, "yolov5n": yolov5n, "yolov8n_cls": yolov8n_cls}
 
 
@@ -348,4 +382,5 @@ BLOCKS = {
     "unet_up": unet_up,
     "fpn_pan": fpn_pan,
     "yolov8_head": yolov8_head,
+    "ort_quantized_crnn": ort_quantized_crnn,
 }

@@ -146,7 +146,14 @@ def _with_preprocess(body: ModelProto, pre_nodes: list, inputs: list, source: Mo
     body.graph.node.extend(nodes)
     body.ir_version = source.ir_version
     with_horizon_domain(body)
-    return infer_shapes(body)
+    out = infer_shapes(body)
+    # An output after an op that shape inference does not know (a com.microsoft op of a model
+    # onnxruntime optimized before us) keeps the shape the parsed model declares: the checker needs one.
+    declared = {o.name: o for o in source.graph.output if o.type.tensor_type.HasField("shape")}
+    for o in out.graph.output:
+        if not o.type.tensor_type.HasField("shape") and o.name in declared:
+            o.type.tensor_type.shape.CopyFrom(declared[o.name].type.tensor_type.shape)
+    return out
 
 
 def _onnxruntime_basic(model: ModelProto) -> ModelProto:
@@ -158,9 +165,13 @@ def _onnxruntime_basic(model: ModelProto) -> ModelProto:
         optimized = onnx.load(path)
     optimized.ir_version = model.ir_version
     with_horizon_domain(optimized)
-    unexpected = {n.domain for n in optimized.graph.node} - {"", "ai.onnx"}
-    if unexpected:  # onnxruntime-only ops must never reach an artefact
-        log.warning("onnxruntime produced %s ops; keeping the unoptimized graph", sorted(unexpected))
+    # onnxruntime-only ops must never reach an artefact unless the model had them already (a model
+    # quantized by onnxruntime carries com.microsoft ops of its own).
+    own = {(n.domain, n.op_type) for n in model.graph.node}
+    unexpected = {(n.domain, n.op_type) for n in optimized.graph.node if n.domain not in ("", "ai.onnx")} - own
+    if unexpected:
+        log.warning("onnxruntime's optimizations made ops the model does not have (%s); keeping the unoptimized "
+                    "graph", ", ".join(sorted(f"{d}.{op}" for d, op in unexpected)))
         return model
     return optimized
 

@@ -4,7 +4,9 @@ Two of them reproduce the structure (not the weights) of models that used to sto
 with an internal error: a MobileNetV3 block exported at opset 15 (unfolded
 BatchNormalization, the HardSwish function op, an SE gate [N, C, 1, 1] times
 [N, C, H, W]) and a YOLOX decoupled head (one tensor read by two MaxPools, which
-emitted the same integer-to-float Cast twice).
+emitted the same integer-to-float Cast twice). A third is a CRNN that onnxruntime's
+``quantize_dynamic`` already quantized: its com.microsoft ops leave the output without an
+inferable shape, and the optimized model failed the ONNX checker.
 """
 
 from __future__ import annotations
