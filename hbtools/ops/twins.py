@@ -659,6 +659,16 @@ def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes
             or not shape or any(not isinstance(d, int) or d <= 0 for d in shape):
         return None
     x32 = levels32_of(ctx, x, f"{node.name}_x", nodes)
+    # Weight levels are at most 127: every sum of terms fits int32 up to this many terms per output.
+    terms = int(np.prod(shape[1:]))
+    in_int32 = terms * 127 * (2.0 ** (x.bits - 1) + (256 if x.bits == 16 else 0)) < 2.0**31
+    conv_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if int(conv_attrs.get("group", 1)) > 1:  # as the quantized model's grouped convs (float32, exact)
+        acc = uint8_kernels.grouped_accumulator(ctx, x32, 2.0 ** (x.bits - 1), x.bits == 16,
+                                                levels32_of(ctx, w, f"{node.name}_w", nodes), 127.0 * terms,
+                                                conv_attrs, in_int32, node.name, nodes)
+        if acc is not None:
+            return to_double(ctx, acc, acc, nodes) if in_int32 else acc
     if x.bits == 16:
         parts = uint8_kernels.int16_parts(ctx, x32, node.name, nodes)
     elif uint8_kernels.signed_weights_exact():
@@ -669,9 +679,5 @@ def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes
         parts = [(u8_levels(ctx, node.input[0], x, nodes), uint8_kernels.uint8_zero(ctx), 1.0)]
     w_u8 = _node(ctx, "QuantizeLinear", [levels32_of(ctx, w, f"{node.name}_w", nodes), uint8_kernels.one(ctx),
                                          uint8_kernels.uint8_zero(ctx)], f"{node.name}_w_u8", nodes)
-    # Weight levels are at most 127: every sum of terms fits int32 up to this many terms per output.
-    terms = int(np.prod(shape[1:]))
-    in_int32 = terms * 127 * (2.0 ** (x.bits - 1) + (256 if x.bits == 16 else 0)) < 2.0**31
-    conv_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     acc = uint8_kernels.accumulate(ctx, parts, w_u8, conv_attrs, in_int32, node.name, nodes)
     return to_double(ctx, acc, acc, nodes) if in_int32 else acc

@@ -45,7 +45,7 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
             elem = elem_of.get(q_name)
             q_lowered.graph.output.append(helper.make_tensor_value_info(q_name, elem, None) if elem
                                           else helper.make_empty_tensor_value_info(q_name))
-    q_sess = make_session(q_lowered, per_node=True)  # as HB_ONNXRuntime runs a quantized model
+    q_sess = make_session(q_lowered)  # as HB_ONNXRuntime runs a quantized model
     q_feed = {}
     for i in q_sess.get_inputs():
         x = feed[i.name]

@@ -107,7 +107,7 @@ class Simulator:
         model = helper.make_model(graph, opset_imports=opsets)
         model.ir_version = src.ir_version
         try:
-            return make_session(model, threads=self.threads, per_node=True)
+            return make_session(model, threads=self.threads)
         except Exception as e:  # onnxruntime's exception types are not importable
             raise BinFormatError(f"node '{members[0].name}' ({members[0].op_type}) cannot be run: "
                                  f"{_first_line(e)}") from None

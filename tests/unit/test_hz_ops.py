@@ -232,6 +232,11 @@ CONV_CASES = {
     "int32_accumulator": (8, [1, 4, 5, 5], [3, 4, 3, 3], {}, "int32", None),
     # 576 terms of int16 x int8, random weights: the sums of |w| keep every accumulator in int32.
     "int16_wide_sums": (16, [1, 64, 4, 4], [3, 64, 3, 3], {"pads": [1, 1, 1, 1]}, "int16", None),
+    # Grouped convs run as float32 convs: of int8 levels in one, of int16 levels over their two bytes.
+    "int8_depthwise_int16_out": (8, [1, 6, 5, 5], [6, 1, 3, 3], {"group": 6, "pads": [1, 1, 1, 1]}, "int16", None),
+    "int16_depthwise": (16, [1, 6, 7, 7], [6, 1, 5, 5], {"group": 6, "pads": [2, 2, 2, 2], "strides": [2, 2]},
+                        "int16", None),
+    "int16_grouped": (16, [1, 8, 5, 5], [6, 4, 3, 3], {"group": 2, "pads": [1, 1, 1, 1]}, "int8", None),
 }
 
 
@@ -616,3 +621,28 @@ def test_int32_output_saturates_at_int32_bounds() -> None:
                    out_min=float(-(2**31)), out_max=float(2**31 - 1))
     got = run_op(node, {"x": x}, np.int32, [5])
     assert_exact(got, np.array([2**31 - 1, -(2**31), 2**31 - 1, 20, -(2**31)], dtype=np.int32))
+
+
+@pytest.mark.parametrize(("weight", "x_bits", "taps", "float_convs"),
+                         [(1, 16, 9, 1), (3, 16, 576, 2), (100, 16, 576, 2), (127, 8, 576, 1), (127, 16, 576, 0)])
+def test_grouped_conv_runs_as_float32_where_exact(weight: int, x_bits: int, taps: int, float_convs: int) -> None:
+    """A grouped conv's accumulator comes from float32 convs while every partial sum stays below
+    2**24: one conv of the levels, or two over the bytes of int16 levels; else ConvInteger. Each
+    form equals the reference bit for bit, extreme levels included."""
+    from hbtools.runtime.lowering import lower_model
+
+    rng = np.random.default_rng(weight + x_bits)
+    ws = [4, taps, 1, 1]  # 2 groups: 576 * 127 * 255 > 2**24 > 576 * 100 * 255; 9 * 32768 < 2**24
+    w = (np.where(rng.random(ws) < 0.5, -1, 1) * weight).astype(np.int8)
+    q = QMAX[x_bits]
+    x = ints(rng, x_bits, [1, 2 * taps, 2, 2])
+    x[0, :, 1, 1] = np.where(rng.random(2 * taps) < 0.5, -q - 1, q)  # the extreme levels
+    x[0, :taps, 0, 0] = np.sign(w[0, :, 0, 0].astype(np.int32)) * q  # one sum at its largest
+    # The accumulator itself (int32 out, multiplier 1): a sum off by one shows.
+    node = hz_node("HzSQuantizedConv", ["x", "w"], kind="Conv", x_bits=x_bits, axis=1, group=2, multiplier=[1.0],
+                   out_type="int32", out_min=-(2.0**31), out_max=2.0**31 - 1, kernel_shape=[1, 1])
+    want = np.clip(conv_int64(x, w, group=2), -(2**31), 2**31 - 1).astype(np.int32)
+    model = build(node, {"x": x}, np.int32, list(want.shape), {"w": w})
+    ops = [n.op_type for n in lower_model(model).graph.node]
+    assert ops.count("Conv") == float_convs and ("ConvInteger" in ops) == (float_convs == 0)
+    assert_exact(want, run_lowered(model, {"x": x}))
