@@ -401,14 +401,17 @@ class HzSQuantizedConv(_Requantizing):
             return nodes
         if a["kind"] == "ConvTranspose":
             acc = _integer_product(ctx, "ConvTranspose", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs)
-        elif a["kind"] == "MatMul":
-            acc = _integer_product(ctx, "MatMulInteger", x, a["x_bits"], w, 8, hint, nodes, zps)
         else:
             bias = ctx.constant_values.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
             bias_max = float(np.abs(numpy_helper.to_array(bias).astype(np.float64)).max(initial=0.0)) \
                 if bias is not None else np.inf if len(node.input) > 2 and node.input[2] else 0.0
-            acc, in_int32 = uint8_kernels.conv_accumulator(ctx, node, a, conv_attrs, nodes, bias_max) or \
-                (_integer_product(ctx, "ConvInteger", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs), False)
+            if a["kind"] == "MatMul":
+                acc, in_int32 = uint8_kernels.matmul_accumulator(ctx, node, a, nodes, bias_max) or \
+                    (_integer_product(ctx, "MatMulInteger", x, a["x_bits"], w, 8, hint, nodes, zps), False)
+            else:
+                acc, in_int32 = uint8_kernels.conv_accumulator(ctx, node, a, conv_attrs, nodes, bias_max) or \
+                    (_integer_product(ctx, "ConvInteger", x, a["x_bits"], w, 8, hint, nodes, zps, **conv_attrs),
+                     False)
         axis = a.get("axis", 1)
         if rank is not None and axis < 0:
             axis += rank

@@ -212,18 +212,22 @@ def grouped_accumulator(ctx: LoweringContext, levels: str, level_max: float, spl
     return total
 
 
-def int8_parts(ctx: LoweringContext, x: str, z: int, hint: str, nodes: list[NodeProto]) -> list[tuple[str, str, float]]:
-    """int8 ``x`` (levels plus zero point ``z``) as the one part ``accumulate`` takes: itself with VNNI,
-    else its uint8 copy."""
-    if signed_weights_exact():  # int8 activations x uint8 weights: exact with VNNI
+def int8_parts(ctx: LoweringContext, x: str, z: int, hint: str, nodes: list[NodeProto],
+               signed: bool | None = None) -> list[tuple[str, str, float]]:
+    """int8 ``x`` (levels plus zero point ``z``) as the one part ``accumulate`` takes: itself where
+    ``signed`` (default: with VNNI), else its uint8 copy."""
+    if signed_weights_exact() if signed is None else signed:  # int8 activations x uint8 weights
         return [(x, ctx.constant(f"{hint}_x_zero", np.array(z, dtype=np.int8)), 1.0)]
     return [(as_uint8(ctx, x, nodes), ctx.constant(f"{hint}_x_zero", np.array(OFFSET + z, dtype=np.uint8)), 1.0)]
 
 
-def int16_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto]) -> list[tuple[str, str, float]]:
+def int16_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto],
+                signed: bool | None = None) -> list[tuple[str, str, float]]:
     """int16 levels ``xf`` (float32 whole numbers in -32768..32767) as the 8-bit parts ``accumulate``
-    takes: ``x = 256 * hi + lo``, hi in -128..127 and lo in 0..255, each with its zero point."""
-    kind, zeros = (np.int8, (0, -128)) if signed_weights_exact() else (np.uint8, (OFFSET, 0))
+    takes: ``x = 256 * hi + lo``, hi in -128..127 and lo in 0..255, each with its zero point; int8
+    parts where ``signed`` (default: with VNNI), else uint8."""
+    signed = signed_weights_exact() if signed is None else signed
+    kind, zeros = (np.int8, (0, -128)) if signed else (np.uint8, (OFFSET, 0))
     # hi = floor(x / 256) = round((x - 127.5) / 256): never a tie, so QuantizeLinear's rounding
     # gives it, with the layout's zero point added and no clipping needed.
     below = _node(ctx, "Sub", [xf, _shared(ctx, "127.5", np.array(127.5, np.float32))], f"{hint}_x_low", nodes)
@@ -237,13 +241,43 @@ def int16_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto]
     return [(hi, hi_zero, 256.0), (lo, lo_zero, 1.0)]
 
 
+def matmul_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto],
+                       bias_max: float = 0.0) -> tuple[str, bool] | None:
+    """``conv_accumulator`` for an HzSQuantizedConv of kind MatMul (constant [K, N] weight): the exact
+    accumulator from MatMulInteger against uint8 weights ``w + 128``, int32 where every sum (plus a
+    bias up to ``bias_max``) fits, so that the requantization can skip float64."""
+    w = ctx.known(node.input[1])
+    bits, z = int(a.get("x_bits", 8)), int(a.get("x_zero_point", 0))
+    if a["kind"] != "MatMul" or w is None or w.ndim != 2 or bits not in (8, 16) or (bits == 16 and z) \
+            or abs(z) > 127 or ctx.opset < 10:
+        return None
+    x = node.input[0]
+    weight_sum = float(np.abs(w.astype(np.int64)).sum(axis=0).max(initial=0))  # per output column
+    bound = weight_sum * (2.0 ** (bits - 1) + abs(z) + (256.0 if bits == 16 else 0.0)) + bias_max
+    in_int32 = bound < 2.0**31
+    # MLAS's integer GEMM is fast for uint8 activations against int8 weights (with VNNI; else both
+    # uint8): the reverse of its convolutions, and int8 activations take a generic path 25x slower.
+    signed_w = signed_weights_exact()
+    weights = ctx.constant(f"{node.name}_w_s8", w.astype(np.int8)) if signed_w else \
+        ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
+    w_zero = int8_zero(ctx) if signed_w else uint8_zero(ctx)
+    if bits == 8:
+        parts = int8_parts(ctx, x, z, node.name, nodes, signed=False)
+    else:
+        parts = int16_parts(ctx, _float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes, signed=False)
+    return accumulate(ctx, parts, weights, {}, in_int32, node.name, nodes, op="MatMulInteger", w_zero=w_zero), \
+        in_int32
+
+
 def accumulate(ctx: LoweringContext, parts: list[tuple[str, str, float]], w_u8: str, conv_attrs: dict,
-               in_int32: bool, hint: str, nodes: list[NodeProto]) -> str:
-    """The sum over ``parts`` (tensor, zero point, weight) of weight * ConvInteger(part, ``w_u8``): the
-    uint8 weights ``w + 128``. int32 where the caller bounded every sum, else float64."""
+               in_int32: bool, hint: str, nodes: list[NodeProto], op: str = "ConvInteger",
+               w_zero: str | None = None) -> str:
+    """The sum over ``parts`` (tensor, zero point, weight) of weight * ``op``(part, ``w_u8``) (ConvInteger
+    or MatMulInteger): the uint8 weights ``w + 128`` (or others with their ``w_zero``). int32 where
+    the caller bounded every sum, else float64."""
     total = None
     for part, zero, weight_of_part in parts:
-        acc = _node(ctx, "ConvInteger", [part, w_u8, zero, uint8_zero(ctx)], f"{hint}_acc", nodes, **conv_attrs)
+        acc = _node(ctx, op, [part, w_u8, zero, w_zero or uint8_zero(ctx)], f"{hint}_acc", nodes, **conv_attrs)
         term = acc if in_int32 else _node(ctx, "Cast", [acc], f"{hint}_acc_f64", nodes, to=TensorProto.DOUBLE)
         if weight_of_part != 1.0:
             c256 = _shared(ctx, "256_i32", np.array(256, np.int32)) if in_int32 else \

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 from test_hz_ops import CONV_CASES, assert_exact, build, f32, hz_node, ints, run_lowered, run_op
 
 from hbtools.ops import registry
@@ -381,3 +382,32 @@ def test_int8_matmul_runs_on_onnxruntime_integer_kernels(case: str, signed_weigh
     model = build(node, feeds, np.int8, out_shape, consts)
     kernel = "QLinearConv" if case == "gemm_bias" else "QLinearMatMul"
     assert kernel in {n.op_type for n in lower_model(model).graph.node}
+
+
+@pytest.mark.parametrize("signed_weights", [True, False], ids=["u8s8", "u8u8"])
+@pytest.mark.parametrize("rule", ["float64", "float32"])
+@pytest.mark.parametrize(("x_bits", "out_type"), [(8, "int16"), (16, "int8"), (16, "int16")])
+def test_matmul_kind_accumulates_in_int32(x_bits: int, out_type: str, rule: str, signed_weights: bool,
+                                          monkeypatch) -> None:
+    """A constant-weight MatMul (a recogniser's head) sums its int8/int16 parts, as uint8, in int32
+    where every sum fits, and requantizes from there; equal to the reference bit for bit."""
+    from hbtools.ops import uint8_kernels
+
+    monkeypatch.setattr(uint8_kernels, "signed_weights_exact", lambda: signed_weights)
+    rng = np.random.default_rng(x_bits + len(out_type) + len(rule))
+    x, w = ints(rng, x_bits, [1, 7, 40]), ints(rng, 8, [40, 9])
+    x[0, 0] = -QMAX[x_bits] - 1  # the extreme level
+    bias = rng.integers(-20000, 20000, 9).astype(np.int32)
+    attrs = requant_attrs(rng, out_type, 9, 1 / (QMAX[x_bits] * 127 * 6))
+    if rule == "float32":
+        attrs["requantize_f32"] = 1
+    node = hz_node("HzSQuantizedConv", ["x", "w", "b"], kind="MatMul", x_bits=x_bits, axis=-1, **attrs)
+    y = check(node, {"x": x}, {"w": w, "b": bias})
+    lowered = lower_model(build(node, {"x": x}, y.dtype, list(y.shape), {"w": w, "b": bias}))
+    ops = [n.op_type for n in lowered.graph.node]
+    assert "MatMulInteger" in ops
+    types = {i.name: i.data_type for i in lowered.graph.initializer}
+    kernels = [n for n in lowered.graph.node if n.op_type == "MatMulInteger"]
+    assert {types.get(n.input[1]) for n in kernels} == {TensorProto.INT8 if signed_weights else TensorProto.UINT8}
+    casts = {helper.get_attribute_value(a) for n in lowered.graph.node if n.op_type == "Cast" for a in n.attribute}
+    assert TensorProto.DOUBLE not in casts or rule == "float64", "the float32 rule needs no float64"
