@@ -690,10 +690,21 @@ class HzSQuantizedPool(_Requantizing):
             acc = _cast(ctx, s, TensorProto.DOUBLE, f"{hint}_sumd", nodes)
         else:
             kernel = a["kernel_shape"]
-            ones = ctx.constant(f"{hint}_ones", np.ones([a["channels"], 1, *kernel], dtype=np.int8))
             attrs = {k: a[k] for k in ("kernel_shape", "strides", "pads") if k in a}
-            acc = _integer_product(ctx, "ConvInteger", node.input[0], a.get("x_bits", 8), ones, 8, hint, nodes,
-                                   (zp, 0), group=a["channels"], **attrs)
+            bits = int(a.get("x_bits", 8))
+            # A depthwise sum: float32 convs where exact (``grouped_accumulator``), else ConvInteger.
+            window = float(np.prod(kernel))
+            acc = None
+            if ctx.opset >= 10 and bits in (8, 16):
+                ones_f32 = ctx.constant(f"{hint}_ones_f32", np.ones([a["channels"], 1, *kernel], dtype=np.float32))
+                levels = uint8_kernels.float_levels(ctx, node.input[0], bits, zp, hint, nodes)
+                acc = uint8_kernels.grouped_accumulator(ctx, levels, 2.0 ** (bits - 1) + abs(zp), bits == 16, ones_f32,
+                                                        window, {"group": a["channels"], **attrs}, False, hint,
+                                                        nodes)
+            if acc is None:
+                ones = ctx.constant(f"{hint}_ones", np.ones([a["channels"], 1, *kernel], dtype=np.int8))
+                acc = _integer_product(ctx, "ConvInteger", node.input[0], bits, ones, 8, hint, nodes,
+                                       (zp, 0), group=a["channels"], **attrs)
         _requantize(ctx, acc, a, None, node.output[0], hint, nodes)
         return nodes
 

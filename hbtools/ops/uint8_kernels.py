@@ -153,7 +153,7 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
     bound = weight_sum * (2.0 ** (bits - 1) + abs(z) + (256.0 if bits == 16 else 0.0)) + bias_max
     in_int32 = bound < 2.0**31
     if int(conv_attrs.get("group", 1)) > 1:
-        levels = _float_levels(ctx, x, bits, z, node.name, nodes)
+        levels = float_levels(ctx, x, bits, z, node.name, nodes)
         w_f32 = ctx.constant(f"{node.name}_w_f32", w.astype(np.float32))
         acc = grouped_accumulator(ctx, levels, 2 ** (bits - 1) + abs(z), bits == 16, w_f32, weight_sum, conv_attrs,
                                   in_int32, node.name, nodes)
@@ -163,11 +163,11 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
     if bits == 8:
         parts = int8_parts(ctx, x, z, node.name, nodes)
     else:
-        parts = int16_parts(ctx, _float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes)
+        parts = int16_parts(ctx, float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes)
     return accumulate(ctx, parts, w_u8, conv_attrs, in_int32, node.name, nodes), in_int32
 
 
-def _float_levels(ctx: LoweringContext, x: str, bits: int, z: int, hint: str, nodes: list[NodeProto]) -> str:
+def float_levels(ctx: LoweringContext, x: str, bits: int, z: int, hint: str, nodes: list[NodeProto]) -> str:
     """The levels ``x - z`` of an int8 or int16 tensor as float32 whole numbers."""
     copy = ctx.float_copies.get(x)
     xf = copy[0] if copy and copy[1] == TensorProto.FLOAT else \
@@ -264,7 +264,7 @@ def matmul_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, nodes: li
     if bits == 8:
         parts = int8_parts(ctx, x, z, node.name, nodes, signed=False)
     else:
-        parts = int16_parts(ctx, _float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes, signed=False)
+        parts = int16_parts(ctx, float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes, signed=False)
     return accumulate(ctx, parts, weights, {}, in_int32, node.name, nodes, op="MatMulInteger", w_zero=w_zero), \
         in_int32
 

@@ -214,8 +214,10 @@ def test_pools(x_bits: int) -> None:
         node = hz_node("HzSQuantizedPool", ["x"], kind="AveragePool", channels=3, x_bits=x_bits,
                        kernel_shape=kernel, strides=strides, pads=pads,
                        multiplier=[float(f32(1 / np.prod(kernel)))], out_type=f"int{x_bits}",
-                       out_min=float(-q), out_max=float(q))
-        check(node, {"x": x})
+                       out_min=float(-q), out_max=float(q), x_zero_point=-7 if x_bits == 8 else None)
+        y = check(node, {"x": x})
+        ops = {n.op_type for n in lower_model(build(node, {"x": x}, y.dtype, list(y.shape))).graph.node}
+        assert "Conv" in ops and "ConvInteger" not in ops, "a window sum is a float32 depthwise conv (exact)"
 
 
 def test_concat_copies_and_rescales() -> None:
