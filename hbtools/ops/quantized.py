@@ -464,8 +464,9 @@ class HzSQuantizedMatMul(_Requantizing):
         if uint8_kernels.matmul(ctx, node, a, nodes):
             return nodes
         zps = (int(a.get("a_zero_point", 0)), int(a.get("b_zero_point", 0)))
-        acc = _integer_product(ctx, "MatMulInteger", node.input[0], a["a_bits"], node.input[1], a["b_bits"],
-                               node.name, nodes, zps)
+        acc = uint8_kernels.activations_product(ctx, node, a, nodes) or \
+            _integer_product(ctx, "MatMulInteger", node.input[0], a["a_bits"], node.input[1], a["b_bits"],
+                             node.name, nodes, zps)
         _requantize(ctx, acc, a, ctx.rank(node.output[0]), node.output[0], node.name, nodes)
         return nodes
 

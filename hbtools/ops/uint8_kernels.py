@@ -269,6 +269,35 @@ def matmul_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, nodes: li
         in_int32
 
 
+def activations_product(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto]) -> str | None:
+    """The float64 accumulator of an HzSQuantizedMatMul of two int8/int16 activations from MatMulInteger
+    on 8-bit parts: the first operand's as uint8, the second's as int8 with VNNI (else uint8), the
+    layouts MLAS's integer GEMM runs fast. None where it does not apply."""
+    bits = int(a.get("a_bits", 8)), int(a.get("b_bits", 8))
+    zps = int(a.get("a_zero_point", 0)), int(a.get("b_zero_point", 0))
+    if any(b not in (8, 16) for b in bits) or any(z and b != 8 for z, b in zip(zps, bits, strict=True)) \
+            or any(abs(z) > 127 for z in zps) or ctx.opset < 10:
+        return None
+
+    def parts(x: str, b: int, z: int, signed: bool, hint: str) -> list[tuple[str, str, float]]:
+        if b == 16:
+            return int16_parts(ctx, float_levels(ctx, x, 16, 0, hint, nodes), hint, nodes, signed=signed)
+        return int8_parts(ctx, x, z, hint, nodes, signed=signed)
+
+    first = parts(node.input[0], bits[0], zps[0], False, f"{node.name}_a")
+    second = parts(node.input[1], bits[1], zps[1], signed_weights_exact(), f"{node.name}_b")
+    total = None
+    for pa, za, wa in first:
+        for pb, zb, wb in second:
+            acc = _node(ctx, "MatMulInteger", [pa, pb, za, zb], f"{node.name}_acc", nodes)
+            term = _node(ctx, "Cast", [acc], f"{node.name}_acc_f64", nodes, to=TensorProto.DOUBLE)
+            if wa * wb != 1.0:
+                term = _node(ctx, "Mul", [term, _shared(ctx, f"{wa * wb}", np.array(wa * wb))], f"{node.name}_term",
+                             nodes)
+            total = term if total is None else _node(ctx, "Add", [total, term], f"{node.name}_acc_sum", nodes)
+    return total
+
+
 def accumulate(ctx: LoweringContext, parts: list[tuple[str, str, float]], w_u8: str, conv_attrs: dict,
                in_int32: bool, hint: str, nodes: list[NodeProto], op: str = "ConvInteger",
                w_zero: str | None = None) -> str:

@@ -122,12 +122,22 @@ def test_conv_1d_and_matmul_kind() -> None:
         check(node, {"x": x}, {"w": w, "b": bias})
 
 
-@pytest.mark.parametrize(("a_bits", "b_bits"), [(8, 8), (16, 8), (16, 16)])
-def test_matmul_of_activations(a_bits: int, b_bits: int) -> None:
-    rng = np.random.default_rng(a_bits * b_bits)
+@pytest.mark.parametrize("signed_weights", [True, False], ids=["u8s8", "u8u8"])
+@pytest.mark.parametrize(("a_bits", "b_bits", "zero_points"), [(8, 8, (0, 0)), (8, 8, (5, -3)), (16, 8, (0, 4)),
+                                                                (8, 16, (-2, 0)), (16, 16, (0, 0))])
+def test_matmul_of_activations(a_bits: int, b_bits: int, zero_points: tuple[int, int], signed_weights: bool,
+                               monkeypatch) -> None:
+    """Two activations (attention): MatMulInteger on uint8 parts of the first against int8 (VNNI) or
+    uint8 parts of the second, exact."""
+    from hbtools.ops import uint8_kernels
+
+    monkeypatch.setattr(uint8_kernels, "signed_weights_exact", lambda: signed_weights)
+    rng = np.random.default_rng(a_bits * b_bits + sum(zero_points))
     a, b = ints(rng, a_bits, [2, 3, 4, 9]), ints(rng, b_bits, [2, 3, 9, 5])
+    a[0, 0, 0], b[0, 0, :, 0] = -QMAX[a_bits] - 1, -QMAX[b_bits] - 1  # extreme levels
     out = f"int{max(a_bits, b_bits)}"
     node = hz_node("HzSQuantizedMatMul", ["a", "b"], a_bits=a_bits, b_bits=b_bits, axis=-1,
+                   a_zero_point=zero_points[0] or None, b_zero_point=zero_points[1] or None,
                    **requant_attrs(rng, out, 1, 1 / (QMAX[a_bits] * QMAX[b_bits] * 3)))
     check(node, {"a": a, "b": b})
 
