@@ -15,10 +15,15 @@ CHUNK = 1 << 20  # elements histogrammed at a time (temporaries of 12 bytes per 
 CHANNEL_BINS = 512  # per channel: KL/percentile still resolve a 128-level grid, memory stays C * 4 kB
 
 
-def _finite(x: np.ndarray) -> np.ndarray:
-    """The finite values of ``x``: an overflowing float model (Exp of a large input gives inf)
-    has no grid for inf or NaN; they saturate at run time and must not spoil the statistics."""
-    return x if np.isfinite(x).all() else x[np.isfinite(x)]
+def _finite(x: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """The finite values of ``x`` and their min and max: an overflowing float model (Exp of a large
+    input gives inf) has no grid for inf or NaN; they saturate at run time and must not spoil the
+    statistics. A finite min and max (NaN propagates into both) mean every value is finite."""
+    lo, hi = float(x.min()), float(x.max())
+    if np.isfinite(lo) and np.isfinite(hi):
+        return x, lo, hi
+    x = x[np.isfinite(x)]
+    return (x, float(x.min()), float(x.max())) if x.size else (x, 0.0, 0.0)
 
 
 def abs_histogram(flat: np.ndarray, bins: int, top: float) -> np.ndarray:
@@ -48,10 +53,12 @@ class TensorStats:
         self.count = 0
 
     def update(self, x: np.ndarray) -> None:
-        x = _finite(np.asarray(x, dtype=np.float32)).reshape(-1)
+        x = np.asarray(x, dtype=np.float32).reshape(-1)
         if x.size == 0:
             return
-        lo, hi = float(x.min()), float(x.max())
+        x, lo, hi = _finite(x)
+        if x.size == 0:
+            return
         self.min, self.max = min(self.min, lo), max(self.max, hi)
         peak = max(abs(lo), abs(hi))
         self.max_abs = max(self.max_abs, peak)

@@ -46,3 +46,19 @@ def test_streamed_statistics_merge_bins_when_the_range_grows() -> None:
     edges = np.arange(257) * stats.bin_width
     want, _ = np.histogram(np.abs(np.concatenate(parts)), bins=edges)
     assert np.abs(stats.hist - want).sum() <= 1e-3 * 60000
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_values_leave_the_statistics_of_the_others(bad: float) -> None:
+    """An overflowing float model (Exp of a large input) gives inf or NaN: they are left out."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 2, (3, 50)).astype(np.float32)
+    spoiled = x.copy()
+    spoiled[1, 7] = spoiled[2, 0] = bad
+    clean, got = TensorStats(), TensorStats()
+    clean.update(np.delete(x.reshape(-1), [57, 100]))
+    got.update(spoiled)
+    assert (got.min, got.max, got.max_abs, got.count) == (clean.min, clean.max, clean.max_abs, clean.count)
+    assert np.array_equal(got.hist, clean.hist)
+    got.update(np.full(4, bad, np.float32))  # nothing finite: nothing changes
+    assert got.count == clean.count and np.array_equal(got.hist, clean.hist)
