@@ -276,8 +276,10 @@ class Evaluator:
             if s >= goal:  # scored in full
                 current, current_score = trial, s
         chosen = {**thresholds, **{t: wide[t] for t in current}}
-        log.info("mixed precision: %d of %d tensors calibrated as int16, output cosine %.6f (int8 %.6f, all int16 "
-                 "%.6f)", len(current), len(self.plan.activations), current_score, score, best16)
+        already = sum(p.bits == 16 for p in self.plan.activations)  # int16 before the search (node_info, rules)
+        log.info("mixed precision: %d of %d tensors calibrated as int16 (%d of them before the search), output "
+                 "cosine %.6f (int8 %.6f, all int16 %.6f)", len(current) + already, len(self.plan.activations),
+                 already, current_score, score, best16)
         return current, chosen
 
     def _rank_by_sensitivity(self, thresholds: dict[str, float], noise: dict[str, float],
