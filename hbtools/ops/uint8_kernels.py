@@ -200,16 +200,10 @@ def grouped_accumulator(ctx: LoweringContext, levels: str, level_max: float, spl
         planes = [(hi, 256), (lo, 1)]
     else:
         return None
-    total = None
-    for plane, weight_of_plane in planes:
-        acc = _node(ctx, "Conv", [plane, w_f32], f"{hint}_acc_f32", nodes, **conv_attrs)
-        term = _node(ctx, "Cast", [acc], f"{hint}_acc", nodes, to=TensorProto.INT32 if in_int32 else TensorProto.DOUBLE)
-        if weight_of_plane != 1:
-            c256 = _shared(ctx, "256_i32", np.array(256, np.int32)) if in_int32 else \
-                _shared(ctx, "256", np.array(256.0))
-            term = _node(ctx, "Mul", [term, c256], f"{hint}_acc_hi", nodes)
-        total = term if total is None else _node(ctx, "Add", [total, term], f"{hint}_acc_sum", nodes)
-    return total
+    to = TensorProto.INT32 if in_int32 else TensorProto.DOUBLE
+    return _weighted_sum(ctx, [(_node(ctx, "Cast", [_node(ctx, "Conv", [plane, w_f32], f"{hint}_acc_f32", nodes,
+                                                             **conv_attrs)], f"{hint}_acc", nodes, to=to), weight)
+                               for plane, weight in planes], in_int32, hint, nodes)
 
 
 def int8_parts(ctx: LoweringContext, x: str, z: int, hint: str, nodes: list[NodeProto],
@@ -286,16 +280,10 @@ def activations_product(ctx: LoweringContext, node: NodeProto, a: dict, nodes: l
 
     first = parts(node.input[0], bits[0], zps[0], False, f"{node.name}_a")
     second = parts(node.input[1], bits[1], zps[1], signed_weights_exact(), f"{node.name}_b")
-    total = None
-    for pa, za, wa in first:
-        for pb, zb, wb in second:
-            acc = _node(ctx, "MatMulInteger", [pa, pb, za, zb], f"{node.name}_acc", nodes)
-            term = _node(ctx, "Cast", [acc], f"{node.name}_acc_f64", nodes, to=TensorProto.DOUBLE)
-            if wa * wb != 1.0:
-                term = _node(ctx, "Mul", [term, _shared(ctx, f"{wa * wb}", np.array(wa * wb))], f"{node.name}_term",
-                             nodes)
-            total = term if total is None else _node(ctx, "Add", [total, term], f"{node.name}_acc_sum", nodes)
-    return total
+    terms = [(_node(ctx, "Cast", [_node(ctx, "MatMulInteger", [pa, pb, za, zb], f"{node.name}_acc", nodes)],
+                    f"{node.name}_acc_f64", nodes, to=TensorProto.DOUBLE), wa * wb)
+             for pa, za, wa in first for pb, zb, wb in second]
+    return _weighted_sum(ctx, terms, False, node.name, nodes)
 
 
 def accumulate(ctx: LoweringContext, parts: list[tuple[str, str, float]], w_u8: str, conv_attrs: dict,
@@ -304,14 +292,24 @@ def accumulate(ctx: LoweringContext, parts: list[tuple[str, str, float]], w_u8: 
     """The sum over ``parts`` (tensor, zero point, weight) of weight * ``op``(part, ``w_u8``) (ConvInteger
     or MatMulInteger): the uint8 weights ``w + 128`` (or others with their ``w_zero``). int32 where
     the caller bounded every sum, else float64."""
-    total = None
-    for part, zero, weight_of_part in parts:
+    terms = []
+    for part, zero, weight in parts:
         acc = _node(ctx, op, [part, w_u8, zero, w_zero or uint8_zero(ctx)], f"{hint}_acc", nodes, **conv_attrs)
-        term = acc if in_int32 else _node(ctx, "Cast", [acc], f"{hint}_acc_f64", nodes, to=TensorProto.DOUBLE)
-        if weight_of_part != 1.0:
-            c256 = _shared(ctx, "256_i32", np.array(256, np.int32)) if in_int32 else \
-                _shared(ctx, "256", np.array(256.0))
-            term = _node(ctx, "Mul", [term, c256], f"{hint}_acc_hi", nodes)
+        terms.append((acc if in_int32 else _node(ctx, "Cast", [acc], f"{hint}_acc_f64", nodes, to=TensorProto.DOUBLE),
+                      weight))
+    return _weighted_sum(ctx, terms, in_int32, hint, nodes)
+
+
+def _weighted_sum(ctx: LoweringContext, terms: list[tuple[str, float]], in_int32: bool, hint: str,
+                  nodes: list[NodeProto]) -> str:
+    """The sum of weight * tensor over ``terms``: the partial accumulators of 8-bit parts (a high
+    byte weighs 256), all int32 (``in_int32``) or all float64."""
+    total = None
+    for term, weight in terms:
+        if weight != 1:
+            factor = _shared(ctx, f"{int(weight)}_i32", np.array(int(weight), np.int32)) if in_int32 else \
+                _shared(ctx, f"{weight:g}_f64", np.array(float(weight)))
+            term = _node(ctx, "Mul", [term, factor], f"{hint}_acc_hi", nodes)
         total = term if total is None else _node(ctx, "Add", [total, term], f"{hint}_acc_sum", nodes)
     return total
 

@@ -182,7 +182,7 @@ class Evaluator:
                 if bound < at_least:
                     return bound
         self.complete = True
-        return self._combined(lambda k: cosine_of_products(sums[1, k], total[k], sums[2, k]), logits)
+        return self._score_of(sums, logits)
 
     def _products(self, sample: int, out: list[np.ndarray]) -> np.ndarray:
         """Per fetched tensor (columns) of one sample's run: |ref|^2, ref.out and |out|^2 (rows)."""
@@ -192,7 +192,10 @@ class Evaluator:
 
     def _cosine(self, runs: list[list[np.ndarray]], samples: list[int], logits: bool) -> float:
         """The score of ``runs`` (per sample, the ``fetched`` tensors) of ``samples`` against the float model."""
-        sums = sum(self._products(i, out) for i, out in zip(samples, runs, strict=True))
+        return self._score_of(sum(self._products(i, out) for i, out in zip(samples, runs, strict=True)), logits)
+
+    def _score_of(self, sums: np.ndarray, logits: bool) -> float:
+        """The score from the summed ``_products`` of the samples run."""
         return self._combined(lambda k: cosine_of_products(sums[1, k], sums[0, k], sums[2, k]), logits)
 
     def method_scores(self, candidates: dict[str, dict[str, float]],
