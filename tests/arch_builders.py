@@ -369,6 +369,31 @@ def ort_quantized_crnn(h: int = 16, w: int = 32, opset: int = 13) -> FloatModel:
     return FloatModel(model, float_model.inputs)
 
 
+def if_branch_head(h: int = 16, w: int = 16, opset: int = 13) -> FloatModel:
+    """An ``If`` whose branches read a tensor of the main graph that no main-graph node reads.
+
+    Silero VAD's exports choose their decoder by an ``If`` on the sample rate, and the branch
+    reads the encoder's output from the outer scope. The parse stage once dropped that
+    encoder as dead (it looked only at node inputs), and the model failed its dry run.
+    """
+    from onnx import TensorProto, helper
+
+    g = _Graph(8)
+    x = g.op("Relu", [_conv_bn(g, "data", 3, 8)])
+    features = g.op("Relu", [_conv_bn(g, x, 8, 8)])  # read only inside the branches
+    width = g.op("Gather", [g.op("Shape", ["data"]), g.const(np.array(3, np.int64), "axis")], axis=0)
+    cond = g.op("Equal", [width, g.const(np.array(w, np.int64), "width")])
+
+    def branch(op: str) -> object:
+        out = f"{op.lower()}_branch_out"
+        return helper.make_graph([helper.make_node(op, [features], [out], name=f"{op}_in_branch")], f"{op}_branch",
+                                 [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+    y = g.op("If", [cond], then_branch=branch("Sigmoid"), else_branch=branch("Tanh"))
+    y = g.op("Relu", [_conv_bn(g, y, 8, 4)])
+    return g.model({"data": [1, 3, h, w]}, [y], opset)
+
+
 NETWORKS = {"yolov8n": yolov8n, "yolov5nu": yolov5nu, "yolov5n": yolov5n, "yolov8n_cls": yolov8n_cls}
 
 
@@ -383,4 +408,5 @@ BLOCKS = {
     "fpn_pan": fpn_pan,
     "yolov8_head": yolov8_head,
     "ort_quantized_crnn": ort_quantized_crnn,
+    "if_branch_head": if_branch_head,
 }

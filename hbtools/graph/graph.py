@@ -101,7 +101,7 @@ def remove_dead_nodes(model: ModelProto) -> None:
     for node in reversed(list(g.node)):
         if any(o in needed for o in node.output):
             keep.append(node)
-            needed.update(i for i in node.input if i)
+            needed.update(references(node))  # sub-graphs (If, Loop) read outer tensors too
     keep.reverse()
     del g.node[:]
     g.node.extend(keep)
@@ -118,7 +118,7 @@ def topological_sort(model: ModelProto) -> None:
     while pending:
         rest = []
         for n in pending:
-            if all(i in available for i in n.input):
+            if all(i in available for i in references(n)):
                 ordered.append(n)
                 available.update(n.output)
             else:
