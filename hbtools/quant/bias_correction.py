@@ -24,15 +24,18 @@ CORRECTABLE = ("Conv", "Gemm")  # ops with a bias input to absorb the shift
 
 
 def _input_channel_means(model: ModelProto, convs: list[NodeProto], feeds: Iterable[dict]) -> dict[str, np.ndarray]:
-    names = list(dict.fromkeys(n.input[0] for n in convs))
+    """Per conv/Gemm input, its mean per input channel: axis 1 of a Conv of any rank (1-D convs too),
+    the last axis of a Gemm."""
+    axes = {n.input[0]: -1 if n.op_type == "Gemm" else 1 for n in convs}
+    names = list(axes)
     session = fetching_session(model, names)
     sums: dict[str, np.ndarray] = {}
     count = 0
     for feed in feeds:
         for name, value in zip(names, session.run(names, feed), strict=True):
-            axis = 1 if value.ndim == 4 else value.ndim - 1
-            axes = tuple(k for k in range(value.ndim) if k != axis)
-            sums[name] = sums.get(name, 0.0) + value.astype(np.float64).mean(axis=axes)
+            axis = axes[name] % value.ndim
+            others = tuple(k for k in range(value.ndim) if k != axis)
+            sums[name] = sums.get(name, 0.0) + value.astype(np.float64).mean(axis=others)
         count += 1
     return {k: v / max(count, 1) for k, v in sums.items()}
 

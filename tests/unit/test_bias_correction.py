@@ -51,3 +51,36 @@ def test_bias_correction_shrinks_channel_mean_error(tmp_path: Path) -> None:
             samples.append({"data": (x.astype(np.int16) - 128).astype(np.int8)})
         results[mode] = _conv_mean_errors(project, paths, samples)
     assert results["corrected"] < 0.8 * results["plain"], f"channel mean error {results}"
+
+
+def test_bias_correction_of_a_1d_conv_takes_channel_means_on_axis_1() -> None:
+    """A Conv1d's input [N, C, L] has its channels on axis 1, as a 2-D conv's do (Silero VAD's encoder
+    once stopped with an internal error: the means were taken on the last axis)."""
+    from hbtools.quant.bias_correction import _fake_quant, correct_biases
+
+    rng = np.random.default_rng(3)
+    channels, length, outs = 4, 32, 6
+    w = rng.standard_normal((outs, channels, 3)).astype(np.float32)
+    b = rng.standard_normal(outs).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv1d", kernel_shape=[3])], "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, length])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    offsets = np.array([3.0, -2.0, 0.5, 8.0], np.float32).reshape(1, channels, 1)
+    feeds = [{"x": (rng.standard_normal((1, channels, length)) + offsets).astype(np.float32)} for _ in range(8)]
+    thresholds = {"w": np.abs(w).max(axis=(1, 2))}
+    corrected = correct_biases(model, [model.graph.node[0]], thresholds, {"w": 0}, feeds)
+
+    wq = _fake_quant(w.astype(np.float64), thresholds["w"], 0).astype(np.float32)
+    got = {i.name: onnx.numpy_helper.to_array(i) for i in corrected.graph.initializer}[corrected.graph.node[0].input[2]]
+    float_session, model_q = make_session(model), onnx.load_from_string(model.SerializeToString())
+    model_q.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(wq, "w"))
+    model_q.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(got, "b"))
+    quant_session = make_session(model_q)
+    mean_float = np.mean([float_session.run(None, f)[0].mean(axis=(0, 2)) for f in feeds], axis=0)
+    mean_quant = np.mean([quant_session.run(None, f)[0].mean(axis=(0, 2)) for f in feeds], axis=0)
+    # No padding: the corrected bias moves every output channel's mean back onto the float one.
+    np.testing.assert_allclose(mean_quant, mean_float, atol=2e-3)
+    assert not np.allclose(got, b, atol=1e-3), "rounding these weights shifts the channel means"
