@@ -394,6 +394,19 @@ def if_branch_head(h: int = 16, w: int = 16, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, w]}, [y], opset)
 
 
+def stacked_state(opset: int = 13) -> FloatModel:
+    """A recurrent model's state input whose first dimension is not a batch: [2, 1, 16] (two layers).
+
+    Silero VAD takes its LSTM state as 2x1x128. hb_verifier once fed the quantized model
+    rows 0:1 of every input as "batch item 0" and stopped on the shape.
+    """
+    g = _Graph(9)
+    w = (g.rng.standard_normal((16, 16)) / 4).astype(np.float32)
+    h = g.op("Tanh", [g.op("MatMul", ["state", g.const(w, "w")])])  # [2, 1, 16]
+    out = g.op("Sigmoid", [g.op("ReduceMean", [h], axes=[0], keepdims=1)])
+    return g.model({"state": [2, 1, 16]}, [out], opset, featuremap={"state"})
+
+
 NETWORKS = {"yolov8n": yolov8n, "yolov5nu": yolov5nu, "yolov5n": yolov5n, "yolov8n_cls": yolov8n_cls}
 
 
@@ -409,4 +422,5 @@ BLOCKS = {
     "yolov8_head": yolov8_head,
     "ort_quantized_crnn": ort_quantized_crnn,
     "if_branch_head": if_branch_head,
+    "stacked_state": stacked_state,
 }

@@ -144,7 +144,8 @@ class Simulator:
         if self.model.batch == 1:
             return self._run_item(env, timings)
         # A batch-N .bin holds a batch-1 graph: run it per item and join the items along axis 0.
-        items = [self._run_item({k: v[i:i + 1] for k, v in env.items()}, timings) for i in range(self.model.batch)]
+        items = [self._run_item({k: np.split(v, self.model.batch)[i] for k, v in env.items()}, timings)
+                 for i in range(self.model.batch)]
         return {name: np.concatenate([item[name].reshape(1) if item[name].ndim == 0 else item[name]
                                       for item in items]) for name in items[0]}
 

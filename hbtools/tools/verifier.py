@@ -160,7 +160,9 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
         shared = list(dict.fromkeys([*output_names, *(t for t in sim_values if t in produced and t not in renamed)]))
     wanted = [onnx_name.get(n, n) for n in shared]
     session = HB_ONNXRuntime(onnx_model=_with_outputs(quantized, wanted))
-    items = [session.run(wanted, {k: v[i:i + 1] for k, v in feeds.items()}) for i in range(rm.batch)]
+    # Item i of a batched .bin is rows i*d..(i+1)*d of each input, d being the graph's own first
+    # dimension (not always 1: Silero VAD's state input is 2x1x128).
+    items = [session.run(wanted, {k: np.split(v, rm.batch)[i] for k, v in feeds.items()}) for i in range(rm.batch)]
     onnx_values = {name: np.concatenate([item[k].reshape(1) if item[k].ndim == 0 else item[k] for item in items])
                    if rm.batch > 1 else items[0][k] for k, name in enumerate(shared)}
     outputs = [compare(n, onnx_values[n], sim_values[n], digits) for n in output_names]
