@@ -34,11 +34,14 @@ def _per_input(
     *,
     group: str = IN,
     broadcast: bool = False,
+    trailing_optional: bool = False,
 ) -> list[Any]:
     if values is None:
         return [None] * n
     if len(values) == n:
         return values
+    if trailing_optional and len(values) < n:  # the inputs left out take the model's own (static) shape
+        return [*values, *([None] * (n - len(values)))]
     if broadcast and len(values) == 1:
         return values * n
     single = " (or a single value for all inputs)" if broadcast else ""
@@ -207,7 +210,7 @@ def build_inputs(
             f"got {'; '.join(str(x or '') for x in names)}",
         )
     col = {
-        key: _per_input(ip.get(key), key, n, ref)
+        key: _per_input(ip.get(key), key, n, ref, trailing_optional=key == "input_shape")
         for key in (
             "input_type_train",
             "input_layout_train",

@@ -54,6 +54,7 @@ class InputSpec:
     scale: list[float] | None = None
     cal_data_dir: Path | None = None
     cal_data_type: str | None = None  # None: from the folder name (_f32 -> float32, else uint8)
+    model_dtype: str = "float32"  # the model input's element type (parse fills it: a featuremap may be int64)
 
     @property
     def is_featuremap(self) -> bool:

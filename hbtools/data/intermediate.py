@@ -31,7 +31,7 @@ def to_intermediate(x: np.ndarray, spec: InputSpec) -> np.ndarray:
     """
     x = np.asarray(x)
     if spec.is_featuremap:
-        return x.astype(np.float32)
+        return x.astype(spec.model_dtype)  # float32, or what an integer input (a sample rate, an index) takes
     if x.ndim != 4:
         raise ValueError(f"image input {spec.name!r} needs 4-D data, got shape {x.shape}")
     pixels = channels_last(colour.round_to_uint8(x), spec.layout_train)

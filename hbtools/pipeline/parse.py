@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper, version_converter
 
@@ -128,7 +129,12 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
         if shape is None or any(d is None for d in shape):
             raise HbError(f"input '{name}' has a dynamic shape {['?' if d is None else d for d in model_shape]}",
                           hint="set input_shape in input_parameters (e.g. '1x3x224x224')")
-        r = dataclasses.replace(spec, name=name, shape=[int(d) for d in shape])
+        elem = graph_inputs[name].type.tensor_type.elem_type
+        r = dataclasses.replace(spec, name=name, shape=[int(d) for d in shape],
+                                model_dtype=np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name)
+        if r.type_train != "featuremap" and r.model_dtype != "float32":
+            raise HbError(f"input '{name}' is {r.model_dtype} in the model; only float inputs can be images",
+                          hint="use input_type_train/input_type_rt 'featuremap' for this input")
         if r.type_train != "featuremap":
             if len(r.shape) != 4:
                 raise HbError(f"input '{name}' has rank {len(r.shape)}; only 4-D inputs can be images",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from onnx import ModelProto, TensorProto, helper
 
 from hbtools.config.model import Config
+from hbtools.graph.graph import references
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.march.profiles import MarchProfile
 from hbtools.quant.calibrated import read_calibrated
@@ -45,7 +46,7 @@ def _finish(state: EmitState) -> ModelProto:
             continue
         state.need_float(out.name)
         outputs.append(helper.make_tensor_value_info(out.name, TensorProto.FLOAT, state.view.shapes.get(out.name)))
-    used = {i for n in state.nodes for i in n.input}
+    used = {i for n in state.nodes for i in references(n)}  # If/Loop branches read initializers too
     float_inits = [t for t in src.graph.initializer if t.name in used]
     graph = helper.make_graph(state.nodes, src.graph.name or "quantized", state.inputs, outputs,
                               [*float_inits, *state.inits], value_info=state.value_info)

@@ -44,7 +44,7 @@ def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
                       f"(shape {list(want_shape)}), got {data.size} (shape {list(data.shape)})")
     data = data.reshape(want_shape)
     if not desc.is_image:
-        return np.ascontiguousarray(data)
+        return np.require(data, requirements="C")  # keeps a scalar 0-d (ascontiguousarray makes it [1])
     if desc.type_rt == "nv12":
         data = from_channels_last(colour.nv12_decode(data), desc.layout)
     return np.ascontiguousarray((data.astype(np.int16) - 128).astype(np.int8))

@@ -159,7 +159,8 @@ def _inputs(model: BinModel, graph: ModelProto, batch: int) -> list[InputDesc]:
         name = desc["name"]
         vi = graph_inputs[name]
         shape = _static_shape(vi, f"input '{name}'")
-        shape = (shape[0] * batch, *shape[1:])
+        if shape:  # a scalar input (a sample rate) has no batch axis; _batch allows it only at batch 1
+            shape = (shape[0] * batch, *shape[1:])
         if int(np.prod(shape, dtype=np.float64)) > MAX_ELEMENTS:
             raise _Bad(f"input '{name}' has an implausible shape {list(shape)}")
         dtype = numpy_dtype(vi.type.tensor_type.elem_type)

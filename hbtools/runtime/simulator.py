@@ -21,6 +21,7 @@ import onnxruntime as ort
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.errors import HbError
+from hbtools.graph.graph import references
 from hbtools.ops import custom, registry
 from hbtools.ops.base import DOMAIN
 from hbtools.runtime.binfile import BinFormatError
@@ -73,7 +74,7 @@ class Simulator:
             members = [nodes[i] for i in group]
             produced = [o for n in members for o in n.output if o]
             inside = set(produced)
-            inputs = list(dict.fromkeys(i for n in members for i in n.input
+            inputs = list(dict.fromkeys(i for n in members for i in references(n)  # If branches read outer tensors
                                         if i and i not in inside and i not in self._constants))
             outputs = produced if self.expose_all else [o for o in produced if o in needed_later[k]]
             labels = list(dict.fromkeys(self._label(i, nodes[i]) for i in group))
@@ -95,7 +96,7 @@ class Simulator:
         missing = [t for t in inputs if t not in info]
         if missing:
             raise BinFormatError(f"type of tensor '{missing[0]}' (input of node '{members[0].name}') is unknown")
-        used = {i for n in members for i in n.input}
+        used = {i for n in members for i in references(n)}
         graph = helper.make_graph(
             members, "segment",
             [helper.make_tensor_value_info(t, info[t].elem_type, None) for t in inputs],
@@ -210,7 +211,7 @@ def _schedule(graph: ModelProto, on: list[str], constants: set[str]) -> list[lis
     users: list[list[int]] = [[] for _ in nodes]
     for i, n in enumerate(nodes):
         d = set()
-        for t in n.input:
+        for t in references(n):  # with what If/Loop branches read from the main graph
             if not t or t in constants or t in graph_inputs:
                 continue
             if t not in producer:
@@ -254,5 +255,5 @@ def _consumers_after(order: list[list[int]], nodes: list[NodeProto], outputs: li
     for k in range(len(order) - 1, -1, -1):
         result[k] = set(later)
         for i in order[k]:
-            later.update(t for t in nodes[i].input if t)
+            later.update(t for t in references(nodes[i]) if t)
     return result

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
+from hbtools.graph.graph import references
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.ops.registry import has_fact
@@ -190,7 +191,7 @@ def _with_stored_ids(computed: list[list[int]], stored: list[int | None]) -> lis
 
 def _preds(nodes: list[NodeProto]) -> list[list[int]]:
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    return [[producer[t] for t in n.input if t in producer and producer[t] != i] for i, n in enumerate(nodes)]
+    return [[producer[t] for t in references(n) if t in producer and producer[t] != i] for i, n in enumerate(nodes)]
 
 
 def components(preds: list[list[int]], on: list[str]) -> list[list[int]]:

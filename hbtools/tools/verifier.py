@@ -127,8 +127,8 @@ def _check_same_inputs(quantized: ModelProto, rm: RuntimeModel) -> None:
             t = vi.type.tensor_type
             onnx_inputs[vi.name] = (t.elem_type, tuple(d.dim_value for d in t.shape.dim))
     # a batch-N .bin holds the quantized model's batch-1 graph
-    bin_inputs = {d.name: (helper.np_dtype_to_tensor_dtype(d.dtype), (d.shape[0] // rm.batch, *d.shape[1:]))
-                  for d in rm.inputs}
+    bin_inputs = {d.name: (helper.np_dtype_to_tensor_dtype(d.dtype),
+                           (d.shape[0] // rm.batch, *d.shape[1:]) if d.shape else ()) for d in rm.inputs}
     if onnx_inputs != bin_inputs:
         raise HbError(f"the quantized model's inputs {onnx_inputs} differ from the .bin's {bin_inputs} "
                       f"(name: (ONNX type, shape)); were the two built by the same makertbin run?")
@@ -162,7 +162,8 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
     session = HB_ONNXRuntime(onnx_model=_with_outputs(quantized, wanted))
     # Item i of a batched .bin is rows i*d..(i+1)*d of each input, d being the graph's own first
     # dimension (not always 1: Silero VAD's state input is 2x1x128).
-    items = [session.run(wanted, {k: np.split(v, rm.batch)[i] for k, v in feeds.items()}) for i in range(rm.batch)]
+    parts = {k: np.split(v, rm.batch) if rm.batch > 1 else [v] for k, v in feeds.items()}
+    items = [session.run(wanted, {k: p[i] for k, p in parts.items()}) for i in range(rm.batch)]
     onnx_values = {name: np.concatenate([item[k].reshape(1) if item[k].ndim == 0 else item[k] for item in items])
                    if rm.batch > 1 else items[0][k] for k, name in enumerate(shared)}
     outputs = [compare(n, onnx_values[n], sim_values[n], digits) for n in output_names]

@@ -7,6 +7,7 @@ import math
 import numpy as np
 from onnx import TensorProto, helper
 
+from hbtools.graph.graph import references
 from hbtools.ops.base import attrs_of
 from hbtools.ops.quantized import HzLut, packed_table
 from hbtools.quant import grids
@@ -52,7 +53,7 @@ def _reachable(state: EmitState, tensor: str, lo: int, hi: int) -> tuple[int, in
 def _evaluate_cluster(state: EmitState, unit: Unit, x: np.ndarray) -> np.ndarray:
     """Run the float nodes of a LUT unit on every input level (onnxruntime does the maths)."""
     root, out = unit.inputs[0], unit.outputs[0]
-    used = {i for n in unit.nodes for i in n.input}
+    used = {i for n in unit.nodes for i in references(n)}
     inits = [t for t in state.src.graph.initializer if t.name in used]
     graph = helper.make_graph(unit.nodes, "lut", [helper.make_tensor_value_info(root, TensorProto.FLOAT, [None])],
                               [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)

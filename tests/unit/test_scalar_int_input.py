@@ -1,0 +1,98 @@
+"""A model with an integer scalar input that picks a branch, as Silero VAD's exports have.
+
+Silero VAD (PyPI ``silero-vad``) takes ``input`` [1, N] float, ``state`` [2, 1, 128] float and
+``sr``, an int64 scalar (the sample rate) that an ``If`` compares with 16000 to choose the
+8 kHz or the 16 kHz network, whose weights only the branches read. onnxruntime runs it,
+so it must convert. It once stopped at each of these in turn: ``input_shape`` had no way
+to leave out the scalar's shape, calibration fed the int64 input as float32, the quantize
+stage dropped the weights only a branch reads, the ``.bin`` descriptor and hb_verifier
+expected a batch axis on every input, and the simulator cut the branches' outer inputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import yaml
+from conformance import INTERNAL, _cli
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.metrics import cosine_similarity
+from hbtools.runtime import HB_ONNXRuntime
+from hbtools.tools.verifier import verify
+
+LENGTH = 64
+
+
+def _branch(name: str, rng: np.random.Generator) -> tuple[onnx.GraphProto, list[onnx.TensorProto]]:
+    """Conv1d -> Sigmoid on the encoder output; its weights are main-graph initializers."""
+    w = numpy_helper.from_array((rng.standard_normal((4, 8, 3)) / 5).astype(np.float32), f"{name}_w")
+    b = numpy_helper.from_array((0.1 * rng.standard_normal(4)).astype(np.float32), f"{name}_b")
+    nodes = [helper.make_node("Conv", ["encoded", w.name, b.name], [f"{name}_conv"], name=f"{name}_conv",
+                              kernel_shape=[3], pads=[1, 1]),
+             helper.make_node("Sigmoid", [f"{name}_conv"], [f"{name}_out"], name=f"{name}_sigmoid")]
+    out = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [1, 4, LENGTH])
+    graph = helper.make_graph(nodes, name, [], [out])
+    return graph, [w, b]
+
+
+def _model() -> onnx.ModelProto:
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array((rng.standard_normal((8, 1, 5)) / 2).astype(np.float32), "enc_w")
+    then_graph, then_inits = _branch("rate16k", rng)
+    else_graph, else_inits = _branch("rate8k", rng)
+    nodes = [
+        helper.make_node("Unsqueeze", ["input", "axis1"], ["audio"], name="as_channels"),
+        helper.make_node("Conv", ["audio", "enc_w"], ["enc_conv"], name="encoder", kernel_shape=[5], pads=[2, 2]),
+        helper.make_node("Relu", ["enc_conv"], ["encoded"], name="encoder_relu"),
+        helper.make_node("Equal", ["sr", "rate"], ["is16k"], name="is_16k"),
+        helper.make_node("If", ["is16k"], ["output"], name="by_rate", then_branch=then_graph, else_branch=else_graph),
+    ]
+    inits = [w, numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+             numpy_helper.from_array(np.array(16000, np.int64), "rate"), *then_inits, *else_inits]
+    graph = helper.make_graph(nodes, "vad_like",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "samples"]),
+                               helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4, LENGTH])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_integer_scalar_input_choosing_a_branch_converts(tmp_path: Path) -> None:
+    model = _model()
+    onnx.save(model, tmp_path / "vad_like.onnx")
+    rng = np.random.default_rng(0)
+    for name in ("audio", "rate"):
+        (tmp_path / name).mkdir()
+    for k in range(8):
+        np.save(tmp_path / "audio" / f"{k}.npy", rng.standard_normal((1, LENGTH)).astype(np.float32))
+        np.save(tmp_path / "rate" / f"{k}.npy", np.array(16000 if k % 2 else 8000, np.int64))
+    config = {
+        "model_parameters": {"onnx_model": str(tmp_path / "vad_like.onnx"), "march": "bayes-e",
+                             "working_dir": str(tmp_path / "out"), "output_model_file_prefix": "vad"},
+        "input_parameters": {"input_name": "input;sr", "input_type_train": "featuremap;featuremap",
+                             "input_layout_train": "NCHW;NCHW", "input_type_rt": "featuremap;featuremap",
+                             # The scalar's shape is left out: it is the model's own.
+                             "input_shape": f"1x{LENGTH};", "norm_type": "no_preprocess;no_preprocess"},
+        "calibration_parameters": {"cal_data_dir": f"{tmp_path / 'audio'};{tmp_path / 'rate'}",
+                                   "cal_data_type": "float32;int32", "calibration_type": "default"},
+        "compiler_parameters": {"optimize_level": "O3"},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    code, out = _cli(["makertbin", "--config", str(tmp_path / "config.yaml"), "--model-type", "onnx"], tmp_path)
+    assert INTERNAL not in out, out[-3000:]
+    assert code == 0, out[-3000:]
+
+    quantized = tmp_path / "out" / "vad_quantized_model.onnx"
+    session, reference = HB_ONNXRuntime(model_file=str(quantized)), HB_ONNXRuntime(onnx_model=model)
+    for rate in (16000, 8000):  # both branches, with the weights only they read
+        x = {"input": rng.standard_normal((1, LENGTH)).astype(np.float32), "sr": np.array(rate, np.int64)}
+        got, want = session.run(None, x)[0], reference.run(None, x)[0]
+        assert got.shape == want.shape
+        assert cosine_similarity(want, got) >= 0.99, f"sr={rate}: cosine {cosine_similarity(want, got)}"
+    verdict = verify(quantized, tmp_path / "out" / "vad.bin", None, 5)
+    assert all(o.passed for o in verdict.outputs), "hb_verifier: the .bin and the quantized model differ"
