@@ -146,8 +146,8 @@ def builtin_config(model_path: str | Path, model_type: str, march: str, input_sh
         raw["model_parameters"]["remove_node_type"] = "; ".join(FAST_PERF_REMOVABLE)
     config = config_from_dict(raw, model_type, Path.cwd())
     for spec in config.inputs:
-        log.info("input '%s': shape %s, treated as %s (%s)", spec.name, "x".join(map(str, spec.shape)),
-                 spec.type_train, spec.layout_train)
+        shown = "x".join(map(str, shapes[spec.name])) or "scalar"
+        log.info("input '%s': shape %s, treated as %s (%s)", spec.name, shown, spec.type_train, spec.layout_train)
     if fast_perf:
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, fast_perf=True))
     return config

@@ -96,3 +96,13 @@ def test_integer_scalar_input_choosing_a_branch_converts(tmp_path: Path) -> None
         assert cosine_similarity(want, got) >= 0.99, f"sr={rate}: cosine {cosine_similarity(want, got)}"
     verdict = verify(quantized, tmp_path / "out" / "vad.bin", None, 5)
     assert all(o.passed for o in verdict.outputs), "hb_verifier: the .bin and the quantized model differ"
+
+
+def test_checker_takes_shapes_for_the_dynamic_inputs_only(tmp_path: Path) -> None:
+    """``hb_mapper checker --input-shape input 1x64``: the int64 scalar needs no shape."""
+    onnx.save(_model(), tmp_path / "vad_like.onnx")
+    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                      str(tmp_path / "vad_like.onnx"), "--input-shape", "input", f"1x{LENGTH}"], tmp_path)
+    assert INTERNAL not in out, out[-3000:]
+    assert code == 0, out[-3000:]
+    assert "input 'sr': shape scalar" in out
