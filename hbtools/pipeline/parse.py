@@ -175,7 +175,7 @@ def _dry_run(model: ModelProto, inputs: list[InputSpec]) -> None:
     except HbError:
         raise
     except Exception as e:  # onnxruntime's exception types are not importable
-        shapes = ", ".join(f"{s.name} {'x'.join(map(str, s.shape))}" for s in inputs)
+        shapes = ", ".join(f"{s.name} {'x'.join(map(str, s.shape)) or 'scalar'}" for s in inputs)
         text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise HbError(f"the model cannot run with the input shapes {shapes}: {text}",
                       hint="check input_shape (it is in the model's own layout and must fit its layers)") from None
