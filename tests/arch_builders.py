@@ -199,9 +199,12 @@ def fpn_pan(h: int = 32, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [p3, n4, n5], opset)
 
 
-def yolov8_head(h: int = 32, classes: int = 4, opset: int = 13) -> FloatModel:
+def yolov8_head(h: int = 32, classes: int = 4, opset: int = 13, box_scale: float = 1.0) -> FloatModel:
     """Per scale: box branch (4 x 16 DFL bins) and cls branch; Concat of three scales, Split, DFL
-    (Reshape, Transpose, Softmax, 1x1 Conv with weights 0..15), Sigmoid class scores."""
+    (Reshape, Transpose, Softmax, 1x1 Conv with weights 0..15), Sigmoid class scores.
+
+    ``box_scale`` multiplies the distances before they join the scores, as an export that decodes
+    boxes to pixels does (x stride): the output then holds values in the hundreds beside 0..1."""
     g = _Graph(29)
     c, bins = 8, 16
     x = _silu(g, _conv_bn(g, _silu(g, _conv_bn(g, "data", 3, c, stride=2)), c, c, stride=2))
@@ -221,6 +224,8 @@ def yolov8_head(h: int = 32, classes: int = 4, opset: int = 13) -> FloatModel:
     proj = g.const(np.arange(bins, dtype=np.float32).reshape(1, bins, 1, 1), "dfl")
     out_shape = g.const(np.array([1, 4, n], np.int64), "o")
     ltrb = g.op("Reshape", [g.op("Conv", [dist, proj], kernel_shape=[1, 1]), out_shape])
+    if box_scale != 1.0:
+        ltrb = g.op("Mul", [ltrb, g.const(np.float32(box_scale), "stride")])
     out = g.op("Concat", [ltrb, g.op("Sigmoid", [cls])], axis=1)
     return g.model({"data": [1, 3, h, h]}, [out], opset)
 

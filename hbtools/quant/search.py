@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
-from onnx import ModelProto
+from onnx import ModelProto, NodeProto
 from tqdm import tqdm
 
+from hbtools.graph.graph import GraphView
 from hbtools.metrics import cosine_of_products, products
 from hbtools.ops.names import enable_input
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
@@ -55,6 +56,45 @@ def final_logits(model: ModelProto) -> list[str | None]:
         if node is not None and node.op_type == "HzCalibration":
             node = producer.get(node.input[0])
         found.append(node.input[0] if node is not None and node.op_type in ("Softmax", "HzSoftmax") else None)
+    return found
+
+
+def concat_parts(model: ModelProto) -> list[tuple[int, list[int]] | None]:
+    """Per model output made by a Concat: the axis and the sizes of the pieces it joins (None: otherwise).
+
+    Detector heads join unlike things in one output (YOLOv8: 4 box coordinates in pixels beside
+    the class scores in 0..1; YOLOX: boxes, objectness, classes). One cosine over such an output is
+    the boxes' alone, and a search that scored it clipped the scores (a YOLOv8n's class scores
+    were at cosine 0.76 while the output was at 0.9999). Each piece is scored as an output of its own.
+    """
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def maker(name: str) -> NodeProto | None:
+        node = producer.get(name)
+        return producer.get(node.input[0]) if node is not None and node.op_type == "HzCalibration" else node
+
+    def concat_of(name: str) -> tuple[NodeProto | None, list[list[int]]]:
+        """The Concat making ``name`` through Transposes (YOLOX transposes its joined head), and their perms."""
+        node, perms = maker(name), []
+        while node is not None and node.op_type == "Transpose":
+            perms.insert(0, next((list(a.ints) for a in node.attribute if a.name == "perm"), []))
+            node = maker(node.input[0])
+        return (node, perms) if node is not None and node.op_type == "Concat" and len(node.input) > 1 else (None, [])
+
+    concats = [concat_of(o.name) for o in model.graph.output]
+    shapes = GraphView(model).shapes if any(node for node, _ in concats) else {}
+    found: list[tuple[int, list[int]] | None] = []
+    for node, perms in concats:
+        parts = None
+        ins = [shapes.get(i) for i in node.input] if node is not None else []
+        if ins and all(ins) and len({len(x) for x in ins}) == 1:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(ins[0])
+            sizes = [x[axis] for x in ins]
+            for perm in perms:  # where the joined axis ends up in the output
+                axis = perm.index(axis) if perm else len(ins[0]) - 1 - axis
+            if all(isinstance(d, int) and d > 0 for d in sizes):
+                parts = (axis, sizes)
+        found.append(parts)
     return found
 
 
@@ -110,9 +150,8 @@ class Evaluator:
         # Every node on: no switch to evaluate. Scores with tensors left float (sensitivity, weights
         # alone) run on a second session with an enable flag per node, built when first needed.
         self.fetched = scored_tensors(self.calibrated)
-        logit_index = iter(range(len(self.calibrated.graph.output), len(self.fetched)))
-        # per model output: its index in ``fetched`` and that of its logits (None: no final Softmax)
-        self.views = [(k, next(logit_index) if t else None) for k, t in enumerate(final_logits(self.calibrated))]
+        self.refs = refs  # per sample, the float model's ``scored_tensors``
+        self._pieces, self.views = self._scored_pieces(refs)
         # Scores do numpy work between runs and the searches take turns with other sessions: no
         # spinning threads, no intermediates kept between runs.
         self.session = fetching_session(self.calibrated, self.fetched, feed_calibration=True, switches=False,
@@ -121,11 +160,47 @@ class Evaluator:
         self._switchable_lowered: ModelProto | None = None
         self.plan = plan
         self.feeds = feeds
-        self.refs = refs  # per sample, the float model's ``scored_tensors``
-        self._energy = [[products(r, r)[1] for r in sample] for sample in refs]  # per sample, per fetched |ref|^2
+        self._energy = [[products(r, r)[1] for r in self._cut(sample)] for sample in refs]  # per sample, per piece
         self._order = scoring_order(refs)
         self.seconds_per_run = 0.0  # of the last score
         self.complete = True  # whether the last score ran every sample (False: it is a bound)
+
+    def _scored_pieces(self, refs: list[list[np.ndarray]]) -> tuple[list[tuple[int, tuple | None]], list]:
+        """What a score compares, as (fetched index, slice or None) pieces, and per model output its
+        pieces and the piece of its logits (None: no final Softmax). A Concat's pieces (``concat_parts``)
+        whose float values are all zero on the scoring samples are left out (their cosine means nothing)."""
+        pieces: list[tuple[int, tuple | None]] = []
+        views = []
+        logit_index = iter(range(len(self.calibrated.graph.output), len(self.fetched)))
+        for k, (logit, parts) in enumerate(zip(final_logits(self.calibrated), concat_parts(self.calibrated),
+                                               strict=True)):
+            own = []
+            if parts is not None:
+                axis, sizes = parts
+                bounds = np.cumsum([0, *sizes])
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                    cut = (slice(None),) * axis + (slice(int(a), int(b)),)
+                    if all(r[k].ndim > axis and r[k].shape[axis] == bounds[-1] for r in refs) and \
+                            any(np.any(r[k][cut]) for r in refs):
+                        own.append(len(pieces))
+                        pieces.append((k, cut))
+            if len(own) < 2:  # not a Concat, or only one piece carries anything: the whole output
+                del pieces[len(pieces) - len(own):]
+                own = [len(pieces)]
+                pieces.append((k, None))
+            else:
+                log.info("output '%s' is scored as the %d pieces its final Concat joins (axis %d, sizes %s)",
+                         self.fetched[k], len(own), parts[0], parts[1])
+            j = None
+            if logit:
+                j = len(pieces)
+                pieces.append((next(logit_index), None))
+            views.append((own, j))
+        return pieces, views
+
+    def _cut(self, tensors: list[np.ndarray]) -> list[np.ndarray]:
+        """``tensors`` (the fetched ones of one run) as the scored pieces."""
+        return [tensors[k] if cut is None else tensors[k][cut] for k, cut in self._pieces]
 
     def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
                disabled: set[str] = frozenset(), switched: bool = False) -> dict[str, np.ndarray]:
@@ -170,7 +245,7 @@ class Evaluator:
         extra = self._extra(thresholds, bits, disabled)
         session = self._session_for(disabled)
         total = np.sum(self._energy, axis=0)
-        sums = np.zeros((3, len(self.fetched)))  # per fetched tensor: |ref|^2, ref.out and |out|^2 so far
+        sums = np.zeros((3, len(self._pieces)))  # per scored piece: |ref|^2, ref.out and |out|^2 so far
         started = time.perf_counter()
         self.complete = False
         for done, i in enumerate(self._order, start=1):
@@ -185,9 +260,9 @@ class Evaluator:
         return self._score_of(sums, logits)
 
     def _products(self, sample: int, out: list[np.ndarray]) -> np.ndarray:
-        """Per fetched tensor (columns) of one sample's run: |ref|^2, ref.out and |out|^2 (rows)."""
+        """Per scored piece (columns) of one sample's run: |ref|^2, ref.out and |out|^2 (rows)."""
         rows = [(self._energy[sample][k], *products(ref, got)[::2]) for k, (ref, got)
-                in enumerate(zip(self.refs[sample], out, strict=True))]
+                in enumerate(zip(self._cut(self.refs[sample]), self._cut(out), strict=True))]
         return np.array(rows, dtype=np.float64).T
 
     def _cosine(self, runs: list[list[np.ndarray]], samples: list[int], logits: bool) -> float:
@@ -216,10 +291,13 @@ class Evaluator:
         return {label: scores[label] for label in candidates}, bounds
 
     def _combined(self, cosine: Callable[[int], float], logits: bool) -> float:
-        """The mean over model outputs of ``cosine`` (of a fetched index), with ``logits`` the lower
-        of an output's and its logits'."""
-        return float(np.mean([min(cosine(k), cosine(j)) if logits and j is not None else cosine(k)
-                              for k, j in self.views]))
+        """The mean over model outputs of ``cosine`` (of a scored piece; an output of several pieces
+        has their mean), with ``logits`` the lower of an output's and its logits'."""
+        def output(own: list[int], j: int | None) -> float:
+            value = float(np.mean([cosine(k) for k in own]))
+            return min(value, cosine(j)) if logits and j is not None else value
+
+        return float(np.mean([output(own, j) for own, j in self.views]))
 
     def refine(self, thresholds: dict[str, float], candidates: dict[str, dict[str, float]],
                best: float) -> tuple[dict[str, float], dict[str, str]]:

@@ -30,3 +30,30 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
     print(f"{block} ({calibration_type}): cosine {[round(c, 5) for c in outcome.cosine]}; {outcome.placement()}")
     assert min(outcome.cosine) >= COSINE, f"quantized vs float cosine {outcome.cosine} < {COSINE}"
     assert outcome.bpu_nodes, "nothing went to the BPU"
+
+
+def test_scores_beside_pixel_boxes_keep_their_accuracy(tmp_path: Path) -> None:
+    """A YOLOv8 export's output joins box distances in pixels (here up to ~480) with class scores in
+    0..1. Scored as one tensor, the output looks perfect whatever happens to the scores; the search
+    scores each piece of a final Concat, so ``default`` keeps the scores close to float too."""
+    import numpy as np
+    from builders import EXACT_MEAN, EXACT_SCALE, random_sample
+    from conformance import _source_feed
+
+    from hbtools.metrics import cosine_similarity
+    from hbtools.runtime import HB_ONNXRuntime
+
+    fm = arch_builders.yolov8_head(box_scale=32.0)
+    outcome = convert_and_check(fm, tmp_path, "default", checker=False)
+    quantized = HB_ONNXRuntime(model_file=str(outcome.project.artefact("quantized")))
+    reference = HB_ONNXRuntime(onnx_model=fm.model)
+    rng = np.random.default_rng(77)
+    want, got = [], []
+    for _ in range(4):
+        x = {"data": random_sample(fm, "data", rng)}
+        want.append(reference.run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))[0])
+        got.append(quantized.run(None, x)[0])
+    boxes = cosine_similarity(np.concatenate([w[:, :4] for w in want]), np.concatenate([q[:, :4] for q in got]))
+    scores = cosine_similarity(np.concatenate([w[:, 4:] for w in want]), np.concatenate([q[:, 4:] for q in got]))
+    print(f"held-out cosine: boxes {boxes:.5f}, scores {scores:.5f}")
+    assert boxes >= COSINE and scores >= COSINE, f"boxes {boxes}, scores {scores}"

@@ -212,3 +212,58 @@ def test_method_scores_stop_losers_early_and_pick_what_full_scores_pick() -> Non
                 assert score == pytest.approx(full[label], abs=1e-12)
     _, bounds = evaluator.method_scores(candidates, "max")
     assert "clipped" in bounds and "same" not in bounds
+
+
+def _boxes_and_scores_model(transposed: bool) -> onnx.ModelProto:
+    """Output = Concat(boxes in pixels, class scores in 0..1) on the channel axis, as a YOLOv8 export
+    (``transposed``: then channels last, as YOLOX's export)."""
+    rng = np.random.default_rng(4)
+    w_box = rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)
+    w_cls = rng.normal(0, 0.3, (6, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w_box"], ["box_conv"], name="box_conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["box_conv"], ["box_relu"], name="box_relu"),
+             helper.make_node("Mul", ["box_relu", "stride"], ["boxes"], name="to_pixels"),
+             helper.make_node("Conv", ["x", "w_cls"], ["cls_conv"], name="cls_conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["cls_conv"], ["scores"], name="scores"),
+             helper.make_node("Concat", ["boxes", "scores"], ["joined" if transposed else "y"], name="joined", axis=1)]
+    if transposed:
+        nodes.append(helper.make_node("Transpose", ["joined"], ["y"], name="channels_last", perm=[0, 2, 3, 1]))
+    inits = [numpy_helper.from_array(w_box, "w_box"), numpy_helper.from_array(w_cls, "w_cls"),
+             numpy_helper.from_array(np.array(200.0, np.float32), "stride")]
+    graph = helper.make_graph(nodes, "boxes_scores",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                             [1, 8, 8, 10] if transposed else [1, 10, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_each_piece_of_a_final_concat_counts_as_an_output(transposed: bool) -> None:
+    """Clipping the class scores beside pixel boxes barely moves the joined output's cosine (the boxes
+    hold its energy); the score is the mean of the boxes' and the scores' cosines, so it shows."""
+    optimized = optimize.run(_boxes_and_scores_model(transposed))
+    profile = get_profile("bayes-e")
+    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    plan = plan.with_bits({p.tensor: 16 for p in plan.activations})  # a fine grid: only the clipping shows
+    rng = np.random.default_rng(5)
+    feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    widest, refs = _float_run(optimized, plan, feeds)
+    scores = next(p.tensor for p in plan.activations if p.tensor == "scores")
+    clipped = {**widest, scores: widest[scores] / 3}
+    weight_th = weight_thresholds(optimized, plan)
+    evaluator = Evaluator(optimized, plan, weight_th, feeds, refs, widest)
+
+    session = make_session(lower_model(build_calibrated_model(optimized, plan, clipped, weight_th, {})))
+    got = [session.run(["y"], f)[0] for f in feeds]
+
+    def cosine(lo: int, hi: int) -> float:
+        def part(t: np.ndarray) -> np.ndarray:
+            return (t[..., lo:hi] if transposed else t[:, lo:hi]).ravel()
+        return cosine_similarity(np.concatenate([part(r[0]) for r in refs]), np.concatenate([part(g) for g in got]))
+
+    assert cosine(0, 10) > 0.999, "the joined output hides the clipped scores (else this tests nothing)"
+    assert cosine(4, 10) < 0.95
+    assert evaluator.score(clipped) == pytest.approx((cosine(0, 4) + cosine(4, 10)) / 2, abs=1e-6)
+    assert evaluator.score(clipped) < evaluator.score(widest) - 0.02
