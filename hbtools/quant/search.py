@@ -188,9 +188,7 @@ class Evaluator:
                 del pieces[len(pieces) - len(own):]
                 own = [len(pieces)]
                 pieces.append((k, None))
-            else:
-                log.info("output '%s' is scored as the %d pieces its final Concat joins (axis %d, sizes %s)",
-                         self.fetched[k], len(own), parts[0], parts[1])
+
             j = None
             if logit:
                 j = len(pieces)
