@@ -52,11 +52,25 @@ class GraphView:
         return {n.name: n for n in self.graph.node}
 
     @cached_property
-    def shapes(self) -> dict[str, list[int | None]]:
-        """Static shapes from onnx shape inference (None for unknown dims), through Hz and custom ops."""
+    def _inferred(self) -> ModelProto:
         probe = ModelProto()
         probe.CopyFrom(self.model)
-        inferred = infer_shapes(probe, keep_declared=True)
+        return infer_shapes(probe, keep_declared=True)
+
+    @cached_property
+    def elem_types(self) -> dict[str, int]:
+        """Element types (TensorProto codes) of the tensors inference or the model declare."""
+        inferred = self._inferred
+        out = {vi.name: vi.type.tensor_type.elem_type
+               for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+               if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
+        out.update((t.name, t.data_type) for t in self.graph.initializer)
+        return out
+
+    @cached_property
+    def shapes(self) -> dict[str, list[int | None]]:
+        """Static shapes from onnx shape inference (None for unknown dims), through Hz and custom ops."""
+        inferred = self._inferred
         out: dict[str, list[int | None]] = {}
         for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
@@ -148,10 +162,13 @@ def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProt
         del model.graph.value_info[:]
     probe = ModelProto()
     probe.CopyFrom(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     for k, node in enumerate(probe.graph.node):
         if _float_shape_preserving(node.op_type) and node.input and node.output:
             probe.graph.node[k].CopyFrom(onnx.helper.make_node("Cast", [node.input[0]], [node.output[0]],
                                                                name=node.name, to=onnx.TensorProto.FLOAT))
+        elif node.domain in ("", "ai.onnx") and opset is not None:
+            _spell_out_defaults(probe.graph.node[k], opset)
     for _ in range(64):
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
         added = _apply_value_infos(inferred, custom_value_infos(inferred, _known(inferred)))
@@ -165,6 +182,24 @@ def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProt
     del model.graph.value_info[:]
     model.graph.value_info.extend(typed)
     return model
+
+
+def _spell_out_defaults(node: onnx.NodeProto, opset: int) -> None:
+    """Write the attributes a node leaves at their default, as the operator schema gives them.
+
+    onnx's shape inference does not always apply a default (onnx 1.23 infers an STFT without
+    ``onesided`` as two-sided, 400 bins where onnxruntime computes 201), and the model then
+    failed to load with the shapes written back. Spelled out, the attribute means the same to
+    onnxruntime and to inference.
+    """
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return
+    given = {a.name for a in node.attribute}
+    for name, attr in schema.attributes.items():
+        if name not in given and attr.default_value.type != onnx.AttributeProto.UNDEFINED:
+            node.attribute.append(attr.default_value)
 
 
 def _known(model: ModelProto) -> dict[str, onnx.ValueInfoProto]:

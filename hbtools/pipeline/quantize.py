@@ -45,8 +45,11 @@ def _finish(state: EmitState) -> ModelProto:
             outputs.append(helper.make_tensor_value_info(out.name, elem, state.view.shapes.get(out.name)))
             continue
         state.need_float(out.name)
-        outputs.append(helper.make_tensor_value_info(out.name, TensorProto.FLOAT, state.view.shapes.get(out.name)))
+        # A CPU result keeps its type: lengths and indices stay int64 (their float model declared it).
+        elem = out.type.tensor_type.elem_type if qt is None and out.type.tensor_type.elem_type else TensorProto.FLOAT
+        outputs.append(helper.make_tensor_value_info(out.name, elem, state.view.shapes.get(out.name)))
     used = {i for n in state.nodes for i in references(n)}  # If/Loop branches read initializers too
+    used |= {o.name for o in src.graph.output}  # an output the optimizer folded to a constant (a length)
     float_inits = [t for t in src.graph.initializer if t.name in used]
     graph = helper.make_graph(state.nodes, src.graph.name or "quantized", state.inputs, outputs,
                               [*float_inits, *state.inits], value_info=state.value_info)

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import ModelProto, NodeProto
+from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.config.model import NodeInfo
 from hbtools.graph.graph import GraphView
@@ -31,6 +31,8 @@ BUILTIN_KINDS = (*FORMS, "cpu")
 ACCUMULATOR_KINDS = ("conv", "matmul")
 # A ConvTranspose is lowered with a float32 kernel on integer values; exact while sums stay < 2**24.
 CONV_TRANSPOSE_MAX_TERMS = 1000
+INTEGER_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32,
+                 TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64)
 
 
 @dataclass(eq=False)
@@ -137,6 +139,10 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
     rule = profile.rule(op) if node.domain in ("", "ai.onnx") else None
     if rule is None:
         return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}")
+    integer = next((t for t in acts if view.elem_types.get(t) in INTEGER_TYPES), None)
+    if integer is not None:  # lengths, indices, sizes: the BPU quantizes float feature maps
+        kind = helper.tensor_dtype_to_np_dtype(view.elem_types[integer]).name
+        return _cpu(node, acts, f"{op} computes on {kind} values ('{integer}'); the BPU takes float feature maps")
     if not rule.forms:
         return _cpu(node, acts, f"{op} runs on the BPU of {profile.label}, but hbtools has no integer kernel "
                                 f"for it yet")

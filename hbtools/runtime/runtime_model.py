@@ -206,7 +206,8 @@ def _outputs(model: BinModel, graph: ModelProto, batch: int) -> list[OutputDesc]
                               tuple(float(s) for s in scale) if valid_scale else None))
     if not out:
         raise _Bad("the graph has no outputs")
-    produced = {o for n in graph.graph.node for o in n.output} | {vi.name for vi in graph.graph.input}
+    produced = {o for n in graph.graph.node for o in n.output} | {vi.name for vi in graph.graph.input} | \
+        {t.name for t in graph.graph.initializer}
     orphans = [o.name for o in out if o.name not in produced]
     if orphans:
         raise _Bad(f"graph output '{orphans[0]}' is produced by no node")

@@ -1,0 +1,106 @@
+"""An audio front end as onnx-asr ships them (PyPI ``onnx-asr``: whisper/nemo/kaldi preprocessors).
+
+``waveforms`` [1, N] float and ``waveforms_lens`` [1] int64 in; a log-mel spectrogram (STFT
+without an explicit ``onesided``, power, mel MatMul, Log) and int64 lengths out, one of them
+a constant once the input shape is fixed. onnxruntime runs it, so it must convert. It once
+stopped at each of these in turn: onnx's shape inference read the STFT as two-sided (400 bins
+where onnxruntime makes 201) and the model with those shapes written back did not load; the
+int64 length arithmetic went to the BPU and got an HzCalibration; the quantized model
+declared the int64 outputs float; the output folded to a constant lost its value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import yaml
+from conformance import INTERNAL, _cli
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.metrics import cosine_similarity
+from hbtools.runtime import HB_ONNXRuntime
+from hbtools.tools.verifier import verify
+
+SAMPLES, FFT, HOP, MELS = 1600, 64, 16, 8
+
+
+def _front_end() -> onnx.ModelProto:
+    rng = np.random.default_rng(2)
+    bins = FFT // 2 + 1
+    mel = np.abs(rng.standard_normal((bins, MELS))).astype(np.float32) / bins
+    inits = [numpy_helper.from_array(np.hanning(FFT).astype(np.float32), "window"),
+             numpy_helper.from_array(np.array(HOP, np.int64), "hop"),
+             numpy_helper.from_array(np.array([HOP], np.int64), "hop_1d"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([-1], np.int64), "last"),
+             numpy_helper.from_array(mel, "mel"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "floor"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero")]
+    nodes = [
+        helper.make_node("Unsqueeze", ["waveforms", "last"], ["signal"], name="as_signal"),
+        helper.make_node("STFT", ["signal", "hop", "window"], ["spectrum"], name="stft"),  # onesided by default
+        helper.make_node("ReduceSumSquare", ["spectrum"], ["power"], name="power", axes=[-1], keepdims=0),
+        helper.make_node("MatMul", ["power", "mel"], ["mel_power"], name="mel_filters"),
+        helper.make_node("Clip", ["mel_power", "floor"], ["floored"], name="floor"),
+        helper.make_node("Log", ["floored"], ["log_mel"], name="log"),
+        helper.make_node("Transpose", ["log_mel"], ["features"], name="channels_first", perm=[0, 2, 1]),
+        # lengths: arithmetic on the int64 input, and one that the input shape alone decides
+        helper.make_node("Div", ["waveforms_lens", "hop_1d"], ["frames"], name="frames"),
+        helper.make_node("Add", ["frames", "one"], ["features_lens"], name="features_lens"),
+        helper.make_node("Shape", ["waveforms"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "one"], ["samples"], name="samples", axis=0),
+        helper.make_node("Div", ["samples", "hop_1d"], ["max_frames"], name="max_frames"),
+    ]
+    graph = helper.make_graph(
+        nodes, "front_end",
+        [helper.make_tensor_value_info("waveforms", TensorProto.FLOAT, ["batch", "N"]),
+         helper.make_tensor_value_info("waveforms_lens", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", MELS, "frames"]),
+         helper.make_tensor_value_info("features_lens", TensorProto.INT64, ["batch"]),
+         helper.make_tensor_value_info("max_frames", TensorProto.INT64, [1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_log_mel_front_end_with_integer_lengths_converts(tmp_path: Path) -> None:
+    model = _front_end()
+    onnx.save(model, tmp_path / "front_end.onnx")
+    rng = np.random.default_rng(0)
+    t = np.arange(SAMPLES) / 16000
+    for name in ("waves", "lens"):
+        (tmp_path / name).mkdir()
+    for k in range(8):
+        wave = 0.3 * np.sin(2 * np.pi * rng.uniform(200, 2000) * t) + rng.normal(0, 0.02, SAMPLES)
+        np.save(tmp_path / "waves" / f"{k}.npy", wave.astype(np.float32)[None])
+        np.save(tmp_path / "lens" / f"{k}.npy", np.array([SAMPLES - 160 * k], np.int64))
+    config = {
+        "model_parameters": {"onnx_model": str(tmp_path / "front_end.onnx"), "march": "bayes-e",
+                             "working_dir": str(tmp_path / "out"), "output_model_file_prefix": "fe"},
+        "input_parameters": {"input_name": "waveforms;waveforms_lens", "input_type_train": "featuremap;featuremap",
+                             "input_layout_train": "NCHW;NCHW", "input_type_rt": "featuremap;featuremap",
+                             "input_shape": f"1x{SAMPLES};1", "norm_type": "no_preprocess;no_preprocess"},
+        "calibration_parameters": {"cal_data_dir": f"{tmp_path / 'waves'};{tmp_path / 'lens'}",
+                                   "cal_data_type": "float32;int32", "calibration_type": "default"},
+        "compiler_parameters": {"optimize_level": "O3"},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    code, out = _cli(["makertbin", "--config", str(tmp_path / "config.yaml"), "--model-type", "onnx"], tmp_path)
+    assert INTERNAL not in out, out[-3000:]
+    assert code == 0, out[-3000:]
+    assert "Div computes on int64 values" in out, "the length arithmetic stays on the CPU, with its reason"
+
+    quantized = tmp_path / "out" / "fe_quantized_model.onnx"
+    session, reference = HB_ONNXRuntime(model_file=str(quantized)), HB_ONNXRuntime(onnx_model=model)
+    wave = (0.3 * np.sin(2 * np.pi * 700 * t) + rng.normal(0, 0.02, SAMPLES)).astype(np.float32)[None]
+    feed = {"waveforms": wave, "waveforms_lens": np.array([SAMPLES - 320], np.int64)}
+    got, want = session.run(None, feed), reference.run(None, feed)
+    assert got[0].shape == want[0].shape == (1, MELS, (SAMPLES - FFT) // HOP + 1)
+    assert cosine_similarity(want[0], got[0]) >= 0.95
+    for k in (1, 2):  # lengths: int64 and exact
+        assert got[k].dtype == np.int64 and np.array_equal(got[k], want[k]), (got[k], want[k])
+    verdict = verify(quantized, tmp_path / "out" / "fe.bin", None, 5)
+    assert all(o.passed for o in verdict.outputs), "hb_verifier: the .bin and the quantized model differ"
