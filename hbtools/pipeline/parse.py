@@ -15,6 +15,7 @@ from onnx import ModelProto, TensorProto, helper, version_converter
 from hbtools.config.inputs import check_even_size, check_input_channels
 from hbtools.config.model import Config, InputSpec
 from hbtools.errors import HbError
+from hbtools.graph import precision
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes
 from hbtools.graph.model_io import (
     check_source_model,
@@ -46,6 +47,9 @@ def preprocess_node_name(input_name: str) -> str:
 def run(config: Config) -> ParseResult:
     model, path = load_source_model(config)
     check_source_model(model, path)
+    if precision.uses_float16(model):
+        log.info("the model computes in float16; converting it to float32 (calibration measures float32 values)")
+        model = precision.to_float32(model)
     model = _working_opset(model)
     name_unnamed_nodes(model)
     loaded = strip_qdq(model) if config.calibration.calibration_type == "load" else {}

@@ -57,3 +57,35 @@ def test_scores_beside_pixel_boxes_keep_their_accuracy(tmp_path: Path) -> None:
     scores = cosine_similarity(np.concatenate([w[:, 4:] for w in want]), np.concatenate([q[:, 4:] for q in got]))
     print(f"held-out cosine: boxes {boxes:.5f}, scores {scores:.5f}")
     assert boxes >= COSINE and scores >= COSINE, f"boxes {boxes}, scores {scores}"
+
+
+def test_a_float16_model_converts_as_float32(tmp_path: Path) -> None:
+    """A model exported in float16 (weights, input and output) converts; the quantized model
+    agrees with the float32 model of the same weights."""
+    import numpy as np
+    from builders import EXACT_MEAN, EXACT_SCALE, MODELS, FloatModel, make_project, random_sample
+    from conformance import INTERNAL, _cli, _source_feed
+    from onnx import TensorProto, numpy_helper
+
+    from hbtools.metrics import cosine_similarity
+    from hbtools.runtime import HB_ONNXRuntime
+
+    fm = MODELS["resnet_like"]()
+    half = type(fm.model)()
+    half.CopyFrom(fm.model)
+    for k, t in enumerate(half.graph.initializer):
+        a = numpy_helper.to_array(t)
+        if a.dtype == np.float32:
+            half.graph.initializer[k].CopyFrom(numpy_helper.from_array(a.astype(np.float16), t.name))
+    for vi in [*half.graph.input, *half.graph.output, *half.graph.value_info]:
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    project = make_project(tmp_path, FloatModel(half, fm.inputs), cal_count=8, calibration_type="default")
+    code, out = _cli(["makertbin", "--config", str(project.config_path), "--model-type", "onnx"], tmp_path)
+    assert INTERNAL not in out and code == 0, out[-3000:]
+    assert "converting it to float32" in out
+    x = {"data": random_sample(fm, "data", np.random.default_rng(8))}
+    want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))[0]
+    got = HB_ONNXRuntime(model_file=str(project.artefact("quantized"))).run(None, x)[0]
+    assert got.dtype == np.float32
+    assert cosine_similarity(want, got) >= COSINE
