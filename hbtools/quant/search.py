@@ -188,7 +188,6 @@ class Evaluator:
                 del pieces[len(pieces) - len(own):]
                 own = [len(pieces)]
                 pieces.append((k, None))
-
             j = None
             if logit:
                 j = len(pieces)
