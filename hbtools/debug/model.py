@@ -99,7 +99,9 @@ class CalibratedModel:
         self.producers = producers
         inits = {t.name for t in graph.initializer}
         self.inputs = [_graph_input(vi) for vi in graph.input if vi.name not in inits]
-        self.outputs = [o.name for o in graph.output]
+        # What the analyses compare; an output the optimizer folded to a constant (a length the input
+        # shape fixes) is the same in every configuration and no part of the model makes it.
+        self.outputs = [o.name for o in graph.output if o.name not in inits]
 
     @cached_property
     def shapes(self) -> dict[str, list[int | None]]:

@@ -66,8 +66,8 @@ def _front_end() -> onnx.ModelProto:
     return model
 
 
-def test_log_mel_front_end_with_integer_lengths_converts(tmp_path: Path) -> None:
-    model = _front_end()
+def _convert(tmp_path: Path, model: onnx.ModelProto, **model_parameters: str) -> str:
+    """makertbin ``default`` on ``model`` with 8 synthetic waves; the console output."""
     onnx.save(model, tmp_path / "front_end.onnx")
     rng = np.random.default_rng(0)
     t = np.arange(SAMPLES) / 16000
@@ -79,7 +79,8 @@ def test_log_mel_front_end_with_integer_lengths_converts(tmp_path: Path) -> None
         np.save(tmp_path / "lens" / f"{k}.npy", np.array([SAMPLES - 160 * k], np.int64))
     config = {
         "model_parameters": {"onnx_model": str(tmp_path / "front_end.onnx"), "march": "bayes-e",
-                             "working_dir": str(tmp_path / "out"), "output_model_file_prefix": "fe"},
+                             "working_dir": str(tmp_path / "out"), "output_model_file_prefix": "fe",
+                             **model_parameters},
         "input_parameters": {"input_name": "waveforms;waveforms_lens", "input_type_train": "featuremap;featuremap",
                              "input_layout_train": "NCHW;NCHW", "input_type_rt": "featuremap;featuremap",
                              "input_shape": f"1x{SAMPLES};1", "norm_type": "no_preprocess;no_preprocess"},
@@ -91,10 +92,17 @@ def test_log_mel_front_end_with_integer_lengths_converts(tmp_path: Path) -> None
     code, out = _cli(["makertbin", "--config", str(tmp_path / "config.yaml"), "--model-type", "onnx"], tmp_path)
     assert INTERNAL not in out, out[-3000:]
     assert code == 0, out[-3000:]
+    return out
+
+
+def test_log_mel_front_end_with_integer_lengths_converts(tmp_path: Path) -> None:
+    model = _front_end()
+    out = _convert(tmp_path, model)
     assert "Div computes on int64 values" in out, "the length arithmetic stays on the CPU, with its reason"
 
     quantized = tmp_path / "out" / "fe_quantized_model.onnx"
     session, reference = HB_ONNXRuntime(model_file=str(quantized)), HB_ONNXRuntime(onnx_model=model)
+    rng, t = np.random.default_rng(1), np.arange(SAMPLES) / 16000
     wave = (0.3 * np.sin(2 * np.pi * 700 * t) + rng.normal(0, 0.02, SAMPLES)).astype(np.float32)[None]
     feed = {"waveforms": wave, "waveforms_lens": np.array([SAMPLES - 320], np.int64)}
     got, want = session.run(None, feed), reference.run(None, feed)
@@ -104,3 +112,16 @@ def test_log_mel_front_end_with_integer_lengths_converts(tmp_path: Path) -> None
         assert got[k].dtype == np.int64 and np.array_equal(got[k], want[k]), (got[k], want[k])
     verdict = verify(quantized, tmp_path / "out" / "fe.bin", None, 5)
     assert all(o.passed for o in verdict.outputs), "hb_verifier: the .bin and the quantized model differ"
+
+
+def test_debugger_skips_an_output_folded_to_a_constant(tmp_path: Path) -> None:
+    """``max_frames`` depends on the input shape only: the optimizer folds it into a constant, which no
+    stage of the debugger's switchboard makes (its sessions once failed to load)."""
+    from hbtools.debug import get_sensitivity_of_nodes
+
+    _convert(tmp_path, _front_end(), debug_mode="dump_calibration_data")
+    out = tmp_path / "out"
+    table = get_sensitivity_of_nodes(model_or_file=str(out / "fe_calibrated_model.onnx"),
+                                     calibrated_data=str(out / "calibration_data"), node_type="node", verbose=False)
+    assert table, "no node was ranked"
+    assert all(0.0 <= float(row["cosine-similarity"]) <= 1.0 + 1e-6 for row in table.values()), table
