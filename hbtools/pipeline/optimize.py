@@ -46,6 +46,7 @@ def run(model: ModelProto) -> ModelProto:
     # onnxruntime inlines function ops (HardSwish from opset 14, ...) into unnamed nodes;
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
+    _sums_as_adds(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
@@ -174,6 +175,28 @@ def _onnxruntime_basic(model: ModelProto) -> ModelProto:
                     "graph", ", ".join(sorted(f"{d}.{op}" for d, op in unexpected)))
         return model
     return optimized
+
+
+def _sums_as_adds(model: ModelProto) -> None:
+    """``Sum`` (Caffe2's and old exporters' residual joins) as a chain of ``Add``: the BPU op.
+
+    The chain adds in input order, as onnxruntime's Sum does, so the float model is unchanged.
+    """
+    nodes = []
+    for node in model.graph.node:
+        ins = [i for i in node.input if i]
+        if node.op_type != "Sum" or node.domain not in ("", "ai.onnx") or len(ins) < 2:
+            nodes.append(node)
+            continue
+        acc = ins[0]
+        for k, term in enumerate(ins[1:], start=1):
+            last = k == len(ins) - 1
+            out = node.output[0] if last else f"{node.output[0]}_sum{k}"
+            name = node.name if last else f"{node.name}_sum{k}"
+            nodes.append(helper.make_node("Add", [acc, term], [out], name=name))
+            acc = out
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def _per_channel_const(value: np.ndarray, channels: int) -> np.ndarray | None:

@@ -51,6 +51,7 @@ def run(config: Config) -> ParseResult:
         log.info("the model computes in float16; converting it to float32 (calibration measures float32 values)")
         model = precision.to_float32(model)
     model = _working_opset(model)
+    _initializers_not_inputs(model)
     name_unnamed_nodes(model)
     loaded = strip_qdq(model) if config.calibration.calibration_type == "load" else {}
     inputs = resolve_inputs(model, config.inputs)
@@ -94,6 +95,19 @@ def _working_opset(model: ModelProto) -> ModelProto:
         return version_converter.convert_version(model, MIN_WORKING_OPSET)
     except Exception as exc:  # the converter raises plain RuntimeErrors
         raise HbError(f"cannot convert the model from opset {opset} to {MIN_WORKING_OPSET}: {exc}") from exc
+
+
+def _initializers_not_inputs(model: ModelProto) -> None:
+    """Weights listed among the graph inputs (IR 3 required it; Caffe2 and old exporters did it) are
+    constants here: once a pass folds or drops one, its input entry would otherwise become a real
+    input that nobody feeds (ONNX's own 'light' SqueezeNet, VGG and DenseNet stopped that way)."""
+    inits = {t.name for t in model.graph.initializer}
+    if not any(vi.name in inits for vi in model.graph.input):
+        return
+    kept = [vi for vi in model.graph.input if vi.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.ir_version = max(model.ir_version, 4)  # from IR 4 on, initializers need not be inputs
 
 
 def _dims(vi) -> list[int | None]:

@@ -224,3 +224,27 @@ def test_an_opset_9_model_is_converted_to_a_working_opset() -> None:
     assert result.exit_code == 0, result.output
     assert "converting the model from opset 9 to 11" in result.output
     assert "1 BPU subgraph(s)" in result.output
+
+
+def test_weights_listed_as_inputs_and_sum_joins_convert() -> None:
+    """An IR-3 export lists its weights among the graph inputs and makes a bias with ConstantOfShape;
+    its residual join is a ``Sum`` (ONNX's own 'light' ResNet-50, SqueezeNet). Once the bias was
+    folded, its shape input became an input nobody feeds; every Sum ran on the CPU."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4, 3, 3], rng.normal(0, 0.3, 144).astype(np.float32))
+    shape = helper.make_tensor("b__SHAPE", TensorProto.INT64, [1], [4])
+    nodes = [helper.make_node("ConstantOfShape", ["b__SHAPE"], ["b"], name="bias",
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.1])),
+             helper.make_node("Conv", ["data", "w", "b"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv"], ["relu"], name="relu"),
+             helper.make_node("Sum", ["relu", "data"], ["y"], name="join")]
+    graph = helper.make_graph(nodes, "ir3", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 4, 8, 8]),
+                                             helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 4, 3, 3]),
+                                             helper.make_tensor_value_info("b__SHAPE", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 3
+    result = checker(_save(model))
+    assert result.exit_code == 0, result.output
+    assert "1 BPU subgraph(s) and 0 CPU node(s)" in result.output
+    assert "HzSQuantizedAdd" in result.output  # the Sum, as an integer Add
