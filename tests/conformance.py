@@ -52,6 +52,39 @@ def _cli(args: list[str], cwd: Path) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def convert_featuremaps(root: Path, model, samples: dict[str, list[np.ndarray]], input_shape: str,
+                        cal_data_type: str, prefix: str, **model_parameters: str) -> str:
+    """makertbin ``default`` on ``model`` whose inputs are all featuremaps, calibrated on ``samples``
+    (per input, .npy files); fails the test on an error. The console output."""
+    import onnx
+    import yaml
+
+    onnx.save(model, root / f"{prefix}.onnx")
+    for name, values in samples.items():
+        (root / f"cal_{name}").mkdir()
+        for k, value in enumerate(values):
+            np.save(root / f"cal_{name}" / f"{k}.npy", value)
+    def each(value: str) -> str:
+        return ";".join([value] * len(samples))
+
+    config = {
+        "model_parameters": {"onnx_model": str(root / f"{prefix}.onnx"), "march": "bayes-e",
+                             "working_dir": str(root / "out"), "output_model_file_prefix": prefix,
+                             **model_parameters},
+        "input_parameters": {"input_name": ";".join(samples), "input_type_train": each("featuremap"),
+                             "input_layout_train": each("NCHW"), "input_type_rt": each("featuremap"),
+                             "input_shape": input_shape, "norm_type": each("no_preprocess")},
+        "calibration_parameters": {"cal_data_dir": ";".join(str(root / f"cal_{name}") for name in samples),
+                                   "cal_data_type": cal_data_type, "calibration_type": "default"},
+        "compiler_parameters": {"optimize_level": "O3"},
+    }
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    code, out = _cli(["makertbin", "--config", str(root / "config.yaml"), "--model-type", "onnx"], root)
+    assert INTERNAL not in out, out[-3000:]
+    assert code == 0, out[-3000:]
+    return out
+
+
 def _source_feed(fm: FloatModel, x: dict[str, np.ndarray], mean: list[float], scale: list[float]) -> dict:
     m = np.array(mean, dtype=np.float32).reshape(1, -1, 1, 1)
     s = np.array(scale, dtype=np.float32).reshape(1, -1, 1, 1)

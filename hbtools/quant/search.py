@@ -49,14 +49,20 @@ def final_logits(model: ModelProto) -> list[str | None]:
     choosing by it clipped the few large ones that decide (PP-OCRv5 rec: 0.68 on held-out
     pictures). The same rule finds them in the float model and in a calibrated one.
     """
+    maker = _maker_of(model)
+    return [node.input[0] if node is not None and node.op_type in ("Softmax", "HzSoftmax") else None
+            for node in (maker(o.name) for o in model.graph.output)]
+
+
+def _maker_of(model: ModelProto) -> Callable[[str], NodeProto | None]:
+    """The node making a tensor, looking through its HzCalibration (the same in a float and a calibrated model)."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    found: list[str | None] = []
-    for out in model.graph.output:
-        node = producer.get(out.name)
-        if node is not None and node.op_type == "HzCalibration":
-            node = producer.get(node.input[0])
-        found.append(node.input[0] if node is not None and node.op_type in ("Softmax", "HzSoftmax") else None)
-    return found
+
+    def maker(name: str) -> NodeProto | None:
+        node = producer.get(name)
+        return producer.get(node.input[0]) if node is not None and node.op_type == "HzCalibration" else node
+
+    return maker
 
 
 def concat_parts(model: ModelProto) -> list[tuple[int, list[int]] | None]:
@@ -67,11 +73,7 @@ def concat_parts(model: ModelProto) -> list[tuple[int, list[int]] | None]:
     the boxes' alone, and a search that scored it clipped the scores (a YOLOv8n's class scores
     were at cosine 0.76 while the output was at 0.9999). Each piece is scored as an output of its own.
     """
-    producer = {o: n for n in model.graph.node for o in n.output}
-
-    def maker(name: str) -> NodeProto | None:
-        node = producer.get(name)
-        return producer.get(node.input[0]) if node is not None and node.op_type == "HzCalibration" else node
+    maker = _maker_of(model)
 
     def concat_of(name: str) -> tuple[NodeProto | None, list[list[int]]]:
         """The Concat making ``name`` through Transposes (YOLOX transposes its joined head), and their perms."""
@@ -178,10 +180,11 @@ class Evaluator:
             if parts is not None:
                 axis, sizes = parts
                 bounds = np.cumsum([0, *sizes])
+                if not all(r[k].ndim > axis and r[k].shape[axis] == bounds[-1] for r in refs):
+                    bounds = bounds[:1]  # the run's shapes are not the Concat's: score the output whole
                 for a, b in zip(bounds[:-1], bounds[1:], strict=True):
                     cut = (slice(None),) * axis + (slice(int(a), int(b)),)
-                    if all(r[k].ndim > axis and r[k].shape[axis] == bounds[-1] for r in refs) and \
-                            any(np.any(r[k][cut]) for r in refs):
+                    if any(np.any(r[k][cut]) for r in refs):
                         own.append(len(pieces))
                         pieces.append((k, cut))
             if len(own) < 2:  # not a Concat, or only one piece carries anything: the whole output

@@ -145,8 +145,8 @@ class Simulator:
         if self.model.batch == 1:
             return self._run_item(env, timings)
         # A batch-N .bin holds a batch-1 graph: run it per item and join the items along axis 0.
-        items = [self._run_item({k: np.split(v, self.model.batch)[i] for k, v in env.items()}, timings)
-                 for i in range(self.model.batch)]
+        parts = {k: np.split(v, self.model.batch) for k, v in env.items()}
+        items = [self._run_item({k: p[i] for k, p in parts.items()}, timings) for i in range(self.model.batch)]
         return {name: np.concatenate([item[name].reshape(1) if item[name].ndim == 0 else item[name]
                                       for item in items]) for name in items[0]}
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import yaml
-from conformance import INTERNAL, _cli
+from conformance import convert_featuremaps
 from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.metrics import cosine_similarity
@@ -68,31 +67,13 @@ def _front_end() -> onnx.ModelProto:
 
 def _convert(tmp_path: Path, model: onnx.ModelProto, **model_parameters: str) -> str:
     """makertbin ``default`` on ``model`` with 8 synthetic waves; the console output."""
-    onnx.save(model, tmp_path / "front_end.onnx")
     rng = np.random.default_rng(0)
     t = np.arange(SAMPLES) / 16000
-    for name in ("waves", "lens"):
-        (tmp_path / name).mkdir()
-    for k in range(8):
-        wave = 0.3 * np.sin(2 * np.pi * rng.uniform(200, 2000) * t) + rng.normal(0, 0.02, SAMPLES)
-        np.save(tmp_path / "waves" / f"{k}.npy", wave.astype(np.float32)[None])
-        np.save(tmp_path / "lens" / f"{k}.npy", np.array([SAMPLES - 160 * k], np.int64))
-    config = {
-        "model_parameters": {"onnx_model": str(tmp_path / "front_end.onnx"), "march": "bayes-e",
-                             "working_dir": str(tmp_path / "out"), "output_model_file_prefix": "fe",
-                             **model_parameters},
-        "input_parameters": {"input_name": "waveforms;waveforms_lens", "input_type_train": "featuremap;featuremap",
-                             "input_layout_train": "NCHW;NCHW", "input_type_rt": "featuremap;featuremap",
-                             "input_shape": f"1x{SAMPLES};1", "norm_type": "no_preprocess;no_preprocess"},
-        "calibration_parameters": {"cal_data_dir": f"{tmp_path / 'waves'};{tmp_path / 'lens'}",
-                                   "cal_data_type": "float32;int32", "calibration_type": "default"},
-        "compiler_parameters": {"optimize_level": "O3"},
-    }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    code, out = _cli(["makertbin", "--config", str(tmp_path / "config.yaml"), "--model-type", "onnx"], tmp_path)
-    assert INTERNAL not in out, out[-3000:]
-    assert code == 0, out[-3000:]
-    return out
+    waves = [(0.3 * np.sin(2 * np.pi * rng.uniform(200, 2000) * t) + rng.normal(0, 0.02, SAMPLES))
+             .astype(np.float32)[None] for _ in range(8)]
+    lens = [np.array([SAMPLES - 160 * k], np.int64) for k in range(8)]
+    return convert_featuremaps(tmp_path, model, {"waveforms": waves, "waveforms_lens": lens}, f"1x{SAMPLES};1",
+                               "float32;int32", "fe", **model_parameters)
 
 
 def test_log_mel_front_end_with_integer_lengths_converts(tmp_path: Path) -> None:
