@@ -62,6 +62,42 @@ def test_gptq_rounding_lowers_layer_output_error(group: int) -> None:
     assert proxy_after < proxy_before
 
 
+def _textbook_gptq(w: np.ndarray, thresholds: np.ndarray, group: int, hessian: np.ndarray) -> np.ndarray:
+    """GPTQ as its paper states it: H⁻¹'s upper Cholesky factor, one column at a time, every
+    rounding error spread at once over all later columns. The integers it chooses."""
+    out, k = w.shape[0], int(np.prod(w.shape[1:]))
+    scale = (thresholds.astype(np.float32) / np.float32(127)).astype(np.float64).reshape(group, -1)
+    work = w.astype(np.float64).reshape(group, out // group, k).copy()
+    h = hessian + wr.DAMPING * np.diagonal(hessian, axis1=1, axis2=2).mean(axis=1)[:, None, None] * np.eye(k)
+    upper = np.linalg.cholesky(np.linalg.inv(h)).transpose(0, 2, 1)
+    chosen = np.empty_like(work)
+    for j in range(k):
+        q = np.clip(np.round(work[:, :, j] / scale), -127, 127)
+        chosen[:, :, j] = q
+        err = (work[:, :, j] - q * scale) / upper[:, j, j][:, None]
+        work[:, :, j + 1:] -= err[:, :, None] * upper[:, None, j, j + 1:]
+    return chosen.reshape(w.shape)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_blocked_rounding_chooses_what_textbook_gptq_chooses(group: int) -> None:
+    """A layer of several blocks of columns (18 x 3 x 3 = 162 > BLOCK per group): the lazy block
+    updates and the factorization of the flipped Hessian choose the same integers."""
+    rng = np.random.default_rng(3)
+    channels = 18 * group
+    w = rng.normal(size=(6, channels // group, 3, 3)).astype(np.float32)
+    k = w[0].size
+    assert k > wr.BLOCK
+    x = rng.normal(size=(group, k, 3 * k)) + rng.normal(size=(group, k, 1))
+    hessian = np.matmul(x, x.transpose(0, 2, 1)) / x.shape[2]
+    thresholds = np.abs(w).reshape(6, -1).max(axis=1).astype(np.float64)
+    offsets = wr.rounding_offsets(w, thresholds, group, hessian)
+    nearest = np.clip(np.round(w / (thresholds / 127).reshape(-1, 1, 1, 1)), -127, 127)
+    textbook = _textbook_gptq(w, thresholds, group, hessian)
+    assert np.array_equal(nearest + offsets, textbook)
+    assert np.abs(offsets).max() >= 1  # the rounding did move weights
+
+
 def test_patches_match_a_direct_convolution() -> None:
     """Sampled patches times the weight reproduce the conv output at those positions."""
     rng = np.random.default_rng(2)
