@@ -415,6 +415,26 @@ def stacked_state(opset: int = 13) -> FloatModel:
 NETWORKS = {"yolov8n": yolov8n, "yolov5nu": yolov5nu, "yolov5n": yolov5n, "yolov8n_cls": yolov8n_cls}
 
 
+def spatial_reductions(h: int = 32, opset: int = 18) -> FloatModel:
+    """PyTorch's ``x.mean((2, 3), keepdim=True)`` squeeze-and-excitation and CBAM's max-and-mean
+    channel gate, then a ``x.mean((2, 3))`` head: ReduceMean / ReduceMax over the spatial axes
+    (axes an input from opset 18) instead of global pools."""
+    g = _Graph(29)
+    axes = g.const(np.array([2, 3], dtype=np.int64), "axes") if opset >= 18 else None
+
+    def reduce(op: str, x: str, keepdims: int) -> str:
+        if axes is not None:
+            return g.op(op, [x, axes], keepdims=keepdims)
+        return g.op(op, [x], axes=[-2, -1], keepdims=keepdims)
+
+    x = g.op("Relu", [_conv_bn(g, "data", 3, 16, stride=2)])
+    s = g.op("Relu", [g.conv(reduce("ReduceMean", x, 1), 16, 4, k=1)])
+    x = g.op("Mul", [x, g.op("Sigmoid", [g.conv(s, 4, 16, k=1)])])
+    both = g.op("Add", [reduce("ReduceMean", x, 1), reduce("ReduceMax", x, 1)])
+    x = g.op("Mul", [x, g.op("Sigmoid", [g.conv(both, 16, 16, k=1)])])
+    return g.model({"data": [1, 3, h, h]}, [g.gemm(reduce("ReduceMean", x, 0), 16, 10)], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -428,4 +448,5 @@ BLOCKS = {
     "ort_quantized_crnn": ort_quantized_crnn,
     "if_branch_head": if_branch_head,
     "stacked_state": stacked_state,
+    "spatial_reductions": spatial_reductions,
 }

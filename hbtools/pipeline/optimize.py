@@ -47,6 +47,7 @@ def run(model: ModelProto) -> ModelProto:
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
     _sums_as_adds(body)
+    _spatial_reductions_as_global_pools(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
@@ -195,6 +196,38 @@ def _sums_as_adds(model: ModelProto) -> None:
             name = node.name if last else f"{node.name}_sum{k}"
             nodes.append(helper.make_node("Add", [acc, term], [out], name=name))
             acc = out
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+_GLOBAL_POOL_OF = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
+
+
+def _spatial_reductions_as_global_pools(model: ModelProto) -> None:
+    """A mean or max over the two spatial axes of a 4-D tensor (``x.mean((2, 3))``, the squeeze of
+    squeeze-and-excitation blocks in PyTorch and Paddle exports) as GlobalAveragePool /
+    GlobalMaxPool, the BPU's pooling ops; without ``keepdims`` a Flatten follows, which gives
+    the same [N, C]."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        pool = _GLOBAL_POOL_OF.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        shape = view.shapes.get(node.input[0]) if pool else None
+        a = view.attrs(node) if pool else {}
+        axes = a.get("axes")
+        if len(node.input) > 1 and node.input[1]:
+            axes = view.const(node.input[1])
+            axes = None if axes is None else [int(v) for v in np.ravel(axes)]
+        if shape is None or len(shape) != 4 or axes is None or sorted(int(v) % 4 for v in axes) != [2, 3] \
+                or a.get("noop_with_empty_axes", 0):
+            nodes.append(node)
+            continue
+        if a.get("keepdims", 1):
+            nodes.append(helper.make_node(pool, [node.input[0]], [node.output[0]], name=node.name))
+            continue
+        pooled = f"{node.output[0]}_pooled"
+        nodes.append(helper.make_node(pool, [node.input[0]], [pooled], name=f"{node.name}_pool"))
+        nodes.append(helper.make_node("Flatten", [pooled], [node.output[0]], name=node.name, axis=1))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
 

@@ -32,6 +32,18 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
     assert outcome.bpu_nodes, "nothing went to the BPU"
 
 
+@pytest.mark.parametrize("opset", [13, 18])
+def test_spatial_reductions_run_on_the_bpu(opset: int, tmp_path: Path) -> None:
+    """Means and maxima over H and W (PyTorch's SE and CBAM gates and pooling heads) are global
+    pools, BPU ops: one BPU subgraph, nothing on the CPU (ReduceMean used to cut the model into
+    a subgraph per SE block)."""
+    fm = arch_builders.spatial_reductions(opset=opset)
+    outcome = convert_and_check(fm, tmp_path, "max", checker=False)
+    print(f"cosine {outcome.cosine}; {outcome.placement()}")
+    assert not outcome.cpu, outcome.placement()
+    assert min(outcome.cosine) >= COSINE
+
+
 def test_scores_beside_pixel_boxes_keep_their_accuracy(tmp_path: Path) -> None:
     """A YOLOv8 export's output joins box distances in pixels (here up to ~480) with class scores in
     0..1. Scored as one tensor, the output looks perfect whatever happens to the scores; the search
