@@ -224,7 +224,8 @@ class FolderCalibrationSource(CalibrationSource):
 
 
 class RandomCalibrationSource(CalibrationSource):
-    """Generated samples for ``calibration_type: skip``: uniform 0..255 images, N(0, 1) featuremaps.
+    """Generated samples for ``calibration_type: skip``: uniform 0..255 images, N(0, 1) featuremaps
+    (ones for integer ones).
 
     Every iteration restarts from ``seed``, so repeated passes see the same data.
     """
@@ -242,7 +243,11 @@ class RandomCalibrationSource(CalibrationSource):
         for _ in range(self.num_samples):
             sample = {}
             for s in self.specs:
-                if s.is_featuremap:
+                if s.is_featuremap and np.issubdtype(np.dtype(s.model_dtype), np.integer):
+                    # An integer input is a size, a shape or an index: ones are valid for all of them
+                    # (noise cast to integers made Expand targets and indices the model refuses).
+                    data = np.ones(s.shape)
+                elif s.is_featuremap:
                     data = rng.standard_normal(s.shape)
                 else:
                     data = rng.integers(0, 256, size=s.shape, dtype=np.uint8)

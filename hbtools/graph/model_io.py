@@ -14,7 +14,7 @@ from onnx import ModelProto
 from hbtools.errors import HbError
 from hbtools.ops.base import DOMAIN, DOMAIN_VERSION
 
-MIN_OPSET, MAX_OPSET = 7, 21  # below 11, the parse stage converts (onnx version converter)
+MIN_OPSET, MAX_OPSET = 1, 21  # below 11, the parse stage converts (onnx version converter)
 MAX_IR_VERSION = 10
 
 

@@ -31,7 +31,7 @@ from hbtools.quant.search import Evaluator, concat_parts, scored_tensors
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runs.timing import StepTimes
-from hbtools.runtime.session import fetching_session
+from hbtools.runtime.session import RUN_ERRORS, fetching_session
 
 log = logging.getLogger("hbtools")
 
@@ -281,7 +281,13 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     scored = spread(count, EVAL_SAMPLES) if keep else set()
     measured = spread(count, BIAS_CORRECTION_SAMPLES, exclude=scored) if keep else set()
     for index, feed in enumerate(bar):
-        values = dict(zip(fetch, session.run(fetch, feed), strict=True))
+        try:
+            values = dict(zip(fetch, session.run(fetch, feed), strict=True))
+        except RUN_ERRORS as exc:
+            raise HbError(f"the float model cannot run calibration sample {index + 1} "
+                          f"({str(exc).splitlines()[0][:300]})",
+                          hint="give every input calibration data the model accepts: its values, not only its "
+                               "shape, matter for shape, size and index inputs") from None
         collector.update({t: values[t] for t in tensors})
         if index in scored:
             eval_feeds.append(feed)

@@ -47,8 +47,10 @@ def preprocess_node_name(input_name: str) -> str:
 def run(config: Config) -> ParseResult:
     model, path = load_source_model(config)
     check_source_model(model, path)
-    if precision.uses_float16(model):
-        log.info("the model computes in float16; converting it to float32 (calibration measures float32 values)")
+    others = precision.other_floats(model)
+    if others:
+        log.info("the model computes in %s; converting it to float32 (calibration measures float32 values)",
+                 " and ".join(others))
         model = precision.to_float32(model)
     model = _working_opset(model)
     _initializers_not_inputs(model)
@@ -101,13 +103,13 @@ def _initializers_not_inputs(model: ModelProto) -> None:
     """Weights listed among the graph inputs (IR 3 required it; Caffe2 and old exporters did it) are
     constants here: once a pass folds or drops one, its input entry would otherwise become a real
     input that nobody feeds (ONNX's own 'light' SqueezeNet, VGG and DenseNet stopped that way)."""
+    # From IR 4 on, initializers need not be inputs: the constants later stages add (folded
+    # Constant nodes, requantization factors) would otherwise be unfed inputs too.
+    model.ir_version = max(model.ir_version, 4)
     inits = {t.name for t in model.graph.initializer}
-    if not any(vi.name in inits for vi in model.graph.input):
-        return
     kept = [vi for vi in model.graph.input if vi.name not in inits]
     del model.graph.input[:]
     model.graph.input.extend(kept)
-    model.ir_version = max(model.ir_version, 4)  # from IR 4 on, initializers need not be inputs
 
 
 def _dims(vi) -> list[int | None]:

@@ -59,6 +59,8 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
     for t in tensors:
         _, qt = pairs[t]
         f, q = f_out.pop(t), q_out.pop(t)  # each released once compared
+        if not isinstance(f, np.ndarray) or not isinstance(q, np.ndarray):  # a sequence or map: no cosine
+            continue
         if qt is None:
             sims[t] = cosine_similarity(f, q)
         elif qt.scale.size == 1:  # per-tensor grid: dequantize piece by piece

@@ -25,6 +25,10 @@ _NUMPY_OF_ORT = {
     "tensor(double)": np.float64, "tensor(bool)": np.bool_, "tensor(float16)": np.float16,
 }
 
+# What onnxruntime raises when a model cannot run on given inputs (its errors share no base class).
+RUN_ERRORS = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+              ort.capi.onnxruntime_pybind11_state.RuntimeException)
+
 
 def make_session(model: ModelProto, *, threads: int = 0, per_node: bool = False, spinning: bool = True,
                  memory_pattern: bool = True) -> ort.InferenceSession | CustomOpSession:
@@ -181,8 +185,7 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
                             f"its outputs are {self.output_names}")
         try:
             return self._session.run(names, feeds)
-        except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidArgument,
-                ort.capi.onnxruntime_pybind11_state.RuntimeException) as exc:
+        except RUN_ERRORS as exc:
             raise FeedError(f"onnxruntime cannot run the model on these inputs: {str(exc).splitlines()[0]}") from None
 
     @property

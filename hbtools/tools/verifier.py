@@ -35,7 +35,7 @@ class Comparison:
     total: int
     miss: int  # elements present in one result only
     diff: int  # elements further apart than the tolerance
-    nan: int  # elements that are NaN in either result
+    nan: int  # elements that are NaN in one result only
     max_abs: float
     max_rel: float  # largest |a - b| / max(|a|, |b|) over the mismatching elements
 
@@ -58,8 +58,11 @@ def compare(name: str, expected: np.ndarray, actual: np.ndarray, digits: int) ->
     b = np.asarray(actual).reshape(-1)
     n = min(a.size, b.size)
     a64, b64 = a[:n].astype(np.float64), b[:n].astype(np.float64)
-    nan = np.isnan(a64) | np.isnan(b64)
-    err = np.where(nan, 0.0, np.abs(a64 - b64))
+    # NaN on one side only is a mismatch; NaN on both (a CPU op that gives NaN in either model) and
+    # equal infinities agree.
+    nan = np.isnan(a64) != np.isnan(b64)
+    with np.errstate(invalid="ignore"):  # inf - inf where both are infinite
+        err = np.where(np.isnan(a64) | np.isnan(b64) | (a64 == b64), 0.0, np.abs(a64 - b64))
     differs = (err >= 1.5 * 10.0**-digits) & ~nan
     # Relative to the larger of the two values, over the elements that mismatch: at most 2 (opposite
     # signs), 1 where one side is 0; a near-zero expected value no longer divides into ~1e305.

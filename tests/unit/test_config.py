@@ -835,7 +835,7 @@ def test_group_not_a_mapping(workdir: Path) -> None:
         ("calibration_parameters", "max_percentile", 0, ("'max_percentile'", "(0, 1]")),
         ("calibration_parameters", "max_percentile", 1.5, ("'max_percentile'", "(0, 1]")),
         ("calibration_parameters", "max_percentile", "high", ("'max_percentile'", "number")),
-        ("calibration_parameters", "cal_data_type", "float64", ("'cal_data_type'", "int16")),
+        ("calibration_parameters", "cal_data_type", "float16", ("'cal_data_type'", "float32")),
         ("calibration_parameters", "per_channel", "yes please", ("'per_channel'", "True or False")),
         ("compiler_parameters", "compile_mode", "speed", ("'compile_mode'", "balance")),
         ("compiler_parameters", "core_num", 3, ("'core_num'", "1-2")),
