@@ -82,7 +82,8 @@ LUT_OPS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Leaky
            "Gelu", "Mish", "ThresholdedRelu", "PRelu")
 # Ops that move or select int8 values without changing them (output scale = input scale).
 PASSIVE_OPS = ("MaxPool", "GlobalMaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
-               "Slice", "Split", "Resize", "Identity")
+               "Slice", "Split", "Resize", "Identity", "DepthToSpace", "SpaceToDepth", "Tile", "Gather",
+               "ReduceMax")
 
 _NCHW_NHWC = ((0, 1, 2, 3), (0, 2, 3, 1), (0, 3, 1, 2))
 _NOT_BATCH = (1, 2, 3, 4)
@@ -112,8 +113,7 @@ _BAYES_OPS: dict[str, OpRule] = {
     "Concat": OpRule("HzSQuantizedConcat", ("concat",)),
     # BPU ops of the device that hbtools has no integer kernel for yet.
     "Softmax": OpRule("HzSQuantizedSoftmax", ("softmax",)),
-    **_each(("ReduceMean", "ReduceMax", "ReduceSum", "ArgMax", "LayerNormalization", "Pad",
-             "DepthToSpace", "SpaceToDepth", "GridSample", "Gather", "Tile"), OpRule("", ())),
+    **_each(("ReduceMean", "ReduceSum", "ArgMax", "LayerNormalization", "Pad", "GridSample"), OpRule("", ())),
 }
 
 # bernoulli2 (X3): a 4-D-only BPU. Reshape-like ops, activation x activation MatMul and

@@ -27,7 +27,7 @@ from hbtools.quant.plan import (
     folded_weights,
     weight_thresholds,
 )
-from hbtools.quant.search import Evaluator, concat_parts, scored_tensors
+from hbtools.quant.search import Evaluator, output_pieces, scored_tensors
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runs.timing import StepTimes
@@ -251,10 +251,10 @@ def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
 def _float_session(optimized: ModelProto, tensors: list[str]):
     """The float model's session and what the searches score (``search.scored_tensors``)."""
     scored = scored_tensors(optimized)
-    for out, parts in zip(optimized.graph.output, concat_parts(optimized), strict=True):
-        if parts is not None:
-            log.info("output '%s' is scored as the %d pieces its final Concat joins (axis %d, sizes %s)",
-                     out.name, len(parts[1]), *parts)
+    for out, joined in zip(optimized.graph.output, output_pieces(optimized), strict=True):
+        if joined is not None:
+            log.info("output '%s' is scored as the %d pieces it joins (%s)", out.name, len(joined.names),
+                     ", ".join(joined.names))
     return fetching_session(optimized, list(dict.fromkeys([*tensors, *scored]))), scored
 
 

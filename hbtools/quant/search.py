@@ -14,10 +14,11 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
-from onnx import ModelProto, NodeProto
+from onnx import ModelProto, NodeProto, TensorProto, helper
 from tqdm import tqdm
 
 from hbtools.graph.graph import GraphView
@@ -65,39 +66,93 @@ def _maker_of(model: ModelProto) -> Callable[[str], NodeProto | None]:
     return maker
 
 
-def concat_parts(model: ModelProto) -> list[tuple[int, list[int]] | None]:
-    """Per model output made by a Concat: the axis and the sizes of the pieces it joins (None: otherwise).
+# Ops that only move values: what an output made of them holds is, element by element, a value of one
+# of the tensors they join.
+_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat")
+
+
+@dataclass
+class Pieces:
+    """What an output joins: per element, the index of the tensor (in ``names``) it comes from."""
+
+    names: list[str]
+    labels: np.ndarray  # flat, the output's size; -1 where a constant was joined
+
+    def indices(self) -> list[np.ndarray | slice]:
+        """Per joined tensor, where its elements are in the flat output (a slice where contiguous)."""
+        found: list[np.ndarray | slice] = []
+        for k in range(len(self.names)):
+            idx = np.flatnonzero(self.labels == k)
+            found.append(slice(int(idx[0]), int(idx[-1]) + 1) if idx.size and idx[-1] - idx[0] + 1 == idx.size
+                         else idx)
+        return found
+
+
+def output_pieces(model: ModelProto) -> list[Pieces | None]:
+    """Per model output joined by a Concat (also behind Reshape, Transpose, Flatten, Squeeze, nested
+    Concats): the tensors it joins and where each lands (None: otherwise).
 
     Detector heads join unlike things in one output (YOLOv8: 4 box coordinates in pixels beside
-    the class scores in 0..1; YOLOX: boxes, objectness, classes). One cosine over such an output is
-    the boxes' alone, and a search that scored it clipped the scores (a YOLOv8n's class scores
-    were at cosine 0.76 while the output was at 0.9999). Each piece is scored as an output of its own.
+    the class scores in 0..1; YOLOX: boxes, objectness, classes; YOLOv8-pose: keypoints in pixels
+    interleaved with their confidences by a Concat and a Reshape). One cosine over such an output is
+    the largest piece's alone, and a search that scored it clipped the small ones (a YOLOv8n's class
+    scores were at cosine 0.76 while the output was at 0.9999). Each piece is scored as an output
+    of its own. Where each lands is found by running the moves on tensors filled with their index.
     """
-    maker = _maker_of(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {t.name: t for t in model.graph.initializer}
 
-    def concat_of(name: str) -> tuple[NodeProto | None, list[list[int]]]:
-        """The Concat making ``name`` through Transposes (YOLOX transposes its joined head), and their perms."""
-        node, perms = maker(name), []
-        while node is not None and node.op_type == "Transpose":
-            perms.insert(0, next((list(a.ints) for a in node.attribute if a.name == "perm"), []))
-            node = maker(node.input[0])
-        return (node, perms) if node is not None and node.op_type == "Concat" and len(node.input) > 1 else (None, [])
+    def source(name: str) -> str:  # what an HzCalibration node calibrates, else the name itself
+        node = producer.get(name)
+        return node.input[0] if node is not None and node.op_type == "HzCalibration" else name
 
-    concats = [concat_of(o.name) for o in model.graph.output]
-    shapes = GraphView(model).shapes if any(node for node, _ in concats) else {}
-    found: list[tuple[int, list[int]] | None] = []
-    for node, perms in concats:
-        parts = None
-        ins = [shapes.get(i) for i in node.input] if node is not None else []
-        if ins and all(ins) and len({len(x) for x in ins}) == 1:
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(ins[0])
-            sizes = [x[axis] for x in ins]
-            for perm in perms:  # where the joined axis ends up in the output
-                axis = perm.index(axis) if perm else len(ins[0]) - 1 - axis
-            if all(isinstance(d, int) and d > 0 for d in sizes):
-                parts = (axis, sizes)
-        found.append(parts)
+    shapes: dict | None = None
+    found: list[Pieces | None] = []
+    for out in model.graph.output:
+        moves: list[NodeProto] = []
+        leaves: list[str] = []
+        stack, seen = [source(out.name)], set()
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            node = producer.get(name)
+            if node is None or node.op_type not in _MOVES or node.domain not in ("", "ai.onnx"):
+                leaves.append(name)
+                continue
+            data = list(node.input) if node.op_type == "Concat" else node.input[:1]
+            copy = helper.make_node(node.op_type, [source(i) if i in data else i for i in node.input],
+                                    list(node.output[:1]), name=node.name)
+            copy.attribute.extend(node.attribute)
+            moves.append(copy)
+            stack.extend(source(i) for i in data)
+        joined = [n for n in leaves if n not in inits]
+        if len(joined) < 2:
+            found.append(None)
+            continue
+        shapes = shapes if shapes is not None else GraphView(model).shapes
+        if not all(shapes.get(n) and all(isinstance(d, int) and d > 0 for d in shapes[n]) for n in leaves):
+            found.append(None)
+            continue
+        found.append(Pieces(joined, _where_each_lands(model, moves[::-1], leaves, joined, source(out.name), shapes,
+                                                      inits)))
     return found
+
+
+def _where_each_lands(model: ModelProto, moves: list[NodeProto], leaves: list[str], joined: list[str], out: str,
+                      shapes: dict, inits: dict) -> np.ndarray:
+    """The flat output of ``moves`` run on ``leaves`` filled with their index in ``joined`` (-1: constants)."""
+    from onnx.reference import ReferenceEvaluator
+
+    params = {i for n in moves for i in n.input if i in inits and i not in leaves}
+    graph = helper.make_graph(moves, "pieces",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes[n]) for n in leaves],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+                              [inits[i] for i in sorted(params)])
+    probe = helper.make_model(graph, opset_imports=[o for o in model.opset_import if o.domain in ("", "ai.onnx")])
+    feeds = {n: np.full(shapes[n], joined.index(n) if n in joined else -1, np.float32) for n in leaves}
+    return ReferenceEvaluator(probe).run(None, feeds)[0].reshape(-1).astype(np.int64)
 
 
 def scored_tensors(model: ModelProto) -> list[str]:
@@ -167,27 +222,23 @@ class Evaluator:
         self.seconds_per_run = 0.0  # of the last score
         self.complete = True  # whether the last score ran every sample (False: it is a bound)
 
-    def _scored_pieces(self, refs: list[list[np.ndarray]]) -> tuple[list[tuple[int, tuple | None]], list]:
-        """What a score compares, as (fetched index, slice or None) pieces, and per model output its
-        pieces and the piece of its logits (None: no final Softmax). A Concat's pieces (``concat_parts``)
-        whose float values are all zero on the scoring samples are left out (their cosine means nothing)."""
-        pieces: list[tuple[int, tuple | None]] = []
+    def _scored_pieces(self, refs: list[list[np.ndarray]]) -> tuple[list[tuple[int, object]], list]:
+        """What a score compares, as (fetched index, flat slice / indices or None) pieces, and per model
+        output its pieces and the piece of its logits (None: no final Softmax). The pieces an output
+        joins (``output_pieces``) whose float values are all zero on the scoring samples are left out
+        (their cosine means nothing)."""
+        pieces: list[tuple[int, object]] = []
         views = []
         logit_index = iter(range(len(self.calibrated.graph.output), len(self.fetched)))
-        for k, (logit, parts) in enumerate(zip(final_logits(self.calibrated), concat_parts(self.calibrated),
-                                               strict=True)):
+        for k, (logit, joined) in enumerate(zip(final_logits(self.calibrated), output_pieces(self.calibrated),
+                                                strict=True)):
             own = []
-            if parts is not None:
-                axis, sizes = parts
-                bounds = np.cumsum([0, *sizes])
-                if not all(r[k].ndim > axis and r[k].shape[axis] == bounds[-1] for r in refs):
-                    bounds = bounds[:1]  # the run's shapes are not the Concat's: score the output whole
-                for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-                    cut = (slice(None),) * axis + (slice(int(a), int(b)),)
-                    if any(np.any(r[k][cut]) for r in refs):
+            if joined is not None and all(r[k].size == joined.labels.size for r in refs):
+                for where in joined.indices():
+                    if any(np.any(r[k].reshape(-1)[where]) for r in refs):
                         own.append(len(pieces))
-                        pieces.append((k, cut))
-            if len(own) < 2:  # not a Concat, or only one piece carries anything: the whole output
+                        pieces.append((k, where))
+            if len(own) < 2:  # not joined, or only one piece carries anything: the whole output
                 del pieces[len(pieces) - len(own):]
                 own = [len(pieces)]
                 pieces.append((k, None))
@@ -200,7 +251,7 @@ class Evaluator:
 
     def _cut(self, tensors: list[np.ndarray]) -> list[np.ndarray]:
         """``tensors`` (the fetched ones of one run) as the scored pieces."""
-        return [tensors[k] if cut is None else tensors[k][cut] for k, cut in self._pieces]
+        return [tensors[k] if cut is None else tensors[k].reshape(-1)[cut] for k, cut in self._pieces]
 
     def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
                disabled: set[str] = frozenset(), switched: bool = False) -> dict[str, np.ndarray]:

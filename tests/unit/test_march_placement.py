@@ -124,13 +124,14 @@ def test_unlowered_and_unknown_ops_say_why() -> None:
     c = g.conv("data", 3, 8)
     s = g.op("Softmax", [c], axis=1)
     t = g.op("Mul", [s, g.const(np.full([1, 8, 1, 1], 0.5, dtype=np.float32))])
-    outputs = [g.conv(t, 8, 4), g.op("DepthToSpace", [c], blocksize=2),
+    outputs = [g.conv(t, 8, 4), g.op("ReduceSum", [c, g.const(np.array([1], dtype=np.int64))]),
+               g.op("DepthToSpace", [c], blocksize=2),
                g.op("Pow", [c, g.const(np.full([1, 8, 1, 1], 2.0, dtype=np.float32))])]
     model = g.model({"data": [1, 3, 8, 8]}, outputs).model
     x5 = _partition(model, "bayes-e")
-    # Softmax and a per-channel constant have integer kernels; DepthToSpace has none yet
-    assert _placement(x5)["Softmax_0"][0] == _placement(x5)["Mul_0"][0] == "BPU"
-    assert "no integer kernel" in _reason(x5, "DepthToSpace_0")
+    # Softmax, a per-channel constant and DepthToSpace have integer kernels; ReduceSum has none yet
+    assert _placement(x5)["Softmax_0"][0] == _placement(x5)["Mul_0"][0] == _placement(x5)["DepthToSpace_0"][0] == "BPU"
+    assert "no integer kernel" in _reason(x5, "ReduceSum_0")
     assert "only scalar constants" in _reason(x5, "Pow_0")
     x3 = _partition(model, "bernoulli2")
     assert "Softmax is not supported on the BPU of bernoulli2" in _reason(x3, "Softmax_0")

@@ -11,7 +11,9 @@ from hbtools.quant.emitters.state import EmitState, QTensor
 from hbtools.quant.units import Unit
 
 # onnxruntime has no int16 kernels for these (nor int8 ones before opset 12/13; GlobalMaxPool none).
-_FLOAT_KERNEL_ONLY = ("MaxPool", "GlobalMaxPool", "Resize")
+_FLOAT_KERNEL_ONLY = ("MaxPool", "GlobalMaxPool", "Resize", "ReduceMax")
+# ... and no int8 or int16 kernels at any opset for these.
+_FLOAT_KERNEL_ALWAYS = ("GlobalMaxPool", "DepthToSpace", "SpaceToDepth")
 
 
 @emits("passive")
@@ -21,7 +23,7 @@ def emit(state: EmitState, unit: Unit) -> None:
     outs = [quantized_tensor(o) for o in node.output]
     copy = helper.make_node(node.op_type, [xq.name, *node.input[1:]], outs, name=node.name)
     copy.attribute.extend(node.attribute)
-    if node.op_type == "GlobalMaxPool" or (node.op_type in _FLOAT_KERNEL_ONLY and
+    if node.op_type in _FLOAT_KERNEL_ALWAYS or (node.op_type in _FLOAT_KERNEL_ONLY and
                                            (xq.dtype == "int16" or default_opset(state.src) < 13)):
         # Integers survive a float32 round trip. The casts are named after this node: two readers
         # of one tensor each get their own.
