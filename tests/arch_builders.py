@@ -435,6 +435,26 @@ def spatial_reductions(h: int = 32, opset: int = 18) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.gemm(reduce("ReduceMean", x, 0), 16, 10)], opset)
 
 
+def channel_and_token_means(h: int = 32, opset: int = 13) -> FloatModel:
+    """CBAM's spatial gate (a mean over the channels, Sigmoid, times the features) and a transformer
+    head's mean over the tokens of [N, tokens, C]: ReduceMean over other axes than H and W."""
+    g = _Graph(31)
+    x = g.op("Relu", [_conv_bn(g, "data", 3, 16, stride=2)])
+    if opset >= 18:
+        channel_mean = g.op("ReduceMean", [x, g.const(np.array([1], dtype=np.int64), "axes")], keepdims=1)
+    else:
+        channel_mean = g.op("ReduceMean", [x], axes=[1], keepdims=1)
+    x = g.op("Mul", [x, g.op("Sigmoid", [channel_mean])])
+    side = h // 2
+    tokens = g.op("Transpose", [g.op("Reshape", [x, g.const(np.array([1, 16, side * side], np.int64), "shape")])],
+                  perm=[0, 2, 1])
+    if opset >= 18:
+        pooled = g.op("ReduceMean", [tokens, g.const(np.array([1], dtype=np.int64), "axes")], keepdims=0)
+    else:
+        pooled = g.op("ReduceMean", [tokens], axes=[1], keepdims=0)
+    return g.model({"data": [1, 3, h, h]}, [g.gemm(pooled, 16, 10)], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -449,4 +469,5 @@ BLOCKS = {
     "if_branch_head": if_branch_head,
     "stacked_state": stacked_state,
     "spatial_reductions": spatial_reductions,
+    "channel_and_token_means": channel_and_token_means,
 }

@@ -113,7 +113,8 @@ _BAYES_OPS: dict[str, OpRule] = {
     "Concat": OpRule("HzSQuantizedConcat", ("concat",)),
     # BPU ops of the device that hbtools has no integer kernel for yet.
     "Softmax": OpRule("HzSQuantizedSoftmax", ("softmax",)),
-    **_each(("ReduceMean", "ReduceSum", "ArgMax", "LayerNormalization", "Pad", "GridSample"), OpRule("", ())),
+    "ReduceMean": OpRule("HzSQuantizedPool", ("pool",)),
+    **_each(("ReduceSum", "ArgMax", "LayerNormalization", "Pad", "GridSample"), OpRule("", ())),
 }
 
 # bernoulli2 (X3): a 4-D-only BPU. Reshape-like ops, activation x activation MatMul and

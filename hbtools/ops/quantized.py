@@ -660,13 +660,21 @@ class HzLut(HzOp):
 class HzSQuantizedPool(_Requantizing):
     """Average pooling: integer window sums times ``multiplier`` (1/window folded in).
 
-    ``kind`` GlobalAveragePool (ReduceSum over spatial axes) or AveragePool (a
-    depthwise ConvInteger with a ones kernel). Attributes also: channels, pool attrs.
+    ``kind`` GlobalAveragePool (ReduceSum over spatial axes), ReduceMean (ReduceSum over
+    ``axes``, ``keepdims``) or AveragePool (a depthwise ConvInteger with a ones kernel).
+    Attributes also: channels, pool attrs.
     """
 
     op_type = "HzSQuantizedPool"
     attributes = {"kind": REQUIRED, "multiplier": REQUIRED, "x_zero_point": 0, "channels": None, "x_bits": 8,
-                  "kernel_shape": None, "strides": None, "pads": None, **OUTPUT_ATTRS}
+                  "kernel_shape": None, "strides": None, "pads": None, "axes": None, "keepdims": 1, **OUTPUT_ATTRS}
+
+    @staticmethod
+    def summed_axes(a: dict, rank: int) -> list[int]:
+        """The axes a GlobalAveragePool or ReduceMean kind sums over."""
+        if a["kind"] == "GlobalAveragePool":
+            return list(range(2, rank))
+        return sorted(int(v) % rank for v in a["axes"])
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -675,18 +683,19 @@ class HzSQuantizedPool(_Requantizing):
         hint = node.name
         rank = ctx.rank(node.input[0]) or 4
         zp = int(a.get("x_zero_point", 0))
-        if a["kind"] == "GlobalAveragePool":
+        if a["kind"] in ("GlobalAveragePool", "ReduceMean"):
             xi = _cast(ctx, node.input[0], TensorProto.INT32, f"{hint}_x", nodes)
             if zp:
                 n, xi = _node(ctx, "Sub", [xi, ctx.constant(f"{hint}_zp", np.array(zp, dtype=np.int32))],
                               f"{hint}_shifted")
                 nodes.append(n)
-            axes = list(range(2, rank))
+            axes = cls.summed_axes(a, rank)
+            keepdims = int(a.get("keepdims", 1))
             if ctx.opset >= 13:
                 ax = ctx.constant(f"{hint}_axes", np.array(axes, dtype=np.int64))
-                n, s = _node(ctx, "ReduceSum", [xi, ax], f"{hint}_sum", keepdims=1)
+                n, s = _node(ctx, "ReduceSum", [xi, ax], f"{hint}_sum", keepdims=keepdims)
             else:
-                n, s = _node(ctx, "ReduceSum", [xi], f"{hint}_sum", axes=axes, keepdims=1)
+                n, s = _node(ctx, "ReduceSum", [xi], f"{hint}_sum", axes=axes, keepdims=keepdims)
             nodes.append(n)
             acc = _cast(ctx, s, TensorProto.DOUBLE, f"{hint}_sumd", nodes)
         else:
@@ -713,8 +722,8 @@ class HzSQuantizedPool(_Requantizing):
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = _attrs(node)
         x = _shifted(inputs[0], a.get("x_zero_point", 0))
-        if a["kind"] == "GlobalAveragePool":
-            acc = x.astype(np.int64).sum(axis=tuple(range(2, x.ndim)), keepdims=True)
+        if a["kind"] in ("GlobalAveragePool", "ReduceMean"):
+            acc = x.astype(np.int64).sum(axis=tuple(cls.summed_axes(a, x.ndim)), keepdims=bool(a.get("keepdims", 1)))
         else:
             # count_include_pad: a depthwise sum with a ones kernel, padding counts as zeros
             kernel = list(a["kernel_shape"])

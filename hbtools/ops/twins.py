@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import NodeProto, TensorProto, helper
+from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.ops import registry, uint8_kernels
 from hbtools.ops.base import LoweringContext, select
@@ -385,7 +385,7 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         if op == "Concat" and inputs and all(_pairable(t, ctx) for _, t in inputs):
             axis = next(a.i for a in node.attribute if a.name == "axis")
             ctx.twins[node.output[0]].parts = (axis, inputs)
-    elif op == "GlobalAveragePool":
+    elif op in ("GlobalAveragePool", "ReduceMean"):
         done = _global_average(node, ctx, nodes)
     elif op == "AveragePool":
         done = _average_pool(node, ctx, nodes)
@@ -500,17 +500,31 @@ def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
 
 
 def _global_average(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    """GlobalAveragePool or ReduceMean as the integer op computes it: the sum of the levels, times
+    step / window in float64."""
     src = ctx.twins[node.input[0]]
     shape = ctx.shapes.get(node.input[0])
-    if src.levels is None or not shape or any(not isinstance(d, int) or d <= 0 for d in shape[2:]):
+    if src.levels is None or not shape or any(not isinstance(d, int) or d <= 0 for d in shape):
         return False
-    window = float(np.prod(shape[2:]))
+    keepdims = 1
     axes = list(range(2, len(shape)))
+    if node.op_type == "ReduceMean":
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        keepdims = int(attrs.get("keepdims", 1))
+        given = attrs.get("axes")
+        if len(node.input) > 1 and node.input[1]:
+            if node.input[1] not in ctx.constant_values:
+                return False
+            given = numpy_helper.to_array(ctx.constant_values[node.input[1]]).reshape(-1).tolist()
+        axes = sorted(int(v) % len(shape) for v in given) if given else list(range(len(shape)))
+        if not src.scalar_step:  # steps along an axis it may sum over
+            return False
+    window = float(np.prod([shape[k] for k in axes]))
     if ctx.opset >= 13:
         total = _node(ctx, "ReduceSum", [src.levels, ctx.constant(f"{node.name}_axes", np.array(axes, np.int64))],
-                      f"{node.name}_sum_f64", nodes, keepdims=1)
+                      f"{node.name}_sum_f64", nodes, keepdims=keepdims)
     else:
-        total = _node(ctx, "ReduceSum", [src.levels], f"{node.name}_sum_f64", nodes, axes=axes, keepdims=1)
+        total = _node(ctx, "ReduceSum", [src.levels], f"{node.name}_sum_f64", nodes, axes=axes, keepdims=keepdims)
     per = _node(ctx, "Div", [src.step, ctx.constant(f"{node.name}_window", np.array(window))],
                 f"{node.name}_step_f64", nodes)
     value = _node(ctx, "Mul", [total, per], f"{node.output[0]}_f64", nodes)

@@ -32,12 +32,14 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
     assert outcome.bpu_nodes, "nothing went to the BPU"
 
 
+@pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means"])
 @pytest.mark.parametrize("opset", [13, 18])
-def test_spatial_reductions_run_on_the_bpu(opset: int, tmp_path: Path) -> None:
+def test_means_run_on_the_bpu(block: str, opset: int, tmp_path: Path) -> None:
     """Means and maxima over H and W (PyTorch's SE and CBAM gates and pooling heads) are global
-    pools, BPU ops: one BPU subgraph, nothing on the CPU (ReduceMean used to cut the model into
-    a subgraph per SE block)."""
-    fm = arch_builders.spatial_reductions(opset=opset)
+    pools, and means over other axes (CBAM's channel mean, a mean over tokens) integer sums: BPU
+    ops, one BPU subgraph, nothing on the CPU (ReduceMean used to cut the model into a subgraph
+    per SE block)."""
+    fm = arch_builders.BLOCKS[block](opset=opset)
     outcome = convert_and_check(fm, tmp_path, "max", checker=False)
     print(f"cosine {outcome.cosine}; {outcome.placement()}")
     assert not outcome.cpu, outcome.placement()

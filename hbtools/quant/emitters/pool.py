@@ -1,4 +1,5 @@
-"""AveragePool / GlobalAveragePool -> HzSQuantizedPool (integer window sums, 1/window in the multiplier)."""
+"""AveragePool / GlobalAveragePool / ReduceMean -> HzSQuantizedPool (integer window sums, 1/window in the
+multiplier)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 from hbtools.ops.quantized import HzSQuantizedPool
 from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState, per_tensor
-from hbtools.quant.units import Unit
+from hbtools.quant.units import Unit, reduced_axes
 
 
 @emits("pool")
@@ -22,6 +23,10 @@ def emit(state: EmitState, unit: Unit) -> None:
     if node.op_type == "GlobalAveragePool":
         window = int(np.prod(shape[2:]))
         extra = {"kind": "GlobalAveragePool"}
+    elif node.op_type == "ReduceMean":
+        axes = reduced_axes(node, state.view)
+        window = int(np.prod([shape[k] for k in axes]))
+        extra = {"kind": "ReduceMean", "axes": axes, "keepdims": int(a.get("keepdims", 1))}
     else:
         window = int(np.prod(a["kernel_shape"]))
         extra = {"kind": "AveragePool", "channels": int(shape[1]), "x_bits": xq.bits,
