@@ -149,11 +149,13 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
                if len(p.rewire) == 1 and weight_rounding.roundable(nodes[p.rewire[0][0]], view)}
     if not readers:
         return plan, nearest, nearest_scores
-    hessians = weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES])
-    rounded_plan = plan.with_rounding({w: weight_rounding.rounding_offsets(view.const(w), weight_th[w],
-                                                                           int(view.attrs(n).get("group", 1)),
-                                                                           hessians[n.name])
-                                       for w, n in readers.items()})
+    weight_of = {n.name: w for w, n in readers.items()}
+    offsets = {}
+    for conv, hessian in weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES]):
+        w = weight_of[conv]
+        offsets[w] = weight_rounding.rounding_offsets(view.const(w), weight_th[w],
+                                                      int(view.attrs(readers[w]).get("group", 1)), hessian)
+    rounded_plan = plan.with_rounding(offsets)
     rounded = Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs, nearest.built)
     scores = _if_weights_gain(f"weight rounding (GPTQ) of {len(readers)} convolutions", nearest, rounded,
                               next(iter(candidates.values())), candidates, "rounded weights",

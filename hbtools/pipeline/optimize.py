@@ -212,8 +212,11 @@ def _spatial_reductions_as_global_pools(model: ModelProto) -> None:
     nodes = []
     for node in model.graph.node:
         pool = _GLOBAL_POOL_OF.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        shape = view.shapes.get(node.input[0]) if pool else None
-        a = view.attrs(node) if pool else {}
+        if pool is None:
+            nodes.append(node)
+            continue
+        shape = view.shapes.get(node.input[0])
+        a = view.attrs(node)
         axes = a.get("axes")
         if len(node.input) > 1 and node.input[1]:
             axes = view.const(node.input[1])

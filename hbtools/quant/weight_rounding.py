@@ -17,7 +17,7 @@ vectorized update of all output channels (and of all groups of a depthwise conv)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +29,7 @@ from hbtools.quant import grids
 from hbtools.runtime.session import fetching_session
 
 POSITIONS = 4096  # sampled output positions per sample and layer
+HESSIAN_BYTES = 256_000_000  # float64 Hessians held at once (more convs take another pass over the samples)
 DAMPING = 0.01  # of the mean diagonal, keeps H invertible where inputs are (nearly) constant
 QMAX = grids.qmax_for(grids.WEIGHT_BITS)
 BLOCK = 128  # columns rounded between two matrix-product updates of the rest
@@ -74,26 +75,53 @@ def patches(x: np.ndarray, geo: ConvGeometry, rng: np.random.Generator, position
     return picked.reshape(g, c // g, len(chosen), kh * kw).transpose(0, 1, 3, 2).reshape(g, -1, len(chosen))
 
 
-def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Iterable[dict],
-                   positions: int = POSITIONS, seed: int = 0) -> dict[str, np.ndarray]:
-    """Per conv, ``E[x xᵀ]`` of its input patches, [group, K, K], streamed over ``feeds``."""
+def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Sequence[dict],
+                   positions: int = POSITIONS, seed: int = 0) -> Iterator[tuple[str, np.ndarray]]:
+    """Per conv (by name), ``E[x xᵀ]`` of its input patches, [group, K, K], streamed over ``feeds``.
+
+    The float64 Hessians of a group of convs are held together while the samples run (a 3x3x512
+    conv's alone is 170 MB); groups stay under ``HESSIAN_BYTES``, each a pass over ``feeds``, and
+    each Hessian is handed on as its group completes, so memory does not grow with the depth of
+    the model. Every conv samples its positions from a generator of its own, the same whatever
+    the grouping.
+    """
     view = GraphView(optimized)
     geos = {n.name: ConvGeometry.of(n, view) for n in convs}
-    names = list(dict.fromkeys(n.input[0] for n in convs))
-    session = fetching_session(optimized, names)
-    rng = np.random.default_rng(seed)
-    sums: dict[str, np.ndarray] = {}
-    count = 0
-    for feed in feeds:
-        values = dict(zip(names, session.run(names, feed), strict=True))
-        for node in convs:
-            x = values[node.input[0]]
-            for sample in x:  # a batch contributes each of its samples
-                cols = patches(sample, geos[node.name], rng, positions).astype(np.float64)
-                h = np.matmul(cols, cols.transpose(0, 2, 1)) / cols.shape[2]
-                sums[node.name] = sums.get(node.name, 0.0) + h
-        count += len(values[names[0]]) if names else 1
-    return {k: v / max(count, 1) for k, v in sums.items()}
+    for group in _hessian_groups(convs, view):
+        names = list(dict.fromkeys(n.input[0] for n in group))
+        session = fetching_session(optimized, names)
+        rngs = {n.name: np.random.default_rng([seed, convs.index(n)]) for n in group}
+        sums: dict[str, np.ndarray] = {}
+        count = 0
+        for feed in feeds:
+            values = dict(zip(names, session.run(names, feed), strict=True))
+            for node in group:
+                x = values[node.input[0]]
+                for sample in x:  # a batch contributes each of its samples
+                    cols = patches(sample, geos[node.name], rngs[node.name], positions).astype(np.float64)
+                    h = np.matmul(cols, cols.transpose(0, 2, 1)) / cols.shape[2]
+                    sums[node.name] = sums.get(node.name, 0.0) + h
+            count += len(values[names[0]]) if names else 1
+            del values
+        for node in group:
+            if node.name in sums:
+                yield node.name, sums.pop(node.name) / max(count, 1)
+
+
+def _hessian_groups(convs: list[NodeProto], view: GraphView) -> list[list[NodeProto]]:
+    """``convs`` in order, cut into groups whose Hessians take at most ``HESSIAN_BYTES`` together."""
+    groups: list[list[NodeProto]] = [[]]
+    held = 0
+    for node in convs:
+        w = view.const(node.input[1])
+        group = int(view.attrs(node).get("group", 1))
+        size = 8 * group * int(np.prod(w.shape[1:])) ** 2
+        if groups[-1] and held + size > HESSIAN_BYTES:
+            groups.append([])
+            held = 0
+        groups[-1].append(node)
+        held += size
+    return [g for g in groups if g]
 
 
 def rounding_offsets(w: np.ndarray, thresholds: np.ndarray, group: int, hessian: np.ndarray) -> np.ndarray:
@@ -114,8 +142,9 @@ def rounding_offsets(w: np.ndarray, thresholds: np.ndarray, group: int, hessian:
     diag = np.diagonal(h, axis1=1, axis2=2).copy()
     dead = diag <= 0  # inputs that are always zero: their weights do not matter
     damp = DAMPING * np.maximum(diag.mean(axis=1), 1e-12)
-    h = h + damp[:, None, None] * np.eye(k)
+    h[:, np.arange(k), np.arange(k)] += damp[:, None]
     upper = upper_cholesky_of_inverse(h)
+    del h
     chosen = np.empty_like(work)
     # Lazy batch updates (GPTQ's blocks): a rounding error reaches the columns of its own block at
     # once and the later columns in one matrix product per block, the same sums without sweeping
@@ -146,12 +175,15 @@ def upper_cholesky_of_inverse(h: np.ndarray) -> np.ndarray:
     of inverting ``H`` and factorizing the inverse (GPTQ's recipe), which dominated large layers.
     """
     lower = np.linalg.cholesky(h[:, ::-1, ::-1])
-    inverse = np.empty_like(lower)
-    for g, factor in enumerate(lower):
-        inverse[g], info = lapack.dtrtri(factor, lower=1)
+    for factor in lower:
+        # In place: the transpose of a C-ordered lower factor is a Fortran-ordered upper one, what
+        # LAPACK overwrites without a copy (a 3x3x512 conv's factor is 170 MB).
+        inverse, info = lapack.dtrtri(factor.T, lower=0, overwrite_c=1)
         if info:
             raise np.linalg.LinAlgError(f"triangular inverse failed ({info})")
-    return inverse[:, ::-1, ::-1]
+        if not np.shares_memory(inverse, factor):
+            factor[...] = inverse.T
+    return lower[:, ::-1, ::-1]
 
 
 def output_error(w: np.ndarray, integers: np.ndarray, thresholds: np.ndarray, group: int,

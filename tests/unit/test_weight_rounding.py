@@ -37,7 +37,7 @@ def test_gptq_rounding_lowers_layer_output_error(group: int) -> None:
     node = model.graph.node[0]
     assert wr.roundable(node, GraphView(model))
     feeds = [{"x": x} for x in _correlated_inputs(rng, 8, 6)]
-    hessian = wr.input_hessians(model, [node], feeds, positions=144)["conv"]
+    hessian = dict(wr.input_hessians(model, [node], feeds, positions=144))["conv"]
     assert hessian.shape == (group, (8 // group) * 9, (8 // group) * 9)
     thresholds = np.abs(w).reshape(8, -1).max(axis=1).astype(np.float64)
     offsets = wr.rounding_offsets(w, thresholds, group, hessian)
