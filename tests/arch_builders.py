@@ -455,6 +455,25 @@ def channel_and_token_means(h: int = 32, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.gemm(pooled, 16, 10)], opset)
 
 
+def padded_convs(h: int = 32, opset: int = 13) -> FloatModel:
+    """Pads written out as ops: TensorFlow's SAME padding of a stride-2 conv (zeros at the end only,
+    then a VALID conv) and PyTorch's ReflectionPad2d before a conv (style transfer, super-resolution)."""
+    g = _Graph(33)
+
+    def pad(x: str, pads: list[int], mode: str) -> str:
+        if opset >= 11:
+            return g.op("Pad", [x, g.const(np.array(pads, np.int64), "pads")], mode=mode)
+        return g.op("Pad", [x], pads=pads, mode=mode)
+
+    w = (g.rng.standard_normal((8, 3, 3, 3)) / np.sqrt(27)).astype(np.float32)
+    x = g.op("Relu", [g.op("Conv", [pad("data", [0, 0, 0, 0, 0, 0, 1, 1], "constant"), g.const(w, "w")],
+                           kernel_shape=[3, 3], strides=[2, 2])])
+    w2 = (g.rng.standard_normal((8, 8, 3, 3)) / np.sqrt(72)).astype(np.float32)
+    x = g.op("Relu", [g.op("Conv", [pad(x, [0, 0, 1, 1, 0, 0, 1, 1], "reflect"), g.const(w2, "w")],
+                           kernel_shape=[3, 3])])
+    return g.model({"data": [1, 3, h, h]}, [g.conv(x, 8, 4)], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -470,4 +489,5 @@ BLOCKS = {
     "stacked_state": stacked_state,
     "spatial_reductions": spatial_reductions,
     "channel_and_token_means": channel_and_token_means,
+    "padded_convs": padded_convs,
 }

@@ -83,7 +83,7 @@ LUT_OPS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Leaky
 # Ops that move or select int8 values without changing them (output scale = input scale).
 PASSIVE_OPS = ("MaxPool", "GlobalMaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
                "Slice", "Split", "Resize", "Identity", "DepthToSpace", "SpaceToDepth", "Tile", "Gather",
-               "ReduceMax")
+               "ReduceMax", "Pad")
 
 _NCHW_NHWC = ((0, 1, 2, 3), (0, 2, 3, 1), (0, 3, 1, 2))
 _NOT_BATCH = (1, 2, 3, 4)
@@ -114,7 +114,7 @@ _BAYES_OPS: dict[str, OpRule] = {
     # BPU ops of the device that hbtools has no integer kernel for yet.
     "Softmax": OpRule("HzSQuantizedSoftmax", ("softmax",)),
     "ReduceMean": OpRule("HzSQuantizedPool", ("pool",)),
-    **_each(("ReduceSum", "ArgMax", "LayerNormalization", "Pad", "GridSample"), OpRule("", ())),
+    **_each(("ReduceSum", "ArgMax", "LayerNormalization", "GridSample"), OpRule("", ())),
 }
 
 # bernoulli2 (X3): a 4-D-only BPU. Reshape-like ops, activation x activation MatMul and

@@ -48,6 +48,7 @@ def run(model: ModelProto) -> ModelProto:
     name_unnamed_nodes(body)
     _sums_as_adds(body)
     _spatial_reductions_as_global_pools(body)
+    _zero_pads_into_convs(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
@@ -233,6 +234,63 @@ def _spatial_reductions_as_global_pools(model: ModelProto) -> None:
         nodes.append(helper.make_node("Flatten", [pooled], [node.output[0]], name=node.name, axis=1))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+def _zero_pads_into_convs(model: ModelProto) -> None:
+    """A zero Pad of the spatial axes read only by Convs (TensorFlow's SAME padding written out,
+    PyTorch's ZeroPad2d / F.pad) becomes those Convs' own padding: the same sums, and no Pad op,
+    which has no BPU form here."""
+    view = GraphView(model)
+    readers: dict[str, list[NodeProto]] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+    outputs = {o.name for o in model.graph.output}
+    gone = set()
+    for node in model.graph.node:
+        spatial = _zero_spatial_pads(node, view)
+        users = readers.get(node.output[0], []) if spatial is not None else []
+        if not users or node.output[0] in outputs or any(
+                u.op_type != "Conv" or u.input[0] != node.output[0] or
+                view.attrs(u).get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") for u in users):
+            continue
+        for conv in users:
+            own = list(view.attrs(conv).get("pads", [0] * len(spatial)))
+            pads = [a + b for a, b in zip(own, spatial, strict=True)]
+            kept = [a for a in conv.attribute if a.name != "pads"]
+            del conv.attribute[:]
+            conv.attribute.extend([*kept, helper.make_attribute("pads", pads)])
+            conv.input[0] = node.input[0]
+        gone.add(node.name)
+    keep = [n for n in model.graph.node if n.name not in gone]
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+
+
+def _zero_spatial_pads(node: NodeProto, view: GraphView) -> list[int] | None:
+    """The [begin..., end...] pads of the spatial axes of a Pad that adds zeros to them only (None: not one)."""
+    if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
+        return None
+    a = view.attrs(node)
+    mode = a.get("mode", b"constant")
+    if mode not in (b"constant", "constant"):
+        return None
+    shape = view.shapes.get(node.input[0])
+    if len(node.input) > 1 and node.input[1]:  # opset 11: pads (and value, axes) are inputs
+        pads = view.const(node.input[1])
+        value = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(1)
+        if pads is None or value is None or (len(node.input) > 3 and node.input[3]):
+            return None
+        pads = [int(v) for v in pads.reshape(-1)]
+    else:
+        pads, value = list(a.get("pads", [])), np.array(a.get("value", 0.0))
+    if shape is None or len(pads) != 2 * len(shape) or len(shape) < 3 or np.any(value != 0) or min(pads) < 0:
+        return None
+    rank = len(shape)
+    begin, end = pads[:rank], pads[rank:]
+    if any(begin[:2]) or any(end[:2]):  # batch or channels padded
+        return None
+    return [*begin[2:], *end[2:]]
 
 
 def _per_channel_const(value: np.ndarray, channels: int) -> np.ndarray | None:

@@ -211,6 +211,9 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         if op == "AveragePool" and (a.get("ceil_mode", 0) or excluded_padding):
             return _cpu(node, acts, "AveragePool with ceil_mode or excluded padding has no BPU form in hbtools")
         return Unit("pool", [node], acts, list(node.output), table_type=rule.table_type)
+    if "passive" in forms and op == "Pad" and view.attrs(node).get("mode", b"constant") in (b"constant", "constant"):
+        return _cpu(node, acts, "Pad with a constant value has no BPU form here (edge and reflect Pads do; a zero "
+                                "Pad that only Convs read becomes their padding)")
     if "passive" in forms:
         if len(acts) == 1 and acts[0] == node.input[0]:
             return Unit("passive", [node], acts, list(node.output), table_type=rule.table_type or op)

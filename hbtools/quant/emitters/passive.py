@@ -13,7 +13,7 @@ from hbtools.quant.units import Unit
 # onnxruntime has no int16 kernels for these (nor int8 ones before opset 12/13; GlobalMaxPool none).
 _FLOAT_KERNEL_ONLY = ("MaxPool", "GlobalMaxPool", "Resize", "ReduceMax")
 # ... and no int8 or int16 kernels at any opset for these.
-_FLOAT_KERNEL_ALWAYS = ("GlobalMaxPool", "DepthToSpace", "SpaceToDepth")
+_FLOAT_KERNEL_ALWAYS = ("GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Pad")
 
 
 @emits("passive")
