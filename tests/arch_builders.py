@@ -474,6 +474,23 @@ def padded_convs(h: int = 32, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.conv(x, 8, 4)], opset)
 
 
+def bilinear_decoder(h: int = 32, opset: int = 13) -> FloatModel:
+    """A segmentation decoder: features upsampled 2x and 4x by bilinear Resize (half-pixel, as
+    PyTorch's ``interpolate``), and an image-pooling branch (ASPP) resized from one pixel back to
+    the feature map, joined by Concat."""
+    g = _Graph(35)
+    f = g.op("Relu", [_conv_bn(g, "data", 3, 8, stride=4)])  # h/4
+    side = h // 4
+    up2 = g.op("Resize", [f, "", g.const(np.array([1, 1, 2, 2], np.float32), "scales")], mode="linear",
+               coordinate_transformation_mode="pytorch_half_pixel")
+    up4 = g.op("Resize", [f, "", "", g.const(np.array([1, 8, 4 * side, 4 * side], np.int64), "sizes")],
+               mode="linear", coordinate_transformation_mode="half_pixel")
+    pooled = g.op("Relu", [g.conv(g.op("GlobalAveragePool", [f]), 8, 8, k=1)])
+    back = g.op("Resize", [pooled, "", "", g.const(np.array([1, 8, side, side], np.int64), "sizes")], mode="linear")
+    joined = g.op("Concat", [f, back], axis=1)
+    return g.model({"data": [1, 3, h, h]}, [g.conv(up2, 8, 4), g.conv(up4, 8, 4), g.conv(joined, 16, 4)], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -490,4 +507,5 @@ BLOCKS = {
     "spatial_reductions": spatial_reductions,
     "channel_and_token_means": channel_and_token_means,
     "padded_convs": padded_convs,
+    "bilinear_decoder": bilinear_decoder,
 }

@@ -102,7 +102,9 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
         mode = a.get("mode", "nearest")
         mode = mode.decode() if isinstance(mode, bytes) else mode
         if mode not in rule.modes:
-            return f"{op} mode '{mode}': hbtools lowers only {' / '.join(rule.modes)} to {where}"
+            also = " (and, as a convolution, linear by a whole factor of 2, 4 or 6 with half-pixel coordinates, " \
+                   "or from one pixel)" if op == "Resize" and mode == "linear" else ""
+            return f"{op} mode '{mode}': hbtools lowers only {' / '.join(rule.modes)} to {where}{also}"
     if len(acts) == 2 and acts[0] != acts[1] and "eltwise" in rule.forms:
         sa, sb = view.shapes.get(acts[0]), view.shapes.get(acts[1])
         form = classify_broadcast(sa, sb) if sa is not None and sb is not None else None

@@ -49,6 +49,7 @@ def run(model: ModelProto) -> ModelProto:
     _sums_as_adds(body)
     _spatial_reductions_as_global_pools(body)
     _zero_pads_into_convs(body)
+    _bilinear_upsampling_as_convs(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
@@ -291,6 +292,75 @@ def _zero_spatial_pads(node: NodeProto, view: GraphView) -> list[int] | None:
     if any(begin[:2]) or any(end[:2]):  # batch or channels padded
         return None
     return [*begin[2:], *end[2:]]
+
+
+def _bilinear_upsampling_as_convs(model: ModelProto) -> None:
+    """A Resize of one pixel as a Tile, and a bilinear Resize by an even whole factor s (2, 4, 6) of
+    H and W with half-pixel coordinates (PyTorch's ``interpolate(..., mode='bilinear')``,
+    segmentation decoders) as an edge Pad of one pixel and a depthwise ConvTranspose (stride s,
+    kernel 2s, the bilinear weights ``1 - |t - s + 0.5| / s`` per axis, pads 1.5 s): the same
+    weighted sums, with BPU forms, where the Resize has none. Without the Pad, the borders would
+    blend with zeros instead of repeating the edge."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        if _resize_of_one_pixel(node, view):  # every mode repeats the one value (ASPP's image pooling branch)
+            shape = view.shapes[node.output[0]]
+            reps = f"{node.name}_repeats"
+            model.graph.initializer.append(numpy_helper.from_array(np.array([1, 1, *shape[2:]], np.int64), reps))
+            nodes.append(helper.make_node("Tile", [node.input[0], reps], [node.output[0]], name=node.name))
+            continue
+        factor = _bilinear_factor(node, view)
+        if factor is None:
+            nodes.append(node)
+            continue
+        channels = view.shapes[node.input[0]][1]
+        taps = 1.0 - np.abs(np.arange(2 * factor) - factor + 0.5) / factor
+        weight = np.broadcast_to(np.outer(taps, taps), (channels, 1, 2 * factor, 2 * factor)).astype(np.float32)
+        padded, w, pads = f"{node.output[0]}_edges", f"{node.name}_bilinear_w", f"{node.name}_edge_pads"
+        model.graph.initializer.extend([numpy_helper.from_array(np.ascontiguousarray(weight), w),
+                                        numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), pads)])
+        nodes.append(helper.make_node("Pad", [node.input[0], pads], [padded], name=f"{node.name}_edges", mode="edge"))
+        nodes.append(helper.make_node("ConvTranspose", [padded, w], [node.output[0]], name=node.name, group=channels,
+                                      kernel_shape=[2 * factor] * 2, strides=[factor] * 2,
+                                      pads=[3 * factor // 2] * 4))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _resize_of_one_pixel(node: NodeProto, view: GraphView) -> bool:
+    """A Resize of a [N, C, 1, 1] tensor to [N, C, H, W] (static shapes)."""
+    if node.op_type not in ("Resize", "Upsample") or node.domain not in ("", "ai.onnx"):
+        return False
+    shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    return (shape_in is not None and shape_out is not None and len(shape_in) == len(shape_out) == 4
+            and all(isinstance(d, int) and d > 0 for d in [*shape_in, *shape_out])
+            and shape_in[2:] == [1, 1] and shape_out[:2] == shape_in[:2])
+
+
+def _bilinear_factor(node: NodeProto, view: GraphView) -> int | None:
+    """The factor s of a Resize that ``_bilinear_upsampling_as_convs`` rewrites (None: not one)."""
+    if node.op_type != "Resize" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
+        return None
+    a = view.attrs(node)
+    text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in a.items()}
+    if text.get("mode") != "linear" or text.get("coordinate_transformation_mode", "half_pixel") not in (
+            "half_pixel", "pytorch_half_pixel") or a.get("antialias", 0) or a.get("axes") \
+            or a.get("keep_aspect_ratio_policy", b"stretch") not in (b"stretch", "stretch"):
+        return None
+    shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    if shape_in is None or shape_out is None or len(shape_in) != 4 or len(shape_out) != 4 \
+            or not all(isinstance(d, int) and d > 0 for d in [*shape_in, *shape_out]):
+        return None
+    if shape_out[:2] != shape_in[:2] or shape_out[2] % shape_in[2] or shape_out[3] % shape_in[3]:
+        return None
+    factor = shape_out[2] // shape_in[2]
+    if factor != shape_out[3] // shape_in[3] or factor not in (2, 4, 6):
+        return None
+    scales = view.const(node.input[2]) if node.input[2] else None  # sizes given: the output shape says it
+    if scales is not None and scales.size and not np.allclose(scales.reshape(-1), [1, 1, factor, factor]):
+        return None  # scales not whole: half-pixel coordinates use the scale, not the size ratio
+    return factor
 
 
 def _per_channel_const(value: np.ndarray, channels: int) -> np.ndarray | None:

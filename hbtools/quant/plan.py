@@ -358,12 +358,43 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
 
 
 def weight_thresholds(model: ModelProto, plan: CalibrationPlan) -> dict[str, np.ndarray]:
+    """Per weight, the per-channel thresholds: the largest magnitude, widened where that puts every
+    weight of the channel exactly on the grid (``exact_grid_thresholds``)."""
     view = GraphView(model)
     out = {}
     for p in plan.weights:
         w = view.const(p.tensor).astype(np.float64)
-        axes = tuple(k for k in range(w.ndim) if k != p.axis)
-        out[p.tensor] = np.max(np.abs(w), axis=axes)
+        rows = np.moveaxis(w, p.axis, 0).reshape(w.shape[p.axis], -1) if w.ndim else w.reshape(1, 1)
+        out[p.tensor] = exact_grid_thresholds(rows).reshape(np.max(np.abs(w), axis=tuple(
+            k for k in range(w.ndim) if k != p.axis)).shape)
+    return out
+
+
+EXACT_TOLERANCE = 1e-4  # in grid steps: float32 weights written as small fractions land this close
+
+
+def exact_grid_thresholds(rows: np.ndarray) -> np.ndarray:
+    """Per row (a channel's weights), ``max |w|``, or where every weight is a whole multiple of
+    ``max |w| / n`` for some n <= 127, the threshold whose int8 step is ``max |w| / n'`` (n' the largest
+    multiple of n up to 127): the weights are then represented exactly.
+
+    Weights that are fixed fractions (the bilinear kernels an upsampling becomes, averaging or
+    difference filters, weights already quantized by training) would otherwise be rounded on a
+    grid of step ``max / 127`` (1 : 3 : 9 became 14 : 42 : 127).
+    """
+    peak = np.abs(rows).max(axis=1)
+    out = peak.copy()
+    steps = np.arange(1, 128, dtype=np.float64)
+    safe = np.where(peak > 0, peak, 1.0)
+    head = rows[:, :16] / safe[:, None]  # screen on a few weights, then check the whole row
+    levels = head[:, :, None] * steps[None, None, :]
+    fits = np.all(np.abs(levels - np.round(levels)) <= EXACT_TOLERANCE, axis=1)  # [rows, 127]
+    for r in np.flatnonzero((peak > 0) & fits.any(axis=1)):
+        for n in steps[fits[r]]:
+            q = rows[r] / peak[r] * n
+            if np.all(np.abs(q - np.round(q)) <= EXACT_TOLERANCE):
+                out[r] = peak[r] * 127.0 / (n * (127 // int(n)))
+                break
     return out
 
 

@@ -257,9 +257,10 @@ def _conv_unit(node: NodeProto, acts: list[str], view: GraphView, rule: OpRule, 
         return _cpu(node, acts, "Gemm with transA has no BPU form")
     if op == "MatMul" and weight.ndim != 2:
         return _cpu(node, acts, f"MatMul with a batched constant weight {list(weight.shape)} has no BPU form")
-    if op == "ConvTranspose" and weight.shape[0] * int(np.prod(weight.shape[2:])) > CONV_TRANSPOSE_MAX_TERMS:
-        return _cpu(node, acts, f"ConvTranspose summing {weight.shape[0] * int(np.prod(weight.shape[2:]))} terms "
-                                f"per output is too large for exact integer accumulation in hbtools; kept in float")
+    terms = weight.shape[0] // max(int(a.get("group", 1)), 1) * int(np.prod(weight.shape[2:]))  # per group
+    if op == "ConvTranspose" and terms > CONV_TRANSPOSE_MAX_TERMS:
+        return _cpu(node, acts, f"ConvTranspose summing {terms} terms per output is too large for exact integer "
+                                f"accumulation in hbtools; kept in float")
     nodes = [node]
     activation = None
     consumers = view.consumers.get(node.output[0], [])

@@ -32,14 +32,16 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
     assert outcome.bpu_nodes, "nothing went to the BPU"
 
 
-@pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means", "padded_convs"])
+@pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means", "padded_convs",
+                                   "bilinear_decoder"])
 @pytest.mark.parametrize("opset", [13, 18])
 def test_blocks_run_wholly_on_the_bpu(block: str, opset: int, tmp_path: Path) -> None:
     """Means and maxima over H and W (PyTorch's SE and CBAM gates and pooling heads) are global
     pools, and means over other axes (CBAM's channel mean, a mean over tokens) integer sums; a
-    zero Pad before a conv is its padding, an edge or reflect Pad data movement. BPU ops, one
-    BPU subgraph, nothing on the CPU (ReduceMean used to cut the model into a subgraph per SE
-    block, a Pad to put the input conv on the CPU)."""
+    zero Pad before a conv is its padding, an edge or reflect Pad data movement; a bilinear
+    upsampling by 2 or 4 a depthwise transposed convolution, a resize of one pixel a Tile. BPU
+    ops, one BPU subgraph, nothing on the CPU (ReduceMean used to cut the model into a subgraph
+    per SE block, a Pad to put the input conv on the CPU, a bilinear Resize a decoder)."""
     fm = arch_builders.BLOCKS[block](opset=opset)
     outcome = convert_and_check(fm, tmp_path, "max", checker=False)
     print(f"cosine {outcome.cosine}; {outcome.placement()}")

@@ -226,3 +226,19 @@ def test_debugger_sees_rounding_offsets_as_weight_error(tmp_path) -> None:
     result = dbg.get_sensitivity_of_nodes(model_or_file=str(path), calibrated_data=str(dumped.data),
                                           node_type="weight")
     assert next(iter(result)) == weights[1].name, result
+
+
+def test_weights_that_are_fixed_fractions_get_an_exact_grid() -> None:
+    """A bilinear kernel (1 : 3 : 3 : 9 / 16) is represented exactly (on the max / 127 grid it was
+    14 : 42 : 127); trained weights keep their largest magnitude as the threshold."""
+    from hbtools.quant import grids
+    from hbtools.quant.plan import exact_grid_thresholds
+
+    taps = np.array([1, 3, 3, 1], np.float32) / 4
+    bilinear = np.outer(taps, taps).reshape(1, -1).astype(np.float64)
+    trained = np.random.default_rng(0).normal(size=(3, 16))
+    thresholds = exact_grid_thresholds(np.vstack([bilinear, trained]))
+    steps = grids.scales_for(thresholds, grids.WEIGHT_BITS)
+    levels = grids.quantize(bilinear.astype(np.float32), steps[:1].reshape(-1, 1), grids.WEIGHT_BITS)
+    assert np.allclose(levels * steps[0], bilinear, rtol=0, atol=1e-7)
+    assert np.array_equal(thresholds[1:], np.abs(trained).max(axis=1))
