@@ -82,15 +82,14 @@ def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Sequenc
     The float64 Hessians of a group of convs are held together while the samples run (a 3x3x512
     conv's alone is 170 MB); groups stay under ``HESSIAN_BYTES``, each a pass over ``feeds``, and
     each Hessian is handed on as its group completes, so memory does not grow with the depth of
-    the model. Every conv samples its positions from a generator of its own, the same whatever
-    the grouping.
+    the model. A model whose Hessians fit one group samples the positions as a single pass did.
     """
     view = GraphView(optimized)
     geos = {n.name: ConvGeometry.of(n, view) for n in convs}
-    for group in _hessian_groups(convs, view):
+    for k, group in enumerate(_hessian_groups(convs, view)):
         names = list(dict.fromkeys(n.input[0] for n in group))
         session = fetching_session(optimized, names)
-        rngs = {n.name: np.random.default_rng([seed, convs.index(n)]) for n in group}
+        rng = np.random.default_rng(seed if k == 0 else [seed, k])
         sums: dict[str, np.ndarray] = {}
         count = 0
         for feed in feeds:
@@ -98,7 +97,7 @@ def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Sequenc
             for node in group:
                 x = values[node.input[0]]
                 for sample in x:  # a batch contributes each of its samples
-                    cols = patches(sample, geos[node.name], rngs[node.name], positions).astype(np.float64)
+                    cols = patches(sample, geos[node.name], rng, positions).astype(np.float64)
                     h = np.matmul(cols, cols.transpose(0, 2, 1)) / cols.shape[2]
                     sums[node.name] = sums.get(node.name, 0.0) + h
             count += len(values[names[0]]) if names else 1
