@@ -91,6 +91,23 @@ class GraphView:
     def attrs(self, node: NodeProto) -> dict:
         return attrs_of(node)
 
+    def reduced_axes(self, node: NodeProto) -> list[int] | None:
+        """The axes (non-negative, sorted) a Reduce* node reduces: its attribute, or (opset 18) its
+        constant input, or all axes when none are given; None where they are computed at run time
+        or the input's rank is unknown."""
+        shape = self.shapes.get(node.input[0])
+        if shape is None:
+            return None
+        a = self.attrs(node)
+        axes = a.get("axes")
+        if len(node.input) > 1 and node.input[1]:
+            if not self.is_const(node.input[1]):
+                return None
+            axes = [int(v) for v in np.ravel(self.const(node.input[1]))]
+        if not axes:
+            return [] if a.get("noop_with_empty_axes", 0) else list(range(len(shape)))
+        return sorted(int(v) % len(shape) for v in axes)
+
 
 def name_unnamed_nodes(model: ModelProto) -> None:
     """Give every node a unique name (tables, node_info and the debugger key on names)."""

@@ -54,18 +54,18 @@ def _widen_graph(graph: GraphProto) -> None:
             vi.type.tensor_type.elem_type = TensorProto.FLOAT
     for k, t in enumerate(graph.initializer):
         if t.data_type in OTHER_FLOATS:
-            graph.initializer[k].CopyFrom(_widened(t))
+            graph.initializer[k].CopyFrom(_as_float32(t))
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == AttributeProto.INT and attr.name in TYPE_ATTRIBUTES and attr.i in OTHER_FLOATS:
                 attr.i = TensorProto.FLOAT
             elif attr.type == AttributeProto.TENSOR and attr.t.data_type in OTHER_FLOATS:
-                attr.t.CopyFrom(_widened(attr.t))
+                attr.t.CopyFrom(_as_float32(attr.t))
             for g in _subgraphs(attr):
                 _widen_graph(g)
 
 
-def _widened(tensor: TensorProto) -> TensorProto:
+def _as_float32(tensor: TensorProto) -> TensorProto:
     return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
 
 

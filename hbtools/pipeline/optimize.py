@@ -49,7 +49,7 @@ def run(model: ModelProto) -> ModelProto:
     _sums_as_adds(body)
     _spatial_reductions_as_global_pools(body)
     _zero_pads_into_convs(body)
-    _bilinear_upsampling_as_convs(body)
+    _upsampling_in_bpu_forms(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
@@ -218,16 +218,10 @@ def _spatial_reductions_as_global_pools(model: ModelProto) -> None:
             nodes.append(node)
             continue
         shape = view.shapes.get(node.input[0])
-        a = view.attrs(node)
-        axes = a.get("axes")
-        if len(node.input) > 1 and node.input[1]:
-            axes = view.const(node.input[1])
-            axes = None if axes is None else [int(v) for v in np.ravel(axes)]
-        if shape is None or len(shape) != 4 or axes is None or sorted(int(v) % 4 for v in axes) != [2, 3] \
-                or a.get("noop_with_empty_axes", 0):
+        if shape is None or len(shape) != 4 or view.reduced_axes(node) != [2, 3]:
             nodes.append(node)
             continue
-        if a.get("keepdims", 1):
+        if view.attrs(node).get("keepdims", 1):
             nodes.append(helper.make_node(pool, [node.input[0]], [node.output[0]], name=node.name))
             continue
         pooled = f"{node.output[0]}_pooled"
@@ -242,15 +236,11 @@ def _zero_pads_into_convs(model: ModelProto) -> None:
     PyTorch's ZeroPad2d / F.pad) becomes those Convs' own padding: the same sums, and no Pad op,
     which has no BPU form here."""
     view = GraphView(model)
-    readers: dict[str, list[NodeProto]] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            readers.setdefault(i, []).append(node)
-    outputs = {o.name for o in model.graph.output}
+    outputs = set(view.graph_outputs)
     gone = set()
     for node in model.graph.node:
         spatial = _zero_spatial_pads(node, view)
-        users = readers.get(node.output[0], []) if spatial is not None else []
+        users = view.consumers.get(node.output[0], []) if spatial is not None else []
         if not users or node.output[0] in outputs or any(
                 u.op_type != "Conv" or u.input[0] != node.output[0] or
                 view.attrs(u).get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") for u in users):
@@ -294,7 +284,7 @@ def _zero_spatial_pads(node: NodeProto, view: GraphView) -> list[int] | None:
     return [*begin[2:], *end[2:]]
 
 
-def _bilinear_upsampling_as_convs(model: ModelProto) -> None:
+def _upsampling_in_bpu_forms(model: ModelProto) -> None:
     """A Resize of one pixel as a Tile, and a bilinear Resize by an even whole factor s (2, 4, 6) of
     H and W with half-pixel coordinates (PyTorch's ``interpolate(..., mode='bilinear')``,
     segmentation decoders) as an edge Pad of one pixel and a depthwise ConvTranspose (stride s,
@@ -339,7 +329,7 @@ def _resize_of_one_pixel(node: NodeProto, view: GraphView) -> bool:
 
 
 def _bilinear_factor(node: NodeProto, view: GraphView) -> int | None:
-    """The factor s of a Resize that ``_bilinear_upsampling_as_convs`` rewrites (None: not one)."""
+    """The factor s of a Resize that ``_upsampling_in_bpu_forms`` rewrites (None: not one)."""
     if node.op_type != "Resize" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
         return None
     a = view.attrs(node)

@@ -364,9 +364,7 @@ def weight_thresholds(model: ModelProto, plan: CalibrationPlan) -> dict[str, np.
     out = {}
     for p in plan.weights:
         w = view.const(p.tensor).astype(np.float64)
-        rows = np.moveaxis(w, p.axis, 0).reshape(w.shape[p.axis], -1) if w.ndim else w.reshape(1, 1)
-        out[p.tensor] = exact_grid_thresholds(rows).reshape(np.max(np.abs(w), axis=tuple(
-            k for k in range(w.ndim) if k != p.axis)).shape)
+        out[p.tensor] = exact_grid_thresholds(np.moveaxis(w, p.axis, 0).reshape(w.shape[p.axis], -1))
     return out
 
 

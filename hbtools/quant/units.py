@@ -114,22 +114,6 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
     return part
 
 
-def reduced_axes(node: NodeProto, view: GraphView) -> list[int] | None:
-    """The axes (non-negative, sorted) a Reduce* node reduces: its attribute, or (opset 18) its constant
-    input, or all axes when none are given; None where they are computed at run time."""
-    rank = len(view.shapes[node.input[0]])
-    a = view.attrs(node)
-    if len(node.input) > 1 and node.input[1]:
-        if not view.is_const(node.input[1]):
-            return None
-        axes = [int(v) for v in np.ravel(view.const(node.input[1]))]
-    else:
-        axes = a.get("axes")
-    if not axes:
-        return [] if a.get("noop_with_empty_axes", 0) else list(range(rank))
-    return sorted(int(v) % rank for v in axes)
-
-
 def _activation_inputs(node: NodeProto, view: GraphView) -> list[str]:
     return [i for i in node.input if i and not view.is_const(i)]
 
@@ -198,8 +182,7 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         return _cpu(node, acts, f"{op} of {len(set(acts))} tensors has no BPU form (only functions of one "
                                 f"tensor become lookup tables)")
     if "pool" in forms and op == "ReduceMean":
-        shape = view.shapes.get(node.input[0])
-        axes = reduced_axes(node, view) if shape is not None else None
+        axes = view.reduced_axes(node)
         if axes is None:
             return _cpu(node, acts, "ReduceMean over axes computed at run time (or an unknown rank) has no BPU form")
         if not axes or 0 in axes:

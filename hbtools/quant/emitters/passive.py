@@ -10,8 +10,8 @@ from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState, QTensor
 from hbtools.quant.units import Unit
 
-# onnxruntime has no int16 kernels for these (nor int8 ones before opset 12/13; GlobalMaxPool none).
-_FLOAT_KERNEL_ONLY = ("MaxPool", "GlobalMaxPool", "Resize", "ReduceMax")
+# onnxruntime has no int16 kernels for these (nor int8 ones before opset 12/13).
+_FLOAT_KERNEL_ONLY = ("MaxPool", "Resize", "ReduceMax")
 # ... and no int8 or int16 kernels at any opset for these.
 _FLOAT_KERNEL_ALWAYS = ("GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Pad")
 

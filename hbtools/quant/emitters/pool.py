@@ -8,7 +8,7 @@ import numpy as np
 from hbtools.ops.quantized import HzSQuantizedPool
 from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState, per_tensor
-from hbtools.quant.units import Unit, reduced_axes
+from hbtools.quant.units import Unit
 
 
 @emits("pool")
@@ -24,7 +24,7 @@ def emit(state: EmitState, unit: Unit) -> None:
         window = int(np.prod(shape[2:]))
         extra = {"kind": "GlobalAveragePool"}
     elif node.op_type == "ReduceMean":
-        axes = reduced_axes(node, state.view)
+        axes = state.view.reduced_axes(node)
         window = int(np.prod([shape[k] for k in axes]))
         extra = {"kind": "ReduceMean", "axes": axes, "keepdims": int(a.get("keepdims", 1))}
     else:
