@@ -491,6 +491,55 @@ def bilinear_decoder(h: int = 32, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.conv(up2, 8, 4), g.conv(up4, 8, 4), g.conv(joined, 16, 4)], opset)
 
 
+def layer_norms(h: int = 16, opset: int = 13) -> FloatModel:
+    """Tokens through the ways exporters write a layer normalization: LayerNormalization (opset 17 on),
+    the spelled-out ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div with scale and bias, the same with
+    d * d and a Reciprocal and no affine, and Paddle's, which transposes x - mean before the variance.
+    A residual stream with one large channel feeds them, as in transformers."""
+    g = _Graph(27)
+    dim, p = 16, 4
+    n = (h // p) ** 2
+    w = (g.rng.standard_normal((dim, 3, p, p)) / np.sqrt(3 * p * p)).astype(np.float32)
+    w[3] *= 8.0  # an outlier channel: the normalization's input spans much more than most values
+    tokens = g.op("Reshape", [g.op("Conv", ["data", g.const(w, "patch")], kernel_shape=[p, p], strides=[p, p]),
+                              g.const(np.array([1, dim, n], dtype=np.int64), "r")])
+
+    def mean(t: str) -> str:
+        if opset >= 18:
+            return g.op("ReduceMean", [t, g.const(np.array([-1], dtype=np.int64), "axes")], keepdims=1)
+        return g.op("ReduceMean", [t], axes=[-1], keepdims=1)
+
+    def spelled(t: str, reciprocal: bool = False, affine: bool = True) -> str:
+        d = g.op("Sub", [t, mean(t)])
+        sq = g.op("Mul", [d, d]) if reciprocal else g.op("Pow", [d, g.const(np.float32(2.0), "two")])
+        root = g.op("Sqrt", [g.op("Add", [mean(sq), g.const(np.float32(1e-5), "eps")])])
+        y = g.op("Mul", [d, g.op("Reciprocal", [root])]) if reciprocal else g.op("Div", [d, root])
+        if not affine:
+            return y
+        gamma = (1 + 0.1 * g.rng.standard_normal(dim)).astype(np.float32)
+        return g.op("Add", [g.op("Mul", [y, g.const(gamma, "gamma")]),
+                            g.const((0.1 * g.rng.standard_normal(dim)).astype(np.float32), "beta")])
+
+    def linear(t: str) -> str:
+        wl = (g.rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32)
+        return g.op("MatMul", [t, g.const(wl, "lw")])
+
+    # Paddle: the mean over the channel axis of [1, C, N], then the transpose to [1, N, C]
+    if opset >= 18:
+        m = g.op("ReduceMean", [tokens, g.const(np.array([1], dtype=np.int64), "axes1")], keepdims=1)
+    else:
+        m = g.op("ReduceMean", [tokens], axes=[1], keepdims=1)
+    d = g.op("Transpose", [g.op("Sub", [tokens, m])], perm=[0, 2, 1])
+    var = mean(g.op("Pow", [d, g.const(np.float32(2.0), "two")]))
+    x = g.op("Div", [d, g.op("Sqrt", [g.op("Add", [var, g.const(np.float32(1e-6), "eps")])])])
+    x = g.op("Add", [x, linear(spelled(x))])
+    x = g.op("Add", [x, linear(spelled(x, reciprocal=True, affine=False))])
+    if opset >= 17:
+        x = g.op("LayerNormalization", [x, g.const(np.full(dim, 0.5, np.float32), "ln_g"),
+                                        g.const(np.zeros(dim, np.float32), "ln_b")], axis=-1, epsilon=1e-6)
+    return g.model({"data": [1, 3, h, h]}, [linear(x)], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -508,4 +557,5 @@ BLOCKS = {
     "channel_and_token_means": channel_and_token_means,
     "padded_convs": padded_convs,
     "bilinear_decoder": bilinear_decoder,
+    "layer_norms": layer_norms,
 }

@@ -114,7 +114,8 @@ _BAYES_OPS: dict[str, OpRule] = {
     # BPU ops of the device that hbtools has no integer kernel for yet.
     "Softmax": OpRule("HzSQuantizedSoftmax", ("softmax",)),
     "ReduceMean": OpRule("HzSQuantizedPool", ("pool",)),
-    **_each(("ReduceSum", "ArgMax", "LayerNormalization", "GridSample"), OpRule("", ())),
+    "LayerNormalization": OpRule("HzSQuantizedLayerNorm", ("layernorm",)),
+    **_each(("ReduceSum", "ArgMax", "GridSample"), OpRule("", ())),
 }
 
 # bernoulli2 (X3): a 4-D-only BPU. Reshape-like ops, activation x activation MatMul and

@@ -140,6 +140,10 @@ class HzOp:
     # this op's numerics), and, on that op, the ONNX op it stands for.
     calibrated_op: str = ""
     float_op: str = ""
+    # A float op the optimize stage writes (HzLayerNorm): the ONNX op whose march rule places it.
+    device_op: str = ""
+    # Its integer kernel reads int16 where the march has int16 (Softmax, LayerNorm: int8 loses them).
+    int16_input: bool = False
     # Attribute spec: name -> default (REQUIRED: no default). Empty: not declared (free form).
     attributes: dict[str, object] = {}
     # Attributes stored as float64 tensors: FLOAT(S) attributes are float32, and a requantization

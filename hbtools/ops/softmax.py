@@ -119,6 +119,7 @@ class HzSQuantizedSoftmax(HzOp):
     unit_kind = "softmax"
     onnx_ops = ("Softmax",)
     calibrated_op = "HzSoftmax"
+    int16_input = True
 
     @classmethod
     def refusal(cls, node: NodeProto, view) -> str:  # noqa: ANN001 - GraphView lives above ops/

@@ -27,6 +27,7 @@ from hbtools.graph.graph import (
     remove_dead_nodes,
     topological_sort,
 )
+from hbtools.graph.layer_norm import fuse_layer_norms
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
@@ -47,6 +48,9 @@ def run(model: ModelProto) -> ModelProto:
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
     _sums_as_adds(body)
+    fused = fuse_layer_norms(body)
+    if fused:
+        log.info("%d layer normalizations written as one HzLayerNorm node each", fused)
     _spatial_reductions_as_global_pools(body)
     _zero_pads_into_convs(body)
     _upsampling_in_bpu_forms(body)

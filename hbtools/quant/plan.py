@@ -323,10 +323,12 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                     bits[t] = output_bits
     if opts.output_bits == 16 and not profile.int16:
         log.warning("set_model_output_int16: int16 is not available on %s; falling back to int8", profile.label)
-    # An integer Softmax reads int16 where it can: on an int8 grid close logits share a level, and the
-    # largest one (an argmax, a decoded character) is lost (set_Softmax_input_int8 keeps int8).
+    # An integer Softmax or LayerNorm reads int16 where it can (``HzOp.int16_input``): on an int8 grid
+    # close logits share a level, and the largest one (an argmax, a decoded character) is lost; a
+    # residual stream's outliers leave the other values few levels (set_Softmax_input_int8 keeps int8).
     for unit in part.units:
-        if unit.on == "BPU" and unit.kind == "softmax" and profile.int16:
+        kernel = registry.op_for_unit_kind(unit.kind) if unit.on == "BPU" else None
+        if kernel is not None and kernel.int16_input and profile.int16:
             for t in unit.inputs:
                 request(t, f"node {unit.main.name} input")
     node_info = config.model.node_info if config else {}

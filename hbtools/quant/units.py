@@ -133,10 +133,13 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
     if node.domain == DOMAIN:
         if op == "HzPreprocess":
             return Unit("preprocess", [node], acts, list(node.output), table_type="HzPreprocess")
-        return _cpu(node, acts, f"custom op {op} is not a BPU op")
-    if custom.custom_op_of(node) is not None:
+        float_op = registry.op_class(op)
+        if float_op is None or not float_op.device_op:
+            return _cpu(node, acts, f"custom op {op} is not a BPU op")
+        op = float_op.device_op  # an op the optimize stage wrote (HzLayerNorm): placed as the ONNX op
+    elif custom.custom_op_of(node) is not None:
         return _cpu(node, acts, f"custom op {custom.op_name(node)} (domain '{node.domain}') runs on the CPU")
-    rule = profile.rule(op) if node.domain in ("", "ai.onnx") else None
+    rule = profile.rule(op) if node.domain in ("", "ai.onnx", DOMAIN) else None
     if rule is None:
         return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}")
     integer = next((t for t in acts if view.elem_types.get(t) in INTEGER_TYPES), None)

@@ -8,6 +8,7 @@ model's integers are the ones the calibrated model's nodes imply.
 
 from __future__ import annotations
 
+import arch_builders
 import numpy as np
 import onnx
 import pytest
@@ -42,6 +43,9 @@ CASES = {
     "movement_per_channel": (data_movement, {"calibration_type": "max", "per_channel": True}),
     "attention_max": (act_matmul, {"calibration_type": "max"}),
     "mlp_weights_default": (featuremap_mlp, {"calibration_type": "default"}),
+    "layer_norms_default": (arch_builders.layer_norms, {"calibration_type": "default"}),
+    "layer_norms_int16": (lambda: arch_builders.layer_norms(opset=18),
+                          {"calibration_type": "max", "optimization": "set_all_nodes_int16"}),
 }
 
 

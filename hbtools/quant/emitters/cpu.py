@@ -1,7 +1,15 @@
-"""CPU units stay float: their inputs are dequantized, their nodes copied as they are."""
+"""CPU units stay float: their inputs are dequantized, their nodes copied as they are.
+
+A float Hz op the optimize stage wrote (HzLayerNorm) is copied as its standard-ONNX float
+computation: the quantized model's CPU nodes are onnxruntime's to run, in HB_ONNXRuntime
+and in the ``.bin`` simulator alike.
+"""
 
 from __future__ import annotations
 
+from hbtools.graph.model_io import default_opset
+from hbtools.ops import registry
+from hbtools.ops.base import DOMAIN, LoweringContext
 from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState
 from hbtools.quant.units import Unit
@@ -12,5 +20,14 @@ def emit(state: EmitState, unit: Unit) -> None:
     for t in unit.inputs:
         state.need_float(t)
     for node in unit.nodes:
-        state.nodes.append(node)
+        op = registry.op_class(node.op_type) if node.domain == DOMAIN else None
+        if op is not None and op.device_op:
+            taken = {n.name for n in state.src.graph.node} | {o for n in state.src.graph.node for o in n.output}
+            ctx = LoweringContext(default_opset(state.src), taken | {i.name for i in state.inits},
+                                  state.view.shapes)
+            ctx.exact = False
+            state.nodes.extend(op.lower(node, ctx))
+            state.inits.extend(ctx.initializers)
+        else:
+            state.nodes.append(node)
         state.floats.update(node.output)

@@ -1,0 +1,239 @@
+"""Layer normalization on the BPU: exact integer statistics, float64 normalization.
+
+The optimize stage writes every layer normalization of a model (the ONNX
+LayerNormalization op, or the ReduceMean / Sub / Pow / ReduceMean / Add / Sqrt / Div
+pattern older exports spell out) as one ``HzLayerNorm`` node: ``x`` normalized over
+its axes ``axis``..last, times ``scale``, plus ``bias`` (both float32 constants).
+
+``HzSQuantizedLayerNorm`` (quantized model) computes it from integer input ``x`` over
+the ``n`` values of each normalized group, with no rounding before the square root:
+
+    D  = n * x - sum(x)                     int64, exact (the zero point cancels)
+    S  = sum(D * D)                         int64, exact while n (n - 1)**2 (2**bits - 1)**2 < 2**63
+    y  = D / sqrt(S / n + c) * scale + bias float64; c = n**2 * epsilon / x_scale**2
+    q  = clip(round(y / out_scale) + zero_point, out_min, out_max)
+
+(``D / sqrt(S / n + c)`` is ``(x - mean) / sqrt(var + epsilon)`` in levels.) A linear
+int8/int16 grid for the variance would lose the small variances next to large ones;
+here only the input and the output are on grids. The numpy reference and the ONNX
+lowering run the same IEEE operations on the same integers, so they agree bit for
+bit, and the calibrated model's ``HzLayerNorm`` computes the same from its input's
+float64 twin levels (``hbtools.ops.twins``). Without twins (the float models, a CPU
+node, a debugger's piecewise model) ``HzLayerNorm`` is the float computation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper
+
+from hbtools.ops import twins
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
+from hbtools.ops.quantized import NUMPY_INT, OUTPUT_ATTRS, output_levels
+from hbtools.ops.registry import register
+from hbtools.quant import grids
+
+INT64_LIMIT = 2**63
+
+
+def max_group(bits: int) -> int:
+    """The largest group ``n`` whose integer statistics stay exact in int64 for ``bits``-bit inputs."""
+    span = 2**bits - 1
+    n = 1
+    while (n + 1) * n**2 * span**2 < INT64_LIMIT:
+        n += 1
+    return n
+
+
+MAX_GROUP_INT16 = max_group(16)  # 1290: the kernel may read int16
+
+
+def group_size(shape: list | None, axis: int) -> int | None:
+    """How many values one normalization covers (None where the shape is not known)."""
+    if shape is None or not shape or any(not isinstance(d, int) or d <= 0 for d in shape[axis % len(shape):]):
+        return None
+    return int(np.prod(shape[axis % len(shape):]))
+
+
+def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
+    out = ctx.unique(f"{hint}_{op.lower()}")
+    nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+    return out
+
+
+def _reduce(ctx: LoweringContext, op: str, x: str, axes: list[int], hint: str, nodes: list[NodeProto]) -> str:
+    """ReduceSum / ReduceMean over ``axes``, keeping them (their axes became an input at opset 13 / 18)."""
+    out = ctx.unique(f"{hint}_{op.lower()}")
+    if ctx.opset >= (13 if op == "ReduceSum" else 18):
+        nodes.append(helper.make_node(op, [x, ctx.constant(f"{hint}_axes", np.array(axes, dtype=np.int64))], [out],
+                                      name=out, keepdims=1))
+    else:
+        nodes.append(helper.make_node(op, [x], [out], name=out, axes=axes, keepdims=1))
+    return out
+
+
+def _axes(rank: int, axis: int) -> list[int]:
+    return list(range(axis % rank, rank))
+
+
+def normalized_levels(ctx: LoweringContext, levels: str, scale: str, bias: str, rank: int, a: dict, x_step: str,
+                      hint: str, nodes: list[NodeProto]) -> str:
+    """float64 ``D / sqrt(S / n + c) * scale + bias`` of integer ``levels`` (any integer or whole float type);
+    ``x_step`` is the float64 step of the levels (a constant, or fed to a search's session)."""
+    axes = _axes(rank, int(a["axis"]))
+    n = int(a["group"])
+    x = _node(ctx, "Cast", [levels], hint, nodes, to=TensorProto.INT64)
+    total = _reduce(ctx, "ReduceSum", x, axes, hint, nodes)
+    d = _node(ctx, "Sub", [_node(ctx, "Mul", [x, ctx.constant(f"{hint}_n", np.array(n, dtype=np.int64))], hint, nodes),
+                           total], hint, nodes)
+    s = _reduce(ctx, "ReduceSum", _node(ctx, "Mul", [d, d], hint, nodes), axes, hint, nodes)
+    s = _node(ctx, "Cast", [s], hint, nodes, to=TensorProto.DOUBLE)
+    var = _node(ctx, "Div", [s, ctx.constant(f"{hint}_n_f64", np.array(float(n)))], hint, nodes)
+    c = _node(ctx, "Div", [ctx.constant(f"{hint}_n2eps", np.array(_n2eps(a))),
+                           _node(ctx, "Mul", [x_step, x_step], hint, nodes)], hint, nodes)
+    var = _node(ctx, "Add", [var, c], hint, nodes)
+    y = _node(ctx, "Div", [_node(ctx, "Cast", [d], hint, nodes, to=TensorProto.DOUBLE),
+                           _node(ctx, "Sqrt", [var], hint, nodes)], hint, nodes)
+    y = _node(ctx, "Mul", [y, twins.to_double(ctx, scale, f"{hint}_scale", nodes)], hint, nodes)
+    return _node(ctx, "Add", [y, twins.to_double(ctx, bias, f"{hint}_bias", nodes)], hint, nodes)
+
+
+def _n2eps(a: dict) -> float:
+    """``n**2 * epsilon`` in float64 (``c`` is this over the squared input step)."""
+    n = float(a["group"])
+    return n * n * float(np.float32(a["epsilon"]))
+
+
+def _np_normalized(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, a: dict, x_scale: float) -> np.ndarray:
+    axes = tuple(_axes(x.ndim, int(a["axis"])))
+    n = int(a["group"])
+    x = x.astype(np.int64)
+    d = np.int64(n) * x - x.sum(axis=axes, keepdims=True)
+    s = (d * d).sum(axis=axes, keepdims=True)
+    step = np.float64(x_scale)
+    c = np.float64(_n2eps(a)) / (step * step)
+    y = d.astype(np.float64) / np.sqrt(s.astype(np.float64) / np.float64(n) + c)
+    return y * scale.astype(np.float64) + bias.astype(np.float64)
+
+
+@register
+class HzLayerNorm(HzOp):
+    """Layer normalization of ``x`` over axes ``axis``..last: inputs x, scale, bias (float32 constants)."""
+
+    op_type = "HzLayerNorm"
+    attributes = {"axis": REQUIRED, "epsilon": REQUIRED}
+    shape_preserving = True
+    float_output = True
+    device_op = "LayerNormalization"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        x, scale, bias = node.input[:3]
+        src = ctx.twins.get(x)
+        rank = ctx.rank(x)
+        a = cls.read(node)
+        exact = ctx.exact and node.name not in ctx.cpu_nodes and src is not None and src.levels is not None \
+            and src.scalar_step and src.bounds is None and rank is not None
+        n = group_size(ctx.shapes.get(x), int(a["axis"])) if exact else None
+        if n is None:
+            return cls.float_nodes(node, ctx)
+        nodes: list[NodeProto] = []
+        # Whole numbers, except where a search switched the input's fake quant off (levels = x / step):
+        # rounded, the kernel then reads the input on its grid, unclipped.
+        levels = _node(ctx, "Round", [src.levels], node.name, nodes)
+        y = normalized_levels(ctx, levels, scale, bias, rank, {**a, "group": n}, src.step, node.name, nodes)
+        twins.to_float(ctx, y, node.output[0], nodes)
+        ctx.twins[node.output[0]] = twins.Twin(y)
+        return nodes
+
+    @classmethod
+    def float_nodes(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        """The float32 computation in standard ONNX: LayerNormalization from opset 17, else spelled out."""
+        a = cls.read(node)
+        x, scale, bias = node.input[:3]
+        if ctx.opset >= 17:
+            return [helper.make_node("LayerNormalization", [x, scale, bias], [node.output[0]], name=node.name,
+                                     axis=int(a["axis"]), epsilon=float(a["epsilon"]))]
+        rank = ctx.rank(x)
+        if rank is None:
+            raise ValueError(f"HzLayerNorm {node.name}: the rank of {x} is unknown before opset 17")
+        axes, hint, nodes = _axes(rank, int(a["axis"])), node.name, []
+        d = _node(ctx, "Sub", [x, _reduce(ctx, "ReduceMean", x, axes, hint, nodes)], hint, nodes)
+        var = _reduce(ctx, "ReduceMean", _node(ctx, "Mul", [d, d], hint, nodes), axes, hint, nodes)
+        eps = ctx.constant(f"{hint}_epsilon", np.array(a["epsilon"], dtype=np.float32))
+        y = _node(ctx, "Div", [d, _node(ctx, "Sqrt", [_node(ctx, "Add", [var, eps], hint, nodes)], hint, nodes)],
+                  hint, nodes)
+        y = _node(ctx, "Mul", [y, scale], hint, nodes)
+        nodes.append(helper.make_node("Add", [y, bias], [node.output[0]], name=ctx.unique(f"{hint}_out")))
+        return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = cls.read(node)
+        x = inputs[0].astype(np.float32)
+        axes = tuple(_axes(x.ndim, int(a["axis"])))
+        d = x - x.mean(axis=axes, keepdims=True)
+        var = (d * d).mean(axis=axes, keepdims=True)
+        y = d / np.sqrt(var + np.float32(a["epsilon"])) * inputs[1] + inputs[2]
+        return [y.astype(np.float32)]
+
+
+@register
+class HzSQuantizedLayerNorm(HzOp):
+    op_type = "HzSQuantizedLayerNorm"
+    attributes = {"axis": REQUIRED, "epsilon": REQUIRED, "group": REQUIRED, "x_scale": REQUIRED,
+                  "out_scale": REQUIRED, **OUTPUT_ATTRS}
+    double_attributes = ("x_scale", "out_scale")
+    shape_preserving = True
+    unit_kind = "layernorm"
+    onnx_ops = ("HzLayerNorm",)
+    constant_operands = True
+    int16_input = True
+
+    @classmethod
+    def refusal(cls, node: NodeProto, view) -> str:  # noqa: ANN001 - GraphView lives above ops/
+        a = HzLayerNorm.read(node)
+        n = group_size(view.shapes.get(node.input[0]), int(a["axis"]))
+        if n is None:
+            return "LayerNormalization of a tensor of unknown shape has no BPU form in hbtools"
+        if n > MAX_GROUP_INT16:
+            return (f"LayerNormalization over {n} values has no exact integer form in hbtools (at most "
+                    f"{MAX_GROUP_INT16}); kept in float")
+        return ""
+
+    @classmethod
+    def emit(cls, state, unit) -> None:  # noqa: ANN001 - EmitState and Unit live above ops/
+        from hbtools.quant.emitters.state import per_tensor
+
+        node = unit.main
+        a = HzLayerNorm.read(node)
+        xq = per_tensor(state.need_q(unit.inputs[0]), node.name)
+        qt, out = state.out_attrs(unit.outputs[0])
+        n = group_size(state.view.shapes.get(node.input[0]), int(a["axis"]))
+        state.nodes.append(cls.make_node([xq.name, *node.input[1:3]], [qt.name], node.name, axis=int(a["axis"]),
+                                         epsilon=float(a["epsilon"]), group=n, x_scale=[float(xq.scale[0])],
+                                         out_scale=[float(qt.scale[0])], **out))
+        state.record(unit.outputs[0], qt)
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = cls.read(node)
+        rank = ctx.rank(node.input[0])
+        if rank is None:
+            raise ValueError(f"{node.name}: the rank of {node.input[0]} is unknown")
+        nodes: list[NodeProto] = []
+        hint = node.name
+        step = ctx.constant(f"{hint}_x_scale", np.array(a["x_scale"][0], dtype=np.float64))
+        y = normalized_levels(ctx, node.input[0], node.input[1], node.input[2], rank, a, step, hint, nodes)
+        out_scale = ctx.constant(f"{hint}_out_scale", np.array(a["out_scale"][0], dtype=np.float64))
+        q = _node(ctx, "Round", [_node(ctx, "Div", [y, out_scale], hint, nodes)], hint, nodes)
+        output_levels(ctx, q, a, node.output[0], hint, nodes)
+        return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a = cls.read(node)
+        y = _np_normalized(inputs[0], inputs[1], inputs[2], a, a["x_scale"][0])
+        q = grids.requantize(y / np.float64(a["out_scale"][0]), 1.0, a["out_min"], a["out_max"],
+                             int(a["zero_point"]))
+        return [q.astype(NUMPY_INT[a["out_type"]])]
