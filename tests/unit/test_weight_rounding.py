@@ -98,13 +98,16 @@ def test_blocked_rounding_chooses_what_textbook_gptq_chooses(group: int) -> None
     assert np.abs(offsets).max() >= 1  # the rounding did move weights
 
 
-def test_patches_match_a_direct_convolution() -> None:
-    """Sampled patches times the weight reproduce the conv output at those positions."""
+def test_patches_match_a_direct_convolution(monkeypatch) -> None:
+    """Patches times the weight reproduce the conv output: at every position, in order, across chunks;
+    and where positions are sampled, at the sampled ones."""
     rng = np.random.default_rng(2)
     w = rng.normal(size=(4, 2, 3, 3)).astype(np.float32)
     x = rng.normal(size=(4, 9, 9)).astype(np.float32)
     geo = wr.ConvGeometry(group=2, kernel=(3, 3), strides=(2, 2), dilations=(1, 1), pads=(1, 1, 1, 1))
-    cols = wr.patches(x, geo, np.random.default_rng(0), positions=10_000)  # all 25 positions, shuffled
+    monkeypatch.setattr(wr, "CHUNK_BYTES", 7 * 4 * 9 * 8)  # 25 positions: chunks of 7, 7, 7 and 4
+    chunks = list(wr.patches(x, geo, np.random.default_rng(0), positions=10_000))
+    assert [c.shape[2] for c in chunks] == [7, 7, 7, 4]
     import onnxruntime as ort
     model = _conv_model(w, 2, [1, 1, 1, 1])
     for n in model.graph.node:
@@ -112,9 +115,14 @@ def test_patches_match_a_direct_convolution() -> None:
     model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 9
     model.graph.input[0].type.tensor_type.shape.dim[3].dim_value = 9
     y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x[None]})[0]
-    got = np.matmul(w.reshape(2, 2, -1), cols)  # [group, out/group, positions]
-    expected = np.sort(y[0].reshape(2, 2, -1), axis=2)
-    assert np.allclose(np.sort(got, axis=2), expected, atol=1e-4)
+    expected = y[0].reshape(2, 2, -1)  # [group, out/group, positions]
+    got = np.matmul(w.reshape(2, 2, -1), np.concatenate(chunks, axis=2))
+    assert np.allclose(got, expected, atol=1e-4)
+    sampled = np.matmul(w.reshape(2, 2, -1), np.concatenate(list(wr.patches(x, geo, np.random.default_rng(0), 10)),
+                                                             axis=2))
+    assert sampled.shape[2] == 10
+    distance = np.abs(sampled[:, :, :, None] - expected[:, :, None, :]).max(axis=(0, 1))  # [sampled, all]
+    assert (distance.min(axis=1) < 1e-4).all() and len(set(distance.argmin(axis=1))) == 10
 
 
 def test_rounding_offsets_flow_from_calibrated_to_quantized_model(tmp_path) -> None:
@@ -242,3 +250,22 @@ def test_weights_that_are_fixed_fractions_get_an_exact_grid() -> None:
     levels = grids.quantize(bilinear.astype(np.float32), steps[:1].reshape(-1, 1), grids.WEIGHT_BITS)
     assert np.allclose(levels * steps[0], bilinear, rtol=0, atol=1e-7)
     assert np.array_equal(thresholds[1:], np.abs(trained).max(axis=1))
+
+
+def test_hessian_takes_every_position_of_a_large_map() -> None:
+    """A 96x96 map has 9216 output positions, more than the 4096 once sampled: the Hessian is E[x xᵀ]
+    over all of them, so the rounding does not depend on a draw of positions."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(3, 2, 3, 3)).astype(np.float32)
+    model = _conv_model(w, 1, [1, 1, 1, 1])
+    for k in (2, 3):
+        model.graph.input[0].type.tensor_type.shape.dim[k].dim_value = 96
+    feeds = [{"x": rng.normal(size=(1, 2, 96, 96)).astype(np.float32)} for _ in range(2)]
+    hessian = dict(wr.input_hessians(model, [model.graph.node[0]], feeds))["conv"]
+    want = 0.0
+    for feed in feeds:
+        cols = np.lib.stride_tricks.sliding_window_view(np.pad(feed["x"][0], ((0, 0), (1, 1), (1, 1))), (3, 3),
+                                                        axis=(1, 2))  # C, 96, 96, 3, 3
+        cols = cols.transpose(0, 3, 4, 1, 2).reshape(18, -1).astype(np.float64)
+        want = want + cols @ cols.T / cols.shape[1]
+    assert np.allclose(hessian[0], want / len(feeds), rtol=1e-10, atol=1e-12)
