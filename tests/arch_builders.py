@@ -540,6 +540,26 @@ def layer_norms(h: int = 16, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [linear(x)], opset)
 
 
+def wide_heads(h: int = 8, opset: int = 13) -> FloatModel:
+    """Heads with more output channels than the BPU takes at once (8192 on bayes-e): a CTC head over a
+    large vocabulary (MatMul + bias), a classifier Gemm (transB) and a 1x1 Conv."""
+    g = _Graph(28)
+    dim, vocab = 16, 9000
+    x = g.op("Relu", [g.conv("data", 3, dim, stride=2)])
+    t = h // 2
+    tokens = g.op("Transpose", [g.op("Reshape", [x, g.const(np.array([1, dim, t * t], dtype=np.int64), "r")])],
+                  perm=[0, 2, 1])
+    wl = (g.rng.standard_normal((dim, vocab)) / np.sqrt(dim)).astype(np.float32)
+    logits = g.op("Add", [g.op("MatMul", [tokens, g.const(wl, "vocab_w")]),
+                          g.const((0.1 * g.rng.standard_normal(vocab)).astype(np.float32), "vocab_b")])
+    pooled = g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1)
+    wg = (g.rng.standard_normal((8300, dim)) / np.sqrt(dim)).astype(np.float32)
+    classes = g.op("Gemm", [pooled, g.const(wg, "cls_w"), g.const(np.zeros(8300, np.float32), "cls_b")], transB=1)
+    wc = (g.rng.standard_normal((8250, dim, 1, 1)) / np.sqrt(dim)).astype(np.float32)
+    dense = g.op("Conv", [x, g.const(wc, "dense_w")], kernel_shape=[1, 1])
+    return g.model({"data": [1, 3, h, h]}, [logits, classes, dense], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -558,4 +578,5 @@ BLOCKS = {
     "padded_convs": padded_convs,
     "bilinear_decoder": bilinear_decoder,
     "layer_norms": layer_norms,
+    "wide_heads": wide_heads,
 }

@@ -58,6 +58,19 @@ def _channels(node: NodeProto, view: GraphView) -> tuple[int, int] | None:
     return int(w.shape[-2]), int(w.shape[-1])  # MatMul
 
 
+def output_parts(node: NodeProto, view: GraphView, limit: int | None) -> list[slice] | None:
+    """Output-channel ranges of at most ``limit`` for a Conv (ungrouped), Gemm or MatMul with a constant
+    weight that has more output channels than that (a vocabulary-sized CTC head, say): each range is
+    one BPU convolution and a Concat joins them. None where the node needs no split or cannot take one."""
+    ch = _channels(node, view)
+    if limit is None or ch is None or ch[1] <= limit or node.op_type not in ("Conv", "Gemm", "MatMul") \
+            or int(view.attrs(node).get("group", 1)) != 1:
+        return None
+    parts = -(-ch[1] // limit)
+    size = -(-ch[1] // parts)  # as even as the count allows
+    return [slice(k, min(k + size, ch[1])) for k in range(0, ch[1], size)]
+
+
 def _kernel(node: NodeProto, view: GraphView) -> list[int]:
     a = view.attrs(node)
     if "kernel_shape" in a:
@@ -84,7 +97,9 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
             return f"{op} {key} {list(values)} exceeds {limit}, the largest {where} takes"
     if rule.channels is not None:
         ch = _channels(node, view)
-        if ch is not None and max(ch) > rule.channels:
+        # More output channels than the limit run as several convolutions (``output_parts``).
+        inputs_only = ch is not None and output_parts(node, view, rule.channels) is not None
+        if ch is not None and (ch[0] if inputs_only else max(ch)) > rule.channels:
             return f"{op} with {ch[0]} input / {ch[1]} output channels exceeds {where}'s limit of {rule.channels}"
     if rule.axes is not None and acts:
         shape = view.shapes.get(acts[0])

@@ -44,6 +44,7 @@ CASES = {
     "attention_max": (act_matmul, {"calibration_type": "max"}),
     "mlp_weights_default": (featuremap_mlp, {"calibration_type": "default"}),
     "layer_norms_default": (arch_builders.layer_norms, {"calibration_type": "default"}),
+    "wide_heads_default": (arch_builders.wide_heads, {"calibration_type": "default"}),
     "layer_norms_int16": (lambda: arch_builders.layer_norms(opset=18),
                           {"calibration_type": "max", "optimization": "set_all_nodes_int16"}),
 }
@@ -135,7 +136,8 @@ def test_integer_weights_and_biases_are_the_calibrated_ones(converted) -> None:
             rounding = c_inits[node.input[1]] if len(node.input) > 1 and node.input[1] else None
             levels, _ = quantize_weight(c_inits[node.input[0]], attrs_of(node), rounding)
             for conv in readers[node.output[0]]:
-                got = q_inits[f"{conv.name}_weight_quantized"]
+                out_axis = 0 if conv.op_type == "Conv" else 1
+                got = _joined(q_inits, f"{conv.name}_weight", out_axis)
                 want = levels.T if conv.op_type == "Gemm" and attrs_of(conv).get("transB", 0) else levels
                 np.testing.assert_array_equal(got, want.astype(np.int8), err_msg=f"weight of {conv.name}")
                 compared += 1
@@ -143,10 +145,21 @@ def test_integer_weights_and_biases_are_the_calibrated_ones(converted) -> None:
             steps = HzBiasCalibration.steps(HzBiasCalibration.read(node))
             levels = np.clip(np.round(c_inits[node.input[0]].astype(np.float64).reshape(-1) / steps), -2**31, 2**31 - 1)
             conv = readers[node.output[0]][0]
-            np.testing.assert_array_equal(q_inits[f"{conv.name}_bias_quantized"], levels.astype(np.int32),
+            np.testing.assert_array_equal(_joined(q_inits, f"{conv.name}_bias", 0), levels.astype(np.int32),
                                           err_msg=f"bias of {conv.name}")
             compared += 1
     assert compared >= 2, "the model has integer weights to compare"
+
+
+def _joined(inits: dict[str, np.ndarray], name: str, axis: int) -> np.ndarray:
+    """A quantized weight or bias: one initializer, or the parts of a conv split by output channels."""
+    if f"{name}_quantized" in inits:
+        return inits[f"{name}_quantized"]
+    parts = []
+    while f"{name}_part{len(parts)}_quantized" in inits:
+        parts.append(inits[f"{name}_part{len(parts)}_quantized"])
+    assert len(parts) > 1, f"no quantized {name}"
+    return np.concatenate(parts, axis=axis)
 
 
 def _one_conv(w: np.ndarray, b: np.ndarray) -> FloatModel:

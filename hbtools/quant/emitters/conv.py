@@ -8,14 +8,15 @@ the accumulator grid exactly as the calibrated model's HzBiasCalibration puts it
 from __future__ import annotations
 
 import numpy as np
-from onnx import NodeProto
+from onnx import NodeProto, helper
 
+from hbtools.march.constraints import output_parts
 from hbtools.ops.calibration import quantize_weight
 from hbtools.ops.names import quantized_tensor
 from hbtools.ops.quantized import HzRequantize, HzSQuantizedConv
 from hbtools.quant import grids
 from hbtools.quant.emitters import emits
-from hbtools.quant.emitters.state import EmitState, QTensor
+from hbtools.quant.emitters.state import ELEM_TYPES, EmitState, QTensor
 from hbtools.quant.plan import weight_axis
 from hbtools.quant.units import Unit
 
@@ -37,7 +38,6 @@ def emit(state: EmitState, unit: Unit) -> None:
     kind = "MatMul" if node.op_type == "Gemm" else node.op_type
     axis_w = 1 if kind == "MatMul" else weight_axis(node, state.view)
     out_axis = -1 if kind == "MatMul" else 1
-    inputs = [xq.name, state.init(quantized_tensor(f"{node.name}_weight"), w_q)]
     bias = state.view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     b_q = None
     if bias is not None:
@@ -45,7 +45,16 @@ def emit(state: EmitState, unit: Unit) -> None:
         if node.op_type == "Gemm":
             bias = (bias * a.get("beta", 1.0)).reshape(-1)
         b_q = grids.bias_levels(bias, acc_scale).astype(np.int32)
-        inputs.append(state.init(quantized_tensor(f"{node.name}_bias"), b_q))
+    rule = state.profile.rule(node.op_type)
+    parts = output_parts(node, state.view, rule.channels if rule is not None else None) or [slice(None)]
+    pieces = []
+    for k, channels in enumerate(parts):
+        suffix = f"_part{k}" if len(parts) > 1 else ""
+        w_k = w_q[(slice(None),) * axis_w + (channels,)]
+        inputs = [xq.name, state.init(quantized_tensor(f"{node.name}_weight{suffix}"), w_k)]
+        if b_q is not None:
+            inputs.append(state.init(quantized_tensor(f"{node.name}_bias{suffix}"), b_q[channels]))
+        pieces.append((inputs, channels))
     conv_attrs = {k: a[k] for k in ("kernel_shape", "strides", "pads", "dilations", "group", "output_padding",
                                     "auto_pad") if k in a}
     if "kernel_shape" not in conv_attrs and kind != "MatMul":
@@ -60,7 +69,7 @@ def emit(state: EmitState, unit: Unit) -> None:
     bound = xq.levels_span() * float(np.abs(w_q.astype(np.int64)).sum(axis=reduce).max())
     if b_q is not None:
         bound += float(np.abs(b_q.astype(np.int64)).max())
-    emit_accumulator(state, unit, HzSQuantizedConv, inputs, acc_scale, out_axis, common, bound)
+    emit_accumulator(state, unit, HzSQuantizedConv, pieces, acc_scale, out_axis, common, bound)
 
 
 def weight_integers(state: EmitState, node: NodeProto, w_attrs: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -76,9 +85,12 @@ def weight_integers(state: EmitState, node: NodeProto, w_attrs: dict) -> tuple[n
     return levels.astype(np.int8), w_scale
 
 
-def emit_accumulator(state: EmitState, unit: Unit, op: type, inputs: list[str], acc_scale: np.ndarray,
-                     axis: int, common: dict, bound: float | None = None) -> None:
-    """An integer product unit's output: requantized in the op, or int32 for CPU readers."""
+def emit_accumulator(state: EmitState, unit: Unit, op: type, pieces: list[tuple[list[str], slice]],
+                     acc_scale: np.ndarray, axis: int, common: dict, bound: float | None = None) -> None:
+    """An integer product unit's output: requantized in the op, or int32 for CPU readers.
+
+    ``pieces``: the op's inputs, one entry per range of output channels it computes (several where
+    the march takes fewer output channels than the unit has; a Concat joins them)."""
     out = unit.outputs[0]
     lo, hi = activation_bounds(state, unit)
     calibrated = out in state.acts
@@ -86,8 +98,8 @@ def emit_accumulator(state: EmitState, unit: Unit, op: type, inputs: list[str], 
     name = unit.main.name
     if calibrated and not cpu:
         qt, oa = state.out_attrs(out, lo, hi)
-        state.nodes.append(op.make_node(inputs, [qt.name], name, multiplier=grids.multiplier(acc_scale, qt.scale),
-                                        **oa, **common))
+        _products(state, op, pieces, qt.name, name, grids.multiplier(acc_scale, qt.scale), axis,
+                  {**oa, **common}, out, qt.dtype)
         state.record(out, qt)
         return
     # int32 accumulator: dequantized exactly for CPU users / outputs, requantized for BPU users.
@@ -100,8 +112,9 @@ def emit_accumulator(state: EmitState, unit: Unit, op: type, inputs: list[str], 
     acc_tensor = unit.activation.input[0] if unit.activation is not None else out
     acc = QTensor(f"{acc_tensor}_int32", "int32", np.atleast_1d(acc_scale), axis)
     single = common.pop("requantize_f32", None)  # the int32 accumulator itself stays exact
-    state.nodes.append(op.make_node(inputs, [acc.name], name, multiplier=[2.0**-shift], out_type="int32",
-                                    out_min=float(grids.INT32_MIN), out_max=float(grids.INT32_MAX), **common))
+    _products(state, op, pieces, acc.name, name, [2.0**-shift], axis,
+              {"out_type": "int32", "out_min": float(grids.INT32_MIN), "out_max": float(grids.INT32_MAX), **common},
+              acc_tensor, "int32")
     state.record(acc_tensor, acc)
     state.need_float(acc_tensor)
     if unit.activation is not None:
@@ -113,6 +126,26 @@ def emit_accumulator(state: EmitState, unit: Unit, op: type, inputs: list[str], 
                                                   multiplier=grids.multiplier(acc_scale, qt.scale), axis=axis,
                                                   requantize_f32=single, **oa))
         state.record(out, qt)
+
+
+def _products(state: EmitState, op: type, pieces: list[tuple[list[str], slice]], out: str, name: str,
+              multiplier: list[float], axis: int, attrs: dict, tensor: str, dtype: str) -> None:
+    """The product node writing ``out`` (the integer form of float ``tensor``), or one node per piece of
+    output channels and the Concat that joins them."""
+    if len(pieces) == 1:
+        state.nodes.append(op.make_node(pieces[0][0], [out], name, multiplier=multiplier, **attrs))
+        return
+    shape = state.view.shapes.get(tensor)
+    outs = []
+    for k, (inputs, channels) in enumerate(pieces):
+        outs.append(f"{out}_part{k}")
+        state.nodes.append(op.make_node(inputs, [outs[-1]], f"{name}_part{k}", multiplier=multiplier[channels]
+                                        if len(multiplier) > 1 else multiplier, **attrs))
+        if shape is not None:
+            part_shape = list(shape)
+            part_shape[axis] = channels.stop - channels.start
+            state.value_info.append(helper.make_tensor_value_info(outs[-1], ELEM_TYPES[dtype], part_shape))
+    state.nodes.append(helper.make_node("Concat", outs, [out], name=f"{name}_concat", axis=axis))
 
 
 def activation_bounds(state: EmitState, unit: Unit) -> tuple[float | None, float | None]:

@@ -20,4 +20,5 @@ def emit(state: EmitState, unit: Unit) -> None:
               "b_zero_point": qb.zero_point or None, "requantize_f32": 1}
     depth = (state.view.shapes.get(unit.main.input[0]) or [None])[-1]
     bound = None if not depth else float(qa.levels_span() * qb.levels_span() * depth)
-    emit_accumulator(state, unit, HzSQuantizedMatMul, [qa.name, qb.name], acc_scale, -1, common, bound)
+    emit_accumulator(state, unit, HzSQuantizedMatMul, [([qa.name, qb.name], slice(None))], acc_scale, -1, common,
+                     bound)
