@@ -494,15 +494,30 @@ def bilinear_decoder(h: int = 32, opset: int = 13) -> FloatModel:
 def layer_norms(h: int = 16, opset: int = 13) -> FloatModel:
     """Tokens through the ways exporters write a layer normalization: LayerNormalization (opset 17 on),
     the spelled-out ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div with scale and bias, the same with
-    d * d and a Reciprocal and no affine, and Paddle's, which transposes x - mean before the variance.
-    A residual stream with one large channel feeds them, as in transformers."""
+    d * d and a Reciprocal and no affine, Paddle's, which transposes x - mean before the variance, and
+    ConvNeXt's over the channels of an NCHW map (scale first in its Mul). A residual stream with one
+    large channel feeds them, as in transformers."""
     g = _Graph(27)
     dim, p = 16, 4
     n = (h // p) ** 2
     w = (g.rng.standard_normal((dim, 3, p, p)) / np.sqrt(3 * p * p)).astype(np.float32)
     w[3] *= 8.0  # an outlier channel: the normalization's input spans much more than most values
-    tokens = g.op("Reshape", [g.op("Conv", ["data", g.const(w, "patch")], kernel_shape=[p, p], strides=[p, p]),
-                              g.const(np.array([1, dim, n], dtype=np.int64), "r")])
+    stem = g.op("Conv", ["data", g.const(w, "patch")], kernel_shape=[p, p], strides=[p, p])
+    # ConvNeXt's LayerNorm2d: over the channels of the NCHW map, a per-channel scale and bias [C, 1, 1]
+    if opset >= 18:
+        u = g.op("ReduceMean", [stem, g.const(np.array([1], dtype=np.int64), "axes_c")], keepdims=1)
+    else:
+        u = g.op("ReduceMean", [stem], axes=[1], keepdims=1)
+    dc = g.op("Sub", [stem, u])
+    if opset >= 18:
+        vc = g.op("ReduceMean", [g.op("Pow", [dc, g.const(np.float32(2.0), "two")]),
+                                 g.const(np.array([1], dtype=np.int64), "axes_c")], keepdims=1)
+    else:
+        vc = g.op("ReduceMean", [g.op("Pow", [dc, g.const(np.float32(2.0), "two")])], axes=[1], keepdims=1)
+    stem = g.op("Div", [dc, g.op("Sqrt", [g.op("Add", [vc, g.const(np.float32(1e-6), "eps")])])])
+    stem = g.op("Add", [g.op("Mul", [g.const((1 + 0.1 * g.rng.standard_normal((dim, 1, 1))).astype(np.float32)),
+                                     stem]), g.const((0.1 * g.rng.standard_normal((dim, 1, 1))).astype(np.float32))])
+    tokens = g.op("Reshape", [stem, g.const(np.array([1, dim, n], dtype=np.int64), "r")])
 
     def mean(t: str) -> str:
         if opset >= 18:

@@ -3,7 +3,8 @@
 PyTorch writes ``LayerNormalization`` from opset 17; older exports and Paddle write it
 out: ``m = ReduceMean(x)``, ``d = x - m``, ``Pow(d, 2)`` (or ``d * d``), ``ReduceMean``,
 ``Add`` epsilon, ``Sqrt``, ``Div`` (or ``Mul`` by a ``Reciprocal``), then an optional
-``Mul`` by the scale and ``Add`` of the bias. Some Paddle exports transpose ``d``
+``Mul`` by the scale and ``Add`` of the bias. The axes may be the last ones or the
+channels of an NCHW map (ConvNeXt's LayerNorm2d); some Paddle exports transpose ``d``
 between the mean and the variance. As one node the normalization has one BPU kernel
 (``hbtools.ops.layer_norm``) that keeps the variance exact, where the pieces would each
 round onto a grid.
@@ -63,8 +64,8 @@ def _standard(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list
     if params is None:
         return None
     names = _constants(model, node.name, *params)
-    new = HzLayerNorm.make_node([node.input[0], *names], [node.output[0]], node.name, axis=axis - len(shape),
-                                epsilon=float(a.get("epsilon", 1e-5)))
+    new = HzLayerNorm.make_node([node.input[0], *names], [node.output[0]], node.name,
+                                axes=list(range(axis - len(shape), 0)), epsilon=float(a.get("epsilon", 1e-5)))
     return [node], [new]
 
 
@@ -83,8 +84,9 @@ def _spelled_out(square: NodeProto, view: GraphView, model: ModelProto) -> tuple
     if shape is None or variance is None or not view.attrs(variance).get("keepdims", 1):
         return None
     axes = view.reduced_axes(variance)
-    if not axes or axes != list(range(axes[0], len(shape))) or axes[0] == 0:
+    if not axes or axes[0] == 0:  # over the last axes, or over channels (ConvNeXt's LayerNorm2d); not the batch
         return None
+    param_shape = [shape[k] if k in axes else 1 for k in range(axes[0], len(shape))]
     shifted = _only_user(view, variance.output[0], "Add")
     eps = _scalar_operand(shifted, variance.output[0], view) if shifted is not None else None
     root = _only_user(view, shifted.output[0], "Sqrt") if eps is not None else None
@@ -110,8 +112,8 @@ def _spelled_out(square: NodeProto, view: GraphView, model: ModelProto) -> tuple
     if head is None:
         return None
     x, moved, centring = head
-    tail, scale, bias = _affine(normalized, view, shape[axes[0]:])
-    params = _params(scale, bias, shape[axes[0]:])
+    tail, scale, bias = _affine(normalized, view, param_shape)
+    params = _params(scale, bias, param_shape)
     old = [*centring, square, *chain, *tail]
     if params is None or any(o in view.graph_outputs for n in old[:-1] for o in n.output):
         return None
@@ -122,7 +124,7 @@ def _spelled_out(square: NodeProto, view: GraphView, model: ModelProto) -> tuple
         new.append(helper.make_node("Transpose", [x], [f"{x}_{name}_moved"], name=moved.name,
                                     perm=view.attrs(moved)["perm"]))
         x = new[-1].output[0]
-    new.append(HzLayerNorm.make_node([x, *names], [old[-1].output[0]], name, axis=axes[0] - len(shape),
+    new.append(HzLayerNorm.make_node([x, *names], [old[-1].output[0]], name, axes=[k - len(shape) for k in axes],
                                      epsilon=eps))
     return old, new
 
@@ -147,17 +149,17 @@ def _centring(d: str, axes: list[int], view: GraphView) -> tuple[str, NodeProto 
     return x, moved, [mean, producer, *([moved] if moved is not None else [])]
 
 
-def _affine(normalized: NodeProto, view: GraphView, group_shape: list) -> tuple[list[NodeProto], np.ndarray | None,
+def _affine(normalized: NodeProto, view: GraphView, param_shape: list) -> tuple[list[NodeProto], np.ndarray | None,
                                                                                 np.ndarray | None]:
     """The Mul by a constant scale and the Add of a constant bias that follow the normalization, where their
-    constants broadcast to the normalized shape (either may be missing): (their nodes, scale, bias)."""
+    constants vary only along the normalized axes (either may be missing): (their nodes, scale, bias)."""
     tail: list[NodeProto] = []
     found: dict[str, np.ndarray] = {}
     last = normalized
     for op in ("Mul", "Add"):
         user = _only_user(view, last.output[0], op)
         value = _tensor_operand(user, last.output[0], view) if user is not None else None
-        if value is None or _params(value, None, group_shape) is None:
+        if value is None or _params(value, None, param_shape) is None:
             continue
         tail.append(user)
         found[op] = value
@@ -165,22 +167,23 @@ def _affine(normalized: NodeProto, view: GraphView, group_shape: list) -> tuple[
     return tail, found.get("Mul"), found.get("Add")
 
 
-def _params(scale: np.ndarray | None, bias: np.ndarray | None, group_shape: list) -> tuple[np.ndarray,
+def _params(scale: np.ndarray | None, bias: np.ndarray | None, param_shape: list) -> tuple[np.ndarray,
                                                                                         np.ndarray] | None:
-    """scale and bias as float32 arrays of the normalized shape (None where they do not broadcast to it)."""
-    if any(not isinstance(v, int) or v <= 0 for v in group_shape):
+    """scale and bias as float32 arrays of ``param_shape`` (x's shape from the first normalized axis on, 1 along
+    the others), None where they vary along another axis."""
+    if any(not isinstance(v, int) or v <= 0 for v in param_shape):
         return None
     out = []
     for value, default in ((scale, 1.0), (bias, 0.0)):
         if value is None:
-            out.append(np.full(group_shape, default, dtype=np.float32))
+            out.append(np.full(param_shape, default, dtype=np.float32))
             continue
         trimmed = value.reshape(value.shape[next((k for k, v in enumerate(value.shape) if v != 1),
                                                  len(value.shape)):])
-        if len(trimmed.shape) > len(group_shape):
+        if len(trimmed.shape) > len(param_shape):
             return None
         try:
-            out.append(np.broadcast_to(trimmed, group_shape).astype(np.float32))
+            out.append(np.broadcast_to(trimmed, param_shape).astype(np.float32))
         except ValueError:
             return None
     return out[0], out[1]

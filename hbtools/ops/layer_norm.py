@@ -2,8 +2,9 @@
 
 The optimize stage writes every layer normalization of a model (the ONNX
 LayerNormalization op, or the ReduceMean / Sub / Pow / ReduceMean / Add / Sqrt / Div
-pattern older exports spell out) as one ``HzLayerNorm`` node: ``x`` normalized over
-its axes ``axis``..last, times ``scale``, plus ``bias`` (both float32 constants).
+pattern older exports spell out, over the last axes or over channels) as one
+``HzLayerNorm`` node: ``x`` normalized over its ``axes`` (counted from the end), times
+``scale``, plus ``bias`` (float32 constants broadcast against ``x``).
 
 ``HzSQuantizedLayerNorm`` (quantized model) computes it from integer input ``x`` over
 the ``n`` values of each normalized group, with no rounding before the square root:
@@ -48,11 +49,14 @@ def max_group(bits: int) -> int:
 MAX_GROUP_INT16 = max_group(16)  # 1290: the kernel may read int16
 
 
-def group_size(shape: list | None, axis: int) -> int | None:
+def group_size(shape: list | None, axes: list[int]) -> int | None:
     """How many values one normalization covers (None where the shape is not known)."""
-    if shape is None or not shape or any(not isinstance(d, int) or d <= 0 for d in shape[axis % len(shape):]):
+    if shape is None or not shape:
         return None
-    return int(np.prod(shape[axis % len(shape):]))
+    dims = [shape[a % len(shape)] for a in axes]
+    if any(not isinstance(d, int) or d <= 0 for d in dims):
+        return None
+    return int(np.prod(dims))
 
 
 def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
@@ -72,15 +76,15 @@ def _reduce(ctx: LoweringContext, op: str, x: str, axes: list[int], hint: str, n
     return out
 
 
-def _axes(rank: int, axis: int) -> list[int]:
-    return list(range(axis % rank, rank))
+def _axes(rank: int, axes: list[int]) -> list[int]:
+    return sorted(int(a) % rank for a in axes)
 
 
 def normalized_levels(ctx: LoweringContext, levels: str, scale: str, bias: str, rank: int, a: dict, x_step: str,
                       hint: str, nodes: list[NodeProto]) -> str:
     """float64 ``D / sqrt(S / n + c) * scale + bias`` of integer ``levels`` (any integer or whole float type);
     ``x_step`` is the float64 step of the levels (a constant, or fed to a search's session)."""
-    axes = _axes(rank, int(a["axis"]))
+    axes = _axes(rank, a["axes"])
     n = int(a["group"])
     x = _node(ctx, "Cast", [levels], hint, nodes, to=TensorProto.INT64)
     total = _reduce(ctx, "ReduceSum", x, axes, hint, nodes)
@@ -105,7 +109,7 @@ def _n2eps(a: dict) -> float:
 
 
 def _np_normalized(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, a: dict, x_scale: float) -> np.ndarray:
-    axes = tuple(_axes(x.ndim, int(a["axis"])))
+    axes = tuple(_axes(x.ndim, a["axes"]))
     n = int(a["group"])
     x = x.astype(np.int64)
     d = np.int64(n) * x - x.sum(axis=axes, keepdims=True)
@@ -118,10 +122,11 @@ def _np_normalized(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, a: dict, 
 
 @register
 class HzLayerNorm(HzOp):
-    """Layer normalization of ``x`` over axes ``axis``..last: inputs x, scale, bias (float32 constants)."""
+    """Layer normalization of ``x`` over ``axes`` (negative: from the end): inputs x, scale, bias (float32
+    constants that broadcast against x)."""
 
     op_type = "HzLayerNorm"
-    attributes = {"axis": REQUIRED, "epsilon": REQUIRED}
+    attributes = {"axes": REQUIRED, "epsilon": REQUIRED}
     shape_preserving = True
     float_output = True
     device_op = "LayerNormalization"
@@ -134,7 +139,7 @@ class HzLayerNorm(HzOp):
         a = cls.read(node)
         exact = ctx.exact and node.name not in ctx.cpu_nodes and src is not None and src.levels is not None \
             and src.scalar_step and src.bounds is None and rank is not None
-        n = group_size(ctx.shapes.get(x), int(a["axis"])) if exact else None
+        n = group_size(ctx.shapes.get(x), a["axes"]) if exact else None
         if n is None:
             return cls.float_nodes(node, ctx)
         nodes: list[NodeProto] = []
@@ -148,16 +153,19 @@ class HzLayerNorm(HzOp):
 
     @classmethod
     def float_nodes(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
-        """The float32 computation in standard ONNX: LayerNormalization from opset 17, else spelled out."""
+        """The float32 computation in standard ONNX: LayerNormalization over the last axes from opset 17,
+        else spelled out."""
         a = cls.read(node)
         x, scale, bias = node.input[:3]
-        if ctx.opset >= 17:
+        last = sorted(int(v) for v in a["axes"])
+        if ctx.opset >= 17 and last == list(range(-len(last), 0)) and ctx.rank(x) is not None and \
+                np.ndim(ctx.known(scale)) <= len(last):
             return [helper.make_node("LayerNormalization", [x, scale, bias], [node.output[0]], name=node.name,
-                                     axis=int(a["axis"]), epsilon=float(a["epsilon"]))]
+                                     axis=last[0], epsilon=float(a["epsilon"]))]
         rank = ctx.rank(x)
         if rank is None:
-            raise ValueError(f"HzLayerNorm {node.name}: the rank of {x} is unknown before opset 17")
-        axes, hint, nodes = _axes(rank, int(a["axis"])), node.name, []
+            raise ValueError(f"HzLayerNorm {node.name}: the rank of {x} is unknown")
+        axes, hint, nodes = _axes(rank, a["axes"]), node.name, []
         d = _node(ctx, "Sub", [x, _reduce(ctx, "ReduceMean", x, axes, hint, nodes)], hint, nodes)
         var = _reduce(ctx, "ReduceMean", _node(ctx, "Mul", [d, d], hint, nodes), axes, hint, nodes)
         eps = ctx.constant(f"{hint}_epsilon", np.array(a["epsilon"], dtype=np.float32))
@@ -171,7 +179,7 @@ class HzLayerNorm(HzOp):
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = cls.read(node)
         x = inputs[0].astype(np.float32)
-        axes = tuple(_axes(x.ndim, int(a["axis"])))
+        axes = tuple(_axes(x.ndim, a["axes"]))
         d = x - x.mean(axis=axes, keepdims=True)
         var = (d * d).mean(axis=axes, keepdims=True)
         y = d / np.sqrt(var + np.float32(a["epsilon"])) * inputs[1] + inputs[2]
@@ -181,7 +189,7 @@ class HzLayerNorm(HzOp):
 @register
 class HzSQuantizedLayerNorm(HzOp):
     op_type = "HzSQuantizedLayerNorm"
-    attributes = {"axis": REQUIRED, "epsilon": REQUIRED, "group": REQUIRED, "x_scale": REQUIRED,
+    attributes = {"axes": REQUIRED, "epsilon": REQUIRED, "group": REQUIRED, "x_scale": REQUIRED,
                   "out_scale": REQUIRED, **OUTPUT_ATTRS}
     double_attributes = ("x_scale", "out_scale")
     shape_preserving = True
@@ -193,7 +201,7 @@ class HzSQuantizedLayerNorm(HzOp):
     @classmethod
     def refusal(cls, node: NodeProto, view) -> str:  # noqa: ANN001 - GraphView lives above ops/
         a = HzLayerNorm.read(node)
-        n = group_size(view.shapes.get(node.input[0]), int(a["axis"]))
+        n = group_size(view.shapes.get(node.input[0]), a["axes"])
         if n is None:
             return "LayerNormalization of a tensor of unknown shape has no BPU form in hbtools"
         if n > MAX_GROUP_INT16:
@@ -209,8 +217,8 @@ class HzSQuantizedLayerNorm(HzOp):
         a = HzLayerNorm.read(node)
         xq = per_tensor(state.need_q(unit.inputs[0]), node.name)
         qt, out = state.out_attrs(unit.outputs[0])
-        n = group_size(state.view.shapes.get(node.input[0]), int(a["axis"]))
-        state.nodes.append(cls.make_node([xq.name, *node.input[1:3]], [qt.name], node.name, axis=int(a["axis"]),
+        n = group_size(state.view.shapes.get(node.input[0]), a["axes"])
+        state.nodes.append(cls.make_node([xq.name, *node.input[1:3]], [qt.name], node.name, axes=list(a["axes"]),
                                          epsilon=float(a["epsilon"]), group=n, x_scale=[float(xq.scale[0])],
                                          out_scale=[float(qt.scale[0])], **out))
         state.record(unit.outputs[0], qt)

@@ -312,37 +312,37 @@ def test_softmax(x_bits: int, out_type: str, axis: int) -> None:
     assert np.abs(y / q - p).max() <= 1.0 / q + 2.0**-14
 
 
-@pytest.mark.parametrize(("x_bits", "out_type", "axis", "shape", "zero_point"),
-                         [(8, "int8", -1, [2, 7, 24], 0), (16, "int8", -1, [1, 5, 96], 0),
-                          (16, "int16", -2, [1, 3, 6, 9], 0), (8, "int8", -1, [1, 4, 33], -5),
-                          (16, "int8", -1, [1, 2, 1290], 0)])
-def test_layer_norm(x_bits: int, out_type: str, axis: int, shape: list[int], zero_point: int) -> None:
+@pytest.mark.parametrize(("x_bits", "out_type", "axes", "shape", "zero_point"),
+                         [(8, "int8", [-1], [2, 7, 24], 0), (16, "int8", [-1], [1, 5, 96], 0),
+                          (16, "int16", [-2, -1], [1, 3, 6, 9], 0), (8, "int8", [-1], [1, 4, 33], -5),
+                          (16, "int8", [-3], [1, 40, 3, 5], 0), (16, "int8", [-1], [1, 2, 1290], 0)])
+def test_layer_norm(x_bits: int, out_type: str, axes: list[int], shape: list[int], zero_point: int) -> None:
     """Integer statistics are exact (the largest int16 group, 1290 values, too), so the lowering and the
     numpy reference agree bit for bit, and the result is float LayerNorm of the input's values to an output
-    step."""
+    step; over the last axes or over the channels of an NCHW map."""
     from hbtools.ops.layer_norm import MAX_GROUP_INT16
 
     rng = np.random.default_rng(12)
     x = ints(rng, x_bits, shape)
     x.reshape(-1)[:7] = QMAX[x_bits]  # full-scale outliers, and groups of equal values (variance 0)
     x[0, 0] = zero_point
-    group = int(np.prod(shape[axis % len(shape):]))
+    normalized = [a % len(shape) for a in axes]
+    group = int(np.prod([shape[a] for a in normalized]))
     assert group <= MAX_GROUP_INT16
     step = float(f32(6.0 / QMAX[x_bits]))
     q = QMAX[int(out_type[3:])]
     out_step = float(f32(4.0 / q))
-    gamma = (1 + 0.2 * rng.standard_normal(shape[axis % len(shape):])).astype(np.float32)
-    beta = (0.1 * rng.standard_normal(shape[axis % len(shape):])).astype(np.float32)
+    param_shape = [shape[k] if k in normalized else 1 for k in range(normalized[0], len(shape))]
+    gamma = (1 + 0.2 * rng.standard_normal(param_shape)).astype(np.float32)
+    beta = (0.1 * rng.standard_normal(param_shape)).astype(np.float32)
     node = registry.get("HzSQuantizedLayerNorm").make_node(
-        ["x", "g", "b"], ["y"], "ln", axis=axis, epsilon=1e-5, group=group, x_scale=[step], out_scale=[out_step],
+        ["x", "g", "b"], ["y"], "ln", axes=axes, epsilon=1e-5, group=group, x_scale=[step], out_scale=[out_step],
         out_type=out_type, out_min=float(-q), out_max=float(q), zero_point=None)
     y = check(node, {"x": x}, {"g": gamma, "b": beta})
     v = (x.astype(np.float64) - zero_point) * step
-    axes = tuple(range(axis % len(shape), len(shape)))
-    d = v - v.mean(axis=axes, keepdims=True)
-    want = d / np.sqrt((d * d).mean(axis=axes, keepdims=True) + 1e-5) * gamma + beta
+    d = v - v.mean(axis=tuple(normalized), keepdims=True)
+    want = d / np.sqrt((d * d).mean(axis=tuple(normalized), keepdims=True) + 1e-5) * gamma + beta
     assert np.abs(y * out_step - np.clip(want, -q * out_step, q * out_step)).max() <= 0.5 * out_step + 1e-9
-
 
 FAST_CASES = {
     # name: (x shape, w shape, conv attrs, (out_min, out_max), x zero point, output zero point)
