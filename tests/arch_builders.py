@@ -575,6 +575,27 @@ def wide_heads(h: int = 8, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [logits, classes, dense], opset)
 
 
+def vit_embedding(h: int = 64, opset: int = 13) -> FloatModel:
+    """ViT's input end: a 16x16/16 patch embedding (a kernel above the BPU's 15), the class token joined to
+    the patch tokens (a Concat with a constant), position embeddings, a LayerNorm and a linear layer."""
+    g = _Graph(29)
+    dim, p = 24, 16
+    n = (h // p) ** 2
+    w = (g.rng.standard_normal((dim, 3, p, p)) / np.sqrt(3 * p * p)).astype(np.float32)
+    patches = g.op("Conv", ["data", g.const(w, "patch_w"), g.const((0.1 * g.rng.standard_normal(dim)).astype(
+        np.float32), "patch_b")], kernel_shape=[p, p], strides=[p, p])
+    tokens = g.op("Transpose", [g.op("Reshape", [patches, g.const(np.array([1, dim, n], dtype=np.int64), "r")])],
+                  perm=[0, 2, 1])
+    cls = (0.5 * g.rng.standard_normal((1, 1, dim))).astype(np.float32)
+    x = g.op("Concat", [g.const(cls, "cls_token"), tokens], axis=1)
+    x = g.op("Add", [x, g.const((0.2 * g.rng.standard_normal((1, n + 1, dim))).astype(np.float32), "pos")])
+    if opset >= 17:
+        x = g.op("LayerNormalization", [x, g.const(np.ones(dim, np.float32), "ln_g"),
+                                        g.const(np.zeros(dim, np.float32), "ln_b")], axis=-1, epsilon=1e-6)
+    wl = (g.rng.standard_normal((dim, 10)) / np.sqrt(dim)).astype(np.float32)
+    return g.model({"data": [1, 3, h, h]}, [g.op("MatMul", [x, g.const(wl, "head")])], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -594,4 +615,5 @@ BLOCKS = {
     "bilinear_decoder": bilinear_decoder,
     "layer_norms": layer_norms,
     "wide_heads": wide_heads,
+    "vit_embedding": vit_embedding,
 }

@@ -16,6 +16,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView
+from hbtools.graph.model_io import with_horizon_domain
 from hbtools.ops.layer_norm import HzLayerNorm
 
 
@@ -46,6 +47,7 @@ def fuse_layer_norms(model: ModelProto) -> int:
             nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    with_horizon_domain(model)
     return len(replaced)
 
 

@@ -29,6 +29,7 @@ from hbtools.graph.graph import (
 )
 from hbtools.graph.layer_norm import fuse_layer_norms
 from hbtools.graph.model_io import with_horizon_domain
+from hbtools.march.profiles import MarchProfile
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
 from hbtools.runtime.session import ort_session
@@ -36,8 +37,11 @@ from hbtools.runtime.session import ort_session
 log = logging.getLogger("hbtools")
 
 
-def run(model: ModelProto) -> ModelProto:
-    """Return the optimized copy of an original float model (HzPreprocess kept in front)."""
+def run(model: ModelProto, profile: MarchProfile | None = None) -> ModelProto:
+    """Return the optimized copy of an original float model (HzPreprocess kept in front).
+
+    With the march ``profile``, convolutions are also put in forms its BPU takes (a patch
+    embedding with a larger kernel than it takes becomes SpaceToDepth and a 1x1 Conv)."""
     model = copy.deepcopy(model)
     pre_nodes = [n for n in model.graph.node if n.domain == DOMAIN]
     original_inputs = list(model.graph.input)
@@ -54,6 +58,8 @@ def run(model: ModelProto) -> ModelProto:
     _spatial_reductions_as_global_pools(body)
     _zero_pads_into_convs(body)
     _upsampling_in_bpu_forms(body)
+    if profile is not None:
+        _large_patch_convs_as_space_to_depth(body, profile)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
@@ -318,6 +324,41 @@ def _upsampling_in_bpu_forms(model: ModelProto) -> None:
         nodes.append(helper.make_node("ConvTranspose", [padded, w], [node.output[0]], name=node.name, group=channels,
                                       kernel_shape=[2 * factor] * 2, strides=[factor] * 2,
                                       pads=[3 * factor // 2] * 4))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile) -> None:
+    """A patch embedding (Conv with kernel = stride, no padding: ViT's 16x16/16) whose kernel exceeds what the
+    BPU takes as SpaceToDepth by the kernel and a 1x1 Conv over the k*k*C channels: the same sums, in forms the
+    BPU has. Only where the map divides into whole patches (else the Conv would drop its edge)."""
+    rule = profile.rule("Conv")
+    limit = rule.kernel if rule is not None else None
+    if limit is None:
+        return
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        w = view.const(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        shape = view.shapes.get(node.input[0])
+        a = view.attrs(node)
+        k = list(w.shape[2:]) if w is not None and w.ndim == 4 else []
+        if not k or k[0] != k[1] or k[0] <= limit or shape is None or len(shape) != 4 \
+                or list(a.get("strides", [1, 1])) != k or any(a.get("pads", [0])) or int(a.get("group", 1)) != 1 \
+                or any(d != 1 for d in a.get("dilations", [1, 1])) or a.get("auto_pad", "NOTSET") not in \
+                ("NOTSET", b"NOTSET", "VALID", b"VALID") or any(not isinstance(d, int) or d % k[0] for d in shape[2:]):
+            nodes.append(node)
+            continue
+        b = k[0]
+        # SpaceToDepth puts input channel c of patch offset (i, j) at (i * b + j) * C + c
+        weight = w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1, 1, 1)
+        name = f"{node.input[1]}_patches"
+        model.graph.initializer.append(numpy_helper.from_array(weight.astype(w.dtype), name))
+        moved = f"{node.input[0]}_{node.name}_space_to_depth"
+        nodes.append(helper.make_node("SpaceToDepth", [node.input[0]], [moved], name=f"{node.name}_space_to_depth",
+                                      blocksize=b))
+        nodes.append(helper.make_node("Conv", [moved, name, *node.input[2:]], list(node.output), name=node.name,
+                                      kernel_shape=[1, 1]))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
 

@@ -83,7 +83,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     paths = {kind: staging / path.name for kind, path in final.items()}
     save_model(parsed.model, paths["original"])
     log.info("Parsing the input model done: %s", final["original"])
-    optimized = optimize.run(parsed.model)
+    optimized = optimize.run(parsed.model, profile)
     save_model(optimized, paths["optimized"])
     log.info("Model optimization done: %s", final["optimized"])
 

@@ -205,9 +205,10 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
             return Unit("passive", [node], acts, list(node.output), table_type=rule.table_type or op)
         return _cpu(node, acts, f"{op} with parameters computed at run time has no BPU form")
     if "concat" in forms:
-        if len(acts) == len([i for i in node.input if i]):
+        consts = [view.const(i) for i in node.input if i and view.is_const(i)]
+        if acts and all(c.dtype == np.float32 for c in consts):  # constants go onto the output grid (ViT's class token)
             return Unit("concat", [node], acts, list(node.output), table_type=rule.table_type)
-        return _cpu(node, acts, f"{op} with a constant input has no BPU form")
+        return _cpu(node, acts, f"{op} of constants only, or with a non-float constant, has no BPU form")
     return _cpu(node, acts, f"{op} with these inputs has no BPU form on {profile.label}")
 
 

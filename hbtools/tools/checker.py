@@ -38,7 +38,7 @@ def check(model_path: str | Path, model_type: str, march: str, input_shapes: lis
     parsed = parse.run(config)
     check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     log.info("Parsing the input model done")
-    optimized = optimize.run(parsed.model)
+    optimized = optimize.run(parsed.model, profile)
     log.info("Model optimization done")
     partition = build_partition(optimized, profile, config.model.node_info)
     plan = make_plan(optimized, partition, config, profile)
