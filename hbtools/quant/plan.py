@@ -371,6 +371,7 @@ def weight_thresholds(model: ModelProto, plan: CalibrationPlan) -> dict[str, np.
 
 
 EXACT_TOLERANCE = 1e-4  # in grid steps: float32 weights written as small fractions land this close
+SCREEN_ROWS = 1024  # rows screened at once (16 x 127 float64 candidates each)
 
 
 def exact_grid_thresholds(rows: np.ndarray) -> np.ndarray:
@@ -387,8 +388,10 @@ def exact_grid_thresholds(rows: np.ndarray) -> np.ndarray:
     steps = np.arange(1, 128, dtype=np.float64)
     safe = np.where(peak > 0, peak, 1.0)
     head = rows[:, :16] / safe[:, None]  # screen on a few weights, then check the whole row
-    levels = head[:, :, None] * steps[None, None, :]
-    fits = np.all(np.abs(levels - np.round(levels)) <= EXACT_TOLERANCE, axis=1)  # [rows, 127]
+    fits = np.zeros((len(rows), steps.size), dtype=bool)  # [rows, 127]
+    for start in range(0, len(rows), SCREEN_ROWS):  # a vocabulary-sized head has ~20000 rows
+        levels = head[start:start + SCREEN_ROWS, :, None] * steps[None, None, :]
+        fits[start:start + SCREEN_ROWS] = np.all(np.abs(levels - np.round(levels)) <= EXACT_TOLERANCE, axis=1)
     for r in np.flatnonzero((peak > 0) & fits.any(axis=1)):
         for n in steps[fits[r]]:
             q = rows[r] / peak[r] * n
