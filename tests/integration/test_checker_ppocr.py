@@ -54,17 +54,23 @@ def test_checker_on_det_is_one_subgraph(ppocr_sample_data, tmp_path: Path) -> No
     assert Path("hb_mapper_checker.log").is_file()
 
 
-def test_checker_on_rec_explains_every_cpu_node(ppocr_sample_data) -> None:
+def test_checker_on_rec_places_its_layer_norms(ppocr_sample_data) -> None:
+    """rec's LayerNorm patterns are one BPU kernel each on bayes-e (nothing left on the CPU); on
+    bernoulli2, which has no such kernel, they and what they isolate run on the CPU, each with its reason."""
     rec = ppocr_sample_data.models["rec"]
     result = run(hb_mapper, "checker", "--march", "bayes-e", "--model", str(rec), "--input-shape", "x", "1x3x48x320")
     assert result.exit_code == 0, result.output
+    table = rows(result.output)
+    assert [r for r in table if r[3] == "HzSQuantizedLayerNorm" and r[1] == "BPU"], "no LayerNorm on the BPU"
+    assert not [r for r in table if r[1] == "CPU"], [r for r in table if r[1] == "CPU"]
+    result = run(hb_mapper, "checker", "--march", "bernoulli2", "--model", str(rec), "--input-shape", "x",
+                 "1x3x48x320")
+    assert result.exit_code == 0, result.output
     cpu = [r[0] for r in rows(result.output) if r[1] == "CPU"]
-    assert cpu, "rec has LayerNorm/Softmax pieces the BPU kernels here do not cover"
     reasons = result.output[result.output.index("The nodes running on the CPU and why"):]
     for name in cpu:
         assert re.search(rf"^{re.escape(name)}\s+\S+\s+\S", reasons, re.M), name
-    # the LayerNorm pattern's division by the deviation (its means are BPU ops)
-    assert "Div of 2 tensors has no BPU form" in reasons
+    assert "LayerNormalization is not supported on the BPU of bernoulli2" in reasons
 
 
 def test_infer_and_vec_diff_on_cls(ppocr_sample_data, tmp_path: Path) -> None:
