@@ -596,6 +596,24 @@ def vit_embedding(h: int = 64, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.op("MatMul", [x, g.const(wl, "head")])], opset)
 
 
+def unfolded_patches(h: int = 16, opset: int = 13) -> FloatModel:
+    """MobileViT's unfolding: a map cut into 2x2 patches through a 6-D Reshape and Transpose ([1, C, h/2, 2,
+    w/2, 2]), a linear layer over the pixels of each patch position, and the fold back into a map."""
+    g = _Graph(30)
+    c, p = 8, 2
+    n = h // p
+    x = g.op("Relu", [g.conv("data", 3, c)])
+    six = g.op("Reshape", [x, g.const(np.array([1, c, n, p, n, p], dtype=np.int64), "unfold")])
+    moved = g.op("Transpose", [six], perm=[0, 3, 5, 2, 4, 1])
+    tokens = g.op("Reshape", [moved, g.const(np.array([p * p, n * n, c], dtype=np.int64), "tokens")])
+    wl = (g.rng.standard_normal((c, c)) / np.sqrt(c)).astype(np.float32)
+    y = g.op("MatMul", [tokens, g.const(wl, "lw")])
+    back = g.op("Reshape", [y, g.const(np.array([1, p, p, n, n, c], dtype=np.int64), "refold")])
+    folded = g.op("Reshape", [g.op("Transpose", [back], perm=[0, 5, 3, 1, 4, 2]),
+                              g.const(np.array([1, c, h, h], dtype=np.int64), "fold")])
+    return g.model({"data": [1, 3, h, h]}, [g.conv(folded, c, 4)], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -616,4 +634,5 @@ BLOCKS = {
     "layer_norms": layer_norms,
     "wide_heads": wide_heads,
     "vit_embedding": vit_embedding,
+    "unfolded_patches": unfolded_patches,
 }

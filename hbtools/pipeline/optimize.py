@@ -60,6 +60,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None) -> ModelProto:
     _upsampling_in_bpu_forms(body)
     if profile is not None:
         _large_patch_convs_as_space_to_depth(body, profile)
+    _transposes_in_fewer_axes(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
@@ -361,6 +362,52 @@ def _large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfil
                                       kernel_shape=[1, 1]))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+def _transposes_in_fewer_axes(model: ModelProto) -> None:
+    """A Transpose of more than 4 axes between two Reshapes (MobileViT's unfolding into patches goes through
+    [1, C, h, 2, w, 2]) moves the same elements with its size-1 axes dropped and with the axes that stay
+    side by side merged; the Reshapes around it only need the element order, so the first one makes the
+    smaller shape and the Transpose takes the shorter perm. The BPU takes at most 5 axes (4 on bernoulli2)."""
+    view = GraphView(model)
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type == "Transpose" else None
+        if shape is None or len(shape) <= 4 or any(not isinstance(d, int) or d <= 0 for d in shape):
+            continue
+        before = view.producer.get(node.input[0])
+        after = view.consumers.get(node.output[0], [])
+        reshapes = [before, *after]
+        if before is None or not after or node.output[0] in view.graph_outputs \
+                or len(view.consumers.get(node.input[0], [])) != 1 or node.input[0] in view.graph_outputs \
+                or any(r.op_type != "Reshape" or not view.is_const(r.input[1]) for r in reshapes) \
+                or any(0 in view.const(r.input[1]).tolist() for r in after):
+            continue
+        perm = list(view.attrs(node).get("perm", range(len(shape) - 1, -1, -1)))
+        dims, new_perm = _fewer_axes(shape, perm)
+        if len(dims) >= len(shape):
+            continue
+        target = f"{before.input[1]}_{node.name}_fewer_axes"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(dims, dtype=np.int64), target))
+        before.input[1] = target
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("perm", new_perm))
+
+
+def _fewer_axes(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
+    """The input dims and perm of the same transpose without size-1 axes, adjacent moved axes merged."""
+    kept = [a for a in range(len(shape)) if shape[a] != 1]
+    index = {a: k for k, a in enumerate(kept)}
+    order = [index[a] for a in perm if a in index]  # output order of the kept input axes
+    groups: list[list[int]] = []  # runs of input axes that stay adjacent, in output order
+    for a in order:
+        if groups and groups[-1][-1] + 1 == a:
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    dims = [int(np.prod([shape[kept[a]] for a in groups[g]])) for g in by_input]
+    position = {g: k for k, g in enumerate(by_input)}
+    return dims, [position[g] for g in range(len(groups))]
 
 
 def _resize_of_one_pixel(node: NodeProto, view: GraphView) -> bool:
