@@ -614,6 +614,16 @@ def unfolded_patches(h: int = 16, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.conv(folded, c, 4)], opset)
 
 
+def uneven_average_pools(h: int = 15, opset: int = 13) -> FloatModel:
+    """Average pools whose divisor depends on the position: TensorFlow's SAME pooling (count_include_pad=0
+    with padding, the ONNX default) and a ResNet-D style 2x2/2 ceil_mode shortcut on an odd map."""
+    g = _Graph(31)
+    x = g.op("Relu", [g.conv("data", 3, 8)])
+    same = g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    down = g.op("AveragePool", [same], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1, count_include_pad=0)
+    return g.model({"data": [1, 3, h, h]}, [g.conv(down, 8, 4, k=1)], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -635,4 +645,5 @@ BLOCKS = {
     "wide_heads": wide_heads,
     "vit_embedding": vit_embedding,
     "unfolded_patches": unfolded_patches,
+    "uneven_average_pools": uneven_average_pools,
 }

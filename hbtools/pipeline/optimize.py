@@ -61,6 +61,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None) -> ModelProto:
     if profile is not None:
         _large_patch_convs_as_space_to_depth(body, profile)
     _transposes_in_fewer_axes(body)
+    _average_pools_over_whole_windows(body)
     _fold_affine_into_conv(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
@@ -408,6 +409,57 @@ def _fewer_axes(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]
     dims = [int(np.prod([shape[kept[a]] for a in groups[g]])) for g in by_input]
     position = {g: k for k, g in enumerate(by_input)}
     return dims, [position[g] for g in range(len(groups))]
+
+
+def _average_pools_over_whole_windows(model: ModelProto) -> None:
+    """An AveragePool whose divisor varies with the position (``count_include_pad=0`` with padding, the
+    ONNX default that TensorFlow exports use; or ``ceil_mode`` windows hanging over the end) as the
+    same pool over whole windows of k*k values, padding counted, times a constant map of k*k / count:
+    the sums are the same, and both ops have BPU forms. A ceil_mode pool whose windows all fit stays."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type == "AveragePool" else None
+        a = view.attrs(node)
+        if shape is None or len(shape) != 4 or any(not isinstance(d, int) for d in shape[2:]) \
+                or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") or any(d != 1 for d in
+                                                                                 a.get("dilations", [1, 1])):
+            nodes.append(node)
+            continue
+        kernel = list(a["kernel_shape"])
+        strides = list(a.get("strides", [1, 1]))
+        pads = list(a.get("pads", [0, 0, 0, 0]))
+        ends, counts = [], []
+        for k, size in enumerate(shape[2:]):
+            padded = size + pads[k] + pads[k + 2]
+            out = -(-(padded - kernel[k]) // strides[k]) + 1 if a.get("ceil_mode", 0) else \
+                (padded - kernel[k]) // strides[k] + 1
+            if a.get("ceil_mode", 0) and (out - 1) * strides[k] >= size + pads[k]:
+                out -= 1  # onnxruntime drops a last window that would start in the end padding
+            end = (out - 1) * strides[k] + kernel[k] - size - pads[k]  # end padding whole windows need
+            ends.append(max(end, pads[k + 2]))
+            lo, hi = (0, size) if not a.get("count_include_pad", 0) else (-pads[k], size + pads[k + 2])
+            starts = np.arange(out) * strides[k] - pads[k]
+            counts.append(np.minimum(starts + kernel[k], hi) - np.maximum(starts, lo))
+        count = counts[0][:, None] * counts[1][None, :]
+        window = kernel[0] * kernel[1]
+        if np.all(count == window) and ends == pads[2:]:
+            # every window is whole: the floor-mode pool counting its padding is the same
+            kept = [x for x in node.attribute if x.name not in ("ceil_mode", "count_include_pad")]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("count_include_pad", 1)])
+            nodes.append(node)
+            continue
+        whole = f"{node.output[0]}_whole_windows"
+        nodes.append(helper.make_node("AveragePool", [node.input[0]], [whole], name=f"{node.name}_whole_windows",
+                                      kernel_shape=kernel, strides=strides, pads=[*pads[:2], *ends],
+                                      count_include_pad=1))
+        factor = f"{node.name}_window_counts"
+        model.graph.initializer.append(numpy_helper.from_array(
+            (window / count).astype(np.float32).reshape(1, 1, *count.shape), factor))
+        nodes.append(helper.make_node("Mul", [whole, factor], list(node.output), name=node.name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def _resize_of_one_pixel(node: NodeProto, view: GraphView) -> bool:
