@@ -624,6 +624,21 @@ def uneven_average_pools(h: int = 15, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.conv(down, 8, 4, k=1)], opset)
 
 
+def interpolating_decoder(h: int = 8, opset: int = 13) -> FloatModel:
+    """Segmentation upsampling the ConvTranspose form does not cover: bilinear by 2 with align_corners (older
+    PyTorch decoders), then back to the input size by 8 with half-pixel coordinates (DeepLab's last step)."""
+    g = _Graph(32)
+    x = g.op("Relu", [g.conv("data", 3, 8, stride=2)])
+    x = g.op("Relu", [g.conv(x, 8, 8, stride=4)])
+    empty = g.const(np.zeros(0, np.float32), "empty")
+    up = g.op("Resize", [x, empty, g.const(np.array([1, 1, 2, 2], np.float32), "s2")], mode="linear",
+              coordinate_transformation_mode="align_corners")
+    up = g.op("Relu", [g.conv(up, 8, 4)])
+    out = g.op("Resize", [up, empty, g.const(np.array([1, 1, 8, 8], np.float32), "s8")], mode="linear",
+               coordinate_transformation_mode="half_pixel")
+    return g.model({"data": [1, 3, h * 8, h * 8]}, [out], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -646,4 +661,5 @@ BLOCKS = {
     "vit_embedding": vit_embedding,
     "unfolded_patches": unfolded_patches,
     "uneven_average_pools": uneven_average_pools,
+    "interpolating_decoder": interpolating_decoder,
 }

@@ -58,6 +58,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None) -> ModelProto:
     _spatial_reductions_as_global_pools(body)
     _zero_pads_into_convs(body)
     _upsampling_in_bpu_forms(body)
+    _interpolations_as_matmuls(body)
     if profile is not None:
         _large_patch_convs_as_space_to_depth(body, profile)
     _transposes_in_fewer_axes(body)
@@ -328,6 +329,98 @@ def _upsampling_in_bpu_forms(model: ModelProto) -> None:
                                       pads=[3 * factor // 2] * 4))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+def _interpolations_as_matmuls(model: ModelProto) -> None:
+    """Any other linear or cubic Resize of H and W of a 4-D map (align_corners, a factor of 8, a size that
+    is not a multiple) as what it is, a linear map per axis: ``MatMul`` by the interpolation matrix along W,
+    then along H between two Transposes. The matrices are onnxruntime's own Resize of one-hot rows, so
+    every coordinate mode and rounding is the Resize's."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        matrices = _interpolation_matrices(node, view) if node.op_type == "Resize" else None
+        if matrices is None:
+            nodes.append(node)
+            continue
+        x = node.input[0]
+        for axis, matrix in zip((3, 2), matrices, strict=True):
+            if matrix is None:
+                continue
+            w = f"{node.name}_interpolation_{'hw'[axis - 2]}"
+            model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(matrix.T), w))
+            if axis == 3:
+                out = f"{node.output[0]}_along_w"
+                nodes.append(helper.make_node("MatMul", [x, w], [out], name=f"{node.name}_along_w"))
+            else:
+                moved, done = f"{node.output[0]}_hw_swapped", f"{node.output[0]}_along_h"
+                out = f"{node.output[0]}_h_back"
+                nodes += [helper.make_node("Transpose", [x], [moved], name=f"{node.name}_swap", perm=[0, 1, 3, 2]),
+                          helper.make_node("MatMul", [moved, w], [done], name=f"{node.name}_along_h"),
+                          helper.make_node("Transpose", [done], [out], name=f"{node.name}_swap_back",
+                                           perm=[0, 1, 3, 2])]
+            x = out
+        nodes[-1].output[0] = node.output[0]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _interpolation_matrices(node: NodeProto, view: GraphView) -> tuple[np.ndarray | None,
+                                                                      np.ndarray | None] | None:
+    """(W, H) interpolation matrices [out, in] of a linear / cubic Resize of a 4-D map's H and W (None for an
+    axis it does not resize); None where it is not such a Resize."""
+    a = view.attrs(node)
+    mode = a.get("mode", "nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    shape, out_shape = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    coords = a.get("coordinate_transformation_mode", "half_pixel")
+    coords = coords.decode() if isinstance(coords, bytes) else coords
+    if mode not in ("linear", "cubic") or coords == "tf_crop_and_resize" or shape is None or out_shape is None \
+            or len(shape) != 4 or any(not isinstance(d, int) for d in [*shape, *out_shape]) \
+            or shape[:2] != out_shape[:2] or shape[2:] == out_shape[2:] or a.get("antialias", 0) \
+            or any(i and not view.is_const(i) for i in node.input[1:]):
+        return None
+    scales = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    matrices = []
+    for axis in (3, 2):
+        if shape[axis] == out_shape[axis]:
+            matrices.append(None)
+            continue
+        # one-hot rows along ``axis`` as a batch; the probe resizes that axis alone, as the node does
+        probe_in = [shape[axis], 1, 1, 1]
+        probe_in[2] = shape[axis]
+        probe_out = [shape[axis], 1, out_shape[axis], 1]
+        eye = np.eye(shape[axis], dtype=np.float32).reshape(probe_in)
+        attrs = {k: v for k, v in a.items() if k != "axes"}
+        if scales is not None and scales.size == 4:
+            inputs = {"scales": np.array([1, 1, float(scales[axis]), 1], np.float32)}
+        else:
+            inputs = {"sizes": np.array(probe_out, np.int64)}
+        out = _resize_probe(eye, attrs, inputs, probe_out, view)
+        if out is None:
+            return None
+        matrices.append(out.reshape(shape[axis], out_shape[axis]).T.astype(np.float32))
+    return matrices[0], matrices[1]
+
+
+def _resize_probe(x: np.ndarray, attrs: dict, inputs: dict, out_shape: list[int], view: GraphView) -> np.ndarray | None:
+    """onnxruntime's Resize of ``x`` with ``attrs`` and a ``scales`` or ``sizes`` input, at the model's opset
+    (None if it fails or gives another shape)."""
+    opset = next((o.version for o in view.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    empty = np.array([], np.float32)
+    consts = {"roi": empty, "scales": inputs.get("scales", empty), **({"sizes": inputs["sizes"]} if "sizes" in
+                                                                      inputs else {})}
+    node = helper.make_node("Resize", ["x", *consts], ["y"], **attrs)
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", max(opset, 11))])
+    probe.ir_version = 8
+    try:
+        y = ort_session(probe).run(None, {"x": x})[0]
+    except Exception:  # noqa: BLE001 - an attribute combination onnxruntime refuses: keep the Resize
+        return None
+    return y if list(y.shape) == list(out_shape) else None
 
 
 def _large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile) -> None:

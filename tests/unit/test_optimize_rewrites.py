@@ -57,3 +57,44 @@ def test_average_pools_over_whole_windows_compute_the_same(opset: int) -> None:
                 assert a.get("count_include_pad", 0) or not any(a.get("pads", [0])), case
         rewritten += any(n.op_type == "Mul" for n in optimized.graph.node)
     assert rewritten > 20
+
+
+def _resize_model(mode: str, coords: str, opset: int, *, scales=None, sizes=None, h: int = 6, w: int = 7):
+    inputs = ["x", "roi", "scales", "sizes"] if sizes is not None else ["x", "roi", "scales"]
+    consts = [helper.make_tensor("roi", TensorProto.FLOAT, [0], []),
+              helper.make_tensor("scales", TensorProto.FLOAT, [4] if scales is not None else [0], scales or [])]
+    if sizes is not None:
+        consts.append(helper.make_tensor("sizes", TensorProto.INT64, [4], sizes))
+    node = helper.make_node("Resize", inputs, ["y"], name="resize", mode=mode, coordinate_transformation_mode=coords)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+RESIZES = {
+    "align_corners_x2": ("linear", "align_corners", {"scales": [1, 1, 2, 2]}),
+    "half_pixel_x8": ("linear", "half_pixel", {"scales": [1, 1, 8, 8]}),
+    "pytorch_half_pixel_sizes": ("linear", "pytorch_half_pixel", {"sizes": [1, 3, 20, 9]}),
+    "asymmetric_x1_5": ("linear", "asymmetric", {"scales": [1, 1, 1.5, 1.5]}),
+    "width_only": ("linear", "half_pixel", {"scales": [1, 1, 1, 3]}),
+    "downsample": ("linear", "half_pixel", {"scales": [1, 1, 0.5, 0.5]}),
+    "cubic_x2": ("cubic", "half_pixel", {"scales": [1, 1, 2, 2]}),
+}
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+@pytest.mark.parametrize("case", sorted(RESIZES))
+def test_interpolations_as_matmuls_compute_the_same(case: str, opset: int) -> None:
+    """A linear or cubic Resize the ConvTranspose form does not cover becomes MatMuls by its interpolation
+    matrices (align_corners, a factor of 8, sizes, non-integer scales, one axis, downsampling, cubic)."""
+    mode, coords, given = RESIZES[case]
+    model = _resize_model(mode, coords, opset, **given)
+    x = np.random.default_rng(4).standard_normal((1, 3, 6, 7)).astype(np.float32)
+    want = _run(model, x)
+    optimized = optimize.run(model)
+    assert not [n for n in optimized.graph.node if n.op_type == "Resize"], [n.op_type for n in optimized.graph.node]
+    got = _run(optimized, x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=2e-5)
