@@ -639,6 +639,17 @@ def interpolating_decoder(h: int = 8, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h * 8, h * 8]}, [out], opset)
 
 
+def prelu_upsampler(h: int = 16, opset: int = 13) -> FloatModel:
+    """A super-resolution tail: convolutions with PRelu slopes per channel ([C, 1, 1], as PyTorch's
+    nn.PReLU(C) exports them; also face-recognition backbones), then a pixel shuffle (DepthToSpace)."""
+    g = _Graph(33)
+    x = g.conv("data", 3, 16)
+    slope = (0.25 + 0.1 * g.rng.standard_normal((16, 1, 1))).astype(np.float32)
+    x = g.op("PRelu", [x, g.const(slope, "slope")])
+    x = g.op("PRelu", [g.conv(x, 16, 12), g.const(np.full((12, 1, 1), 0.1, np.float32), "slope2")])
+    return g.model({"data": [1, 3, h, h]}, [g.op("DepthToSpace", [x], blocksize=2)], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -662,4 +673,5 @@ BLOCKS = {
     "unfolded_patches": unfolded_patches,
     "uneven_average_pools": uneven_average_pools,
     "interpolating_decoder": interpolating_decoder,
+    "prelu_upsampler": prelu_upsampler,
 }

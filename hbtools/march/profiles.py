@@ -101,6 +101,8 @@ _BAYES_OPS: dict[str, OpRule] = {
     "Sub": OpRule("HzSQuantizedSub", ("eltwise", "constant_eltwise", "lut")),
     "Mul": OpRule("HzSQuantizedMul", ("eltwise", "constant_eltwise", "lut")),
     **_each(LUT_OPS, OpRule("HzLut", ("lut",))),
+    # A slope per channel is applied in the requantization; a scalar one is a table.
+    "PRelu": OpRule("HzSQuantizedConstantEltwise", ("constant_eltwise", "lut")),
     # A constant-tensor divisor or dividend: the constant is applied in the requantization.
     "Div": OpRule("HzSQuantizedDiv", ("constant_eltwise", "lut")),
     **_each(("Max", "Min"), OpRule("HzSQuantizedMaxMin", ("maxmin", "lut"))),  # of two tensors, or a table

@@ -1,4 +1,4 @@
-"""HzSQuantizedConstantEltwise: Add / Sub / Mul / Div of an integer activation and a constant tensor.
+"""HzSQuantizedConstantEltwise: Add / Sub / Mul / Div / PRelu of an integer activation and a constant tensor.
 
 The constant is a per-channel or full-size tensor (a scalar one folds into a lookup
 table instead). The kernel dequantizes the input and applies the constant in float64,
@@ -7,14 +7,15 @@ then requantizes onto the output grid:
     v = ((x - x_zero_point) * x_scale) OP c        (c OP v when ``constant_first``)
     y = clip(round(v / out_scale) + zero_point, out_min, out_max)
 
-with ``c`` the float32 constant read in float64, ``x_scale`` / ``out_scale`` the
+(PRelu: ``max(v, 0) + c * min(v, 0)``, c the slope per channel) with ``c`` the float32
+constant read in float64, ``x_scale`` / ``out_scale`` the
 tensors' float32 steps read in float64, round half to even. Every step is an IEEE
 operation on exact operands, so the numpy reference and the ONNX lowering agree bit
 for bit, and the calibrated model follows it exactly: its float64 twins run the same
 node on the same values (``hbtools.ops.twins``: a constant-tensor operand runs on the
 twins) and its output fake quant divides the float64 value by the step.
 
-Attributes: ``mode`` (add | sub | mul | div), ``constant_first`` (0 | 1), ``x_scale``,
+Attributes: ``mode`` (add | sub | mul | div | prelu), ``constant_first`` (0 | 1), ``x_scale``,
 ``x_zero_point``, ``out_scale`` (float64) and the output attributes.
 Inputs: the integer activation, the float32 constant.
 """
@@ -40,7 +41,7 @@ class HzSQuantizedConstantEltwise(HzOp):
                   "out_scale": REQUIRED, **OUTPUT_ATTRS}
     double_attributes = ("x_scale", "out_scale")
     unit_kind = "constant_eltwise"
-    onnx_ops = ("Add", "Sub", "Mul", "Div")
+    onnx_ops = ("Add", "Sub", "Mul", "Div", "PRelu")
     constant_operands = True
 
     @classmethod
@@ -80,7 +81,11 @@ class HzSQuantizedConstantEltwise(HzOp):
             x = step("Sub", [x, const("x_zp", float(a["x_zero_point"]))])
         v = step("Mul", [x, const("x_scale", a["x_scale"][0])])
         c = step("Cast", [node.input[1]], to=TensorProto.DOUBLE)
-        v = step(_ONNX_OP[a["mode"]], [c, v] if a["constant_first"] else [v, c])
+        if a["mode"] == "prelu":
+            zero = const("zero", 0.0)
+            v = step("Add", [step("Max", [v, zero]), step("Mul", [c, step("Min", [v, zero])])])
+        else:
+            v = step(_ONNX_OP[a["mode"]], [c, v] if a["constant_first"] else [v, c])
         q = step("Round", [step("Div", [v, const("out_scale", a["out_scale"][0])])])
         output_levels(ctx, q, a, node.output[0], name, nodes)
         return nodes
@@ -91,7 +96,10 @@ class HzSQuantizedConstantEltwise(HzOp):
         x = grids.dequantize(inputs[0], np.float64(a["x_scale"][0]), a["x_zero_point"])
         c = np.asarray(inputs[1], dtype=np.float32).astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
-            v = _NUMPY_OP[a["mode"]](*((c, x) if a["constant_first"] else (x, c)))
+            if a["mode"] == "prelu":
+                v = np.maximum(x, 0.0) + c * np.minimum(x, 0.0)
+            else:
+                v = _NUMPY_OP[a["mode"]](*((c, x) if a["constant_first"] else (x, c)))
             ratio = v / np.float64(a["out_scale"][0])
         q = grids.requantize(ratio, 1.0, a["out_min"], a["out_max"], int(a["zero_point"]))
         return [q.astype(NUMPY_INT[a["out_type"]])]

@@ -375,6 +375,8 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
     elif op in _CONSTANT_OPERAND and len(data) == 1 and _tensor_constant(node, ctx):
         # HzSQuantizedConstantEltwise applies the constant in float64 (a scalar one is a table).
         done = _same_op(node, ctx, nodes)
+    elif op == "PRelu" and data == node.input[:1] and _tensor_constant(node, ctx):
+        done = _prelu(node, ctx, nodes)
     elif op == "Relu" or (op == "Clip" and ctx.opset >= 12):
         # Fused into a conv's requantization when it reads the accumulator; anywhere else it is a
         # lookup table, computed (like the table) in float32.
@@ -455,6 +457,20 @@ def _fused_activation(node: NodeProto, ctx: LoweringContext, nodes: list[NodePro
     twin = Twin(None, src.levels, src.step, ACCUMULATOR_BITS, scalar_step=src.scalar_step, levels32=src.levels32,
                 bounds=bounds)
     _replace_output_by_accumulator(node, ctx, twin, nodes)
+    return True
+
+
+def _prelu(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
+    """PRelu with a slope per channel as its integer kernel computes it, ``max(v, 0) + slope * min(v, 0)``
+    in float64 (onnxruntime has no float64 PRelu)."""
+    v = _twin_input(node.input[0], ctx, nodes)
+    zero = ctx.constant(f"{node.name}_zero", np.array(0.0))
+    negative = _node(ctx, "Mul", [_twin_input(node.input[1], ctx, nodes), _node(ctx, "Min", [v, zero],
+                                                                               f"{node.name}_neg", nodes)],
+                     f"{node.name}_sloped", nodes)
+    value = _node(ctx, "Add", [_node(ctx, "Max", [v, zero], f"{node.name}_pos", nodes), negative],
+                  f"{node.output[0]}_f64", nodes)
+    _replace_output(node, ctx, value, nodes)
     return True
 
 

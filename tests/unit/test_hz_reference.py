@@ -275,7 +275,7 @@ def test_conv_falls_back_to_int64_beyond_float64_exactness() -> None:
 
 @pytest.mark.parametrize(("mode", "constant_first", "c_shape"),
                          [("add", 0, [1, 4, 1, 1]), ("sub", 1, [4, 1, 1]), ("mul", 0, [1, 4, 5, 5]),
-                          ("div", 0, [1, 4, 1, 1]), ("div", 1, [1, 4, 5, 5])])
+                          ("div", 0, [1, 4, 1, 1]), ("div", 1, [1, 4, 5, 5]), ("prelu", 0, [4, 1, 1])])
 @pytest.mark.parametrize("x_bits", [8, 16])
 def test_constant_eltwise(mode: str, constant_first: int, c_shape: list[int], x_bits: int) -> None:
     rng = np.random.default_rng(7)
