@@ -139,7 +139,8 @@ def _summary(method: str, plan: CalibrationPlan) -> str:
 def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],
                      feeds: list[dict], candidates: dict[str, dict[str, float]], nearest: Evaluator,
                      nearest_scores: dict[str, float]) -> tuple[CalibrationPlan, Evaluator, dict[str, float]]:
-    """GPTQ rounding of the conv weights, kept when the best method's output gets closer to float.
+    """GPTQ rounding of the conv, MatMul and Gemm weights, kept when the best method's output gets closer
+    to float.
 
     Returns the plan with the rounding (or ``plan`` itself), its evaluator and method scores.
     """
@@ -153,11 +154,10 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     offsets = {}
     for conv, hessian in weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES]):
         w = weight_of[conv]
-        offsets[w] = weight_rounding.rounding_offsets(view.const(w), weight_th[w],
-                                                      int(view.attrs(readers[w]).get("group", 1)), hessian)
+        offsets[w] = weight_rounding.weight_offsets(readers[w], view, weight_th[w], hessian)
     rounded_plan = plan.with_rounding(offsets)
     rounded = Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs, nearest.built)
-    scores = _if_weights_gain(f"weight rounding (GPTQ) of {len(readers)} convolutions", nearest, rounded,
+    scores = _if_weights_gain(f"weight rounding (GPTQ) of {len(readers)} weights", nearest, rounded,
                               next(iter(candidates.values())), candidates, "rounded weights",
                               max(nearest_scores, key=nearest_scores.get))
     if scores is None:

@@ -46,9 +46,12 @@ class ConvGeometry:
     strides: tuple[int, int]
     dilations: tuple[int, int]
     pads: tuple[int, int, int, int]
+    dense: bool = False  # a MatMul / Gemm: every row of the input's last axis is one position
 
     @classmethod
     def of(cls, node: NodeProto, view: GraphView) -> ConvGeometry:
+        if node.op_type != "Conv":
+            return cls(1, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), dense=True)
         a = view.attrs(node)
         w_shape = view.const(node.input[1]).shape
         pads = tuple(a.get("pads", [0, 0, 0, 0]))
@@ -57,16 +60,45 @@ class ConvGeometry:
 
 
 def roundable(node: NodeProto, view: GraphView) -> bool:
-    """2-D Conv with a constant 4-D weight and explicit padding (what ``patches`` handles)."""
-    if node.op_type != "Conv" or len(node.input) < 2 or not view.is_const(node.input[1]):
+    """2-D Conv with a constant 4-D weight and explicit padding (what ``patches`` handles), or a MatMul /
+    Gemm (without transA) with a constant 2-D weight."""
+    if node.op_type not in ("Conv", "MatMul", "Gemm") or len(node.input) < 2 or not view.is_const(node.input[1]):
         return False
     a = view.attrs(node)
+    if node.op_type != "Conv":
+        return view.const(node.input[1]).ndim == 2 and not a.get("transA", 0)
     return view.const(node.input[1]).ndim == 4 and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
+
+
+def _by_output_channel(node: NodeProto, view: GraphView, w: np.ndarray) -> np.ndarray:
+    """A weight as [O, C/g, kh, kw]: a conv's as it is, a MatMul's [K, N] and a Gemm's as [N, K, 1, 1]."""
+    if node.op_type == "Conv":
+        return w
+    rows = w if node.op_type == "Gemm" and view.attrs(node).get("transB", 0) else w.T
+    return rows[:, :, None, None]
+
+
+def weight_offsets(node: NodeProto, view: GraphView, thresholds: np.ndarray, hessian: np.ndarray) -> np.ndarray:
+    """GPTQ's offsets (``rounding_offsets``) for ``node``'s weight, in the weight's own layout."""
+    w = view.const(node.input[1])
+    group = int(view.attrs(node).get("group", 1)) if node.op_type == "Conv" else 1
+    offsets = rounding_offsets(_by_output_channel(node, view, w), thresholds, group, hessian)
+    if node.op_type == "Conv":
+        return offsets
+    rows = offsets[:, :, 0, 0]
+    return rows if node.op_type == "Gemm" and view.attrs(node).get("transB", 0) else np.ascontiguousarray(rows.T)
 
 
 def patches(x: np.ndarray, geo: ConvGeometry, rng: np.random.Generator, positions: int) -> Iterator[np.ndarray]:
     """Input patches of one sample ``x`` [C, H, W] at every output position (sampled where there are
     more than ``positions``), as float64 chunks [group, C/group·kh·kw, P] of at most ``CHUNK_BYTES``."""
+    if geo.dense:
+        rows = x.reshape(-1, x.shape[-1])
+        chosen = np.arange(len(rows)) if len(rows) <= positions else rng.choice(len(rows), positions, replace=False)
+        step = max(1, CHUNK_BYTES // (8 * x.shape[-1]))
+        for start in range(0, chosen.size, step):
+            yield rows[chosen[start:start + step]].astype(np.float64).T[None]
+        return
     kh, kw = geo.kernel
     dh, dw = geo.dilations
     top, left, bottom, right = geo.pads
@@ -122,7 +154,7 @@ def _hessian_groups(convs: list[NodeProto], view: GraphView) -> list[list[NodePr
     groups: list[list[NodeProto]] = [[]]
     held = 0
     for node in convs:
-        w = view.const(node.input[1])
+        w = _by_output_channel(node, view, view.const(node.input[1]))
         group = int(view.attrs(node).get("group", 1))
         size = 8 * group * int(np.prod(w.shape[1:])) ** 2
         if groups[-1] and held + size > HESSIAN_BYTES:

@@ -269,3 +269,34 @@ def test_hessian_takes_every_position_of_a_large_map() -> None:
         cols = cols.transpose(0, 3, 4, 1, 2).reshape(18, -1).astype(np.float64)
         want = want + cols @ cols.T / cols.shape[1]
     assert np.allclose(hessian[0], want / len(feeds), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("op", "trans_b"), [("MatMul", 0), ("Gemm", 0), ("Gemm", 1)])
+def test_matrix_product_weights_are_rounded_as_a_1x1_conv(op: str, trans_b: int) -> None:
+    """A MatMul or Gemm weight gets the offsets its 1x1-conv form gets (rows of the input's last axis are
+    its positions), in its own layout."""
+    rng = np.random.default_rng(6)
+    k, n = 12, 5
+    tokens = [np.maximum(rng.normal(size=(1, 9, k)), 0).astype(np.float32) for _ in range(4)]
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    weight = w.T.copy() if trans_b else w
+    attrs = {"transB": trans_b} if op == "Gemm" else {}
+    x_shape = [9, k] if op == "Gemm" else [1, 9, k]
+    node = helper.make_node(op, ["x", "w"], ["y"], name="mm", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    feeds = [{"x": t.reshape(x_shape)} for t in tokens]
+    view = GraphView(model)
+    assert wr.roundable(node, view)
+    hessian = dict(wr.input_hessians(model, [node], feeds))["mm"]
+    rows = np.concatenate([t.reshape(-1, k) for t in tokens]).astype(np.float64)
+    want_h = sum(r.T @ r / len(r) for r in np.split(rows, 4 if op == "MatMul" else 36)) / (4 if op == "MatMul" else 36)
+    assert np.allclose(hessian[0], want_h)
+    thresholds = np.abs(w).max(axis=0)
+    got = wr.weight_offsets(node, view, thresholds, hessian)
+    as_conv = wr.rounding_offsets(w.T[:, :, None, None], thresholds, 1, hessian)[:, :, 0, 0]
+    assert got.shape == weight.shape
+    np.testing.assert_array_equal(got, as_conv if trans_b else as_conv.T)
