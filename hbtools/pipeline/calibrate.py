@@ -155,9 +155,14 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     for conv, hessian in weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES]):
         w = weight_of[conv]
         offsets[w] = weight_rounding.weight_offsets(readers[w], view, weight_th[w], hessian)
+    if not offsets:
+        return plan, nearest, nearest_scores
+    if len(offsets) < len(readers):
+        log.info("weight rounding (GPTQ): %d of %d weights keep nearest rounding (too few positions for their "
+                 "Hessian)", len(readers) - len(offsets), len(readers))
     rounded_plan = plan.with_rounding(offsets)
     rounded = Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs, nearest.built)
-    scores = _if_weights_gain(f"weight rounding (GPTQ) of {len(readers)} weights", nearest, rounded,
+    scores = _if_weights_gain(f"weight rounding (GPTQ) of {len(offsets)} weights", nearest, rounded,
                               next(iter(candidates.values())), candidates, "rounded weights",
                               max(nearest_scores, key=nearest_scores.get))
     if scores is None:

@@ -33,6 +33,10 @@ from hbtools.runtime.session import fetching_session
 # sample beyond; a sample of 4096 made the rounding, and held-out accuracy, swing with the draw.
 POSITIONS = 65536
 CHUNK_BYTES = 32_000_000  # float64 patches held at once
+# A Hessian from fewer positions than this many per input of a patch is nearly singular: GPTQ then
+# fits the rounding to those few patches (a transformer MatMul over 8 samples of 40 tokens, a
+# 3x3x256 conv on a 15x15 map), and other inputs lose what it gained. Such weights keep nearest.
+POSITIONS_PER_INPUT = 4
 HESSIAN_BYTES = 256_000_000  # float64 Hessians held at once (more convs take another pass over the samples)
 DAMPING = 0.01  # of the mean diagonal, keeps H invertible where inputs are (nearly) constant
 QMAX = grids.qmax_for(grids.WEIGHT_BITS)
@@ -117,7 +121,8 @@ def patches(x: np.ndarray, geo: ConvGeometry, rng: np.random.Generator, position
 
 def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Sequence[dict],
                    positions: int = POSITIONS, seed: int = 0) -> Iterator[tuple[str, np.ndarray]]:
-    """Per conv (by name), ``E[x xᵀ]`` of its input patches, [group, K, K], streamed over ``feeds``.
+    """Per conv (by name), ``E[x xᵀ]`` of its input patches, [group, K, K], streamed over ``feeds``; only
+    where the samples give at least ``POSITIONS_PER_INPUT`` positions per input of a patch (K).
 
     The float64 Hessians of a group of convs are held together while the samples run (a 3x3x512
     conv's alone is 170 MB); groups stay under ``HESSIAN_BYTES``, each a pass over ``feeds``, and
@@ -131,6 +136,7 @@ def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Sequenc
         session = fetching_session(optimized, names)
         rng = np.random.default_rng(seed if k == 0 else [seed, k])
         sums: dict[str, np.ndarray] = {}
+        seen: dict[str, int] = {}
         count = 0
         for feed in feeds:
             values = dict(zip(names, session.run(names, feed), strict=True))
@@ -142,11 +148,14 @@ def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Sequenc
                         h = h + np.matmul(cols, cols.transpose(0, 2, 1))
                         taken += cols.shape[2]
                     sums[node.name] = sums.get(node.name, 0.0) + h / max(taken, 1)
+                    seen[node.name] = seen.get(node.name, 0) + taken
             count += len(values[names[0]]) if names else 1
             del values
         for node in group:
             if node.name in sums:
-                yield node.name, sums.pop(node.name) / max(count, 1)
+                hessian = sums.pop(node.name) / max(count, 1)
+                if seen[node.name] >= POSITIONS_PER_INPUT * hessian.shape[-1]:
+                    yield node.name, hessian
 
 
 def _hessian_groups(convs: list[NodeProto], view: GraphView) -> list[list[NodeProto]]:

@@ -277,11 +277,11 @@ def test_matrix_product_weights_are_rounded_as_a_1x1_conv(op: str, trans_b: int)
     its positions), in its own layout."""
     rng = np.random.default_rng(6)
     k, n = 12, 5
-    tokens = [np.maximum(rng.normal(size=(1, 9, k)), 0).astype(np.float32) for _ in range(4)]
+    tokens = [np.maximum(rng.normal(size=(1, 16, k)), 0).astype(np.float32) for _ in range(4)]
     w = rng.normal(size=(k, n)).astype(np.float32)
     weight = w.T.copy() if trans_b else w
     attrs = {"transB": trans_b} if op == "Gemm" else {}
-    x_shape = [9, k] if op == "Gemm" else [1, 9, k]
+    x_shape = [16, k] if op == "Gemm" else [1, 16, k]
     node = helper.make_node(op, ["x", "w"], ["y"], name="mm", **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -293,10 +293,22 @@ def test_matrix_product_weights_are_rounded_as_a_1x1_conv(op: str, trans_b: int)
     assert wr.roundable(node, view)
     hessian = dict(wr.input_hessians(model, [node], feeds))["mm"]
     rows = np.concatenate([t.reshape(-1, k) for t in tokens]).astype(np.float64)
-    want_h = sum(r.T @ r / len(r) for r in np.split(rows, 4 if op == "MatMul" else 36)) / (4 if op == "MatMul" else 36)
+    want_h = sum(r.T @ r / len(r) for r in np.split(rows, 4 if op == "MatMul" else 64)) / (4 if op == "MatMul" else 64)
     assert np.allclose(hessian[0], want_h)
     thresholds = np.abs(w).max(axis=0)
     got = wr.weight_offsets(node, view, thresholds, hessian)
     as_conv = wr.rounding_offsets(w.T[:, :, None, None], thresholds, 1, hessian)[:, :, 0, 0]
     assert got.shape == weight.shape
     np.testing.assert_array_equal(got, as_conv if trans_b else as_conv.T)
+
+
+def test_a_hessian_from_too_few_positions_is_not_used() -> None:
+    """A 3x3 conv over 32 channels has 288 inputs per patch: one 12x12 sample gives 144 positions, too few
+    for its Hessian (the weight keeps nearest rounding); nine give 1296, at least 4 per input."""
+    rng = np.random.default_rng(8)
+    w = rng.normal(size=(4, 32, 3, 3)).astype(np.float32)
+    model = _conv_model(w, 1, [1, 1, 1, 1])
+    feeds = [{"x": rng.normal(size=(1, 32, 12, 12)).astype(np.float32)} for _ in range(9)]
+    node = model.graph.node[0]
+    assert dict(wr.input_hessians(model, [node], feeds[:1])) == {}
+    assert set(dict(wr.input_hessians(model, [node], feeds))) == {"conv"}
