@@ -494,9 +494,9 @@ def bilinear_decoder(h: int = 32, opset: int = 13) -> FloatModel:
 def layer_norms(h: int = 16, opset: int = 13) -> FloatModel:
     """Tokens through the ways exporters write a layer normalization: LayerNormalization (opset 17 on),
     the spelled-out ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div with scale and bias, the same with
-    d * d and a Reciprocal and no affine, Paddle's, which transposes x - mean before the variance, and
-    ConvNeXt's over the channels of an NCHW map (scale first in its Mul). A residual stream with one
-    large channel feeds them, as in transformers."""
+    d * d and a Reciprocal and no affine, Paddle's, which transposes x - mean before the variance,
+    ConvNeXt's over the channels of an NCHW map (scale first in its Mul), and InstanceNormalization. A
+    residual stream with one large channel feeds them, as in transformers."""
     g = _Graph(27)
     dim, p = 16, 4
     n = (h // p) ** 2
@@ -517,6 +517,8 @@ def layer_norms(h: int = 16, opset: int = 13) -> FloatModel:
     stem = g.op("Div", [dc, g.op("Sqrt", [g.op("Add", [vc, g.const(np.float32(1e-6), "eps")])])])
     stem = g.op("Add", [g.op("Mul", [g.const((1 + 0.1 * g.rng.standard_normal((dim, 1, 1))).astype(np.float32)),
                                      stem]), g.const((0.1 * g.rng.standard_normal((dim, 1, 1))).astype(np.float32))])
+    stem = g.op("InstanceNormalization", [stem, g.const((1 + 0.1 * g.rng.standard_normal(dim)).astype(np.float32)),
+                                          g.const((0.1 * g.rng.standard_normal(dim)).astype(np.float32))])
     tokens = g.op("Reshape", [stem, g.const(np.array([1, dim, n], dtype=np.int64), "r")])
 
     def mean(t: str) -> str:

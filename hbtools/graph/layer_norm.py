@@ -1,6 +1,7 @@
 """Layer normalizations as one node (``HzLayerNorm``), however the exporter wrote them.
 
-PyTorch writes ``LayerNormalization`` from opset 17; older exports and Paddle write it
+PyTorch writes ``LayerNormalization`` from opset 17 (and ``InstanceNormalization``, the
+same over the spatial axes with a scale per channel); older exports and Paddle write it
 out: ``m = ReduceMean(x)``, ``d = x - m``, ``Pow(d, 2)`` (or ``d * d``), ``ReduceMean``,
 ``Add`` epsilon, ``Sqrt``, ``Div`` (or ``Mul`` by a ``Reciprocal``), then an optional
 ``Mul`` by the scale and ``Add`` of the bias. The axes may be the last ones or the
@@ -29,6 +30,7 @@ def fuse_layer_norms(model: ModelProto) -> int:
         if node.domain not in ("", "ai.onnx") or node.name in removed:
             continue
         found = _standard(node, view, model) if node.op_type == "LayerNormalization" else \
+            _instance(node, view, model) if node.op_type == "InstanceNormalization" else \
             _spelled_out(node, view, model) if node.op_type in ("Pow", "Mul") else None
         if found is None:
             continue
@@ -69,6 +71,19 @@ def _standard(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list
     new = HzLayerNorm.make_node([node.input[0], *names], [node.output[0]], node.name,
                                 axes=list(range(axis - len(shape), 0)), epsilon=float(a.get("epsilon", 1e-5)))
     return [node], [new]
+
+
+def _instance(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list[NodeProto], list[NodeProto]] | None:
+    """InstanceNormalization: a normalization over the spatial axes, with a scale and bias per channel."""
+    shape = view.shapes.get(node.input[0])
+    if shape is None or len(shape) < 3 or not all(view.is_const(i) for i in node.input[1:3]):
+        return None
+    per_channel = [-1] + [1] * (len(shape) - 2)
+    scale, bias = (view.const(i).astype(np.float32).reshape(per_channel) for i in node.input[1:3])
+    names = _constants(model, node.name, scale, bias)
+    eps = float(view.attrs(node).get("epsilon", 1e-5))
+    return [node], [HzLayerNorm.make_node([node.input[0], *names], [node.output[0]], node.name,
+                                          axes=list(range(2 - len(shape), 0)), epsilon=eps)]
 
 
 def _spelled_out(square: NodeProto, view: GraphView, model: ModelProto) -> tuple[list[NodeProto],
