@@ -1,0 +1,390 @@
+"""Exporter patterns in forms the BPU takes (the optimize stage's rewrites).
+
+Each function rewrites a model in place. The new nodes compute the same values as the
+pattern (float results agree to float32 rounding): sums in another order, the same data
+moved another way. docs/checker.md lists them with the exports they come from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from hbtools.graph.graph import GraphView
+from hbtools.march.profiles import MarchProfile
+from hbtools.runtime.session import ort_session
+
+_GLOBAL_POOL_OF = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
+
+
+def spatial_reductions_as_global_pools(model: ModelProto) -> None:
+    """A mean or max over the two spatial axes of a 4-D tensor (``x.mean((2, 3))``, the squeeze of
+    squeeze-and-excitation blocks in PyTorch and Paddle exports) as GlobalAveragePool /
+    GlobalMaxPool, the BPU's pooling ops; without ``keepdims`` a Flatten follows, which gives
+    the same [N, C]."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        pool = _GLOBAL_POOL_OF.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if pool is None:
+            nodes.append(node)
+            continue
+        shape = view.shapes.get(node.input[0])
+        if shape is None or len(shape) != 4 or view.reduced_axes(node) != [2, 3]:
+            nodes.append(node)
+            continue
+        if view.attrs(node).get("keepdims", 1):
+            nodes.append(helper.make_node(pool, [node.input[0]], [node.output[0]], name=node.name))
+            continue
+        pooled = f"{node.output[0]}_pooled"
+        nodes.append(helper.make_node(pool, [node.input[0]], [pooled], name=f"{node.name}_pool"))
+        nodes.append(helper.make_node("Flatten", [pooled], [node.output[0]], name=node.name, axis=1))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def zero_pads_into_convs(model: ModelProto) -> None:
+    """A zero Pad of the spatial axes read only by Convs (TensorFlow's SAME padding written out,
+    PyTorch's ZeroPad2d / F.pad) becomes those Convs' own padding: the same sums, and no Pad op,
+    which has no BPU form here."""
+    view = GraphView(model)
+    outputs = set(view.graph_outputs)
+    gone = set()
+    for node in model.graph.node:
+        spatial = _zero_spatial_pads(node, view)
+        users = view.consumers.get(node.output[0], []) if spatial is not None else []
+        if not users or node.output[0] in outputs or any(
+                u.op_type != "Conv" or u.input[0] != node.output[0] or
+                view.attrs(u).get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") for u in users):
+            continue
+        for conv in users:
+            own = list(view.attrs(conv).get("pads", [0] * len(spatial)))
+            pads = [a + b for a, b in zip(own, spatial, strict=True)]
+            kept = [a for a in conv.attribute if a.name != "pads"]
+            del conv.attribute[:]
+            conv.attribute.extend([*kept, helper.make_attribute("pads", pads)])
+            conv.input[0] = node.input[0]
+        gone.add(node.name)
+    keep = [n for n in model.graph.node if n.name not in gone]
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+
+
+def _zero_spatial_pads(node: NodeProto, view: GraphView) -> list[int] | None:
+    """The [begin..., end...] pads of the spatial axes of a Pad that adds zeros to them only (None: not one)."""
+    if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
+        return None
+    a = view.attrs(node)
+    mode = a.get("mode", b"constant")
+    if mode not in (b"constant", "constant"):
+        return None
+    shape = view.shapes.get(node.input[0])
+    if len(node.input) > 1 and node.input[1]:  # opset 11: pads (and value, axes) are inputs
+        pads = view.const(node.input[1])
+        value = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(1)
+        if pads is None or value is None or (len(node.input) > 3 and node.input[3]):
+            return None
+        pads = [int(v) for v in pads.reshape(-1)]
+    else:
+        pads, value = list(a.get("pads", [])), np.array(a.get("value", 0.0))
+    if shape is None or len(pads) != 2 * len(shape) or len(shape) < 3 or np.any(value != 0) or min(pads) < 0:
+        return None
+    rank = len(shape)
+    begin, end = pads[:rank], pads[rank:]
+    if any(begin[:2]) or any(end[:2]):  # batch or channels padded
+        return None
+    return [*begin[2:], *end[2:]]
+
+
+def upsampling_by_whole_factors(model: ModelProto) -> None:
+    """A Resize of one pixel as a Tile, and a bilinear Resize by an even whole factor s (2, 4, 6) of
+    H and W with half-pixel coordinates (PyTorch's ``interpolate(..., mode='bilinear')``,
+    segmentation decoders) as an edge Pad of one pixel and a depthwise ConvTranspose (stride s,
+    kernel 2s, the bilinear weights ``1 - |t - s + 0.5| / s`` per axis, pads 1.5 s): the same
+    weighted sums, with BPU forms, where the Resize has none. Without the Pad, the borders would
+    blend with zeros instead of repeating the edge."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        if _resize_of_one_pixel(node, view):  # every mode repeats the one value (ASPP's image pooling branch)
+            shape = view.shapes[node.output[0]]
+            reps = f"{node.name}_repeats"
+            model.graph.initializer.append(numpy_helper.from_array(np.array([1, 1, *shape[2:]], np.int64), reps))
+            nodes.append(helper.make_node("Tile", [node.input[0], reps], [node.output[0]], name=node.name))
+            continue
+        factor = _bilinear_factor(node, view)
+        if factor is None:
+            nodes.append(node)
+            continue
+        channels = view.shapes[node.input[0]][1]
+        taps = 1.0 - np.abs(np.arange(2 * factor) - factor + 0.5) / factor
+        weight = np.broadcast_to(np.outer(taps, taps), (channels, 1, 2 * factor, 2 * factor)).astype(np.float32)
+        padded, w, pads = f"{node.output[0]}_edges", f"{node.name}_bilinear_w", f"{node.name}_edge_pads"
+        model.graph.initializer.extend([numpy_helper.from_array(np.ascontiguousarray(weight), w),
+                                        numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), pads)])
+        nodes.append(helper.make_node("Pad", [node.input[0], pads], [padded], name=f"{node.name}_edges", mode="edge"))
+        nodes.append(helper.make_node("ConvTranspose", [padded, w], [node.output[0]], name=node.name, group=channels,
+                                      kernel_shape=[2 * factor] * 2, strides=[factor] * 2,
+                                      pads=[3 * factor // 2] * 4))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def interpolations_as_matmuls(model: ModelProto) -> None:
+    """Any other linear or cubic Resize of H and W of a 4-D map (align_corners, a factor of 8, a size that
+    is not a multiple) as what it is, a linear map per axis: ``MatMul`` by the interpolation matrix along W,
+    then along H between two Transposes. The matrices are onnxruntime's own Resize of one-hot rows, so
+    every coordinate mode and rounding is the Resize's."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        matrices = _interpolation_matrices(node, view) if node.op_type == "Resize" else None
+        if matrices is None:
+            nodes.append(node)
+            continue
+        x = node.input[0]
+        for axis, matrix in zip((3, 2), matrices, strict=True):
+            if matrix is None:
+                continue
+            w = f"{node.name}_interpolation_{'hw'[axis - 2]}"
+            model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(matrix.T), w))
+            if axis == 3:
+                out = f"{node.output[0]}_along_w"
+                nodes.append(helper.make_node("MatMul", [x, w], [out], name=f"{node.name}_along_w"))
+            else:
+                moved, done = f"{node.output[0]}_hw_swapped", f"{node.output[0]}_along_h"
+                out = f"{node.output[0]}_h_back"
+                nodes += [helper.make_node("Transpose", [x], [moved], name=f"{node.name}_swap", perm=[0, 1, 3, 2]),
+                          helper.make_node("MatMul", [moved, w], [done], name=f"{node.name}_along_h"),
+                          helper.make_node("Transpose", [done], [out], name=f"{node.name}_swap_back",
+                                           perm=[0, 1, 3, 2])]
+            x = out
+        nodes[-1].output[0] = node.output[0]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _interpolation_matrices(node: NodeProto, view: GraphView) -> tuple[np.ndarray | None,
+                                                                      np.ndarray | None] | None:
+    """(W, H) interpolation matrices [out, in] of a linear / cubic Resize of a 4-D map's H and W (None for an
+    axis it does not resize); None where it is not such a Resize."""
+    a = view.attrs(node)
+    mode = a.get("mode", "nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    shape, out_shape = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    coords = a.get("coordinate_transformation_mode", "half_pixel")
+    coords = coords.decode() if isinstance(coords, bytes) else coords
+    if mode not in ("linear", "cubic") or coords == "tf_crop_and_resize" or shape is None or out_shape is None \
+            or len(shape) != 4 or any(not isinstance(d, int) for d in [*shape, *out_shape]) \
+            or shape[:2] != out_shape[:2] or shape[2:] == out_shape[2:] or a.get("antialias", 0) \
+            or any(i and not view.is_const(i) for i in node.input[1:]):
+        return None
+    scales = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    matrices = []
+    for axis in (3, 2):
+        if shape[axis] == out_shape[axis]:
+            matrices.append(None)
+            continue
+        # one-hot rows along ``axis`` as a batch; the probe resizes that axis alone, as the node does
+        probe_in = [shape[axis], 1, 1, 1]
+        probe_in[2] = shape[axis]
+        probe_out = [shape[axis], 1, out_shape[axis], 1]
+        eye = np.eye(shape[axis], dtype=np.float32).reshape(probe_in)
+        attrs = {k: v for k, v in a.items() if k != "axes"}
+        if scales is not None and scales.size == 4:
+            inputs = {"scales": np.array([1, 1, float(scales[axis]), 1], np.float32)}
+        else:
+            inputs = {"sizes": np.array(probe_out, np.int64)}
+        out = _resize_probe(eye, attrs, inputs, probe_out, view)
+        if out is None:
+            return None
+        matrices.append(out.reshape(shape[axis], out_shape[axis]).T.astype(np.float32))
+    return matrices[0], matrices[1]
+
+
+def _resize_probe(x: np.ndarray, attrs: dict, inputs: dict, out_shape: list[int], view: GraphView) -> np.ndarray | None:
+    """onnxruntime's Resize of ``x`` with ``attrs`` and a ``scales`` or ``sizes`` input, at the model's opset
+    (None if it fails or gives another shape)."""
+    opset = next((o.version for o in view.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    empty = np.array([], np.float32)
+    consts = {"roi": empty, "scales": inputs.get("scales", empty), **({"sizes": inputs["sizes"]} if "sizes" in
+                                                                      inputs else {})}
+    node = helper.make_node("Resize", ["x", *consts], ["y"], **attrs)
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", max(opset, 11))])
+    probe.ir_version = 8
+    try:
+        y = ort_session(probe).run(None, {"x": x})[0]
+    except Exception:  # noqa: BLE001 - an attribute combination onnxruntime refuses: keep the Resize
+        return None
+    return y if list(y.shape) == list(out_shape) else None
+
+
+def large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile) -> None:
+    """A patch embedding (Conv with kernel = stride, no padding: ViT's 16x16/16) whose kernel exceeds what the
+    BPU takes as SpaceToDepth by the kernel and a 1x1 Conv over the k*k*C channels: the same sums, in forms the
+    BPU has. Only where the map divides into whole patches (else the Conv would drop its edge)."""
+    rule = profile.rule("Conv")
+    limit = rule.kernel if rule is not None else None
+    if limit is None:
+        return
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        w = view.const(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        shape = view.shapes.get(node.input[0])
+        a = view.attrs(node)
+        k = list(w.shape[2:]) if w is not None and w.ndim == 4 else []
+        if not k or k[0] != k[1] or k[0] <= limit or shape is None or len(shape) != 4 \
+                or list(a.get("strides", [1, 1])) != k or any(a.get("pads", [0])) or int(a.get("group", 1)) != 1 \
+                or any(d != 1 for d in a.get("dilations", [1, 1])) or a.get("auto_pad", "NOTSET") not in \
+                ("NOTSET", b"NOTSET", "VALID", b"VALID") or any(not isinstance(d, int) or d % k[0] for d in shape[2:]):
+            nodes.append(node)
+            continue
+        b = k[0]
+        # SpaceToDepth puts input channel c of patch offset (i, j) at (i * b + j) * C + c
+        weight = w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1, 1, 1)
+        name = f"{node.input[1]}_patches"
+        model.graph.initializer.append(numpy_helper.from_array(weight.astype(w.dtype), name))
+        moved = f"{node.input[0]}_{node.name}_space_to_depth"
+        nodes.append(helper.make_node("SpaceToDepth", [node.input[0]], [moved], name=f"{node.name}_space_to_depth",
+                                      blocksize=b))
+        nodes.append(helper.make_node("Conv", [moved, name, *node.input[2:]], list(node.output), name=node.name,
+                                      kernel_shape=[1, 1]))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def transposes_in_fewer_axes(model: ModelProto) -> None:
+    """A Transpose of more than 4 axes between two Reshapes (MobileViT's unfolding into patches goes through
+    [1, C, h, 2, w, 2]) moves the same elements with its size-1 axes dropped and with the axes that stay
+    side by side merged; the Reshapes around it only need the element order, so the first one makes the
+    smaller shape and the Transpose takes the shorter perm. The BPU takes at most 5 axes (4 on bernoulli2)."""
+    view = GraphView(model)
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type == "Transpose" else None
+        if shape is None or len(shape) <= 4 or any(not isinstance(d, int) or d <= 0 for d in shape):
+            continue
+        before = view.producer.get(node.input[0])
+        after = view.consumers.get(node.output[0], [])
+        reshapes = [before, *after]
+        if before is None or not after or node.output[0] in view.graph_outputs \
+                or len(view.consumers.get(node.input[0], [])) != 1 or node.input[0] in view.graph_outputs \
+                or any(r.op_type != "Reshape" or not view.is_const(r.input[1]) for r in reshapes) \
+                or any(0 in view.const(r.input[1]).tolist() for r in after):
+            continue
+        perm = list(view.attrs(node).get("perm", range(len(shape) - 1, -1, -1)))
+        dims, new_perm = _fewer_axes(shape, perm)
+        if len(dims) >= len(shape):
+            continue
+        target = f"{before.input[1]}_{node.name}_fewer_axes"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(dims, dtype=np.int64), target))
+        before.input[1] = target
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("perm", new_perm))
+
+
+def _fewer_axes(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
+    """The input dims and perm of the same transpose without size-1 axes, adjacent moved axes merged."""
+    kept = [a for a in range(len(shape)) if shape[a] != 1]
+    index = {a: k for k, a in enumerate(kept)}
+    order = [index[a] for a in perm if a in index]  # output order of the kept input axes
+    groups: list[list[int]] = []  # runs of input axes that stay adjacent, in output order
+    for a in order:
+        if groups and groups[-1][-1] + 1 == a:
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    dims = [int(np.prod([shape[kept[a]] for a in groups[g]])) for g in by_input]
+    position = {g: k for k, g in enumerate(by_input)}
+    return dims, [position[g] for g in range(len(groups))]
+
+
+def average_pools_over_whole_windows(model: ModelProto) -> None:
+    """An AveragePool whose divisor varies with the position (``count_include_pad=0`` with padding, the
+    ONNX default that TensorFlow exports use; or ``ceil_mode`` windows hanging over the end) as the
+    same pool over whole windows of k*k values, padding counted, times a constant map of k*k / count:
+    the sums are the same, and both ops have BPU forms. A ceil_mode pool whose windows all fit stays."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type == "AveragePool" else None
+        a = view.attrs(node)
+        if shape is None or len(shape) != 4 or any(not isinstance(d, int) for d in shape[2:]) \
+                or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") or any(d != 1 for d in
+                                                                                 a.get("dilations", [1, 1])):
+            nodes.append(node)
+            continue
+        kernel = list(a["kernel_shape"])
+        strides = list(a.get("strides", [1, 1]))
+        pads = list(a.get("pads", [0, 0, 0, 0]))
+        ends, counts = [], []
+        for k, size in enumerate(shape[2:]):
+            padded = size + pads[k] + pads[k + 2]
+            out = -(-(padded - kernel[k]) // strides[k]) + 1 if a.get("ceil_mode", 0) else \
+                (padded - kernel[k]) // strides[k] + 1
+            if a.get("ceil_mode", 0) and (out - 1) * strides[k] >= size + pads[k]:
+                out -= 1  # onnxruntime drops a last window that would start in the end padding
+            end = (out - 1) * strides[k] + kernel[k] - size - pads[k]  # end padding whole windows need
+            ends.append(max(end, pads[k + 2]))
+            lo, hi = (0, size) if not a.get("count_include_pad", 0) else (-pads[k], size + pads[k + 2])
+            starts = np.arange(out) * strides[k] - pads[k]
+            counts.append(np.minimum(starts + kernel[k], hi) - np.maximum(starts, lo))
+        count = counts[0][:, None] * counts[1][None, :]
+        window = kernel[0] * kernel[1]
+        if np.all(count == window) and ends == pads[2:]:
+            # every window is whole: the floor-mode pool counting its padding is the same
+            kept = [x for x in node.attribute if x.name not in ("ceil_mode", "count_include_pad")]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("count_include_pad", 1)])
+            nodes.append(node)
+            continue
+        whole = f"{node.output[0]}_whole_windows"
+        nodes.append(helper.make_node("AveragePool", [node.input[0]], [whole], name=f"{node.name}_whole_windows",
+                                      kernel_shape=kernel, strides=strides, pads=[*pads[:2], *ends],
+                                      count_include_pad=1))
+        factor = f"{node.name}_window_counts"
+        model.graph.initializer.append(numpy_helper.from_array(
+            (window / count).astype(np.float32).reshape(1, 1, *count.shape), factor))
+        nodes.append(helper.make_node("Mul", [whole, factor], list(node.output), name=node.name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _resize_of_one_pixel(node: NodeProto, view: GraphView) -> bool:
+    """A Resize of a [N, C, 1, 1] tensor to [N, C, H, W] (static shapes)."""
+    if node.op_type not in ("Resize", "Upsample") or node.domain not in ("", "ai.onnx"):
+        return False
+    shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    return (shape_in is not None and shape_out is not None and len(shape_in) == len(shape_out) == 4
+            and all(isinstance(d, int) and d > 0 for d in [*shape_in, *shape_out])
+            and shape_in[2:] == [1, 1] and shape_out[:2] == shape_in[:2])
+
+
+def _bilinear_factor(node: NodeProto, view: GraphView) -> int | None:
+    """The factor s of a Resize that ``upsampling_by_whole_factors`` rewrites (None: not one)."""
+    if node.op_type != "Resize" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
+        return None
+    a = view.attrs(node)
+    text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in a.items()}
+    if text.get("mode") != "linear" or text.get("coordinate_transformation_mode", "half_pixel") not in (
+            "half_pixel", "pytorch_half_pixel") or a.get("antialias", 0) or a.get("axes") \
+            or a.get("keep_aspect_ratio_policy", b"stretch") not in (b"stretch", "stretch"):
+        return None
+    shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    if shape_in is None or shape_out is None or len(shape_in) != 4 or len(shape_out) != 4 \
+            or not all(isinstance(d, int) and d > 0 for d in [*shape_in, *shape_out]):
+        return None
+    if shape_out[:2] != shape_in[:2] or shape_out[2] % shape_in[2] or shape_out[3] % shape_in[3]:
+        return None
+    factor = shape_out[2] // shape_in[2]
+    if factor != shape_out[3] // shape_in[3] or factor not in (2, 4, 6):
+        return None
+    scales = view.const(node.input[2]) if node.input[2] else None  # sizes given: the output shape says it
+    if scales is not None and scales.size and not np.allclose(scales.reshape(-1), [1, 1, factor, factor]):
+        return None  # scales not whole: half-pixel coordinates use the scale, not the size ratio
+    return factor
