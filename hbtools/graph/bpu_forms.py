@@ -235,6 +235,9 @@ def large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile
     nodes = []
     for node in model.graph.node:
         w = view.const(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        if w is None:
+            nodes.append(node)
+            continue
         shape = view.shapes.get(node.input[0])
         a = view.attrs(node)
         k = list(w.shape[2:]) if w is not None and w.ndim == 4 else []

@@ -158,6 +158,19 @@ def test_sequence_values_inside_a_tensor_model_convert(tmp_path: Path) -> None:
     assert _agrees_with_float(model, tmp_path / "out", "m", feed) >= COSINE
 
 
+def test_a_node_without_inputs_converts(tmp_path: Path) -> None:
+    """A node that reads nothing (SequenceEmpty, then filled) passes the rewrites that look at a node's
+    first input (the patch-embedding rewrite stopped on it with an internal error)."""
+    nodes = [helper.make_node("SequenceEmpty", [], ["empty"], dtype=TensorProto.FLOAT),
+             helper.make_node("SequenceInsert", ["empty", "x"], ["s"]),
+             helper.make_node("ConcatFromSequence", ["s"], ["z"], axis=0), helper.make_node("Relu", ["z"], ["out"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [2, 3])], "out", out_shape=[2, 3])
+    rng = np.random.default_rng(10)
+    convert_featuremaps(tmp_path, model, {"x": _samples(rng, [2, 3])}, "2x3", "float32", "m")
+    feed = {"x": rng.uniform(-1, 1, (2, 3)).astype(np.float32)}
+    assert _agrees_with_float(model, tmp_path / "out", "m", feed) >= COSINE
+
+
 def test_verifier_counts_nan_on_one_side_only() -> None:
     """A CPU op that gives NaN (Pow of a negative base) gives it in both models: agreement."""
     a = np.array([1.0, np.nan, np.inf, 2.0], np.float32)
