@@ -200,6 +200,8 @@ class HzSQuantizedLayerNorm(HzOp):
 
     @classmethod
     def refusal(cls, node: NodeProto, view) -> str:  # noqa: ANN001 - GraphView lives above ops/
+        if node.op_type != HzLayerNorm.op_type:  # the optimize stage left it: a scale or bias computed at run time
+            return f"{node.op_type} with a scale or bias computed at run time has no BPU form in hbtools"
         a = HzLayerNorm.read(node)
         n = group_size(view.shapes.get(node.input[0]), a["axes"])
         if n is None:

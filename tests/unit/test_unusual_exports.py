@@ -171,6 +171,21 @@ def test_a_node_without_inputs_converts(tmp_path: Path) -> None:
     assert _agrees_with_float(model, tmp_path / "out", "m", feed) >= COSINE
 
 
+def test_a_layer_norm_with_a_computed_scale_runs_on_the_cpu(tmp_path: Path) -> None:
+    """A LayerNormalization whose scale is computed (here from a second input) is not fused into the BPU
+    kernel; it runs on the CPU with its reason instead of stopping placement."""
+    nodes = [helper.make_node("Relu", ["g"], ["scale"]),
+             helper.make_node("LayerNormalization", ["x", "scale"], ["out"], axis=-1, epsilon=1e-5)]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [1, 4, 6]), ("g", TensorProto.FLOAT, [6])], "out",
+                   out_shape=[1, 4, 6], opset=17)
+    rng = np.random.default_rng(11)
+    out = convert_featuremaps(tmp_path, model, {"x": _samples(rng, [1, 4, 6]), "g": _samples(rng, [6])},
+                              "1x4x6;6", "float32", "m")
+    feed = {"x": rng.uniform(-1, 1, (1, 4, 6)).astype(np.float32), "g": rng.uniform(0.5, 1, 6).astype(np.float32)}
+    assert _agrees_with_float(model, tmp_path / "out", "m", feed) >= COSINE
+    assert "LayerNormalization with a scale or bias computed at run time" in out
+
+
 def test_verifier_counts_nan_on_one_side_only() -> None:
     """A CPU op that gives NaN (Pow of a negative base) gives it in both models: agreement."""
     a = np.array([1.0, np.nan, np.inf, 2.0], np.float32)
