@@ -40,7 +40,7 @@ from hbtools.ops.base import LoweringContext, select
 
 # Data-movement ops: levels in, levels out; the step does not change.
 _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Resize",
-          "GlobalMaxPool")
+          "GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Tile", "Gather", "ReduceMax", "Pad")
 _DOUBLE_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity")
 _ELEMENTWISE = ("Add", "Sub", "Mul")
 _CONSTANT_OPERAND = ("Add", "Sub", "Mul", "Div")
@@ -635,8 +635,6 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     if bias and (bias not in ctx.twins or ctx.twins[bias].levels is None):
         return False
     if not w.folded and not x.scalar_step:
-        return False
-    if node.op_type == "ConvTranspose" and any(a.name == "group" and a.i != 1 for a in node.attribute):
         return False
     acc = _integer_conv(node, ctx, x, w, nodes) or _float_conv(node, ctx, x, w, nodes)
     channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
