@@ -187,10 +187,8 @@ def _interpolation_matrices(node: NodeProto, view: GraphView) -> tuple[np.ndarra
             matrices.append(None)
             continue
         # one-hot rows along ``axis`` as a batch; the probe resizes that axis alone, as the node does
-        probe_in = [shape[axis], 1, 1, 1]
-        probe_in[2] = shape[axis]
         probe_out = [shape[axis], 1, out_shape[axis], 1]
-        eye = np.eye(shape[axis], dtype=np.float32).reshape(probe_in)
+        eye = np.eye(shape[axis], dtype=np.float32).reshape(shape[axis], 1, shape[axis], 1)
         attrs = {k: v for k, v in a.items() if k != "axes"}
         if scales is not None and scales.size == 4:
             inputs = {"scales": np.array([1, 1, float(scales[axis]), 1], np.float32)}

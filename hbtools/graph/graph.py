@@ -10,7 +10,7 @@ import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.ops import custom
-from hbtools.ops.base import attrs_of
+from hbtools.ops.base import attrs_of, reduced_axes
 from hbtools.ops.registry import has_fact
 
 
@@ -96,17 +96,10 @@ class GraphView:
         constant input, or all axes when none are given; None where they are computed at run time
         or the input's rank is unknown."""
         shape = self.shapes.get(node.input[0])
-        if shape is None:
+        given = len(node.input) > 1 and bool(node.input[1])
+        if shape is None or (given and not self.is_const(node.input[1])):
             return None
-        a = self.attrs(node)
-        axes = a.get("axes")
-        if len(node.input) > 1 and node.input[1]:
-            if not self.is_const(node.input[1]):
-                return None
-            axes = [int(v) for v in np.ravel(self.const(node.input[1]))]
-        if not axes:
-            return [] if a.get("noop_with_empty_axes", 0) else list(range(len(shape)))
-        return sorted(int(v) % len(shape) for v in axes)
+        return reduced_axes(self.attrs(node), self.const(node.input[1]) if given else None, len(shape))
 
 
 def name_unnamed_nodes(model: ModelProto) -> None:

@@ -104,6 +104,35 @@ class LoweringContext:
         return None if shape is None else len(shape)
 
 
+def add_node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
+    """Append an ``op`` node named and output-named ``<hint>_<op>`` (made unique); returns its output."""
+    out = ctx.unique(f"{hint}_{op.lower()}")
+    nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+    return out
+
+
+def reduce_keepdims(ctx: LoweringContext, op: str, x: str, axes: Sequence[int], hint: str,
+                    nodes: list[NodeProto]) -> str:
+    """A Reduce* ``op`` of ``x`` over ``axes``, keeping them: the axes are an input of ReduceSum from
+    opset 13 and of the other reductions from opset 18, an attribute before."""
+    out = ctx.unique(f"{hint}_{op.lower()}")
+    if ctx.opset >= (13 if op == "ReduceSum" else 18):
+        nodes.append(helper.make_node(op, [x, ctx.constant(f"{hint}_axes", np.array(list(axes), dtype=np.int64))],
+                                      [out], name=out, keepdims=1))
+    else:
+        nodes.append(helper.make_node(op, [x], [out], name=out, axes=list(axes), keepdims=1))
+    return out
+
+
+def reduced_axes(attrs: dict, axes_input: np.ndarray | None, rank: int) -> list[int]:
+    """The axes (non-negative, sorted) a Reduce* node reduces, from its attributes and its constant axes
+    input (opset 18): all of them when none are given, none with ``noop_with_empty_axes``."""
+    axes = attrs.get("axes") if axes_input is None else [int(v) for v in np.ravel(axes_input)]
+    if not axes:
+        return [] if attrs.get("noop_with_empty_axes", 0) else list(range(rank))
+    return sorted(int(v) % rank for v in axes)
+
+
 def select(ctx: LoweringContext, flag: str, if_true: str, if_false: str, out: str, elem_type: int) -> NodeProto:
     """``out = if_true if flag else if_false`` for a scalar bool ``flag``, as an If node.
 

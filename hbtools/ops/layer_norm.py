@@ -29,7 +29,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import twins
-from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, add_node, reduce_keepdims
 from hbtools.ops.quantized import NUMPY_INT, OUTPUT_ATTRS, output_levels
 from hbtools.ops.registry import register
 from hbtools.quant import grids
@@ -59,23 +59,6 @@ def group_size(shape: list | None, axes: list[int]) -> int | None:
     return int(np.prod(dims))
 
 
-def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
-    out = ctx.unique(f"{hint}_{op.lower()}")
-    nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-    return out
-
-
-def _reduce(ctx: LoweringContext, op: str, x: str, axes: list[int], hint: str, nodes: list[NodeProto]) -> str:
-    """ReduceSum / ReduceMean over ``axes``, keeping them (their axes became an input at opset 13 / 18)."""
-    out = ctx.unique(f"{hint}_{op.lower()}")
-    if ctx.opset >= (13 if op == "ReduceSum" else 18):
-        nodes.append(helper.make_node(op, [x, ctx.constant(f"{hint}_axes", np.array(axes, dtype=np.int64))], [out],
-                                      name=out, keepdims=1))
-    else:
-        nodes.append(helper.make_node(op, [x], [out], name=out, axes=axes, keepdims=1))
-    return out
-
-
 def _axes(rank: int, axes: list[int]) -> list[int]:
     return sorted(int(a) % rank for a in axes)
 
@@ -86,20 +69,20 @@ def normalized_levels(ctx: LoweringContext, levels: str, scale: str, bias: str, 
     ``x_step`` is the float64 step of the levels (a constant, or fed to a search's session)."""
     axes = _axes(rank, a["axes"])
     n = int(a["group"])
-    x = _node(ctx, "Cast", [levels], hint, nodes, to=TensorProto.INT64)
-    total = _reduce(ctx, "ReduceSum", x, axes, hint, nodes)
-    d = _node(ctx, "Sub", [_node(ctx, "Mul", [x, ctx.constant(f"{hint}_n", np.array(n, dtype=np.int64))], hint, nodes),
-                           total], hint, nodes)
-    s = _reduce(ctx, "ReduceSum", _node(ctx, "Mul", [d, d], hint, nodes), axes, hint, nodes)
-    s = _node(ctx, "Cast", [s], hint, nodes, to=TensorProto.DOUBLE)
-    var = _node(ctx, "Div", [s, ctx.constant(f"{hint}_n_f64", np.array(float(n)))], hint, nodes)
-    c = _node(ctx, "Div", [ctx.constant(f"{hint}_n2eps", np.array(_n2eps(a))),
-                           _node(ctx, "Mul", [x_step, x_step], hint, nodes)], hint, nodes)
-    var = _node(ctx, "Add", [var, c], hint, nodes)
-    y = _node(ctx, "Div", [_node(ctx, "Cast", [d], hint, nodes, to=TensorProto.DOUBLE),
-                           _node(ctx, "Sqrt", [var], hint, nodes)], hint, nodes)
-    y = _node(ctx, "Mul", [y, twins.to_double(ctx, scale, f"{hint}_scale", nodes)], hint, nodes)
-    return _node(ctx, "Add", [y, twins.to_double(ctx, bias, f"{hint}_bias", nodes)], hint, nodes)
+    x = add_node(ctx, "Cast", [levels], hint, nodes, to=TensorProto.INT64)
+    total = reduce_keepdims(ctx, "ReduceSum", x, axes, hint, nodes)
+    nx = add_node(ctx, "Mul", [x, ctx.constant(f"{hint}_n", np.array(n, dtype=np.int64))], hint, nodes)
+    d = add_node(ctx, "Sub", [nx, total], hint, nodes)
+    s = reduce_keepdims(ctx, "ReduceSum", add_node(ctx, "Mul", [d, d], hint, nodes), axes, hint, nodes)
+    s = add_node(ctx, "Cast", [s], hint, nodes, to=TensorProto.DOUBLE)
+    var = add_node(ctx, "Div", [s, ctx.constant(f"{hint}_n_f64", np.array(float(n)))], hint, nodes)
+    c = add_node(ctx, "Div", [ctx.constant(f"{hint}_n2eps", np.array(_n2eps(a))),
+                           add_node(ctx, "Mul", [x_step, x_step], hint, nodes)], hint, nodes)
+    var = add_node(ctx, "Add", [var, c], hint, nodes)
+    y = add_node(ctx, "Div", [add_node(ctx, "Cast", [d], hint, nodes, to=TensorProto.DOUBLE),
+                           add_node(ctx, "Sqrt", [var], hint, nodes)], hint, nodes)
+    y = add_node(ctx, "Mul", [y, twins.to_double(ctx, scale, f"{hint}_scale", nodes)], hint, nodes)
+    return add_node(ctx, "Add", [y, twins.to_double(ctx, bias, f"{hint}_bias", nodes)], hint, nodes)
 
 
 def _n2eps(a: dict) -> float:
@@ -145,7 +128,7 @@ class HzLayerNorm(HzOp):
         nodes: list[NodeProto] = []
         # Whole numbers, except where a search switched the input's fake quant off (levels = x / step):
         # rounded, the kernel then reads the input on its grid, unclipped.
-        levels = _node(ctx, "Round", [src.levels], node.name, nodes)
+        levels = add_node(ctx, "Round", [src.levels], node.name, nodes)
         y = normalized_levels(ctx, levels, scale, bias, rank, {**a, "group": n}, src.step, node.name, nodes)
         twins.to_float(ctx, y, node.output[0], nodes)
         ctx.twins[node.output[0]] = twins.Twin(y)
@@ -166,12 +149,12 @@ class HzLayerNorm(HzOp):
         if rank is None:
             raise ValueError(f"HzLayerNorm {node.name}: the rank of {x} is unknown")
         axes, hint, nodes = _axes(rank, a["axes"]), node.name, []
-        d = _node(ctx, "Sub", [x, _reduce(ctx, "ReduceMean", x, axes, hint, nodes)], hint, nodes)
-        var = _reduce(ctx, "ReduceMean", _node(ctx, "Mul", [d, d], hint, nodes), axes, hint, nodes)
+        d = add_node(ctx, "Sub", [x, reduce_keepdims(ctx, "ReduceMean", x, axes, hint, nodes)], hint, nodes)
+        var = reduce_keepdims(ctx, "ReduceMean", add_node(ctx, "Mul", [d, d], hint, nodes), axes, hint, nodes)
         eps = ctx.constant(f"{hint}_epsilon", np.array(a["epsilon"], dtype=np.float32))
-        y = _node(ctx, "Div", [d, _node(ctx, "Sqrt", [_node(ctx, "Add", [var, eps], hint, nodes)], hint, nodes)],
-                  hint, nodes)
-        y = _node(ctx, "Mul", [y, scale], hint, nodes)
+        deviation = add_node(ctx, "Sqrt", [add_node(ctx, "Add", [var, eps], hint, nodes)], hint, nodes)
+        y = add_node(ctx, "Div", [d, deviation], hint, nodes)
+        y = add_node(ctx, "Mul", [y, scale], hint, nodes)
         nodes.append(helper.make_node("Add", [y, bias], [node.output[0]], name=ctx.unique(f"{hint}_out")))
         return nodes
 
@@ -236,7 +219,7 @@ class HzSQuantizedLayerNorm(HzOp):
         step = ctx.constant(f"{hint}_x_scale", np.array(a["x_scale"][0], dtype=np.float64))
         y = normalized_levels(ctx, node.input[0], node.input[1], node.input[2], rank, a, step, hint, nodes)
         out_scale = ctx.constant(f"{hint}_out_scale", np.array(a["out_scale"][0], dtype=np.float64))
-        q = _node(ctx, "Round", [_node(ctx, "Div", [y, out_scale], hint, nodes)], hint, nodes)
+        q = add_node(ctx, "Round", [add_node(ctx, "Div", [y, out_scale], hint, nodes)], hint, nodes)
         output_levels(ctx, q, a, node.output[0], hint, nodes)
         return nodes
 

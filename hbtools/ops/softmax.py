@@ -29,7 +29,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import twins, uint8_kernels
-from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, add_node, reduce_keepdims
 from hbtools.ops.quantized import (
     NUMPY_INT,
     OUTPUT_ATTRS,
@@ -87,23 +87,6 @@ def exp_table(step: float, bits: int) -> list[int]:
     return [int(v) for v in levels[start:]]
 
 
-def _reduce(ctx: LoweringContext, op: str, x: str, axis: int, hint: str, nodes: list[NodeProto]) -> str:
-    out = ctx.unique(f"{hint}_{op.lower()}")
-    # axes became an input of ReduceSum at opset 13, of ReduceMax at 18
-    if ctx.opset >= (13 if op == "ReduceSum" else 18):
-        axes = ctx.constant(f"{hint}_axes", np.array([axis], dtype=np.int64))
-        nodes.append(helper.make_node(op, [x, axes], [out], name=out, keepdims=1))
-    else:
-        nodes.append(helper.make_node(op, [x], [out], name=out, axes=[axis], keepdims=1))
-    return out
-
-
-def _node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
-    out = ctx.unique(f"{hint}_{op.lower()}")
-    nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-    return out
-
-
 def softmax_axis(node: NodeProto, opset: int) -> int:
     """A Softmax node's axis (its default changed at opset 13)."""
     a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
@@ -159,15 +142,15 @@ class HzSQuantizedSoftmax(HzOp):
             return ctx.constant(f"{hint}_{k}", np.array(v, dtype=np.float64))
 
         x = twins.to_double(ctx, node.input[0], hint, nodes)
-        d = _node(ctx, "Sub", [x, _reduce(ctx, "ReduceMax", x, axis, hint, nodes)], hint, nodes)
-        idx = _node(ctx, "Add", [d, const("offset", table.size - 1.0)], hint, nodes)
-        idx = _node(ctx, "Max", [idx, const("first", 0.0)], hint, nodes)  # the table may start where exp varies
-        idx = _node(ctx, "Cast", [idx], hint, nodes, to=TensorProto.INT64)
+        d = add_node(ctx, "Sub", [x, reduce_keepdims(ctx, "ReduceMax", x, [axis], hint, nodes)], hint, nodes)
+        idx = add_node(ctx, "Add", [d, const("offset", table.size - 1.0)], hint, nodes)
+        idx = add_node(ctx, "Max", [idx, const("first", 0.0)], hint, nodes)  # the table may start where exp varies
+        idx = add_node(ctx, "Cast", [idx], hint, nodes, to=TensorProto.INT64)
         e = ctx.unique(f"{hint}_exp")
         uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), idx, e, nodes)
-        p = _node(ctx, "Div", [e, _reduce(ctx, "ReduceSum", e, axis, hint, nodes)], hint, nodes)
-        q = _node(ctx, "Round", [_node(ctx, "Div", [p, const("out_scale", a["out_scale"][0])], hint, nodes)], hint,
-                  nodes)
+        p = add_node(ctx, "Div", [e, reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)], hint, nodes)
+        q = add_node(ctx, "Div", [p, const("out_scale", a["out_scale"][0])], hint, nodes)
+        q = add_node(ctx, "Round", [q], hint, nodes)
         output_levels(ctx, q, a, node.output[0], hint, nodes)
         return nodes
 
@@ -205,9 +188,10 @@ class HzSoftmax(HzOp):
             return [helper.make_node("Softmax", [x], [y], name=ctx.unique(node.name), axis=axis)]
         nodes: list[NodeProto] = []
         hint = node.name
-        d = _node(ctx, "Sub", [src.levels, _reduce(ctx, "ReduceMax", src.levels, axis, hint, nodes)], hint, nodes)
+        peak = reduce_keepdims(ctx, "ReduceMax", src.levels, [axis], hint, nodes)
+        d = add_node(ctx, "Sub", [src.levels, peak], hint, nodes)
         e = exp_levels(d, src.step, hint, ctx.unique, nodes)
-        p = _node(ctx, "Div", [e, _reduce(ctx, "ReduceSum", e, axis, hint, nodes)], hint, nodes)
+        p = add_node(ctx, "Div", [e, reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)], hint, nodes)
         twins.to_float(ctx, p, y, nodes)
         ctx.twins[y] = twins.Twin(p)
         return nodes

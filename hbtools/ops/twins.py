@@ -33,10 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import NodeProto, TensorProto, helper, numpy_helper
+from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import registry, uint8_kernels
-from hbtools.ops.base import LoweringContext, select
+from hbtools.ops.base import LoweringContext, attrs_of, reduced_axes, select
 
 # Data-movement ops: levels in, levels out; the step does not change.
 _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Resize",
@@ -525,16 +525,12 @@ def _global_average(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto
     keepdims = 1
     axes = list(range(2, len(shape)))
     if node.op_type == "ReduceMean":
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attrs_of(node)
         keepdims = int(attrs.get("keepdims", 1))
-        given = attrs.get("axes")
-        if len(node.input) > 1 and node.input[1]:
-            if node.input[1] not in ctx.constant_values:
-                return False
-            given = numpy_helper.to_array(ctx.constant_values[node.input[1]]).reshape(-1).tolist()
-        axes = sorted(int(v) % len(shape) for v in given) if given else list(range(len(shape)))
-        if not src.scalar_step:  # steps along an axis it may sum over
+        given = len(node.input) > 1 and bool(node.input[1])
+        if (given and ctx.known(node.input[1]) is None) or not src.scalar_step:  # steps along a summed axis
             return False
+        axes = reduced_axes(attrs, ctx.known(node.input[1]) if given else None, len(shape))
     window = float(np.prod([shape[k] for k in axes]))
     if ctx.opset >= 13:
         total = _node(ctx, "ReduceSum", [src.levels, ctx.constant(f"{node.name}_axes", np.array(axes, np.int64))],

@@ -152,8 +152,8 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
         return plan, nearest, nearest_scores
     weight_of = {n.name: w for w, n in readers.items()}
     offsets = {}
-    for conv, hessian in weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES]):
-        w = weight_of[conv]
+    for layer, hessian in weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES]):
+        w = weight_of[layer]
         offsets[w] = weight_rounding.weight_offsets(readers[w], view, weight_th[w], hessian)
     if not offsets:
         return plan, nearest, nearest_scores

@@ -1,4 +1,4 @@
-"""Weight rounding that minimizes each convolution's output error (GPTQ).
+"""Weight rounding that minimizes each convolution's or matrix product's output error (GPTQ).
 
 Rounding every weight to its nearest grid point minimizes the error of the weight,
 not of the layer's output. With ``H = E[x xᵀ]`` over the layer's input patches
@@ -13,7 +13,8 @@ weight (``HzCalibration``'s optional second input).
 The Hessians take every output position of a layer (up to ``POSITIONS`` per sample, a
 random sample beyond), in chunks, so memory does not depend on the picture size; the
 rounding loop is over a layer's input positions, each step a vectorized update of all
-output channels (and of all groups of a depthwise conv).
+output channels (and of all groups of a depthwise conv). A MatMul or Gemm is a 1x1 conv whose
+positions are the rows of its input.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ CHUNK_BYTES = 32_000_000  # float64 patches held at once
 # fits the rounding to those few patches (a transformer MatMul over 8 samples of 40 tokens, a
 # 3x3x256 conv on a 15x15 map), and other inputs lose what it gained. Such weights keep nearest.
 POSITIONS_PER_INPUT = 4
-HESSIAN_BYTES = 256_000_000  # float64 Hessians held at once (more convs take another pass over the samples)
+HESSIAN_BYTES = 256_000_000  # float64 Hessians held at once (more layers take another pass over the samples)
 DAMPING = 0.01  # of the mean diagonal, keeps H invertible where inputs are (nearly) constant
 QMAX = grids.qmax_for(grids.WEIGHT_BITS)
 BLOCK = 128  # columns rounded between two matrix-product updates of the rest
@@ -119,19 +120,20 @@ def patches(x: np.ndarray, geo: ConvGeometry, rng: np.random.Generator, position
         yield picked.reshape(g, c // g, rows.size, kh * kw).transpose(0, 1, 3, 2).reshape(g, -1, rows.size)
 
 
-def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Sequence[dict],
+def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequence[dict],
                    positions: int = POSITIONS, seed: int = 0) -> Iterator[tuple[str, np.ndarray]]:
-    """Per conv (by name), ``E[x xᵀ]`` of its input patches, [group, K, K], streamed over ``feeds``; only
-    where the samples give at least ``POSITIONS_PER_INPUT`` positions per input of a patch (K).
+    """Per layer (a roundable Conv, MatMul or Gemm, by name), ``E[x xᵀ]`` of its input patches,
+    [group, K, K], streamed over ``feeds``; only where the samples give at least
+    ``POSITIONS_PER_INPUT`` positions per input of a patch (K).
 
-    The float64 Hessians of a group of convs are held together while the samples run (a 3x3x512
+    The float64 Hessians of a group of layers are held together while the samples run (a 3x3x512
     conv's alone is 170 MB); groups stay under ``HESSIAN_BYTES``, each a pass over ``feeds``, and
     each Hessian is handed on as its group completes, so memory does not grow with the depth of
-    the model. A model whose Hessians fit one group samples the positions as a single pass did.
+    the model.
     """
     view = GraphView(optimized)
-    geos = {n.name: ConvGeometry.of(n, view) for n in convs}
-    for k, group in enumerate(_hessian_groups(convs, view)):
+    geos = {n.name: ConvGeometry.of(n, view) for n in layers}
+    for k, group in enumerate(_hessian_groups(layers, view)):
         names = list(dict.fromkeys(n.input[0] for n in group))
         session = fetching_session(optimized, names)
         rng = np.random.default_rng(seed if k == 0 else [seed, k])
@@ -158,11 +160,11 @@ def input_hessians(optimized: ModelProto, convs: list[NodeProto], feeds: Sequenc
                     yield node.name, hessian
 
 
-def _hessian_groups(convs: list[NodeProto], view: GraphView) -> list[list[NodeProto]]:
-    """``convs`` in order, cut into groups whose Hessians take at most ``HESSIAN_BYTES`` together."""
+def _hessian_groups(layers: list[NodeProto], view: GraphView) -> list[list[NodeProto]]:
+    """``layers`` in order, cut into groups whose Hessians take at most ``HESSIAN_BYTES`` together."""
     groups: list[list[NodeProto]] = [[]]
     held = 0
-    for node in convs:
+    for node in layers:
         w = _by_output_channel(node, view, view.const(node.input[1]))
         group = int(view.attrs(node).get("group", 1))
         size = 8 * group * int(np.prod(w.shape[1:])) ** 2

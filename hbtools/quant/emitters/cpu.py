@@ -22,9 +22,8 @@ def emit(state: EmitState, unit: Unit) -> None:
     for node in unit.nodes:
         op = registry.op_class(node.op_type) if node.domain == DOMAIN else None
         if op is not None and op.device_op:
-            taken = {n.name for n in state.src.graph.node} | {o for n in state.src.graph.node for o in n.output}
-            ctx = LoweringContext(default_opset(state.src), taken | {i.name for i in state.inits},
-                                  state.view.shapes)
+            taken = {x for n in [*state.src.graph.node, *state.nodes] for x in (n.name, *n.output)}
+            ctx = LoweringContext(default_opset(state.src), taken | {t.name for t in state.inits}, state.view.shapes)
             ctx.exact = False
             state.nodes.extend(op.lower(node, ctx))
             state.inits.extend(ctx.initializers)
