@@ -238,7 +238,7 @@ def large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile
             continue
         shape = view.shapes.get(node.input[0])
         a = view.attrs(node)
-        k = list(w.shape[2:]) if w is not None and w.ndim == 4 else []
+        k = list(w.shape[2:]) if w.ndim == 4 else []
         if not k or k[0] != k[1] or k[0] <= limit or shape is None or len(shape) != 4 \
                 or list(a.get("strides", [1, 1])) != k or any(a.get("pads", [0])) or int(a.get("group", 1)) != 1 \
                 or any(d != 1 for d in a.get("dilations", [1, 1])) or a.get("auto_pad", "NOTSET") not in \
@@ -279,7 +279,7 @@ def transposes_in_fewer_axes(model: ModelProto) -> None:
             continue
         perm = list(view.attrs(node).get("perm", range(len(shape) - 1, -1, -1)))
         dims, new_perm = _fewer_axes(shape, perm)
-        if len(dims) >= len(shape):
+        if not dims or len(dims) >= len(shape):  # a tensor of ones keeps its transpose
             continue
         target = f"{before.input[1]}_{node.name}_fewer_axes"
         model.graph.initializer.append(numpy_helper.from_array(np.array(dims, dtype=np.int64), target))
