@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 
@@ -135,25 +136,33 @@ def remove_dead_nodes(model: ModelProto) -> None:
 
 
 def topological_sort(model: ModelProto) -> None:
+    """Order the nodes so that each comes after what it reads; among the nodes ready at any point the
+    earliest in the present order goes first (a sorted graph keeps its order). Linear in the nodes."""
     g = model.graph
     available = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
-    pending = list(g.node)
+    nodes = list(g.node)
+    missing = [0] * len(nodes)
+    waiting: dict[str, list[int]] = {}
+    for k, n in enumerate(nodes):
+        for r in set(references(n)) - available:
+            missing[k] += 1
+            waiting.setdefault(r, []).append(k)
+    ready = [k for k, m in enumerate(missing) if m == 0]
+    heapq.heapify(ready)
     ordered: list[NodeProto] = []
-    while pending:
-        rest = []
-        for n in pending:
-            if all(i in available for i in references(n)):
-                ordered.append(n)
-                available.update(n.output)
-            else:
-                rest.append(n)
-        if len(rest) == len(pending):
-            raise ValueError("graph has a cycle or a dangling input: " + ", ".join(n.name for n in rest[:5]))
-        pending = rest
+    while ready:
+        k = heapq.heappop(ready)
+        ordered.append(nodes[k])
+        for o in nodes[k].output:
+            for j in waiting.pop(o, []):
+                missing[j] -= 1
+                if missing[j] == 0:
+                    heapq.heappush(ready, j)
+    if len(ordered) < len(nodes):
+        rest = [n for k, n in enumerate(nodes) if missing[k]]
+        raise ValueError("graph has a cycle or a dangling input: " + ", ".join(n.name for n in rest[:5]))
     del g.node[:]
     g.node.extend(ordered)
-
-
 
 
 def _float_shape_preserving(op_type: str) -> bool:
@@ -173,10 +182,15 @@ def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProt
     probe = ModelProto()
     probe.CopyFrom(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    flags = {i.name for i in model.graph.input}
     for k, node in enumerate(probe.graph.node):
         if _float_shape_preserving(node.op_type) and node.input and node.output:
             probe.graph.node[k].CopyFrom(onnx.helper.make_node("Cast", [node.input[0]], [node.output[0]],
                                                                name=node.name, to=onnx.TensorProto.FLOAT))
+        elif (picked := _selected_source(node, flags)) is not None:
+            # onnx infers an If's branches against the whole outer scope, once per If: quadratic in
+            # a lowered model with a switch per calibration node. Both picks of a switch have one type.
+            probe.graph.node[k].CopyFrom(onnx.helper.make_node("Identity", [picked], [node.output[0]], name=node.name))
         elif node.domain in ("", "ai.onnx") and opset is not None:
             _spell_out_defaults(probe.graph.node[k], opset)
     for _ in range(64):
@@ -187,11 +201,29 @@ def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProt
             break
     del model.graph.value_info[:]
     model.graph.value_info.extend(probe.graph.value_info)
-    _type_outputs(model)
+    _type_outputs(model, probe)
     typed = [vi for vi in model.graph.value_info if vi.type.tensor_type.HasField("shape")]
     del model.graph.value_info[:]
     model.graph.value_info.extend(typed)
     return model
+
+
+def _selected_source(node: onnx.NodeProto, flags: set[str]) -> str | None:
+    """The then-pick of a switch: an If on a graph input (one of ``flags``) whose branches each only
+    hand on an outer tensor of the same type (``ops.base.select``); None for any other node."""
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx") or len(node.output) != 1 \
+            or node.input[0] not in flags:
+        return None
+    picks = []
+    for attr in node.attribute:
+        g = attr.g
+        if attr.type != onnx.AttributeProto.GRAPH or len(g.node) != 1 or g.node[0].op_type != "Identity" \
+                or g.initializer or len(g.output) != 1 or g.node[0].output[0] != g.output[0].name:
+            return None
+        picks.append((g.node[0].input[0], g.output[0].type.tensor_type.elem_type))
+    if len(picks) != 2 or picks[0][1] != picks[1][1]:
+        return None
+    return picks[0][0]
 
 
 def _spell_out_defaults(node: onnx.NodeProto, opset: int) -> None:
@@ -252,13 +284,14 @@ def _apply_value_infos(model: ModelProto, infos: list[onnx.ValueInfoProto]) -> b
     return bool(infos)
 
 
-def _type_outputs(model: ModelProto) -> None:
-    """onnx never fills an output's missing shape; probe it through an Identity and copy it over."""
+def _type_outputs(model: ModelProto, inferred: ModelProto) -> None:
+    """onnx never fills an output's missing shape; probe it through an Identity in ``inferred`` (the
+    model as shape inference saw it) and copy it over."""
     missing = [o for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
     if not missing:
         return
     probe = ModelProto()
-    probe.CopyFrom(model)
+    probe.CopyFrom(inferred)
     for o in missing:
         probe.graph.node.append(onnx.helper.make_node("Identity", [o.name], [f"{o.name}__shape_probe"]))
     inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
