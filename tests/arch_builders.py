@@ -652,6 +652,31 @@ def prelu_upsampler(h: int = 16, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.op("DepthToSpace", [x], blocksize=2)], opset)
 
 
+def recurrent_head(w: int = 32, opset: int = 13) -> FloatModel:
+    """A CRNN head: conv features as a sequence of width positions, a bidirectional LSTM, then a GRU
+    (PyTorch's ``linear_before_reset``) and a linear layer per position, as CTC recognisers are built."""
+    g = _Graph(34)
+    x = g.op("Relu", [g.conv("data", 3, 8, stride=2)])
+    x = g.op("Relu", [g.conv(x, 8, 8, stride=2)])  # [1, 8, 2, w/4]
+    steps, features, hidden = w // 4, 16, 8
+    seq = g.op("Transpose", [g.op("Reshape", [x, g.const(np.array([1, features, steps], np.int64), "shape")])],
+               perm=[2, 0, 1])  # [T, 1, C]
+
+    def weights(gates: int, inputs: int, directions: int) -> list[str]:
+        scale = 1.0 / np.sqrt(inputs)
+        return [g.const((g.rng.standard_normal(s) * scale).astype(np.float32), "rnn")
+                for s in ((directions, gates * hidden, inputs), (directions, gates * hidden, hidden),
+                          (directions, 2 * gates * hidden))]
+
+    y = g.op("LSTM", [seq, *weights(4, features, 2)], hidden_size=hidden, direction="bidirectional")
+    y = g.op("Reshape", [g.op("Transpose", [y], perm=[0, 2, 1, 3]),
+                         g.const(np.array([steps, 1, 2 * hidden], np.int64), "joined")])  # [T, 1, 2H]
+    y = g.op("GRU", [y, *weights(3, 2 * hidden, 1)], hidden_size=hidden, linear_before_reset=1)
+    y = g.op("Reshape", [y, g.const(np.array([steps, 1, hidden], np.int64), "squeezed")])
+    logits = g.op("MatMul", [y, g.const((g.rng.standard_normal((hidden, 12)) / 3).astype(np.float32), "fc")])
+    return g.model({"data": [1, 3, 8, w]}, [logits], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -676,4 +701,5 @@ BLOCKS = {
     "uneven_average_pools": uneven_average_pools,
     "interpolating_decoder": interpolating_decoder,
     "prelu_upsampler": prelu_upsampler,
+    "recurrent_head": recurrent_head,
 }

@@ -5,9 +5,10 @@ included, since the parse stage fixed the input shapes), Identity/Dropout
 removal and Conv+BatchNormalization fusion. On top of it we fold per-channel
 or scalar affine constants that follow a Conv (PP-OCR's learnable affine
 blocks) and turn any remaining BatchNormalization into a depthwise 1x1 Conv,
-so the quantizer sees fewer, larger integer ops. Layer normalizations become one
-node each (``hbtools.graph.layer_norm``) and exporter patterns the BPU has no form
-for are written in forms it has (``hbtools.graph.bpu_forms``).
+so the quantizer sees fewer, larger integer ops. LSTM and GRU layers are unrolled over
+their time steps (``hbtools.graph.recurrent``), layer normalizations become one node
+each (``hbtools.graph.layer_norm``) and exporter patterns the BPU has no form for are
+written in forms it has (``hbtools.graph.bpu_forms``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from hbtools.graph.graph import (
 )
 from hbtools.graph.layer_norm import fuse_layer_norms
 from hbtools.graph.model_io import with_horizon_domain
+from hbtools.graph.recurrent import unroll_recurrences
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
@@ -40,11 +43,14 @@ from hbtools.runtime.session import ort_session
 log = logging.getLogger("hbtools")
 
 
-def run(model: ModelProto, profile: MarchProfile | None = None) -> ModelProto:
+def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mapping[str, str] | None = None,
+        all_bpu: bool = False) -> ModelProto:
     """Return the optimized copy of an original float model (HzPreprocess kept in front).
 
     With the march ``profile``, convolutions are also put in forms its BPU takes (a patch
-    embedding with a larger kernel than it takes becomes SpaceToDepth and a 1x1 Conv)."""
+    embedding with a larger kernel than it takes becomes SpaceToDepth and a 1x1 Conv).
+    ``placed``: node name -> "BPU" / "CPU" as the config's node_info puts them, ``all_bpu``: every
+    node on the BPU (--fast-perf); long recurrent layers are unrolled only where put on the BPU."""
     model = copy.deepcopy(model)
     pre_nodes = [n for n in model.graph.node if n.domain == DOMAIN]
     original_inputs = list(model.graph.input)
@@ -55,6 +61,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None) -> ModelProto:
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
     _sums_as_adds(body)
+    unrolled = unroll_recurrences(body, placed, everything=all_bpu)
+    if unrolled:
+        log.info("%d recurrent layers (LSTM / GRU) unrolled over their time steps", unrolled)
     fused = fuse_layer_norms(body)
     if fused:
         log.info("%d layer normalizations written as one HzLayerNorm node each", fused)

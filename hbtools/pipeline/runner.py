@@ -83,7 +83,8 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     paths = {kind: staging / path.name for kind, path in final.items()}
     save_model(parsed.model, paths["original"])
     log.info("Parsing the input model done: %s", final["original"])
-    optimized = optimize.run(parsed.model, profile)
+    optimized = optimize.run(parsed.model, profile, all_bpu=config.model.fast_perf,
+                             placed={name: info.on for name, info in config.model.node_info.items() if info.on})
     save_model(optimized, paths["optimized"])
     log.info("Model optimization done: %s", final["optimized"])
 
@@ -140,7 +141,8 @@ def _calibration_source(config: Config) -> CalibrationSource:
 # Accepted for compatibility with existing configs, but not acted on yet.
 def _warn_unsupported(config: Config) -> None:
     if config.calibration.options.lstm_batch_last:
-        log.warning("optimization lstm_batch_last has no effect (no LSTM support yet)")
+        log.warning("optimization lstm_batch_last has no effect: LSTM layers are unrolled over their time steps, "
+                    "which takes either layout")
     kind = config.calibration.calibration_type
     if config.calibration.per_channel and not per_channel_wanted(config):
         log.warning("per_channel takes effect with calibration_type max or kl, not %s; calibrating per tensor", kind)

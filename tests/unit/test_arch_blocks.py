@@ -35,7 +35,7 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
 @pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means", "padded_convs",
                                    "bilinear_decoder", "layer_norms", "wide_heads",
                                    "vit_embedding", "unfolded_patches", "uneven_average_pools",
-                                   "interpolating_decoder", "prelu_upsampler"])
+                                   "interpolating_decoder", "prelu_upsampler", "recurrent_head"])
 @pytest.mark.parametrize("opset", [13, 18])
 def test_blocks_run_wholly_on_the_bpu(block: str, opset: int, tmp_path: Path) -> None:
     """Means and maxima over H and W (PyTorch's SE and CBAM gates and pooling heads) are global

@@ -47,6 +47,7 @@ CASES = {
     "wide_heads_default": (arch_builders.wide_heads, {"calibration_type": "default"}),
     "bilinear_decoder_default": (arch_builders.bilinear_decoder, {"calibration_type": "default"}),
     "prelu_default": (arch_builders.prelu_upsampler, {"calibration_type": "default"}),
+    "recurrent_default": (arch_builders.recurrent_head, {"calibration_type": "default"}),
     "vit_embedding_default": (lambda: arch_builders.vit_embedding(opset=18), {"calibration_type": "default"}),
     "layer_norms_int16": (lambda: arch_builders.layer_norms(opset=18),
                           {"calibration_type": "max", "optimization": "set_all_nodes_int16"}),

@@ -6,12 +6,13 @@ optimized model run in onnxruntime on the same random input, over the forms' var
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.pipeline import optimize
 
@@ -98,3 +99,115 @@ def test_interpolations_as_matmuls_compute_the_same(case: str, opset: int) -> No
     got = _run(optimized, x)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def _recurrent_model(kind: str, direction: str, layout: int, opset: int, *, bias: bool, initial: bool,
+                     linear_before_reset: int = 0, steps: int = 5, **extra):
+    """One LSTM / GRU with every output, on x [T, B, I] (layout 1: [B, T, I]), random weights."""
+    batch, inputs, hidden = 2, 3, 4
+    dirs, gates = (2 if direction == "bidirectional" else 1), (4 if kind == "LSTM" else 3)
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.6, (dirs, gates * hidden, inputs)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.normal(0, 0.6, (dirs, gates * hidden, hidden)).astype(np.float32), "R")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.5, (dirs, 2 * gates * hidden)).astype(np.float32), "B"))
+    names = ["x", "W", "R", "B" if bias else "", ""]
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                  [steps, batch, inputs] if layout == 0 else [batch, steps, inputs])]
+    state = [dirs, batch, hidden] if layout == 0 else [batch, dirs, hidden]
+    for name in (["h0", "c0"] if kind == "LSTM" else ["h0"]) if initial else []:
+        graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, state))
+        names.append(name)
+    outputs = ["y", "y_h", "y_c"] if kind == "LSTM" else ["y", "y_h"]
+    attrs = {"hidden_size": hidden, "direction": direction, **extra}
+    if layout:
+        attrs["layout"] = 1
+    if linear_before_reset:
+        attrs["linear_before_reset"] = 1
+    node = helper.make_node(kind, names, outputs, name="rnn", **attrs)
+    graph = helper.make_graph([node], "g", graph_inputs,
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _recurrent_cases():
+    for kind, direction, layout, opset, bias, initial in itertools.product(
+            ("LSTM", "GRU"), ("forward", "reverse", "bidirectional"), (0, 1), (11, 14, 21), (True, False),
+            (False, True)):
+        if layout and opset < 14:
+            continue
+        for lbr in (0, 1) if kind == "GRU" else (0,):
+            yield kind, direction, layout, opset, bias, initial, lbr
+
+
+def test_recurrent_layers_unroll_to_the_same_values() -> None:
+    """Every direction, layout, opset, with and without biases and initial states (GRU: both reset
+    forms): the unrolled graph gives the op's Y, Y_h (and Y_c) to float32 rounding, and holds no
+    recurrent op. The reference is onnxruntime, or onnx's reference runtime for layout 1, which
+    onnxruntime's kernels refuse."""
+    from onnx.reference import ReferenceEvaluator
+
+    from hbtools.graph.recurrent import unroll_recurrences
+
+    cases = 0
+    for kind, direction, layout, opset, bias, initial, lbr in _recurrent_cases():
+        model = _recurrent_model(kind, direction, layout, opset, bias=bias, initial=initial, linear_before_reset=lbr)
+        rng = np.random.default_rng(1)
+        feeds = {i.name: rng.normal(0, 1, [d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+                 for i in model.graph.input}
+        want = ReferenceEvaluator(model).run(None, feeds) if layout else \
+            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        unrolled = copy.deepcopy(model)
+        assert unroll_recurrences(unrolled) == 1
+        assert not any(n.op_type in ("LSTM", "GRU") for n in unrolled.graph.node)
+        got = ort.InferenceSession(unrolled.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        case = (kind, direction, layout, opset, bias, initial, lbr)
+        for w, g in zip(want, got, strict=True):
+            assert g.shape == w.shape, case
+            np.testing.assert_allclose(g, w, atol=2e-6, rtol=1e-5, err_msg=str(case))
+        cases += 1
+    assert cases == 180
+
+
+@pytest.mark.parametrize("extra, why", [({"clip": 3.0}, "a cell clip"),
+                                        ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "activations"),
+                                        ({"steps": 300}, "300 time steps")])
+def test_recurrent_layers_that_cannot_unroll_stay_with_a_reason(extra: dict, why: str) -> None:
+    import logging
+
+    from hbtools.graph.recurrent import unroll_recurrences
+
+    model = _recurrent_model("LSTM", "forward", 0, 13, bias=True, initial=False, **extra)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("hbtools")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        assert unroll_recurrences(model) == 0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert [n.op_type for n in model.graph.node] == ["LSTM"]
+    assert any("rnn stays one node" in r.getMessage() and why in r.getMessage() for r in records)
+
+
+def test_long_recurrent_layers_unroll_where_the_config_puts_them_on_the_bpu() -> None:
+    """40 steps x 2 directions stay one (CPU) node unless node_info puts the layer on the BPU; a short
+    layer the config puts on the CPU stays too. An unrolled layer's name stays on the node writing Y."""
+    from hbtools.graph.recurrent import AUTO_STEPS, unroll_recurrences
+
+    long = _recurrent_model("LSTM", "bidirectional", 0, 13, bias=True, initial=False, steps=40)
+    assert 40 * 2 > AUTO_STEPS
+    assert unroll_recurrences(copy.deepcopy(long)) == 0
+    placed = copy.deepcopy(long)
+    assert unroll_recurrences(placed, {"rnn": "BPU"}) == 1
+    assert [n.op_type for n in placed.graph.node if n.name == "rnn"] == ["Concat"]
+    assert not any(n.op_type == "LSTM" for n in placed.graph.node)
+    short = _recurrent_model("GRU", "forward", 0, 13, bias=True, initial=False)
+    assert unroll_recurrences(copy.deepcopy(short), {"rnn": "CPU"}) == 0
+    assert unroll_recurrences(short) == 1
