@@ -30,7 +30,7 @@ log = logging.getLogger("hbtools")
 # conversion's time and memory and the simulation's per-node overhead, while the BPU gains little
 # on a small recurrent layer. Up to AUTO_STEPS a layer is unrolled unasked (the model stays one BPU
 # subgraph); a longer one when node_info puts it on the BPU (or makertbin --fast-perf), up to MAX_STEPS.
-AUTO_STEPS = 32
+AUTO_STEPS = 64
 MAX_STEPS = 256
 _DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
 _GATES = {"LSTM": 4, "GRU": 3}
