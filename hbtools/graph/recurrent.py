@@ -47,6 +47,9 @@ def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = Non
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     nodes: list[NodeProto] = []
     done = 0
+    g = model.graph
+    taken = {*(o for n in g.node for o in n.output), *(n.name for n in g.node), *(i.name for i in g.input),
+             *(t.name for t in g.initializer)}
     for node in model.graph.node:
         if node.op_type not in _GATES or node.domain not in ("", "ai.onnx"):
             nodes.append(node)
@@ -58,7 +61,7 @@ def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = Non
             log.info("%s %s stays one node (on the CPU): %s", node.op_type, node.name, reason)
             nodes.append(node)
             continue
-        builder = _Builder(node.name, opset, model)
+        builder = _Builder(node.name, opset, model, taken)
         (_unroll_lstm if node.op_type == "LSTM" else _unroll_gru)(node, spec, builder)
         first = next(o for o in node.output if o)
         next(n for n in builder.nodes if first in n.output).name = node.name
@@ -142,14 +145,19 @@ def _spec(node: NodeProto, view: GraphView, max_steps: int) -> tuple[_Spec | Non
 class _Builder:
     """New nodes and constants, named after the node they replace."""
 
-    def __init__(self, base: str, opset: int, model: ModelProto) -> None:
+    def __init__(self, base: str, opset: int, model: ModelProto, taken: set[str]) -> None:
         self.base, self.opset, self.model = base, opset, model
         self.nodes: list[NodeProto] = []
         self._count = 0
+        self._taken = taken
 
     def name(self, hint: str) -> str:
-        self._count += 1
-        return f"{self.base}_{hint}_{self._count}"
+        while True:
+            self._count += 1
+            name = f"{self.base}_{hint}_{self._count}"
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
 
     def const(self, hint: str, value: np.ndarray) -> str:
         name = self.name(hint)
