@@ -34,6 +34,7 @@ AUTO_STEPS = 64
 MAX_STEPS = 256
 _DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
 _GATES = {"LSTM": 4, "GRU": 3}
+RECURRENT_OPS = tuple(_GATES)
 _DIRECTIONS = {"forward": ["forward"], "reverse": ["reverse"], "bidirectional": ["forward", "reverse"]}
 
 

@@ -17,6 +17,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.config.model import NodeInfo
 from hbtools.graph.graph import GraphView
+from hbtools.graph.recurrent import RECURRENT_OPS
 from hbtools.march.constraints import classify_broadcast, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
 from hbtools.ops import custom, registry
@@ -140,6 +141,9 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
     elif custom.custom_op_of(node) is not None:
         return _cpu(node, acts, f"custom op {custom.op_name(node)} (domain '{node.domain}') runs on the CPU")
     rule = profile.rule(op) if node.domain in ("", "ai.onnx", DOMAIN) else None
+    if rule is None and op in RECURRENT_OPS and node.domain in ("", "ai.onnx"):
+        return _cpu(node, acts, f"{op} stays one node unless unrolled over its time steps (the log of the optimize "
+                                "stage says why it was not; node_info ON: BPU unrolls a long one)")
     if rule is None:
         return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}")
     integer = next((t for t in acts if view.elem_types.get(t) in INTEGER_TYPES), None)

@@ -211,3 +211,11 @@ def test_long_recurrent_layers_unroll_where_the_config_puts_them_on_the_bpu() ->
     short = _recurrent_model("GRU", "forward", 0, 13, bias=True, initial=False)
     assert unroll_recurrences(copy.deepcopy(short), {"rnn": "CPU"}) == 0
     assert unroll_recurrences(short) == 1
+    # The layer left whole is a CPU node whose reason says how to unroll it.
+    from hbtools.march.profiles import get_profile
+    from hbtools.quant.units import build_partition
+
+    kept = optimize.run(long)
+    part = build_partition(kept, get_profile("bayes-e"), {})
+    (unit,) = [u for u in part.units if u.main.op_type == "LSTM"]
+    assert unit.on == "CPU" and "node_info ON: BPU" in unit.reason
