@@ -38,11 +38,13 @@ RECURRENT_OPS = tuple(_GATES)
 _DIRECTIONS = {"forward": ["forward"], "reverse": ["reverse"], "bidirectional": ["forward", "reverse"]}
 
 
-def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = None, everything: bool = False) -> int:
+def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = None, everything: bool = False,
+                       explain: bool = True) -> int:
     """Rewrite the LSTM / GRU nodes of ``model`` that can be unrolled and are short enough
     (``AUTO_STEPS``), or that ``placed`` (node name -> "BPU" / "CPU", the config's node_info)
     puts on the BPU, or all with ``everything``, but none it puts on the CPU; returns how many were.
-    The node writing the first output takes the layer's name, which node_info may give."""
+    The node writing the first output takes the layer's name, which node_info may give. ``explain``
+    logs why each layer left whole was."""
     placed = placed or {}
     view = GraphView(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
@@ -59,7 +61,8 @@ def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = Non
         if placed.get(node.name) == "CPU":
             spec, reason = None, "node_info puts it on the CPU"
         if spec is None:
-            log.info("%s %s stays one node (on the CPU): %s", node.op_type, node.name, reason)
+            if explain:
+                log.info("%s %s stays one node (on the CPU): %s", node.op_type, node.name, reason)
             nodes.append(node)
             continue
         builder = _Builder(node.name, opset, model, taken)

@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
+from hbtools.errors import HbError
 from hbtools.graph import bpu_forms
 from hbtools.graph.graph import (
     GraphView,
@@ -34,11 +35,11 @@ from hbtools.graph.graph import (
 )
 from hbtools.graph.layer_norm import fuse_layer_norms
 from hbtools.graph.model_io import with_horizon_domain
-from hbtools.graph.recurrent import unroll_recurrences
+from hbtools.graph.recurrent import RECURRENT_OPS, unroll_recurrences
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
-from hbtools.runtime.session import ort_session
+from hbtools.runtime.session import RUN_ERRORS, ort_session
 
 log = logging.getLogger("hbtools")
 
@@ -56,12 +57,16 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     original_inputs = list(model.graph.input)
     body = _without_preprocess(model, pre_nodes)
     cut = _cut_custom_nodes(body)
+    recurrent = _recurrent_nodes(body)
+    # Before onnxruntime loads the graph too: it has no kernel for batch-first (layout 1) layers.
+    unroll_recurrences(body, placed, everything=all_bpu, explain=False)
     body = _onnxruntime_basic(body)
     # onnxruntime inlines function ops (HardSwish from opset 14, ...) into unnamed nodes;
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
     _sums_as_adds(body)
-    unrolled = unroll_recurrences(body, placed, everything=all_bpu)
+    unroll_recurrences(body, placed, everything=all_bpu)  # those whose weights onnxruntime has folded now
+    unrolled = recurrent - _recurrent_nodes(body)
     if unrolled:
         log.info("%d recurrent layers (LSTM / GRU) unrolled over their time steps", unrolled)
     fused = fuse_layer_norms(body)
@@ -185,12 +190,21 @@ def _with_preprocess(body: ModelProto, pre_nodes: list, inputs: list, source: Mo
     return out
 
 
+def _recurrent_nodes(model: ModelProto) -> int:
+    return sum(n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node)
+
+
 def _onnxruntime_basic(model: ModelProto) -> ModelProto:
     for out in model.graph.output:  # stale output shapes make onnxruntime warn
         out.type.tensor_type.ClearField("shape")
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "optimized.onnx")
-        ort_session(model, optimized_model_path=path, per_node=True, rounding_fusions=True)
+        try:
+            ort_session(model, optimized_model_path=path, per_node=True, rounding_fusions=True)
+        except RUN_ERRORS as e:
+            text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise HbError(f"onnxruntime cannot load the model, and hbtools computes with it: {text}",
+                          hint="export the model with ops and attributes onnxruntime's CPU kernels take") from None
         optimized = onnx.load(path)
     optimized.ir_version = model.ir_version
     with_horizon_domain(optimized)

@@ -219,3 +219,22 @@ def test_long_recurrent_layers_unroll_where_the_config_puts_them_on_the_bpu() ->
     part = build_partition(kept, get_profile("bayes-e"), {})
     (unit,) = [u for u in part.units if u.main.op_type == "LSTM"]
     assert unit.on == "CPU" and "node_info ON: BPU" in unit.reason
+
+
+def test_batch_first_recurrent_layers_which_onnxruntime_cannot_load_convert_when_unrolled() -> None:
+    """onnxruntime has no kernel for layout 1: the optimize stage unrolls the layer before onnxruntime
+    loads the graph, and one it cannot unroll stops with a message, not an internal error."""
+    from onnx.reference import ReferenceEvaluator
+
+    from hbtools.errors import HbError
+
+    model = _recurrent_model("GRU", "bidirectional", 1, 14, bias=True, initial=False, linear_before_reset=1)
+    feeds = {"x": np.random.default_rng(2).normal(0, 1, (2, 5, 3)).astype(np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)
+    got = ort.InferenceSession(optimize.run(model).SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-6, rtol=1e-5)
+    clipped = _recurrent_model("LSTM", "forward", 1, 14, bias=True, initial=False, clip=2.0)
+    with pytest.raises(HbError, match="onnxruntime cannot load the model"):
+        optimize.run(clipped)
