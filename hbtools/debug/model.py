@@ -23,7 +23,6 @@ from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes
 from hbtools.graph.model_io import load_model
 from hbtools.ops.base import attrs_of
-from hbtools.ops.calibration import HzBiasCalibration
 from hbtools.quant.calibrated import without_integer_emulation
 
 CALIBRATION_OP = "HzCalibration"
@@ -60,13 +59,10 @@ class CalibratedModel:
 
     The debugger works on the model's switchable parts: the bias and preprocessing
     emulation, which belong to no calibration node, is taken out (with every node
-    disabled the model is the float model). A constant bias's rounding comes back with the
-    switch of its reader's weight (``bias_roundings``, where that switch wraps the reader):
-    the quantized model rounds the bias of a conv whose weight is integer.
+    disabled the model is the float model).
     """
 
     def __init__(self, model: ModelProto, source: str) -> None:
-        rounded = _rounded_biases(model)
         model = without_integer_emulation(model)
         if any(not n.name for n in model.graph.node):
             name_unnamed_nodes(model)  # tables and arguments refer to nodes by name
@@ -101,34 +97,11 @@ class CalibratedModel:
             for name, n in self.nodes.items()
         }
         self.producers = producers
-        # constant bias tensor -> (its values on the accumulator grid, the weight calibration node
-        # feeding its first reader, whose switch rounds it where it switches that reader as a whole)
-        self.bias_roundings: dict[str, tuple[np.ndarray, str]] = {}
-        for name, n in self.nodes.items():
-            weights = [c for c in self.feeding[name] if self.calibration[c].kind == "weight"]
-            for b in n.input:
-                if b in rounded and b not in self.bias_roundings and len(weights) == 1:
-                    self.bias_roundings[b] = (rounded[b], weights[0])
         inits = {t.name for t in graph.initializer}
         self.inputs = [_graph_input(vi) for vi in graph.input if vi.name not in inits]
         # What the analyses compare; an output the optimizer folded to a constant (a length the input
         # shape fixes) is the same in every configuration and no part of the model makes it.
         self.outputs = [o.name for o in graph.output if o.name not in inits]
-
-    @cached_property
-    def wrappable_weights(self) -> set[str]:
-        """Weight calibration nodes on constants whose readers the debugger switches as a whole
-        (``switches``): a reader taking two such weights, or a calibrated weight that is a model
-        output, keeps a plain switch on the weight tensor instead."""
-        constants = set(self.constants)
-        candidates = {c.name for c in self.calibration.values() if c.kind == "weight" and c.input in constants}
-
-        def wrappable(name: str) -> bool:
-            c = self.calibration[name]
-            return (bool(c.consumers) and c.output not in self.outputs
-                    and all(len(set(self.feeding[r]) & candidates) == 1 for r in c.consumers))
-
-        return {n for n in candidates if wrappable(n)}
 
     @cached_property
     def shapes(self) -> dict[str, list[int | None]]:
@@ -217,16 +190,6 @@ class CalibratedModel:
                 problem += f" (did you mean {', '.join(close)}?)"
         preview = ", ".join(valid[:PREVIEW]) + (", ..." if len(valid) > PREVIEW else "")
         return f"{param}: {problem}; valid choices are the {len(valid)} {what} of the model: {preview}"
-
-
-def _rounded_biases(model: ModelProto) -> dict[str, np.ndarray]:
-    """Constant biases of ``model``'s HzBiasCalibration nodes, by tensor, as those nodes round them."""
-    inits = {t.name: t for t in model.graph.initializer}
-    out = {}
-    for n in model.graph.node:
-        if n.op_type == HzBiasCalibration.op_type and n.input[0] in inits:
-            out[n.input[0]] = HzBiasCalibration.reference(n, [numpy_helper.to_array(inits[n.input[0]])])[0]
-    return out
 
 
 def load_calibrated(model_or_file: str | Path | ModelProto | None) -> CalibratedModel:

@@ -5,8 +5,7 @@ fake-quantizes exactly as ``HzCalibration`` lowers; disabled, it passes the floa
 value on. A weight calibration node on a constant weight does not switch the weight
 tensor but wraps its reader (the Conv/Gemm) in the ``If``, so both branches keep a
 constant weight: onnxruntime pre-packs constant weights, and a computed weight makes
-every convolution several times slower. The same weight switch picks the reader's bias
-as the quantized model adds it (rounded to the accumulator grid) or the float one.
+every convolution several times slower.
 """
 
 from __future__ import annotations
@@ -45,13 +44,10 @@ def switchable_model(cm: CalibratedModel) -> Switched:
     taken |= {i.name for i in graph.input}
     ctx = LoweringContext(default_opset(model), taken, cm.shapes)
     ctx.exact = False  # switched piecewise: no float64 twins across the If branches
-    wrapped = cm.wrappable_weights
+    wrapped = _wrappable_weights(cm, set(inits))
     quantized_weight: dict[str, tuple[str, str, str]] = {}  # calibrated name -> (switch, quantized, float)
     holders: dict[str, list[str]] = {}
     nodes: list[NodeProto] = []
-    # A wrapped reader's quantized variant reads its bias as the quantized model adds it.
-    rounded_bias = {b: ctx.constant(f"{b}_rounded", values) for b, (values, weight) in cm.bias_roundings.items()
-                    if weight in wrapped}
     for node in graph.node:
         if node.op_type == HzCalibration.op_type:
             graph.input.append(helper.make_tensor_value_info(enable_input(node.name), TensorProto.BOOL, []))
@@ -64,7 +60,7 @@ def switchable_model(cm: CalibratedModel) -> Switched:
             holders[node.name] = [node.name]
         elif any(i in quantized_weight for i in node.input):
             switch = next(quantized_weight[i][0] for i in node.input if i in quantized_weight)
-            nodes.append(_switched_reader(node, quantized_weight, rounded_bias, ctx))
+            nodes.append(_switched_reader(node, quantized_weight, ctx))
             holders.setdefault(switch, []).append(nodes[-1].name)
         else:
             nodes.append(node)
@@ -86,6 +82,22 @@ def float_version(node: NodeProto) -> list[NodeProto]:
     return out
 
 
+def _wrappable_weights(cm: CalibratedModel, constants: set[str]) -> set[str]:
+    """Weight calibration nodes on constants whose readers can be switched as a whole.
+
+    A reader taking two such weights, or a calibrated weight that is a model output,
+    keeps the plain switch on the weight tensor instead.
+    """
+    candidates = {c.name for c in cm.calibration.values() if c.kind == "weight" and c.input in constants}
+
+    def wrappable(name: str) -> bool:
+        c = cm.calibration[name]
+        return (bool(c.consumers) and c.output not in cm.outputs
+                and all(len(set(cm.feeding[r]) & candidates) == 1 for r in c.consumers))
+
+    return {n for n in candidates if wrappable(n)}
+
+
 def _switched_fake_quant(node: NodeProto, ctx: LoweringContext) -> NodeProto:
     """If(enable) then fake-quant (the op's own lowering) else the float input."""
     x, y = node.input[0], node.output[0]
@@ -98,18 +110,15 @@ def _switched_fake_quant(node: NodeProto, ctx: LoweringContext) -> NodeProto:
                             else_branch=other)
 
 
-def _switched_reader(node: NodeProto, weights: dict[str, tuple[str, str, str]], rounded_bias: dict[str, str],
-                     ctx: LoweringContext) -> NodeProto:
-    """If(enable) then the node on the quantized weight (and its bias as the quantized model adds it,
-    where ``rounded_bias`` has it) else the node on the float weight and bias."""
+def _switched_reader(node: NodeProto, weights: dict[str, tuple[str, str, str]], ctx: LoweringContext) -> NodeProto:
+    """If(enable) then the node on the quantized weight else the node on the float weight."""
     calibrated = next(i for i in node.input if i in weights)
     switch, quantized, original = weights[calibrated]
 
     def variant(weight: str, tag: str) -> onnx.GraphProto:
         inner = copy.deepcopy(node)
         inner.name = ctx.unique(f"{node.name}__{tag}")
-        inner.input[:] = [weight if i == calibrated else rounded_bias.get(i, i) if tag == "quantized" else i
-                          for i in node.input]
+        inner.input[:] = [weight if i == calibrated else i for i in node.input]
         inner.output[:] = [ctx.unique(f"{o}__{tag}") for o in node.output]
         return branch([inner], list(inner.output), inner.name)
 

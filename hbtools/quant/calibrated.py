@@ -7,7 +7,6 @@ bias) and reconnects its readers to the float tensor it calibrated.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,21 +96,19 @@ def _act_grid(a: dict, name: str) -> ActGrid:
     return ActGrid(threshold, bits, scales, int(zero_points.pop()), "zero_points" in a, None if axis < 0 else axis)
 
 
-def without_integer_emulation(calibrated: ModelProto, keep_biases: Collection[str] = ()) -> ModelProto:
-    """A copy of ``calibrated`` whose biases (but those in ``keep_biases``) and preprocessing are the
-    float ones.
+def without_integer_emulation(calibrated: ModelProto) -> ModelProto:
+    """A copy of ``calibrated`` whose biases and preprocessing are the float ones.
 
     The debugger switches calibration nodes on and off one by one; with every switch
     off it must be the float model, so the bias rounding (HzBiasCalibration) and the
-    integer preprocessing coefficients, which belong to no switch, are taken out (the
-    debugger puts a constant bias's rounding back under its weight's switch).
+    integer preprocessing coefficients, which belong to no switch, are taken out.
     """
     model = ModelProto()
     model.CopyFrom(calibrated)
     rename = {}
     keep = []
     for node in model.graph.node:
-        if node.domain == DOMAIN and node.op_type == HzBiasCalibration.op_type and node.input[0] not in keep_biases:
+        if node.domain == DOMAIN and node.op_type == HzBiasCalibration.op_type:
             rename[node.output[0]] = node.input[0]
             continue
         if node.domain == DOMAIN and node.op_type == HzPreprocess.op_type:

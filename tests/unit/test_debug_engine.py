@@ -19,12 +19,10 @@ from onnx import helper
 
 from hbtools.debug import tails
 from hbtools.debug.data import load_samples
-from hbtools.debug.model import CalibratedModel, load_calibrated
+from hbtools.debug.model import load_calibrated
 from hbtools.debug.switchboard import Switchboard
 from hbtools.quant.calibrated import without_integer_emulation
 from hbtools.runtime import HB_ONNXRuntime
-from hbtools.runtime.lowering import lower_model
-from hbtools.runtime.session import make_session
 
 CASES = {**{name: build for name, build in MODELS.items()}, "two_inputs": two_inputs}
 
@@ -34,15 +32,12 @@ def dumped(request, tmp_path_factory: pytest.TempPathFactory) -> Dumped:
     return convert_with_dump(tmp_path_factory.mktemp(request.param), CASES[request.param]())
 
 
-def without(calibrated: onnx.ModelProto, cm: CalibratedModel, removed: set[str]) -> onnx.ModelProto:
+def without(model: onnx.ModelProto, removed: set[str]) -> onnx.ModelProto:
     """The calibrated model with some calibration nodes deleted (their readers take the float input).
 
-    Like the debugger, it leaves out the preprocessing emulation, which belongs to no switch, and
-    rounds a constant bias where the weight node of its reader is kept (and switches the reader).
+    Like the debugger, it leaves out the bias and preprocessing emulation, which belong to no switch.
     """
-    keep = {bias for bias, (_, weight) in cm.bias_roundings.items()
-            if weight not in removed and weight in cm.wrappable_weights}
-    model = without_integer_emulation(calibrated, keep_biases=keep)
+    model = without_integer_emulation(model)
     outputs = {o.name for o in model.graph.output}
     bypass = {n.output[0]: n.input[0] for n in model.graph.node if n.name in removed and n.output[0] not in outputs}
     kept = [n if n.name not in removed or n.output[0] not in outputs else
@@ -56,16 +51,12 @@ def without(calibrated: onnx.ModelProto, cm: CalibratedModel, removed: set[str])
 
 
 def reference(model: onnx.ModelProto, sample: dict) -> list[np.ndarray]:
-    """``model`` run as the debugger runs its switches: without float64 twins (they follow the integer
-    ops only where every calibration node around a product is in place, as in a calibrated model)."""
-    session = make_session(lower_model(model, exact=False))
-    return session.run(None, {i.name: sample[i.name] for i in session.get_inputs()})
+    return HB_ONNXRuntime(onnx_model=model).run(None, sample)
 
 
 @pytest.mark.parametrize("max_stages", [1, 16])
 def test_configurations_match_the_model_without_the_other_nodes(dumped: Dumped, max_stages: int) -> None:
     cm = load_calibrated(dumped.calibrated)
-    full = onnx.load(dumped.calibrated)
     samples = load_samples(dumped.data, cm, 2)
     switchboard = Switchboard(cm, max_stages=max_stages)
     if max_stages == 1:
@@ -78,7 +69,7 @@ def test_configurations_match_the_model_without_the_other_nodes(dumped: Dumped, 
         cache = switchboard.float_pass(sample)
         for enabled in configs:
             got = switchboard.run(sample, cache, enabled)
-            expected = reference(without(full, cm, set(names) - enabled), sample)
+            expected = reference(without(cm.model, set(names) - enabled), sample)
             for g, e in zip(got, expected, strict=True):
                 np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5, err_msg=f"enabled={sorted(enabled)}")
 
