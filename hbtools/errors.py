@@ -74,3 +74,9 @@ def os_error(exc: OSError, what: str = "cannot access", fix: str | None = None) 
 
 def memory_error(what: str = "not enough memory") -> ResourceError:
     return ResourceError(f"{what}; use smaller inputs (input_shape) or a machine with more memory")
+
+
+def last_line(exc: BaseException) -> str:
+    """The last line of an exception's text (onnxruntime ends with the cause), or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__

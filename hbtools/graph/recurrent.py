@@ -23,6 +23,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView
+from hbtools.graph.model_io import default_opset
 
 log = logging.getLogger("hbtools")
 
@@ -47,13 +48,13 @@ def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = Non
     logs why each layer left whole was."""
     placed = placed or {}
     view = GraphView(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    opset = default_opset(model)
     nodes: list[NodeProto] = []
     done = 0
     g = model.graph
     taken = {*(o for n in g.node for o in n.output), *(n.name for n in g.node), *(i.name for i in g.input),
              *(t.name for t in g.initializer)}
-    for node in model.graph.node:
+    for node in g.node:
         if node.op_type not in _GATES or node.domain not in ("", "ai.onnx"):
             nodes.append(node)
             continue
@@ -67,13 +68,14 @@ def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = Non
             continue
         builder = _Builder(node.name, opset, model, taken)
         (_unroll_lstm if node.op_type == "LSTM" else _unroll_gru)(node, spec, builder)
-        first = next(o for o in node.output if o)
-        next(n for n in builder.nodes if first in n.output).name = node.name
+        first = next((o for o in node.output if o), None)
+        if first is not None:
+            next(n for n in builder.nodes if first in n.output).name = node.name
         nodes.extend(builder.nodes)
         done += 1
     if done:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
+        del g.node[:]
+        g.node.extend(nodes)
     return done
 
 
@@ -299,17 +301,16 @@ def _unroll_gru(node: NodeProto, spec: _Spec, b: _Builder) -> None:
                 zr = x_zr
             else:
                 zr = b.op("Add", [x_zr, b.op("Gemm", [h, r_zr], f"d{d}_reczr{t}")], f"d{d}_zr{t}")
-            z, r = (b.op("Sigmoid", [v], f"d{d}_{n}{t}") for v, n in zip(b.split(zr, [hid, hid], f"d{d}_zrs{t}"), "zr",
-                                                                          strict=True))
-            if h is None:
-                cand_in = x_h if not spec.linear_before_reset else b.op("Add", [x_h, b.op(
-                    "Mul", [r, rb_h], f"d{d}_rbias{t}")], f"d{d}_cin{t}")
-            elif spec.linear_before_reset:
-                rec = b.op("Gemm", [h, r_h, rb_h], f"d{d}_rech{t}")
-                cand_in = b.op("Add", [x_h, b.op("Mul", [r, rec], f"d{d}_reset{t}")], f"d{d}_cin{t}")
+            z, r = (b.op("Sigmoid", [v], f"d{d}_{n}{t}")
+                    for v, n in zip(b.split(zr, [hid, hid], f"d{d}_zrs{t}"), "zr", strict=True))
+            # The candidate reads R h (+ its bias): after the reset with linear_before_reset, else
+            # R (r*h), its bias then being in the projection. h = 0 leaves the bias alone, or nothing.
+            if spec.linear_before_reset:
+                rec = rb_h if h is None else b.op("Gemm", [h, r_h, rb_h], f"d{d}_rech{t}")
+                rec = b.op("Mul", [r, rec], f"d{d}_reset{t}")
             else:
-                rec = b.op("Gemm", [b.op("Mul", [r, h], f"d{d}_rh{t}"), r_h], f"d{d}_rech{t}")
-                cand_in = b.op("Add", [x_h, rec], f"d{d}_cin{t}")
+                rec = None if h is None else b.op("Gemm", [b.op("Mul", [r, h], f"d{d}_rh{t}"), r_h], f"d{d}_rech{t}")
+            cand_in = x_h if rec is None else b.op("Add", [x_h, rec], f"d{d}_cin{t}")
             n = b.op("Tanh", [cand_in], f"d{d}_n{t}")
             if h is None:  # h_0 = 0: h_1 = (1 - z) * n = n - z*n
                 h = b.op("Sub", [n, b.op("Mul", [z, n], f"d{d}_zn{t}")], f"d{d}_h{t}")

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.errors import HbError
+from hbtools.errors import HbError, last_line
 from hbtools.graph import bpu_forms
 from hbtools.graph.graph import (
     GraphView,
@@ -202,8 +202,7 @@ def _onnxruntime_basic(model: ModelProto) -> ModelProto:
         try:
             ort_session(model, optimized_model_path=path, per_node=True, rounding_fusions=True)
         except RUN_ERRORS as e:
-            text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            raise HbError(f"onnxruntime cannot load the model, and hbtools computes with it: {text}",
+            raise HbError(f"onnxruntime cannot load the model, and hbtools computes with it: {last_line(e)}",
                           hint="export the model with ops and attributes onnxruntime's CPU kernels take") from None
         optimized = onnx.load(path)
     optimized.ir_version = model.ir_version

@@ -14,7 +14,7 @@ from onnx import ModelProto, TensorProto, helper, version_converter
 
 from hbtools.config.inputs import check_even_size, check_input_channels
 from hbtools.config.model import Config, InputSpec
-from hbtools.errors import HbError
+from hbtools.errors import HbError, last_line
 from hbtools.graph import precision
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes
 from hbtools.graph.model_io import (
@@ -196,8 +196,7 @@ def _dry_run(model: ModelProto, inputs: list[InputSpec]) -> None:
         raise
     except Exception as e:  # onnxruntime's exception types are not importable
         shapes = ", ".join(f"{s.name} {'x'.join(map(str, s.shape)) or 'scalar'}" for s in inputs)
-        text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise HbError(f"the model cannot run with the input shapes {shapes}: {text}",
+        raise HbError(f"the model cannot run with the input shapes {shapes}: {last_line(e)}",
                       hint="check input_shape (it is in the model's own layout and must fit its layers)") from None
 
 
