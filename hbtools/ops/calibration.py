@@ -257,12 +257,28 @@ class HzBiasCalibration(HzOp):
             nodes.append(helper.make_node("Mul", [input_step, weight_steps], [step], name=step))
         else:
             step = ctx.constant(f"{base}_step", cls.steps(a))
-        bias = twins.to_double(ctx, node.input[0], base, nodes)
-        div, levels, value = (ctx.unique(f"{base}_{k}") for k in ("div", "levels", "value"))
+        known = ctx.known(node.input[0])
+        value = ctx.unique(f"{base}_value")
+        if ctx.known(step) is not None and known is not None and known.dtype == np.float32:
+            # A constant bias on a constant grid: its levels are constants too, which lets a conv requantize
+            # its int32 sum with the bias as DequantizeLinear's zero point (``twins``).
+            levels = ctx.constant(f"{base}_levels", grids.bias_levels(known.astype(np.float64), ctx.known(step)))
+        else:
+            levels = cls._levels(ctx, twins.to_double(ctx, node.input[0], base, nodes), step, fed is not None,
+                                 base, nodes)
+        nodes.append(helper.make_node("Mul", [levels, step], [value], name=value))
+        twins.to_float(ctx, value, node.output[0], nodes)
+        ctx.twins[node.output[0]] = twins.Twin(value, levels, step, twins.ACCUMULATOR_BITS)
+        return nodes
+
+    @staticmethod
+    def _levels(ctx: LoweringContext, bias: str, step: str, fed: bool, base: str, nodes: list[NodeProto]) -> str:
+        """float64 ``bias / step`` rounded (and clipped to int32 unless the step is fed)."""
+        div, levels = ctx.unique(f"{base}_div"), ctx.unique(f"{base}_levels")
         rounded, low = ctx.unique(f"{base}_round"), ctx.unique(f"{base}_low")
         nodes += [helper.make_node("Div", [bias, step], [div], name=div),
                   helper.make_node("Round", [div], [rounded], name=rounded)]
-        if ctx.feed_calibration and fed is not None:
+        if ctx.feed_calibration and fed:
             # A candidate grid the search feeds: the model it becomes widens weight grids so the bias
             # fits int32 (quant.plan), so it is scored without the clip.
             nodes.append(helper.make_node("Identity", [rounded], [levels], name=levels))
@@ -273,10 +289,7 @@ class HzBiasCalibration(HzOp):
                       helper.make_node("Min", [low, ctx.constant(f"{base}_int32_max",
                                                                  np.array(float(grids.INT32_MAX)))],
                                        [levels], name=levels)]
-        nodes.append(helper.make_node("Mul", [levels, step], [value], name=value))
-        twins.to_float(ctx, value, node.output[0], nodes)
-        ctx.twins[node.output[0]] = twins.Twin(value, levels, step, twins.ACCUMULATOR_BITS)
-        return nodes
+        return levels
 
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:

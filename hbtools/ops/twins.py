@@ -36,7 +36,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import registry, uint8_kernels
-from hbtools.ops.base import LoweringContext, attrs_of, reduced_axes, select
+from hbtools.ops.base import CONTRIB_DOMAIN, LoweringContext, attrs_of, reduced_axes, select
 
 # Data-movement ops: levels in, levels out; the step does not change.
 _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Resize",
@@ -64,6 +64,9 @@ class Twin:
     pair: tuple | None = None
     # Concat of int8-level twins: (axis, [(input, its twin), ...]), requantized part by part
     parts: tuple | None = None
+    # A conv's accumulator as the integer kernels leave it: (int32 sum without the bias, int32 zero point
+    # = minus the bias levels, per channel, channels), where their sum is known to fit int32
+    int32_sum: tuple[str, str, int] | None = None
 
 
 def value_of(ctx: LoweringContext, twin: Twin, nodes: list[NodeProto]) -> str:
@@ -174,11 +177,26 @@ def _accumulator_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bou
     return True
 
 
-def _requantized(ctx: LoweringContext, src: Twin, s: str, base: str, nodes: list[NodeProto]) -> str:
+def _requantized(ctx: LoweringContext, src: Twin, s: str, base: str, nodes: list[NodeProto],
+                 scalar: bool = True) -> str:
     """An accumulator twin requantized to step ``s`` before rounding: float32(acc) * float32(step / s),
-    as onnxruntime's integer conv kernels compute it (HzSQuantizedConv ``requantize_f32``)."""
+    as onnxruntime's integer conv kernels compute it (HzSQuantizedConv ``requantize_f32``).
+
+    A conv's int32 sum (``Twin.int32_sum``) with ``s`` one step (``scalar``) takes one DequantizeLinear,
+    ``float32(sum - zero_point) * m`` in int32 then float32, as the quantized model requantizes: the
+    same bits as casting the float64 sum plus bias, without three passes over the map in float64."""
     multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
     m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
+    if src.int32_sum is not None and scalar:
+        acc, zero, channels = src.int32_sum
+        flat = _node(ctx, "Reshape", [m32, ctx.constant(f"{base}_flat", np.array([-1], np.int64))],
+                     f"{base}_multiplier_flat", nodes)
+        per_channel = _node(ctx, "Expand", [flat, ctx.constant(f"{base}_channels", np.array([channels], np.int64))],
+                            f"{base}_multiplier_channels", nodes)
+        out = ctx.unique(f"{base}_requant_f32")
+        nodes.append(helper.make_node("DequantizeLinear", [acc, per_channel, zero], [out], name=out, axis=1,
+                                      domain=CONTRIB_DOMAIN))
+        return out
     return _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
 
 
@@ -309,7 +327,7 @@ def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, s
 
     ``twin`` (step, bits, flags) becomes ``y``'s twin once its levels and value are filled in."""
     scale32, s = scale
-    q = _node(ctx, "Round", [_requantized(ctx, src, s, base, nodes)], f"{base}_round", nodes)
+    q = _node(ctx, "Round", [_requantized(ctx, src, s, base, nodes, twin.scalar_step)], f"{base}_round", nodes)
     if src.bounds is not None:  # a fused activation clips the rounded result at its bounds' grid points
         levels = tuple(_node(ctx, "Cast", [_node(ctx, "Round", [_node(ctx, "Div", [b, s], f"{base}_act_bound", nodes)],
                                                   f"{base}_act_level", nodes)], f"{base}_act_level_f32", nodes,
@@ -455,7 +473,7 @@ def _fused_activation(node: NodeProto, ctx: LoweringContext, nodes: list[NodePro
         bounds = tuple(to_double(ctx, i, f"{node.name}_bound", nodes) if i else ""
                        for i in [*node.input[1:3], "", ""][:2])
     twin = Twin(None, src.levels, src.step, ACCUMULATOR_BITS, scalar_step=src.scalar_step, levels32=src.levels32,
-                bounds=bounds)
+                bounds=bounds, int32_sum=src.int32_sum)
     _replace_output_by_accumulator(node, ctx, twin, nodes)
     return True
 
@@ -632,7 +650,9 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
         return False
     if not w.folded and not x.scalar_step:
         return False
-    acc = _integer_conv(node, ctx, x, w, nodes) or _float_conv(node, ctx, x, w, nodes)
+    integer = _integer_conv(node, ctx, x, w, nodes)
+    acc = integer[0] if integer else _float_conv(node, ctx, x, w, nodes)
+    int32_sum = _int32_sum(ctx, integer, ctx.twins[bias].levels if bias else None, node.name)
     channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
     if bias:
         b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes)
@@ -640,7 +660,7 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     step = _node(ctx, "Reshape", [w.step, channel_shape], f"{node.name}_w_step", nodes)
     if not w.folded:
         step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
-    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False)
+    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False, int32_sum=int32_sum)
     _replace_output_by_accumulator(node, ctx, twin, nodes)
     return True
 
@@ -670,9 +690,26 @@ def _float_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes: 
     return acc
 
 
-def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes: list[NodeProto]) -> str | None:
+def _int32_sum(ctx: LoweringContext, integer: tuple[str, str | None, float, int] | None, bias_levels: str | None,
+               hint: str) -> tuple[str, str, int] | None:
+    """``Twin.int32_sum`` of a conv whose integer accumulator is int32 (``_integer_conv``) and whose bias
+    levels are constants that keep every biased sum within int32 (else None)."""
+    if integer is None or integer[1] is None:
+        return None
+    _, acc, bound, channels = integer
+    bias = np.zeros(channels) if bias_levels is None else ctx.known(bias_levels)
+    if bias is None or bias.size not in (1, channels) or bound + float(np.max(np.abs(bias))) >= 2.0**31:
+        return None
+    zero = np.broadcast_to(-np.asarray(bias, np.float64).reshape(-1), (channels,)).astype(np.int32)
+    return acc, ctx.constant(f"{hint}_acc_zero", zero), channels
+
+
+def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,
+                  nodes: list[NodeProto]) -> tuple[str, str | None, float, int] | None:
     """The float64 accumulator of a Conv from onnxruntime's integer kernels (``uint8_kernels``), as the
     quantized model computes it: int8 levels, or int16 levels in two bytes, against int8 weight levels.
+    With it the int32 accumulator (None where sums may not fit int32), the bound of its magnitude, and
+    the number of output channels.
 
     Only where the levels are whole numbers of the layout: int16 grids, and int8 grids without a zero
     point; not in a switchable session, whose disabled nodes hand on levels ``x / step``. None elsewhere.
@@ -685,14 +722,15 @@ def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes
     x32 = levels32_of(ctx, x, f"{node.name}_x", nodes)
     # Weight levels are at most 127: every sum of terms fits int32 up to this many terms per output.
     terms = int(np.prod(shape[1:]))
-    in_int32 = terms * 127 * (2.0 ** (x.bits - 1) + (256 if x.bits == 16 else 0)) < 2.0**31
+    bound = terms * 127 * (2.0 ** (x.bits - 1) + (256 if x.bits == 16 else 0))
+    in_int32 = bound < 2.0**31
     conv_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if int(conv_attrs.get("group", 1)) > 1:  # as the quantized model's grouped convs (float32, exact)
         acc = uint8_kernels.grouped_accumulator(ctx, x32, 2.0 ** (x.bits - 1), x.bits == 16,
                                                 levels32_of(ctx, w, f"{node.name}_w", nodes), 127.0 * terms,
                                                 conv_attrs, in_int32, node.name, nodes)
         if acc is not None:
-            return to_double(ctx, acc, acc, nodes) if in_int32 else acc
+            return _accumulator(ctx, acc, in_int32, bound, shape[0], nodes)
     if x.bits == 16:
         parts = uint8_kernels.int16_parts(ctx, x32, node.name, nodes)
     elif uint8_kernels.signed_weights_exact():
@@ -704,4 +742,11 @@ def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes
     w_u8 = _node(ctx, "QuantizeLinear", [levels32_of(ctx, w, f"{node.name}_w", nodes), uint8_kernels.one(ctx),
                                          uint8_kernels.uint8_zero(ctx)], f"{node.name}_w_u8", nodes)
     acc = uint8_kernels.accumulate(ctx, parts, w_u8, conv_attrs, in_int32, node.name, nodes)
-    return to_double(ctx, acc, acc, nodes) if in_int32 else acc
+    return _accumulator(ctx, acc, in_int32, bound, shape[0], nodes)
+
+
+def _accumulator(ctx: LoweringContext, acc: str, in_int32: bool, bound: float, channels: int,
+                 nodes: list[NodeProto]) -> tuple[str, str | None, float, int]:
+    if in_int32:
+        return to_double(ctx, acc, acc, nodes), acc, bound, channels
+    return acc, None, bound, channels

@@ -32,6 +32,7 @@ from hbtools.ops.base import attrs_of
 from hbtools.ops.calibration import HzBiasCalibration, quantize_weight
 from hbtools.pipeline.runner import makertbin
 from hbtools.runtime import HB_ONNXRuntime
+from hbtools.runtime.lowering import lower_model
 
 # (model builder, calibration_parameters overrides)
 CASES = {
@@ -219,3 +220,23 @@ def test_dead_channel_keeps_its_bias(tmp_path) -> None:
         np.testing.assert_allclose(q[0, 2], -0.45, atol=step)
         np.testing.assert_allclose(c, q, rtol=0, atol=1e-6)
 
+
+
+def test_integer_conv_sums_are_requantized_without_float64(tmp_path) -> None:
+    """In the lowered calibrated model an int16 conv's int32 sum and its constant bias go to the
+    output grid in one DequantizeLinear (the bias as zero point), as the quantized model does, not
+    through float64 copies of the whole map. (int8 convs with constant grids are one QLinearConv.)"""
+    fm = resnet_like()
+    project = make_project(tmp_path, fm, cal_count=4)
+    project.write(calibration_parameters={"calibration_type": "max", "optimization": "set_all_nodes_int16"})
+    paths = makertbin(project.config_path, "onnx")
+    lowered = lower_model(onnx.load(str(paths["calibrated"])))
+    sums = set()
+    for node in lowered.graph.node:
+        if node.op_type == "ConvInteger" or (node.op_type in ("Add", "Mul") and node.input[0] in sums):
+            sums.add(node.output[0])
+    assert sums, "the calibrated model runs its convs on integer kernels"
+    widened = [n.name for n in lowered.graph.node if n.op_type == "Cast" and n.input[0] in sums]
+    assert not widened, f"int32 conv sums cast to float64: {widened}"
+    requantized = [n for n in lowered.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in sums]
+    assert requantized, "no conv sum is requantized by DequantizeLinear"
