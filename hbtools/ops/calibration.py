@@ -46,6 +46,16 @@ def quantize_weight(w: np.ndarray, a: dict, rounding: np.ndarray | None = None) 
     return levels, u
 
 
+def _known_levels(node: NodeProto, a: dict, ctx: LoweringContext) -> np.ndarray | None:
+    """float32 levels of a weight calibration node on a constant (and constant rounding offsets), else None."""
+    w = ctx.known(node.input[0])
+    rounding = node.input[1] if len(node.input) > 1 and node.input[1] else None
+    offsets = ctx.known(rounding) if rounding else None
+    if a.get("kind") != "weight" or w is None or w.dtype != np.float32 or (rounding and offsets is None):
+        return None
+    return quantize_weight(w, a, offsets)[0].astype(np.float32)
+
+
 def _scales(a: dict, rank: int | None) -> np.ndarray:
     """A calibration node's float32 scales, shaped to broadcast along its axis."""
     scales = np.asarray(a["scales"], dtype=np.float32)
@@ -155,6 +165,9 @@ class HzCalibration(HzOp):
             return nodes
         fq_nodes, levels = _fake_quant(x, y, scale, (float(lo), float(hi)), ctx, base, zp, offset=offset)
         nodes += fq_nodes
+        known = _known_levels(node, a, ctx) if zp is None else None
+        if known is not None:  # a constant weight: its levels as a constant too (the quantized model's integers)
+            levels = ctx.constant(f"{base}_levels", known)
         twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, scalar_step=scalar_step,
                           int8_levels=bits == 8 and zp is None and a.get("kind") == "activation")
         return nodes

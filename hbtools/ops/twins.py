@@ -64,9 +64,9 @@ class Twin:
     pair: tuple | None = None
     # Concat of int8-level twins: (axis, [(input, its twin), ...]), requantized part by part
     parts: tuple | None = None
-    # A conv's accumulator as the integer kernels leave it: (int32 sum without the bias, int32 zero point
-    # = minus the bias levels, per channel, channels), where their sum is known to fit int32
-    int32_sum: tuple[str, str, int] | None = None
+    # A product's accumulator as the integer kernels leave it: (int32 sum without the bias, int32 zero point
+    # = minus the bias levels, per channel, channels, their axis), where their sum is known to fit int32
+    int32_sum: tuple[str, str, int, int] | None = None
 
 
 def value_of(ctx: LoweringContext, twin: Twin, nodes: list[NodeProto]) -> str:
@@ -188,13 +188,13 @@ def _requantized(ctx: LoweringContext, src: Twin, s: str, base: str, nodes: list
     multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
     m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
     if src.int32_sum is not None and scalar:
-        acc, zero, channels = src.int32_sum
+        acc, zero, channels, axis = src.int32_sum
         flat = _node(ctx, "Reshape", [m32, ctx.constant(f"{base}_flat", np.array([-1], np.int64))],
                      f"{base}_multiplier_flat", nodes)
         per_channel = _node(ctx, "Expand", [flat, ctx.constant(f"{base}_channels", np.array([channels], np.int64))],
                             f"{base}_multiplier_channels", nodes)
         out = ctx.unique(f"{base}_requant_f32")
-        nodes.append(helper.make_node("DequantizeLinear", [acc, per_channel, zero], [out], name=out, axis=1,
+        nodes.append(helper.make_node("DequantizeLinear", [acc, per_channel, zero], [out], name=out, axis=axis,
                                       domain=CONTRIB_DOMAIN))
         return out
     return _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
@@ -599,22 +599,58 @@ def _product(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> b
             or a.bits == ACCUMULATOR_BITS or b.bits == ACCUMULATOR_BITS:
         return _same_op(node, ctx, nodes)
     out = node.output[0]
+    int32_sum = None
     if node.op_type == "MatMul":
-        acc = _node(ctx, "MatMul", [a.levels, b.levels], f"{out}_acc_f64", nodes)
+        integer = _integer_product(node, ctx, a, b, 1.0, nodes)
+        acc = integer[0] if integer else _node(ctx, "MatMul", [a.levels, b.levels], f"{out}_acc_f64", nodes)
+        rank = ctx.rank(out)
+        int32_sum = _int32_sum(ctx, integer, None, node.name, None if rank is None else rank - 1)
         step = _node(ctx, "Mul", [a.step, b.step], f"{out}_acc_step", nodes)
     else:
         gemm = _gemm_accumulator(node, ctx, a, b, nodes)
         if gemm is None:
             return _same_op(node, ctx, nodes)
-        acc, step = gemm
-    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=b.scalar_step)
+        acc, step, int32_sum = gemm
+    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=b.scalar_step, int32_sum=int32_sum)
     _replace_output_by_accumulator(node, ctx, twin, nodes)
     return True
 
 
+def _integer_product(node: NodeProto, ctx: LoweringContext, a: Twin, b: Twin, sign: float,
+                     nodes: list[NodeProto]) -> tuple[str, str | None, float, int] | None:
+    """``_integer_conv`` for a MatMul / Gemm (``sign`` of its alpha) of activation levels by a constant
+    int8 weight: MatMulInteger on uint8 activations (int16 ones in two bytes), as the quantized model
+    runs it; ``(A @ B)`` for a MatMul, ``sign * A @ op(B)`` for a Gemm. None where it does not apply."""
+    w = ctx.known(b.levels32) if b.levels32 else None
+    if w is None or w.ndim != 2 or b.bits != 8 or ctx.opset < 10 \
+            or (ctx.feed_calibration and ctx.switches) or not (a.bits == 16 or (a.bits == 8 and a.int8_levels)):
+        return None
+    if node.op_type == "Gemm" and helper.get_attribute_value(
+            next((x for x in node.attribute if x.name == "transB"), helper.make_attribute("transB", 0))):
+        w = w.T
+    w = w * np.float32(sign)
+    bound = float(np.abs(w.astype(np.float64)).sum(axis=0).max(initial=0.0)) * \
+        (2.0 ** (a.bits - 1) + (256 if a.bits == 16 else 0))
+    in_int32 = bound < 2.0**31
+    if a.bits == 16:
+        parts = uint8_kernels.int16_parts(ctx, levels32_of(ctx, a, f"{node.name}_a", nodes), node.name, nodes,
+                                          signed=False)
+    else:
+        parts = [(u8_levels(ctx, node.input[0], a, nodes), uint8_kernels.uint8_zero(ctx), 1.0)]
+    if uint8_kernels.signed_weights_exact():
+        weights, zero = ctx.constant(f"{node.name}_w_s8", w.astype(np.int8)), uint8_kernels.int8_zero(ctx)
+    else:
+        weights = ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + uint8_kernels.OFFSET).astype(np.uint8))
+        zero = uint8_kernels.uint8_zero(ctx)
+    acc = uint8_kernels.accumulate(ctx, parts, weights, {}, in_int32, node.name, nodes, op="MatMulInteger",
+                                   w_zero=zero)
+    return _accumulator(ctx, acc, in_int32, bound, w.shape[1], nodes)
+
+
 def _gemm_accumulator(node: NodeProto, ctx: LoweringContext, a: Twin, b: Twin,
-                      nodes: list[NodeProto]) -> tuple[str, str] | None:
-    """Levels and step of ``alpha * A @ op(B) + beta * C`` on the integer accumulator.
+                      nodes: list[NodeProto]) -> tuple[str, str, tuple | None] | None:
+    """Levels and step of ``alpha * A @ op(B) + beta * C`` on the integer accumulator (and its
+    ``Twin.int32_sum``).
 
     The quantize stage folds ``sign(alpha)`` into the weight levels, ``|alpha|`` into its
     steps and ``beta`` into the bias levels (HzBiasCalibration's gain), so the accumulator is
@@ -627,8 +663,10 @@ def _gemm_accumulator(node: NodeProto, ctx: LoweringContext, a: Twin, b: Twin,
     if attrs.get("transA", 0) or alpha == 0.0 or (bias and (c is None or c.levels is None)):
         return None
     out = node.output[0]
-    acc = _node(ctx, "Gemm", [a.levels, b.levels], f"{out}_acc_f64", nodes, alpha=float(np.sign(alpha)),
-                transB=int(attrs.get("transB", 0)))
+    integer = _integer_product(node, ctx, a, b, float(np.sign(alpha)), nodes)
+    acc = integer[0] if integer else _node(ctx, "Gemm", [a.levels, b.levels], f"{out}_acc_f64", nodes,
+                                           alpha=float(np.sign(alpha)), transB=int(attrs.get("transB", 0)))
+    int32_sum = _int32_sum(ctx, integer, c.levels if c is not None else None, node.name, 1)
     if c is not None:
         acc = _node(ctx, "Add", [acc, c.levels], f"{out}_acc_bias", nodes)
     column_steps = _node(ctx, "Reshape", [b.step, ctx.constant(f"{out}_columns", np.array([-1], dtype=np.int64))],
@@ -636,7 +674,7 @@ def _gemm_accumulator(node: NodeProto, ctx: LoweringContext, a: Twin, b: Twin,
     if abs(alpha) != 1.0:
         column_steps = _node(ctx, "Mul", [column_steps, ctx.constant(f"{out}_alpha", np.array(abs(alpha)))],
                              f"{out}_b_step_alpha", nodes)
-    return acc, _node(ctx, "Mul", [a.step, column_steps], f"{out}_acc_step", nodes)
+    return acc, _node(ctx, "Mul", [a.step, column_steps], f"{out}_acc_step", nodes), int32_sum
 
 
 def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
@@ -652,7 +690,7 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
         return False
     integer = _integer_conv(node, ctx, x, w, nodes)
     acc = integer[0] if integer else _float_conv(node, ctx, x, w, nodes)
-    int32_sum = _int32_sum(ctx, integer, ctx.twins[bias].levels if bias else None, node.name)
+    int32_sum = _int32_sum(ctx, integer, ctx.twins[bias].levels if bias else None, node.name, 1)
     channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
     if bias:
         b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes)
@@ -691,17 +729,18 @@ def _float_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes: 
 
 
 def _int32_sum(ctx: LoweringContext, integer: tuple[str, str | None, float, int] | None, bias_levels: str | None,
-               hint: str) -> tuple[str, str, int] | None:
-    """``Twin.int32_sum`` of a conv whose integer accumulator is int32 (``_integer_conv``) and whose bias
-    levels are constants that keep every biased sum within int32 (else None)."""
-    if integer is None or integer[1] is None:
+               hint: str, axis: int | None) -> tuple[str, str, int, int] | None:
+    """``Twin.int32_sum`` of a product whose integer accumulator is int32 (``_integer_conv``,
+    ``_integer_product``; channels along ``axis``) and whose bias levels are constants that keep every
+    biased sum within int32 (else None)."""
+    if integer is None or integer[1] is None or axis is None:
         return None
     _, acc, bound, channels = integer
     bias = np.zeros(channels) if bias_levels is None else ctx.known(bias_levels)
     if bias is None or bias.size not in (1, channels) or bound + float(np.max(np.abs(bias))) >= 2.0**31:
         return None
     zero = np.broadcast_to(-np.asarray(bias, np.float64).reshape(-1), (channels,)).astype(np.int32)
-    return acc, ctx.constant(f"{hint}_acc_zero", zero), channels
+    return acc, ctx.constant(f"{hint}_acc_zero", zero), channels, axis
 
 
 def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,
@@ -720,14 +759,13 @@ def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,
             or not shape or any(not isinstance(d, int) or d <= 0 for d in shape):
         return None
     x32 = levels32_of(ctx, x, f"{node.name}_x", nodes)
-    # Weight levels are at most 127: every sum of terms fits int32 up to this many terms per output.
-    terms = int(np.prod(shape[1:]))
-    bound = terms * 127 * (2.0 ** (x.bits - 1) + (256 if x.bits == 16 else 0))
+    weight_sum = _weight_sum(ctx, w, 0, 127.0 * int(np.prod(shape[1:])))
+    bound = weight_sum * (2.0 ** (x.bits - 1) + (256 if x.bits == 16 else 0))
     in_int32 = bound < 2.0**31
     conv_attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if int(conv_attrs.get("group", 1)) > 1:  # as the quantized model's grouped convs (float32, exact)
         acc = uint8_kernels.grouped_accumulator(ctx, x32, 2.0 ** (x.bits - 1), x.bits == 16,
-                                                levels32_of(ctx, w, f"{node.name}_w", nodes), 127.0 * terms,
+                                                levels32_of(ctx, w, f"{node.name}_w", nodes), weight_sum,
                                                 conv_attrs, in_int32, node.name, nodes)
         if acc is not None:
             return _accumulator(ctx, acc, in_int32, bound, shape[0], nodes)
@@ -743,6 +781,16 @@ def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,
                                          uint8_kernels.uint8_zero(ctx)], f"{node.name}_w_u8", nodes)
     acc = uint8_kernels.accumulate(ctx, parts, w_u8, conv_attrs, in_int32, node.name, nodes)
     return _accumulator(ctx, acc, in_int32, bound, shape[0], nodes)
+
+
+def _weight_sum(ctx: LoweringContext, w: Twin, axis: int, worst: float) -> float:
+    """The largest sum of |levels| of a weight over one output (channel ``axis``; ``worst`` where the levels
+    are not constants): with the largest input level, the bound of every partial sum of a product."""
+    levels = ctx.known(w.levels32) if w.levels32 else None
+    if levels is None or levels.ndim < 2:
+        return worst
+    return float(np.abs(np.moveaxis(levels.astype(np.float64), axis, 0)).reshape(levels.shape[axis], -1)
+                 .sum(axis=1).max(initial=0.0))
 
 
 def _accumulator(ctx: LoweringContext, acc: str, in_int32: bool, bound: float, channels: int,

@@ -222,21 +222,24 @@ def test_dead_channel_keeps_its_bias(tmp_path) -> None:
 
 
 
-def test_integer_conv_sums_are_requantized_without_float64(tmp_path) -> None:
-    """In the lowered calibrated model an int16 conv's int32 sum and its constant bias go to the
-    output grid in one DequantizeLinear (the bias as zero point), as the quantized model does, not
-    through float64 copies of the whole map. (int8 convs with constant grids are one QLinearConv.)"""
-    fm = resnet_like()
+@pytest.mark.parametrize("build", [resnet_like, featuremap_mlp], ids=["convs", "matmuls"])
+def test_integer_product_sums_are_requantized_without_float64(tmp_path, build) -> None:
+    """In the lowered calibrated model an int16 conv's or matrix product's int32 sum and its constant
+    bias go to the output grid in one DequantizeLinear (the bias as zero point), as the quantized
+    model does, not through float64 copies of the whole map. (int8 convs with constant grids are one
+    QLinearConv.)"""
+    fm = build()
     project = make_project(tmp_path, fm, cal_count=4)
     project.write(calibration_parameters={"calibration_type": "max", "optimization": "set_all_nodes_int16"})
     paths = makertbin(project.config_path, "onnx")
     lowered = lower_model(onnx.load(str(paths["calibrated"])))
     sums = set()
     for node in lowered.graph.node:
-        if node.op_type == "ConvInteger" or (node.op_type in ("Add", "Mul") and node.input[0] in sums):
+        if node.op_type in ("ConvInteger", "MatMulInteger") or (node.op_type in ("Add", "Mul") and
+                                                                 node.input[0] in sums):
             sums.add(node.output[0])
-    assert sums, "the calibrated model runs its convs on integer kernels"
+    assert sums, "the calibrated model runs its products on integer kernels"
     widened = [n.name for n in lowered.graph.node if n.op_type == "Cast" and n.input[0] in sums]
-    assert not widened, f"int32 conv sums cast to float64: {widened}"
+    assert not widened, f"int32 sums cast to float64: {widened}"
     requantized = [n for n in lowered.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in sums]
-    assert requantized, "no conv sum is requantized by DequantizeLinear"
+    assert requantized, "no sum is requantized by DequantizeLinear"
