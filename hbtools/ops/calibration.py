@@ -163,6 +163,8 @@ class HzCalibration(HzOp):
                       ctx.constant(f"{base}_qmax", np.array(hi, dtype=np.float32)))
             twins.fake_quant_twin(ctx, x, y, scale, bounds, bits, zp, base, nodes, scalar_step=scalar_step)
             return nodes
+        if ctx.exact and twins.int8_fake_quant(ctx, x, y, scales, (lo, hi), bits, a.get("kind"), zp, nodes):
+            return nodes
         fq_nodes, levels = _fake_quant(x, y, scale, (float(lo), float(hi)), ctx, base, zp, offset=offset)
         nodes += fq_nodes
         known = _known_levels(node, a, ctx) if zp is None else None

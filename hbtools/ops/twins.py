@@ -142,6 +142,21 @@ def _int8_output(ctx: LoweringContext, y: str, y_u8: str, step: float, nodes: li
                         int8_levels=True)
 
 
+def int8_fake_quant(ctx: LoweringContext, x: str, y: str, scales: np.ndarray, bounds: tuple[int, int], bits: int,
+                    kind: str | None, zero_point: str | None, nodes: list[NodeProto]) -> bool:
+    """A float32 activation's int8 fake quant on a constant grid as QuantizeLinear (uint8, zero point
+    128: x / s rounded half to even, saturated) then DequantizeLinear: the Div, Round, Clip, Mul of the
+    fake quant in two passes, and the uint8 levels the integer ops downstream read. False where it does
+    not apply (weights, int16, zero points, per-channel steps, opset < 12)."""
+    if kind != "activation" or bits != 8 or zero_point is not None or scales.size != 1 or ctx.opset < 12:
+        return False
+    step = np.float32(scales.reshape(-1)[0])
+    y_u8 = _node(ctx, "QuantizeLinear", [x, ctx.constant(f"{y}_scale", np.array(step)),
+                                         uint8_kernels.uint8_zero(ctx)], f"{y}_u8", nodes)
+    _int8_output(ctx, y, _u8_clip(ctx, y_u8, bounds[0], bounds[1], f"{y}_bounds", nodes), float(step), nodes)
+    return True
+
+
 def _u8_clip(ctx: LoweringContext, x_u8: str, lo: float, hi: float, hint: str, nodes: list[NodeProto]) -> str:
     """uint8 levels clipped to the int8 levels ``lo..hi`` (nothing to do for the whole range)."""
     if lo <= -128 and hi >= 127:
