@@ -677,6 +677,34 @@ def recurrent_head(w: int = 32, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, 8, w]}, [logits], opset)
 
 
+def linear_attention(h: int = 8, opset: int = 13) -> FloatModel:
+    """EfficientViT's ReLU linear attention (LiteMLA): q, k, v from one 1x1 conv; v gets a row of ones
+    (a Pad with value 1), so ``(v' kᵀ) q`` gives the numerator and, in its last row, the
+    normalizer; the output is their quotient (a Div of two tensors), then a projection and a residual."""
+    g = _Graph(36)
+    x = g.op("Relu", [g.conv("data", 3, 16)])
+    heads, dim, tokens = 2, 8, h * h
+    qkv = g.op("Reshape", [g.conv(x, 16, 3 * heads * dim, k=1),
+                           g.const(np.array([1, heads, 3 * dim, tokens], np.int64), "shape")])
+
+    def rows(start: int, stop: int, t: str = qkv) -> str:
+        return g.op("Slice", [t, g.const(np.array([start], np.int64), "s"), g.const(np.array([stop], np.int64), "e"),
+                              g.const(np.array([2], np.int64), "axes")])
+
+    q, k, v = g.op("Relu", [rows(0, dim)]), g.op("Relu", [rows(dim, 2 * dim)]), rows(2 * dim, 3 * dim)
+    pads = [0, 0, 0, 0, 0, 0, 1, 0]
+    if opset >= 11:
+        v = g.op("Pad", [v, g.const(np.array(pads, np.int64), "pads"), g.const(_f(1.0), "one")], mode="constant")
+    else:
+        v = g.op("Pad", [v], pads=pads, mode="constant", value=1.0)
+    kv = g.op("MatMul", [v, g.op("Transpose", [k], perm=[0, 1, 3, 2])])  # [1, heads, dim + 1, dim]
+    out = g.op("MatMul", [kv, q])  # [1, heads, dim + 1, tokens]
+    num, den = rows(0, dim, out), rows(dim, dim + 1, out)
+    y = g.op("Div", [num, g.op("Add", [den, g.const(_f(1e-15), "eps")])])
+    y = g.op("Reshape", [y, g.const(np.array([1, heads * dim, h, h], np.int64), "image")])
+    return g.model({"data": [1, 3, h, h]}, [g.op("Add", [g.conv(y, 16, 16, k=1), x])], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -702,4 +730,5 @@ BLOCKS = {
     "interpolating_decoder": interpolating_decoder,
     "prelu_upsampler": prelu_upsampler,
     "recurrent_head": recurrent_head,
+    "linear_attention": linear_attention,
 }

@@ -7,6 +7,8 @@ moved another way. docs/checker.md lists them with the exports they come from.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
@@ -95,6 +97,87 @@ def _zero_spatial_pads(node: NodeProto, view: GraphView) -> list[int] | None:
     if any(begin[:2]) or any(end[:2]):  # batch or channels padded
         return None
     return [*begin[2:], *end[2:]]
+
+
+def constant_pads_as_concats(model: ModelProto) -> None:
+    """A constant Pad left after ``zero_pads_into_convs`` (a value other than zero, as EfficientViT's
+    linear attention appends a row of ones; or zeros no Conv absorbs) as Concats of constant blocks, one
+    per padded axis: the same values, and Concat takes constants onto its output grid on the BPU.
+
+    Only float32 tensors of a known shape, pads given as constants and none negative (a crop)."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        pads = _constant_pads(node, view)
+        if pads is None:
+            nodes.append(node)
+            continue
+        shape, begin, end, value = pads
+        x, axes = node.input[0], [k for k in range(len(shape)) if begin[k] or end[k]]
+        for n, axis in enumerate(axes):
+            parts = []
+            for where, width in (("before", begin[axis]), ("after", end[axis])):
+                if width:
+                    block = np.full([*shape[:axis], width, *shape[axis + 1:]], value, dtype=np.float32)
+                    const = f"{node.name}_axis{axis}_{where}"
+                    model.graph.initializer.append(numpy_helper.from_array(block, const))
+                    parts.append(const)
+            parts.insert(1 if begin[axis] else 0, x)
+            last = n == len(axes) - 1
+            out = node.output[0] if last else f"{node.output[0]}_axis{axis}"
+            nodes.append(helper.make_node("Concat", parts, [out], name=node.name if last else f"{node.name}_axis{axis}",
+                                          axis=axis))
+            shape = [*shape[:axis], shape[axis] + begin[axis] + end[axis], *shape[axis + 1:]]
+            x = out
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _constant_pads(node: NodeProto, view: GraphView) -> tuple[list[int], list[int], list[int], float] | None:
+    """(input shape, pads before and after each axis, value) of a constant Pad of a float32 tensor of
+    known shape with constant, non-negative pads on some axis; else None."""
+    if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
+        return None
+    a = view.attrs(node)
+    if a.get("mode", b"constant") not in (b"constant", "constant"):
+        return None
+    shape = view.shapes.get(node.input[0])
+    if shape is None or any(not isinstance(d, int) or d <= 0 for d in shape) or \
+            view.elem_types.get(node.input[0]) != onnx.TensorProto.FLOAT:
+        return None
+    if len(node.input) > 1 and node.input[1]:  # opset 11: pads, value and axes are inputs
+        pads = view.const(node.input[1])
+        value = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(1)
+        if pads is None or value is None or value.size != 1 or (len(node.input) > 3 and node.input[3]):
+            return None
+        pads = [int(v) for v in pads.reshape(-1)]
+    else:
+        pads, value = list(a.get("pads", [])), np.array(a.get("value", 0.0))
+    rank = len(shape)
+    if len(pads) != 2 * rank or min(pads) < 0 or not any(pads):
+        return None
+    return list(shape), pads[:rank], pads[rank:], float(np.asarray(value).reshape(-1)[0])
+
+
+def divisions_as_reciprocal_products(model: ModelProto, placed: Mapping[str, str] | None = None) -> None:
+    """``a / b`` of two computed float tensors (the normalization of a linear attention) as
+    ``a * Reciprocal(b)``: a lookup table and a product of two tensors, both BPU forms, where a
+    division of two tensors has none. The Mul keeps the Div's name; a Div that ``placed`` (the
+    config's node_info) puts on the CPU stays."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type != "Div" or node.domain not in ("", "ai.onnx") or len(node.input) != 2 or \
+                (placed or {}).get(node.name) == "CPU" or \
+                any(view.is_const(i) for i in node.input) or \
+                any(view.elem_types.get(i) != onnx.TensorProto.FLOAT for i in node.input):
+            nodes.append(node)
+            continue
+        reciprocal = f"{node.output[0]}_reciprocal"
+        nodes += [helper.make_node("Reciprocal", [node.input[1]], [reciprocal], name=f"{node.name}_reciprocal"),
+                  helper.make_node("Mul", [node.input[0], reciprocal], [node.output[0]], name=node.name)]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def upsampling_by_whole_factors(model: ModelProto) -> None:

@@ -74,6 +74,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         log.info("%d layer normalizations written as one HzLayerNorm node each", fused)
     bpu_forms.spatial_reductions_as_global_pools(body)
     bpu_forms.zero_pads_into_convs(body)
+    bpu_forms.constant_pads_as_concats(body)
+    if profile is not None and profile.int16:  # the reciprocal table needs int16 (quant.plan)
+        bpu_forms.divisions_as_reciprocal_products(body, placed)
     bpu_forms.upsampling_by_whole_factors(body)
     bpu_forms.interpolations_as_matmuls(body)
     if profile is not None:

@@ -331,6 +331,14 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         if kernel is not None and kernel.int16_input and profile.int16:
             for t in unit.inputs:
                 request(t, f"node {unit.main.name} input")
+    # A reciprocal table (a Div of two tensors, ``bpu_forms.divisions_as_reciprocal_products``) maps a
+    # divisor over orders of magnitude to its inverse: on int8 grids the small divisors share a few levels
+    # and the large ones' inverses round to zero, so both sides are int16 where the march has it.
+    for unit in part.units:
+        if unit.on == "BPU" and unit.kind == "lut" and profile.int16 and \
+                any(n.op_type == "Reciprocal" for n in unit.nodes):
+            for t in [*unit.inputs, *unit.outputs]:
+                request(t, f"node {unit.main.name} (a reciprocal table)")
     node_info = config.model.node_info if config else {}
     all16 = opts.all_int16
     for unit in part.units:

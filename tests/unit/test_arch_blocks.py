@@ -35,13 +35,16 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
 @pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means", "padded_convs",
                                    "bilinear_decoder", "layer_norms", "wide_heads",
                                    "vit_embedding", "unfolded_patches", "uneven_average_pools",
-                                   "interpolating_decoder", "prelu_upsampler", "recurrent_head"])
+                                   "interpolating_decoder", "prelu_upsampler", "recurrent_head",
+                                   "linear_attention"])
 @pytest.mark.parametrize("opset", [13, 18])
 def test_blocks_run_wholly_on_the_bpu(block: str, opset: int, tmp_path: Path) -> None:
     """Means and maxima over H and W (PyTorch's SE and CBAM gates and pooling heads) are global
     pools, and means over other axes (CBAM's channel mean, a mean over tokens) integer sums; a
     zero Pad before a conv is its padding, an edge or reflect Pad data movement; a bilinear
-    upsampling by 2 or 4 a depthwise transposed convolution, a resize of one pixel a Tile. BPU
+    upsampling by 2 or 4 a depthwise transposed convolution, a resize of one pixel a Tile; a Pad
+    with a value other than zero Concats of constants, a Div of two tensors a product with a
+    Reciprocal table (a linear attention). BPU
     ops, one BPU subgraph, nothing on the CPU (ReduceMean used to cut the model into a subgraph
     per SE block, a Pad to put the input conv on the CPU, a bilinear Resize a decoder)."""
     fm = arch_builders.BLOCKS[block](opset=opset)

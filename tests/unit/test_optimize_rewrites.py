@@ -238,3 +238,54 @@ def test_batch_first_recurrent_layers_which_onnxruntime_cannot_load_convert_when
     clipped = _recurrent_model("LSTM", "forward", 1, 14, bias=True, initial=False, clip=2.0)
     with pytest.raises(HbError, match="onnxruntime cannot load the model"):
         optimize.run(clipped)
+
+
+def _pad_div_model(opset: int, value: float, pads: list[int]):
+    """y = Pad(x, value) / (Pad(x, value) reduced over its last axis, + 1): a constant Pad and a Div of two
+    tensors, as a linear attention writes them."""
+    if opset >= 11:
+        pad = helper.make_node("Pad", ["x", "pads", "value"], ["p"], name="pad", mode="constant")
+        inits = [numpy_helper.from_array(np.array(pads, np.int64), "pads"),
+                 numpy_helper.from_array(np.array(value, np.float32), "value")]
+    else:
+        pad = helper.make_node("Pad", ["x"], ["p"], name="pad", mode="constant", pads=pads, value=value)
+        inits = []
+    nodes = [pad, helper.make_node("ReduceSum" if opset >= 13 else "ReduceMean", ["p", "axes"] if opset >= 13 else
+                                   ["p"], ["s"], name="sum", keepdims=1, **({} if opset >= 13 else {"axes": [-1]})),
+             helper.make_node("Abs", ["s"], ["a"], name="abs"),
+             helper.make_node("Add", ["a", "one"], ["d"], name="plus_one"),
+             helper.make_node("Div", ["p", "d"], ["y"], name="div")]
+    inits += [numpy_helper.from_array(np.array([-1], np.int64), "axes"), numpy_helper.from_array(np.float32(1), "one")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("opset", [10, 11, 13, 18])
+@pytest.mark.parametrize("value, pads", [(1.0, [0, 0, 0, 0, 0, 0, 1, 0]), (-2.5, [0, 1, 2, 0, 0, 0, 0, 3]),
+                                         (0.0, [1, 0, 0, 1, 0, 0, 0, 0])])
+def test_constant_pads_and_divisions_of_two_tensors_compute_the_same(opset: int, value: float, pads: list[int]) -> None:
+    """A constant Pad becomes Concats of constant blocks (the same values exactly), a Div of two tensors a
+    Mul by a Reciprocal (to float32 rounding); both keep their names on the node writing their output."""
+    from hbtools.march.profiles import get_profile
+
+    model = _pad_div_model(opset, value, pads)
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    types = {n.name: n.op_type for n in optimized.graph.node}
+    assert types["pad"] == "Concat" and types["div"] == "Mul" and types["div_reciprocal"] == "Reciprocal", types
+    assert "Pad" not in types.values() and "Div" not in types.values()
+    x = np.random.default_rng(opset).standard_normal((1, 2, 3, 5)).astype(np.float32)
+    np.testing.assert_allclose(_run(optimized, x), _run(model, x), rtol=1e-6, atol=1e-7)
+
+
+def test_divisions_stay_where_the_config_or_the_march_keeps_them() -> None:
+    """node_info ON: CPU keeps the Div; so does a march without int16 (its reciprocal table would be int8)."""
+    from hbtools.march.profiles import get_profile
+
+    model = _pad_div_model(13, 1.0, [0, 0, 0, 0, 0, 0, 1, 0])
+    for kept in (optimize.run(model, get_profile("bayes-e"), placed={"div": "CPU"}),
+                 optimize.run(model, get_profile("bernoulli2"))):
+        assert [n.op_type for n in kept.graph.node if n.name == "div"] == ["Div"]
+        assert not any(n.op_type == "Reciprocal" for n in kept.graph.node)
