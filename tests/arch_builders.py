@@ -705,6 +705,23 @@ def linear_attention(h: int = 8, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.op("Add", [g.conv(y, 16, 16, k=1), x])], opset)
 
 
+def aspp_head(h: int = 40, opset: int = 13) -> FloatModel:
+    """DeepLabV3's atrous spatial pyramid pooling: parallel 3x3 convolutions dilated 6, 12 and 18 (24 and
+    36 at output stride 8) beside a 1x1 conv and an image-pooling branch, joined by Concat."""
+    g = _Graph(37)
+    x = g.op("Relu", [g.conv("data", 3, 8)])
+
+    def atrous(d: int) -> str:
+        w = (g.rng.standard_normal((8, 8, 3, 3)) / np.sqrt(72)).astype(np.float32)
+        return g.op("Relu", [g.op("Conv", [x, g.const(w, "w")], kernel_shape=[3, 3], dilations=[d, d],
+                                  pads=[d, d, d, d])])
+
+    pooled = g.op("Relu", [g.conv(g.op("GlobalAveragePool", [x]), 8, 8, k=1)])
+    image = g.op("Resize", [pooled, "", "", g.const(np.array([1, 8, h, h], np.int64), "sizes")], mode="linear")
+    joined = g.op("Concat", [g.op("Relu", [g.conv(x, 8, 8, k=1)]), atrous(6), atrous(12), atrous(18), image], axis=1)
+    return g.model({"data": [1, 3, h, h]}, [g.conv(joined, 40, 4, k=1)], opset)
+
+
 BLOCKS = {
     "mobilenetv3_block": mobilenetv3_block,
     "yolox_head": yolox_head,
@@ -731,4 +748,5 @@ BLOCKS = {
     "prelu_upsampler": prelu_upsampler,
     "recurrent_head": recurrent_head,
     "linear_attention": linear_attention,
+    "aspp_head": aspp_head,
 }

@@ -342,6 +342,66 @@ def large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile
     model.graph.node.extend(nodes)
 
 
+def dilated_convs_by_phases(model: ModelProto, profile: MarchProfile, placed: Mapping[str, str] | None = None) -> None:
+    """A stride-1 Conv dilated beyond what the BPU takes (DeepLab's ASPP at 18, 24, 36) as the same
+    Conv with dilation ``d / f`` on each of the ``f x f`` phases of the map: SpaceToDepth by ``f``
+    (phase (i, j) of channel c at (i * f + j) * C + c), one Conv with ``f²`` times the groups and
+    the weight repeated per phase, then DepthToSpace back. Output pixel ``f·a + r`` reads only input
+    pixels ``f·b + r``, so each phase is a Conv of its own phase: the same sums. Only where the map,
+    the output and the pads divide by ``f``; not where node_info puts the Conv on the CPU."""
+    rule = profile.rule("Conv")
+    limit = rule.dilation if rule is not None else None
+    if limit is None:
+        return
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        phases = _phase_factor(node, view, limit) if (placed or {}).get(node.name) != "CPU" else None
+        if phases is None:
+            nodes.append(node)
+            continue
+        f, a = phases, view.attrs(node)
+        w = view.const(node.input[1])
+        weight = f"{node.input[1]}_{node.name}_phases"
+        model.graph.initializer.append(numpy_helper.from_array(np.tile(w, (f * f, 1, 1, 1)), weight))
+        inputs = [f"{node.input[0]}_{node.name}_phases", weight]
+        if len(node.input) > 2 and node.input[2]:
+            bias = f"{node.input[2]}_{node.name}_phases"
+            model.graph.initializer.append(numpy_helper.from_array(np.tile(view.const(node.input[2]), f * f), bias))
+            inputs.append(bias)
+        out = f"{node.output[0]}_phases"
+        nodes += [helper.make_node("SpaceToDepth", [node.input[0]], [inputs[0]], name=f"{node.name}_to_phases",
+                                   blocksize=f),
+                  helper.make_node("Conv", inputs, [out], name=node.name, kernel_shape=list(w.shape[2:]),
+                                   dilations=[d // f for d in a["dilations"]], pads=[p // f for p in a["pads"]],
+                                   group=int(a.get("group", 1)) * f * f),
+                  helper.make_node("DepthToSpace", [out], list(node.output), name=f"{node.name}_from_phases",
+                                   blocksize=f, mode="DCR")]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _phase_factor(node: NodeProto, view: GraphView, limit: int) -> int | None:
+    """The smallest ``f`` that brings a 2-D Conv's dilations within ``limit`` and divides them, its map, its
+    output and its pads (None: not such a Conv, or none does)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    w, b = view.const(node.input[1]), view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    a = view.attrs(node)
+    dilations = list(a.get("dilations", [1, 1]))
+    if w is None or w.ndim != 4 or (len(node.input) > 2 and node.input[2] and b is None) or max(dilations) <= limit \
+            or shape is None or out is None or len(shape) != 4 or len(out) != 4 \
+            or any(not isinstance(d, int) for d in [*shape, *out]) or any(s != 1 for s in a.get("strides", [1, 1])) \
+            or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or "pads" not in a:
+        return None
+    for f in range(2, max(dilations) + 1):
+        if all(d % f == 0 for d in dilations) and max(dilations) // f <= limit:
+            sizes = [*shape[2:], *out[2:], *a["pads"]]
+            return f if all(v % f == 0 for v in sizes) else None
+    return None
+
+
 def transposes_in_fewer_axes(model: ModelProto) -> None:
     """A Transpose of more than 4 axes between two Reshapes (MobileViT's unfolding into patches goes through
     [1, C, h, 2, w, 2]) moves the same elements with its size-1 axes dropped and with the axes that stay

@@ -81,6 +81,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     bpu_forms.interpolations_as_matmuls(body)
     if profile is not None:
         bpu_forms.large_patch_convs_as_space_to_depth(body, profile)
+        bpu_forms.dilated_convs_by_phases(body, profile, placed)
     bpu_forms.transposes_in_fewer_axes(body)
     bpu_forms.average_pools_over_whole_windows(body)
     _fold_affine_into_conv(body)

@@ -36,7 +36,7 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
                                    "bilinear_decoder", "layer_norms", "wide_heads",
                                    "vit_embedding", "unfolded_patches", "uneven_average_pools",
                                    "interpolating_decoder", "prelu_upsampler", "recurrent_head",
-                                   "linear_attention"])
+                                   "linear_attention", "aspp_head"])
 @pytest.mark.parametrize("opset", [13, 18])
 def test_blocks_run_wholly_on_the_bpu(block: str, opset: int, tmp_path: Path) -> None:
     """Means and maxima over H and W (PyTorch's SE and CBAM gates and pooling heads) are global
@@ -44,7 +44,8 @@ def test_blocks_run_wholly_on_the_bpu(block: str, opset: int, tmp_path: Path) ->
     zero Pad before a conv is its padding, an edge or reflect Pad data movement; a bilinear
     upsampling by 2 or 4 a depthwise transposed convolution, a resize of one pixel a Tile; a Pad
     with a value other than zero Concats of constants, a Div of two tensors a product with a
-    Reciprocal table (a linear attention). BPU
+    Reciprocal table (a linear attention); a conv dilated beyond the march a conv over the map's
+    phases (ASPP). BPU
     ops, one BPU subgraph, nothing on the CPU (ReduceMean used to cut the model into a subgraph
     per SE block, a Pad to put the input conv on the CPU, a bilinear Resize a decoder)."""
     fm = arch_builders.BLOCKS[block](opset=opset)

@@ -289,3 +289,34 @@ def test_divisions_stay_where_the_config_or_the_march_keeps_them() -> None:
                  optimize.run(model, get_profile("bernoulli2"))):
         assert [n.op_type for n in kept.graph.node if n.name == "div"] == ["Div"]
         assert not any(n.op_type == "Reciprocal" for n in kept.graph.node)
+
+
+def _dilated_model(size: int, dilations: list[int], group: int, bias: bool):
+    w = np.random.default_rng(5).standard_normal((6, 4 // group, 3, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(np.arange(6, dtype=np.float32), "b")]
+                                                  if bias else [])
+    node = helper.make_node("Conv", ["x", "w", *(["b"] if bias else [])], ["y"], name="aspp", kernel_shape=[3, 3],
+                            dilations=dilations, pads=[dilations[0], dilations[1]] * 2, group=group)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("size, dilations, group, bias", [(40, [18, 18], 1, True), (48, [24, 24], 2, False),
+                                                          (36, [18, 36], 1, True)])
+def test_convs_dilated_beyond_the_march_run_by_phases(size: int, dilations: list[int], group: int, bias: bool) -> None:
+    """DeepLab's ASPP dilations (18, 24, 36 > 16 on the bayes family) become SpaceToDepth, a Conv over the
+    phases with the dilation divided, and DepthToSpace: the same values, and a Conv the BPU takes."""
+    from hbtools.march.profiles import get_profile
+
+    model = _dilated_model(size, dilations, group, bias)
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    assert [n.op_type for n in optimized.graph.node] == ["SpaceToDepth", "Conv", "DepthToSpace"]
+    conv = next(n for n in optimized.graph.node if n.name == "aspp")
+    assert max(helper.get_attribute_value(next(a for a in conv.attribute if a.name == "dilations"))) <= 16
+    x = np.random.default_rng(size).standard_normal((1, 4, size, size)).astype(np.float32)
+    np.testing.assert_allclose(_run(optimized, x), _run(model, x), rtol=1e-5, atol=1e-5)
+    odd = optimize.run(_dilated_model(size + 1, dilations, group, bias), get_profile("bayes-e"))
+    assert [n.op_type for n in odd.graph.node] == ["Conv"], "a map that does not divide into phases stays"
