@@ -76,6 +76,11 @@ ROUNDING_FUSIONS = ("GeluFusion", "GeluFusionL1", "GeluFusionL2", "LayerNormFusi
                     "LayerNormFusionL2", "SimplifiedLayerNormFusion", "SkipLayerNormFusion", "BiasGeluFusion",
                     "FastGeluFusion", "QuickGeluFusion", "BiasSoftmaxFusion", "MatMulScaleFusion",
                     "MatMulAddFusion", "AttentionFusion", "EmbedLayerNormFusion")
+# onnxruntime (1.20 on) quantizes the constant float weight and bias of a Conv / Gemm / MatMul whose
+# input comes from a DequantizeLinear, to make a QDQ unit of it. Every float product hbtools lowers
+# is meant as it stands (a CPU node's float weights; a float conv over whole-number levels), so no
+# session lets it: it changed a debugger reference's conv output by 0.04.
+WEIGHT_REQUANTIZATION = ("WeightBiasQuantization",)
 
 
 def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, per_node: bool = False,
@@ -115,7 +120,7 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     if optimized_model_path:
         options.optimized_model_filepath = optimized_model_path
     return _Session(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
-                    disabled_optimizers=[] if rounding_fusions else list(ROUNDING_FUSIONS))
+                    disabled_optimizers=[*WEIGHT_REQUANTIZATION, *([] if rounding_fusions else ROUNDING_FUSIONS)])
 
 
 class _Session(ort.InferenceSession):

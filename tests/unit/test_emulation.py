@@ -243,3 +243,32 @@ def test_integer_product_sums_are_requantized_without_float64(tmp_path, build) -
     assert not widened, f"int32 sums cast to float64: {widened}"
     requantized = [n for n in lowered.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in sums]
     assert requantized, "no sum is requantized by DequantizeLinear"
+
+
+def test_float_convs_between_dequantize_and_quantize_keep_their_float_weights() -> None:
+    """onnxruntime quantizes the float weight and bias of a Conv between a DequantizeLinear and a
+    QuantizeLinear (to make a QDQ unit of it); a CPU conv between two BPU subgraphs, or a calibrated
+    model's conv, must compute with its own float weights. HB_ONNXRuntime's sessions agree with
+    onnxruntime running the graph unoptimized (they differed by 0.12)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32) * np.float32(0.37)
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["x"]),
+         helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("QuantizeLinear", ["y", "s", "z"], ["yq"])], "dq_conv_q",
+        [helper.make_tensor_value_info("q", TensorProto.UINT8, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8]),
+         helper.make_tensor_value_info("yq", TensorProto.UINT8, [1, 6, 8, 8])],
+        [numpy_helper.from_array(np.array(0.0371, np.float32), "s"),
+         numpy_helper.from_array(np.array(128, np.uint8), "z"), numpy_helper.from_array(w, "w"),
+         numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    q = rng.integers(0, 256, (1, 4, 8, 8)).astype(np.uint8)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+        None, {"q": q})[0]
+    got = HB_ONNXRuntime(onnx_model=model).run(None, {"q": q})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
