@@ -167,7 +167,7 @@ class HzCalibration(HzOp):
             return nodes
         fq_nodes, levels = _fake_quant(x, y, scale, (float(lo), float(hi)), ctx, base, zp, offset=offset)
         nodes += fq_nodes
-        known = _known_levels(node, a, ctx) if zp is None else None
+        known = _known_levels(node, a, ctx) if zp is None and ctx.exact else None
         if known is not None:  # a constant weight: its levels as a constant too (the quantized model's integers)
             levels = ctx.constant(f"{base}_levels", known)
         twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, scalar_step=scalar_step,
