@@ -18,6 +18,7 @@ from hbtools.march.profiles import MarchProfile
 from hbtools.runtime.session import ort_session
 
 _GLOBAL_POOL_OF = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
+PAD_BLOCK_ELEMENTS = 1 << 22  # a constant block a Pad may become (16 MB of float32)
 
 
 def spatial_reductions_as_global_pools(model: ModelProto) -> None:
@@ -104,7 +105,8 @@ def constant_pads_as_concats(model: ModelProto) -> None:
     linear attention appends a row of ones; or zeros no Conv absorbs) as Concats of constant blocks, one
     per padded axis: the same values, and Concat takes constants onto its output grid on the BPU.
 
-    Only float32 tensors of a known shape, pads given as constants and none negative (a crop)."""
+    Only float32 tensors of a known shape, pads given as constants and none negative (a crop), and
+    blocks of at most ``PAD_BLOCK_ELEMENTS`` values (a padded batch of a large map stays a Pad)."""
     view = GraphView(model)
     nodes = []
     for node in model.graph.node:
@@ -156,6 +158,12 @@ def _constant_pads(node: NodeProto, view: GraphView) -> tuple[list[int], list[in
     rank = len(shape)
     if len(pads) != 2 * rank or min(pads) < 0 or not any(pads):
         return None
+    grown = list(shape)
+    for axis in range(rank):  # the blocks of each axis are as large as the map padded so far
+        block = max(pads[axis], pads[rank + axis]) * int(np.prod(grown)) // grown[axis]
+        if block > PAD_BLOCK_ELEMENTS:
+            return None
+        grown[axis] += pads[axis] + pads[rank + axis]
     return list(shape), pads[:rank], pads[rank:], float(np.asarray(value).reshape(-1)[0])
 
 

@@ -320,3 +320,15 @@ def test_convs_dilated_beyond_the_march_run_by_phases(size: int, dilations: list
     np.testing.assert_allclose(_run(optimized, x), _run(model, x), rtol=1e-5, atol=1e-5)
     odd = optimize.run(_dilated_model(size + 1, dilations, group, bias), get_profile("bayes-e"))
     assert [n.op_type for n in odd.graph.node] == ["Conv"], "a map that does not divide into phases stays"
+
+
+def test_a_pad_that_would_need_a_large_constant_block_stays() -> None:
+    """Padding the batch of a large map would store a whole map of the value in the model: it stays a Pad."""
+    pad = helper.make_node("Pad", ["x", "pads", "value"], ["y"], name="pad", mode="constant")
+    graph = helper.make_graph([pad], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 1024, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([1, 0, 0, 0, 0, 0, 0, 0], np.int64), "pads"),
+                               numpy_helper.from_array(np.array(1.0, np.float32), "value")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    assert [n.op_type for n in optimize.run(model).graph.node] == ["Pad"]
