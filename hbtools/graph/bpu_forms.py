@@ -100,20 +100,23 @@ def _zero_spatial_pads(node: NodeProto, view: GraphView) -> list[int] | None:
     return [*begin[2:], *end[2:]]
 
 
-def constant_pads_as_concats(model: ModelProto) -> None:
+def constant_pads_as_concats(model: ModelProto) -> int:
     """A constant Pad left after ``zero_pads_into_convs`` (a value other than zero, as EfficientViT's
     linear attention appends a row of ones; or zeros no Conv absorbs) as Concats of constant blocks, one
     per padded axis: the same values, and Concat takes constants onto its output grid on the BPU.
 
     Only float32 tensors of a known shape, pads given as constants and none negative (a crop), and
-    blocks of at most ``PAD_BLOCK_ELEMENTS`` values (a padded batch of a large map stays a Pad)."""
+    blocks of at most ``PAD_BLOCK_ELEMENTS`` values (a padded batch of a large map stays a Pad). Returns
+    how many Pads it rewrote."""
     view = GraphView(model)
     nodes = []
+    count = 0
     for node in model.graph.node:
         pads = _constant_pads(node, view)
         if pads is None:
             nodes.append(node)
             continue
+        count += 1
         shape, begin, end, value = pads
         x, axes = node.input[0], [k for k in range(len(shape)) if begin[k] or end[k]]
         for n, axis in enumerate(axes):
@@ -133,6 +136,7 @@ def constant_pads_as_concats(model: ModelProto) -> None:
             x = out
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    return count
 
 
 def _constant_pads(node: NodeProto, view: GraphView) -> tuple[list[int], list[int], list[int], float] | None:
@@ -167,13 +171,14 @@ def _constant_pads(node: NodeProto, view: GraphView) -> tuple[list[int], list[in
     return list(shape), pads[:rank], pads[rank:], float(np.asarray(value).reshape(-1)[0])
 
 
-def divisions_as_reciprocal_products(model: ModelProto, placed: Mapping[str, str] | None = None) -> None:
+def divisions_as_reciprocal_products(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
     """``a / b`` of two computed float tensors (the normalization of a linear attention) as
     ``a * Reciprocal(b)``: a lookup table and a product of two tensors, both BPU forms, where a
     division of two tensors has none. The Mul keeps the Div's name; a Div that ``placed`` (the
-    config's node_info) puts on the CPU stays."""
+    config's node_info) puts on the CPU stays. Returns how many Divs it rewrote."""
     view = GraphView(model)
     nodes = []
+    count = 0
     for node in model.graph.node:
         if node.op_type != "Div" or node.domain not in ("", "ai.onnx") or len(node.input) != 2 or \
                 (placed or {}).get(node.name) == "CPU" or \
@@ -181,11 +186,13 @@ def divisions_as_reciprocal_products(model: ModelProto, placed: Mapping[str, str
                 any(view.elem_types.get(i) != onnx.TensorProto.FLOAT for i in node.input):
             nodes.append(node)
             continue
+        count += 1
         reciprocal = f"{node.output[0]}_reciprocal"
         nodes += [helper.make_node("Reciprocal", [node.input[1]], [reciprocal], name=f"{node.name}_reciprocal"),
                   helper.make_node("Mul", [node.input[0], reciprocal], [node.output[0]], name=node.name)]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    return count
 
 
 def upsampling_by_whole_factors(model: ModelProto) -> None:
@@ -350,24 +357,27 @@ def large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile
     model.graph.node.extend(nodes)
 
 
-def dilated_convs_by_phases(model: ModelProto, profile: MarchProfile, placed: Mapping[str, str] | None = None) -> None:
+def dilated_convs_by_phases(model: ModelProto, profile: MarchProfile, placed: Mapping[str, str] | None = None) -> int:
     """A stride-1 Conv dilated beyond what the BPU takes (DeepLab's ASPP at 18, 24, 36) as the same
     Conv with dilation ``d / f`` on each of the ``f x f`` phases of the map: SpaceToDepth by ``f``
     (phase (i, j) of channel c at (i * f + j) * C + c), one Conv with ``f²`` times the groups and
     the weight repeated per phase, then DepthToSpace back. Output pixel ``f·a + r`` reads only input
     pixels ``f·b + r``, so each phase is a Conv of its own phase: the same sums. Only where the map,
-    the output and the pads divide by ``f``; not where node_info puts the Conv on the CPU."""
+    the output and the pads divide by ``f``; not where node_info puts the Conv on the CPU. Returns how
+    many Convs it rewrote."""
     rule = profile.rule("Conv")
     limit = rule.dilation if rule is not None else None
     if limit is None:
-        return
+        return 0
     view = GraphView(model)
     nodes = []
+    count = 0
     for node in model.graph.node:
         phases = _phase_factor(node, view, limit) if (placed or {}).get(node.name) != "CPU" else None
         if phases is None:
             nodes.append(node)
             continue
+        count += 1
         f, a = phases, view.attrs(node)
         w = view.const(node.input[1])
         weight = f"{node.input[1]}_{node.name}_phases"
@@ -387,6 +397,7 @@ def dilated_convs_by_phases(model: ModelProto, profile: MarchProfile, placed: Ma
                                    blocksize=f, mode="DCR")]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    return count
 
 
 def _phase_factor(node: NodeProto, view: GraphView, limit: int) -> int | None:

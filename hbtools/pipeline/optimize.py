@@ -74,14 +74,19 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         log.info("%d layer normalizations written as one HzLayerNorm node each", fused)
     bpu_forms.spatial_reductions_as_global_pools(body)
     bpu_forms.zero_pads_into_convs(body)
-    bpu_forms.constant_pads_as_concats(body)
+    rewritten = {"constant Pads written as Concats of constant blocks": bpu_forms.constant_pads_as_concats(body)}
     if profile is not None and profile.int16:  # the reciprocal table needs int16 (quant.plan)
-        bpu_forms.divisions_as_reciprocal_products(body, placed)
+        rewritten["Divs of two tensors written as a product with an int16 reciprocal table"] = \
+            bpu_forms.divisions_as_reciprocal_products(body, placed)
     bpu_forms.upsampling_by_whole_factors(body)
     bpu_forms.interpolations_as_matmuls(body)
     if profile is not None:
         bpu_forms.large_patch_convs_as_space_to_depth(body, profile)
-        bpu_forms.dilated_convs_by_phases(body, profile, placed)
+        rewritten["convs dilated beyond the BPU's limit run over the map's phases"] = \
+            bpu_forms.dilated_convs_by_phases(body, profile, placed)
+    for what, count in rewritten.items():
+        if count:
+            log.info("%d %s", count, what)
     bpu_forms.transposes_in_fewer_axes(body)
     bpu_forms.average_pools_over_whole_windows(body)
     _fold_affine_into_conv(body)
