@@ -76,28 +76,36 @@ def zero_pads_into_convs(model: ModelProto) -> None:
 
 def _zero_spatial_pads(node: NodeProto, view: GraphView) -> list[int] | None:
     """The [begin..., end...] pads of the spatial axes of a Pad that adds zeros to them only (None: not one)."""
+    spec = _constant_pad(node, view)
+    if spec is None:
+        return None
+    shape, pads, value = spec
+    rank = len(shape)
+    if len(shape) < 3 or value != 0 or any(pads[:2]) or any(pads[rank:rank + 2]):  # batch or channels padded
+        return None
+    return [*pads[2:rank], *pads[rank + 2:]]
+
+
+def _constant_pad(node: NodeProto, view: GraphView) -> tuple[list, list[int], float] | None:
+    """(input shape, [begin..., end...] pads, value) of a constant-mode Pad whose pads and value are constants,
+    none negative (a crop), over a tensor of known rank (None: not one)."""
     if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
         return None
     a = view.attrs(node)
-    mode = a.get("mode", b"constant")
-    if mode not in (b"constant", "constant"):
+    if a.get("mode", b"constant") not in (b"constant", "constant"):
         return None
     shape = view.shapes.get(node.input[0])
     if len(node.input) > 1 and node.input[1]:  # opset 11: pads (and value, axes) are inputs
         pads = view.const(node.input[1])
         value = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(1)
-        if pads is None or value is None or (len(node.input) > 3 and node.input[3]):
+        if pads is None or value is None or value.size != 1 or (len(node.input) > 3 and node.input[3]):
             return None
         pads = [int(v) for v in pads.reshape(-1)]
     else:
         pads, value = list(a.get("pads", [])), np.array(a.get("value", 0.0))
-    if shape is None or len(pads) != 2 * len(shape) or len(shape) < 3 or np.any(value != 0) or min(pads) < 0:
+    if shape is None or len(pads) != 2 * len(shape) or min(pads) < 0:
         return None
-    rank = len(shape)
-    begin, end = pads[:rank], pads[rank:]
-    if any(begin[:2]) or any(end[:2]):  # batch or channels padded
-        return None
-    return [*begin[2:], *end[2:]]
+    return list(shape), pads, float(np.asarray(value).reshape(-1)[0])
 
 
 def constant_pads_as_concats(model: ModelProto) -> int:
@@ -112,13 +120,16 @@ def constant_pads_as_concats(model: ModelProto) -> int:
     nodes = []
     count = 0
     for node in model.graph.node:
-        pads = _constant_pads(node, view)
-        if pads is None:
+        spec = _constant_pad(node, view)
+        if spec is None or not any(spec[1]) or not _fits_blocks(spec[0], spec[1]) or \
+                view.elem_types.get(node.input[0]) != onnx.TensorProto.FLOAT:
             nodes.append(node)
             continue
         count += 1
-        shape, begin, end, value = pads
-        x, axes = node.input[0], [k for k in range(len(shape)) if begin[k] or end[k]]
+        shape, pads, value = spec
+        rank = len(shape)
+        begin, end = pads[:rank], pads[rank:]
+        x, axes = node.input[0], [k for k in range(rank) if begin[k] or end[k]]
         for n, axis in enumerate(axes):
             parts = []
             for where, width in (("before", begin[axis]), ("after", end[axis])):
@@ -139,36 +150,18 @@ def constant_pads_as_concats(model: ModelProto) -> int:
     return count
 
 
-def _constant_pads(node: NodeProto, view: GraphView) -> tuple[list[int], list[int], list[int], float] | None:
-    """(input shape, pads before and after each axis, value) of a constant Pad of a float32 tensor of
-    known shape with constant, non-negative pads on some axis; else None."""
-    if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
-        return None
-    a = view.attrs(node)
-    if a.get("mode", b"constant") not in (b"constant", "constant"):
-        return None
-    shape = view.shapes.get(node.input[0])
-    if shape is None or any(not isinstance(d, int) or d <= 0 for d in shape) or \
-            view.elem_types.get(node.input[0]) != onnx.TensorProto.FLOAT:
-        return None
-    if len(node.input) > 1 and node.input[1]:  # opset 11: pads, value and axes are inputs
-        pads = view.const(node.input[1])
-        value = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(1)
-        if pads is None or value is None or value.size != 1 or (len(node.input) > 3 and node.input[3]):
-            return None
-        pads = [int(v) for v in pads.reshape(-1)]
-    else:
-        pads, value = list(a.get("pads", [])), np.array(a.get("value", 0.0))
+def _fits_blocks(shape: list, pads: list[int]) -> bool:
+    """Whether a map of static ``shape`` padded by ``pads`` takes constant blocks of at most
+    ``PAD_BLOCK_ELEMENTS`` values (each axis's blocks are as large as the map padded so far)."""
+    if any(not isinstance(d, int) or d <= 0 for d in shape):
+        return False
     rank = len(shape)
-    if len(pads) != 2 * rank or min(pads) < 0 or not any(pads):
-        return None
     grown = list(shape)
-    for axis in range(rank):  # the blocks of each axis are as large as the map padded so far
-        block = max(pads[axis], pads[rank + axis]) * int(np.prod(grown)) // grown[axis]
-        if block > PAD_BLOCK_ELEMENTS:
-            return None
+    for axis in range(rank):
+        if max(pads[axis], pads[rank + axis]) * int(np.prod(grown)) // grown[axis] > PAD_BLOCK_ELEMENTS:
+            return False
         grown[axis] += pads[axis] + pads[rank + axis]
-    return list(shape), pads[:rank], pads[rank:], float(np.asarray(value).reshape(-1)[0])
+    return True
 
 
 def divisions_as_reciprocal_products(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:

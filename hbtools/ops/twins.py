@@ -652,11 +652,7 @@ def _integer_product(node: NodeProto, ctx: LoweringContext, a: Twin, b: Twin, si
                                           signed=False)
     else:
         parts = [(u8_levels(ctx, node.input[0], a, nodes), uint8_kernels.uint8_zero(ctx), 1.0)]
-    if uint8_kernels.signed_weights_exact():
-        weights, zero = ctx.constant(f"{node.name}_w_s8", w.astype(np.int8)), uint8_kernels.int8_zero(ctx)
-    else:
-        weights = ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + uint8_kernels.OFFSET).astype(np.uint8))
-        zero = uint8_kernels.uint8_zero(ctx)
+    weights, zero = uint8_kernels.gemm_weights(ctx, w, node.name)
     acc = uint8_kernels.accumulate(ctx, parts, weights, {}, in_int32, node.name, nodes, op="MatMulInteger",
                                    w_zero=zero)
     return _accumulator(ctx, acc, in_int32, bound, w.shape[1], nodes)

@@ -249,18 +249,23 @@ def matmul_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, nodes: li
     weight_sum = float(np.abs(w.astype(np.int64)).sum(axis=0).max(initial=0))  # per output column
     bound = weight_sum * (2.0 ** (bits - 1) + abs(z) + (256.0 if bits == 16 else 0.0)) + bias_max
     in_int32 = bound < 2.0**31
-    # MLAS's integer GEMM is fast for uint8 activations against int8 weights (with VNNI; else both
-    # uint8): the reverse of its convolutions, and int8 activations take a generic path 25x slower.
-    signed_w = signed_weights_exact()
-    weights = ctx.constant(f"{node.name}_w_s8", w.astype(np.int8)) if signed_w else \
-        ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
-    w_zero = int8_zero(ctx) if signed_w else uint8_zero(ctx)
+    weights, w_zero = gemm_weights(ctx, w, node.name)
     if bits == 8:
         parts = int8_parts(ctx, x, z, node.name, nodes, signed=False)
     else:
         parts = int16_parts(ctx, float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes, signed=False)
     return accumulate(ctx, parts, weights, {}, in_int32, node.name, nodes, op="MatMulInteger", w_zero=w_zero), \
         in_int32
+
+
+def gemm_weights(ctx: LoweringContext, w: np.ndarray, hint: str) -> tuple[str, str]:
+    """int8 weight levels ``w`` [K, N] as ``MatMulInteger`` takes them fast, and their zero point.
+
+    MLAS's integer GEMM is fast for uint8 activations against int8 weights (with VNNI; else both
+    uint8): the reverse of its convolutions, and int8 activations take a generic path 25x slower."""
+    if signed_weights_exact():
+        return ctx.constant(f"{hint}_w_s8", w.astype(np.int8)), int8_zero(ctx)
+    return ctx.constant(f"{hint}_w_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8)), uint8_zero(ctx)
 
 
 def activations_product(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto]) -> str | None:
