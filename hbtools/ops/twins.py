@@ -700,22 +700,29 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     if not w.folded and not x.scalar_step:
         return False
     integer = _integer_conv(node, ctx, x, w, nodes)
-    acc = integer[0] if integer else _float_conv(node, ctx, x, w, nodes)
+    acc, acc32 = (integer[0], None) if integer else _float_conv(node, ctx, x, w, nodes)
     int32_sum = _int32_sum(ctx, integer, ctx.twins[bias].levels if bias else None, node.name, 1)
     channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
     if bias:
         b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes)
         acc = _node(ctx, "Add", [acc, b], f"{node.name}_acc_bias", nodes)
+        if acc32 is not None:
+            # onnxruntime may fuse a constant bias into the Conv, whose kernel adds it with the partial sums:
+            # the same float32 result only where every partial sum is a whole number within 2**24.
+            bound = np.inf if w.folded or node.op_type != "Conv" else _weight_sum(ctx, w, 0, np.inf) * 2.0**x.bits
+            acc32 = _plus_bias32(ctx, acc32, ctx.twins[bias].levels, b, channel_shape, bound, node.name, nodes)
     step = _node(ctx, "Reshape", [w.step, channel_shape], f"{node.name}_w_step", nodes)
     if not w.folded:
         step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
-    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False, int32_sum=int32_sum)
+    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False, levels32=acc32, int32_sum=int32_sum)
     _replace_output_by_accumulator(node, ctx, twin, nodes)
     return True
 
 
-def _float_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes: list[NodeProto]) -> str:
-    """The float64 accumulator of a Conv / ConvTranspose from float32 convolutions over the levels."""
+def _float_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,
+                nodes: list[NodeProto]) -> tuple[str, str | None]:
+    """The float64 accumulator of a Conv / ConvTranspose from float32 convolutions over the levels, and
+    the float32 one where a single convolution gives it (int8 levels; None for int16's two bytes)."""
     w32 = levels32_of(ctx, w, f"{node.name}_w", nodes)
     x32 = levels32_of(ctx, x, f"{node.name}_x", nodes)
     parts = [(x32, 1.0)]
@@ -736,7 +743,46 @@ def _float_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin, nodes: 
         if weight != 1.0:
             term = _node(ctx, "Mul", [term, ctx.constant(f"{node.name}_k", np.array(weight))], f"{out}_k", nodes)
         acc = term if acc is None else _node(ctx, "Add", [acc, term], f"{node.name}_acc_sum", nodes)
-    return acc
+    return acc, (out if len(parts) == 1 else None)
+
+
+# Whole numbers up to this magnitude are exact in float32.
+FLOAT32_WHOLE = 2.0**24
+
+
+def _plus_bias32(ctx: LoweringContext, acc32: str, levels: str, bias: str, channel_shape: str, bound: float,
+                 hint: str, nodes: list[NodeProto]) -> str | None:
+    """float32 ``acc32 + bias`` where it equals the float32 cast of the float64 sum: IEEE addition rounds
+    the exact sum of its operands once, so it does wherever the bias levels are exact in float32 (whole
+    numbers within 2**24). One float32 pass over the map instead of a cast to float64, an add and a cast back.
+
+    ``levels``: the bias levels (float64, per channel), ``bias`` the same reshaped to the accumulator's
+    channel axis. Constant levels are checked here (None: the float64 sum stays) with ``bound``, the largest
+    magnitude of the convolution's partial sums (inf where they need not be whole numbers); fed ones (a
+    threshold search) pick the float32 or the float64 sum at run time."""
+    known = ctx.known(levels)
+    if known is not None:
+        if bound + float(np.max(np.abs(known), initial=0.0)) >= FLOAT32_WHOLE:
+            return None
+        b32 = _node(ctx, "Reshape", [ctx.constant(f"{hint}_bias_f32", known.astype(np.float32)), channel_shape],
+                    f"{hint}_bias_levels_f32", nodes)
+        return _node(ctx, "Add", [acc32, b32], f"{hint}_acc_bias_f32", nodes)
+    largest = _node(ctx, "ReduceMax", [_node(ctx, "Abs", [bias], f"{hint}_bias_abs", nodes)], f"{hint}_bias_max",
+                    nodes, keepdims=0)
+    exact = _node(ctx, "Less", [largest, ctx.constant(f"{hint}_whole_f64", np.array(FLOAT32_WHOLE + 0.5))],
+                  f"{hint}_bias_exact", nodes)
+    out = ctx.unique(f"{hint}_acc_bias_f32")
+    fast, b32, wide, acc64, sum64 = (ctx.unique(f"{out}_{k}") for k in ("f32", "bias", "f64", "acc_f64", "sum_f64"))
+    then_branch = helper.make_graph([helper.make_node("Cast", [bias], [b32], name=b32, to=TensorProto.FLOAT),
+                                     helper.make_node("Add", [acc32, b32], [fast], name=fast)], fast, [],
+                                    [helper.make_tensor_value_info(fast, TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph(
+        [helper.make_node("Cast", [acc32], [acc64], name=acc64, to=TensorProto.DOUBLE),
+         helper.make_node("Add", [acc64, bias], [sum64], name=sum64),
+         helper.make_node("Cast", [sum64], [wide], name=wide, to=TensorProto.FLOAT)], wide, [],
+        [helper.make_tensor_value_info(wide, TensorProto.FLOAT, None)])
+    nodes.append(helper.make_node("If", [exact], [out], name=out, then_branch=then_branch, else_branch=else_branch))
+    return out
 
 
 def _int32_sum(ctx: LoweringContext, integer: tuple[str, str | None, float, int] | None, bias_levels: str | None,

@@ -319,3 +319,48 @@ def test_confidences_interleaved_with_pixels_keep_their_values(tmp_path) -> None
     want = make_session(model).run(None, {"x": x})[0]
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, {"x": x})[0]
     assert np.abs(got[0, 6] - want[0, 6]).max() < 0.02, (want[0, 6].min(), got[0, 6].min(), got[0, 6].max())
+
+
+def _biased_convs() -> onnx.ModelProto:
+    rng = np.random.default_rng(5)
+    w1, w2 = rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), rng.normal(0, 0.2, (4, 8, 3, 3)).astype(np.float32)
+    b1, b2 = rng.normal(0, 0.5, 8).astype(np.float32), rng.normal(0, 0.5, 4).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "biased_convs",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [numpy_helper.from_array(v, k) for k, v in
+                               (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("build", [_biased_convs, _model_with_a_dead_channel], ids=["biases", "dead_channel"])
+def test_fed_conv_biases_are_added_in_float32_with_the_same_bits(build) -> None:
+    """The searches' session adds a conv's bias levels to its float32 sum in float32 where the levels are
+    exact in float32, else (a bias far above its widened grid's step) in float64, chosen at run time: per
+    element the same outputs as the calibrated model built with those grids, and no float64 copy of a
+    conv's sum on the way (the float64 sum is only the fallback inside the If)."""
+    optimized = optimize.run(build())
+    profile = get_profile("bayes-e")
+    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.normal(0, s, (1, 3, 8, 8)).astype(np.float32)} for s in (100.0, 1.0, 0.01)]
+    widest, refs = _float_run(optimized, plan, feeds)
+    weight_th = weight_thresholds(optimized, plan)
+    evaluator = Evaluator(optimized, plan, weight_th, feeds, refs, widest)
+    direct = make_session(lower_model(build_calibrated_model(optimized, plan, widest, weight_th, {})))
+    for feed in feeds:
+        fed = evaluator.session.run(["y"], {**feed, **evaluator._extra(widest)})[0]
+        np.testing.assert_array_equal(fed, direct.run(["y"], feed)[0])
+    # The first conv's sum goes on to a fake quant (the second's is the model's float output).
+    lowered = lower_model(evaluator.calibrated, feed_calibration=True, switches=False)
+    (hidden,) = [n.output[0] for n in lowered.graph.node if n.op_type == "Conv" and n.name.startswith("conv1")]
+    widened = [n.name for n in lowered.graph.node if n.op_type == "Cast" and n.input[0] == hidden]
+    assert not widened, f"conv1's sum cast to float64 outside the fallback: {widened}"
+    picks = [n for n in lowered.graph.node if n.op_type == "If"
+             and any(hidden in m.input for a in n.attribute for m in a.g.node)]
+    assert picks, "conv1's biased sum is picked at run time"
