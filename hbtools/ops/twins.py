@@ -369,6 +369,18 @@ def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, s
               select(ctx, enable, levels, _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes), chosen_levels,
                      TensorProto.DOUBLE)]
     twin.value, twin.levels = chosen_value, chosen_levels
+    # The float32 levels a product reads, picked in float32 (the cast of the float64 pick), with the division
+    # of a switched-off node inside its branch: nothing of it runs while the node is on.
+    chosen32, ratio, off = ctx.unique(f"{base}_levels_f32"), ctx.unique(f"{base}_off_f64"), ctx.unique(f"{base}_off")
+    on = ctx.unique(f"{base}_on")
+    twin.levels32 = chosen32
+    nodes.append(helper.make_node(
+        "If", [enable], [chosen32], name=ctx.unique(f"{chosen32}_if"),
+        then_branch=helper.make_graph([helper.make_node("Identity", [q], [on], name=on)], on, [],
+                                      [helper.make_tensor_value_info(on, TensorProto.FLOAT, None)]),
+        else_branch=helper.make_graph([helper.make_node("Div", [x_value, s], [ratio], name=ratio),
+                                       helper.make_node("Cast", [ratio], [off], name=off, to=TensorProto.FLOAT)],
+                                      off, [], [helper.make_tensor_value_info(off, TensorProto.FLOAT, None)])))
     ctx.twins[y] = twin
 
 

@@ -364,3 +364,23 @@ def test_fed_conv_biases_are_added_in_float32_with_the_same_bits(build) -> None:
     picks = [n for n in lowered.graph.node if n.op_type == "If"
              and any(hidden in m.input for a in n.attribute for m in a.g.node)]
     assert picks, "conv1's biased sum is picked at run time"
+
+
+def test_switchable_session_is_the_scoring_session_with_every_switch_on() -> None:
+    """The session the sensitivity measurements run (an enable flag per activation fake quant) gives, per
+    element, the scoring session's outputs with every node on; with every node off only the weights and
+    biases stay on their grids, far closer to the float model."""
+    optimized = optimize.run(_biased_convs())
+    profile = get_profile("bayes-e")
+    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    rng = np.random.default_rng(4)
+    feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(2)]
+    widest, refs = _float_run(optimized, plan, feeds)
+    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, refs, widest)
+    switchable = evaluator._switchable_session()
+    everything = {p.tensor for p in plan.activations}
+    for feed, (ref,) in zip(feeds, refs, strict=True):
+        on = switchable.run(["y"], {**feed, **evaluator._extra(widest, switched=True)})[0]
+        np.testing.assert_array_equal(on, evaluator.session.run(["y"], {**feed, **evaluator._extra(widest)})[0])
+        off = switchable.run(["y"], {**feed, **evaluator._extra(widest, disabled=everything)})[0]
+        assert 1 - cosine_similarity(ref, off) < 0.5 * (1 - cosine_similarity(ref, on))
