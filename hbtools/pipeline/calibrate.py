@@ -35,7 +35,7 @@ from hbtools.runtime.session import RUN_ERRORS, fetching_session
 
 log = logging.getLogger("hbtools")
 
-EVAL_SAMPLES = 8  # samples kept in memory to score candidate thresholds
+EVAL_SAMPLES = 16  # samples kept in memory to score candidate thresholds
 BIAS_CORRECTION_SAMPLES = 16  # samples (after the evaluation ones) measuring the mean shift
 ROUNDING_SAMPLES = 8  # of those, the samples whose conv inputs drive the GPTQ weight rounding
 DEFAULT_CANDIDATES = (("max", None), ("percentile", 0.99995), ("percentile", 0.9999), ("kl", None))
