@@ -225,7 +225,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(fetch_models.ZOO), help="comma-separated corpus models (all)")
     parser.add_argument("--cal-num", type=int, default=16, help="calibration samples (16)")
-    parser.add_argument("--heldout-num", type=int, default=40, help="held-out samples (40: a string agreement to 2.5 %%)")
+    parser.add_argument("--heldout-num", type=int, default=40, help="held-out samples (40: strings to 2.5 %%)")
     parser.add_argument("--det-size", type=int, default=480, help="det input N x N (480); 0: the config's")
     parser.add_argument("--peers", default=",".join(PEER_METHODS), help="onnxruntime methods (MinMax,Percentile)")
     parser.add_argument("--mem-limit-gb", type=float, default=12.0, help="address-space cap per quantization run")
