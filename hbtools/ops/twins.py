@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import NodeProto, TensorProto, helper
+from onnx import GraphProto, NodeProto, TensorProto, helper
 
 from hbtools.ops import registry, uint8_kernels
 from hbtools.ops.base import CONTRIB_DOMAIN, LoweringContext, attrs_of, reduced_axes, select
@@ -376,11 +376,9 @@ def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, s
     twin.levels32 = chosen32
     nodes.append(helper.make_node(
         "If", [enable], [chosen32], name=ctx.unique(f"{chosen32}_if"),
-        then_branch=helper.make_graph([helper.make_node("Identity", [q], [on], name=on)], on, [],
-                                      [helper.make_tensor_value_info(on, TensorProto.FLOAT, None)]),
-        else_branch=helper.make_graph([helper.make_node("Div", [x_value, s], [ratio], name=ratio),
-                                       helper.make_node("Cast", [ratio], [off], name=off, to=TensorProto.FLOAT)],
-                                      off, [], [helper.make_tensor_value_info(off, TensorProto.FLOAT, None)])))
+        then_branch=_branch([helper.make_node("Identity", [q], [on], name=on)], on),
+        else_branch=_branch([helper.make_node("Div", [x_value, s], [ratio], name=ratio),
+                             helper.make_node("Cast", [ratio], [off], name=off, to=TensorProto.FLOAT)], off)))
     ctx.twins[y] = twin
 
 
@@ -762,6 +760,11 @@ def _float_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,
 FLOAT32_WHOLE = 2.0**24
 
 
+def _branch(nodes: list[NodeProto], out: str) -> GraphProto:
+    """An If branch computing float32 ``out`` from outer-scope values."""
+    return helper.make_graph(nodes, out, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+
 def _plus_bias32(ctx: LoweringContext, acc32: str, levels: str, bias: str, channel_shape: str, bound: float,
                  hint: str, nodes: list[NodeProto]) -> str | None:
     """float32 ``acc32 + bias`` where it equals the float32 cast of the float64 sum: IEEE addition rounds
@@ -785,14 +788,11 @@ def _plus_bias32(ctx: LoweringContext, acc32: str, levels: str, bias: str, chann
                   f"{hint}_bias_exact", nodes)
     out = ctx.unique(f"{hint}_acc_bias_f32")
     fast, b32, wide, acc64, sum64 = (ctx.unique(f"{out}_{k}") for k in ("f32", "bias", "f64", "acc_f64", "sum_f64"))
-    then_branch = helper.make_graph([helper.make_node("Cast", [bias], [b32], name=b32, to=TensorProto.FLOAT),
-                                     helper.make_node("Add", [acc32, b32], [fast], name=fast)], fast, [],
-                                    [helper.make_tensor_value_info(fast, TensorProto.FLOAT, None)])
-    else_branch = helper.make_graph(
-        [helper.make_node("Cast", [acc32], [acc64], name=acc64, to=TensorProto.DOUBLE),
-         helper.make_node("Add", [acc64, bias], [sum64], name=sum64),
-         helper.make_node("Cast", [sum64], [wide], name=wide, to=TensorProto.FLOAT)], wide, [],
-        [helper.make_tensor_value_info(wide, TensorProto.FLOAT, None)])
+    then_branch = _branch([helper.make_node("Cast", [bias], [b32], name=b32, to=TensorProto.FLOAT),
+                           helper.make_node("Add", [acc32, b32], [fast], name=fast)], fast)
+    else_branch = _branch([helper.make_node("Cast", [acc32], [acc64], name=acc64, to=TensorProto.DOUBLE),
+                           helper.make_node("Add", [acc64, bias], [sum64], name=sum64),
+                           helper.make_node("Cast", [sum64], [wide], name=wide, to=TensorProto.FLOAT)], wide)
     nodes.append(helper.make_node("If", [exact], [out], name=out, then_branch=then_branch, else_branch=else_branch))
     return out
 
