@@ -35,7 +35,8 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     model = _with_integer_clip(model)
     taken = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     taken |= {t.name for t in model.graph.initializer} | {n.name for n in model.graph.node}
-    shapes = GraphView(model).shapes
+    view = GraphView(model)
+    shapes, elem_types = view.shapes, view.elem_types
     ctx = LoweringContext(default_opset(model), taken, shapes, feed_calibration=feed_calibration)
     ctx.exact = exact
     ctx.switches = switches
@@ -60,7 +61,8 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
             continue
         # In a calibrated model, integer-valued products run on their levels (hbtools.ops.twins).
         twin = twins.lower_standard(node, ctx)
-        nodes.extend(twin or [node, *uint8_kernels.mirror(node, ctx)])
+        own = uint8_kernels.on_float_kernel(node, elem_types.get(node.input[0]) if node.input else None, ctx)
+        nodes.extend(twin or [*(own or [node]), *uint8_kernels.mirror(node, ctx)])
     del model.graph.node[:]
     model.graph.node.extend(_live(nodes, keep))
     model.graph.initializer.extend(ctx.initializers)
