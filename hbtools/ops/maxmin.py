@@ -1,7 +1,7 @@
-"""HzSQuantizedMaxMin: element-wise Max / Min of two integer activations.
+"""HzSQuantizedMaxMin: element-wise Max / Min of two or more integer activations.
 
 Each input is requantized onto the output grid, ``clip(round((q - z_in) * m) + z_out)``,
-then the larger (``mode`` max) or smaller (``mode`` min) of the two is kept. Rounding
+then the largest (``mode`` max) or smallest (``mode`` min) of them is kept. Rounding
 and clipping are monotone, so this equals quantizing the float maximum: the
 calibrated model (float Max between fake-quantized inputs, then the output's fake
 quant) follows it exactly.
@@ -12,6 +12,8 @@ Attributes: ``mode`` (max | min), ``multipliers`` (float64, one per input),
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
@@ -79,5 +81,6 @@ class HzSQuantizedMaxMin(HzOp):
         zero_points = a.get("zero_points", [0] * len(inputs))
         parts = [grids.requantize(x.astype(np.float64) - z, m, a["out_min"], a["out_max"], a["zero_point"])
                  for x, m, z in zip(inputs, a["multipliers"], zero_points, strict=True)]
-        both = np.maximum(*parts) if a["mode"] == "max" else np.minimum(*parts)
+        # ``reduce``: np.maximum's third positional argument is ``out``, not a third input.
+        both = functools.reduce(np.maximum if a["mode"] == "max" else np.minimum, parts)
         return [both.astype(NUMPY_INT[a["out_type"]])]

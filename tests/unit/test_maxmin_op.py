@@ -1,4 +1,4 @@
-"""An op added as one class (hbtools/ops/maxmin.py) plus its march profile entry: Max / Min of two tensors."""
+"""An op added as one class (hbtools/ops/maxmin.py) plus its march profile entry: Max / Min of two or more tensors."""
 
 from __future__ import annotations
 
@@ -16,26 +16,37 @@ from hbtools.runtime.runtime_model import open_model
 from hbtools.runtime.simulator import Simulator
 
 
-def _model(op: str) -> FloatModel:
+def _model(op: str, third: str | None = None) -> FloatModel:
+    """conv_a, conv_b (and a third input: ``full`` another conv, ``channel`` a per-channel mean) -> op -> conv."""
     rng = np.random.default_rng(1)
     w1 = rng.normal(0, 0.4, size=(4, 3, 3, 3)).astype(np.float32)
     w2 = rng.normal(0, 0.2, size=(4, 3, 3, 3)).astype(np.float32)
+    w4 = rng.normal(0, 0.3, size=(4, 3, 3, 3)).astype(np.float32)
+    picked = ["a", "b"]
     nodes = [helper.make_node("Conv", ["data", "w1"], ["a"], pads=[1, 1, 1, 1], name="conv_a"),
-             helper.make_node("Conv", ["data", "w2"], ["b"], pads=[1, 1, 1, 1], name="conv_b"),
-             helper.make_node(op, ["a", "b"], ["m"], name="pick"),
-             helper.make_node("Conv", ["m", "w3"], ["y"], name="conv_out")]
+             helper.make_node("Conv", ["data", "w2"], ["b"], pads=[1, 1, 1, 1], name="conv_b")]
+    if third:
+        nodes.append(helper.make_node("Conv", ["data", "w4"], ["c"], pads=[1, 1, 1, 1], name="conv_c"))
+        picked.append("c")
+        if third == "channel":
+            nodes.append(helper.make_node("GlobalAveragePool", ["c"], ["c_mean"], name="mean_c"))
+            picked[-1] = "c_mean"
+    nodes += [helper.make_node(op, picked, ["m"], name="pick"),
+              helper.make_node("Conv", ["m", "w3"], ["y"], name="conv_out")]
     w3 = rng.normal(0, 0.5, size=(2, 4, 1, 1)).astype(np.float32)
+    weights = ((w1, "w1"), (w2, "w2"), (w3, "w3")) + (((w4, "w4"),) if third else ())
     graph = helper.make_graph(nodes, op, [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])],
-                              [numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2"), (w3, "w3"))])
+                              [numpy_helper.from_array(w, n) for w, n in weights])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     return FloatModel(model, {"data": [1, 3, 8, 8]}, set())
 
 
+@pytest.mark.parametrize("third", [None, "full", "channel"])
 @pytest.mark.parametrize("op", ["Max", "Min"])
-def test_max_min_of_two_tensors_run_on_the_bpu(tmp_path, op: str) -> None:
+def test_max_min_of_tensors_run_on_the_bpu(tmp_path, op: str, third: str | None) -> None:
     setup(None)
-    fm = _model(op)
+    fm = _model(op, third)
     project = make_project(tmp_path, fm, cal_count=6)
     paths = makertbin(project.config_path, "onnx")
     quantized = onnx.load(str(paths["quantized"]))
