@@ -86,7 +86,9 @@ def quantize(x: np.ndarray, scale: np.ndarray | float, bits: int, *, zero_point:
     Divides in float32 (as the fake-quant lowering and HzQuantize do); ``scale`` and
     ``zero_point`` must already broadcast against ``x`` (see ``along_axis``).
     """
-    levels = np.round(np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32))
+    # A value far beyond a tiny step overflows to inf, which the clip below saturates as intended.
+    with np.errstate(over="ignore"):
+        levels = np.round(np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32))
     if offsets is not None:
         levels = levels + np.asarray(offsets, dtype=np.float32)
     if np.any(zero_point):

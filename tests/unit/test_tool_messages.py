@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import numpy as np
 from bin_fixtures import invoke
@@ -128,3 +129,33 @@ def test_a_failing_run_leaves_onnxruntime_silent(capfd) -> None:
         session.run(None, {"x": np.ones(6, np.float32), "shape": np.array([4, 4])})
     captured = capfd.readouterr()
     assert "onnxruntime" not in captured.err + captured.out
+
+
+def test_checker_of_a_spelled_out_softmax_prints_no_python_warning(tmp_path, monkeypatch, capfd) -> None:
+    """The checker's calibration on random data gives a tiny step to a near-constant tensor; a value far
+    beyond it overflows in the division and saturates, which numpy used to report on the console."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMax", ["c"], ["peak"], axes=[1], keepdims=1),
+             helper.make_node("Sub", ["c", "peak"], ["shifted"]), helper.make_node("Exp", ["shifted"], ["e"]),
+             helper.make_node("ReduceSum", ["e", "axis"], ["total"], keepdims=1),
+             helper.make_node("Div", ["e", "total"], ["y"])]
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(8) * 0.3).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([1], np.int64), "axis")]
+    graph = helper.make_graph(nodes, "softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), "m.onnx")
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # as a console shows them (pytest would otherwise collect them)
+        result = invoke(hb_mapper.main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                                         "m.onnx", "--input-shape", "x", "1x3x16x16"])
+    assert result.exit_code == 0, result.output
+    assert not [str(w.message) for w in caught], "Python warnings reach the console"
+    console = result.output + "".join(capfd.readouterr())
+    assert "Warning" not in console, console
