@@ -93,10 +93,53 @@ def _working_opset(model: ModelProto) -> ModelProto:
     if opset >= MIN_WORKING_OPSET:
         return model
     log.info("converting the model from opset %d to %d", opset, MIN_WORKING_OPSET)
+    resizes = _old_resizes(model)
     try:
-        return version_converter.convert_version(model, MIN_WORKING_OPSET)
+        converted = version_converter.convert_version(model, MIN_WORKING_OPSET)
     except Exception as exc:  # the converter raises plain RuntimeErrors
         raise HbError(f"cannot convert the model from opset {opset} to {MIN_WORKING_OPSET}: {exc}") from exc
+    _keep_old_resize_meaning(converted, resizes)
+    return converted
+
+
+def _old_resizes(model: ModelProto) -> list[tuple[str, np.ndarray | None]]:
+    """(mode, constant scales or None) of every Resize / Upsample of an opset-10-or-older model, in order."""
+    view = GraphView(model)
+    constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
+                 if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    found = []
+    for node in model.graph.node:
+        if node.op_type not in ("Resize", "Upsample"):
+            continue
+        attrs = view.attrs(node)
+        scales = attrs.get("scales")  # Upsample before opset 9 has them as an attribute
+        if scales is None and len(node.input) > 1:
+            scales = view.const(node.input[1]) if view.is_const(node.input[1]) else constants.get(node.input[1])
+        mode = attrs.get("mode", b"nearest")
+        found.append((mode.decode() if isinstance(mode, bytes) else mode,
+                      None if scales is None else np.asarray(scales, dtype=np.float64)))
+    return found
+
+
+def _keep_old_resize_meaning(model: ModelProto, resizes: list[tuple[str, np.ndarray | None]]) -> None:
+    """Spell out what a Resize / Upsample meant before opset 11, which onnx's converter leaves to the new
+    defaults (half_pixel): source pixels at ``x / scale``, the nearest one found as onnxruntime does (the
+    one below when enlarging, above when shrinking). Bilinear upsampling of opset-10 exports otherwise
+    moved by half a pixel (output cosine 0.87 against the source model)."""
+    converted = [n for n in model.graph.node if n.op_type == "Resize"]
+    if len(converted) != len(resizes):  # the converter keeps the nodes in order (it renames some outputs)
+        log.warning("%d Resize / Upsample nodes became %d after the opset conversion; their coordinate mode "
+                    "is left as converted", len(resizes), len(converted))
+        return
+    for node, (mode, scales) in zip(converted, resizes, strict=True):
+        kept = [a for a in node.attribute if a.name not in ("coordinate_transformation_mode", "nearest_mode")]
+        extra = {"coordinate_transformation_mode": "asymmetric"}
+        if mode == "nearest":
+            shrinks = scales is not None and bool(np.all(scales <= 1.0)) and bool(np.any(scales < 1.0))
+            extra["nearest_mode"] = "ceil" if shrinks else "floor"
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        node.attribute.extend(helper.make_attribute(k, v) for k, v in extra.items())
 
 
 def _initializers_not_inputs(model: ModelProto) -> None:

@@ -22,6 +22,7 @@ from builders import (
     MODELS,
     FloatModel,
     Project,
+    _Graph,
     make_project,
     random_sample,
 )
@@ -496,6 +497,34 @@ def test_original_matches_source_with_inexact_mean_and_scale(tmp_path: Path) -> 
     (got,) = conv.session("original").run(None, x)
     rel = np.abs(got - ref).max() / np.abs(ref).max()
     assert rel <= 1e-5, f"original vs source: max abs diff / max abs = {rel:.3g} > 1e-5"
+
+
+OLD_RESIZES = {  # name: (opset, op, mode, scales)
+    "resize10_linear": (10, "Resize", "linear", [1, 1, 2, 2]),
+    "resize10_nearest_up": (10, "Resize", "nearest", [1, 1, 3, 1.5]),
+    "resize10_nearest_down": (10, "Resize", "nearest", [1, 1, 0.5, 0.75]),
+    "upsample9_linear": (9, "Upsample", "linear", [1, 1, 2, 2]),
+    "upsample9_nearest": (9, "Upsample", "nearest", [1, 1, 2, 3]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OLD_RESIZES))
+def test_resize_of_old_opsets_keeps_its_meaning(tmp_path: Path, case: str) -> None:
+    """Before opset 11 a Resize / Upsample maps output pixels to ``x / scale`` (torch's opset-10 bilinear
+    export); converted to opset 11 with the new defaults it moved by half a pixel (cosine 0.87)."""
+    opset, op, mode, scales = OLD_RESIZES[case]
+    g = _Graph(5)
+    c1 = g.op("Relu", [g.conv("data", 3, 4)])
+    resized = g.op(op, [c1, g.const(np.array(scales, dtype=np.float32), "scales")], mode=mode)
+    fm = g.model({"data": [1, 3, 12, 12]}, [g.conv(resized, 4, 2)], opset)
+    conv = convert(make_project(tmp_path / case, fm))
+    x = heldout(fm)
+    (src,) = HB_ONNXRuntime(onnx_model=fm.model).run(None, source_feed(fm, x))
+    (orig,) = outputs(conv, "original", x)
+    assert src.shape == orig.shape
+    assert np.abs(src - orig).max() <= 1e-5 * np.abs(src).max(), f"{case}: original vs source differ"
+    (q,) = outputs(conv, "quantized", x)
+    assert cosine_similarity(src, q) >= CAL_COS
 
 
 @pytest.mark.parametrize("opset", [11, 21])
