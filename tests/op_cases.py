@@ -111,7 +111,8 @@ def normalization(opset: int) -> FloatModel:
 
 
 def pooling(opset: int) -> FloatModel:
-    """Global pools, MaxPool / AveragePool with ceil mode and pads, Resize (nearest, linear; scales, sizes)."""
+    """Global pools, MaxPool / AveragePool with ceil mode and pads, MaxPool with Indices (read by a MaxUnpool;
+    read by nobody), Resize (nearest, linear; scales, sizes)."""
     g, x = _stem(34)
     outs = [g.op("GlobalAveragePool", [x]), g.op("GlobalMaxPool", [x]),
             g.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
@@ -119,6 +120,11 @@ def pooling(opset: int) -> FloatModel:
             g.op("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2]),
             g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
             g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)]
+    g.op("MaxPool", [x], n_out=2, kernel_shape=[2, 2], strides=[2, 2])  # SegNet: its Indices feed a MaxUnpool
+    values, indices = g.nodes[-1].output
+    outs.append(g.op("MaxUnpool", [g.conv(values, C, C), indices], kernel_shape=[2, 2], strides=[2, 2]))
+    g.op("MaxPool", [x], n_out=2, kernel_shape=[3, 3], pads=[1, 1, 1, 1])  # Indices named but read by nobody
+    outs.append(g.nodes[-1].output[0])
     roi = g.const(_f32([]), "roi")
     outs.append(g.op("Resize", [x, roi, g.const(_f32([1, 1, 2, 2]), "scales")], mode="nearest"))
     outs.append(g.op("Resize", [x, roi, g.const(_f32([1, 1, 2, 2]), "scales")], mode="linear"))

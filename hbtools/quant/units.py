@@ -204,6 +204,11 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
     if "passive" in forms and op == "Pad" and view.attrs(node).get("mode", b"constant") in (b"constant", "constant"):
         return _cpu(node, acts, "Pad with a constant value has no BPU form here (edge and reflect Pads do; a zero "
                                 "Pad that only Convs read becomes their padding)")
+    if "passive" in forms and op == "MaxPool" and _indices_read(node, view):
+        # The BPU pools the integer feature map as it is and gives no int64 indices (a SegNet-style
+        # MaxUnpool reads them); the float pool on the CPU gives both outputs.
+        return _cpu(node, acts, f"MaxPool whose Indices output ('{node.output[1]}') is read has no BPU form: "
+                                "the BPU pools integers and gives no indices; kept in float")
     if "passive" in forms:
         if len(acts) == 1 and acts[0] == node.input[0]:
             return Unit("passive", [node], acts, list(node.output), table_type=rule.table_type or op)
@@ -214,6 +219,12 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
             return Unit("concat", [node], acts, list(node.output), table_type=rule.table_type)
         return _cpu(node, acts, f"{op} of constants only, or with a non-float constant, has no BPU form")
     return _cpu(node, acts, f"{op} with these inputs has no BPU form on {profile.label}")
+
+
+def _indices_read(node: NodeProto, view: GraphView) -> bool:
+    """Whether a MaxPool's second output (Indices) is read by a node or is a graph output."""
+    idx = node.output[1] if len(node.output) > 1 else ""
+    return bool(idx) and (bool(view.consumers.get(idx)) or idx in view.graph_outputs)
 
 
 def _constant_broadcast_violation(node: NodeProto, act: str, view: GraphView, rule: OpRule,

@@ -20,7 +20,10 @@ _FLOAT_KERNEL_ALWAYS = ("GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Pad")
 def emit(state: EmitState, unit: Unit) -> None:
     node = unit.main
     xq = state.need_q(unit.inputs[0])
-    outs = [quantized_tensor(o) for o in node.output]
+    # A MaxPool on the BPU has no reader of its int64 Indices (the partition puts one whose Indices are
+    # read on the CPU): the integer copy leaves them out rather than give them the values' type.
+    floats = node.output[:1] if node.op_type == "MaxPool" else node.output
+    outs = [quantized_tensor(o) for o in floats]
     copy = helper.make_node(node.op_type, [xq.name, *node.input[1:]], outs, name=node.name)
     copy.attribute.extend(node.attribute)
     if node.op_type in _FLOAT_KERNEL_ALWAYS or (node.op_type in _FLOAT_KERNEL_ONLY and
@@ -36,5 +39,5 @@ def emit(state: EmitState, unit: Unit) -> None:
                                             to=TensorProto.INT16 if xq.dtype == "int16" else TensorProto.INT8))
     else:
         state.nodes.append(copy)
-    for o, qo in zip(node.output, outs, strict=True):
+    for o, qo in zip(floats, outs, strict=True):
         state.record(o, QTensor(qo, xq.dtype, xq.scale, xq.axis, xq.zero_point))
