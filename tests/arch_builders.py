@@ -652,6 +652,22 @@ def prelu_upsampler(h: int = 16, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.op("DepthToSpace", [x], blocksize=2)], opset)
 
 
+def grouped_upsampler(h: int = 8, opset: int = 13) -> FloatModel:
+    """Learned upsampling by ConvTransposes with groups: a grouped one (8 -> 6 channels in 2 groups, weight
+    [8, 3, 4, 4]) and a depthwise one, as light segmentation decoders have them; output channels of unlike
+    ranges, each needing its own weight step."""
+    g = _Graph(37)
+    f = g.op("Relu", [_conv_bn(g, "data", 3, 8)])
+    gain = np.linspace(0.1, 1.0, 6).reshape(2, 3, 1, 1).repeat(4, axis=0)  # per output channel, in its place
+    w = (g.rng.standard_normal((8, 3, 4, 4)) * gain / 4).astype(np.float32)
+    up = g.op("Relu", [g.op("ConvTranspose", [f, g.const(w, "wt"), g.const(np.full(6, 0.1, np.float32), "bt")],
+                            kernel_shape=[4, 4], strides=[2, 2], pads=[1, 1, 1, 1], group=2)])
+    dw = (g.rng.standard_normal((6, 1, 4, 4)) * np.linspace(0.1, 1.0, 6).reshape(6, 1, 1, 1) / 2).astype(np.float32)
+    up = g.op("ConvTranspose", [up, g.const(dw, "dw")], kernel_shape=[4, 4], strides=[2, 2], pads=[1, 1, 1, 1],
+              group=6)
+    return g.model({"data": [1, 3, h, h]}, [g.conv(up, 6, 4)], opset)
+
+
 def recurrent_head(w: int = 32, opset: int = 13) -> FloatModel:
     """A CRNN head: conv features as a sequence of width positions, a bidirectional LSTM, then a GRU
     (PyTorch's ``linear_before_reset``) and a linear layer per position, as CTC recognisers are built."""

@@ -43,7 +43,8 @@ def _done(g: _Graph, outs: list[str], opset: int) -> FloatModel:
 
 
 def conv_family(opset: int) -> FloatModel:
-    """Conv (groups, dilations, asymmetric pads), ConvTranspose, Gemm, MatMul (weight; two activations), BN."""
+    """Conv (groups, dilations, asymmetric pads), ConvTranspose (groups, depthwise), Gemm, MatMul (weight; two
+    activations), BN."""
     g, x = _stem(31)
     r = g.rng
     outs = []
@@ -56,6 +57,14 @@ def conv_family(opset: int) -> FloatModel:
     wt = _f32(r.standard_normal((C, 4, 2, 2)) / 4)
     outs.append(g.op("ConvTranspose", [x, g.const(wt, "wt"), g.const(_f32(r.standard_normal(4) / 10), "bt")],
                      kernel_shape=[2, 2], strides=[2, 2]))
+    # Grouped: weight [C, C_out/group, k, k], each group's output channels on axis 1. Channels of unlike
+    # ranges (scaled per output channel) show whether each gets its own step.
+    for group, cout, k in ((2, 6, 4), (2, 4, 2), (C, C, 4)):  # two / four channels per group; depthwise
+        wg = r.standard_normal((C, cout // group, k, k)) * np.linspace(0.05, 0.5, cout).reshape(group, -1, 1, 1)\
+            .repeat(C // group, axis=0) / 2
+        outs.append(g.op("ConvTranspose", [x, g.const(_f32(wg), "wg"), g.const(_f32(r.standard_normal(cout) / 10),
+                                                                               "bg")],
+                         kernel_shape=[k, k], strides=[2, 2], pads=[(k - 2) // 2] * 4, group=group))
     flat = g.op("Flatten", [g.op("Relu", [x])], axis=1)
     outs.append(g.gemm(flat, C * H * H, 10))
     seq = g.op("Reshape", [x, g.const(_i64(1, C, H * H), "shape")])

@@ -11,7 +11,10 @@ magnitude the grid covers, per channel), ``scales`` (floats), ``bits`` (8 | 16),
 ``axis`` (int, -1 for per tensor), ``method`` (str); optional ``zero_points``
 (ints, one per scale; present only on asymmetric grids).
 
-Weights are calibrated per output channel along ``axis``. A weight read by a conv
+Weights are calibrated per output channel along ``axis``. A grouped ConvTranspose's
+weight ``[C, O/groups, k...]`` lists only ``O/groups`` output channels on axis 1: its node
+has ``groups`` and one scale per output channel, laid out as
+``grids.output_scale_array`` says. A weight read by a conv
 whose input is calibrated per channel also has ``input_scales`` (that input's
 per-channel scales), ``input_axis`` (the weight's input-channel axis) and
 ``group``: the integer conv folds the input scales into the weight, so the weight
@@ -42,7 +45,7 @@ def quantize_weight(w: np.ndarray, a: dict, rounding: np.ndarray | None = None) 
     u = None
     if "input_scales" in a:
         u = input_scale_array(w.shape, a["input_scales"], a["input_axis"], a.get("group", 1))
-    levels = grids.quantize(w if u is None else w * u, _scales(a, w.ndim), a["bits"], offsets=rounding)
+    levels = grids.quantize(w if u is None else w * u, _scales(a, w.ndim, w.shape), a["bits"], offsets=rounding)
     return levels, u
 
 
@@ -56,10 +59,16 @@ def _known_levels(node: NodeProto, a: dict, ctx: LoweringContext) -> np.ndarray 
     return quantize_weight(w, a, offsets)[0].astype(np.float32)
 
 
-def _scales(a: dict, rank: int | None) -> np.ndarray:
-    """A calibration node's float32 scales, shaped to broadcast along its axis."""
+def _scales(a: dict, rank: int | None, shape: list | tuple | None = None) -> np.ndarray:
+    """A calibration node's float32 scales, shaped to broadcast along its axis (spread over a
+    grouped ConvTranspose weight of ``shape``, which it then needs)."""
     scales = np.asarray(a["scales"], dtype=np.float32)
     axis = a.get("axis", -1)
+    groups = int(a.get("groups") or 1)
+    if groups > 1 and scales.size > 1:
+        if shape is None or any(not isinstance(d, int) for d in shape):
+            raise ValueError(f"per-channel calibration of a weight in {groups} groups needs the weight's shape")
+        return grids.output_scale_array(shape, scales, axis, groups)
     if scales.size > 1 and axis >= 0 and rank is None:
         raise ValueError(f"per-channel calibration along axis {axis} needs the tensor's rank")
     return grids.along_axis(scales, axis if axis >= 0 else None, rank)
@@ -69,7 +78,8 @@ def _scales(a: dict, rank: int | None) -> np.ndarray:
 class HzCalibration(HzOp):
     op_type = "HzCalibration"
     attributes = {"kind": REQUIRED, "thresholds": REQUIRED, "scales": REQUIRED, "bits": REQUIRED, "axis": -1,
-                  "method": "max", "zero_points": None, "input_scales": None, "input_axis": None, "group": None}
+                  "method": "max", "zero_points": None, "input_scales": None, "input_axis": None, "group": None,
+                  "groups": None}
     shape_preserving = True
     float_output = True
 
@@ -77,7 +87,7 @@ class HzCalibration(HzOp):
     def build(cls, tensor: str, output: str, *, kind: str, thresholds: np.ndarray, bits: int,
               axis: int = -1, method: str = "max", scales: np.ndarray | None = None,
               zero_points: np.ndarray | None = None, input_scales: np.ndarray | None = None,
-              input_axis: int = 1, group: int = 1, rounding: str | None = None) -> NodeProto:
+              input_axis: int = 1, group: int = 1, rounding: str | None = None, groups: int = 1) -> NodeProto:
         thresholds = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
         scales = scales_for(thresholds, bits) if scales is None else np.atleast_1d(scales).astype(np.float32)
         extra: dict = {}
@@ -86,6 +96,8 @@ class HzCalibration(HzOp):
         if input_scales is not None:
             extra.update(input_scales=[float(u) for u in np.asarray(input_scales, dtype=np.float32)],
                          input_axis=int(input_axis), group=int(group))
+        if groups > 1:
+            extra["groups"] = int(groups)
         return cls.make_node(
             [tensor, rounding] if rounding else [tensor], [output], calibration_node(tensor), kind=kind,
             thresholds=[float(t) for t in thresholds], scales=[float(s) for s in scales],
@@ -95,7 +107,15 @@ class HzCalibration(HzOp):
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a = attrs_of(node)
-        scales = _scales(a, ctx.rank(node.input[0]))
+        channel_step = None
+        if int(a.get("groups") or 1) > 1:
+            scales = _scales(a, ctx.rank(node.input[0]), ctx.shapes.get(node.input[0]))
+            # Spread over two axes, the steps no longer list the output channels: their
+            # convolution's accumulator reads them from this one (Twin.channel_step).
+            if ctx.exact:
+                channel_step = ctx.constant(f"{node.name}_channel_scales", np.asarray(a["scales"], np.float32))
+        else:
+            scales = _scales(a, ctx.rank(node.input[0]))
         shape = list(scales.shape)
         scalar_step = scales.size == 1
         x, y = node.input[0], node.output[0]
@@ -153,7 +173,8 @@ class HzCalibration(HzOp):
             fq_nodes, levels = _fake_quant(folded, quantized, scale, (float(lo), float(hi)), ctx, base, offset=offset)
             nodes += fq_nodes
             nodes.append(helper.make_node("Div", [quantized, u], [y], name=ctx.unique(f"{base}_unfold")))
-            twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, folded=True, scalar_step=scalar_step)
+            twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, folded=True, scalar_step=scalar_step,
+                              channel_step=channel_step)
             return nodes
         zp = None
         if zero_points is not None:
@@ -171,14 +192,15 @@ class HzCalibration(HzOp):
         if known is not None:  # a constant weight: its levels as a constant too (the quantized model's integers)
             levels = ctx.constant(f"{base}_levels", known)
         twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, scalar_step=scalar_step,
-                          int8_levels=bits == 8 and zp is None and a.get("kind") == "activation")
+                          int8_levels=bits == 8 and zp is None and a.get("kind") == "activation",
+                          channel_step=channel_step)
         return nodes
 
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = attrs_of(node)
         x = inputs[0]
-        s = _scales(a, x.ndim)
+        s = _scales(a, x.ndim, x.shape)
         rounding = inputs[1] if len(inputs) > 1 else None
         if "input_scales" in a:
             q, u = quantize_weight(x, a, rounding)

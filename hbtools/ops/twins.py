@@ -67,6 +67,9 @@ class Twin:
     # A product's accumulator as the integer kernels leave it: (int32 sum without the bias, int32 zero point
     # = minus the bias levels, per channel, channels, their axis), where their sum is known to fit int32
     int32_sum: tuple[str, str, int, int] | None = None
+    # A grouped ConvTranspose weight: its float32 steps per output channel, which ``step`` (spread
+    # over the weight's two channel axes to broadcast) does not list along one axis
+    channel_step: str | None = None
 
 
 def value_of(ctx: LoweringContext, twin: Twin, nodes: list[NodeProto]) -> str:
@@ -384,16 +387,19 @@ def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, s
 
 def levels_twin(ctx: LoweringContext, y: str, levels: str, scale: str, bits: int, base: str,
                 nodes: list[NodeProto], *, folded: bool = False, scalar_step: bool = True,
-                int8_levels: bool = False) -> None:
+                int8_levels: bool = False, channel_step: str | None = None) -> None:
     """Record the twin of a float32 fake-quant output ``y`` = ``levels * scale`` (float32 tensors).
 
-    ``int8_levels``: the levels are whole numbers in -128..127 (an int8 grid without zero point)."""
+    ``int8_levels``: the levels are whole numbers in -128..127 (an int8 grid without zero point);
+    ``channel_step``: a grouped ConvTranspose weight's steps per output channel (``Twin.channel_step``)."""
     if not ctx.exact:
         return
     lev = to_double(ctx, levels, f"{base}_levels", nodes)
     s = to_double(ctx, scale, f"{base}_step", nodes)
     value = to_double(ctx, y, f"{base}_value", nodes) if folded else None
-    ctx.twins[y] = Twin(value, lev, s, bits, folded, scalar_step, levels32=levels, int8_levels=int8_levels)
+    per_channel = to_double(ctx, channel_step, f"{base}_channel_step", nodes) if channel_step else None
+    ctx.twins[y] = Twin(value, lev, s, bits, folded, scalar_step, levels32=levels, int8_levels=int8_levels,
+                        channel_step=per_channel)
 
 
 def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -721,7 +727,7 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
             # the same float32 result only where every partial sum is a whole number within 2**24.
             bound = np.inf if w.folded or node.op_type != "Conv" else _weight_sum(ctx, w, 0, np.inf) * 2.0**x.bits
             acc32 = _plus_bias32(ctx, acc32, ctx.twins[bias].levels, b, channel_shape, bound, node.name, nodes)
-    step = _node(ctx, "Reshape", [w.step, channel_shape], f"{node.name}_w_step", nodes)
+    step = _node(ctx, "Reshape", [w.channel_step or w.step, channel_shape], f"{node.name}_w_step", nodes)
     if not w.folded:
         step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
     twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False, levels32=acc32, int32_sum=int32_sum)

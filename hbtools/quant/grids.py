@@ -164,6 +164,34 @@ def input_scale_array(shape: tuple[int, ...] | list[int], input_scales, input_ax
     return u.reshape(bshape)
 
 
+def output_scale_array(shape: tuple[int, ...] | list[int], values, axis: int, groups: int = 1) -> np.ndarray:
+    """Per-output-channel ``values`` (float32) laid out to broadcast against a weight of ``shape``.
+
+    A grouped ConvTranspose weight ``[C, O/groups, k...]`` holds output channel
+    ``(c // (C/groups)) * O/groups + j`` at ``[c, j]``: its axis 1 lists only ``O/groups`` of the
+    ``O`` channels, so their values are spread over both axes. Other weights have the output
+    channels along ``axis``.
+    """
+    v = np.asarray(values, dtype=np.float32).reshape(-1)
+    rank = len(shape)
+    if groups > 1 and v.size > 1:
+        cin, per_group = shape[0], shape[1]
+        table = v.reshape(groups, per_group)[np.arange(cin) // (cin // groups)]  # [C, O/groups]
+        return table.reshape(cin, per_group, *[1] * (rank - 2))
+    return along_axis(v, axis if v.size > 1 else None, rank)
+
+
+def output_channel_rows(w: np.ndarray, axis: int, groups: int = 1) -> np.ndarray:
+    """A weight as one row per output channel: ``[O, everything an output channel reads]``
+    (a grouped ConvTranspose's as ``output_scale_array`` lays its channels out)."""
+    w = np.asarray(w)
+    if groups > 1:
+        cin, per_group = w.shape[0], w.shape[1]
+        blocks = w.reshape(groups, cin // groups, per_group, -1).transpose(0, 2, 1, 3)
+        return blocks.reshape(groups * per_group, -1)
+    return np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+
+
 def weight_levels(w: np.ndarray, scales: np.ndarray, axis: int, *, input_scales: np.ndarray | None = None,
                   offsets: np.ndarray | None = None) -> np.ndarray:
     """int8 levels of a weight per output channel along ``axis`` (float32 values).

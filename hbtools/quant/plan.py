@@ -33,7 +33,15 @@ from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.names import calibration_node, record_cpu_nodes
 from hbtools.ops.preprocess import HzPreprocess
 from hbtools.ops.softmax import softmax_axis
-from hbtools.quant.grids import Grid, activation_grid, fed_values, input_scale_array, scales_for
+from hbtools.quant.grids import (
+    Grid,
+    activation_grid,
+    fed_values,
+    input_scale_array,
+    output_channel_rows,
+    output_scale_array,
+    scales_for,
+)
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.units import Partition, Unit
 
@@ -71,6 +79,7 @@ class WeightPoint:
     tensor: str
     axis: int
     rewire: list[tuple[str, int]]
+    groups: int = 1  # a grouped ConvTranspose's weight: output channels over two axes (``weight_groups``)
 
     @property
     def node_name(self) -> str:
@@ -128,6 +137,13 @@ def weight_axis(node: NodeProto, view: GraphView) -> int:
     if node.op_type == "MatMul":
         return 1
     return 0
+
+
+def weight_groups(node: NodeProto, view: GraphView) -> int:
+    """How many groups a conv-like node's weight lists its output channels in: a grouped ConvTranspose's
+    ``[C, O/group, k...]`` holds ``O/group`` per group along axis 1 (``grids.output_scale_array``); 1
+    where ``weight_axis`` lists them all."""
+    return int(view.attrs(node).get("group", 1)) if node.op_type == "ConvTranspose" else 1
 
 
 def make_plan(model: ModelProto, part: Partition, config: Config | None, profile: MarchProfile) -> CalibrationPlan:
@@ -193,7 +209,8 @@ def _plan_weights(plan: CalibrationPlan, part: Partition, view: GraphView) -> No
             if existing:
                 existing.rewire.append((node.name, 1))
             else:
-                plan.weights.append(WeightPoint(w, weight_axis(node, view), [(node.name, 1)]))
+                plan.weights.append(WeightPoint(w, weight_axis(node, view), [(node.name, 1)],
+                                                weight_groups(node, view)))
 
 
 def per_channel_wanted(config: Config | None) -> bool:
@@ -374,7 +391,7 @@ def weight_thresholds(model: ModelProto, plan: CalibrationPlan) -> dict[str, np.
     out = {}
     for p in plan.weights:
         w = view.const(p.tensor).astype(np.float64)
-        out[p.tensor] = exact_grid_thresholds(np.moveaxis(w, p.axis, 0).reshape(w.shape[p.axis], -1))
+        out[p.tensor] = exact_grid_thresholds(output_channel_rows(w, p.axis, p.groups))
     return out
 
 
@@ -441,10 +458,11 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
                 rounding = f"{p.tensor}_rounding"
                 offsets = plan.rounding[p.tensor].astype(np.int8)
                 if raised.any():  # chosen for the old grid: nearest rounding on the new one
-                    offsets = np.where(along(raised, p.axis, offsets.ndim), 0, offsets).astype(np.int8)
+                    raised_at = output_scale_array(offsets.shape, raised, p.axis, p.groups) > 0
+                    offsets = np.where(raised_at, 0, offsets).astype(np.int8)
                 model.graph.initializer.append(numpy_helper.from_array(offsets, rounding))
             new_nodes.append(HzCalibration.build(p.tensor, out, kind="weight", thresholds=th, bits=8, axis=p.axis,
-                                                 method="max", rounding=rounding))
+                                                 method="max", rounding=rounding, groups=p.groups))
         weight_node = new_nodes[-1]  # each reader's bias goes after it: new_nodes[-1] moves on
         for name, k in p.rewire:
             new_nodes.extend(_bias_nodes(model, nodes[name], weight_node, plan, grids))
@@ -486,12 +504,6 @@ def _emulated(node: NodeProto, op_type: str, opset: int) -> None:
 
 
 BIAS_ROOM = 2.0**30  # largest |bias level| a weight grid leaves on the int32 accumulator (half: room for rounding)
-
-
-def along(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
-    shape = [1] * rank
-    shape[axis] = -1
-    return np.asarray(values).reshape(shape)
 
 
 def _with_bias_room(thresholds: np.ndarray, readers: list[NodeProto], model: ModelProto, plan: CalibrationPlan,
@@ -575,7 +587,7 @@ def _folded_weight_node(p: WeightPoint, reader: NodeProto, view: GraphView, inpu
     group = int(view.attrs(reader).get("group", 1)) if reader.op_type == "Conv" else 1
     u = input_scale_array(w.shape, input_scales, input_axis, group)
     folded = np.abs(w * u).astype(np.float64)
-    thresholds = folded.max(axis=tuple(k for k in range(w.ndim) if k != p.axis))
+    thresholds = output_channel_rows(folded, p.axis, p.groups).max(axis=1)
     return HzCalibration.build(p.tensor, f"{p.tensor}_calibrated", kind="weight", thresholds=thresholds, bits=8,
                                axis=p.axis, method="max", scales=scales_for(thresholds, 8),
-                               input_scales=input_scales, input_axis=input_axis, group=group)
+                               input_scales=input_scales, input_axis=input_axis, group=group, groups=p.groups)

@@ -170,6 +170,30 @@ def test_calibration_per_channel_weight(bits: int, shape: list[int], axis: int) 
     assert min(per_channel_levels) > 1
 
 
+@pytest.mark.parametrize(("c_in", "c_out", "group"), [(8, 6, 2), (6, 6, 6), (4, 8, 2)])
+def test_calibration_grouped_conv_transpose_weight_per_output_channel(c_in: int, c_out: int, group: int) -> None:
+    """A grouped ConvTranspose weight ``[C_in, C_out/group, k, k]`` on one step per output channel: by the
+    ONNX definition, output channel o reads ``w[c, o % (C_out/group)]`` for the input channels c of group
+    ``o // (C_out/group)``; axis 1 alone lists only C_out/group channels."""
+    rng = np.random.default_rng(3)
+    per_group, c_per_group = c_out // group, c_in // group
+    w = rng.standard_normal((c_in, per_group, 3, 3)).astype(np.float32)
+    blocks = [(slice(o // per_group * c_per_group, (o // per_group + 1) * c_per_group), o % per_group)
+              for o in range(c_out)]
+    gain = np.linspace(0.1, 1.0, c_out)  # channels of unlike ranges: a shared step would show
+    for o, (rows, j) in enumerate(blocks):
+        w[rows, j] *= gain[o]
+    thresholds = np.array([np.abs(w[rows, j]).max() for rows, j in blocks]) * rng.uniform(0.6, 1.0, c_out)
+    node = HzCalibration.build("w", "y", kind="weight", thresholds=thresholds, bits=8, axis=1, groups=group)
+    y = run_lowered(calib_model(node, list(w.shape)), {"w": w})
+    assert_exact(y, HzCalibration.reference(node, [w])[0])
+    want = np.empty_like(w)
+    for o, (rows, j) in enumerate(blocks):
+        s = np.float32(thresholds[o] / 127)
+        want[rows, j] = np.clip(np.round(w[rows, j] / s), -127, 127) * s
+    assert_exact(y, want)
+
+
 def test_calibration_zero_threshold_is_finite() -> None:
     node = HzCalibration.build("x", "y", kind="activation", thresholds=[0.0], bits=8)
     x = np.zeros([8], dtype=np.float32)

@@ -17,7 +17,7 @@ from hbtools.ops.quantized import HzRequantize, HzSQuantizedConv
 from hbtools.quant import grids
 from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import ELEM_TYPES, EmitState, QTensor
-from hbtools.quant.plan import weight_axis
+from hbtools.quant.plan import weight_axis, weight_groups
 from hbtools.quant.units import Unit
 
 
@@ -64,9 +64,11 @@ def emit(state: EmitState, unit: Unit) -> None:
     if not folded and xq.scale.size == 1 and not a.get("transA", 0):
         # Requantized as onnxruntime's integer kernels do; the calibrated twins keep this accumulator.
         common["requantize_f32"] = 1
-    # Largest |accumulator| any input can produce, per output channel.
-    reduce = tuple(k for k in range(w_q.ndim) if k != axis_w)
-    bound = xq.levels_span() * float(np.abs(w_q.astype(np.int64)).sum(axis=reduce).max())
+    # Largest |accumulator| any input can produce, per output channel (a grouped ConvTranspose's channel
+    # reads one group's rows of the weight only).
+    groups = 1 if kind == "MatMul" else weight_groups(node, state.view)
+    rows = grids.output_channel_rows(np.abs(w_q.astype(np.int64)), axis_w, groups)
+    bound = xq.levels_span() * float(rows.sum(axis=1).max())
     if b_q is not None:
         bound += float(np.abs(b_q.astype(np.int64)).max())
     emit_accumulator(state, unit, HzSQuantizedConv, pieces, acc_scale, out_axis, common, bound)
