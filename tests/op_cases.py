@@ -120,15 +120,23 @@ def normalization(opset: int) -> FloatModel:
 
 
 def pooling(opset: int) -> FloatModel:
-    """Global pools, MaxPool / AveragePool with ceil mode and pads, MaxPool with Indices (read by a MaxUnpool;
-    read by nobody), Resize (nearest, linear; scales, sizes)."""
+    """Global pools, MaxPool / AveragePool with ceil mode, pads, auto_pad (TensorFlow's SAME) and (opset 19)
+    dilations, MaxPool with Indices (read by a MaxUnpool; read by nobody), Resize (nearest, linear; scales,
+    sizes)."""
     g, x = _stem(34)
     outs = [g.op("GlobalAveragePool", [x]), g.op("GlobalMaxPool", [x]),
             g.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
             g.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+            g.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
             g.op("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2]),
             g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
-            g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)]
+            g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+            g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
+            g.op("AveragePool", [x], kernel_shape=[2, 2], auto_pad="SAME_LOWER", count_include_pad=1)]
+    if opset >= 19:
+        outs += [g.op("AveragePool", [x], kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 2, 2, 2]),
+                 g.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], dilations=[2, 2], pads=[1, 1, 1, 1],
+                      ceil_mode=1, count_include_pad=1)]
     g.op("MaxPool", [x], n_out=2, kernel_shape=[2, 2], strides=[2, 2])  # SegNet: its Indices feed a MaxUnpool
     values, indices = g.nodes[-1].output
     outs.append(g.op("MaxUnpool", [g.conv(values, C, C), indices], kernel_shape=[2, 2], strides=[2, 2]))

@@ -15,6 +15,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView
 from hbtools.march.profiles import MarchProfile
+from hbtools.ops import int_kernels
 from hbtools.runtime.session import ort_session
 
 _GLOBAL_POOL_OF = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
@@ -45,6 +46,58 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
         nodes.append(helper.make_node("Flatten", [pooled], [node.output[0]], name=node.name, axis=1))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+_AUTO_PAD_OPS = ("Conv", "AveragePool", "MaxPool", "LpPool")
+
+
+def auto_pads_as_pads(model: ModelProto) -> int:
+    """``auto_pad`` SAME_UPPER / SAME_LOWER / VALID (TensorFlow exports) of a Conv or pool over a map of
+    static size as the explicit ``pads`` it stands for, so the rewrites and integer kernels after
+    this, which read ``pads``, see the node's real padding. The count of nodes rewritten.
+
+    A pool under SAME ignores ``ceil_mode`` (its output is ceil(size / stride) either way), so that
+    goes too; under VALID it keeps it. A dilated SAME pool keeps its auto_pad: onnxruntime pads it for
+    the undilated kernel, the spec for the dilated one, and either choice would change a model that
+    runs as exported; so does a SAME pool that onnxruntime crops (``_pool_crops``)."""
+    view = GraphView(model)
+    count = 0
+    for node in model.graph.node:
+        if node.op_type not in _AUTO_PAD_OPS or node.domain not in ("", "ai.onnx"):
+            continue
+        a = view.attrs(node)
+        auto = a.get("auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else auto
+        shape = view.shapes.get(node.input[0])
+        w = view.const(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        kernel = list(a["kernel_shape"]) if "kernel_shape" in a else list(w.shape[2:]) if w is not None else None
+        if auto in ("", "NOTSET") or shape is None or kernel is None or len(shape) != len(kernel) + 2 \
+                or any(not isinstance(d, int) or d <= 0 for d in shape[2:]):
+            continue
+        spatial = len(kernel)
+        dilations = list(a.get("dilations") or [1] * spatial)
+        strides = list(a.get("strides") or [1] * spatial)
+        if node.op_type != "Conv" and auto != "VALID" and (any(d != 1 for d in dilations)
+                                                            or _pool_crops(auto, shape[2:], kernel, strides)):
+            continue
+        begin, end = int_kernels.resolve_pads(auto, list(shape[2:]), kernel, strides, dilations, None)
+        gone = ("auto_pad", "pads") if auto == "VALID" else ("auto_pad", "pads", "ceil_mode")
+        kept = [x for x in node.attribute if x.name not in gone]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("pads", [*begin, *end])])
+        count += 1
+    return count
+
+
+def _pool_crops(auto_pad: str, sizes: list[int], kernel: list[int], strides: list[int]) -> bool:
+    """A SAME pool whose kernel is smaller than its stride: onnxruntime does not clamp the padding it needs
+    at zero, and a negative begin padding skips the map's first rows, which no ``pads`` express."""
+    for size, k, s in zip(sizes, kernel, strides, strict=True):
+        needed = (-(-size // s) - 1) * s + k - size
+        halved = needed if auto_pad == "SAME_UPPER" else needed + 1
+        if int(halved / 2) < 0:  # C++ division, towards zero
+            return True
+    return False
 
 
 def zero_pads_into_convs(model: ModelProto) -> None:
@@ -463,33 +516,38 @@ def _fewer_axes(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]
 def average_pools_over_whole_windows(model: ModelProto) -> None:
     """An AveragePool whose divisor varies with the position (``count_include_pad=0`` with padding, the
     ONNX default that TensorFlow exports use; or ``ceil_mode`` windows hanging over the end) as the
-    same pool over whole windows of k*k values, padding counted, times a constant map of k*k / count:
-    the sums are the same, and both ops have BPU forms. A ceil_mode pool whose windows all fit stays."""
+    same pool over whole windows of k*k values (dilated ones too), padding counted, times a constant map
+    of k*k / count: the sums are the same, and both ops have BPU forms. A ceil_mode pool whose windows
+    all fit stays."""
     view = GraphView(model)
     nodes = []
     for node in model.graph.node:
         shape = view.shapes.get(node.input[0]) if node.op_type == "AveragePool" else None
         a = view.attrs(node)
         if shape is None or len(shape) != 4 or any(not isinstance(d, int) for d in shape[2:]) \
-                or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") or any(d != 1 for d in
-                                                                                 a.get("dilations", [1, 1])):
+                or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
             nodes.append(node)
             continue
         kernel = list(a["kernel_shape"])
         strides = list(a.get("strides", [1, 1]))
+        dilations = list(a.get("dilations", [1, 1]))
         pads = list(a.get("pads", [0, 0, 0, 0]))
         ends, counts = [], []
         for k, size in enumerate(shape[2:]):
             padded = size + pads[k] + pads[k + 2]
-            out = -(-(padded - kernel[k]) // strides[k]) + 1 if a.get("ceil_mode", 0) else \
-                (padded - kernel[k]) // strides[k] + 1
+            extent = (kernel[k] - 1) * dilations[k] + 1  # the window's span; its taps are dilations apart
+            out = -(-(padded - extent) // strides[k]) + 1 if a.get("ceil_mode", 0) else \
+                (padded - extent) // strides[k] + 1
             if a.get("ceil_mode", 0) and (out - 1) * strides[k] >= size + pads[k]:
                 out -= 1  # onnxruntime drops a last window that would start in the end padding
-            end = (out - 1) * strides[k] + kernel[k] - size - pads[k]  # end padding whole windows need
+            end = (out - 1) * strides[k] + extent - size - pads[k]  # end padding whole windows need
             ends.append(max(end, pads[k + 2]))
             lo, hi = (0, size) if not a.get("count_include_pad", 0) else (-pads[k], size + pads[k + 2])
-            starts = np.arange(out) * strides[k] - pads[k]
-            counts.append(np.minimum(starts + kernel[k], hi) - np.maximum(starts, lo))
+            taps = (np.arange(out) * strides[k] - pads[k])[:, None] + np.arange(kernel[k])[None, :] * dilations[k]
+            counts.append(((taps >= lo) & (taps < hi)).sum(axis=1))
+        if any(e >= k for e, k in zip(ends, kernel, strict=True)):
+            nodes.append(node)  # onnxruntime takes no pad as large as the kernel, which a dilated window may need
+            continue
         count = counts[0][:, None] * counts[1][None, :]
         window = kernel[0] * kernel[1]
         if np.all(count == window) and ends == pads[2:]:
@@ -500,9 +558,10 @@ def average_pools_over_whole_windows(model: ModelProto) -> None:
             nodes.append(node)
             continue
         whole = f"{node.output[0]}_whole_windows"
+        dilated = {"dilations": dilations} if any(d != 1 for d in dilations) else {}
         nodes.append(helper.make_node("AveragePool", [node.input[0]], [whole], name=f"{node.name}_whole_windows",
                                       kernel_shape=kernel, strides=strides, pads=[*pads[:2], *ends],
-                                      count_include_pad=1))
+                                      count_include_pad=1, **dilated))
         factor = f"{node.name}_window_counts"
         model.graph.initializer.append(numpy_helper.from_array(
             (window / count).astype(np.float32).reshape(1, 1, *count.shape), factor))

@@ -662,12 +662,13 @@ class HzSQuantizedPool(_Requantizing):
 
     ``kind`` GlobalAveragePool (ReduceSum over spatial axes), ReduceMean (ReduceSum over
     ``axes``, ``keepdims``) or AveragePool (a depthwise ConvInteger with a ones kernel).
-    Attributes also: channels, pool attrs.
+    Attributes also: channels, pool attrs (kernel_shape, strides, pads, dilations).
     """
 
     op_type = "HzSQuantizedPool"
     attributes = {"kind": REQUIRED, "multiplier": REQUIRED, "x_zero_point": 0, "channels": None, "x_bits": 8,
-                  "kernel_shape": None, "strides": None, "pads": None, "axes": None, "keepdims": 1, **OUTPUT_ATTRS}
+                  "kernel_shape": None, "strides": None, "pads": None, "dilations": None, "axes": None, "keepdims": 1,
+                  **OUTPUT_ATTRS}
 
     @staticmethod
     def summed_axes(a: dict, rank: int) -> list[int]:
@@ -700,7 +701,7 @@ class HzSQuantizedPool(_Requantizing):
             acc = _cast(ctx, s, TensorProto.DOUBLE, f"{hint}_sumd", nodes)
         else:
             kernel = a["kernel_shape"]
-            attrs = {k: a[k] for k in ("kernel_shape", "strides", "pads") if k in a}
+            attrs = {k: a[k] for k in ("kernel_shape", "strides", "pads", "dilations") if k in a}
             bits = int(a.get("x_bits", 8))
             # A depthwise sum: float32 convs where exact (``grouped_accumulator``), else ConvInteger.
             window = float(np.prod(kernel))
@@ -728,11 +729,13 @@ class HzSQuantizedPool(_Requantizing):
             # count_include_pad: a depthwise sum with a ones kernel, padding counts as zeros
             kernel = list(a["kernel_shape"])
             pads = list(a.get("pads") or [0] * 2 * len(kernel))
+            dilations = list(a.get("dilations") or [1] * len(kernel))
+            extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
             room = [s + pb + pe for s, pb, pe in zip(x.shape[2:], pads[: len(kernel)], pads[len(kernel):], strict=True)]
-            if not all(0 < k <= r for k, r in zip(kernel, room, strict=True)):
-                raise ValueError(f"{node.name}: pooling window {kernel} does not fit the padded input {room}")
+            if not all(0 < k <= r for k, r in zip(extent, room, strict=True)):
+                raise ValueError(f"{node.name}: pooling window {extent} does not fit the padded input {room}")
             ones = np.ones([x.shape[1], 1, *kernel], dtype=np.int64)
-            acc = _np_conv(x, ones, {**a, "group": x.shape[1], "dilations": None})
+            acc = _np_conv(x, ones, {**a, "group": x.shape[1]})
         return [_np_requantize(acc, a)]
 
 

@@ -607,7 +607,8 @@ def _average_pool(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto])
             or (any(pads) and not attrs.get("count_include_pad", 0)) or window << (src.bits - 1) >= 2**24:
         return False
     ones = ctx.constant(f"{node.name}_ones", np.ones([shape[1], 1, *kernel], dtype=np.float32))
-    conv = {k: v for k, v in (("strides", attrs.get("strides")), ("pads", pads)) if v}
+    conv = {k: v for k, v in (("strides", attrs.get("strides")), ("pads", pads), ("dilations", attrs.get("dilations")))
+            if v}
     total = _node(ctx, "Conv", [levels32_of(ctx, src, node.name, nodes), ones], f"{node.name}_sum", nodes,
                   kernel_shape=kernel, group=shape[1], **conv)
     per = _node(ctx, "Div", [src.step, ctx.constant(f"{node.name}_window", np.array(float(window)))],

@@ -72,9 +72,12 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     fused = fuse_layer_norms(body)
     if fused:
         log.info("%d layer normalizations written as one HzLayerNorm node each", fused)
+    # First: the rewrites and integer kernels after this read a node's padding from its pads.
+    padded = bpu_forms.auto_pads_as_pads(body)
     bpu_forms.spatial_reductions_as_global_pools(body)
     bpu_forms.zero_pads_into_convs(body)
-    rewritten = {"constant Pads written as Concats of constant blocks": bpu_forms.constant_pads_as_concats(body)}
+    rewritten = {"auto_pad attributes written as explicit pads": padded,
+                 "constant Pads written as Concats of constant blocks": bpu_forms.constant_pads_as_concats(body)}
     if profile is not None and profile.int16:  # the reciprocal table needs int16 (quant.plan)
         rewritten["Divs of two tensors written as a product with an int16 reciprocal table"] = \
             bpu_forms.divisions_as_reciprocal_products(body, placed)

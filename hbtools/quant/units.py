@@ -200,6 +200,11 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         excluded_padding = any(a.get("pads", [])) and not a.get("count_include_pad", 0)
         if op == "AveragePool" and (a.get("ceil_mode", 0) or excluded_padding):
             return _cpu(node, acts, "AveragePool with ceil_mode or excluded padding has no BPU form in hbtools")
+        if op == "AveragePool" and a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+            # the optimize stage writes auto_pad as pads where onnxruntime's padding is such pads
+            return _cpu(node, acts, "AveragePool with auto_pad SAME on a map of unknown size, dilated, or with a "
+                                    "kernel smaller than the stride has no BPU form in hbtools (onnxruntime pads "
+                                    "these unlike the ONNX spec); export it with explicit pads")
         return Unit("pool", [node], acts, list(node.output), table_type=rule.table_type)
     if "passive" in forms and op == "Pad" and view.attrs(node).get("mode", b"constant") in (b"constant", "constant"):
         return _cpu(node, acts, "Pad with a constant value has no BPU form here (edge and reflect Pads do; a zero "

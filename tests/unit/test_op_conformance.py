@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 from conformance import Outcome, convert_and_check
-from op_cases import GROUPS, OPSET_LIST
+from op_cases import GROUPS, OPSET_LIST, H, _stem
 
 COSINE = 0.98  # op output, quantized vs float model (int8 activations, random held-out image)
+# Groups whose every op has a BPU form on bayes-e (pools with auto_pad and dilations among them)
+ALL_ON_BPU = {"pooling"}
+# ... but for SegNet's pooling indices, which the BPU does not give: the MaxPool whose Indices a MaxUnpool reads
+INDICES_ON_CPU = {"MaxPool", "MaxUnpool"}
 
 CASES = [(group, opset, "max") for group in GROUPS for opset in OPSET_LIST] + \
     [(group, 13, "default") for group in GROUPS]
@@ -41,6 +45,20 @@ def test_op_group(group: str, opset: int, calibration_type: str, tmp_path: Path)
     producers = {o: n.name for n in fm.model.graph.node for o in n.output}
     print("\n".join(_report(group, opset, outcome, outputs, producers)))
     assert all(c["reason"] for c in outcome.cpu), f"CPU nodes without a reason: {outcome.cpu}"
+    elsewhere = [c for c in outcome.cpu if c["type"] not in INDICES_ON_CPU]
+    assert group not in ALL_ON_BPU or not elsewhere, f"{group}: nodes on the CPU: {outcome.placement()}"
     low = {producers[o]: round(c, 5) for o, c in zip(outputs, outcome.cosine, strict=True)
            if c < COSINE and not producers[o].startswith("Cast")}  # ArgMax indices (cast) may flip on ties
     assert not low, f"ops whose output is not within quantization error of float: {low}"
+
+
+def test_dilated_same_average_pool_runs_on_the_cpu_with_its_reason(tmp_path: Path) -> None:
+    """onnxruntime pads a dilated AveragePool with auto_pad SAME for the undilated kernel (not as the spec
+    says), which no explicit pads express: it stays a float CPU op that says why, and computes what the
+    exported model does."""
+    g, x = _stem(38)
+    out = g.op("AveragePool", [x], kernel_shape=[3, 3], dilations=[2, 2], auto_pad="SAME_UPPER")
+    fm = g.model({"data": [1, 3, H, H]}, [out], 19)
+    outcome = convert_and_check(fm, tmp_path, "max", checker=False)
+    assert [(c["type"], "auto_pad SAME" in c["reason"]) for c in outcome.cpu] == [("AveragePool", True)]
+    assert outcome.cosine[0] > 0.999

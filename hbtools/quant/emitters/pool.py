@@ -30,7 +30,7 @@ def emit(state: EmitState, unit: Unit) -> None:
     else:
         window = int(np.prod(a["kernel_shape"]))
         extra = {"kind": "AveragePool", "channels": int(shape[1]), "x_bits": xq.bits,
-                 **{k: a[k] for k in ("kernel_shape", "strides", "pads") if k in a}}
+                 **{k: a[k] for k in ("kernel_shape", "strides", "pads", "dilations") if k in a}}
     mult = [float(xq.scale[0] / (qt.scale[0] * window))]
     state.nodes.append(HzSQuantizedPool.make_node([xq.name], [qt.name], node.name, multiplier=mult, **extra, **oa))
     state.record(out, qt)
