@@ -44,7 +44,7 @@ def _done(g: _Graph, outs: list[str], opset: int) -> FloatModel:
 
 def conv_family(opset: int) -> FloatModel:
     """Conv (groups, dilations, asymmetric pads), ConvTranspose (groups, depthwise), Gemm, MatMul (weight; two
-    activations), BN."""
+    activations), BN (of 4-D, 3-D and 2-D tensors, after a Gemm)."""
     g, x = _stem(31)
     r = g.rng
     outs = []
@@ -73,6 +73,8 @@ def conv_family(opset: int) -> FloatModel:
     outs.append(g.bn(g.op("Relu", [x]), C))
     outs.append(g.bn(g.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2]), C))
     outs.append(g.bn(seq, C))  # on a 3-D [N, C, L] tensor
+    outs.append(g.bn(g.gemm(flat, C * H * H, 16), 16))  # nn.Linear + nn.BatchNorm1d (ArcFace, MLP heads)
+    outs.append(g.bn(g.op("Flatten", [g.op("GlobalAveragePool", [x])], axis=1), C))  # [N, C], no layer before
     return _done(g, outs, opset)
 
 

@@ -4,7 +4,8 @@ onnxruntime's basic-level optimizer does constant folding (static shape chains
 included, since the parse stage fixed the input shapes), Identity/Dropout
 removal and Conv+BatchNormalization fusion. On top of it we fold per-channel
 or scalar affine constants that follow a Conv (PP-OCR's learnable affine
-blocks) and turn any remaining BatchNormalization into a depthwise 1x1 Conv,
+blocks), fold a BatchNormalization of [N, C] into the Gemm (or MatMul) before it,
+and turn any remaining BatchNormalization into a depthwise 1x1 Conv,
 so the quantizer sees fewer, larger integer ops. LSTM and GRU layers are unrolled over
 their time steps (``hbtools.graph.recurrent``), layer normalizations become one node
 each (``hbtools.graph.layer_norm``) and exporter patterns the BPU has no form for are
@@ -93,6 +94,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     bpu_forms.transposes_in_fewer_axes(body)
     bpu_forms.average_pools_over_whole_windows(body)
     _fold_affine_into_conv(body)
+    _fold_batchnorm_into_gemm(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
         _fold_affine_into_conv(body)  # the Add of a Mul+Add pair goes into the new conv's bias
@@ -363,45 +365,136 @@ def _affine_to_depthwise_conv(model: ModelProto) -> bool:
     return changed
 
 
+def _batchnorm_affine(node: NodeProto, view: GraphView) -> tuple[np.ndarray, np.ndarray] | None:
+    """A BatchNormalization (inference form, constant statistics) as per-channel ``k * x + shift``."""
+    if node.op_type != "BatchNormalization" or len(node.output) != 1:
+        return None
+    params = [view.const(i) for i in node.input[1:5]]
+    if any(p is None for p in params):
+        return None
+    gamma, beta, mean, var = (p.astype(np.float64) for p in params)
+    k = gamma / np.sqrt(var + view.attrs(node).get("epsilon", 1e-5))
+    return k, beta - mean * k
+
+
+def _fold_batchnorm_into_gemm(model: ModelProto) -> None:
+    """A BatchNormalization of a 2-D [N, C] tensor that only a Gemm, or a MatMul by a constant weight
+    (with an Add of a constant bias), produces (``nn.Linear`` + ``nn.BatchNorm1d``: ArcFace embedding
+    heads, MLPs) folds into that layer's weight columns and bias, as onnxruntime folds it into a Conv.
+    The layer becomes one Gemm (``beta`` 1, the bias its C) named after the layer."""
+    changed = True
+    while changed:
+        changed = False
+        view = GraphView(model)
+        for node in model.graph.node:
+            affine = _batchnorm_affine(node, view)
+            shape = view.shapes.get(node.input[0]) if affine is not None else None
+            if shape is None or len(shape) != 2:
+                continue
+            layer = _gemm_like(node.input[0], view, affine[0].size)
+            if layer is None:
+                continue
+            k, shift = affine
+            gemm, a, weight, bias, transposed, alpha, dropped = layer
+            weight = weight * (k[:, None] if transposed else k[None, :])  # scale each output column
+            bias = shift if bias is None else bias * k + shift
+            names = (f"{gemm.name}_weight_folded", f"{gemm.name}_bias_folded")
+            kept = [t for t in model.graph.initializer if t.name not in names]
+            del model.graph.initializer[:]
+            model.graph.initializer.extend([*kept, numpy_helper.from_array(weight.astype(np.float32), names[0]),
+                                            numpy_helper.from_array(bias.astype(np.float32), names[1])])
+            attrs = {"alpha": alpha, "beta": 1.0, "transB": int(transposed)}
+            if gemm.op_type == "Gemm":
+                attrs["transA"] = int(view.attrs(gemm).get("transA", 0))
+            folded = helper.make_node("Gemm", [a, *names], [node.output[0]], name=gemm.name, **attrs)
+            index = list(model.graph.node).index(gemm)
+            for gone in [gemm, node, *dropped]:
+                model.graph.node.remove(gone)
+            model.graph.node.insert(index, folded)
+            changed = True
+            break
+
+
+def _gemm_like(x: str, view: GraphView, channels: int) -> tuple | None:
+    """The layer that produces 2-D ``x`` and nothing else reads, as (node that multiplies, its activation
+    input, weight, bias or None (beta applied), weight transposed, alpha, other nodes it takes):
+    a Gemm with a constant B (and C), or a MatMul by a constant [K, C] weight, maybe then an Add of a
+    constant bias. None for anything else."""
+    def only_use(t: str) -> bool:
+        return len(view.consumers.get(t, [])) == 1 and t not in view.graph_outputs
+
+    node = view.producer.get(x)
+    if node is None or not only_use(x):
+        return None
+    dropped = []
+    bias = None
+    if node.op_type == "Add" and len(node.input) == 2:
+        const = [i for i in node.input if view.is_const(i)]
+        act = [i for i in node.input if not view.is_const(i)]
+        matmul = view.producer.get(act[0]) if len(const) == 1 and len(act) == 1 else None
+        if matmul is None or matmul.op_type != "MatMul" or not only_use(act[0]):
+            return None
+        bias = view.const(const[0]).astype(np.float64)
+        if bias.ndim > 2 or bias.shape[-1] not in (1, channels):
+            return None
+        dropped, node = [node], matmul
+    if node.op_type == "MatMul":
+        weight = view.const(node.input[1])
+        a_shape = view.shapes.get(node.input[0])
+        if weight is None or weight.ndim != 2 or weight.shape[1] != channels or a_shape is None or len(a_shape) != 2:
+            return None
+        return node, node.input[0], weight.astype(np.float64), bias, False, 1.0, dropped
+    if node.op_type != "Gemm":
+        return None
+    attrs = view.attrs(node)
+    weight = view.const(node.input[1])
+    transposed = bool(attrs.get("transB", 0))
+    has_c = len(node.input) > 2 and bool(node.input[2])
+    c = view.const(node.input[2]) if has_c else None
+    if weight is None or weight.ndim != 2 or weight.shape[0 if transposed else 1] != channels or (has_c and c is None):
+        return None
+    if c is not None:
+        bias = c.astype(np.float64) * float(attrs.get("beta", 1.0))
+        if bias.ndim > 2 or (bias.ndim and bias.shape[-1] not in (1, channels)):
+            return None
+    return node, node.input[0], weight.astype(np.float64), bias, transposed, float(attrs.get("alpha", 1.0)), dropped
+
+
 def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
     """Each remaining BatchNormalization of a 4-D tensor becomes a depthwise 1x1 Conv; of a 3-D
-    tensor [N, C, L] (after a Squeeze, in sequence heads) the same Conv between an Unsqueeze and
-    a Squeeze, so it runs on the BPU too."""
+    tensor [N, C, L] (after a Squeeze, in sequence heads) or a 2-D one [N, C] (a BatchNorm1d no
+    Gemm folds) the same Conv between an Unsqueeze and a Squeeze, so it runs on the BPU too."""
     view = GraphView(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     for node in list(model.graph.node):
-        if node.op_type != "BatchNormalization" or len(node.output) != 1:
+        affine = _batchnorm_affine(node, view)
+        shape = view.shapes.get(node.input[0]) if affine is not None else None
+        rank = len(shape) if shape is not None else 0
+        if rank not in (2, 3, 4):
             continue
-        rank = len(view.shapes[node.input[0]]) if view.shapes.get(node.input[0]) is not None else 0
-        if rank not in (3, 4):
-            continue
-        params = [view.const(i) for i in node.input[1:5]]
-        if any(p is None for p in params):
-            continue
-        gamma, beta, mean, var = (p.astype(np.float64) for p in params)
-        eps = view.attrs(node).get("epsilon", 1e-5)
-        k = gamma / np.sqrt(var + eps)
+        k, shift = affine
         channels = k.size
         x, y = node.input[0], node.output[0]
         nodes = []
-        if rank == 3:
+        axes = list(range(rank, 4))  # the axes that make the tensor 4-D
+        if axes:
             x, y = f"{node.input[0]}_{node.name}_4d", f"{node.output[0]}_4d"
-            nodes.append(_axes_node("Unsqueeze", node.input[0], x, f"{node.name}_unsqueeze", opset, model))
+            nodes.append(_axes_node("Unsqueeze", node.input[0], x, f"{node.name}_unsqueeze", opset, model, axes))
         nodes.append(helper.make_node("Conv", [x, "", ""], [y], name=node.name, group=channels, kernel_shape=[1, 1]))
-        if rank == 3:
-            nodes.append(_axes_node("Squeeze", y, node.output[0], f"{node.name}_squeeze", opset, model))
+        if axes:
+            nodes.append(_axes_node("Squeeze", y, node.output[0], f"{node.name}_squeeze", opset, model, axes))
         index = list(model.graph.node).index(node)
         model.graph.node.remove(node)
         for k_node, new in enumerate(nodes):
             model.graph.node.insert(index + k_node, new)
-        conv = model.graph.node[index + (1 if rank == 3 else 0)]  # protobuf inserted a copy; edit that one
-        _set_conv_params(model, conv, k.reshape(-1, 1, 1, 1), beta - mean * k, y)
+        conv = model.graph.node[index + (1 if axes else 0)]  # protobuf inserted a copy; edit that one
+        _set_conv_params(model, conv, k.reshape(-1, 1, 1, 1), shift, y)
 
 
-def _axes_node(op: str, x: str, y: str, name: str, opset: int, model: ModelProto) -> NodeProto:
-    """Unsqueeze / Squeeze of the last axis of a 3-D / 4-D tensor (axes an input from opset 13)."""
+def _axes_node(op: str, x: str, y: str, name: str, opset: int, model: ModelProto, axes: list[int]) -> NodeProto:
+    """Unsqueeze / Squeeze of the trailing ``axes`` of a tensor and its 4-D form (axes an input from opset 13)."""
     if opset < 13:
-        return helper.make_node(op, [x], [y], name=name, axes=[3])
-    axes = f"{name}_axes"
-    model.graph.initializer.append(numpy_helper.from_array(np.array([3], dtype=np.int64), axes))
-    return helper.make_node(op, [x, axes], [y], name=name)
+        return helper.make_node(op, [x], [y], name=name, axes=axes)
+    axes_name = f"{name}_axes"
+    model.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name))
+    return helper.make_node(op, [x, axes_name], [y], name=name)

@@ -16,8 +16,8 @@ from conformance import Outcome, convert_and_check
 from op_cases import GROUPS, OPSET_LIST, H, _stem
 
 COSINE = 0.98  # op output, quantized vs float model (int8 activations, random held-out image)
-# Groups whose every op has a BPU form on bayes-e (pools with auto_pad and dilations among them)
-ALL_ON_BPU = {"pooling"}
+# Groups whose every op has a BPU form on bayes-e (pools with auto_pad and dilations, BatchNorm1d after a Gemm)
+ALL_ON_BPU = {"conv_family", "pooling"}
 # ... but for SegNet's pooling indices, which the BPU does not give: the MaxPool whose Indices a MaxUnpool reads
 INDICES_ON_CPU = {"MaxPool", "MaxUnpool"}
 

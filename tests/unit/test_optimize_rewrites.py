@@ -408,3 +408,79 @@ def test_a_pad_that_would_need_a_large_constant_block_stays() -> None:
     model.ir_version = 8
     assert [n.op_type for n in optimize.run(model).graph.node] == ["Pad"]
 
+
+BN_AFTER_LINEAR = {
+    # name: (layer, attrs of the Gemm, bias shape (None: none), folded into the layer)
+    "gemm_transB": ("Gemm", {"transB": 1}, [6], True),
+    "gemm_alpha_beta": ("Gemm", {"transB": 0, "alpha": 0.5, "beta": 2.0}, [6], True),
+    "gemm_no_bias": ("Gemm", {"transB": 1}, None, True),
+    "gemm_scalar_bias": ("Gemm", {"transB": 1, "beta": 0.5}, [], True),
+    "gemm_row_bias": ("Gemm", {"transB": 1}, [3, 1], True),
+    "gemm_transA": ("Gemm", {"transA": 1, "transB": 1}, [1, 6], True),
+    "matmul": ("MatMul", {}, None, True),
+    "matmul_add": ("MatMul", {}, [6], True),
+    "gemm_read_twice": ("Gemm", {"transB": 1}, [6], False),  # its output is an output too: the BN stays apart
+    "flatten": ("Flatten", {}, None, False),
+}
+
+
+def _bn_after_linear_model(layer: str, attrs: dict, bias_shape: list[int] | None, read_twice: bool, opset: int):
+    """[3, 4] -> layer to [3, 6] -> BatchNormalization (BatchNorm1d); Flatten: a [3, 1, 2, 3] input."""
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in (
+        ("gamma", rng.uniform(0.5, 1.5, 6)), ("beta", rng.normal(0, 0.3, 6)), ("mean", rng.normal(0, 0.3, 6)),
+        ("var", rng.uniform(0.5, 1.5, 6)))]
+    nodes, x_shape = [], [3, 4]
+    if layer == "Flatten":
+        x_shape = [3, 1, 2, 3]
+        nodes.append(helper.make_node("Flatten", ["x"], ["h"], name="flatten"))
+    else:
+        trans_b = attrs.get("transB", 0)
+        w = rng.normal(0, 0.5, (6, 4) if trans_b else (4, 6)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, "w"))
+        a = "x"
+        if attrs.get("transA", 0):
+            nodes.append(helper.make_node("Transpose", ["x"], ["xt"], name="xt", perm=[1, 0]))
+            a = "xt"
+        if bias_shape is not None:
+            inits.append(numpy_helper.from_array(rng.normal(0, 0.5, bias_shape).astype(np.float32), "b"))
+        if layer == "Gemm":
+            nodes.append(helper.make_node("Gemm", [a, "w", *(["b"] if bias_shape is not None else [])], ["h"],
+                                          name="fc", **attrs))
+        elif bias_shape is not None:
+            nodes += [helper.make_node("MatMul", [a, "w"], ["mm"], name="fc"),
+                      helper.make_node("Add", ["b", "mm"], ["h"], name="fc_bias")]
+        else:
+            nodes.append(helper.make_node("MatMul", [a, "w"], ["h"], name="fc"))
+    nodes.append(helper.make_node("BatchNormalization", ["h", "gamma", "beta", "mean", "var"], ["y"], name="bn",
+                                  epsilon=1e-3))
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (["y", "h"] if read_twice else ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)], outputs,
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model, x_shape
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("case", sorted(BN_AFTER_LINEAR))
+def test_batchnorm_of_a_linear_layer_folds_into_it(case: str, opset: int) -> None:
+    """A BatchNormalization of [N, C] (nn.Linear + nn.BatchNorm1d) folds into the Gemm or MatMul before it
+    (transB, transA, alpha, beta, no bias, a scalar or row bias, MatMul + Add); where nothing folds it
+    becomes the depthwise 1x1 Conv a 4-D one is, between Unsqueeze and Squeeze. No BatchNormalization
+    is left, and the optimized model computes what the exported one does."""
+    layer, attrs, bias_shape, folded = BN_AFTER_LINEAR[case]
+    model, x_shape = _bn_after_linear_model(layer, attrs, bias_shape, case == "gemm_read_twice", opset)
+    x = np.random.default_rng(8).standard_normal(x_shape).astype(np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})
+    optimized = optimize.run(model)
+    got = ort.InferenceSession(optimized.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    ops = [n.op_type for n in optimized.graph.node]
+    assert "BatchNormalization" not in ops, ops
+    assert ("Conv" not in ops) == folded, ops
+    if folded:
+        assert ops.count("Gemm") == 1 and "MatMul" not in ops and "Add" not in ops, ops
