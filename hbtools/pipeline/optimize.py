@@ -61,7 +61,13 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     recurrent = _recurrent_nodes(body)
     # Before onnxruntime loads the graph too: it has no kernel for batch-first (layout 1) layers.
     unroll_recurrences(body, placed, everything=all_bpu, explain=False)
+    expandable = _function_ops(body)
     body = _onnxruntime_basic(body)
+    if expandable - {n.op_type for n in body.graph.node if n.domain in ("", "ai.onnx")}:
+        # onnxruntime expands an op it has no kernel for (GroupNormalization from opset 21, ...) into its
+        # function body after its constant folding ran: a second pass folds the body's Shape / Cast / Div /
+        # Concat arithmetic on static shapes, which would otherwise put the op and all after it on the CPU.
+        body = _onnxruntime_basic(body)
     # onnxruntime inlines function ops (HardSwish from opset 14, ...) into unnamed nodes;
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
@@ -206,6 +212,22 @@ def _with_preprocess(body: ModelProto, pre_nodes: list, inputs: list, source: Mo
 
 def _recurrent_nodes(model: ModelProto) -> int:
     return sum(n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node)
+
+
+def _function_ops(model: ModelProto) -> set[str]:
+    """Types of the model's standard ops whose ONNX schema defines them by a function body."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        return set()
+    found = set()
+    for op_type in {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")}:
+        try:
+            schema = onnx.defs.get_schema(op_type, opset, "")
+        except onnx.defs.SchemaError:
+            continue
+        if schema.has_function or schema.has_context_dependent_function:
+            found.add(op_type)
+    return found
 
 
 def _onnxruntime_basic(model: ModelProto) -> ModelProto:

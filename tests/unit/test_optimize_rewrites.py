@@ -484,3 +484,36 @@ def test_batchnorm_of_a_linear_layer_folds_into_it(case: str, opset: int) -> Non
     assert ("Conv" not in ops) == folded, ops
     if folded:
         assert ops.count("Gemm") == 1 and "MatMul" not in ops and "Add" not in ops, ops
+
+
+def _group_norm_model(opset: int = 21):
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("GroupNormalization", ["c", "gs", "gb"], ["gn"], name="gn", num_groups=4, epsilon=1e-5),
+             helper.make_node("Relu", ["gn"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2", kernel_shape=[1, 1])]
+    consts = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+              for n, s in (("w1", (8, 3, 3, 3)), ("gb", (8,)), ("w2", (4, 8, 1, 1)))]
+    consts.append(numpy_helper.from_array((1 + rng.standard_normal(8) * 0.1).astype(np.float32), "gs"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
+def test_a_function_op_onnxruntime_expands_has_its_shape_arithmetic_folded() -> None:
+    """onnxruntime expands GroupNormalization (opset 21) into its function body after its constant folding:
+    the body's Shape / Cast / Div / Concat on static shapes must still fold, or the normalization and every
+    node after it run on the CPU ('Shape is not supported on the BPU')."""
+    from hbtools.march.profiles import get_profile
+    from hbtools.quant.units import build_partition
+
+    model = _group_norm_model()
+    x = np.random.default_rng(6).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    np.testing.assert_allclose(_run(optimized, x), _run(model, x), rtol=1e-4, atol=1e-4)
+    ops = [n.op_type for n in optimized.graph.node]
+    assert not {"Shape", "Cast", "Concat", "GroupNormalization"} & set(ops), ops
+    cpu = [name for name, on, _, _ in build_partition(optimized, get_profile("bayes-e"), {}).rows() if on != "BPU"]
+    assert cpu == []
