@@ -24,7 +24,7 @@ from hbtools.graph.model_io import (
     with_horizon_domain,
 )
 from hbtools.ops.preprocess import make_preprocess_node
-from hbtools.quant.qdq import strip_qdq
+from hbtools.quant.qdq import activation_pairs, strip_qdq
 
 log = logging.getLogger("hbtools")
 
@@ -44,7 +44,8 @@ def preprocess_node_name(input_name: str) -> str:
     return f"HZ_PREPROCESS_FOR_{input_name}"
 
 
-def run(config: Config) -> ParseResult:
+def run(config: Config, *, checking: bool = False) -> ParseResult:
+    """``checking`` (hb_mapper checker): a QDQ model is parsed as calibration_type load would parse it."""
     model, path = load_source_model(config)
     check_source_model(model, path)
     others = precision.other_floats(model)
@@ -55,7 +56,10 @@ def run(config: Config) -> ParseResult:
     model = _working_opset(model)
     _initializers_not_inputs(model)
     name_unnamed_nodes(model)
-    loaded = strip_qdq(model) if config.calibration.calibration_type == "load" else {}
+    load = config.calibration.calibration_type == "load"
+    if not load and _already_quantized(model, config, checking):
+        load = checking  # the checker reports the placement load gives; makertbin does what the config says
+    loaded = strip_qdq(model) if load else {}
     inputs = resolve_inputs(model, config.inputs)
     declared = {vi.name: _dims(vi) for vi in model.graph.input}
     _fix_input_shapes(model, inputs)
@@ -73,6 +77,26 @@ def run(config: Config) -> ParseResult:
     model = _infer(model)
     onnx.checker.check_model(model)
     return ParseResult(model, source, inputs, loaded)
+
+
+def _already_quantized(model: ModelProto, config: Config, checking: bool) -> bool:
+    """Whether a model not converted with calibration_type load is a QDQ model, which load is for; says so.
+
+    Its QuantizeLinear / DequantizeLinear pairs have no BPU form, and a Conv whose weight comes out of a
+    DequantizeLinear has none either: without load, the whole model ends up on the CPU."""
+    pairs = activation_pairs(model)
+    if not pairs:
+        return False
+    what = (f"the model is already quantized: it has {pairs} QuantizeLinear -> DequantizeLinear pair(s) (a QDQ "
+            "model, e.g. a QAT export)")
+    if checking:
+        log.warning("%s; checked as makertbin converts it with calibration_type 'load' (the pairs removed, their "
+                    "scales kept): set calibration_type: 'load' in calibration_parameters to convert it", what)
+    else:
+        log.warning("%s; with calibration_type '%s' the pairs and the convs and matmuls they feed run on the CPU: "
+                    "set calibration_type: 'load' in calibration_parameters to convert it with its own scales",
+                    what, config.calibration.calibration_type)
+    return True
 
 
 def load_source_model(config: Config) -> tuple[ModelProto, Path]:

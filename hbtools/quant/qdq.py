@@ -8,17 +8,30 @@ constant it stands for. Only symmetric (zero point 0) pairs are accepted.
 from __future__ import annotations
 
 import numpy as np
-from onnx import ModelProto, numpy_helper
+from onnx import ModelProto, helper, numpy_helper
 
 from hbtools.errors import HbError
-from hbtools.graph.graph import GraphView, remove_dead_nodes
+from hbtools.graph.graph import GraphView, remove_dead_nodes, topological_sort
+
+
+def activation_pairs(model: ModelProto) -> int:
+    """How many QuantizeLinear -> DequantizeLinear pairs quantize a computed tensor: the form of a QDQ (QAT) export."""
+    quantized = {n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.domain in ("", "ai.onnx")}
+    return sum(n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx") and n.input[0] in quantized
+               for n in model.graph.node)
 
 
 def strip_qdq(model: ModelProto) -> dict[str, float]:
     """Remove Q/DQ nodes in place; return activation thresholds by float tensor name."""
     view = GraphView(model)
     thresholds: dict[str, float] = {}
-    rename: dict[str, str] = {}
+    rename: dict[str, str] = {}  # a pair's output -> the tensor it quantized
+    outputs = {o.name for o in model.graph.output}
+    inputs = {i.name for i in model.graph.input}
+    # A pair that ends in a model output: the tensor it quantized takes the output's name (outputs keep
+    # their names, SPEC §6); a model input or another output cannot be renamed, so an Identity joins them.
+    renamed_output: dict[str, str] = {}  # the tensor a pair quantized -> the model output it becomes
+    joins = []
     drop: set[str] = set()
     new_inits = []
     for node in model.graph.node:
@@ -45,21 +58,37 @@ def strip_qdq(model: ModelProto) -> dict[str, float]:
             drop.add(node.name)
         elif q is not None and q.op_type == "QuantizeLinear":
             tensor = q.input[0]
-            thresholds[tensor] = float(np.max(scale)) * 127.0
-            rename[node.output[0]] = tensor
+            threshold = float(np.max(scale)) * 127.0
+            out = node.output[0]
+            if out not in outputs:
+                thresholds[tensor] = threshold
+                rename[out] = tensor
+            elif tensor in inputs or tensor in outputs or tensor in renamed_output or view.is_const(tensor):
+                thresholds[out] = threshold
+                joins.append(helper.make_node("Identity", [tensor], [out], name=f"{node.name}_identity"))
+            else:
+                thresholds[out] = threshold
+                renamed_output[tensor] = out
             drop.update({node.name, q.name})
     if not drop:
         raise HbError("calibration_type load needs a QDQ model (QuantizeLinear/DequantizeLinear pairs); none found",
                       hint="use another calibration_type for a float model")
     kept = [n for n in model.graph.node if n.name not in drop]
     del model.graph.node[:]
-    model.graph.node.extend(kept)
+    model.graph.node.extend([*kept, *joins])
     model.graph.initializer.extend(new_inits)
+
+    def final(name: str) -> str:
+        name = rename.get(name, name)
+        return renamed_output.get(name, name)
+
     for node in model.graph.node:
         for k, i in enumerate(node.input):
-            node.input[k] = rename.get(i, i)
-    for out in model.graph.output:
-        if out.name in rename:
-            out.name = rename[out.name]
+            node.input[k] = final(i)
+        for k, o in enumerate(node.output):
+            node.output[k] = renamed_output.get(o, o)
+    for vi in model.graph.value_info:
+        vi.name = renamed_output.get(vi.name, vi.name)
+    topological_sort(model)
     remove_dead_nodes(model)
     return thresholds

@@ -35,7 +35,7 @@ def check(model_path: str | Path, model_type: str, march: str, input_shapes: lis
     log.info("march: %s", profile.label)
     config = builtin_config(model_path, model_type, march, input_shapes, fast_perf=False,
                             working_dir=Path(".hb_check"), prefix="model", proto=proto)
-    parsed = parse.run(config)
+    parsed = parse.run(config, checking=True)
     check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     log.info("Parsing the input model done")
     optimized = optimize.run(parsed.model, profile)

@@ -12,11 +12,14 @@ from onnx import TensorProto, helper, numpy_helper
 from hbtools.log import setup
 from hbtools.pipeline.runner import makertbin
 from hbtools.runtime import HB_ONNXRuntime
+from hbtools.runtime.binfile import read_bin
 
 ACT_SCALE = 0.05
 
 
-def _qdq_model() -> onnx.ModelProto:
+def _qdq_model(output_pair: bool = False) -> onnx.ModelProto:
+    """feat -> Q/DQ -> Conv (weight through a DequantizeLinear) -> y; ``output_pair``: the Conv's output passes
+    a last Q/DQ pair that ends in the model output y (a QAT export with its output quantized)."""
     rng = np.random.default_rng(0)
     w_q = rng.integers(-127, 128, size=(4, 2, 3, 3)).astype(np.int8)
     w_scale = np.full(4, 0.01, dtype=np.float32)
@@ -31,8 +34,11 @@ def _qdq_model() -> onnx.ModelProto:
         helper.make_node("QuantizeLinear", ["feat", "s", "zp"], ["feat_q"], name="q0"),
         helper.make_node("DequantizeLinear", ["feat_q", "s", "zp"], ["feat_dq"], name="dq0"),
         helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_zp"], ["w"], name="dqw", axis=0),
-        helper.make_node("Conv", ["feat_dq", "w"], ["y"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["feat_dq", "w"], ["y0" if output_pair else "y"], name="conv0", pads=[1, 1, 1, 1]),
     ]
+    if output_pair:
+        nodes += [helper.make_node("QuantizeLinear", ["y0", "s", "zp"], ["y_q"], name="q1"),
+                  helper.make_node("DequantizeLinear", ["y_q", "s", "zp"], ["y"], name="dq1")]
     graph = helper.make_graph(nodes, "qat", [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 2, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -40,20 +46,24 @@ def _qdq_model() -> onnx.ModelProto:
     return model
 
 
-def test_load_takes_thresholds_from_quantize_linear(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    setup(None)
-    onnx.save(_qdq_model(), str(tmp_path / "qat.onnx"))
+def _config(tmp_path: Path, calibration_type: str = "load") -> Path:
     config = {
         "model_parameters": {"onnx_model": "qat.onnx", "march": "bayes-e", "working_dir": "out",
                              "output_model_file_prefix": "qat"},
         "input_parameters": {"input_type_train": "featuremap", "input_layout_train": "NCHW",
                              "input_type_rt": "featuremap", "norm_type": "no_preprocess"},
-        "calibration_parameters": {"calibration_type": "load"},
+        "calibration_parameters": {"calibration_type": calibration_type},
         "compiler_parameters": {"optimize_level": "O3"},
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
-    paths = makertbin(tmp_path / "c.yaml", "onnx")
+    return tmp_path / "c.yaml"
+
+
+def test_load_takes_thresholds_from_quantize_linear(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    setup(None)
+    onnx.save(_qdq_model(), str(tmp_path / "qat.onnx"))
+    paths = makertbin(_config(tmp_path), "onnx")
 
     calibrated = onnx.load(str(paths["calibrated"]))
     ops = {n.op_type for n in calibrated.graph.node}
@@ -67,3 +77,30 @@ def test_load_takes_thresholds_from_quantize_linear(tmp_path: Path, monkeypatch)
     quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(None, {"feat": x})[0]
     # The QAT model already rounds like the quantized model does: they agree closely.
     assert np.abs(qat - quant).max() <= 0.02 * np.abs(qat).max()
+
+
+def test_load_keeps_the_name_of_an_output_a_last_pair_ends_in(tmp_path: Path, monkeypatch) -> None:
+    """The model output y comes out of a last Q/DQ pair: every artefact and the .bin still call it y (not the
+    name of the tensor the pair quantized), and it computes what the QAT model computes before that pair."""
+    monkeypatch.chdir(tmp_path)
+    setup(None)
+    onnx.save(_qdq_model(output_pair=True), str(tmp_path / "qat.onnx"))
+    paths = makertbin(_config(tmp_path), "onnx")
+    for kind in ("original", "optimized", "calibrated", "quantized"):
+        assert [o.name for o in onnx.load(str(paths[kind])).graph.output] == ["y"], kind
+    assert [d["name"] for d in read_bin(paths["bin"]).models[0].outputs] == ["y"]
+    x = (np.random.default_rng(1).standard_normal((1, 2, 8, 8)) * 2).astype(np.float32)
+    qat = HB_ONNXRuntime(onnx_model=_qdq_model()).run_feature(None, {"feat": x})[0]
+    quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(["y"], {"feat": x})[0]
+    assert np.abs(qat - quant).max() <= 0.02 * np.abs(qat).max()
+
+
+def test_a_qdq_model_converted_without_load_is_told_to_use_load(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Without load the Q/DQ pairs and the conv they feed run on the CPU; the run says the model is already
+    quantized and that calibration_type load converts it."""
+    monkeypatch.chdir(tmp_path)
+    setup(None)
+    onnx.save(_qdq_model(), str(tmp_path / "qat.onnx"))
+    makertbin(_config(tmp_path, "skip"), "onnx")
+    warnings = [line for line in capsys.readouterr().out.splitlines() if " WARNING " in line]
+    assert any("already quantized" in w and "calibration_type: 'load'" in w for w in warnings), warnings

@@ -248,3 +248,16 @@ def test_weights_listed_as_inputs_and_sum_joins_convert() -> None:
     assert result.exit_code == 0, result.output
     assert "1 BPU subgraph(s) and 0 CPU node(s)" in result.output
     assert "HzSQuantizedAdd" in result.output  # the Sum, as an integer Add
+
+
+def test_checker_places_a_qdq_model_as_load_converts_it_and_says_so() -> None:
+    """A QAT (QDQ) model: the checker strips the Q/DQ pairs as calibration_type load does, so its convs show
+    on the BPU, and it says the model is already quantized and takes calibration_type load."""
+    from test_calibration_load import _qdq_model
+
+    result = checker(_save(_qdq_model()))
+    assert result.exit_code == 0, result.output
+    assert ("conv0", "BPU", "id(0)", "HzSQuantizedConv") in rows(result.output)
+    assert "0 CPU node(s)" in result.output
+    warning = next(line for line in result.output.splitlines() if " WARNING " in line)
+    assert "already quantized" in warning and "calibration_type: 'load'" in warning
