@@ -145,7 +145,7 @@ def _simulator(model_file: str, model_name: str | None,
                input_file: str) -> tuple[Simulator, dict[str, np.ndarray]]:
     import numpy as np
 
-    from hbtools.runtime.rt_input import load_rt_file, random_rt_input
+    from hbtools.runtime.rt_input import load_rt_file, random_rt_inputs
     from hbtools.runtime.runtime_model import open_model
     from hbtools.runtime.simulator import Simulator
 
@@ -157,7 +157,7 @@ def _simulator(model_file: str, model_name: str | None,
     if not files:
         log.info("no --input_file: running on random data")
         rng = np.random.default_rng(0)
-        feeds = {d.name: random_rt_input(d, rng) for d in rm.inputs}
+        feeds = random_rt_inputs(rm, rng)
     else:
         feeds = {d.name: load_rt_file(d, p) for d, p in zip(rm.inputs, files, strict=True)}
     return Simulator(rm), feeds

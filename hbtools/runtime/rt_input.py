@@ -14,11 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from onnx import ModelProto, NodeProto
 
 from hbtools.data import colour
 from hbtools.data.intermediate import from_channels_last
 from hbtools.errors import HbError
-from hbtools.runtime.runtime_model import InputDesc
+from hbtools.runtime.runtime_model import InputDesc, RuntimeModel
 
 
 def rt_dtype(desc: InputDesc) -> np.dtype:
@@ -50,12 +51,60 @@ def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray((data.astype(np.int16) - 128).astype(np.int8))
 
 
-def random_rt_input(desc: InputDesc, rng: np.random.Generator) -> np.ndarray:
-    """Random runtime data: uniform bytes for images, standard normal featuremaps."""
+# op -> its input that holds indices into its first input, along the ``axis`` attribute
+INDEX_OPERANDS = {"Gather": 1, "GatherElements": 1}
+# ops that pass an integer input on as it is, only shaped or typed differently
+PASS_ON = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
+
+
+def random_rt_inputs(rm: RuntimeModel, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random runtime data for every input of ``rm`` (see ``random_rt_input``)."""
+    return {d.name: random_rt_input(d, rng, index_bound=index_bound(rm.graph, d.name)) for d in rm.inputs}
+
+
+def index_bound(model: ModelProto, name: str) -> int | None:
+    """The size of the smallest table that input ``name`` indexes (a class id into an embedding: Gather), if
+    it indexes any: random indices must fall within it, or the model stops with 'out of data bounds'."""
+    graph = model.graph
+    consumers: dict[str, list[NodeProto]] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    dims.update((vi.name, [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim])
+                for vi in [*graph.value_info, *graph.input] if vi.type.tensor_type.HasField("shape"))
+    bounds = []
+    todo, seen = [name], set()
+    while todo:
+        tensor = todo.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for node in consumers.get(tensor, []):
+            if node.op_type in PASS_ON and node.input[0] == tensor:
+                todo.append(node.output[0])
+            elif node.op_type in INDEX_OPERANDS and node.input[INDEX_OPERANDS[node.op_type]] == tensor:
+                table = dims.get(node.input[0])
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if table and -len(table) <= axis < len(table) and table[axis] > 0:
+                    bounds.append(table[axis])
+    return min(bounds) if bounds else None
+
+
+def random_rt_input(desc: InputDesc, rng: np.random.Generator, *, index_bound: int | None = None) -> np.ndarray:
+    """Random runtime data: uniform bytes for images, standard normal featuremaps.
+
+    An integer input takes indices below ``index_bound`` where it indexes a table; else a 32- or 64-bit one
+    takes ones (as calibration_type skip does: it is a size, a shape or an index, and one fits all three),
+    an 8- or 16-bit one (quantized data, its Quantize removed) values over its range."""
     shape = rt_shape(desc)
     if desc.is_image:
         return rng.integers(0, 256, size=shape, dtype=np.uint8)
     if np.issubdtype(desc.dtype, np.integer):
+        if index_bound is not None:
+            return rng.integers(0, index_bound, size=shape).astype(desc.dtype)
+        if desc.dtype.itemsize >= 4:
+            return np.ones(shape, dtype=desc.dtype)
         info = np.iinfo(desc.dtype)
         return rng.integers(max(info.min, -127), min(info.max, 127) + 1, size=shape).astype(desc.dtype)
     return rng.standard_normal(shape).astype(desc.dtype)

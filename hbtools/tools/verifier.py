@@ -19,7 +19,7 @@ from onnx import ModelProto, helper
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
 from hbtools.runtime.binfile import read_bin
-from hbtools.runtime.rt_input import load_rt_file, random_rt_input
+from hbtools.runtime.rt_input import load_rt_file, random_rt_inputs
 from hbtools.runtime.runtime_model import RuntimeModel, load
 from hbtools.runtime.session import HB_ONNXRuntime
 from hbtools.runtime.simulator import Simulator
@@ -87,7 +87,7 @@ def runtime_inputs(rm: RuntimeModel, images: list[str] | None) -> dict[str, np.n
     """Runtime data per input from ``name:path`` or positional paths; random data when none are given."""
     rng = np.random.default_rng(RANDOM_SEED)
     if not images:
-        return {d.name: random_rt_input(d, rng) for d in rm.inputs}
+        return random_rt_inputs(rm, rng)
     names = [d.name for d in rm.inputs]
     given: dict[str, str] = {}
     for k, item in enumerate(images):
@@ -152,7 +152,15 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
     _check_same_inputs(quantized, rm)
     sim = Simulator(rm, expose_all=dump_all)
     feeds = sim.prepare(runtime_inputs(rm, images))
-    sim_values = sim.run_all(feeds, prepared=True)
+    try:
+        sim_values = sim.run_all(feeds, prepared=True)
+    except HbError as e:
+        if images:
+            raise
+        # Random data fits any float input, but not every integer one (a size, an index into a computed table).
+        files = ",".join(f"{d.name}:{d.name}.npy" for d in rm.inputs)
+        raise HbError(str(e), hint=f"hb_verifier ran on random data (no -i); give data the model takes, one file "
+                                   f"per input: -i {files}") from None
     output_names = [o.name for o in rm.outputs]
     # .bin tensor name -> the quantized model's name for the same values
     onnx_name = {n: original_tensor(rm.bin, n) for n in output_names}

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from conformance import INTERNAL, _cli, convert_featuremaps
 from onnx import TensorProto, helper, numpy_helper
 
+from hbtools.errors import HbError
 from hbtools.metrics import cosine_similarity
 from hbtools.runtime import HB_ONNXRuntime
 from hbtools.tools.verifier import verify
@@ -88,3 +90,39 @@ def test_checker_takes_shapes_for_the_dynamic_inputs_only(tmp_path: Path) -> Non
     assert INTERNAL not in out, out[-3000:]
     assert code == 0, out[-3000:]
     assert "input 'sr': shape scalar" in out
+
+
+def test_verifier_random_data_for_a_class_id_input_stays_within_the_table(tmp_path: Path, monkeypatch) -> None:
+    """hb_verifier without -i on a model whose int64 input is a class id into a 10-row embedding (Gather):
+    its random ids must be rows of the table, not values the Gather refuses ('out of data bounds'); and
+    where random data does not fit a model, the error says to give data with -i."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Gather", ["emb", "cls"], ["e"], name="embed", axis=0),
+             helper.make_node("Reshape", ["e", "shape"], ["e4"], name="as_map"),
+             helper.make_node("Add", ["c", "e4"], ["y"], name="condition")]
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal((10, 8)) * 0.3).astype(np.float32), "emb"),
+             numpy_helper.from_array(np.array([1, 8, 1, 1], np.int64), "shape")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+              helper.make_tensor_value_info("cls", TensorProto.INT64, [])]
+    graph = helper.make_graph(nodes, "conditioned", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    samples = {"x": [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(4)],
+               "cls": [np.array(k, np.int64) for k in range(4)]}
+    convert_featuremaps(tmp_path, model, samples, "1x3x8x8;", "float32;int64", "cond")
+    paths = tmp_path / "out" / "cond_quantized_model.onnx", tmp_path / "out" / "cond.bin"
+    verdict = verify(*paths, None, 5)
+    assert all(o.passed for o in verdict.outputs), "hb_verifier: the .bin and the quantized model differ"
+
+    import hbtools.tools.verifier as verifier
+
+    def out_of_table(rm, rng) -> dict[str, np.ndarray]:  # noqa: ANN001 - random_rt_inputs' signature
+        return {"x": np.zeros((1, 3, 8, 8), np.float32), "cls": np.array(74, np.int64)}
+
+    monkeypatch.setattr(verifier, "random_rt_inputs", out_of_table)
+    with pytest.raises(HbError, match="out of data bounds") as error:
+        verify(*paths, None, 5)
+    assert "-i x:x.npy,cls:cls.npy" in (error.value.hint or "")
