@@ -87,12 +87,14 @@ def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one
     return shapes
 
 
-def _input_parameters(shapes: dict[str, list[int]]) -> dict[str, str]:
+def _input_parameters(shapes: dict[str, list[int]], outputs: set[str]) -> dict[str, str]:
     columns: dict[str, list[str]] = {k: [] for k in ("input_name", "input_type_train", "input_layout_train",
                                                      "input_type_rt", "input_shape", "norm_type")}
     for name, shape in shapes.items():
         kind, layout = "featuremap", "NCHW"
-        if len(shape) == 4:
+        # An input the model also outputs stays a featuremap: an image input becomes int8 image data, which
+        # the converted model could not hand back as the model's float output.
+        if len(shape) == 4 and name not in outputs:
             for channels, image in ((3, "rgb"), (1, "gray")):
                 if shape[1] == channels:
                     kind, layout = image, "NCHW"
@@ -136,7 +138,7 @@ def builtin_config(model_path: str | Path, model_type: str, march: str, input_sh
             "working_dir": str(working_dir),
             "output_model_file_prefix": prefix,
         },
-        "input_parameters": _input_parameters(shapes),
+        "input_parameters": _input_parameters(shapes, {o.name for o in model.graph.output}),
         # skip: max thresholds on generated data, no method search; enough to place and lower every op.
         "calibration_parameters": {"calibration_type": "skip"},
         "compiler_parameters": {"compile_mode": "latency", "optimize_level": "O3" if fast_perf else "O0",

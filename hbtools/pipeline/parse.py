@@ -307,9 +307,15 @@ def _insert_preprocess(model: ModelProto, inputs: list[InputSpec]) -> None:
             for k, i in enumerate(node.input):
                 if i == raw:
                     node.input[k] = normalised
-        for out in model.graph.output:
-            if out.name == raw:
-                raise HbError(f"input '{raw}' is also a model output; nothing to convert")
+        if any(out.name == raw for out in model.graph.output):
+            # The converted model takes an image input as int8 data (uint8 - 128) in the runtime colour
+            # space; handed back as the output it would not be the float image the model returns.
+            others = [out.name for out in model.graph.output if out.name != raw]
+            raise HbError(f"input '{raw}' is also a model output, which an image input (input_type_rt "
+                          f"{spec.type_rt}) cannot be: the converted model takes it as int8 image data, not the "
+                          f"float tensor the model hands back",
+                          hint=(f"leave it out of the outputs with output_nodes: '{'; '.join(others)}', or " if others
+                                else "") + "give it input_type_train and input_type_rt featuremap")
         channels = spec.shape[1] if spec.layout_train == "NCHW" else spec.shape[3]
         nodes.append(make_preprocess_node(spec, raw, normalised, preprocess_node_name(raw), channels))
         for vi in model.graph.input:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from builders import MODELS, _Graph, make_project
+from builders import MODELS, FloatModel, _Graph, make_project
 from click.testing import CliRunner, Result
 from onnx import TensorProto, helper
 
@@ -261,3 +261,30 @@ def test_checker_places_a_qdq_model_as_load_converts_it_and_says_so() -> None:
     assert "0 CPU node(s)" in result.output
     warning = next(line for line in result.output.splitlines() if " WARNING " in line)
     assert "already quantized" in warning and "calibration_type: 'load'" in warning
+
+
+def test_an_image_shaped_input_the_model_also_outputs(tmp_path: Path) -> None:
+    """A 1x3xHxW input that is also a model output: the checker takes it as a featuremap and places the convs;
+    makertbin with an rgb input says why that cannot be and how to convert, and the way it names converts."""
+    g = _Graph(4)
+    y = g.op("Relu", [g.conv("data", 3, 4)])
+    graph = helper.make_graph(g.nodes, "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 4, 8, 8]),
+                               helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    fm = FloatModel(model, {"data": [1, 3, 8, 8]})
+    checked = checker(_save(fm.model))
+    assert checked.exit_code == 0, checked.output
+    assert "input 'data': shape 1x3x8x8, treated as featuremap" in checked.output
+    assert ("Conv_0", "BPU", "id(0)", "HzSQuantizedConv") in rows(checked.output)
+
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    made = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert made.exit_code != 0
+    errors = [line for line in made.output.splitlines() if " ERROR " in line]
+    assert "input 'data' is also a model output" in errors[0] and "image input (input_type_rt rgb)" in errors[0]
+    assert "output_nodes: 'Relu_0_out'" in errors[1] and "featuremap" in errors[1]
+    project.write(model_parameters={"output_nodes": "Relu_0_out"})
+    made = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert made.exit_code == 0, made.output
