@@ -6,9 +6,10 @@ out: ``m = ReduceMean(x)``, ``d = x - m``, ``Pow(d, 2)`` (or ``d * d``), ``Reduc
 ``Add`` epsilon, ``Sqrt``, ``Div`` (or ``Mul`` by a ``Reciprocal``), then an optional
 ``Mul`` by the scale and ``Add`` of the bias. The axes may be the last ones or the
 channels of an NCHW map (ConvNeXt's LayerNorm2d); some Paddle exports transpose ``d``
-between the mean and the variance. As one node the normalization has one BPU kernel
-(``hbtools.ops.layer_norm``) that keeps the variance exact, where the pieces would each
-round onto a grid.
+between the mean and the variance. ONNX's GroupNormalization (opset 21), which onnxruntime
+expands into its function body, takes the variance as ``ReduceMean(x * x) - m * m`` instead.
+As one node the normalization has one BPU kernel (``hbtools.ops.layer_norm``) that keeps the
+variance exact, where the pieces would each round onto a grid.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def fuse_layer_norms(model: ModelProto) -> int:
         found = _standard(node, view, model) if node.op_type == "LayerNormalization" else \
             _instance(node, view, model) if node.op_type == "InstanceNormalization" else \
             _spelled_out(node, view, model) if node.op_type in ("Pow", "Mul") else None
+        if found is None and node.op_type == "Mul":
+            found = _moments(node, view, model)
         if found is None:
             continue
         old, new = found
@@ -109,20 +112,11 @@ def _spelled_out(square: NodeProto, view: GraphView, model: ModelProto) -> tuple
     root = _only_user(view, shifted.output[0], "Sqrt") if eps is not None else None
     if root is None:
         return None
-    chain = [variance, shifted, root]
-    users = view.consumers.get(root.output[0], [])
-    if len(users) != 1:
+    division = _division(view, d, root)
+    if division is None:
         return None
-    if users[0].op_type == "Div" and list(users[0].input) == [d, root.output[0]]:
-        normalized = users[0]
-        chain.append(normalized)
-    elif users[0].op_type == "Reciprocal":
-        normalized = _only_user(view, users[0].output[0], "Mul")
-        if normalized is None or set(normalized.input) != {d, users[0].output[0]}:
-            return None
-        chain += [users[0], normalized]
-    else:
-        return None
+    chain = [variance, shifted, root, *division]
+    normalized = division[-1]
     if {id(n) for n in view.consumers.get(d, [])} != {id(square), id(normalized)}:
         return None
     head = _centring(d, axes, view)
@@ -144,6 +138,67 @@ def _spelled_out(square: NodeProto, view: GraphView, model: ModelProto) -> tuple
     new.append(HzLayerNorm.make_node([x, *names], [old[-1].output[0]], name, axes=[k - len(shape) for k in axes],
                                      epsilon=eps))
     return old, new
+
+
+def _division(view: GraphView, d: str, root: NodeProto) -> list[NodeProto] | None:
+    """``d / root``: a Div, or a Reciprocal of root and a Mul by it (its nodes, the normalized output last)."""
+    users = view.consumers.get(root.output[0], [])
+    if len(users) != 1:
+        return None
+    if users[0].op_type == "Div" and list(users[0].input) == [d, root.output[0]]:
+        return [users[0]]
+    if users[0].op_type == "Reciprocal":
+        normalized = _only_user(view, users[0].output[0], "Mul")
+        if normalized is not None and set(normalized.input) == {d, users[0].output[0]}:
+            return [users[0], normalized]
+    return None
+
+
+def _moments(square: NodeProto, view: GraphView, model: ModelProto) -> tuple[list[NodeProto],
+                                                                             list[NodeProto]] | None:
+    """The normalization with the variance as E[x*x] - E[x]**2 (ONNX's own function body of
+    GroupNormalization, which onnxruntime expands), around its squaring node ``square`` (Mul of x by x):
+    ``(x - m) / Sqrt(ReduceMean(x*x) - m*m + eps)``, ``m = ReduceMean(x)``. As one node the variance
+    is not the difference of two rounded terms either."""
+    if len(square.input) != 2 or square.input[0] != square.input[1]:
+        return None
+    x = square.input[0]
+    shape = view.shapes.get(x)
+    mean_of_square = _only_user(view, square.output[0], "ReduceMean")
+    if shape is None or mean_of_square is None or not view.attrs(mean_of_square).get("keepdims", 1):
+        return None
+    axes = view.reduced_axes(mean_of_square)
+    variance = _only_user(view, mean_of_square.output[0], "Sub")
+    if not axes or axes[0] == 0 or variance is None or variance.input[0] != mean_of_square.output[0]:
+        return None
+    square_of_mean = view.producer.get(variance.input[1])
+    if square_of_mean is None or square_of_mean.op_type != "Mul" or len(set(square_of_mean.input)) != 1 \
+            or len(view.consumers.get(square_of_mean.output[0], [])) != 1:
+        return None
+    m = square_of_mean.input[0]
+    mean = view.producer.get(m)
+    if mean is None or mean.op_type != "ReduceMean" or mean.input[0] != x or not view.attrs(mean).get("keepdims", 1) \
+            or view.reduced_axes(mean) != axes:
+        return None
+    centring = [u for u in view.consumers.get(m, []) if u is not square_of_mean]
+    if len(centring) != 1 or centring[0].op_type != "Sub" or list(centring[0].input) != [x, m]:
+        return None
+    d = centring[0].output[0]
+    shifted = _only_user(view, variance.output[0], "Add")
+    eps = _scalar_operand(shifted, variance.output[0], view) if shifted is not None else None
+    root = _only_user(view, shifted.output[0], "Sqrt") if eps is not None else None
+    division = _division(view, d, root) if root is not None else None
+    if division is None or len(view.consumers.get(d, [])) != 1:
+        return None
+    param_shape = [shape[k] if k in axes else 1 for k in range(axes[0], len(shape))]
+    tail, scale, bias = _affine(division[-1], view, param_shape)
+    params = _params(scale, bias, param_shape)
+    old = [square, mean_of_square, mean, square_of_mean, variance, centring[0], shifted, root, *division, *tail]
+    if params is None or any(o in view.graph_outputs for n in old[:-1] for o in n.output):
+        return None
+    names = _constants(model, mean.name, *params)
+    return old, [HzLayerNorm.make_node([x, *names], [old[-1].output[0]], mean.name,
+                                       axes=[k - len(shape) for k in axes], epsilon=eps)]
 
 
 def _centring(d: str, axes: list[int], view: GraphView) -> tuple[str, NodeProto | None, list[NodeProto]] | None:
