@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection
 
+import numpy as np
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper, version_converter
 
 from hbtools.graph.graph import GraphView
@@ -63,6 +64,7 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
         twin = twins.lower_standard(node, ctx)
         own = uint8_kernels.on_float_kernel(node, elem_types.get(node.input[0]) if node.input else None, ctx)
         nodes.extend(twin or [*(own or [node]), *uint8_kernels.mirror(node, ctx)])
+    nodes = _pools_before_dequantization(nodes, ctx)
     del model.graph.node[:]
     model.graph.node.extend(_live(nodes, keep))
     model.graph.initializer.extend(ctx.initializers)
@@ -82,6 +84,38 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
             not any(op.domain == CONTRIB_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return model
+
+
+def _pools_before_dequantization(nodes: list[NodeProto], ctx: LoweringContext) -> list[NodeProto]:
+    """A float MaxPool of ``DequantizeLinear(8-bit x)`` as the DequantizeLinear of x's pool, on a fast kernel.
+
+    onnxruntime's QDQ propagation moves such a DequantizeLinear after the MaxPool (the maximum commutes
+    with a positive step), which leaves a MaxPool on 8-bit integers: its slow generic loop
+    (``uint8_kernels.on_float_kernel``). Moved here first, the pool takes the fast kernel. Where the step
+    is not a positive constant, the node stays as it is.
+    """
+    producer = {o: n for n in nodes for o in n.output}
+    out: list[NodeProto] = []
+    for node in nodes:
+        dq = producer.get(node.input[0]) if node.op_type == "MaxPool" and node.domain in ("", "ai.onnx") \
+            and len(node.output) == 1 and node.input else None
+        if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+            out.append(node)
+            continue
+        step = ctx.known(dq.input[1])
+        zero = ctx.known(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else np.zeros((), np.uint8)
+        if step is None or zero is None or step.size != 1 or zero.size != 1 or not float(step.reshape(-1)[0]) > 0 \
+                or zero.dtype not in (np.int8, np.uint8):
+            out.append(node)
+            continue
+        elem = TensorProto.INT8 if zero.dtype == np.int8 else TensorProto.UINT8
+        pooled = ctx.unique(f"{node.output[0]}_levels")
+        copy = helper.make_node("MaxPool", [dq.input[0]], [pooled], name=ctx.unique(f"{node.name}_levels"))
+        copy.attribute.extend(node.attribute)
+        out.extend(uint8_kernels.on_float_kernel(copy, elem, ctx))
+        out.append(helper.make_node("DequantizeLinear", [pooled, *dq.input[1:]], list(node.output),
+                                    name=ctx.unique(f"{node.name}_dequantized")))
+    return out
 
 
 INTEGER_CLIP_OPSET = 12  # Clip, Max, Min and MaxPool take (u)int8 from here on

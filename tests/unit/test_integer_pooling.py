@@ -82,3 +82,35 @@ def test_converted_models_lower_no_eight_bit_max_pool(tmp_path: Path) -> None:
         slow = [n.name for n in pools
                 if n.op_type == "MaxPool" and types.get(n.input[0]) in (TensorProto.INT8, TensorProto.UINT8)]
         assert not slow, f"{kind}: 8-bit MaxPool left in the lowering: {slow}"
+
+
+@pytest.mark.parametrize("zero_point", [None, np.uint8(128), np.int8(3)])
+def test_a_pool_of_dequantized_levels_pools_the_levels_first(zero_point) -> None:
+    """onnxruntime moves a DequantizeLinear after the MaxPool it feeds (QDQ propagation), leaving a MaxPool
+    on 8-bit integers; the lowering pools the integers itself, on a fast kernel, with the same result."""
+    from hbtools.runtime.lowering import _pools_before_dequantization
+
+    np_type = np.uint8 if zero_point is None else type(zero_point)
+    elem = TensorProto.INT8 if np_type == np.int8 else TensorProto.UINT8
+    ctx = LoweringContext(13, {"x", "y", "v", "step", "zero"})
+    inputs = ["x", ctx.constant("step", np.array(0.25, np.float32))]
+    if zero_point is not None:
+        inputs.append(ctx.constant("zero", np.array(zero_point)))
+    nodes = [helper.make_node("DequantizeLinear", inputs, ["v"], name="dq"),
+             helper.make_node("MaxPool", ["v"], ["y"], name="pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)]
+    moved = _pools_before_dequantization(nodes, ctx)
+    made = {o: n for n in moved for o in n.output}
+    assert all(made[n.input[0]].op_type != "DequantizeLinear" for n in moved if n.op_type.endswith("MaxPool")
+               and n.input[0] in made), "a pool still reads a DequantizeLinear"
+    shape = [1, 8, 21, 19]
+    info = np.iinfo(np_type)
+    x = np.random.default_rng(5).integers(info.min, info.max + 1, shape).astype(np_type)
+
+    def run(graph_nodes: list[onnx.NodeProto]) -> np.ndarray:
+        graph = helper.make_graph(graph_nodes, "g", [helper.make_tensor_value_info("x", elem, shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], ctx.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                        helper.make_opsetid(CONTRIB_DOMAIN, 1)])
+        return make_session(model).run(None, {"x": x})[0]
+
+    np.testing.assert_array_equal(run(moved), run(nodes))
