@@ -112,7 +112,8 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     save_model(result.model, paths["quantized"])
     log.info("Model quantization done: %s", final["quantized"])
     first = next(iter(source))
-    report.log_node_table(result, report.node_similarity(optimized, result, first))
+    layouts = {spec.name: spec.layout_train for spec in parsed.inputs}
+    report.log_node_table(result, report.node_similarity(optimized, result, first, layouts))
     report.log_cpu_reasons(result.partition)
     with times.step("compile"):
         compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=cal.summary)

@@ -25,8 +25,13 @@ def _with_outputs(model: ModelProto, names: list[str], elem: int | None) -> Mode
     return model
 
 
-def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[str, np.ndarray]) -> dict[str, float]:
-    """Cosine of each unit's output between the float and the quantized model (one sample)."""
+def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[str, np.ndarray],
+                    train_layouts: dict[str, str] | None = None) -> dict[str, float]:
+    """Cosine of each unit's output between the float and the quantized model (one sample).
+
+    ``feed`` is in the training layout of each input (``train_layouts``, NCHW where not given); a
+    quantized input of another shape takes the other of NCHW / NHWC.
+    """
     q_model = result.model
     float_names = {o.name for o in q_model.graph.output} | {n for node in q_model.graph.node for n in node.output}
     pairs: dict[str, tuple[str, QTensor | None]] = {}
@@ -49,7 +54,8 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
     q_feed = {}
     for i in q_sess.get_inputs():
         x = feed[i.name]
-        q_feed[i.name] = x if list(x.shape) == list(i.shape) else np.transpose(x, (0, 2, 3, 1))
+        to_other = (0, 3, 1, 2) if (train_layouts or {}).get(i.name) == "NHWC" else (0, 2, 3, 1)
+        q_feed[i.name] = x if list(x.shape) == list(i.shape) else np.transpose(x, to_other)
     tensors = list(pairs)
     # Quantized first: its outputs are mostly 8/16-bit, so they cost little while the float run happens.
     q_names = [pairs[t][0] for t in tensors]

@@ -541,3 +541,26 @@ def test_other_opsets(tmp_path: Path, name: str, opset: int) -> None:
     (ref,), (cal,), (q,) = (outputs(conv, k, x) for k in ("optimized", "calibrated", "quantized"))
     assert cosine_similarity(ref, cal) >= CAL_COS, f"opset {opset}: calibrated vs float cosine < {CAL_COS}"
     assert cosine_similarity(cal, q) >= QUANT_COS, f"opset {opset}: quantized vs calibrated cosine < {QUANT_COS}"
+
+
+@pytest.mark.parametrize("layout_rt", ["NCHW", "NHWC"])
+def test_nhwc_trained_model_with_any_runtime_layout(tmp_path: Path, layout_rt: str) -> None:
+    """A model trained on NHWC pictures (a TensorFlow export: a Transpose in front) converted for NCHW or NHWC
+    data at run time; makertbin's similarity table fed the quantized model the wrong transpose and stopped with
+    an internal error for NCHW."""
+    g = _Graph(9)
+    x = g.op("Transpose", ["data"], perm=[0, 3, 1, 2])
+    fm = g.model({"data": [1, 12, 12, 3]}, [g.conv(g.op("Relu", [g.conv(x, 3, 4)]), 4, 2)])
+    project = make_project(tmp_path / layout_rt, fm)
+    project.write(input_parameters={"input_layout_train": "NHWC", "input_layout_rt": layout_rt,
+                                    "input_shape": "1x12x12x3"})
+    conv = convert(project)
+    x = heldout(fm)
+    (src,) = HB_ONNXRuntime(onnx_model=fm.model).run(None, {"data": (x["data"].astype(np.float32) -
+                                                                      np.array(EXACT_MEAN, np.float32)) *
+                                                           np.array(EXACT_SCALE, np.float32)})
+    sess = conv.session("quantized")
+    feed = x["data"] if layout_rt == "NHWC" else x["data"].transpose(0, 3, 1, 2)
+    assert list(sess.get_inputs()[0].shape) == list(feed.shape)
+    (q,) = sess.run(None, {"data": np.ascontiguousarray(feed)})
+    assert cosine_similarity(src, q) >= CAL_COS
