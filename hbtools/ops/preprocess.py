@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import NodeProto, TensorProto, helper
+from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.model import ALLOWED_RT_FOR_TRAIN, InputSpec
 from hbtools.config.schema import NORM_TYPES
@@ -158,6 +158,27 @@ def _per_channel(
             f"input '{spec.name}': {what} has {len(values)} values but the input has {c} channels"
         )
     return [float(v) for v in values]
+
+
+def featuremap_normalisation(spec: InputSpec, input_name: str, output_name: str,
+                             channels: int) -> tuple[list[NodeProto], list[TensorProto]]:
+    """Standard ``Sub`` / ``Mul`` nodes computing ``(x - mean) * scale`` per channel for a 4-D featuremap
+    input with a norm_type: float data needs no HzPreprocess, and the nodes quantize like any other."""
+    uses_mean, uses_scale = "mean" in spec.norm_type, "scale" in spec.norm_type
+    shape = [1, channels, 1, 1] if spec.layout_train == "NCHW" else [1, 1, 1, channels]
+    nodes: list[NodeProto] = []
+    inits: list[TensorProto] = []
+    current = input_name
+    steps = [("Sub", "mean", spec.mean, 0.0, "mean_value")] if uses_mean else []
+    steps += [("Mul", "scale", spec.scale, 1.0, "scale_value")] if uses_scale else []
+    for k, (op, what, values, default, key) in enumerate(steps):
+        constant = f"{output_name}_{what}"
+        inits.append(numpy_helper.from_array(
+            np.array(_per_channel(values, default, channels, key, spec), dtype=np.float32).reshape(shape), constant))
+        out = output_name if k == len(steps) - 1 else f"{output_name}_{op.lower()}"
+        nodes.append(helper.make_node(op, [current, constant], [out], name=f"{output_name}_{op}"))
+        current = out
+    return nodes, inits
 
 
 def make_preprocess_node(

@@ -23,7 +23,7 @@ from hbtools.graph.model_io import (
     load_model,
     with_horizon_domain,
 )
-from hbtools.ops.preprocess import make_preprocess_node
+from hbtools.ops.preprocess import featuremap_normalisation, make_preprocess_node
 from hbtools.quant.qdq import activation_pairs, strip_qdq
 
 log = logging.getLogger("hbtools")
@@ -301,6 +301,8 @@ def _insert_preprocess(model: ModelProto, inputs: list[InputSpec]) -> None:
     nodes = []
     for spec in inputs:
         if spec.type_train == "featuremap":
+            if spec.norm_type != "no_preprocess" and spec.shape is not None and len(spec.shape) == 4:
+                _normalise_featuremap(model, spec, nodes)
             continue
         raw, normalised = spec.name, f"{spec.name}_hz_preprocessed"
         for node in model.graph.node:
@@ -325,6 +327,24 @@ def _insert_preprocess(model: ModelProto, inputs: list[InputSpec]) -> None:
     del model.graph.node[:]
     model.graph.node.extend([*nodes, *existing])
     with_horizon_domain(model)
+
+
+def _normalise_featuremap(model: ModelProto, spec: InputSpec, nodes: list) -> None:
+    """``(x - mean) * scale`` in front of a 4-D featuremap input whose norm_type asks for it (a float input
+    takes no HzPreprocess; its normalisation is ordinary ops)."""
+    raw, normalised = spec.name, f"{spec.name}_hz_normalised"
+    for node in model.graph.node:
+        for k, i in enumerate(node.input):
+            if i == raw:
+                node.input[k] = normalised
+    for out in model.graph.output:  # an output that is the input itself stays the raw input
+        if out.name == raw:
+            raise HbError(f"input '{raw}' is also a model output; norm_type {spec.norm_type} would change what "
+                          f"the model hands back", hint="set its norm_type to no_preprocess")
+    channels = spec.shape[1] if spec.layout_train == "NCHW" else spec.shape[3]
+    added, constants = featuremap_normalisation(spec, raw, normalised, channels)
+    nodes.extend(added)
+    model.graph.initializer.extend(constants)
 
 
 def _infer(model: ModelProto) -> ModelProto:

@@ -564,3 +564,27 @@ def test_nhwc_trained_model_with_any_runtime_layout(tmp_path: Path, layout_rt: s
     assert list(sess.get_inputs()[0].shape) == list(feed.shape)
     (q,) = sess.run(None, {"data": np.ascontiguousarray(feed)})
     assert cosine_similarity(src, q) >= CAL_COS
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_featuremap_input_with_a_norm_type_is_normalised(tmp_path: Path, layout: str) -> None:
+    """A 4-D featuremap input may take norm_type (only other ranks are limited to no_preprocess); its mean
+    and scale were dropped without a word and the converted model computed on raw data (cosine 0.96)."""
+    g = _Graph(11)
+    x = "feat" if layout == "NCHW" else g.op("Transpose", ["feat"], perm=[0, 3, 1, 2])
+    shape = [1, 4, 8, 8] if layout == "NCHW" else [1, 8, 8, 4]
+    fm = g.model({"feat": shape}, [g.conv(g.op("Relu", [g.conv(x, 4, 6)]), 6, 2)], featuremap={"feat"})
+    project = make_project(tmp_path / layout, fm)
+    mean, scale = [0.5, -1.0, 2.0, 0.25], [2.0, 0.5, 1.0, 4.0]
+    project.write(input_parameters={"input_layout_train": layout, "input_shape": "x".join(map(str, shape)),
+                                    "norm_type": "data_mean_and_scale", "mean_value": " ".join(map(str, mean)),
+                                    "scale_value": " ".join(map(str, scale))})
+    conv = convert(project)
+    raw = heldout(fm)["feat"]
+    axis = [1, -1, 1, 1] if layout == "NCHW" else [1, 1, 1, -1]
+    normalised = (raw - np.array(mean, np.float32).reshape(axis)) * np.array(scale, np.float32).reshape(axis)
+    (src,) = HB_ONNXRuntime(onnx_model=fm.model).run(None, {"feat": normalised.astype(np.float32)})
+    (orig,) = outputs(conv, "original", {"feat": raw})
+    assert np.abs(src - orig).max() <= 1e-5 * np.abs(src).max(), "original model vs source on normalised data"
+    (q,) = outputs(conv, "quantized", {"feat": raw})
+    assert cosine_similarity(src, q) >= CAL_COS
