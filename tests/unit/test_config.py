@@ -304,6 +304,24 @@ def test_mean_given_but_unused_is_dropped_with_warning(
     assert "mean_value is ignored" in caplog.text
 
 
+@pytest.mark.parametrize(("type_rt", "layout_rt", "warned"), [("rgb", "NCHW", True), ("gray", "NCHW", True),
+                                                           ("rgb", "NHWC", False), ("nv12", None, False)])
+def test_nchw_runtime_layout_on_bernoulli2_is_said_to_be_nhwc(
+    workdir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, type_rt: str,
+    layout_rt: str | None, warned: bool
+) -> None:
+    """X3 artefacts take image inputs NHWC (SPEC §5); asking for NCHW used to be ignored without a word, and
+    data fed as configured gave cosine 0.63."""
+    monkeypatch.setattr(logging.getLogger("hbtools"), "propagate", True)
+    caplog.set_level(logging.WARNING, logger="hbtools")
+    train = "gray" if type_rt == "gray" else "rgb"
+    shape = "1x1x224x224" if type_rt == "gray" else "1x3x224x224"
+    mean = "128" if type_rt == "gray" else "123.675 116.28 103.53"
+    params = {"input_type_rt": type_rt, "input_type_train": train, "input_shape": shape, "mean_value": mean}
+    load(workdir, {"input_parameters": {**params, **({"input_layout_rt": layout_rt} if layout_rt else {})}})
+    assert ("takes" in caplog.text and "NHWC whatever input_layout_rt says" in caplog.text) == warned, caplog.text
+
+
 def test_two_inputs_split_and_broadcast(workdir: Path) -> None:
     cfg = load(
         workdir,
