@@ -91,11 +91,15 @@ def _check_raw(path: Path, spec: InputSpec) -> None:
     expected = count * dtype.itemsize
     size = path.stat().st_size
     if size != expected:
+        picture = path.suffix.lower() in IMAGE_EXTENSIONS
         raise HbError(
             f"calibration file {path} has {size} bytes, expected {expected} bytes "
-            f"(shape {spec.shape}, dtype {dtype}) for input '{spec.name}'",
-            hint="Set cal_data_type (or end the folder name with _f32 for float32 data) "
-            "to match how the files were written.",
+            f"(shape {spec.shape}, dtype {dtype}) for input '{spec.name}'"
+            + (": it is a picture, and calibration files are raw tensors" if picture else ""),
+            hint="set preprocess_on: True in calibration_parameters to read pictures (resized to the input "
+            "shape), or convert them to raw tensors first" if picture else
+            "Set cal_data_type (or end the folder name with _f32 for float32 data) to match how the files "
+            "were written, and keep only calibration files in the folder.",
         )
 
 

@@ -245,3 +245,16 @@ def test_folder_names_distinct():
         "..": "input",
         "x": "x",
     }
+
+
+def test_pictures_without_preprocess_on_are_told_to_set_it(tmp_path):
+    """A folder of .jpg files read as raw tensors: the hint used to be about cal_data_type."""
+    from skimage import data as pictures
+    from skimage.io import imsave
+
+    s = spec(tmp_path / "cal")
+    (tmp_path / "cal").mkdir(parents=True, exist_ok=True)
+    imsave(tmp_path / "cal" / "0.jpg", pictures.astronaut()[:64, :64])
+    with pytest.raises(HbError) as e:
+        preflight([s])
+    assert "picture" in str(e.value) and "preprocess_on: True" in e.value.hint
