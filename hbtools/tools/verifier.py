@@ -79,7 +79,9 @@ def open_for_verify(bin_path: str | Path) -> RuntimeModel:
     changed = [r.get("name") for r in rm.bin.deleted_nodes if r.get("side") != "output"]
     if changed:
         raise HbError(f"the .bin had input-side nodes removed ({', '.join(map(str, changed))}); it can no longer "
-                      f"be compared with the quantized model", hint="verify the .bin from before hb_model_modifier")
+                      f"be compared with the quantized model",
+                      hint="verify a .bin that keeps those nodes: one from before hb_model_modifier removed them, "
+                           "or one built without remove_node_type / remove_node_name")
     return rm
 
 
