@@ -63,6 +63,13 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     inputs = resolve_inputs(model, config.inputs)
     declared = {vi.name: _dims(vi) for vi in model.graph.input}
     _fix_input_shapes(model, inputs)
+    if config.input_batch > 1:
+        for spec in inputs:
+            if spec.shape and spec.shape[0] != 1:
+                raise HbError(f"input_batch {config.input_batch} needs inputs of batch 1, but input '{spec.name}' "
+                              f"has shape {'x'.join(map(str, spec.shape))}",
+                              hint="set input_batch: 1, or give input_shape with a first dimension of 1 if the "
+                                   "model allows it")
     if config.model.output_nodes:
         _set_outputs(model, config.model.output_nodes)
     if len(model.graph.output) > MAX_OUTPUTS:

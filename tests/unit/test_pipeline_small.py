@@ -588,3 +588,17 @@ def test_featuremap_input_with_a_norm_type_is_normalised(tmp_path: Path, layout:
     assert np.abs(src - orig).max() <= 1e-5 * np.abs(src).max(), "original model vs source on normalised data"
     (q,) = outputs(conv, "quantized", {"feat": raw})
     assert cosine_similarity(src, q) >= CAL_COS
+
+
+def test_input_batch_on_a_model_of_batch_two_stops_before_calibration(tmp_path: Path) -> None:
+    """The .bin check found it only after calibration, naming a staging path and no fix."""
+    from hbtools.errors import HbError
+
+    g = _Graph(13)
+    fm = g.model({"data": [2, 3, 8, 8]}, [g.conv(g.op("Relu", [g.conv("data", 3, 4)]), 4, 2)])
+    project = make_project(tmp_path / "b2", fm)
+    project.write(input_parameters={"input_batch": 4, "input_shape": None})  # the shape comes from the model
+    with pytest.raises(HbError, match="input_batch 4 needs inputs of batch 1") as info:
+        convert(project)
+    assert "input_batch: 1" in info.value.hint
+    assert not project.working_dir.exists() or not any(p.suffix == ".onnx" for p in project.working_dir.iterdir())
