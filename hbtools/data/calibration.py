@@ -42,12 +42,14 @@ class CalibrationSource:
         raise NotImplementedError
 
 
-def raw_dtype(spec: InputSpec) -> np.dtype:
-    """The element type of the raw calibration files of one input."""
+def raw_dtype(spec: InputSpec, path: Path | None = None) -> np.dtype:
+    """The element type of the raw calibration file ``path`` (or of the files in general) of one input."""
     if spec.cal_data_type:
         return np.dtype(spec.cal_data_type)
-    # Featuremaps are documented as float32 tofile dumps whatever the folder name.
-    if spec.is_featuremap or Path(spec.cal_data_dir or "").name.endswith("_f32"):
+    # Featuremaps are documented as float32 tofile dumps whatever the folder name; the vendor's docs mark
+    # float32 files by a folder name or a file extension ending in _f32.
+    if spec.is_featuremap or Path(spec.cal_data_dir or "").name.endswith("_f32") or \
+            (path is not None and path.suffix.endswith("_f32")):
         return np.dtype(np.float32)
     return np.dtype(np.uint8)
 
@@ -87,7 +89,7 @@ def _check_raw(path: Path, spec: InputSpec) -> None:
                 f"expected {count} numbers (shape {spec.shape}) for input '{spec.name}'"
             )
         return
-    dtype = raw_dtype(spec)
+    dtype = raw_dtype(spec, path)
     expected = count * dtype.itemsize
     size = path.stat().st_size
     if size != expected:
@@ -158,7 +160,7 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> 
     (path,) = paths
     try:
         data = np.load(path, allow_pickle=False) if path.suffix.lower() == ".npy" \
-            else np.fromfile(path, raw_dtype(spec))
+            else np.fromfile(path, raw_dtype(spec, path))
         data = data.reshape(spec.shape)
     except (OSError, ValueError, EOFError) as e:
         reason = getattr(e, "strerror", None) or e

@@ -76,6 +76,16 @@ def test_f32_folder_name_means_float32(tmp_path):
     np.testing.assert_array_equal(got.astype(int), data.astype(int) - 128)
 
 
+def test_f32_file_extension_means_float32(tmp_path):
+    """The vendor's docs also mark float32 files by an extension ending in _f32 (e.g. 0.bin_f32)."""
+    s = spec(tmp_path / "cal")
+    data = samples(1, s.shape, np.float32)[0]
+    write(tmp_path / "cal", {"0.bin_f32": data})
+    assert raw_dtype(s, tmp_path / "cal" / "0.bin_f32") == np.float32
+    (got,) = [d["data"] for d in FolderCalibrationSource([s])]
+    np.testing.assert_array_equal(got.astype(int), data.astype(int) - 128)
+
+
 def test_npy_files(tmp_path):
     s = spec(tmp_path / "cal", layout="NHWC")
     data = samples(1, [4, 6, 3], np.float64)[0]  # batch axis missing: same element count
