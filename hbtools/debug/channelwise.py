@@ -17,9 +17,10 @@ import onnx
 from hbtools.debug import options, plots
 from hbtools.debug.data import PLOT_SAMPLES, Sample, load_samples
 from hbtools.debug.evaluate import tensor_values
-from hbtools.debug.model import KINDS, CalibratedModel, load_calibrated
+from hbtools.debug.model import KINDS, CalibratedModel, CalibrationNode, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
+from hbtools.quant import grids
 
 MAX_OUTLIERS = 50
 
@@ -49,16 +50,28 @@ def channel_boxes(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[st
     for name in nodes:
         c = cm.calibration[name]
         data = cm.constants[c.input] if c.input in cm.constants else np.concatenate(quants[c.input], axis=0)
-        if axis is not None:
-            ax_ = axis
-        else:
-            ax_ = (c.axis if c.axis >= 0 else 0) if c.kind == "weight" else 1
-        if not -data.ndim <= ax_ < data.ndim:
-            raise HbError(f"axis {ax_} is out of range for {name}: its input has {data.ndim} dimensions "
-                          f"{list(data.shape)}; choose 0 to {data.ndim - 1}")
-        channels = np.moveaxis(np.asarray(data, dtype=np.float64), ax_, 0).reshape(data.shape[ax_], -1)
+        channels, ax_ = channel_rows(c, data, axis, name)
         out[name] = _plot(name, channels, ax_, c.threshold, folder)
     return out
+
+
+def channel_rows(c: CalibrationNode, data: np.ndarray, axis: int | None, name: str) -> tuple[np.ndarray, int]:
+    """The values of ``data`` (what calibration node ``c`` reads) as one row per channel, and the axis.
+
+    Without an ``axis``: a weight's output channels (a grouped ConvTranspose's spread over its first two
+    axes, one row per output channel of the layer), an activation's axis 1.
+    """
+    if axis is not None:
+        ax_ = axis
+    else:
+        ax_ = (c.axis if c.axis >= 0 else 0) if c.kind == "weight" else 1
+    if not -data.ndim <= ax_ < data.ndim:
+        raise HbError(f"axis {ax_} is out of range for {name}: its input has {data.ndim} dimensions "
+                      f"{list(data.shape)}; choose 0 to {data.ndim - 1}")
+    values = np.asarray(data, dtype=np.float64)
+    if axis is None and c.kind == "weight" and c.groups > 1:
+        return grids.output_channel_rows(values, ax_, c.groups), ax_
+    return np.moveaxis(values, ax_, 0).reshape(data.shape[ax_], -1), ax_
 
 
 def _plot(name: str, channels: np.ndarray, axis: int, threshold: float, folder: Path) -> Path:

@@ -40,6 +40,7 @@ class CalibrationNode:
     bits: int
     axis: int
     consumers: tuple[str, ...]  # ordinary nodes that read the calibrated value
+    groups: int = 1  # a grouped ConvTranspose weight: output channels spread over axes 0 and 1
 
     @property
     def threshold(self) -> float:
@@ -86,6 +87,7 @@ class CalibratedModel:
                 axis=int(a.get("axis", -1)),
                 consumers=tuple(dict.fromkeys(r.name for r in readers.get(n.output[0], [])
                                               if r.op_type != CALIBRATION_OP)),
+                groups=int(a.get("groups") or 1),
             )
         if not self.calibration:
             raise HbError(f"{source} has no HzCalibration nodes, so it is not a calibrated model; pass the "

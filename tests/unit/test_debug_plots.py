@@ -139,3 +139,23 @@ def test_runall_writes_every_step(dumped: Dumped, tmp_path: Path, monkeypatch: p
                          node_type="node", verbose=True, data_num=1, quantize_node=["Conv_1"])
     assert "=node=" in capsys.readouterr().out.replace("=" * 2, "=")
     assert [p.name for p in by_node["node_sensitivity"]] == ["sensitivity_of_node.txt", "sensitivity_of_node.csv"]
+
+
+def test_channelwise_rows_of_a_grouped_conv_transpose_weight_are_its_output_channels() -> None:
+    """A ConvTranspose weight [C_in, C_out/group, k, k] lists only C_out/group channels on axis 1; the plot
+    used to draw that many boxes, each mixing the groups."""
+    from hbtools.debug.channelwise import channel_rows
+    from hbtools.debug.model import CalibrationNode
+
+    groups, cin, per_group = 2, 4, 3
+    w = np.arange(cin * per_group * 2 * 2, dtype=np.float64).reshape(cin, per_group, 2, 2)
+    node = CalibrationNode("w_cal", "weight", "w", "w_q", (1.0,) * groups * per_group, 8, 1, ("deconv",), groups)
+    rows, axis = channel_rows(node, w, None, "w_cal")
+    assert axis == 1 and rows.shape == (groups * per_group, (cin // groups) * 2 * 2)
+    # ONNX: output channel g * per_group + j reads w[c, j] for the input channels c of group g.
+    for g in range(groups):
+        for j in range(per_group):
+            want = w[g * (cin // groups):(g + 1) * (cin // groups), j].reshape(-1)
+            np.testing.assert_array_equal(np.sort(rows[g * per_group + j]), np.sort(want))
+    plain = CalibrationNode("w_cal", "weight", "w", "w_q", (1.0,) * per_group, 8, 1, ("deconv",))
+    assert channel_rows(plain, w, None, "w_cal")[0].shape == (per_group, cin * 2 * 2)
