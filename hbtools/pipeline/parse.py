@@ -79,7 +79,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     model = _infer(model)
     source = copy.deepcopy(model)
     if any(declared.get(s.name) != s.shape for s in inputs):  # input_shape overrides what the model says
-        _dry_run(source, inputs)
+        _dry_run(source, inputs, declared)
     _insert_preprocess(model, inputs)
     model = _infer(model)
     onnx.checker.check_model(model)
@@ -252,8 +252,9 @@ def _check_not_transposed(name: str, given: list[int], model_shape: list[int | N
                           hint=f"input_shape is in the model's own layout: give {text}")
 
 
-def _dry_run(model: ModelProto, inputs: list[InputSpec]) -> None:
-    """Run the model once on zeros, so an input_shape it cannot take stops here with its name."""
+def _dry_run(model: ModelProto, inputs: list[InputSpec], declared: dict[str, list[int | None]]) -> None:
+    """Run the model once on zeros, so an input_shape it cannot take stops here with its name (and the inputs
+    whose fixed sizes in the model it changed, ``declared``)."""
     import numpy as np
 
     from hbtools.runtime.session import make_session
@@ -270,8 +271,15 @@ def _dry_run(model: ModelProto, inputs: list[InputSpec]) -> None:
         raise
     except Exception as e:  # onnxruntime's exception types are not importable
         shapes = ", ".join(f"{s.name} {'x'.join(map(str, s.shape)) or 'scalar'}" for s in inputs)
-        raise HbError(f"the model cannot run with the input shapes {shapes}: {last_line(e)}",
-                      hint="check input_shape (it is in the model's own layout and must fit its layers)") from None
+        changed = [f"'{s.name}' is {'x'.join('?' if d is None else str(d) for d in declared[s.name])}"
+                   for s in inputs if s.name in declared and any(
+                       d is not None and d != g for d, g in zip(declared[s.name], s.shape, strict=False))]
+        hint = "check input_shape (it is in the model's own layout and must fit its layers)"
+        if changed:
+            hint = (f"input_shape changes sizes the model fixes ({'; '.join(changed)} in the model): give those "
+                    f"shapes, and check that input_name lists the inputs in the order of the other input "
+                    f"parameters")
+        raise HbError(f"the model cannot run with the input shapes {shapes}: {last_line(e)}", hint=hint) from None
 
 
 def _fix_input_shapes(model: ModelProto, inputs: list[InputSpec]) -> None:

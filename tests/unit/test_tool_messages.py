@@ -55,6 +55,7 @@ def test_transposed_input_shape_is_a_clear_error(tmp_path, monkeypatch) -> None:
     result = invoke(hb_mapper.main, [*base, "data", "1x4x16x16"])  # an override the model cannot take
     assert result.exit_code == 1 and "internal error" not in result.output
     assert "ERROR the model cannot run with the input shapes data 1x4x16x16: " in result.output
+    assert "input_shape changes sizes the model fixes ('data' is 1x3x16x16 in the model)" in result.output
 
 
 def test_infer_on_a_bin_says_it_needs_onnx(tmp_path, monkeypatch) -> None:
