@@ -102,3 +102,27 @@ METRICS = {
 }
 # Metrics where a larger value means closer (rank ascending to find the worst first).
 HIGHER_IS_BETTER = {"cosine-similarity", "sqnr"}
+
+
+def average(metric: str, values, axis: int | None = None):
+    """The mean of ``metric`` values (over samples, outputs or nodes).
+
+    SQNR is averaged as noise power relative to the signal, then put back in dB: a plain mean of dB values
+    is infinite as soon as one sample or output has no error at all, which ranked nodes that do cause
+    error as the least sensitive.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if metric != "sqnr":
+        return v.mean(axis=axis)
+    with np.errstate(over="ignore", divide="ignore"):
+        return -10.0 * np.log10(np.power(10.0, -v / 10.0).mean(axis=axis))
+
+
+def running_average(metric: str, values) -> np.ndarray:
+    """``average`` of the first 1, 2, ... values along the last axis."""
+    v = np.asarray(values, dtype=np.float64)
+    count = np.arange(1, v.shape[-1] + 1)
+    if metric != "sqnr":
+        return np.cumsum(v, axis=-1) / count
+    with np.errstate(over="ignore", divide="ignore"):
+        return -10.0 * np.log10(np.cumsum(np.power(10.0, -v / 10.0), axis=-1) / count)

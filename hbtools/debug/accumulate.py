@@ -24,7 +24,7 @@ from hbtools.debug.evaluate import Config, sweep
 from hbtools.debug.model import KINDS, CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
-from hbtools.metrics import METRICS
+from hbtools.metrics import METRICS, average, running_average
 
 Groups = str | Sequence[str | Sequence[str]] | None
 
@@ -79,9 +79,9 @@ def accumulate(cm: CalibratedModel, samples: Sequence[Sample], curves: list[Curv
         per_sample[k, index] = [METRICS[metric](r, g) for r, g in zip(reference, got, strict=True)]
 
     sweep(switchboard, samples, [c.config for c in curves], visit, "accumulated error")
-    values = per_sample.mean(axis=1)
+    values = average(metric, per_sample, axis=1)
     if average_mode:
-        values = np.cumsum(values, axis=1) / np.arange(1, len(nodes) + 1)
+        values = running_average(metric, values)
     fig, (ax,) = plots.figure(max(10.0, len(nodes) * 0.08), 6.0, bottom=0.3)
     for curve, row in zip(curves, values, strict=True):
         ax.plot(range(len(nodes)), row, label=curve.label, linewidth=1.2)

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from hbtools.debug import batching
 from hbtools.debug.data import Sample
 from hbtools.debug.switchboard import Switchboard
-from hbtools.metrics import METRICS
+from hbtools.metrics import METRICS, average
 
 Config = frozenset[str]
 # Called with (sample index, configuration index, float values, quantized values) of the
@@ -74,13 +74,13 @@ def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequenc
 
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
         for j, m in enumerate(metrics):
-            values[k, j, index] = np.mean([METRICS[m](r, g) for r, g in zip(reference, got, strict=True)])
+            values[k, j, index] = average(m, [METRICS[m](r, g) for r, g in zip(reference, got, strict=True)])
 
     if todo:
         sweep(switchboard, samples, todo, visit, desc)
     for c, per_metric in zip(todo, values, strict=True):
         known.update(((c, m), v) for m, v in zip(metrics, per_metric, strict=True))
-    return [{m: float(known[(c, m)].mean()) for m in metrics} for c in configs]
+    return [{m: float(average(m, known[(c, m)])) for m in metrics} for c in configs]
 
 
 def tensor_values(switchboard: Switchboard, samples: Sequence[Sample], quantized: Config) -> tuple[

@@ -130,3 +130,18 @@ def test_model_and_data_errors(dumped: Dumped, tmp_path: Path) -> None:
         dbg.get_sensitivity_of_nodes(str(dumped.calibrated), calibrated_data=str(tmp_path / "nowhere"))
     with pytest.raises(HbError, match="calibrated_data is required"):
         dbg.get_sensitivity_of_nodes(str(dumped.calibrated))
+
+
+def test_sqnr_averages_noise_power_so_one_exact_sample_does_not_make_it_infinite() -> None:
+    """A node whose error is zero on one sample or output scored sqnr = inf (a mean of dB values) and was
+    ranked least sensitive although it does cause error."""
+    from hbtools.metrics import average, running_average, sqnr
+
+    reference = np.linspace(-1.0, 1.0, 50)
+    exact, noisy = sqnr(reference, reference), sqnr(reference, reference + 0.01)
+    assert exact == np.inf and np.isfinite(noisy)
+    both = average("sqnr", [exact, noisy])
+    assert noisy < both < np.inf and both == pytest.approx(noisy + 10 * np.log10(2))  # half the noise power
+    assert average("sqnr", [exact, exact]) == np.inf and average("mse", [1.0, 3.0]) == 2.0
+    np.testing.assert_allclose(running_average("sqnr", [noisy, exact, noisy]),
+                               [noisy, noisy + 10 * np.log10(2), noisy + 10 * np.log10(1.5)])
