@@ -53,7 +53,7 @@ def output_descriptors(result: QuantizedResult) -> list[dict]:
         if vi.name in result.tensors and desc["dtype"] != "float32":
             qt = result.tensors[vi.name]
             desc["scale"] = [float(s) for s in qt.scale.reshape(-1)]
-            desc["quantize_axis"] = int(qt.axis) if qt.scale.size > 1 else 0
+            desc["quantize_axis"] = int(qt.axis) % max(len(dims), 1) if qt.scale.size > 1 else 0
             if qt.zero_point:
                 desc["zero_point"] = qt.zero_point
         out.append(desc)

@@ -135,7 +135,12 @@ def descriptor_scale(desc: dict) -> tuple[tuple[float, ...], int]:
     if not isinstance(scale, list) or not scale or not all(isinstance(v, (int, float)) for v in scale):
         return (), 0
     axis = desc.get("quantize_axis", 0)
-    return tuple(float(v) for v in scale), axis if type(axis) is int else 0
+    if type(axis) is not int:
+        return tuple(float(v) for v in scale), 0
+    shape = desc.get("shape")
+    if axis < 0 and isinstance(shape, list) and shape:  # per-channel along the last axis (a Gemm's): count it
+        axis %= len(shape)
+    return tuple(float(v) for v in scale), axis
 
 
 def scale_lines(scale: tuple[float, ...], axis: int) -> list[str]:

@@ -178,3 +178,14 @@ def test_separate_batch_is_refused_with_the_reason(tmp_path) -> None:
         load_config(project.config_path)
     project.write(input_parameters={"separate_batch": False})
     assert load_config(project.config_path).input_batch == 2
+
+
+def test_a_per_channel_scale_along_the_last_axis_is_counted_from_the_front() -> None:
+    """A Gemm's [N, C] output dequantized per channel carries axis -1; the board listing showed
+    quantizeAxis: -1, which board code indexing the shape reads out of bounds."""
+    from hbtools.tools.modifier import descriptor_scale
+
+    scale = [0.5, 0.25, 0.125, 1.0, 2.0]
+    assert descriptor_scale({"scale": scale, "quantize_axis": -1, "shape": [1, 5]}) == (tuple(scale), 1)
+    assert descriptor_scale({"scale": scale, "quantize_axis": 1, "shape": [1, 5, 4, 4]}) == (tuple(scale), 1)
+    assert descriptor_scale({"scale": [0.5], "quantize_axis": 0, "shape": [1, 5]}) == ((0.5,), 0)
