@@ -179,7 +179,7 @@ class CalibratedModel:
 
     def _unknown(self, name: str, param: str, allowed: tuple[str, ...], quantizable_only: bool,
                  valid: list[str]) -> str:
-        what = _describe(allowed)
+        what = _describe(allowed, quantizable_only)
         if name in self.calibration or name in self.nodes:
             kind = self.kind_of(name)
             problem = (f"'{name}' is an ordinary node that no calibration node feeds, so it has nothing to quantize"
@@ -219,8 +219,8 @@ def _article(kind: str) -> str:
     return "an" if _kind_label(kind)[0] in "aeiou" else "a"
 
 
-def _describe(allowed: tuple[str, ...]) -> str:
-    labels = {"node": "quantizable ordinary nodes", "weight": "weight calibration nodes",
-              "activation": "activation calibration nodes"}
+def _describe(allowed: tuple[str, ...], quantizable_only: bool = True) -> str:
+    labels = {"node": "quantizable ordinary nodes" if quantizable_only else "ordinary nodes",
+              "weight": "weight calibration nodes", "activation": "activation calibration nodes"}
     parts = [labels[k] for k in allowed]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]

@@ -98,12 +98,38 @@ def measure(cm: CalibratedModel, samples: Sequence[Sample], metrics: list[str], 
         kind = node_type
     observe = None
     if output_node is not None:
-        (output_node,) = cm.check([output_node], "output_node", allowed=("node",))
+        # Where the error is measured: any ordinary node, the one making a model output included.
+        (output_node,) = cm.check([output_node], "output_node", allowed=("node",), quantizable_only=False)
         observe = [o for o in cm.nodes[output_node].output if o]
+        if interested is None:  # a node downstream of output_node cannot change it: not ranked
+            upstream = _upstream(cm, observe)
+            nodes = [n for n in nodes if _affects(cm, n, upstream)]
     switchboard = shared_switchboard(cm, observe)
     configs = [frozenset(cm.switches_of(n)) for n in nodes]
     values = scores(switchboard, samples, configs, metrics, f"sensitivity of {kind} nodes")
     return Sensitivity(kind, metrics, rank(list(zip(nodes, values, strict=True)), metrics[0]), cm)
+
+
+def _upstream(cm: CalibratedModel, tensors: list[str]) -> set[str]:
+    """Names of the nodes (ordinary and calibration) that ``tensors`` are computed from."""
+    seen: set[str] = set()
+    stack = list(tensors)
+    visited: set[str] = set()
+    while stack:
+        t = stack.pop()
+        if t in visited:
+            continue
+        visited.add(t)
+        node = cm.producers.get(t)
+        if node is not None:
+            seen.add(node.name)
+            stack.extend(i for i in node.input if i)
+    return seen
+
+
+def _affects(cm: CalibratedModel, name: str, upstream: set[str]) -> bool:
+    """Whether quantizing ``name`` (a node or a calibration node) can change what ``upstream`` computes."""
+    return name in upstream or any(s in upstream for s in cm.switches_of(name))
 
 
 def rank(rows: list[tuple[str, dict[str, float]]], metric: str) -> list[tuple[str, dict[str, float]]]:
