@@ -77,7 +77,9 @@ def _folder_files(root: Path, cm: CalibratedModel) -> dict[str, list[Path]]:
         if folder is None:
             expected = ", ".join(safe[n] for n in names)
             raise HbError(f"calibrated_data '{root}' has no folder for model input '{name}'; the model's inputs "
-                          f"need the sub-folders [{expected}], found [{', '.join(subdirs)}]")
+                          f"need the sub-folders [{expected}], found [{', '.join(subdirs)}]",
+                          hint="give the calibration_data folder that makertbin writes to working_dir with "
+                               "debug_mode: 'dump_calibration_data' (not cal_data_dir)")
         found = _npy(folder)
         if not found:
             raise HbError(f"calibrated_data folder '{folder}' for input '{name}' holds no .npy files")

@@ -125,8 +125,9 @@ def test_model_and_data_errors(dumped: Dumped, tmp_path: Path) -> None:
     wrong = tmp_path / "calibration_data" / "image"
     wrong.mkdir(parents=True)
     shutil.copy(dumped.data / "data" / "0.npy", wrong / "0.npy")
-    with pytest.raises(HbError, match=r"no folder for model input 'data'.*\[data\].*found \[image\]"):
+    with pytest.raises(HbError, match=r"no folder for model input 'data'.*\[data\].*found \[image\]") as info:
         dbg.get_sensitivity_of_nodes(str(dumped.calibrated), calibrated_data=str(wrong.parent))
+    assert "dump_calibration_data" in info.value.hint  # a makertbin cal_data_dir is the usual mistake
     bad = tmp_path / "bad" / "data"
     bad.mkdir(parents=True)
     np.save(bad / "0.npy", np.zeros((1, 3, 4, 4), np.int8))
