@@ -14,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from onnx import ModelProto, NodeProto
 
 from hbtools.data import colour
 from hbtools.data.intermediate import from_channels_last
 from hbtools.errors import HbError
+from hbtools.graph.graph import GraphView
 from hbtools.runtime.runtime_model import InputDesc, RuntimeModel
 
 
@@ -59,17 +59,15 @@ PASS_ON = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
 
 def random_rt_inputs(rm: RuntimeModel, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random runtime data for every input of ``rm`` (see ``random_rt_input``)."""
-    return {d.name: random_rt_input(d, rng, index_bound=index_bound(rm.graph, d.name)) for d in rm.inputs}
+    view = GraphView(rm.graph)
+    return {d.name: random_rt_input(d, rng, index_bound=index_bound(view, d.name)) for d in rm.inputs}
 
 
-def index_bound(model: ModelProto, name: str) -> int | None:
+def index_bound(view: GraphView, name: str) -> int | None:
     """The size of the smallest table that input ``name`` indexes (a class id into an embedding: Gather), if
     it indexes any: random indices must fall within it, or the model stops with 'out of data bounds'."""
-    graph = model.graph
-    consumers: dict[str, list[NodeProto]] = {}
-    for node in graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+    graph = view.graph
+    # Declared sizes only: shape inference over a whole model is not worth it for a random input.
     dims = {t.name: list(t.dims) for t in graph.initializer}
     dims.update((vi.name, [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim])
                 for vi in [*graph.value_info, *graph.input] if vi.type.tensor_type.HasField("shape"))
@@ -80,7 +78,7 @@ def index_bound(model: ModelProto, name: str) -> int | None:
         if tensor in seen:
             continue
         seen.add(tensor)
-        for node in consumers.get(tensor, []):
+        for node in view.consumers.get(tensor, []):
             if node.op_type in PASS_ON and node.input[0] == tensor:
                 todo.append(node.output[0])
             elif node.op_type in INDEX_OPERANDS and node.input[INDEX_OPERANDS[node.op_type]] == tensor:
