@@ -24,7 +24,7 @@ from hbtools.graph.model_io import (
     with_horizon_domain,
 )
 from hbtools.ops.preprocess import featuremap_normalisation, make_preprocess_node
-from hbtools.quant.qdq import activation_pairs, strip_qdq
+from hbtools.quant.qdq import activation_pairs, integer_ops, strip_qdq
 
 log = logging.getLogger("hbtools")
 
@@ -93,6 +93,7 @@ def _already_quantized(model: ModelProto, config: Config, checking: bool) -> boo
     DequantizeLinear has none either: without load, the whole model ends up on the CPU."""
     pairs = activation_pairs(model)
     if not pairs:
+        _integer_format(model)
         return False
     what = (f"the model is already quantized: it has {pairs} QuantizeLinear -> DequantizeLinear pair(s) (a QDQ "
             "model, e.g. a QAT export)")
@@ -104,6 +105,18 @@ def _already_quantized(model: ModelProto, config: Config, checking: bool) -> boo
                     "set calibration_type: 'load' in calibration_parameters to convert it with its own scales",
                     what, config.calibration.calibration_type)
     return True
+
+
+def _integer_format(model: ModelProto) -> None:
+    """Says so when the model was quantized by onnxruntime into integer operators: those run on the CPU as
+    they are (onnxruntime's kernels), and only the float model they were made from converts to the BPU."""
+    counts = integer_ops(model)
+    if counts:
+        listed = ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        log.warning("the model is already quantized by onnxruntime (%s): these nodes have no BPU form and run on the "
+                    "CPU with their own integer arithmetic, and so does most of what they feed; convert the float "
+                    "model they were made from (before quantize_dynamic / quantize_static) to run it on the BPU",
+                    listed)
 
 
 def load_source_model(config: Config) -> tuple[ModelProto, Path]:

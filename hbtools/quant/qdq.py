@@ -21,6 +21,24 @@ def activation_pairs(model: ModelProto) -> int:
                for n in model.graph.node)
 
 
+# onnxruntime's quantized operator format (quantize_static QOperator, quantize_dynamic): integer ops
+# that take quantized tensors and their scales. They have no BPU form and no float meaning load could take.
+INTEGER_OPS = frozenset({"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear",
+                         "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearAdd",
+                         "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool",
+                         "QLinearAveragePool", "QLinearConcat", "QLinearSoftmax", "QLinearReduceMean", "QGemm",
+                         "QAttention", "QEmbedLayerNormalization"})
+
+
+def integer_ops(model: ModelProto) -> dict[str, int]:
+    """How many nodes of each of onnxruntime's quantized operator types the model has (none: not such a model)."""
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in INTEGER_OPS and node.domain in ("", "ai.onnx", "com.microsoft"):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
 def strip_qdq(model: ModelProto) -> dict[str, float]:
     """Remove Q/DQ nodes in place; return activation thresholds by float tensor name."""
     view = GraphView(model)

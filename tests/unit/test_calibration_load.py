@@ -104,3 +104,35 @@ def test_a_qdq_model_converted_without_load_is_told_to_use_load(tmp_path: Path, 
     makertbin(_config(tmp_path, "skip"), "onnx")
     warnings = [line for line in capsys.readouterr().out.splitlines() if " WARNING " in line]
     assert any("already quantized" in w and "calibration_type: 'load'" in w for w in warnings), warnings
+
+
+def test_a_model_quantized_by_onnxruntime_converts_on_the_cpu_and_is_told_to_start_from_float(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    """quantize_dynamic's integer operators (DynamicQuantizeLinear, ConvInteger) have no BPU form: the model still
+    converts, computing what onnxruntime computes, and one WARNING names them and says to convert the float model."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    monkeypatch.chdir(tmp_path)
+    setup(None)
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 2, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal((4, 4, 1, 1)) * 0.3).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["feat", "w"], ["c"], name="conv0", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu0"),
+             helper.make_node("Conv", ["r", "w2"], ["y"], name="conv1")]
+    graph = helper.make_graph(nodes, "f", [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 2, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "float.onnx"))
+    quantize_dynamic(str(tmp_path / "float.onnx"), str(tmp_path / "qat.onnx"), op_types_to_quantize=["Conv"])
+    assert any(n.op_type == "ConvInteger" for n in onnx.load(str(tmp_path / "qat.onnx")).graph.node)
+
+    paths = makertbin(_config(tmp_path, "skip"), "onnx")
+    warnings = [line for line in capsys.readouterr().out.splitlines() if " WARNING " in line]
+    assert any("already quantized by onnxruntime" in w and "ConvInteger" in w and "float model" in w
+               for w in warnings), warnings
+    x = (rng.standard_normal((1, 2, 8, 8)) * 2).astype(np.float32)
+    source = HB_ONNXRuntime(model_file=str(tmp_path / "qat.onnx")).run_feature(None, {"feat": x})[0]
+    quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(None, {"feat": x})[0]
+    assert np.allclose(quant, source, atol=1e-5), np.abs(quant - source).max()
