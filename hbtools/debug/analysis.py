@@ -69,7 +69,8 @@ def _chart(result: dict[str, dict[str, float]], folder: Path) -> Path:
     fig, (ax,) = plots.figure(max(8.0, len(labels) * 0.35), 6.0, bottom=0.3)
     x = range(len(labels))
     ax.axhline(1.0, color="blue", linestyle="--", linewidth=1.0, label="baseline (float model)")
-    ax.plot(x, list(result["partial"].values()), color="red", linewidth=1.5,
+    # Markers: with no node picked the line is the one point of the whole quantized model.
+    ax.plot(x, list(result["partial"].values()), color="red", linewidth=1.5, marker="o", markersize=4,
             label="this and earlier nodes not quantized")
     ax.plot(range(1, len(labels)), list(result["single"].values()), "gx", markersize=8,
             label="only this node quantized")
