@@ -126,3 +126,39 @@ def test_verifier_random_data_for_a_class_id_input_stays_within_the_table(tmp_pa
     with pytest.raises(HbError, match="out of data bounds") as error:
         verify(*paths, None, 5)
     assert "-i x:x.npy,cls:cls.npy" in (error.value.hint or "")
+
+
+def test_a_model_onnxruntime_takes_only_with_open_sizes_is_told_so(tmp_path: Path) -> None:
+    """Silero VAD's scripted export (silero_vad.onnx) squeezes dimensions inside the branch that the rate
+    picks: onnxruntime runs it while the input sizes stay open, and refuses it at load once they are fixed
+    (a branch's LSTM then infers a rank-1 input). The checker says that, and how to export such a model,
+    instead of blaming input_shape."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((1, 32, 4)) * 0.3).astype(np.float32), "W")
+    r = numpy_helper.from_array((rng.standard_normal((1, 32, 8)) * 0.3).astype(np.float32), "R")
+    then_graph = helper.make_graph([helper.make_node("LSTM", ["x", "W", "R"], ["", "h16k"], hidden_size=8)],
+                                   "rate16k", [], [helper.make_tensor_value_info("h16k", TensorProto.FLOAT, None)])
+    else_graph = helper.make_graph([helper.make_node("Squeeze", ["x"], ["squeezed"]),  # every size-1 axis
+                                    helper.make_node("LSTM", ["squeezed", "W", "R"], ["", "h8k"], hidden_size=8)],
+                                   "rate8k", [], [helper.make_tensor_value_info("h8k", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Equal", ["sr", "rate"], ["is16k"], name="is_16k"),
+             helper.make_node("If", ["is16k"], ["state"], name="by_rate", then_branch=then_graph,
+                              else_branch=else_graph)]
+    graph = helper.make_graph(nodes, "scripted", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 4]),
+                                                   helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("state", TensorProto.FLOAT, [1, 1, 8])],
+                              [w, r, numpy_helper.from_array(np.array(16000, np.int64), "rate")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    feed = {"x": np.ones((1, 1, 4), np.float32), "sr": np.array(16000, np.int64)}
+    assert HB_ONNXRuntime(onnx_model=model).run(None, feed)[0].shape == (1, 1, 8)  # onnxruntime runs it
+    onnx.save(model, tmp_path / "scripted.onnx")
+
+    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                      str(tmp_path / "scripted.onnx"), "--input-shape", "x", "1x1x4"], tmp_path)
+    assert INTERNAL not in out, out[-3000:]
+    assert code != 0
+    errors = [line for line in out.splitlines() if " ERROR " in line]
+    assert any("only while the input sizes it leaves open stay open" in line for line in errors), errors
+    assert any("export it with fixed input sizes" in line for line in errors), errors
+    assert not any("check input_shape" in line for line in errors), errors
