@@ -1,7 +1,10 @@
 """Similarity metrics between a float and a quantized tensor: the one implementation.
 
 The debugger, the makertbin similarity table, vec_diff and the benchmarks all use
-these. Each takes two arrays of the same size and returns a float.
+these. Each takes two arrays and returns a float. The arrays normally have one size; where they
+do not (an output whose size depends on the data, such as NonMaxSuppression's selections, a
+NonZero, or boxes gathered by them), the shorter is taken as zeros past its end, so each value
+one side has and the other lacks counts as an error.
 """
 
 from __future__ import annotations
@@ -12,10 +15,15 @@ import numpy as np
 
 
 def _flat(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    a = np.asarray(a, dtype=np.float64).reshape(-1)
-    b = np.asarray(b, dtype=np.float64).reshape(-1)
-    if a.size != b.size:
-        raise ValueError(f"cannot compare tensors of {a.size} and {b.size} elements")
+    return _same_size(np.asarray(a, dtype=np.float64).reshape(-1), np.asarray(b, dtype=np.float64).reshape(-1))
+
+
+def _same_size(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat ``a`` and ``b``, the shorter padded with zeros to the other's size."""
+    if a.size < b.size:
+        a = np.concatenate([a, np.zeros(b.size - a.size, a.dtype)])
+    elif b.size < a.size:
+        b = np.concatenate([b, np.zeros(a.size - b.size, b.dtype)])
     return a, b
 
 
@@ -27,10 +35,8 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def products(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    """``a . b``, ``a . a`` and ``b . b`` of two tensors of one size, accumulated in float64."""
-    a, b = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
-    if a.size != b.size:
-        raise ValueError(f"cannot compare tensors of {a.size} and {b.size} elements")
+    """``a . b``, ``a . a`` and ``b . b`` of two tensors, accumulated in float64."""
+    a, b = _same_size(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
     return _products((a[s:s + CHUNK], b[s:s + CHUNK]) for s in range(0, a.size, CHUNK))
 
 

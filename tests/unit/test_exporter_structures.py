@@ -1,0 +1,85 @@
+"""Structures real exporters emit around the layers: post-processing at the end of a detector,
+onnxruntime's own fused ops, graph encodings (initializers as inputs, external data, ...).
+
+Each case stopped with an internal error, lost BPU placement or gave wrong numbers in a probe of
+small ``onnx.helper`` models built the way PyTorch, Ultralytics and onnxruntime's tools write them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from conformance import convert_featuremaps
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+from hbtools.metrics import cosine_similarity
+from hbtools.runtime import HB_ONNXRuntime
+
+COSINE = 0.99
+F = TensorProto.FLOAT
+
+
+def _init(name: str, value: object) -> TensorProto:
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset: int = 13, domains=()) -> ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                              [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs], list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                    *(helper.make_opsetid(d, v) for d, v in domains)])
+    model.ir_version = 8
+    return model
+
+
+def _normal(rng: np.random.Generator, shape: list[int], count: int = 8) -> list[np.ndarray]:
+    return [rng.standard_normal(shape).astype(np.float32) for _ in range(count)]
+
+
+def _nms_model() -> ModelProto:
+    """Boxes and scores from 1x1 convs over an 8x8 map, then NonMaxSuppression and the selected boxes
+    gathered: how detectors exported with their post-processing end. The score threshold sits among the
+    scores, so the float and the quantized model select different numbers of boxes."""
+    rng = np.random.default_rng(3)
+    grid = np.stack(np.meshgrid(np.arange(8.0), np.arange(8.0)), 0).reshape(1, 2, 64).transpose(0, 2, 1)
+    anchors = np.concatenate([grid, grid + 1.0], axis=2).astype(np.float32)  # [1, 64, 4] x1 y1 x2 y2
+    inits = [_init("wb", (0.1 * rng.standard_normal((4, 3, 1, 1))).astype(np.float32)),
+             _init("ws", rng.standard_normal((2, 3, 1, 1)).astype(np.float32)), _init("anchors", anchors),
+             _init("s4", np.array([1, 4, 64], np.int64)), _init("s2", np.array([1, 2, 64], np.int64)),
+             _init("keep", np.array([128], np.int64)), _init("iou", np.array([1.0], np.float32)),
+             _init("thr", np.array([0.5], np.float32)), _init("col", np.array(2, np.int64))]
+    nodes = [helper.make_node("Conv", ["x", "wb"], ["b"]), helper.make_node("Reshape", ["b", "s4"], ["b3"]),
+             helper.make_node("Transpose", ["b3"], ["bt"], perm=[0, 2, 1]),
+             helper.make_node("Add", ["bt", "anchors"], ["boxes"]),
+             helper.make_node("Conv", ["x", "ws"], ["s"]), helper.make_node("Reshape", ["s", "s2"], ["s3"]),
+             helper.make_node("Sigmoid", ["s3"], ["scores"]),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "keep", "iou", "thr"], ["selected"]),
+             helper.make_node("Gather", ["selected", "col"], ["which"], axis=1),
+             helper.make_node("Gather", ["boxes", "which"], ["picked"], axis=1)]
+    outputs = [("scores", F, [1, 2, 64]), ("picked", F, [1, "k", 4]), ("selected", TensorProto.INT64, ["k", 3])]
+    return _model(nodes, [("x", F, [1, 3, 8, 8])], outputs, inits)
+
+
+def test_a_detector_ending_in_non_max_suppression_converts(tmp_path: Path) -> None:
+    """Outputs whose size depends on the data (the boxes NonMaxSuppression keeps) can differ in size
+    between the float and the quantized model; the calibration search and the similarity table compared
+    them element by element and stopped with an internal error. The missing boxes now count as error."""
+    model = _nms_model()
+    rng = np.random.default_rng(4)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)
+    assert cosine_similarity(want[0], got[0]) >= COSINE
+    assert got[2].dtype == np.int64 and got[2].shape[1] == 3
+    assert got[1].shape == (1, got[2].shape[0], 4)
+
+
+def test_metrics_count_what_one_side_lacks_as_error() -> None:
+    from hbtools.metrics import METRICS
+
+    a = np.array([1.0, 2.0, 3.0], np.float32)
+    assert METRICS["cosine-similarity"](a, a[:2]) < 1.0
+    assert METRICS["chebyshev"](a, a[:2]) == 3.0
+    assert METRICS["cosine-similarity"](a, a) == 1.0
