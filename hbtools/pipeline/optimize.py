@@ -31,6 +31,7 @@ from hbtools.graph.graph import (
     GraphView,
     infer_shapes,
     name_unnamed_nodes,
+    references,
     remove_dead_nodes,
     topological_sort,
 )
@@ -71,6 +72,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     # onnxruntime inlines function ops (HardSwish from opset 14, ...) into unnamed nodes;
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
+    _no_op_casts_removed(body)
     _sums_as_adds(body)
     unroll_recurrences(body, placed, everything=all_bpu)  # those whose weights onnxruntime has folded now
     unrolled = recurrent - _recurrent_nodes(body)
@@ -252,6 +254,29 @@ def _onnxruntime_basic(model: ModelProto) -> ModelProto:
                     "graph", ", ".join(sorted(f"{d}.{op}" for d, op in unexpected)))
         return model
     return optimized
+
+
+def _no_op_casts_removed(model: ModelProto) -> None:
+    """Drop each Cast to the type its input already has (what a float16 export's Casts become once the
+    parse stage computes the model in float32), also where it makes a graph output: onnxruntime keeps
+    that one, and a Cast has no BPU form, so it held the nodes before it on the CPU beside it. The
+    producer writes the Cast's output instead, where the Cast is the only reader."""
+    while True:
+        view = GraphView(model)
+        types, outputs = view.elem_types, set(view.graph_outputs)
+        for node in model.graph.node:
+            if node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or not node.input:
+                continue
+            src = node.input[0]
+            producer = view.producer.get(src)
+            if types.get(src) != view.attrs(node).get("to") or producer is None or src in outputs \
+                    or sum(src in references(n) for n in model.graph.node) != 1:  # sub-graphs read by name too
+                continue
+            producer.output[list(producer.output).index(src)] = node.output[0]
+            model.graph.node.remove(node)
+            break
+        else:
+            return
 
 
 def _sums_as_adds(model: ModelProto) -> None:

@@ -83,3 +83,30 @@ def test_metrics_count_what_one_side_lacks_as_error() -> None:
     assert METRICS["cosine-similarity"](a, a[:2]) < 1.0
     assert METRICS["chebyshev"](a, a[:2]) == 3.0
     assert METRICS["cosine-similarity"](a, a) == 1.0
+
+
+def _cpu_nodes(bin_path: Path) -> list[dict]:
+    from hbtools.runtime.binfile import read_bin
+
+    return read_bin(bin_path).models[0].partition["cpu_nodes"]
+
+
+def test_a_float16_model_with_float32_inputs_and_outputs_runs_on_the_bpu(tmp_path: Path) -> None:
+    """onnxconverter-common's float16 pass with keep_io_types: a Cast to float16 after the input and one
+    back to float32 before the output. Once the model computes in float32 both are no-ops; the last one
+    (it makes the graph output) stayed, on the CPU, and held the Sigmoid, Mul and Add before it there."""
+    rng = np.random.default_rng(12)
+    f16 = TensorProto.FLOAT16
+    inits = [_init("w", (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float16)),
+             _init("b", np.zeros(8, np.float16)), _init("q", np.float16(0.25))]
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=f16),
+             helper.make_node("Conv", ["x16", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["m"]),
+             helper.make_node("Add", ["m", "q"], ["a"]), helper.make_node("Cast", ["a"], ["y"], to=F)]
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 8, 8, 8])], inits)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
