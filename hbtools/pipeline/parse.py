@@ -17,7 +17,7 @@ from hbtools.config.inputs import check_even_size, check_input_channels
 from hbtools.config.model import Config, InputSpec
 from hbtools.errors import HbError, last_line
 from hbtools.graph import precision
-from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes
+from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes, topological_sort
 from hbtools.graph.model_io import (
     check_source_model,
     default_opset,
@@ -48,6 +48,7 @@ def preprocess_node_name(input_name: str) -> str:
 def run(config: Config, *, checking: bool = False) -> ParseResult:
     """``checking`` (hb_mapper checker): a QDQ model is parsed as calibration_type load would parse it."""
     model, path = load_source_model(config)
+    _ordered_and_typed(model)
     check_source_model(model, path)
     others = precision.other_floats(model)
     if others:
@@ -85,6 +86,28 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     model = _infer(model)
     onnx.checker.check_model(model)
     return ParseResult(model, source, inputs, loaded)
+
+
+def _ordered_and_typed(model: ModelProto) -> None:
+    """Two encodings onnxruntime runs but onnx's checker refuses, made valid: nodes listed out of order
+    (hand-edited or merged graphs) are sorted, and a graph output declared without a shape (what
+    onnx-graphsurgeon or ``make_tensor_value_info(name, type, None)`` write for an added output) gets
+    the shape inference gives it."""
+    try:
+        topological_sort(model)
+    except ValueError:
+        return  # a cycle or a dangling input: the checker names it
+    bare = [o for o in model.graph.output
+            if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
+    if not bare:
+        return
+    try:
+        typed = {o.name: o.type for o in infer_shapes(copy.deepcopy(model)).graph.output}
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return  # the checker or onnxruntime says what is wrong
+    for o in bare:
+        if o.name in typed and typed[o.name].tensor_type.HasField("shape"):
+            o.type.CopyFrom(typed[o.name])
 
 
 def _already_quantized(model: ModelProto, config: Config, checking: bool) -> bool:

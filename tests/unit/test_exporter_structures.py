@@ -110,3 +110,22 @@ def test_a_float16_model_with_float32_inputs_and_outputs_runs_on_the_bpu(tmp_pat
     want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
+
+
+def test_nodes_out_of_order_and_outputs_without_shapes_convert(tmp_path: Path) -> None:
+    """Two encodings onnxruntime runs and onnx's checker refuses: nodes listed out of topological order
+    (a hand-edited or merged graph) and graph outputs declared without a shape (onnx-graphsurgeon's
+    added outputs). makertbin refused both ('fails the ONNX checker'); now it sorts the nodes and gives
+    the outputs their inferred shapes."""
+    model = _nms_model()
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    for o in model.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    rng = np.random.default_rng(13)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)
+    assert cosine_similarity(want[0], got[0]) >= COSINE
