@@ -108,6 +108,7 @@ def save_model(model: ModelProto, path: str | Path) -> Path:
 
 # Domains whose ops onnxruntime's CPU provider runs besides the standard ones (its contrib ops).
 _CPU_DOMAINS = ("com.microsoft",)
+ML_DOMAIN = "ai.onnx.ml"
 
 
 def check_layers_supported(model: ModelProto) -> None:
@@ -116,6 +117,7 @@ def check_layers_supported(model: ModelProto) -> None:
     from hbtools.ops import custom, registry
 
     opset = default_opset(model)
+    ml_opset = next((o.version for o in model.opset_import if o.domain == ML_DOMAIN), 1)
     local_functions = {(f.domain, f.name) for f in model.functions}  # onnxruntime inlines these
     for node in model.graph.node:
         domain = node.domain or ""
@@ -123,6 +125,8 @@ def check_layers_supported(model: ModelProto) -> None:
             continue
         if domain in ("", "ai.onnx"):
             known = onnx.defs.has(node.op_type, opset, "")
+        elif domain == ML_DOMAIN:  # onnxruntime runs the ONNX-ML ops (scikit-learn exports' Normalizer, ...)
+            known = onnx.defs.has(node.op_type, ml_opset, ML_DOMAIN)
         elif domain == DOMAIN:
             try:
                 registry.get(node.op_type)

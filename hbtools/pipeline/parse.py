@@ -74,6 +74,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
                                    "model allows it")
     if config.model.output_nodes:
         _set_outputs(model, config.model.output_nodes)
+    _tensor_outputs(model)
     if len(model.graph.output) > MAX_OUTPUTS:
         raise HbError(f"the model has {len(model.graph.output)} outputs; at most {MAX_OUTPUTS} are supported",
                       hint="use output_nodes to select the outputs you need")
@@ -384,6 +385,25 @@ def _fix_input_shapes(model: ModelProto, inputs: list[InputSpec]) -> None:
         # Keep the rank (the checker needs a shape) but forget stale sizes.
         for d in out.type.tensor_type.shape.dim:
             d.Clear()
+
+
+def _tensor_outputs(model: ModelProto) -> None:
+    """A runtime model hands back tensors: an output that is a sequence or a map (scikit-learn exports'
+    ZipMap of class probabilities) is refused here, with the tensors to end the model at instead, not
+    after calibration when the .bin is written."""
+    view = GraphView(model)
+    for out in model.graph.output:
+        if out.type.HasField("tensor_type"):
+            continue
+        kind = (out.type.WhichOneof("value") or "untyped").replace("_type", "")
+        maker = view.producer.get(out.name)
+        made = f" (made by {maker.op_type} '{maker.name}')" if maker is not None else ""
+        instead = [o.name for o in model.graph.output if o.type.HasField("tensor_type")]
+        instead += [i for i in (maker.input if maker is not None else []) if i and not view.is_const(i)]
+        hint = (f"end the model at tensors with output_nodes in model_parameters, e.g. output_nodes: "
+                f"'{';'.join(dict.fromkeys(instead))}'") if instead else "export the model with tensor outputs"
+        raise HbError(f"output '{out.name}' is a {kind}, not a tensor{made}; a runtime model's outputs are tensors",
+                      hint=hint)
 
 
 def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:

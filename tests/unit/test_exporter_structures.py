@@ -129,3 +129,54 @@ def test_nodes_out_of_order_and_outputs_without_shapes_convert(tmp_path: Path) -
     want = HB_ONNXRuntime(onnx_model=model).run(None, x)
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)
     assert cosine_similarity(want[0], got[0]) >= COSINE
+
+
+def _classifier(zipmap: bool) -> ModelProto:
+    """A conv feature extractor ending in ONNX-ML ops, as scikit-learn pipelines on CNN features export:
+    LinearClassifier (label and probabilities), and skl2onnx's ZipMap of the probabilities."""
+    rng = np.random.default_rng(14)
+    ml = "ai.onnx.ml"
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("LinearClassifier", ["f"], ["label", "probs"], domain=ml, classlabels_ints=[0, 1, 2],
+                              coefficients=rng.standard_normal(24).tolist(), intercepts=[0.1, 0.0, -0.1],
+                              post_transform="SOFTMAX")]
+    outputs = [helper.make_tensor_value_info("label", TensorProto.INT64, [1])]
+    if zipmap:
+        nodes.append(helper.make_node("ZipMap", ["probs"], ["named"], domain=ml, classlabels_int64s=[0, 1, 2]))
+        value = helper.make_tensor_type_proto(F, [])
+        outputs.append(helper.make_value_info("named", helper.make_sequence_type_proto(
+            helper.make_map_type_proto(TensorProto.INT64, value))))
+    else:
+        outputs.append(helper.make_tensor_value_info("probs", F, [1, 3]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])], outputs,
+                              [_init("w", (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(ml, 1)])
+    model.ir_version = 8
+    return model
+
+
+def test_onnx_ml_ops_run_on_the_cpu(tmp_path: Path) -> None:
+    """Ops of the ai.onnx.ml domain, which onnxruntime runs, were refused as 'Not support layer'."""
+    model = _classifier(zipmap=False)
+    rng = np.random.default_rng(15)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    assert "LinearClassifier" in {c["type"] for c in _cpu_nodes(tmp_path / "out" / "m.bin")}
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)
+    assert cosine_similarity(want[1], got[1]) >= COSINE
+
+
+def test_a_sequence_output_is_refused_with_the_tensors_to_end_at(tmp_path: Path) -> None:
+    """A ZipMap output (a sequence of maps) cannot be a runtime model's output: makertbin stopped with an
+    internal error after calibration. The ERROR now names the output and the output_nodes to give."""
+    import onnx
+    from conformance import INTERNAL, _cli
+
+    onnx.save(_classifier(zipmap=True), tmp_path / "m.onnx")
+    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", str(tmp_path / "m.onnx")],
+                     tmp_path)
+    assert code != 0 and INTERNAL not in out, out[-2000:]
+    assert "output 'named' is a sequence, not a tensor (made by ZipMap" in out, out[-2000:]
+    assert "output_nodes: 'label;probs'" in out
