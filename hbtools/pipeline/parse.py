@@ -57,6 +57,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
         model = precision.to_float32(model)
     model = _working_opset(model)
     _initializers_not_inputs(model)
+    _unique_node_names(model)
     name_unnamed_nodes(model)
     load = config.calibration.calibration_type == "load"
     if not load and _already_quantized(model, config, checking):
@@ -109,6 +110,29 @@ def _ordered_and_typed(model: ModelProto) -> None:
     for o in bare:
         if o.name in typed and typed[o.name].tensor_type.HasField("shape"):
             o.type.CopyFrom(typed[o.name])
+
+
+def _unique_node_names(model: ModelProto) -> None:
+    """Nodes that share a name (graphs merged or edited by hand) get unique ones: onnxruntime refuses the
+    model otherwise, and node_info, the node table and the debugger key on names. The first keeps it."""
+    taken = {n.name for n in model.graph.node if n.name}
+    seen: set[str] = set()
+    renamed: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if not node.name:
+            continue
+        if node.name not in seen:
+            seen.add(node.name)
+            continue
+        k = 1
+        while f"{node.name}_{k}" in taken:
+            k += 1
+        renamed.setdefault(node.name, []).append(f"{node.name}_{k}")
+        node.name = f"{node.name}_{k}"
+        taken.add(node.name)
+    for name, new in renamed.items():
+        log.warning("%d nodes are named '%s'; the others are renamed %s (node_info and the debugger take these "
+                    "names)", len(new) + 1, name, ", ".join(new))
 
 
 def _already_quantized(model: ModelProto, config: Config, checking: bool) -> bool:

@@ -180,3 +180,23 @@ def test_a_sequence_output_is_refused_with_the_tensors_to_end_at(tmp_path: Path)
     assert code != 0 and INTERNAL not in out, out[-2000:]
     assert "output 'named' is a sequence, not a tensor (made by ZipMap" in out, out[-2000:]
     assert "output_nodes: 'label;probs'" in out
+
+
+def test_nodes_sharing_a_name_are_renamed(tmp_path: Path) -> None:
+    """Three convs all named 'Conv' (a merged or hand-edited graph): onnxruntime refuses such a model and
+    makertbin stopped with 'export the model with ops ... onnxruntime's CPU kernels take', which says
+    nothing of names. The later ones are renamed, with a WARNING, and the model converts."""
+    rng = np.random.default_rng(16)
+    inits = [_init(f"w{k}", (rng.standard_normal((4, c, 3, 3)) / 4).astype(np.float32))
+             for k, c in enumerate((3, 4, 4))]
+    nodes = [helper.make_node("Conv", [x, f"w{k}"], [y], name="Conv", pads=[1, 1, 1, 1])
+             for k, (x, y) in enumerate([("x", "a"), ("a", "b"), ("b", "y")])]
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 4, 8, 8])], inits)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    assert "3 nodes are named 'Conv'; the others are renamed Conv_1, Conv_2" in out
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    for k, n in enumerate(model.graph.node):
+        n.name = f"conv{k}"
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
