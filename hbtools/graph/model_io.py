@@ -65,11 +65,15 @@ def check_source_model(model: ModelProto, path: str | Path) -> None:
     check_layers_supported(model)
     if model.ir_version > MAX_IR_VERSION:
         raise HbError(f"'{path}' has IR version {model.ir_version}; at most {MAX_IR_VERSION} is supported")
+    early = early_ops(model)
+    stand_in(model, early)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         raise HbError(f"'{path}' fails the ONNX checker: {first}") from exc
+    finally:
+        stand_down(model)
 
 
 def with_horizon_domain(model: ModelProto) -> ModelProto:
@@ -108,6 +112,36 @@ def save_model(model: ModelProto, path: str | Path) -> Path:
 
 # Domains whose ops onnxruntime's CPU provider runs besides the standard ones (its contrib ops).
 _CPU_DOMAINS = ("com.microsoft",)
+# Ops onnxruntime registers in the ONNX domain below the opset that defines them, with the opset whose
+# op means the same: its own LayerNormalization, which its optimizer writes into opset-13 transformer
+# models (the parse stage raises such a model to that opset).
+ORT_EARLY_OPS = {"LayerNormalization": 17}
+STAND_IN_DOMAIN = "hbtools.opset_stand_in"  # where such ops wait while onnx's checker and converter look
+
+
+def early_ops(model: ModelProto) -> list[onnx.NodeProto]:
+    """The nodes of ``model`` that are ``ORT_EARLY_OPS`` below the opset that defines them."""
+    opset = default_opset(model)
+    return [n for n in model.graph.node
+            if n.domain in ("", "ai.onnx") and n.op_type in ORT_EARLY_OPS and not onnx.defs.has(n.op_type, opset, "")]
+
+
+def stand_in(model: ModelProto, nodes: list[onnx.NodeProto]) -> None:
+    """Move ``nodes`` (``early_ops``) to the stand-in domain, which onnx's checker and converter pass over."""
+    for node in nodes:
+        node.domain = STAND_IN_DOMAIN
+    if nodes and not any(o.domain == STAND_IN_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(STAND_IN_DOMAIN, 1))
+
+
+def stand_down(model: ModelProto) -> None:
+    """Undo ``stand_in`` on every node of ``model``."""
+    for node in model.graph.node:
+        if node.domain == STAND_IN_DOMAIN:
+            node.domain = ""
+    kept = [o for o in model.opset_import if o.domain != STAND_IN_DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
 ML_DOMAIN = "ai.onnx.ml"
 
 
@@ -124,7 +158,7 @@ def check_layers_supported(model: ModelProto) -> None:
         if (domain, node.op_type) in local_functions:
             continue
         if domain in ("", "ai.onnx"):
-            known = onnx.defs.has(node.op_type, opset, "")
+            known = onnx.defs.has(node.op_type, opset, "") or node.op_type in ORT_EARLY_OPS
         elif domain == ML_DOMAIN:  # onnxruntime runs the ONNX-ML ops (scikit-learn exports' Normalizer, ...)
             known = onnx.defs.has(node.op_type, ml_opset, ML_DOMAIN)
         elif domain == DOMAIN:

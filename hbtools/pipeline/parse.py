@@ -19,9 +19,13 @@ from hbtools.errors import HbError, last_line
 from hbtools.graph import precision
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes, topological_sort
 from hbtools.graph.model_io import (
+    ORT_EARLY_OPS,
     check_source_model,
     default_opset,
+    early_ops,
     load_model,
+    stand_down,
+    stand_in,
     with_horizon_domain,
 )
 from hbtools.ops.preprocess import featuremap_normalisation, make_preprocess_node
@@ -182,15 +186,24 @@ def load_source_model(config: Config) -> tuple[ModelProto, Path]:
 
 
 def _working_opset(model: ModelProto) -> ModelProto:
+    """The model at an opset every pass works at: 11 at least, and the opset that defines each op
+    onnxruntime ran before it (``ORT_EARLY_OPS``: its LayerNormalization in an opset-13 model is the
+    opset-17 op; the ONNX checker and the artefacts need the opset that has it)."""
     opset = default_opset(model)
-    if opset >= MIN_WORKING_OPSET:
+    early = early_ops(model)
+    target = max([MIN_WORKING_OPSET, *(ORT_EARLY_OPS[n.op_type] for n in early)])
+    if opset >= target:
         return model
-    log.info("converting the model from opset %d to %d", opset, MIN_WORKING_OPSET)
+    log.info("converting the model from opset %d to %d", opset, target)
     resizes = _old_resizes(model)
+    stand_in(model, early)  # the converter has no schema for them at the model's opset: they pass as they are
     try:
-        converted = version_converter.convert_version(model, MIN_WORKING_OPSET)
+        converted = version_converter.convert_version(model, target)
     except Exception as exc:  # the converter raises plain RuntimeErrors
-        raise HbError(f"cannot convert the model from opset {opset} to {MIN_WORKING_OPSET}: {exc}") from exc
+        raise HbError(f"cannot convert the model from opset {opset} to {target}: {exc}") from exc
+    finally:
+        stand_down(model)
+    stand_down(converted)
     _keep_old_resize_meaning(converted, resizes)
     return converted
 

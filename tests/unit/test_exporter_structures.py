@@ -200,3 +200,24 @@ def test_nodes_sharing_a_name_are_renamed(tmp_path: Path) -> None:
     want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
+
+
+def test_onnxruntimes_layer_norm_in_an_opset_13_model_converts(tmp_path: Path) -> None:
+    """onnxruntime's optimizer (ORT_ENABLE_EXTENDED, saved) writes its own LayerNormalization into the ONNX
+    domain of an opset-13 transformer; onnxruntime runs it, but it was refused as 'not an ONNX op at opset
+    13'. The model is raised to opset 17, where the op means the same."""
+    rng = np.random.default_rng(17)
+    inits = [_init("w", (rng.standard_normal((16, 16)) / 4).astype(np.float32)),
+             _init("g", (1 + 0.1 * rng.standard_normal(16)).astype(np.float32)),
+             _init("b", (0.1 * rng.standard_normal(16)).astype(np.float32))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("LayerNormalization", ["m", "g", "b"], ["n"], axis=-1, epsilon=1e-5, stash_type=1),
+             helper.make_node("Add", ["n", "x"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 8, 16])], [("y", F, [1, 8, 16])], inits)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 8, 16])}, "1x8x16", "float32", "m")
+    assert "converting the model from opset 13 to 17" in out
+    x = {"x": rng.standard_normal((1, 8, 16)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
