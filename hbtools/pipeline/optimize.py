@@ -5,6 +5,7 @@ included, since the parse stage fixed the input shapes), Identity/Dropout
 removal and Conv+BatchNormalization fusion. On top of it we fold per-channel
 or scalar affine constants that follow a Conv (PP-OCR's learnable affine
 blocks), fold a BatchNormalization of [N, C] into the Gemm (or MatMul) before it,
+write onnxruntime's fused contrib ops (FusedConv, QuickGelu, ...) as the standard ops they fuse,
 and turn any remaining BatchNormalization into a depthwise 1x1 Conv,
 so the quantizer sees fewer, larger integer ops. LSTM and GRU layers are unrolled over
 their time steps (``hbtools.graph.recurrent``), layer normalizations become one node
@@ -27,6 +28,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.errors import HbError, last_line
 from hbtools.graph import bpu_forms
+from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.graph import (
     GraphView,
     infer_shapes,
@@ -62,6 +64,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     recurrent = _recurrent_nodes(body)
     # Before onnxruntime loads the graph too: it has no kernel for batch-first (layout 1) layers.
     unroll_recurrences(body, placed, everything=all_bpu, explain=False)
+    contrib = expand_contrib_ops(body)
+    if contrib:
+        log.info("%d onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse", contrib)
     expandable = _function_ops(body)
     body = _onnxruntime_basic(body)
     if expandable - {n.op_type for n in body.graph.node if n.domain in ("", "ai.onnx")}:

@@ -221,3 +221,50 @@ def test_onnxruntimes_layer_norm_in_an_opset_13_model_converts(tmp_path: Path) -
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+
+
+def _contrib_model() -> ModelProto:
+    """What onnxruntime's saved extended optimization makes of a small conv net and MLP: FusedConv with
+    Relu, LeakyRelu, Clip and a residual, QuickGelu (SiLU), FusedGemm, FusedMatMul (transposed, scaled)
+    and the GELU family."""
+    rng = np.random.default_rng(18)
+    ms = "com.microsoft"
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    inits = [_init("w1", w(8, 3, 3, 3)), _init("b1", np.full(8, 0.1, np.float32)), _init("w2", w(8, 8, 3, 3)),
+             _init("w3", w(8, 8, 3, 3)), _init("g", w(16, 8)), _init("gb", np.zeros(16, np.float32)),
+             _init("m", w(16, 16)), _init("bias", np.full(16, 0.05, np.float32))]
+    conv = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
+    nodes = [helper.make_node("FusedConv", ["x", "w1", "b1"], ["c1"], domain=ms, activation="Relu", **conv),
+             helper.make_node("FusedConv", ["c1", "w2", "", "c1"], ["c2"], domain=ms, activation="LeakyRelu",
+                              activation_params=[0.1], **conv),
+             helper.make_node("FusedConv", ["c2", "w3"], ["c3"], domain=ms, activation="Clip",
+                              activation_params=[0.0, 6.0], strides=[2, 2], **conv),
+             helper.make_node("QuickGelu", ["c3"], ["q"], domain=ms, alpha=1.0),
+             helper.make_node("GlobalAveragePool", ["q"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("FusedGemm", ["f", "g", "gb"], ["h"], domain=ms, transB=1, activation="Relu"),
+             helper.make_node("FastGelu", ["h", "bias"], ["fg"], domain=ms),
+             helper.make_node("FusedMatMul", ["fg", "m"], ["mm"], domain=ms, transB=1, alpha=0.5),
+             helper.make_node("BiasGelu", ["mm", "bias"], ["bg"], domain=ms),
+             helper.make_node("Gelu", ["bg"], ["y"], domain=ms)]
+    return _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 16])], inits, domains=[(ms, 1)])
+
+
+def test_onnxruntime_fused_contrib_ops_run_on_the_bpu(tmp_path: Path) -> None:
+    """A model saved after onnxruntime's extended optimizations has its convs, activations, Gemms and GELUs
+    fused into com.microsoft ops: all ran on the CPU (a YOLOv8 saved so had its every SiLU there, as
+    QuickGelu, and stopped with an internal error on a conv after one). They are written as the standard
+    ops they fuse, with the same numbers, and run on the BPU."""
+    model = _contrib_model()
+    rng = np.random.default_rng(19)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    assert "9 onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse" in out
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    optimized = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_optimized_float_model.onnx")).run(None, x)[0]
+    assert np.abs(optimized - want).max() <= 1e-4 * np.abs(want).max()
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
