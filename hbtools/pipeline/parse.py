@@ -95,10 +95,15 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
 
 
 def _ordered_and_typed(model: ModelProto) -> None:
-    """Two encodings onnxruntime runs but onnx's checker refuses, made valid: nodes listed out of order
-    (hand-edited or merged graphs) are sorted, and a graph output declared without a shape (what
+    """Encodings onnxruntime runs but onnx's checker refuses, made valid: nodes listed out of order
+    (hand-edited or merged graphs) are sorted, a graph output declared without a shape (what
     onnx-graphsurgeon or ``make_tensor_value_info(name, type, None)`` write for an added output) gets
-    the shape inference gives it."""
+    the shape inference gives it, and an IR-3 model with initializers that are not graph inputs (an
+    old export saved again by onnxruntime's optimizer, which adds folded weights) is IR 4, as the
+    later stages make every model."""
+    inputs = {i.name for i in model.graph.input}
+    if model.ir_version < 4 and any(t.name not in inputs for t in model.graph.initializer):
+        model.ir_version = 4
     try:
         topological_sort(model)
     except ValueError:

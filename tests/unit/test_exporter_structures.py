@@ -268,3 +268,22 @@ def test_onnxruntime_fused_contrib_ops_run_on_the_bpu(tmp_path: Path) -> None:
     assert np.abs(optimized - want).max() <= 1e-4 * np.abs(want).max()
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
+
+
+def test_an_ir3_model_with_initializers_not_among_its_inputs_converts(tmp_path: Path) -> None:
+    """An opset-7 IR-3 export saved again by onnxruntime's optimizer: the weights it folded (Conv+BN) are
+    initializers that are not graph inputs, as IR 3 wants. onnxruntime runs it; makertbin refused it
+    ('fails the ONNX checker: ... in initializer but not in graph input')."""
+    rng = np.random.default_rng(20)
+    inits = [_init("folded_w", (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32)),
+             _init("folded_b", np.full(8, 0.1, np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "folded_w", "folded_b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Upsample", ["r"], ["y"], mode="nearest", scales=[1.0, 1.0, 2.0, 2.0])]
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 8, 16, 16])], inits, opset=7)
+    model.ir_version = 3
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
