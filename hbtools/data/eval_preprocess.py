@@ -102,7 +102,8 @@ def list_images(image_dir: Path, val_txt: Path | None = None) -> list[Path]:
     """The images to process: those named in ``val_txt`` (first word of each line,
     relative to ``image_dir``), else every image file in ``image_dir`` in name order."""
     if not image_dir.is_dir():
-        raise HbError(f"image folder {image_dir} does not exist", hint="pass an existing folder with -i")
+        state = "is a file, not a folder" if image_dir.exists() else "does not exist"
+        raise HbError(f"image folder {image_dir} {state}", hint="pass an existing folder with -i")
     if val_txt is None:
         files = sorted(p for p in image_dir.iterdir()
                        if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)

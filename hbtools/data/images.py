@@ -26,20 +26,38 @@ def image_hw(spec: InputSpec) -> tuple[int, int]:
     return (shape[2], shape[3]) if spec.layout_train == "NCHW" else (shape[1], shape[2])
 
 
+# Pillow modes whose pixels become grey or RGB through Pillow's own conversion: it drops alpha, resolves
+# palettes and turns CMYK/YCbCr/LAB into RGB, where taking the first channels as RGB would give wrong colours.
+_PIL_GREY = {"1", "L", "LA", "La"}
+_PIL_RGB = {"P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
+
+
 def read_rgb_or_gray(path: Path, what: str = "calibration image") -> np.ndarray:
-    """An image file as uint8 HxW (grey) or HxWx3 (RGB; alpha dropped)."""
+    """An image file as uint8 HxW (grey) or HxWx3 (RGB; alpha dropped, CMYK and palettes converted)."""
+    import PIL.Image
+
     try:
-        img = skimage.io.imread(path)
-    except Exception as e:  # skimage raises many types for unreadable files
-        raise HbError(f"cannot read {what} {path}: {e}") from e
+        with PIL.Image.open(path) as im:
+            if im.mode in _PIL_GREY:
+                img = np.asarray(im.convert("L"))
+            elif im.mode in _PIL_RGB:
+                img = np.asarray(im.convert("RGB"))
+            else:  # 16-bit and float images: skimage scales them to 0..255 below
+                img = skimage.io.imread(path)
+    except Exception as e:  # Pillow and skimage raise many types for unreadable files
+        # Their messages suggest installing imageio plugins, which is no fix for a damaged file.
+        path = Path(path)
+        reason = ("no such file" if not path.is_file() else "the file is empty" if path.stat().st_size == 0
+                  else "the file is damaged or not an image")
+        raise HbError(f"cannot read {what} {path}: {reason} ({type(e).__name__}); replace or remove it") from e
     if img.dtype != np.uint8:
         img = skimage.util.img_as_ubyte(img)
-    if img.ndim == 3 and img.shape[-1] == 4:
-        img = img[..., :3]  # alpha carries no colour
+    if img.ndim == 3 and img.shape[-1] in (2, 4):
+        img = img[..., :-1]  # alpha carries no colour
     if img.ndim == 3 and img.shape[-1] == 1:
         img = img[..., 0]
     if img.ndim not in (2, 3) or (img.ndim == 3 and img.shape[-1] != 3):
-        raise HbError(f"{what} {path} has unsupported shape {img.shape}")
+        raise HbError(f"{what} {path} has unsupported shape {img.shape}; give a grey, RGB or RGBA picture")
     return img
 
 

@@ -142,3 +142,44 @@ def test_missing_listed_image_and_unreadable_image_write_nothing(images, tmp_pat
     assert "zz_broken.png" in line
     # cat.png and line.png were fine, but a failed run leaves no output behind.
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_cmyk_palette_and_grey_alpha_pictures_read_as_their_colours(tmp_path, monkeypatch):
+    """Pillow's other modes (CMYK JPEG, palette PNG, grey + alpha PNG) give the same sample as the plain
+    RGB / grey picture they were made from: CMYK was taken as RGB(A), grey + alpha refused."""
+    import PIL.Image
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rgb = skimage.data.chelsea()
+    grey = skimage.data.camera()
+    PIL.Image.fromarray(rgb).save(folder / "rgb.png")
+    PIL.Image.fromarray(rgb).convert("CMYK").save(folder / "cmyk.jpg", quality=100)
+    PIL.Image.fromarray(grey).save(folder / "grey.png")
+    PIL.Image.fromarray(np.dstack([grey, np.full_like(grey, 90)])).save(folder / "grey_alpha.png")
+    PIL.Image.fromarray(np.dstack([rgb, np.full(rgb.shape[:2], 200, np.uint8)])).save(folder / "rgba.png")
+    result = run("-m", "imagenet_cls", "-i", str(folder), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    sample = {p.stem: np.fromfile(p, np.uint8).astype(int) for p in (tmp_path / "out").iterdir()}
+    assert np.array_equal(sample["grey_alpha"], sample["grey"])
+    assert np.array_equal(sample["rgba"], sample["rgb"])
+    # JPEG and the CMYK round trip cost a few levels, a colour mix-up costs far more.
+    assert np.abs(sample["cmyk"] - sample["rgb"]).mean() < 3
+
+
+@pytest.mark.parametrize(("content", "reason"), [(b"", "the file is empty"),
+                                                 (b"\xff\xd8 not a jpeg", "damaged or not an image")])
+def test_unreadable_picture_says_why_without_plugin_advice(images, tmp_path, content, reason):
+    (images / "zz_bad.jpg").write_bytes(content)
+    result = run("-m", "imagenet_cls", "-i", str(images), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 1
+    [line] = error_lines(result)
+    assert "zz_bad.jpg" in line and reason in line
+    assert "pip install" not in result.output
+
+
+def test_image_dir_that_is_a_file_is_named_as_such(images, tmp_path):
+    result = run("-m", "imagenet_cls", "-i", str(images / "cat.png"), "-o", str(tmp_path / "out"))
+    [line] = error_lines(result)
+    assert "is a file, not a folder" in line
