@@ -92,6 +92,34 @@ def check_even_size(spec: InputSpec, source: str) -> None:
             )
 
 
+# The pyramid and the resizer are image hardware: they hand the model nv12 frames (gray: the Y plane).
+CAMERA_SOURCES = ("pyramid", "resizer")
+CAMERA_TYPES = ("nv12", "gray")
+# The resizer crops and scales regions of interest up to this many pixels (seed 004, input_source).
+RESIZER_MAX_PIXELS = 18432
+
+
+def check_input_source(spec: InputSpec, source: str | None, shape_from: str = "input_shape") -> None:
+    """``source``: the input_source configured for ``spec`` (None: the default, always valid)."""
+    if source not in CAMERA_SOURCES:
+        return
+    if spec.type_rt not in CAMERA_TYPES:
+        raise group_error(
+            "compiler_parameters",
+            f"input_source {source} of {label(spec.name)} delivers nv12 or gray images, but its "
+            f"input_type_rt is {spec.type_rt}; use input_source ddr for it (or input_type_rt nv12/gray)",
+        )
+    shape = spec.shape or []
+    if source == "resizer" and len(shape) == 4 and spec.layout_train in LAYOUTS:
+        h, w = (shape[2], shape[3]) if spec.layout_train == "NCHW" else (shape[1], shape[2])
+        if h * w >= RESIZER_MAX_PIXELS:
+            raise group_error(
+                "compiler_parameters",
+                f"input_source resizer of {label(spec.name)} needs H*W below {RESIZER_MAX_PIXELS}, but "
+                f"{shape_from} gives {h}x{w} = {h * w}; use input_source pyramid or ddr, or a smaller input",
+            )
+
+
 def _check_shape(spec: InputSpec, label: str, batch: int) -> None:
     shape = spec.shape
     if shape is None:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hbtools.config.inputs import build_inputs, check_input_channels, label
+from hbtools.config.inputs import build_inputs, check_input_channels, check_input_source, label
 from hbtools.config.model import (
     CalibrationParameters,
     CompilerParameters,
@@ -137,6 +137,8 @@ def _compiler(
                 f"input_source names input '{unknown[0]}', which is not in "
                 f"input_name ({', '.join(map(str, names))}); use those names",
             )
+    for spec in inputs:
+        check_input_source(spec, source.get(spec.name))
     if model.layer_out_dump and "resizer" in source.values():
         raise group_error(
             group,

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper, version_converter
 
-from hbtools.config.inputs import check_even_size, check_input_channels
+from hbtools.config.inputs import check_even_size, check_input_channels, check_input_source
 from hbtools.config.model import Config, InputSpec
 from hbtools.errors import HbError, last_line
 from hbtools.graph import precision
@@ -68,6 +68,9 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
         load = checking  # the checker reports the placement load gives; makertbin does what the config says
     loaded = strip_qdq(model) if load else {}
     inputs = resolve_inputs(model, config.inputs)
+    for spec in inputs:  # the config could only check the shapes it gives itself
+        check_input_source(spec, config.compiler.input_source.get(spec.name),
+                           f"the model's input shape {'x'.join(map(str, spec.shape))}")
     declared = {vi.name: _dims(vi) for vi in model.graph.input}
     _fix_input_shapes(model, inputs)
     if config.input_batch > 1:

@@ -156,7 +156,7 @@ def test_full_config_values(workdir: Path) -> None:
                 "jobs": 8,
                 "advice": 5,
                 "max_time_per_fc": 1000,
-                "input_source": {"data": "pyramid"},
+                "input_source": {"data": "ddr"},
             },
         },
     )
@@ -172,7 +172,7 @@ def test_full_config_values(workdir: Path) -> None:
     assert cfg.calibration.preprocess_on is True
     assert (cc.compile_mode, cc.debug, cc.optimize_level) == ("bandwidth", True, "O3")
     assert (cc.jobs, cc.advice, cc.max_time_per_fc) == (8, 5, 1000)
-    assert cc.input_source == {"data": "pyramid"}
+    assert cc.input_source == {"data": "ddr"}
 
 
 @pytest.mark.parametrize(
@@ -1371,6 +1371,36 @@ def test_input_source_unknown_input(workdir: Path) -> None:
         "compiler_parameters",
         "'img'",
     )
+
+
+@pytest.mark.parametrize(("type_rt", "source", "shape", "fragments"), [
+    ("rgb", "pyramid", "1x3x64x64", ("pyramid", "rgb", "ddr")),
+    ("bgr", "resizer", "1x3x64x64", ("resizer", "bgr", "ddr")),
+    ("nv12", "resizer", "1x3x136x136", ("resizer", "136x136 = 18496", "18432")),
+])
+def test_camera_input_source_limits(workdir: Path, type_rt: str, source: str, shape: str,
+                                    fragments: tuple[str, ...]) -> None:
+    """The pyramid and resizer deliver nv12/gray pictures, the resizer fewer than 18432 pixels (seed 004);
+    both were accepted for any input and size."""
+    assert_error(
+        error_lines(
+            workdir,
+            {
+                "model_parameters": {"march": "bayes-e"},
+                "input_parameters": {"input_name": "data", "input_type_rt": type_rt, "input_shape": shape},
+                "compiler_parameters": {"input_source": {"data": source}},
+            },
+        ),
+        "compiler_parameters",
+        *fragments,
+    )
+
+
+def test_camera_input_sources_within_limits(workdir: Path) -> None:
+    cfg = load(workdir, {"model_parameters": {"march": "bayes-e"},
+                         "input_parameters": {"input_name": "data", "input_shape": "1x3x128x128"},
+                         "compiler_parameters": {"input_source": {"data": "resizer"}}})
+    assert cfg.compiler.input_source == {"data": "resizer"}
 
 
 def test_resizer_with_layer_out_dump(workdir: Path) -> None:
