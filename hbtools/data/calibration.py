@@ -71,7 +71,8 @@ def _listing(spec: InputSpec) -> list[Path]:
     return files
 
 
-def _check_raw(path: Path, spec: InputSpec) -> None:
+def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> None:
+    """``what``: how the message names the file (``hb_mapper infer`` checks its --image-file here too)."""
     count = math.prod(spec.shape)
     if path.suffix.lower() == ".npy":
         with open(path, "rb") as f:
@@ -82,10 +83,10 @@ def _check_raw(path: Path, spec: InputSpec) -> None:
                 else:
                     shape, _, dtype = np.lib.format.read_array_header_2_0(f)
             except ValueError as e:
-                raise HbError(f"calibration file {path} is not a valid .npy file: {e}") from e
+                raise HbError(f"{what} {path} is not a valid .npy file: {e}") from e
         if math.prod(shape) != count or dtype.kind not in "biuf":
             raise HbError(
-                f"calibration file {path} holds {dtype} {list(shape)}, "
+                f"{what} {path} holds {dtype} {list(shape)}, "
                 f"expected {count} numbers (shape {spec.shape}) for input '{spec.name}'"
             )
         return
@@ -95,13 +96,15 @@ def _check_raw(path: Path, spec: InputSpec) -> None:
     if size != expected:
         picture = path.suffix.lower() in IMAGE_EXTENSIONS
         raise HbError(
-            f"calibration file {path} has {size} bytes, expected {expected} bytes "
+            f"{what} {path} has {size} bytes, expected {expected} bytes "
             f"(shape {spec.shape}, dtype {dtype}) for input '{spec.name}'"
             + (": it is a picture, and calibration files are raw tensors" if picture else ""),
             hint="set preprocess_on: True in calibration_parameters to read pictures (resized to the input "
             "shape), or convert them to raw tensors first" if picture else
             "Set cal_data_type (or end the folder name with _f32 for float32 data) to match how the files "
-            "were written, and keep only calibration files in the folder.",
+            "were written, and keep only calibration files in the folder." if what == "calibration file" else
+            f"Give a file prepared like the calibration data of input '{spec.name}' (cal_data_type / a "
+            "folder name ending in _f32 set the data type).",
         )
 
 
@@ -198,7 +201,7 @@ def read_sample_file(path: Path, spec: InputSpec, preprocess_on: bool = False) -
         raise HbError(f"input file {path} for input '{spec.name}' does not exist")
     image = not spec.is_featuremap and (preprocess_on or path.suffix.lower() in IMAGE_EXTENSIONS)
     if not image:
-        _check_raw(path, spec)
+        _check_raw(path, spec, "input file")
     elif spec.shape[0] != 1:
         raise HbError(f"input '{spec.name}' has batch {spec.shape[0]}; give a raw or .npy sample, not one image")
     return _read_sample((path,), spec, image)

@@ -94,6 +94,10 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
     model = load_model(model_file)
     specs = {s.name: s for s in _specs(config, model)}
     given = dict(images)
+    twice = sorted({name for name, _ in images if [n for n, _ in images].count(name) > 1})
+    if twice:
+        raise HbError(f"--image-file names input '{twice[0]}' more than once",
+                      hint="give one --image-file NAME FILE per input")
     for name in given:
         if name not in specs:
             raise HbError(f"--image-file names input '{name}', which is not in the config; its inputs are "

@@ -101,7 +101,8 @@ def test_infer_mistakes(tmp_path: Path) -> None:
     wrong.write_bytes(b"\x00" * 10)
     bad = [
         (["--image-file", "image", "x.bin"], r"'image'"),
-        (["--image-file", "data", str(wrong)], r"wrong\.bin.*10 bytes.*768"),
+        (["--image-file", "data", str(wrong)], r"input file .*wrong\.bin.*10 bytes.*768"),
+        (["--image-file", "data", str(wrong), "--image-file", "data", "x.bin"], r"'data' more than once"),
     ]
     for extra, expected in bad:
         args = ["infer", "-c", str(project.config_path), "--model-file", str(project.artefact("quantized")),
@@ -110,6 +111,8 @@ def test_infer_mistakes(tmp_path: Path) -> None:
         assert result.exit_code == 1
         assert re.search(expected, result.output), result.output
         assert "Traceback" not in result.output
+        # the file is the user's --image-file, not a file of the calibration folder
+        assert "calibration file" not in result.output and "keep only calibration" not in result.output
     result = CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
                                             str(project.model_path), "--image-file", "data",
                                             str(project.root / "cal_data" / "000.bin"), "--output-dir", "o"])
