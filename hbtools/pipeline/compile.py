@@ -76,6 +76,10 @@ def partition_record(result: QuantizedResult) -> dict:
 
 def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profile: MarchProfile,
         path: Path, *, calibration: str = "") -> Path:
+    # The .bin numbers its inputs as the model (and every ONNX artefact) does, whatever order input_name lists
+    # them in: hrt_model_exec --input_file and hb_verifier -i take files by that number.
+    order = {vi.name: k for k, vi in enumerate(result.model.graph.input)}
+    inputs = sorted(inputs, key=lambda spec: order.get(spec.name, len(order)))
     model = BinModel(
         name=config.model.output_model_file_prefix,
         deps=current_deps(),

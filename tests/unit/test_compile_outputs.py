@@ -42,3 +42,43 @@ def test_advice_lines_follow_the_threshold(tmp_path) -> None:
     everything, strict = advice_lines(rm, profile, 0), advice_lines(rm, profile, 10**6)
     assert not strict and everything
     assert all(" us against " in line and "(+" in line for line in everything)
+
+
+def test_bin_inputs_follow_the_model_order_not_input_name(tmp_path, monkeypatch) -> None:
+    """input_name listing the inputs in another order than the model: the .bin numbered them in the YAML's
+    order, so `hrt_model_exec --input_file` in the model's (and the quantized ONNX's) order was refused or,
+    with equal sizes, fed the wrong inputs."""
+    import numpy as np
+    from debug_support import two_inputs
+
+    from hbtools.cli import hrt_model_exec
+    from hbtools.runtime import HB_ONNXRuntime
+
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "m", two_inputs(), cal_count=2)
+    ip = project.config["input_parameters"]
+    for key in ("mean_value", "scale_value"):  # the featuremap takes none
+        ip[key] = f"{ip[key]}; None"
+    swapped = {key: "; ".join(reversed(str(value).split("; "))) for key, value in ip.items()
+               if isinstance(value, str) and value.count("; ") == 1}
+    cal = project.config["calibration_parameters"]["cal_data_dir"]
+    project.write(input_parameters=swapped,
+                  calibration_parameters={"cal_data_dir": "; ".join(reversed(cal.split("; ")))})
+    assert project.config["input_parameters"]["input_name"] == "feat; data"
+    made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    assert made.exit_code == 0, made.output
+    assert [d.name for d in open_model(project.artefact("bin")).inputs] == ["data", "feat"]
+
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 256, (1, 3, 8, 8), dtype=np.uint8)
+    feat = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    image.tofile(tmp_path / "image.bin")
+    feat.tofile(tmp_path / "feat.bin")
+    ran = invoke(hrt_model_exec.main, ["infer", f"--model_file={project.artefact('bin')}",
+                                       f"--input_file={tmp_path / 'image.bin'},{tmp_path / 'feat.bin'}",
+                                       "--enable_dump=True", "--dump_format=npy", f"--dump_path={tmp_path / 'd'}"])
+    assert ran.exit_code == 0, ran.output
+    [dumped] = list((tmp_path / "d").glob("*.npy"))
+    [expected] = HB_ONNXRuntime(model_file=str(project.artefact("quantized"))).run(None, {"data": image,
+                                                                                         "feat": feat})
+    np.testing.assert_allclose(np.load(dumped).reshape(expected.shape), expected, atol=1e-6)
