@@ -60,7 +60,7 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
                 break
             for name in batch:
                 model = _delete(model, name)
-    for name in remove:
+    for name in dict.fromkeys(remove):  # a name given twice means that node, deleted once
         model = _delete(model, name)
     target = output_file(output or f"{Path(model_file).stem}_modified.bin", "-o", [model_file])
     write_bin(target, [model])
@@ -68,7 +68,7 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
 
 
 def _delete(model: BinModel, name: str) -> BinModel:
-    node = modifier.find(model.load_graph(), name)
+    node = modifier.find(model.load_graph(), name, model.deleted_nodes)
     click.echo(f"Node '{name}' found, its OP type is '{modifier.display_type(node)}'")
     result = modifier.delete(model, name)
     click.echo(f"Node info: {modifier.info_line(result.deleted_nodes[-1])}")

@@ -15,10 +15,12 @@ where ``hrt_model_exec model_info`` prints them as ``scale data``/``quantizeAxis
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from onnx import ModelProto, NodeProto, helper
 
+from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.runtime.binfile import BinFormatError, BinModel
@@ -70,17 +72,23 @@ def candidates(graph: ModelProto) -> list[Candidate]:
     return out
 
 
-def find(graph: ModelProto, name: str) -> NodeProto:
+def find(graph: ModelProto, name: str, deleted: Sequence[dict] = ()) -> NodeProto:
+    """Node ``name`` of ``graph``; ``deleted``: the model's deleted-node records (named in the error)."""
     for n in graph.graph.node:
         if n.name == name:
             return n
-    raise HbError(f"node '{name}' is not in the model", hint="run hb_model_modifier MODEL.bin to list deletable nodes")
+    if any(record.get("name") == name for record in deleted):
+        raise HbError(f"node '{name}' was already deleted from this model", hint="hb_model_info lists deleted nodes")
+    # The deletable nodes first: those are the names a user means to type.
+    names = [c.name for c in candidates(graph)] + [n.name for n in graph.graph.node if n.name]
+    raise HbError(f"node '{name}' is not in the model{closest_names(name, dict.fromkeys(names))}",
+                  hint="run hb_model_modifier MODEL.bin to list deletable nodes")
 
 
 def delete(model: BinModel, name: str) -> BinModel:
     """A copy of ``model`` without node ``name``, which must be a current candidate."""
     graph = model.load_graph()
-    node = find(graph, name)
+    node = find(graph, name, model.deleted_nodes)
     cand = next((c for c in candidates(graph) if c.name == name), None)
     if cand is None:
         listing = [c.name for c in candidates(graph)]

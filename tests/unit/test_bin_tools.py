@@ -186,6 +186,20 @@ def test_modifier_refusals(small, in_tmp) -> None:
     assert not list(in_tmp.glob("*_modified.bin"))
 
 
+def test_modifier_names_the_closest_node_and_takes_a_name_given_twice_once(small, in_tmp) -> None:
+    """A mistyped name was 'not in the model' with no hint; the same -r twice said the node was not in the
+    model (the first -r had deleted it); -r of a node deleted earlier said the same."""
+    transpose = _deletable(small[0].bin)[0]
+    typo = invoke(hb_model_modifier.main, [small[0].bin, "-r", transpose[:-1]])
+    assert typo.exit_code == 1 and f"(closest: '{transpose}'" in typo.output
+    twice = invoke(hb_model_modifier.main, [small[0].bin, "-r", transpose, "-r", transpose, "-o", "once.bin"])
+    assert twice.exit_code == 0, twice.output
+    assert [r["name"] for r in read_bin("once.bin").model().deleted_nodes] == [transpose]
+    again = invoke(hb_model_modifier.main, ["once.bin", "-r", transpose, "-o", "again.bin"])
+    assert again.exit_code == 1 and f"node '{transpose}' was already deleted" in again.output
+    assert not (in_tmp / "again.bin").exists()
+
+
 # ---------------------------------------------------------------- hb_perf
 
 
