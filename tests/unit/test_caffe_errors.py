@@ -123,6 +123,12 @@ def test_a_data_layer_needs_an_input_shape(tmp_path: Path) -> None:
     (("Pooling", ["conv1"], ["p"], "pooling_param { pool: MAX kernel_size: 2 pad: 2 }"), "must be smaller"),
     (("Convolution", ["conv1"], ["c"], "convolution_param { num_output: 3 kernel_size: 1 group: 2 }"),
      "group 2 does not divide"),
+    (("ReLU", ["conv1"], ["r1", "r2"], ""), "has 2 top blobs but makes 1; the extra top 'r2' is never written"),
+    (("Convolution", ["conv1", "data"], ["c"], "convolution_param { num_output: 3 kernel_size: 1 bias_term: false }"),
+     "has 2 bottom(s) and 1 top(s)"),
+    (("Convolution", ["conv1", "data"], ["c", "d"],
+      "convolution_param { num_output: 3 kernel_size: 1 bias_term: false }"),
+     "bottom 1 has shape [1, 3, 6, 6], bottom 0 [1, 4, 6, 6]"),
 ])
 def test_layer_parameters_that_do_not_fit(layer: tuple, expected: str, tmp_path: Path) -> None:
     n = small_net()

@@ -180,7 +180,22 @@ def resizing() -> tuple[CaffeNet, list[str]]:
     return n, ["sized", "like", "crop"]
 
 
+def shared_weight_convolution() -> tuple[CaffeNet, list[str]]:
+    """One Convolution layer with two bottom/top pairs: both use the layer's weights (siamese nets)."""
+    n = CaffeNet(seed=11)
+    a, b = n.input("left", [1, 3, 6, 6]), n.input("right", [1, 3, 6, 6])
+    w, bias = n.randn(4, 3, 3, 3), n.randn(4)
+
+    def step(v: dict) -> None:
+        for blob, top in ((a, "ca"), (b, "cb")):
+            v[top] = conv2d(v[blob], w, bias, (2, 2), (1, 1), (1, 1), 1)
+    n.layer("Convolution", [a, b], ["ca", "cb"], "convolution_param { num_output: 4 kernel_size: 3 stride: 2 pad: 1 }",
+            [w, bias], step)
+    return n, ["ca", "cb"]
+
+
 CASES: dict[str, Callable[[], tuple[CaffeNet, list[str]]]] = {
+    "shared_weight_convolution": shared_weight_convolution,
     "convolutions": convolutions,
     "deconvolutions": deconvolutions,
     "inner_products": inner_products,

@@ -67,8 +67,11 @@ class Net:
 
     def commit(self, layer: Layer) -> None:
         tops = [layer.tops.get(i) for i in range(len(layer.param.top))]
-        if None in tops:  # a converter bug, not a user mistake
-            raise RuntimeError(f"caffe layer '{layer.name}': converter left top {tops.index(None)} unset")
+        if None in tops:  # Caffe refuses a layer with more tops than it makes
+            made = tops.index(None)
+            raise layer.fail(f"has {len(tops)} top blobs but makes {made}; the extra top "
+                             f"'{layer.param.top[made]}' is never written",
+                             hint="remove the extra top from the prototxt")
         self._infer(layer)
         self._name_nodes(layer, set(tops))
         self.nodes.extend(layer.nodes)

@@ -55,12 +55,21 @@ def convolution(layer: Layer, transposed: bool = False) -> None:
     if group < 1 or c % group or cout % group:
         raise layer.fail(f"group {group} does not divide the {c} input and {cout} output channels")
     shape = [c, cout // group, kh, kw] if transposed else [cout, c // group, kh, kw]
-    inputs = [layer.bottom(), layer.const(layer.weight(0, shape, "weight"), "weight")]
+    params = [layer.const(layer.weight(0, shape, "weight"), "weight")]
     if p.bias_term:
-        inputs.append(layer.const(layer.weight(1, [cout], "bias"), "bias"))
-    y = layer.node("ConvTranspose" if transposed else "Conv", inputs, kernel_shape=[kh, kw], strides=[sh, sw],
-                   pads=[ph, pw, ph, pw], dilations=[dh, dw], group=group)
-    layer.set_top(0, y)
+        params.append(layer.const(layer.weight(1, [cout], "bias"), "bias"))
+    pairs = len(layer.param.bottom)
+    if len(layer.param.top) != pairs:
+        raise layer.fail(f"has {pairs} bottom(s) and {len(layer.param.top)} top(s); Caffe convolves each bottom "
+                         "into the top at the same place, so the counts must be equal")
+    # Several bottoms share the layer's weights, one convolution each (Caffe checks they have one shape).
+    for i in range(pairs):
+        if layer.in_shape(i) != layer.in_shape(0):
+            raise layer.fail(f"bottom {i} has shape {layer.in_shape(i)}, bottom 0 {layer.in_shape(0)}; "
+                             "they must be equal")
+        y = layer.node("ConvTranspose" if transposed else "Conv", [layer.bottom(i), *params], kernel_shape=[kh, kw],
+                       strides=[sh, sw], pads=[ph, pw, ph, pw], dilations=[dh, dw], group=group)
+        layer.set_top(i, y)
 
 
 def inner_product(layer: Layer) -> None:
