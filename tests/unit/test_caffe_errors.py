@@ -129,6 +129,8 @@ def test_a_data_layer_needs_an_input_shape(tmp_path: Path) -> None:
     (("Convolution", ["conv1", "data"], ["c", "d"],
       "convolution_param { num_output: 3 kernel_size: 1 bias_term: false }"),
      "bottom 1 has shape [1, 3, 6, 6], bottom 0 [1, 4, 6, 6]"),
+    (("Exp", ["conv1"], ["e"], "exp_param { base: 0 }"), "base 0 must be positive"),
+    (("ArgMax", ["conv1"], ["a"], "argmax_param { top_k: 5 axis: 1 }"), "top_k 5 must be between 1 and the 4"),
 ])
 def test_layer_parameters_that_do_not_fit(layer: tuple, expected: str, tmp_path: Path) -> None:
     n = small_net()

@@ -180,6 +180,30 @@ def resizing() -> tuple[CaffeNet, list[str]]:
     return n, ["sized", "like", "crop"]
 
 
+def exp_log_threshold_argmax() -> tuple[CaffeNet, list[str]]:
+    n = CaffeNet(seed=10)
+    x = n.input("data", [2, 5, 3, 4])
+
+    def put(top: str, fn: Callable[[np.ndarray], np.ndarray], bottom: str = x) -> Callable[[dict], None]:
+        return lambda v: v.__setitem__(top, fn(v[bottom]))
+    n.layer("Exp", [x], ["e"], "", step=put("e", np.exp))
+    n.layer("Exp", [x], ["e2"], "exp_param { base: 2 scale: 0.5 shift: -1 }",
+            step=put("e2", lambda v: 2 ** (0.5 * v - 1)))
+    n.layer("AbsVal", [x], ["a"], "", step=put("a", np.abs))
+    n.layer("Log", ["a"], ["l"], "", step=put("l", np.log, "a"))
+    n.layer("Log", ["a"], ["l10"], "log_param { base: 10 scale: 2 shift: 1 }",
+            step=put("l10", lambda v: np.log10(1 + 2 * v), "a"))
+    n.layer("BNLL", [x], ["b"], "", step=put("b", lambda v: np.log1p(np.exp(v))))
+    n.layer("Threshold", [x], ["t"], "threshold_param { threshold: 0.3 }", step=put("t", lambda v: 1.0 * (v > 0.3)))
+    n.layer("ArgMax", [x], ["am"], "argmax_param { axis: 1 }", step=put("am", lambda v: v.argmax(1)[:, None] * 1.0))
+    n.layer("ArgMax", [x], ["mv"], "argmax_param { axis: 1 top_k: 2 out_max_val: true }",
+            step=put("mv", lambda v: -np.sort(-v, axis=1)[:, :2]))
+    n.layer("ArgMax", [x], ["flat"], "argmax_param { top_k: 3 out_max_val: true }",
+            step=put("flat", lambda v: np.stack([np.argsort(-v.reshape(2, -1), axis=1)[:, :3],
+                                                 -np.sort(-v.reshape(2, -1), axis=1)[:, :3]], axis=1)))
+    return n, ["e", "e2", "l", "l10", "b", "t", "am", "mv", "flat"]
+
+
 def shared_weight_convolution() -> tuple[CaffeNet, list[str]]:
     """One Convolution layer with two bottom/top pairs: both use the layer's weights (siamese nets)."""
     n = CaffeNet(seed=11)
@@ -195,6 +219,7 @@ def shared_weight_convolution() -> tuple[CaffeNet, list[str]]:
 
 
 CASES: dict[str, Callable[[], tuple[CaffeNet, list[str]]]] = {
+    "exp_log_bnll_threshold_argmax": exp_log_threshold_argmax,
     "shared_weight_convolution": shared_weight_convolution,
     "convolutions": convolutions,
     "deconvolutions": deconvolutions,

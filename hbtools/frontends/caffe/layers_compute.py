@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from onnx import TensorProto
 
 from hbtools.frontends.caffe.builder import Layer
 
@@ -294,6 +295,83 @@ def power(layer: Layer) -> None:
     layer.set_top(0, y)  # all defaults: y is the bottom itself
 
 
+def _log_base(layer: Layer, base: float) -> float:
+    """ln(base); Caffe's base -1 means e."""
+    if base == -1.0:
+        return 1.0
+    if base <= 0 or base == 1.0:
+        raise layer.fail(f"base {base:g} must be positive and not 1 (or -1 for e)")
+    return float(np.log(base))
+
+
+def exp(layer: Layer) -> None:
+    """base ^ (shift + scale * x), written as exp(ln(base) * (shift + scale * x))."""
+    p = layer.param.exp_param
+    ln_base = _log_base(layer, p.base)
+    a, b = ln_base * p.scale, ln_base * p.shift
+    y = layer.bottom()
+    if a != 1.0:
+        y = layer.node("Mul", [y, layer.const(np.float32(a), "scale")])
+    if b != 0.0:
+        y = layer.node("Add", [y, layer.const(np.float32(b), "shift")])
+    layer.set_top(0, layer.node("Exp", [y]))
+
+
+def log_(layer: Layer) -> None:
+    """log_base(shift + scale * x) = ln(shift + scale * x) / ln(base)."""
+    p = layer.param.log_param
+    ln_base = _log_base(layer, p.base)
+    y = layer.bottom()
+    if p.scale != 1.0:
+        y = layer.node("Mul", [y, layer.const(np.float32(p.scale), "scale")])
+    if p.shift != 0.0:
+        y = layer.node("Add", [y, layer.const(np.float32(p.shift), "shift")])
+    y = layer.node("Log", [y])
+    if ln_base != 1.0:
+        y = layer.node("Mul", [y, layer.const(np.float32(1.0 / ln_base), "base")])
+    layer.set_top(0, y)
+
+
+def threshold(layer: Layer) -> None:
+    """1 where x > threshold, else 0 (as floats, like every Caffe blob)."""
+    t = layer.node("Greater", [layer.bottom(), layer.const(np.float32(layer.param.threshold_param.threshold),
+                                                             "threshold")])
+    layer.set_top(0, layer.node("Cast", [t], to=TensorProto.FLOAT))
+
+
+def argmax(layer: Layer) -> None:
+    """Indices (as floats) of the top_k largest values along ``axis``; without ``axis``, over
+    everything but the batch axis, shaped N x 1 x top_k (N x 2 x top_k with out_max_val:
+    indices then values). With ``axis`` and out_max_val, the values replace the indices."""
+    p = layer.param.argmax_param
+    shape = layer.in_shape()
+    k = int(p.top_k)
+    x = layer.bottom()
+    if p.HasField("axis"):
+        axis = layer.axis(p.axis, len(shape))
+        size = shape[axis]
+    else:
+        axis, size = 1, int(np.prod(shape[1:]))
+        x = layer.node("Reshape", [x, layer.ints([shape[0], size], "flat")])
+    if not 1 <= k <= size:
+        raise layer.fail(f"top_k {k} must be between 1 and the {size} values it chooses from")
+    if k == 1 and not p.out_max_val:
+        index, values = layer.node("ArgMax", [x], axis=axis, keepdims=1), ""
+    else:
+        values, index = layer.net.unique(f"{layer.name}_values"), layer.net.unique(f"{layer.name}_indices")
+        layer.node("TopK", [x, layer.ints([k], "k")], [values, index], axis=axis)
+    if p.HasField("axis") and p.out_max_val:
+        layer.set_top(0, values)
+        return
+    index = layer.node("Cast", [index], to=TensorProto.FLOAT)
+    if p.HasField("axis"):
+        layer.set_top(0, index)
+        return
+    parts = [index, values] if p.out_max_val else [index]
+    parts = [layer.node("Unsqueeze", [t, layer.ints([1], "axes")]) for t in parts]
+    layer.set_top(0, parts[0] if len(parts) == 1 else layer.node("Concat", parts, axis=1))
+
+
 def dropout(layer: Layer) -> None:
     p = layer.param.dropout_param
     if p.scale_train:  # Caffe scales at training time: inference passes values through
@@ -315,6 +393,11 @@ CONVERTERS: dict[str, Callable[[Layer], None]] = {
     "Sigmoid": _unary("Sigmoid"),
     "TanH": _unary("Tanh"),
     "AbsVal": _unary("Abs"),
+    "BNLL": _unary("Softplus"),
+    "Exp": exp,
+    "Log": log_,
+    "Threshold": threshold,
+    "ArgMax": argmax,
     "ELU": elu,
     "Pooling": pooling,
     "Eltwise": eltwise,
