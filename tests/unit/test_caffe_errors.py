@@ -97,9 +97,50 @@ def test_missing_and_corrupt_files(tmp_path: Path) -> None:
         load_caffe(tmp_path / "nope.prototxt", weights)
     with pytest.raises(HbError, match="caffe_model '.*nope.caffemodel' does not exist"):
         load_caffe(proto, tmp_path / "nope.caffemodel")
+    good = weights.read_bytes()
     weights.write_bytes(b"\xff\xff\xff not protobuf")
-    with pytest.raises(HbError, match="is not a readable .caffemodel"):
+    with pytest.raises(HbError, match="cannot be read as a .caffemodel"):
         load_caffe(proto, weights)
+    weights.write_bytes(good[:len(good) // 2])  # an interrupted download
+    with pytest.raises(HbError, match=r"\(\d+ bytes\) cannot be read as a .caffemodel") as info:
+        load_caffe(proto, weights)
+    assert "damaged or incomplete" in (info.value.hint or "")
+    weights.write_bytes(b"")
+    with pytest.raises(HbError, match=r"\(0 bytes\) holds no layers"):
+        load_caffe(proto, weights)
+
+
+def test_swapped_prototxt_and_caffemodel(tmp_path: Path) -> None:
+    proto, weights = small_net().write(tmp_path)
+    with pytest.raises(HbError, match=r"prototxt '.*net.caffemodel' is a binary file") as info:
+        load_caffe(weights, proto)
+    assert "swapped" in (info.value.hint or "") and "\n" not in str(info.value)
+    with pytest.raises(HbError, match=r"caffe_model '.*net.prototxt' is a text file") as info:
+        load_caffe(proto, proto)
+    assert "swapped" in (info.value.hint or "")
+
+
+def test_prototxt_from_a_windows_editor(tmp_path: Path) -> None:
+    """A byte order mark, CRLF line ends and GBK-encoded comments are all read."""
+    n = small_net()
+    proto, weights = n.write(tmp_path)
+    text = "# \u5377\u79ef\u7f51\u7edc\n" + proto.read_text()
+    proto.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("gbk"))
+    model = load_caffe(proto, weights)
+    assert [o.name for o in model.graph.output] == ["conv1"]
+
+
+def test_nan_weights_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    n = small_net()
+    n.net.layer[1].blobs[0].data[3] = float("nan")
+    logger = logging.getLogger("hbtools")
+    logger.addHandler(caplog.handler)
+    try:
+        load_caffe(*n.write(tmp_path))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert any(r.levelno == logging.WARNING and "layer 'convolution2' holds 1 NaN/inf" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_a_data_layer_needs_an_input_shape(tmp_path: Path) -> None:

@@ -34,12 +34,38 @@ def _file(path: str | Path, what: str) -> Path:
     return path
 
 
+# Bytes no text file holds (all control characters but tab, newline, vertical tab, form feed, return).
+_BINARY_BYTES = bytes(set(range(32)) - {9, 10, 11, 12, 13})
+
+
+def _has_control_bytes(data: bytes) -> bool:
+    """Binary data (a protobuf holds length bytes below 32); a text file in any encoding has none."""
+    return any(b in _BINARY_BYTES for b in data[:4096])
+
+
+def _is_utf8_text(data: bytes) -> bool:
+    head = data[:4096]
+    if _has_control_bytes(head):
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start >= len(head) - 3  # only a character cut at the end of the sample
+    return True
+
+
 def read_prototxt(path: str | Path) -> Any:
     """The NetParameter of a prototxt. Fields hbtools does not know (those of other
     Caffe branches) are skipped with a warning; their layers are then reported as
     unsupported unless the skipped field was only a training detail."""
     path = _file(path, "prototxt")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    data = path.read_bytes()
+    if _has_control_bytes(data):
+        raise HbError(f"prototxt '{path}' is a binary file, not the text network description",
+                      hint="prototxt is the text .prototxt and caffe_model the binary .caffemodel; check that the "
+                           "two are not swapped")
+    # utf-8-sig: a prototxt saved by a Windows editor starts with a byte order mark.
+    text = data.decode("utf-8-sig", errors="replace")
     net = proto.NetParameter()
     try:
         text_format.Parse(text, net)
@@ -62,10 +88,20 @@ def read_prototxt(path: str | Path) -> Any:
 def read_weights(path: str | Path) -> dict[str, list[np.ndarray]]:
     """Layer name -> its blobs (float32 arrays in their stored shapes)."""
     path = _file(path, "caffe_model")
+    data = path.read_bytes()
+    if data and _is_utf8_text(data):
+        raise HbError(f"caffe_model '{path}' is a text file, not the binary weights of a trained network",
+                      hint="caffe_model is the binary .caffemodel and prototxt the text .prototxt; check that the "
+                           "two are not swapped")
     try:
-        net = proto.WeightsNet.FromString(path.read_bytes())
+        net = proto.WeightsNet.FromString(data)
     except message.DecodeError as exc:
-        raise HbError(f"'{path}' is not a readable .caffemodel (a binary Caffe NetParameter): {exc}") from exc
+        raise HbError(f"caffe_model '{path}' ({len(data)} bytes) cannot be read as a .caffemodel: {exc}",
+                      hint="the file is damaged or incomplete (an interrupted download or copy?); save or "
+                           "download it again") from exc
+    if not net.layer and not net.layers:
+        raise HbError(f"caffe_model '{path}' ({len(data)} bytes) holds no layers",
+                      hint="a .caffemodel saved by Caffe lists every layer of the network; save or download it again")
     weights = {}
     for layer in [*net.layer, *net.layers]:
         if layer.blobs:
@@ -89,6 +125,12 @@ def _blob_array(blob: Any, layer: str, path: Path) -> np.ndarray:
     count = int(np.prod(shape)) if shape else 1
     if values.size != count:
         raise HbError(f"'{path}': a blob of layer '{layer}' has shape {shape} but {values.size} values")
+    bad = int(np.count_nonzero(~np.isfinite(values)))
+    if bad:
+        # The run goes on (the model is the user's), but every output it touches will be NaN/inf.
+        log.warning("caffe_model %s: a blob of layer '%s' holds %d NaN/inf value(s) of %d; outputs computed "
+                    "from it will not be finite (was the network saved after training diverged?)",
+                    path, layer, bad, values.size)
     return values.astype(np.float32).reshape(shape)
 
 
