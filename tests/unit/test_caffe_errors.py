@@ -130,6 +130,14 @@ def test_prototxt_from_a_windows_editor(tmp_path: Path) -> None:
     assert [o.name for o in model.graph.output] == ["conv1"]
 
 
+def test_typo_in_a_layer_type_is_pointed_out(tmp_path: Path) -> None:
+    n = small_net()
+    n.layer("Relu", ["conv1"], ["r"])
+    with pytest.raises(HbError, match="type=Relu") as info:
+        load_caffe(*n.write(tmp_path))
+    assert 'did you mean type "ReLU"' in (info.value.hint or "")
+
+
 def test_nan_weights_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     n = small_net()
     n.net.layer[1].blobs[0].data[3] = float("nan")

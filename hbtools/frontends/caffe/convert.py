@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -81,10 +82,13 @@ def check_layer_types(layers: list[Any]) -> None:
     """The first layer hbtools cannot convert stops the run, in the vendor tool's words."""
     for layer in layers:
         if layer.type not in CONVERTERS and layer.type not in INPUT_LAYERS:
-            raise HbError(f"ValueError: Not support layer name={layer.name} type={layer.type}",
-                          hint="remove it from the deploy prototxt (training-only layers such as Accuracy or "
-                               "losses can be kept out with include { phase: TRAIN }); docs/caffe.md lists "
-                               "the supported layers")
+            # Type names are case-sensitive in Caffe: a near miss is most likely a typo.
+            close = difflib.get_close_matches(layer.type, SUPPORTED_TYPES, n=1, cutoff=0.75)
+            close = close or [t for t in SUPPORTED_TYPES if t.lower() == layer.type.lower()]
+            hint = (f"did you mean type \"{close[0]}\"? (layer types are spelled exactly, case included)" if close
+                    else "remove it from the deploy prototxt (training-only layers such as Accuracy or losses can be "
+                         "kept out with include { phase: TRAIN }); docs/caffe.md lists the supported layers")
+            raise HbError(f"ValueError: Not support layer name={layer.name} type={layer.type}", hint=hint)
 
 
 def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: Shapes | None = None
