@@ -381,6 +381,12 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             if kind in opts.int8_outputs:
                 for t in unit.outputs:
                     bits[t] = 8
+    present = {node.name for unit in part.units for node in unit.nodes}
+    for name, info in node_info.items():
+        # An ON request for a missing node is reported where placement is applied (units._apply_overrides).
+        if info.on is None and (info.output_type or info.input_types) and name not in present:
+            log.warning("node_info names node %s, which is not in the optimized model (removed or fused by "
+                        "optimization?); its InputType / OutputType is ignored", name)
     return bits
 
 

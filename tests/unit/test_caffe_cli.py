@@ -146,3 +146,15 @@ def test_checker_needs_the_prototxt() -> None:
     result = invoke("checker", "--model-type", "caffe", "--march", "bayes-e", "--model", "model.caffemodel")
     assert result.exit_code == 2
     assert "--proto" in error_lines(result)[0]
+
+
+def test_node_info_on_a_folded_scale_layer_is_reported() -> None:
+    """BatchNorm + Scale fold into the convolution: a node_info entry for either names no node any more,
+    and the user is told so instead of the request vanishing."""
+    write_project(mobilenet_like(SIZE), "m", node_info={"scale4": {"OutputType": "int16"},
+                                                         "convolution6": {"OutputType": "int16"}})
+    result = invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if " WARNING " in line]
+    assert any("scale4" in line and "not in the optimized model" in line for line in warnings), result.output
+    assert not any("convolution6" in line and "not in the optimized model" in line for line in warnings)
