@@ -93,6 +93,14 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> N
     dtype = raw_dtype(spec, path)
     expected = count * dtype.itemsize
     size = path.stat().st_size
+    batch = int(spec.shape[0]) if spec.shape else 1
+    if size != expected and batch > 1 and size * batch == expected:
+        one = "x".join(str(d) for d in [1, *spec.shape[1:]])
+        raise HbError(
+            f"calibration file {path} holds one sample ({size} bytes) but input '{spec.name}' has batch {batch} "
+            f"(shape {spec.shape}, dtype {dtype}: {expected} bytes)",
+            hint=f"the model declares batch {batch}; set input_shape: '{one}' "
+            f"in input_parameters to convert for one sample, or write {batch} samples per file")
     if size != expected:
         picture = path.suffix.lower() in IMAGE_EXTENSIONS
         raise HbError(

@@ -158,3 +158,23 @@ def test_node_info_on_a_folded_scale_layer_is_reported() -> None:
     warnings = [line for line in result.output.splitlines() if " WARNING " in line]
     assert any("scale4" in line and "not in the optimized model" in line for line in warnings), result.output
     assert not any("convolution6" in line and "not in the optimized model" in line for line in warnings)
+
+
+def test_deploy_prototxt_with_batch_10() -> None:
+    """Classic deploy prototxts declare input_dim: 10; one-sample calibration files then need input_shape."""
+    n = CaffeNet("batch10", seed=41)
+    x = n.input("data", [10, 3, SIZE, SIZE], form="input_dim")
+    n.softmax(n.inner_product(n.pool(n.relu(n.conv(x, 8, 3, stride=2)), "MAX", 3, 2), 5))
+    write_project(n, "b10", march="bayes-e")
+    config = yaml.safe_load(Path("config.yaml").read_text())
+    del config["input_parameters"]["input_shape"]
+    Path("config.yaml").write_text(yaml.safe_dump(config))
+    result = invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe")
+    assert result.exit_code == 1
+    errors = error_lines(result)
+    assert "holds one sample (768 bytes) but input 'data' has batch 10" in errors[0], result.output
+    assert f"set input_shape: '1x3x{SIZE}x{SIZE}'" in errors[1]
+    config["input_parameters"]["input_shape"] = f"1x3x{SIZE}x{SIZE}"
+    Path("config.yaml").write_text(yaml.safe_dump(config))
+    result = invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe")
+    assert result.exit_code == 0 and SUCCESS in result.output, result.output
