@@ -187,3 +187,13 @@ def test_layer_parameters_that_do_not_fit(layer: tuple, expected: str, tmp_path:
     n.layer(type_, bottoms, tops, params, blobs=[np.zeros((3, 4, 1, 1), np.float32)] if type_ == "Convolution"
             else [])
     assert expected in convert_error(n, tmp_path)
+
+
+def test_an_input_shape_the_weights_do_not_fit_is_named(tmp_path: Path) -> None:
+    n = small_net()
+    n.inner_product("conv1", 5)
+    proto, weights = n.write(tmp_path)
+    with pytest.raises(HbError, match=r"needs \[5, 256\]") as info:
+        load_caffe(proto, weights, {"data": [1, 3, 8, 8]})
+    assert "input_shape sets 'data' 1x3x8x8 (the prototxt says 1x3x6x6)" in (info.value.hint or "")
+    assert load_caffe(proto, weights, {"data": [1, 3, 6, 6]}).graph.output[0].name == "fc3"

@@ -108,14 +108,25 @@ def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: S
     given = dict(input_shapes or {})
     if None in given and len(declared) == 1:
         given.setdefault(declared[0][0], given[None])
+    changed = []
     for blob, shape, where in declared:
-        net.add_input(blob, _input_shape(blob, shape, where, given.get(blob)))
+        used = _input_shape(blob, shape, where, given.get(blob))
+        if shape and shape != used:
+            changed.append(f"'{blob}' {'x'.join(map(str, used))} (the prototxt says {'x'.join(map(str, shape))})")
+        net.add_input(blob, used)
     for param in layers:
         if param.type in INPUT_LAYERS:
             continue
         layer = Layer(net, param, weights.get(param.name))
-        CONVERTERS[param.type](layer)
-        net.commit(layer)
+        try:
+            CONVERTERS[param.type](layer)
+            net.commit(layer)
+        except HbError as exc:
+            if changed and exc.hint is None:
+                # Weights sized for the declared shape are the usual reason a layer no longer fits.
+                exc.hint = (f"input_shape sets {', '.join(changed)}; the network's weights may only fit the "
+                            "shape it was trained with")
+            raise
     model = net.model()
     log.debug("caffe model converted to ONNX: %d layers -> %d nodes, inputs %s, outputs %s", len(layers),
              len(model.graph.node), [i.name for i in model.graph.input], [o.name for o in model.graph.output])
