@@ -218,7 +218,25 @@ def shared_weight_convolution() -> tuple[CaffeNet, list[str]]:
     return n, ["ca", "cb"]
 
 
+def ssd_normalize() -> tuple[CaffeNet, list[str]]:
+    """SSD's Normalize (conv4_3_norm): L2 over channels per position, or over everything; learned scale."""
+    n = CaffeNet(seed=12)
+    x = n.input("data", [2, 4, 3, 5])
+    gamma = n.rng.uniform(5, 20, 4).astype(np.float32)
+
+    def per_position(v: dict) -> None:
+        v["np"] = v[x] / np.sqrt((v[x] ** 2).sum(axis=1, keepdims=True) + 1e-10) * gamma.reshape(1, 4, 1, 1)
+
+    def across(v: dict) -> None:
+        v["na"] = v[x] / np.sqrt((v[x] ** 2).sum(axis=(1, 2, 3), keepdims=True) + 1e-3) * 20.0
+    n.layer("Normalize", [x], ["np"], "norm_param { across_spatial: false channel_shared: false "
+            "scale_filler { type: 'constant' value: 20 } }", [gamma], per_position)
+    n.layer("Normalize", [x], ["na"], "norm_param { eps: 0.001 }", [np.array([20.0], np.float32)], across)
+    return n, ["np", "na"]
+
+
 CASES: dict[str, Callable[[], tuple[CaffeNet, list[str]]]] = {
+    "ssd_normalize": ssd_normalize,
     "exp_log_bnll_threshold_argmax": exp_log_threshold_argmax,
     "shared_weight_convolution": shared_weight_convolution,
     "convolutions": convolutions,

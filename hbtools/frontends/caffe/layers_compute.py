@@ -372,6 +372,21 @@ def argmax(layer: Layer) -> None:
     layer.set_top(0, parts[0] if len(parts) == 1 else layer.node("Concat", parts, axis=1))
 
 
+def normalize(layer: Layer) -> None:
+    """SSD's L2 normalisation: x / sqrt(sum x^2 + eps) over the channels at each position (or over
+    C x H x W with across_spatial), times a learned scale (one value, or one per channel)."""
+    p = layer.param.norm_param
+    _, c, _, _ = _four_d(layer)
+    x = layer.bottom()
+    axes = [1, 2, 3] if p.across_spatial else [1]
+    total = layer.node("ReduceSum", [layer.node("Mul", [x, x]), layer.ints(axes, "axes")], keepdims=1)
+    norm = layer.node("Sqrt", [layer.node("Add", [total, layer.const(np.float32(p.eps), "eps")])])
+    y = layer.node("Div", [x, norm])
+    gamma = layer.weight(0, [1] if p.channel_shared else [c], "scale")
+    gamma = gamma.reshape([1] if p.channel_shared else [1, c, 1, 1])
+    layer.set_top(0, layer.node("Mul", [y, layer.const(gamma, "scale")]))
+
+
 def dropout(layer: Layer) -> None:
     p = layer.param.dropout_param
     if p.scale_train:  # Caffe scales at training time: inference passes values through
@@ -398,6 +413,7 @@ CONVERTERS: dict[str, Callable[[Layer], None]] = {
     "Log": log_,
     "Threshold": threshold,
     "ArgMax": argmax,
+    "Normalize": normalize,
     "ELU": elu,
     "Pooling": pooling,
     "Eltwise": eltwise,

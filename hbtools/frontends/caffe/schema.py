@@ -2,7 +2,7 @@
 
 Field names and numbers are those of the Caffe 1.0 format (they are what makes a
 ``.caffemodel`` readable); only the messages and fields a deploy network uses are
-listed. ``Permute`` comes from the widely used SSD branch, ``Upsample`` and
+listed. ``Permute`` and ``Normalize`` come from the widely used SSD branch, ``Upsample`` and
 ``Interp`` from the YOLO / SegNet and PSPNet / DeepLab branches: those branches
 disagree on the numbers of their layer-parameter fields, which does not matter
 here because layer parameters are read from the prototxt (by name) and weights
@@ -124,6 +124,7 @@ message LayerParameter {
   optional TanHParameter tanh_param = 127;
   optional ThresholdParameter threshold_param = 128;
   optional PermuteParameter permute_param = 202;
+  optional NormalizeParameter norm_param = 206;
   optional UpsampleParameter upsample_param = 149;
   optional InterpParameter interp_param = 2143;
 }
@@ -295,6 +296,13 @@ message MemoryDataParameter {
   optional uint32 channels = 2;
   optional uint32 height = 3;
   optional uint32 width = 4;
+}
+
+message NormalizeParameter {
+  optional bool across_spatial = 1 [default = true];
+  optional FillerParameter scale_filler = 2;
+  optional bool channel_shared = 3 [default = true];
+  optional float eps = 4 [default = 1e-10];
 }
 
 message PermuteParameter {
