@@ -145,15 +145,23 @@ def _simulator(model_file: str, model_name: str | None,
                input_file: str) -> tuple[Simulator, dict[str, np.ndarray]]:
     import numpy as np
 
+    from hbtools.runtime.binfile import read_bin
     from hbtools.runtime.rt_input import load_rt_file, random_rt_inputs
     from hbtools.runtime.runtime_model import open_model
     from hbtools.runtime.simulator import Simulator
 
+    if model_name is None:
+        names = read_bin(model_file).names
+        if len(names) > 1:
+            raise HbError(f"{model_file} is a packed file with {len(names)} models; choose one with --model_name "
+                          f"({', '.join(names)})")
     rm = open_model(model_file, model_name)
     files = [p.strip() for p in input_file.split(",") if p.strip()]
     if files and len(files) != len(rm.inputs):
+        # the board tool separates files with ',' only; ';' is the YAML config's separator
+        hint = "; separate the files with ',' (not ';')" if ";" in input_file else ""
         raise HbError(f"--input_file gives {len(files)} files; model '{rm.name}' has {len(rm.inputs)} inputs "
-                      f"({', '.join(d.name for d in rm.inputs)})")
+                      f"({', '.join(d.name for d in rm.inputs)}) in this order{hint}")
     if not files:
         log.info("no --input_file: running on random data")
         rng = np.random.default_rng(0)

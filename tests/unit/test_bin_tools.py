@@ -391,3 +391,27 @@ def test_hrt_model_exec_perf_and_profile(small, in_tmp) -> None:
     assert "BPU_resnet_subgraph_0" in doc["model_latency"] and "Preprocess" in doc["model_latency"]
     rows = (in_tmp / "prof" / "profiler.csv").read_text().splitlines()
     assert rows[0] == "name,avg_time(ms),max_time(ms),min_time(ms)" and len(rows) > 2
+
+
+def test_hrt_model_exec_says_which_option_to_fix(small, in_tmp) -> None:
+    """A packed file without --model_name said 'name the one you want' (how: not said); a ';'-separated
+    --input_file (the YAML's separator) was '1 files' with no word on the separator."""
+    invoke(hb_pack.main, [small[0].bin, small[1].bin, "-o", "both.bin"])
+    packed = invoke(hrt_model_exec.main, ["perf", "--model_file=both.bin", "--frame_count=1"])
+    assert packed.exit_code == 1 and "choose one with --model_name (resnet, mlp)" in packed.output
+    chosen = invoke(hrt_model_exec.main, ["infer", "--model_file=both.bin", "--model_name=mlp"])
+    assert chosen.exit_code == 0, chosen.output
+
+
+def test_hrt_model_exec_input_files_are_comma_separated(tmp_path, in_tmp) -> None:
+    from debug_support import two_inputs
+
+    built = build_bin(tmp_path / "two", two_inputs(), prefix="two",
+                      input_parameters={"mean_value": "120 116 104; None", "scale_value": "0.0078125; None"})
+    for d in open_model(built.bin).inputs:
+        random_rt_input(d, np.random.default_rng(0)).tofile(in_tmp / f"{d.name}.bin")
+    semicolon = invoke(hrt_model_exec.main, ["infer", f"--model_file={built.bin}", "--input_file=data.bin;feat.bin"])
+    assert semicolon.exit_code == 1
+    assert "2 inputs (data, feat) in this order; separate the files with ','" in semicolon.output
+    comma = invoke(hrt_model_exec.main, ["infer", f"--model_file={built.bin}", "--input_file=data.bin,feat.bin"])
+    assert comma.exit_code == 0, comma.output
