@@ -103,10 +103,14 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> N
             f"in input_parameters to convert for one sample, or write {batch} samples per file")
     if size != expected:
         picture = path.suffix.lower() in IMAGE_EXTENSIONS
+        # The commonest cause is the data type: say which one the size fits, if one does.
+        fits = [t for t in ("uint8", "float32", "int16", "float64") if t != dtype.name
+                and size == count * np.dtype(t).itemsize]
         raise HbError(
             f"{what} {path} has {size} bytes, expected {expected} bytes "
             f"(shape {spec.shape}, dtype {dtype}) for input '{spec.name}'"
-            + (": it is a picture, and calibration files are raw tensors" if picture else ""),
+            + (": it is a picture, and calibration files are raw tensors" if picture else "")
+            + (f"; its size fits dtype {fits[0]} (cal_data_type: {fits[0]})" if fits and not picture else ""),
             hint="set preprocess_on: True in calibration_parameters to read pictures (resized to the input "
             "shape), or convert them to raw tensors first" if picture else
             "Set cal_data_type (or end the folder name with _f32 for float32 data) to match how the files "

@@ -107,8 +107,10 @@ def test_wrong_size_names_file_bytes_and_dtype(tmp_path):
 def test_float_file_in_uint8_folder_is_caught(tmp_path):
     s = spec(tmp_path / "cal")
     write(tmp_path / "cal", {"a": samples(1, s.shape, np.float32)[0]})
-    with pytest.raises(HbError, match="288 bytes, expected 72 bytes"):
+    with pytest.raises(HbError, match="288 bytes, expected 72 bytes") as e:
         FolderCalibrationSource([s])
+    # the size fits float32: the message says so (it only said the byte counts)
+    assert "its size fits dtype float32 (cal_data_type: float32)" in str(e.value)
 
 
 def test_bad_npy_shape(tmp_path):
