@@ -45,10 +45,12 @@ def _per_input(
     if broadcast and len(values) == 1:
         return values * n
     single = " (or a single value for all inputs)" if broadcast else ""
+    # A featuremap or data_scale input has no mean: users leave it out instead of writing None.
+    skip = " ('None' for an input that takes none)" if key in ("mean_value", "scale_value") else ""
     raise group_error(
         group,
         f"'{key}' has {len(values)} value(s) but '{ref}' has {n}; give one "
-        f"value per input, in input_name order, separated by ';'{single}",
+        f"value per input, in input_name order, separated by ';'{single}{skip}",
     )
 
 

@@ -1185,6 +1185,31 @@ def test_count_mismatch_between_inputs(workdir: Path) -> None:
     )
 
 
+def test_mean_left_out_for_a_featuremap_says_how_to_skip_it(workdir: Path) -> None:
+    """An image + featuremap config giving the image's mean only was told 'one value per input' without
+    the way to give none."""
+    assert_error(
+        error_lines(
+            workdir,
+            {
+                "input_parameters": {
+                    "input_name": "img; feat",
+                    "input_type_train": "rgb; featuremap",
+                    "input_layout_train": "NCHW; NCHW",
+                    "input_type_rt": "nv12; featuremap",
+                    "input_shape": "1x3x224x224; 1x4x8x8",
+                    "norm_type": "data_mean_and_scale; no_preprocess",
+                    "scale_value": "0.017; None",
+                },
+                "calibration_parameters": {"cal_data_dir": "cal; cal2"},
+            },
+        ),
+        "input_parameters",
+        "'mean_value' has 1 value(s) but 'input_name' has 2",
+        "'None' for an input that takes none",
+    )
+
+
 def test_cal_data_dir_count_mismatch(workdir: Path) -> None:
     assert_error(
         error_lines(workdir, {"calibration_parameters": {"cal_data_dir": "cal; cal2"}}),
