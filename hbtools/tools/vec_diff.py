@@ -91,6 +91,11 @@ def compare(left: Path, right: Path) -> list[Row]:
                 raise HbError(f"cannot compare: {message}; give two dumps of the same tensor")
             log.warning("skipped: %s", message)
             continue
+        for path, values in ((lp, a), (rp, b)):
+            bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+            if bad:  # every metric of the row is then nan/inf; say where that comes from
+                log.warning("%s holds %d NaN/infinite value(s) of %d: its row is not a measure of agreement",
+                            path, bad, values.size)
         rows.append(Row(lp.name if folder else str(lp), rp.name if folder else str(rp), cosine_similarity(a, b),
                         relative_euclidean_distance(b, a), chebyshev(a, b), mse(a, b)))
     if not rows:

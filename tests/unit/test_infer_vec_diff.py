@@ -154,6 +154,13 @@ def test_vec_diff_files_and_formats(tmp_path: Path) -> None:
     assert result.exit_code == 1 and re.search(r"ERROR .*12 values.*5", result.output)
     assert diff("a.bin", "missing.bin").exit_code == 1
     assert diff("--version").exit_code == 0
+    # a dump with NaN gives a row of nan: the warning says which file and how many values (it was silent)
+    with_nan = a.copy()
+    with_nan[[2, 5]] = np.nan
+    with_nan.tofile("nan.bin")
+    result = diff("a.bin", "nan.bin")
+    assert result.exit_code == 0
+    assert re.search(r"WARNING nan\.bin holds 2 NaN/infinite value\(s\) of 12", result.output), result.output
 
 
 def test_vec_diff_folders_match_by_name(tmp_path: Path) -> None:
