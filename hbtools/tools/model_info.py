@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hbtools.march.layout import to_layout
 from hbtools.runtime.binfile import BinModel
 from hbtools.tools.modifier import INFO_TYPES, descriptor_scale, info_line, scale_lines
 
@@ -110,12 +111,24 @@ def _inputs(model: BinModel, cfg: dict) -> list[str]:
         lines += ["------", f"---------input info : {name} ---------"]
         for key, label in _INPUT_KEYS:
             value = ip.get(key) if key == "input_batch" else _per_input(ip.get(key), i)
+            if key == "input_shape" and _empty(value):
+                value = _shape_of(desc)  # read from the model at build time: the descriptor has it
             lines.append(_line(label, name if key == "input_name" else value))
         lines += [_line(label, _per_input(cp.get(key), i)) for key, label in _CAL_PER_INPUT
                   if not _empty(_per_input(cp.get(key), i))]
         lines += [f"---------input info : {name} end -------"]
     lines.append("------")
     return lines
+
+
+def _shape_of(desc: dict) -> str | None:
+    """The input's shape in input_layout_train, as the seed prints it (``1x3x512x512``)."""
+    shape, layout, train = desc.get("shape"), desc.get("layout"), desc.get("input_layout_train")
+    if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+        return None
+    if isinstance(layout, str) and isinstance(train, str) and sorted(layout) == sorted(train) == sorted("NCHW"):
+        shape = to_layout(shape, layout, train)
+    return "x".join(map(str, shape))
 
 
 def _input_source(model: BinModel, cc: dict) -> dict:

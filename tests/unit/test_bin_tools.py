@@ -415,3 +415,14 @@ def test_hrt_model_exec_input_files_are_comma_separated(tmp_path, in_tmp) -> Non
     assert "2 inputs (data, feat) in this order; separate the files with ','" in semicolon.output
     comma = invoke(hrt_model_exec.main, ["infer", f"--model_file={built.bin}", "--input_file=data.bin,feat.bin"])
     assert comma.exit_code == 0, comma.output
+
+
+def test_model_info_shows_the_input_shape_read_from_the_model(tmp_path, in_tmp) -> None:
+    """A config without input_shape printed 'input_shape : None'; the shape the model was built with is known."""
+    from builders import data_movement
+
+    built = build_bin(tmp_path / "dm", data_movement(h=8), prefix="dm",
+                      input_parameters={"input_shape": None, "input_layout_rt": "NHWC"})
+    info = invoke(hb_model_info.main, [built.bin])
+    assert info.exit_code == 0, info.output
+    assert re.search(r"^input_shape\s+: 1x3x8x8$", info.output, re.M), info.output  # train layout, not NHWC
