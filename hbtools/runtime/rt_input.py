@@ -119,9 +119,14 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
     suffix = path.suffix.lower()
     if suffix == ".npy":
         try:
-            return np.load(path, allow_pickle=False)
+            data = np.load(path, allow_pickle=False)
         except (ValueError, OSError) as e:
             raise HbError(f"'{path}' is not a readable .npy file: {e}") from None
+        # numpy's default float64 (np.ones, np.random.rand) for a float32 featuremap: converted, as
+        # HB_ONNXRuntime does; a raw file has no dtype to go by, so only .npy gets this
+        if not desc.is_image and desc.dtype == np.float32 and data.dtype in (np.float64, np.float16):
+            data = data.astype(np.float32)
+        return data
     if suffix in IMAGE_SUFFIXES:
         return image_to_rt(desc, path)
     raw = np.fromfile(path, dtype=rt_dtype(desc))

@@ -426,3 +426,21 @@ def test_model_info_shows_the_input_shape_read_from_the_model(tmp_path, in_tmp) 
     info = invoke(hb_model_info.main, [built.bin])
     assert info.exit_code == 0, info.output
     assert re.search(r"^input_shape\s+: 1x3x8x8$", info.output, re.M), info.output  # train layout, not NHWC
+
+
+def test_float64_npy_feeds_a_float32_featuremap(small, in_tmp) -> None:
+    """np.save of numpy's default float64 for a float32 featuremap was refused by hrt_model_exec and
+    hb_verifier ('takes float32 data, got float64'); HB_ONNXRuntime converts it, so do they now."""
+    desc = open_model(small[1].bin).inputs[0]
+    data = np.random.default_rng(2).standard_normal(desc.shape)
+    np.save(in_tmp / "f64.npy", data)
+    np.save(in_tmp / "f32.npy", data.astype(np.float32))
+    dumps = {}
+    for name in ("f64", "f32"):
+        ran = invoke(hrt_model_exec.main, ["infer", f"--model_file={small[1].bin}", f"--input_file={name}.npy",
+                                           "--enable_dump=True", "--dump_format=npy", f"--dump_path={name}"])
+        assert ran.exit_code == 0, ran.output
+        [dumps[name]] = [np.load(p) for p in (in_tmp / name).glob("*.npy")]
+    np.testing.assert_array_equal(dumps["f64"], dumps["f32"])
+    verified = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},{small[1].bin}", "-i", "f64.npy"])
+    assert PASSED in verified.output, verified.output
