@@ -603,3 +603,86 @@ def _bilinear_factor(node: NodeProto, view: GraphView) -> int | None:
     if scales is not None and scales.size and not np.allclose(scales.reshape(-1), [1, 1, factor, factor]):
         return None  # scales not whole: half-pixel coordinates use the scale, not the size ratio
     return factor
+
+
+def einsums_as_matmuls(model: ModelProto) -> int:
+    """A two-operand Einsum that is a batched matrix product (``torch.einsum`` in attention code:
+    ``bhdn,bhdm->bhnm``, ``bnc,ck->bnk``) as Transpose, Reshape, MatMul, Reshape, Transpose: the BPU has a
+    MatMul, no Einsum. Each letter must be a batch axis (in both operands and the output), a contracted
+    one (in both operands only) or a free one (in one operand and the output), of static size; the
+    others (a trace, a sum over one operand's axis, an ellipsis) stay as they are. Returns how many."""
+    view = GraphView(model)
+    count = 0
+    nodes: list[NodeProto] = []
+    for node in model.graph.node:
+        new = _einsum_matmul(node, view, model) if node.op_type == "Einsum" and len(node.input) == 2 else None
+        if new is None:
+            nodes.append(node)
+            continue
+        nodes.extend(new)
+        count += 1
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return count
+
+
+def _einsum_matmul(node: NodeProto, view: GraphView, model: ModelProto) -> list[NodeProto] | None:
+    equation = view.attrs(node).get("equation", b"")
+    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    if "->" not in equation or "." in equation:
+        return None
+    ins, out = equation.split("->")
+    terms = ins.split(",")
+    shapes = [view.shapes.get(i) for i in node.input]
+    if len(terms) != 2 or any(s is None or len(s) != len(t) or any(not isinstance(d, int) or d <= 0 for d in s)
+                              for s, t in zip(shapes, terms, strict=True)):
+        return None
+    a, b = terms
+    if any(len(set(t)) != len(t) for t in (a, b, out)) or not set(out) <= set(a) | set(b):
+        return None
+    size = {c: d for t, s in zip(terms, shapes, strict=True) for c, d in zip(t, s, strict=True)}
+    if any(size[c] != d for t, s in zip(terms, shapes, strict=True) for c, d in zip(t, s, strict=True)):
+        return None  # a broadcast size-1 axis: left to onnxruntime
+    batch = [c for c in out if c in a and c in b]
+    free_a = [c for c in out if c in a and c not in b]
+    free_b = [c for c in out if c in b and c not in a]
+    inner = [c for c in a if c in b and c not in out]
+    if len(batch) + len(free_a) + len(inner) != len(a) or len(batch) + len(free_b) + len(inner) != len(b):
+        return None  # a letter summed over one operand only
+
+    new: list[NodeProto] = []
+    hint = node.name or node.output[0]
+
+    def const(value: list[int], tag: str) -> str:
+        name = f"{hint}_{tag}"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+        return name
+
+    def op(op_type: str, inputs: list[str], tag: str, **attrs: object) -> str:
+        out_name = f"{hint}_{tag}"
+        new.append(helper.make_node(op_type, inputs, [out_name], name=f"{hint}/{tag}", **attrs))
+        return out_name
+
+    def prod(letters: list[str]) -> int:
+        return int(np.prod([size[c] for c in letters], dtype=np.int64))
+
+    def arrange(x: str, term: str, order: list[str], rows: list[str], cols: list[str], tag: str) -> str:
+        perm = [term.index(c) for c in order]
+        if perm != list(range(len(perm))):
+            x = op("Transpose", [x], f"{tag}_t", perm=perm)
+        return op("Reshape", [x, const([size[c] for c in batch] + [prod(rows), prod(cols)], f"{tag}_s")],
+                  f"{tag}_r")
+
+    left = arrange(node.input[0], a, batch + free_a + inner, free_a, inner, "a")
+    right = arrange(node.input[1], b, batch + inner + free_b, inner, free_b, "b")
+    product = op("MatMul", [left, right], "mm")
+    natural = batch + free_a + free_b
+    perm = [natural.index(c) for c in out]
+    if perm == list(range(len(perm))):
+        new.append(helper.make_node("Reshape", [product, const([size[c] for c in natural], "o_s")], [node.output[0]],
+                                    name=node.name))
+    else:
+        shaped = op("Reshape", [product, const([size[c] for c in natural], "o_s")], "o_r")
+        new.append(helper.make_node("Transpose", [shaped], [node.output[0]], name=node.name, perm=perm))
+    return new

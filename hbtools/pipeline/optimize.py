@@ -67,6 +67,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     contrib = expand_contrib_ops(body)
     if contrib:
         log.info("%d onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse", contrib)
+    # Before onnxruntime folds constants: a weight operand's Transpose and Reshape become the weight.
+    einsums = bpu_forms.einsums_as_matmuls(body)
+    if einsums:
+        log.info("%d Einsums written as MatMuls", einsums)
     expandable = _function_ops(body)
     body = _onnxruntime_basic(body)
     if expandable - {n.op_type for n in body.graph.node if n.domain in ("", "ai.onnx")}:

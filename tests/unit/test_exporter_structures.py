@@ -287,3 +287,28 @@ def test_an_ir3_model_with_initializers_not_among_its_inputs_converts(tmp_path: 
     want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
+
+
+def test_einsum_attention_runs_on_the_bpu(tmp_path: Path) -> None:
+    """``torch.einsum`` in attention code exports Einsum nodes of two activations (``bhdn,bhdm->bhnm``,
+    then the weighted sum ``bhnm,bhdm->bhdn``) and of an activation and a weight: they ran on the CPU
+    (no BPU Einsum). They are written as Transpose / Reshape / MatMul with the same numbers."""
+    rng = np.random.default_rng(21)
+    inits = [_init("shape", np.array([1, 2, 4, 16], np.int64)), _init("half", np.float32(0.5)),
+             _init("w", (rng.standard_normal((4, 6)) / 2).astype(np.float32))]
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["t"]),
+             helper.make_node("Einsum", ["t", "t"], ["s"], equation="bhdn,bhdm->bhnm"),
+             helper.make_node("Mul", ["s", "half"], ["scaled"]),
+             helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+             helper.make_node("Einsum", ["p", "t"], ["o"], equation="bhnm,bhdm->bhdn"),
+             helper.make_node("Einsum", ["o", "w"], ["y"], equation="bhdn,dk->bnhk")]
+    model = _model(nodes, [("x", F, [1, 8, 4, 4])], [("y", F, [1, 16, 2, 6])], inits, opset=13)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 8, 4, 4])}, "1x8x4x4", "float32", "m")
+    assert "3 Einsums written as MatMuls" in out
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    x = {"x": rng.standard_normal((1, 8, 4, 4)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    optimized = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_optimized_float_model.onnx")).run(None, x)[0]
+    assert np.abs(optimized - want).max() <= 1e-4 * np.abs(want).max()
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
