@@ -81,7 +81,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     # onnxruntime inlines function ops (HardSwish from opset 14, ...) into unnamed nodes;
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
-    _no_op_casts_removed(body)
+    _no_ops_removed(body)
     _sums_as_adds(body)
     unroll_recurrences(body, placed, everything=all_bpu)  # those whose weights onnxruntime has folded now
     unrolled = recurrent - _recurrent_nodes(body)
@@ -265,20 +265,21 @@ def _onnxruntime_basic(model: ModelProto) -> ModelProto:
     return optimized
 
 
-def _no_op_casts_removed(model: ModelProto) -> None:
-    """Drop each Cast to the type its input already has (what a float16 export's Casts become once the
-    parse stage computes the model in float32), also where it makes a graph output: onnxruntime keeps
-    that one, and a Cast has no BPU form, so it held the nodes before it on the CPU beside it. The
-    producer writes the Cast's output instead, where the Cast is the only reader."""
+def _no_ops_removed(model: ModelProto) -> None:
+    """Drop each node that hands its input on unchanged, also where it makes a graph output (onnxruntime
+    keeps those, and neither has a BPU form, so it held the nodes before it on the CPU beside it): a Cast
+    to the type its input already has (what a float16 export's Casts become once the parse stage
+    computes the model in float32) and an inference Dropout whose mask nobody reads. The producer writes
+    the node's output instead, where the node is its only reader."""
     while True:
         view = GraphView(model)
-        types, outputs = view.elem_types, set(view.graph_outputs)
+        outputs = set(view.graph_outputs)
         for node in model.graph.node:
-            if node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or not node.input:
+            if node.domain not in ("", "ai.onnx") or not node.input or not _hands_on(node, view):
                 continue
             src = node.input[0]
             producer = view.producer.get(src)
-            if types.get(src) != view.attrs(node).get("to") or producer is None or src in outputs \
+            if producer is None or src in outputs \
                     or sum(src in references(n) for n in model.graph.node) != 1:  # sub-graphs read by name too
                 continue
             producer.output[list(producer.output).index(src)] = node.output[0]
@@ -286,6 +287,18 @@ def _no_op_casts_removed(model: ModelProto) -> None:
             break
         else:
             return
+
+
+def _hands_on(node: NodeProto, view: GraphView) -> bool:
+    """Whether ``node`` outputs its first input unchanged (see ``_no_ops_removed``)."""
+    if node.op_type == "Cast":
+        return view.elem_types.get(node.input[0]) == view.attrs(node).get("to")
+    if node.op_type == "Dropout":
+        mask_read = len(node.output) > 1 and node.output[1] and (
+            node.output[1] in view.consumers or node.output[1] in view.graph_outputs)
+        training = node.input[2] if len(node.input) > 2 else ""
+        return not mask_read and (not training or (view.is_const(training) and not view.const(training).any()))
+    return False
 
 
 def _sums_as_adds(model: ModelProto) -> None:

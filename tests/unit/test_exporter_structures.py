@@ -312,3 +312,20 @@ def test_einsum_attention_runs_on_the_bpu(tmp_path: Path) -> None:
     assert np.abs(optimized - want).max() <= 1e-4 * np.abs(want).max()
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
+
+
+def test_an_inference_dropout_that_makes_the_output_runs_on_the_bpu(tmp_path: Path) -> None:
+    """A Dropout (training_mode False) that makes the graph output, as Keras and Paddle exports end a
+    classifier: onnxruntime keeps it there, and it stayed on the CPU, with the nodes before it."""
+    rng = np.random.default_rng(22)
+    inits = [_init("w", (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32)),
+             _init("ratio", np.float32(0.5)), _init("training", np.array(False))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Dropout", ["s", "ratio", "training"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 8, 8, 8])], inits)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
