@@ -4,7 +4,8 @@ A model saved after onnxruntime's extended optimizations (``ORT_ENABLE_EXTENDED`
 ``optimized_model_filepath``, or ``onnxruntime.transformers.optimizer``) has its convolutions
 and activations fused into ``com.microsoft`` ops: ``FusedConv`` (Conv + activation, + a
 residual), ``FusedGemm``, ``FusedMatMul`` (MatMul with transposes and a scale), and the GELU
-family (``Gelu``, ``BiasGelu``, ``FastGelu``, ``QuickGelu``, which is also what SiLU becomes).
+family (``Gelu``, ``BiasGelu``, ``FastGelu``, ``QuickGelu``, which is also what SiLU becomes), and
+a transformer's residual and layer norm into ``SkipLayerNormalization``.
 onnx's shape inference knows none of them, and the BPU profile has no kernels for them: a
 YOLOv8 saved that way ran its every SiLU on the CPU. Written back as standard ops, each has its
 shape, its BPU form, and its place in the rewrites that follow (activation tables, layer norms).
@@ -31,7 +32,9 @@ class _Writer:
     def const(self, value: float | np.ndarray) -> str:
         name = f"{self.node.name}_c{self.count}"
         self.count += 1
-        self.model.graph.initializer.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+        value = np.asarray(value)
+        value = value if value.dtype == np.int64 else value.astype(np.float32)
+        self.model.graph.initializer.append(numpy_helper.from_array(value, name))
         return name
 
     def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: object) -> str:
@@ -117,6 +120,30 @@ def _gelu(w: _Writer, x: str, out: str, approximate: bool) -> None:
     w.op("Mul", [w.op("Mul", [x, w.const(0.5)]), w.op("Add", [core, w.const(1.0)])], out)
 
 
+def _skip_layer_norm(w: _Writer, a: dict, opset: int) -> None:
+    """input + skip (+ bias), its sum as the fourth output, then the layer norm over the last axis in the
+    spelled-out form ``hbtools.graph.layer_norm`` makes one HzLayerNorm of."""
+    node = w.node
+    ins = list(node.input) + [""] * (5 - len(node.input))
+    total = node.output[3] if len(node.output) > 3 and node.output[3] else None
+    s = w.op("Add", ins[:2], None if ins[4] else total)
+    if ins[4]:
+        s = w.op("Add", [s, ins[4]], total)
+
+    def mean(t: str) -> str:
+        if opset >= 18:
+            return w.op("ReduceMean", [t, w.const(np.array([-1], np.int64))])
+        return w.op("ReduceMean", [t], axes=[-1])
+
+    d = w.op("Sub", [s, mean(s)])
+    var = mean(w.op("Mul", [d, d]))
+    y = w.op("Div", [d, w.op("Sqrt", [w.op("Add", [var, w.const(float(a.get("epsilon", 1e-12)))])])])
+    if ins[3]:
+        w.op("Add", [w.op("Mul", [y, ins[2]]), ins[3]], node.output[0])
+    else:
+        w.op("Mul", [y, ins[2]], node.output[0])
+
+
 def _expand(node: NodeProto, model: ModelProto, view: GraphView) -> list[NodeProto] | None:
     a = _attrs(node)
     w = _Writer(model, node)
@@ -132,6 +159,10 @@ def _expand(node: NodeProto, model: ModelProto, view: GraphView) -> list[NodePro
         if len(node.input) > 1 and node.input[1]:  # BiasGelu's and FastGelu's bias
             x = w.op("Add", [x, node.input[1]])
         _gelu(w, x, out, approximate=node.op_type == "FastGelu")
+        done = True
+    elif node.op_type == "SkipLayerNormalization":
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        _skip_layer_norm(w, a, opset)
         done = True
     elif node.op_type == "QuickGelu":
         alpha = float(a.get("alpha", 1.702))
@@ -152,7 +183,9 @@ def expand_contrib_ops(model: ModelProto) -> int:
     nodes: list[NodeProto] = []
     count = 0
     for node in model.graph.node:
-        used_extra = any(o and (o in view.consumers or o in view.graph_outputs) for o in node.output[1:])
+        skip_sum = node.op_type == "SkipLayerNormalization"  # its fourth output, the residual sum, is written
+        extra = [o for k, o in enumerate(node.output) if k and not (k == 3 and skip_sum)]
+        used_extra = any(o and (o in view.consumers or o in view.graph_outputs) for o in extra)
         new = _expand(node, model, view) if node.domain == CONTRIB_DOMAIN and not used_extra else None
         if new is None:
             nodes.append(node)

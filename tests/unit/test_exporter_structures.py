@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conformance import convert_featuremaps
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
@@ -327,5 +328,32 @@ def test_an_inference_dropout_that_makes_the_output_runs_on_the_bpu(tmp_path: Pa
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
     want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_onnxruntimes_skip_layer_norm_runs_on_the_bpu(opset: int, tmp_path: Path) -> None:
+    """onnxruntime's transformer optimizer joins a residual Add and the LayerNorm after it into
+    SkipLayerNormalization, whose fourth output (the sum) feeds the next residual: it ran on the CPU. It is
+    written as the Adds and a layer norm (one HzLayerNorm), on the BPU."""
+    rng = np.random.default_rng(23)
+    inits = [_init("w", (rng.standard_normal((16, 16)) / 4).astype(np.float32)),
+             _init("g", (1 + 0.1 * rng.standard_normal(16)).astype(np.float32)),
+             _init("b", (0.1 * rng.standard_normal(16)).astype(np.float32)),
+             _init("bias", np.full(16, 0.1, np.float32))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("SkipLayerNormalization", ["x", "h", "g", "b", "bias"], ["n", "", "", "sum"],
+                              domain="com.microsoft", epsilon=1e-5),
+             helper.make_node("MatMul", ["n", "w"], ["m"]), helper.make_node("Add", ["m", "sum"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 8, 16])], [("y", F, [1, 8, 16])], inits, opset=opset,
+                   domains=[("com.microsoft", 1)])
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 8, 16])}, "1x8x16", "float32", "m")
+    assert "1 layer normalizations written as one HzLayerNorm node each" in out
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    x = {"x": rng.standard_normal((1, 8, 16)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    optimized = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_optimized_float_model.onnx")).run(None, x)[0]
+    assert np.abs(optimized - want).max() <= 1e-4 * np.abs(want).max()
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
