@@ -84,7 +84,11 @@ def _run(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
     for c in bad:
         _statistics(c)
     if bad:
-        raise HbError(f"Quanti onnx and Sim result Strict check FAILED ({', '.join(c.name for c in bad)})")
+        other = result.other_weights
+        hint = (f"the .bin holds other constants than {onnx_files[0]} ({len(other)}, e.g. '{other[0]}'): were the two "
+                f"built by the same makertbin run?") if other else None
+        raise HbError(f"Quanti onnx and Sim result Strict check FAILED ({', '.join(c.name for c in bad)})",
+                      hint=hint)
     log.info("Quanti onnx and Sim result Strict check PASSED")
 
 

@@ -10,12 +10,13 @@ removed by hb_model_modifier is compared on the tensors that became its outputs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from onnx import ModelProto, helper
 
+from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
 from hbtools.runtime.binfile import read_bin
@@ -96,6 +97,9 @@ def runtime_inputs(rm: RuntimeModel, images: list[str] | None) -> dict[str, np.n
         name, sep, path = item.partition(":")
         if sep and name in names:
             given[name] = path
+        elif sep and not Path(item).exists():  # 'name:file' with a name the model lacks (not a path with ':')
+            raise HbError(f"-i names input '{name}', which the model does not have"
+                          f"{closest_names(name, names)}; its inputs are {names}")
         elif k < len(names):
             given[names[k]] = item
         else:
@@ -145,6 +149,15 @@ class Verification:
     nodes: list[Comparison]  # every shared intermediate tensor (dump_all only)
     onnx_values: dict[str, np.ndarray]
     sim_values: dict[str, np.ndarray]
+    other_weights: list[str] = field(default_factory=list)  # constants that differ between the two models
+
+
+def differing_constants(quantized: ModelProto, rm: RuntimeModel) -> list[str]:
+    """Initializers both models have under one name but with other values: the .bin then holds another
+    build's quantized model (another calibration, other weights), not the one given."""
+    ours = {t.name: t for t in rm.graph.graph.initializer}
+    return [t.name for t in quantized.graph.initializer
+            if t.name in ours and t.SerializeToString() != ours[t.name].SerializeToString()]
 
 
 def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None, digits: int,
@@ -181,7 +194,8 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
                    if rm.batch > 1 else items[0][k] for k, name in enumerate(shared)}
     outputs = [compare(n, onnx_values[n], sim_values[n], digits) for n in output_names]
     nodes = [compare(n, onnx_values[n], sim_values[n], digits) for n in shared] if dump_all else []
-    return Verification(outputs, nodes, onnx_values, {n: sim_values[n] for n in shared})
+    return Verification(outputs, nodes, onnx_values, {n: sim_values[n] for n in shared},
+                        differing_constants(quantized, rm))
 
 
 def save_dumps(result: Verification, folder: Path) -> Path:

@@ -444,3 +444,28 @@ def test_float64_npy_feeds_a_float32_featuremap(small, in_tmp) -> None:
     np.testing.assert_array_equal(dumps["f64"], dumps["f32"])
     verified = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},{small[1].bin}", "-i", "f64.npy"])
     assert PASSED in verified.output, verified.output
+
+
+def test_verifier_names_another_builds_bin(small, tmp_path, in_tmp) -> None:
+    """The quantized ONNX of one run with the .bin of another (same model, other calibration) failed the strict
+    check with no hint why; the hint now says their constants differ."""
+    other = build_bin(tmp_path / "other", "resnet_like", prefix="resnet", input_parameters={"input_type_rt": "nv12"},
+                      calibration_parameters={"calibration_type": "max", "max_percentile": 0.5})
+    result = invoke(hb_verifier.main, ["-m", f"{small[0].quantized},{other.bin}"])
+    assert result.exit_code == 1 and "Strict check FAILED" in result.output
+    assert re.search(r"ERROR the \.bin holds other constants than .* were the two built by the same makertbin run",
+                     result.output), result.output
+    same = invoke(hb_verifier.main, ["-m", f"{other.quantized},{other.bin}"])
+    assert PASSED in same.output
+
+
+def test_verifier_input_named_wrong_gets_the_closest_name(small, in_tmp) -> None:
+    """-i with a name the model lacks said 'more input files than model inputs' (or looked for a file
+    called 'name:path'); it now names the input and the closest ones."""
+    desc = open_model(small[1].bin).inputs[0]
+    np.zeros(desc.shape, np.float32).tofile(in_tmp / "x.bin")
+    result = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},{small[1].bin}", "-i", f"{desc.name}x:x.bin"])
+    assert result.exit_code == 1
+    assert f"-i names input '{desc.name}x', which the model does not have (closest: '{desc.name}')" in result.output
+    result = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},{small[1].bin}", "-i", f"{desc.name}:x.bin"])
+    assert PASSED in result.output, result.output
