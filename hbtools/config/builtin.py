@@ -22,6 +22,7 @@ from onnx import ModelProto
 
 from hbtools.config.loader import config_from_dict
 from hbtools.config.model import Config
+from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
 from hbtools.march.profiles import get_profile
@@ -65,7 +66,8 @@ def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one
     shapes: dict[str, list[int]] = {}
     for name, text in given:
         if name not in declared:
-            raise HbError(f"{option} names '{name}', which is not an input of the model; its inputs are "
+            raise HbError(f"{option} names '{name}', which is not an input of the model"
+                          f"{closest_names(name, declared)}; its inputs are "
                           f"{', '.join(declared)}")
         shape = parse_shape(text, name, option)
         if len(shape) != len(declared[name]):

@@ -15,6 +15,7 @@ from onnx import ModelProto, TensorProto, helper, version_converter
 
 from hbtools.config.inputs import check_even_size, check_input_channels, check_input_source
 from hbtools.config.model import Config, InputSpec
+from hbtools.config.values import closest_names
 from hbtools.errors import HbError, last_line
 from hbtools.graph import precision
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes, topological_sort
@@ -290,7 +291,8 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
                 raise HbError("input_name is required for a model with several inputs", hint=f"model inputs: {names}")
             name = names[k]
         if name not in graph_inputs:
-            raise HbError(f"input_name '{name}' is not an input of the model; its inputs are {names}")
+            raise HbError(f"input_name '{name}' is not an input of the model{closest_names(name, names)}; "
+                          f"its inputs are {names}")
         model_shape = _dims(graph_inputs[name])
         shape = spec.shape or model_shape
         if spec.shape and len(spec.shape) != len(model_shape):

@@ -153,6 +153,8 @@ BAD = [
      [r"no_such_dir", r"does not exist"]),
     ("input_name_not_in_model", _set(input_parameters={"input_name": "image"}), None,
      [r"'image'", r"not an input of the model", r"data"]),
+    ("input_name_misspelt", _set(input_parameters={"input_name": "dat"}), None,
+     [r"'dat' is not an input of the model \(closest: 'data'\)"]),
     ("dynamic_input_without_shape", lambda p: (_write_model(_dynamic_model())(p),
                                               p.write(input_parameters={"input_shape": None})), None,
      [r"dynamic", r"input_shape"]),
