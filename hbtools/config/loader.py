@@ -260,19 +260,21 @@ def _snapshot(cfg: Config, groups: dict[str, dict[str, Any]]) -> dict[str, dict[
     }
 
 
-def load_config(path: str | Path, model_type: str = "onnx") -> Config:
+def load_config(path: str | Path, model_type: str = "onnx", *, cal_data: bool = True) -> Config:
     """Read, validate and normalise a makertbin YAML config.
 
     ``model_type`` is the ``--model-type`` of the command ("onnx" or "caffe"); it
-    decides which model-file parameters are required. Raises ``ConfigError``.
+    decides which model-file parameters are required. ``cal_data`` False: the
+    command reads no calibration data (``hb_mapper infer``), so the cal_data_dir
+    folders need not exist. Raises ``ConfigError``.
     """
     yaml_path = Path(os.path.abspath(Path(path).expanduser()))
     raw = read_yaml(yaml_path)
-    return config_from_dict(raw, model_type, yaml_path.parent, yaml_path=yaml_path)
+    return config_from_dict(raw, model_type, yaml_path.parent, yaml_path=yaml_path, cal_data=cal_data)
 
 
 def config_from_dict(raw: dict[Any, Any], model_type: str, base: Path, *,
-                     yaml_path: Path | None = None) -> Config:
+                     yaml_path: Path | None = None, cal_data: bool = True) -> Config:
     """Validate and normalise a config given as the YAML's mapping; paths are relative to ``base``.
 
     The built-in configs of ``hb_mapper checker`` and ``makertbin --fast-perf`` come
@@ -283,7 +285,8 @@ def config_from_dict(raw: dict[Any, Any], model_type: str, base: Path, *,
     mp, ip, cp, cc, co = (groups[g] for g in GROUPS)
     model = _model(mp, cp, model_type, base)
     inputs = build_inputs(ip, cp, _cal_dirs(cp, base), model.march)
-    _check_cal_dirs(inputs, cp["calibration_type"], base)
+    if cal_data:
+        _check_cal_dirs(inputs, cp["calibration_type"], base)
     calibration = CalibrationParameters(
         calibration_type=cp["calibration_type"],
         max_percentile=cp.get("max_percentile"),

@@ -89,7 +89,8 @@ def _arrange(data: np.ndarray, spec: InputSpec, model_shape: list[int | None], l
 def infer(config_path: str | Path, model_file: str | Path, model_type: str, images: Sequence[tuple[str, str]],
           output_dir: str | Path, input_layout: str | None = None) -> list[Path]:
     """Run ``model_file`` on ``images`` (input name, file) and write its layer results into ``output_dir``."""
-    config = load_config(config_path, model_type)
+    # infer reads the given files only: the calibration folders may be gone (artefacts copied elsewhere)
+    config = load_config(config_path, model_type, cal_data=False)
     custom.register_from_config(config.custom_op.op_register_files)  # the model may use custom CPU ops
     model = load_model(model_file)
     specs = {s.name: s for s in _specs(config, model)}

@@ -206,3 +206,21 @@ def test_layer_out_dump_bin_dumps_its_conv_layers_like_the_quantized_model(tmp_p
     CliRunner().invoke(hrt_model_exec.main, ["infer", f"--model_file={plain.artefact('bin')}", "--enable_dump=true",
                                              "--dump_path=plain_out"], catch_exceptions=False)
     assert not list(Path("plain_out").glob("*_float.bin"))
+
+
+def test_infer_needs_no_calibration_folder(tmp_path: Path) -> None:
+    """infer reads only its --image-file, yet refused to start when the config's cal_data_dir was gone
+    (artefacts and config copied to another machine)."""
+    import shutil
+
+    project = _converted(tmp_path / "p", "bayes-e", layer_out_dump=False)
+    sample = tmp_path / "sample.bin"
+    shutil.copy(project.root / "cal_data" / "000.bin", sample)
+    before = infer(project, "quantized", "before")
+    shutil.rmtree(project.root / "cal_data")
+    result = CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
+                                            str(project.artefact("quantized")), "--image-file", "data", str(sample),
+                                            "--output-dir", "after"], catch_exceptions=False)
+    assert before.exit_code == 0 and result.exit_code == 0, result.output
+    [name] = [p.name for p in Path("before").iterdir()]
+    np.testing.assert_array_equal(read_vector(Path("before") / name), read_vector(Path("after") / name))
