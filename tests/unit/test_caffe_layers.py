@@ -320,6 +320,17 @@ def test_in_place_layers_names_and_outputs(tmp_path: Path) -> None:
     assert model.graph.output[1].name == layer_names[-1]  # the in-place ReLU on "main"
 
 
+def test_every_unread_top_of_a_split_is_an_output(tmp_path: Path) -> None:
+    """Caffe's outputs are the blobs nothing reads: both tops of a Split (one tensor in ONNX) count."""
+    n = CaffeNet(seed=16)
+    c = n.conv(n.input("data", [1, 3, 4, 4]), 3, 1)
+    n.layer("Split", [c], ["s1", "s2"], step=lambda v: v.update(s1=v[c], s2=v[c]))
+    n.layer("Dropout", [c], ["d"], step=lambda v: v.__setitem__("d", v[c]))
+    model = check(n, tmp_path, ["s1", "s2", "d"])
+    names = [o.name for o in model.graph.output]
+    assert len(set(names)) == 3 and names[1:] == ["s2", "d"], names
+
+
 def test_phase_rules_drop_training_layers(tmp_path: Path) -> None:
     n = CaffeNet(seed=14)
     x = n.input("data", [1, 3, 4, 4])

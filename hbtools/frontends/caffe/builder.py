@@ -120,10 +120,21 @@ class Net:
 
     def outputs(self) -> list[onnx.ValueInfoProto]:
         graph_inputs = {vi.name for vi in self.inputs}
-        # Identity layers (Split, Dropout) alias tensors: two unread blobs can be one tensor.
-        tensors = dict.fromkeys(self.blobs[blob] for blob in self.available)
-        return [helper.make_tensor_value_info(t, TensorProto.FLOAT, self.shapes[t])
-                for t in tensors if t not in graph_inputs]
+        outs: list[str] = []
+        for blob in self.available:
+            tensor = self.blobs[blob]
+            if tensor in graph_inputs:
+                continue
+            if tensor in outs:
+                # Identity layers (Split, Dropout) alias tensors: two unread blobs can be one tensor.
+                # Caffe outputs both, and ONNX outputs need distinct names: the copy is an Identity.
+                copy = self.unique(blob)
+                self.nodes.append(helper.make_node("Identity", [tensor], [copy],
+                                                   name=self.unique(f"{blob}_output", self.node_names)))
+                self.shapes[copy] = self.shapes[tensor]
+                tensor = copy
+            outs.append(tensor)
+        return [helper.make_tensor_value_info(t, TensorProto.FLOAT, self.shapes[t]) for t in outs]
 
     def model(self) -> onnx.ModelProto:
         outputs = self.outputs()
