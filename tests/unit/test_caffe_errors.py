@@ -197,3 +197,15 @@ def test_an_input_shape_the_weights_do_not_fit_is_named(tmp_path: Path) -> None:
         load_caffe(proto, weights, {"data": [1, 3, 8, 8]})
     assert "input_shape sets 'data' 1x3x8x8 (the prototxt says 1x3x6x6)" in (info.value.hint or "")
     assert load_caffe(proto, weights, {"data": [1, 3, 6, 6]}).graph.output[0].name == "fc3"
+
+
+def test_blobs_the_prototxt_does_not_use(tmp_path: Path) -> None:
+    """bias_term: false in an edited prototxt while the caffemodel holds the trained bias: Caffe refuses
+    the pair, and converting without the bias would give other numbers."""
+    n = small_net()
+    proto, weights = n.write(tmp_path)
+    proto.write_text(proto.read_text().replace("bias_term: true", "bias_term: false"))
+    with pytest.raises(HbError, match=r"'convolution2' \(type Convolution\): the caffemodel has 2 blob\(s\) for it, "
+                                      r"but its prototxt parameters use 1") as info:
+        load_caffe(proto, weights)
+    assert "bias_term" in (info.value.hint or "")

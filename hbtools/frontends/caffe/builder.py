@@ -72,6 +72,13 @@ class Net:
             raise layer.fail(f"has {len(tops)} top blobs but makes {made}; the extra top "
                              f"'{layer.param.top[made]}' is never written",
                              hint="remove the extra top from the prototxt")
+        if len(layer.blobs) > layer.blobs_read:
+            # Caffe refuses this too ("Incompatible number of blobs"): a trained blob would be dropped.
+            raise layer.fail(f"the caffemodel has {len(layer.blobs)} blob(s) for it, but its prototxt parameters "
+                             f"use {layer.blobs_read}; trained values would be left out",
+                             hint="check parameters that change the blob count (bias_term: false while the "
+                                  "weights hold a bias, ...) and that the prototxt and the caffemodel belong "
+                                  "together")
         self._infer(layer)
         self._name_nodes(layer, set(tops))
         self.nodes.extend(layer.nodes)
@@ -161,6 +168,7 @@ class Layer:
         self.nodes: list[onnx.NodeProto] = []
         self.consts: list[onnx.TensorProto] = []
         self.tops: dict[int, str] = {}
+        self.blobs_read = 0  # how many of the caffemodel's blobs the parameters call for
 
     def fail(self, message: str, hint: str | None = None) -> HbError:
         return HbError(f"caffe layer '{self.name}' (type {self.type}): {message}", hint=hint)
@@ -230,6 +238,7 @@ class Layer:
         return outputs[0]
 
     def weights(self, count: int, what: str = "weight") -> list[np.ndarray]:
+        self.blobs_read = max(self.blobs_read, count)
         if len(self.blobs) < count:
             found = (f"has {len(self.blobs)} blob(s) for it, no {what} blob (number {count})" if self.blobs
                      else "has no weights for it")
