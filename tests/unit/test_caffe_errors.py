@@ -209,3 +209,20 @@ def test_blobs_the_prototxt_does_not_use(tmp_path: Path) -> None:
                                       r"but its prototxt parameters use 1") as info:
         load_caffe(proto, weights)
     assert "bias_term" in (info.value.hint or "")
+
+
+def test_a_blob_of_the_right_size_but_another_shape(tmp_path: Path) -> None:
+    """A 1x9 kernel is not a 3x3 one, and a transposed InnerProduct matrix is not the matrix: Caffe
+    compares blob shapes, not only their sizes."""
+    n = small_net()
+    proto, weights = n.write(tmp_path)
+    proto.write_text(proto.read_text().replace("kernel_size: 3", "kernel_h: 1 kernel_w: 9").replace("pad: 1", "pad: 0"))
+    with pytest.raises(HbError, match=r"weight blob has shape \[4, 3, 3, 3\] \(108 values\) but the layer needs "
+                                      r"\[4, 3, 1, 9\]"):
+        load_caffe(proto, weights)
+    m = CaffeNet(seed=23)
+    m.inner_product(m.input("data", [1, 6]), 4)
+    proto, weights = m.write(tmp_path / "ip")
+    proto.write_text(proto.read_text().replace("transpose: false", "transpose: true"))
+    with pytest.raises(HbError, match=r"weight blob has shape \[4, 6\] \(24 values\) but the layer needs \[6, 4\]"):
+        load_caffe(proto, weights)

@@ -250,7 +250,11 @@ class Layer:
     def weight(self, index: int, shape: list[int], what: str) -> np.ndarray:
         """Blob ``index`` in ``shape`` (Caffe compares element counts: legacy blobs are 4-D)."""
         blob = self.weights(index + 1, what)[index]
-        if blob.size != int(np.prod(shape)):
+        # Sizes of 1 aside (legacy blobs are 4-D, a scalar may be [] or [1]), the shapes must agree as in
+        # Caffe: an equal count alone would read a 9x1 kernel as 3x3 or a transposed matrix as it is.
+        if blob.size != int(np.prod(shape)) or [d for d in blob.shape if d != 1] != [d for d in shape if d != 1]:
             raise self.fail(f"{what} blob has shape {list(blob.shape)} ({blob.size} values) but the layer "
-                            f"needs {shape} for its input shape {self.in_shape(0)}")
+                            f"needs {shape} for its input shape {self.in_shape(0)}",
+                            hint="check that the prototxt and the caffemodel belong to the same network "
+                                 "(kernel, num_output, transpose, group ...)")
         return blob.reshape(shape)

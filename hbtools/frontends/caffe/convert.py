@@ -122,10 +122,10 @@ def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: S
             CONVERTERS[param.type](layer)
             net.commit(layer)
         except HbError as exc:
-            if changed and exc.hint is None:
+            if changed:
                 # Weights sized for the declared shape are the usual reason a layer no longer fits.
                 exc.hint = (f"input_shape sets {', '.join(changed)}; the network's weights may only fit the "
-                            "shape it was trained with")
+                            "shape it was trained with" + (f". Otherwise: {exc.hint}" if exc.hint else ""))
             raise
     model = net.model()
     log.debug("caffe model converted to ONNX: %d layers -> %d nodes, inputs %s, outputs %s", len(layers),
