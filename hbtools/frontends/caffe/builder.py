@@ -72,6 +72,12 @@ class Net:
             raise layer.fail(f"has {len(tops)} top blobs but makes {made}; the extra top "
                              f"'{layer.param.top[made]}' is never written",
                              hint="remove the extra top from the prototxt")
+        for blob in layer.param.top:
+            if blob in self.blobs and blob not in layer.param.bottom:
+                # Caffe stops here ("produced by multiple sources"); going on would silently lose the first.
+                raise layer.fail(f"top '{blob}' is already produced by an earlier layer or input",
+                                 hint="give the top its own name; a blob is only rewritten in place when the "
+                                      "layer also reads it (bottom and top the same)")
         if len(layer.blobs) > layer.blobs_read:
             # Caffe refuses this too ("Incompatible number of blobs"): a trained blob would be dropped.
             raise layer.fail(f"the caffemodel has {len(layer.blobs)} blob(s) for it, but its prototxt parameters "
