@@ -172,6 +172,8 @@ def test_a_data_layer_needs_an_input_shape(tmp_path: Path) -> None:
     (("Pooling", ["conv1"], ["p"], "pooling_param { pool: MAX kernel_size: 2 pad: 2 }"), "must be smaller"),
     (("Convolution", ["conv1"], ["c"], "convolution_param { num_output: 3 kernel_size: 1 group: 2 }"),
      "group 2 does not divide"),
+    (("Pooling", ["conv1", "data"], ["p"], "pooling_param { pool: MAX kernel_size: 2 }"),
+     "has 2 bottom blobs but reads 1; the extra bottom 'data' is not used"),
     (("ReLU", ["data"], ["conv1"], ""), "top 'conv1' is already produced by an earlier layer"),
     (("ReLU", ["conv1"], ["r1", "r2"], ""), "has 2 top blobs but makes 1; the extra top 'r2' is never written"),
     (("Convolution", ["conv1", "data"], ["c"], "convolution_param { num_output: 3 kernel_size: 1 bias_term: false }"),

@@ -72,6 +72,11 @@ class Net:
             raise layer.fail(f"has {len(tops)} top blobs but makes {made}; the extra top "
                              f"'{layer.param.top[made]}' is never written",
                              hint="remove the extra top from the prototxt")
+        if layer.bottoms_read < len(layer.param.bottom):
+            # Caffe checks each layer's bottom count; an ignored bottom would vanish without a word.
+            raise layer.fail(f"has {len(layer.param.bottom)} bottom blobs but reads {layer.bottoms_read}; the "
+                             f"extra bottom '{layer.param.bottom[layer.bottoms_read]}' is not used",
+                             hint="remove the extra bottom from the prototxt")
         for blob in layer.param.top:
             if blob in self.blobs and blob not in layer.param.bottom:
                 # Caffe stops here ("produced by multiple sources"); going on would silently lose the first.
@@ -175,6 +180,7 @@ class Layer:
         self.consts: list[onnx.TensorProto] = []
         self.tops: dict[int, str] = {}
         self.blobs_read = 0  # how many of the caffemodel's blobs the parameters call for
+        self.bottoms_read = 0  # how many bottoms the converter used
 
     def fail(self, message: str, hint: str | None = None) -> HbError:
         return HbError(f"caffe layer '{self.name}' (type {self.type}): {message}", hint=hint)
@@ -182,6 +188,7 @@ class Layer:
     def bottom(self, i: int = 0) -> str:
         if i >= len(self.param.bottom):
             raise self.fail(f"needs at least {i + 1} bottom blob(s), has {len(self.param.bottom)}")
+        self.bottoms_read = max(self.bottoms_read, i + 1)
         blob = self.param.bottom[i]
         if blob not in self.net.blobs:
             raise self.fail(f"bottom '{blob}' is not produced by any earlier layer or input")

@@ -49,7 +49,8 @@ def split(layer: Layer) -> None:
 
 
 def silence(layer: Layer) -> None:
-    del layer  # consumes its bottoms, produces nothing
+    for i in range(len(layer.param.bottom)):  # consumes its bottoms, produces nothing
+        layer.bottom(i)
 
 
 def flatten(layer: Layer) -> None:
@@ -156,6 +157,8 @@ def interp(layer: Layer) -> None:
     n, c, h, w = _four_d(layer)
     if p.pad_beg or p.pad_end:
         raise layer.fail("pad_beg / pad_end are not supported")
+    if len(layer.param.bottom) > 1:
+        layer.in_shape(1)  # the size reference; the explicit parameters below win over it
     zoom, shrink = p.HasField("zoom_factor"), p.HasField("shrink_factor")
     if shrink and not zoom:
         out = [(h - 1) // p.shrink_factor + 1, (w - 1) // p.shrink_factor + 1]
