@@ -261,7 +261,7 @@ class Layer:
         return self.blobs
 
     def weight(self, index: int, shape: list[int], what: str) -> np.ndarray:
-        """Blob ``index`` in ``shape`` (Caffe compares element counts: legacy blobs are 4-D)."""
+        """Blob ``index`` in ``shape``; sizes of 1 may differ (legacy blobs are 4-D), nothing else."""
         blob = self.weights(index + 1, what)[index]
         # Sizes of 1 aside (legacy blobs are 4-D, a scalar may be [] or [1]), the shapes must agree as in
         # Caffe: an equal count alone would read a 9x1 kernel as 3x3 or a transposed matrix as it is.
