@@ -71,6 +71,13 @@ def check_source_model(model: ModelProto, path: str | Path) -> None:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
+        bare = [vi.name for vi in [*model.graph.input, *model.graph.output]
+                if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
+        if bare:  # the parse stage gives outputs the shapes inference finds: these have none it can find
+            names = ", ".join(f"'{n}'" for n in bare) + (" is" if len(bare) == 1 else " are")
+            raise HbError(f"'{path}' fails the ONNX checker: {names} declared without a shape, and shape "
+                          "inference cannot find one", hint="declare their rank in the model (sizes may be "
+                          "names, e.g. ['batch', 'boxes', 4]), or export it with its output shapes") from exc
         raise HbError(f"'{path}' fails the ONNX checker: {first}") from exc
     finally:
         stand_down(model)

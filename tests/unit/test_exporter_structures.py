@@ -357,3 +357,20 @@ def test_onnxruntimes_skip_layer_norm_runs_on_the_bpu(opset: int, tmp_path: Path
     assert np.abs(optimized - want).max() <= 1e-4 * np.abs(want).max()
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
+
+
+def test_an_output_without_a_shape_inference_cannot_find_is_named(tmp_path: Path) -> None:
+    """An output declared without a shape after an op onnx cannot infer (an onnxruntime contrib op): the
+    ERROR was onnx's 'Field 'shape' of 'type' is required but missing'; it now names the output and says
+    how to declare it."""
+    import onnx
+    from conformance import INTERNAL, _cli
+
+    nodes = [helper.make_node("Inverse", ["x"], ["y"], domain="com.microsoft")]
+    model = _model(nodes, [("x", F, [1, 2, 4, 4])], [("y", F, None)], domains=[("com.microsoft", 1)])
+    onnx.save(model, tmp_path / "m.onnx")
+    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", str(tmp_path / "m.onnx")],
+                     tmp_path)
+    assert code != 0 and INTERNAL not in out, out[-2000:]
+    assert "'y' is declared without a shape, and shape inference cannot find one" in out, out[-2000:]
+    assert "declare their rank in the model" in out
