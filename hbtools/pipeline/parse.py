@@ -7,26 +7,20 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 import onnx
-from onnx import ModelProto, TensorProto, helper, version_converter
+from onnx import ModelProto, TensorProto, helper
 
 from hbtools.config.inputs import check_even_size, check_input_channels, check_input_source
 from hbtools.config.model import Config, InputSpec
 from hbtools.config.values import closest_names
-from hbtools.errors import HbError, last_line
-from hbtools.graph import precision
-from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes, topological_sort
+from hbtools.errors import HbError
+from hbtools.graph import precision, shape_trial, source_repairs
+from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes
 from hbtools.graph.model_io import (
-    ORT_EARLY_OPS,
     check_source_model,
-    default_opset,
-    early_ops,
     load_model,
-    stand_down,
-    stand_in,
     with_horizon_domain,
 )
 from hbtools.ops.preprocess import featuremap_normalisation, make_preprocess_node
@@ -35,7 +29,6 @@ from hbtools.quant.qdq import activation_pairs, integer_ops, strip_qdq
 log = logging.getLogger("hbtools")
 
 MAX_OUTPUTS = 32
-MIN_WORKING_OPSET = 11  # the lowering of Hz ops needs Clip with tensor bounds and Round
 
 
 @dataclass
@@ -53,16 +46,16 @@ def preprocess_node_name(input_name: str) -> str:
 def run(config: Config, *, checking: bool = False) -> ParseResult:
     """``checking`` (hb_mapper checker): a QDQ model is parsed as calibration_type load would parse it."""
     model, path = load_source_model(config)
-    _ordered_and_typed(model)
+    source_repairs.ordered_and_typed(model)
     check_source_model(model, path)
     others = precision.other_floats(model)
     if others:
         log.info("the model computes in %s; converting it to float32 (calibration measures float32 values)",
                  " and ".join(others))
         model = precision.to_float32(model)
-    model = _working_opset(model)
-    _initializers_not_inputs(model)
-    _unique_node_names(model)
+    model = source_repairs.working_opset(model)
+    source_repairs.initializers_not_inputs(model)
+    source_repairs.unique_node_names(model)
     name_unnamed_nodes(model)
     load = config.calibration.calibration_type == "load"
     if not load and _already_quantized(model, config, checking):
@@ -83,7 +76,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
                                    "model allows it")
     if config.model.output_nodes:
         _set_outputs(model, config.model.output_nodes)
-    _tensor_outputs(model)
+    source_repairs.tensor_outputs(model)
     if len(model.graph.output) > MAX_OUTPUTS:
         raise HbError(f"the model has {len(model.graph.output)} outputs; at most {MAX_OUTPUTS} are supported",
                       hint="use output_nodes to select the outputs you need")
@@ -91,61 +84,11 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     model = _infer(model)
     source = copy.deepcopy(model)
     if any(declared.get(s.name) != s.shape for s in inputs):  # input_shape overrides what the model says
-        _dry_run(source, inputs, declared)
+        shape_trial.dry_run(source, inputs, declared)
     _insert_preprocess(model, inputs)
     model = _infer(model)
     onnx.checker.check_model(model)
     return ParseResult(model, source, inputs, loaded)
-
-
-def _ordered_and_typed(model: ModelProto) -> None:
-    """Encodings onnxruntime runs but onnx's checker refuses, made valid: nodes listed out of order
-    (hand-edited or merged graphs) are sorted, a graph output declared without a shape (what
-    onnx-graphsurgeon or ``make_tensor_value_info(name, type, None)`` write for an added output) gets
-    the shape inference gives it, and an IR-3 model with initializers that are not graph inputs (an
-    old export saved again by onnxruntime's optimizer, which adds folded weights) is IR 4, as the
-    later stages make every model."""
-    inputs = {i.name for i in model.graph.input}
-    if model.ir_version < 4 and any(t.name not in inputs for t in model.graph.initializer):
-        model.ir_version = 4
-    try:
-        topological_sort(model)
-    except ValueError:
-        return  # a cycle or a dangling input: the checker names it
-    bare = [o for o in model.graph.output
-            if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
-    if not bare:
-        return
-    try:
-        typed = {o.name: o.type for o in infer_shapes(copy.deepcopy(model)).graph.output}
-    except (onnx.shape_inference.InferenceError, ValueError):
-        return  # the checker or onnxruntime says what is wrong
-    for o in bare:
-        if o.name in typed and typed[o.name].tensor_type.HasField("shape"):
-            o.type.CopyFrom(typed[o.name])
-
-
-def _unique_node_names(model: ModelProto) -> None:
-    """Nodes that share a name (graphs merged or edited by hand) get unique ones: onnxruntime refuses the
-    model otherwise, and node_info, the node table and the debugger key on names. The first keeps it."""
-    taken = {n.name for n in model.graph.node if n.name}
-    seen: set[str] = set()
-    renamed: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        if not node.name:
-            continue
-        if node.name not in seen:
-            seen.add(node.name)
-            continue
-        k = 1
-        while f"{node.name}_{k}" in taken:
-            k += 1
-        renamed.setdefault(node.name, []).append(f"{node.name}_{k}")
-        node.name = f"{node.name}_{k}"
-        taken.add(node.name)
-    for name, new in renamed.items():
-        log.warning("%d nodes are named '%s'; the others are renamed %s (node_info and the debugger take these "
-                    "names)", len(new) + 1, name, ", ".join(new))
 
 
 def _already_quantized(model: ModelProto, config: Config, checking: bool) -> bool:
@@ -192,82 +135,6 @@ def load_source_model(config: Config) -> tuple[ModelProto, Path]:
         return load_caffe(m.prototxt, m.caffe_model, shapes), m.caffe_model
     log.info("Using onnx model file: %s", m.onnx_model)
     return load_model(m.onnx_model), m.onnx_model
-
-
-def _working_opset(model: ModelProto) -> ModelProto:
-    """The model at an opset every pass works at: 11 at least, and the opset that defines each op
-    onnxruntime ran before it (``ORT_EARLY_OPS``: its LayerNormalization in an opset-13 model is the
-    opset-17 op; the ONNX checker and the artefacts need the opset that has it)."""
-    opset = default_opset(model)
-    early = early_ops(model)
-    target = max([MIN_WORKING_OPSET, *(ORT_EARLY_OPS[n.op_type] for n in early)])
-    if opset >= target:
-        return model
-    log.info("converting the model from opset %d to %d", opset, target)
-    resizes = _old_resizes(model)
-    stand_in(model, early)  # the converter has no schema for them at the model's opset: they pass as they are
-    try:
-        converted = version_converter.convert_version(model, target)
-    except Exception as exc:  # the converter raises plain RuntimeErrors
-        raise HbError(f"cannot convert the model from opset {opset} to {target}: {exc}") from exc
-    finally:
-        stand_down(model)
-    stand_down(converted)
-    _keep_old_resize_meaning(converted, resizes)
-    return converted
-
-
-def _old_resizes(model: ModelProto) -> list[tuple[str, np.ndarray | None]]:
-    """(mode, constant scales or None) of every Resize / Upsample of an opset-10-or-older model, in order."""
-    view = GraphView(model)
-    constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
-                 if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
-    found = []
-    for node in model.graph.node:
-        if node.op_type not in ("Resize", "Upsample"):
-            continue
-        attrs = view.attrs(node)
-        scales = attrs.get("scales")  # Upsample before opset 9 has them as an attribute
-        if scales is None and len(node.input) > 1:
-            scales = view.const(node.input[1]) if view.is_const(node.input[1]) else constants.get(node.input[1])
-        mode = attrs.get("mode", b"nearest")
-        found.append((mode.decode() if isinstance(mode, bytes) else mode,
-                      None if scales is None else np.asarray(scales, dtype=np.float64)))
-    return found
-
-
-def _keep_old_resize_meaning(model: ModelProto, resizes: list[tuple[str, np.ndarray | None]]) -> None:
-    """Spell out what a Resize / Upsample meant before opset 11, which onnx's converter leaves to the new
-    defaults (half_pixel): source pixels at ``x / scale``, the nearest one found as onnxruntime does (the
-    one below when enlarging, above when shrinking). Bilinear upsampling of opset-10 exports otherwise
-    moved by half a pixel (output cosine 0.87 against the source model)."""
-    converted = [n for n in model.graph.node if n.op_type == "Resize"]
-    if len(converted) != len(resizes):  # the converter keeps the nodes in order (it renames some outputs)
-        log.warning("%d Resize / Upsample nodes became %d after the opset conversion; their coordinate mode "
-                    "is left as converted", len(resizes), len(converted))
-        return
-    for node, (mode, scales) in zip(converted, resizes, strict=True):
-        kept = [a for a in node.attribute if a.name not in ("coordinate_transformation_mode", "nearest_mode")]
-        extra = {"coordinate_transformation_mode": "asymmetric"}
-        if mode == "nearest":
-            shrinks = scales is not None and bool(np.all(scales <= 1.0)) and bool(np.any(scales < 1.0))
-            extra["nearest_mode"] = "ceil" if shrinks else "floor"
-        del node.attribute[:]
-        node.attribute.extend(kept)
-        node.attribute.extend(helper.make_attribute(k, v) for k, v in extra.items())
-
-
-def _initializers_not_inputs(model: ModelProto) -> None:
-    """Weights listed among the graph inputs (IR 3 required it; Caffe2 and old exporters did it) are
-    constants here: once a pass folds or drops one, its input entry would otherwise become a real
-    input that nobody feeds (ONNX's own 'light' SqueezeNet, VGG and DenseNet stopped that way)."""
-    # From IR 4 on, initializers need not be inputs: the constants later stages add (folded
-    # Constant nodes, requantization factors) would otherwise be unfed inputs too.
-    model.ir_version = max(model.ir_version, 4)
-    inits = {t.name for t in model.graph.initializer}
-    kept = [vi for vi in model.graph.input if vi.name not in inits]
-    del model.graph.input[:]
-    model.graph.input.extend(kept)
 
 
 def _dims(vi) -> list[int | None]:
@@ -337,88 +204,6 @@ def _check_not_transposed(name: str, given: list[int], model_shape: list[int | N
                           hint=f"input_shape is in the model's own layout: give {text}")
 
 
-def _dry_run(model: ModelProto, inputs: list[InputSpec], declared: dict[str, list[int | None]]) -> None:
-    """Run the model once on zeros, so an input_shape it cannot take stops here with its name (and the inputs
-    whose fixed sizes in the model it changed, ``declared``)."""
-    import numpy as np
-
-    from hbtools.runtime.session import make_session
-
-    inits = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for vi in model.graph.input:
-        if vi.name not in inits:
-            dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-            feeds[vi.name] = np.zeros([d.dim_value for d in vi.type.tensor_type.shape.dim], dtype=dtype)
-    shapes = ", ".join(f"{s.name} {'x'.join(map(str, s.shape)) or 'scalar'}" for s in inputs)
-    try:
-        session = make_session(model)
-    except HbError:
-        raise
-    except Exception as e:  # onnxruntime's exception types are not importable
-        if _loads_with_declared_shapes(model, declared):
-            raise HbError(f"onnxruntime takes the model only while the input sizes it leaves open stay open; with "
-                          f"them fixed ({shapes}), as conversion needs, it refuses it: {last_line(e)}",
-                          hint="the model changes its own structure with its input sizes (e.g. an If that "
-                               "squeezes a dimension only when it is 1, from a scripted export); export it with "
-                               "fixed input sizes (a traced export without dynamic axes) and convert that") from None
-        _cannot_run(e, inputs, declared, shapes)
-    try:
-        session.run(None, feeds)
-    except HbError:
-        raise
-    except Exception as e:
-        _cannot_run(e, inputs, declared, shapes)
-
-
-def _cannot_run(error: Exception, inputs: list[InputSpec], declared: dict[str, list[int | None]],
-                shapes: str) -> NoReturn:
-    changed = [f"'{s.name}' is {'x'.join('?' if d is None else str(d) for d in declared[s.name])}"
-               for s in inputs if s.name in declared and any(
-                   d is not None and d != g for d, g in zip(declared[s.name], s.shape, strict=False))]
-    hint = "check input_shape (it is in the model's own layout and must fit its layers)"
-    if changed:
-        hint = (f"input_shape changes sizes the model fixes ({'; '.join(changed)} in the model): give those "
-                f"shapes, and check that input_name lists the inputs in the order of the other input "
-                f"parameters")
-    raise HbError(f"the model cannot run with the input shapes {shapes}: {last_line(error)}", hint=hint) from None
-
-
-def _loads_with_declared_shapes(model: ModelProto, declared: dict[str, list[int | None]]) -> bool:
-    """Whether onnxruntime takes ``model`` once its inputs have the sizes the source model declared (open
-    sizes named again), its inferred shapes forgotten."""
-    from hbtools.runtime.session import make_session
-
-    loose = copy.deepcopy(model)
-    _forget_inferred(loose.graph)
-    for vi in loose.graph.input:
-        dims = declared.get(vi.name)
-        if dims is None or len(dims) != len(vi.type.tensor_type.shape.dim):
-            continue
-        for k, (d, size) in enumerate(zip(vi.type.tensor_type.shape.dim, dims, strict=True)):
-            d.Clear()
-            if size is None:
-                d.dim_param = f"{vi.name}_dim{k}"
-            else:
-                d.dim_value = size
-    for out in loose.graph.output:
-        for d in out.type.tensor_type.shape.dim:
-            d.Clear()
-    try:
-        make_session(loose)
-    except Exception:  # noqa: BLE001 - any failure: the fixed shapes are not the only problem
-        return False
-    return True
-
-
-def _forget_inferred(graph: onnx.GraphProto) -> None:
-    del graph.value_info[:]
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                _forget_inferred(sub)
-
-
 def _fix_input_shapes(model: ModelProto, inputs: list[InputSpec]) -> None:
     shapes = {s.name: s.shape for s in inputs}
     for vi in model.graph.input:
@@ -432,25 +217,6 @@ def _fix_input_shapes(model: ModelProto, inputs: list[InputSpec]) -> None:
         # Keep the rank (the checker needs a shape) but forget stale sizes.
         for d in out.type.tensor_type.shape.dim:
             d.Clear()
-
-
-def _tensor_outputs(model: ModelProto) -> None:
-    """A runtime model hands back tensors: an output that is a sequence or a map (scikit-learn exports'
-    ZipMap of class probabilities) is refused here, with the tensors to end the model at instead, not
-    after calibration when the .bin is written."""
-    view = GraphView(model)
-    for out in model.graph.output:
-        if out.type.HasField("tensor_type"):
-            continue
-        kind = (out.type.WhichOneof("value") or "untyped").replace("_type", "")
-        maker = view.producer.get(out.name)
-        made = f" (made by {maker.op_type} '{maker.name}')" if maker is not None else ""
-        instead = [o.name for o in model.graph.output if o.type.HasField("tensor_type")]
-        instead += [i for i in (maker.input if maker is not None else []) if i and not view.is_const(i)]
-        hint = (f"end the model at tensors with output_nodes in model_parameters, e.g. output_nodes: "
-                f"'{';'.join(dict.fromkeys(instead))}'") if instead else "export the model with tensor outputs"
-        raise HbError(f"output '{out.name}' is a {kind}, not a tensor{made}; a runtime model's outputs are tensors",
-                      hint=hint)
 
 
 def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:

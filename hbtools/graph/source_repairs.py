@@ -1,0 +1,170 @@
+"""Repairs the parse stage makes to a user's model before anything else reads it.
+
+Encodings that onnxruntime runs but onnx's checker or the later stages refuse are made
+valid here, each the same model in a form the rest of the pipeline takes: nodes out of
+order, outputs without a shape, duplicate node names, weights listed as inputs, opsets
+older than the passes work at (with what old Resize / Upsample meant), and outputs that
+are not tensors (refused with the tensors to end at instead).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import numpy as np
+import onnx
+from onnx import ModelProto, helper, version_converter
+
+from hbtools.errors import HbError
+from hbtools.graph.graph import GraphView, infer_shapes, topological_sort
+from hbtools.graph.model_io import ORT_EARLY_OPS, default_opset, early_ops, stand_down, stand_in
+
+log = logging.getLogger("hbtools")
+
+MIN_WORKING_OPSET = 11  # the lowering of Hz ops needs Clip with tensor bounds and Round
+
+
+def ordered_and_typed(model: ModelProto) -> None:
+    """Encodings onnxruntime runs but onnx's checker refuses, made valid: nodes listed out of order
+    (hand-edited or merged graphs) are sorted, a graph output declared without a shape (what
+    onnx-graphsurgeon or ``make_tensor_value_info(name, type, None)`` write for an added output) gets
+    the shape inference gives it, and an IR-3 model with initializers that are not graph inputs (an
+    old export saved again by onnxruntime's optimizer, which adds folded weights) is IR 4, as the
+    later stages make every model."""
+    inputs = {i.name for i in model.graph.input}
+    if model.ir_version < 4 and any(t.name not in inputs for t in model.graph.initializer):
+        model.ir_version = 4
+    try:
+        topological_sort(model)
+    except ValueError:
+        return  # a cycle or a dangling input: the checker names it
+    bare = [o for o in model.graph.output
+            if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
+    if not bare:
+        return
+    try:
+        typed = {o.name: o.type for o in infer_shapes(copy.deepcopy(model)).graph.output}
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return  # the checker or onnxruntime says what is wrong
+    for o in bare:
+        if o.name in typed and typed[o.name].tensor_type.HasField("shape"):
+            o.type.CopyFrom(typed[o.name])
+
+
+def unique_node_names(model: ModelProto) -> None:
+    """Nodes that share a name (graphs merged or edited by hand) get unique ones: onnxruntime refuses the
+    model otherwise, and node_info, the node table and the debugger key on names. The first keeps it."""
+    taken = {n.name for n in model.graph.node if n.name}
+    seen: set[str] = set()
+    renamed: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if not node.name:
+            continue
+        if node.name not in seen:
+            seen.add(node.name)
+            continue
+        k = 1
+        while f"{node.name}_{k}" in taken:
+            k += 1
+        renamed.setdefault(node.name, []).append(f"{node.name}_{k}")
+        node.name = f"{node.name}_{k}"
+        taken.add(node.name)
+    for name, new in renamed.items():
+        log.warning("%d nodes are named '%s'; the others are renamed %s (node_info and the debugger take these "
+                    "names)", len(new) + 1, name, ", ".join(new))
+
+
+def working_opset(model: ModelProto) -> ModelProto:
+    """The model at an opset every pass works at: 11 at least, and the opset that defines each op
+    onnxruntime ran before it (``ORT_EARLY_OPS``: its LayerNormalization in an opset-13 model is the
+    opset-17 op; the ONNX checker and the artefacts need the opset that has it)."""
+    opset = default_opset(model)
+    early = early_ops(model)
+    target = max([MIN_WORKING_OPSET, *(ORT_EARLY_OPS[n.op_type] for n in early)])
+    if opset >= target:
+        return model
+    log.info("converting the model from opset %d to %d", opset, target)
+    resizes = _old_resizes(model)
+    stand_in(model, early)  # the converter has no schema for them at the model's opset: they pass as they are
+    try:
+        converted = version_converter.convert_version(model, target)
+    except Exception as exc:  # the converter raises plain RuntimeErrors
+        raise HbError(f"cannot convert the model from opset {opset} to {target}: {exc}") from exc
+    finally:
+        stand_down(model)
+    stand_down(converted)
+    _keep_old_resize_meaning(converted, resizes)
+    return converted
+
+
+def _old_resizes(model: ModelProto) -> list[tuple[str, np.ndarray | None]]:
+    """(mode, constant scales or None) of every Resize / Upsample of an opset-10-or-older model, in order."""
+    view = GraphView(model)
+    constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
+                 if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    found = []
+    for node in model.graph.node:
+        if node.op_type not in ("Resize", "Upsample"):
+            continue
+        attrs = view.attrs(node)
+        scales = attrs.get("scales")  # Upsample before opset 9 has them as an attribute
+        if scales is None and len(node.input) > 1:
+            scales = view.const(node.input[1]) if view.is_const(node.input[1]) else constants.get(node.input[1])
+        mode = attrs.get("mode", b"nearest")
+        found.append((mode.decode() if isinstance(mode, bytes) else mode,
+                      None if scales is None else np.asarray(scales, dtype=np.float64)))
+    return found
+
+
+def _keep_old_resize_meaning(model: ModelProto, resizes: list[tuple[str, np.ndarray | None]]) -> None:
+    """Spell out what a Resize / Upsample meant before opset 11, which onnx's converter leaves to the new
+    defaults (half_pixel): source pixels at ``x / scale``, the nearest one found as onnxruntime does (the
+    one below when enlarging, above when shrinking). Bilinear upsampling of opset-10 exports otherwise
+    moved by half a pixel (output cosine 0.87 against the source model)."""
+    converted = [n for n in model.graph.node if n.op_type == "Resize"]
+    if len(converted) != len(resizes):  # the converter keeps the nodes in order (it renames some outputs)
+        log.warning("%d Resize / Upsample nodes became %d after the opset conversion; their coordinate mode "
+                    "is left as converted", len(resizes), len(converted))
+        return
+    for node, (mode, scales) in zip(converted, resizes, strict=True):
+        kept = [a for a in node.attribute if a.name not in ("coordinate_transformation_mode", "nearest_mode")]
+        extra = {"coordinate_transformation_mode": "asymmetric"}
+        if mode == "nearest":
+            shrinks = scales is not None and bool(np.all(scales <= 1.0)) and bool(np.any(scales < 1.0))
+            extra["nearest_mode"] = "ceil" if shrinks else "floor"
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        node.attribute.extend(helper.make_attribute(k, v) for k, v in extra.items())
+
+
+def initializers_not_inputs(model: ModelProto) -> None:
+    """Weights listed among the graph inputs (IR 3 required it; Caffe2 and old exporters did it) are
+    constants here: once a pass folds or drops one, its input entry would otherwise become a real
+    input that nobody feeds (ONNX's own 'light' SqueezeNet, VGG and DenseNet stopped that way)."""
+    # From IR 4 on, initializers need not be inputs: the constants later stages add (folded
+    # Constant nodes, requantization factors) would otherwise be unfed inputs too.
+    model.ir_version = max(model.ir_version, 4)
+    inits = {t.name for t in model.graph.initializer}
+    kept = [vi for vi in model.graph.input if vi.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+
+
+def tensor_outputs(model: ModelProto) -> None:
+    """A runtime model hands back tensors: an output that is a sequence or a map (scikit-learn exports'
+    ZipMap of class probabilities) is refused here, with the tensors to end the model at instead, not
+    after calibration when the .bin is written."""
+    view = GraphView(model)
+    for out in model.graph.output:
+        if out.type.HasField("tensor_type"):
+            continue
+        kind = (out.type.WhichOneof("value") or "untyped").replace("_type", "")
+        maker = view.producer.get(out.name)
+        made = f" (made by {maker.op_type} '{maker.name}')" if maker is not None else ""
+        instead = [o.name for o in model.graph.output if o.type.HasField("tensor_type")]
+        instead += [i for i in (maker.input if maker is not None else []) if i and not view.is_const(i)]
+        hint = (f"end the model at tensors with output_nodes in model_parameters, e.g. output_nodes: "
+                f"'{';'.join(dict.fromkeys(instead))}'") if instead else "export the model with tensor outputs"
+        raise HbError(f"output '{out.name}' is a {kind}, not a tensor{made}; a runtime model's outputs are tensors",
+                      hint=hint)
