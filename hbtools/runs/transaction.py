@@ -60,10 +60,30 @@ def artefact_transaction(working_dir: Path) -> Iterator[Path]:
             with _signals_deferred():  # Ctrl-C between commit and the last move would leave a mixed set
                 _commit(staging)
                 _roll_forward(staging, working_dir)
-        except BaseException:
+        except BaseException as exc:
             if not (staging / _COMMITTED).exists():
                 shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError) and _is_staging_write(exc, staging):
+                raise _staging_error(exc, working_dir) from None
             raise
+
+
+def _is_staging_write(exc: OSError, staging: Path) -> bool:
+    """Whether ``exc`` came from writing the artefacts (a full disk names no file on ``write``)."""
+    if exc.filename is None:
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+    return str(exc.filename).startswith(str(staging))
+
+
+def _staging_error(exc: OSError, working_dir: Path) -> ResourceError:
+    # The user never sees the staging folder: name working_dir, and say why a disk that held the
+    # previous set may not hold the next one (both are on disk until the new set replaces the old).
+    fix = None
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = ("the disk is full; the new artefacts are written next to the previous ones before they replace "
+               "them, so working_dir needs room for both: free some space or choose another working_dir")
+    named = OSError(exc.errno, exc.strerror, str(working_dir))
+    return os_error(named, "cannot write the artefacts in working_dir", fix)
 
 
 def recover(working_dir: Path) -> None:

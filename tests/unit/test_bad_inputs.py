@@ -741,3 +741,20 @@ def test_a_bare_command_group_prints_its_help(tool: str, tmp_path: Path, monkeyp
     monkeypatch.chdir(tmp_path)
     code, output = run_tool(tool, [])
     assert code == 0 and "Usage:" in output and "ERROR" not in output, output
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+def test_a_full_disk_names_working_dir_and_keeps_the_previous_set(tmp_path: Path) -> None:
+    from hbtools.errors import ResourceError
+    from hbtools.runs import transaction
+
+    (tmp_path / "small.bin").write_text("old")
+    with pytest.raises(ResourceError) as info:
+        with transaction.artefact_transaction(tmp_path) as staging:
+            (staging / "small.bin").write_text("new")
+            with open("/dev/full", "wb") as full:  # write() on a full disk names no file
+                full.write(b"x" * 10)
+    message = str(info.value)
+    assert f"working_dir '{tmp_path}'" in message and "room for both" in message, message
+    assert (tmp_path / "small.bin").read_text() == "old"
+    assert not (tmp_path / transaction.STAGING_NAME).exists()
