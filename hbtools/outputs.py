@@ -30,13 +30,24 @@ def output_dir(path: str | Path, option: str, *, create: bool = True) -> Path:
         if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
             raise ResourceError(f"{option} '{path}': '{existing}' is not writable; choose a folder you may write")
         return path
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise os_error(exc, f"cannot create the {option} folder") from None
+    create_dir(path, f"the {option} folder")
     if not os.access(path, os.W_OK | os.X_OK):
         raise ResourceError(f"{option} '{path}' is not writable; choose a folder you may write")
     return path
+
+
+def create_dir(path: Path, what: str, fix: str | None = None) -> None:
+    """``mkdir -p`` that names a dangling symbolic link on the way instead of saying 'File exists'."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        link = next((p for p in (path, *path.parents) if p.is_symlink() and not p.exists()), None)
+        if link is not None:
+            raise ResourceError(
+                f"cannot create {what} '{path}': '{link}' is a symbolic link to '{os.readlink(link)}', which "
+                "does not exist; create the link's target or correct the path"
+            ) from None
+        raise os_error(exc, f"cannot create {what}", fix) from None
 
 
 def output_file(path: str | Path, option: str, inputs: Iterable[str | Path] = ()) -> Path:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hbtools.errors import ResourceError, os_error
+from hbtools.outputs import create_dir
 
 log = logging.getLogger("hbtools")
 
@@ -44,10 +45,7 @@ def artefact_transaction(working_dir: Path) -> Iterator[Path]:
     Anything raised inside the block (KeyboardInterrupt included) deletes the staging
     folder and leaves ``working_dir`` as it was.
     """
-    try:
-        working_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise os_error(exc, "cannot create working_dir", "choose a working_dir in a folder you can write") from None
+    create_dir(working_dir, "working_dir", "choose a working_dir in a folder you can write")
     with _lock(working_dir):
         recover(working_dir)
         staging = working_dir / STAGING_NAME

@@ -758,3 +758,17 @@ def test_a_full_disk_names_working_dir_and_keeps_the_previous_set(tmp_path: Path
     assert f"working_dir '{tmp_path}'" in message and "room for both" in message, message
     assert (tmp_path / "small.bin").read_text() == "old"
     assert not (tmp_path / transaction.STAGING_NAME).exists()
+
+
+def test_a_dangling_symlink_on_an_output_path_is_named(tmp_path: Path) -> None:
+    from hbtools.errors import ResourceError
+    from hbtools.outputs import output_dir
+    from hbtools.runs import transaction
+
+    (tmp_path / "lnk").symlink_to(tmp_path / "gone")
+    for make in (lambda: transaction.artefact_transaction(tmp_path / "lnk" / "out").__enter__(),
+                 lambda: output_dir(tmp_path / "lnk", "--output")):
+        with pytest.raises(ResourceError) as info:
+            make()
+        assert "symbolic link" in str(info.value) and "gone" in str(info.value), info.value
+    assert not (tmp_path / "gone").exists()
