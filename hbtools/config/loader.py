@@ -92,7 +92,7 @@ def _cal_dirs(cp: dict[str, Any], base: Path) -> list[Path | None] | None:
     return None if given is None else [_resolve(base, d) if d else None for d in given]
 
 
-def _check_cal_dirs(inputs: list[InputSpec], cal_type: str, base: Path) -> None:
+def _check_cal_dirs(inputs: list[InputSpec], cal_type: str, base: Path, working_dir: Path) -> None:
     if cal_type in NO_CAL_DATA:
         return
     for spec in inputs:
@@ -106,6 +106,14 @@ def _check_cal_dirs(inputs: list[InputSpec], cal_type: str, base: Path) -> None:
             state = "is not a folder" if d.exists() else "does not exist"
             raise group_error(
                 "calibration_parameters", f"cal_data_dir '{d}' {state}; {_where(base)}"
+            )
+        if working_dir.is_dir() and os.path.samefile(d, working_dir):
+            # The artefacts would land among the samples (a prefix like '000' even replaces one),
+            # and the next run would read small.bin as a sample.
+            raise group_error(
+                "model_parameters",
+                f"working_dir '{working_dir}' is the cal_data_dir of {label(spec.name)}: the artefacts would be "
+                "written among the calibration files; choose another working_dir",
             )
 
 
@@ -286,7 +294,7 @@ def config_from_dict(raw: dict[Any, Any], model_type: str, base: Path, *,
     model = _model(mp, cp, model_type, base)
     inputs = build_inputs(ip, cp, _cal_dirs(cp, base), model.march)
     if cal_data:
-        _check_cal_dirs(inputs, cp["calibration_type"], base)
+        _check_cal_dirs(inputs, cp["calibration_type"], base, model.working_dir)
     calibration = CalibrationParameters(
         calibration_type=cp["calibration_type"],
         max_percentile=cp.get("max_percentile"),

@@ -1451,6 +1451,14 @@ def test_working_dir_is_a_file(workdir: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("working_dir", ["cal", "./cal/"])
+def test_working_dir_is_a_calibration_folder(workdir: Path, working_dir: str) -> None:
+    # the artefacts would land among the samples, and the next run would read them as samples
+    lines = error_lines(workdir, {"model_parameters": {"working_dir": working_dir}})
+    assert_error(lines, "model_parameters", "cal_data_dir")
+    assert "choose another working_dir" in lines[-1]
+
+
 def test_missing_custom_op_dir(workdir: Path) -> None:
     assert_error(
         error_lines(workdir, {"custom_op": {"custom_op_dir": "ops"}}), "custom_op", "custom_op_dir"
