@@ -139,6 +139,9 @@ def _signals_deferred() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     for sig in caught[:1]:
+        # Otherwise "interrupted" reads as "the previous set is untouched", and here it was replaced.
+        log.warning("%s arrived while the new artefacts were moved into place; the move was completed first, "
+                    "so working_dir holds the complete new set", signal.Signals(sig).name)
         signal.raise_signal(sig)  # the original handler: KeyboardInterrupt, or the default for SIGTERM
 
 

@@ -706,7 +706,8 @@ def test_mutations_convert_or_fail_cleanly(base: Path, tmp_path: Path, monkeypat
         assert not any(p.name == ".hbtools_staging" for p in root.rglob(".hbtools_staging"))
 
 
-def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
     import signal
 
     from hbtools.runs import transaction
@@ -734,6 +735,8 @@ def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monk
         signal.signal(signal.SIGINT, previous)
     assert (tmp_path / "a.onnx").read_text() == "new a" and (tmp_path / "b.bin").read_text() == "new b"
     assert not (tmp_path / transaction.STAGING_NAME).exists()
+    # the user is told the new set is in place, not left to read "interrupted" as "nothing changed"
+    assert "complete new set" in caplog.text, caplog.text
 
 
 @pytest.mark.parametrize("tool", ["hb_mapper", "hrt_model_exec", "hb_custom_op", "hmct-debugger"])
