@@ -15,6 +15,11 @@ EXIT_USAGE = 2  # the command line: unknown option, missing argument, value out 
 EXIT_SYSTEM = 3  # the machine refused: cannot write/read a path, no permission, memory, busy
 EXIT_INTERNAL = 4  # a bug in hbtools ("internal error")
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_TERMINATED = 143  # SIGTERM (kill, timeout, a stopped container): 128 + 15
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so the same clean-up runs (staging folder removed, lock released)."""
 
 
 class HbError(Exception):

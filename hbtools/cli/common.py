@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,8 +23,10 @@ import click
 from hbtools.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
     ConfigError,
     HbError,
+    Terminated,
     UsageError,
     memory_error,
     os_error,
@@ -38,6 +42,8 @@ def describe(exc: BaseException) -> tuple[int, list[str]]:
         if isinstance(exc, ConfigError):
             lines.append("yaml file parse failed. Please double check your input")
         return exc.exit_code, lines
+    if isinstance(exc, Terminated):
+        return EXIT_TERMINATED, ["terminated (SIGTERM)"]
     if isinstance(exc, KeyboardInterrupt | click.exceptions.Abort):
         return EXIT_INTERRUPTED, ["interrupted"]
     if isinstance(exc, click.UsageError):
@@ -103,6 +109,7 @@ class _ToolMixin:
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        _terminate_like_ctrl_c()
         try:
             result = super().main(args=args, prog_name=prog_name, complete_var=complete_var,  # type: ignore[misc]
                                   standalone_mode=False, **extra)
@@ -123,6 +130,18 @@ class _ToolMixin:
         ctx = getattr(exc, "ctx", None)
         name = ctx.info_name if ctx is not None and ctx.parent is not None else "main"
         return self.log_file.format(command=name)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _terminate_like_ctrl_c() -> None:
+    # SIGTERM's default action kills the process on the spot, leaving makertbin's staging folder
+    # behind; as an exception it unwinds through the same clean-up as Ctrl-C.
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _setup_quietly(log_file: str | None) -> None:

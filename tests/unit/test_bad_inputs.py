@@ -775,3 +775,34 @@ def test_a_dangling_symlink_on_an_output_path_is_named(tmp_path: Path) -> None:
             make()
         assert "symbolic link" in str(info.value) and "gone" in str(info.value), info.value
     assert not (tmp_path / "gone").exists()
+
+
+def test_sigterm_during_makertbin_keeps_the_previous_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    from builders import resnet_like
+
+    from hbtools.pipeline import runner
+
+    project = make_project(tmp_path / "p", resnet_like(8))
+    monkeypatch.chdir(project.root)
+    assert run_tool("hb_mapper", MK.format(cfg=project.config_path).split())[0] == 0
+    before = snapshot(project.working_dir)
+    saved = []
+
+    def save_then_terminated(model: onnx.ModelProto, path: Path) -> None:
+        runner_save(model, path)
+        saved.append(path)
+        if len(saved) == 2:  # kill, timeout or a stopped container, halfway through the set
+            signal.raise_signal(signal.SIGTERM)
+
+    runner_save = runner.save_model
+    monkeypatch.setattr(runner, "save_model", save_then_terminated)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        code, output = run_tool("hb_mapper", MK.format(cfg=project.config_path).split())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 143 and "terminated" in output and "Traceback" not in output, output
+    assert len(saved) == 2
+    assert snapshot(project.working_dir) == before  # no staging folder, the old set byte-identical
