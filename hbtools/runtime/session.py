@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from onnx import ModelProto, TensorProto, helper
 
@@ -139,18 +141,63 @@ class FeedError(HbError, ValueError):
 class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
     """onnxruntime session over a float, optimized, calibrated or quantized model."""
 
-    def __init__(self, model_file: str | Path | None = None, onnx_model: ModelProto | None = None,
-                 *, threads: int = 0) -> None:
-        """``threads``: onnxruntime intra-op threads (0: onnxruntime's default)."""
+    def __init__(self, model_file: str | Path | ModelProto | bytes | None = None,
+                 onnx_model: ModelProto | bytes | None = None, *, threads: int = 0) -> None:
+        """``threads``: onnxruntime intra-op threads (0: onnxruntime's default).
+
+        Like onnxruntime's own session, the model may also be given as a ``ModelProto`` or its
+        serialized bytes, positionally or as ``onnx_model``."""
+        if onnx_model is None and isinstance(model_file, ModelProto | bytes):
+            model_file, onnx_model = None, model_file
+        if isinstance(onnx_model, bytes):
+            onnx_model = onnx.load_from_string(onnx_model)
         if onnx_model is None:
             if model_file is None:
                 raise HbError("HB_ONNXRuntime needs model_file or onnx_model")
             onnx_model = load_model(model_file)
         self.model = onnx_model
-        self._session = make_session(lower_model(onnx_model), threads=threads)
-        original_inputs = {i.name for i in onnx_model.graph.input} - {t.name for t in onnx_model.graph.initializer}
+        self._threads = threads
+        self._build()
+
+    def _build(self) -> None:
+        self._session = make_session(lower_model(self.model), threads=self._threads)
+        original_inputs = {i.name for i in self.model.graph.input} - {t.name for t in self.model.graph.initializer}
         self._inputs = [i for i in self._session.get_inputs() if i.name in original_inputs]
         self._outputs = self._session.get_outputs()
+
+    # onnxruntime's session cannot be pickled; a copy (copy.deepcopy, multiprocessing) rebuilds
+    # one from the model, so evaluation scripts can hand a session to worker processes.
+    def __getstate__(self) -> dict:
+        return {"model": self.model.SerializeToString(), "threads": self._threads}
+
+    def __setstate__(self, state: dict) -> None:
+        self.model = onnx.load_from_string(state["model"])
+        self._threads = state["threads"]
+        self._build()
+
+    @property
+    def layout(self) -> list[str | None]:
+        """Each input's layout, ``'NCHW'`` or ``'NHWC'`` (None for an input that is not 4-D), as the
+        vendor's sample scripts read it (``sess.layout[0]``) to lay out the image they feed."""
+        return [input_layout(self.model, i.name) for i in self._inputs]
+
+    def set_dim_param(self, input_index: int, dim_index: int, param: str) -> None:
+        """Make dimension ``dim_index`` of input ``input_index`` symbolic (``param``, e.g. ``'?'``):
+        the vendor's sample scripts call ``sess.set_dim_param(0, 0, '?')`` to feed batches."""
+        if not 0 <= input_index < len(self._inputs):
+            raise FeedError(f"set_dim_param: input index {input_index} out of range; the model has "
+                            f"{len(self._inputs)} input(s) {self.input_names}")
+        name = self._inputs[input_index].name
+        graph_input = next(i for i in self.model.graph.input if i.name == name)
+        dims = graph_input.type.tensor_type.shape.dim
+        if not 0 <= dim_index < len(dims):
+            raise FeedError(f"set_dim_param: input '{name}' has {len(dims)} dimension(s); dim index {dim_index} "
+                            "is out of range")
+        model = copy.deepcopy(self.model)
+        dim = next(i for i in model.graph.input if i.name == name).type.tensor_type.shape.dim[dim_index]
+        dim.dim_param = str(param)
+        self.model = model
+        self._build()
 
     def get_inputs(self) -> list:
         return list(self._inputs)
@@ -206,6 +253,29 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
     def _fetchable(self) -> set[str]:
         return {o.name for o in self._outputs} | {v.name for v in self.model.graph.value_info} | {
             t for n in self.model.graph.node for t in n.output}
+
+
+def input_layout(model: ModelProto, name: str) -> str | None:
+    """The layout of graph input ``name``: what the node reading it says (an HzPreprocess's
+    ``layout``; the Transpose to NCHW the quantized model starts with for an NHWC input), else
+    where a 4-D shape has its 1 or 3 channels, else ONNX's NCHW."""
+    dims = next(i for i in model.graph.input if i.name == name).type.tensor_type.shape.dim
+    if len(dims) != 4:
+        return None
+    for node in model.graph.node:
+        if name not in node.input:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "HzPreprocess" and "layout" in attrs:
+            return attrs["layout"].decode() if isinstance(attrs["layout"], bytes) else str(attrs["layout"])
+        if node.op_type == "Transpose" and list(attrs.get("perm", [])) == [0, 3, 1, 2]:
+            return "NHWC"
+        if node.op_type == "Transpose" and list(attrs.get("perm", [])) == [0, 2, 3, 1]:
+            return "NCHW"
+    sizes = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    if sizes[3] in (1, 3) and sizes[1] not in (1, 3):
+        return "NHWC"
+    return "NCHW"
 
 
 def _check_shape(name: str, got: tuple[int, ...], want: Sequence[object]) -> None:

@@ -1,0 +1,60 @@
+"""User scripts written for the vendor's ``HB_ONNXRuntime`` run unchanged (seed 004 §HB_ONNXRuntime,
+the vendor sample scripts): layout, batch dims, copies for worker processes, models given in memory."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from builders import make_project, resnet_like
+
+from hbtools.pipeline.runner import makertbin
+from hbtools.runtime.session import FeedError
+from horizon_tc_ui import HB_ONNXRuntime
+
+
+@pytest.fixture(scope="module")
+def nhwc_model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A model converted for NV12 NHWC runtime input (its quantized model takes NHWC int8)."""
+    project = make_project(tmp_path_factory.mktemp("api"), resnet_like(16))
+    project.write(input_parameters={"input_type_rt": "nv12", "input_layout_rt": "NHWC"})
+    return makertbin(project.config_path, "onnx")
+
+
+def _image(batch: int = 1) -> np.ndarray:
+    return np.random.default_rng(3).integers(0, 256, (batch, 16, 16, 3), dtype=np.uint8)
+
+
+def test_layout_tells_the_sample_script_how_to_lay_out_its_image(nhwc_model: dict[str, Path]) -> None:
+    assert HB_ONNXRuntime(model_file=nhwc_model["quantized"]).layout == ["NHWC"]
+    assert HB_ONNXRuntime(model_file=nhwc_model["original"]).layout == ["NCHW"]
+
+
+def test_set_dim_param_lets_a_script_feed_a_batch(nhwc_model: dict[str, Path]) -> None:
+    sess = HB_ONNXRuntime(model_file=nhwc_model["quantized"])
+    single = [sess.run(None, {"data": _image(2)[i:i + 1]})[0] for i in range(2)]
+    sess.set_dim_param(0, 0, "?")
+    (batched,) = sess.run(sess.output_names, {"data": _image(2)})
+    assert batched.shape == (2, 10)
+    np.testing.assert_allclose(batched, np.concatenate(single), atol=1e-6)
+    with pytest.raises(FeedError, match="input index 1 out of range"):
+        sess.set_dim_param(1, 0, "?")
+
+
+def test_a_session_can_be_pickled_and_copied(nhwc_model: dict[str, Path]) -> None:
+    sess = HB_ONNXRuntime(model_file=nhwc_model["quantized"])
+    (want,) = sess.run(None, {"data": _image()})
+    for other in (pickle.loads(pickle.dumps(sess)), copy.deepcopy(sess)):
+        np.testing.assert_array_equal(other.run(None, {"data": _image()})[0], want)
+
+
+def test_the_model_may_be_given_in_memory(nhwc_model: dict[str, Path]) -> None:
+    path = nhwc_model["quantized"]
+    (want,) = HB_ONNXRuntime(path).run(None, {"data": _image()})
+    for sess in (HB_ONNXRuntime(onnx.load(path)), HB_ONNXRuntime(path.read_bytes()),
+                 HB_ONNXRuntime(onnx_model=path.read_bytes())):
+        np.testing.assert_array_equal(sess.run(None, {"data": _image()})[0], want)
