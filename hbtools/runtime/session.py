@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -164,6 +165,8 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         original_inputs = {i.name for i in self.model.graph.input} - {t.name for t in self.model.graph.initializer}
         self._inputs = [i for i in self._session.get_inputs() if i.name in original_inputs]
         self._outputs = self._session.get_outputs()
+        self._fetching: dict[tuple[str, ...], ort.InferenceSession | CustomOpSession] = {}
+        self._lock = threading.Lock()
 
     # onnxruntime's session cannot be pickled; a copy (copy.deepcopy, multiprocessing) rebuilds
     # one from the model, so evaluation scripts can hand a session to worker processes.
@@ -239,20 +242,51 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
             data = convert_feed(np.asarray(feed_dict[arg.name]), self.input_types[arg.name], input_offset, arg.name)
             _check_shape(arg.name, data.shape, arg.shape)
             feeds[arg.name] = data
-        names = list(output_names) if output_names else self.output_names
+        # A single name is one output, not a sequence of one-letter names.
+        names = [output_names] if isinstance(output_names, str) else list(output_names or self.output_names)
         wrong = [n for n in names if n not in self._fetchable]
         if wrong:
             raise FeedError(f"the model has no output '{wrong[0]}'{closest_names(wrong[0], self.output_names)}; "
                             f"its outputs are {self.output_names}")
         try:
-            return self._session.run(names, feeds)
+            return self._session_for(names).run(names, feeds)
         except RUN_ERRORS as exc:
             raise FeedError(f"onnxruntime cannot run the model on these inputs: {str(exc).splitlines()[0]}") from None
+
+    def _session_for(self, names: list[str]) -> ort.InferenceSession | CustomOpSession:
+        """The session that can fetch ``names``: the model's own, or (intermediate tensors asked
+        for, as when comparing layers of the float and quantized models) one built once over the
+        model with them as outputs too."""
+        extra = tuple(sorted({n for n in names} - set(self.output_names)))
+        if not extra:
+            return self._session
+        with self._lock:
+            if extra not in self._fetching:
+                self._fetching[extra] = make_session(lower_model(with_outputs(self.model, extra)),
+                                                     threads=self._threads)
+            return self._fetching[extra]
 
     @property
     def _fetchable(self) -> set[str]:
         return {o.name for o in self._outputs} | {v.name for v in self.model.graph.value_info} | {
             t for n in self.model.graph.node for t in n.output}
+
+
+def with_outputs(model: ModelProto, names: Sequence[str]) -> ModelProto:
+    """A copy of ``model`` with the tensors ``names`` as graph outputs too, each with its own
+    element type; a name no node produces is left out."""
+    from hbtools.runtime.structure import tensor_info
+
+    out = ModelProto()
+    out.CopyFrom(model)
+    present = {o.name for o in out.graph.output}
+    produced = {o for n in out.graph.node for o in n.output}
+    wanted = [n for n in dict.fromkeys(names) if n not in present and n in produced]
+    info = tensor_info(out) if wanted else {}
+    for name in wanted:
+        elem_type = info[name].elem_type if name in info else TensorProto.FLOAT
+        out.graph.output.append(helper.make_tensor_value_info(name, elem_type, None))
+    return out
 
 
 def input_layout(model: ModelProto, name: str) -> str | None:
@@ -289,8 +323,11 @@ def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.n
     """Lossless conversions between the feed's dtype and the input's dtype (seed 001 §6.2.11)."""
     if data.dtype == target:
         return data
-    if target in (np.int8, np.uint8) and data.dtype in (np.uint8, np.int8):
-        shifted = data.astype(np.int32) + (offset if target == np.uint8 else -offset)
+    if target in (np.int8, np.uint8) and np.issubdtype(data.dtype, np.integer):
+        # Image values go to an int8 input shifted down by the offset, whatever integer type holds
+        # them (uint8 pictures; int64 from a Python list); int8 data to a uint8 input shifted up.
+        shift = -offset if target == np.int8 else (offset if data.dtype == np.int8 else 0)
+        shifted = data.astype(np.int64) + shift
         info = np.iinfo(target)
         if shifted.size and (shifted.min() < info.min or shifted.max() > info.max):
             raise FeedError(f"input_offset {offset} moves {data.dtype} data of input '{name}' out of the "

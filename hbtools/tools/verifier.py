@@ -22,9 +22,8 @@ from hbtools.graph.model_io import load_model
 from hbtools.runtime.binfile import read_bin
 from hbtools.runtime.rt_input import load_rt_file, random_rt_inputs
 from hbtools.runtime.runtime_model import RuntimeModel, load
-from hbtools.runtime.session import HB_ONNXRuntime
+from hbtools.runtime.session import HB_ONNXRuntime, with_outputs
 from hbtools.runtime.simulator import Simulator
-from hbtools.runtime.structure import tensor_info
 from hbtools.tools.modifier import original_tensor
 
 RANDOM_SEED = 0  # random inputs are the same in every run, so a failure can be reproduced
@@ -113,19 +112,12 @@ def runtime_inputs(rm: RuntimeModel, images: list[str] | None) -> dict[str, np.n
 
 def _with_outputs(model: ModelProto, names: list[str]) -> ModelProto:
     """The quantized model with ``names`` as graph outputs (tensors a modified .bin exposes)."""
-    out = ModelProto()
-    out.CopyFrom(model)
-    present = {o.name for o in out.graph.output}
-    produced = {o for n in out.graph.node for o in n.output}
-    info = tensor_info(out) if any(n not in present for n in names) else {}
+    produced = {o.name for o in model.graph.output} | {o for n in model.graph.node for o in n.output}
     for name in names:
-        if name in present:
-            continue
-        if name not in produced or name not in info:
+        if name not in produced:
             raise HbError(f"the .bin output '{name}' is not a tensor of the quantized model; "
                           f"were the two built by the same makertbin run?")
-        out.graph.output.append(helper.make_tensor_value_info(name, info[name].elem_type, None))
-    return out
+    return with_outputs(model, names)
 
 
 def _check_same_inputs(quantized: ModelProto, rm: RuntimeModel) -> None:

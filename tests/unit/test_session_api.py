@@ -58,3 +58,27 @@ def test_the_model_may_be_given_in_memory(nhwc_model: dict[str, Path]) -> None:
     for sess in (HB_ONNXRuntime(onnx.load(path)), HB_ONNXRuntime(path.read_bytes()),
                  HB_ONNXRuntime(onnx_model=path.read_bytes())):
         np.testing.assert_array_equal(sess.run(None, {"data": _image()})[0], want)
+
+
+def test_a_script_can_fetch_an_intermediate_tensor(nhwc_model: dict[str, Path]) -> None:
+    sess = HB_ONNXRuntime(model_file=nhwc_model["quantized"])
+    tensor = next(t for n in onnx.load(nhwc_model["quantized"]).graph.node if n.op_type.startswith("HzSQuantized")
+                  for t in n.output)
+    layer, final = sess.run([tensor, "Softmax_0_out"], {"data": _image()})
+    assert layer.dtype == np.int8 and layer.shape[0] == 1 and layer.any()
+    np.testing.assert_array_equal(final, sess.run(None, {"data": _image()})[0])
+
+
+def test_one_output_name_given_as_a_string(nhwc_model: dict[str, Path]) -> None:
+    sess = HB_ONNXRuntime(model_file=nhwc_model["quantized"])
+    (out,) = sess.run("Softmax_0_out", {"data": _image()})
+    assert out.shape == (1, 10)
+
+
+def test_image_values_in_any_integer_type_are_fed_like_uint8(nhwc_model: dict[str, Path]) -> None:
+    sess = HB_ONNXRuntime(model_file=nhwc_model["quantized"])
+    (want,) = sess.run(None, {"data": _image()})
+    for feed in (_image().astype(np.int64), _image().tolist()):
+        np.testing.assert_array_equal(sess.run(None, {"data": feed})[0], want)
+    with pytest.raises(FeedError, match="use input_offset 128 for 0..255 image data"):
+        sess.run(None, {"data": _image().astype(np.int64) + 200})
