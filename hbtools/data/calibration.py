@@ -18,7 +18,7 @@ from hbtools.config.model import InputSpec
 from hbtools.data.folders import sample_files
 from hbtools.data.images import IMAGE_EXTENSIONS, load_images
 from hbtools.data.intermediate import to_intermediate
-from hbtools.errors import HbError
+from hbtools.errors import HbError, os_error
 from hbtools.log import logger
 
 
@@ -178,6 +178,8 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> 
             else np.fromfile(path, raw_dtype(spec, path))
         data = data.reshape(spec.shape)
     except (OSError, ValueError, EOFError) as e:
+        if isinstance(e, PermissionError):  # the file is fine, the machine refuses: not "rewrite it"
+            raise os_error(e, f"cannot read calibration file for input '{spec.name}'") from None
         reason = getattr(e, "strerror", None) or e
         raise HbError(f"cannot read calibration file {path} for input '{spec.name}': {reason}; "
                       f"rewrite it (numpy.save or ndarray.tofile of shape {spec.shape})") from None

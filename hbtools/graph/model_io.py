@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 from onnx import ModelProto
 
-from hbtools.errors import HbError
+from hbtools.errors import HbError, os_error
 from hbtools.ops.base import DOMAIN, DOMAIN_VERSION
 
 MIN_OPSET, MAX_OPSET = 1, 21  # below 11, the parse stage converts (onnx version converter)
@@ -39,6 +39,8 @@ def _refuse_bin(path: Path) -> None:
     try:
         with open(path, "rb") as fh:
             head = fh.read(len(MAGIC))
+    except PermissionError as e:
+        raise os_error(e, "cannot read model file") from None
     except OSError as e:
         raise HbError(f"cannot read model file '{path}': {e.strerror or e}") from None
     if head == MAGIC:

@@ -806,3 +806,30 @@ def test_sigterm_during_makertbin_keeps_the_previous_set(tmp_path: Path, monkeyp
     assert code == 143 and "terminated" in output and "Traceback" not in output, output
     assert len(saved) == 2
     assert snapshot(project.working_dir) == before  # no staging folder, the old set byte-identical
+
+
+@pytest.mark.parametrize("unreadable", ["model.onnx", "cal_data/003.bin"])
+def test_an_unreadable_input_says_no_permission(tmp_path: Path, unreadable: str) -> None:
+    import subprocess
+    import sys
+
+    from builders import resnet_like
+
+    # root reads anything: drop the capabilities that let it, as a normal user would run
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("capsh") is None:
+            pytest.skip("running as root without capsh: cannot make a file unreadable")
+        prefix = ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", 'exec "$@"', "--"]
+    project = make_project(tmp_path / "p", resnet_like(8))
+    (project.root / unreadable).chmod(0)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    script = "import sys; from hbtools.cli.hb_mapper import main; sys.argv[0] = 'hb_mapper'; main()"
+    result = subprocess.run([*prefix, sys.executable, "-c", script, *MK.format(cfg=project.config_path).split()],
+                            cwd=project.root, env=env, capture_output=True, text=True)
+    output = result.stdout + result.stderr
+    assert result.returncode == EXIT_SYSTEM, output
+    lines = problem_lines(output)
+    assert len(lines) == 1 and unreadable.split("/")[-1] in lines[0] and "permission" in lines[0], output
+    assert "rewrite" not in lines[0], output  # the file is fine; its permissions are not
+    assert not project.working_dir.exists()
