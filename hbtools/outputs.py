@@ -7,9 +7,13 @@ not a replaced input.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
+
+import numpy as np
 
 from hbtools.errors import ResourceError, UsageError, os_error
 
@@ -79,3 +83,29 @@ def _same_file(a: Path, b: Path) -> bool:
     except OSError:
         pass
     return os.path.abspath(a) == os.path.abspath(b)
+
+
+def write_file(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` whole or not at all: a temp file beside it, then a rename.
+
+    Failures (a full disk, no permission) are one ``ResourceError`` naming ``path``; a file
+    that was there before stays as it was, and no empty or partial file is left.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as fh:  # close() reports what a buffered write on a full disk deferred
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise os_error(OSError(exc.errno, exc.strerror, str(path)), "cannot write") from None
+        raise
+    return path
+
+
+def write_array(path: str | Path, array: np.ndarray) -> Path:
+    """``array.tofile(path)`` that fails loudly: numpy's tofile drops a small write on a full disk silently."""
+    return write_file(path, np.ascontiguousarray(array).tobytes())

@@ -35,6 +35,7 @@ from hbtools.data.transforms import (
     read_image,
 )
 from hbtools.errors import HbError
+from hbtools.outputs import write_array
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
     try:
         for image, name in zip(images, names, strict=True):
             sample = np.ascontiguousarray(pipeline(read_image(image)))
-            sample.tofile(scratch / name)
+            write_array(scratch / name, sample)
             if progress is not None:
                 progress(image)
         written = []

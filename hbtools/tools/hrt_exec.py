@@ -8,6 +8,7 @@ follows the board tool's (seed 004 §Model Performance Analysis).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import threading
 import time
@@ -232,7 +233,7 @@ def write_layers(folder: Path, layers: list, values: dict[str, np.ndarray]) -> l
     for layer in layers:
         if layer.tensor in values:
             path = folder / f"{file_stem(layer.name)}_float.bin"
-            layer.to_float(values[layer.tensor]).tofile(path)
+            outputs.write_array(path, layer.to_float(values[layer.tensor]))
             paths.append(path)
     return paths
 
@@ -243,11 +244,13 @@ def dump_output(folder: Path, index: int, name: str, value: np.ndarray, fmt: str
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     path = folder / f"model_infer_output_{index}_{safe}.{fmt}"
     if fmt == "bin":
-        value.tofile(path)
-    elif fmt == "npy":
-        np.save(path, value)
+        outputs.write_array(path, value)
+        return path
+    buffer = io.BytesIO()  # formatted in memory, then written whole (see outputs.write_file)
+    if fmt == "npy":
+        np.save(buffer, value)
     else:
         axis = txt_axis % value.ndim if value.ndim else 0
         rows = value.reshape(int(np.prod(value.shape[:axis], dtype=np.int64)), -1) if value.ndim else value[None, None]
-        np.savetxt(path, rows, fmt="%d" if np.issubdtype(value.dtype, np.integer) else "%.6f")
-    return path
+        np.savetxt(buffer, rows, fmt="%d" if np.issubdtype(value.dtype, np.integer) else "%.6f")
+    return outputs.write_file(path, buffer.getvalue())

@@ -135,7 +135,7 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
     written = []
     for layer in layers:
         path = out_dir / f"{file_stem(layer.name)}_float.bin"
-        layer.to_float(values[layer.tensor]).tofile(path)
+        outputs.write_array(path, layer.to_float(values[layer.tensor]))
         written.append(path)
     log.info("%d layer result(s) of %s written to %s", len(written), model_file, out_dir)
     return written

@@ -833,3 +833,30 @@ def test_an_unreadable_input_says_no_permission(tmp_path: Path, unreadable: str)
     assert len(lines) == 1 and unreadable.split("/")[-1] in lines[0] and "permission" in lines[0], output
     assert "rewrite" not in lines[0], output  # the file is fine; its permissions are not
     assert not project.working_dir.exists()
+
+
+@pytest.mark.parametrize("fmt", ["bin", "txt", "npy"])
+def test_a_dump_on_a_full_disk_fails_loudly_and_leaves_no_partial_file(tmp_path: Path, fmt: str) -> None:
+    import subprocess
+    import sys
+
+    # A file-size limit makes every write past 64 bytes fail, as a full disk does; numpy's
+    # tofile used to drop that error for small arrays and report success over a cut file.
+    script = f"""
+import resource, signal, sys
+from pathlib import Path
+import numpy as np
+from hbtools.errors import HbError
+from hbtools.tools.hrt_exec import dump_output
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+try:
+    dump_output(Path(sys.argv[1]), 0, "out", np.arange(100, dtype=np.float32), "{fmt}", 0)
+except HbError as exc:
+    print("ERROR", exc)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ERROR cannot write") and f"out.{fmt}" in result.stdout, result.stdout
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
