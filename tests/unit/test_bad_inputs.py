@@ -708,6 +708,7 @@ def test_mutations_convert_or_fail_cleanly(base: Path, tmp_path: Path, monkeypat
 
 def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             caplog: pytest.LogCaptureFixture) -> None:
+    import logging
     import signal
 
     from hbtools.runs import transaction
@@ -726,6 +727,7 @@ def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monk
     # As in a terminal: a suite started in the background inherits SIGINT ignored, and then
     # Ctrl-C rightly does nothing.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    logging.getLogger("hbtools").addHandler(caplog.handler)  # a tool's setup stops propagation
     try:
         with pytest.raises(KeyboardInterrupt):
             with transaction.artefact_transaction(tmp_path) as staging:
@@ -733,6 +735,7 @@ def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monk
                 (staging / "b.bin").write_text("new b")
     finally:
         signal.signal(signal.SIGINT, previous)
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
     assert (tmp_path / "a.onnx").read_text() == "new a" and (tmp_path / "b.bin").read_text() == "new b"
     assert not (tmp_path / transaction.STAGING_NAME).exists()
     # the user is told the new set is in place, not left to read "interrupted" as "nothing changed"
