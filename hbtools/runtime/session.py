@@ -159,6 +159,8 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         self.model = onnx_model
         self._threads = threads
         self._build()
+        # The shapes the model was built for, before any set_dim_param.
+        self._fixed_shapes = {i.name: list(i.shape) for i in self._inputs if all(isinstance(d, int) for d in i.shape)}
 
     def _build(self) -> None:
         self._session = make_session(lower_model(self.model), threads=self._threads)
@@ -171,12 +173,13 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
     # onnxruntime's session cannot be pickled; a copy (copy.deepcopy, multiprocessing) rebuilds
     # one from the model, so evaluation scripts can hand a session to worker processes.
     def __getstate__(self) -> dict:
-        return {"model": self.model.SerializeToString(), "threads": self._threads}
+        return {"model": self.model.SerializeToString(), "threads": self._threads, "fixed": self._fixed_shapes}
 
     def __setstate__(self, state: dict) -> None:
         self.model = onnx.load_from_string(state["model"])
         self._threads = state["threads"]
         self._build()
+        self._fixed_shapes = state["fixed"]
 
     @property
     def layout(self) -> list[str | None]:
@@ -251,7 +254,15 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         try:
             return self._session_for(names).run(names, feeds)
         except RUN_ERRORS as exc:
-            raise FeedError(f"onnxruntime cannot run the model on these inputs: {str(exc).splitlines()[0]}") from None
+            message = f"onnxruntime cannot run the model on these inputs: {str(exc).splitlines()[0]}"
+            resized = [n for n, d in feeds.items() if list(d.shape) != self._fixed_shapes.get(n, list(d.shape))]
+            if resized:
+                # After set_dim_param the graph may still hold sizes of the shape it was built for
+                # (a Reshape's target shape), which onnxruntime reports without naming the cause.
+                shapes = ", ".join(f"'{n}' {'x'.join(map(str, self._fixed_shapes[n]))}" for n in resized)
+                message += (f"; the model's own shapes (Reshape targets, ...) were built for input shape {shapes}: "
+                            "feed that shape (one sample at a time for a batch)")
+            raise FeedError(message) from None
 
     def _session_for(self, names: list[str]) -> ort.InferenceSession | CustomOpSession:
         """The session that can fetch ``names``: the model's own, or (intermediate tensors asked

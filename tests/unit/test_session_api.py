@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from builders import make_project, resnet_like
+from builders import featuremap_mlp, make_project, resnet_like
 
 from hbtools.pipeline.runner import makertbin
 from hbtools.runtime.session import FeedError
@@ -82,3 +82,13 @@ def test_image_values_in_any_integer_type_are_fed_like_uint8(nhwc_model: dict[st
         np.testing.assert_array_equal(sess.run(None, {"data": feed})[0], want)
     with pytest.raises(FeedError, match="use input_offset 128 for 0..255 image data"):
         sess.run(None, {"data": _image().astype(np.int64) + 200})
+
+
+def test_a_batch_the_model_cannot_take_says_which_shape_it_was_built_for(tmp_path: Path) -> None:
+    project = make_project(tmp_path, featuremap_mlp())
+    sess = HB_ONNXRuntime(model_file=makertbin(project.config_path, "onnx")["quantized"])
+    sess.set_dim_param(0, 0, "?")
+    batch = np.random.default_rng(0).standard_normal((3, 5, 12)).astype(np.float32)
+    with pytest.raises(FeedError, match="built for input shape 'feat' 1x5x12: feed that shape"):
+        sess.run_feature(None, {"feat": batch})
+    assert sess.run_feature(None, {"feat": batch[:1]})[0].shape == (1, 5, 8)
