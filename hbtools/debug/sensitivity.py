@@ -22,6 +22,7 @@ from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.debug.tables import console_table, csv_text
 from hbtools.metrics import HIGHER_IS_BETTER
+from hbtools.outputs import write_file
 
 
 @dataclass
@@ -61,8 +62,8 @@ class Sensitivity:
     def write(self, folder: Path, stem: str) -> list[Path]:
         txt, csv = folder / f"{stem}.txt", folder / f"{stem}.csv"
         folder.mkdir(parents=True, exist_ok=True)
-        txt.write_text(self.table() + "\n")
-        csv.write_text(csv_text(self.headers(), self.cells()))
+        write_file(txt, (self.table() + "\n").encode("utf-8"))
+        write_file(csv, csv_text(self.headers(), self.cells()).encode("utf-8"))
         return [txt, csv]
 
 

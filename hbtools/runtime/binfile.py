@@ -17,7 +17,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from hbtools.errors import HbError
+from hbtools.errors import HbError, os_error
 
 MAGIC = b"HBTBIN\x1a\n"  # \x1a\n: text-mode copies and newline mangling break the magic
 FORMAT_VERSION = (2, 0)
@@ -173,7 +173,7 @@ def write_bin(
         # os.open with 0o666 (not mkstemp's 0o600) so the result gets the usual umask mode.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     except OSError as e:
-        raise BinFormatError(f"cannot write {dest}: {e.strerror or e}") from e
+        raise os_error(OSError(e.errno, e.strerror, dest), "cannot write") from None
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
@@ -184,8 +184,8 @@ def write_bin(
     except BaseException as e:  # incl. KeyboardInterrupt: never leave the temp file behind
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise BinFormatError(f"cannot write {dest}: {e.strerror or e}") from e
+        if isinstance(e, OSError):  # the machine refused (full disk, no permission): exit 3, not "bad input"
+            raise os_error(OSError(e.errno, e.strerror, dest), "cannot write") from None
         raise
     with contextlib.suppress(OSError):  # persist the rename; not possible on every OS
         dfd = os.open(folder, os.O_RDONLY)

@@ -205,12 +205,13 @@ def write_profile(folder: Path, run: PerfRun, rm: RuntimeModel, core_id: int) ->
         "note": "measured on the hbtools x86 simulator, not on a board",
     }
     log_path, csv_path = folder / "profiler.log", folder / "profiler.csv"
-    log_path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["name", "avg_time(ms)", "max_time(ms)", "min_time(ms)"])
-        for label, s in model_latency.items():
-            writer.writerow([label, f"{s['avg_time']:.6f}", f"{s['max_time']:.6f}", f"{s['min_time']:.6f}"])
+    outputs.write_file(log_path, (json.dumps(doc, indent=2) + "\n").encode("utf-8"))
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(["name", "avg_time(ms)", "max_time(ms)", "min_time(ms)"])
+    for label, s in model_latency.items():
+        writer.writerow([label, f"{s['avg_time']:.6f}", f"{s['max_time']:.6f}", f"{s['min_time']:.6f}"])
+    outputs.write_file(csv_path, buffer.getvalue().encode("utf-8"))
     return log_path, csv_path
 
 

@@ -10,6 +10,7 @@ right).
 from __future__ import annotations
 
 import csv
+import io
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 from hbtools.data.folders import natural_key, sample_files
 from hbtools.errors import HbError
 from hbtools.metrics import chebyshev, cosine_similarity, mse, relative_euclidean_distance
+from hbtools.outputs import write_file
 
 log = logging.getLogger("hbtools")
 
@@ -115,9 +117,10 @@ def table(rows: list[Row]) -> str:
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(COLUMNS)
-        for r in rows:
-            # repr keeps every digit, so the CSV can be checked against a direct computation.
-            writer.writerow([r.left, r.right, *(repr(float(v)) for v in r.values()[2:])])
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(COLUMNS)
+    for r in rows:
+        # repr keeps every digit, so the CSV can be checked against a direct computation.
+        writer.writerow([r.left, r.right, *(repr(float(v)) for v in r.values()[2:])])
+    write_file(path, buffer.getvalue().encode("utf-8"))

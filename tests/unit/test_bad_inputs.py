@@ -838,7 +838,16 @@ def test_an_unreadable_input_says_no_permission(tmp_path: Path, unreadable: str)
     assert not project.working_dir.exists()
 
 
-@pytest.mark.parametrize("fmt", ["bin", "txt", "npy"])
+_WRITERS = {
+    "bin": 'from hbtools.tools.hrt_exec import dump_output as d; d(out, 0, "out", values, "bin", 0)',
+    "txt": 'from hbtools.tools.hrt_exec import dump_output as d; d(out, 0, "out", values, "txt", 0)',
+    "npy": 'from hbtools.tools.hrt_exec import dump_output as d; d(out, 0, "out", values, "npy", 0)',
+    "csv": "from hbtools.tools.vec_diff import Row, write_csv; "
+           "write_csv([Row('a', 'b', *values[:4].tolist())] * 3, out / 'out.csv')",
+}
+
+
+@pytest.mark.parametrize("fmt", list(_WRITERS))
 def test_a_dump_on_a_full_disk_fails_loudly_and_leaves_no_partial_file(tmp_path: Path, fmt: str) -> None:
     import subprocess
     import sys
@@ -850,11 +859,11 @@ import resource, signal, sys
 from pathlib import Path
 import numpy as np
 from hbtools.errors import HbError
-from hbtools.tools.hrt_exec import dump_output
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+out, values = Path(sys.argv[1]), np.arange(100, dtype=np.float32)
 try:
-    dump_output(Path(sys.argv[1]), 0, "out", np.arange(100, dtype=np.float32), "{fmt}", 0)
+    {_WRITERS[fmt]}
 except HbError as exc:
     print("ERROR", exc)
 """

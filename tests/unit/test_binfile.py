@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from hbtools.errors import HbError
+from hbtools.errors import EXIT_SYSTEM, HbError, ResourceError
 from hbtools.runtime import binfile as bf
 from hbtools.runtime.binfile import BinFile, BinFormatError, BinModel, read_bin, write_bin
 
@@ -441,8 +441,9 @@ def test_write_failure_keeps_old_file_and_removes_temp(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(bf.os, "fsync", boom)
-    with pytest.raises(BinFormatError, match="cannot write .*No space left"):
+    with pytest.raises(ResourceError, match="cannot write .*No space left") as info:  # the machine refused: exit 3
         write_bin(path, [_model("other")])
+    assert info.value.exit_code == EXIT_SYSTEM
     assert path.read_bytes() == before and _leftovers(tmp_path) == ["out.bin"]
 
 
@@ -477,7 +478,7 @@ def test_write_rejects_bad_models(tmp_path, models, packed, expect):
 
 
 def test_write_into_missing_directory(tmp_path):
-    with pytest.raises(BinFormatError, match="cannot write"):
+    with pytest.raises(ResourceError, match="cannot write .*does not exist"):
         write_bin(tmp_path / "no" / "out.bin", [_model()])
 
 
