@@ -42,7 +42,7 @@ def describe(exc: BaseException) -> tuple[int, list[str]]:
         if isinstance(exc, ConfigError):
             lines.append("yaml file parse failed. Please double check your input")
         return exc.exit_code, lines
-    if isinstance(exc, Terminated):
+    if _terminated(exc):
         return EXIT_TERMINATED, ["terminated (SIGTERM)"]
     if isinstance(exc, KeyboardInterrupt | click.exceptions.Abort):
         return EXIT_INTERRUPTED, ["interrupted"]
@@ -56,6 +56,17 @@ def describe(exc: BaseException) -> tuple[int, list[str]]:
         return describe(memory_error())
     # anything else is our bug: say so in one line
     return EXIT_INTERNAL, [f"internal error: {type(exc).__name__}: {exc} (details in the log file)"]
+
+
+def _terminated(exc: BaseException | None) -> bool:
+    """SIGTERM, also when click turned it into Abort (and a caller into KeyboardInterrupt) on the way."""
+    while exc is not None:
+        if isinstance(exc, Terminated):
+            return True
+        if not isinstance(exc, KeyboardInterrupt | click.exceptions.Abort):
+            return False
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _emit(lines: list[str], command: str, single_line: bool) -> None:

@@ -872,3 +872,25 @@ except HbError as exc:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ERROR cannot write") and f"out.{fmt}" in result.stdout, result.stdout
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_sigterm_reported_as_terminated_after_click_turned_it_into_abort() -> None:
+    import click
+
+    from hbtools.cli.common import describe
+    from hbtools.errors import Terminated
+
+    # click's main(standalone_mode=False) re-raises KeyboardInterrupt as Abort, and hmct-debugger
+    # turns Abort back into KeyboardInterrupt: SIGTERM must still read as SIGTERM (exit 143).
+    try:
+        try:
+            try:
+                raise Terminated()
+            except KeyboardInterrupt:
+                raise click.exceptions.Abort() from None
+        except click.exceptions.Abort as abort:
+            raise KeyboardInterrupt from abort
+    except KeyboardInterrupt as exc:
+        code, lines = describe(exc)
+    assert code == 143 and lines == ["terminated (SIGTERM)"]
+    assert describe(KeyboardInterrupt())[0] == 130
