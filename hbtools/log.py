@@ -6,6 +6,8 @@ console and DEBUG and above (tracebacks included) to the tool's log file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import sys
 from pathlib import Path
@@ -30,7 +32,8 @@ def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> 
     logger.addHandler(console)
     if log_file is not None:
         try:
-            fh = logging.FileHandler(log_file, mode="w", encoding="utf-8")
+            fh = logging.FileHandler(log_file, mode="a", encoding="utf-8")
+            _start_fresh_unless_shared(fh)
         except OSError as exc:
             from hbtools.errors import os_error
 
@@ -40,3 +43,15 @@ def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> 
         fh.setFormatter(fmt)
         logger.addHandler(fh)
     return logger
+
+
+def _start_fresh_unless_shared(handler: logging.FileHandler) -> None:
+    """Empty the log file as the seed does, unless another run in this folder is writing to it.
+
+    Truncating under a running makertbin would cut its log (and its lines would then overwrite
+    ours): while one run holds the lock, a second appends (O_APPEND), so both stay readable.
+    The lock lasts as long as the handler's file is open.
+    """
+    with contextlib.suppress(OSError):
+        fcntl.flock(handler.stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        handler.stream.truncate(0)

@@ -894,3 +894,22 @@ def test_sigterm_reported_as_terminated_after_click_turned_it_into_abort() -> No
         code, lines = describe(exc)
     assert code == 143 and lines == ["terminated (SIGTERM)"]
     assert describe(KeyboardInterrupt())[0] == 130
+
+
+def test_a_second_run_in_the_same_folder_does_not_cut_the_first_runs_log(tmp_path: Path) -> None:
+    from hbtools.log import setup
+
+    log_file = tmp_path / "hb_mapper_makertbin.log"
+    with open(log_file, "a", encoding="utf-8") as first:  # a run still going, holding its log
+        fcntl.flock(first.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        first.write("first run: Start Model Convert....\n")
+        first.flush()
+        with logger_restored():
+            setup(log_file).error("working_dir is in use by another makertbin run")
+        first.write("first run: Convert to runtime bin file successfully!\n")
+    text = log_file.read_text()
+    assert text.startswith("first run: Start Model Convert") and "in use by another" in text, text
+    assert "successfully" in text, text
+    with logger_restored():  # alone again: the next run starts a fresh log, as the seed does
+        setup(log_file).info("next run")
+    assert log_file.read_text().count("\n") == 1
