@@ -22,7 +22,9 @@ def load_model(path: str | Path) -> ModelProto:
     """Load an ONNX file, turning every way it can be unreadable into an HbError."""
     path = Path(path)
     if not path.is_file():
-        raise HbError(f"model file '{path}' does not exist", hint="check the model path")
+        state = ("is a folder, not a model file" if path.is_dir() else
+                 "is not a regular file (a device or pipe)" if path.exists() else "does not exist")
+        raise HbError(f"model file '{path}' {state}", hint="check the model path")
     _refuse_bin(path)
     try:
         model = onnx.load(str(path))

@@ -913,3 +913,15 @@ def test_a_second_run_in_the_same_folder_does_not_cut_the_first_runs_log(tmp_pat
     with logger_restored():  # alone again: the next run starts a fresh log, as the seed does
         setup(log_file).info("next run")
     assert log_file.read_text().count("\n") == 1
+
+
+@pytest.mark.parametrize("given, says", [("folder", "is a folder"), ("/dev/null", "not a regular file"),
+                                         ("missing.onnx", "does not exist")])
+def test_a_model_path_that_is_no_file_says_what_it_is(tmp_path: Path, given: str, says: str) -> None:
+    from hbtools.errors import HbError
+    from hbtools.graph.model_io import load_model
+
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(HbError) as info:
+        load_model(tmp_path / given)
+    assert says in str(info.value), info.value
