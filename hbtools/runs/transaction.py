@@ -51,8 +51,8 @@ def artefact_transaction(working_dir: Path) -> Iterator[Path]:
         staging = working_dir / STAGING_NAME
         try:
             staging.mkdir()
-        except OSError as exc:
-            raise os_error(exc, "cannot write in working_dir", "make working_dir writable or choose another") from None
+        except OSError as exc:  # name the folder the user chose, not our hidden staging folder
+            raise _staging_error(exc, working_dir) from None
         try:
             yield staging
             with _signals_deferred():  # Ctrl-C between commit and the last move would leave a mixed set
