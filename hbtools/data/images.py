@@ -15,7 +15,8 @@ from hbtools.data import colour
 from hbtools.data.intermediate import from_channels_last
 from hbtools.errors import HbError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
+# What Pillow reads, as OpenCV (the vendor tools' reader) does: TIFF and WebP pictures too.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
 def image_hw(spec: InputSpec) -> tuple[int, int]:

@@ -108,11 +108,10 @@ def random_rt_input(desc: InputDesc, rng: np.random.Generator, *, index_bound: i
     return rng.standard_normal(shape).astype(desc.dtype)
 
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
-
-
 def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
     """Runtime data from a file: ``.npy``, an image (converted to ``type_rt``), or raw bytes."""
+    from hbtools.data.images import IMAGE_EXTENSIONS  # the picture reader (and skimage) only when needed
+
     path = Path(path)
     if not path.is_file():
         raise HbError(f"input file '{path}' does not exist")
@@ -127,7 +126,7 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
         if not desc.is_image and desc.dtype == np.float32 and data.dtype in (np.float64, np.float16):
             data = data.astype(np.float32)
         return data
-    if suffix in IMAGE_SUFFIXES:
+    if suffix in IMAGE_EXTENSIONS:
         return image_to_rt(desc, path)
     raw = np.fromfile(path, dtype=rt_dtype(desc))
     expected = int(np.prod(rt_shape(desc)))

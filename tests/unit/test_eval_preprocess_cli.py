@@ -183,3 +183,24 @@ def test_image_dir_that_is_a_file_is_named_as_such(images, tmp_path):
     result = run("-m", "imagenet_cls", "-i", str(images / "cat.png"), "-o", str(tmp_path / "out"))
     [line] = error_lines(result)
     assert "is a file, not a folder" in line
+
+
+def test_tiff_and_webp_pictures_are_read_like_png(tmp_path, monkeypatch):
+    """TIFF and WebP pictures (which OpenCV, the vendor tools' reader, takes) were skipped without a word;
+    lossless ones give exactly the PNG's sample."""
+    import PIL.Image
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rgb = PIL.Image.fromarray(skimage.data.chelsea())
+    rgb.save(folder / "plain.png")
+    rgb.save(folder / "scan.tif")
+    rgb.save(folder / "scan2.tiff")
+    rgb.save(folder / "web.webp", lossless=True)
+    result = run("-m", "imagenet_cls", "-i", str(folder), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    sample = {p.stem: np.fromfile(p, np.uint8) for p in (tmp_path / "out").iterdir()}
+    assert sorted(sample) == ["plain", "scan", "scan2", "web"]
+    for name in ("scan", "scan2", "web"):
+        assert np.array_equal(sample[name], sample["plain"]), name
