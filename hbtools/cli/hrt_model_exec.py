@@ -80,10 +80,9 @@ def infer(model_file: str, model_name: str, core_id: int, input_file: str, frame
 @reports_errors("infer")
 def _infer(model_file: str, model_name: str | None, input_file: str, frame_count: int, enable_dump: bool,
            dump_format: str, dump_txt_axis: int, dump_path: str, cls_post: bool) -> None:
-    import numpy as np
 
     from hbtools.runtime.simulator import Simulator
-    from hbtools.tools.hrt_exec import dump_layers, dump_output, write_layers
+    from hbtools.tools.hrt_exec import dump_layers, dump_output, top_classes, write_layers
 
     sim, feeds = _simulator(model_file, model_name, input_file)
     layers = dump_layers(sim.model) if enable_dump else []
@@ -104,9 +103,13 @@ def _infer(model_file: str, model_name: str | None, input_file: str, frame_count
         log.info("layer_out_dump: %d conv layer result(s) written to %s as <layer>_float.bin", len(written),
                  dump_path)
     if cls_post:
-        scores = np.asarray(next(iter(outputs.values())), dtype=np.float64).reshape(-1)
-        for rank, idx in enumerate(np.argsort(-scores, kind="stable")[:5]):
-            click.echo(f"top {rank}: id {int(idx)} score {scores[idx]:.6f}")
+        name, first = next(iter(outputs.items()))
+        best = top_classes(first)
+        if best is None:
+            log.warning("enable_cls_post_process: output '%s' has shape %s, not one vector of class scores; no "
+                        "top-5 printed (it is for classifiers)", name, list(first.shape))
+        for rank, (idx, score) in enumerate(best or []):
+            click.echo(f"top {rank}: id {idx} score {score:.6f}")
 
 
 @main.command("perf")

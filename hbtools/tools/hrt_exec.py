@@ -255,3 +255,12 @@ def dump_output(folder: Path, index: int, name: str, value: np.ndarray, fmt: str
         rows = value.reshape(int(np.prod(value.shape[:axis], dtype=np.int64)), -1) if value.ndim else value[None, None]
         np.savetxt(buffer, rows, fmt="%d" if np.issubdtype(value.dtype, np.integer) else "%.6f")
     return outputs.write_file(path, buffer.getvalue())
+
+
+def top_classes(value: np.ndarray, count: int = 5) -> list[tuple[int, float]] | None:
+    """``--enable_cls_post_process``: the ``count`` best (class id, score) of a classifier's output, best
+    first; None when the output is not one vector of class scores (a feature map, boxes, a batch)."""
+    if sum(d > 1 for d in value.shape) > 1:
+        return None
+    scores = np.asarray(value, dtype=np.float64).reshape(-1)
+    return [(int(i), float(scores[i])) for i in np.argsort(-scores, kind="stable")[:count]]

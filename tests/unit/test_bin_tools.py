@@ -469,3 +469,22 @@ def test_verifier_input_named_wrong_gets_the_closest_name(small, in_tmp) -> None
     assert f"-i names input '{desc.name}x', which the model does not have (closest: '{desc.name}')" in result.output
     result = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},{small[1].bin}", "-i", f"{desc.name}:x.bin"])
     assert PASSED in result.output, result.output
+
+
+def test_hrt_model_exec_top5_is_only_for_class_vectors(in_tmp) -> None:
+    """--enable_cls_post_process on a model whose first output is a feature map printed the top 5 of its
+    flattened values as 'classes'; it now says the output is not a vector of class scores."""
+    from builders import yolo_like
+
+    from hbtools.runtime.binfile import read_bin
+    from hbtools.runtime.rt_input import rt_dtype, rt_shape
+    from hbtools.runtime.runtime_model import load
+
+    built = build_bin(in_tmp / "yolo", yolo_like(), prefix="yolo")
+    desc = load(read_bin(built.bin).models[0]).inputs[0]
+    np.zeros(rt_shape(desc), rt_dtype(desc)).tofile(in_tmp / "frame.bin")
+    result = invoke(hrt_model_exec.main, ["infer", "--model_file", built.bin, "--input_file", "frame.bin",
+                                          "--enable_cls_post_process", "true"])
+    assert result.exit_code == 0, result.output
+    assert "top 0:" not in result.output
+    assert "not one vector of class scores" in result.output
