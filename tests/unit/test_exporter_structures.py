@@ -38,6 +38,19 @@ def _normal(rng: np.random.Generator, shape: list[int], count: int = 8) -> list[
     return [rng.standard_normal(shape).astype(np.float32) for _ in range(count)]
 
 
+def _agrees_with_source(model: ModelProto, out: Path, shape: tuple[int, ...], rng: np.random.Generator, *,
+                        optimized: bool = False) -> None:
+    """On one random input ``x``: the quantized artefact ``m`` in ``out`` is within the quantization error of the
+    source model and, with ``optimized``, the optimized float artefact equals it up to float32 rounding."""
+    x = {"x": rng.standard_normal(shape).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    if optimized:
+        got = HB_ONNXRuntime(model_file=str(out / "m_optimized_float_model.onnx")).run(None, x)[0]
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    got = HB_ONNXRuntime(model_file=str(out / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
+
+
 def _nms_model() -> ModelProto:
     """Boxes and scores from 1x1 convs over an 8x8 map, then NonMaxSuppression and the selected boxes
     gathered: how detectors exported with their post-processing end. The score threshold sits among the
@@ -107,10 +120,7 @@ def test_a_float16_model_with_float32_inputs_and_outputs_runs_on_the_bpu(tmp_pat
     model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 8, 8, 8])], inits)
     convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
-    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
-    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
-    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
-    assert cosine_similarity(want, got) >= COSINE
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 8, 8), rng)
 
 
 def test_nodes_out_of_order_and_outputs_without_shapes_convert(tmp_path: Path) -> None:
@@ -217,10 +227,7 @@ def test_onnxruntimes_layer_norm_in_an_opset_13_model_converts(tmp_path: Path) -
     model = _model(nodes, [("x", F, [1, 8, 16])], [("y", F, [1, 8, 16])], inits)
     out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 8, 16])}, "1x8x16", "float32", "m")
     assert "converting the model from opset 13 to 17" in out
-    x = {"x": rng.standard_normal((1, 8, 16)).astype(np.float32)}
-    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
-    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
-    assert cosine_similarity(want, got) >= COSINE
+    _agrees_with_source(model, tmp_path / "out", (1, 8, 16), rng)
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
 
 
@@ -263,12 +270,7 @@ def test_onnxruntime_fused_contrib_ops_run_on_the_bpu(tmp_path: Path) -> None:
     out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
     assert "9 onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse" in out
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
-    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
-    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
-    optimized = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_optimized_float_model.onnx")).run(None, x)[0]
-    assert np.abs(optimized - want).max() <= 1e-4 * np.abs(want).max()
-    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
-    assert cosine_similarity(want, got) >= COSINE
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 8, 8), rng, optimized=True)
 
 
 def test_an_ir3_model_with_initializers_not_among_its_inputs_converts(tmp_path: Path) -> None:
@@ -284,10 +286,7 @@ def test_an_ir3_model_with_initializers_not_among_its_inputs_converts(tmp_path: 
     model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 8, 16, 16])], inits, opset=7)
     model.ir_version = 3
     convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
-    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
-    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
-    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
-    assert cosine_similarity(want, got) >= COSINE
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 8, 8), rng)
 
 
 def test_einsum_attention_runs_on_the_bpu(tmp_path: Path) -> None:
@@ -307,12 +306,7 @@ def test_einsum_attention_runs_on_the_bpu(tmp_path: Path) -> None:
     out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 8, 4, 4])}, "1x8x4x4", "float32", "m")
     assert "3 Einsums written as MatMuls" in out
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
-    x = {"x": rng.standard_normal((1, 8, 4, 4)).astype(np.float32)}
-    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
-    optimized = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_optimized_float_model.onnx")).run(None, x)[0]
-    assert np.abs(optimized - want).max() <= 1e-4 * np.abs(want).max()
-    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
-    assert cosine_similarity(want, got) >= COSINE
+    _agrees_with_source(model, tmp_path / "out", (1, 8, 4, 4), rng, optimized=True)
 
 
 def test_an_inference_dropout_that_makes_the_output_runs_on_the_bpu(tmp_path: Path) -> None:
@@ -326,10 +320,7 @@ def test_an_inference_dropout_that_makes_the_output_runs_on_the_bpu(tmp_path: Pa
     model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 8, 8, 8])], inits)
     convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
-    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
-    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
-    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
-    assert cosine_similarity(want, got) >= COSINE
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 8, 8), rng)
 
 
 @pytest.mark.parametrize("opset", [13, 18])
@@ -351,12 +342,7 @@ def test_onnxruntimes_skip_layer_norm_runs_on_the_bpu(opset: int, tmp_path: Path
     out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 8, 16])}, "1x8x16", "float32", "m")
     assert "1 layer normalizations written as one HzLayerNorm node each" in out
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
-    x = {"x": rng.standard_normal((1, 8, 16)).astype(np.float32)}
-    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
-    optimized = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_optimized_float_model.onnx")).run(None, x)[0]
-    assert np.abs(optimized - want).max() <= 1e-4 * np.abs(want).max()
-    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
-    assert cosine_similarity(want, got) >= COSINE
+    _agrees_with_source(model, tmp_path / "out", (1, 8, 16), rng, optimized=True)
 
 
 def test_an_output_without_a_shape_inference_cannot_find_is_named(tmp_path: Path) -> None:
