@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView
+from hbtools.graph.graph import GraphView, rewrite_nodes
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import int_kernels
 from hbtools.runtime.session import ort_session
@@ -612,19 +612,8 @@ def einsums_as_matmuls(model: ModelProto) -> int:
     one (in both operands only) or a free one (in one operand and the output), of static size; the
     others (a trace, a sum over one operand's axis, an ellipsis) stay as they are. Returns how many."""
     view = GraphView(model)
-    count = 0
-    nodes: list[NodeProto] = []
-    for node in model.graph.node:
-        new = _einsum_matmul(node, view, model) if node.op_type == "Einsum" and len(node.input) == 2 else None
-        if new is None:
-            nodes.append(node)
-            continue
-        nodes.extend(new)
-        count += 1
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return count
+    return rewrite_nodes(model, lambda node: _einsum_matmul(node, view, model)
+                         if node.op_type == "Einsum" and len(node.input) == 2 else None)
 
 
 def _einsum_matmul(node: NodeProto, view: GraphView, model: ModelProto) -> list[NodeProto] | None:

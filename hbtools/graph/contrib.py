@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView
+from hbtools.graph.graph import GraphView, rewrite_nodes
 from hbtools.ops.base import CONTRIB_DOMAIN
 
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
@@ -180,19 +180,11 @@ def expand_contrib_ops(model: ModelProto) -> int:
 
     A node with a second output in use, or an activation this module does not know, is kept."""
     view = GraphView(model)
-    nodes: list[NodeProto] = []
-    count = 0
-    for node in model.graph.node:
+
+    def expand(node: NodeProto) -> list[NodeProto] | None:
         skip_sum = node.op_type == "SkipLayerNormalization"  # its fourth output, the residual sum, is written
         extra = [o for k, o in enumerate(node.output) if k and not (k == 3 and skip_sum)]
         used_extra = any(o and (o in view.consumers or o in view.graph_outputs) for o in extra)
-        new = _expand(node, model, view) if node.domain == CONTRIB_DOMAIN and not used_extra else None
-        if new is None:
-            nodes.append(node)
-            continue
-        nodes.extend(new)
-        count += 1
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return count
+        return _expand(node, model, view) if node.domain == CONTRIB_DOMAIN and not used_extra else None
+
+    return rewrite_nodes(model, expand)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 
 import numpy as np
@@ -133,6 +133,24 @@ def remove_dead_nodes(model: ModelProto) -> None:
     inits = [t for t in g.initializer if t.name in needed]
     del g.initializer[:]
     g.initializer.extend(inits)
+
+
+def rewrite_nodes(model: ModelProto, rewrite: Callable[[NodeProto], list[NodeProto] | None]) -> int:
+    """Put the nodes ``rewrite`` returns in place of each node it rewrites (None: the node stays);
+    returns how many it rewrote."""
+    nodes: list[NodeProto] = []
+    count = 0
+    for node in model.graph.node:
+        new = rewrite(node)
+        if new is None:
+            nodes.append(node)
+            continue
+        nodes.extend(new)
+        count += 1
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return count
 
 
 def topological_sort(model: ModelProto) -> None:
