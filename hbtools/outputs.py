@@ -85,24 +85,41 @@ def _same_file(a: Path, b: Path) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
 
 
-def write_file(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` whole or not at all: a temp file beside it, then a rename.
-
-    Failures (a full disk, no permission) are one ``ResourceError`` naming ``path``; a file
-    that was there before stays as it was, and no empty or partial file is left.
-    """
+def replace_atomically(path: str | Path, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` to ``path`` whole or not at all: a temp file beside it (usual umask mode), synced,
+    then a rename. On any failure the temp file is removed, a file that was there stays as it was, and
+    the error (an ``OSError`` as raised) propagates."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "wb") as fh:  # close() reports what a buffered write on a full disk deferred
-            fh.write(data)
+        # os.open with 0o666 (not mkstemp's 0o600) so the result gets the usual umask mode.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        with os.fdopen(fd, "wb") as fh:  # close() reports what a buffered write on a full disk deferred
+            for chunk in chunks:
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException as exc:
+    except BaseException:  # incl. KeyboardInterrupt: never leave the temp file behind
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise os_error(OSError(exc.errno, exc.strerror, str(path)), "cannot write") from None
         raise
+    with contextlib.suppress(OSError):  # persist the rename; not possible on every OS
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def write_file(path: str | Path, data: bytes | Iterable[bytes]) -> Path:
+    """``replace_atomically``, with a failure (a full disk, no permission) as one ``ResourceError``
+    naming ``path`` (exit 3)."""
+    path = Path(path)
+    try:
+        replace_atomically(path, [data] if isinstance(data, bytes) else data)
+    except OSError as exc:
+        raise os_error(OSError(exc.errno, exc.strerror, str(path)), "cannot write") from None
     return path
 
 

@@ -4,8 +4,6 @@ that does it."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import onnx
@@ -13,6 +11,7 @@ from onnx import ModelProto
 
 from hbtools.errors import HbError, os_error
 from hbtools.ops.base import DOMAIN, DOMAIN_VERSION
+from hbtools.outputs import replace_atomically
 
 MIN_OPSET, MAX_OPSET = 1, 21  # below 11, the parse stage converts (onnx version converter)
 MAX_IR_VERSION = 10
@@ -104,20 +103,7 @@ def save_model(model: ModelProto, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with_horizon_domain(model)
     onnx.checker.check_model(model)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make artefacts private to the converter
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(model.SerializeToString())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    replace_atomically(path, [model.SerializeToString()])
     return path
 
 

@@ -8,16 +8,15 @@ wrong becomes a one-line ``BinFormatError`` (SPEC §8, §10).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
 import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from hbtools.errors import HbError, os_error
+from hbtools import outputs
+from hbtools.errors import HbError
 
 MAGIC = b"HBTBIN\x1a\n"  # \x1a\n: text-mode copies and newline mangling break the magic
 FORMAT_VERSION = (2, 0)
@@ -167,32 +166,7 @@ def write_bin(
         chunks = _serialize(models, packed)  # all validation happens before touching disk
     except _Bad as e:
         raise BinFormatError(_one_line(f"cannot write {dest}: {e}")) from None
-    folder = os.path.dirname(dest) or "."
-    tmp = os.path.join(folder, f".{os.path.basename(dest)}.{secrets.token_hex(4)}.tmp")
-    try:
-        # os.open with 0o666 (not mkstemp's 0o600) so the result gets the usual umask mode.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    except OSError as e:
-        raise os_error(OSError(e.errno, e.strerror, dest), "cannot write") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException as e:  # incl. KeyboardInterrupt: never leave the temp file behind
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):  # the machine refused (full disk, no permission): exit 3, not "bad input"
-            raise os_error(OSError(e.errno, e.strerror, dest), "cannot write") from None
-        raise
-    with contextlib.suppress(OSError):  # persist the rename; not possible on every OS
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    outputs.write_file(dest, chunks)
 
 
 def _serialize(models: list[BinModel], packed: bool) -> list[bytes]:
