@@ -14,37 +14,50 @@ The numbers are the same up to float32 rounding.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView, rewrite_nodes
 from hbtools.ops.base import CONTRIB_DOMAIN
 
+# Ops onnxruntime registers in the ONNX domain that no ONNX opset defines (its RMS norm).
+ORT_ONNX_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
-class _Writer:
+class Writer:
     """Emits the standard nodes that replace one contrib node; the last writes the node's output."""
 
     def __init__(self, model: ModelProto, node: NodeProto) -> None:
         self.model, self.node, self.nodes, self.count = model, node, [], 0
+        self.prefix = node.name or f"{node.op_type}_{node.output[0]}"  # the parse stage has not named nodes yet
+        self.initializers: list = []  # added to the model only when the whole rewrite is written
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
     def const(self, value: float | np.ndarray) -> str:
-        name = f"{self.node.name}_c{self.count}"
+        name = f"{self.prefix}_c{self.count}"
         self.count += 1
         value = np.asarray(value)
-        value = value if value.dtype == np.int64 else value.astype(np.float32)
-        self.model.graph.initializer.append(numpy_helper.from_array(value, name))
+        value = value if value.dtype.kind in "biu" else value.astype(np.float32)
+        self.initializers.append(numpy_helper.from_array(value, name))
         return name
 
     def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: object) -> str:
-        out = out or f"{self.node.name}_{op_type.lower()}{len(self.nodes)}"
-        name = f"{self.node.name}/{op_type}_{len(self.nodes)}"
+        out = out or f"{self.prefix}_{op_type.lower()}{len(self.nodes)}"
+        name = f"{self.prefix}/{op_type}_{len(self.nodes)}"
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=name, **attrs))
         return out
 
+    def mean(self, x: str) -> str:
+        """ReduceMean over the last axis, kept (its axes an input from opset 18)."""
+        if self.opset >= 18:
+            return self.op("ReduceMean", [x, self.const(np.array([-1], np.int64))])
+        return self.op("ReduceMean", [x], axes=[-1])
 
-def _activation(w: _Writer, x: str, name: str, params: list[float], out: str) -> str | None:
+
+def _activation(w: Writer, x: str, name: str, params: list[float], out: str) -> str | None:
     """``x`` through the activation FusedConv / FusedGemm name (None: one this module does not know)."""
     if name == "Relu":
         return w.op("Relu", [x], out)
@@ -68,7 +81,7 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _fused_conv(w: _Writer, a: dict) -> bool:
+def _fused_conv(w: Writer, a: dict) -> bool:
     node = w.node
     ins = list(node.input[:3])
     while ins and not ins[-1]:  # an empty name for an absent bias
@@ -80,7 +93,7 @@ def _fused_conv(w: _Writer, a: dict) -> bool:
                        node.output[0]) is not None
 
 
-def _fused_gemm(w: _Writer, a: dict) -> bool:
+def _fused_gemm(w: Writer, a: dict) -> bool:
     gemm = {k: a[k] for k in ("alpha", "beta", "transA", "transB") if k in a}
     y = w.op("Gemm", list(w.node.input), **gemm)
     params = [a[k] for k in ("activation_alpha", "activation_beta") if k in a]
@@ -89,7 +102,7 @@ def _fused_gemm(w: _Writer, a: dict) -> bool:
     return _activation(w, y, _text(a.get("activation", b"")), params, w.node.output[0]) is not None
 
 
-def _fused_matmul(w: _Writer, a: dict, view: GraphView) -> bool:
+def _fused_matmul(w: Writer, a: dict, view: GraphView) -> bool:
     if a.get("transBatchA", 0) or a.get("transBatchB", 0):
         return False
     operands = []
@@ -109,7 +122,7 @@ def _fused_matmul(w: _Writer, a: dict, view: GraphView) -> bool:
     return True
 
 
-def _gelu(w: _Writer, x: str, out: str, approximate: bool) -> None:
+def _gelu(w: Writer, x: str, out: str, approximate: bool) -> None:
     """0.5 x (1 + erf(x / sqrt 2)), or with ``approximate`` the tanh form FastGelu computes."""
     if approximate:
         cube = w.op("Mul", [w.op("Mul", [x, x]), x])
@@ -120,71 +133,142 @@ def _gelu(w: _Writer, x: str, out: str, approximate: bool) -> None:
     w.op("Mul", [w.op("Mul", [x, w.const(0.5)]), w.op("Add", [core, w.const(1.0)])], out)
 
 
-def _skip_layer_norm(w: _Writer, a: dict, opset: int) -> None:
-    """input + skip (+ bias), its sum as the fourth output, then the layer norm over the last axis in the
-    spelled-out form ``hbtools.graph.layer_norm`` makes one HzLayerNorm of."""
+def layer_norm(w: Writer, x: str, gamma: str, beta: str, epsilon: float, out: str) -> None:
+    """The layer norm of ``x`` over its last axis in the spelled-out form ``hbtools.graph.layer_norm`` makes
+    one HzLayerNorm of (``beta`` may be empty)."""
+    d = w.op("Sub", [x, w.mean(x)])
+    var = w.mean(w.op("Mul", [d, d]))
+    y = w.op("Div", [d, w.op("Sqrt", [w.op("Add", [var, w.const(epsilon)])])])
+    if beta:
+        w.op("Add", [w.op("Mul", [y, gamma]), beta], out)
+    else:
+        w.op("Mul", [y, gamma], out)
+
+
+def _skip_sum(w: Writer, ins: list[str], total: str | None) -> str:
+    """input + skip (+ bias), written to ``total`` (the residual sum output) when that is used."""
+    s = w.op("Add", ins[:2], None if len(ins) > 2 and ins[2] else total)
+    return w.op("Add", [s, ins[2]], total) if len(ins) > 2 and ins[2] else s
+
+
+def _skip_layer_norm(w: Writer, a: dict) -> None:
+    """input + skip (+ bias), its sum as the fourth output, then the layer norm over the last axis."""
     node = w.node
     ins = list(node.input) + [""] * (5 - len(node.input))
     total = node.output[3] if len(node.output) > 3 and node.output[3] else None
-    s = w.op("Add", ins[:2], None if ins[4] else total)
-    if ins[4]:
-        s = w.op("Add", [s, ins[4]], total)
-
-    def mean(t: str) -> str:
-        if opset >= 18:
-            return w.op("ReduceMean", [t, w.const(np.array([-1], np.int64))])
-        return w.op("ReduceMean", [t], axes=[-1])
-
-    d = w.op("Sub", [s, mean(s)])
-    var = mean(w.op("Mul", [d, d]))
-    y = w.op("Div", [d, w.op("Sqrt", [w.op("Add", [var, w.const(float(a.get("epsilon", 1e-12)))])])])
-    if ins[3]:
-        w.op("Add", [w.op("Mul", [y, ins[2]]), ins[3]], node.output[0])
-    else:
-        w.op("Mul", [y, ins[2]], node.output[0])
+    s = _skip_sum(w, [ins[0], ins[1], ins[4]], total)
+    layer_norm(w, s, ins[2], ins[3], float(a.get("epsilon", 1e-12)), node.output[0])
 
 
-def _expand(node: NodeProto, model: ModelProto, view: GraphView) -> list[NodeProto] | None:
-    a = _attrs(node)
-    w = _Writer(model, node)
-    out = node.output[0]
-    if node.op_type == "FusedConv":
-        done = _fused_conv(w, a)
-    elif node.op_type == "FusedGemm":
-        done = _fused_gemm(w, a)
-    elif node.op_type == "FusedMatMul":
-        done = _fused_matmul(w, a, view)
-    elif node.op_type in ("Gelu", "BiasGelu", "FastGelu"):
-        x = node.input[0]
-        if len(node.input) > 1 and node.input[1]:  # BiasGelu's and FastGelu's bias
-            x = w.op("Add", [x, node.input[1]])
-        _gelu(w, x, out, approximate=node.op_type == "FastGelu")
-        done = True
-    elif node.op_type == "SkipLayerNormalization":
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-        _skip_layer_norm(w, a, opset)
-        done = True
-    elif node.op_type == "QuickGelu":
+def _rms_norm(w: Writer, x: str, gamma: str, epsilon: float, out: str) -> None:
+    """``x`` / sqrt(mean(x^2) + epsilon) * gamma over the last axis (T5's and LLaMA's RMSNorm)."""
+    root = w.op("Sqrt", [w.op("Add", [w.mean(w.op("Mul", [x, x])), w.const(epsilon)])])
+    w.op("Mul", [w.op("Div", [x, root]), gamma], out)
+
+
+def _last_axis(axis: int, x: str, view: GraphView) -> bool:
+    shape = view.shapes.get(x)
+    return axis == -1 or (shape is not None and axis == len(shape) - 1)
+
+
+# The outputs each rewrite writes besides the first (any other output in use keeps the node).
+_EXTRA_OUTPUTS = {"SkipLayerNormalization": {3}, "SkipSimplifiedLayerNormalization": {3},
+                  "EmbedLayerNormalization": {1, 2}}
+
+
+def _norms(w: Writer, a: dict, view: GraphView) -> str | None:
+    node, out = w.node, w.node.output[0]
+    if node.op_type == "SkipLayerNormalization":
+        _skip_layer_norm(w, a)
+        return None
+    if node.op_type == "SimplifiedLayerNormalization":
+        if not _last_axis(int(a.get("axis", -1)), node.input[0], view):
+            return "it normalizes over an axis other than the last"
+        _rms_norm(w, node.input[0], node.input[1], float(a.get("epsilon", 1e-5)), out)
+        return None
+    ins = list(node.input) + [""] * (4 - len(node.input))  # SkipSimplifiedLayerNormalization
+    total = node.output[3] if len(node.output) > 3 and node.output[3] else None
+    _rms_norm(w, _skip_sum(w, [ins[0], ins[1], ins[3]], total), ins[2], float(a.get("epsilon", 1e-5)), out)
+    return None
+
+
+def _activations(w: Writer, a: dict) -> str | None:
+    node, out = w.node, w.node.output[0]
+    x = node.input[0]
+    if node.op_type == "QuickGelu":
         alpha = float(a.get("alpha", 1.702))
-        x = node.input[0]
         scaled = x if alpha == 1.0 else w.op("Mul", [x, w.const(alpha)])
         w.op("Mul", [x, w.op("Sigmoid", [scaled])], out)
-        done = True
-    else:
         return None
-    return w.nodes if done else None
+    if len(node.input) > 1 and node.input[1]:  # BiasGelu's and FastGelu's bias
+        x = w.op("Add", [x, node.input[1]])
+    _gelu(w, x, out, approximate=node.op_type == "FastGelu")
+    return None
 
 
-def expand_contrib_ops(model: ModelProto) -> int:
+def _expand(node: NodeProto, w: Writer, view: GraphView) -> str | None:
+    """Write ``node`` as standard ops into ``w``; the reason it cannot be, or None when written."""
+    from hbtools.graph import contrib_attention
+
+    a = _attrs(node)
+    op = node.op_type
+    if op == "FusedConv":
+        return None if _fused_conv(w, a) else f"its activation {_text(a.get('activation', b''))} is not known"
+    if op == "FusedGemm":
+        return None if _fused_gemm(w, a) else f"its activation {_text(a.get('activation', b''))} is not known"
+    if op == "FusedMatMul":
+        return None if _fused_matmul(w, a, view) else "it transposes batch axes or an operand of unknown rank"
+    if op in ("Gelu", "BiasGelu", "FastGelu", "QuickGelu"):
+        return _activations(w, a)
+    if op in ("SkipLayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"):
+        return _norms(w, a, view)
+    if op in contrib_attention.WRITERS:
+        return contrib_attention.WRITERS[op](w, a, view)
+    return "hbtools does not write it as standard ops"
+
+
+def _attempt(node: NodeProto, model: ModelProto, view: GraphView) -> tuple[Writer, str | None]:
+    w = Writer(model, node)
+    written = {0} | _EXTRA_OUTPUTS.get(node.op_type, set())
+    used = [o for k, o in enumerate(node.output)
+            if k not in written and o and (o in view.consumers or o in view.graph_outputs)]
+    if used:
+        return w, f"its output '{used[0]}' is in use, which its standard form does not compute"
+    return w, _expand(node, w, view)
+
+
+def is_ort_op(node: NodeProto) -> bool:
+    """An onnxruntime op: the contrib domain's, or one onnxruntime registers in the ONNX domain."""
+    return node.domain == CONTRIB_DOMAIN or (node.domain in ("", "ai.onnx") and node.op_type in ORT_ONNX_DOMAIN_OPS)
+
+
+def why_kept(node: NodeProto, model: ModelProto) -> str:
+    """Why the contrib node ``node`` of ``model`` was not written as standard ops (for the CPU node table)."""
+    _, reason = _attempt(node, model, GraphView(model))
+    return f"com.microsoft {node.op_type} is kept as onnxruntime's op: {reason or 'not rewritten'}"
+
+
+def expand_contrib_ops(model: ModelProto, *, onnx_domain_only: bool = False) -> int:
     """Replace ``model``'s fused com.microsoft ops by standard ones; returns how many were replaced.
 
-    A node with a second output in use, or an activation this module does not know, is kept."""
-    view = GraphView(model)
+    A node with an output in use that its standard form does not compute, or an attribute or input this
+    module does not write, is kept (``why_kept`` says why). Passes repeat while they write nodes: a rewrite
+    gives the shapes the next contrib node's rewrite may need (an attention after an attention).
+    ``onnx_domain_only``: only onnxruntime's ops in the ONNX domain (``ORT_ONNX_DOMAIN_OPS``), which onnx's
+    checker refuses, so the parse stage writes them before it checks the model."""
+    total = 0
+    while count := rewrite_nodes(model, functools.partial(_expand_one, model=model, view=GraphView(model),
+                                                          onnx_domain_only=onnx_domain_only)):
+        total += count
+    return total
 
-    def expand(node: NodeProto) -> list[NodeProto] | None:
-        skip_sum = node.op_type == "SkipLayerNormalization"  # its fourth output, the residual sum, is written
-        extra = [o for k, o in enumerate(node.output) if k and not (k == 3 and skip_sum)]
-        used_extra = any(o and (o in view.consumers or o in view.graph_outputs) for o in extra)
-        return _expand(node, model, view) if node.domain == CONTRIB_DOMAIN and not used_extra else None
 
-    return rewrite_nodes(model, expand)
+def _expand_one(node: NodeProto, model: ModelProto, view: GraphView, onnx_domain_only: bool) -> \
+        list[NodeProto] | None:
+    if not is_ort_op(node) or (onnx_domain_only and node.domain == CONTRIB_DOMAIN):
+        return None
+    w, reason = _attempt(node, model, view)
+    if reason is not None:
+        return None
+    model.graph.initializer.extend(w.initializers)
+    return w.nodes

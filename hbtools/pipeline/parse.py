@@ -17,6 +17,7 @@ from hbtools.config.model import Config, InputSpec
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph import precision, shape_trial, source_repairs
+from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes
 from hbtools.graph.model_io import (
     check_source_model,
@@ -47,6 +48,8 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     """``checking`` (hb_mapper checker): a QDQ model is parsed as calibration_type load would parse it."""
     model, path = load_source_model(config)
     source_repairs.ordered_and_typed(model)
+    # onnx's checker refuses onnxruntime's ops in the ONNX domain (its SimplifiedLayerNormalization)
+    expand_contrib_ops(model, onnx_domain_only=True)
     check_source_model(model, path)
     others = precision.other_floats(model)
     if others:

@@ -16,12 +16,13 @@ import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.config.model import NodeInfo
+from hbtools.graph.contrib import why_kept
 from hbtools.graph.graph import GraphView
 from hbtools.graph.recurrent import RECURRENT_OPS
 from hbtools.march.constraints import classify_broadcast, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
 from hbtools.ops import custom, registry
-from hbtools.ops.base import DOMAIN
+from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN
 from hbtools.runtime.structure import components
 
 log = logging.getLogger("hbtools")
@@ -140,6 +141,8 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         op = float_op.device_op  # an op the optimize stage wrote (HzLayerNorm): placed as the ONNX op
     elif custom.custom_op_of(node) is not None:
         return _cpu(node, acts, f"custom op {custom.op_name(node)} (domain '{node.domain}') runs on the CPU")
+    if node.domain == CONTRIB_DOMAIN:
+        return _cpu(node, acts, why_kept(node, view.model))
     rule = profile.rule(op) if node.domain in ("", "ai.onnx", DOMAIN) else None
     if rule is None and op in RECURRENT_OPS and node.domain in ("", "ai.onnx"):
         return _cpu(node, acts, f"{op} stays one node unless unrolled over its time steps (the log of the optimize "

@@ -1,0 +1,173 @@
+"""onnxruntime's fused transformer ops written as the standard ops they stand for.
+
+onnxruntime's transformer optimizer (``onnxruntime.transformers.optimizer``) joins a BERT layer's
+Q/K/V projections, scaled dot product and softmax into ``Attention``, a cross attention's into
+``MultiHeadAttention``, and the word, position and segment embeddings with the layer norm after them
+into ``EmbedLayerNormalization``. onnx's shape inference knows none of them and the BPU has no kernel
+for them: the whole attention ran on the CPU. Written as MatMul / Reshape / Transpose / Softmax (and
+Gather / Add / the spelled-out layer norm), they are what a PyTorch export would have been.
+
+Not written (the node stays onnxruntime's, on the CPU, with the reason in the CPU node table): a padding
+mask input (its values are only known at run time), past key / value caches, rotary embeddings, packed
+Q/K/V inputs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from onnx import helper
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from hbtools.graph.contrib import Writer
+    from hbtools.graph.graph import GraphView
+
+
+def _given(node_inputs: list[str], k: int) -> bool:
+    return len(node_inputs) > k and bool(node_inputs[k])
+
+
+def _heads(w: Writer, x: str, heads: int, keys: bool = False) -> str:
+    """[batch, length, heads * size] as [batch, heads, length, size] ([batch, heads, size, length] for keys)."""
+    split = w.op("Reshape", [x, w.const(np.array([0, 0, heads, -1], np.int64))])
+    return w.op("Transpose", [split], perm=[0, 2, 3, 1] if keys else [0, 2, 1, 3])
+
+
+def _causal(w: Writer, length: int, fill: float) -> str:
+    """The additive mask onnxruntime's ``unidirectional`` attention applies: ``fill`` above the diagonal."""
+    return w.const(np.triu(np.full((length, length), fill, np.float32), 1))
+
+
+def _attend(w: Writer, q: str, k: str, v: str, heads: int, biases: list[str]) -> None:
+    """softmax(q k^T + biases) v over the heads of ``q``, ``k``, ``v`` ([batch, length, hidden], ``q``
+    already scaled), into the node's output."""
+    scores = w.op("MatMul", [_heads(w, q, heads), _heads(w, k, heads, keys=True)])
+    for bias in biases:
+        scores = w.op("Add", [scores, bias])
+    probs = w.op("Softmax", [scores], axis=-1)
+    context = w.op("Transpose", [w.op("MatMul", [probs, _heads(w, v, heads)])], perm=[0, 2, 1, 3])
+    w.op("Reshape", [context, w.const(np.array([0, 0, -1], np.int64))], w.node.output[0])
+
+
+def _masks(w: Writer, a: dict, ins: list[str], bias_input: int, lengths: tuple[int | None, int | None]) -> \
+        list[str] | str:
+    """The additive attention bias input and the causal mask, or why they cannot be written."""
+    biases = [ins[bias_input]] if _given(ins, bias_input) else []
+    if a.get("unidirectional", 0):
+        rows, cols = lengths
+        if rows is None or rows != cols:
+            return "it is causal (unidirectional) over a sequence length not known before run time"
+        biases.append(_causal(w, rows, float(a.get("mask_filter_value", -10000.0))))
+    return biases
+
+
+def _raw_mask(w: Writer, a: dict, mask: str, rank: int) -> str:
+    """A 0 / 1 mask [batch, keys] (or [batch, queries, keys]) as the additive bias onnxruntime makes of it:
+    ``mask_filter_value`` where the mask is 0."""
+    masked = w.op("Cast", [w.op("Not", [w.op("Greater", [mask, w.const(np.array(0, np.int32))])])],
+                  to=helper.np_dtype_to_tensor_dtype(np.dtype(np.float32)))
+    bias = w.op("Mul", [masked, w.const(float(a.get("mask_filter_value", -10000.0)))])
+    axes = [1, 2] if rank == 2 else [1]
+    if w.opset >= 13:
+        return w.op("Unsqueeze", [bias, w.const(np.array(axes, np.int64))])
+    return w.op("Unsqueeze", [bias], axes=axes)
+
+
+def attention(w: Writer, a: dict, view: GraphView) -> str | None:
+    """com.microsoft Attention: one input projected to Q, K, V by one weight [hidden_in, q + k + v]."""
+    ins = list(w.node.input)
+    for k, what in ((4, "a past key / value cache"), (6, "a past sequence length")):
+        if _given(ins, k):
+            return f"it takes {what}"
+    mask_rank = len(view.shapes.get(ins[3]) or []) if _given(ins, 3) else 0
+    if mask_rank not in (0, 2, 3):
+        return "it takes a padding mask (mask_index) other than a raw [batch, keys] or [batch, queries, keys] mask"
+    if a.get("do_rotary", 0):
+        return "it applies rotary embeddings"
+    weights = view.const(ins[1])
+    bias = view.const(ins[2]) if _given(ins, 2) else np.zeros(weights.shape[-1:] if weights is not None else 0)
+    if weights is None or weights.ndim != 2 or bias is None:
+        return "its weights or bias are not constants"
+    heads = int(a["num_heads"])
+    sizes = list(a.get("qkv_hidden_sizes", [weights.shape[1] // 3] * 3))
+    if sum(sizes) != weights.shape[1] or sizes[0] != sizes[1] or any(s % heads for s in sizes):
+        return f"its Q / K / V sizes {sizes} do not split its weight {list(weights.shape)} over {heads} heads"
+    scale = float(a.get("scale", 0.0)) or 1.0 / np.sqrt(sizes[0] // heads)
+    x = ins[0]
+    ends = np.cumsum([0, *sizes])
+    # The scale folded into Q's projection: one Mul fewer on the way to the scores.
+    projected = [w.op("Add", [w.op("MatMul", [x, w.const(weights[:, lo:hi] * (scale if j == 0 else 1.0))]),
+                              w.const(bias[lo:hi] * (scale if j == 0 else 1.0))])
+                 for j, (lo, hi) in enumerate(zip(ends[:-1], ends[1:], strict=True))]
+    length = (view.shapes.get(x) or [None, None])[1]
+    biases = _masks(w, a, ins, 5, (length, length))
+    if isinstance(biases, str):
+        return biases
+    _attend(w, *projected, heads, biases + ([_raw_mask(w, a, ins[3], mask_rank)] if mask_rank else []))
+    return None
+
+
+def multi_head_attention(w: Writer, a: dict, view: GraphView) -> str | None:
+    """com.microsoft MultiHeadAttention on projected query, key and value ([batch, length, hidden] each)."""
+    ins = list(w.node.input)
+    if not _given(ins, 1) or not _given(ins, 2):
+        return "its query packs Q, K and V (no key / value inputs)"
+    for k, what in ((4, "a key padding mask"), (6, "a past key cache"), (7, "a past value cache")):
+        if _given(ins, k):
+            return f"it takes {what}"
+    shapes = [view.shapes.get(t) for t in ins[:3]]
+    if any(s is None or len(s) != 3 or s[-1] is None for s in shapes):
+        return "its query, key and value are not all [batch, length, hidden] of known hidden sizes"
+    heads = int(a["num_heads"])
+    q, k, v = ins[:3]
+    if _given(ins, 3):
+        bias = view.const(ins[3])
+        if bias is None:
+            return "its bias is not a constant"
+        ends = np.cumsum([0, *(s[-1] for s in shapes)])
+        q, k, v = (w.op("Add", [t, w.const(bias[lo:hi])]) for t, lo, hi in zip((q, k, v), ends[:-1], ends[1:],
+                                                                              strict=True))
+    scale = float(a.get("scale", 0.0)) or 1.0 / np.sqrt(shapes[0][-1] // heads)
+    q = w.op("Mul", [q, w.const(np.float32(scale))])
+    biases = _masks(w, a, ins, 5, (shapes[0][1], shapes[1][1]))
+    if isinstance(biases, str):
+        return biases
+    _attend(w, q, k, v, heads, biases)
+    return None
+
+
+def embed_layer_norm(w: Writer, a: dict, view: GraphView) -> str | None:
+    """com.microsoft EmbedLayerNormalization: word + position (+ segment) embeddings, then the layer norm;
+    its mask_index output is the count of ones in each row of the mask."""
+    from hbtools.graph.contrib import layer_norm
+
+    node = w.node
+    ins = list(node.input) + [""] * (9 - len(node.input))
+    outs = list(node.output) + [""] * (3 - len(node.output))
+    used = set(view.consumers) | set(view.graph_outputs)
+    if outs[1] in used and not ins[7]:
+        return "its mask_index output is used, and it has no mask input"
+    if outs[1] in used and int(a.get("mask_index_type", 1)) != 1:
+        return f"its mask_index_type is {a['mask_index_type']}"
+    positions = ins[8]
+    if not positions:  # 0 .. sequence length - 1
+        length = w.op("Gather", [w.op("Shape", [ins[0]]), w.const(np.array(1, np.int64))])
+        positions = w.op("Range", [w.const(np.array(0, np.int64)), length, w.const(np.array(1, np.int64))])
+    total = w.op("Add", [w.op("Gather", [ins[2], ins[0]]), w.op("Gather", [ins[3], positions])],
+                 None if ins[1] and ins[4] else outs[2] or None)
+    if ins[1] and ins[4]:
+        total = w.op("Add", [total, w.op("Gather", [ins[4], ins[1]])], outs[2] or None)
+    layer_norm(w, total, ins[5], ins[6], float(a.get("epsilon", 1e-12)), outs[0])
+    if outs[1] in used:
+        axes = {"axes": [1]} if w.opset < 13 else {}
+        reduce_in = [ins[7]] if w.opset < 13 else [ins[7], w.const(np.array([1], np.int64))]
+        w.op("Cast", [w.op("ReduceSum", reduce_in, keepdims=0, **axes)], outs[1], to=helper.np_dtype_to_tensor_dtype(
+            np.dtype(np.int32)))
+    return None
+
+
+WRITERS: dict[str, Callable[[Writer, dict, GraphView], str | None]] = {
+    "Attention": attention, "MultiHeadAttention": multi_head_attention, "EmbedLayerNormalization": embed_layer_norm}
