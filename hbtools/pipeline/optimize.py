@@ -38,6 +38,7 @@ from hbtools.graph.graph import (
     topological_sort,
 )
 from hbtools.graph.layer_norm import fuse_layer_norms
+from hbtools.graph.masks import constant_masks
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.graph.recurrent import RECURRENT_OPS, unroll_recurrences
 from hbtools.march.profiles import MarchProfile
@@ -83,6 +84,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     name_unnamed_nodes(body)
     _no_ops_removed(body)
     _sums_as_adds(body)
+    masks = constant_masks(body)  # after onnxruntime folded the mask (torch.triu of ones, ...) to a constant
+    if masks:
+        log.info("%d Wheres over a constant mask (masked_fill) written as a product and a sum with constants", masks)
     unroll_recurrences(body, placed, everything=all_bpu)  # those whose weights onnxruntime has folded now
     unrolled = recurrent - _recurrent_nodes(body)
     if unrolled:
