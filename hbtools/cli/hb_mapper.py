@@ -101,8 +101,9 @@ def _makertbin(config: str | None, model_type: str, fast_perf: bool, model: str 
               help="Type of the original float model.")
 @click.option("--image-file", "image_file", nargs=2, multiple=True, metavar="NAME FILE",
               help="Input name and its data file, prepared like the config's calibration data; repeat per input.")
-@click.option("--input-layout", type=click.Choice(["NCHW", "NHWC"], case_sensitive=False),
-              help="Layout the model's image inputs take (default: from the model's input shape).")
+@click.option("--input-layout", metavar="LAYOUT[;LAYOUT...]",
+              help="Layout (NCHW or NHWC) the model's inputs take: one for all, or one per input in the config's "
+                   "input_name order separated by ';' (default: from each input's shape).")
 @click.option("--output-dir", type=click.Path(), help="Folder for the ${layername}_float.bin results.")
 def infer(config, model_file, model_type, image_file, input_layout, output_dir) -> None:
     """Run a float or quantized model on one input and dump its layer results as float32."""
@@ -116,10 +117,15 @@ def _infer(config: str | None, model_file: str | None, model_type: str, image_fi
     from hbtools.errors import UsageError
     from hbtools.tools.infer import infer as run
 
+    layouts = [v.strip().upper() for v in input_layout.split(";")] if input_layout else None
+    bad = [v for v in layouts or [] if v not in ("NCHW", "NHWC")]
+    if bad:
+        raise UsageError(f"--input-layout '{bad[0]}' is not NCHW or NHWC",
+                         hint="give NCHW or NHWC, one for all inputs or one per input separated by ';'")
     for value, option in ((config, "--config"), (model_file, "--model-file"), (output_dir, "--output-dir")):
         if not value:
             raise UsageError(f"infer needs {option}", hint="hb_mapper infer -c model.yaml --model-file m.onnx "
                           "--model-type onnx --image-file data img.bin --output-dir out")
     if not image_file:
         raise UsageError("infer needs --image-file NAME FILE for each input")
-    run(config, model_file, model_type, image_file, output_dir, input_layout.upper() if input_layout else None)
+    run(config, model_file, model_type, image_file, output_dir, layouts)

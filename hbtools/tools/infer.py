@@ -86,9 +86,22 @@ def _arrange(data: np.ndarray, spec: InputSpec, model_shape: list[int | None], l
     return data
 
 
+def _layouts(given: list[str], names: list[str]) -> dict[str, str | None]:
+    """--input-layout per input: one value for all, or one per input in the config's order."""
+    if len(given) in (0, 1):
+        return dict.fromkeys(names, given[0] if given else None)
+    if len(given) != len(names):
+        raise HbError(f"--input-layout has {len(given)} values but the config has {len(names)} inputs "
+                      f"({', '.join(names)})", hint="give one layout for all inputs, or one per input in the "
+                      "config's input_name order, separated by ';'")
+    return dict(zip(names, given, strict=True))
+
+
 def infer(config_path: str | Path, model_file: str | Path, model_type: str, images: Sequence[tuple[str, str]],
-          output_dir: str | Path, input_layout: str | None = None) -> list[Path]:
-    """Run ``model_file`` on ``images`` (input name, file) and write its layer results into ``output_dir``."""
+          output_dir: str | Path, input_layout: Sequence[str] | None = None) -> list[Path]:
+    """Run ``model_file`` on ``images`` (input name, file) and write its layer results into ``output_dir``.
+
+    ``input_layout``: the layout each input takes (one value: all of them), else each input's shape tells."""
     # infer reads the given files only: the calibration folders may be gone (artefacts copied elsewhere)
     config = load_config(config_path, model_type, cal_data=False)
     custom.register_from_config(config.custom_op.op_register_files)  # the model may use custom CPU ops
@@ -107,6 +120,7 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
     if missing:
         raise HbError(f"no --image-file for input(s) {', '.join(missing)}",
                       hint="give --image-file NAME FILE per input")
+    layouts = _layouts(list(input_layout or []), list(specs))
     model_inputs = {vi.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                               for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
     elem_types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
@@ -120,7 +134,7 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
                           hint="run infer on a makertbin artefact (*_original_float_model.onnx ... "
                                "*_quantized_model.onnx)")
         data = read_sample_file(Path(given[name]), spec, config.calibration.preprocess_on)
-        feeds[name] = _arrange(data, spec, model_inputs[name], input_layout)
+        feeds[name] = _arrange(data, spec, model_inputs[name], layouts[name])
     layers = _layers(model, config)
     present = {o.name for o in model.graph.output}
     for layer in layers:

@@ -224,3 +224,38 @@ def test_infer_needs_no_calibration_folder(tmp_path: Path) -> None:
     assert before.exit_code == 0 and result.exit_code == 0, result.output
     [name] = [p.name for p in Path("before").iterdir()]
     np.testing.assert_array_equal(read_vector(Path("before") / name), read_vector(Path("after") / name))
+
+
+def test_infer_takes_one_input_layout_per_input(tmp_path: Path) -> None:
+    """--input-layout took one value for all inputs ('NCHW;NHWC' was refused): a model with inputs of mixed
+    layouts could not be fed. Now one value per input, in input_name order, ';'-separated (one means all).
+    Each 4x4x4 input fits either layout, so only the option says which input's data is transposed."""
+    from builders import _Graph
+
+    g = _Graph(5)
+    out = g.op("Add", [g.conv("a", 4, 4, k=1), g.conv("b", 4, 4, k=1)])
+    project = make_project(tmp_path / "p", g.model({"a": [1, 4, 4, 4], "b": [1, 4, 4, 4]}, [out],
+                                                   featuremap={"a", "b"}), cal_count=3)
+    made = CliRunner().invoke(hb_mapper, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+    assert made.exit_code == 0, made.output
+    files = {n: project.root / f"cal_{n}" / "000.bin" for n in "ab"}
+    specs = {s.name: s for s in load_config(project.config_path).inputs}
+    data = {n: read_sample_file(f, specs[n]) for n, f in files.items()}
+    sess = HB_ONNXRuntime(model_file=str(project.artefact("optimized")))
+    for layouts, transposed in (("NCHW;NHWC", "b"), ("nhwc;NCHW", "a"), ("NHWC", "ab")):
+        feed = {n: np.transpose(v, (0, 2, 3, 1)) if n in transposed else v for n, v in data.items()}
+        result = CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
+                                                str(project.artefact("optimized")), "--image-file", "a",
+                                                str(files["a"]), "--image-file", "b", str(files["b"]),
+                                                "--input-layout", layouts, "--output-dir", transposed],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        (dump,) = Path(transposed).iterdir()
+        want = sess.run(None, feed)[0]
+        np.testing.assert_allclose(np.fromfile(dump, np.float32).reshape(want.shape), want, rtol=1e-6, atol=1e-6)
+    result = CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
+                                            str(project.artefact("optimized")), "--image-file", "a", str(files["a"]),
+                                            "--image-file", "b", str(files["b"]), "--input-layout", "NCHW;NHWC;NCHW",
+                                            "--output-dir", "three"])
+    assert result.exit_code == 1 and "--input-layout has 3 values but the config has 2 inputs (a, b)" in result.output
