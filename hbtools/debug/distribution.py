@@ -3,7 +3,11 @@
 - weight calibration node: the float weight and the fake-quantized weight;
 - activation calibration node: its input in the calibrated model (all calibration on);
 - ordinary node: its output in the float and in the calibrated model, and their
-  difference.
+  difference;
+- bias calibration node (``HzBiasCalibration``, a conv's bias on its int32 accumulator
+  grid): the float bias and the bias on that grid. It is no switch of the debugger's
+  (the bias follows its conv's input and weight nodes), so it has no threshold; the title
+  gives the largest change rounding made.
 
 A blue triangle marks the value of largest magnitude; red dashed lines mark the
 calibration threshold (the largest one of a per-channel node).
@@ -23,7 +27,7 @@ from hbtools.debug.evaluate import tensor_values
 from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
-from hbtools.ops.calibration import HzCalibration
+from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 
 BINS = 200
 
@@ -34,19 +38,22 @@ def plot_distribution(save_dir: str | Path | None = None, model_or_file: str | o
     """One PNG per node in ``save_dir``; returns ``{node: path}``."""
     cm = load_calibrated(model_or_file)
     nodes = _required(options.names(nodes_list, "nodes_list"), "nodes_list")
-    cm.check(nodes, "nodes_list", quantizable_only=False)
+    cm.check([n for n in nodes if n not in cm.bias_nodes], "nodes_list", quantizable_only=False)
     samples = load_samples(calibrated_data, cm)[:PLOT_SAMPLES]
     return distributions(cm, samples, nodes, plots.output_dir(save_dir))
 
 
 def distributions(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[str], folder: Path) -> dict[str, Path]:
-    observed = [t for n in nodes if (t := _tensor_of(cm, n)) is not None]
+    observed = [t for n in nodes if n not in cm.bias_nodes and (t := _tensor_of(cm, n)) is not None]
     floats, quants = ({}, {})
     if observed:
         switchboard = shared_switchboard(cm, observed)
         floats, quants = tensor_values(switchboard, samples, frozenset(cm.calibration))
     out = {}
     for name in nodes:
+        if name in cm.bias_nodes:
+            out[name] = _bias(cm, name, folder)
+            continue
         kind = cm.kind_of(name)
         fig, axes = plots.figure(14.0 if kind == "node" else 9.0, 5.0, 2 if kind == "node" else 1)
         if kind == "weight" and cm.calibration[name].input in cm.constants:
@@ -68,6 +75,20 @@ def distributions(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[st
                                     "node": "output in the float and the calibrated model"}[kind])
         out[name] = plots.save(fig, folder / f"{plots.file_stem(name)}_distribution.png")
     return out
+
+
+def _bias(cm: CalibratedModel, name: str, folder: Path) -> Path:
+    node = cm.bias_nodes[name]
+    bias = cm.constants.get(node.input[0])
+    if bias is None:
+        raise HbError(f"nodes_list: the bias of bias calibration node '{name}' ('{node.input[0]}') is computed in "
+                      "the model, not a constant, so there is no one float bias to plot")
+    on_grid = HzBiasCalibration.reference(node, [bias])[0]
+    fig, axes = plots.figure(9.0, 5.0, 1)
+    _histograms(axes[0], {"float bias": bias, "calibrated bias (int32 grid)": on_grid}, None)
+    error = float(np.abs(on_grid.astype(np.float64) - bias).max()) if np.size(bias) else 0.0
+    plots.title(axes[0], name, f"bias calibration node: float and calibrated bias (largest change {error:.3g})")
+    return plots.save(fig, folder / f"{plots.file_stem(name)}_distribution.png")
 
 
 def _required(names: list[str] | None, param: str) -> list[str]:

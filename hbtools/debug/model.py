@@ -23,6 +23,7 @@ from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes
 from hbtools.graph.model_io import load_model
 from hbtools.ops.base import attrs_of
+from hbtools.ops.calibration import HzBiasCalibration
 from hbtools.quant.calibrated import without_integer_emulation
 
 CALIBRATION_OP = "HzCalibration"
@@ -64,6 +65,9 @@ class CalibratedModel:
     """
 
     def __init__(self, model: ModelProto, source: str) -> None:
+        # Taken out below, but plot_distribution shows what each does to its bias.
+        self.bias_nodes: dict[str, NodeProto] = {n.name: n for n in model.graph.node
+                                                 if n.op_type == HzBiasCalibration.op_type and n.name}
         model = without_integer_emulation(model)
         if any(not n.name for n in model.graph.node):
             name_unnamed_nodes(model)  # tables and arguments refer to nodes by name
@@ -180,7 +184,10 @@ class CalibratedModel:
     def _unknown(self, name: str, param: str, allowed: tuple[str, ...], quantizable_only: bool,
                  valid: list[str]) -> str:
         what = _describe(allowed, quantizable_only)
-        if name in self.calibration or name in self.nodes:
+        if name in self.bias_nodes:
+            problem = (f"'{name}' is a bias calibration node (a bias on its int32 accumulator grid, which "
+                       f"belongs to no switch), but {param} takes {what}")
+        elif name in self.calibration or name in self.nodes:
             kind = self.kind_of(name)
             problem = (f"'{name}' is an ordinary node that no calibration node feeds, so it has nothing to quantize"
                        if kind == "node" and "node" in allowed else

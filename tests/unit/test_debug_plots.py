@@ -87,6 +87,19 @@ def test_distributions(dumped: Dumped, tmp_path: Path) -> None:
         dbg.plot_distribution(**common(dumped, tmp_path))
 
 
+def test_distribution_of_a_bias_calibration_node(dumped: Dumped, tmp_path: Path) -> None:
+    """A HzBiasCalibration node is a node of the calibrated model, which nodes_list takes ('all nodes in the
+    calibrated model'): it was refused ("no node named ..."). Its figure shows the float bias and the bias on
+    its int32 grid; the other tools say what it is."""
+    model = dumped.model()
+    bias = next(n for n in model.graph.node if n.op_type == "HzBiasCalibration")
+    written = dbg.plot_distribution(**common(dumped, tmp_path), nodes_list=[bias.name, "Conv_1"])
+    assert list(written) == [bias.name, "Conv_1"]
+    assert_png(Path(written[bias.name]), 600, 400)
+    with pytest.raises(HbError, match=f"'{bias.name}' is a bias calibration node"):
+        dbg.get_channelwise_data_distribution(**common(dumped, tmp_path), nodes_list=[bias.name])
+
+
 def test_sensitivity_analysis(dumped: Dumped, tmp_path: Path) -> None:
     result = dbg.sensitivity_analysis(model_or_file=str(dumped.calibrated), calibrated_data=str(dumped.data),
                                       pick_threshold=1.0, data_num=2, save_dir=str(tmp_path))
