@@ -24,8 +24,8 @@ from typing import Any  # noqa: E402
 import click  # noqa: E402
 
 from hbtools import __version__  # noqa: E402
-from hbtools.cli.common import ToolGroup, exit_with_error, reports_errors  # noqa: E402
-from hbtools.errors import HbError, UsageError  # noqa: E402
+from hbtools.cli.common import ToolGroup, reports_errors  # noqa: E402
+from hbtools.errors import UsageError  # noqa: E402
 from hbtools.log import setup  # noqa: E402
 
 log = logging.getLogger("hbtools")
@@ -58,7 +58,17 @@ class PyValue(click.ParamType):
 VALUE = PyValue()
 
 
+class DebuggerCommand(click.Command):
+    """Opens the log file when it runs: ``--help`` (handled while click parses) leaves no empty log behind."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        setup(LOG_FILE)
+        return super().invoke(ctx)
+
+
 class DebuggerGroup(ToolGroup):
+    command_class = DebuggerCommand
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return super().get_command(ctx, cmd_name.replace("_", "-"))
 
@@ -197,10 +207,7 @@ def join_split_lists(args: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = join_split_lists(sys.argv[1:] if argv is None else argv)
-    try:
-        setup(LOG_FILE)
-    except HbError as exc:
-        exit_with_error(exc)
+    setup(None)  # the console until a command runs (DebuggerCommand) or click reports a usage error (ToolGroup)
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="hmct-debugger")))
         return

@@ -140,6 +140,21 @@ def test_help_lists_the_short_flags(command: str, flags: list[str], capsys: pyte
         assert re.search(rf"^\s+{re.escape(flag)}, --", out, re.MULTILINE), flag
 
 
+@pytest.mark.parametrize("args", [[], ["--help"], ["-h"], ["--version"], ["plot-distribution", "--help"],
+                                  ["runall", "-h"]])
+def test_help_leaves_no_log_file(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture) -> None:
+    """The log file was opened before the arguments were read: every --help left an empty
+    hmct_debugger.log in the current folder."""
+    monkeypatch.chdir(tmp_path)
+    try:
+        main(args)
+    except SystemExit as exc:
+        assert not exc.code
+    assert "hmct-debugger" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+
+
 def test_split_lists_are_joined() -> None:
     assert join_split_lists(["-q", "['weight',", "'activation']", "-a", "True"]) == [
         "-q", "['weight', 'activation']", "-a", "True"]
