@@ -52,18 +52,79 @@ def resize(image: np.ndarray, height: int, width: int, interpolation: str | int 
     return like(out, image)
 
 
-class ResizeTransformer(Transformer):
-    """Resize to ``target_size`` = (height, width), ignoring the aspect ratio."""
+RESIZE_MODES = ("skimage", "opencv")
+# OpenCV interpolation names (cv2.INTER_*, or without the prefix) -> the two hbtools computes OpenCV's way.
+OPENCV_INTERPOLATIONS = {"": "linear", "inter_linear": "linear", "linear": "linear", "bilinear": "linear",
+                         "inter_nearest": "nearest", "nearest": "nearest"}
+DATA_TYPES = ("float", "uint8")
 
-    def __init__(self, target_size: int | Sequence[int], interpolation: str | int = "bilinear",
+
+class ResizeTransformer(Transformer):
+    """Resize to ``target_size`` = (height, width), ignoring the aspect ratio.
+
+    ``mode`` (the vendor's parameter): ``'skimage'`` resamples with scikit-image, the spline order given
+    by ``method`` (0..5, the vendor's name) or ``interpolation`` (a name or an order); ``'opencv'``
+    computes what ``cv2.resize`` does, without OpenCV: sample points at half-pixel centres, edges
+    clamped, no anti-aliasing when shrinking, ``interpolation`` ``''`` / ``'INTER_LINEAR'`` (the
+    default) or ``'INTER_NEAREST'``. A uint8 image is computed in float and rounded, where OpenCV's
+    fixed-point arithmetic may differ by 1. ``data_type`` ``'float'`` gives float32 and ``'uint8'``
+    uint8 (truncated, as the vendor's ``astype``); by default the output keeps the image's type.
+    """
+
+    def __init__(self, target_size: int | Sequence[int], mode: str = "skimage", method: int | None = None,
+                 data_type: str | None = None, interpolation: str | int = "bilinear",
                  anti_aliasing: bool | None = None) -> None:
         self.target_size = size_hw(target_size, "target_size")
-        _order(interpolation)  # fail at construction, not on the first image
+        if mode not in RESIZE_MODES:
+            raise ValueError(f"mode {mode!r} is not one of {RESIZE_MODES}")
+        if data_type is not None and data_type not in DATA_TYPES:
+            raise ValueError(f"data_type {data_type!r} is not one of {DATA_TYPES}")
+        if mode == "opencv":
+            if not isinstance(interpolation, str) or interpolation.lower() not in OPENCV_INTERPOLATIONS:
+                raise ValueError(f"interpolation {interpolation!r} is not one mode 'opencv' takes: "
+                                 f"{sorted(OPENCV_INTERPOLATIONS)} (any case)")
+        else:
+            _order(interpolation if method is None else method)  # fail at construction, not on the first image
+        self.mode, self.method, self.data_type = mode, method, data_type
         self.interpolation = interpolation
         self.anti_aliasing = anti_aliasing
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
-        return resize(image, *self.target_size, self.interpolation, self.anti_aliasing)
+        if self.mode == "opencv":
+            kind = OPENCV_INTERPOLATIONS[str(self.interpolation).lower()]
+            out = opencv_resize(image, *self.target_size, nearest=kind == "nearest")
+        else:
+            order = self.interpolation if self.method is None else self.method
+            out = resize(image, *self.target_size, order, self.anti_aliasing)
+        if self.data_type == "float":
+            return out.astype(np.float32)
+        if self.data_type == "uint8":
+            return np.clip(out, 0, 255).astype(np.uint8)
+        return out
+
+
+def opencv_resize(image: np.ndarray, height: int, width: int, nearest: bool = False) -> np.ndarray:
+    """``image`` (HW or HWC) resampled as ``cv2.resize`` does with INTER_LINEAR (or INTER_NEAREST)."""
+    check_image(image, "resize")
+    src = image.astype(np.float32 if image.dtype == np.uint8 else float_dtype(image))
+    for axis, size in ((0, height), (1, width)):
+        n = src.shape[axis]
+        scale = n / size
+        if nearest:
+            src = np.take(src, np.minimum(np.floor(np.arange(size) * scale).astype(np.int64), n - 1), axis=axis)
+            continue
+        pos = (np.arange(size) + 0.5) * scale - 0.5
+        lo = np.floor(pos).astype(np.int64)
+        frac = pos - lo
+        frac[lo < 0], lo[lo < 0] = 0.0, 0
+        past = lo >= n - 1
+        frac[past], lo[past] = 0.0, n - 1
+        hi = np.minimum(lo + 1, n - 1)
+        shape = [1] * src.ndim
+        shape[axis] = size
+        w = frac.reshape(shape).astype(src.dtype)
+        src = np.take(src, lo, axis=axis) * (1 - w) + np.take(src, hi, axis=axis) * w
+    return like(src, image)
 
 
 class ShortSideResizeTransformer(Transformer):
