@@ -193,3 +193,19 @@ def test_verifier_counts_nan_on_one_side_only() -> None:
     b = np.array([1.0, 0.0, np.inf, 2.0], np.float32)
     c = compare("y", a, b, 5)
     assert not c.passed and c.nan == 1 and c.diff == 0
+
+
+def test_a_clip_with_bounds_of_shape_1_after_a_conv_converts(tmp_path: Path) -> None:
+    """Clip bounds stored as [1] tensors (onnxruntime runs them; Caffe's ReLU6 came out so): the conv they
+    fuse into stopped with 'internal error: TypeError: only 0-dimensional arrays can be converted'."""
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) / 3).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([0.0], np.float32), "lo"),
+             numpy_helper.from_array(np.array([0.5], np.float32), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["y"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [1, 3, 6, 6])], "y", opset=13, inits=inits,
+                   out_shape=[1, 4, 6, 6])
+    convert_featuremaps(tmp_path, model, {"x": _samples(rng, [1, 3, 6, 6])}, "1x3x6x6", "float32", "m")
+    feed = {"x": rng.uniform(-1, 1, (1, 3, 6, 6)).astype(np.float32)}
+    assert _agrees_with_float(model, tmp_path / "out", "m", feed) >= COSINE

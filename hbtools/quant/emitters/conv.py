@@ -159,6 +159,7 @@ def activation_bounds(state: EmitState, unit: Unit) -> tuple[float | None, float
         return 0.0, None
     vals = [state.view.const(i) for i in act.input[1:3]]
     a = state.view.attrs(act)
-    lo = float(vals[0]) if len(vals) > 0 and vals[0] is not None else a.get("min")
-    hi = float(vals[1]) if len(vals) > 1 and vals[1] is not None else a.get("max")
+    # onnxruntime also takes a bound of shape [1] (Caffe ReLU6 and some exporters write them so)
+    lo = float(vals[0].reshape(-1)[0]) if len(vals) > 0 and vals[0] is not None else a.get("min")
+    hi = float(vals[1].reshape(-1)[0]) if len(vals) > 1 and vals[1] is not None else a.get("max")
     return lo, hi
