@@ -235,7 +235,69 @@ def ssd_normalize() -> tuple[CaffeNet, list[str]]:
     return n, ["np", "na"]
 
 
+def _darknet_reorg(x: np.ndarray, stride: int, reverse: bool) -> np.ndarray:
+    """Darknet's reorg_cpu loop, which the Caffe YOLOv2 ports run with forward = reverse, on flat memory."""
+    b_, c, h, w = x.shape
+    flat, out = x.ravel(), np.empty(x.size)
+    out_c = c // (stride * stride)
+    for b in range(b_):
+        for k in range(c):
+            for j in range(h):
+                for i in range(w):
+                    in_index = i + w * (j + h * (k + c * b))
+                    offset = k // out_c
+                    w2, h2 = i * stride + offset % stride, j * stride + offset // stride
+                    out_index = w2 + w * stride * (h2 + h * stride * (k % out_c + out_c * b))
+                    if reverse:
+                        out[out_index] = flat[in_index]
+                    else:
+                        out[in_index] = flat[out_index]
+    s2 = stride * stride
+    return out.reshape((b_, c // s2, h * stride, w * stride) if reverse else (b_, c * s2, h // stride, w // stride))
+
+
+def _mvn(x: np.ndarray, axes: tuple[int, ...], variance: bool, eps: float) -> np.ndarray:
+    mean = x.mean(axis=axes, keepdims=True)
+    if not variance:
+        return x - mean
+    return (x - mean) / (np.sqrt((x * x).mean(axis=axes, keepdims=True) - mean * mean) + eps)
+
+
+def relu6_shuffle_reorg_mvn_tile_axpy() -> tuple[CaffeNet, list[str]]:
+    """Layers of the MobileNet, ShuffleNet, YOLOv2 and SENet Caffe ports: 'Not support layer' before."""
+    n = CaffeNet(seed=13)
+    x = n.input("data", [2, 8, 4, 6])
+    a = n.input("gate", [2, 8, 1, 1])
+
+    def put(top: str, fn: Callable[..., np.ndarray], *bottoms: str) -> Callable[[dict], None]:
+        return lambda v: v.__setitem__(top, fn(*(v[b] for b in bottoms or (x,))))
+
+    def shuffled(v: np.ndarray, group: int) -> np.ndarray:
+        out = np.empty_like(v)
+        per = v.shape[1] // group
+        for i in range(group):
+            for j in range(per):
+                out[:, j * group + i] = v[:, i * per + j]
+        return out
+    n.layer("Power", [x], ["big"], "power_param { scale: 5 }", step=put("big", lambda v: 5 * v))
+    n.layer("ReLU6", ["big"], ["r6"], "", step=put("r6", lambda v: np.clip(v, 0, 6), "big"))
+    n.layer("ShuffleChannel", [x], ["sh"], "shuffle_channel_param { group: 2 }",
+            step=put("sh", lambda v: shuffled(v, 2)))
+    n.layer("Reorg", [x], ["ro"], "reorg_param { stride: 2 }", step=put("ro", lambda v: _darknet_reorg(v, 2, False)))
+    n.layer("Reorg", [x], ["rr"], "reorg_param { stride: 2 reverse: true }",
+            step=put("rr", lambda v: _darknet_reorg(v, 2, True)))
+    n.layer("MVN", [x], ["mv"], "", step=put("mv", lambda v: _mvn(v, (2, 3), True, 1e-9)))
+    n.layer("MVN", [x], ["ma"], "mvn_param { across_channels: true eps: 0.01 }",
+            step=put("ma", lambda v: _mvn(v, (1, 2, 3), True, 0.01)))
+    n.layer("MVN", [x], ["mm"], "mvn_param { normalize_variance: false }",
+            step=put("mm", lambda v: _mvn(v, (2, 3), False, 0.0)))
+    n.layer("Tile", [x], ["ti"], "tile_param { axis: 2 tiles: 3 }", step=put("ti", lambda v: np.tile(v, (1, 1, 3, 1))))
+    n.layer("Axpy", [a, x, "sh"], ["ax"], "", step=put("ax", lambda g, v, y: g * v + y, a, x, "sh"))
+    return n, ["r6", "ro", "rr", "mv", "ma", "mm", "ti", "ax"]
+
+
 CASES: dict[str, Callable[[], tuple[CaffeNet, list[str]]]] = {
+    "relu6_shuffle_reorg_mvn_tile_axpy": relu6_shuffle_reorg_mvn_tile_axpy,
     "ssd_normalize": ssd_normalize,
     "exp_log_bnll_threshold_argmax": exp_log_threshold_argmax,
     "shared_weight_convolution": shared_weight_convolution,

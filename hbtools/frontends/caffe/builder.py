@@ -237,7 +237,8 @@ class Layer:
 
     def const(self, value: Any, hint: str, dtype: Any = np.float32) -> str:
         name = self.net.unique(f"{self.name}_{hint}")
-        self.consts.append(numpy_helper.from_array(np.ascontiguousarray(value, dtype=dtype), name))
+        # np.array keeps a scalar 0-D (Clip's bounds must be), where ascontiguousarray makes it [1]
+        self.consts.append(numpy_helper.from_array(np.array(value, dtype=dtype, order="C"), name))
         return name
 
     def ints(self, values: list[int], hint: str) -> str:

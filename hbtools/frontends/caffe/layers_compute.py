@@ -171,6 +171,40 @@ def relu(layer: Layer) -> None:
         layer.set_top(0, layer.node("Relu", [layer.bottom()]))
 
 
+def relu6(layer: Layer) -> None:
+    """min(max(x, 0), 6) (MobileNet ports' ReLU6)."""
+    bounds = [layer.const(np.float32(0), "min"), layer.const(np.float32(6), "max")]
+    layer.set_top(0, layer.node("Clip", [layer.bottom(), *bounds]))
+
+
+def mvn(layer: Layer) -> None:
+    """Caffe's MVN: x - mean over H x W of each channel (C x H x W with across_channels), divided, with
+    normalize_variance, by sqrt(E[x^2] - mean^2) + eps (Caffe's variance, eps outside the root)."""
+    p = layer.param.mvn_param
+    rank = len(layer.in_shape())
+    if rank < 2:
+        raise layer.fail(f"needs an input with a channel axis, got shape {layer.in_shape()}")
+    x = layer.bottom()
+    axes = list(range(1 if p.across_channels else 2, rank))  # an attribute at opset 13
+    mean = layer.node("ReduceMean", [x], axes=axes, keepdims=1)
+    centred = layer.node("Sub", [x, mean])
+    if not p.normalize_variance:
+        layer.set_top(0, centred)
+        return
+    variance = layer.node("Sub", [layer.node("ReduceMean", [layer.node("Mul", [x, x])], axes=axes, keepdims=1),
+                                  layer.node("Mul", [mean, mean])])
+    std = layer.node("Add", [layer.node("Sqrt", [variance]), layer.const(np.float32(p.eps), "eps")])
+    layer.set_top(0, layer.node("Div", [centred, std]))
+
+
+def axpy(layer: Layer) -> None:
+    """a * x + y (SENet / MobileNet ports): a is [N, C, 1, 1], x and y [N, C, H, W]."""
+    a, x, y = layer.in_shape(0), layer.in_shape(1), layer.in_shape(2)
+    if x != y or len(a) != len(x) or a[:2] != x[:2] or any(d != 1 for d in a[2:]):
+        raise layer.fail(f"needs a scale [N, C, 1, 1] and two blobs of one shape [N, C, ...], got {a}, {x}, {y}")
+    layer.set_top(0, layer.node("Add", [layer.node("Mul", [layer.bottom(0), layer.bottom(1)]), layer.bottom(2)]))
+
+
 def _unary(op: str, **attrs: object) -> Callable[[Layer], None]:
     def convert(layer: Layer) -> None:
         layer.set_top(0, layer.node(op, [layer.bottom()], **attrs))
@@ -404,6 +438,9 @@ CONVERTERS: dict[str, Callable[[Layer], None]] = {
     "Scale": scale,
     "Bias": bias,
     "ReLU": relu,
+    "ReLU6": relu6,
+    "MVN": mvn,
+    "Axpy": axpy,
     "PReLU": prelu,
     "Sigmoid": _unary("Sigmoid"),
     "TanH": _unary("Tanh"),

@@ -107,6 +107,51 @@ def permute(layer: Layer) -> None:
     layer.set_top(0, layer.node("Transpose", [layer.bottom()], perm=order))
 
 
+def tile(layer: Layer) -> None:
+    p = layer.param.tile_param
+    shape = layer.in_shape()
+    axis = layer.axis(p.axis, len(shape))
+    if p.tiles < 1:
+        raise layer.fail(f"tiles must be at least 1, got {p.tiles}")
+    repeats = [int(p.tiles) if k == axis else 1 for k in range(len(shape))]
+    layer.set_top(0, layer.node("Tile", [layer.bottom(), layer.ints(repeats, "repeats")]))
+
+
+def shuffle_channel(layer: Layer) -> None:
+    """ShuffleNet's channel shuffle: channel i * (C / group) + j becomes channel j * group + i."""
+    n, c, h, w = _four_d(layer)
+    group = int(layer.param.shuffle_channel_param.group)
+    if group < 1 or c % group:
+        raise layer.fail(f"group {group} does not divide the {c} channels")
+    grouped = layer.node("Reshape", [layer.bottom(), layer.ints([n, group, c // group, h, w], "groups")])
+    moved = layer.node("Transpose", [grouped], perm=[0, 2, 1, 3, 4])
+    layer.set_top(0, layer.node("Reshape", [moved, layer.ints([n, c, h, w], "shape")]))
+
+
+def reorg(layer: Layer) -> None:
+    """YOLOv2's passthrough (Darknet's reorg, which the Caffe ports copy): with stride s the input's memory is
+    read as [N, C / s^2, H * s, W * s] and each s x s block's offset (dy, dx) becomes the slowest part of
+    the output channel, giving [N, C * s^2, H / s, W / s]; ``reverse`` undoes it."""
+    p = layer.param.reorg_param
+    n, c, h, w = _four_d(layer)
+    s = int(p.stride)
+    x = layer.bottom()
+    if p.reverse:
+        if s < 1 or c % (s * s):
+            raise layer.fail(f"stride {s} does not fit {c} channels (reverse needs a multiple of {s * s})")
+        blocks = layer.node("Reshape", [x, layer.ints([n, s, s, c // (s * s), h, w], "blocks")])
+        moved = layer.node("Transpose", [blocks], perm=[0, 3, 4, 1, 5, 2])
+        layer.set_top(0, layer.node("Reshape", [moved, layer.ints([n, c // (s * s), h * s, w * s], "shape")]))
+        return
+    if s < 1 or c % (s * s) or h % s or w % s:
+        raise layer.fail(f"stride {s} does not divide the input {[n, c, h, w]} (channels by {s * s}, "
+                         f"height and width by {s})")
+    # [N, C/s^2, H*s, W*s] as [N, C/s^2, H, s, W, s]: (c2, j, dy, i, dx) -> (dy, dx, c2, j, i)
+    blocks = layer.node("Reshape", [x, layer.ints([n, c // (s * s), h, s, w, s], "blocks")])
+    moved = layer.node("Transpose", [blocks], perm=[0, 3, 5, 1, 2, 4])
+    layer.set_top(0, layer.node("Reshape", [moved, layer.ints([n, c * s * s, h // s, w // s], "shape")]))
+
+
 def crop(layer: Layer) -> None:
     p = layer.param.crop_param
     shape, ref = layer.in_shape(0), layer.in_shape(1)
@@ -189,6 +234,9 @@ CONVERTERS: dict[str, Callable[[Layer], None]] = {
     "Flatten": flatten,
     "Reshape": reshape,
     "Permute": permute,
+    "Tile": tile,
+    "ShuffleChannel": shuffle_channel,
+    "Reorg": reorg,
     "Crop": crop,
     "Upsample": upsample,
     "Interp": interp,

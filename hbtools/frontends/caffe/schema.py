@@ -3,7 +3,8 @@
 Field names and numbers are those of the Caffe 1.0 format (they are what makes a
 ``.caffemodel`` readable); only the messages and fields a deploy network uses are
 listed. ``Permute`` and ``Normalize`` come from the widely used SSD branch, ``Upsample`` and
-``Interp`` from the YOLO / SegNet and PSPNet / DeepLab branches: those branches
+``Interp`` from the YOLO / SegNet and PSPNet / DeepLab branches, ``ShuffleChannel`` from the
+ShuffleNet ports and ``Reorg`` from the YOLOv2 ports: those branches
 disagree on the numbers of their layer-parameter fields, which does not matter
 here because layer parameters are read from the prototxt (by name) and weights
 from the ``.caffemodel`` through the separate weights-only messages at the end.
@@ -127,6 +128,10 @@ message LayerParameter {
   optional NormalizeParameter norm_param = 206;
   optional UpsampleParameter upsample_param = 149;
   optional InterpParameter interp_param = 2143;
+  optional MVNParameter mvn_param = 120;
+  optional TileParameter tile_param = 138;
+  optional ShuffleChannelParameter shuffle_channel_param = 164;
+  optional ReorgParameter reorg_param = 165;
 }
 
 message TransformationParameter {
@@ -296,6 +301,26 @@ message MemoryDataParameter {
   optional uint32 channels = 2;
   optional uint32 height = 3;
   optional uint32 width = 4;
+}
+
+message MVNParameter {
+  optional bool normalize_variance = 1 [default = true];
+  optional bool across_channels = 2 [default = false];
+  optional float eps = 3 [default = 1e-9];
+}
+
+message TileParameter {
+  optional int32 axis = 1 [default = 1];
+  optional int32 tiles = 2;
+}
+
+message ShuffleChannelParameter {
+  optional uint32 group = 1 [default = 1];
+}
+
+message ReorgParameter {
+  optional uint32 stride = 1 [default = 2];
+  optional bool reverse = 2 [default = false];
 }
 
 message NormalizeParameter {
