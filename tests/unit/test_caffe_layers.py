@@ -19,6 +19,7 @@ from caffe_builders import CaffeNet, conv2d, interp_bilinear, lrn, pool2d
 from google.protobuf import text_format
 from onnx import ModelProto
 
+from hbtools.errors import HbError
 from hbtools.frontends.caffe import load_caffe
 from hbtools.frontends.caffe.proto import NetParameter
 from hbtools.frontends.caffe.reader import read_weights
@@ -440,3 +441,62 @@ def test_weights_written_without_packing(tmp_path: Path) -> None:
     (tmp_path / "w.caffemodel").write_bytes(b"\xa2\x06" + bytes([len(layer)]) + layer)  # NetParameter.layer
     weights = read_weights(tmp_path / "w.caffemodel")
     assert list(weights) == ["c"] and weights["c"][0].tolist() == [1.5, -2.0]
+
+
+def _caffe_prior_box(layer_hw: tuple[int, int], image_hw: tuple[int, int], min_sizes: list[float],
+                     max_sizes: list[float], ratios: list[float], variance: list[float], clip: bool) -> np.ndarray:
+    """prior_box_layer.cpp of the SSD branch, defaults flip: true, offset: 0.5, steps from the sizes."""
+    all_ratios = [1.0]
+    for r in ratios:
+        if all(abs(r - a) >= 1e-6 for a in all_ratios):
+            all_ratios += [r, 1 / r]
+    step_h, step_w = image_hw[0] / layer_hw[0], image_hw[1] / layer_hw[1]
+    out = []
+    for h in range(layer_hw[0]):
+        for w in range(layer_hw[1]):
+            cx, cy = (w + 0.5) * step_w, (h + 0.5) * step_h
+            for k, mn in enumerate(min_sizes):
+                shapes = [(mn, mn)] + ([(np.sqrt(mn * max_sizes[k]),) * 2] if max_sizes else [])
+                shapes += [(mn * np.sqrt(r), mn / np.sqrt(r)) for r in all_ratios[1:]]
+                for bw, bh in shapes:
+                    out += [(cx - bw / 2) / image_hw[1], (cy - bh / 2) / image_hw[0],
+                            (cx + bw / 2) / image_hw[1], (cy + bh / 2) / image_hw[0]]
+    corners = np.clip(out, 0, 1) if clip else np.array(out)
+    return np.stack([corners, np.tile(variance, len(out) // len(variance))])[None]
+
+
+def test_ssd_prior_boxes_are_constants_and_the_net_ends_before_detection_output(tmp_path: Path,
+                                                                                caplog: pytest.LogCaptureFixture
+                                                                                ) -> None:
+    """An SSD deploy net stopped at 'Not support layer ... type=PriorBox'. PriorBox is a constant for the fixed
+    input size; DetectionOutput (decoding and NMS, a number of boxes) is left out, with a warning naming its
+    bottoms, which become the outputs."""
+    n = CaffeNet(seed=15)
+    x = n.input("data", [1, 3, 12, 16])
+    f = n.conv(x, 4, 3, stride=2, pad=1)
+    loc, conf = n.conv(f, 4 * 4, 1, top="loc"), n.conv(f, 4 * 3, 1, top="conf")
+    priors = {"pa": ([8.0], [16.0], [2.0], [0.1, 0.1, 0.2, 0.2], False),
+              "pb": ([4.0, 10.0], [], [3.0], [0.1], True)}
+    for top, (mn, mx, ar, var, clip) in priors.items():
+        params = " ".join([*(f"min_size: {v}" for v in mn), *(f"max_size: {v}" for v in mx),
+                           *(f"aspect_ratio: {v}" for v in ar), *(f"variance: {v}" for v in var),
+                           f"clip: {'true' if clip else 'false'}"])
+        ref = _caffe_prior_box((6, 8), (12, 16), mn, mx, ar, var, clip)
+        n.layer("PriorBox", [f, x], [top], f"prior_box_param {{ {params} }}",
+                step=lambda v, top=top, ref=ref: v.__setitem__(top, ref))
+    n.layer("Concat", ["pa", "pb"], ["priors"], "concat_param { axis: 2 }",
+            step=lambda v: v.__setitem__("priors", np.concatenate([v["pa"], v["pb"]], axis=2)))
+    n.layer("DetectionOutput", [loc, conf, "priors"], ["detection_out"], "include { phase: TEST }", name="detection")
+    model = check(n, tmp_path, [loc, conf, "priors"])
+    assert [o.name for o in model.graph.output] == ["loc", "conf", "priors"]
+    # the first cell of 'pa': centre (1, 1) in the 12 x 16 image, min_size 8 -> corners (-3, -3, 5, 5) / (16, 12)
+    first = run(model, n.sample())[2][0, 0, :4]
+    np.testing.assert_allclose(first, [-3 / 16, -3 / 12, 5 / 16, 5 / 12], rtol=1e-6)
+    assert "caffe layer 'detection' (DetectionOutput: SSD's box decoding and per-class non-maximum " \
+           "suppression) is left out" in caplog.text
+    assert "its bottoms 'loc', 'conf', 'priors' are the outputs" in caplog.text
+
+    n.layer("Softmax", ["detection_out"], ["after"], "")
+    with pytest.raises(HbError, match="reads 'detection_out', the output of layer 'detection' "
+                                      r"\(DetectionOutput\), which the conversion ends before"):
+        load_caffe(*n.write(tmp_path / "after"))

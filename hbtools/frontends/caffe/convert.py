@@ -11,17 +11,17 @@ from typing import Any
 import onnx
 
 from hbtools.errors import HbError
-from hbtools.frontends.caffe import layers_compute, layers_shape
+from hbtools.frontends.caffe import layers_compute, layers_shape, layers_ssd
 from hbtools.frontends.caffe.builder import Layer, Net
 from hbtools.frontends.caffe.reader import deploy_layers, read_prototxt, read_weights
 
 log = logging.getLogger("hbtools")
 
-CONVERTERS = {**layers_compute.CONVERTERS, **layers_shape.CONVERTERS}
+CONVERTERS = {**layers_compute.CONVERTERS, **layers_shape.CONVERTERS, **layers_ssd.CONVERTERS}
 # Layers whose first top is a network input; any other top (labels) is left out.
 INPUT_LAYERS = ("Input", "Data", "ImageData", "MemoryData", "HDF5Data", "DummyData", "WindowData",
                 "AnnotatedData")
-SUPPORTED_TYPES = tuple(sorted({*CONVERTERS, *INPUT_LAYERS}))
+SUPPORTED_TYPES = tuple(sorted({*CONVERTERS, *INPUT_LAYERS, *layers_ssd.CUT_LAYERS}))
 
 Shapes = Mapping[str | None, Sequence[int]]
 
@@ -80,7 +80,16 @@ def _input_shape(blob: str, declared: list[int] | None, where: str, given: Seque
 
 def check_layer_types(layers: list[Any]) -> None:
     """The first layer hbtools cannot convert stops the run, in the vendor tool's words."""
+    cut: dict[str, str] = {}  # top of a layer the network ends before -> that layer
     for layer in layers:
+        read = next((b for b in layer.bottom if b in cut), None)
+        if read is not None:
+            raise HbError(f"caffe layer '{layer.name}' (type {layer.type}) reads '{read}', the output of "
+                          f"{cut[read]}, which the conversion ends before",
+                          hint="the network's outputs are the layer's bottoms; move what follows it to the host")
+        if layer.type in layers_ssd.CUT_LAYERS:
+            cut.update((t, f"layer '{layer.name}' ({layer.type})") for t in layer.top)
+            continue
         if layer.type not in CONVERTERS and layer.type not in INPUT_LAYERS:
             # Type names are case-sensitive in Caffe: a near miss is most likely a typo.
             close = difflib.get_close_matches(layer.type, SUPPORTED_TYPES, n=1, cutoff=0.75)
@@ -116,6 +125,11 @@ def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: S
         net.add_input(blob, used)
     for param in layers:
         if param.type in INPUT_LAYERS:
+            continue
+        if param.type in layers_ssd.CUT_LAYERS:
+            log.warning("caffe layer '%s' (%s: %s) is left out: the network ends before it, and its bottoms %s are "
+                        "the outputs; decode and filter on the host", param.name, param.type,
+                        layers_ssd.CUT_LAYERS[param.type], ", ".join(f"'{b}'" for b in param.bottom))
             continue
         layer = Layer(net, param, weights.get(param.name))
         try:

@@ -132,6 +132,7 @@ message LayerParameter {
   optional TileParameter tile_param = 138;
   optional ShuffleChannelParameter shuffle_channel_param = 164;
   optional ReorgParameter reorg_param = 165;
+  optional PriorBoxParameter prior_box_param = 203;
 }
 
 message TransformationParameter {
@@ -321,6 +322,22 @@ message ShuffleChannelParameter {
 message ReorgParameter {
   optional uint32 stride = 1 [default = 2];
   optional bool reverse = 2 [default = false];
+}
+
+message PriorBoxParameter {
+  repeated float min_size = 1;
+  repeated float max_size = 2;
+  repeated float aspect_ratio = 3;
+  optional bool flip = 4 [default = true];
+  optional bool clip = 5 [default = false];
+  repeated float variance = 6;
+  optional uint32 img_size = 7;
+  optional uint32 img_h = 8;
+  optional uint32 img_w = 9;
+  optional float step = 10;
+  optional float step_h = 11;
+  optional float step_w = 12;
+  optional float offset = 13 [default = 0.5];
 }
 
 message NormalizeParameter {
