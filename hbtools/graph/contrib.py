@@ -200,8 +200,15 @@ def _activations(w: Writer, a: dict) -> str | None:
         scaled = x if alpha == 1.0 else w.op("Mul", [x, w.const(alpha)])
         w.op("Mul", [x, w.op("Sigmoid", [scaled])], out)
         return None
-    if len(node.input) > 1 and node.input[1]:  # BiasGelu's and FastGelu's bias
+    if len(node.input) > 1 and node.input[1]:  # BiasGelu's, FastGelu's and BiasSplitGelu's bias
         x = w.op("Add", [x, node.input[1]])
+    if node.op_type == "BiasSplitGelu":  # the first half of the last axis times the GELU of the second half
+        half, gate, gelu = f"{w.prefix}_half", f"{w.prefix}_gate", f"{w.prefix}_gelu"
+        w.nodes.append(helper.make_node("Split", [x], [half, gate], name=f"{w.prefix}/Split", axis=-1,
+                                        **({"num_outputs": 2} if w.opset >= 18 else {})))
+        _gelu(w, gate, gelu, approximate=False)
+        w.op("Mul", [half, gelu], out)
+        return None
     _gelu(w, x, out, approximate=node.op_type == "FastGelu")
     return None
 
@@ -218,10 +225,13 @@ def _expand(node: NodeProto, w: Writer, view: GraphView) -> str | None:
         return None if _fused_gemm(w, a) else f"its activation {_text(a.get('activation', b''))} is not known"
     if op == "FusedMatMul":
         return None if _fused_matmul(w, a, view) else "it transposes batch axes or an operand of unknown rank"
-    if op in ("Gelu", "BiasGelu", "FastGelu", "QuickGelu"):
+    if op in ("Gelu", "BiasGelu", "FastGelu", "QuickGelu", "BiasSplitGelu"):
         return _activations(w, a)
     if op in ("SkipLayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"):
         return _norms(w, a, view)
+    if op == "BiasAdd":  # input + bias + skip (diffusion UNets; onnxruntime runs it on GPUs only)
+        w.op("Add", [w.op("Add", list(node.input[:2])), node.input[2]], node.output[0])
+        return None
     if op in contrib_attention.WRITERS:
         return contrib_attention.WRITERS[op](w, a, view)
     return "hbtools does not write it as standard ops"

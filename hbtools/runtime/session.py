@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,8 +123,22 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     options.enable_mem_pattern = memory_pattern
     if optimized_model_path:
         options.optimized_model_filepath = optimized_model_path
-    return _Session(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
-                    disabled_optimizers=[*WEIGHT_REQUANTIZATION, *([] if rounding_fusions else ROUNDING_FUSIONS)])
+    try:
+        return _Session(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                        disabled_optimizers=[*WEIGHT_REQUANTIZATION, *([] if rounding_fusions else ROUNDING_FUSIONS)])
+    except ort.capi.onnxruntime_pybind11_state.NotImplemented as exc:
+        raise _no_cpu_kernel(exc) from exc
+
+
+def _no_cpu_kernel(exc: Exception) -> HbError:
+    """onnxruntime has no CPU kernel for a node (its GPU-only contrib ops: BiasAdd, GroupNorm, ...)."""
+    found = re.search(r"implementation for (\w+)\((\d+)\) node with name '([^']*)'", str(exc))
+    if found is None:
+        return HbError(f"onnxruntime cannot run the model on the CPU: {str(exc).strip().splitlines()[0]}")
+    op, version, node = found.groups()
+    return HbError(f"node '{node}' is {op} (version {version}), which onnxruntime has no CPU kernel for, and hbtools "
+                   "does not write it as standard ops", hint="export the model without it (onnxruntime's "
+                   "transformer optimizer adds GPU-only fusions when told the model runs on a GPU: optimize for CPU)")
 
 
 class _Session(ort.InferenceSession):

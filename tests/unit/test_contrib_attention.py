@@ -164,3 +164,40 @@ def test_onnxruntimes_rms_norm_in_the_onnx_domain_converts_on_the_bpu(tmp_path: 
     x = {"x": rng.standard_normal((1, S, H)).astype(np.float32)}
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(_run(model, x)[0], got) >= 0.99
+
+
+def test_gpu_only_bias_add_and_bias_split_gelu_are_written_as_standard_ops() -> None:
+    """BiasAdd and BiasSplitGelu (diffusion UNets) have no onnxruntime CPU kernel: a model with them stopped with
+    'internal error: NotImplemented'. Written as standard ops, checked against their definitions in numpy."""
+    import math
+
+    rng = np.random.default_rng(39)
+    inits = {"b": (0.1 * rng.standard_normal(H)).astype(np.float32),
+             "b2": (0.1 * rng.standard_normal(2 * H)).astype(np.float32)}
+    nodes = [helper.make_node("BiasAdd", ["x", "b", "s"], ["t"], domain=MS),
+             helper.make_node("Concat", ["t", "s"], ["c"], axis=-1),
+             helper.make_node("BiasSplitGelu", ["c", "b2"], ["y"], domain=MS)]
+    model = _model(nodes, [("x", F, [1, S, H]), ("s", F, [1, S, H])], [("y", F, [1, S, H])], inits)
+    assert expand_contrib_ops(model) == 2 and not [n for n in model.graph.node if is_ort_op(n)]
+    x, s = (rng.standard_normal((1, S, H)).astype(np.float64) for _ in range(2))
+    c = np.concatenate([x + inits["b"] + s, s], axis=-1) + inits["b2"]
+    gate = c[..., H:]
+    want = c[..., :H] * 0.5 * gate * (1 + np.vectorize(math.erf)(gate / math.sqrt(2)))
+    got = _run(model, {"x": x.astype(np.float32), "s": s.astype(np.float32)})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_contrib_op_without_a_cpu_kernel_is_one_error_line(tmp_path: Path) -> None:
+    """com.microsoft GroupNorm (GPU only, not rewritten): 'internal error: NotImplemented ...' before; now the
+    ERROR names the node and says to export the model without it."""
+    import onnx
+    from conformance import INTERNAL, _cli
+
+    inits = {"g": np.ones(4, np.float32), "b": np.zeros(4, np.float32)}
+    nodes = [helper.make_node("GroupNorm", ["x", "g", "b"], ["y"], domain=MS, name="gn", epsilon=1e-5, groups=2,
+                              activation=0)]
+    onnx.save(_model(nodes, [("x", F, [1, 4, 4, 4])], [("y", F, [1, 4, 4, 4])], inits), tmp_path / "m.onnx")
+    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", str(tmp_path / "m.onnx")],
+                     tmp_path)
+    assert code != 0 and INTERNAL not in out, out[-2000:]
+    assert "ERROR node 'gn' is GroupNorm (version 1), which onnxruntime has no CPU kernel for" in out
