@@ -3,13 +3,14 @@
 onnxruntime's transformer optimizer (``onnxruntime.transformers.optimizer``) joins a BERT layer's
 Q/K/V projections, scaled dot product and softmax into ``Attention``, a cross attention's into
 ``MultiHeadAttention``, and the word, position and segment embeddings with the layer norm after them
-into ``EmbedLayerNormalization``. onnx's shape inference knows none of them and the BPU has no kernel
+into ``EmbedLayerNormalization``, LLaMA-style rotary position embeddings into ``RotaryEmbedding``.
+onnx's shape inference knows none of them and the BPU has no kernel
 for them: the whole attention ran on the CPU. Written as MatMul / Reshape / Transpose / Softmax (and
 Gather / Add / the spelled-out layer norm), they are what a PyTorch export would have been.
 
-Not written (the node stays onnxruntime's, on the CPU, with the reason in the CPU node table): a padding
-mask input (its values are only known at run time), past key / value caches, rotary embeddings, packed
-Q/K/V inputs.
+Not written (the node stays onnxruntime's, on the CPU, with the reason in the CPU node table): a mask_index
+of end positions, past key / value caches, Attention's own rotary embeddings, rotary positions given at
+run time, packed Q/K/V inputs.
 """
 
 from __future__ import annotations
@@ -171,3 +172,68 @@ def embed_layer_norm(w: Writer, a: dict, view: GraphView) -> str | None:
 
 WRITERS: dict[str, Callable[[Writer, dict, GraphView], str | None]] = {
     "Attention": attention, "MultiHeadAttention": multi_head_attention, "EmbedLayerNormalization": embed_layer_norm}
+
+
+def _rotate(w: Writer, x: str, cos: str, sin: str, half: int, interleaved: bool) -> str:
+    """The rotary part ``x`` (last axis 2 * ``half``) turned by the angles of ``cos`` / ``sin``."""
+    def part(t: str, lo: int, hi: int) -> str:
+        return w.op("Slice", [t, w.const(np.array([lo], np.int64)), w.const(np.array([hi], np.int64)),
+                              w.const(np.array([-1], np.int64))])
+
+    if interleaved:  # pairs (x[2i], x[2i + 1]): the last axis (of a 4-D x) as [half, 2]
+        pairs = w.op("Reshape", [x, w.const(np.array([0, 0, 0, half, 2], np.int64))])
+        x1, x2 = part(pairs, 0, 1), part(pairs, 1, 2)
+    else:
+        x1, x2 = part(x, 0, half), part(x, half, 2 * half)
+    first = w.op("Sub", [w.op("Mul", [x1, cos]), w.op("Mul", [x2, sin])])
+    second = w.op("Add", [w.op("Mul", [x2, cos]), w.op("Mul", [x1, sin])])
+    if not interleaved:
+        return w.op("Concat", [first, second], axis=-1)
+    return w.op("Reshape", [w.op("Concat", [first, second], axis=-1),
+                            w.const(np.array([0, 0, 0, 2 * half], np.int64))])
+
+
+def rotary_embedding(w: Writer, a: dict, view: GraphView) -> str | None:
+    """com.microsoft RotaryEmbedding with constant positions and caches: the angles are constants, the turn
+    Mul / Sub / Add on the query or key ([batch, length, heads * size] or [batch, heads, length, size])."""
+    ins = list(w.node.input)
+    positions, cos_cache, sin_cache = (view.const(t) for t in ins[1:4])
+    shape = view.shapes.get(ins[0])
+    if positions is None or cos_cache is None or sin_cache is None:
+        return "its positions or its cos / sin caches are computed at run time"
+    if shape is None or len(shape) not in (3, 4) or None in shape or a.get("is_packed_batching", 0):
+        return "its input is not [batch, length, hidden] or [batch, heads, length, size] of known sizes"
+    half = cos_cache.shape[1]
+    rotary = int(a.get("rotary_embedding_dim", 0)) or 2 * half
+    heads = int(a.get("num_heads", 0))
+    size = shape[3] if len(shape) == 4 else (shape[2] // heads if heads else rotary)
+    batch, length = shape[0], shape[2] if len(shape) == 4 else shape[1]
+    if rotary != 2 * half or rotary > size or (len(shape) == 3 and shape[2] % size):
+        return f"its rotary size {rotary} does not fit heads of size {size} and caches of width {half}"
+    if positions.size == 1:  # an offset: positions offset .. offset + length - 1
+        positions = int(positions.reshape(-1)[0]) + np.arange(length)[None]
+    positions = np.broadcast_to(positions, (batch, length))
+    if positions.max() >= cos_cache.shape[0]:
+        return f"a position {int(positions.max())} is beyond its caches of {cos_cache.shape[0]} positions"
+    axis = 2 if len(shape) == 3 else 1  # where the heads are: [b, s, n, h] or [b, n, s, h]
+    interleaved = bool(a.get("interleaved", 0))
+    angles = [np.expand_dims(c[positions], axis) for c in (cos_cache, sin_cache)]
+    if interleaved:
+        angles = [t[..., None] for t in angles]
+    cos, sin = (w.const(t) for t in angles)
+    x = ins[0] if len(shape) == 4 else w.op("Reshape", [ins[0], w.const(np.array([0, 0, -1, size], np.int64))])
+    if rotary < size:
+        ends = [np.array([v], np.int64) for v in (0, rotary, size)]
+        rot = w.op("Slice", [x, w.const(ends[0]), w.const(ends[1]), w.const(np.array([-1], np.int64))])
+        rest = w.op("Slice", [x, w.const(ends[1]), w.const(ends[2]), w.const(np.array([-1], np.int64))])
+        turned = w.op("Concat", [_rotate(w, rot, cos, sin, half, interleaved), rest], axis=-1)
+    else:
+        turned = _rotate(w, x, cos, sin, half, interleaved)
+    if len(shape) == 4:
+        w.op("Identity", [turned], w.node.output[0])
+    else:
+        w.op("Reshape", [turned, w.const(np.array([0, 0, -1], np.int64))], w.node.output[0])
+    return None
+
+
+WRITERS["RotaryEmbedding"] = rotary_embedding

@@ -201,3 +201,21 @@ def test_a_contrib_op_without_a_cpu_kernel_is_one_error_line(tmp_path: Path) -> 
                      tmp_path)
     assert code != 0 and INTERNAL not in out, out[-2000:]
     assert "ERROR node 'gn' is GroupNorm (version 1), which onnxruntime has no CPU kernel for" in out
+
+
+@pytest.mark.parametrize(("layout", "interleaved", "rotary", "positions"), [
+    ("bsd", 0, 0, "ids"), ("bsd", 1, 0, "offset"), ("bnsh", 0, 4, "ids"), ("bnsh", 1, 0, "ids")])
+def test_rotary_embedding_with_constant_positions_is_written_as_standard_ops(layout: str, interleaved: int,
+                                                                             rotary: int, positions: str) -> None:
+    rng = np.random.default_rng(40)
+    size, half = 8, (rotary or 8) // 2
+    angles = np.arange(32)[:, None] * (1.0 / 100 ** (np.arange(half) / half))[None]
+    inits = {"pos": (np.array([3], np.int64) if positions == "offset" else
+                     rng.integers(0, 32, (2, S)).astype(np.int64)),
+             "cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}
+    shape = [2, S, HEADS * size] if layout == "bsd" else [2, HEADS, S, size]
+    attrs = {"interleaved": interleaved, **({"rotary_embedding_dim": rotary, "num_heads": HEADS} if rotary else {}),
+             **({"num_heads": HEADS} if layout == "bsd" else {})}
+    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain=MS, **attrs)
+    model = _model([node], [("x", F, shape)], [("y", F, shape)], inits)
+    _rewritten_agrees(model, {"x": rng.standard_normal(shape).astype(np.float32)})
