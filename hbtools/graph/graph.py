@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
+from hbtools.graph.contrib_shapes import contrib_value_infos
 from hbtools.ops import custom
 from hbtools.ops.base import attrs_of, reduced_axes
 from hbtools.ops.registry import has_fact
@@ -213,7 +214,10 @@ def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProt
             _spell_out_defaults(probe.graph.node[k], opset)
     for _ in range(64):
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
-        added = _apply_value_infos(inferred, custom_value_infos(inferred, _known(inferred)))
+        known = _known(inferred)
+        shapes = {t.name: list(t.dims) for t in inferred.graph.initializer} | {n: _dims(v) for n, v in known.items()}
+        added = _apply_value_infos(inferred, [*custom_value_infos(inferred, known),
+                                              *contrib_value_infos(inferred, shapes)])
         probe = inferred
         if not added:
             break

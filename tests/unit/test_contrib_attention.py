@@ -219,3 +219,27 @@ def test_rotary_embedding_with_constant_positions_is_written_as_standard_ops(lay
     node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain=MS, **attrs)
     model = _model([node], [("x", F, shape)], [("y", F, shape)], inits)
     _rewritten_agrees(model, {"x": rng.standard_normal(shape).astype(np.float32)})
+
+
+def test_the_layers_after_a_kept_attention_have_shapes_and_run_on_the_bpu(tmp_path: Path) -> None:
+    """A MultiHeadAttention with a key padding mask stays onnxruntime's. Its output had no shape, so the
+    LayerNormalization after it was not made one HzLayerNorm and went to the CPU ('a scale or bias computed
+    at run time'). The kept op's output now has the shape onnxruntime gives it."""
+    rng = np.random.default_rng(41)
+    inits = {"w": _weights(rng, H, H), "g": (1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
+             "b": (0.1 * rng.standard_normal(H)).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["q"]),
+             helper.make_node("MultiHeadAttention", ["q", "x", "x", "", "mask"], ["a"], domain=MS, num_heads=HEADS),
+             helper.make_node("MatMul", ["a", "w"], ["m"]),
+             helper.make_node("LayerNormalization", ["m", "g", "b"], ["n"], axis=-1, epsilon=1e-5),
+             helper.make_node("Add", ["n", "x"], ["y"])]
+    model = _model(nodes, [("x", F, [1, S, H]), ("mask", I32, [1, S])], [("y", F, [1, S, H])], inits, opset=17)
+    samples = {"x": [rng.standard_normal((1, S, H)).astype(np.float32) for _ in range(4)],
+               "mask": [np.ones((1, S), np.int32) for _ in range(4)]}
+    out = convert_featuremaps(tmp_path, model, samples, f"1x{S}x{H};1x{S}", "float32", "m")
+    assert "1 layer normalizations written as one HzLayerNorm node each" in out
+    cpu = read_bin(tmp_path / "out" / "m.bin").models[0].partition["cpu_nodes"]
+    assert [c["type"] for c in cpu] == ["MultiHeadAttention"]
+    x = {"x": rng.standard_normal((1, S, H)).astype(np.float32), "mask": np.ones((1, S), np.int32)}
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(_run(model, x)[0], got) >= 0.99
