@@ -43,16 +43,16 @@ def test_unknown_layer_type_is_reported_before_any_weight_is_read(tmp_path: Path
 def test_parameters_of_other_caffe_branches_are_skipped_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     proto, weights = small_net().write(tmp_path)
-    proto.write_text(proto.read_text() + 'layer { name: "priors" type: "PriorBox" bottom: "conv1" top: "p" '
-                                          'prior_box_param { min_size: 30 } }\n')
+    proto.write_text(proto.read_text() + 'layer { name: "proposal" type: "Proposal" bottom: "conv1" top: "p" '
+                                          'proposal_param { feat_stride: 16 } }\n')
     logger = logging.getLogger("hbtools")  # may not propagate once a CLI test has set up logging
     logger.addHandler(caplog.handler)
     try:
-        with pytest.raises(HbError, match="Not support layer name=priors type=PriorBox"):
+        with pytest.raises(HbError, match="Not support layer name=proposal type=Proposal"):
             load_caffe(proto, weights)
     finally:
         logger.removeHandler(caplog.handler)
-    assert any(r.levelno == logging.WARNING and "prior_box_param" in r.getMessage() for r in caplog.records)
+    assert any(r.levelno == logging.WARNING and "proposal_param" in r.getMessage() for r in caplog.records)
 
 
 def test_weights_must_belong_to_the_prototxt(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ float64 numpy reference: max |onnx - ref| / max |ref| <= 1e-5.
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -487,7 +488,12 @@ def test_ssd_prior_boxes_are_constants_and_the_net_ends_before_detection_output(
     n.layer("Concat", ["pa", "pb"], ["priors"], "concat_param { axis: 2 }",
             step=lambda v: v.__setitem__("priors", np.concatenate([v["pa"], v["pb"]], axis=2)))
     n.layer("DetectionOutput", [loc, conf, "priors"], ["detection_out"], "include { phase: TEST }", name="detection")
-    model = check(n, tmp_path, [loc, conf, "priors"])
+    logger = logging.getLogger("hbtools")  # may not propagate once a CLI test has set up logging
+    logger.addHandler(caplog.handler)
+    try:
+        model = check(n, tmp_path, [loc, conf, "priors"])
+    finally:
+        logger.removeHandler(caplog.handler)
     assert [o.name for o in model.graph.output] == ["loc", "conf", "priors"]
     # the first cell of 'pa': centre (1, 1) in the 12 x 16 image, min_size 8 -> corners (-3, -3, 5, 5) / (16, 12)
     first = run(model, n.sample())[2][0, 0, :4]
