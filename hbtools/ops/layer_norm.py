@@ -183,8 +183,12 @@ class HzSQuantizedLayerNorm(HzOp):
 
     @classmethod
     def refusal(cls, node: NodeProto, view) -> str:  # noqa: ANN001 - GraphView lives above ops/
-        if node.op_type != HzLayerNorm.op_type:  # the optimize stage left it: a scale or bias computed at run time
-            return f"{node.op_type} with a scale or bias computed at run time has no BPU form in hbtools"
+        if node.op_type != HzLayerNorm.op_type:  # the optimize stage left it
+            if not all(view.is_const(i) for i in node.input[1:] if i):
+                return f"{node.op_type} with a scale or bias computed at run time has no BPU form in hbtools"
+            if view.shapes.get(node.input[0]) is None:  # after an op shape inference does not know
+                return f"{node.op_type} of a tensor of unknown shape has no BPU form in hbtools"
+            return f"{node.op_type} over these axes, or with a scale or bias of this shape, has no BPU form in hbtools"
         a = HzLayerNorm.read(node)
         n = group_size(view.shapes.get(node.input[0]), a["axes"])
         if n is None:
