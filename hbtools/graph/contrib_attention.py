@@ -9,7 +9,7 @@ for them: the whole attention ran on the CPU. Written as MatMul / Reshape / Tran
 Gather / Add / the spelled-out layer norm), they are what a PyTorch export would have been.
 
 Not written (the node stays onnxruntime's, on the CPU, with the reason in the CPU node table): a mask_index
-of end positions, past key / value caches, Attention's own rotary embeddings, rotary positions given at
+of end and start positions, past key / value caches, Attention's own rotary embeddings, rotary positions given at
 run time, packed Q/K/V inputs.
 """
 
@@ -65,16 +65,24 @@ def _masks(w: Writer, a: dict, ins: list[str], bias_input: int, lengths: tuple[i
     return biases
 
 
-def _raw_mask(w: Writer, a: dict, mask: str, rank: int) -> str:
-    """A 0 / 1 mask [batch, keys] (or [batch, queries, keys]) as the additive bias onnxruntime makes of it:
-    ``mask_filter_value`` where the mask is 0."""
-    masked = w.op("Cast", [w.op("Not", [w.op("Greater", [mask, w.const(np.array(0, np.int32))])])],
-                  to=helper.np_dtype_to_tensor_dtype(np.dtype(np.float32)))
-    bias = w.op("Mul", [masked, w.const(float(a.get("mask_filter_value", -10000.0)))])
-    axes = [1, 2] if rank == 2 else [1]
+def _unsqueeze(w: Writer, x: str, axes: list[int]) -> str:
     if w.opset >= 13:
-        return w.op("Unsqueeze", [bias, w.const(np.array(axes, np.int64))])
-    return w.op("Unsqueeze", [bias], axes=axes)
+        return w.op("Unsqueeze", [x, w.const(np.array(axes, np.int64))])
+    return w.op("Unsqueeze", [x], axes=axes)
+
+
+def _mask_bias(w: Writer, a: dict, mask: str, rank: int, length: int | None) -> str:
+    """Attention's mask_index as the additive bias onnxruntime makes of it, ``mask_filter_value`` on the keys
+    masked: a 0 / 1 mask [batch, keys] or [batch, queries, keys] (0 masks), or the end position of each
+    sequence [batch] (keys from it on are masked)."""
+    if rank == 1:
+        kept = w.op("Less", [w.const(np.arange(length, dtype=np.int32)[None]), _unsqueeze(w, mask, [1])])
+        rank = 2
+    else:
+        kept = w.op("Greater", [mask, w.const(np.array(0, np.int32))])
+    masked = w.op("Cast", [w.op("Not", [kept])], to=helper.np_dtype_to_tensor_dtype(np.dtype(np.float32)))
+    bias = w.op("Mul", [masked, w.const(float(a.get("mask_filter_value", -10000.0)))])
+    return _unsqueeze(w, bias, [1, 2] if rank == 2 else [1])
 
 
 def attention(w: Writer, a: dict, view: GraphView) -> str | None:
@@ -83,9 +91,13 @@ def attention(w: Writer, a: dict, view: GraphView) -> str | None:
     for k, what in ((4, "a past key / value cache"), (6, "a past sequence length")):
         if _given(ins, k):
             return f"it takes {what}"
-    mask_rank = len(view.shapes.get(ins[3]) or []) if _given(ins, 3) else 0
-    if mask_rank not in (0, 2, 3):
-        return "it takes a padding mask (mask_index) other than a raw [batch, keys] or [batch, queries, keys] mask"
+    mask_shape = view.shapes.get(ins[3]) if _given(ins, 3) else []
+    x_shape = view.shapes.get(ins[0]) or [None, None]
+    mask_rank = len(mask_shape or [])
+    if mask_shape is None or mask_rank not in (0, 1, 2, 3) or \
+            (mask_rank == 1 and (mask_shape[0] != x_shape[0] or x_shape[1] is None)):
+        return ("it takes a padding mask (mask_index) other than a raw [batch, keys] or [batch, queries, keys] "
+                "mask or the end positions [batch]")
     if a.get("do_rotary", 0):
         return "it applies rotary embeddings"
     weights = view.const(ins[1])
@@ -103,11 +115,11 @@ def attention(w: Writer, a: dict, view: GraphView) -> str | None:
     projected = [w.op("Add", [w.op("MatMul", [x, w.const(weights[:, lo:hi] * (scale if j == 0 else 1.0))]),
                               w.const(bias[lo:hi] * (scale if j == 0 else 1.0))])
                  for j, (lo, hi) in enumerate(zip(ends[:-1], ends[1:], strict=True))]
-    length = (view.shapes.get(x) or [None, None])[1]
+    length = x_shape[1]
     biases = _masks(w, a, ins, 5, (length, length))
     if isinstance(biases, str):
         return biases
-    _attend(w, *projected, heads, biases + ([_raw_mask(w, a, ins[3], mask_rank)] if mask_rank else []))
+    _attend(w, *projected, heads, biases + ([_mask_bias(w, a, ins[3], mask_rank, length)] if mask_rank else []))
     return None
 
 

@@ -67,8 +67,10 @@ def test_attention_is_written_as_standard_ops(unidirectional: int, with_bias: bo
     _rewritten_agrees(_attention(unidirectional, with_bias), {"x": x})
 
 
-@pytest.mark.parametrize("mask_shape", [[2, S], [2, S, S]])
-def test_attention_with_a_raw_padding_mask_is_written_as_standard_ops(mask_shape: list[int]) -> None:
+@pytest.mark.parametrize("mask_shape", [[2], [2, S], [2, S, S]])
+def test_attention_with_a_padding_mask_is_written_as_standard_ops(mask_shape: list[int]) -> None:
+    """A 0 / 1 mask of keys (per query), or each sequence's end position (EmbedLayerNormalization's mask_index
+    output, in BERT models onnxruntime's optimizer saved)."""
     model = _attention()
     model.graph.node[0].input.append("mask")
     model.graph.input.append(helper.make_tensor_value_info("mask", I32, mask_shape))
@@ -77,6 +79,8 @@ def test_attention_with_a_raw_padding_mask_is_written_as_standard_ops(mask_shape
     rng = np.random.default_rng(37)
     mask = (rng.random(mask_shape) > 0.3).astype(np.int32)
     mask[..., 0] = 1
+    if len(mask_shape) == 1:
+        mask = np.array([S, 5], np.int32)
     _rewritten_agrees(model, {"x": rng.standard_normal((2, S, H)).astype(np.float32), "mask": mask})
 
 
@@ -92,19 +96,19 @@ def test_attention_converts_with_the_attention_on_the_bpu(tmp_path: Path) -> Non
     assert cosine_similarity(_run(model, x)[0], got) >= 0.99
 
 
-def test_an_attention_with_a_right_padding_mask_stays_on_the_cpu_and_says_why(tmp_path: Path) -> None:
-    """mask_index as the end position of each sequence ([batch]) is not written: the node stays
+def test_an_attention_with_start_and_end_positions_stays_on_the_cpu_and_says_why(tmp_path: Path) -> None:
+    """mask_index as the end and start positions of each sequence ([2 * batch]) is not written: the node stays
     onnxruntime's, and the CPU node table gives the reason."""
     model = _attention()
     model.graph.node[0].input.append("mask")
-    model.graph.input.append(helper.make_tensor_value_info("mask", I32, [1]))
+    model.graph.input.append(helper.make_tensor_value_info("mask", I32, [2]))
     rng = np.random.default_rng(33)
     samples = {"x": [rng.standard_normal((1, S, H)).astype(np.float32) for _ in range(4)],
-               "mask": [np.array([S], np.int32) for _ in range(4)]}
-    out = convert_featuremaps(tmp_path, model, samples, f"1x{S}x{H};1", "float32", "m")
+               "mask": [np.array([S, 0], np.int32) for _ in range(4)]}
+    out = convert_featuremaps(tmp_path, model, samples, f"1x{S}x{H};2", "float32", "m")
     cpu = read_bin(tmp_path / "out" / "m.bin").models[0].partition["cpu_nodes"]
     reason = ("com.microsoft Attention is kept as onnxruntime's op: it takes a padding mask (mask_index) other than "
-              "a raw [batch, keys] or [batch, queries, keys] mask")
+              "a raw [batch, keys] or [batch, queries, keys] mask or the end positions [batch]")
     assert [c["reason"] for c in cpu if c["type"] == "Attention"] == [reason]
     assert reason in out
 
