@@ -5,7 +5,10 @@ A model saved after onnxruntime's extended optimizations (``ORT_ENABLE_EXTENDED`
 and activations fused into ``com.microsoft`` ops: ``FusedConv`` (Conv + activation, + a
 residual), ``FusedGemm``, ``FusedMatMul`` (MatMul with transposes and a scale), and the GELU
 family (``Gelu``, ``BiasGelu``, ``FastGelu``, ``QuickGelu``, which is also what SiLU becomes), and
-a transformer's residual and layer norm into ``SkipLayerNormalization``.
+a transformer's residual and layer norm into ``SkipLayerNormalization`` (RMS norms:
+``SimplifiedLayerNormalization``, which onnxruntime registers in the ONNX domain, and
+``SkipSimplifiedLayerNormalization``); a model saved for GPUs has ``BiasAdd`` and ``BiasSplitGelu``,
+which onnxruntime's CPU provider cannot run. The attention ops are in ``contrib_attention``.
 onnx's shape inference knows none of them, and the BPU profile has no kernels for them: a
 YOLOv8 saved that way ran its every SiLU on the CPU. Written back as standard ops, each has its
 shape, its BPU form, and its place in the rewrites that follow (activation tables, layer norms).
@@ -17,7 +20,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from onnx import ModelProto, NodeProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView, rewrite_nodes
 from hbtools.ops.base import CONTRIB_DOMAIN
@@ -33,7 +36,7 @@ class Writer:
     def __init__(self, model: ModelProto, node: NodeProto) -> None:
         self.model, self.node, self.nodes, self.count = model, node, [], 0
         self.prefix = node.name or f"{node.op_type}_{node.output[0]}"  # the parse stage has not named nodes yet
-        self.initializers: list = []  # added to the model only when the whole rewrite is written
+        self.initializers: list[TensorProto] = []  # added to the model only when the whole rewrite is written
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
     def const(self, value: float | np.ndarray) -> str:
