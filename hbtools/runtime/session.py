@@ -262,10 +262,13 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
             feeds[arg.name] = data
         # A single name is one output, not a sequence of one-letter names.
         names = [output_names] if isinstance(output_names, str) else list(output_names or self.output_names)
-        wrong = [n for n in names if n not in self._fetchable]
+        fetchable = self._fetchable
+        wrong = [n for n in names if n not in fetchable]
         if wrong:
-            raise FeedError(f"the model has no output '{wrong[0]}'{closest_names(wrong[0], self.output_names)}; "
-                            f"its outputs are {self.output_names}")
+            # The closest names come from every tensor, not only the outputs: a layer compared between
+            # the float and the quantized model is named '<tensor>_quantized' (integer) in the latter.
+            raise FeedError(f"the model has no output or intermediate tensor '{wrong[0]}'"
+                            f"{closest_names(wrong[0], sorted(fetchable))}; its outputs are {self.output_names}")
         try:
             return self._session_for(names).run(names, feeds)
         except RUN_ERRORS as exc:

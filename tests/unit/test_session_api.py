@@ -69,6 +69,19 @@ def test_a_script_can_fetch_an_intermediate_tensor(nhwc_model: dict[str, Path]) 
     np.testing.assert_array_equal(final, sess.run(None, {"data": _image()})[0])
 
 
+def test_a_float_layer_name_asked_of_the_quantized_model_points_at_its_quantized_name(
+        nhwc_model: dict[str, Path]) -> None:
+    """Comparing a layer: the script asks the quantized model for the float model's tensor name;
+    the message must name the quantized model's tensor for it, not only the model outputs."""
+    quantized_names = {t for n in onnx.load(nhwc_model["quantized"]).graph.node for t in n.output}
+    float_layer = next(t for n in onnx.load(nhwc_model["original"]).graph.node if n.op_type == "Add"
+                       for t in n.output)
+    assert float_layer not in quantized_names and f"{float_layer}_quantized" in quantized_names
+    with pytest.raises(FeedError) as info:
+        HB_ONNXRuntime(model_file=nhwc_model["quantized"]).run([float_layer], {"data": _image()})
+    assert f"'{float_layer}_quantized'" in str(info.value)
+
+
 def test_one_output_name_given_as_a_string(nhwc_model: dict[str, Path]) -> None:
     sess = HB_ONNXRuntime(model_file=nhwc_model["quantized"])
     (out,) = sess.run("Softmax_0_out", {"data": _image()})
