@@ -88,7 +88,12 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
         shape = view.shapes.get(t)
         if shape is not None and not lo <= len(shape) <= hi:
             allowed = f"{lo}-D" if lo == hi else f"{lo}-D to {hi}-D"
-            return f"{op} on a {len(shape)}-D tensor {_shape_text(shape)}: {where} takes {allowed} tensors only"
+            # A computed side input (Clip's min, a Pad amount) is named: "Clip on a 0-D tensor" alone
+            # reads as if the data were 0-D when it is 4-D.
+            side = t in node.input[1:] and t not in node.output and t != node.input[0]
+            what = f"{op} reads a {len(shape)}-D tensor '{t}' (input {list(node.input).index(t)}, computed at run " \
+                   f"time)" if side else f"{op} on a {len(shape)}-D tensor"
+            return f"{what} {_shape_text(shape)}: {where} takes {allowed} tensors only"
     a = view.attrs(node)
     for key, limit, values in (("kernel", rule.kernel, _kernel(node, view)),
                                ("stride", rule.stride, a.get("strides", [])),

@@ -94,6 +94,20 @@ def test_reshape_chain_splits_subgraphs_on_bernoulli2() -> None:
     assert ("Pow_0", "CPU", "--", "Pow") in x3.rows()
 
 
+def test_a_computed_0d_bound_is_named_as_the_input_that_breaks_the_rank_rule() -> None:
+    """openWakeWord's melspectrogram: Clip(x, min=ReduceMax(x, keepdims=0) - 80): x is 4-D, its
+    bound is a computed 0-D tensor; the reason must say the bound is the 0-D tensor, not the Clip."""
+    g = _Graph(13)
+    c = g.conv("data", 3, 8)
+    peak = g.op("ReduceMax", [c], keepdims=0)
+    low = g.op("Sub", [peak, g.const(np.float32(80.0))])
+    out = g.op("Clip", [c, low])
+    part = _partition(g.model({"data": [1, 3, 8, 8]}, [out]).model, "bayes-e")
+    reason = _reason(part, "Clip_0")
+    assert f"Clip reads a 0-D tensor '{low}' (input 1" in reason and "1-D to 5-D" in reason, reason
+    assert "Sub on a 0-D tensor []" in _reason(part, "Sub_0")
+
+
 @pytest.mark.parametrize(("build", "node", "x3_reason"), [
     (lambda g: g.op("Transpose", [g.conv("data", 3, 8)], perm=[0, 1, 3, 2]), "Transpose_0", "perm [0, 1, 3, 2]"),
     (lambda g: g.op("Concat", [g.conv("data", 3, 8), g.conv("data", 3, 8)], axis=0), "Concat_0", "axis 0"),
