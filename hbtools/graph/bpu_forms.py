@@ -403,6 +403,80 @@ def large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile
     model.graph.node.extend(nodes)
 
 
+def convs_without_dead_taps(model: ModelProto) -> int:
+    """A Conv whose kernel taps on some rows or columns read only padding at every output position (DeepLab's
+    ASPP, dilation 12 to 36, on a map smaller than the dilation: every tap but the centre falls outside) as
+    the same Conv over the taps that read the map: a smaller kernel, the padding moved by the dropped taps,
+    dilation 1 for a single tap. The dropped taps only ever multiply zeros; the output keeps its size.
+    Returns how many Convs it rewrote."""
+    view = GraphView(model)
+    count = 0
+    for node in model.graph.node:
+        live = _live_taps(node, view)
+        if live is None:
+            continue
+        a = view.attrs(node)
+        w = view.const(node.input[1])
+        spatial = w.ndim - 2
+        dilations = list(a.get("dilations") or [1] * spatial)
+        strides = list(a.get("strides") or [1] * spatial)
+        shape = view.shapes[node.input[0]][2:]
+        pads = list(a.get("pads") or [0] * (2 * spatial))
+        begin, end, kept = [], [], []
+        for k in range(spatial):
+            first, last = live[k]
+            out = (shape[k] + pads[k] + pads[k + spatial] - (w.shape[k + 2] - 1) * dilations[k] - 1) // strides[k] + 1
+            begin.append(pads[k] - first * dilations[k])
+            end.append((out - 1) * strides[k] + (last - first) * dilations[k] + 1 - shape[k] - begin[k])
+            kept.append(slice(first, last + 1))
+        if min(begin + end) < 0:
+            continue  # the live taps skip rows of the map at its edge: no padding expresses that
+        weight = f"{node.input[1]}_{node.name}_live_taps"
+        model.graph.initializer.append(numpy_helper.from_array(
+            np.ascontiguousarray(w[(slice(None), slice(None), *kept)]), weight))
+        node.input[1] = weight
+        dilated = [d if last > first else 1 for d, (first, last) in zip(dilations, live, strict=True)]
+        attrs = {"kernel_shape": [last - first + 1 for first, last in live], "pads": begin + end,
+                 "dilations": dilated}
+        others = [x for x in node.attribute if x.name not in (*attrs, "auto_pad")]
+        del node.attribute[:]
+        node.attribute.extend([*others, *(helper.make_attribute(k, v) for k, v in attrs.items())])
+        count += 1
+    return count
+
+
+def _live_taps(node: NodeProto, view: GraphView) -> list[tuple[int, int]] | None:
+    """Per spatial axis of a Conv with a constant weight, static map and explicit pads, the first and last
+    kernel tap that reads the map at some output position; None where every tap does (or not such a Conv)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    w = view.const(node.input[1])
+    shape = view.shapes.get(node.input[0])
+    a = view.attrs(node)
+    if w is None or shape is None or len(shape) != w.ndim or w.ndim < 3 \
+            or any(not isinstance(d, int) or d <= 0 for d in shape[2:]) \
+            or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    spatial = w.ndim - 2
+    dilations = list(a.get("dilations") or [1] * spatial)
+    strides = list(a.get("strides") or [1] * spatial)
+    pads = list(a.get("pads") or [0] * (2 * spatial))
+    live = []
+    for k in range(spatial):
+        kernel = w.shape[k + 2]
+        out = (shape[k + 2] + pads[k] + pads[k + spatial] - (kernel - 1) * dilations[k] - 1) // strides[k] + 1
+        if out <= 0:
+            return None
+        rows = (np.arange(out) * strides[k] - pads[k])[:, None] + np.arange(kernel)[None, :] * dilations[k]
+        reads = np.flatnonzero(((rows >= 0) & (rows < shape[k + 2])).any(axis=0))
+        if reads.size == 0:
+            return None
+        live.append((int(reads[0]), int(reads[-1])))
+    if all(last - first + 1 == w.shape[k + 2] for k, (first, last) in enumerate(live)):
+        return None
+    return live
+
+
 def dilated_convs_by_phases(model: ModelProto, profile: MarchProfile, placed: Mapping[str, str] | None = None) -> int:
     """A stride-1 Conv dilated beyond what the BPU takes (DeepLab's ASPP at 18, 24, 36) as the same
     Conv with dilation ``d / f`` on each of the ``f x f`` phases of the map: SpaceToDepth by ``f``
@@ -437,7 +511,9 @@ def dilated_convs_by_phases(model: ModelProto, profile: MarchProfile, placed: Ma
         nodes += [helper.make_node("SpaceToDepth", [node.input[0]], [inputs[0]], name=f"{node.name}_to_phases",
                                    blocksize=f),
                   helper.make_node("Conv", inputs, [out], name=node.name, kernel_shape=list(w.shape[2:]),
-                                   dilations=[d // f for d in a["dilations"]], pads=[p // f for p in a["pads"]],
+                                   dilations=[d // f if k > 1 else 1
+                                              for d, k in zip(a["dilations"], w.shape[2:], strict=True)],
+                                   pads=[p // f for p in a["pads"]],
                                    group=int(a.get("group", 1)) * f * f),
                   helper.make_node("DepthToSpace", [out], list(node.output), name=f"{node.name}_from_phases",
                                    blocksize=f, mode="DCR")]
@@ -454,14 +530,17 @@ def _phase_factor(node: NodeProto, view: GraphView, limit: int) -> int | None:
     w, b = view.const(node.input[1]), view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
     a = view.attrs(node)
-    dilations = list(a.get("dilations", [1, 1]))
-    if w is None or w.ndim != 4 or (len(node.input) > 2 and node.input[2] and b is None) or max(dilations) <= limit \
+    if w is None or w.ndim != 4:
+        return None
+    # a single tap along an axis has no spacing: its dilation means nothing
+    spread = [d for d, k in zip(a.get("dilations", [1, 1]), w.shape[2:], strict=True) if k > 1]
+    if (len(node.input) > 2 and node.input[2] and b is None) or max(spread, default=1) <= limit \
             or shape is None or out is None or len(shape) != 4 or len(out) != 4 \
             or any(not isinstance(d, int) for d in [*shape, *out]) or any(s != 1 for s in a.get("strides", [1, 1])) \
             or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or "pads" not in a:
         return None
-    for f in range(2, max(dilations) + 1):
-        if all(d % f == 0 for d in dilations) and max(dilations) // f <= limit:
+    for f in range(2, max(spread) + 1):
+        if all(d % f == 0 for d in spread) and max(spread) // f <= limit:
             sizes = [*shape[2:], *out[2:], *a["pads"]]
             return f if all(v % f == 0 for v in sizes) else None
     return None

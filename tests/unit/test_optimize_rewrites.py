@@ -397,6 +397,42 @@ def test_convs_dilated_beyond_the_march_run_by_phases(size: int, dilations: list
     assert [n.op_type for n in odd.graph.node] == ["Conv"], "a map that does not divide into phases stays"
 
 
+@pytest.mark.parametrize("size, dilations, strides, pads, kernel", [
+    (14, [36, 36], [1, 1], [36, 36, 36, 36], [1, 1]),   # DeepLabV3 ASPP at 224: every off-centre tap in padding
+    (14, [24, 24], [1, 1], [24, 24, 24, 24], [1, 1]),
+    (20, [12, 18], [1, 1], [12, 18, 12, 18], [3, 3]),   # the map reaches the outer taps on both axes: kept
+    (13, [6, 20], [2, 1], [6, 20, 6, 20], [3, 1]),      # one axis cut, a stride on the other
+    (10, [12, 12], [1, 1], [24, 0, 0, 24], [1, 1]),     # one-sided padding: the last tap, then the first survives
+])
+def test_kernel_taps_that_read_only_padding_are_cut(size: int, dilations: list[int], strides: list[int],
+                                                     pads: list[int], kernel: list[int]) -> None:
+    """A dilated Conv on a map smaller than its dilation (deeplabv3_mobilenet_v3_large exported at 224: a
+    14x14 map under dilation 36) stayed on the CPU ('dilation [36, 36] exceeds 16'); its off-centre taps only
+    ever read padding, so the kernel keeps the taps that read the map, with the padding moved: the same
+    values, a Conv within the BPU's dilation limit."""
+    from hbtools.march.profiles import get_profile
+
+    w = np.random.default_rng(9).standard_normal((6, 4, 3, 3)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="aspp", kernel_shape=[3, 3], dilations=dilations,
+                            strides=strides, pads=pads)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.arange(6.0, dtype=np.float32), "b")]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    conv = next(n for n in optimized.graph.node if n.op_type == "Conv")
+    attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+    weight = next(i for i in optimized.graph.initializer if i.name == conv.input[1])
+    assert list(weight.dims[2:]) == kernel
+    assert all(d == 1 or k > 1 for d, k in zip(attrs.get("dilations", [1, 1]), kernel, strict=True))
+    x = np.random.default_rng(size).standard_normal((1, 4, size, size)).astype(np.float32)
+    want = _run(model, x)
+    got = _run(optimized, x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_pad_that_would_need_a_large_constant_block_stays() -> None:
     """Padding the batch of a large map would store a whole map of the value in the model: it stays a Pad."""
     pad = helper.make_node("Pad", ["x", "pads", "value"], ["y"], name="pad", mode="constant")
