@@ -275,30 +275,45 @@ def _no_ops_removed(model: ModelProto) -> None:
     """Drop each node that hands its input on unchanged, also where it makes a graph output (onnxruntime
     keeps those, and neither has a BPU form, so it held the nodes before it on the CPU beside it): a Cast
     to the type its input already has (what a float16 export's Casts become once the parse stage
-    computes the model in float32) and an inference Dropout whose mask nobody reads. The producer writes
-    the node's output instead, where the node is its only reader."""
+    computes the model in float32), an inference Dropout whose mask nobody reads and a Pad by zero amounts.
+    The producer writes the node's output instead, where the node is its only reader; otherwise the node's
+    readers read its input."""
     while True:
         view = GraphView(model)
         outputs = set(view.graph_outputs)
         for node in model.graph.node:
             if node.domain not in ("", "ai.onnx") or not node.input or not _hands_on(node, view):
                 continue
-            src = node.input[0]
+            src, out = node.input[0], node.output[0]
             producer = view.producer.get(src)
-            if producer is None or src in outputs \
-                    or sum(src in references(n) for n in model.graph.node) != 1:  # sub-graphs read by name too
+            if producer is not None and src not in outputs \
+                    and sum(src in references(n) for n in model.graph.node) == 1:  # sub-graphs read by name too
+                producer.output[list(producer.output).index(src)] = out
+            elif out not in outputs and not any(_has_subgraph(n) for n in model.graph.node if out in references(n)):
+                # the input has other readers (or is a graph input): the node's readers read it instead
+                for reader in model.graph.node:
+                    reader.input[:] = [src if name == out else name for name in reader.input]
+            else:
                 continue
-            producer.output[list(producer.output).index(src)] = node.output[0]
             model.graph.node.remove(node)
             break
         else:
             return
 
 
+def _has_subgraph(node: NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
 def _hands_on(node: NodeProto, view: GraphView) -> bool:
     """Whether ``node`` outputs its first input unchanged (see ``_no_ops_removed``)."""
     if node.op_type == "Cast":
         return view.elem_types.get(node.input[0]) == view.attrs(node).get("to")
+    if node.op_type == "Pad":
+        # a Pad by nothing: torchvision's Swin pads its map to whole windows, F.pad(x, (0, 0, 0, W % 2, ...)),
+        # by amounts that are all zero at the sizes the model is exported for
+        pads = view.const(node.input[1]) if len(node.input) > 1 and node.input[1] else view.attrs(node).get("pads")
+        return pads is not None and not np.asarray(pads).any()
     if node.op_type == "Dropout":
         mask_read = len(node.output) > 1 and node.output[1] and (
             node.output[1] in view.consumers or node.output[1] in view.graph_outputs)

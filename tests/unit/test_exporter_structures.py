@@ -360,3 +360,27 @@ def test_an_output_without_a_shape_inference_cannot_find_is_named(tmp_path: Path
     assert code != 0 and INTERNAL not in out, out[-2000:]
     assert "'y' is declared without a shape, and shape inference cannot find one" in out, out[-2000:]
     assert "declare their rank in the model" in out
+
+
+def test_a_pad_by_zero_amounts_is_dropped(tmp_path: Path) -> None:
+    """torchvision's Swin pads its NHWC map to whole windows by ``(7 - H % 7) % 7``, computed from the
+    shape: zero at the sizes it is exported for. The Pad by nothing stayed, on the CPU ('Pad with a constant
+    value has no BPU form'), and held 109 nodes of swin_t around it there; now it is dropped, the shortcut
+    that also reads its input included, and nothing runs on the CPU."""
+    rng = np.random.default_rng(17)
+    inits = [_init("w", (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32)),
+             _init("m", (rng.standard_normal((8, 8)) / 3).astype(np.float32)),
+             _init("one", np.array([1], np.int64)), _init("win", np.array([7], np.int64)),
+             _init("head", np.zeros(5, np.int64)), _init("tail", np.zeros(1, np.int64))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Shape", ["t"], ["shape"]), helper.make_node("Gather", ["shape", "one"], ["h"]),
+             helper.make_node("Mod", ["h", "win"], ["rest"]), helper.make_node("Sub", ["win", "rest"], ["short"]),
+             helper.make_node("Mod", ["short", "win"], ["r"]),
+             helper.make_node("Concat", ["head", "r", "r", "tail"], ["pads"], axis=0),
+             helper.make_node("Pad", ["t", "pads"], ["p"], mode="constant"),
+             helper.make_node("MatMul", ["p", "m"], ["mm"]), helper.make_node("Add", ["mm", "t"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 14, 14])], [("y", F, [1, 14, 14, 8])], inits)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 14, 14])}, "1x3x14x14", "float32", "m")
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 14, 14), rng, optimized=True)
