@@ -275,9 +275,9 @@ def _no_ops_removed(model: ModelProto) -> None:
     """Drop each node that hands its input on unchanged, also where it makes a graph output (onnxruntime
     keeps those, and neither has a BPU form, so it held the nodes before it on the CPU beside it): a Cast
     to the type its input already has (what a float16 export's Casts become once the parse stage
-    computes the model in float32), an inference Dropout whose mask nobody reads and a Pad by zero amounts.
-    The producer writes the node's output instead, where the node is its only reader; otherwise the node's
-    readers read its input."""
+    computes the model in float32), an inference Dropout whose mask nobody reads, a Pad by zero amounts
+    and a Resize to its own size. The producer writes the node's output instead, where the node is its
+    only reader; otherwise the node's readers read its input."""
     while True:
         view = GraphView(model)
         outputs = set(view.graph_outputs)
@@ -314,6 +314,14 @@ def _hands_on(node: NodeProto, view: GraphView) -> bool:
         # by amounts that are all zero at the sizes the model is exported for
         pads = view.const(node.input[1]) if len(node.input) > 1 and node.input[1] else view.attrs(node).get("pads")
         return pads is not None and not np.asarray(pads).any()
+    if node.op_type in ("Resize", "Upsample"):
+        # to its own size: torchvision's detection transform resizes the image to the size it is exported at;
+        # every mode but crop-and-resize then reads each pixel at its own coordinates
+        shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+        mode = view.attrs(node).get("coordinate_transformation_mode", b"half_pixel")
+        return shape_in is not None and shape_in == shape_out and mode not in (b"tf_crop_and_resize",
+                                                                                "tf_crop_and_resize") \
+            and all(isinstance(d, int) and d > 0 for d in shape_in)
     if node.op_type == "Dropout":
         mask_read = len(node.output) > 1 and node.output[1] and (
             node.output[1] in view.consumers or node.output[1] in view.graph_outputs)

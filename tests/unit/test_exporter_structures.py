@@ -384,3 +384,26 @@ def test_a_pad_by_zero_amounts_is_dropped(tmp_path: Path) -> None:
     convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 14, 14])}, "1x3x14x14", "float32", "m")
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     _agrees_with_source(model, tmp_path / "out", (1, 3, 14, 14), rng, optimized=True)
+
+
+def test_a_resize_to_its_own_size_is_dropped(tmp_path: Path) -> None:
+    """A torchvision detector exported whole (ssdlite320_mobilenet_v3_large at 320) starts with its
+    transform: normalize, then a bilinear Resize to sizes computed from the image's shape, which at the
+    exported size are the image's own. That Resize stayed on the CPU ("Resize mode 'linear': hbtools lowers
+    only nearest ...") with the normalization before it; it reads every pixel at its own coordinates, so it
+    is now dropped and the whole model runs on the BPU."""
+    rng = np.random.default_rng(18)
+    inits = [_init("mean", np.array([0.5, 0.4, 0.3], np.float32).reshape(3, 1, 1)),
+             _init("std", np.array([0.2, 0.25, 0.3], np.float32).reshape(3, 1, 1)),
+             _init("w", (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32)),
+             _init("hw", np.array([2, 3], np.int64)), _init("nc", np.array([1, 3], np.int64))]
+    nodes = [helper.make_node("Sub", ["x", "mean"], ["centred"]), helper.make_node("Div", ["centred", "std"], ["n"]),
+             helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "hw"], ["size"]),
+             helper.make_node("Concat", ["nc", "size"], ["sizes"], axis=0),
+             helper.make_node("Resize", ["n", "", "", "sizes"], ["r"], mode="linear",
+                              coordinate_transformation_mode="half_pixel"),
+             helper.make_node("Conv", ["r", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 16, 16])], [("y", F, [1, 8, 16, 16])], inits)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 16, 16])}, "1x3x16x16", "float32", "m")
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 16, 16), rng, optimized=True)
