@@ -317,9 +317,16 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     opts = config.calibration.options if config else OptimizationOptions()
     output_bits = 8 if opts.output_bits == 8 else (16 if profile.int16 else 8)
 
-    def request(tensor: str, what: str) -> None:
+    # Without int16 on the march, a request per node of a model-wide option (set_all_nodes_int16,
+    # set_Conv_output_int16) would print a warning per tensor: one per option says it all.
+    dropped: dict[str, list[str]] = {}
+
+    def request(tensor: str, what: str, option: str | None = None) -> None:
         if not profile.int16:
-            log.warning("%s: int16 is not available on %s; falling back to int8", what, profile.label)
+            if option is None:
+                log.warning("%s: int16 is not available on %s; falling back to int8", what, profile.label)
+            else:
+                dropped.setdefault(option, []).append(what)
             return
         # An int16 tensor needs its producer and every BPU reader to take int16 (seed: the
         # request updates the op's context; unsupported combinations fall back to int8).
@@ -363,11 +370,13 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             info = node_info.get(node.name)
             kind = node.op_type
             if all16 or (info and info.output_type == "int16") or kind in opts.int16_outputs:
+                option = None if info and info.output_type == "int16" else \
+                    "set_all_nodes_int16" if all16 else f"set_{kind}_output_int16"
                 for t in unit.outputs:
-                    request(t, f"node {node.name} output")
+                    request(t, f"node {node.name} output", option)
             if all16 or kind in opts.int16_inputs:
                 for t in unit.inputs:
-                    request(t, f"node {node.name} input")
+                    request(t, f"node {node.name} input", "set_all_nodes_int16" if all16 else f"set_{kind}_input_int16")
             if info:
                 for idx, dtype in info.input_types.items():
                     if dtype != "int16":
@@ -381,6 +390,9 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             if kind in opts.int8_outputs:
                 for t in unit.outputs:
                     bits[t] = 8
+    for option, whats in dropped.items():
+        shown = ", ".join(whats[:3]) + (f" and {len(whats) - 3} more" if len(whats) > 3 else "")
+        log.warning("%s: int16 is not available on %s; falling back to int8 (%s)", option, profile.label, shown)
     present = {node.name for unit in part.units for node in unit.nodes}
     for name, info in node_info.items():
         # An ON request for a missing node is reported where placement is applied (units._apply_overrides).

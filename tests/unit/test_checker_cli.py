@@ -124,9 +124,23 @@ def test_bernoulli2_falls_back_with_warnings(tmp_path: Path) -> None:
     assert re.search(r"WARNING node Softmax_0 cannot run on the BPU \(Softmax is not supported on the BPU of "
                      r"bernoulli2", out)
     assert re.search(r"WARNING node Conv_1 input .*int16 is not available on bernoulli2.*falling back to int8", out)
-    assert re.search(r"WARNING node Softmax_0 input.*int16 is not available", out)
+    assert re.search(r"WARNING set_Softmax_input_int16: int16 is not available on bernoulli2.*falling back to "
+                     r"int8 \(node Softmax_0 input\)", out)
     assert ("Softmax_0", "CPU", "--", "Softmax") in rows(out)
     assert "ERROR" not in out
+
+
+def test_model_wide_int16_option_on_bernoulli2_warns_once(tmp_path: Path) -> None:
+    """set_all_nodes_int16 on a march without int16: one warning saying the model stays int8, not one per
+    tensor (hundreds on a real model)."""
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), march="bernoulli2", cal_count=2)
+    project.write(calibration_parameters={"optimization": "set_all_nodes_int16;set_Conv_output_int16"})
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if "int16 is not available" in line]
+    assert len(warnings) == 1, warnings
+    assert re.search(r"WARNING set_all_nodes_int16: int16 is not available on bernoulli2 \(RDK X3\); falling back "
+                     r"to int8 \(node .* and \d+ more\)", warnings[0])
 
 
 def test_int16_request_on_an_int8_only_op_falls_back(tmp_path: Path) -> None:
