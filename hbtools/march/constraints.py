@@ -42,6 +42,23 @@ def classify_broadcast(a: list[int | None], b: list[int | None]) -> str | None:
     return "general"
 
 
+# A constant operand the march cannot broadcast is written out at the activation's shape, up to this many
+# values (a [1, 1, H, W] mask of a pooling border, a per-column row): beyond it the copy would outweigh the op.
+EXPANDED_CONSTANT_LIMIT = 1 << 20
+
+
+def constant_operand_shape(act: list[int | None] | None, const: list[int], rule: OpRule) -> list[int] | None:
+    """The shape a constant operand of ``rule``'s op takes on the BPU against activation shape ``act``: its
+    own where the march broadcasts it, ``act`` where only equal shapes work and the constant broadcasts
+    into ``act`` (it is copied out at compile time); None where it has no BPU form."""
+    form = classify_broadcast(act, const) if act is not None else None
+    if form in rule.broadcast:
+        return list(const)
+    if form is None or "same" not in rule.broadcast or math.prod(act) > EXPANDED_CONSTANT_LIMIT:
+        return None
+    return list(act) if list(np.broadcast_shapes(tuple(act), tuple(const))) == list(act) else None
+
+
 def _channels(node: NodeProto, view: GraphView) -> tuple[int, int] | None:
     """(input, output) channels of a conv-like node with a constant weight."""
     w = view.const(node.input[1]) if len(node.input) > 1 else None

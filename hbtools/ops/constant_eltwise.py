@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
+from hbtools.march.constraints import constant_operand_shape
 from hbtools.ops.base import REQUIRED, HzOp, LoweringContext
 from hbtools.ops.quantized import NUMPY_INT, OUTPUT_ATTRS, output_levels
 from hbtools.ops.registry import register
@@ -53,8 +54,13 @@ class HzSQuantizedConstantEltwise(HzOp):
         x = unit.inputs[0]
         xq = per_tensor(state.need_q(x), node.name)
         const = next(i for i in node.input if i and i != x)
-        c = state.init(quantized_tensor(f"{node.name}_constant"),
-                       np.asarray(state.view.const(const), dtype=np.float32))
+        value = np.asarray(state.view.const(const), dtype=np.float32)
+        # a form the march does not broadcast (bernoulli2: equal shapes or one value per channel) is copied
+        # out at the activation's shape, as placement decided (``constant_operand_shape``)
+        shape = constant_operand_shape(state.view.shapes.get(x), list(value.shape), state.profile.rule(node.op_type))
+        if shape is not None and list(shape) != list(value.shape):
+            value = np.ascontiguousarray(np.broadcast_to(value, shape))
+        c = state.init(quantized_tensor(f"{node.name}_constant"), value)
         qt, out = state.out_attrs(unit.outputs[0])
         state.nodes.append(cls.make_node(
             [xq.name, c], [qt.name], node.name, mode=node.op_type.lower(),

@@ -19,7 +19,7 @@ from hbtools.config.model import NodeInfo
 from hbtools.graph.contrib import why_kept
 from hbtools.graph.graph import GraphView
 from hbtools.graph.recurrent import RECURRENT_OPS
-from hbtools.march.constraints import classify_broadcast, violation
+from hbtools.march.constraints import constant_operand_shape, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
 from hbtools.ops import custom, registry
 from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN
@@ -243,8 +243,7 @@ def _constant_broadcast_violation(node: NodeProto, act: str, view: GraphView, ru
         if i and view.is_const(i):
             if view.const(i).dtype != np.float32:
                 return f"{node.op_type} with a {view.const(i).dtype} constant has no BPU form"
-            form = classify_broadcast(shape, list(view.const(i).shape)) if shape is not None else None
-            if form not in rule.broadcast:
+            if constant_operand_shape(shape, list(view.const(i).shape), rule) is None:
                 against = list(shape) if shape is not None else "an unknown shape"
                 return (f"{node.op_type} with a constant of shape {list(view.const(i).shape)} against {against} "
                         f"has no BPU form on {profile.label}")

@@ -302,3 +302,32 @@ def test_an_image_shaped_input_the_model_also_outputs(tmp_path: Path) -> None:
     project.write(model_parameters={"output_nodes": "Relu_0_out"})
     made = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
     assert made.exit_code == 0, made.output
+
+
+def test_constant_the_march_cannot_broadcast_is_written_at_full_shape(tmp_path: Path) -> None:
+    """bernoulli2 multiplies by a constant of equal shape or one value per channel only. A [1, 1, H, W]
+    mask (the border divisor of an average pool without its padding, a position weighting) broadcasts
+    into the feature map: it is written out at the map's shape and the Mul stays on the BPU."""
+    from builders import EXACT_MEAN, EXACT_SCALE, random_sample
+    from conformance import _source_feed
+
+    from hbtools.metrics import cosine_similarity
+    from hbtools.runtime import HB_ONNXRuntime
+
+    g = _Graph(14)
+    mask = g.rng.uniform(0.5, 2.0, (1, 1, 8, 8)).astype(np.float32)
+    weighted = g.op("Mul", [g.conv("data", 3, 8), g.const(mask, "mask")])
+    fm = g.model({"data": [1, 3, 8, 8]}, [g.conv(weighted, 8, 4)])
+    project = make_project(tmp_path / "p", fm, march="bernoulli2", cal_count=4)
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    assert ("Mul_0", "BPU", "id(0)", "HzSQuantizedMul") in rows(result.output)
+    quantized = onnx.load(str(project.artefact("quantized")))
+    node = next(n for n in quantized.graph.node if n.name == "Mul_0")
+    constant = next(t for t in quantized.graph.initializer if t.name == node.input[1])
+    assert list(constant.dims) == [1, 8, 8, 8]
+    x = {"data": random_sample(fm, "data", np.random.default_rng(3))}
+    want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))[0]
+    nhwc = {"data": x["data"].transpose(0, 2, 3, 1)}  # bernoulli2's quantized model takes NHWC images
+    got = HB_ONNXRuntime(model_file=str(project.artefact("quantized"))).run(None, nhwc)[0]
+    assert cosine_similarity(want, got) >= 0.99
