@@ -29,6 +29,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 from hbtools.errors import HbError, last_line
 from hbtools.graph import bpu_forms
 from hbtools.graph.contrib import expand_contrib_ops
+from hbtools.graph.flat_heads import flattens_after_heads
 from hbtools.graph.graph import (
     GraphView,
     infer_shapes,
@@ -118,6 +119,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     bpu_forms.average_pools_over_whole_windows(body)
     _fold_affine_into_conv(body)
     _fold_batchnorm_into_gemm(body)
+    if profile is not None and flattens_after_heads(body, profile):
+        log.info("flattens of pooled maps moved after the Gemms reading them (1x1 Convs): %s has no BPU flatten",
+                 profile.label)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
         _fold_affine_into_conv(body)  # the Add of a Mul+Add pair goes into the new conv's bias

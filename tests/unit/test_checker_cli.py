@@ -331,3 +331,48 @@ def test_constant_the_march_cannot_broadcast_is_written_at_full_shape(tmp_path: 
     nhwc = {"data": x["data"].transpose(0, 2, 3, 1)}  # bernoulli2's quantized model takes NHWC images
     got = HB_ONNXRuntime(model_file=str(project.artefact("quantized"))).run(None, nhwc)[0]
     assert cosine_similarity(want, got) >= 0.99
+
+
+def _classifier_head(flatten: str) -> FloatModel:
+    """conv -> residual Add -> ReLU -> GlobalAveragePool -> ``flatten`` -> Gemm (transB, bias) -> ReLU -> Gemm
+    (weight [C, K], alpha / beta)."""
+    g = _Graph(15)
+    c = g.conv("data", 3, 8)
+    x = g.op("Relu", [g.op("Add", [g.conv(c, 8, 8), c])])
+    pooled = g.op("GlobalAveragePool", [x])
+    if flatten == "Flatten":
+        flat = g.op("Flatten", [pooled], axis=1)
+    elif flatten == "Reshape":
+        flat = g.op("Reshape", [pooled, g.const(np.array([1, 8], dtype=np.int64), "shape")])
+    else:
+        flat = g.op("Squeeze", [pooled, g.const(np.array([2, 3], dtype=np.int64), "axes")])
+    h = g.op("Relu", [g.gemm(flat, 8, 16)])
+    w = g.const((g.rng.standard_normal((16, 5)) / 4).astype(np.float32), "w")
+    out = g.op("Gemm", [h, w, g.const(np.full([1, 5], 0.1, dtype=np.float32), "b")], alpha=0.5, beta=2.0)
+    return g.model({"data": [1, 3, 8, 8]}, [out])
+
+
+@pytest.mark.parametrize("flatten", ["Flatten", "Reshape", "Squeeze"])
+def test_classifier_head_stays_on_bernoulli2s_bpu(flatten: str, tmp_path: Path) -> None:
+    """bernoulli2 cannot flatten on its BPU: the flatten of the pooled map goes after the Gemms (as 1x1
+    Convs), so the residual block, pool and head are one BPU subgraph, not the pool and all before it
+    on the CPU; the outputs agree with float."""
+    from builders import EXACT_MEAN, EXACT_SCALE, random_sample
+    from conformance import _source_feed
+
+    from hbtools.metrics import cosine_similarity
+    from hbtools.runtime import HB_ONNXRuntime
+
+    fm = _classifier_head(flatten)
+    project = make_project(tmp_path / "p", fm, march="bernoulli2", cal_count=4)
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    table = {r[0]: r[1:3] for r in rows(result.output)}
+    assert [n for n, (on, _) in table.items() if on == "CPU"] == [f"{flatten}_0"], table
+    assert {sub for on, sub in table.values() if on == "BPU"} == {"id(0)"}
+    x = {"data": random_sample(fm, "data", np.random.default_rng(5))}
+    want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))[0]
+    nhwc = {"data": x["data"].transpose(0, 2, 3, 1)}
+    got = HB_ONNXRuntime(model_file=str(project.artefact("quantized"))).run(None, nhwc)[0]
+    assert got.shape == want.shape == (1, 5)
+    assert cosine_similarity(want, got) >= 0.99

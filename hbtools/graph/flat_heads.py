@@ -1,0 +1,100 @@
+"""A classifier head's flatten moved after its Gemm, on a BPU that cannot flatten (the optimize stage's rewrite).
+
+A pooled map [N, C, 1, 1] is flattened to [N, C] (Flatten, Reshape or Squeeze) and read by a Gemm,
+perhaps through activations. On a march whose BPU has no form for the flatten (bernoulli2 takes
+4-D tensors only) the flatten goes to the CPU, and with it everything between the last conv and
+the head: the pool, the residual sum, its ReLU. A Gemm over [N, C] is a 1x1 Conv over [N, C, 1, 1],
+and an element-wise activation of scalar constants does not care about the shape, so the flatten
+moves past them to the end of the head: the same values, and the head on the BPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from hbtools.graph.graph import GraphView
+from hbtools.march.profiles import MarchProfile
+
+FLATTENS = ("Flatten", "Reshape", "Squeeze")
+# Functions of one tensor whose other inputs, if any, are scalar constants: any shape will do.
+_SHAPELESS = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Clip",
+              "Gelu", "Mish", "Softplus", "Abs", "Neg", "Exp", "Erf")
+_ROUNDS = 64  # a head of more layers than this keeps the rest of its flatten where it is
+
+
+def _flat_of_pooled(node: NodeProto, view: GraphView) -> bool:
+    """Whether ``node`` takes a static [N, C, 1, 1] to [N, C]."""
+    src, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    if src is None or out is None or len(src) != 4 or any(not isinstance(d, int) for d in src):
+        return False
+    if node.op_type == "Flatten" and view.attrs(node).get("axis", 1) != 1:
+        return False
+    return src[2:] == [1, 1] and list(out) == src[:2]
+
+
+def _gemm_as_conv(gemm: NodeProto, x: str, out: str, view: GraphView, model: ModelProto) -> NodeProto | None:
+    """The 1x1 Conv over ``x`` [N, C, 1, 1] that computes ``gemm`` (constant weight and bias, A not transposed)."""
+    a = view.attrs(gemm)
+    b = view.const(gemm.input[1]) if len(gemm.input) > 1 else None
+    if gemm.input[0] == gemm.input[1] or a.get("transA", 0) or b is None or b.ndim != 2:
+        return None
+    weight = (b if a.get("transB", 0) else b.T) * np.float32(a.get("alpha", 1.0))  # [K, C]
+    inputs = [x, f"{gemm.name}_conv_weight"]
+    if len(gemm.input) > 2 and gemm.input[2]:
+        c = view.const(gemm.input[2])
+        if c is None or c.size not in (1, weight.shape[0]) or (c.ndim == 2 and c.shape[0] != 1):
+            return None  # a bias per row of the batch is not a conv's
+        bias = np.broadcast_to(c.reshape(-1), weight.shape[:1]) * np.float32(a.get("beta", 1.0))
+        model.graph.initializer.append(numpy_helper.from_array(bias.astype(b.dtype), f"{gemm.name}_conv_bias"))
+        inputs.append(f"{gemm.name}_conv_bias")
+    model.graph.initializer.append(numpy_helper.from_array(
+        weight.reshape(*weight.shape, 1, 1).astype(b.dtype), inputs[1]))
+    return helper.make_node("Conv", inputs, [out], name=gemm.name, kernel_shape=[1, 1])
+
+
+def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProto) -> NodeProto | None:
+    """``reader`` of the flattened tensor rewritten to read the map ``x`` and write the map ``out``."""
+    if reader.domain not in ("", "ai.onnx"):
+        return None
+    if reader.op_type == "Gemm":
+        return _gemm_as_conv(reader, x, out, view, model)
+    others = [i for i in reader.input[1:] if i]
+    if reader.op_type not in _SHAPELESS or any(not view.is_const(i) or view.const(i).size != 1 for i in others):
+        return None
+    moved = NodeProto()
+    moved.CopyFrom(reader)
+    moved.input[0] = x
+    del moved.output[:]
+    moved.output.append(out)
+    return moved
+
+
+def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
+    """Move each flatten of a pooled map that ``profile``'s BPU cannot run past the Gemms and activations
+    that read it (see the module docstring). The count of nodes moved past."""
+    moved = 0
+    for _ in range(_ROUNDS):
+        view = GraphView(model)
+        changes: dict[str, list[NodeProto]] = {}  # node name -> what replaces it ([] removes it)
+        for node in model.graph.node:
+            if node.op_type not in FLATTENS or node.domain not in ("", "ai.onnx") or \
+                    profile.rule(node.op_type) is not None or not _flat_of_pooled(node, view):
+                continue
+            readers = view.consumers.get(node.output[0], [])
+            if len(readers) != 1 or node.output[0] in view.graph_outputs or readers[0].name in changes:
+                continue
+            reader = readers[0]
+            out = reader.output[0]
+            new = _past(reader, node.input[0], f"{out}_map", view, model)
+            if new is None:
+                continue
+            changes[node.name] = []
+            changes[reader.name] = [new, helper.make_node("Flatten", [f"{out}_map"], [out], name=node.name, axis=1)]
+        if not changes:
+            break
+        nodes = [n for node in model.graph.node for n in changes.get(node.name, [node])]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        moved += len(changes) // 2
+    return moved
