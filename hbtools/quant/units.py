@@ -189,8 +189,11 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         return _cpu(node, acts, f"{op} with a constant of shape {_const_shapes(node, view)}: only scalar "
                                 f"constants fold into a BPU lookup table")
     if "lut" in forms and len(acts) > 1:
-        return _cpu(node, acts, f"{op} of {len(set(acts))} tensors has no BPU form (only functions of one "
-                                f"tensor become lookup tables)")
+        # the optimize stage writes a Div of two tensors as a product with a reciprocal table, in int16
+        why = f"it becomes a product with an int16 reciprocal table only where the march has int16, which " \
+              f"{profile.label} does not" if op == "Div" and not profile.int16 else \
+              "only functions of one tensor become lookup tables"
+        return _cpu(node, acts, f"{op} of {len(set(acts))} tensors has no BPU form ({why})")
     if "pool" in forms and op == "ReduceMean":
         axes = view.reduced_axes(node)
         if axes is None:

@@ -187,3 +187,19 @@ def test_run_on_bpu_of_an_impossible_node_warns(caplog: pytest.LogCaptureFixture
     with caplog.at_level("WARNING", logger="hbtools"):
         _partition(model, "bernoulli2", {"Softmax_0": NodeInfo(on="BPU")}, warn=False)
     assert not caplog.text
+
+
+def test_division_of_two_tensors_on_bernoulli2_says_int16_is_missing() -> None:
+    """On bayes-e a Div of two tensors is a product with an int16 reciprocal table; bernoulli2 has no int16,
+    and its CPU reason says so rather than that no march could run it."""
+    from hbtools.pipeline import optimize
+
+    g = _Graph(16)
+    c = g.conv("data", 3, 8)
+    divisor = g.op("Add", [g.op("Relu", [g.conv("data", 3, 8)]), g.const(np.float32(1.0))])
+    model = g.model({"data": [1, 3, 8, 8]}, [g.conv(g.op("Div", [c, divisor]), 8, 4)]).model
+    x5 = _partition(optimize.run(model, get_profile("bayes-e")), "bayes-e")
+    assert "Div_0" not in x5.unit_of_node or _placement(x5)["Div_0"][0] == "BPU"
+    x3 = _partition(optimize.run(model, get_profile("bernoulli2")), "bernoulli2")
+    assert _placement(x3)["Div_0"][0] == "CPU"
+    assert "int16" in _reason(x3, "Div_0") and "bernoulli2 (RDK X3)" in _reason(x3, "Div_0")
