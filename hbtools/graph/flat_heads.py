@@ -70,6 +70,13 @@ def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProt
     return moved
 
 
+def _restores(reader: NodeProto, flatten: NodeProto, view: GraphView) -> bool:
+    """Whether ``reader`` (an Unsqueeze or Reshape) gives back the map ``flatten`` flattened."""
+    return reader.op_type in ("Unsqueeze", "Reshape") and reader.domain in ("", "ai.onnx") and \
+        reader.output[0] not in view.graph_outputs and \
+        view.shapes.get(reader.output[0]) == view.shapes.get(flatten.input[0])
+
+
 def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
     """Move each flatten of a pooled map that ``profile``'s BPU cannot run past the Gemms and activations
     that read it (see the module docstring). The count of nodes moved past."""
@@ -77,6 +84,7 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
     for _ in range(_ROUNDS):
         view = GraphView(model)
         changes: dict[str, list[NodeProto]] = {}  # node name -> what replaces it ([] removes it)
+        renamed: dict[str, str] = {}  # tensor -> the tensor read in its place
         for node in model.graph.node:
             if node.op_type not in FLATTENS or node.domain not in ("", "ai.onnx") or \
                     profile.rule(node.op_type) is not None or not _flat_of_pooled(node, view):
@@ -86,6 +94,10 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
                 continue
             reader = readers[0]
             out = reader.output[0]
+            if _restores(reader, node, view):  # the flatten undone (BatchNorm1d as a depthwise conv): both go
+                renamed[out] = node.input[0]
+                changes[node.name] = changes[reader.name] = []
+                continue
             new = _past(reader, node.input[0], f"{out}_map", view, model)
             if new is None:
                 continue
@@ -94,7 +106,10 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
         if not changes:
             break
         nodes = [n for node in model.graph.node for n in changes.get(node.name, [node])]
+        for n in nodes:
+            for k, name in enumerate(n.input):
+                n.input[k] = renamed.get(name, name)
         del model.graph.node[:]
         model.graph.node.extend(nodes)
-        moved += len(changes) // 2
+        moved += len(changes) // 2 + len(renamed)
     return moved

@@ -119,12 +119,13 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     bpu_forms.average_pools_over_whole_windows(body)
     _fold_affine_into_conv(body)
     _fold_batchnorm_into_gemm(body)
-    if profile is not None and flattens_after_heads(body, profile):
-        log.info("flattens of pooled maps moved after the Gemms reading them (1x1 Convs): %s has no BPU flatten",
-                 profile.label)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
         _fold_affine_into_conv(body)  # the Add of a Mul+Add pair goes into the new conv's bias
+    # after BatchNorm1d became a depthwise conv between an Unsqueeze and a Squeeze: that Unsqueeze undoes a flatten
+    if profile is not None and flattens_after_heads(body, profile):
+        log.info("flattens of pooled maps moved after the Gemms reading them (1x1 Convs): %s has no BPU flatten",
+                 profile.label)
     remove_dead_nodes(body)
     _restore_custom_nodes(body, cut)
     out = _with_preprocess(body, pre_nodes, original_inputs, model)
