@@ -105,6 +105,10 @@ def log_cpu_reasons(partition: Partition) -> None:
     log.info("The model has %d BPU subgraph(s) and %d CPU node(s)", subgraphs, len(cpu))
     if not cpu:
         return
+    if all(u.on == "CPU" or u.kind == "preprocess" for u in partition.units):
+        # converts, but runs in float on the board's CPU: almost always a march the model's ops do not suit
+        log.warning("no node of the model runs on the BPU%s: it runs in float on the CPU; the reasons each node "
+                    "stays there follow (check the march)", " (only the input preprocessing does)" if subgraphs else "")
     name_w = max(len("Node"), *(len(c[0]) for c in cpu)) + 2
     type_w = max(len("Type"), *(len(c[1]) for c in cpu)) + 2
     header = f"{'Node':<{name_w}}{'Type':<{type_w}}Reason"
