@@ -31,7 +31,7 @@ import numpy as np
 from onnx import AttributeProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.ops import int_kernels, uint8_kernels
-from hbtools.ops.base import CONTRIB_DOMAIN, REQUIRED, HzOp, LoweringContext, attrs_of
+from hbtools.ops.base import CONTRIB_DOMAIN, REQUIRED, HzOp, LoweringContext, add_node, attrs_of
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 
@@ -39,6 +39,9 @@ ONNX_INT = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": Tenso
 NUMPY_INT = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
 # Attributes every requantizing op has: output type, clip bounds and the zero point it adds.
 OUTPUT_ATTRS = {"out_type": REQUIRED, "out_min": REQUIRED, "out_max": REQUIRED, "zero_point": 0}
+# A float32 ConvTranspose on 8-bit integer parts is exact while its sums stay below 2**24
+# (1000 products of at most 2**14).
+CONV_TRANSPOSE_MAX_TERMS = 1000
 CONV_ATTRS = {"kernel_shape": None, "strides": None, "pads": None, "dilations": None, "group": None,
               "output_padding": None, "auto_pad": None}
 
@@ -173,12 +176,23 @@ def _integer_product(ctx: LoweringContext, op: str, a: str, a_bits: int, b: str,
         for pb, wb in parts_b:
             if op == "ConvTranspose":
                 # No integer ConvTranspose kernel: float32 on 8-bit parts is exact while sums stay
-                # below 2**24, which the partition's bound on the number of terms guarantees.
+                # below 2**24, so each float32 kernel sums at most CONV_TRANSPOSE_MAX_TERMS terms
+                # (input-channel chunks) and the chunks add up in float64 (exact).
                 pa = _cast(ctx, pa, TensorProto.FLOAT, f"{hint}_af", nodes)
                 pb = _cast(ctx, pb, TensorProto.FLOAT, f"{hint}_bf", nodes)
-            n, acc = _node(ctx, op, [pa, pb, *zp_inputs], f"{hint}_acc", **attrs)
-            nodes.append(n)
-            term = _cast(ctx, acc, TensorProto.DOUBLE, f"{hint}_accd", nodes)
+                accs = [_node(ctx, op, [xa, xb], f"{hint}_acc", **attrs)
+                        for xa, xb in _input_channel_chunks(ctx, pa, pb, b, attrs, hint, nodes)]
+            else:
+                accs = [_node(ctx, op, [pa, pb, *zp_inputs], f"{hint}_acc", **attrs)]
+            term = None
+            for n, acc in accs:
+                nodes.append(n)
+                part = _cast(ctx, acc, TensorProto.DOUBLE, f"{hint}_accd", nodes)
+                if term is None:
+                    term = part
+                else:
+                    n, term = _node(ctx, "Add", [term, part], f"{hint}_chunks")
+                    nodes.append(n)
             if wa * wb != 1.0:
                 k = ctx.constant(f"{hint}_w", np.array(wa * wb))
                 n, term = _node(ctx, "Mul", [term, k], f"{hint}_term")
@@ -189,6 +203,29 @@ def _integer_product(ctx: LoweringContext, op: str, a: str, a_bits: int, b: str,
                 n, total = _node(ctx, "Add", [total, term], f"{hint}_sum")
                 nodes.append(n)
     return total
+
+
+def _input_channel_chunks(ctx: LoweringContext, x: str, w: str, w_source: str, attrs: dict, hint: str,
+                          nodes: list[NodeProto]) -> list[tuple[str, str]]:
+    """(input, weight) pairs of a ConvTranspose split along its input channels so that each sums at
+    most CONV_TRANSPOSE_MAX_TERMS products per output; the pair itself where it needs no split (or
+    is grouped, which the partition keeps under the bound)."""
+    weight = ctx.known(w_source)
+    if weight is None or int(attrs.get("group") or 1) != 1:
+        return [(x, w)]
+    taps = int(np.prod(weight.shape[2:]))
+    step = max(CONV_TRANSPOSE_MAX_TERMS // taps, 1)
+    if weight.shape[0] <= step:
+        return [(x, w)]
+    pairs = []
+    for start in range(0, weight.shape[0], step):
+        bounds = [ctx.constant(f"{hint}_chunk", np.array([v], np.int64)) for v in (start, start + step)]
+        xs = add_node(ctx, "Slice", [x, *bounds, ctx.constant(f"{hint}_c_axis", np.array([1], np.int64))],
+                      f"{hint}_chunk", nodes)
+        ws = add_node(ctx, "Slice", [w, *bounds, ctx.constant(f"{hint}_w_axis", np.array([0], np.int64))],
+                      f"{hint}_chunk", nodes)
+        pairs.append((xs, ws))
+    return pairs
 
 
 def _scaled_accumulator(ctx: LoweringContext, acc: str, bias: np.ndarray | None, multiplier: list[float],

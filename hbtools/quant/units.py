@@ -23,6 +23,7 @@ from hbtools.march.constraints import constant_operand_shape, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
 from hbtools.ops import custom, registry
 from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN
+from hbtools.ops.quantized import CONV_TRANSPOSE_MAX_TERMS
 from hbtools.runtime.structure import components
 
 log = logging.getLogger("hbtools")
@@ -31,8 +32,6 @@ log = logging.getLogger("hbtools")
 BUILTIN_KINDS = (*FORMS, "cpu")
 # Kinds whose integer result is an int32 accumulator (dequantized directly when no BPU op reads it).
 ACCUMULATOR_KINDS = ("conv", "matmul")
-# A ConvTranspose is lowered with a float32 kernel on integer values; exact while sums stay < 2**24.
-CONV_TRANSPOSE_MAX_TERMS = 1000
 INTEGER_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32,
                  TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64)
 
@@ -270,9 +269,11 @@ def _conv_unit(node: NodeProto, acts: list[str], view: GraphView, rule: OpRule, 
     if op == "MatMul" and weight.ndim != 2:
         return _cpu(node, acts, f"MatMul with a batched constant weight {list(weight.shape)} has no BPU form")
     terms = weight.shape[0] // max(int(a.get("group", 1)), 1) * int(np.prod(weight.shape[2:]))  # per group
-    if op == "ConvTranspose" and terms > CONV_TRANSPOSE_MAX_TERMS:
-        return _cpu(node, acts, f"ConvTranspose summing {terms} terms per output is too large for exact integer "
-                                f"accumulation in hbtools; kept in float")
+    # The lowering splits an ungrouped ConvTranspose along its input channels to stay exact; a grouped
+    # one would need that within every group.
+    if op == "ConvTranspose" and int(a.get("group", 1)) > 1 and terms > CONV_TRANSPOSE_MAX_TERMS:
+        return _cpu(node, acts, f"grouped ConvTranspose summing {terms} terms per output is too large for exact "
+                                f"integer accumulation in hbtools; kept in float")
     nodes = [node]
     activation = None
     consumers = view.consumers.get(node.output[0], [])

@@ -455,3 +455,19 @@ def test_matmul_kind_accumulates_in_int32(x_bits: int, out_type: str, rule: str,
     assert {types.get(n.input[1]) for n in kernels} == {TensorProto.INT8 if signed_weights else TensorProto.UINT8}
     casts = {helper.get_attribute_value(a) for n in lowered.graph.node if n.op_type == "Cast" for a in n.attribute}
     assert TensorProto.DOUBLE not in casts or rule == "float64", "the float32 rule needs no float64"
+
+
+@pytest.mark.parametrize("rule", ["float64", "float32"])
+def test_conv_transpose_with_sums_beyond_float32_is_split_into_exact_chunks(rule: str) -> None:
+    """A decoder upsampling (k 4, stride 2, pads 1, hundreds of channels: a ViT or U-Net head) sums more
+    products per output than float32 holds exactly; the lowering splits the input channels so every
+    chunk stays exact and adds the chunks in float64. Large same-sign values make the sums ~2**26."""
+    rng = np.random.default_rng(11)
+    x = rng.integers(100, 128, [1, 1100, 3, 3]).astype(np.int8)
+    w = rng.integers(100, 128, [1100, 2, 4, 4]).astype(np.int8)
+    req = requant_attrs(rng, "int8", 2, 1.0 / (127 * 127 * 1100 * 4))
+    if rule == "float32":
+        req["requantize_f32"] = 1
+    node = hz_node("HzSQuantizedConv", ["x", "w"], kind="ConvTranspose", x_bits=8, axis=1, kernel_shape=[4, 4],
+                   strides=[2, 2], pads=[1, 1, 1, 1], **req)
+    check(node, {"x": x}, {"w": w})

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import _Graph
+from builders import _Graph, make_project
 from onnx import ModelProto
 
 from hbtools.config.model import NodeInfo
 from hbtools.march.constraints import classify_broadcast
 from hbtools.march.profiles import BROADCASTS, FORMS, PROFILES, get_profile
 from hbtools.ops import registry
+from hbtools.pipeline.runner import makertbin
 from hbtools.quant.units import Partition, build_partition
+from hbtools.tools.verifier import verify
+from horizon_tc_ui import HB_ONNXRuntime
 
 MARCHES = ("bernoulli2", "bayes", "bayes-e", "nash-e", "nash-m")
 
@@ -203,3 +207,23 @@ def test_division_of_two_tensors_on_bernoulli2_says_int16_is_missing() -> None:
     x3 = _partition(optimize.run(model, get_profile("bernoulli2")), "bernoulli2")
     assert _placement(x3)["Div_0"][0] == "CPU"
     assert "int16" in _reason(x3, "Div_0") and "bernoulli2 (RDK X3)" in _reason(x3, "Div_0")
+
+
+def test_a_wide_decoder_conv_transpose_runs_on_the_bpu(tmp_path: Path) -> None:
+    """A ViT / U-Net decoder upsampling (384 channels, k 4, stride 2) sums 6144 products per output:
+    the lowering splits it into exact chunks, so it stays on the BPU instead of 'kept in float'."""
+    g = _Graph(13)
+    x = g.conv("data", 3, 384, k=1)
+    w = g.const((0.01 * g.rng.standard_normal((384, 8, 4, 4))).astype(np.float32), "up_w")
+    up = g.op("ConvTranspose", [x, w], kernel_shape=[4, 4], strides=[2, 2], pads=[1, 1, 1, 1])
+    fm = g.model({"data": [1, 3, 4, 4]}, [g.conv(up, 8, 4)])
+    part = _partition(fm.model, "bayes-e")
+    assert _placement(part)["ConvTranspose_0"][0] == "BPU", _reason(part, "ConvTranspose_0")
+    # Converted, the .bin (x86 simulator) and the quantized model agree exactly, and the quantized
+    # model stays the calibrated model's integer twin.
+    paths = makertbin(make_project(tmp_path, fm, cal_count=2).config_path, "onnx")
+    assert all(o.passed for o in verify(paths["quantized"], paths["bin"], None, 3).outputs)
+    x = np.random.default_rng(0).integers(0, 256, (1, 3, 4, 4), dtype=np.uint8)
+    got = HB_ONNXRuntime(model_file=paths["quantized"]).run(None, {"data": x})[0].ravel()
+    want = HB_ONNXRuntime(model_file=paths["calibrated"]).run(None, {"data": x})[0].ravel()
+    assert float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)) >= 0.9999
