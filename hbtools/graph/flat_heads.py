@@ -34,10 +34,11 @@ def _flat_of_pooled(node: NodeProto, view: GraphView) -> bool:
 
 
 def _gemm_as_conv(gemm: NodeProto, x: str, out: str, view: GraphView, model: ModelProto) -> NodeProto | None:
-    """The 1x1 Conv over ``x`` [N, C, 1, 1] that computes ``gemm`` (constant weight and bias, A not transposed)."""
+    """The 1x1 Conv over ``x`` [N, C, 1, 1] that computes ``gemm`` (a Gemm or MatMul: constant weight and bias,
+    A not transposed)."""
     a = view.attrs(gemm)
     b = view.const(gemm.input[1]) if len(gemm.input) > 1 else None
-    if gemm.input[0] == gemm.input[1] or a.get("transA", 0) or b is None or b.ndim != 2:
+    if a.get("transA", 0) or b is None or b.ndim != 2:
         return None
     weight = (b if a.get("transB", 0) else b.T) * np.float32(a.get("alpha", 1.0))  # [K, C]
     inputs = [x, f"{gemm.name}_conv_weight"]
@@ -57,7 +58,7 @@ def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProt
     """``reader`` of the flattened tensor rewritten to read the map ``x`` and write the map ``out``."""
     if reader.domain not in ("", "ai.onnx"):
         return None
-    if reader.op_type == "Gemm":
+    if reader.op_type in ("Gemm", "MatMul"):  # MatMul: a Gemm of defaults, no bias
         return _gemm_as_conv(reader, x, out, view, model)
     others = [i for i in reader.input[1:] if i]
     if reader.op_type not in _SHAPELESS or any(not view.is_const(i) or view.const(i).size != 1 for i in others):
@@ -98,7 +99,9 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
                 renamed[out] = node.input[0]
                 changes[node.name] = changes[reader.name] = []
                 continue
-            new = _past(reader, node.input[0], f"{out}_map", view, model)
+            # the flattened tensor must be the reader's first input (a Gemm's A, an activation's X)
+            new = _past(reader, node.input[0], f"{out}_map", view, model) if reader.input[0] == node.output[0] \
+                and node.output[0] not in reader.input[1:] else None
             if new is None:
                 continue
             changes[node.name] = []
@@ -111,5 +114,5 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
                 n.input[k] = renamed.get(name, name)
         del model.graph.node[:]
         model.graph.node.extend(nodes)
-        moved += len(changes) // 2 + len(renamed)
+        moved += len(changes) // 2
     return moved

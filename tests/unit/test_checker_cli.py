@@ -334,8 +334,8 @@ def test_constant_the_march_cannot_broadcast_is_written_at_full_shape(tmp_path: 
 
 
 def _classifier_head(flatten: str) -> FloatModel:
-    """conv -> residual Add -> ReLU -> GlobalAveragePool -> ``flatten`` -> Gemm (transB, bias) -> ReLU -> Gemm
-    (weight [C, K], alpha / beta)."""
+    """conv -> residual Add -> ReLU -> GlobalAveragePool -> ``flatten`` -> Gemm (transB, bias; or MatMul) -> ReLU
+    -> Gemm (weight [C, K], alpha / beta)."""
     g = _Graph(15)
     c = g.conv("data", 3, 8)
     x = g.op("Relu", [g.op("Add", [g.conv(c, 8, 8), c])])
@@ -346,15 +346,19 @@ def _classifier_head(flatten: str) -> FloatModel:
         flat = g.bn(g.op("Flatten", [pooled], axis=1), 8)
     elif flatten == "Reshape":
         flat = g.op("Reshape", [pooled, g.const(np.array([1, 8], dtype=np.int64), "shape")])
-    else:
+    elif flatten == "Squeeze":
         flat = g.op("Squeeze", [pooled, g.const(np.array([2, 3], dtype=np.int64), "axes")])
-    h = g.op("Relu", [g.gemm(flat, 8, 16)])
+    if flatten == "MatMul":  # a Keras export: Flatten, then MatMul by the weight without a bias
+        flat = g.op("Flatten", [pooled], axis=1)
+        h = g.op("Relu", [g.op("MatMul", [flat, g.const((g.rng.standard_normal((8, 16)) / 3).astype(np.float32))])])
+    else:
+        h = g.op("Relu", [g.gemm(flat, 8, 16)])
     w = g.const((g.rng.standard_normal((16, 5)) / 4).astype(np.float32), "w")
     out = g.op("Gemm", [h, w, g.const(np.full([1, 5], 0.1, dtype=np.float32), "b")], alpha=0.5, beta=2.0)
     return g.model({"data": [1, 3, 8, 8]}, [out])
 
 
-@pytest.mark.parametrize("flatten", ["Flatten", "Reshape", "Squeeze", "BatchNorm1d"])
+@pytest.mark.parametrize("flatten", ["Flatten", "Reshape", "Squeeze", "BatchNorm1d", "MatMul"])
 def test_classifier_head_stays_on_bernoulli2s_bpu(flatten: str, tmp_path: Path) -> None:
     """bernoulli2 cannot flatten on its BPU: the flatten of the pooled map goes after the Gemms (as 1x1
     Convs), so the residual block, pool and head are one BPU subgraph, not the pool and all before it
