@@ -366,13 +366,15 @@ def _resize_probe(x: np.ndarray, attrs: dict, inputs: dict, out_shape: list[int]
 
 
 def large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile) -> None:
-    """A patch embedding (Conv with kernel = stride, no padding: ViT's 16x16/16) whose kernel exceeds what the
-    BPU takes as SpaceToDepth by the kernel and a 1x1 Conv over the k*k*C channels: the same sums, in forms the
-    BPU has. Only where the map divides into whole patches (else the Conv would drop its edge)."""
+    """A patch embedding (Conv with kernel = stride, no padding: ViT's 16x16/16, DINOv2's 14x14/14) whose kernel
+    or stride exceeds what the BPU takes as SpaceToDepth by the kernel and a 1x1 Conv over the k*k*C channels:
+    the same sums, in forms the BPU has. Only where the map divides into whole patches (else the Conv would drop
+    its edge)."""
     rule = profile.rule("Conv")
-    limit = rule.kernel if rule is not None else None
-    if limit is None:
+    limits = [v for v in (rule.kernel, rule.stride) if v is not None] if rule is not None else []
+    if not limits:
         return
+    limit = min(limits)
     view = GraphView(model)
     nodes = []
     for node in model.graph.node:

@@ -55,7 +55,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     """Return the optimized copy of an original float model (HzPreprocess kept in front).
 
     With the march ``profile``, convolutions are also put in forms its BPU takes (a patch
-    embedding with a larger kernel than it takes becomes SpaceToDepth and a 1x1 Conv).
+    embedding with a larger kernel or stride than it takes becomes SpaceToDepth and a 1x1 Conv).
     ``placed``: node name -> "BPU" / "CPU" as the config's node_info puts them, ``all_bpu``: every
     node on the BPU (--fast-perf); long recurrent layers are unrolled only where put on the BPU."""
     model = copy.deepcopy(model)

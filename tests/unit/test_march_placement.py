@@ -227,3 +227,24 @@ def test_a_wide_decoder_conv_transpose_runs_on_the_bpu(tmp_path: Path) -> None:
     got = HB_ONNXRuntime(model_file=paths["quantized"]).run(None, {"data": x})[0].ravel()
     want = HB_ONNXRuntime(model_file=paths["calibrated"]).run(None, {"data": x})[0].ravel()
     assert float(got @ want / np.linalg.norm(got) / np.linalg.norm(want)) >= 0.9999
+
+
+@pytest.mark.parametrize(("march", "patch"), [("bayes-e", 14), ("bayes-e", 10), ("bernoulli2", 6)])
+def test_patch_embedding_with_a_stride_beyond_the_bpu_runs_there(tmp_path: Path, march: str, patch: int) -> None:
+    """A patch embedding whose kernel the BPU takes but whose stride it does not (DINOv2's 14x14/14 on X5, whose
+    convs stride at most 8) stayed on the CPU; as SpaceToDepth and a 1x1 Conv it runs on the BPU, same values."""
+    from hbtools.pipeline import optimize
+
+    g = _Graph(21)
+    w = (0.05 * g.rng.standard_normal((16, 3, patch, patch))).astype(np.float32)
+    tokens = g.op("Conv", ["data", g.const(w, "patch_w")], kernel_shape=[patch, patch], strides=[patch, patch])
+    fm = g.model({"data": [1, 3, 4 * patch, 4 * patch]}, [g.conv(tokens, 16, 8, k=1)])
+    part = _partition(optimize.run(fm.model, get_profile(march)), march)
+    assert all(on == "BPU" for on, _ in _placement(part).values()), part.rows()
+    project = make_project(tmp_path, fm, cal_count=2, march=march)
+    paths = makertbin(project.config_path, "onnx")
+    assert all(o.passed for o in verify(paths["quantized"], paths["bin"], None, 2).outputs)
+    x = np.random.default_rng(1).integers(0, 256, (1, 3, 4 * patch, 4 * patch), dtype=np.uint8)
+    got = HB_ONNXRuntime(model_file=paths["optimized"]).run(None, {"data": x})[0]
+    want = HB_ONNXRuntime(model_file=paths["original"]).run(None, {"data": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
