@@ -60,7 +60,8 @@ def cosine_of_products(dot: float, aa: float, bb: float) -> float:
         return 1.0
     if na == 0 or nb == 0:
         return 0.0
-    return float(dot / (na * nb))
+    with np.errstate(invalid="ignore"):  # inf outputs (a -inf mask fill): NaN, shown as such, not a console warning
+        return float(dot / (na * nb))
 
 
 def mse(a: np.ndarray, b: np.ndarray) -> float:

@@ -65,3 +65,17 @@ def test_an_infinite_fill_not_read_by_a_softmax_stays_a_where_on_the_cpu(tmp_pat
     assert "Where" in [c["type"] for c in cpu]
     for w, o in zip(want, optimized, strict=True):
         np.testing.assert_array_equal(o, w)
+
+
+def test_cosine_of_outputs_holding_inf_is_nan_without_a_console_warning() -> None:
+    """A model output holding -inf (the fill above) makes every cosine of it undefined: the tables show NaN,
+    and numpy's 'invalid value encountered' must not reach the console."""
+    import warnings
+
+    from hbtools.metrics import cosine_of_products, cosine_similarity
+
+    x = np.array([1.0, -np.inf, 2.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(cosine_similarity(x, x))
+        assert np.isnan(cosine_of_products(np.inf, np.inf, np.inf))
