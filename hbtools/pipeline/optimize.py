@@ -106,9 +106,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
             bpu_forms.divisions_as_reciprocal_products(body, placed)
     bpu_forms.upsampling_by_whole_factors(body)
     bpu_forms.interpolations_as_matmuls(body)
-    rewritten["Conv kernels cut to the taps that read the map (the others read only padding)"] = \
-        bpu_forms.convs_without_dead_taps(body)
     if profile is not None:
+        rewritten["Conv kernels cut to the taps that read the map (the others read only padding)"] = \
+            bpu_forms.convs_without_dead_taps(body, profile)
         bpu_forms.large_patch_convs_as_space_to_depth(body, profile)
         rewritten["convs dilated beyond the BPU's limit run over the map's phases"] = \
             bpu_forms.dilated_convs_by_phases(body, profile, placed)

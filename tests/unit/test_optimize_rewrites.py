@@ -402,7 +402,7 @@ def test_convs_dilated_beyond_the_march_run_by_phases(size: int, dilations: list
     (14, [24, 24], [1, 1], [24, 24, 24, 24], [1, 1]),
     (20, [12, 18], [1, 1], [12, 18, 12, 18], [3, 3]),   # the map reaches the outer taps on both axes: kept
     (13, [6, 20], [2, 1], [6, 20, 6, 20], [3, 1]),      # one axis cut, a stride on the other
-    (10, [12, 12], [1, 1], [24, 0, 0, 24], [1, 1]),     # one-sided padding: the last tap, then the first survives
+    (10, [20, 20], [1, 1], [40, 0, 0, 40], [1, 1]),     # one-sided padding: the last tap, then the first survives
 ])
 def test_kernel_taps_that_read_only_padding_are_cut(size: int, dilations: list[int], strides: list[int],
                                                      pads: list[int], kernel: list[int]) -> None:
@@ -558,3 +558,21 @@ def test_a_function_op_onnxruntime_expands_has_its_shape_arithmetic_folded() -> 
     assert ops.count("HzLayerNorm") == 1 and "ReduceMean" not in ops, ops
     cpu = [name for name, on, _, _ in build_partition(optimized, get_profile("bayes-e"), {}).rows() if on != "BPU"]
     assert cpu == []
+
+
+def test_a_conv_the_bpu_takes_keeps_its_padding_only_taps() -> None:
+    """A 5x5 Conv on a 1-row map (PP-OCRv2 rec's neck) has rows of taps that read only padding, but the BPU
+    takes it as it is: it is left alone, so its float sums, and the calibration built on them, do not move."""
+    from hbtools.march.profiles import get_profile
+
+    w = np.random.default_rng(3).standard_normal((8, 1, 5, 5)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="neck", kernel_shape=[5, 5], pads=[2, 2, 2, 2], group=8)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 1, 40])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    conv = next(n for n in optimized.graph.node if n.op_type == "Conv")
+    weight = next(i for i in optimized.graph.initializer if i.name == conv.input[1])
+    assert list(weight.dims[2:]) == [5, 5]
