@@ -38,6 +38,19 @@ def _normal(rng: np.random.Generator, shape: list[int], count: int = 8) -> list[
     return [rng.standard_normal(shape).astype(np.float32) for _ in range(count)]
 
 
+def _checker_refuses(model: ModelProto, tmp_path: Path) -> str:
+    """The output of ``hb_mapper checker`` on ``model``, after checking it stopped with an ERROR (no internal
+    error)."""
+    import onnx
+    from conformance import INTERNAL, _cli
+
+    onnx.save(model, tmp_path / "m.onnx")
+    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", str(tmp_path / "m.onnx")],
+                     tmp_path)
+    assert code != 0 and INTERNAL not in out, out[-2000:]
+    return out
+
+
 def _agrees_with_source(model: ModelProto, out: Path, shape: tuple[int, ...], rng: np.random.Generator, *,
                         optimized: bool = False) -> None:
     """On one random input ``x``: the quantized artefact ``m`` in ``out`` is within the quantization error of the
@@ -182,13 +195,7 @@ def test_onnx_ml_ops_run_on_the_cpu(tmp_path: Path) -> None:
 def test_a_sequence_output_is_refused_with_the_tensors_to_end_at(tmp_path: Path) -> None:
     """A ZipMap output (a sequence of maps) cannot be a runtime model's output: makertbin stopped with an
     internal error after calibration. The ERROR now names the output and the output_nodes to give."""
-    import onnx
-    from conformance import INTERNAL, _cli
-
-    onnx.save(_classifier(zipmap=True), tmp_path / "m.onnx")
-    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", str(tmp_path / "m.onnx")],
-                     tmp_path)
-    assert code != 0 and INTERNAL not in out, out[-2000:]
+    out = _checker_refuses(_classifier(zipmap=True), tmp_path)
     assert "output 'named' is a sequence, not a tensor (made by ZipMap" in out, out[-2000:]
     assert "output_nodes: 'label;probs'" in out
 
@@ -349,15 +356,9 @@ def test_an_output_without_a_shape_inference_cannot_find_is_named(tmp_path: Path
     """An output declared without a shape after an op onnx cannot infer (an onnxruntime contrib op): the
     ERROR was onnx's 'Field 'shape' of 'type' is required but missing'; it now names the output and says
     how to declare it."""
-    import onnx
-    from conformance import INTERNAL, _cli
-
     nodes = [helper.make_node("Inverse", ["x"], ["y"], domain="com.microsoft")]
     model = _model(nodes, [("x", F, [1, 2, 4, 4])], [("y", F, None)], domains=[("com.microsoft", 1)])
-    onnx.save(model, tmp_path / "m.onnx")
-    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", str(tmp_path / "m.onnx")],
-                     tmp_path)
-    assert code != 0 and INTERNAL not in out, out[-2000:]
+    out = _checker_refuses(model, tmp_path)
     assert "'y' is declared without a shape, and shape inference cannot find one" in out, out[-2000:]
     assert "declare their rank in the model" in out
 
