@@ -144,6 +144,12 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
             values = dict(zip(names, session.run(names, feed), strict=True))
             for node in group:
                 x = values[node.input[0]]
+                if geos[node.name].dense and x.ndim <= 2:
+                    # Each row of a 2-D input is a sample of one position: their products are summed in
+                    # one matrix product, not a K x K outer product (and Python step) per row.
+                    sums[node.name] = sums.get(node.name, 0.0) + _row_products(x)
+                    seen[node.name] = seen.get(node.name, 0) + (len(x) if x.ndim == 2 else 1)
+                    continue
                 for sample in x:  # a batch contributes each of its samples
                     h, taken = 0.0, 0
                     for cols in patches(sample, geos[node.name], rng, positions):
@@ -158,6 +164,17 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
                 hessian = sums.pop(node.name) / max(count, 1)
                 if seen[node.name] >= POSITIONS_PER_INPUT * hessian.shape[-1]:
                     yield node.name, hessian
+
+
+def _row_products(x: np.ndarray) -> np.ndarray:
+    """``Σ r rᵀ`` over the rows ``r`` of ``x`` [M, K] (a 1-D ``x`` is one row), as [1, K, K] in float64."""
+    rows = x.reshape(-1, x.shape[-1])
+    step = max(1, CHUNK_BYTES // (8 * rows.shape[1]))
+    h = np.zeros((1, rows.shape[1], rows.shape[1]))
+    for start in range(0, len(rows), step):
+        chunk = rows[start:start + step].astype(np.float64)
+        h += (chunk.T @ chunk)[None]
+    return h
 
 
 def _hessian_groups(layers: list[NodeProto], view: GraphView) -> list[list[NodeProto]]:
