@@ -557,6 +557,31 @@ def layer_norms(h: int = 16, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [linear(x)], opset)
 
 
+def wide_norms(h: int = 40, opset: int = 17) -> FloatModel:
+    """Normalizations over more values than the plain integer form of the layer norm kernel holds (1290):
+    PyTorch's GroupNorm (32 groups over 256 channels at 20 x 20, 3200 values each), exported as Reshape +
+    InstanceNormalization + Reshape + per-channel Mul and Add; a LayerNormalization over 1536 channels and a
+    spelled-out one over 4096, as wide transformers (Swin's last stage, big ViTs) have."""
+    g = _Graph(29)
+    x = g.op("Relu", [g.conv("data", 3, 256, stride=2)])
+    side = h // 2
+    grouped = g.op("Reshape", [x, g.const(np.array([1, 32, -1], dtype=np.int64), "gn_r")])
+    grouped = g.op("InstanceNormalization", [grouped, g.const(np.ones(32, np.float32), "gn_one"),
+                                             g.const(np.zeros(32, np.float32), "gn_zero")], epsilon=1e-5)
+    x = g.op("Reshape", [grouped, g.const(np.array([1, 256, side, side], dtype=np.int64), "gn_back")])
+    x = g.op("Add", [g.op("Mul", [x, g.const((1 + 0.1 * g.rng.standard_normal((256, 1, 1))).astype(np.float32))]),
+                     g.const((0.1 * g.rng.standard_normal((256, 1, 1))).astype(np.float32))])
+    wide = g.op("Reshape", [g.conv(x, 256, 384, k=1), g.const(np.array([1, -1, 1536], dtype=np.int64), "r1536")])
+    wide = g.op("LayerNormalization", [wide, g.const((1 + 0.1 * g.rng.standard_normal(1536)).astype(np.float32)),
+                                       g.const((0.1 * g.rng.standard_normal(1536)).astype(np.float32))],
+                axis=-1, epsilon=1e-5)
+    t = g.op("Reshape", [x, g.const(np.array([1, -1, 4096], dtype=np.int64), "r4096")])
+    d = g.op("Sub", [t, g.op("ReduceMean", [t], axes=[-1], keepdims=1)])
+    var = g.op("ReduceMean", [g.op("Pow", [d, g.const(np.float32(2.0), "two")])], axes=[-1], keepdims=1)
+    t = g.op("Div", [d, g.op("Sqrt", [g.op("Add", [var, g.const(np.float32(1e-5), "eps")])])])
+    return g.model({"data": [1, 3, h, h]}, [wide, t], opset)
+
+
 def wide_heads(h: int = 8, opset: int = 13) -> FloatModel:
     """Heads with more output channels than the BPU takes at once (8192 on bayes-e): a CTC head over a
     large vocabulary (MatMul + bias), a classifier Gemm (transB) and a 1x1 Conv."""

@@ -14,6 +14,20 @@ the ``n`` values of each normalized group, with no rounding before the square ro
     y  = D / sqrt(S / n + c) * scale + bias float64; c = n**2 * epsilon / x_scale**2
     q  = clip(round(y / out_scale) + zero_point, out_min, out_max)
 
+That bound is n <= 1290 for int16 inputs (``MAX_GROUP_INT16``). A larger group (GroupNorm over a
+feature map, LayerNorm over 1536 or 4096 channels) takes ``S / n`` around an integer mean instead,
+so no integer grows with n**3:
+
+    m  = round(sum(x) / n)                  float64 division, round half to even, back to int64
+    e  = x - m                              int64, |e| <= 2**bits - 1 (m lies between min and max of x)
+    t  = sum(e),  Q = sum(e * e)            int64, exact while n (2**bits - 1)**2 < 2**63 (n < 2**31 for int16)
+    D  = n * e - t                          the same integer D as above
+    y  = D / sqrt((Q * n - t * t) + c) * scale + bias   float64, in that order
+
+(``Q * n - t * t`` is ``S / n``; its only roundings are float64 ones, and ``t * t`` is below
+n**2, so nothing cancels.) The choice between the two forms depends on n alone, so a model's
+kernel never changes with its inputs' values.
+
 (``D / sqrt(S / n + c)`` is ``(x - mean) / sqrt(var + epsilon)`` in levels.) A linear
 int8/int16 grid for the variance would lose the small variances next to large ones;
 here only the input and the output are on grids. The numpy reference and the ONNX
@@ -46,7 +60,8 @@ def max_group(bits: int) -> int:
     return n
 
 
-MAX_GROUP_INT16 = max_group(16)  # 1290: the kernel may read int16
+MAX_GROUP_INT16 = max_group(16)  # 1290: the kernel may read int16; beyond it, the form around an integer mean
+MAX_GROUP_CENTERED = (INT64_LIMIT - 1) // (2**16 - 1) ** 2  # sum((x - m)**2) exact in int64 for int16 inputs
 
 
 def group_size(shape: list | None, axes: list[int]) -> int | None:
@@ -71,11 +86,25 @@ def normalized_levels(ctx: LoweringContext, levels: str, scale: str, bias: str, 
     n = int(a["group"])
     x = add_node(ctx, "Cast", [levels], hint, nodes, to=TensorProto.INT64)
     total = reduce_keepdims(ctx, "ReduceSum", x, axes, hint, nodes)
-    nx = add_node(ctx, "Mul", [x, ctx.constant(f"{hint}_n", np.array(n, dtype=np.int64))], hint, nodes)
-    d = add_node(ctx, "Sub", [nx, total], hint, nodes)
-    s = reduce_keepdims(ctx, "ReduceSum", add_node(ctx, "Mul", [d, d], hint, nodes), axes, hint, nodes)
-    s = add_node(ctx, "Cast", [s], hint, nodes, to=TensorProto.DOUBLE)
-    var = add_node(ctx, "Div", [s, ctx.constant(f"{hint}_n_f64", np.array(float(n)))], hint, nodes)
+    if n <= MAX_GROUP_INT16:
+        nx = add_node(ctx, "Mul", [x, ctx.constant(f"{hint}_n", np.array(n, dtype=np.int64))], hint, nodes)
+        d = add_node(ctx, "Sub", [nx, total], hint, nodes)
+        s = reduce_keepdims(ctx, "ReduceSum", add_node(ctx, "Mul", [d, d], hint, nodes), axes, hint, nodes)
+        s = add_node(ctx, "Cast", [s], hint, nodes, to=TensorProto.DOUBLE)
+        var = add_node(ctx, "Div", [s, ctx.constant(f"{hint}_n_f64", np.array(float(n)))], hint, nodes)
+    else:  # around the integer mean m (module docstring)
+        n_i64 = ctx.constant(f"{hint}_n", np.array(n, dtype=np.int64))
+        n_f64 = ctx.constant(f"{hint}_n_f64", np.array(float(n)))
+        mean = add_node(ctx, "Div", [add_node(ctx, "Cast", [total], hint, nodes, to=TensorProto.DOUBLE), n_f64],
+                        hint, nodes)
+        m = add_node(ctx, "Cast", [add_node(ctx, "Round", [mean], hint, nodes)], hint, nodes, to=TensorProto.INT64)
+        e = add_node(ctx, "Sub", [x, m], hint, nodes)
+        t = reduce_keepdims(ctx, "ReduceSum", e, axes, hint, nodes)
+        q = reduce_keepdims(ctx, "ReduceSum", add_node(ctx, "Mul", [e, e], hint, nodes), axes, hint, nodes)
+        d = add_node(ctx, "Sub", [add_node(ctx, "Mul", [e, n_i64], hint, nodes), t], hint, nodes)
+        t = add_node(ctx, "Cast", [t], hint, nodes, to=TensorProto.DOUBLE)
+        q = add_node(ctx, "Mul", [add_node(ctx, "Cast", [q], hint, nodes, to=TensorProto.DOUBLE), n_f64], hint, nodes)
+        var = add_node(ctx, "Sub", [q, add_node(ctx, "Mul", [t, t], hint, nodes)], hint, nodes)
     c = add_node(ctx, "Div", [ctx.constant(f"{hint}_n2eps", np.array(_n2eps(a))),
                            add_node(ctx, "Mul", [x_step, x_step], hint, nodes)], hint, nodes)
     var = add_node(ctx, "Add", [var, c], hint, nodes)
@@ -95,11 +124,19 @@ def _np_normalized(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, a: dict, 
     axes = tuple(_axes(x.ndim, a["axes"]))
     n = int(a["group"])
     x = x.astype(np.int64)
-    d = np.int64(n) * x - x.sum(axis=axes, keepdims=True)
-    s = (d * d).sum(axis=axes, keepdims=True)
+    total = x.sum(axis=axes, keepdims=True)
+    if n <= MAX_GROUP_INT16:
+        d = np.int64(n) * x - total
+        var = (d * d).sum(axis=axes, keepdims=True).astype(np.float64) / np.float64(n)
+    else:  # around the integer mean (module docstring)
+        e = x - np.round(total.astype(np.float64) / np.float64(n)).astype(np.int64)
+        t = e.sum(axis=axes, keepdims=True)
+        d = e * np.int64(n) - t
+        t = t.astype(np.float64)
+        var = (e * e).sum(axis=axes, keepdims=True).astype(np.float64) * np.float64(n) - t * t
     step = np.float64(x_scale)
     c = np.float64(_n2eps(a)) / (step * step)
-    y = d.astype(np.float64) / np.sqrt(s.astype(np.float64) / np.float64(n) + c)
+    y = d.astype(np.float64) / np.sqrt(var + c)
     return y * scale.astype(np.float64) + bias.astype(np.float64)
 
 
@@ -193,9 +230,9 @@ class HzSQuantizedLayerNorm(HzOp):
         n = group_size(view.shapes.get(node.input[0]), a["axes"])
         if n is None:
             return "LayerNormalization of a tensor of unknown shape has no BPU form in hbtools"
-        if n > MAX_GROUP_INT16:
+        if n > MAX_GROUP_CENTERED:
             return (f"LayerNormalization over {n} values has no exact integer form in hbtools (at most "
-                    f"{MAX_GROUP_INT16}); kept in float")
+                    f"{MAX_GROUP_CENTERED}); kept in float")
         return ""
 
     @classmethod

@@ -55,6 +55,20 @@ def test_blocks_run_wholly_on_the_bpu(block: str, opset: int, tmp_path: Path) ->
     assert min(outcome.cosine) >= COSINE
 
 
+
+@pytest.mark.parametrize("calibration_type", ["max", "default"])
+def test_wide_normalizations_run_on_the_bpu(calibration_type: str, tmp_path: Path) -> None:
+    """A GroupNorm over 3200 values (Reshape + InstanceNormalization + Reshape, as PyTorch exports it) and
+    LayerNorms over 1536 and 4096 channels stayed on the CPU ("no exact integer form", at most 1290 values):
+    larger groups take their variance around an integer mean, exactly, on the BPU."""
+    fm = arch_builders.wide_norms()
+    outcome = convert_and_check(fm, tmp_path, calibration_type, checker=calibration_type == "max")
+    print(f"cosine {outcome.cosine}; {outcome.placement()}")
+    assert not outcome.cpu, outcome.placement()
+    # the HzLayerNorm nodes keep the names of the nodes they start from
+    assert {"InstanceNormalization_0", "LayerNormalization_0", "ReduceMean_0"} <= set(outcome.bpu_nodes)
+    assert min(outcome.cosine) >= COSINE
+
 def test_scores_beside_pixel_boxes_keep_their_accuracy(tmp_path: Path) -> None:
     """A YOLOv8 export's output joins box distances in pixels (here up to ~480) with class scores in
     0..1. Scored as one tensor, the output looks perfect whatever happens to the scores; the search
