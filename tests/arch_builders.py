@@ -374,6 +374,25 @@ def ort_quantized_crnn(h: int = 16, w: int = 32, opset: int = 13) -> FloatModel:
     return FloatModel(model, float_model.inputs)
 
 
+def log_softmax_head(axis: int = -1, h: int = 32, w: int = 64, opset: int = 13) -> FloatModel:
+    """A CRNN / CTC recognition head ending in LogSoftmax over 40 classes: convs down to a row of T
+    columns, then per column a linear layer, as [1, T, classes] (``axis`` -1) or as a 1x1 conv giving
+    [1, classes, T] (``axis`` 1). The logits are a second output."""
+    g = _Graph(31)
+    x = g.op("Relu", [_conv_bn(g, "data", 3, 16, stride=2)])
+    x = g.op("Relu", [_conv_bn(g, x, 16, 32, stride=2)])
+    x = g.op("MaxPool", [x], kernel_shape=[h // 4, 1], strides=[h // 4, 1])  # [1, 32, 1, w / 4]
+    classes = 40
+    wc = (g.rng.standard_normal((classes, 32, 1, 1)) * 0.6).astype(np.float32)
+    if axis == 1:
+        logits = g.op("Squeeze", [g.op("Conv", [x, g.const(wc, "head")], kernel_shape=[1, 1]),
+                                  g.const(np.array([2], np.int64), "axes")])  # [1, classes, T]
+    else:
+        seq = g.op("Transpose", [g.op("Squeeze", [x, g.const(np.array([2], np.int64), "axes")])], perm=[0, 2, 1])
+        logits = g.op("MatMul", [seq, g.const(wc[:, :, 0, 0].T.copy(), "head")])  # [1, T, classes]
+    return g.model({"data": [1, 3, h, w]}, [g.op("LogSoftmax", [logits], axis=axis), logits], opset)
+
+
 def if_branch_head(h: int = 16, w: int = 16, opset: int = 13) -> FloatModel:
     """An ``If`` whose branches read a tensor of the main graph that no main-graph node reads.
 

@@ -115,6 +115,7 @@ _BAYES_OPS: dict[str, OpRule] = {
     "Concat": OpRule("HzSQuantizedConcat", ("concat",)),
     # BPU ops of the device that hbtools has no integer kernel for yet.
     "Softmax": OpRule("HzSQuantizedSoftmax", ("softmax",)),
+    "LogSoftmax": OpRule("HzSQuantizedLogSoftmax", ("logsoftmax",)),
     "ReduceMean": OpRule("HzSQuantizedPool", ("pool",)),
     "LayerNormalization": OpRule("HzSQuantizedLayerNorm", ("layernorm",)),
     **_each(("ReduceSum", "ArgMax", "GridSample"), OpRule("", ())),
@@ -124,7 +125,7 @@ _BAYES_OPS: dict[str, OpRule] = {
 # Softmax run on the CPU; kernels, strides and channels are smaller.
 _BERNOULLI2_OPS: dict[str, OpRule] = {
     **{op: replace(rule, ranks=(4, 4)) for op, rule in _BAYES_OPS.items()
-       if op not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Softmax", "ReduceMean", "ReduceMax",
+       if op not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Softmax", "LogSoftmax", "ReduceMean", "ReduceMax",
                      "ReduceSum", "LayerNormalization", "GridSample", "Gather", "Tile")},
     "Conv": OpRule("HzSQuantizedConv", ("conv",), ranks=(4, 4), kernel=7, stride=4, dilation=16, channels=2048),
     "ConvTranspose": OpRule("HzSQuantizedConvTranspose", ("conv",), ranks=(4, 4), kernel=14, stride=4,

@@ -88,7 +88,7 @@ def exp_table(step: float, bits: int) -> list[int]:
 
 
 def softmax_axis(node: NodeProto, opset: int) -> int:
-    """A Softmax node's axis (its default changed at opset 13)."""
+    """A Softmax or LogSoftmax node's axis (its default changed at opset 13)."""
     a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
     return int(a.get("axis", -1 if opset >= 13 else 1))
 
@@ -111,10 +111,10 @@ class HzSQuantizedSoftmax(HzOp):
         opset = default_opset(view.model)
         shape = view.shapes.get(node.input[0])
         if shape is None:
-            return "Softmax of a tensor of unknown rank has no BPU form in hbtools"
+            return f"{node.op_type} of a tensor of unknown rank has no BPU form in hbtools"
         axis = softmax_axis(node, opset) % len(shape)
         if opset < 13 and axis != len(shape) - 1:
-            return "Softmax before opset 13 over more than its last axis has no BPU form in hbtools"
+            return f"{node.op_type} before opset 13 over more than its last axis has no BPU form in hbtools"
         return ""
 
     @classmethod
@@ -202,3 +202,178 @@ class HzSoftmax(HzOp):
         axis = int(cls.read(node)["axis"])
         e = np.exp(x - x.max(axis=axis, keepdims=True))
         return [(e / e.sum(axis=axis, keepdims=True)).astype(np.float32)]
+
+
+# LogSoftmax: log(S / 2**15) without a transcendental function at run time (numpy's and onnxruntime's
+# float64 Log differ in the last bit on a quarter of the values), from a table of log(1 + i / 1024).
+LOG_STEPS = 1024
+LN2 = 0.6931471805599453  # the float64 nearest ln 2
+_POWERS = 2.0 ** np.arange(16, 53)  # S = 2**(15 + k) r with r in [1, 2): k counts the powers S reaches
+
+
+def log_table() -> np.ndarray:
+    """``log(1 + i / 1024)`` for i = 0..1024 (float64), stored in the kernel's ``log_table``."""
+    return np.log1p(np.arange(LOG_STEPS + 1, dtype=np.float64) / LOG_STEPS)
+
+
+def _np_log_sum(s: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``log(s / 2**15)`` of float64 integer sums ``s >= 2**15``, as ``log_sum`` lowers it."""
+    k = np.float64(_POWERS.size) - (s[None] < _POWERS.reshape((-1,) + (1,) * s.ndim)).astype(np.float64).sum(0)
+    r = s * (2.0 ** -(15 + k))
+    f = (r - 1.0) * np.float64(LOG_STEPS)
+    i = np.floor(f)
+    lo = table[i.astype(np.int64)]
+    return (k * np.float64(LN2) + lo) + (f - i) * (table[i.astype(np.int64) + 1] - lo)
+
+
+def log_sum(ctx: LoweringContext, s: str, rank: int, table: str, hint: str, nodes: list[NodeProto]) -> str:
+    """float64 ``log(s / 2**15)`` of a tensor ``s`` of integer sums ``>= 2**15`` (below 2**53): ``s`` is
+    ``2**(15 + k) r`` with r in [1, 2) (k counted by comparisons, the scaling exact), and ``log r`` is
+    ``table`` (``log_table``) interpolated linearly: ``(k ln 2 + T[i]) + (f - i) (T[i + 1] - T[i])`` with
+    ``f = (r - 1) 1024``, ``i = floor(f)``. Only +, -, *, Floor and lookups: every IEEE result is fixed,
+    so onnxruntime and numpy agree bit for bit; within 2e-7 of ``log``. ``rank``: that of ``s``."""
+    powers = ctx.constant(f"{hint}_powers", _POWERS.reshape((-1,) + (1,) * rank))
+    below = add_node(ctx, "Cast", [add_node(ctx, "Less", [s, powers], hint, nodes)], hint, nodes,
+                     to=TensorProto.DOUBLE)
+    below = add_node(ctx, "Reshape", [reduce_keepdims(ctx, "ReduceSum", below, [0], hint, nodes),
+                                      add_node(ctx, "Shape", [s], hint, nodes)], hint, nodes)
+    k = add_node(ctx, "Sub", [ctx.constant(f"{hint}_npowers", np.array(float(_POWERS.size))), below], hint, nodes)
+    scales = ctx.constant(f"{hint}_scales", 2.0 ** -(15 + np.arange(_POWERS.size + 1, dtype=np.float64)))
+    scale = ctx.unique(f"{hint}_scale")
+    uint8_kernels.lookup(ctx, scales, add_node(ctx, "Cast", [k], hint, nodes, to=TensorProto.INT64), scale, nodes)
+    r = add_node(ctx, "Mul", [s, scale], hint, nodes)
+    f = add_node(ctx, "Mul", [add_node(ctx, "Sub", [r, ctx.constant(f"{hint}_one", np.array(1.0))], hint, nodes),
+                              ctx.constant(f"{hint}_steps", np.array(float(LOG_STEPS)))], hint, nodes)
+    i = add_node(ctx, "Floor", [f], hint, nodes)
+    index = add_node(ctx, "Cast", [i], hint, nodes, to=TensorProto.INT64)
+    lo, hi = ctx.unique(f"{hint}_log_lo"), ctx.unique(f"{hint}_log_hi")
+    uint8_kernels.lookup(ctx, table, index, lo, nodes)
+    next_index = add_node(ctx, "Add", [index, ctx.constant(f"{hint}_next", np.array(1, dtype=np.int64))], hint, nodes)
+    uint8_kernels.lookup(ctx, table, next_index, hi, nodes)
+    base = add_node(ctx, "Add", [add_node(ctx, "Mul", [k, ctx.constant(f"{hint}_ln2", np.array(LN2))], hint, nodes),
+                                 lo], hint, nodes)
+    slope = add_node(ctx, "Sub", [hi, lo], hint, nodes)
+    return add_node(ctx, "Add", [base, add_node(ctx, "Mul", [add_node(ctx, "Sub", [f, i], hint, nodes), slope],
+                                                hint, nodes)], hint, nodes)
+
+
+@register
+class HzSQuantizedLogSoftmax(HzOp):
+    """LogSoftmax on the BPU, along ``axis`` of integer input ``x``: Softmax's exp table and exact sum, then
+
+        y = d * x_scale - log(S / 2**15)       d = x - max(x), S = sum(table[d]) as in HzSQuantizedSoftmax
+        q = clip(round(y / out_scale) + zero_point, out_min, out_max)
+
+    with ``log(S / 2**15)`` from ``log_table`` by ``log_sum`` (no transcendental function at run time), so
+    the numpy reference and the ONNX lowering agree bit for bit. ``d * x_scale`` is exact knowledge of the
+    input; only the sum goes through the exp table (2**-15 resolution), so the largest log-probabilities
+    (greedy CTC decoding reads their argmax) keep the order of the input."""
+
+    op_type = "HzSQuantizedLogSoftmax"
+    attributes = {"axis": REQUIRED, "table": REQUIRED, "log_table": REQUIRED, "x_scale": REQUIRED,
+                  "out_scale": REQUIRED, **OUTPUT_ATTRS}
+    double_attributes = ("x_scale", "out_scale", "log_table")
+    shape_preserving = True
+    unit_kind = "logsoftmax"
+    onnx_ops = ("LogSoftmax",)
+    calibrated_op = "HzLogSoftmax"
+    int16_input = True
+
+    @classmethod
+    def refusal(cls, node: NodeProto, view) -> str:  # noqa: ANN001 - GraphView lives above ops/
+        return HzSQuantizedSoftmax.refusal(node, view)
+
+    @classmethod
+    def emit(cls, state, unit) -> None:  # noqa: ANN001 - EmitState and Unit live above ops/
+        from hbtools.graph.model_io import default_opset
+        from hbtools.quant.emitters.state import per_tensor
+
+        node = unit.main
+        xq = per_tensor(state.need_q(unit.inputs[0]), node.name)
+        qt, out = state.out_attrs(unit.outputs[0])
+        axis = softmax_axis(node, default_opset(state.src))
+        step = float(np.float32(xq.scale[0]))  # the exp table's step
+        state.nodes.append(cls.make_node([xq.name], [qt.name], node.name, axis=axis,
+                                         table=packed_table(exp_table(step, xq.bits)), log_table=log_table(),
+                                         x_scale=[step], out_scale=[float(qt.scale[0])], **out))
+        state.record(unit.outputs[0], qt)
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        a = cls.read(node)
+        nodes: list[NodeProto] = []
+        hint, axis = node.name, int(a["axis"])
+        table = table_of(node).astype(np.float64)
+
+        def const(k: str, v: float) -> str:
+            return ctx.constant(f"{hint}_{k}", np.array(v, dtype=np.float64))
+
+        x = twins.to_double(ctx, node.input[0], hint, nodes)
+        d = add_node(ctx, "Sub", [x, reduce_keepdims(ctx, "ReduceMax", x, [axis], hint, nodes)], hint, nodes)
+        idx = add_node(ctx, "Add", [d, const("offset", table.size - 1.0)], hint, nodes)
+        idx = add_node(ctx, "Max", [idx, const("first", 0.0)], hint, nodes)
+        idx = add_node(ctx, "Cast", [idx], hint, nodes, to=TensorProto.INT64)
+        e = ctx.unique(f"{hint}_exp")
+        uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), idx, e, nodes)
+        s = reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)
+        logs = ctx.constant(f"{hint}_log_table", np.asarray(a["log_table"], dtype=np.float64))
+        y = add_node(ctx, "Sub", [add_node(ctx, "Mul", [d, const("x_scale", a["x_scale"][0])], hint, nodes),
+                                  log_sum(ctx, s, ctx.rank(node.input[0]), logs, hint, nodes)], hint, nodes)
+        q = add_node(ctx, "Round", [add_node(ctx, "Div", [y, const("out_scale", a["out_scale"][0])], hint, nodes)],
+                     hint, nodes)
+        output_levels(ctx, q, a, node.output[0], hint, nodes)
+        return nodes
+
+    @classmethod
+    def _decoded(cls, node: NodeProto) -> tuple[dict, np.ndarray]:
+        return cls.read(node), table_of(node).astype(np.float64)
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a, table = remembered(node, cls._decoded)
+        x = inputs[0].astype(np.int64)
+        d = x - x.max(axis=a["axis"], keepdims=True)
+        e = table[np.maximum(d + table.size - 1, 0)]
+        s = e.sum(axis=a["axis"], keepdims=True)
+        logs = np.asarray(a["log_table"], dtype=np.float64)
+        y = d.astype(np.float64) * np.float64(a["x_scale"][0]) - _np_log_sum(s, logs)
+        q = grids.requantize(y / np.float64(a["out_scale"][0]), 1.0, a["out_min"], a["out_max"], int(a["zero_point"]))
+        return [q.astype(NUMPY_INT[a["out_type"]])]
+
+
+@register
+class HzLogSoftmax(HzOp):
+    """The calibrated model's LogSoftmax where the BPU runs it: the integer kernel's numerics on float64 twins."""
+
+    op_type = "HzLogSoftmax"
+    attributes = {"axis": REQUIRED}
+    shape_preserving = True
+    float_output = True
+    float_op = "LogSoftmax"
+
+    @classmethod
+    def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        axis = int(cls.read(node)["axis"])
+        x, y = node.input[0], node.output[0]
+        src = ctx.twins.get(x)
+        if not ctx.exact or src is None or src.levels is None or not src.scalar_step:
+            return [helper.make_node("LogSoftmax", [x], [y], name=ctx.unique(node.name), axis=axis)]
+        nodes: list[NodeProto] = []
+        hint = node.name
+        peak = reduce_keepdims(ctx, "ReduceMax", src.levels, [axis], hint, nodes)
+        d = add_node(ctx, "Sub", [src.levels, peak], hint, nodes)
+        e = exp_levels(d, src.step, hint, ctx.unique, nodes)
+        s = reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)
+        logs = ctx.constant(f"{hint}_log_table", log_table())
+        out = add_node(ctx, "Sub", [add_node(ctx, "Mul", [d, src.step], hint, nodes),
+                                    log_sum(ctx, s, ctx.rank(x), logs, hint, nodes)], hint, nodes)
+        twins.to_float(ctx, out, y, nodes)
+        ctx.twins[y] = twins.Twin(out)
+        return nodes
+
+    @classmethod
+    def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        x = inputs[0].astype(np.float64)
+        axis = int(cls.read(node)["axis"])
+        d = x - x.max(axis=axis, keepdims=True)
+        return [(d - np.log(np.exp(d).sum(axis=axis, keepdims=True))).astype(np.float32)]

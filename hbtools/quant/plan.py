@@ -514,7 +514,7 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
 
 def _emulated(node: NodeProto, op_type: str, opset: int) -> None:
     """Turn ``node`` into the Hz op whose lowering follows its integer kernel (``HzOp.calibrated_op``)."""
-    axis = softmax_axis(node, opset) if node.op_type == "Softmax" else None
+    axis = softmax_axis(node, opset) if node.op_type in ("Softmax", "LogSoftmax") else None
     node.op_type, node.domain = op_type, DOMAIN
     if axis is not None:  # explicit: the default depends on the opset
         del node.attribute[:]

@@ -69,6 +69,42 @@ def test_wide_normalizations_run_on_the_bpu(calibration_type: str, tmp_path: Pat
     assert {"InstanceNormalization_0", "LayerNormalization_0", "ReduceMean_0"} <= set(outcome.bpu_nodes)
     assert min(outcome.cosine) >= COSINE
 
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_a_log_softmax_head_runs_on_the_bpu(axis: int, tmp_path: Path) -> None:
+    """A CRNN / CTC head ending in LogSoftmax stayed on the CPU (no march rule); it runs on the BPU as
+    Softmax's exp table and integer sum with x - max - log(sum). Greedy decoding reads the float model's class
+    wherever the quantized logits cannot swap the two best ones (their margin beats twice the logits' error)."""
+    import numpy as np
+    from builders import EXACT_MEAN, EXACT_SCALE, random_sample
+    from conformance import _source_feed
+
+    from hbtools.runtime import HB_ONNXRuntime
+
+    fm = arch_builders.log_softmax_head(axis)
+    outcome = convert_and_check(fm, tmp_path, "max", checker=True)  # hb_verifier included
+    print(f"cosine {outcome.cosine}; {outcome.placement()}")
+    assert not outcome.cpu, outcome.placement()
+    assert "LogSoftmax_0" in outcome.bpu_nodes
+    assert min(outcome.cosine) >= COSINE
+    quantized = HB_ONNXRuntime(model_file=str(outcome.project.artefact("quantized")))
+    calibrated = HB_ONNXRuntime(model_file=str(outcome.project.artefact("calibrated")))
+    reference = HB_ONNXRuntime(onnx_model=fm.model)
+    rng = np.random.default_rng(78)
+    compared = columns = 0
+    for _ in range(4):
+        x = {"data": random_sample(fm, "data", rng)}
+        want, logits = reference.run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))
+        got, got_logits = quantized.run(None, x)
+        emulated = calibrated.run(None, x)[0]  # the calibrated model's HzLogSoftmax follows the kernel
+        np.testing.assert_allclose(emulated, got, rtol=0, atol=1e-6 * float(np.abs(got).max()))
+        top2 = np.sort(logits, axis=axis)
+        margin = np.take(top2, -1, axis=axis) - np.take(top2, -2, axis=axis)
+        clear = margin > 2 * np.abs(got_logits - logits).max()
+        assert (want.argmax(axis) == got.argmax(axis))[clear].all()
+        compared, columns = compared + clear.sum(), columns + clear.size
+    assert compared >= columns // 2, (compared, columns)
+
 def test_scores_beside_pixel_boxes_keep_their_accuracy(tmp_path: Path) -> None:
     """A YOLOv8 export's output joins box distances in pixels (here up to ~480) with class scores in
     0..1. Scored as one tensor, the output looks perfect whatever happens to the scores; the search

@@ -33,10 +33,10 @@ def _cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _softmax_sandwich() -> onnx.ModelProto:
-    """conv -> LogSoftmax -> Transpose -> LogSoftmax -> conv -> Reshape: the Transpose is BPU-able but isolated."""
+    """conv -> Hardmax -> Transpose -> Hardmax -> conv -> Reshape: the Transpose is BPU-able but isolated."""
     g = _Graph(11)
-    s1 = g.op("LogSoftmax", [g.conv("data", 3, 8)], axis=1)  # not a BPU op
-    s2 = g.op("LogSoftmax", [g.op("Transpose", [s1], perm=[0, 1, 3, 2])], axis=1)
+    s1 = g.op("Hardmax", [g.conv("data", 3, 8)], axis=1)  # not a BPU op
+    s2 = g.op("Hardmax", [g.op("Transpose", [s1], perm=[0, 1, 3, 2])], axis=1)
     out = g.op("Reshape", [g.conv(s2, 8, 4), g.const(np.array([1, 4, 64], dtype=np.int64), "shape")])
     return g.model({"data": [1, 3, 8, 8]}, [out]).model
 

@@ -158,9 +158,9 @@ def test_unlowered_and_unknown_ops_say_why() -> None:
 def test_overrides_and_isolated_ops() -> None:
     """A Transpose between two CPU ops stays in float unless run_on_bpu or fast-perf (all_bpu) says otherwise."""
     g = _Graph(11)
-    s1 = g.op("LogSoftmax", [g.conv("data", 3, 8)], axis=1)  # not a BPU op
+    s1 = g.op("Hardmax", [g.conv("data", 3, 8)], axis=1)  # not a BPU op
     t = g.op("Transpose", [s1], perm=[0, 1, 3, 2])
-    s2 = g.op("LogSoftmax", [t], axis=1)
+    s2 = g.op("Hardmax", [t], axis=1)
     model = g.model({"data": [1, 3, 8, 8]}, [g.conv(s2, 8, 4)]).model
     default = _partition(model, "bayes-e")
     assert _placement(default)["Transpose_0"] == ("CPU", "--")
