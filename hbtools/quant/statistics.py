@@ -31,10 +31,13 @@ def abs_histogram(flat: np.ndarray, bins: int, top: float) -> np.ndarray:
     one closed. Bin k holds k <= |x| * bins / top < k + 1, the product taken in float32: a value
     within a rounding of an edge may land in the neighbouring bin. Three passes over the data and a
     bincount (np.histogram's general algorithm makes about a dozen, in float64)."""
-    scale = np.float32(bins / top)
+    scale = bins / top
+    # A range of subnormal size (an all-but-zero map) has bins / top beyond float32: the product in float64.
+    wide = scale > float(np.finfo(np.float32).max)
+    scale = np.float64(scale) if wide else np.float32(scale)
     counts = np.zeros(bins + 1, dtype=np.int64)
     for start in range(0, flat.size, CHUNK):
-        position = np.abs(flat[start:start + CHUNK])
+        position = np.abs(flat[start:start + CHUNK].astype(np.float64) if wide else flat[start:start + CHUNK])
         np.multiply(position, scale, out=position)
         # |x| <= top puts |x| * bins / top at most a rounding above ``bins``: its floor is ``bins``.
         counts += np.bincount(position.astype(np.intp), minlength=bins + 1)
