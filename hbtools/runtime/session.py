@@ -146,6 +146,14 @@ class _Session(ort.InferenceSession):
     in a list of the fed names, quadratic in a lowered model fed thousands of calibration grids
     (0.1 s a run at 10,000 inputs, more than the run itself)."""
 
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - onnxruntime's signature
+        super().__init__(*args, **kwargs)
+        # onnxruntime keeps the serialized model for the lifetime of the session, only to rebuild it
+        # on another execution provider after a failure; a CPU-only session is never rebuilt, and the
+        # bytes (a copy of every weight) multiplied by the sessions a search holds (a ViT: gigabytes).
+        self.disable_fallback()
+        self._model_bytes = None
+
     def _validate_input(self, feed_input_names) -> None:  # noqa: ANN001 - onnxruntime's signature
         super()._validate_input(set(feed_input_names))
 
