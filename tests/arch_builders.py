@@ -474,6 +474,27 @@ def channel_and_token_means(h: int = 32, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.gemm(pooled, 16, 10)], opset)
 
 
+def attention_sums(h: int = 16, opset: int = 13) -> FloatModel:
+    """Sums written as ReduceSum: attention pooling (a Softmax over the pixels, times the features,
+    summed over H and W, as RivaGAN's watermark encoder and decoder do) and a sum over the channels
+    gating the features (a flax / jax2tf LayerNorm sums the same way)."""
+    g = _Graph(37)
+
+    def reduce_sum(x: str, axes: list[int], keepdims: int) -> str:
+        if opset >= 13:
+            return g.op("ReduceSum", [x, g.const(np.array(axes, dtype=np.int64), "axes")], keepdims=keepdims)
+        return g.op("ReduceSum", [x], axes=axes, keepdims=keepdims)
+
+    x = g.op("Relu", [_conv_bn(g, "data", 3, 16, stride=2)])
+    side = h // 2
+    flat = g.op("Reshape", [g.conv(x, 16, 1, k=1), g.const(np.array([1, 1, side * side], np.int64), "flat")])
+    weights = g.op("Reshape", [g.op("Softmax", [flat], axis=2), g.const(np.array([1, 1, side, side], np.int64),
+                                                                         "square")])
+    gate = g.op("Sigmoid", [g.op("Mul", [reduce_sum(x, [1], 1), g.const(_f(1.0 / 16))])])
+    pooled = reduce_sum(g.op("Mul", [g.op("Mul", [x, weights]), gate]), [2, 3], 0)
+    return g.model({"data": [1, 3, h, h]}, [g.gemm(pooled, 16, 10)], opset)
+
+
 def padded_convs(h: int = 32, opset: int = 13) -> FloatModel:
     """Pads written out as ops: TensorFlow's SAME padding of a stride-2 conv (zeros at the end only,
     then a VALID conv) and PyTorch's ReflectionPad2d before a conv (style transfer, super-resolution)."""
@@ -797,6 +818,7 @@ BLOCKS = {
     "stacked_state": stacked_state,
     "spatial_reductions": spatial_reductions,
     "channel_and_token_means": channel_and_token_means,
+    "attention_sums": attention_sums,
     "padded_convs": padded_convs,
     "bilinear_decoder": bilinear_decoder,
     "layer_norms": layer_norms,

@@ -116,9 +116,9 @@ _BAYES_OPS: dict[str, OpRule] = {
     # BPU ops of the device that hbtools has no integer kernel for yet.
     "Softmax": OpRule("HzSQuantizedSoftmax", ("softmax",)),
     "LogSoftmax": OpRule("HzSQuantizedLogSoftmax", ("logsoftmax",)),
-    "ReduceMean": OpRule("HzSQuantizedPool", ("pool",)),
+    **_each(("ReduceMean", "ReduceSum"), OpRule("HzSQuantizedPool", ("pool",))),  # a sum: the mean's, times N
     "LayerNormalization": OpRule("HzSQuantizedLayerNorm", ("layernorm",)),
-    **_each(("ReduceSum", "ArgMax", "GridSample"), OpRule("", ())),
+    **_each(("ArgMax", "GridSample"), OpRule("", ())),
 }
 
 # bernoulli2 (X3): a 4-D-only BPU. Reshape-like ops, activation x activation MatMul and

@@ -436,7 +436,7 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         if op == "Concat" and inputs and all(_pairable(t, ctx) for _, t in inputs):
             axis = next(a.i for a in node.attribute if a.name == "axis")
             ctx.twins[node.output[0]].parts = (axis, inputs)
-    elif op in ("GlobalAveragePool", "ReduceMean"):
+    elif op in ("GlobalAveragePool", "ReduceMean", "ReduceSum"):
         done = _global_average(node, ctx, nodes)
     elif op == "AveragePool":
         done = _average_pool(node, ctx, nodes)
@@ -565,22 +565,22 @@ def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
 
 
 def _global_average(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool:
-    """GlobalAveragePool or ReduceMean as the integer op computes it: the sum of the levels, times
-    step / window in float64."""
+    """GlobalAveragePool, ReduceMean or ReduceSum as the integer op computes it: the sum of the levels,
+    times step / window (1 for ReduceSum) in float64."""
     src = ctx.twins[node.input[0]]
     shape = ctx.shapes.get(node.input[0])
     if src.levels is None or not shape or any(not isinstance(d, int) or d <= 0 for d in shape):
         return False
     keepdims = 1
     axes = list(range(2, len(shape)))
-    if node.op_type == "ReduceMean":
+    if node.op_type in ("ReduceMean", "ReduceSum"):
         attrs = attrs_of(node)
         keepdims = int(attrs.get("keepdims", 1))
         given = len(node.input) > 1 and bool(node.input[1])
         if (given and ctx.known(node.input[1]) is None) or not src.scalar_step:  # steps along a summed axis
             return False
         axes = reduced_axes(attrs, ctx.known(node.input[1]) if given else None, len(shape))
-    window = float(np.prod([shape[k] for k in axes]))
+    window = float(np.prod([shape[k] for k in axes])) if node.op_type != "ReduceSum" else 1.0
     if ctx.opset >= 13:
         total = _node(ctx, "ReduceSum", [src.levels, ctx.constant(f"{node.name}_axes", np.array(axes, np.int64))],
                       f"{node.name}_sum_f64", nodes, keepdims=keepdims)

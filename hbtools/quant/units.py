@@ -193,12 +193,12 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
               f"{profile.label} does not" if op == "Div" and not profile.int16 else \
               "only functions of one tensor become lookup tables"
         return _cpu(node, acts, f"{op} of {len(set(acts))} tensors has no BPU form ({why})")
-    if "pool" in forms and op == "ReduceMean":
+    if "pool" in forms and op in ("ReduceMean", "ReduceSum"):
         axes = view.reduced_axes(node)
         if axes is None:
-            return _cpu(node, acts, "ReduceMean over axes computed at run time (or an unknown rank) has no BPU form")
+            return _cpu(node, acts, f"{op} over axes computed at run time (or an unknown rank) has no BPU form")
         if not axes or 0 in axes:
-            return _cpu(node, acts, "ReduceMean over the batch axis (or over no axis) has no BPU form")
+            return _cpu(node, acts, f"{op} over the batch axis (or over no axis) has no BPU form")
         return Unit("pool", [node], acts, list(node.output), table_type=rule.table_type)
     if "pool" in forms:
         a = view.attrs(node)

@@ -32,7 +32,7 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
     assert outcome.bpu_nodes, "nothing went to the BPU"
 
 
-@pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means", "padded_convs",
+@pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means", "attention_sums", "padded_convs",
                                    "bilinear_decoder", "layer_norms", "wide_heads",
                                    "vit_embedding", "unfolded_patches", "uneven_average_pools",
                                    "interpolating_decoder", "prelu_upsampler", "recurrent_head",
@@ -40,7 +40,8 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
 @pytest.mark.parametrize("opset", [13, 18])
 def test_blocks_run_wholly_on_the_bpu(block: str, opset: int, tmp_path: Path) -> None:
     """Means and maxima over H and W (PyTorch's SE and CBAM gates and pooling heads) are global
-    pools, and means over other axes (CBAM's channel mean, a mean over tokens) integer sums; a
+    pools, and means and sums over other axes (CBAM's channel mean, a mean over tokens, attention
+    pooling's sum over the pixels) integer sums; a
     zero Pad before a conv is its padding, an edge or reflect Pad data movement; a bilinear
     upsampling by 2 or 4 a depthwise transposed convolution, a resize of one pixel a Tile; a Pad
     with a value other than zero Concats of constants, a Div of two tensors a product with a

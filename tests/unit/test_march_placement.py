@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from builders import _Graph, make_project
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto
 
 from hbtools.config.model import NodeInfo
 from hbtools.march.constraints import classify_broadcast
@@ -144,12 +144,15 @@ def test_unlowered_and_unknown_ops_say_why() -> None:
     t = g.op("Mul", [s, g.const(np.full([1, 8, 1, 1], 0.5, dtype=np.float32))])
     outputs = [g.conv(t, 8, 4), g.op("ReduceSum", [c, g.const(np.array([1], dtype=np.int64))]),
                g.op("DepthToSpace", [c], blocksize=2),
+               g.op("Cast", [g.op("ArgMax", [c], axis=1)], to=TensorProto.FLOAT),
                g.op("Pow", [c, g.const(np.full([1, 8, 1, 1], 2.0, dtype=np.float32))])]
     model = g.model({"data": [1, 3, 8, 8]}, outputs).model
     x5 = _partition(model, "bayes-e")
-    # Softmax, a per-channel constant and DepthToSpace have integer kernels; ReduceSum has none yet
+    # Softmax, a per-channel constant, DepthToSpace and ReduceSum (a ReduceMean's integer sum) have integer
+    # kernels; ArgMax has none yet
     assert _placement(x5)["Softmax_0"][0] == _placement(x5)["Mul_0"][0] == _placement(x5)["DepthToSpace_0"][0] == "BPU"
-    assert "no integer kernel" in _reason(x5, "ReduceSum_0")
+    assert _placement(x5)["ReduceSum_0"][0] == "BPU"
+    assert "no integer kernel" in _reason(x5, "ArgMax_0")
     assert "only scalar constants" in _reason(x5, "Pow_0")
     x3 = _partition(model, "bernoulli2")
     assert "Softmax is not supported on the BPU of bernoulli2" in _reason(x3, "Softmax_0")

@@ -1,5 +1,5 @@
-"""AveragePool / GlobalAveragePool / ReduceMean -> HzSQuantizedPool (integer window sums, 1/window in the
-multiplier)."""
+"""AveragePool / GlobalAveragePool / ReduceMean / ReduceSum -> HzSQuantizedPool (integer window sums,
+1/window in the multiplier; a ReduceSum is the ReduceMean kind without it)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def emit(state: EmitState, unit: Unit) -> None:
     if node.op_type == "GlobalAveragePool":
         window = int(np.prod(shape[2:]))
         extra = {"kind": "GlobalAveragePool"}
-    elif node.op_type == "ReduceMean":
+    elif node.op_type in ("ReduceMean", "ReduceSum"):
         axes = state.view.reduced_axes(node)
-        window = int(np.prod([shape[k] for k in axes]))
+        window = int(np.prod([shape[k] for k in axes])) if node.op_type == "ReduceMean" else 1
         extra = {"kind": "ReduceMean", "axes": axes, "keepdims": int(a.get("keepdims", 1))}
     else:
         window = int(np.prod(a["kernel_shape"]))
