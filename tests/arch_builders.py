@@ -495,6 +495,31 @@ def attention_sums(h: int = 16, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.gemm(pooled, 16, 10)], opset)
 
 
+def frame_convs(h: int = 16, opset: int = 13) -> FloatModel:
+    """Conv3d over one video frame [N, C, 1, H, W] with a BatchNorm3d after each Tanh (RivaGAN's
+    watermark networks, PyTorch's pre-activation 3-D blocks): a BatchNormalization of a 5-D tensor
+    no conv precedes."""
+    g = _Graph(41)
+
+    def conv3d(x: str, cin: int, cout: int) -> str:
+        w = g.const((g.rng.standard_normal((cout, cin, 1, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32), "w3d")
+        return g.op("Conv", [x, w, g.const((g.rng.standard_normal(cout) * 0.1).astype(np.float32), "b3d")],
+                    kernel_shape=[1, 3, 3], pads=[0, 1, 1, 0, 1, 1])
+
+    def bn(x: str, c: int) -> str:
+        params = [g.const((g.rng.uniform(0.5, 2.0, c)).astype(np.float32), "gamma"),
+                  g.const((g.rng.standard_normal(c) * 0.2).astype(np.float32), "beta"),
+                  g.const((g.rng.standard_normal(c) * 0.1).astype(np.float32), "mean"),
+                  g.const((g.rng.uniform(0.2, 1.0, c)).astype(np.float32), "var")]
+        return g.op("BatchNormalization", [x, *params], epsilon=1e-5)
+
+    x = g.op("Unsqueeze", [g.op("Relu", ["data"]), g.const(np.array([2], np.int64), "depth")]) if opset >= 13 \
+        else g.op("Unsqueeze", [g.op("Relu", ["data"])], axes=[2])
+    x = bn(g.op("Tanh", [conv3d(x, 3, 8)]), 8)
+    x = bn(g.op("Tanh", [conv3d(x, 8, 8)]), 8)
+    return g.model({"data": [1, 3, h, h]}, [conv3d(x, 8, 4)], opset)
+
+
 def padded_convs(h: int = 32, opset: int = 13) -> FloatModel:
     """Pads written out as ops: TensorFlow's SAME padding of a stride-2 conv (zeros at the end only,
     then a VALID conv) and PyTorch's ReflectionPad2d before a conv (style transfer, super-resolution)."""
@@ -819,6 +844,7 @@ BLOCKS = {
     "spatial_reductions": spatial_reductions,
     "channel_and_token_means": channel_and_token_means,
     "attention_sums": attention_sums,
+    "frame_convs": frame_convs,
     "padded_convs": padded_convs,
     "bilinear_decoder": bilinear_decoder,
     "layer_norms": layer_norms,

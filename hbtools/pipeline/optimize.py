@@ -564,16 +564,17 @@ def _gemm_like(x: str, view: GraphView, channels: int) -> tuple | None:
 
 
 def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
-    """Each remaining BatchNormalization of a 4-D tensor becomes a depthwise 1x1 Conv; of a 3-D
-    tensor [N, C, L] (after a Squeeze, in sequence heads) or a 2-D one [N, C] (a BatchNorm1d no
-    Gemm folds) the same Conv between an Unsqueeze and a Squeeze, so it runs on the BPU too."""
+    """Each remaining BatchNormalization of a 4-D tensor becomes a depthwise 1x1 Conv, of a 5-D one
+    (a BatchNorm3d after an activation) a depthwise 1x1x1 Conv; of a 3-D tensor [N, C, L] (after a
+    Squeeze, in sequence heads) or a 2-D one [N, C] (a BatchNorm1d no Gemm folds) the 1x1 Conv
+    between an Unsqueeze and a Squeeze, so it runs on the BPU too."""
     view = GraphView(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     for node in list(model.graph.node):
         affine = _batchnorm_affine(node, view)
         shape = view.shapes.get(node.input[0]) if affine is not None else None
         rank = len(shape) if shape is not None else 0
-        if rank not in (2, 3, 4):
+        if rank not in (2, 3, 4, 5):
             continue
         k, shift = affine
         channels = k.size
@@ -583,7 +584,8 @@ def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
         if axes:
             x, y = f"{node.input[0]}_{node.name}_4d", f"{node.output[0]}_4d"
             nodes.append(_axes_node("Unsqueeze", node.input[0], x, f"{node.name}_unsqueeze", opset, model, axes))
-        nodes.append(helper.make_node("Conv", [x, "", ""], [y], name=node.name, group=channels, kernel_shape=[1, 1]))
+        kernel = [1] * (max(rank, 4) - 2)
+        nodes.append(helper.make_node("Conv", [x, "", ""], [y], name=node.name, group=channels, kernel_shape=kernel))
         if axes:
             nodes.append(_axes_node("Squeeze", y, node.output[0], f"{node.name}_squeeze", opset, model, axes))
         index = list(model.graph.node).index(node)
@@ -591,7 +593,7 @@ def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
         for k_node, new in enumerate(nodes):
             model.graph.node.insert(index + k_node, new)
         conv = model.graph.node[index + (1 if axes else 0)]  # protobuf inserted a copy; edit that one
-        _set_conv_params(model, conv, k.reshape(-1, 1, 1, 1), shift, y)
+        _set_conv_params(model, conv, k.reshape(-1, 1, *kernel), shift, y)
 
 
 def _axes_node(op: str, x: str, y: str, name: str, opset: int, model: ModelProto, axes: list[int]) -> NodeProto:

@@ -32,7 +32,8 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
     assert outcome.bpu_nodes, "nothing went to the BPU"
 
 
-@pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means", "attention_sums", "padded_convs",
+@pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means", "attention_sums", "frame_convs",
+                                   "padded_convs",
                                    "bilinear_decoder", "layer_norms", "wide_heads",
                                    "vit_embedding", "unfolded_patches", "uneven_average_pools",
                                    "interpolating_decoder", "prelu_upsampler", "recurrent_head",
@@ -46,7 +47,8 @@ def test_blocks_run_wholly_on_the_bpu(block: str, opset: int, tmp_path: Path) ->
     upsampling by 2 or 4 a depthwise transposed convolution, a resize of one pixel a Tile; a Pad
     with a value other than zero Concats of constants, a Div of two tensors a product with a
     Reciprocal table (a linear attention); a conv dilated beyond the march a conv over the map's
-    phases (ASPP). BPU
+    phases (ASPP); a BatchNormalization of a 5-D tensor (after a Conv3d's activation) a depthwise
+    1x1x1 Conv. BPU
     ops, one BPU subgraph, nothing on the CPU (ReduceMean used to cut the model into a subgraph
     per SE block, a Pad to put the input conv on the CPU, a bilinear Resize a decoder)."""
     fm = arch_builders.BLOCKS[block](opset=opset)
