@@ -520,6 +520,19 @@ def frame_convs(h: int = 16, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [conv3d(x, 8, 4)], opset)
 
 
+def conv1d_pooling_head(h: int = 16, opset: int = 13) -> FloatModel:
+    """Conv1d layers pooled by AdaptiveMaxPool1d(1) and AdaptiveAvgPool1d(1) (text and audio CNNs,
+    magika's byte classifier): GlobalMaxPool and GlobalAveragePool of a 3-D [N, C, L] tensor."""
+    g = _Graph(43)
+    x = g.op("Relu", [_conv_bn(g, "data", 3, 16, stride=2)])
+    seq = g.op("Reshape", [x, g.const(np.array([1, 16, (h // 2) ** 2], np.int64), "seq")])
+    w = g.const((g.rng.standard_normal((16, 16, 3)) / np.sqrt(48)).astype(np.float32), "w1d")
+    seq = g.op("Relu", [g.op("Conv", [seq, w, g.const(np.zeros(16, np.float32), "b1d")], kernel_shape=[3],
+                             pads=[1, 1])])
+    pooled = g.op("Add", [g.op("GlobalMaxPool", [seq]), g.op("GlobalAveragePool", [seq])])
+    return g.model({"data": [1, 3, h, h]}, [g.gemm(g.op("Flatten", [pooled], axis=1), 16, 10)], opset)
+
+
 def padded_convs(h: int = 32, opset: int = 13) -> FloatModel:
     """Pads written out as ops: TensorFlow's SAME padding of a stride-2 conv (zeros at the end only,
     then a VALID conv) and PyTorch's ReflectionPad2d before a conv (style transfer, super-resolution)."""
@@ -845,6 +858,7 @@ BLOCKS = {
     "channel_and_token_means": channel_and_token_means,
     "attention_sums": attention_sums,
     "frame_convs": frame_convs,
+    "conv1d_pooling_head": conv1d_pooling_head,
     "padded_convs": padded_convs,
     "bilinear_decoder": bilinear_decoder,
     "layer_norms": layer_norms,

@@ -26,11 +26,16 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
     """A mean or max over the two spatial axes of a 4-D tensor (``x.mean((2, 3))``, the squeeze of
     squeeze-and-excitation blocks in PyTorch and Paddle exports) as GlobalAveragePool /
     GlobalMaxPool, the BPU's pooling ops; without ``keepdims`` a Flatten follows, which gives
-    the same [N, C]."""
+    the same [N, C]. The other way round for a global pool of a 3-D or 5-D tensor, which the BPU
+    takes as a reduction only."""
     view = GraphView(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     nodes = []
     for node in model.graph.node:
         pool = _GLOBAL_POOL_OF.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if node.op_type in _REDUCTION_OF and node.domain in ("", "ai.onnx"):
+            nodes.extend(_global_pool_as_reduction(node, view, opset, model))
+            continue
         if pool is None:
             nodes.append(node)
             continue
@@ -46,6 +51,25 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
         nodes.append(helper.make_node("Flatten", [pooled], [node.output[0]], name=node.name, axis=1))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+_REDUCTION_OF = {pool: reduction for reduction, pool in _GLOBAL_POOL_OF.items()}
+
+
+def _global_pool_as_reduction(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto]:
+    """A GlobalAveragePool / GlobalMaxPool of a 3-D [N, C, L] or 5-D tensor (PyTorch's AdaptiveAvgPool1d(1)
+    and AdaptiveMaxPool1d(1) after Conv1d layers, Conv3d heads), which the BPU's pools take 4-D only, as
+    the ReduceMean / ReduceMax over the same axes (keepdims) that it is; other nodes unchanged."""
+    shape = view.shapes.get(node.input[0])
+    if shape is None or len(shape) not in (3, 5):
+        return [node]
+    axes = list(range(2, len(shape)))
+    reduction = _REDUCTION_OF[node.op_type]
+    if opset < 18:
+        return [helper.make_node(reduction, [node.input[0]], list(node.output), name=node.name, axes=axes, keepdims=1)]
+    axes_name = f"{node.name}_axes"
+    model.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name))
+    return [helper.make_node(reduction, [node.input[0], axes_name], list(node.output), name=node.name, keepdims=1)]
 
 
 _AUTO_PAD_OPS = ("Conv", "AveragePool", "MaxPool", "LpPool")
