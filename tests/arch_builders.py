@@ -533,6 +533,22 @@ def conv1d_pooling_head(h: int = 16, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [g.gemm(g.op("Flatten", [pooled], axis=1), 16, 10)], opset)
 
 
+def expanded_gates(h: int = 16, opset: int = 13) -> FloatModel:
+    """Gates broadcast with ``expand`` / ``expand_as`` before they multiply the features (RivaGAN's
+    watermark bits spread over the frame): an Expand of a pooled [N, C, 1, 1] gate, and of a [C, 1, 1]
+    one that the Expand also gives the batch axis."""
+    g = _Graph(47)
+    x = g.op("Relu", [_conv_bn(g, "data", 3, 16, stride=2)])
+    side = h // 2
+    full = g.const(np.array([1, 16, side, side], np.int64), "full")
+    gate = g.op("Sigmoid", [g.op("GlobalAveragePool", [x])])
+    x = g.op("Mul", [x, g.op("Expand", [gate, full])])
+    code = g.op("Reshape", [g.gemm(g.op("Flatten", [g.op("GlobalMaxPool", [x])], axis=1), 16, 16),
+                            g.const(np.array([16, 1, 1], np.int64), "code")])
+    x = g.op("Add", [x, g.op("Expand", [g.op("Tanh", [code]), full])])
+    return g.model({"data": [1, 3, h, h]}, [g.conv(x, 16, 4, k=1)], opset)
+
+
 def padded_convs(h: int = 32, opset: int = 13) -> FloatModel:
     """Pads written out as ops: TensorFlow's SAME padding of a stride-2 conv (zeros at the end only,
     then a VALID conv) and PyTorch's ReflectionPad2d before a conv (style transfer, super-resolution)."""
@@ -859,6 +875,7 @@ BLOCKS = {
     "attention_sums": attention_sums,
     "frame_convs": frame_convs,
     "conv1d_pooling_head": conv1d_pooling_head,
+    "expanded_gates": expanded_gates,
     "padded_convs": padded_convs,
     "bilinear_decoder": bilinear_decoder,
     "layer_norms": layer_norms,

@@ -265,6 +265,39 @@ def divisions_as_reciprocal_products(model: ModelProto, placed: Mapping[str, str
     return count
 
 
+def expands_as_tiles(model: ModelProto) -> int:
+    """An Expand of a float tensor to a constant shape (``x.expand(...)`` / ``expand_as`` of an activation in
+    PyTorch exports: RivaGAN's watermark bits over the frame, masks, gates) as the Tile it is, after a
+    Reshape that adds the leading axes it broadcasts over: the BPU moves data with Tile and has no Expand.
+    The count of Expands rewritten."""
+    view = GraphView(model)
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Expand" or node.domain not in ("", "ai.onnx") or not view.is_const(node.input[1]) \
+                or view.elem_types.get(node.input[0]) != onnx.TensorProto.FLOAT:
+            return None
+        shape = view.shapes.get(node.input[0])
+        if shape is None or any(not isinstance(d, int) or d <= 0 for d in shape):
+            return None
+        target = [int(d) for d in np.ravel(view.const(node.input[1]))]
+        rank = max(len(shape), len(target))
+        source = [1] * (rank - len(shape)) + list(shape)
+        target = [1] * (rank - len(target)) + target
+        if any(t != s and s != 1 and t != 1 for s, t in zip(source, target, strict=True)):
+            return None
+        repeats = [t if s == 1 else 1 for s, t in zip(source, target, strict=True)]
+        x, nodes = node.input[0], []
+        if rank > len(shape):
+            x, new_shape = f"{node.output[0]}_ranked", f"{node.name}_rank_shape"
+            model.graph.initializer.append(numpy_helper.from_array(np.array(source, np.int64), new_shape))
+            nodes.append(helper.make_node("Reshape", [node.input[0], new_shape], [x], name=f"{node.name}_rank"))
+        reps = f"{node.name}_repeats"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(repeats, np.int64), reps))
+        return [*nodes, helper.make_node("Tile", [x, reps], [node.output[0]], name=node.name)]
+
+    return rewrite_nodes(model, rewrite)
+
+
 def upsampling_by_whole_factors(model: ModelProto) -> None:
     """A Resize of one pixel as a Tile, and a bilinear Resize by an even whole factor s (2, 4, 6) of
     H and W with half-pixel coordinates (PyTorch's ``interpolate(..., mode='bilinear')``,

@@ -100,6 +100,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     bpu_forms.spatial_reductions_as_global_pools(body)
     bpu_forms.zero_pads_into_convs(body)
     rewritten = {"auto_pad attributes written as explicit pads": padded,
+                 "Expands of a tensor written as Tiles": bpu_forms.expands_as_tiles(body),
                  "constant Pads written as Concats of constant blocks": bpu_forms.constant_pads_as_concats(body)}
     if profile is not None and profile.int16:  # the reciprocal table needs int16 (quant.plan)
         rewritten["Divs of two tensors written as a product with an int16 reciprocal table"] = \

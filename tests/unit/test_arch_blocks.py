@@ -33,7 +33,7 @@ def test_block_converts(block: str, calibration_type: str, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("block", ["spatial_reductions", "channel_and_token_means", "attention_sums", "frame_convs",
-                                   "conv1d_pooling_head", "padded_convs",
+                                   "conv1d_pooling_head", "expanded_gates", "padded_convs",
                                    "bilinear_decoder", "layer_norms", "wide_heads",
                                    "vit_embedding", "unfolded_patches", "uneven_average_pools",
                                    "interpolating_decoder", "prelu_upsampler", "recurrent_head",
@@ -48,7 +48,8 @@ def test_blocks_run_wholly_on_the_bpu(block: str, opset: int, tmp_path: Path) ->
     with a value other than zero Concats of constants, a Div of two tensors a product with a
     Reciprocal table (a linear attention); a conv dilated beyond the march a conv over the map's
     phases (ASPP); a BatchNormalization of a 5-D tensor (after a Conv3d's activation) a depthwise
-    1x1x1 Conv; a global pool of a 3-D tensor (after Conv1d layers) the reduction it is. BPU
+    1x1x1 Conv; a global pool of a 3-D tensor (after Conv1d layers) the reduction it is; an Expand
+    the Tile it is. BPU
     ops, one BPU subgraph, nothing on the CPU (ReduceMean used to cut the model into a subgraph
     per SE block, a Pad to put the input conv on the CPU, a bilinear Resize a decoder)."""
     fm = arch_builders.BLOCKS[block](opset=opset)
