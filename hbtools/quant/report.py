@@ -96,6 +96,10 @@ def log_node_table(result: QuantizedResult, sims: dict[str, float] | None = None
             line += f"{cos:<19}{th:.6f}" if th is not None else f"{cos:<19}--"
         lines.append(line)
     log.info("The converted model node information:\n%s", "\n".join(lines))
+    if sims is not None:  # read as accuracy, one picture's cosines mislead (0.999 here, 0.7 on held-out data)
+        log.info("Cosine Similarity: float against quantized output of each node on the first calibration sample "
+                 "only; it is no accuracy measure: evaluate the quantized model on held-out data (hb_mapper infer, "
+                 "HB_ONNXRuntime), and find the nodes that lose accuracy with hmct-debugger")
 
 
 def log_cpu_reasons(partition: Partition) -> None:

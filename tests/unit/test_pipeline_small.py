@@ -303,6 +303,8 @@ def test_node_table_and_similarity_logged(tmp_path: Path) -> None:
     for row in ("Conv_1", "Add_0", "Softmax_0"):
         assert re.search(rf"^{row}\s+(BPU|CPU)\s", text, re.M), f"no table row for {row}"
     assert re.search(r"^Softmax_0\s+BPU\s+id\(0\)\s+HzSQuantizedSoftmax", text, re.M)
+    # which data the cosines come from, so that one picture's 0.999 is not read as the model's accuracy
+    assert "Cosine Similarity: float against quantized output of each node on the first calibration sample" in text
     assert text.rstrip().endswith("End Model Convert")
 
 
