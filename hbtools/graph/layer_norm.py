@@ -8,6 +8,10 @@ out: ``m = ReduceMean(x)``, ``d = x - m``, ``Pow(d, 2)`` (or ``d * d``), ``Reduc
 channels of an NCHW map (ConvNeXt's LayerNorm2d); some Paddle exports transpose ``d``
 between the mean and the variance. ONNX's GroupNormalization (opset 21), which onnxruntime
 expands into its function body, takes the variance as ``ReduceMean(x * x) - m * m`` instead.
+tf2onnx (tf.nn.moments + tf.nn.batch_normalization, Keras) scales by ``g = gamma / Sqrt(var + eps)``
+and adds ``beta - m * g`` to ``x * g``; flax / jax2tf take the means as ``ReduceSum(.) * (1/N)`` (maybe
+without keepdims, then a Reshape back), clamp the variance with ``Max(., 0)`` and write the inverse root
+as ``Reciprocal(Sqrt)``, ``Pow(., -0.5)`` or ``1 / Sqrt``; these are matched around the epsilon's Add.
 As one node the normalization has one BPU kernel (``hbtools.ops.layer_norm``) that keeps the
 variance exact, where the pieces would each round onto a grid.
 """
@@ -35,6 +39,8 @@ def fuse_layer_norms(model: ModelProto) -> int:
             _spelled_out(node, view, model) if node.op_type in ("Pow", "Mul") else None
         if found is None and node.op_type == "Mul":
             found = _moments(node, view, model)
+        if found is None and node.op_type == "Add":
+            found = _around_epsilon(node, view, model)
         if found is None:
             continue
         old, new = found
@@ -292,3 +298,199 @@ def _tensor_operand(node: NodeProto, x: str, view: GraphView) -> np.ndarray | No
 def _scalar_operand(node: NodeProto, x: str, view: GraphView) -> float | None:
     value = _tensor_operand(node, x, view)
     return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+
+
+def _around_epsilon(shifted: NodeProto, view: GraphView, model: ModelProto) -> tuple[list[NodeProto],
+                                                                                   list[NodeProto]] | None:
+    """The forms of tf2onnx (Keras) and flax / jax2tf, around the Add of epsilon to the variance: the variance
+    as the mean of ``(x - m)**2`` or as ``mean(x * x) - m * m`` (maybe clamped by ``Max(., 0)``), means as
+    ReduceMean or ReduceSum times 1/N, the inverse root as Reciprocal(Sqrt), Pow -0.5 or 1 / Sqrt, times an
+    optional constant scale, then applied as ``(x - m) * g`` or as ``x * g + (beta - m * g)``."""
+    if len(shifted.input) != 2:
+        return None
+    var = next((i for i in shifted.input if not view.is_const(i)), None)
+    eps = _scalar_operand(shifted, var, view) if var is not None else None
+    found = _variance(var, view) if eps is not None and eps >= 0 else None
+    if found is None:
+        return None
+    x, m, axes, nodes = found
+    shape = view.shapes.get(x)
+    if shape is None or not axes or axes[0] == 0 or view.shapes.get(shifted.output[0]) != \
+            [1 if k in axes else v for k, v in enumerate(shape)]:
+        return None
+    param_shape = [shape[k] if k in axes else 1 for k in range(axes[0], len(shape))]
+    inverse = _inverse_root(shifted.output[0], view)
+    if inverse is None:
+        return None
+    g, chain, scale = inverse
+    user = _only_user(view, g, "Mul")
+    value = _tensor_operand(user, g, view) if user is not None else None
+    if value is not None:
+        scale, g, chain = value if scale is None else value * scale, user.output[0], [*chain, user]
+    applied = _applied(x, m, g, view, param_shape)
+    if applied is None:
+        return None
+    tail, bias = applied
+    more, extra_scale, extra_bias = _affine(tail[-1], view, param_shape)
+    if extra_scale is not None or (bias is not None and extra_bias is not None):
+        more = []  # a second scale (or bias) stays a node of its own
+    elif extra_bias is not None:
+        bias = extra_bias
+    params = _params(scale, bias, param_shape)
+    old = list({id(n): n for n in [*nodes, shifted, *chain, *tail, *more]}.values())
+    inside = {id(n) for n in old}
+    if params is None or any(o in view.graph_outputs or any(id(u) not in inside for u in view.consumers.get(o, []))
+                             for n in old[:-1] for o in n.output):
+        return None
+    first = next(n for n in model.graph.node if id(n) in inside)
+    names = _constants(model, first.name, *params)
+    return old, [HzLayerNorm.make_node([x, *names], [old[-1].output[0]], first.name,
+                                       axes=[k - len(shape) for k in axes], epsilon=eps)]
+
+
+def _mean(t: str, view: GraphView) -> tuple[str, list[int], list[NodeProto]] | None:
+    """``t`` as the mean of a tensor over some of its axes, with the reduced axes kept: ReduceMean, or ReduceSum
+    times 1/N (or divided by N), maybe reduced without keepdims and reshaped back: (tensor, axes, nodes)."""
+    nodes: list[NodeProto] = []
+    factor = 1.0
+    node = view.producer.get(t)
+    while node is not None and node.op_type in ("Reshape", "Unsqueeze", "Mul", "Div"):
+        if node.op_type in ("Mul", "Div"):
+            operand = [i for i in node.input if not view.is_const(i)]
+            if len(operand) != 1 or (node.op_type == "Div" and node.input[0] != operand[0]):
+                return None
+            value = _scalar_operand(node, operand[0], view)
+            if value is None or value == 0:
+                return None
+            factor *= value if node.op_type == "Mul" else 1.0 / value
+        elif not all(view.is_const(i) for i in node.input[1:] if i):
+            return None
+        nodes.append(node)
+        node = view.producer.get(node.input[0] if node.op_type not in ("Mul", "Div") else operand[0])
+    if node is None or node.op_type not in ("ReduceMean", "ReduceSum"):
+        return None
+    x = node.input[0]
+    shape, axes = view.shapes.get(x), view.reduced_axes(node)
+    if not axes or shape is None or view.shapes.get(t) != [1 if k in axes else v for k, v in enumerate(shape)] \
+            or any(not isinstance(shape[k], int) for k in axes):
+        return None
+    count = int(np.prod([shape[k] for k in axes]))
+    if node.op_type == "ReduceSum":
+        factor *= count
+    if abs(factor - 1.0) > 1e-6:
+        return None
+    return x, axes, [node, *reversed(nodes)]
+
+
+def _square_of(t: str, view: GraphView) -> tuple[str, NodeProto] | None:
+    """``t`` as ``a * a`` or ``Pow(a, 2)``: (a, the node)."""
+    node = view.producer.get(t)
+    if node is None or len(node.input) != 2:
+        return None
+    if node.op_type == "Mul" and node.input[0] == node.input[1]:
+        return node.input[0], node
+    exponent = view.const(node.input[1]) if node.op_type == "Pow" else None
+    if exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0:
+        return node.input[0], node
+    return None
+
+
+def _variance(t: str, view: GraphView) -> tuple[str, str, list[int], list[NodeProto]] | None:
+    """``t`` as the variance of some x over some axes: mean((x - m)**2), or mean(x * x) - m * m maybe clamped by
+    Max(., 0), with m the mean of x over the same axes: (x, m, axes, nodes)."""
+    clamp = view.producer.get(t)
+    nodes: list[NodeProto] = []
+    if clamp is not None and clamp.op_type == "Max" and len(clamp.input) == 2:
+        operand = next((i for i in clamp.input if not view.is_const(i)), None)
+        if operand is None or _scalar_operand(clamp, operand, view) != 0.0:
+            return None
+        nodes, t = [clamp], operand
+    variance = _mean(t, view)
+    if variance is None:
+        difference = view.producer.get(t)
+        if difference is None or difference.op_type != "Sub":
+            return None
+        mean_square, square_mean = (_mean(difference.input[0], view), _square_of(difference.input[1], view))
+        if mean_square is None or square_mean is None:
+            return None
+        squared = _square_of(mean_square[0], view)
+        m, mean = square_mean[0], _mean(square_mean[0], view)
+        if squared is None or mean is None or mean[0] != squared[0] or mean[1] != mean_square[1]:
+            return None
+        return squared[0], m, mean[1], [*mean[2], squared[1], *mean_square[2], square_mean[1], difference, *nodes]
+    squared = _square_of(variance[0], view)
+    centring = view.producer.get(squared[0]) if squared is not None else None
+    if centring is None or centring.op_type != "Sub":
+        return None
+    x, m = centring.input[:2]
+    mean = _mean(m, view)
+    if mean is None or mean[0] != x or mean[1] != variance[1]:
+        return None
+    return x, m, variance[1], [*mean[2], centring, squared[1], *variance[2], *nodes]
+
+
+def _inverse_root(t: str, view: GraphView) -> tuple[str, list[NodeProto], np.ndarray | None] | None:
+    """``1 / Sqrt(t)`` as Reciprocal(Sqrt), Pow(t, -0.5) or Div(c, Sqrt) by a constant c (onnxruntime folds
+    ``1 / Sqrt(t) * gamma`` into ``gamma / Sqrt(t)``): (its tensor, nodes, c unless it is 1)."""
+    users = view.consumers.get(t, [])
+    if len(users) != 1 or t in view.graph_outputs:
+        return None
+    node = users[0]
+    if node.op_type == "Pow" and len(node.input) == 2 and node.input[0] == t:
+        exponent = view.const(node.input[1])
+        ok = exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == -0.5
+        return (node.output[0], [node], None) if ok else None
+    if node.op_type != "Sqrt":
+        return None
+    inverse = view.consumers.get(node.output[0], [])
+    if len(inverse) != 1 or node.output[0] in view.graph_outputs:
+        return None
+    if inverse[0].op_type == "Reciprocal":
+        return inverse[0].output[0], [node, inverse[0]], None
+    scale = view.const(inverse[0].input[0]) if inverse[0].op_type == "Div" else None
+    if scale is None or scale.dtype != np.float32 or inverse[0].input[1] != node.output[0]:
+        return None
+    return inverse[0].output[0], [node, inverse[0]], None if scale.size == 1 and float(scale.reshape(-1)[0]) == 1 \
+        else scale
+
+
+def _applied(x: str, m: str, g: str, view: GraphView, param_shape: list) -> tuple[list[NodeProto],
+                                                                                   np.ndarray | None] | None:
+    """How ``g`` (the inverse deviation, maybe times the scale) is applied: ``(x - m) * g``, ``x * g - m * g``,
+    ``x * g + (beta - m * g)`` or ``x * g + (-m * g + beta)``: (nodes, the output last; beta or None)."""
+    def product(users: list[NodeProto], a: str) -> NodeProto | None:
+        return next((u for u in users if u.op_type == "Mul" and set(u.input) == {a, g}), None)
+
+    users = view.consumers.get(g, [])
+    if len(users) == 1 and users[0].op_type == "Mul":
+        centring = view.producer.get(next((i for i in users[0].input if i != g), ""))
+        if centring is not None and centring.op_type == "Sub" and list(centring.input[:2]) == [x, m]:
+            return [centring, users[0]], None
+        return None
+    if len(users) != 2:
+        return None
+    scaled = product(users, x)
+    negated = next((u for u in view.consumers.get(m, []) if u.op_type == "Neg"), None)
+    shift = product(users, m) or (product(users, negated.output[0]) if negated is not None else None)
+    if scaled is None or shift is None:
+        return None
+    joined = view.consumers.get(scaled.output[0], [])
+    if len(joined) != 1:
+        return None
+    joined = joined[0]
+    if joined.op_type == "Sub" and list(joined.input) == [scaled.output[0], shift.output[0]] and negated is None \
+            or negated is not None and joined.op_type == "Add" and set(joined.input) == {scaled.output[0],
+                                                                                         shift.output[0]}:
+        return [*([negated] if negated is not None else []), scaled, shift, joined], None
+    if joined.op_type != "Add" or scaled.output[0] not in joined.input:
+        return None
+    offset = view.producer.get(next((i for i in joined.input if i != scaled.output[0]), ""))
+    if offset is None or len(offset.input) != 2 or shift.output[0] not in offset.input:
+        return None
+    beta = _tensor_operand(offset, shift.output[0], view)
+    if beta is None or _params(beta, None, param_shape) is None:
+        return None
+    if offset.op_type == "Sub" and negated is None and offset.input[1] == shift.output[0] \
+            or offset.op_type == "Add" and negated is not None:
+        return [*([negated] if negated is not None else []), scaled, shift, offset, joined], beta
+    return None

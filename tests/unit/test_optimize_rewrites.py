@@ -576,3 +576,143 @@ def test_a_conv_the_bpu_takes_keeps_its_padding_only_taps() -> None:
     conv = next(n for n in optimized.graph.node if n.op_type == "Conv")
     weight = next(i for i in optimized.graph.initializer if i.name == conv.input[1])
     assert list(weight.dims[2:]) == [5, 5]
+
+
+def _exporter_layer_norm(form: str, shared: bool = False):
+    """A layer norm over the last axis of a (1, 6, 16) MatMul output, as tf2onnx (Keras, ``keras*``) or
+    flax / jax2tf (``flax*``) write it; with ``shared`` the mean is also read by a second output."""
+    rng = np.random.default_rng(9)
+    c = 16
+    consts = {"w": rng.standard_normal((c, c)) * 0.5, "gamma": 1 + 0.1 * rng.standard_normal(c),
+              "beta": 0.1 * rng.standard_normal(c), "eps": 1e-3, "invn": 1.0 / c, "n": float(c), "zero": 0.0,
+              "one": 1.0, "half": -0.5}
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in consts.items()]
+    inits += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("ax", [-1]), ("back", [1, 6, 1]))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"])]
+
+    def add(op, ins, out, **attrs):
+        nodes.append(helper.make_node(op, ins, [out], **attrs))
+
+    if form.startswith("keras"):
+        add("ReduceMean", ["h"], "m", axes=[-1])
+        add("Sub", ["h", "m"], "d")
+        add("Mul", ["d", "d"], "sq")
+        add("ReduceMean", ["sq"], "var", axes=[-1])
+    else:
+        keep = 0 if form == "flax_keepdims0" else 1
+        add("ReduceSum", ["h", "ax"], "s1", keepdims=keep)
+        if form == "flax_div":
+            add("Div", ["s1", "n"], "m")
+        else:
+            add("Mul", ["s1", "invn"], "m0" if not keep else "m")
+            if not keep:
+                add("Reshape", ["m0", "back"], "m")
+        add("Mul", ["h", "h"], "h2")
+        add("ReduceSum", ["h2", "ax"], "s2", keepdims=keep)
+        add("Mul", ["s2", "invn"], "m2" if keep else "m20")
+        if not keep:
+            add("Unsqueeze", ["m20", "ax"], "m2")
+        add("Mul", ["m", "m"], "mm")
+        add("Sub", ["m2", "mm"], "v0")
+        add("Max", ["v0", "zero"], "var")
+    add("Add", ["var", "eps"], "ve")
+    if form in ("keras_pow", "flax_div"):
+        add("Pow", ["ve", "half"], "inv") if form == "keras_pow" else None
+        if form == "flax_div":
+            add("Sqrt", ["ve"], "sd")
+            add("Div", ["one", "sd"], "inv")
+    else:
+        add("Sqrt", ["ve"], "sd")
+        add("Reciprocal", ["sd"], "inv")
+    ig = "inv" if form == "keras_nogamma" else "ig"
+    if ig == "ig":
+        add("Mul", ["inv", "gamma"], "ig")
+    if form.startswith("flax"):
+        add("Sub", ["h", "m"], "dc")
+        add("Mul", ["dc", ig], "xs")
+        add("Add", ["xs", "beta"], "y")
+    else:
+        add("Mul", ["h", ig], "xs")
+        if form == "keras_neg":
+            add("Neg", ["m"], "nm")
+            add("Mul", ["nm", ig], "ms")
+            add("Add", ["ms", "beta"], "b2")
+            add("Add", ["xs", "b2"], "y")
+        elif form == "keras_subtract":
+            add("Mul", ["m", ig], "ms")
+            add("Sub", ["xs", "ms"], "c")
+            add("Add", ["c", "beta"], "y")
+        else:
+            add("Mul", ["m", ig], "ms")
+            add("Sub", ["beta", "ms"], "b2")
+            add("Add", ["xs", "b2"], "y")
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, c])]
+    if shared:
+        add("Relu", ["m"], "y2")
+        outputs.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, c])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+EXPORTER_LAYER_NORMS = ["keras", "keras_neg", "keras_subtract", "keras_pow", "keras_nogamma", "flax", "flax_div",
+                        "flax_keepdims0"]
+
+
+@pytest.mark.parametrize("form", EXPORTER_LAYER_NORMS)
+def test_exporter_layer_norms_become_one_node(form: str) -> None:
+    """tf2onnx's Keras layer norm (x * g + (beta - m * g), g = gamma / Sqrt(var + eps)) and flax's (means as
+    ReduceSum * 1/N, the variance as E[x*x] - m*m clamped by Max(., 0)) were quantized piece by piece (cosine
+    0.947 at the variance under ``max``); each is now one HzLayerNorm, with the float values of the original."""
+    from hbtools.march.profiles import get_profile
+    from hbtools.runtime import HB_ONNXRuntime
+
+    model = _exporter_layer_norm(form)
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    ops = [n.op_type for n in optimized.graph.node]
+    assert ops == ["MatMul", "HzLayerNorm"], ops
+    x = 3 * np.random.default_rng(10).standard_normal((1, 6, 16)).astype(np.float32)
+    want = _run(model, x)
+    got = HB_ONNXRuntime(onnx_model=optimized).run(None, {"x": x})[0]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("form", ["keras", "flax"])
+def test_an_exporter_layer_norm_whose_mean_is_read_elsewhere_stays(form: str) -> None:
+    from hbtools.march.profiles import get_profile
+    from hbtools.runtime import HB_ONNXRuntime
+
+    model = _exporter_layer_norm(form, shared=True)
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    assert "HzLayerNorm" not in [n.op_type for n in optimized.graph.node]
+    x = 3 * np.random.default_rng(10).standard_normal((1, 6, 16)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = HB_ONNXRuntime(onnx_model=optimized).run(None, {"x": x})
+    for g, w in zip(got, want, strict=True):
+        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+
+
+@pytest.mark.parametrize("form", ["keras", "flax"])
+def test_exporter_layer_norms_run_on_the_bpu_under_max(form: str, tmp_path) -> None:
+    """makertbin ``max`` on the Keras and flax forms: one HzLayerNorm on the BPU, the .bin agreeing with
+    the quantized model (hb_verifier)."""
+    from conformance import convert_featuremaps
+
+    from hbtools.metrics import cosine_similarity
+    from hbtools.runtime import HB_ONNXRuntime
+    from hbtools.runtime.binfile import read_bin
+    from hbtools.tools.verifier import verify
+
+    model = _exporter_layer_norm(form)
+    rng = np.random.default_rng(11)
+    samples = [rng.standard_normal((1, 6, 16)).astype(np.float32) for _ in range(8)]
+    out = convert_featuremaps(tmp_path, model, {"x": samples}, "1x6x16", "float32", "m", calibration_type="max")
+    assert "1 layer normalizations written as one HzLayerNorm node each" in out
+    assert not read_bin(tmp_path / "out" / "m.bin").models[0].partition["cpu_nodes"]
+    quantized = tmp_path / "out" / "m_quantized_model.onnx"
+    x = rng.standard_normal((1, 6, 16)).astype(np.float32)
+    assert cosine_similarity(_run(model, x), HB_ONNXRuntime(model_file=str(quantized)).run(None, {"x": x})[0]) >= 0.99
+    verdict = verify(quantized, tmp_path / "out" / "m.bin", None, 5)
+    assert all(o.passed for o in verdict.outputs), "hb_verifier: the .bin and the quantized model differ"
