@@ -313,7 +313,7 @@ def _around_epsilon(shifted: NodeProto, view: GraphView, model: ModelProto) -> t
     found = _variance(var, view) if eps is not None and eps >= 0 else None
     if found is None:
         return None
-    x, m, axes, nodes = found
+    x, axes, nodes = found
     shape = view.shapes.get(x)
     if shape is None or not axes or axes[0] == 0 or view.shapes.get(shifted.output[0]) != \
             [1 if k in axes else v for k, v in enumerate(shape)]:
@@ -327,17 +327,23 @@ def _around_epsilon(shifted: NodeProto, view: GraphView, model: ModelProto) -> t
     value = _tensor_operand(user, g, view) if user is not None else None
     if value is not None:
         scale, g, chain = value if scale is None else value * scale, user.output[0], [*chain, user]
-    applied = _applied(x, m, g, view, param_shape)
+
+    def mean_of_x(t: str) -> list[NodeProto] | None:  # t as x's mean with the reduced axes kept
+        mean = _mean(t, view)
+        kept = view.shapes.get(t) == [1 if k in axes else v for k, v in enumerate(shape)]
+        return mean[2] if kept and mean is not None and mean[:2] == (x, axes) else None
+
+    applied = _applied(x, mean_of_x, g, view, param_shape)
     if applied is None:
         return None
-    tail, bias = applied
+    tail, bias, means = applied
     more, extra_scale, extra_bias = _affine(tail[-1], view, param_shape)
     if extra_scale is not None or (bias is not None and extra_bias is not None):
         more = []  # a second scale (or bias) stays a node of its own
     elif extra_bias is not None:
         bias = extra_bias
     params = _params(scale, bias, param_shape)
-    old = list({id(n): n for n in [*nodes, shifted, *chain, *tail, *more]}.values())
+    old = list({id(n): n for n in [*nodes, *means, shifted, *chain, *tail, *more]}.values())
     inside = {id(n) for n in old}
     if params is None or any(o in view.graph_outputs or any(id(u) not in inside for u in view.consumers.get(o, []))
                              for n in old[:-1] for o in n.output):
@@ -349,12 +355,12 @@ def _around_epsilon(shifted: NodeProto, view: GraphView, model: ModelProto) -> t
 
 
 def _mean(t: str, view: GraphView) -> tuple[str, list[int], list[NodeProto]] | None:
-    """``t`` as the mean of a tensor over some of its axes, with the reduced axes kept: ReduceMean, or ReduceSum
-    times 1/N (or divided by N), maybe reduced without keepdims and reshaped back: (tensor, axes, nodes)."""
+    """``t`` as the mean of a tensor over some of its axes, with the reduced axes kept or dropped: ReduceMean, or
+    ReduceSum times 1/N (or divided by N), maybe reshaped between: (tensor, axes, nodes)."""
     nodes: list[NodeProto] = []
     factor = 1.0
     node = view.producer.get(t)
-    while node is not None and node.op_type in ("Reshape", "Unsqueeze", "Mul", "Div"):
+    while node is not None and node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Mul", "Div"):
         if node.op_type in ("Mul", "Div"):
             operand = [i for i in node.input if not view.is_const(i)]
             if len(operand) != 1 or (node.op_type == "Div" and node.input[0] != operand[0]):
@@ -371,8 +377,8 @@ def _mean(t: str, view: GraphView) -> tuple[str, list[int], list[NodeProto]] | N
         return None
     x = node.input[0]
     shape, axes = view.shapes.get(x), view.reduced_axes(node)
-    if not axes or shape is None or view.shapes.get(t) != [1 if k in axes else v for k, v in enumerate(shape)] \
-            or any(not isinstance(shape[k], int) for k in axes):
+    if not axes or shape is None or any(not isinstance(shape[k], int) for k in axes) or view.shapes.get(t) not in (
+            [1 if k in axes else v for k, v in enumerate(shape)], [v for k, v in enumerate(shape) if k not in axes]):
         return None
     count = int(np.prod([shape[k] for k in axes]))
     if node.op_type == "ReduceSum":
@@ -395,38 +401,48 @@ def _square_of(t: str, view: GraphView) -> tuple[str, NodeProto] | None:
     return None
 
 
-def _variance(t: str, view: GraphView) -> tuple[str, str, list[int], list[NodeProto]] | None:
+def _variance(t: str, view: GraphView) -> tuple[str, list[int], list[NodeProto]] | None:
     """``t`` as the variance of some x over some axes: mean((x - m)**2), or mean(x * x) - m * m maybe clamped by
-    Max(., 0), with m the mean of x over the same axes: (x, m, axes, nodes)."""
-    clamp = view.producer.get(t)
+    Max(., 0), with m the mean of x over the same axes, maybe reshaped (keepdims=0 reductions): (x, axes, nodes)."""
     nodes: list[NodeProto] = []
-    if clamp is not None and clamp.op_type == "Max" and len(clamp.input) == 2:
-        operand = next((i for i in clamp.input if not view.is_const(i)), None)
-        if operand is None or _scalar_operand(clamp, operand, view) != 0.0:
-            return None
-        nodes, t = [clamp], operand
+    node = view.producer.get(t)
+    while node is not None and (node.op_type in ("Reshape", "Unsqueeze", "Squeeze") and all(
+            view.is_const(i) for i in node.input[1:] if i) or node.op_type == "Max" and len(node.input) == 2
+            and not any(n.op_type == "Max" for n in nodes)):
+        if node.op_type == "Max":
+            operand = next((i for i in node.input if not view.is_const(i)), None)
+            if operand is None or _scalar_operand(node, operand, view) != 0.0:
+                return None
+            t = operand
+        else:
+            t = node.input[0]
+        nodes.insert(0, node)
+        node = view.producer.get(t)
     variance = _mean(t, view)
     if variance is None:
         difference = view.producer.get(t)
-        if difference is None or difference.op_type != "Sub":
+        if difference is None or difference.op_type != "Sub" or len({str(view.shapes.get(i)) for i in
+                                                                      [*difference.input, t]}) != 1:
             return None
         mean_square, square_mean = (_mean(difference.input[0], view), _square_of(difference.input[1], view))
         if mean_square is None or square_mean is None:
             return None
         squared = _square_of(mean_square[0], view)
-        m, mean = square_mean[0], _mean(square_mean[0], view)
+        mean = _mean(square_mean[0], view)
         if squared is None or mean is None or mean[0] != squared[0] or mean[1] != mean_square[1]:
             return None
-        return squared[0], m, mean[1], [*mean[2], squared[1], *mean_square[2], square_mean[1], difference, *nodes]
+        return squared[0], mean[1], [*mean[2], squared[1], *mean_square[2], square_mean[1], difference, *nodes]
     squared = _square_of(variance[0], view)
     centring = view.producer.get(squared[0]) if squared is not None else None
-    if centring is None or centring.op_type != "Sub":
+    if centring is None or centring.op_type != "Sub" or view.shapes.get(centring.input[0]) != \
+            view.shapes.get(centring.output[0]):
         return None
     x, m = centring.input[:2]
     mean = _mean(m, view)
-    if mean is None or mean[0] != x or mean[1] != variance[1]:
+    if mean is None or mean[0] != x or mean[1] != variance[1] or len(view.shapes.get(m) or []) != len(
+            view.shapes.get(x) or []):
         return None
-    return x, m, variance[1], [*mean[2], centring, squared[1], *variance[2], *nodes]
+    return x, variance[1], [*mean[2], centring, squared[1], *variance[2], *nodes]
 
 
 def _inverse_root(t: str, view: GraphView) -> tuple[str, list[NodeProto], np.ndarray | None] | None:
@@ -454,25 +470,27 @@ def _inverse_root(t: str, view: GraphView) -> tuple[str, list[NodeProto], np.nda
         else scale
 
 
-def _applied(x: str, m: str, g: str, view: GraphView, param_shape: list) -> tuple[list[NodeProto],
-                                                                                   np.ndarray | None] | None:
-    """How ``g`` (the inverse deviation, maybe times the scale) is applied: ``(x - m) * g``, ``x * g - m * g``,
-    ``x * g + (beta - m * g)`` or ``x * g + (-m * g + beta)``: (nodes, the output last; beta or None)."""
-    def product(users: list[NodeProto], a: str) -> NodeProto | None:
-        return next((u for u in users if u.op_type == "Mul" and set(u.input) == {a, g}), None)
-
+def _applied(x: str, mean_of_x, g: str, view: GraphView, param_shape: list) -> tuple[
+        list[NodeProto], np.ndarray | None, list[NodeProto]] | None:
+    """How ``g`` (the inverse deviation, maybe times the scale) is applied, with m a tensor ``mean_of_x`` takes for
+    x's mean: ``(x - m) * g``, ``x * g - m * g``, ``x * g + (beta - m * g)`` or ``x * g + (-m * g + beta)``:
+    (nodes, the output last; beta or None; the nodes of the mean)."""
     users = view.consumers.get(g, [])
     if len(users) == 1 and users[0].op_type == "Mul":
         centring = view.producer.get(next((i for i in users[0].input if i != g), ""))
-        if centring is not None and centring.op_type == "Sub" and list(centring.input[:2]) == [x, m]:
-            return [centring, users[0]], None
-        return None
+        means = mean_of_x(centring.input[1]) if centring is not None and centring.op_type == "Sub" \
+            and centring.input[0] == x else None
+        return ([centring, users[0]], None, means) if means is not None else None
     if len(users) != 2:
         return None
-    scaled = product(users, x)
-    negated = next((u for u in view.consumers.get(m, []) if u.op_type == "Neg"), None)
-    shift = product(users, m) or (product(users, negated.output[0]) if negated is not None else None)
-    if scaled is None or shift is None:
+    scaled = next((u for u in users if u.op_type == "Mul" and set(u.input) == {x, g}), None)
+    shift = next((u for u in users if u is not scaled), None)
+    m = next((i for i in shift.input if i != g), "") if shift is not None and shift.op_type == "Mul" else ""
+    negated = view.producer.get(m)
+    if negated is not None and negated.op_type != "Neg":
+        negated = None
+    means = mean_of_x(negated.input[0] if negated is not None else m)
+    if scaled is None or means is None:
         return None
     joined = view.consumers.get(scaled.output[0], [])
     if len(joined) != 1:
@@ -481,7 +499,7 @@ def _applied(x: str, m: str, g: str, view: GraphView, param_shape: list) -> tupl
     if joined.op_type == "Sub" and list(joined.input) == [scaled.output[0], shift.output[0]] and negated is None \
             or negated is not None and joined.op_type == "Add" and set(joined.input) == {scaled.output[0],
                                                                                          shift.output[0]}:
-        return [*([negated] if negated is not None else []), scaled, shift, joined], None
+        return [*([negated] if negated is not None else []), scaled, shift, joined], None, means
     if joined.op_type != "Add" or scaled.output[0] not in joined.input:
         return None
     offset = view.producer.get(next((i for i in joined.input if i != scaled.output[0]), ""))
@@ -492,5 +510,5 @@ def _applied(x: str, m: str, g: str, view: GraphView, param_shape: list) -> tupl
         return None
     if offset.op_type == "Sub" and negated is None and offset.input[1] == shift.output[0] \
             or offset.op_type == "Add" and negated is not None:
-        return [*([negated] if negated is not None else []), scaled, shift, offset, joined], beta
+        return [*([negated] if negated is not None else []), scaled, shift, offset, joined], beta, means
     return None

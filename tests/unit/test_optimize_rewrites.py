@@ -579,13 +579,15 @@ def test_a_conv_the_bpu_takes_keeps_its_padding_only_taps() -> None:
 
 
 def _exporter_layer_norm(form: str, shared: bool = False):
-    """A layer norm over the last axis of a (1, 6, 16) MatMul output, as tf2onnx (Keras, ``keras*``) or
-    flax / jax2tf (``flax*``) write it; with ``shared`` the mean is also read by a second output."""
+    """A layer norm over the last axis (``flax_channels``: axis 1) of a (1, 6, 16) MatMul output, as tf2onnx
+    (Keras, ``keras*``) or flax / jax2tf (``flax*``) write it; with ``shared`` the mean is also read by a second
+    output."""
     rng = np.random.default_rng(9)
     c = 16
     consts = {"w": rng.standard_normal((c, c)) * 0.5, "gamma": 1 + 0.1 * rng.standard_normal(c),
               "beta": 0.1 * rng.standard_normal(c), "eps": 1e-3, "invn": 1.0 / c, "n": float(c), "zero": 0.0,
-              "one": 1.0, "half": -0.5}
+              "one": 1.0, "half": -0.5, "sixth": 1 / 6, "gamma6": 1 + 0.1 * rng.standard_normal((1, 6, 1)),
+              "beta6": 0.1 * rng.standard_normal((1, 6, 1))}
     inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in consts.items()]
     inits += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("ax", [-1]), ("back", [1, 6, 1]))]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"])]
@@ -593,7 +595,26 @@ def _exporter_layer_norm(form: str, shared: bool = False):
     def add(op, ins, out, **attrs):
         nodes.append(helper.make_node(op, ins, [out], **attrs))
 
-    if form.startswith("keras"):
+    if form == "flax_channels":  # magika (jax2tf): over axis 1, the variance computed without the reduced axis
+        inits += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("ax1", [1]), ("kept", [1, 1, 16]))]
+        add("ReduceSum", ["h", "ax1"], "s1", keepdims=0)
+        add("Mul", ["s1", "sixth"], "mr")
+        add("Reshape", ["mr", "kept"], "m")
+        add("Sub", ["h", "m"], "dc")
+        add("Mul", ["mr", "mr"], "mm")
+        add("Mul", ["h", "h"], "h2")
+        add("ReduceSum", ["h2", "ax1"], "s2", keepdims=0)
+        add("Mul", ["s2", "sixth"], "m2")
+        add("Sub", ["m2", "mm"], "v0")
+        add("Max", ["zero", "v0"], "v1")
+        add("Reshape", ["v1", "kept"], "var")
+        add("Add", ["var", "eps"], "ve")
+        add("Sqrt", ["ve"], "sd")
+        add("Reciprocal", ["sd"], "inv")
+        add("Mul", ["inv", "gamma6"], "ig")
+        add("Mul", ["dc", "ig"], "xs")
+        add("Add", ["xs", "beta6"], "y")
+    elif form.startswith("keras"):
         add("ReduceMean", ["h"], "m", axes=[-1])
         add("Sub", ["h", "m"], "d")
         add("Mul", ["d", "d"], "sq")
@@ -615,19 +636,19 @@ def _exporter_layer_norm(form: str, shared: bool = False):
         add("Mul", ["m", "m"], "mm")
         add("Sub", ["m2", "mm"], "v0")
         add("Max", ["v0", "zero"], "var")
-    add("Add", ["var", "eps"], "ve")
-    if form in ("keras_pow", "flax_div"):
-        add("Pow", ["ve", "half"], "inv") if form == "keras_pow" else None
-        if form == "flax_div":
-            add("Sqrt", ["ve"], "sd")
-            add("Div", ["one", "sd"], "inv")
-    else:
-        add("Sqrt", ["ve"], "sd")
-        add("Reciprocal", ["sd"], "inv")
     ig = "inv" if form == "keras_nogamma" else "ig"
-    if ig == "ig":
-        add("Mul", ["inv", "gamma"], "ig")
-    if form.startswith("flax"):
+    if form != "flax_channels":
+        add("Add", ["var", "eps"], "ve")
+        if form == "keras_pow":
+            add("Pow", ["ve", "half"], "inv")
+        else:
+            add("Sqrt", ["ve"], "sd")
+            add("Div", ["one", "sd"], "inv") if form == "flax_div" else add("Reciprocal", ["sd"], "inv")
+        if ig == "ig":
+            add("Mul", ["inv", "gamma"], "ig")
+    if form == "flax_channels":
+        pass
+    elif form.startswith("flax"):
         add("Sub", ["h", "m"], "dc")
         add("Mul", ["dc", ig], "xs")
         add("Add", ["xs", "beta"], "y")
@@ -658,7 +679,7 @@ def _exporter_layer_norm(form: str, shared: bool = False):
 
 
 EXPORTER_LAYER_NORMS = ["keras", "keras_neg", "keras_subtract", "keras_pow", "keras_nogamma", "flax", "flax_div",
-                        "flax_keepdims0"]
+                        "flax_keepdims0", "flax_channels"]
 
 
 @pytest.mark.parametrize("form", EXPORTER_LAYER_NORMS)
@@ -694,7 +715,7 @@ def test_an_exporter_layer_norm_whose_mean_is_read_elsewhere_stays(form: str) ->
         assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
 
 
-@pytest.mark.parametrize("form", ["keras", "flax"])
+@pytest.mark.parametrize("form", ["keras", "flax", "flax_channels"])
 def test_exporter_layer_norms_run_on_the_bpu_under_max(form: str, tmp_path) -> None:
     """makertbin ``max`` on the Keras and flax forms: one HzLayerNorm on the BPU, the .bin agreeing with
     the quantized model (hb_verifier)."""
