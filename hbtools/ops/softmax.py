@@ -93,6 +93,39 @@ def softmax_axis(node: NodeProto, opset: int) -> int:
     return int(a.get("axis", -1 if opset >= 13 else 1))
 
 
+def _double(ctx: LoweringContext, hint: str, key: str, value: float) -> str:
+    return ctx.constant(f"{hint}_{key}", np.array(value, dtype=np.float64))
+
+
+def _table_exp(ctx: LoweringContext, x: str, table: np.ndarray, axis: int, hint: str,
+               nodes: list[NodeProto]) -> tuple[str, str]:
+    """The integer kernels' ``d = x - max(x)`` along ``axis`` and ``table[d]`` (float64), as Softmax and
+    LogSoftmax share them."""
+    x = twins.to_double(ctx, x, hint, nodes)
+    d = add_node(ctx, "Sub", [x, reduce_keepdims(ctx, "ReduceMax", x, [axis], hint, nodes)], hint, nodes)
+    idx = add_node(ctx, "Add", [d, _double(ctx, hint, "offset", table.size - 1.0)], hint, nodes)
+    # the table may start where exp varies
+    idx = add_node(ctx, "Max", [idx, _double(ctx, hint, "first", 0.0)], hint, nodes)
+    idx = add_node(ctx, "Cast", [idx], hint, nodes, to=TensorProto.INT64)
+    e = ctx.unique(f"{hint}_exp")
+    uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), idx, e, nodes)
+    return d, e
+
+
+def _np_table_exp(x: np.ndarray, table: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_table_exp`` in numpy: (d, table[d])."""
+    x = x.astype(np.int64)
+    d = x - x.max(axis=axis, keepdims=True)
+    return d, table[np.maximum(d + table.size - 1, 0)]
+
+
+def _twin_exp(ctx: LoweringContext, src, axis: int, hint: str, nodes: list[NodeProto]) -> tuple[str, str]:  # noqa: ANN001
+    """On the calibrated model's float64 twin levels ``src``: ``d = levels - max`` and its exp table."""
+    peak = reduce_keepdims(ctx, "ReduceMax", src.levels, [axis], hint, nodes)
+    d = add_node(ctx, "Sub", [src.levels, peak], hint, nodes)
+    return d, exp_levels(d, src.step, hint, ctx.unique, nodes)
+
+
 @register
 class HzSQuantizedSoftmax(HzOp):
     op_type = "HzSQuantizedSoftmax"
@@ -138,18 +171,9 @@ class HzSQuantizedSoftmax(HzOp):
         hint, axis = node.name, int(a["axis"])
         table = table_of(node).astype(np.float64)
 
-        def const(k: str, v: float) -> str:
-            return ctx.constant(f"{hint}_{k}", np.array(v, dtype=np.float64))
-
-        x = twins.to_double(ctx, node.input[0], hint, nodes)
-        d = add_node(ctx, "Sub", [x, reduce_keepdims(ctx, "ReduceMax", x, [axis], hint, nodes)], hint, nodes)
-        idx = add_node(ctx, "Add", [d, const("offset", table.size - 1.0)], hint, nodes)
-        idx = add_node(ctx, "Max", [idx, const("first", 0.0)], hint, nodes)  # the table may start where exp varies
-        idx = add_node(ctx, "Cast", [idx], hint, nodes, to=TensorProto.INT64)
-        e = ctx.unique(f"{hint}_exp")
-        uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), idx, e, nodes)
+        d, e = _table_exp(ctx, node.input[0], table, axis, hint, nodes)
         p = add_node(ctx, "Div", [e, reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)], hint, nodes)
-        q = add_node(ctx, "Div", [p, const("out_scale", a["out_scale"][0])], hint, nodes)
+        q = add_node(ctx, "Div", [p, _double(ctx, hint, "out_scale", a["out_scale"][0])], hint, nodes)
         q = add_node(ctx, "Round", [q], hint, nodes)
         output_levels(ctx, q, a, node.output[0], hint, nodes)
         return nodes
@@ -161,9 +185,7 @@ class HzSQuantizedSoftmax(HzOp):
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, table = remembered(node, cls._decoded)
-        x = inputs[0].astype(np.int64)
-        d = x - x.max(axis=a["axis"], keepdims=True)
-        e = table[np.maximum(d + table.size - 1, 0)]
+        _, e = _np_table_exp(inputs[0], table, a["axis"])
         p = e / e.sum(axis=a["axis"], keepdims=True)
         q = grids.requantize(p / np.float64(a["out_scale"][0]), 1.0, a["out_min"], a["out_max"], int(a["zero_point"]))
         return [q.astype(NUMPY_INT[a["out_type"]])]
@@ -188,9 +210,7 @@ class HzSoftmax(HzOp):
             return [helper.make_node("Softmax", [x], [y], name=ctx.unique(node.name), axis=axis)]
         nodes: list[NodeProto] = []
         hint = node.name
-        peak = reduce_keepdims(ctx, "ReduceMax", src.levels, [axis], hint, nodes)
-        d = add_node(ctx, "Sub", [src.levels, peak], hint, nodes)
-        e = exp_levels(d, src.step, hint, ctx.unique, nodes)
+        d, e = _twin_exp(ctx, src, axis, hint, nodes)
         p = add_node(ctx, "Div", [e, reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)], hint, nodes)
         twins.to_float(ctx, p, y, nodes)
         ctx.twins[y] = twins.Twin(p)
@@ -305,22 +325,13 @@ class HzSQuantizedLogSoftmax(HzOp):
         hint, axis = node.name, int(a["axis"])
         table = table_of(node).astype(np.float64)
 
-        def const(k: str, v: float) -> str:
-            return ctx.constant(f"{hint}_{k}", np.array(v, dtype=np.float64))
-
-        x = twins.to_double(ctx, node.input[0], hint, nodes)
-        d = add_node(ctx, "Sub", [x, reduce_keepdims(ctx, "ReduceMax", x, [axis], hint, nodes)], hint, nodes)
-        idx = add_node(ctx, "Add", [d, const("offset", table.size - 1.0)], hint, nodes)
-        idx = add_node(ctx, "Max", [idx, const("first", 0.0)], hint, nodes)
-        idx = add_node(ctx, "Cast", [idx], hint, nodes, to=TensorProto.INT64)
-        e = ctx.unique(f"{hint}_exp")
-        uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), idx, e, nodes)
+        d, e = _table_exp(ctx, node.input[0], table, axis, hint, nodes)
         s = reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)
         logs = ctx.constant(f"{hint}_log_table", np.asarray(a["log_table"], dtype=np.float64))
-        y = add_node(ctx, "Sub", [add_node(ctx, "Mul", [d, const("x_scale", a["x_scale"][0])], hint, nodes),
-                                  log_sum(ctx, s, ctx.rank(node.input[0]), logs, hint, nodes)], hint, nodes)
-        q = add_node(ctx, "Round", [add_node(ctx, "Div", [y, const("out_scale", a["out_scale"][0])], hint, nodes)],
-                     hint, nodes)
+        scaled = add_node(ctx, "Mul", [d, _double(ctx, hint, "x_scale", a["x_scale"][0])], hint, nodes)
+        y = add_node(ctx, "Sub", [scaled, log_sum(ctx, s, ctx.rank(node.input[0]), logs, hint, nodes)], hint, nodes)
+        q = add_node(ctx, "Round", [add_node(ctx, "Div", [y, _double(ctx, hint, "out_scale", a["out_scale"][0])],
+                                             hint, nodes)], hint, nodes)
         output_levels(ctx, q, a, node.output[0], hint, nodes)
         return nodes
 
@@ -331,9 +342,7 @@ class HzSQuantizedLogSoftmax(HzOp):
     @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, table = remembered(node, cls._decoded)
-        x = inputs[0].astype(np.int64)
-        d = x - x.max(axis=a["axis"], keepdims=True)
-        e = table[np.maximum(d + table.size - 1, 0)]
+        d, e = _np_table_exp(inputs[0], table, a["axis"])
         s = e.sum(axis=a["axis"], keepdims=True)
         logs = np.asarray(a["log_table"], dtype=np.float64)
         y = d.astype(np.float64) * np.float64(a["x_scale"][0]) - _np_log_sum(s, logs)
@@ -360,9 +369,7 @@ class HzLogSoftmax(HzOp):
             return [helper.make_node("LogSoftmax", [x], [y], name=ctx.unique(node.name), axis=axis)]
         nodes: list[NodeProto] = []
         hint = node.name
-        peak = reduce_keepdims(ctx, "ReduceMax", src.levels, [axis], hint, nodes)
-        d = add_node(ctx, "Sub", [src.levels, peak], hint, nodes)
-        e = exp_levels(d, src.step, hint, ctx.unique, nodes)
+        d, e = _twin_exp(ctx, src, axis, hint, nodes)
         s = reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)
         logs = ctx.constant(f"{hint}_log_table", log_table())
         out = add_node(ctx, "Sub", [add_node(ctx, "Mul", [d, src.step], hint, nodes),
