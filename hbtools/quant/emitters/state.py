@@ -8,6 +8,7 @@ HzQuantize / HzDequantize pairs at BPU/CPU boundaries on demand.
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,9 @@ from hbtools.quant.calibrated import ActGrid, CalibratedGraph
 from hbtools.quant.units import Partition
 
 ELEM_TYPES = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
+# Integer constants at least this large are stored once however many nodes read them: an unrolled
+# recurrence reads one weight at every step (a 20-step LSTM's copies were 57 of its 69 MB).
+SHARED_BYTES = 1024
 
 
 @dataclass
@@ -72,6 +76,7 @@ class EmitState:
         self.profile = profile
         self.nodes: list[NodeProto] = []
         self.inits: list[TensorProto] = []
+        self._stored: dict[tuple, str] = {}  # (dtype, shape, digest of the bytes) -> initializer name
         self.q: dict[str, QTensor] = {}
         self.floats: set[str] = set(self.view.graph_inputs) | set(self.view.initializers)
         self.value_info: list = []
@@ -79,7 +84,15 @@ class EmitState:
 
     # ---- tensors -------------------------------------------------------------------------
     def init(self, name: str, value: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        """A constant of the quantized graph: ``name``, or the name of an equal one stored before."""
+        value = np.ascontiguousarray(value)
+        key = None
+        if value.nbytes >= SHARED_BYTES:
+            key = (value.dtype.str, value.shape, hashlib.sha256(value.data).digest())
+            if key in self._stored:
+                return self._stored[key]
+            self._stored[key] = name
+        self.inits.append(numpy_helper.from_array(value, name))
         return name
 
     def record(self, tensor: str, qt: QTensor, shape: list | None = None) -> QTensor:
