@@ -57,6 +57,55 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
 _REDUCTION_OF = {pool: reduction for reduction, pool in _GLOBAL_POOL_OF.items()}
 
 
+def reductions_over_the_first_axis(model: ModelProto) -> int:
+    """A ReduceMean / ReduceSum whose axes include the first axis of a tensor that has more than one element
+    along it (a model without a batch axis: madmom's TCN averages its [T, C] skip sums over the T frames for
+    the tempo) behind an Unsqueeze that adds a batch of one, with the axes moved by one and a Squeeze of that
+    batch after it: the same values, but the BPU's pools never reduce over the batch axis, so the reduction
+    and everything before it that fed only it ran on the CPU. Returns how many it rewrote."""
+    view = GraphView(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    nodes: list[NodeProto] = []
+    count = 0
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type in ("ReduceMean", "ReduceSum") \
+            and node.domain in ("", "ai.onnx") else None
+        axes = view.reduced_axes(node) if shape is not None else None
+        if axes is None or 0 not in axes or not 1 <= len(shape) <= 4 or not isinstance(shape[0], int) \
+                or shape[0] <= 1:
+            nodes.append(node)
+            continue
+        count += 1
+        batched, reduced = f"{node.input[0]}_{node.name}_batched", f"{node.output[0]}_{node.name}_batched"
+        moved = [a + 1 for a in axes]
+        keepdims = int(view.attrs(node).get("keepdims", 1))
+        if opset >= 13:
+            one = f"{node.name}_batch_axis"
+            model.graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), one))
+            nodes.append(helper.make_node("Unsqueeze", [node.input[0], one], [batched], name=f"{node.name}_batch"))
+        else:
+            nodes.append(helper.make_node("Unsqueeze", [node.input[0]], [batched], name=f"{node.name}_batch",
+                                          axes=[0]))
+        # ReduceSum takes its axes as an input from opset 13, ReduceMean from opset 18
+        if opset >= (13 if node.op_type == "ReduceSum" else 18):
+            axes_name = f"{node.name}_batched_axes"
+            model.graph.initializer.append(numpy_helper.from_array(np.array(moved, np.int64), axes_name))
+            nodes.append(helper.make_node(node.op_type, [batched, axes_name], [reduced], name=node.name,
+                                          keepdims=keepdims))
+        else:
+            nodes.append(helper.make_node(node.op_type, [batched], [reduced], name=node.name, axes=moved,
+                                          keepdims=keepdims))
+        if opset >= 13:
+            nodes.append(helper.make_node("Squeeze", [reduced, one], list(node.output), name=f"{node.name}_unbatch"))
+        else:
+            nodes.append(helper.make_node("Squeeze", [reduced], list(node.output), name=f"{node.name}_unbatch",
+                                          axes=[0]))
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return count
+
+
 def _global_pool_as_reduction(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto]:
     """A GlobalAveragePool / GlobalMaxPool of a 3-D [N, C, L] or 5-D tensor (PyTorch's AdaptiveAvgPool1d(1)
     and AdaptiveMaxPool1d(1) after Conv1d layers, Conv3d heads), which the BPU's pools take 4-D only, as
