@@ -784,6 +784,87 @@ def _conv_pieces(node: NodeProto, view: GraphView, plan: list[list[tuple[int, in
     return nodes
 
 
+_BATCHLESS_UNARY = ("Relu", "Elu", "Selu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Softplus",
+                    "Exp", "Log", "Abs", "Neg", "Sqrt", "Erf", "Identity", "Clip")
+_BATCHLESS_BINARY = ("Mul", "Add", "Sub", "Div", "Pow", "Max", "Min")
+
+
+def batch_squeezes_around_elementwise(model: ModelProto) -> int:
+    """``Squeeze(axis 0)`` of a batch of one, element-wise ops with constant operands, ``Unsqueeze(axis 0)``
+    (madmom's converter wraps every layer so: Conv, squeeze the batch, BatchNorm as Mul and Add over [C, 1, 1],
+    Relu, unsqueeze for the next Conv) as the same ops on the 4-D tensor, the constants given the batch axis
+    where they have the squeezed rank. The element-wise chain then sits right after the Conv, so its affine
+    part folds into the weights and its activation fuses, instead of a quantized Mul, Add and lookup table
+    each rounding to int8. A Squeeze followed by the Unsqueeze alone goes too. Returns how many pairs."""
+    view = GraphView(model)
+
+    def axes_zero(node: NodeProto) -> bool:
+        a = view.attrs(node)
+        given = list(a["axes"]) if "axes" in a else list(view.const(node.input[1])) \
+            if len(node.input) > 1 and node.input[1] and view.is_const(node.input[1]) else None
+        return given == [0]
+
+    def single_use(tensor: str) -> NodeProto | None:
+        users = view.consumers.get(tensor, [])
+        return users[0] if len(users) == 1 and tensor not in view.graph_outputs else None
+
+    count = 0
+    renames: dict[str, str] = {}
+    dropped: set[int] = set()
+    restored: set[str] = set()  # tensors that get their batch axis back: their recorded shapes are stale
+    for squeeze in model.graph.node:
+        if squeeze.op_type != "Squeeze" or squeeze.domain not in ("", "ai.onnx") or not axes_zero(squeeze):
+            continue
+        shape = view.shapes.get(squeeze.input[0])
+        if shape is None or not shape or shape[0] != 1 or len(shape) > 5:
+            continue
+        chain: list[NodeProto] = []
+        tensor = squeeze.output[0]
+        node = single_use(tensor)
+        while node is not None and node.domain in ("", "ai.onnx") and (
+                (node.op_type in _BATCHLESS_UNARY and all(view.is_const(i) for i in node.input[1:] if i))
+                or (node.op_type in _BATCHLESS_BINARY and len(node.input) == 2
+                    and sum(view.is_const(i) for i in node.input) == 1)):
+            chain.append(node)
+            tensor = node.output[0]
+            node = single_use(tensor)
+        if node is None or node.op_type != "Unsqueeze" or node.domain not in ("", "ai.onnx") or not axes_zero(node):
+            continue
+        unsqueeze = node
+        if not chain and unsqueeze.output[0] in view.graph_outputs:
+            continue
+        count += 1
+        dropped.update((id(squeeze), id(unsqueeze)))
+        rank = len(shape) - 1
+        for op in chain:
+            restored.update(op.output)
+            for k, name in enumerate(op.input):
+                c = view.const(name) if op.op_type in _BATCHLESS_BINARY and name and view.is_const(name) else None
+                if c is not None and c.ndim == rank:
+                    batched = f"{name}_{op.name}_batched"
+                    model.graph.initializer.append(numpy_helper.from_array(c[None], batched))
+                    op.input[k] = batched
+        if chain:
+            chain[0].input[list(chain[0].input).index(squeeze.output[0])] = squeeze.input[0]
+            chain[-1].output[0] = unsqueeze.output[0]
+        else:
+            renames[unsqueeze.output[0]] = squeeze.input[0]
+    if not count:
+        return 0
+    kept = [n for n in model.graph.node if id(n) not in dropped]
+    for node in kept:
+        for k, name in enumerate(node.input):
+            while name in renames:
+                name = renames[name]
+            node.input[k] = name
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    stale = [v for v in model.graph.value_info if v.name in restored]
+    for v in stale:
+        model.graph.value_info.remove(v)
+    return count
+
+
 def transposes_in_fewer_axes(model: ModelProto) -> None:
     """A Transpose of more than 4 axes between two Reshapes (MobileViT's unfolding into patches goes through
     [1, C, h, 2, w, 2]) moves the same elements with its size-1 axes dropped and with the axes that stay

@@ -121,6 +121,11 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     for what, count in rewritten.items():
         if count:
             log.info("%d %s", count, what)
+    if profile is not None:
+        # before the folds: the BatchNorm (Mul, Add) a batch Squeeze kept away from its Conv folds into it
+        squeezes = bpu_forms.batch_squeezes_around_elementwise(body)
+        if squeezes:
+            log.info("%d Squeeze/Unsqueeze pairs of a batch of one around element-wise ops removed", squeezes)
     bpu_forms.transposes_in_fewer_axes(body)
     bpu_forms.average_pools_over_whole_windows(body)
     _fold_affine_into_conv(body)
