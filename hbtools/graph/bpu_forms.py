@@ -122,6 +122,52 @@ def _global_pool_as_reduction(node: NodeProto, view: GraphView, opset: int, mode
     return [helper.make_node(reduction, [node.input[0], axes_name], list(node.output), name=node.name, keepdims=1)]
 
 
+def pools_over_one_axis_as_2d(model: ModelProto) -> int:
+    """A MaxPool / AveragePool over the one axis of a 3-D [N, C, L] tensor (PyTorch's MaxPool1d after Conv1d
+    layers: atspm-detector's traffic-signal net) as the same pool over [N, C, 1, L] between an Unsqueeze and
+    a Squeeze of that axis: kernel, stride, dilation and pads of the length axis, one row on the other. The
+    BPU's pools take 4-D tensors only, so the pool, and the activation before it that fed only it, ran on the
+    CPU. Returns how many it rewrote."""
+    view = GraphView(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    nodes: list[NodeProto] = []
+    count = 0
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type in ("MaxPool", "AveragePool") \
+            and node.domain in ("", "ai.onnx") else None
+        if shape is None or len(shape) != 3 or len([o for o in node.output if o]) != 1:
+            nodes.append(node)
+            continue
+        count += 1
+        a = view.attrs(node)
+        attrs = {"kernel_shape": [1, *a["kernel_shape"]]}
+        for key, one in (("strides", 1), ("dilations", 1)):
+            if key in a:
+                attrs[key] = [one, *a[key]]
+        if "pads" in a:
+            attrs["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
+        others = [x for x in node.attribute if x.name not in attrs]
+        wide, pooled = f"{node.input[0]}_{node.name}_2d", f"{node.output[0]}_{node.name}_2d"
+        if opset >= 13:
+            axis = f"{node.name}_row_axis"
+            model.graph.initializer.append(numpy_helper.from_array(np.array([2], np.int64), axis))
+            nodes.append(helper.make_node("Unsqueeze", [node.input[0], axis], [wide], name=f"{node.name}_to_2d"))
+        else:
+            nodes.append(helper.make_node("Unsqueeze", [node.input[0]], [wide], name=f"{node.name}_to_2d", axes=[2]))
+        pool = helper.make_node(node.op_type, [wide], [pooled], name=node.name, **attrs)
+        pool.attribute.extend(others)
+        nodes.append(pool)
+        if opset >= 13:
+            nodes.append(helper.make_node("Squeeze", [pooled, axis], [node.output[0]], name=f"{node.name}_from_2d"))
+        else:
+            nodes.append(helper.make_node("Squeeze", [pooled], [node.output[0]], name=f"{node.name}_from_2d",
+                                          axes=[2]))
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return count
+
+
 _AUTO_PAD_OPS = ("Conv", "AveragePool", "MaxPool", "LpPool")
 
 

@@ -98,6 +98,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     # First: the rewrites and integer kernels after this read a node's padding from its pads.
     padded = bpu_forms.auto_pads_as_pads(body)
     bpu_forms.spatial_reductions_as_global_pools(body)
+    if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body):
+        log.info("pools over the one axis of a 3-D tensor written as pools over a 4-D tensor of one row")
     if profile is not None and bpu_forms.reductions_over_the_first_axis(body):
         log.info("reductions over the first axis of a tensor without a batch axis moved behind a batch of one")
     bpu_forms.zero_pads_into_convs(body)
