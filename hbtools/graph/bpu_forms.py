@@ -835,6 +835,12 @@ _BATCHLESS_UNARY = ("Relu", "Elu", "Selu", "Sigmoid", "Tanh", "LeakyRelu", "Hard
 _BATCHLESS_BINARY = ("Mul", "Add", "Sub", "Div", "Pow", "Max", "Min")
 
 
+def _keeps_rank(node: NodeProto, view: GraphView, rank: int) -> bool:
+    """Whether ``node``'s constants have at most ``rank`` axes: one with more would broadcast the squeezed
+    tensor back to another rank."""
+    return all(view.const(i).ndim <= rank for i in node.input if i and view.is_const(i))
+
+
 def batch_squeezes_around_elementwise(model: ModelProto) -> int:
     """``Squeeze(axis 0)`` of a batch of one, element-wise ops with constant operands, ``Unsqueeze(axis 0)``
     (madmom's converter wraps every layer so: Conv, squeeze the batch, BatchNorm as Mul and Add over [C, 1, 1],
@@ -867,7 +873,8 @@ def batch_squeezes_around_elementwise(model: ModelProto) -> int:
         chain: list[NodeProto] = []
         tensor = squeeze.output[0]
         node = single_use(tensor)
-        while node is not None and node.domain in ("", "ai.onnx") and (
+        rank = len(shape) - 1
+        while node is not None and node.domain in ("", "ai.onnx") and _keeps_rank(node, view, rank) and (
                 (node.op_type in _BATCHLESS_UNARY and all(view.is_const(i) for i in node.input[1:] if i))
                 or (node.op_type in _BATCHLESS_BINARY and len(node.input) == 2
                     and sum(view.is_const(i) for i in node.input) == 1)):
@@ -881,7 +888,6 @@ def batch_squeezes_around_elementwise(model: ModelProto) -> int:
             continue
         count += 1
         dropped.update((id(squeeze), id(unsqueeze)))
-        rank = len(shape) - 1
         for op in chain:
             restored.update(op.output)
             for k, name in enumerate(op.input):

@@ -66,3 +66,19 @@ def test_madmom_like_cnn_quantizes_as_convs_with_relu(tmp_path: Path) -> None:
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) >= 0.995, outcome.cosine
     assert "HzLut" not in outcome.log and "HzSQuantizedMul" not in outcome.log, outcome.log[-3000:]
+
+
+def test_a_constant_of_more_axes_than_the_squeezed_tensor_keeps_the_squeeze() -> None:
+    """Squeeze to [C, H, W], Add of a [1, C, 1, 1] constant (broadcast back to 4-D), Unsqueeze to 5-D: the
+    pair cannot go, or the output would lose an axis."""
+    g = _Graph(4)
+    y = g.op("Squeeze", ["feat", g.const(np.array([0], np.int64))])
+    y = g.op("Add", [y, g.const(g.rng.standard_normal((1, 3, 1, 1)).astype(np.float32))])
+    y = g.op("Unsqueeze", [y, g.const(np.array([0], np.int64))])
+    fm = g.model({"feat": [1, 3, 4, 5]}, [y], featuremap={"feat"})
+    optimized = optimize.run(fm.model, get_profile("bayes-e"))
+    x = np.random.default_rng(1).standard_normal((1, 3, 4, 5)).astype(np.float32)
+    run = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"feat": x})[0]
+           for m in (fm.model, optimized)]
+    assert run[1].shape == run[0].shape == (1, 1, 3, 4, 5)
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-6)
