@@ -106,6 +106,56 @@ def reductions_over_the_first_axis(model: ModelProto) -> int:
     return count
 
 
+def matmuls_of_vectors(model: ModelProto) -> int:
+    """A MatMul with a 1-D operand (a [C] mean over the frames of a batchless model times a [C, N] weight,
+    a [K, N] matrix times a [K] vector) as the MatMul of its 2-D form between an Unsqueeze and a Squeeze,
+    as ONNX defines it: a 1-D first input becomes [1, K], a 1-D second input [K, 1], and that axis of one
+    leaves the product again. The BPU takes 2-D to 5-D tensors only, so the 1-D form put the MatMul, and
+    what fed only it, on the CPU. The Squeeze of a batch of one that a following element-wise chain and the
+    next vector's Unsqueeze bracket goes in batch_squeezes_around_elementwise. A constant vector is stored
+    in its 2-D form. Returns how many it rewrote."""
+    view = GraphView(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    nodes: list[NodeProto] = []
+    count = 0
+
+    def axes_op(op_type: str, src: str, dst: str, axes: list[int], name: str) -> NodeProto:
+        if opset >= 13:  # Squeeze / Unsqueeze take their axes as an input from opset 13
+            model.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{name}_axes"))
+            return helper.make_node(op_type, [src, f"{name}_axes"], [dst], name=name)
+        return helper.make_node(op_type, [src], [dst], name=name, axes=axes)
+
+    for node in model.graph.node:
+        shapes = [view.shapes.get(i) for i in node.input] if node.op_type == "MatMul" \
+            and node.domain in ("", "ai.onnx") else []
+        if len(shapes) != 2 or any(s is None for s in shapes) or not any(len(s) == 1 for s in shapes) \
+                or not all(1 <= len(s) <= 5 for s in shapes):
+            nodes.append(node)
+            continue
+        count += 1
+        inputs = list(node.input)
+        for k, (tensor, shape) in enumerate(zip(node.input, shapes, strict=True)):
+            if len(shape) != 1:
+                continue
+            matrix = f"{tensor}_{node.name}_{'row' if k == 0 else 'column'}"
+            if view.is_const(tensor):
+                c = view.const(tensor)
+                model.graph.initializer.append(numpy_helper.from_array(c[None] if k == 0 else c[:, None], matrix))
+            else:
+                nodes.append(axes_op("Unsqueeze", tensor, matrix, [k], f"{node.name}_{'row' if k == 0 else 'column'}"))
+            inputs[k] = matrix
+        # the product's rank: the longer operand's, the vector's axis of one kept
+        rank = max(max(len(s) for s in shapes), 2)
+        squeezed = ([rank - 2] if len(shapes[0]) == 1 else []) + ([rank - 1] if len(shapes[1]) == 1 else [])
+        product = f"{node.output[0]}_{node.name}_2d"
+        nodes.append(helper.make_node("MatMul", inputs, [product], name=node.name))
+        nodes.append(axes_op("Squeeze", product, node.output[0], squeezed, f"{node.name}_vector"))
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return count
+
+
 def _global_pool_as_reduction(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto]:
     """A GlobalAveragePool / GlobalMaxPool of a 3-D [N, C, L] or 5-D tensor (PyTorch's AdaptiveAvgPool1d(1)
     and AdaptiveMaxPool1d(1) after Conv1d layers, Conv3d heads), which the BPU's pools take 4-D only, as

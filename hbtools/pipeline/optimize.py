@@ -102,6 +102,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         log.info("pools over the one axis of a 3-D tensor written as pools over a 4-D tensor of one row")
     if profile is not None and bpu_forms.reductions_over_the_first_axis(body):
         log.info("reductions over the first axis of a tensor without a batch axis moved behind a batch of one")
+    if profile is not None:
+        vectors = bpu_forms.matmuls_of_vectors(body)
+        if vectors:
+            log.info("%d MatMuls of a 1-D tensor written as MatMuls of its 2-D form", vectors)
     bpu_forms.zero_pads_into_convs(body)
     rewritten = {"auto_pad attributes written as explicit pads": padded,
                  "Expands of a tensor written as Tiles": bpu_forms.expands_as_tiles(body),
