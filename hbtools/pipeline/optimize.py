@@ -384,8 +384,37 @@ def _per_channel_const(value: np.ndarray, channels: int) -> np.ndarray | None:
     return None
 
 
+_MOVEMENTS = ("Transpose", "Squeeze")
+
+
+def _before_movement(value: np.ndarray, moved: NodeProto, view: GraphView) -> np.ndarray | None:
+    """A constant that broadcasts against the output of Transpose / Squeeze ``moved``, as the constant that
+    broadcasts the same way against its input (None: it has more axes than that output)."""
+    out = view.shapes.get(moved.output[0])
+    shape = view.shapes.get(moved.input[0])
+    if out is None or shape is None or value.ndim > len(out):
+        return None
+    value = value.reshape((1,) * (len(out) - value.ndim) + value.shape)
+    if moved.op_type == "Transpose":
+        perm = view.attrs(moved).get("perm", list(range(len(out)))[::-1])
+        value = np.transpose(value, np.argsort(perm))
+    else:
+        a = view.attrs(moved)
+        axes = a["axes"] if "axes" in a else view.const(moved.input[1]) \
+            if len(moved.input) > 1 and moved.input[1] and view.is_const(moved.input[1]) else None
+        if axes is None:
+            return None
+        value = np.expand_dims(value, tuple(int(x) % len(shape) for x in axes))
+    # one value per channel (axis 1) or one in all: anything else is no affine map of the conv's channels
+    return value if all(d == 1 for k, d in enumerate(value.shape) if k != 1) else None
+
+
 def _fold_affine_into_conv(model: ModelProto) -> None:
-    """Conv/ConvTranspose -> Mul(c) / Add(c) / Sub(c) / Div(c), c per-channel or scalar: fold into W and B."""
+    """Conv/ConvTranspose -> Mul(c) / Add(c) / Sub(c) / Div(c), c per-channel or scalar: fold into W and B.
+
+    Also through a Transpose or Squeeze between them (a converter that moves the channels last, or drops
+    the batch axis, before a BatchNormalization written as Mul and Add) where the constant is still one
+    value per channel of the conv's output: the movement then reads the folded conv's output."""
     changed = True
     while changed:
         changed = False
@@ -397,10 +426,15 @@ def _fold_affine_into_conv(model: ModelProto) -> None:
             if len(act) != 1:
                 continue
             conv = view.producer.get(act[0])
+            moved = None  # a Transpose / Squeeze between the conv and the affine op
+            if conv is not None and conv.op_type in _MOVEMENTS and conv.domain in ("", "ai.onnx") \
+                    and len(view.consumers.get(act[0], [])) == 1 and act[0] not in view.graph_outputs:
+                moved, conv = conv, view.producer.get(conv.input[0])
+            source = moved.input[0] if moved is not None else act[0]
             if conv is None or conv.op_type not in ("Conv", "ConvTranspose") \
-                    or len(view.consumers.get(act[0], [])) != 1:
+                    or len(view.consumers.get(source, [])) != 1:
                 continue
-            if act[0] in view.graph_outputs or not view.is_const(conv.input[1]):
+            if source in view.graph_outputs or not view.is_const(conv.input[1]):
                 continue
             if len(conv.input) > 2 and not view.is_const(conv.input[2]):
                 continue
@@ -414,7 +448,10 @@ def _fold_affine_into_conv(model: ModelProto) -> None:
             channels = weight.shape[1] * group if transposed else weight.shape[0]
             if transposed and group != 1 and node.op_type in ("Mul", "Div"):
                 continue
-            c = _per_channel_const(view.const(const_name).astype(np.float64), channels)
+            value = view.const(const_name).astype(np.float64)
+            if moved is not None:
+                value = _before_movement(value, moved, view)
+            c = None if value is None else _per_channel_const(value, channels)
             if c is None:
                 continue
             bias = view.const(conv.input[2]).astype(np.float64) if len(conv.input) > 2 and conv.input[2] \
@@ -428,7 +465,11 @@ def _fold_affine_into_conv(model: ModelProto) -> None:
                 bias = bias + c
             else:
                 bias = bias - c
-            _set_conv_params(model, conv, weight, bias, node.output[0])
+            if moved is None:
+                _set_conv_params(model, conv, weight, bias, node.output[0])
+            else:  # the movement now makes what the affine op made
+                _set_conv_params(model, conv, weight, bias, conv.output[0])
+                moved.output[0] = node.output[0]
             model.graph.node.remove(node)
             changed = True
             break
