@@ -33,14 +33,20 @@ def _flat_of_pooled(node: NodeProto, view: GraphView) -> bool:
     return src[2:] == [1, 1] and list(out) == src[:2]
 
 
-def _gemm_as_conv(gemm: NodeProto, x: str, out: str, view: GraphView, model: ModelProto) -> NodeProto | None:
-    """The 1x1 Conv over ``x`` [N, C, 1, 1] that computes ``gemm`` (a Gemm or MatMul: constant weight and bias,
-    A not transposed)."""
+def _gemm_as_conv(gemm: NodeProto, x: str, out: str, view: GraphView, model: ModelProto,
+                  window: tuple[int, int] = (1, 1), channels_last: bool = False) -> NodeProto | None:
+    """The Conv over ``x`` [N, C, H, W] = [N, C, *window] that computes ``gemm`` (a Gemm or MatMul: constant
+    weight and bias, A not transposed) of ``x`` flattened, in (C, H, W) order or, ``channels_last``, (H, W, C)."""
     a = view.attrs(gemm)
     b = view.const(gemm.input[1]) if len(gemm.input) > 1 else None
     if a.get("transA", 0) or b is None or b.ndim != 2:
         return None
     weight = (b if a.get("transB", 0) else b.T) * np.float32(a.get("alpha", 1.0))  # [K, C]
+    h, w = window
+    if weight.shape[1] % (h * w):
+        return None
+    cin = weight.shape[1] // (h * w)
+    kernel = weight.reshape(-1, h, w, cin).transpose(0, 3, 1, 2) if channels_last else weight.reshape(-1, cin, h, w)
     inputs = [x, f"{gemm.name}_conv_weight"]
     if len(gemm.input) > 2 and gemm.input[2]:
         c = view.const(gemm.input[2])
@@ -49,9 +55,8 @@ def _gemm_as_conv(gemm: NodeProto, x: str, out: str, view: GraphView, model: Mod
         bias = np.broadcast_to(c.reshape(-1), weight.shape[:1]) * np.float32(a.get("beta", 1.0))
         model.graph.initializer.append(numpy_helper.from_array(bias.astype(b.dtype), f"{gemm.name}_conv_bias"))
         inputs.append(f"{gemm.name}_conv_bias")
-    model.graph.initializer.append(numpy_helper.from_array(
-        weight.reshape(*weight.shape, 1, 1).astype(b.dtype), inputs[1]))
-    return helper.make_node("Conv", inputs, [out], name=gemm.name, kernel_shape=[1, 1])
+    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(kernel).astype(b.dtype), inputs[1]))
+    return helper.make_node("Conv", inputs, [out], name=gemm.name, kernel_shape=[h, w])
 
 
 def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProto) -> NodeProto | None:
@@ -116,3 +121,60 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
         model.graph.node.extend(nodes)
         moved += len(changes) // 2
     return moved
+
+
+def _flattened_map(flatten: NodeProto, view: GraphView) -> tuple[str, list[int], bool] | None:
+    """(map, its [N, C, H, W], channels_last) when ``flatten`` takes a static 4-D map to [N, C*H*W], directly
+    or through a Transpose to NHWC (a Keras Flatten exported by tf2onnx); None otherwise."""
+    if flatten.op_type not in ("Flatten", "Reshape") or flatten.domain not in ("", "ai.onnx") or \
+            (flatten.op_type == "Flatten" and view.attrs(flatten).get("axis", 1) != 1):
+        return None
+    src, out = view.shapes.get(flatten.input[0]), view.shapes.get(flatten.output[0])
+    if src is None or out is None or len(src) != 4 or any(not isinstance(d, int) for d in src) or \
+            list(out) != [src[0], int(np.prod(src[1:]))]:
+        return None
+    t = view.producer.get(flatten.input[0])
+    if t is not None and t.op_type == "Transpose" and t.domain in ("", "ai.onnx") and \
+            list(view.attrs(t).get("perm", [])) == [0, 2, 3, 1]:
+        n, h, w, c = src
+        return t.input[0], [n, c, h, w], True
+    return flatten.input[0], list(src), False
+
+
+def wide_flattens_as_convs(model: ModelProto, profile: MarchProfile) -> int:
+    """A Gemm (or MatMul) that reads a flattened [N, C, H, W] map with more inputs C*H*W than the BPU's
+    channel limit (VGG's 7x7x512 = 25088 into its first dense layer) runs on the CPU, and with it the rest of
+    the head. The same sums are a Conv with an H x W kernel over the map: C input channels, one output pixel;
+    a Flatten after it gives the Gemm's [N, M] (moved further by ``flattens_after_heads`` where the BPU has
+    none). Only where the Gemm is over the limit and the Conv is not: other heads keep their Gemm. The count."""
+    gemm_rule, conv_rule = profile.rule("Gemm"), profile.rule("Conv")
+    if gemm_rule is None or conv_rule is None or gemm_rule.channels is None:
+        return 0
+    view = GraphView(model)
+    changes: dict[str, list[NodeProto]] = {}
+    for node in model.graph.node:
+        if node.op_type not in ("Gemm", "MatMul") or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        flatten = view.producer.get(node.input[0])
+        b = view.const(node.input[1])
+        if flatten is None or b is None or b.ndim != 2 or flatten.name in changes or \
+                node.input[0] in view.graph_outputs or len(view.consumers.get(node.input[0], [])) != 1:
+            continue
+        k = b.shape[0] if not view.attrs(node).get("transB", 0) else b.shape[1]
+        found = _flattened_map(flatten, view)
+        if found is None or k <= gemm_rule.channels:
+            continue
+        x, (_, c, h, w), channels_last = found
+        if c > (conv_rule.channels or c) or max(h, w) > (conv_rule.kernel or max(h, w)) or h * w == 1:
+            continue
+        conv = _gemm_as_conv(node, x, f"{node.output[0]}_map", view, model, (h, w), channels_last)
+        if conv is None:
+            continue
+        changes[flatten.name] = []
+        changes[node.name] = [conv, helper.make_node("Flatten", [conv.output[0]], [node.output[0]],
+                                                     name=f"{node.name}_flatten", axis=1)]
+    if changes:
+        nodes = [n for node in model.graph.node for n in changes.get(node.name, [node])]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return len(changes) // 2

@@ -29,7 +29,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 from hbtools.errors import HbError, last_line
 from hbtools.graph import bpu_forms
 from hbtools.graph.contrib import expand_contrib_ops
-from hbtools.graph.flat_heads import flattens_after_heads
+from hbtools.graph.flat_heads import flattens_after_heads, wide_flattens_as_convs
 from hbtools.graph.graph import (
     GraphView,
     infer_shapes,
@@ -139,6 +139,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
         _fold_affine_into_conv(body)  # the Add of a Mul+Add pair goes into the new conv's bias
+    widened = wide_flattens_as_convs(body, profile) if profile is not None else 0
+    if widened:
+        log.info("%d Gemms over flattened maps wider than the BPU's channel limit written as Convs over the maps",
+                 widened)
     # after BatchNorm1d became a depthwise conv between an Unsqueeze and a Squeeze: that Unsqueeze undoes a flatten
     if profile is not None and flattens_after_heads(body, profile):
         log.info("flattens of pooled maps moved after the Gemms reading them (1x1 Convs): %s has no BPU flatten",

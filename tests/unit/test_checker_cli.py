@@ -385,6 +385,54 @@ def test_classifier_head_stays_on_bernoulli2s_bpu(flatten: str, tmp_path: Path) 
     assert cosine_similarity(want, got) >= 0.99
 
 
+def _wide_flatten_head(keras: bool, channels: int) -> FloatModel:
+    """conv -> MaxPool -> flatten of the 6x6 map (a Keras export: Transpose to NHWC, then Reshape by a computed
+    shape; else Flatten) -> MatMul (no bias) + Add -> ReLU -> Gemm: VGG's classifier, whose first dense layer
+    reads more values (``channels`` x 36) than the BPU's channel limit."""
+    g = _Graph(13)
+    x = g.op("MaxPool", [g.op("Relu", [g.conv("data", 3, channels, stride=2)])], kernel_shape=[2, 2], strides=[2, 2])
+    k = channels * 36
+    if keras:
+        t = g.op("Transpose", [x], perm=[0, 2, 3, 1])
+        batch = g.op("Slice", [g.op("Shape", [t]), g.const(np.array([0])), g.const(np.array([1]))])
+        flat = g.op("Reshape", [t, g.op("Concat", [batch, g.const(np.array([k]))], axis=0)])
+    else:
+        flat = g.op("Flatten", [x], axis=1)
+    w = (g.rng.standard_normal((k, 16)) / np.sqrt(k)).astype(np.float32)
+    h = g.op("Relu", [g.op("Add", [g.op("MatMul", [flat, g.const(w, "fc_w")]), g.const(np.full(16, 0.1, np.float32))])])
+    return g.model({"data": [1, 3, 24, 24]}, [g.gemm(h, 16, 4)])
+
+
+@pytest.mark.parametrize(("keras", "march", "channels"),
+                         [(True, "bayes-e", 256), (False, "bayes-e", 256), (True, "bernoulli2", 64)])
+def test_wide_flatten_head_runs_on_the_bpu(keras: bool, march: str, channels: int, tmp_path: Path) -> None:
+    """A dense layer over a flattened map wider than the BPU's channel limit (VGG16: 7x7x512 = 25088 into 64)
+    is a Conv with a kernel as large as the map: the head runs on the BPU in the backbone's subgraph instead
+    of on the CPU with everything after it (two BPU subgraphs); the outputs agree with float."""
+    from builders import EXACT_MEAN, EXACT_SCALE, random_sample
+    from conformance import _source_feed
+
+    from hbtools.metrics import cosine_similarity
+    from hbtools.runtime import HB_ONNXRuntime
+
+    fm = _wide_flatten_head(keras, channels)
+    project = make_project(tmp_path / "p", fm, march=march, cal_count=4)
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    table = {r[0]: r[1:3] for r in rows(result.output)}
+    assert "exceeds" not in result.output, result.output
+    cpu = [n for n, (on, _) in table.items() if on == "CPU"]
+    # bernoulli2 has no BPU flatten: the one that gives the Gemm its [N, M] is the last node, on the CPU
+    assert cpu == ([] if march == "bayes-e" else [list(table)[-1]]), table
+    assert {sub for on, sub in table.values() if on == "BPU"} == {"id(0)"}, table
+    x = {"data": random_sample(fm, "data", np.random.default_rng(5))}
+    want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))[0]
+    feed = {"data": x["data"].transpose(0, 2, 3, 1) if march == "bernoulli2" else x["data"]}
+    got = HB_ONNXRuntime(model_file=str(project.artefact("quantized"))).run(None, feed)[0]
+    assert got.shape == want.shape == (1, 4)
+    assert cosine_similarity(want, got) >= 0.99
+
+
 def test_a_model_wholly_on_the_cpu_is_warned_about(tmp_path: Path) -> None:
     """A featuremap model of 3-D ops converts for bernoulli2 (a 4-D-only BPU) with every node on the CPU:
     the conversion says so in a WARNING, not only in INFO lines."""
