@@ -66,14 +66,34 @@ def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProt
     if reader.op_type in ("Gemm", "MatMul"):  # MatMul: a Gemm of defaults, no bias
         return _gemm_as_conv(reader, x, out, view, model)
     others = [i for i in reader.input[1:] if i]
-    if reader.op_type not in _SHAPELESS or any(not view.is_const(i) or view.const(i).size != 1 for i in others):
+    per_channel = _per_channel_map_constant(reader, x, view, model)
+    if per_channel is None and (reader.op_type not in _SHAPELESS or
+                                any(not view.is_const(i) or view.const(i).size != 1 for i in others)):
         return None
     moved = NodeProto()
     moved.CopyFrom(reader)
     moved.input[0] = x
+    if per_channel is not None:
+        moved.input[1] = per_channel
     del moved.output[:]
     moved.output.append(out)
     return moved
+
+
+def _per_channel_map_constant(reader: NodeProto, x: str, view: GraphView, model: ModelProto) -> str | None:
+    """A [C, 1, 1] copy of the constant of ``reader`` (a Mul, Add or Sub by a constant, or a PRelu; a BatchNorm1d
+    after an activation, say) when it holds one value per channel of ``x`` [N, C, 1, 1] as [C] or [1, C]: on the
+    map it scales, shifts or slopes each channel as it did each column of the flattened tensor. None otherwise."""
+    if reader.op_type not in ("Mul", "Add", "Sub", "PRelu") or len(reader.input) != 2:
+        return None
+    c = view.const(reader.input[1])
+    shape = view.shapes.get(x)
+    if c is None or shape is None or len(shape) != 4 or shape[2:] != [1, 1] or c.ndim not in (1, 2) or \
+            list(c.shape) not in ([shape[1]], [1, shape[1]]) or shape[1] == 1:
+        return None
+    name = f"{reader.name}_map_constant"
+    model.graph.initializer.append(numpy_helper.from_array(c.reshape(-1, 1, 1), name))
+    return name
 
 
 def _restores(reader: NodeProto, flatten: NodeProto, view: GraphView) -> bool:
@@ -146,7 +166,9 @@ def wide_flattens_as_convs(model: ModelProto, profile: MarchProfile) -> int:
     channel limit (VGG's 7x7x512 = 25088 into its first dense layer) runs on the CPU, and with it the rest of
     the head. The same sums are a Conv with an H x W kernel over the map: C input channels, one output pixel;
     a Flatten after it gives the Gemm's [N, M] (moved further by ``flattens_after_heads`` where the BPU has
-    none). Only where the Gemm is over the limit and the Conv is not: other heads keep their Gemm. The count."""
+    none). The same where the BPU has no flatten at all (bernoulli2: MTCNN's 3x3x128 map into its dense layer).
+    Only where the Gemm is over the limit or the flatten off the BPU, and the Conv fits: other heads keep their
+    Gemm. The count."""
     gemm_rule, conv_rule = profile.rule("Gemm"), profile.rule("Conv")
     if gemm_rule is None or conv_rule is None or gemm_rule.channels is None:
         return 0
@@ -162,7 +184,8 @@ def wide_flattens_as_convs(model: ModelProto, profile: MarchProfile) -> int:
             continue
         k = b.shape[0] if not view.attrs(node).get("transB", 0) else b.shape[1]
         found = _flattened_map(flatten, view)
-        if found is None or k <= gemm_rule.channels:
+        # also where the BPU cannot flatten (bernoulli2): the flatten would take the head to the CPU
+        if found is None or (k <= gemm_rule.channels and profile.rule(flatten.op_type) is not None):
             continue
         x, (_, c, h, w), channels_last = found
         if c > (conv_rule.channels or c) or max(h, w) > (conv_rule.kernel or max(h, w)) or h * w == 1:
