@@ -111,26 +111,31 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
         view = GraphView(model)
         changes: dict[str, list[NodeProto]] = {}  # node name -> what replaces it ([] removes it)
         renamed: dict[str, str] = {}  # tensor -> the tensor read in its place
+        handled = 0  # flattens moved or removed this round
         for node in model.graph.node:
             if node.op_type not in FLATTENS or node.domain not in ("", "ai.onnx") or \
                     profile.rule(node.op_type) is not None or not _flat_of_pooled(node, view):
                 continue
             readers = view.consumers.get(node.output[0], [])
-            if len(readers) != 1 or node.output[0] in view.graph_outputs or readers[0].name in changes:
+            if not readers or node.output[0] in view.graph_outputs or any(r.name in changes for r in readers):
                 continue
-            reader = readers[0]
-            out = reader.output[0]
-            if _restores(reader, node, view):  # the flatten undone (BatchNorm1d as a depthwise conv): both go
-                renamed[out] = node.input[0]
-                changes[node.name] = changes[reader.name] = []
+            if len(readers) == 1 and _restores(readers[0], node, view):  # the flatten undone (BatchNorm1d as a
+                renamed[readers[0].output[0]] = node.input[0]            # depthwise conv): both go
+                changes[node.name] = changes[readers[0].name] = []
+                handled += 1
                 continue
-            # the flattened tensor must be the reader's first input (a Gemm's A, an activation's X)
-            new = _past(reader, node.input[0], f"{out}_map", view, model) if reader.input[0] == node.output[0] \
-                and node.output[0] not in reader.input[1:] else None
-            if new is None:
+            # the flattened tensor must be each reader's first input (a Gemm's A, an activation's X); several
+            # readers (MTCNN's box, landmark and score heads) each get a flatten of their own
+            new = [_past(r, node.input[0], f"{r.output[0]}_map", view, model) if r.input[0] == node.output[0]
+                   and node.output[0] not in r.input[1:] else None for r in readers]
+            if any(n is None for n in new):
                 continue
             changes[node.name] = []
-            changes[reader.name] = [new, helper.make_node("Flatten", [f"{out}_map"], [out], name=node.name, axis=1)]
+            handled += 1
+            for r, moved_reader in zip(readers, new, strict=True):
+                name = node.name if len(readers) == 1 else f"{node.name}_{r.name}"
+                changes[r.name] = [moved_reader, helper.make_node("Flatten", [f"{r.output[0]}_map"], [r.output[0]],
+                                                                  name=name, axis=1)]
         if not changes:
             break
         nodes = [n for node in model.graph.node for n in changes.get(node.name, [node])]
@@ -139,7 +144,7 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
                 n.input[k] = renamed.get(name, name)
         del model.graph.node[:]
         model.graph.node.extend(nodes)
-        moved += len(changes) // 2
+        moved += handled
     return moved
 
 

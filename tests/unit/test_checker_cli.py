@@ -436,10 +436,10 @@ def test_wide_flatten_head_runs_on_the_bpu(keras: bool, march: str, channels: in
 @pytest.mark.parametrize("keras", [True, False])
 def test_flattened_map_head_stays_on_bernoulli2s_bpu(keras: bool, tmp_path: Path) -> None:
     """MTCNN's O-Net and a Keras VGG head on bernoulli2 (no BPU flatten, 4-D tensors only): a 3x3 map flattened
-    into a dense layer, then a per-channel PReLU and a BatchNorm1d after the activation (Mul and Add by [16]).
-    The dense layer is a 3x3 Conv over the map and the flatten goes after the per-channel ops, so one BPU
-    subgraph runs it all and only the final flatten is on the CPU, not the flatten, PReLU, Mul and Add in
-    between three BPU subgraphs; the outputs agree with float."""
+    into a dense layer, then a per-channel PReLU and a BatchNorm1d after the activation (Mul and Add by [16]),
+    read by two heads. The dense layer is a 3x3 Conv over the map and the flatten goes after the per-channel
+    ops and into each head, so one BPU subgraph runs it all and only a flatten per output is on the CPU, not
+    the flatten, PReLU, Mul and Add between BPU subgraphs; the outputs agree with float."""
     from builders import EXACT_MEAN, EXACT_SCALE, random_sample
     from conformance import _source_feed
 
@@ -457,20 +457,21 @@ def test_flattened_map_head_stays_on_bernoulli2s_bpu(keras: bool, tmp_path: Path
     h = g.op("PRelu", [h, g.const(np.linspace(0.05, 0.3, 16, dtype=np.float32))])
     h = g.op("Mul", [h, g.const(np.linspace(0.5, 2.0, 16, dtype=np.float32).reshape(1, 16))])
     h = g.op("Add", [h, g.const(np.linspace(-0.3, 0.3, 16, dtype=np.float32))])
-    fm = g.model({"data": [1, 3, 12, 12]}, [g.gemm(h, 16, 4)])
+    fm = g.model({"data": [1, 3, 12, 12]}, [g.gemm(h, 16, 4), g.gemm(h, 16, 10)])  # two heads (box, landmarks)
     project = make_project(tmp_path / "p", fm, march="bernoulli2", cal_count=4)
     result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
     assert result.exit_code == 0, result.output
-    table = {r[0]: r[1:3] for r in rows(result.output)}
-    cpu = [n for n, (on, _) in table.items() if on == "CPU"]
-    assert cpu == [list(table)[-1]] and table[cpu[0]][1] == "--", table  # the flatten, at the end
-    assert {sub for on, sub in table.values() if on == "BPU"} == {"id(0)"}, table
+    table = {r[0]: r[1:4] for r in rows(result.output)}
+    cpu = [kind for on, _, kind in table.values() if on == "CPU"]
+    assert cpu == ["Flatten", "Flatten"], table  # a flatten per head, writing the outputs
+    assert {sub for on, sub, _ in table.values() if on == "BPU"} == {"id(0)"}, table
     x = {"data": random_sample(fm, "data", np.random.default_rng(5))}
-    want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))[0]
-    got = HB_ONNXRuntime(model_file=str(project.artefact("quantized"))).run(
-        None, {"data": x["data"].transpose(0, 2, 3, 1)})[0]
-    assert got.shape == want.shape == (1, 4)
-    assert cosine_similarity(want, got) >= 0.99
+    wants = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))
+    gots = HB_ONNXRuntime(model_file=str(project.artefact("quantized"))).run(
+        None, {"data": x["data"].transpose(0, 2, 3, 1)})
+    for want, got, n in zip(wants, gots, (4, 10), strict=True):
+        assert got.shape == want.shape == (1, n)
+        assert cosine_similarity(want, got) >= 0.99
 
 
 def test_a_model_wholly_on_the_cpu_is_warned_about(tmp_path: Path) -> None:
