@@ -15,6 +15,7 @@ import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView, rewrite_nodes
+from hbtools.graph.model_io import default_opset
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import int_kernels
 from hbtools.runtime.session import ort_session
@@ -57,6 +58,20 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
 _REDUCTION_OF = {pool: reduction for reduction, pool in _GLOBAL_POOL_OF.items()}
 
 
+def _axes_node(model: ModelProto, opset: int, op_type: str, src: str, dst: str, axes: list[int],
+               name: str) -> NodeProto:
+    """An Unsqueeze / Squeeze of ``axes``: an attribute before opset 13, an input (a constant added to ``model``)
+    from it."""
+    if opset < 13:
+        return helper.make_node(op_type, [src], [dst], name=name, axes=axes)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{name}_axes"))
+    return helper.make_node(op_type, [src, f"{name}_axes"], [dst], name=name)
+
+
+def _opset(model: ModelProto) -> int:
+    return default_opset(model) or 13
+
+
 def reductions_over_the_first_axis(model: ModelProto) -> int:
     """A ReduceMean / ReduceSum whose axes include the first axis of a tensor that has more than one element
     along it (a model without a batch axis: madmom's TCN averages its [T, C] skip sums over the T frames for
@@ -64,46 +79,30 @@ def reductions_over_the_first_axis(model: ModelProto) -> int:
     batch after it: the same values, but the BPU's pools never reduce over the batch axis, so the reduction
     and everything before it that fed only it ran on the CPU. Returns how many it rewrote."""
     view = GraphView(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    nodes: list[NodeProto] = []
-    count = 0
-    for node in model.graph.node:
-        shape = view.shapes.get(node.input[0]) if node.op_type in ("ReduceMean", "ReduceSum") \
-            and node.domain in ("", "ai.onnx") else None
-        axes = view.reduced_axes(node) if shape is not None else None
-        if axes is None or 0 not in axes or not 1 <= len(shape) <= 4 or not isinstance(shape[0], int) \
-                or shape[0] <= 1:
-            nodes.append(node)
-            continue
-        count += 1
-        batched, reduced = f"{node.input[0]}_{node.name}_batched", f"{node.output[0]}_{node.name}_batched"
-        moved = [a + 1 for a in axes]
-        keepdims = int(view.attrs(node).get("keepdims", 1))
-        if opset >= 13:
-            one = f"{node.name}_batch_axis"
-            model.graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), one))
-            nodes.append(helper.make_node("Unsqueeze", [node.input[0], one], [batched], name=f"{node.name}_batch"))
-        else:
-            nodes.append(helper.make_node("Unsqueeze", [node.input[0]], [batched], name=f"{node.name}_batch",
-                                          axes=[0]))
-        # ReduceSum takes its axes as an input from opset 13, ReduceMean from opset 18
-        if opset >= (13 if node.op_type == "ReduceSum" else 18):
-            axes_name = f"{node.name}_batched_axes"
-            model.graph.initializer.append(numpy_helper.from_array(np.array(moved, np.int64), axes_name))
-            nodes.append(helper.make_node(node.op_type, [batched, axes_name], [reduced], name=node.name,
-                                          keepdims=keepdims))
-        else:
-            nodes.append(helper.make_node(node.op_type, [batched], [reduced], name=node.name, axes=moved,
-                                          keepdims=keepdims))
-        if opset >= 13:
-            nodes.append(helper.make_node("Squeeze", [reduced, one], list(node.output), name=f"{node.name}_unbatch"))
-        else:
-            nodes.append(helper.make_node("Squeeze", [reduced], list(node.output), name=f"{node.name}_unbatch",
-                                          axes=[0]))
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return count
+    return rewrite_nodes(model, lambda node: _first_axis_reduction(node, view, _opset(model), model))
+
+
+def _first_axis_reduction(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
+    shape = view.shapes.get(node.input[0]) if node.op_type in ("ReduceMean", "ReduceSum") \
+        and node.domain in ("", "ai.onnx") else None
+    axes = view.reduced_axes(node) if shape is not None else None
+    if axes is None or 0 not in axes or not 1 <= len(shape) <= 4 or not isinstance(shape[0], int) or shape[0] <= 1:
+        return None
+    batched, reduced = f"{node.input[0]}_{node.name}_batched", f"{node.output[0]}_{node.name}_batched"
+    moved = [a + 1 for a in axes]
+    keepdims = int(view.attrs(node).get("keepdims", 1))
+    nodes = [_axes_node(model, opset, "Unsqueeze", node.input[0], batched, [0], f"{node.name}_batch")]
+    # ReduceSum takes its axes as an input from opset 13, ReduceMean from opset 18
+    if opset >= (13 if node.op_type == "ReduceSum" else 18):
+        axes_name = f"{node.name}_batched_axes"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(moved, np.int64), axes_name))
+        nodes.append(helper.make_node(node.op_type, [batched, axes_name], [reduced], name=node.name,
+                                      keepdims=keepdims))
+    else:
+        nodes.append(helper.make_node(node.op_type, [batched], [reduced], name=node.name, axes=moved,
+                                      keepdims=keepdims))
+    nodes.append(_axes_node(model, opset, "Squeeze", reduced, node.output[0], [0], f"{node.name}_unbatch"))
+    return nodes
 
 
 def matmuls_of_vectors(model: ModelProto) -> int:
@@ -115,45 +114,35 @@ def matmuls_of_vectors(model: ModelProto) -> int:
     next vector's Unsqueeze bracket goes in batch_squeezes_around_elementwise. A constant vector is stored
     in its 2-D form. Returns how many it rewrote."""
     view = GraphView(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    nodes: list[NodeProto] = []
-    count = 0
+    return rewrite_nodes(model, lambda node: _matmul_of_vectors(node, view, _opset(model), model))
 
-    def axes_op(op_type: str, src: str, dst: str, axes: list[int], name: str) -> NodeProto:
-        if opset >= 13:  # Squeeze / Unsqueeze take their axes as an input from opset 13
-            model.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{name}_axes"))
-            return helper.make_node(op_type, [src, f"{name}_axes"], [dst], name=name)
-        return helper.make_node(op_type, [src], [dst], name=name, axes=axes)
 
-    for node in model.graph.node:
-        shapes = [view.shapes.get(i) for i in node.input] if node.op_type == "MatMul" \
-            and node.domain in ("", "ai.onnx") else []
-        if len(shapes) != 2 or any(s is None for s in shapes) or not any(len(s) == 1 for s in shapes) \
-                or not all(1 <= len(s) <= 5 for s in shapes):
-            nodes.append(node)
+def _matmul_of_vectors(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
+    shapes = [view.shapes.get(i) for i in node.input] if node.op_type == "MatMul" \
+        and node.domain in ("", "ai.onnx") else []
+    if len(shapes) != 2 or any(s is None for s in shapes) or not any(len(s) == 1 for s in shapes) \
+            or not all(1 <= len(s) <= 5 for s in shapes):
+        return None
+    nodes = []
+    inputs = list(node.input)
+    for k, (tensor, shape) in enumerate(zip(node.input, shapes, strict=True)):
+        if len(shape) != 1:
             continue
-        count += 1
-        inputs = list(node.input)
-        for k, (tensor, shape) in enumerate(zip(node.input, shapes, strict=True)):
-            if len(shape) != 1:
-                continue
-            matrix = f"{tensor}_{node.name}_{'row' if k == 0 else 'column'}"
-            if view.is_const(tensor):
-                c = view.const(tensor)
-                model.graph.initializer.append(numpy_helper.from_array(c[None] if k == 0 else c[:, None], matrix))
-            else:
-                nodes.append(axes_op("Unsqueeze", tensor, matrix, [k], f"{node.name}_{'row' if k == 0 else 'column'}"))
-            inputs[k] = matrix
-        # the product's rank: the longer operand's, the vector's axis of one kept
-        rank = max(max(len(s) for s in shapes), 2)
-        squeezed = ([rank - 2] if len(shapes[0]) == 1 else []) + ([rank - 1] if len(shapes[1]) == 1 else [])
-        product = f"{node.output[0]}_{node.name}_2d"
-        nodes.append(helper.make_node("MatMul", inputs, [product], name=node.name))
-        nodes.append(axes_op("Squeeze", product, node.output[0], squeezed, f"{node.name}_vector"))
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return count
+        side = "row" if k == 0 else "column"
+        matrix = f"{tensor}_{node.name}_{side}"
+        if view.is_const(tensor):
+            c = view.const(tensor)
+            model.graph.initializer.append(numpy_helper.from_array(c[None] if k == 0 else c[:, None], matrix))
+        else:
+            nodes.append(_axes_node(model, opset, "Unsqueeze", tensor, matrix, [k], f"{node.name}_{side}"))
+        inputs[k] = matrix
+    # the product's rank: the longer operand's, the vector's axis of one kept
+    rank = max(max(len(s) for s in shapes), 2)
+    squeezed = ([rank - 2] if len(shapes[0]) == 1 else []) + ([rank - 1] if len(shapes[1]) == 1 else [])
+    product = f"{node.output[0]}_{node.name}_2d"
+    nodes.append(helper.make_node("MatMul", inputs, [product], name=node.name))
+    nodes.append(_axes_node(model, opset, "Squeeze", product, node.output[0], squeezed, f"{node.name}_vector"))
+    return nodes
 
 
 def _global_pool_as_reduction(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto]:
@@ -179,43 +168,27 @@ def pools_over_one_axis_as_2d(model: ModelProto) -> int:
     BPU's pools take 4-D tensors only, so the pool, and the activation before it that fed only it, ran on the
     CPU. Returns how many it rewrote."""
     view = GraphView(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    nodes: list[NodeProto] = []
-    count = 0
-    for node in model.graph.node:
-        shape = view.shapes.get(node.input[0]) if node.op_type in ("MaxPool", "AveragePool") \
-            and node.domain in ("", "ai.onnx") else None
-        if shape is None or len(shape) != 3 or len([o for o in node.output if o]) != 1:
-            nodes.append(node)
-            continue
-        count += 1
-        a = view.attrs(node)
-        attrs = {"kernel_shape": [1, *a["kernel_shape"]]}
-        for key, one in (("strides", 1), ("dilations", 1)):
-            if key in a:
-                attrs[key] = [one, *a[key]]
-        if "pads" in a:
-            attrs["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
-        others = [x for x in node.attribute if x.name not in attrs]
-        wide, pooled = f"{node.input[0]}_{node.name}_2d", f"{node.output[0]}_{node.name}_2d"
-        if opset >= 13:
-            axis = f"{node.name}_row_axis"
-            model.graph.initializer.append(numpy_helper.from_array(np.array([2], np.int64), axis))
-            nodes.append(helper.make_node("Unsqueeze", [node.input[0], axis], [wide], name=f"{node.name}_to_2d"))
-        else:
-            nodes.append(helper.make_node("Unsqueeze", [node.input[0]], [wide], name=f"{node.name}_to_2d", axes=[2]))
-        pool = helper.make_node(node.op_type, [wide], [pooled], name=node.name, **attrs)
-        pool.attribute.extend(others)
-        nodes.append(pool)
-        if opset >= 13:
-            nodes.append(helper.make_node("Squeeze", [pooled, axis], [node.output[0]], name=f"{node.name}_from_2d"))
-        else:
-            nodes.append(helper.make_node("Squeeze", [pooled], [node.output[0]], name=f"{node.name}_from_2d",
-                                          axes=[2]))
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return count
+    return rewrite_nodes(model, lambda node: _pool_as_2d(node, view, _opset(model), model))
+
+
+def _pool_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
+    shape = view.shapes.get(node.input[0]) if node.op_type in ("MaxPool", "AveragePool") \
+        and node.domain in ("", "ai.onnx") else None
+    if shape is None or len(shape) != 3 or len([o for o in node.output if o]) != 1:
+        return None
+    a = view.attrs(node)
+    attrs = {"kernel_shape": [1, *a["kernel_shape"]]}
+    for key, one in (("strides", 1), ("dilations", 1)):
+        if key in a:
+            attrs[key] = [one, *a[key]]
+    if "pads" in a:
+        attrs["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
+    others = [x for x in node.attribute if x.name not in attrs]
+    wide, pooled = f"{node.input[0]}_{node.name}_2d", f"{node.output[0]}_{node.name}_2d"
+    pool = helper.make_node(node.op_type, [wide], [pooled], name=node.name, **attrs)
+    pool.attribute.extend(others)
+    return [_axes_node(model, opset, "Unsqueeze", node.input[0], wide, [2], f"{node.name}_to_2d"), pool,
+            _axes_node(model, opset, "Squeeze", pooled, node.output[0], [2], f"{node.name}_from_2d")]
 
 
 _AUTO_PAD_OPS = ("Conv", "AveragePool", "MaxPool", "LpPool")
