@@ -8,10 +8,23 @@ independent numpy implementation used by tests and the ``.bin`` simulator.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
 from onnx import NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
+
+# Constants at least this large are stored once however many nodes read them: an unrolled recurrence
+# reads one weight at every step (a 20-step LSTM's copies were 57 of its 69 MB).
+SHARED_BYTES = 1024
+
+
+def content_key(value: np.ndarray) -> tuple | None:
+    """What makes two constants the same (type, shape and bytes), for those of ``SHARED_BYTES`` or more."""
+    if value.nbytes < SHARED_BYTES:
+        return None
+    return value.dtype.str, value.shape, hashlib.sha256(np.ascontiguousarray(value).data).digest()
+
 
 DOMAIN = "horizon"
 DOMAIN_VERSION = 1
@@ -72,6 +85,7 @@ class LoweringContext:
         # Integer tensors an op cast from a float of whole numbers: tensor -> (that float, its type)
         self.float_copies: dict[str, tuple[str, int]] = {}
         self._arrays: dict[str, np.ndarray] = {}
+        self._stored: dict[tuple, str] = {}  # content_key -> the constant holding it
         self.fused: dict[str, object] = {}  # calibrated-model patterns lowered as one kernel (hbtools.ops.fused)
 
     def unique(self, hint: str) -> str:
@@ -83,9 +97,16 @@ class LoweringContext:
         return name
 
     def constant(self, hint: str, value: np.ndarray) -> str:
+        """A new constant named after ``hint``, or the name of an equal large one made before."""
+        value = np.asarray(value)
+        key = content_key(value)
+        if key is not None and key in self._stored:
+            return self._stored[key]
         name = self.unique(hint)
-        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
-        self._arrays[name] = np.asarray(value)
+        self.initializers.append(numpy_helper.from_array(value, name))
+        self._arrays[name] = value
+        if key is not None:
+            self._stored[key] = name
         return name
 
     def known(self, name: str) -> np.ndarray | None:

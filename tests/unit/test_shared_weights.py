@@ -11,6 +11,7 @@ from onnx import TensorProto, numpy_helper
 from test_pipeline_small import convert, heldout, outputs
 
 from hbtools.metrics import cosine_similarity
+from hbtools.runtime.lowering import lower_model
 from hbtools.tools.verifier import verify
 
 STEPS = 6
@@ -43,6 +44,12 @@ def test_a_weight_read_at_every_step_is_stored_once(tmp_path: Path) -> None:
     float_size = conv.paths["original"].stat().st_size
     for kind in ("quantized", "bin"):
         assert conv.paths[kind].stat().st_size < float_size, f"{kind} not smaller than the float model"
+    # What HB_ONNXRuntime runs (integer kernels' re-laid weights included) holds one copy of each too.
+    for kind in ("calibrated", "quantized"):
+        lowered = lower_model(onnx.load(str(conv.paths[kind])))
+        large = [numpy_helper.to_array(t) for t in lowered.graph.initializer if len(t.raw_data) >= 1024]
+        contents = {(a.dtype.str, a.shape, a.tobytes()) for a in large}
+        assert len(contents) == len(large), f"{kind}: {len(large) - len(contents)} repeated constants when lowered"
     x = heldout(conv.fm)
     got, want = outputs(conv, "quantized", x)[0], outputs(conv, "calibrated", x)[0]
     assert cosine_similarity(got, want) > 0.9999

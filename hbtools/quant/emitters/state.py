@@ -8,7 +8,6 @@ HzQuantize / HzDequantize pairs at BPU/CPU boundaries on demand.
 from __future__ import annotations
 
 import copy
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +17,7 @@ from hbtools.config.model import Config
 from hbtools.graph.graph import GraphView
 from hbtools.march.layout import permutation, quantized_layout, to_layout
 from hbtools.march.profiles import MarchProfile
+from hbtools.ops.base import content_key
 from hbtools.ops.names import quantized_tensor
 from hbtools.ops.quantized import HzDequantize, HzQuantize
 from hbtools.quant import grids
@@ -25,9 +25,6 @@ from hbtools.quant.calibrated import ActGrid, CalibratedGraph
 from hbtools.quant.units import Partition
 
 ELEM_TYPES = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
-# Integer constants at least this large are stored once however many nodes read them: an unrolled
-# recurrence reads one weight at every step (a 20-step LSTM's copies were 57 of its 69 MB).
-SHARED_BYTES = 1024
 
 
 @dataclass
@@ -85,10 +82,9 @@ class EmitState:
     # ---- tensors -------------------------------------------------------------------------
     def init(self, name: str, value: np.ndarray) -> str:
         """A constant of the quantized graph: ``name``, or the name of an equal one stored before."""
-        value = np.ascontiguousarray(value)
-        key = None
-        if value.nbytes >= SHARED_BYTES:
-            key = (value.dtype.str, value.shape, hashlib.sha256(value.data).digest())
+        value = np.asarray(value)
+        key = content_key(value)
+        if key is not None:
             if key in self._stored:
                 return self._stored[key]
             self._stored[key] = name
