@@ -26,11 +26,13 @@ def _with_outputs(model: ModelProto, names: list[str], elem: int | None) -> Mode
 
 
 def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[str, np.ndarray],
-                    train_layouts: dict[str, str] | None = None) -> dict[str, float]:
+                    train_layouts: dict[str, str] | None = None,
+                    below_step: set[str] | None = None) -> dict[str, float]:
     """Cosine of each unit's output between the float and the quantized model (one sample).
 
     ``feed`` is in the training layout of each input (``train_layouts``, NCHW where not given); a
-    quantized input of another shape takes the other of NCHW / NHWC.
+    quantized input of another shape takes the other of NCHW / NHWC. The integer outputs whose
+    values are all zero (the zero point) while the float values are not are added to ``below_step``.
     """
     q_model = result.model
     float_names = {o.name for o in q_model.graph.output} | {n for node in q_model.graph.node for n in node.output}
@@ -69,7 +71,11 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
             continue
         if qt is None:
             sims[t] = cosine_similarity(f, q)
-        elif qt.scale.size == 1:  # per-tensor grid: dequantize piece by piece
+            continue
+        if below_step is not None and not np.any(q != qt.zero_point) and np.any(f):
+            # every float value is under half a step on this sample: the cosine 0 says so, not a fault
+            below_step.add(t)
+        if qt.scale.size == 1:  # per-tensor grid: dequantize piece by piece
             f, q = f.reshape(-1), q.reshape(-1)
             sims[t] = cosine_of_chunks((f[s:s + CHUNK], qt.to_float(q[s:s + CHUNK])) for s in range(0, q.size, CHUNK))
         else:
@@ -77,7 +83,11 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
     return sims
 
 
-def log_node_table(result: QuantizedResult, sims: dict[str, float] | None = None) -> None:
+def log_node_table(result: QuantizedResult, sims: dict[str, float] | None = None,
+                   below_step: set[str] | None = None) -> None:
+    """The node table; a ``*`` marks the cosines of ``below_step`` outputs, explained under the table."""
+    below_step = below_step or set()
+    marked = False
     rows = result.partition.rows()
     width = max([len("Node"), *(len(r[0]) for r in rows)]) + 2
     header = f"{'Node':<{width}}{'ON':<5}{'Subgraph':<10}{'Type':<30}"
@@ -92,9 +102,14 @@ def log_node_table(result: QuantizedResult, sims: dict[str, float] | None = None
             last = unit.nodes[-1].name == name
             tensor = unit.outputs[0] if unit.outputs else None
             cos = f"{sims[tensor]:.6f}" if last and tensor in sims else "--"
+            if cos != "--" and tensor in below_step:
+                cos += "*"
+                marked = True
             th = result.thresholds.get(tensor) if last else None
             line += f"{cos:<19}{th:.6f}" if th is not None else f"{cos:<19}--"
         lines.append(line)
+    if marked:  # a 0 with no word of why reads as a broken conversion
+        lines.append("* all float values below half a quantization step on this sample: every quantized value is 0")
     log.info("The converted model node information:\n%s", "\n".join(lines))
     if sims is not None:  # read as accuracy, one picture's cosines mislead (0.999 here, 0.7 on held-out data)
         log.info("Cosine Similarity: float against quantized output of each node on the first calibration sample "
