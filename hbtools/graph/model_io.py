@@ -4,6 +4,7 @@ that does it."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import onnx
@@ -78,12 +79,34 @@ def check_source_model(model: ModelProto, path: str | Path) -> None:
                 if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
         if bare:  # the parse stage gives outputs the shapes inference finds: these have none it can find
             names = ", ".join(f"'{n}'" for n in bare) + (" is" if len(bare) == 1 else " are")
+            rejected = _inference_rejection(model)
+            if rejected:  # the missing shape follows from a node onnx rejects: that node is what to fix
+                outs = ", ".join(f"'{n}'" for n in bare)
+                raise HbError(f"'{path}': ONNX shape inference rejects {rejected}, so it cannot find the shape of "
+                              f"{outs} (declared without one)",
+                              hint="fix that node's inputs or attributes in the model, or re-export it") from exc
             raise HbError(f"'{path}' fails the ONNX checker: {names} declared without a shape, and shape "
                           "inference cannot find one", hint="declare their rank in the model (sizes may be "
                           "names, e.g. ['batch', 'boxes', 4]), or export it with its output shapes") from exc
         raise HbError(f"'{path}' fails the ONNX checker: {first}") from exc
     finally:
         stand_down(model)
+
+
+def _inference_rejection(model: ModelProto) -> str | None:
+    """The first node onnx's strict shape inference rejects, as ``node 'name' (Op): why``, or None."""
+    try:
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except onnx.shape_inference.InferenceError as exc:
+        # "(op_type:Gemm, node name: gemm): [ShapeInferenceError] Input 0 expected ... in node Gemm (gemm)."
+        found = re.search(r"\(op_type:([^,]+), node name: ([^)]*)\): (?:\[\w+\] )?(.*?)(?: in node .*)?$",
+                          str(exc), re.M)
+        if found:
+            op, name, why = found.groups()
+            return f"node '{name}' ({op}): {why.rstrip('.')}"
+    except Exception:  # noqa: BLE001 - only a better message is at stake; the checker's error stands
+        return None
+    return None
 
 
 def with_horizon_domain(model: ModelProto) -> ModelProto:

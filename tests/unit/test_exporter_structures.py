@@ -363,6 +363,19 @@ def test_an_output_without_a_shape_inference_cannot_find_is_named(tmp_path: Path
     assert "declare their rank in the model" in out
 
 
+def test_an_output_without_a_shape_after_a_node_onnx_rejects_names_the_node(tmp_path: Path) -> None:
+    """Gemm of a 1-D input, its output declared without a shape: the ERROR blamed the missing output shape;
+    the cause is the Gemm onnx (and onnxruntime) reject, so that is what it names now, in one ERROR line."""
+    w = _init("w", np.random.default_rng(3).standard_normal((16, 4)).astype(np.float32))
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["y"], name="gemm")]
+    model = _model(nodes, [("x", F, [16])], [("y", F, None)], [w])
+    out = _checker_refuses(model, tmp_path)
+    errors = [line for line in out.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "Traceback" not in out, out[-2000:]
+    assert "node 'gemm' (Gemm)" in errors[0] and "expected to have rank 2 but has rank 1" in errors[0], errors
+    assert "cannot find the shape of 'y'" in errors[0], errors
+
+
 def test_a_pad_by_zero_amounts_is_dropped(tmp_path: Path) -> None:
     """torchvision's Swin pads its NHWC map to whole windows by ``(7 - H % 7) % 7``, computed from the
     shape: zero at the sizes it is exported for. The Pad by nothing stayed, on the CPU ('Pad with a constant
