@@ -360,7 +360,8 @@ def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool
 
 
 def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[int]) -> None:
-    """Cheap ops wedged between CPU ops gain nothing from int8: keep them in float too."""
+    """Cheap ops wedged between CPU ops gain nothing from int8: keep them in float too (not one that
+    reads several BPU results and feeds the CPU: that one saves the crossings of all but one)."""
     movable = ("lut", "eltwise", "constant_eltwise", "passive", "concat", "pool")
     changed = True
     while changed:
@@ -373,6 +374,10 @@ def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[in
             users = [c for t in u.outputs for c in part.consumers.get(t, [])]
             is_output = any(t in view.graph_outputs for t in u.outputs)
             outputs_cpu = bool(users) and not is_output and all(c.on == "CPU" for c in users)
+            # Reading two BPU results (a sum of Conv pieces, a concat of BPU maps), it crosses to the CPU as one
+            # tensor on the BPU but as each of them in float: keeping it in float saves no round trip then.
+            from_bpu = {t for t, p in zip(u.inputs, producers, strict=True) if p is not None and p.on == "BPU"}
+            outputs_cpu = outputs_cpu and len(from_bpu) < 2
             if inputs_cpu or outputs_cpu:
                 side = "reads only CPU results" if inputs_cpu else "feeds only CPU nodes"
                 u.on, u.reason = "CPU", f"{side}; kept in float next to them (run_on_bpu moves it)"

@@ -85,3 +85,23 @@ def test_a_tcn_and_an_fsmn_block_run_on_the_bpu(tmp_path: Path) -> None:
     outcome = convert_and_check(fm, tmp_path, calibration_type="max")
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) >= 0.995, outcome.cosine
+
+
+def test_the_sums_of_kernel_pieces_before_a_cpu_lstm_stay_on_the_bpu(tmp_path: Path) -> None:
+    """A [96, 3] conv over frequency bins, then a bidirectional LSTM too long to unroll (it stays on the CPU):
+    the six Adds summing the conv's pieces stayed on the CPU in float ('feeds only CPU nodes'), so seven
+    piece maps crossed to the CPU instead of their one sum. Now the sums run on the BPU."""
+    g = _Graph(5)
+    w = g.const((g.rng.standard_normal((8, 1, 96, 3)) / 17).astype(np.float32))
+    c = g.op("Conv", ["feat", w, g.const(np.zeros(8, np.float32))], kernel_shape=[96, 3], pads=[0, 1, 0, 1])
+    seq = g.op("Transpose", [g.op("Reshape", [c, g.const(np.array([1, 40, 70], np.int64))])], perm=[2, 0, 1])
+    hidden = 16
+    wx = g.const((g.rng.standard_normal((2, 4 * hidden, 40)) / 6).astype(np.float32))
+    wh = g.const((g.rng.standard_normal((2, 4 * hidden, hidden)) / 4).astype(np.float32))
+    y = g.op("LSTM", [seq, wx, wh], hidden_size=hidden, direction="bidirectional")
+    fm = g.model({"feat": [1, 1, 100, 70]}, [y], featuremap={"feat"})
+    outcome = convert_and_check(fm, tmp_path, calibration_type="max", checker=False)  # hb_verifier passes in it
+    cpu_types = sorted(n["type"] for n in outcome.cpu)
+    assert "LSTM" in cpu_types and "Add" not in cpu_types, outcome.placement()
+    assert len(outcome.cpu) <= 3, outcome.placement()  # the LSTM and at most the Reshape + Transpose before it
+    assert min(outcome.cosine) >= 0.99, outcome.cosine
