@@ -25,6 +25,7 @@ from hbtools.debug.switchboard import Switchboard
 from hbtools.metrics import METRICS, average
 
 Config = frozenset[str]
+BELOW_STEP = "below-step"  # next to the metrics in the scored cache: per sample, an output rounded to all zeros
 # Called with (sample index, configuration index, float values, quantized values) of the
 # observed tensors; calls are serialized, in no particular sample order.
 Visitor = Callable[[int, int, list[np.ndarray], list[np.ndarray]], None]
@@ -71,16 +72,31 @@ def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequenc
     todo = [c for c in unique if any((c, m) not in known for m in metrics)]
     # Per sample, summed in sample order afterwards: the result does not depend on which worker finished first.
     values = np.zeros((len(todo), len(metrics), len(samples)))
+    below = np.zeros((len(todo), len(samples)), bool)
 
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
         for j, m in enumerate(metrics):
             values[k, j, index] = average(m, [METRICS[m](r, g) for r, g in zip(reference, got, strict=True)])
+        below[k, index] = any(_all_rounded_to_zero(r, g) for r, g in zip(reference, got, strict=True))
 
     if todo:
         sweep(switchboard, samples, todo, visit, desc)
-    for c, per_metric in zip(todo, values, strict=True):
+    for c, per_metric, flags in zip(todo, values, below, strict=True):
         known.update(((c, m), v) for m, v in zip(metrics, per_metric, strict=True))
+        known[(c, BELOW_STEP)] = flags
     return [{m: float(average(m, known[(c, m)])) for m in metrics} for c in configs]
+
+
+def _all_rounded_to_zero(reference: np.ndarray, got: np.ndarray) -> bool:
+    """The quantized values all 0 where the float ones are not: each below half a quantization step."""
+    return bool(np.any(reference) and not np.any(got))
+
+
+def below_step(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence[Config]) -> list[bool]:
+    """Per configuration (already scored on ``samples``), whether on some sample an observed tensor
+    quantized to all zeros while its float values are not: its cosine there is 0 for that reason."""
+    known = switchboard.scored(samples)
+    return [bool(np.any(known.get((c, BELOW_STEP), False))) for c in configs]
 
 
 def tensor_values(switchboard: Switchboard, samples: Sequence[Sample], quantized: Config) -> tuple[

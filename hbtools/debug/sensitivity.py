@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
 from hbtools.debug import options
 from hbtools.debug.data import Sample, load_samples
-from hbtools.debug.evaluate import scores
+from hbtools.debug.evaluate import below_step, scores
 from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.debug.tables import console_table, csv_text
@@ -31,6 +31,7 @@ class Sensitivity:
     metrics: list[str]
     rows: list[tuple[str, dict[str, float]]]  # most sensitive first
     cm: CalibratedModel
+    below_step: set[str] = field(default_factory=set)  # rows with an output all 0 after quantization on a sample
 
     def as_dict(self) -> dict[str, dict[str, str]]:
         return {name: {m: str(values[m]) for m in self.metrics} for name, values in self.rows}
@@ -44,7 +45,9 @@ class Sensitivity:
                 "activation": ["Activation", "Node", "Threshold", "Bit"]}[self.kind]
         return [*lead, *self.metrics]
 
-    def cells(self) -> list[list[str]]:
+    def cells(self, marked: bool = False) -> list[list[str]]:
+        """The rows as text; ``marked``: a ``*`` after the cosine of the ``below_step`` rows (the table's
+        footnote says why), kept out of the CSV so its numbers stay numbers."""
         out = []
         for name, values in self.rows:
             lead = [name]
@@ -53,11 +56,17 @@ class Sensitivity:
                 lead.append(",".join(c.consumers) or "--")  # a model output no node reads
                 if self.kind == "activation":
                     lead += [str(c.threshold), str(c.bits)]
-            out.append([*lead, *(str(values[m]) for m in self.metrics)])
+            star = "*" if marked and name in self.below_step else ""
+            out.append([*lead, *(str(values[m]) + (star if m == "cosine-similarity" else "")
+                                 for m in self.metrics)])
         return out
 
     def table(self) -> str:
-        return console_table(self.kind, self.headers(), self.cells())
+        text = console_table(self.kind, self.headers(), self.cells(marked=True))
+        if "cosine-similarity" in self.metrics and self.below_step:  # a bare 0 reads as a broken node
+            text += ("\n* on some samples an output's float values are all below half a quantization step: "
+                     "every quantized value is 0 and the cosine there is 0")
+        return text
 
     def write(self, folder: Path, stem: str) -> list[Path]:
         txt, csv = folder / f"{stem}.txt", folder / f"{stem}.csv"
@@ -108,7 +117,8 @@ def measure(cm: CalibratedModel, samples: Sequence[Sample], metrics: list[str], 
     switchboard = shared_switchboard(cm, observe)
     configs = [frozenset(cm.switches_of(n)) for n in nodes]
     values = scores(switchboard, samples, configs, metrics, f"sensitivity of {kind} nodes")
-    return Sensitivity(kind, metrics, rank(list(zip(nodes, values, strict=True)), metrics[0]), cm)
+    flagged = {n for n, b in zip(nodes, below_step(switchboard, samples, configs), strict=True) if b}
+    return Sensitivity(kind, metrics, rank(list(zip(nodes, values, strict=True)), metrics[0]), cm, flagged)
 
 
 def _upstream(cm: CalibratedModel, tensors: list[str]) -> set[str]:

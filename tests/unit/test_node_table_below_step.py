@@ -1,4 +1,5 @@
-"""makertbin's node table: an output whose float values all round to 0 says so next to its cosine 0."""
+"""makertbin's node table and the debugger's sensitivity table: an output whose float values all round to 0
+says so next to its cosine 0."""
 
 from __future__ import annotations
 
@@ -58,3 +59,24 @@ def test_ordinary_output_unmarked(tmp_path: Path) -> None:
     row = re.search(r"^Sigmoid_0\s+BPU\s+\S+\s+\S+\s+(\S+)\s+(\S+)$", table, re.M)
     assert row and float(row.group(1)) > 0.99, table
     assert "*" not in table, table
+
+
+def test_debugger_table_marks_an_output_rounded_to_zero(tmp_path: Path, capsys) -> None:
+    from hbtools.debug.sensitivity import get_sensitivity_of_nodes
+
+    _table(tmp_path, 0.0)
+    data = tmp_path / "debug_data" / "x"
+    data.mkdir(parents=True)
+    for f in sorted((tmp_path / "cal_x").iterdir()):
+        np.save(data / f"{f.stem}.npy", np.fromfile(f, np.float32).reshape(1, 4, 8, 8))
+    calibrated = str(tmp_path / "model_output" / "small_calibrated_model.onnx")
+    capsys.readouterr()
+    result = get_sensitivity_of_nodes(calibrated, calibrated_data=str(tmp_path / "debug_data"), data_num=1,
+                                      node_type="activation", verbose=True)
+    table = capsys.readouterr().out
+    (out_row,) = [name for name in result if name.startswith("Sigmoid_0")]
+    assert float(result[out_row]["cosine-similarity"]) == 0.0  # the returned numbers stay numbers
+    assert re.search(rf"^{out_row}\s.*\s0\.0\*$", table, re.M), table
+    assert re.search(r"^\* on some samples an output's float values are all below half a quantization step", table,
+                     re.M), table
+    assert table.count("*") == 2, table  # the input's row is not marked
