@@ -113,8 +113,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     log.info("Model quantization done: %s", final["quantized"])
     first = next(iter(source))
     layouts = {spec.name: spec.layout_train for spec in parsed.inputs}
-    below_step: set[str] = set()
-    report.log_node_table(result, report.node_similarity(optimized, result, first, layouts, below_step), below_step)
+    report.log_node_table(result, report.node_similarity(optimized, result, first, layouts))
     report.log_cpu_reasons(result.partition)
     with times.step("compile"):
         compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=cal.summary)

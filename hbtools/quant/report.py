@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import ModelProto, helper
@@ -25,14 +26,22 @@ def _with_outputs(model: ModelProto, names: list[str], elem: int | None) -> Mode
     return model
 
 
+@dataclass
+class NodeSimilarity:
+    """Per unit output tensor, the cosine between the float and the quantized model on one sample, and
+    the outputs whose integers are all the zero point while the float values are not (each float
+    value below half a step: the cosine 0 says so, not a fault)."""
+
+    cosines: dict[str, float] = field(default_factory=dict)
+    below_step: set[str] = field(default_factory=set)
+
+
 def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[str, np.ndarray],
-                    train_layouts: dict[str, str] | None = None,
-                    below_step: set[str] | None = None) -> dict[str, float]:
+                    train_layouts: dict[str, str] | None = None) -> NodeSimilarity:
     """Cosine of each unit's output between the float and the quantized model (one sample).
 
     ``feed`` is in the training layout of each input (``train_layouts``, NCHW where not given); a
-    quantized input of another shape takes the other of NCHW / NHWC. The integer outputs whose
-    values are all zero (the zero point) while the float values are not are added to ``below_step``.
+    quantized input of another shape takes the other of NCHW / NHWC.
     """
     q_model = result.model
     float_names = {o.name for o in q_model.graph.output} | {n for node in q_model.graph.node for n in node.output}
@@ -63,7 +72,8 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
     q_names = [pairs[t][0] for t in tensors]
     q_out = dict(zip(tensors, q_sess.run(q_names, q_feed), strict=True))
     f_out = dict(zip(tensors, float_sess.run(tensors, feed), strict=True))
-    sims = {}
+    found = NodeSimilarity()
+    sims = found.cosines
     for t in tensors:
         _, qt = pairs[t]
         f, q = f_out.pop(t), q_out.pop(t)  # each released once compared
@@ -72,21 +82,20 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
         if qt is None:
             sims[t] = cosine_similarity(f, q)
             continue
-        if below_step is not None and not np.any(q != qt.zero_point) and np.any(f):
-            # every float value is under half a step on this sample: the cosine 0 says so, not a fault
-            below_step.add(t)
+        if not np.any(q != qt.zero_point) and np.any(f):
+            found.below_step.add(t)
         if qt.scale.size == 1:  # per-tensor grid: dequantize piece by piece
             f, q = f.reshape(-1), q.reshape(-1)
             sims[t] = cosine_of_chunks((f[s:s + CHUNK], qt.to_float(q[s:s + CHUNK])) for s in range(0, q.size, CHUNK))
         else:
             sims[t] = cosine_similarity(f, qt.to_float(q))
-    return sims
+    return found
 
 
-def log_node_table(result: QuantizedResult, sims: dict[str, float] | None = None,
-                   below_step: set[str] | None = None) -> None:
-    """The node table; a ``*`` marks the cosines of ``below_step`` outputs, explained under the table."""
-    below_step = below_step or set()
+def log_node_table(result: QuantizedResult, similarity: NodeSimilarity | None = None) -> None:
+    """The node table; a ``*`` marks the cosines of outputs below one step, explained under the table."""
+    sims = similarity.cosines if similarity is not None else None
+    below_step = similarity.below_step if similarity is not None else set()
     marked = False
     rows = result.partition.rows()
     width = max([len("Node"), *(len(r[0]) for r in rows)]) + 2
