@@ -743,22 +743,15 @@ def convs_in_kernel_pieces(model: ModelProto, profile: MarchProfile, placed: Map
     rule = profile.rule("Conv")
     if rule is None or (rule.kernel is None and rule.dilation is None):
         return 0
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    opset = _opset(model)
     view = GraphView(model)
-    nodes: list[NodeProto] = []
-    count = 0
-    for node in model.graph.node:
+
+    def in_pieces(node: NodeProto) -> list[NodeProto] | None:
         plan = _kernel_pieces(node, view, rule.kernel, rule.dilation, rule.stride) \
             if (placed or {}).get(node.name) != "CPU" else None
-        if plan is None:
-            nodes.append(node)
-            continue
-        count += 1
-        nodes += _conv_pieces(node, view, plan, opset, model)
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return count
+        return None if plan is None else _conv_pieces(node, view, plan, opset, model)
+
+    return rewrite_nodes(model, in_pieces)
 
 
 def _kernel_pieces(node: NodeProto, view: GraphView, kernel_limit: int | None, dilation_limit: int | None,
