@@ -26,7 +26,7 @@ from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
 from hbtools.march.profiles import get_profile
-from hbtools.pipeline.parse import MAX_OUTPUTS
+from hbtools.pipeline.parse import MAX_OUTPUTS, fit_scalar
 
 log = logging.getLogger("hbtools")
 
@@ -69,7 +69,7 @@ def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one
             raise HbError(f"{option} names '{name}', which is not an input of the model"
                           f"{closest_names(name, declared)}; its inputs are "
                           f"{', '.join(declared)}")
-        shape = parse_shape(text, name, option)
+        shape = fit_scalar(parse_shape(text, name, option), declared[name])
         if len(shape) != len(declared[name]):
             raise HbError(f"{option} {name} {text} has rank {len(shape)} but the model input has rank "
                           f"{len(declared[name])}")

@@ -145,6 +145,16 @@ def _dims(vi) -> list[int | None]:
             for d in vi.type.tensor_type.shape.dim]
 
 
+def fit_scalar(shape: list[int], model_shape: list[int | None]) -> list[int]:
+    """A shape given for a 0-D model input (a scalar such as a sample rate): '1' is the scalar.
+
+    The config has no way to write an empty shape between two others but leaving the piece
+    out; one element is what a user writes for "a single number"."""
+    if not model_shape and len(shape) == 1 and shape[0] == 1:
+        return []
+    return shape
+
+
 def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]:
     """Match config inputs to the model's inputs; fill names and shapes; check them."""
     view = GraphView(model)
@@ -164,6 +174,8 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
             raise HbError(f"input_name '{name}' is not an input of the model{closest_names(name, names)}; "
                           f"its inputs are {names}")
         model_shape = _dims(graph_inputs[name])
+        if spec.shape:
+            spec = dataclasses.replace(spec, shape=fit_scalar(spec.shape, model_shape))
         shape = spec.shape or model_shape
         if spec.shape and len(spec.shape) != len(model_shape):
             raise HbError(f"input '{name}': input_shape {spec.shape} has rank {len(spec.shape)} "

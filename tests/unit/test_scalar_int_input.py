@@ -92,6 +92,27 @@ def test_checker_takes_shapes_for_the_dynamic_inputs_only(tmp_path: Path) -> Non
     assert "input 'sr': shape scalar" in out
 
 
+def test_a_scalar_input_takes_the_shape_1(tmp_path: Path) -> None:
+    """Writing the scalar's shape as '1' (a single number) is read as the scalar, in makertbin's
+    input_shape and in the checker's --input-shape; another shape of the wrong rank is still refused."""
+    model = _model()
+    rng = np.random.default_rng(1)
+    audio = [rng.standard_normal((1, LENGTH)).astype(np.float32) for _ in range(4)]
+    rates = [np.array(16000, np.int64) for _ in range(4)]
+    convert_featuremaps(tmp_path, model, {"input": audio, "sr": rates}, f"1x{LENGTH};1", "float32;int64", "vad")
+    assert (tmp_path / "out" / "vad.bin").is_file()
+    onnx.save(model, tmp_path / "vad_like.onnx")
+    base = ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", str(tmp_path / "vad_like.onnx"),
+            "--input-shape", "input", f"1x{LENGTH}", "--input-shape", "sr"]
+    code, out = _cli([*base, "1"], tmp_path)
+    assert code == 0 and INTERNAL not in out, out[-3000:]
+    assert "input 'sr': shape scalar" in out
+    code, out = _cli([*base, "1x2"], tmp_path)
+    assert code != 0 and INTERNAL not in out, out[-3000:]
+    assert any(" ERROR " in line and "has rank 2 but the model input has rank 0" in line
+               for line in out.splitlines()), out[-3000:]
+
+
 def test_verifier_random_data_for_a_class_id_input_stays_within_the_table(tmp_path: Path, monkeypatch) -> None:
     """hb_verifier without -i on a model whose int64 input is a class id into a 10-row embedding (Gather):
     its random ids must be rows of the table, not values the Gather refuses ('out of data bounds'); and
