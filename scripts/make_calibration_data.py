@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """Make calibration and held-out samples for the PaddleOCR sample models.
 
-    python scripts/make_calibration_data.py --model cls|det|rec|captcha [--count 50] [--heldout 20]
+    python scripts/make_calibration_data.py --model cls|det|rec|captcha|detect [--count 50] [--heldout 20]
                                             [--out build] [--size HxW] [--name NAME]
 
 writes ``<out>/calibration/ppocr_<model>/`` (what ``configs/ppocr_<model>.yaml`` calibrates
 on) and a disjoint ``<out>/heldout/ppocr_<model>/`` for measuring accuracy. Each file is
 one sample as hb_mapper expects it (SPEC §5): a raw ``numpy.tofile`` uint8 array,
-1x3xHxW (NCHW), colour order BGR because PaddleOCR reads images with OpenCV. The name
+1x3xHxW (NCHW), colour order BGR because PaddleOCR reads images with OpenCV (``--rgb``
+for a model trained on RGB). The name
 is ``<index>_<source>.bin`` (sorted order = index order), where ``<source>`` says what
 the sample shows (``page``, ``page180``, ``text``, ``natural``, …) so tests can pick
 e.g. the samples that must contain text.
@@ -16,7 +17,8 @@ Content comes only from images bundled in the scikit-image wheel (no pooch downl
 text-line crops of ``page()``/``text()`` for cls/rec, prepared like PaddleOCR's
 ``resize_norm_img`` but stopping before normalisation (that is the model's
 HzPreprocess job); for det, ``page()``/``text()`` and natural images scaled, cropped,
-tiled and flipped to 640x640. ``captcha`` samples are strings of digits and capital
+tiled and flipped to 640x640; for ``detect`` (YOLO-style object detectors), natural
+images cropped at several aspects and letterboxed. ``captcha`` samples are strings of digits and capital
 letters rendered with matplotlib's bundled font on noisy backgrounds (60x160).
 ``--size`` changes the input size, ``--name`` the folder name (``zoo_<model>`` for
 the corpus configs in ``configs/zoo/``). Everything is seeded, so runs are reproducible.
@@ -42,11 +44,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "build"
 
 # (height, width) of the model input, from PaddleOCR's inference configs.
-SHAPES: dict[str, tuple[int, int]] = {"cls": (48, 192), "det": (640, 640), "rec": (48, 320), "captcha": (60, 160)}
+SHAPES: dict[str, tuple[int, int]] = {"cls": (48, 192), "det": (640, 640), "rec": (48, 320), "captcha": (60, 160),
+                                      "detect": (640, 640)}
 
 # Separate seeds per split: the held-out set must not change when --count changes.
 SPLIT_SEEDS = {"calibration": 1_000_003, "heldout": 2_000_003}
-MODEL_SEEDS = {"cls": 11, "det": 22, "rec": 33, "captcha": 44}
+MODEL_SEEDS = {"cls": 11, "det": 22, "rec": 33, "captcha": 44, "detect": 55}
 CAPTCHA_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 # Value that pads text crops on the right (see TextLineResizeTransformer).
@@ -191,6 +194,29 @@ def _det_sample(kind: str, rng: np.random.Generator, height: int, width: int) ->
     return out
 
 
+# --------------------------------------------------------------------------- object detectors
+
+LETTERBOX_FILL = 114  # the grey YOLO exporters pad with
+
+
+def _detect_sample(kind: str, rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A natural picture as a YOLO-style detector gets it (HxWx3 BGR uint8): a crop (square-ish
+    ``scene``, landscape ``wide``, portrait ``tall``) resized to fit, aspect kept, top-left,
+    the rest padded grey."""
+    names = NATURAL_RGB + NATURAL_GREY
+    img = _photometric(_load(names[rng.integers(len(names))]), rng)
+    aspect = {"wide": (1.4, 2.0), "tall": (0.5, 0.7)}.get(kind, (0.8, 1.25))
+    side = min(img.shape[:2])
+    crop = _window(img, rng, (int(side * 0.4), side + 1), aspect)
+    if rng.random() < 0.5:
+        crop = crop[:, ::-1]
+    r = min(height / crop.shape[0], width / crop.shape[1])
+    fitted = _resize(crop, max(1, round(crop.shape[0] * r)), max(1, round(crop.shape[1] * r)))
+    out = np.full((height, width, 3), LETTERBOX_FILL, np.uint8)
+    out[: fitted.shape[0], : fitted.shape[1]] = _to_bgr(fitted)
+    return out
+
+
 # --------------------------------------------------------------------------- captchas
 
 
@@ -237,6 +263,7 @@ SCHEDULES: dict[str, tuple[str, ...]] = {
     "rec": ("page", "page", "text", "page", "natural", "page", "text", "page"),
     "det": ("page", "natural", "pagepaste", "text", "page", "natural", "pagepaste", "page"),
     "captcha": ("noisy", "noisy", "clean", "noisy"),
+    "detect": ("scene", "scene", "wide", "scene", "tall", "scene"),
 }
 
 
@@ -244,7 +271,7 @@ def _samples(model: str, split: str, size: tuple[int, int]) -> Iterator[tuple[st
     """Endless, deterministic stream of (kind, 1x3xHxW uint8 BGR) for one split."""
     height, width = size
     make: Callable[[str, np.random.Generator, int, int], np.ndarray]
-    make = {"det": _det_sample, "captcha": _captcha_sample}.get(model, _line_sample)
+    make = {"det": _det_sample, "captcha": _captcha_sample, "detect": _detect_sample}.get(model, _line_sample)
     rng = np.random.default_rng([SPLIT_SEEDS[split], MODEL_SEEDS[model]])
     schedule = SCHEDULES[model]
     i = 0
@@ -256,11 +283,12 @@ def _samples(model: str, split: str, size: tuple[int, int]) -> Iterator[tuple[st
 
 
 def generate(
-    model: str, count: int, heldout: int, size: tuple[int, int] | None = None
+    model: str, count: int, heldout: int, size: tuple[int, int] | None = None, rgb: bool = False
 ) -> dict[str, list[tuple[str, np.ndarray]]]:
     """Calibration and held-out samples; no sample occurs in both (nor twice in one).
 
-    ``size`` is the (height, width) of the model input, ``SHAPES[model]`` by default.
+    ``size`` is the (height, width) of the model input, ``SHAPES[model]`` by default;
+    ``rgb``: channels in RGB order (a model trained on RGB), not OpenCV's BGR.
     """
     if model not in SHAPES:
         raise ValueError(f"unknown model {model!r}; expected one of {sorted(SHAPES)}")
@@ -283,7 +311,7 @@ def generate(
                 chosen.append((kind, arr))
         if len(chosen) < n:
             raise RuntimeError(f"could only make {len(chosen)} distinct {split} samples")
-        splits[split] = chosen
+        splits[split] = [(kind, np.ascontiguousarray(arr[:, ::-1])) for kind, arr in chosen] if rgb else chosen
     return splits
 
 
@@ -313,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--size", help="input HxW instead of the model kind's default")
     parser.add_argument("--name", help="folder name under calibration/ and heldout/ (ppocr_<model>)")
+    parser.add_argument("--rgb", action="store_true", help="RGB channel order (default BGR, as OpenCV reads)")
     args = parser.parse_args(argv)
     if args.count < 1 or args.heldout < 0:
         parser.error("--count must be >= 1 and --heldout >= 0")
@@ -324,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--size {args.size!r}: expected HxW, e.g. 48x320")
         if len(size) != 2:
             parser.error(f"--size {args.size!r}: expected HxW, e.g. 48x320")
-    splits = generate(args.model, args.count, args.heldout, size)
+    splits = generate(args.model, args.count, args.heldout, size, rgb=args.rgb)
     for split, samples in splits.items():
         folder = args.out / split / (args.name or f"ppocr_{args.model}")
         write_split(samples, folder)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,3 +32,40 @@ def test_captcha_samples_are_distinct_pictures() -> None:
     assert all(a.shape == (1, 3, 60, 160) and a.dtype.name == "uint8" for a in arrays)
     assert len({a.tobytes() for a in arrays}) == 5
     assert all(a.std() > 10 for a in arrays), "a rendered captcha must not be blank"
+
+
+def test_detect_samples_are_letterboxed_pictures_in_the_asked_channel_order() -> None:
+    bgr = make_calibration_data.generate("detect", 3, 2, (96, 128))
+    rgb = make_calibration_data.generate("detect", 3, 2, (96, 128), rgb=True)
+    for split in bgr:
+        for (kind, a), (_, b) in zip(bgr[split], rgb[split], strict=True):
+            assert a.shape == (1, 3, 96, 128) and a.dtype.name == "uint8"
+            assert np.array_equal(a[:, ::-1], b), "rgb=True must be the same picture with R and B swapped"
+            assert a.std() > 10, f"a {kind} sample must not be blank"
+    # A picture is fitted in with its aspect kept: the bottom-right corner is the grey padding
+    # on the landscape ('wide') samples of a taller-than-the-picture input.
+    wide = [a for split in bgr.values() for kind, a in split if kind == "wide"]
+    assert wide and all((a[0, :, -1, -1] == make_calibration_data.LETTERBOX_FILL).all() for a in wide)
+
+
+def test_detect_agreement_reads_the_class_scores_of_either_layout() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import zoo
+
+    rng = np.random.default_rng(0)
+    # YOLOv8 layout: 1 x (4 box + 3 classes) x anchors; boxes in pixels, scores in [0, 1].
+    v8 = np.concatenate([rng.uniform(0, 320, (1, 4, 50)), rng.uniform(0, 0.5, (1, 3, 50))], axis=1)
+    noisy = v8.copy()
+    noisy[:, 4:] += rng.normal(0, 0.05, noisy[:, 4:].shape)
+    same = zoo.compare("detect", [v8], [v8.copy()], (1, 4, None))
+    assert same["cosine_mean"] == pytest.approx(1.0) and same["agreement"] == 1.0
+    worse = zoo.compare("detect", [v8], [noisy], (1, 4, None))
+    assert worse["cosine_mean"] < 0.999 and worse["agreement"] < 1.0
+    moved = v8.copy()
+    moved[:, :4] += 5.0  # boxes a few pixels off, scores the same: the scores are what is compared
+    assert zoo.compare("detect", [v8], [moved], (1, 4, None))["cosine_mean"] == pytest.approx(1.0)
+    # YOLOX layout: anchors x (4 box + objectness + classes); a class counts times the objectness.
+    yolox = np.concatenate([rng.uniform(0, 416, (1, 50, 4)), rng.uniform(0, 1, (1, 50, 2))], axis=2)
+    scores = zoo.detect_scores([yolox], (-1, 5, 4))[0]
+    assert scores.shape == (50, 1)
+    assert np.allclose(scores[:, 0], yolox[0, :, 4] * yolox[0, :, 5])
