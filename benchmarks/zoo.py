@@ -114,13 +114,15 @@ def compare(task: str, ref: list[np.ndarray], quant: list[np.ndarray],
     """Cosine and task agreement; strings compare class-index sequences (no dictionary needed).
 
     detect: both measured on the class scores (``detect_scores``; the box coordinates, in pixels,
-    would swamp a cosine), agreement the IoU of the (anchor, class) pairs at ``DETECT_THRESH``."""
+    would swamp a cosine), agreement the IoU of the (anchor, class) pairs at ``DETECT_THRESH``. As
+    for det maps, the cosine counts only the pictures where the float model detects something:
+    elsewhere every score is ~0 and the cosine measures rounding noise."""
     if task == "detect":
         ref, quant = detect_scores(ref, layout), detect_scores(quant, layout)
-        cos = [ppocr.cosine(r, q) for r, q in zip(ref, quant, strict=True)]
+        cos = [ppocr.cosine(r, q) for r, q in zip(ref, quant, strict=True) if (r >= DETECT_THRESH).any()]
         iou = ppocr.det_agreement(np.concatenate(ref), np.concatenate(quant), DETECT_THRESH).iou
-        return {"cosine_mean": float(np.mean(cos)), "cosine_min": float(np.min(cos)), "cosine_samples": len(cos),
-                "agreement": iou}
+        mean, low = (float(np.mean(cos)), float(np.min(cos))) if cos else (float("nan"), float("nan"))
+        return {"cosine_mean": mean, "cosine_min": low, "cosine_samples": len(cos), "agreement": iou}
     metric_task = "rec" if task == "captcha" else task
     ref, quant = _ctc_ready(task, ref), _ctc_ready(task, quant)
     characters = [chr(0x4E00 + k) for k in range(ref[0].shape[-1] - 2)] if metric_task == "rec" else None
@@ -215,7 +217,8 @@ def markdown(result: dict) -> str:
              f"{result['settings']['cal_num']} calibration and {result['settings']['heldout_num']} held-out samples "
              f"per model (scikit-image pictures; rendered strings for the captcha model); det inputs "
              f"{result['settings']['det_size'] or 'as configured'}. Cosine: first output against the float model "
-             "(det: pictures whose float map has text; detect: the class scores, objectness x class for YOLOX). "
+             "(det: pictures whose float map has text; detect: the class scores, objectness x class for YOLOX, of "
+             "pictures with a float detection). "
              "Agreement: cls same argmax, det IoU of the maps thresholded at 0.3, detect IoU of the "
              "(anchor, class) pairs scoring ≥ 0.25, rec/captcha same greedy-CTC string. Targets: cosine ≥ 0.99 "
              "(det, detect, cls), ≥ 0.98 (rec), strings ≥ 80 %.", "",

@@ -61,6 +61,9 @@ def test_detect_agreement_reads_the_class_scores_of_either_layout() -> None:
     assert same["cosine_mean"] == pytest.approx(1.0) and same["agreement"] == 1.0
     worse = zoo.compare("detect", [v8], [noisy], (1, 4, None))
     assert worse["cosine_mean"] < 0.999 and worse["agreement"] < 1.0
+    quiet = v8.copy()
+    quiet[:, 4:] *= 0.2  # nothing detected (every score < 0.25): no cosine, whatever the noise
+    assert zoo.compare("detect", [v8, quiet], [v8, quiet + 0.01], (1, 4, None))["cosine_samples"] == 1
     moved = v8.copy()
     moved[:, :4] += 5.0  # boxes a few pixels off, scores the same: the scores are what is compared
     assert zoo.compare("detect", [v8], [moved], (1, 4, None))["cosine_mean"] == pytest.approx(1.0)
