@@ -31,6 +31,7 @@ from hbtools.quant.search import Evaluator, output_pieces, scored_tensors
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runs.timing import StepTimes
+from hbtools.runtime.heap import release_freed_memory
 from hbtools.runtime.session import RUN_ERRORS, fetching_session
 
 log = logging.getLogger("hbtools")
@@ -90,12 +91,14 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         with times.step("GPTQ"):
             plan, evaluator, scores = _weight_rounding(optimized, plan, weight_th, bc_feeds or eval_feeds,
                                                        candidates, evaluator, scores)
+            release_freed_memory()  # the Hessians and the evaluator not kept
         if bias_correction != "off":
             # Before the threshold and int16 searches, so that they score the model the user will run.
             with times.step("bias correction"):
                 optimized, evaluator, scores = _bias_correction(optimized, plan, weight_th, candidates, evaluator,
                                                                 scores, bc_feeds or eval_feeds,
                                                                 forced=bias_correction == "on")
+                release_freed_memory()  # the correction's runs and the evaluator not kept
         method = max(scores, key=scores.get)
         thresholds = dict(candidates[method])
         methods = {t: method for t in thresholds}
@@ -155,37 +158,47 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     for layer, hessian in weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES]):
         w = weight_of[layer]
         offsets[w] = weight_rounding.weight_offsets(readers[w], view, weight_th[w], hessian)
+    release_freed_memory()  # the Hessians' sessions, patches and factors, before another evaluator is built
     if not offsets:
         return plan, nearest, nearest_scores
     if len(offsets) < len(readers):
         log.info("weight rounding (GPTQ): %d of %d weights keep nearest rounding (too few positions for their "
                  "Hessian)", len(readers) - len(offsets), len(readers))
     rounded_plan = plan.with_rounding(offsets)
-    rounded = Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs, nearest.built)
-    scores = _if_weights_gain(f"weight rounding (GPTQ) of {len(offsets)} weights", nearest, rounded,
-                              next(iter(candidates.values())), candidates, "rounded weights",
-                              max(nearest_scores, key=nearest_scores.get))
-    if scores is None:
+    kept = _if_weights_gain(f"weight rounding (GPTQ) of {len(offsets)} weights", nearest,
+                            lambda: Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs,
+                                              nearest.built),
+                            next(iter(candidates.values())), candidates, "rounded weights",
+                            max(nearest_scores, key=nearest_scores.get))
+    if kept is None:
         return plan, nearest, nearest_scores
-    return rounded_plan, rounded, scores
+    return rounded_plan, *kept
 
 
-def _if_weights_gain(step: str, current: Evaluator, candidate: Evaluator, thresholds: dict[str, float],
-                     candidates: dict[str, dict[str, float]], change: str, best: str,
-                     forced: bool = False) -> dict[str, float] | None:
-    """The methods' scores on ``candidate`` if its weights alone (activations float) bring the output
-    closer to float than ``current``'s (or ``forced``), else None.
+def _if_weights_gain(step: str, current: Evaluator, make_candidate: Callable[[], Evaluator],
+                     thresholds: dict[str, float], candidates: dict[str, dict[str, float]], change: str, best: str,
+                     forced: bool = False) -> tuple[Evaluator, dict[str, float]] | None:
+    """The candidate's evaluator (``make_candidate``) and the methods' scores on it if its weights
+    alone (activations float) bring the output closer to float than ``current``'s (or ``forced``),
+    else None.
 
     Judged with float activations: with int8 activations their error can hide the weights' gain,
     which shows once mixed precision gives the sensitive tensors int16.
     """
     floats = {p.tensor for p in current.plan.activations}
-    before, after = current.score(thresholds, disabled=floats), candidate.score(thresholds, disabled=floats)
+    before = current.score(thresholds, disabled=floats)
+    # The current evaluator's session with a switch per node (and its lowered model) is built again
+    # if a later score needs it: the candidate's evaluator and its own such session are built without
+    # them alongside (PP-OCRv6 small rec: about 90 MB less at the peak).
+    current.release_switchable()
+    release_freed_memory()
+    candidate = make_candidate()
+    after = candidate.score(thresholds, disabled=floats)
     keep = forced or after > before
     log.info("%s: weights-only output cosine %.6f -> %.6f (%s)", step, before, after, "kept" if keep else "not kept")
     if not keep:
         return None
-    return _method_scores(candidate, candidates, best, f" with {change}")
+    return candidate, _method_scores(candidate, candidates, best, f" with {change}")
 
 
 def _method_scores(evaluator: Evaluator, candidates: dict[str, dict[str, float]], first: str | None,
@@ -227,12 +240,14 @@ def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     corrected = _corrected_biases(optimized, plan, th, weight_th, {t: best for t in th}, feeds)
     if corrected is None:
         return optimized, evaluator, scores
-    candidate = Evaluator(corrected, plan, weight_th, evaluator.feeds, evaluator.refs, evaluator.built)
-    corrected_scores = _if_weights_gain("bias correction", evaluator, candidate, th, candidates, "corrected biases",
-                                        best, forced)
-    if corrected_scores is None:
+    release_freed_memory()  # the correction's sessions and runs, before the candidate's evaluator is built
+    kept = _if_weights_gain("bias correction", evaluator,
+                            lambda: Evaluator(corrected, plan, weight_th, evaluator.feeds, evaluator.refs,
+                                              evaluator.built),
+                            th, candidates, "corrected biases", best, forced)
+    if kept is None:
         return optimized, evaluator, scores
-    return corrected, candidate, corrected_scores
+    return corrected, *kept
 
 
 def _methods(calibration_type: str, max_percentile: float | None) -> list[tuple[str, float | None]]:

@@ -7,8 +7,11 @@ once, so the widening it holds must be the one the scored thresholds imply, at 8
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -21,6 +24,7 @@ from hbtools.quant.search import PROMOTE_TARGET, Evaluator, final_logits, scored
 from hbtools.quant.units import build_partition
 from hbtools.runtime.lowering import lower_model
 from hbtools.runtime.session import fetching_session, make_session
+from hbtools.runtime.suffixes import Suffixes
 
 
 def _model_with_a_dead_channel() -> onnx.ModelProto:
@@ -189,6 +193,40 @@ def test_sensitivity_from_cuts_ranks_as_whole_runs(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(search, "SUFFIXES_WORTH_SECONDS", 0.0)
     cut = evaluator._rank_by_sensitivity(th, noise)
     assert len(tensors) >= 5 and cut == whole
+
+
+def test_sensitivity_with_cuts_keeps_no_idle_whole_model_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With cuts, the suffixes run the whole model on a session of their own: the evaluator's
+    switchable session is not held beside it (a session holds a copy of the model's weights)."""
+    optimized = optimize.run(_conv_chain())
+    profile = get_profile("bayes-e")
+    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    rng = np.random.default_rng(6)
+    feeds = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(3)]
+    tensors = [p.tensor for p in plan.activations]
+    out = optimized.graph.output[0].name
+    floats = fetching_session(optimized, [*tensors, out])
+    values = [dict(zip([*tensors, out], floats.run([*tensors, out], f), strict=True)) for f in feeds]
+    del floats
+    th = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
+    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, [[v[out]] for v in values], th)
+    floats_off = set(tensors)
+    evaluator.score(th, disabled=floats_off)  # builds the switchable session, as the GPTQ check does
+    alive: list[int] = []
+    rerun = Suffixes.rerun
+
+    def counting(self: Suffixes, *args: object) -> list[np.ndarray]:
+        gc.collect()
+        alive.append(sum(isinstance(o, ort.InferenceSession) for o in gc.get_objects()) - len(self.cuts))
+        return rerun(self, *args)
+
+    monkeypatch.setattr(Suffixes, "rerun", counting)
+    monkeypatch.setattr(search, "SUFFIXES_WORTH_SECONDS", 0.0)
+    ranked = evaluator._rank_by_sensitivity(th, dict.fromkeys(tensors, 0.01))
+    assert alive and set(alive) == {2}  # the evaluator's scoring session and the suffixes' whole one
+    # The switchable session comes back when a score needs it, and scores as before.
+    assert evaluator.score(th, disabled=floats_off) == evaluator.score(th, disabled=floats_off)
+    assert sorted(ranked) == sorted(tensors)
 
 
 def test_method_scores_stop_losers_early_and_pick_what_full_scores_pick() -> None:
