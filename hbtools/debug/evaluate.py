@@ -23,6 +23,7 @@ from hbtools.debug import batching
 from hbtools.debug.data import Sample
 from hbtools.debug.switchboard import Switchboard
 from hbtools.metrics import METRICS, average
+from hbtools.runtime.session import release_shared_arena
 
 Config = frozenset[str]
 BELOW_STEP = "below-step"  # next to the metrics in the scored cache: per sample, an output rounded to all zeros
@@ -58,6 +59,7 @@ def sweep(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(one_batch, batches))  # list(): re-raise a worker's exception
     bar.close()
+    release_shared_arena()  # the runs' memory, kept between runs, goes back once the sweep is done
 
 
 def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], metrics: Sequence[str],

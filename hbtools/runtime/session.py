@@ -89,7 +89,7 @@ WEIGHT_REQUANTIZATION = ("WeightBiasQuantization",)
 
 def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, per_node: bool = False,
                 optimized_model_path: str | None = None, rounding_fusions: bool = False,
-                memory_pattern: bool = True) -> ort.InferenceSession:
+                memory_pattern: bool = True, shared_arena: bool = False) -> ort.InferenceSession:
     """A plain onnxruntime CPU session (no custom ops): the one place hbtools configures onnxruntime.
 
     ``spinning=False`` stops idle intra-op threads from spinning (for callers that
@@ -103,7 +103,8 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     ones. No session that runs a model fuses element-wise chains (``ROUNDING_FUSIONS``);
     ``rounding_fusions`` allows them where the session only rewrites a graph (the optimize stage's
     MatMul + Add -> Gemm, for one, decides what the partition sees). ``optimized_model_path`` makes
-    onnxruntime write its rewrite of the model there.
+    onnxruntime write its rewrite of the model there. ``shared_arena``: the session allocates from
+    one memory arena shared by all such sessions of the process (see ``release_shared_arena``).
     """
     options = ort.SessionOptions()
     # Errors come back as exceptions, which the tools turn into one ERROR line; onnxruntime logging
@@ -114,6 +115,9 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     # Without the arena, memory of the many large intermediate outputs calibration and
     # the similarity report fetch goes back to the system after each run.
     options.enable_cpu_mem_arena = False
+    if shared_arena:
+        _register_shared_arena()
+        options.add_session_config_entry("session.use_env_allocators", "1")
     if threads:
         options.intra_op_num_threads = threads
     if not spinning:
@@ -128,6 +132,49 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
                         disabled_optimizers=[*WEIGHT_REQUANTIZATION, *([] if rounding_fusions else ROUNDING_FUSIONS)])
     except ort.capi.onnxruntime_pybind11_state.NotImplemented as exc:
         raise _no_cpu_kernel(exc) from exc
+
+
+# Sessions that take turns running many times (the debugger's stages and tails: thousands of runs)
+# can allocate from one arena in onnxruntime's environment instead of the system. Without an
+# arena each run takes its intermediates (a block of tens of MB on a text detector) from the
+# system and gives them back: the pages are faulted in and zeroed again on every run, 20% of the
+# process time of PP-OCR det's weight sensitivity went to the kernel. An arena per session holds
+# every session's peak at once (3.4 GB there); the shared one holds what the runs in flight need.
+# Its blocks go back to the system with ``release_shared_arena``. Memory is only reused, so the
+# arithmetic (and every value) is the same.
+_shared_arena_lock = threading.Lock()
+_shared_arena: list[ort.InferenceSession] = []  # once registered: a tiny session whose run can shrink the arena
+
+
+def _register_shared_arena() -> None:
+    with _shared_arena_lock:
+        if _shared_arena:
+            return
+        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        try:  # max_mem 0 (no limit), extended by what is asked (not the next power of two), default chunks
+            ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
+        except RUN_ERRORS:  # the caller registered a CPU allocator of its own: the sessions share that one
+            pass
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "shrink",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        options.intra_op_num_threads = 1
+        options.add_session_config_entry("session.use_env_allocators", "1")
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        _shared_arena.append(ort.InferenceSession(model.SerializeToString(), options,
+                                                  providers=["CPUExecutionProvider"]))
+
+
+def release_shared_arena() -> None:
+    """Give the free blocks of the shared arena (``ort_session(shared_arena=True)``) back to the system."""
+    with _shared_arena_lock:
+        if not _shared_arena:
+            return
+        run_options = ort.RunOptions()
+        run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        _shared_arena[0].run(None, {"x": np.zeros(1, np.float32)}, run_options)
 
 
 def _no_cpu_kernel(exc: Exception) -> HbError:
