@@ -22,10 +22,11 @@ from tqdm import tqdm
 from hbtools.debug import batching
 from hbtools.debug.data import Sample
 from hbtools.debug.switchboard import Switchboard
-from hbtools.metrics import METRICS, average
+from hbtools.metrics import METRICS, CosineTo, average
 from hbtools.runtime.session import release_shared_arena
 
 Config = frozenset[str]
+COSINE = "cosine-similarity"
 BELOW_STEP = "below-step"  # next to the metrics in the scored cache: per sample, an output rounded to all zeros
 # Called with (sample index, configuration index, float values, quantized values) of the
 # observed tensors; calls are serialized, in no particular sample order.
@@ -76,10 +77,20 @@ def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequenc
     values = np.zeros((len(todo), len(metrics), len(samples)))
     below = np.zeros((len(todo), len(samples)), bool)
 
+    # Per sample in flight, what its float outputs give every configuration (dropped after the last one).
+    references: dict[int, _Reference] = {}
+    visited = np.zeros(len(samples), np.int64)
+
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
+        if index not in references:
+            references[index] = _Reference(reference, metrics)
+        ref = references[index]
         for j, m in enumerate(metrics):
-            values[k, j, index] = average(m, [METRICS[m](r, g) for r, g in zip(reference, got, strict=True)])
-        below[k, index] = any(_all_rounded_to_zero(r, g) for r, g in zip(reference, got, strict=True))
+            values[k, j, index] = average(m, ref.metric(m, got))
+        below[k, index] = ref.rounded_to_zero(got)
+        visited[index] += 1
+        if visited[index] == len(todo):
+            del references[index]
 
     if todo:
         sweep(switchboard, samples, todo, visit, desc)
@@ -89,9 +100,28 @@ def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequenc
     return [{m: float(average(m, known[(c, m)])) for m in metrics} for c in configs]
 
 
-def _all_rounded_to_zero(reference: np.ndarray, got: np.ndarray) -> bool:
-    """The quantized values all 0 where the float ones are not: each below half a quantization step."""
-    return bool(np.any(reference) and not np.any(got))
+class _Reference:
+    """One sample's float outputs, scored against each configuration's outputs.
+
+    What depends on the float outputs alone is computed once per sample, not once per run
+    (``CosineTo``; whether they are all 0): the same values, several times cheaper on
+    outputs as large as a detector's score map.
+    """
+
+    def __init__(self, outputs: list[np.ndarray], metrics: Sequence[str]) -> None:
+        self.outputs = outputs
+        self.cosines = [CosineTo(r) for r in outputs] if COSINE in metrics else []
+        self.nonzero = [bool(np.any(r)) for r in outputs]
+
+    def metric(self, metric: str, got: list[np.ndarray]) -> list[float]:
+        """``metric`` per output, between the float one and ``got``'s."""
+        if metric == COSINE:
+            return [c(g) for c, g in zip(self.cosines, got, strict=True)]
+        return [METRICS[metric](r, g) for r, g in zip(self.outputs, got, strict=True)]
+
+    def rounded_to_zero(self, got: list[np.ndarray]) -> bool:
+        """Whether an output quantized to all 0 where its float values are not: each below half a quantization step."""
+        return any(nz and not np.any(g) for nz, g in zip(self.nonzero, got, strict=True))
 
 
 def below_step(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence[Config]) -> list[bool]:

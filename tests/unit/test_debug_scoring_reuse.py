@@ -1,15 +1,39 @@
 """What the debugger's sweeps reuse between runs changes no value.
 
-The switchboard's sessions allocate from one shared onnxruntime arena instead of the
-system on every run; that must give exactly what it replaces.
+Each sample's float outputs are prepared once for the cosine against every configuration
+(``CosineTo``), and the switchboard's sessions allocate from one shared onnxruntime arena
+instead of the system on every run; both must give exactly what they replace.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from hbtools import metrics
+from hbtools.metrics import CosineTo, cosine_similarity
 from hbtools.runtime.session import ort_session, release_shared_arena
+
+
+def _same(x: float, y: float) -> bool:
+    return x == y or (np.isnan(x) and np.isnan(y))
+
+
+@pytest.mark.parametrize("chunk", [metrics.CHUNK, 7])  # 7: several pieces, the last one short
+def test_cosine_against_a_prepared_reference_is_cosine_similarity_bit_for_bit(monkeypatch, chunk: int) -> None:
+    monkeypatch.setattr(metrics, "CHUNK", chunk)
+    rng = np.random.default_rng(0)
+    cases = [rng.standard_normal((1, 3, 5, 5)).astype(np.float32), rng.standard_normal(40).astype(np.float64),
+             rng.integers(-5, 5, (4, 6)).astype(np.int64), np.zeros(9, np.float32),
+             np.array([1.0, np.inf, -2.0], np.float32), rng.random(10) > 0.5]
+    for a in cases:
+        prepared = CosineTo(a)
+        others = [(a + rng.standard_normal(a.shape)).astype(a.dtype), np.zeros_like(a), a.copy(),
+                  (a * 3).astype(a.dtype), rng.standard_normal(a.size + 2).astype(np.float32)]  # last: longer
+        with np.errstate(invalid="ignore"):  # inf . inf - ...: NaN on both sides
+            for b in others:
+                assert _same(prepared(b), cosine_similarity(a, b)), (a.dtype, a.shape, b.shape)
 
 
 def _conv_model() -> bytes:
