@@ -74,15 +74,17 @@ def _best_starts(cumulative: np.ndarray, switched_extra: np.ndarray, crossing: n
         return begin * (total - cumulative[points[i]]) + active * (extra + crossed[i] + crossed[j] + overhead)
 
     m = len(points) - 1
+    costs = np.full((m + 1, m + 1), np.inf)  # [i, j]: a stage from points[i] to points[j]; inf unless i < j
+    for j in range(1, m + 1):
+        costs[:j, j] = stage_cost(np.arange(j), j)
     best = np.full((max_stages + 1, m + 1), np.inf)
     came = np.zeros((max_stages + 1, m + 1), dtype=np.int64)
     best[0, 0] = 0.0
+    columns = np.arange(1, m + 1)
     for t in range(1, max_stages + 1):
-        for j in range(1, m + 1):
-            i = np.arange(j)
-            vals = best[t - 1, :j] + stage_cost(i, j)
-            k = int(np.argmin(vals))
-            best[t, j], came[t, j] = vals[k], k
+        vals = best[t - 1][:, None] + costs[:, 1:]  # the first i of the lowest wins, as argmin over i < j did
+        k = np.argmin(vals, axis=0)
+        best[t, 1:], came[t, 1:] = vals[k, columns - 1], k
     t, j = int(np.argmin(best[:, m])), m
     starts = []
     while t > 0:
