@@ -174,8 +174,8 @@ def _conv_chain(depth: int = 5) -> onnx.ModelProto:
     return model
 
 
-def test_sensitivity_from_cuts_ranks_as_whole_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each leave-one-out run restarted from a cut of the model gives the gains whole runs give."""
+def _chain_evaluator() -> tuple[Evaluator, dict[str, float], list[str]]:
+    """An evaluator of ``_conv_chain`` on three samples, its max thresholds and its activation tensors."""
     optimized = optimize.run(_conv_chain())
     profile = get_profile("bayes-e")
     plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
@@ -187,6 +187,12 @@ def test_sensitivity_from_cuts_ranks_as_whole_runs(monkeypatch: pytest.MonkeyPat
     values = [dict(zip([*tensors, out], floats.run([*tensors, out], f), strict=True)) for f in feeds]
     th = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
     evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, [[v[out]] for v in values], th)
+    return evaluator, th, tensors
+
+
+def test_sensitivity_from_cuts_ranks_as_whole_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each leave-one-out run restarted from a cut of the model gives the gains whole runs give."""
+    evaluator, th, tensors = _chain_evaluator()
     noise = dict.fromkeys(tensors, 0.01)
     monkeypatch.setattr(search, "SUFFIXES_WORTH_SECONDS", np.inf)
     whole = evaluator._rank_by_sensitivity(th, noise)
@@ -201,18 +207,7 @@ def test_sensitivity_with_cuts_keeps_no_idle_whole_model_session(monkeypatch: py
     gc.collect()
     # Sessions other tests of this process keep alive (the debugger's shared-arena session) are not counted.
     before = sum(isinstance(o, ort.InferenceSession) for o in gc.get_objects())
-    optimized = optimize.run(_conv_chain())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
-    rng = np.random.default_rng(6)
-    feeds = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(3)]
-    tensors = [p.tensor for p in plan.activations]
-    out = optimized.graph.output[0].name
-    floats = fetching_session(optimized, [*tensors, out])
-    values = [dict(zip([*tensors, out], floats.run([*tensors, out], f), strict=True)) for f in feeds]
-    del floats
-    th = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
-    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, [[v[out]] for v in values], th)
+    evaluator, th, tensors = _chain_evaluator()
     floats_off = set(tensors)
     evaluator.score(th, disabled=floats_off)  # builds the switchable session, as the GPTQ check does
     alive: list[int] = []
