@@ -27,25 +27,20 @@ working_dir of that one model.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-# One BLAS thread: the metrics' dot products otherwise fight onnxruntime's threads on a
-# small machine. Set before numpy is imported.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
+import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))

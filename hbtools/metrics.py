@@ -30,6 +30,17 @@ def _same_size(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 CHUNK = 1 << 20  # elements converted to float64 at a time: large tensors get no full-size copies
 
 
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    """``x . y`` of two flat float64 arrays on the calling thread.
+
+    Not BLAS: OpenBLAS splits a long dot product over threads that then spin for a while, and
+    the metrics run between onnxruntime runs (debugger sweeps, makertbin's searches), whose
+    threads they starved: the debugger's PP-OCR rec weight sensitivity took 15.0 s instead of
+    9.3 s. A threaded sum also depends on the machine's core count; this one does not.
+    """
+    return float(np.einsum("i,i->", x, y))
+
+
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
     return cosine_of_products(*products(a, b))
 
@@ -44,7 +55,7 @@ def _products(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[float, fl
     dot = aa = bb = 0.0
     for x, y in pairs:
         x, y = _flat(x, y)
-        dot, aa, bb = dot + float(x @ y), aa + float(x @ x), bb + float(y @ y)
+        dot, aa, bb = dot + _dot(x, y), aa + _dot(x, x), bb + _dot(y, y)
     return dot, aa, bb
 
 
@@ -60,7 +71,7 @@ class CosineTo:
     def __init__(self, a: np.ndarray) -> None:
         self.a = np.asarray(a).reshape(-1)
         self._pieces = [np.asarray(self.a[s:s + CHUNK], dtype=np.float64) for s in range(0, self.a.size, CHUNK)]
-        self._squares = [float(x @ x) for x in self._pieces]
+        self._squares = [_dot(x, x) for x in self._pieces]
         self._buffer = np.empty(0)
 
     def __call__(self, b: np.ndarray) -> float:
@@ -73,7 +84,7 @@ class CosineTo:
         for s, x, xx in zip(range(0, b.size, CHUNK), self._pieces, self._squares, strict=True):
             y = self._buffer[:x.size]
             np.copyto(y, b[s:s + CHUNK], casting="unsafe")
-            dot, aa, bb = dot + float(x @ y), aa + xx, bb + float(y @ y)
+            dot, aa, bb = dot + _dot(x, y), aa + xx, bb + _dot(y, y)
         return cosine_of_products(dot, aa, bb)
 
 

@@ -8,25 +8,19 @@ Sub-commands may be written with ``_`` for ``-``.
 
 from __future__ import annotations
 
-import os
+import ast
+import logging
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
-# One BLAS thread: the metrics' dot products otherwise fight onnxruntime's threads on a
-# small machine. Must be set before numpy is imported.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import click
 
-import ast  # noqa: E402
-import logging  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from typing import Any  # noqa: E402
-
-import click  # noqa: E402
-
-from hbtools import __version__  # noqa: E402
-from hbtools.cli.common import ToolGroup, reports_errors  # noqa: E402
-from hbtools.errors import UsageError  # noqa: E402
-from hbtools.log import setup  # noqa: E402
+from hbtools import __version__
+from hbtools.cli.common import ToolGroup, reports_errors
+from hbtools.errors import UsageError
+from hbtools.log import setup
 
 log = logging.getLogger("hbtools")
 LOG_FILE = "hmct_debugger.log"
