@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 import onnxruntime as ort
@@ -25,6 +30,7 @@ from hbtools.graph.graph import GraphView
 from hbtools.metrics import cosine_of_products, products
 from hbtools.ops.names import enable_input
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
+from hbtools.runtime.custom_session import CustomOpSession
 from hbtools.runtime.heap import release_freed_memory
 from hbtools.runtime.session import fetching_model, fetching_session, make_session
 from hbtools.runtime.suffixes import Suffixes
@@ -39,6 +45,51 @@ SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
 SUFFIXES = 6  # cuts of the model the sensitivity measurements rerun from
 SUFFIXES_WORTH_SECONDS = 3.0  # measurements taking less than this run the whole model
 TRIM_EVERY = 8  # sensitivity measurements between two hand-backs of freed memory
+# Samples scored side by side, each run on one onnxruntime thread: the small convolutions of a
+# batch-1 model split badly over threads, whole runs side by side keep every core busy (as the
+# debugger's sweeps run). Two: each run in flight holds its own intermediates.
+SCORE_WORKERS = max(1, min(2, os.cpu_count() or 1))
+_pool_lock = threading.Lock()
+_pools: list[ThreadPoolExecutor] = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    with _pool_lock:
+        if not _pools:
+            _pools.append(ThreadPoolExecutor(SCORE_WORKERS, thread_name_prefix="hbtools-score"))
+        return _pools[0]
+
+
+def side_by_side(run: Callable[[int], list[np.ndarray]], order: list[int], session: object) -> Iterator[
+        tuple[int, list[np.ndarray]]]:
+    """``(i, run(i))`` for ``i`` in ``order``, in that order, with up to ``SCORE_WORKERS`` runs in flight.
+
+    A consumer that stops early leaves at most the runs already started (their results are
+    dropped). Runs over a session with custom ops (Python code between onnxruntime parts) go
+    one at a time.
+    """
+    if SCORE_WORKERS < 2 or len(order) < 2 or isinstance(session, CustomOpSession):
+        for i in order:
+            yield i, run(i)
+        return
+    pool = _pool()
+    upcoming = iter(order)
+    pending = deque((i, pool.submit(run, i)) for i in islice(upcoming, SCORE_WORKERS))
+    try:
+        while pending:
+            i, future = pending.popleft()
+            following = next(upcoming, None)
+            if following is not None:
+                pending.append((following, pool.submit(run, following)))
+            yield i, future.result()
+    finally:
+        for _, future in pending:
+            future.cancel()
+
+
+def session_threads() -> int:
+    """onnxruntime threads of a session whose runs go side by side (0: onnxruntime's default)."""
+    return 1 if SCORE_WORKERS > 1 else 0
 
 
 def final_logits(model: ModelProto) -> list[str | None]:
@@ -214,7 +265,7 @@ class Evaluator:
         # Scores do numpy work between runs and the searches take turns with other sessions: no
         # spinning threads, no intermediates kept between runs.
         self.session = fetching_session(self.calibrated, self.fetched, feed_calibration=True, switches=False,
-                                        spinning=False, memory_pattern=False)
+                                        spinning=False, memory_pattern=False, threads=session_threads())
         self._switchable: ort.InferenceSession | None = None
         self._switchable_lowered: ModelProto | None = None
         self.plan = plan
@@ -271,7 +322,8 @@ class Evaluator:
 
     def _switchable_session(self) -> ort.InferenceSession:
         if self._switchable is None:
-            self._switchable = make_session(self._switchable_model(), spinning=False, memory_pattern=False)
+            self._switchable = make_session(self._switchable_model(), spinning=False, memory_pattern=False,
+                                            threads=session_threads())
         return self._switchable
 
     def release_switchable(self) -> None:
@@ -307,8 +359,10 @@ class Evaluator:
         sums = np.zeros((3, len(self._pieces)))  # per scored piece: |ref|^2, ref.out and |out|^2 so far
         started = time.perf_counter()
         self.complete = False
-        for done, i in enumerate(self._order, start=1):
-            out = session.run(self.fetched, {**self.feeds[i], **extra})
+        def run(i: int) -> list[np.ndarray]:
+            return session.run(self.fetched, {**self.feeds[i], **extra})
+
+        for done, (i, out) in enumerate(side_by_side(run, self._order, session), start=1):
             sums += self._products(i, out)
             self.seconds_per_run = (time.perf_counter() - started) / done
             if at_least is not None and done < len(self.feeds):
@@ -455,7 +509,7 @@ class Evaluator:
         self.release_switchable()
         suffixes = Suffixes(model, self.fetched,
                             [ordered[k * len(ordered) // SUFFIXES] for k in range(1, SUFFIXES)] if worth else [],
-                            whole=whole)
+                            whole=whole, threads=session_threads())
         del whole, model
         release_freed_memory()  # what building the suffixes' sessions took and dropped
         extra = self._extra(thresholds, switched=True)
@@ -464,7 +518,10 @@ class Evaluator:
         gain = {}
         for k, t in enumerate(tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False)):
             off = {**extra, flags[t]: np.array(False)}
-            runs = [suffixes.rerun(starts[t], {**f, **off}, e) for f, e in zip(feeds, earlier, strict=True)]
+            runs = [out for _, out in side_by_side(
+                lambda i, start=starts[t], off=off, cut=suffixes, kept=earlier: cut.rerun(start, {**feeds[i], **off},
+                                                                                          kept[i]),
+                samples, suffixes.session_of(starts[t]))]
             gain[t] = self._cosine(runs, samples, logits) - base
             # Runs of several sessions without a memory pattern leave their intermediates' memory free
             # but scattered over the heaps, which kept growing by about 190 MB over the measurements

@@ -55,10 +55,12 @@ def make_session(model: ModelProto, *, threads: int = 0, per_node: bool = False,
 
 
 def fetching_session(model: ModelProto, tensors: Sequence[str], *, spinning: bool = True,
-                     memory_pattern: bool = True, **lowering: bool) -> ort.InferenceSession | CustomOpSession:
+                     memory_pattern: bool = True, threads: int = 0,
+                     **lowering: bool) -> ort.InferenceSession | CustomOpSession:
     """A session over ``model`` (Hz ops lowered with the ``lower_model`` options ``lowering``)
     that can also fetch the float ``tensors``."""
-    return make_session(fetching_model(model, tensors, **lowering), spinning=spinning, memory_pattern=memory_pattern)
+    return make_session(fetching_model(model, tensors, **lowering), spinning=spinning, memory_pattern=memory_pattern,
+                        threads=threads)
 
 
 def fetching_model(model: ModelProto, tensors: Sequence[str], **lowering: bool) -> ModelProto:

@@ -31,10 +31,12 @@ class Suffixes:
     """
 
     def __init__(self, model: ModelProto, outputs: Sequence[str], cuts: Sequence[int],
-                 budget: int = KEPT_BYTES, whole: ort.InferenceSession | CustomOpSession | None = None) -> None:
+                 budget: int = KEPT_BYTES, whole: ort.InferenceSession | CustomOpSession | None = None,
+                 threads: int = 0) -> None:
         """``budget``: bytes a ``run`` may keep for the cuts; cuts whose crossing values would pass
         it (the smallest crossings go first) or whose size is unknown are left out. ``whole``: a
-        session over ``model`` as it is, used when no cut is kept."""
+        session over ``model`` as it is, used when no cut is kept. ``threads``: onnxruntime threads
+        of the sessions built here (0: its default)."""
         nodes = list(model.graph.node)
         self.outputs = list(outputs)
         made_at = {o: i for i, n in enumerate(nodes) for o in n.output if o}
@@ -61,11 +63,11 @@ class Suffixes:
             present = {o.name for o in extended.graph.output}
             extended.graph.output.extend(helper.make_tensor_value_info(t, types[t], None) for t in kept
                                          if t not in present)
-            whole = make_session(extended, spinning=False, memory_pattern=False)
+            whole = make_session(extended, spinning=False, memory_pattern=False, threads=threads)
         self._whole = whole
         self._made_after = {c: [o for o in self.outputs if made_at.get(o, -1) >= c] for c in self.cuts}
         self._parts = {c: make_session(part_model(model, nodes[c:], self._made_after[c], {}, types, f"suffix{c}"),
-                                       spinning=False, memory_pattern=False) for c in self.cuts}
+                                       spinning=False, memory_pattern=False, threads=threads) for c in self.cuts}
         self._inputs = {c: [i.name for i in self._parts[c].get_inputs()] for c in self.cuts}
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -84,6 +86,11 @@ class Suffixes:
                                                                    {i: given[i] for i in self._inputs[cut]}),
                        strict=True))
         return [got[o] if o in got else earlier[o] for o in self.outputs]
+
+    def session_of(self, start: int) -> ort.InferenceSession | CustomOpSession:
+        """The session a ``rerun`` from ``start`` runs on."""
+        cut = max((c for c in self.cuts if c <= start), default=None)
+        return self._whole if cut is None else self._parts[cut]
 
 
 def _types_and_sizes(model: ModelProto) -> tuple[dict[str, int], dict[str, int]]:

@@ -1,0 +1,73 @@
+"""makertbin's searches score samples side by side: the same scores, bounds and decisions as one by one.
+
+``search.side_by_side`` keeps up to ``SCORE_WORKERS`` runs in flight and hands results back in
+sample order, so every sum is taken in the order a sequential score takes it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from test_search_session import _dead_channel_plan, _float_run
+
+from hbtools.quant import search
+from hbtools.quant.plan import weight_thresholds
+from hbtools.quant.search import Evaluator, side_by_side
+
+
+def test_results_come_back_in_order_whatever_finishes_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "SCORE_WORKERS", 2)
+    delays = [0.03, 0.0, 0.02, 0.0, 0.01, 0.0]
+
+    def run(i: int) -> list[np.ndarray]:
+        time.sleep(delays[i])
+        return [np.full(2, i)]
+
+    got = list(side_by_side(run, [4, 0, 5, 1, 3, 2], object()))
+    assert [i for i, _ in got] == [4, 0, 5, 1, 3, 2]
+    assert all(np.array_equal(out[0], np.full(2, i)) for i, out in got)
+
+
+def test_a_consumer_that_stops_early_starts_few_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "SCORE_WORKERS", 2)
+    started = []
+    lock = threading.Lock()
+
+    def run(i: int) -> list[np.ndarray]:
+        with lock:
+            started.append(i)
+        time.sleep(0.01)
+        return [np.zeros(1)]
+
+    for i, _ in side_by_side(run, list(range(10)), object()):
+        if i == 1:
+            break
+    time.sleep(0.05)  # let the runs already in flight finish
+    assert started[:2] == [0, 1] and len(started) <= 4
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_scores_and_bounds_equal_one_by_one(monkeypatch: pytest.MonkeyPatch, bits: int) -> None:
+    optimized, plan = _dead_channel_plan(bits)
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.normal(0, 100, (1, 3, 8, 8)).astype(np.float32)} for _ in range(7)]
+    widest, refs = _float_run(optimized, plan, feeds)
+    weight_th = weight_thresholds(optimized, plan)
+    narrow = {t: v / 8 for t, v in widest.items()}  # clips: a lower score, and a bound below a high goal
+
+    def scores(workers: int) -> list[tuple[float, bool]]:
+        monkeypatch.setattr(search, "SCORE_WORKERS", workers)
+        evaluator = Evaluator(optimized, plan, weight_th, feeds, refs, widest)
+        found = []
+        for th, at_least in ((widest, None), (narrow, None), (narrow, 0.999999), (widest, 0.5)):
+            found.append((evaluator.score(th, at_least=at_least), evaluator.complete))
+        disabled = {plan.activations[0].tensor}
+        found.append((evaluator.score(narrow, disabled=disabled), evaluator.complete))
+        return found
+
+    one_by_one, side = scores(1), scores(2)
+    assert side == one_by_one
+    assert not one_by_one[2][1]  # the high goal really stopped early
