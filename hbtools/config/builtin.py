@@ -26,7 +26,7 @@ from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
 from hbtools.march.profiles import get_profile
-from hbtools.pipeline.parse import MAX_OUTPUTS, fit_scalar
+from hbtools.pipeline.parse import MAX_OUTPUTS, fit_scalar, shape_example
 
 log = logging.getLogger("hbtools")
 
@@ -82,7 +82,7 @@ def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one
             dims = [1, *dims[1:]]
         if None in dims:
             text = "x".join("?" if d is None else str(d) for d in dims)
-            example = "x".join(str(d) if d is not None else ("1" if k == 0 else "<size>") for k, d in enumerate(dims))
+            example = shape_example(dims)
             raise HbError(f"input '{name}' has a dynamic shape {text}; give a static one with {option} {name} "
                           f"{example}")
         shapes[name] = [int(d) for d in dims]

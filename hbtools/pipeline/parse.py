@@ -145,6 +145,12 @@ def _dims(vi) -> list[int | None]:
             for d in vi.type.tensor_type.shape.dim]
 
 
+def shape_example(dims: list[int | None]) -> str:
+    """A static shape to suggest for a model input with dynamic ``dims``, in the model's own layout:
+    its static dims kept, a dynamic batch 1, other dynamic dims ``<size>`` (``?x24x24x3`` -> ``1x24x24x3``)."""
+    return "x".join(str(d) if d is not None else ("1" if k == 0 else "<size>") for k, d in enumerate(dims))
+
+
 def fit_scalar(shape: list[int], model_shape: list[int | None]) -> list[int]:
     """A shape given for a 0-D model input (a scalar such as a sample rate): '1' is the scalar.
 
@@ -189,7 +195,8 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
                     break
         if shape is None or any(d is None for d in shape):
             raise HbError(f"input '{name}' has a dynamic shape {['?' if d is None else d for d in model_shape]}",
-                          hint="set input_shape in input_parameters (e.g. '1x3x224x224')")
+                          hint=f"set input_shape in input_parameters, in the model's own layout: "
+                               f"input_shape: '{shape_example(model_shape)}'")
         elem = graph_inputs[name].type.tensor_type.elem_type
         r = dataclasses.replace(spec, name=name, shape=[int(d) for d in shape],
                                 model_dtype=np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name)

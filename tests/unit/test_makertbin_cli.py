@@ -93,6 +93,20 @@ def _dynamic_model() -> onnx.ModelProto:
     return model
 
 
+def _nhwc_dynamic_batch_model() -> onnx.ModelProto:
+    """A Keras-style export: NHWC input ['N', 16, 16, 3] transposed to NCHW in front of a conv."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], np.full(108, 0.1, np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["data"], ["nchw"], name="to_nchw", perm=[0, 3, 1, 2]),
+         helper.make_node("Conv", ["nchw", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])], "g",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, ["N", 16, 16, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 16, 16])], [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
 def _opset_model(opset: int) -> onnx.ModelProto:
     graph = helper.make_graph(
         [helper.make_node("Relu", ["data"], ["y"], name="relu")], "g",
@@ -157,7 +171,14 @@ BAD = [
      [r"'dat' is not an input of the model \(closest: 'data'\)"]),
     ("dynamic_input_without_shape", lambda p: (_write_model(_dynamic_model())(p),
                                               p.write(input_parameters={"input_shape": None})), None,
-     [r"dynamic", r"input_shape"]),
+     [r"dynamic", r"input_shape: '1x3x16x16'"]),
+    # The suggested shape is the model's own (NHWC here), not an NCHW example that the transposed-shape
+    # check would then refuse.
+    ("dynamic_nhwc_input_without_shape", lambda p: (_write_model(_nhwc_dynamic_batch_model())(p),
+                                                   p.write(input_parameters={"input_shape": None,
+                                                                             "input_layout_train": "NHWC",
+                                                                             "input_layout_rt": "NHWC"})), None,
+     [r"'data' has a dynamic shape \['\?', 16, 16, 3\]", r"model's own layout: input_shape: '1x16x16x3'"]),
     ("mean_count_not_channels", _set(input_parameters={"mean_value": "120 116"}), None,
      [r"mean_value", r"2 values", r"3 channel"]),
     ("model_not_onnx", lambda p: p.model_path.write_bytes(b"this is not a protobuf at all\x00\xff" * 10), None,
