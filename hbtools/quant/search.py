@@ -26,7 +26,7 @@ import onnxruntime as ort
 from onnx import ModelProto, NodeProto, TensorProto, helper
 from tqdm import tqdm
 
-from hbtools.graph.graph import GraphView
+from hbtools.graph.graph import GraphView, elements, itemsize
 from hbtools.metrics import cosine_of_products, products
 from hbtools.ops.names import enable_input
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
@@ -49,6 +49,10 @@ TRIM_EVERY = 8  # sensitivity measurements between two hand-backs of freed memor
 # batch-1 model split badly over threads, whole runs side by side keep every core busy (as the
 # debugger's sweeps run). Two: each run in flight holds its own intermediates.
 SCORE_WORKERS = max(1, min(2, os.cpu_count() or 1))
+# ... and only for models whose activations (all of them, float32) take at most this: the second
+# run's intermediates, and what glibc keeps of them in its thread's heap, came to about 0.4x that
+# total (PP-OCRv4 rec 207 MB: +64 MB peak; det at 640x640, 750 MB: +320 MB, over 1 GB in all).
+SIDE_BY_SIDE_BYTES = 400 << 20
 _pool_lock = threading.Lock()
 _pools: list[ThreadPoolExecutor] = []
 
@@ -60,21 +64,23 @@ def _pool() -> ThreadPoolExecutor:
         return _pools[0]
 
 
-def side_by_side(run: Callable[[int], list[np.ndarray]], order: list[int], session: object) -> Iterator[
-        tuple[int, list[np.ndarray]]]:
-    """``(i, run(i))`` for ``i`` in ``order``, in that order, with up to ``SCORE_WORKERS`` runs in flight.
+def side_by_side(run: Callable[[int], list[np.ndarray]], order: list[int], session: object,
+                 workers: int | None = None) -> Iterator[tuple[int, list[np.ndarray]]]:
+    """``(i, run(i))`` for ``i`` in ``order``, in that order, with up to ``workers`` runs in flight
+    (``SCORE_WORKERS`` unless given).
 
     A consumer that stops early leaves at most the runs already started (their results are
     dropped). Runs over a session with custom ops (Python code between onnxruntime parts) go
     one at a time.
     """
-    if SCORE_WORKERS < 2 or len(order) < 2 or isinstance(session, CustomOpSession):
+    workers = min(SCORE_WORKERS, SCORE_WORKERS if workers is None else workers)
+    if workers < 2 or len(order) < 2 or isinstance(session, CustomOpSession):
         for i in order:
             yield i, run(i)
         return
     pool = _pool()
     upcoming = iter(order)
-    pending = deque((i, pool.submit(run, i)) for i in islice(upcoming, SCORE_WORKERS))
+    pending = deque((i, pool.submit(run, i)) for i in islice(upcoming, workers))
     try:
         while pending:
             i, future = pending.popleft()
@@ -87,9 +93,19 @@ def side_by_side(run: Callable[[int], list[np.ndarray]], order: list[int], sessi
             future.cancel()
 
 
-def session_threads() -> int:
-    """onnxruntime threads of a session whose runs go side by side (0: onnxruntime's default)."""
-    return 1 if SCORE_WORKERS > 1 else 0
+def score_workers(model: ModelProto) -> int:
+    """Runs of ``model`` scored side by side: ``SCORE_WORKERS`` where its activations are small
+    enough (``SIDE_BY_SIDE_BYTES``), else one."""
+    view = GraphView(model)
+    shapes, types = view.shapes, view.elem_types
+    total = sum(elements(shapes.get(o)) * itemsize(types.get(o) or TensorProto.FLOAT)
+                for n in model.graph.node for o in n.output if o)
+    return SCORE_WORKERS if total <= SIDE_BY_SIDE_BYTES else 1
+
+
+def session_threads(workers: int) -> int:
+    """onnxruntime threads of a session whose runs go ``workers`` side by side (0: onnxruntime's default)."""
+    return 1 if workers > 1 else 0
 
 
 def final_logits(model: ModelProto) -> list[str | None]:
@@ -256,6 +272,7 @@ class Evaluator:
         time, but the weight grids stay as they fix them (a grid widened so that a bias fits int32
         depends on the input's step): give the candidates' largest, which widen the least."""
         self.calibrated = build_calibrated_model(optimized, plan, built, weight_th, {})
+        self.workers = score_workers(optimized)
         self.built = built
         # Every node on: no switch to evaluate. Scores with tensors left float (sensitivity, weights
         # alone) run on a second session with an enable flag per node, built when first needed.
@@ -265,7 +282,7 @@ class Evaluator:
         # Scores do numpy work between runs and the searches take turns with other sessions: no
         # spinning threads, no intermediates kept between runs.
         self.session = fetching_session(self.calibrated, self.fetched, feed_calibration=True, switches=False,
-                                        spinning=False, memory_pattern=False, threads=session_threads())
+                                        spinning=False, memory_pattern=False, threads=session_threads(self.workers))
         self._switchable: ort.InferenceSession | None = None
         self._switchable_lowered: ModelProto | None = None
         self.plan = plan
@@ -323,7 +340,7 @@ class Evaluator:
     def _switchable_session(self) -> ort.InferenceSession:
         if self._switchable is None:
             self._switchable = make_session(self._switchable_model(), spinning=False, memory_pattern=False,
-                                            threads=session_threads())
+                                            threads=session_threads(self.workers))
         return self._switchable
 
     def release_switchable(self) -> None:
@@ -362,7 +379,7 @@ class Evaluator:
         def run(i: int) -> list[np.ndarray]:
             return session.run(self.fetched, {**self.feeds[i], **extra})
 
-        for done, (i, out) in enumerate(side_by_side(run, self._order, session), start=1):
+        for done, (i, out) in enumerate(side_by_side(run, self._order, session, self.workers), start=1):
             sums += self._products(i, out)
             self.seconds_per_run = (time.perf_counter() - started) / done
             if at_least is not None and done < len(self.feeds):
@@ -509,7 +526,7 @@ class Evaluator:
         self.release_switchable()
         suffixes = Suffixes(model, self.fetched,
                             [ordered[k * len(ordered) // SUFFIXES] for k in range(1, SUFFIXES)] if worth else [],
-                            whole=whole, threads=session_threads())
+                            whole=whole, threads=session_threads(self.workers))
         del whole, model
         release_freed_memory()  # what building the suffixes' sessions took and dropped
         extra = self._extra(thresholds, switched=True)
@@ -521,7 +538,7 @@ class Evaluator:
             runs = [out for _, out in side_by_side(
                 lambda i, start=starts[t], off=off, cut=suffixes, kept=earlier: cut.rerun(start, {**feeds[i], **off},
                                                                                           kept[i]),
-                samples, suffixes.session_of(starts[t]))]
+                samples, suffixes.session_of(starts[t]), self.workers)]
             gain[t] = self._cosine(runs, samples, logits) - base
             # Runs of several sessions without a memory pattern leave their intermediates' memory free
             # but scattered over the heaps, which kept growing by about 190 MB over the measurements

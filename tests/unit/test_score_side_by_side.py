@@ -71,3 +71,15 @@ def test_scores_and_bounds_equal_one_by_one(monkeypatch: pytest.MonkeyPatch, bit
     one_by_one, side = scores(1), scores(2)
     assert side == one_by_one
     assert not one_by_one[2][1]  # the high goal really stopped early
+
+
+def test_a_model_with_large_activations_is_scored_one_run_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    optimized, plan = _dead_channel_plan(8)
+    feeds = [{"x": np.ones((1, 3, 8, 8), np.float32)}] * 2
+    widest, refs = _float_run(optimized, plan, feeds)
+    weight_th = weight_thresholds(optimized, plan)
+    monkeypatch.setattr(search, "SCORE_WORKERS", 2)
+    assert Evaluator(optimized, plan, weight_th, feeds, refs, widest).workers == 2
+    # Its activations are float maps of 1x4x8x8 and 1x2x8x8: a few kB.
+    monkeypatch.setattr(search, "SIDE_BY_SIDE_BYTES", 1000)
+    assert Evaluator(optimized, plan, weight_th, feeds, refs, widest).workers == 1
