@@ -51,7 +51,7 @@ TRIM_EVERY = 8  # sensitivity measurements between two hand-backs of freed memor
 SCORE_WORKERS = max(1, min(2, os.cpu_count() or 1))
 # ... and only for models whose activations (all of them, float32) take at most this: the second
 # run's intermediates, and what glibc keeps of them in its thread's heap, came to 0.3-0.6x that
-# total (PP-OCRv4 rec 207 MB: +68 MB peak; PP-OCRv5 det at 480x480, 362 MB: +220 MB; PP-OCRv4 det at
+# total (PP-OCRv4 rec 207 MB: +68 MB peak; PP-OCRv5 det at 480x480, 362 MB: +250 MB; PP-OCRv4 det at
 # 640x640, 750 MB: +320 MB, over 1 GB in all).
 SIDE_BY_SIDE_BYTES = 256 << 20
 _pool_lock = threading.Lock()
