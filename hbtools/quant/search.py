@@ -55,14 +55,18 @@ SCORE_WORKERS = max(1, min(2, os.cpu_count() or 1))
 # 640x640, 750 MB: +320 MB, over 1 GB in all).
 SIDE_BY_SIDE_BYTES = 256 << 20
 _pool_lock = threading.Lock()
-_pools: list[ThreadPoolExecutor] = []
+_pools: dict[int, ThreadPoolExecutor] = {}  # by process id
 
 
 def _pool() -> ThreadPoolExecutor:
+    """The score runs' thread pool of this process: a child forked after a search had the parent's
+    pool, whose threads it does not have (work handed to it would never run), so it makes its own."""
     with _pool_lock:
-        if not _pools:
-            _pools.append(ThreadPoolExecutor(SCORE_WORKERS, thread_name_prefix="hbtools-score"))
-        return _pools[0]
+        pid = os.getpid()
+        if pid not in _pools:
+            _pools.clear()
+            _pools[pid] = ThreadPoolExecutor(SCORE_WORKERS, thread_name_prefix="hbtools-score")
+        return _pools[pid]
 
 
 def side_by_side(run: Callable[[int], list[np.ndarray]], order: list[int], session: object,

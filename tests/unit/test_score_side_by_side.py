@@ -83,3 +83,28 @@ def test_a_model_with_large_activations_is_scored_one_run_at_a_time(monkeypatch:
     # Its activations are float maps of 1x4x8x8 and 1x2x8x8: a few kB.
     monkeypatch.setattr(search, "SIDE_BY_SIDE_BYTES", 1000)
     assert Evaluator(optimized, plan, weight_th, feeds, refs, widest).workers == 1
+
+
+def test_a_forked_child_scores_side_by_side_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    monkeypatch.setattr(search, "SCORE_WORKERS", 2)
+
+    def run(i: int) -> list[np.ndarray]:
+        return [np.full(1, i)]
+
+    assert [i for i, _ in side_by_side(run, [0, 1, 2], object())] == [0, 1, 2]  # the parent's pool exists now
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+
+    def child() -> None:
+        queue.put([i for i, _ in side_by_side(run, [2, 0, 1], object())])
+
+    process = context.Process(target=child)
+    process.start()
+    process.join(30)
+    alive = process.is_alive()
+    if alive:
+        process.kill()
+    assert not alive, "the forked child's runs never came back"
+    assert queue.get(timeout=5) == [2, 0, 1]
