@@ -245,21 +245,11 @@ def _declare_large_constants(probe: ModelProto) -> None:
     weights in it, one inference took 300 MB more than the model at its peak."""
     graph = probe.graph
     inputs = {i.name for i in graph.input}
-    large = [t for t in graph.initializer if t.name not in inputs and elements(t.dims) >= LARGE_CONSTANT
-             and t.data_type != onnx.TensorProto.INT64]
-    if not large:
-        return
-    declared = [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in large]
-    names = {t.name for t in large}
-    small = []
-    for t in graph.initializer:
-        if t.name not in names:
-            copy = onnx.TensorProto()
-            copy.CopyFrom(t)
-            small.append(copy)
-    del graph.initializer[:]
-    graph.initializer.extend(small)
-    graph.input.extend(declared)
+    for k in reversed(range(len(graph.initializer))):
+        t = graph.initializer[k]
+        if t.name not in inputs and elements(t.dims) >= LARGE_CONSTANT and t.data_type != onnx.TensorProto.INT64:
+            graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+            del graph.initializer[k]
 
 
 def _selected_source(node: onnx.NodeProto, flags: set[str]) -> str | None:

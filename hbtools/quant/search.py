@@ -78,7 +78,7 @@ def side_by_side(run: Callable[[int], list[np.ndarray]], order: list[int], sessi
     dropped). Runs over a session with custom ops (Python code between onnxruntime parts) go
     one at a time.
     """
-    workers = min(SCORE_WORKERS, SCORE_WORKERS if workers is None else workers)
+    workers = SCORE_WORKERS if workers is None else min(workers, SCORE_WORKERS)
     if workers < 2 or len(order) < 2 or isinstance(session, CustomOpSession):
         for i in order:
             yield i, run(i)
@@ -541,8 +541,7 @@ class Evaluator:
         for k, t in enumerate(tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False)):
             off = {**extra, flags[t]: np.array(False)}
             runs = [out for _, out in side_by_side(
-                lambda i, start=starts[t], off=off, cut=suffixes, kept=earlier: cut.rerun(start, {**feeds[i], **off},
-                                                                                          kept[i]),
+                lambda i: suffixes.rerun(starts[t], {**feeds[i], **off}, earlier[i]),  # noqa: B023 - used at once
                 samples, suffixes.session_of(starts[t]), self.workers)]
             gain[t] = self._cosine(runs, samples, logits) - base
             # Runs of several sessions without a memory pattern leave their intermediates' memory free
@@ -551,6 +550,6 @@ class Evaluator:
             # come back at a cost: every few tensors bounds the growth at a small share of that.
             if k % TRIM_EVERY == TRIM_EVERY - 1:
                 release_freed_memory()
-        del suffixes, earlier, runs
+        suffixes = earlier = runs = None  # their sessions and values, before the hand-back below
         release_freed_memory()
         return sorted(candidates, key=lambda t: (gain.get(t, -1.0), noise[t]), reverse=True)
