@@ -1,17 +1,25 @@
 """calibration_type 'load': take thresholds from a QDQ model (QAT export) and strip its Q/DQ pairs.
 
 An activation pair ``QuantizeLinear -> DequantizeLinear`` on tensor T becomes plain T with
-threshold ``scale * 127``; a weight ``DequantizeLinear(int8 constant)`` becomes the float
-constant it stands for. Only symmetric (zero point 0) pairs are accepted.
+threshold ``scale * 127``; a weight ``DequantizeLinear(integer constant)`` becomes the float
+constant it stands for, ``(q - zero_point) * scale``. A pair on an asymmetric or unsigned grid (onnxruntime's
+``quantize_static`` writes uint8 activations with a zero point; no zero point means uint8 too) has no symmetric
+int8 form: its threshold is the larger end of the range the pair clips to (the step is at most twice the
+pair's), and a Clip to that range takes its place, since the pair may do the work of an activation the
+quantizer removed (a Relu before a uint8 pair with zero point 0).
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 from onnx import ModelProto, helper, numpy_helper
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, remove_dead_nodes, topological_sort
+
+log = logging.getLogger("hbtools")
 
 
 def activation_pairs(model: ModelProto) -> int:
@@ -39,6 +47,28 @@ def integer_ops(model: ModelProto) -> dict[str, int]:
     return counts
 
 
+def _zero_point(view: GraphView, node) -> np.ndarray:
+    """A Q/DQ node's zero point; ONNX's default is uint8 0."""
+    if len(node.input) > 2 and node.input[2]:
+        zero = view.const(node.input[2])
+        if zero is None:
+            raise HbError(f"calibration_type load: {node.op_type} {node.name} has a non-constant zero point")
+        return zero
+    return np.zeros((), np.uint8)
+
+
+def _pair_grid(scale: np.ndarray, zero: np.ndarray) -> tuple[float, float, float]:
+    """An activation pair's range ``[(qmin - z) * s, (qmax - z) * s]`` and its symmetric threshold: ``scale * 127``
+    on a symmetric int8 grid, otherwise the larger end of the range."""
+    info = np.iinfo(zero.dtype)
+    s = np.broadcast_to(scale.astype(np.float64), np.broadcast_shapes(scale.shape, zero.shape))
+    z = np.broadcast_to(zero.astype(np.int64), s.shape)
+    low, high = float(np.min((info.min - z) * s)), float(np.max((info.max - z) * s))
+    if zero.dtype == np.int8 and not np.any(z):
+        return low, high, float(np.max(s)) * 127.0
+    return low, high, max(-low, high)
+
+
 def strip_qdq(model: ModelProto) -> dict[str, float]:
     """Remove Q/DQ nodes in place; return activation thresholds by float tensor name."""
     view = GraphView(model)
@@ -52,33 +82,43 @@ def strip_qdq(model: ModelProto) -> dict[str, float]:
     joins = []
     drop: set[str] = set()
     new_inits = []
+    widened = 0  # activation pairs on an asymmetric or unsigned grid
     for node in model.graph.node:
         if node.op_type != "DequantizeLinear":
             continue
         scale = view.const(node.input[1])
-        zero = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if scale is None:
             raise HbError(f"calibration_type load: DequantizeLinear {node.name} has a non-constant scale")
-        if zero is not None and np.any(zero != 0):
-            raise HbError(f"calibration_type load: {node.name} is asymmetric (zero point ≠ 0); "
-                          "export the QAT model with symmetric quantization")
+        zero = _zero_point(view, node)
         source = node.input[0]
         q = view.producer.get(source)
         if view.is_const(source):  # weight: fold back to float
             axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
             w = view.const(source).astype(np.float32)
             s = scale.astype(np.float32)
+            z = zero.astype(np.float32)
             if s.size > 1:
                 shape = [1] * w.ndim
                 shape[axis] = -1
                 s = s.reshape(shape)
-            new_inits.append(numpy_helper.from_array(w * s, node.output[0]))
+                z = z.reshape(shape) if z.size > 1 else z
+            new_inits.append(numpy_helper.from_array((w - z) * s, node.output[0]))
             drop.add(node.name)
         elif q is not None and q.op_type == "QuantizeLinear":
             tensor = q.input[0]
-            threshold = float(np.max(scale)) * 127.0
+            low, high, threshold = _pair_grid(scale, zero)
             out = node.output[0]
-            if out not in outputs:
+            if zero.dtype != np.int8 or np.any(zero != 0):
+                widened += 1
+            if low > -threshold * (1 - 1e-6) or high < threshold * (1 - 1e-6):
+                # The pair clips one end of the range short of the threshold: onnxruntime's quantizer drops a
+                # Relu (or Clip) before a uint8 pair with zero point 0, which then does its work. A Clip keeps it.
+                bounds = [f"{node.name}_clip_min", f"{node.name}_clip_max"]
+                new_inits += [numpy_helper.from_array(np.array(v, np.float32), b)
+                              for v, b in zip((low, high), bounds, strict=True)]
+                joins.append(helper.make_node("Clip", [tensor, *bounds], [out], name=f"{node.name}_clip"))
+                thresholds[tensor] = thresholds[out] = threshold
+            elif out not in outputs:
                 thresholds[tensor] = threshold
                 rename[out] = tensor
             elif tensor in inputs or tensor in outputs or tensor in renamed_output or view.is_const(tensor):
@@ -91,6 +131,12 @@ def strip_qdq(model: ModelProto) -> dict[str, float]:
     if not drop:
         raise HbError("calibration_type load needs a QDQ model (QuantizeLinear/DequantizeLinear pairs); none found",
                       hint="use another calibration_type for a float model")
+    if widened:
+        log.warning("calibration_type load: %d QuantizeLinear -> DequantizeLinear pair(s) quantize to an asymmetric "
+                    "or unsigned grid (a zero point, or uint8 as onnxruntime's quantize_static writes); the BPU's "
+                    "int8 grid is symmetric: each takes the threshold of the larger end of the range it clips to, "
+                    "and a Clip to that range",
+                    widened)
     kept = [n for n in model.graph.node if n.name not in drop]
     del model.graph.node[:]
     model.graph.node.extend([*kept, *joins])

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.log import setup
 from hbtools.pipeline.runner import makertbin
+from hbtools.quant.qdq import strip_qdq
 from hbtools.runtime import HB_ONNXRuntime
 from hbtools.runtime.binfile import read_bin
 
@@ -136,3 +137,67 @@ def test_a_model_quantized_by_onnxruntime_converts_on_the_cpu_and_is_told_to_sta
     source = HB_ONNXRuntime(model_file=str(tmp_path / "qat.onnx")).run_feature(None, {"feat": x})[0]
     quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(None, {"feat": x})[0]
     assert np.allclose(quant, source, atol=1e-5), np.abs(quant - source).max()
+
+
+def _uint8_qdq_model() -> onnx.ModelProto:
+    """The form onnxruntime's quantize_static (QDQ) writes: uint8 activations with a zero point (the input's pair,
+    range [-1, 3]), an int8 per-channel weight and an int32 bias through DequantizeLinear, and a last pair with
+    no zero point at all (ONNX's default: uint8 0, range [0, 255 * scale]) where the float model had a Relu: the
+    quantizer drops a Relu before such a pair, which clips at 0 in its place."""
+    rng = np.random.default_rng(0)
+    s_in = np.float32(4.0 / 255)
+    w_s = np.full(4, 0.004, np.float32)
+    inits = [
+        numpy_helper.from_array(np.array(s_in, np.float32), "s_in"),
+        numpy_helper.from_array(np.array(64, np.uint8), "z_in"),
+        numpy_helper.from_array(rng.integers(-127, 128, size=(4, 2, 3, 3)).astype(np.int8), "w_q"),
+        numpy_helper.from_array(w_s, "w_s"),
+        numpy_helper.from_array(np.zeros(4, np.int8), "w_zp"),
+        numpy_helper.from_array(rng.integers(-500, 500, size=4).astype(np.int32), "b_q"),
+        numpy_helper.from_array(w_s * s_in, "b_s"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "s_out"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["feat", "s_in", "z_in"], ["feat_q"], name="q0"),
+        helper.make_node("DequantizeLinear", ["feat_q", "s_in", "z_in"], ["feat_dq"], name="dq0"),
+        helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_zp"], ["w"], name="dqw", axis=0),
+        helper.make_node("DequantizeLinear", ["b_q", "b_s"], ["b"], name="dqb", axis=0),
+        helper.make_node("Conv", ["feat_dq", "w", "b"], ["c"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("QuantizeLinear", ["c", "s_out"], ["r_q"], name="q1"),
+        helper.make_node("DequantizeLinear", ["r_q", "s_out"], ["y"], name="dq1"),
+    ]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 2, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_load_converts_onnxruntime_uint8_pairs_without_clipping_their_range(tmp_path: Path, monkeypatch,
+                                                                            capsys) -> None:
+    """A pair on a uint8 grid with a zero point (or none: uint8 0) has no symmetric int8 form. load used to stop
+    with an ERROR; now each such pair's threshold is the larger end of the range it clips to: 191 steps above the
+    input's zero point, 255 steps of the last pair (12.75), and a Clip to the range takes its place. The quantized
+    model computes what the QDQ model computes, the last pair's clipping at 0 (the dropped Relu) included."""
+    monkeypatch.chdir(tmp_path)
+    setup(None)
+    onnx.save(_uint8_qdq_model(), str(tmp_path / "qat.onnx"))
+    paths = makertbin(_config(tmp_path), "onnx")
+    assert any("asymmetric or unsigned grid" in line for line in capsys.readouterr().out.splitlines())
+
+    calibrated = onnx.load(str(paths["calibrated"]))
+    assert not {n.op_type for n in calibrated.graph.node} & {"QuantizeLinear", "DequantizeLinear"}
+    thresholds = {}
+    for n in calibrated.graph.node:
+        if n.op_type == "HzCalibration":
+            thresholds[n.input[0]] = next(helper.get_attribute_value(a)[0] for a in n.attribute
+                                          if a.name == "thresholds")
+    assert np.isclose(thresholds["feat"], 191 * 4.0 / 255, rtol=1e-5), thresholds
+    loaded = strip_qdq(_uint8_qdq_model())
+    assert np.isclose(loaded["feat"], 191 * 4.0 / 255, rtol=1e-5) and np.isclose(loaded["y"], 255 * 0.05), loaded
+
+    x = np.random.default_rng(1).uniform(-1, 3, (1, 2, 8, 8)).astype(np.float32)
+    qdq = HB_ONNXRuntime(onnx_model=_uint8_qdq_model()).run_feature(None, {"feat": x})[0]
+    quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(None, {"feat": x})[0]
+    assert (qdq == 0).mean() > 0.2 and quant.min() >= 0, "the last pair clips at 0"
+    assert np.abs(qdq - quant).max() <= 0.03 * np.abs(qdq).max(), np.abs(qdq - quant).max() / np.abs(qdq).max()
