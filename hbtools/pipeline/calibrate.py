@@ -80,7 +80,8 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         missing = [t for t in base if t not in (loaded_thresholds or {})]
         if missing:
             log.warning("calibration_type load: %d of %d tensors have no QuantizeLinear in the model; they use the "
-                        "max of generated data (e.g. %s)", len(missing), len(base), ", ".join(missing[:3]))
+                        "max over the calibration samples, generated data unless cal_data_dir is given (e.g. %s)",
+                        len(missing), len(base), ", ".join(missing[:3]))
         candidates = {"load": {t: (loaded_thresholds or {}).get(t, v) for t, v in base.items()}}
     scores: dict[str, float] = {}
     if len(candidates) > 1 or calibration_type == "mix":

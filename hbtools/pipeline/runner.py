@@ -132,7 +132,10 @@ def _check_node_names(config: Config, model: onnx.ModelProto) -> None:
 
 
 def _calibration_source(config: Config) -> CalibrationSource:
-    if config.calibration.calibration_type in ("skip", "load"):
+    """skip: random data; load: random data unless cal_data_dir is given (the tensors a QDQ model leaves without a
+    QuantizeLinear, such as its float input before a normalization, are calibrated on it); others: the folders."""
+    kind = config.calibration.calibration_type
+    if kind == "skip" or (kind == "load" and all(spec.cal_data_dir is None for spec in config.inputs)):
         return RandomCalibrationSource(config.inputs, num_samples=SKIP_SAMPLES)
     source = FolderCalibrationSource(config.inputs, preprocess_on=config.calibration.preprocess_on)
     source.check_all()

@@ -201,3 +201,29 @@ def test_load_converts_onnxruntime_uint8_pairs_without_clipping_their_range(tmp_
     quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(None, {"feat": x})[0]
     assert (qdq == 0).mean() > 0.2 and quant.min() >= 0, "the last pair clips at 0"
     assert np.abs(qdq - quant).max() <= 0.03 * np.abs(qdq).max(), np.abs(qdq - quant).max() / np.abs(qdq).max()
+
+
+def test_load_calibrates_the_tensors_without_a_pair_on_the_given_data(tmp_path: Path, monkeypatch) -> None:
+    """A QDQ model whose float input is normalized before its first pair (the pair sits on the normalized tensor):
+    the input has no QuantizeLinear, so load takes its threshold from calibration samples. With cal_data_dir
+    given they are the user's (values up to 200), not N(0, 1) random data that clipped the input at about 4."""
+    monkeypatch.chdir(tmp_path)
+    setup(None)
+    model = _qdq_model()
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.01, np.float32), "norm"))
+    model.graph.node.insert(0, helper.make_node("Mul", ["raw", "norm"], ["feat"], name="normalize"))
+    model.graph.input[0].name = "raw"
+    onnx.save(model, str(tmp_path / "qat.onnx"))
+    rng = np.random.default_rng(2)
+    (tmp_path / "cal").mkdir()
+    for k in range(8):
+        rng.uniform(0, 200, (1, 2, 8, 8)).astype(np.float32).tofile(tmp_path / "cal" / f"{k}.bin")
+    config = yaml.safe_load(_config(tmp_path).read_text())
+    config["calibration_parameters"].update(cal_data_dir="cal", cal_data_type="float32")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    paths = makertbin(tmp_path / "c.yaml", "onnx")
+
+    x = rng.uniform(0, 200, (1, 2, 8, 8)).astype(np.float32)
+    qat = HB_ONNXRuntime(onnx_model=model).run_feature(None, {"raw": x})[0]
+    quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(None, {"raw": x})[0]
+    assert np.abs(qat - quant).max() <= 0.03 * np.abs(qat).max(), np.abs(qat - quant).max() / np.abs(qat).max()
