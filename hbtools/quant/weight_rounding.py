@@ -133,6 +133,9 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
     """
     view = GraphView(optimized)
     geos = {n.name: ConvGeometry.of(n, view) for n in layers}
+    # A layer the samples cannot give enough positions would be dropped after its pass; its Hessian is not
+    # built (a classifier's dense layer over a flattened 7x7x512 map: a 25088² Hessian, 5 GB, for 8 rows).
+    layers = [n for n in layers if _reachable(n, view, geos[n.name], positions, len(feeds))]
     for k, group in enumerate(_hessian_groups(layers, view)):
         names = list(dict.fromkeys(n.input[0] for n in group))
         session = fetching_session(optimized, names)
@@ -164,6 +167,23 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
                 hessian = sums.pop(node.name) / max(count, 1)
                 if seen[node.name] >= POSITIONS_PER_INPUT * hessian.shape[-1]:
                     yield node.name, hessian
+
+
+def _reachable(node: NodeProto, view: GraphView, geo: ConvGeometry, positions: int, feeds: int) -> bool:
+    """Whether ``feeds`` samples can give ``node`` the ``POSITIONS_PER_INPUT`` positions per input of a patch
+    that ``input_hessians`` asks of its Hessian, counted as it counts them (True where shapes are unknown)."""
+    x = view.shapes.get(node.input[0])
+    inputs = int(np.prod(_by_output_channel(node, view, view.const(node.input[1])).shape[1:]))
+    if not x or any(not isinstance(d, int) or d <= 0 for d in x):
+        return True
+    if geo.dense:
+        per_feed = (x[0] if len(x) == 2 else 1) if len(x) <= 2 else x[0] * min(int(np.prod(x[1:-1])), positions)
+    else:
+        y = view.shapes.get(node.output[0])
+        if not y or len(y) != 4 or any(not isinstance(d, int) or d <= 0 for d in y):
+            return True
+        per_feed = x[0] * min(y[2] * y[3], positions)
+    return per_feed * feeds >= POSITIONS_PER_INPUT * inputs
 
 
 def _row_products(x: np.ndarray) -> np.ndarray:

@@ -312,3 +312,31 @@ def test_a_hessian_from_too_few_positions_is_not_used() -> None:
     node = model.graph.node[0]
     assert dict(wr.input_hessians(model, [node], feeds[:1])) == {}
     assert set(dict(wr.input_hessians(model, [node], feeds))) == {"conv"}
+
+
+def test_a_hessian_the_samples_cannot_fill_is_not_built() -> None:
+    """A classifier's dense layer over a flattened map (VGG16's 7x7x512 = 25088 inputs in a Keras export) gets
+    one row per sample: 8 samples can never give it 4 positions per input, so its Hessian would be dropped.
+    It is not built at all: a 4096-input one is 134 MB of float64 (25088 inputs: 5 GB, 16 GB at peak with the
+    products), while the conv before it still gets its Hessian."""
+    import tracemalloc
+
+    rng = np.random.default_rng(9)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Flatten", ["c"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "d"], ["y"], name="dense")]
+    inits = [numpy_helper.from_array(rng.normal(size=(16, 4, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(4096, 4)).astype(np.float32), "d")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    feeds = [{"x": rng.normal(size=(1, 4, 16, 16)).astype(np.float32)} for _ in range(8)]
+    tracemalloc.start()
+    try:
+        hessians = dict(wr.input_hessians(model, [nodes[0], nodes[2]], feeds))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert set(hessians) == {"conv"}
+    assert peak < 32_000_000, f"peak {peak / 1e6:.0f} MB: the dense layer's Hessian was built"
