@@ -21,6 +21,7 @@ from hbtools.config.model import (
     CustomOpParameters,
     InputSpec,
     ModelParameters,
+    random_calibration,
 )
 from hbtools.config.nodes import merge_node_settings, node_info_snapshot
 from hbtools.config.schema import GROUPS, MODEL_FILES, validate_groups
@@ -93,8 +94,7 @@ def _cal_dirs(cp: dict[str, Any], base: Path) -> list[Path | None] | None:
 
 
 def _check_cal_dirs(inputs: list[InputSpec], cal_type: str, base: Path, working_dir: Path) -> None:
-    # load uses folders it is given (for the tensors its QDQ model leaves unquantized) and random data without.
-    if cal_type == "skip" or (cal_type == "load" and all(spec.cal_data_dir is None for spec in inputs)):
+    if random_calibration(cal_type, inputs):
         return
     for spec in inputs:
         d = spec.cal_data_dir

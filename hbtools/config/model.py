@@ -152,6 +152,13 @@ class CustomOpParameters:
     custom_op_dir: Path | None = None
 
 
+def random_calibration(calibration_type: str, inputs: list[InputSpec]) -> bool:
+    """Whether calibration runs on generated data: ``skip`` always; ``load`` unless folders are given
+    (they calibrate the tensors its QDQ model leaves without a QuantizeLinear, such as a float input
+    before a normalization); every other type reads the folders."""
+    return calibration_type == "skip" or (calibration_type == "load" and all(s.cal_data_dir is None for s in inputs))
+
+
 @dataclass
 class Config:
     model: ModelParameters

@@ -10,7 +10,7 @@ import onnx
 
 from hbtools.config.builtin import builtin_config
 from hbtools.config.loader import load_config
-from hbtools.config.model import Config
+from hbtools.config.model import Config, random_calibration
 from hbtools.config.values import closest_names
 from hbtools.data.calibration import (
     CalibrationSource,
@@ -132,10 +132,7 @@ def _check_node_names(config: Config, model: onnx.ModelProto) -> None:
 
 
 def _calibration_source(config: Config) -> CalibrationSource:
-    """skip: random data; load: random data unless cal_data_dir is given (the tensors a QDQ model leaves without a
-    QuantizeLinear, such as its float input before a normalization, are calibrated on it); others: the folders."""
-    kind = config.calibration.calibration_type
-    if kind == "skip" or (kind == "load" and all(spec.cal_data_dir is None for spec in config.inputs)):
+    if random_calibration(config.calibration.calibration_type, config.inputs):
         return RandomCalibrationSource(config.inputs, num_samples=SKIP_SAMPLES)
     source = FolderCalibrationSource(config.inputs, preprocess_on=config.calibration.preprocess_on)
     source.check_all()

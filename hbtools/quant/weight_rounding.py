@@ -176,8 +176,10 @@ def _reachable(node: NodeProto, view: GraphView, geo: ConvGeometry, positions: i
     inputs = int(np.prod(_by_output_channel(node, view, view.const(node.input[1])).shape[1:]))
     if not x or any(not isinstance(d, int) or d <= 0 for d in x):
         return True
-    if geo.dense:
-        per_feed = (x[0] if len(x) == 2 else 1) if len(x) <= 2 else x[0] * min(int(np.prod(x[1:-1])), positions)
+    if geo.dense and len(x) <= 2:
+        per_feed = x[0] if len(x) == 2 else 1  # each row one position
+    elif geo.dense:
+        per_feed = x[0] * min(int(np.prod(x[1:-1])), positions)  # per sample, the rows of its last axis
     else:
         y = view.shapes.get(node.output[0])
         if not y or len(y) != 4 or any(not isinstance(d, int) or d <= 0 for d in y):
