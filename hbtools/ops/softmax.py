@@ -15,12 +15,12 @@ same IEEE operations on the same integers, so they agree bit for bit.
 
 The table is computed by onnxruntime from the ops ``exp_levels`` builds (Mul by the
 step, Exp, Mul by 2**15, Round, all float64). The calibrated model emulates the kernel
-with ``HzSoftmax``: in place of a Softmax the BPU runs, its lowering applies the same
-ops to the input's float64 twin levels (``hbtools.ops.twins``), then ``e / S``; the
-output's fake quant divides that by the step, as the kernel does. Without twins (a
-debugger's piecewise model) it is the float Softmax. A table entry and the emulation
-could only differ where onnxruntime's float64 Exp rounds one ulp differently on
-another vector lane and the product lies within that ulp of a rounding tie.
+with ``HzSoftmax``: in place of a Softmax the BPU runs, its lowering builds the same
+table with the same ops over the same differences and reads it at the input's float64
+twin levels (``hbtools.ops.twins``), then ``e / S``; the output's fake quant divides that
+by the step, as the kernel does. Where the twin levels are not whole numbers of a grid
+(a switchable session's disabled nodes hand on ``x / step``) the ops apply per element
+instead. Without twins (a debugger's piecewise model) it is the float Softmax.
 """
 
 from __future__ import annotations
@@ -119,11 +119,34 @@ def _np_table_exp(x: np.ndarray, table: np.ndarray, axis: int) -> tuple[np.ndarr
     return d, table[np.maximum(d + table.size - 1, 0)]
 
 
-def _twin_exp(ctx: LoweringContext, src, axis: int, hint: str, nodes: list[NodeProto]) -> tuple[str, str]:  # noqa: ANN001
-    """On the calibrated model's float64 twin levels ``src``: ``d = levels - max`` and its exp table."""
+def _twin_exp(ctx: LoweringContext, src, x: str, axis: int, hint: str,  # noqa: ANN001
+              nodes: list[NodeProto]) -> tuple[str, str]:
+    """On the calibrated model's float64 twin levels ``src`` of ``x``: ``d = levels - max`` and its exp levels.
+
+    Where the levels are whole numbers of an 8- or 16-bit grid (not in a switchable session, whose disabled
+    nodes hand on ``x / step``), the exp levels come from the kernel's table, built by the same ops over
+    the same differences as ``exp_table`` builds it and read as the kernel reads it: the same bits by
+    construction, and one exp per table entry instead of one per element. A constant step makes the
+    table a constant (onnxruntime folds it); a fed step (threshold searches: any grid up to 16 bits) builds
+    it at run time, where the tensor has more elements than the table. Elsewhere: the formula per element."""
     peak = reduce_keepdims(ctx, "ReduceMax", src.levels, [axis], hint, nodes)
     d = add_node(ctx, "Sub", [src.levels, peak], hint, nodes)
-    return d, exp_levels(d, src.step, hint, ctx.unique, nodes)
+    bits = 16 if ctx.feed_calibration else src.bits
+    whole = src.bits in (8, 16) and not (ctx.feed_calibration and ctx.switches)
+    shape = ctx.shapes.get(x)
+    elements = int(np.prod(shape)) if shape and all(isinstance(v, int) and v > 0 for v in shape) else 0
+    fed = ctx.known(src.step) is None
+    if not whole or (fed and elements <= 2**bits):
+        return d, exp_levels(d, src.step, hint, ctx.unique, nodes)
+    n = 2**bits
+    differences = ctx.constant(f"{hint}_differences", np.arange(-(n - 1), 1, dtype=np.float64))
+    table = exp_levels(differences, src.step, f"{hint}_table", ctx.unique, nodes)
+    # the kernel's clamp at the table's first entry (int8 and int16 levels' differences are always within it)
+    index = add_node(ctx, "Max", [add_node(ctx, "Add", [d, _double(ctx, hint, "offset", n - 1.0)], hint, nodes),
+                                  _double(ctx, hint, "first", 0.0)], hint, nodes)
+    e = ctx.unique(f"{hint}_exp")
+    uint8_kernels.lookup(ctx, table, add_node(ctx, "Cast", [index], hint, nodes, to=TensorProto.INT64), e, nodes)
+    return d, e
 
 
 @register
@@ -210,7 +233,7 @@ class HzSoftmax(HzOp):
             return [helper.make_node("Softmax", [x], [y], name=ctx.unique(node.name), axis=axis)]
         nodes: list[NodeProto] = []
         hint = node.name
-        d, e = _twin_exp(ctx, src, axis, hint, nodes)
+        d, e = _twin_exp(ctx, src, x, axis, hint, nodes)
         p = add_node(ctx, "Div", [e, reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)], hint, nodes)
         twins.to_float(ctx, p, y, nodes)
         ctx.twins[y] = twins.Twin(p)
@@ -369,7 +392,7 @@ class HzLogSoftmax(HzOp):
             return [helper.make_node("LogSoftmax", [x], [y], name=ctx.unique(node.name), axis=axis)]
         nodes: list[NodeProto] = []
         hint = node.name
-        d, e = _twin_exp(ctx, src, axis, hint, nodes)
+        d, e = _twin_exp(ctx, src, x, axis, hint, nodes)
         s = reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)
         logs = ctx.constant(f"{hint}_log_table", log_table())
         out = add_node(ctx, "Sub", [add_node(ctx, "Mul", [d, src.step], hint, nodes),
