@@ -117,6 +117,7 @@ def normalization(opset: int) -> FloatModel:
                                                 g.const(_f32(np.linspace(-0.1, 0.1, C)), "in_b")]))
     outs.append(_axes(g, "ReduceMean", x, [2, 3], opset, 18, keepdims=1))
     outs.append(_axes(g, "ReduceMax", x, [1], opset, 18, keepdims=1))
+    outs.append(_axes(g, "ReduceMin", x, [1], opset, 18, keepdims=1))
     outs.append(_axes(g, "ReduceSum", x, [-1], opset, 13, keepdims=0))
     return _done(g, outs, opset)
 

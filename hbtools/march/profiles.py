@@ -83,7 +83,7 @@ LUT_OPS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Leaky
 # Ops that move or select int8 values without changing them (output scale = input scale).
 PASSIVE_OPS = ("MaxPool", "GlobalMaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
                "Slice", "Split", "Resize", "Identity", "DepthToSpace", "SpaceToDepth", "Tile", "Gather",
-               "ReduceMax", "Pad")
+               "ReduceMax", "ReduceMin", "Pad")
 
 _NCHW_NHWC = ((0, 1, 2, 3), (0, 2, 3, 1), (0, 3, 1, 2))
 _NOT_BATCH = (1, 2, 3, 4)
@@ -126,7 +126,7 @@ _BAYES_OPS: dict[str, OpRule] = {
 _BERNOULLI2_OPS: dict[str, OpRule] = {
     **{op: replace(rule, ranks=(4, 4)) for op, rule in _BAYES_OPS.items()
        if op not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Softmax", "LogSoftmax", "ReduceMean", "ReduceMax",
-                     "ReduceSum", "LayerNormalization", "GridSample", "Gather", "Tile")},
+                     "ReduceMin", "ReduceSum", "LayerNormalization", "GridSample", "Gather", "Tile")},
     "Conv": OpRule("HzSQuantizedConv", ("conv",), ranks=(4, 4), kernel=7, stride=4, dilation=16, channels=2048),
     "ConvTranspose": OpRule("HzSQuantizedConvTranspose", ("conv",), ranks=(4, 4), kernel=14, stride=4,
                             dilation=1, channels=2048, int16=False),

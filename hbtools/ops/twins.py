@@ -40,7 +40,8 @@ from hbtools.ops.base import CONTRIB_DOMAIN, LoweringContext, attrs_of, reduced_
 
 # Data-movement ops: levels in, levels out; the step does not change.
 _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Resize",
-          "GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Tile", "Gather", "ReduceMax", "Pad")
+          "GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Tile", "Gather", "ReduceMax", "ReduceMin",
+          "Pad")
 _DOUBLE_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity")
 _ELEMENTWISE = ("Add", "Sub", "Mul")
 _CONSTANT_OPERAND = ("Add", "Sub", "Mul", "Div")

@@ -251,3 +251,27 @@ def test_patch_embedding_with_a_stride_beyond_the_bpu_runs_there(tmp_path: Path,
     got = HB_ONNXRuntime(model_file=paths["optimized"]).run(None, {"data": x})[0]
     want = HB_ONNXRuntime(model_file=paths["original"]).run(None, {"data": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("optimization", [None, "set_all_nodes_int16"])
+def test_reduce_min_selects_levels_on_the_bpu_as_reduce_max_does(tmp_path: Path, optimization: str | None) -> None:
+    """ReduceMin picks one of its input's levels, as ReduceMax does: it runs on the BPU between two convs
+    (one subgraph, not two around a CPU node), and the calibrated and quantized models agree bit for bit
+    (int8 and int16, on the integers or through a float kernel)."""
+    g = _Graph(21)
+    low = g.op("ReduceMin", [g.conv("data", 3, 8)], axes=[1], keepdims=1)
+    fm = g.model({"data": [1, 3, 8, 8]}, [g.conv(g.op("Mul", [low, g.const(np.float32(0.5))]), 1, 4)], 13)
+    part = _partition(fm.model, "bayes-e")
+    assert _placement(part)["ReduceMin_0"] == ("BPU", "id(0)"), _reason(part, "ReduceMin_0")
+    assert {sub for _, sub in _placement(part).values()} == {"id(0)"}
+    assert _placement(_partition(fm.model, "bernoulli2"))["ReduceMin_0"][0] == "CPU"
+    project = make_project(tmp_path, fm, cal_count=2)
+    if optimization:
+        project.write(calibration_parameters={"calibration_type": "max", "optimization": optimization})
+    paths = makertbin(project.config_path, "onnx")
+    assert all(o.passed for o in verify(paths["quantized"], paths["bin"], None, 2).outputs)
+    for seed in range(3):
+        x = np.random.default_rng(seed).integers(0, 256, (1, 3, 8, 8), dtype=np.uint8)
+        got = HB_ONNXRuntime(model_file=paths["quantized"]).run(None, {"data": x})[0]
+        want = HB_ONNXRuntime(model_file=paths["calibrated"]).run(None, {"data": x})[0]
+        np.testing.assert_array_equal(got.astype(np.float32), want)

@@ -11,7 +11,7 @@ from hbtools.quant.emitters.state import EmitState, QTensor
 from hbtools.quant.units import Unit
 
 # onnxruntime has no int16 kernels for these (nor int8 ones before opset 12/13).
-_FLOAT_KERNEL_ONLY = ("MaxPool", "Resize", "ReduceMax")
+_FLOAT_KERNEL_ONLY = ("MaxPool", "Resize", "ReduceMax", "ReduceMin")
 # ... and no int8 or int16 kernels at any opset for these.
 _FLOAT_KERNEL_ALWAYS = ("GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Pad")
 
