@@ -25,6 +25,8 @@ instead. Without twins (a debugger's piecewise model) it is the float Softmax.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
@@ -120,33 +122,36 @@ def _np_table_exp(x: np.ndarray, table: np.ndarray, axis: int) -> tuple[np.ndarr
 
 
 def _twin_exp(ctx: LoweringContext, src, x: str, axis: int, hint: str,  # noqa: ANN001
-              nodes: list[NodeProto]) -> tuple[str, str]:
-    """On the calibrated model's float64 twin levels ``src`` of ``x``: ``d = levels - max`` and its exp levels.
+              nodes: list[NodeProto]) -> tuple[Callable[[], str], str]:
+    """On the calibrated model's float64 twin levels ``src`` of ``x``: the differences ``d = levels - max``
+    (a thunk: the table path makes them only if asked) and their exp levels.
 
     Where the levels are whole numbers of an 8- or 16-bit grid (not in a switchable session, whose disabled
     nodes hand on ``x / step``), the exp levels come from the kernel's table, built by the same ops over
-    the same differences as ``exp_table`` builds it and read as the kernel reads it: the same bits by
+    the same differences as ``exp_table`` builds it and read at ``d + n - 1``: the same bits by
     construction, and one exp per table entry instead of one per element. A constant step makes the
     table a constant (onnxruntime folds it); a fed step (threshold searches: any grid up to 16 bits) builds
     it at run time, where the tensor has more elements than the table. Elsewhere: the formula per element."""
     peak = reduce_keepdims(ctx, "ReduceMax", src.levels, [axis], hint, nodes)
-    d = add_node(ctx, "Sub", [src.levels, peak], hint, nodes)
     bits = 16 if ctx.feed_calibration else src.bits
     whole = src.bits in (8, 16) and not (ctx.feed_calibration and ctx.switches)
     shape = ctx.shapes.get(x)
     elements = int(np.prod(shape)) if shape and all(isinstance(v, int) and v > 0 for v in shape) else 0
     fed = ctx.known(src.step) is None
     if not whole or (fed and elements <= 2**bits):
-        return d, exp_levels(d, src.step, hint, ctx.unique, nodes)
+        d = add_node(ctx, "Sub", [src.levels, peak], hint, nodes)
+        return (lambda: d), exp_levels(d, src.step, hint, ctx.unique, nodes)
     n = 2**bits
     differences = ctx.constant(f"{hint}_differences", np.arange(-(n - 1), 1, dtype=np.float64))
     table = exp_levels(differences, src.step, f"{hint}_table", ctx.unique, nodes)
-    # the kernel's clamp at the table's first entry (int8 and int16 levels' differences are always within it)
-    index = add_node(ctx, "Max", [add_node(ctx, "Add", [d, _double(ctx, hint, "offset", n - 1.0)], hint, nodes),
-                                  _double(ctx, hint, "first", 0.0)], hint, nodes)
+    # The index d + n - 1 as levels - (max - (n - 1)): one pass over the tensor. Levels of an int8 or int16
+    # grid differ by less than n, so it never needs the kernel's clamp at 0.
+    first = add_node(ctx, "Sub", [peak, _double(ctx, hint, "offset", n - 1.0)], hint, nodes)
+    index = add_node(ctx, "Cast", [add_node(ctx, "Sub", [src.levels, first], hint, nodes)], hint, nodes,
+                     to=TensorProto.INT64)
     e = ctx.unique(f"{hint}_exp")
-    uint8_kernels.lookup(ctx, table, add_node(ctx, "Cast", [index], hint, nodes, to=TensorProto.INT64), e, nodes)
-    return d, e
+    uint8_kernels.lookup(ctx, table, index, e, nodes)
+    return (lambda: add_node(ctx, "Sub", [src.levels, peak], hint, nodes)), e
 
 
 @register
@@ -233,7 +238,7 @@ class HzSoftmax(HzOp):
             return [helper.make_node("Softmax", [x], [y], name=ctx.unique(node.name), axis=axis)]
         nodes: list[NodeProto] = []
         hint = node.name
-        d, e = _twin_exp(ctx, src, x, axis, hint, nodes)
+        _, e = _twin_exp(ctx, src, x, axis, hint, nodes)
         p = add_node(ctx, "Div", [e, reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)], hint, nodes)
         twins.to_float(ctx, p, y, nodes)
         ctx.twins[y] = twins.Twin(p)
@@ -392,10 +397,10 @@ class HzLogSoftmax(HzOp):
             return [helper.make_node("LogSoftmax", [x], [y], name=ctx.unique(node.name), axis=axis)]
         nodes: list[NodeProto] = []
         hint = node.name
-        d, e = _twin_exp(ctx, src, x, axis, hint, nodes)
+        differences, e = _twin_exp(ctx, src, x, axis, hint, nodes)
         s = reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)
         logs = ctx.constant(f"{hint}_log_table", log_table())
-        out = add_node(ctx, "Sub", [add_node(ctx, "Mul", [d, src.step], hint, nodes),
+        out = add_node(ctx, "Sub", [add_node(ctx, "Mul", [differences(), src.step], hint, nodes),
                                     log_sum(ctx, s, ctx.rank(x), logs, hint, nodes)], hint, nodes)
         twins.to_float(ctx, out, y, nodes)
         ctx.twins[y] = twins.Twin(out)

@@ -36,7 +36,7 @@ import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, helper
 
 from hbtools.ops import registry, uint8_kernels
-from hbtools.ops.base import CONTRIB_DOMAIN, LoweringContext, attrs_of, reduced_axes, select
+from hbtools.ops.base import LoweringContext, attrs_of, reduced_axes, select
 
 # Data-movement ops: levels in, levels out; the step does not change.
 _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Resize",
@@ -66,8 +66,9 @@ class Twin:
     # Concat of int8-level twins: (axis, [(input, its twin), ...]), requantized part by part
     parts: tuple | None = None
     # A product's accumulator as the integer kernels leave it: (int32 sum without the bias, int32 zero point
-    # = minus the bias levels, per channel, channels, their axis), where their sum is known to fit int32
-    int32_sum: tuple[str, str, int, int] | None = None
+    # = minus the bias levels, per channel, channels, their axis, whether that axis is the last), where their
+    # sum is known to fit int32
+    int32_sum: tuple[str, str, int, int, bool] | None = None
     # A grouped ConvTranspose weight: its float32 steps per output channel, which ``step`` (spread
     # over the weight's two channel axes to broadcast) does not list along one axis
     channel_step: str | None = None
@@ -207,14 +208,13 @@ def _requantized(ctx: LoweringContext, src: Twin, s: str, base: str, nodes: list
     multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
     m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
     if src.int32_sum is not None and scalar:
-        acc, zero, channels, axis = src.int32_sum
+        acc, zero, channels, axis, last = src.int32_sum
         flat = _node(ctx, "Reshape", [m32, ctx.constant(f"{base}_flat", np.array([-1], np.int64))],
                      f"{base}_multiplier_flat", nodes)
         per_channel = _node(ctx, "Expand", [flat, ctx.constant(f"{base}_channels", np.array([channels], np.int64))],
                             f"{base}_multiplier_channels", nodes)
         out = ctx.unique(f"{base}_requant_f32")
-        nodes.append(helper.make_node("DequantizeLinear", [acc, per_channel, zero], [out], name=out, axis=axis,
-                                      domain=CONTRIB_DOMAIN))
+        uint8_kernels.dequantize_int32(ctx, acc, per_channel, zero, axis, last, out, nodes)
         return out
     return _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
 
@@ -637,7 +637,7 @@ def _product(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> b
         integer = _integer_product(node, ctx, a, b, 1.0, nodes)
         acc = integer[0] if integer else _node(ctx, "MatMul", [a.levels, b.levels], f"{out}_acc_f64", nodes)
         rank = ctx.rank(out)
-        int32_sum = _int32_sum(ctx, integer, None, node.name, None if rank is None else rank - 1)
+        int32_sum = _int32_sum(ctx, integer, None, node.name, None if rank is None else rank - 1, last=True)
         step = _node(ctx, "Mul", [a.step, b.step], f"{out}_acc_step", nodes)
     else:
         gemm = _gemm_accumulator(node, ctx, a, b, nodes)
@@ -695,7 +695,7 @@ def _gemm_accumulator(node: NodeProto, ctx: LoweringContext, a: Twin, b: Twin,
     integer = _integer_product(node, ctx, a, b, float(np.sign(alpha)), nodes)
     acc = integer[0] if integer else _node(ctx, "Gemm", [a.levels, b.levels], f"{out}_acc_f64", nodes,
                                            alpha=float(np.sign(alpha)), transB=int(attrs.get("transB", 0)))
-    int32_sum = _int32_sum(ctx, integer, c.levels if c is not None else None, node.name, 1)
+    int32_sum = _int32_sum(ctx, integer, c.levels if c is not None else None, node.name, 1, last=True)
     if c is not None:
         acc = _node(ctx, "Add", [acc, c.levels], f"{out}_acc_bias", nodes)
     column_steps = _node(ctx, "Reshape", [b.step, ctx.constant(f"{out}_columns", np.array([-1], dtype=np.int64))],
@@ -719,7 +719,8 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
         return False
     integer = _integer_conv(node, ctx, x, w, nodes)
     acc, acc32 = (integer[0], None) if integer else _float_conv(node, ctx, x, w, nodes)
-    int32_sum = _int32_sum(ctx, integer, ctx.twins[bias].levels if bias else None, node.name, 1)
+    int32_sum = _int32_sum(ctx, integer, ctx.twins[bias].levels if bias else None, node.name, 1,
+                           last=rank == 2)
     channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
     if bias:
         b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes)
@@ -806,10 +807,10 @@ def _plus_bias32(ctx: LoweringContext, acc32: str, levels: str, bias: str, chann
 
 
 def _int32_sum(ctx: LoweringContext, integer: tuple[str, str | None, float, int] | None, bias_levels: str | None,
-               hint: str, axis: int | None) -> tuple[str, str, int, int] | None:
+               hint: str, axis: int | None, *, last: bool) -> tuple[str, str, int, int, bool] | None:
     """``Twin.int32_sum`` of a product whose integer accumulator is int32 (``_integer_conv``,
-    ``_integer_product``; channels along ``axis``) and whose bias levels are constants that keep every
-    biased sum within int32 (else None)."""
+    ``_integer_product``; channels along ``axis``, ``last`` if that is the last axis) and whose bias
+    levels are constants that keep every biased sum within int32 (else None)."""
     if integer is None or integer[1] is None or axis is None:
         return None
     _, acc, bound, channels = integer
@@ -817,7 +818,7 @@ def _int32_sum(ctx: LoweringContext, integer: tuple[str, str | None, float, int]
     if bias is None or bias.size not in (1, channels) or bound + float(np.max(np.abs(bias))) >= 2.0**31:
         return None
     zero = np.broadcast_to(-np.asarray(bias, np.float64).reshape(-1), (channels,)).astype(np.int32)
-    return acc, ctx.constant(f"{hint}_acc_zero", zero), channels, axis
+    return acc, ctx.constant(f"{hint}_acc_zero", zero), channels, axis, last
 
 
 def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,

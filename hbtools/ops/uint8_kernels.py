@@ -51,6 +51,27 @@ def signed_weights_exact() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
+def dequantize_int32(ctx: LoweringContext, acc: str, scale: str, zero: str, axis: int, last_axis: bool, out: str,
+                     nodes: list[NodeProto]) -> None:
+    """``out = float32(acc - zero) * scale`` of an int32 ``acc``, ``scale`` and ``zero`` per channel along
+    ``axis`` (1-D) or scalars: one DequantizeLinear, which computes exactly that.
+
+    Where the channels are the last axis (a Gemm's or MatMul's output) each channel's block is one
+    element, and onnxruntime's per-axis DequantizeLinear walks them one by one: the same IEEE operations
+    as Sub (int32), Cast and Mul, which broadcast the [channels] vectors along the last axis, run three to
+    four times faster (the 40 x 6625 CTC head of PP-OCR rec: 1.0 ms against 0.3 ms).
+    """
+    if last_axis:
+        shifted = ctx.unique(f"{out}_shifted")
+        widened = ctx.unique(f"{out}_float")
+        nodes += [helper.make_node("Sub", [acc, zero], [shifted], name=shifted),
+                  helper.make_node("Cast", [shifted], [widened], name=widened, to=TensorProto.FLOAT),
+                  helper.make_node("Mul", [widened, scale], [out], name=ctx.unique(f"{out}_scaled"))]
+        return
+    nodes.append(helper.make_node("DequantizeLinear", [acc, scale, zero], [out], name=ctx.unique(out), axis=axis,
+                                  domain=CONTRIB_DOMAIN))
+
+
 def as_uint8(ctx: LoweringContext, x: str, nodes: list[NodeProto]) -> str:
     """The uint8 copy ``x + 128`` of int8 tensor ``x`` (made once)."""
     if x in ctx.uint8:

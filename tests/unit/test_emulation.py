@@ -230,9 +230,10 @@ def test_dead_channel_keeps_its_bias(tmp_path) -> None:
 @pytest.mark.parametrize("build", [resnet_like, featuremap_mlp], ids=["convs", "matmuls"])
 def test_integer_product_sums_are_requantized_without_float64(tmp_path, build) -> None:
     """In the lowered calibrated model an int16 conv's or matrix product's int32 sum and its constant
-    bias go to the output grid in one DequantizeLinear (the bias as zero point), as the quantized
-    model does, not through float64 copies of the whole map. (int8 convs with constant grids are one
-    QLinearConv.)"""
+    bias go to the output grid in one DequantizeLinear (the bias as zero point), or with the channels on
+    the last axis in its three operations (the zero point subtracted in int32, a cast to float32, the
+    product), as the quantized model does, not through float64 copies of the whole map. (int8 convs with
+    constant grids are one QLinearConv.)"""
     fm = build()
     project = make_project(tmp_path, fm, cal_count=4)
     project.write(calibration_parameters={"calibration_type": "max", "optimization": "set_all_nodes_int16"})
@@ -246,8 +247,10 @@ def test_integer_product_sums_are_requantized_without_float64(tmp_path, build) -
     assert sums, "the calibrated model runs its products on integer kernels"
     widened = [n.name for n in lowered.graph.node if n.op_type == "Cast" and n.input[0] in sums]
     assert not widened, f"int32 sums cast to float64: {widened}"
-    requantized = [n for n in lowered.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in sums]
-    assert requantized, "no sum is requantized by DequantizeLinear"
+    shifted = {n.output[0] for n in lowered.graph.node if n.op_type == "Sub" and n.input[0] in sums}
+    requantized = [n for n in lowered.graph.node if (n.op_type == "DequantizeLinear" and n.input[0] in sums) or
+                   (n.op_type == "Cast" and n.input[0] in shifted and attrs_of(n)["to"] == TensorProto.FLOAT)]
+    assert requantized, "no sum is requantized by DequantizeLinear or its int32 / float32 operations"
 
 
 def test_float_convs_between_dequantize_and_quantize_keep_their_float_weights() -> None:
