@@ -100,18 +100,31 @@ def _double(ctx: LoweringContext, hint: str, key: str, value: float) -> str:
 
 
 def _table_exp(ctx: LoweringContext, x: str, table: np.ndarray, axis: int, hint: str,
-               nodes: list[NodeProto]) -> tuple[str, str]:
-    """The integer kernels' ``d = x - max(x)`` along ``axis`` and ``table[d]`` (float64), as Softmax and
-    LogSoftmax share them."""
+               nodes: list[NodeProto]) -> tuple[Callable[[], str], str]:
+    """The integer kernels' ``d = x - max(x)`` along ``axis`` (a thunk giving it as float64) and
+    ``table[max(d + n - 1, 0)]`` (float64), as Softmax and LogSoftmax share them.
+
+    The index is ``max(x - (max(x) - n + 1), 0)`` in int32 (from opset 12, where onnxruntime has an int32
+    Max): two passes over the tensor, where the float64 chain took five."""
+    n = table.size
+    lookup_table = ctx.constant(f"{hint}_table", table)
+    e = ctx.unique(f"{hint}_exp")
+    if ctx.opset >= 12:
+        x32 = add_node(ctx, "Cast", [x], hint, nodes, to=TensorProto.INT32)
+        peak = reduce_keepdims(ctx, "ReduceMax", x32, [axis], hint, nodes)
+        first = add_node(ctx, "Sub", [peak, ctx.constant(f"{hint}_offset", np.array(n - 1, np.int32))], hint, nodes)
+        # the table may start where exp varies: differences below it take its first entry
+        index = add_node(ctx, "Max", [add_node(ctx, "Sub", [x32, first], hint, nodes),
+                                      ctx.constant(f"{hint}_first", np.array(0, np.int32))], hint, nodes)
+        uint8_kernels.lookup(ctx, lookup_table, index, e, nodes)
+        return (lambda: add_node(ctx, "Cast", [add_node(ctx, "Sub", [x32, peak], hint, nodes)], hint, nodes,
+                                 to=TensorProto.DOUBLE)), e
     x = twins.to_double(ctx, x, hint, nodes)
     d = add_node(ctx, "Sub", [x, reduce_keepdims(ctx, "ReduceMax", x, [axis], hint, nodes)], hint, nodes)
-    idx = add_node(ctx, "Add", [d, _double(ctx, hint, "offset", table.size - 1.0)], hint, nodes)
-    # the table may start where exp varies
+    idx = add_node(ctx, "Add", [d, _double(ctx, hint, "offset", n - 1.0)], hint, nodes)
     idx = add_node(ctx, "Max", [idx, _double(ctx, hint, "first", 0.0)], hint, nodes)
-    idx = add_node(ctx, "Cast", [idx], hint, nodes, to=TensorProto.INT64)
-    e = ctx.unique(f"{hint}_exp")
-    uint8_kernels.lookup(ctx, ctx.constant(f"{hint}_table", table), idx, e, nodes)
-    return d, e
+    uint8_kernels.lookup(ctx, lookup_table, add_node(ctx, "Cast", [idx], hint, nodes, to=TensorProto.INT64), e, nodes)
+    return (lambda: d), e
 
 
 def _np_table_exp(x: np.ndarray, table: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -199,7 +212,7 @@ class HzSQuantizedSoftmax(HzOp):
         hint, axis = node.name, int(a["axis"])
         table = table_of(node).astype(np.float64)
 
-        d, e = _table_exp(ctx, node.input[0], table, axis, hint, nodes)
+        _, e = _table_exp(ctx, node.input[0], table, axis, hint, nodes)
         p = add_node(ctx, "Div", [e, reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)], hint, nodes)
         q = add_node(ctx, "Div", [p, _double(ctx, hint, "out_scale", a["out_scale"][0])], hint, nodes)
         q = add_node(ctx, "Round", [q], hint, nodes)
@@ -353,10 +366,10 @@ class HzSQuantizedLogSoftmax(HzOp):
         hint, axis = node.name, int(a["axis"])
         table = table_of(node).astype(np.float64)
 
-        d, e = _table_exp(ctx, node.input[0], table, axis, hint, nodes)
+        differences, e = _table_exp(ctx, node.input[0], table, axis, hint, nodes)
         s = reduce_keepdims(ctx, "ReduceSum", e, [axis], hint, nodes)
         logs = ctx.constant(f"{hint}_log_table", np.asarray(a["log_table"], dtype=np.float64))
-        scaled = add_node(ctx, "Mul", [d, _double(ctx, hint, "x_scale", a["x_scale"][0])], hint, nodes)
+        scaled = add_node(ctx, "Mul", [differences(), _double(ctx, hint, "x_scale", a["x_scale"][0])], hint, nodes)
         y = add_node(ctx, "Sub", [scaled, log_sum(ctx, s, ctx.rank(node.input[0]), logs, hint, nodes)], hint, nodes)
         q = add_node(ctx, "Round", [add_node(ctx, "Div", [y, _double(ctx, hint, "out_scale", a["out_scale"][0])],
                                              hint, nodes)], hint, nodes)

@@ -91,3 +91,24 @@ def test_fed_grids_build_the_table_once_per_run_and_give_the_built_models_output
     for x in samples:
         x8 = (x.astype(np.int16) - 128).astype(np.int8)  # what HB_ONNXRuntime feeds (input_offset 128)
         np.testing.assert_array_equal(session.run(None, {"data": x8, **feeds})[0], direct.run(None, {"data": x8})[0])
+
+
+def test_quantized_softmax_indexes_its_table_on_integers(converted) -> None:
+    """The quantized kernel's table index ``max(x - max(x) + n - 1, 0)`` is computed on int32 (two passes over
+    the tensor), not on a float64 copy of the integer input (five passes)."""
+    paths, _, _ = converted
+    lowered = lower_model(onnx.load(str(paths["quantized"])))
+    producers = {o: n for n in lowered.graph.node for o in n.output}
+    (gather,) = [n for n in lowered.graph.node if n.op_type == "GatherElements" and "exp" in n.output[0]]
+    seen, stack, casts = set(), [gather.input[1]], []
+    while stack:
+        t = stack.pop()
+        node = producers.get(t)
+        if node is None or t in seen:
+            continue
+        seen.add(t)
+        if node.op_type == "Cast":  # where the index leaves the quantized input's integers
+            casts.append(attrs_of(node)["to"])
+            continue
+        stack.extend(i for i in node.input if i)
+    assert casts and set(casts) == {onnx.TensorProto.INT32}, casts
