@@ -27,7 +27,7 @@ from hbtools.quant.plan import (
     folded_weights,
     weight_thresholds,
 )
-from hbtools.quant.search import Evaluator, output_pieces, scored_tensors
+from hbtools.quant.search import Evaluator, output_pieces, scored_outputs, scored_tensors
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runs.timing import StepTimes
@@ -274,9 +274,14 @@ def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
 def _float_session(optimized: ModelProto, tensors: list[str]):
     """The float model's session and what the searches score (``search.scored_tensors``)."""
     scored = scored_tensors(optimized)
-    for out, joined in zip(optimized.graph.output, output_pieces(optimized), strict=True):
+    stand_ins = scored_outputs(optimized)
+    outputs = [o.name for o in optimized.graph.output]
+    if stand_ins != outputs:
+        log.info("outputs picked at places the data decides (TopK, gathers at its indices) are scored on the "
+                 "tensors they pick from: %s", ", ".join(t for t in stand_ins if t not in outputs))
+    for out, joined in zip(stand_ins, output_pieces(optimized), strict=True):
         if joined is not None:
-            log.info("output '%s' is scored as the %d pieces it joins (%s)", out.name, len(joined.names),
+            log.info("output '%s' is scored as the %d pieces it joins (%s)", out, len(joined.names),
                      ", ".join(joined.names))
     return fetching_session(optimized, list(dict.fromkeys([*tensors, *scored]))), scored
 

@@ -113,8 +113,80 @@ def session_threads(workers: int) -> int:
     return 1 if workers > 1 else 0
 
 
+# Ops whose results are places decided by values (which quantization moves), and the ops that pick
+# elements at such places: TopK always, a gather when its indices come from a decision.
+_DECISIONS = ("TopK", "ArgMax", "ArgMin", "NonMaxSuppression", "NonZero")
+_GATHERS = ("Gather", "GatherElements", "GatherND")
+_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
+
+
+def scored_outputs(model: ModelProto) -> list[str]:
+    """What stands for the model outputs in a score: each output, or, for an output made by picking
+    elements at places decided by the data (an end-to-end detector's top-k boxes: TopK, then
+    GatherElements at its indices), the float tensors it picks from.
+
+    A picked output holds the float model's choice in the float model and the quantized model's in
+    the quantized one: where two candidates score alike (the many near-zero scores of a detector)
+    the order flips, and the cosine compares unrelated boxes. A YOLO26 head's top-300 list scored
+    0.34 for every calibration method, so the search chose by noise. The tensors it picks from keep
+    their places. Found the same way in a float and in a calibrated model (through HzCalibration)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    types = None
+
+    def upstream(test: Callable[[NodeProto], bool]) -> Callable[[str], bool]:
+        """Whether a node passing ``test`` makes a tensor or anything it is computed from."""
+        memo: dict[str, bool] = {}
+
+        def found(name: str) -> bool:
+            stack = [name]
+            while stack:  # depth first without recursion (deep graphs)
+                t = stack[-1]
+                node = producer.get(t)
+                if t in memo or node is None:
+                    memo.setdefault(t, False)
+                    stack.pop()
+                    continue
+                pending = [i for i in node.input if i and i not in memo]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                memo[t] = test(node) or any(memo[i] for i in node.input if i)
+                stack.pop()
+            return memo[name]
+
+        return found
+
+    decided = upstream(lambda n: n.op_type in _DECISIONS and n.domain in ("", "ai.onnx"))
+    has_pick = upstream(lambda n: n.domain in ("", "ai.onnx") and (
+        n.op_type == "TopK" or (n.op_type in _GATHERS and decided(n.input[1]))))
+
+    names: list[str] = []
+    for out in model.graph.output:
+        if not has_pick(out.name):
+            names.append(out.name)
+            continue
+        # Walk up through the tensors made by picks; the tensors they read that no pick made are
+        # what the output holds values of (the int ones only say where).
+        sources: list[str] = []
+        stack, seen = [out.name], set()
+        while stack:
+            t = stack.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            for i in reversed([i for i in producer[t].input if i]):
+                if has_pick(i):
+                    stack.append(i)
+                elif i in producer and producer[i].op_type != "Constant" and i not in sources:
+                    types = types if types is not None else GraphView(model).elem_types
+                    if types.get(i, TensorProto.FLOAT) in _FLOATS:
+                        sources.append(i)
+        names.extend(sources or [out.name])
+    return names
+
+
 def final_logits(model: ModelProto) -> list[str | None]:
-    """Per model output, the logits a final Softmax giving it reads (None: no such Softmax).
+    """Per scored output (``scored_outputs``), the logits a final Softmax giving it reads (None: none).
 
     Softmax saturates: on samples the float model classifies with confidence its outputs stay at
     0 and 1 whatever the quantization does, and 8 such calibration samples scored a classifier's
@@ -126,7 +198,7 @@ def final_logits(model: ModelProto) -> list[str | None]:
     """
     maker = _maker_of(model)
     return [node.input[0] if node is not None and node.op_type in ("Softmax", "HzSoftmax") else None
-            for node in (maker(o.name) for o in model.graph.output)]
+            for node in (maker(o) for o in scored_outputs(model))]
 
 
 def _maker_of(model: ModelProto) -> Callable[[str], NodeProto | None]:
@@ -163,8 +235,8 @@ class Pieces:
 
 
 def output_pieces(model: ModelProto) -> list[Pieces | None]:
-    """Per model output joined by a Concat (also behind Reshape, Transpose, Flatten, Squeeze, nested
-    Concats): the tensors it joins and where each lands (None: otherwise).
+    """Per scored output (``scored_outputs``) joined by a Concat (also behind Reshape, Transpose,
+    Flatten, Squeeze, nested Concats): the tensors it joins and where each lands (None: otherwise).
 
     Detector heads join unlike things in one output (YOLOv8: 4 box coordinates in pixels beside
     the class scores in 0..1; YOLOX: boxes, objectness, classes; YOLOv8-pose: keypoints in pixels
@@ -182,10 +254,10 @@ def output_pieces(model: ModelProto) -> list[Pieces | None]:
 
     shapes: dict | None = None
     found: list[Pieces | None] = []
-    for out in model.graph.output:
+    for out in scored_outputs(model):
         moves: list[NodeProto] = []
         leaves: list[str] = []
-        stack, seen = [source(out.name)], set()
+        stack, seen = [source(out)], set()
         while stack:
             name = stack.pop()
             if name in seen:
@@ -209,7 +281,7 @@ def output_pieces(model: ModelProto) -> list[Pieces | None]:
         if not all(shapes.get(n) and all(isinstance(d, int) and d > 0 for d in shapes[n]) for n in leaves):
             found.append(None)
             continue
-        found.append(Pieces(joined, _where_each_lands(model, moves[::-1], leaves, joined, source(out.name), shapes,
+        found.append(Pieces(joined, _where_each_lands(model, moves[::-1], leaves, joined, source(out), shapes,
                                                       inits)))
     return found
 
@@ -230,8 +302,8 @@ def _where_each_lands(model: ModelProto, moves: list[NodeProto], leaves: list[st
 
 
 def scored_tensors(model: ModelProto) -> list[str]:
-    """What a score compares: the model outputs, then their ``final_logits``."""
-    return [*(o.name for o in model.graph.output), *(t for t in final_logits(model) if t)]
+    """What a score compares: the ``scored_outputs``, then their ``final_logits``."""
+    return [*scored_outputs(model), *(t for t in final_logits(model) if t)]
 
 
 def reachable_cosine(refs: list[np.ndarray], got: list[np.ndarray]) -> float:
@@ -304,7 +376,7 @@ class Evaluator:
         (their cosine means nothing)."""
         pieces: list[tuple[int, object]] = []
         views = []
-        logit_index = iter(range(len(self.calibrated.graph.output), len(self.fetched)))
+        logit_index = iter(range(len(scored_outputs(self.calibrated)), len(self.fetched)))
         for k, (logit, joined) in enumerate(zip(final_logits(self.calibrated), output_pieces(self.calibrated),
                                                 strict=True)):
             own = []
