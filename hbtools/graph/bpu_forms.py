@@ -1141,3 +1141,88 @@ def _einsum_matmul(node: NodeProto, view: GraphView, model: ModelProto) -> list[
         shaped = op("Reshape", [product, const([size[c] for c in natural], "o_s")], "o_r")
         new.append(helper.make_node("Transpose", [shaped], [node.output[0]], name=node.name, perm=perm))
     return new
+
+
+def splits_undoing_concats(model: ModelProto) -> int:
+    """A Split that cuts what a Concat joined (behind a Reshape of the axes after the joined one, a
+    Transpose, both or neither) at the Concat's own seams gives back the tensors joined: each Split
+    output becomes its piece, reshaped and moved the same way; the Concat goes where nothing else reads
+    it. Returns how many Splits were rewritten.
+
+    Ultralytics' end-to-end heads (YOLOv10, YOLO26) join the boxes in pixels and the class scores,
+    lay them out anchor-major and split them again for the top-k. Joined, both share one quantization
+    grid, whose step the pixels set: every score of a 1280x1280 YOLO26 was 0 in int8."""
+    view = GraphView(model)
+    outputs = set(view.graph_outputs)
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
+            return None
+        moved = view.producer.get(node.input[0])
+        transpose = moved if moved is not None and moved.op_type == "Transpose" else None
+        shaped = view.producer.get(transpose.input[0]) if transpose is not None else moved
+        reshape = shaped if shaped is not None and shaped.op_type == "Reshape" else None
+        concat = view.producer.get(reshape.input[0]) if reshape is not None else shaped
+        if concat is None or concat.op_type != "Concat" or concat.domain not in ("", "ai.onnx"):
+            return None
+        pieces = [view.shapes.get(i) for i in concat.input]
+        if any(s is None or not s or any(not isinstance(d, int) or d <= 0 for d in s) for s in pieces):
+            return None
+        axis = view.attrs(concat)["axis"] % len(pieces[0])
+        shape = None  # a Reshape may merge or split the axes after the joined one
+        if reshape is not None:
+            shape = view.shapes.get(reshape.output[0])
+            if shape is None or any(not isinstance(d, int) or d <= 0 for d in shape) \
+                    or shape[:axis] != pieces[0][:axis] or shape[axis] != sum(s[axis] for s in pieces):
+                return None
+        rank = len(shape or pieces[0])
+        perm = None
+        if transpose is not None:
+            perm = list(view.attrs(transpose).get("perm", range(rank - 1, -1, -1)))
+        split_axis = view.attrs(node).get("axis", 0) % rank
+        if (perm[split_axis] if perm else split_axis) != axis:
+            return None
+        total = sum(s[axis] for s in pieces)
+        given = len(node.input) > 1 and node.input[1]
+        sizes = view.const(node.input[1]) if given else view.attrs(node).get("split")
+        if given and sizes is None:  # computed at run time
+            return None
+        if sizes is None:
+            if total % len(node.output):
+                return None
+            sizes = [total // len(node.output)] * len(node.output)
+        seams = list(itertools.accumulate(s[axis] for s in pieces))
+        cuts = list(itertools.accumulate(int(v) for v in sizes))
+        if cuts[-1] != total or not set(cuts) <= set(seams):
+            return None
+        if shape is None and perm is None and any(o in outputs for o in node.output):  # named as its piece
+            return None
+        new: list[NodeProto] = []
+        start = 0
+        for k, (out, end) in enumerate(zip(node.output, cuts, strict=True)):
+            joined = [i for i, seam in zip(concat.input, seams, strict=True) if start < seam <= end]
+            start = end
+            if not out:
+                continue
+            steps: list[NodeProto] = []
+            if len(joined) > 1:
+                steps.append(helper.make_node("Concat", joined, [f"{out}_joined"], name=f"{node.name}_piece{k}_concat",
+                                              axis=axis))
+            if shape is not None:
+                dims = f"{out}_piece_shape"
+                model.graph.initializer.append(numpy_helper.from_array(
+                    np.array([*shape[:axis], int(sizes[k]), *shape[axis + 1:]], np.int64), dims))
+                steps.append(helper.make_node("Reshape", [steps[-1].output[0] if steps else joined[0], dims],
+                                              [f"{out}_reshaped"], name=f"{node.name}_piece{k}_reshape"))
+            if perm is not None:
+                steps.append(helper.make_node("Transpose", [steps[-1].output[0] if steps else joined[0]], [out],
+                                              name=f"{node.name}_piece{k}", perm=perm))
+            if steps:
+                steps[-1].output[0] = out
+            else:  # the piece itself: its readers read it
+                for reader in model.graph.node:
+                    reader.input[:] = [joined[0] if name == out else name for name in reader.input]
+            new.extend(steps)
+        return new
+
+    return rewrite_nodes(model, rewrite)

@@ -83,6 +83,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     # onnxruntime inlines function ops (HardSwish from opset 14, ...) into unnamed nodes;
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
+    undone = bpu_forms.splits_undoing_concats(body)
+    if undone:
+        log.info("%d Splits at the seams of a Concat (behind a Reshape or Transpose) read the joined tensors instead",
+                 undone)
     _no_ops_removed(body)
     _sums_as_adds(body)
     masks = constant_masks(body)  # after onnxruntime folded the mask (torch.triu of ones, ...) to a constant
