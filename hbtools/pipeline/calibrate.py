@@ -277,8 +277,8 @@ def _float_session(optimized: ModelProto, tensors: list[str]):
     stand_ins = scored_outputs(optimized)
     outputs = [o.name for o in optimized.graph.output]
     if stand_ins != outputs:
-        log.info("outputs picked at places the data decides (TopK, gathers at its indices) are scored on the "
-                 "tensors they pick from: %s", ", ".join(t for t in stand_ins if t not in outputs))
+        log.info("outputs picked at places the data decides (TopK, NonMaxSuppression, gathers at their indices) are "
+                 "scored on the tensors they pick from: %s", ", ".join(t for t in stand_ins if t not in outputs))
     for out, joined in zip(stand_ins, output_pieces(optimized), strict=True):
         if joined is not None:
             log.info("output '%s' is scored as the %d pieces it joins (%s)", out, len(joined.names),

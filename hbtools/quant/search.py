@@ -114,9 +114,10 @@ def session_threads(workers: int) -> int:
 
 
 # Ops whose results are places decided by values (which quantization moves), and the ops that pick
-# elements at such places: TopK always, a gather when its indices come from a decision.
+# elements at such places: TopK and NonMaxSuppression always, a gather when its indices come from a decision.
 _DECISIONS = ("TopK", "ArgMax", "ArgMin", "NonMaxSuppression", "NonZero")
 _GATHERS = ("Gather", "GatherElements", "GatherND")
+_SELECTIONS = ("TopK", "NonMaxSuppression")  # pick by value themselves
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
 
 
@@ -158,7 +159,7 @@ def scored_outputs(model: ModelProto) -> list[str]:
 
     decided = upstream(lambda n: n.op_type in _DECISIONS and n.domain in ("", "ai.onnx"))
     has_pick = upstream(lambda n: n.domain in ("", "ai.onnx") and (
-        n.op_type == "TopK" or (n.op_type in _GATHERS and decided(n.input[1]))))
+        n.op_type in _SELECTIONS or (n.op_type in _GATHERS and decided(n.input[1]))))
 
     names: list[str] = []
     for out in model.graph.output:
@@ -174,13 +175,13 @@ def scored_outputs(model: ModelProto) -> list[str]:
             if t in seen:
                 continue
             seen.add(t)
-            for i in reversed([i for i in producer[t].input if i]):
-                if has_pick(i):
-                    stack.append(i)
-                elif i in producer and producer[i].op_type != "Constant" and i not in sources:
+            reads = [i for i in producer[t].input if i]
+            for i in reads:
+                if not has_pick(i) and i in producer and producer[i].op_type != "Constant" and i not in sources:
                     types = types if types is not None else GraphView(model).elem_types
                     if types.get(i, TensorProto.FLOAT) in _FLOATS:
                         sources.append(i)
+            stack.extend(i for i in reversed(reads) if has_pick(i))
         names.extend(sources or [out.name])
     return names
 

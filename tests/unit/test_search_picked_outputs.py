@@ -77,3 +77,26 @@ def test_a_top_k_output_is_scored_on_what_it_picks_from() -> None:
                           [[v[t] for t in scored] for v in values], th)
     assert evaluator.score(th) > 0.9999
     assert "y" not in scored and {"boxes", "best"} <= set(scored)
+
+
+def test_an_in_graph_nms_is_scored_on_its_boxes_and_scores() -> None:
+    """NonMaxSuppression's selected indices say which boxes the data chose: its boxes and scores
+    are what a score compares (the indices' cosine compares choices)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1], name="conv"),
+             helper.make_node("Reshape", ["c", "flat"], ["cf"], name="flatten"),
+             helper.make_node("Split", ["cf", "parts"], ["box", "cls"], axis=1, name="split"),
+             helper.make_node("Transpose", ["box"], ["boxes"], perm=[0, 2, 1], name="boxes"),
+             helper.make_node("Sigmoid", ["cls"], ["scores"], name="scores"),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "keep", "iou", "least"], ["y"], name="nms")]
+    inits = [numpy_helper.from_array((rng.standard_normal((5, 3, 1, 1)) * 0.5).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([1, 5, 64], np.int64), "flat"),
+             numpy_helper.from_array(np.array([4, 1], np.int64), "parts"),
+             numpy_helper.from_array(np.array([10], np.int64), "keep"),
+             numpy_helper.from_array(np.array([0.5], np.float32), "iou"),
+             numpy_helper.from_array(np.array([0.2], np.float32), "least")]
+    graph = helper.make_graph(nodes, "nms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    assert scored_tensors(optimize.run(model)) == ["boxes", "scores"]
