@@ -263,6 +263,13 @@ def write_calibration(fm: FloatModel, root: Path, count: int = 6, seed: int = 10
     return dirs
 
 
+def held_out(fm: FloatModel, count: int = 6, seed: int = 99) -> list[np.ndarray]:
+    """``count`` random samples of a one-input model: what ``write_calibration`` with ``seed`` writes, in memory."""
+    (name,) = fm.inputs
+    rng = np.random.default_rng(seed)
+    return [random_sample(fm, name, rng) for _ in range(count)]
+
+
 @dataclass
 class Project:
     """A folder with a model, its calibration data and a makertbin config."""

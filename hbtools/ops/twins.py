@@ -720,7 +720,7 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     integer = _integer_conv(node, ctx, x, w, nodes)
     acc, acc32 = (integer[0], None) if integer else _float_conv(node, ctx, x, w, nodes)
     int32_sum = _int32_sum(ctx, integer, ctx.twins[bias].levels if bias else None, node.name, 1,
-                           last=rank == 2)
+                           last=False)  # a map: its channels on axis 1
     channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
     if bias:
         b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from builders import fpn_like, make_project, write_calibration
+from builders import fpn_like, held_out, make_project
 
 from hbtools.log import setup
 from hbtools.ops.base import DOMAIN, attrs_of
@@ -30,8 +30,7 @@ def converted(tmp_path_factory):
     project = make_project(root, fm, cal_count=8)
     project.write(calibration_parameters={"calibration_type": "max"})
     paths = makertbin(project.config_path, "onnx")
-    held = write_calibration(fm, root / "held", count=8, seed=5)
-    samples = [np.fromfile(f, np.uint8).reshape(fm.inputs["data"]) for f in sorted(held["data"].iterdir())]
+    samples = held_out(fm, count=8, seed=5)
     return fm, paths, samples
 
 
@@ -117,7 +116,6 @@ def test_average_pool_follows_the_integer_window_sums(tmp_path) -> None:
     paths = makertbin(project.config_path, "onnx")
     step = next(attrs_of(n)["scales"][0] for n in onnx.load(str(paths["calibrated"])).graph.node
                 if n.op_type == "HzCalibration" and n.input[0] == pooled)
-    held = write_calibration(fm, tmp_path / "held", count=12, seed=9)
     names = {"calibrated": f"{pooled}_calibrated", "quantized": quantized_tensor(pooled)}
     sessions = {}
     for k, tensor in names.items():
@@ -125,8 +123,8 @@ def test_average_pool_follows_the_integer_window_sums(tmp_path) -> None:
         lowered.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
         sessions[k] = ort_session(lowered)
     differ = 0
-    for f in sorted(held["data"].iterdir()):
-        x = (np.fromfile(f, np.uint8).reshape(fm.inputs["data"]).astype(np.int16) - 128).astype(np.int8)
+    for raw in held_out(fm, count=12, seed=9):
+        x = (raw.astype(np.int16) - 128).astype(np.int8)
         c, q = (sessions[k].run([names[k]], {"data": x})[0].astype(np.float64) for k in ("calibrated", "quantized"))
         differ += int((np.round(c / np.float64(np.float32(step))) != q).sum())
     assert differ == 0, f"{differ} pooled levels differ between the calibrated and the quantized model"

@@ -20,9 +20,9 @@ from builders import (
     cpu_island,
     data_movement,
     featuremap_mlp,
+    held_out,
     make_project,
     resnet_like,
-    write_calibration,
 )
 from onnx import TensorProto, helper, numpy_helper
 
@@ -69,11 +69,7 @@ def converted(request, tmp_path_factory):
     project = make_project(root, fm, cal_count=8)
     project.write(calibration_parameters=overrides)
     paths = makertbin(project.config_path, "onnx")
-    held = write_calibration(fm, root / "held", count=6, seed=99)
-    (name, shape), = fm.inputs.items()
-    dtype = np.float32 if name in fm.featuremap else np.uint8
-    samples = [np.fromfile(f, dtype).reshape(shape) for f in sorted(held[name].iterdir())]
-    return paths, samples
+    return paths, held_out(fm, count=6, seed=99)
 
 
 def _outputs(path, samples):
@@ -102,8 +98,7 @@ def test_cpu_island_is_emulated_in_float32(tmp_path, calibration_type: str) -> N
     project = make_project(tmp_path, fm, cal_count=8)
     project.write(calibration_parameters={"calibration_type": calibration_type})
     paths = makertbin(project.config_path, "onnx")
-    held = write_calibration(fm, tmp_path / "held", count=6, seed=99)
-    samples = [np.fromfile(f, np.uint8).reshape(fm.inputs["data"]) for f in sorted(held["data"].iterdir())]
+    samples = held_out(fm, count=6, seed=99)
     calibrated, quantized = (HB_ONNXRuntime(model_file=str(paths[k])) for k in ("calibrated", "quantized"))
     for k, x in enumerate(samples):
         for c, q, out in zip(calibrated.run(None, {"data": x}), quantized.run(None, {"data": x}),
@@ -202,8 +197,7 @@ def test_channel_of_subnormal_weights_quantizes_to_zero(tmp_path) -> None:
     scales = [s for n in calibrated.graph.node if n.op_type == "HzCalibration"
               for s in attrs_of(n)["scales"]]
     assert min(scales) > 0
-    held = write_calibration(project.fm, tmp_path / "held", count=2, seed=3)
-    samples = [np.fromfile(f, np.uint8).reshape(1, 3, 8, 8) for f in sorted(held["data"].iterdir())]
+    samples = held_out(project.fm, count=2, seed=3)
     for q in _outputs(paths["quantized"], samples):
         assert np.isfinite(q).all() and not q[0, 1].any()
 
@@ -218,8 +212,7 @@ def test_dead_channel_keeps_its_bias(tmp_path) -> None:
     fm = _one_conv(w, b)
     project = make_project(tmp_path, fm, cal_count=4)
     paths = makertbin(project.config_path, "onnx")
-    held = write_calibration(fm, tmp_path / "held", count=2, seed=3)
-    samples = [np.fromfile(f, np.uint8).reshape(1, 3, 8, 8) for f in sorted(held["data"].iterdir())]
+    samples = held_out(fm, count=2, seed=3)
     for c, q in zip(_outputs(paths["calibrated"], samples), _outputs(paths["quantized"], samples), strict=True):
         step = np.abs(q).max() / 127.0
         np.testing.assert_allclose(q[0, 2], -0.45, atol=step)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from builders import FloatModel, make_project, write_calibration
+from builders import FloatModel, held_out, make_project
 from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.log import setup
@@ -51,8 +51,7 @@ def test_max_min_of_tensors_run_on_the_bpu(tmp_path, op: str, third: str | None)
     paths = makertbin(project.config_path, "onnx")
     quantized = onnx.load(str(paths["quantized"]))
     assert [n.op_type for n in quantized.graph.node if n.name == "pick"] == ["HzSQuantizedMaxMin"]
-    held = write_calibration(fm, tmp_path / "held", count=3, seed=4)
-    samples = [np.fromfile(f, np.uint8).reshape(1, 3, 8, 8) for f in sorted(held["data"].iterdir())]
+    samples = held_out(fm, count=3, seed=4)
     outs = {}
     for kind in ("original", "calibrated", "quantized"):
         sess = HB_ONNXRuntime(model_file=str(paths[kind]))

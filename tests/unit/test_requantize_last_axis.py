@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from builders import _Graph, make_project, write_calibration
+from builders import _Graph, held_out, make_project
 from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.log import setup
@@ -80,9 +80,7 @@ def test_gemm_and_matmul_requantize_without_a_per_axis_dequantize_along_the_last
                          and shapes.get(n.input[0]) is not None
                          and next((a.i for a in n.attribute if a.name == "axis"), 1) in (-1, shapes[n.input[0]] - 1)]
         assert not per_axis_last, f"{kind}: per-axis DequantizeLinear along the last axis: {per_axis_last}"
-    held = write_calibration(fm, tmp_path / "held", count=4, seed=21)
     calibrated, quantized = (HB_ONNXRuntime(model_file=str(paths[k])) for k in ("calibrated", "quantized"))
-    for f in sorted(held["data"].iterdir()):
-        x = np.fromfile(f, np.uint8).reshape(fm.inputs["data"])
+    for x in held_out(fm, count=4, seed=21):
         np.testing.assert_array_equal(quantized.run(None, {"data": x})[0].astype(np.float32),
                                       calibrated.run(None, {"data": x})[0])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from builders import FloatModel, _Graph, make_project, write_calibration
+from builders import FloatModel, _Graph, held_out, make_project
 
 from hbtools.log import setup
 from hbtools.ops.base import attrs_of
@@ -48,8 +48,7 @@ def converted(request, tmp_path_factory):
     project = make_project(root, fm, cal_count=4)
     project.write(calibration_parameters={"calibration_type": "max", **overrides})
     paths = makertbin(project.config_path, "onnx")
-    held = write_calibration(fm, root / "held", count=3, seed=11)
-    samples = [np.fromfile(f, np.uint8).reshape(fm.inputs["data"]) for f in sorted(held["data"].iterdir())]
+    samples = held_out(fm, count=3, seed=11)
     return paths, samples, root
 
 

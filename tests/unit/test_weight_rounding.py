@@ -129,7 +129,7 @@ def test_rounding_offsets_flow_from_calibrated_to_quantized_model(tmp_path) -> N
     """Offsets stored with a weight's HzCalibration decide the quantized model's integers,
     and the calibrated model (its float emulation) follows them too."""
     import onnx
-    from builders import make_project, resnet_like, write_calibration
+    from builders import held_out, make_project, resnet_like
 
     from hbtools.config.loader import load_config
     from hbtools.log import setup
@@ -166,8 +166,7 @@ def test_rounding_offsets_flow_from_calibrated_to_quantized_model(tmp_path) -> N
     # while both move away from the model without offsets.
     (tmp_path / "c.onnx").write_bytes(calibrated.SerializeToString())
     (tmp_path / "q.onnx").write_bytes(result.model.SerializeToString())
-    held = write_calibration(fm, tmp_path / "held", count=3, seed=7)
-    xs = [np.fromfile(f, np.uint8).reshape(fm.inputs["data"]) for f in sorted(next(iter(held.values())).iterdir())]
+    xs = held_out(fm, count=3, seed=7)
     outs = {}
     for key, path in (("c", tmp_path / "c.onnx"), ("q", tmp_path / "q.onnx"), ("plain", paths["calibrated"])):
         sess = HB_ONNXRuntime(model_file=str(path))
