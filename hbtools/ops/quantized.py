@@ -31,7 +31,7 @@ import numpy as np
 from onnx import AttributeProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.ops import int_kernels, uint8_kernels
-from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, add_node, attrs_of
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, add_node, attrs_of, exact_sum
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 
@@ -730,12 +730,9 @@ class HzSQuantizedPool(_Requantizing):
                 nodes.append(n)
             axes = cls.summed_axes(a, rank)
             keepdims = int(a.get("keepdims", 1))
-            if ctx.opset >= 13:
-                ax = ctx.constant(f"{hint}_axes", np.array(axes, dtype=np.int64))
-                n, s = _node(ctx, "ReduceSum", [xi, ax], f"{hint}_sum", keepdims=keepdims)
-            else:
-                n, s = _node(ctx, "ReduceSum", [xi], f"{hint}_sum", axes=axes, keepdims=keepdims)
-            nodes.append(n)
+            shape = ctx.shapes.get(node.input[0]) or []
+            elements = int(np.prod(shape)) if shape and all(isinstance(d, int) and d > 0 for d in shape) else 0
+            s = exact_sum(ctx, xi, axes, keepdims, elements, f"{hint}_sum", nodes)
             acc = _cast(ctx, s, TensorProto.DOUBLE, f"{hint}_sumd", nodes)
         else:
             kernel = a["kernel_shape"]

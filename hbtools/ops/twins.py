@@ -36,7 +36,7 @@ import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, helper
 
 from hbtools.ops import registry, uint8_kernels
-from hbtools.ops.base import LoweringContext, attrs_of, reduced_axes, select
+from hbtools.ops.base import LoweringContext, attrs_of, exact_sum, reduced_axes, select
 
 # Data-movement ops: levels in, levels out; the step does not change.
 _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Resize",
@@ -582,11 +582,7 @@ def _global_average(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto
             return False
         axes = reduced_axes(attrs, ctx.known(node.input[1]) if given else None, len(shape))
     window = float(np.prod([shape[k] for k in axes])) if node.op_type != "ReduceSum" else 1.0
-    if ctx.opset >= 13:
-        total = _node(ctx, "ReduceSum", [src.levels, ctx.constant(f"{node.name}_axes", np.array(axes, np.int64))],
-                      f"{node.name}_sum_f64", nodes, keepdims=keepdims)
-    else:
-        total = _node(ctx, "ReduceSum", [src.levels], f"{node.name}_sum_f64", nodes, axes=axes, keepdims=keepdims)
+    total = exact_sum(ctx, src.levels, axes, keepdims, int(np.prod(shape)), f"{node.name}_sum_f64", nodes)
     per = _node(ctx, "Div", [src.step, ctx.constant(f"{node.name}_window", np.array(window))],
                 f"{node.name}_step_f64", nodes)
     value = _node(ctx, "Mul", [total, per], f"{node.output[0]}_f64", nodes)
