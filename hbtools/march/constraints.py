@@ -112,11 +112,15 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
                    f"time)" if side else f"{op} on a {len(shape)}-D tensor"
             return f"{what} {_shape_text(shape)}: {where} takes {allowed} tensors only"
     a = view.attrs(node)
-    for key, limit, values in (("kernel", rule.kernel, _kernel(node, view)),
-                               ("stride", rule.stride, a.get("strides", [])),
-                               ("dilation", rule.dilation, a.get("dilations", []))):
-        if limit is not None and values and max(values) > limit:
-            return f"{op} {key} {list(values)} exceeds {limit}, the largest {where} takes"
+    # Every limit broken is named: a kernel too long for the BPU is split into pieces unless the stride
+    # is too large as well (an STFT as a Conv: kernel 512, stride 160), and naming the kernel alone hides that.
+    broken = [f"{key} {list(values)} exceeds {limit}"
+              for key, limit, values in (("kernel", rule.kernel, _kernel(node, view)),
+                                         ("stride", rule.stride, a.get("strides", [])),
+                                         ("dilation", rule.dilation, a.get("dilations", [])))
+              if limit is not None and values and max(values) > limit]
+    if broken:
+        return f"{op} {' and '.join(broken)}, the largest {where} takes"
     if rule.channels is not None:
         ch = _channels(node, view)
         # More output channels than the limit run as several convolutions (``output_parts``).

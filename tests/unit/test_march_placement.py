@@ -275,3 +275,21 @@ def test_reduce_min_selects_levels_on_the_bpu_as_reduce_max_does(tmp_path: Path,
         got = HB_ONNXRuntime(model_file=paths["quantized"]).run(None, {"data": x})[0]
         want = HB_ONNXRuntime(model_file=paths["calibrated"]).run(None, {"data": x})[0]
         np.testing.assert_array_equal(got.astype(np.float32), want)
+
+
+def test_conv_reason_names_every_limit_it_breaks() -> None:
+    """An STFT written as a Conv (openwakeword's melspectrogram: 1-D kernel 512, stride 160) breaks the kernel
+    and the stride limits. Long kernels are split into pieces on the BPU, strides are not, so a reason naming the
+    kernel alone reads as if the split should have applied."""
+    from onnx import helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((9, 1, 40)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="stft", kernel_shape=[40], strides=[20])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 400])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 9, 19])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    part = _partition(model, "bayes-e")
+    assert _placement(part)["stft"][0] == "CPU"
+    reason = _reason(part, "stft")
+    assert "kernel [40] exceeds 15" in reason and "stride [20] exceeds 8" in reason, reason
