@@ -754,6 +754,87 @@ def convs_in_kernel_pieces(model: ModelProto, profile: MarchProfile, placed: Map
     return rewrite_nodes(model, in_pieces)
 
 
+def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
+                              placed: Mapping[str, str] | None = None) -> int:
+    """A 1-D Conv whose stride is larger than the BPU takes (an STFT written as a Conv: openwakeword's
+    melspectrogram reads 512 samples every 160) as a stride-1 Conv over the stride's phases: the signal, padded
+    with zeros (or cut after the last sample the Conv reads) to whole frames of ``s`` samples, is reshaped to
+    [N, C, F, s], transposed to [N, C, s, F] and read as [N, C*s, F]; weight tap ``j*s + p`` of channel ``c``
+    becomes tap ``j`` of channel ``c*s + p`` (zero past the kernel). The same sums; the new kernel has
+    ceil(k / s) taps (a longer one is then cut into pieces). Not where node_info puts the Conv on the CPU, nor
+    where the march takes no 1-D Conv or the C*s channels. Returns how many Convs it rewrote."""
+    rule = profile.rule("Conv")
+    if rule is None or rule.stride is None or not rule.ranks[0] <= 3 <= rule.ranks[1]:
+        return 0
+    opset = _opset(model)
+    view = GraphView(model)
+
+    def over_phases(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
+                or (placed or {}).get(node.name) == "CPU":
+            return None
+        w = view.const(node.input[1])
+        b = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+        a = view.attrs(node)
+        if w is None or w.ndim != 3 or (len(node.input) > 2 and node.input[2] and b is None) or shape is None \
+                or out is None or len(shape) != 3 or len(out) != 3 \
+                or any(not isinstance(d, int) or d <= 0 for d in [*shape, *out]) \
+                or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or int(a.get("group", 1)) != 1 \
+                or list(a.get("dilations") or [1]) != [1]:
+            return None
+        s = int((a.get("strides") or [1])[0])
+        n, c, length = shape
+        if s <= rule.stride or (rule.channels is not None and c * s > rule.channels):
+            return None
+        taps = -(-w.shape[2] // s)
+        frames = out[2] - 1 + taps
+        begin = int((a.get("pads") or [0])[0])
+        # samples of the padded signal: begin zeros, the signal, zeros up to frames * s (or the signal cut there)
+        tail = frames * s - begin - length
+        tag = f"{node.name}_phases"
+        nodes, x = [], node.input[0]
+        if tail < 0:
+            cut = f"{x}_{tag}_cut"
+            if opset >= 10:
+                consts = []
+                for what, values in (("starts", [0]), ("ends", [length + tail]), ("axes", [2])):
+                    name = f"{tag}_slice_{what}"
+                    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+                    consts.append(name)
+                nodes.append(helper.make_node("Slice", [x, *consts], [cut], name=f"{tag}_cut"))
+            else:
+                nodes.append(helper.make_node("Slice", [x], [cut], name=f"{tag}_cut", starts=[0],
+                                              ends=[length + tail], axes=[2]))
+            x = cut
+        blocks = [(f"{tag}_front", begin), (f"{tag}_back", max(tail, 0))]
+        if any(size for _, size in blocks):
+            for name, size in blocks:
+                if size:
+                    model.graph.initializer.append(numpy_helper.from_array(np.zeros((n, c, size), np.float32), name))
+            padded = f"{x}_{tag}_padded"
+            parts = [blocks[0][0]] * bool(begin) + [x] + [blocks[1][0]] * bool(tail > 0)
+            nodes.append(helper.make_node("Concat", parts, [padded], name=f"{tag}_pad", axis=2))
+            x = padded
+        for what, dims in (("frames", [n, c, frames, s]), ("channels", [n, c * s, frames])):
+            model.graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), f"{tag}_{what}"))
+        nodes.append(helper.make_node("Reshape", [x, f"{tag}_frames"], [f"{x}_{tag}_frames"], name=f"{tag}_frames"))
+        nodes.append(helper.make_node("Transpose", [f"{x}_{tag}_frames"], [f"{x}_{tag}_phases"],
+                                      name=f"{tag}_transpose", perm=[0, 1, 3, 2]))
+        nodes.append(helper.make_node("Reshape", [f"{x}_{tag}_phases", f"{tag}_channels"], [f"{x}_{tag}"],
+                                      name=f"{tag}_channels"))
+        padded_w = np.zeros((w.shape[0], c, taps * s), w.dtype)
+        padded_w[:, :, :w.shape[2]] = w
+        # [O, C, taps, s] -> [O, C, s, taps] -> [O, C*s, taps]: channel c*s + p, tap j reads sample j*s + p
+        weight = padded_w.reshape(w.shape[0], c, taps, s).transpose(0, 1, 3, 2).reshape(w.shape[0], c * s, taps)
+        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), f"{node.input[1]}_{tag}"))
+        nodes.append(helper.make_node("Conv", [f"{x}_{tag}", f"{node.input[1]}_{tag}", *node.input[2:]],
+                                      list(node.output), name=node.name, kernel_shape=[taps]))
+        return nodes
+
+    return rewrite_nodes(model, over_phases)
+
+
 def _kernel_pieces(node: NodeProto, view: GraphView, kernel_limit: int | None, dilation_limit: int | None,
                    stride_limit: int | None) -> list[list[tuple[int, int]]] | None:
     """Per spatial axis of a Conv that breaks the kernel or dilation limit only, the tap ranges

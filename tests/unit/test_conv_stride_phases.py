@@ -1,0 +1,79 @@
+"""1-D Convs with a stride larger than the BPU takes run on the BPU as stride-1 Convs over the stride's phases.
+
+Found on openwakeword's melspectrogram (PyPI): its STFT is two Conv1d of kernel 512 and stride 160 over the
+raw samples, and both ran on the CPU ('Conv kernel [512] exceeds 15 and stride [160] exceeds 8'): the kernel
+pieces keep the stride, so they did not apply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from builders import _Graph
+from conformance import convert_and_check
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline import optimize
+
+
+def _conv1d(shape: list[int], cout: int, kernel: int, stride: int, pads: list[int], bias: bool):
+    rng = np.random.default_rng(kernel + stride)
+    inits = [numpy_helper.from_array(rng.standard_normal((cout, shape[1], kernel)).astype(np.float32), "w")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b"))
+    node = helper.make_node("Conv", ["x", "w", *(["b"] if bias else [])], ["y"], name="conv", kernel_shape=[kernel],
+                            strides=[stride], pads=pads)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _run(model, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("shape, cout, kernel, stride, pads, bias", [
+    ([1, 1, 1112], 9, 112, 40, [0, 0], False),   # an STFT: frames end exactly at the last sample
+    ([1, 1, 1130], 9, 112, 40, [0, 0], True),    # samples after the last frame are never read
+    ([1, 2, 300], 5, 25, 10, [7, 3], True),      # two channels, a kernel not a multiple of the stride, pads
+    ([1, 3, 200], 4, 12, 12, [0, 0], False),     # kernel = stride: one tap over the phases
+    ([1, 1, 1000], 4, 400, 20, [0, 0], False),   # 20 taps over the phases, more than 15: then kernel pieces
+])
+def test_strided_convs_over_phases_give_the_same_values(shape, cout, kernel, stride, pads, bias) -> None:
+    model = _conv1d(shape, cout, kernel, stride, pads, bias)
+    rule = get_profile("bayes-e").rule("Conv")
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    convs = [n for n in optimized.graph.node if n.op_type == "Conv"]
+    assert convs
+    for node in convs:
+        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+        assert max(a.get("strides", [1])) <= rule.stride and max(a["kernel_shape"]) <= rule.kernel, a
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    ref = _run(model, x)
+    np.testing.assert_allclose(_run(optimized, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_an_stft_as_a_conv_runs_on_the_bpu(tmp_path: Path) -> None:
+    """Real and imaginary Conv1d (kernel 112, stride 40) over samples, their power and a mel matrix: one BPU
+    subgraph, no CPU node, the quantized model close to float."""
+    g = _Graph(4)
+    n = np.arange(112)
+    k = np.arange(1, 17)[:, None]
+    window = np.hanning(112)
+    re = g.const((np.cos(2 * np.pi * k * n / 112) * window)[:, None, :].astype(np.float32))
+    im = g.const((np.sin(2 * np.pi * k * n / 112) * window)[:, None, :].astype(np.float32))
+    x = g.op("Unsqueeze", ["audio", g.const(np.array([1], np.int64))])
+    power = g.op("Add", [g.op("Mul", [r, r]) for r in [g.op("Conv", [x, re], kernel_shape=[112], strides=[40])]]
+                 + [g.op("Mul", [i, i]) for i in [g.op("Conv", [x, im], kernel_shape=[112], strides=[40])]])
+    mel = g.const(np.abs(g.rng.standard_normal((16, 8))).astype(np.float32) / 8)
+    y = g.op("MatMul", [g.op("Transpose", [power], perm=[0, 2, 1]), mel])
+    fm = g.model({"audio": [1, 1112]}, [y], featuremap={"audio"})
+    outcome = convert_and_check(fm, tmp_path, calibration_type="max")
+    assert not outcome.cpu, outcome.placement()
+    assert min(outcome.cosine) >= 0.99, outcome.cosine
