@@ -768,6 +768,8 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
         return 0
     opset = _opset(model)
     view = GraphView(model)
+    # Convs reading the same input over the same frames (an STFT's real and imaginary parts) share one chain.
+    chains: dict[tuple[str, int, int, int], str] = {}
 
     def over_phases(node: NodeProto) -> list[NodeProto] | None:
         if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
@@ -794,7 +796,10 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
         tail = frames * s - begin - length
         tag = f"{node.name}_phases"
         nodes, x = [], node.input[0]
-        if tail < 0:
+        key = (x, s, frames, begin)
+        if key in chains:
+            x = chains[key]
+        elif tail < 0:
             cut = f"{x}_{tag}_cut"
             if opset >= 10:
                 consts = []
@@ -808,7 +813,7 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
                                               ends=[length + tail], axes=[2]))
             x = cut
         blocks = [(f"{tag}_front", begin), (f"{tag}_back", max(tail, 0))]
-        if any(size for _, size in blocks):
+        if key not in chains and any(size for _, size in blocks):
             for name, size in blocks:
                 if size:
                     model.graph.initializer.append(numpy_helper.from_array(np.zeros((n, c, size), np.float32), name))
@@ -816,19 +821,22 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
             parts = [blocks[0][0]] * bool(begin) + [x] + [blocks[1][0]] * bool(tail > 0)
             nodes.append(helper.make_node("Concat", parts, [padded], name=f"{tag}_pad", axis=2))
             x = padded
-        for what, dims in (("frames", [n, c, frames, s]), ("channels", [n, c * s, frames])):
-            model.graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), f"{tag}_{what}"))
-        nodes.append(helper.make_node("Reshape", [x, f"{tag}_frames"], [f"{x}_{tag}_frames"], name=f"{tag}_frames"))
-        nodes.append(helper.make_node("Transpose", [f"{x}_{tag}_frames"], [f"{x}_{tag}_phases"],
-                                      name=f"{tag}_transpose", perm=[0, 1, 3, 2]))
-        nodes.append(helper.make_node("Reshape", [f"{x}_{tag}_phases", f"{tag}_channels"], [f"{x}_{tag}"],
-                                      name=f"{tag}_channels"))
+        if key not in chains:
+            for what, dims in (("frames", [n, c, frames, s]), ("channels", [n, c * s, frames])):
+                model.graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), f"{tag}_{what}"))
+            nodes.append(helper.make_node("Reshape", [x, f"{tag}_frames"], [f"{x}_{tag}_frames"],
+                                          name=f"{tag}_frames"))
+            nodes.append(helper.make_node("Transpose", [f"{x}_{tag}_frames"], [f"{x}_{tag}_phases"],
+                                          name=f"{tag}_transpose", perm=[0, 1, 3, 2]))
+            nodes.append(helper.make_node("Reshape", [f"{x}_{tag}_phases", f"{tag}_channels"], [f"{x}_{tag}"],
+                                          name=f"{tag}_channels"))
+            chains[key] = x = f"{x}_{tag}"
         padded_w = np.zeros((w.shape[0], c, taps * s), w.dtype)
         padded_w[:, :, :w.shape[2]] = w
         # [O, C, taps, s] -> [O, C, s, taps] -> [O, C*s, taps]: channel c*s + p, tap j reads sample j*s + p
         weight = padded_w.reshape(w.shape[0], c, taps, s).transpose(0, 1, 3, 2).reshape(w.shape[0], c * s, taps)
         model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), f"{node.input[1]}_{tag}"))
-        nodes.append(helper.make_node("Conv", [f"{x}_{tag}", f"{node.input[1]}_{tag}", *node.input[2:]],
+        nodes.append(helper.make_node("Conv", [x, f"{node.input[1]}_{tag}", *node.input[2:]],
                                       list(node.output), name=node.name, kernel_shape=[taps]))
         return nodes
 

@@ -77,3 +77,22 @@ def test_an_stft_as_a_conv_runs_on_the_bpu(tmp_path: Path) -> None:
     outcome = convert_and_check(fm, tmp_path, calibration_type="max")
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) >= 0.99, outcome.cosine
+
+
+def test_convs_reading_the_same_samples_share_one_phase_chain() -> None:
+    """An STFT's real and imaginary convs read the same frames: one pad / reshape / transpose chain feeds both."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((6, 1, 112)).astype(np.float32), w) for w in ("re", "im")]
+    nodes = [helper.make_node("Conv", ["x", w], [f"y_{w}"], name=f"conv_{w}", kernel_shape=[112], strides=[40],
+                              pads=[8, 8]) for w in ("re", "im")]
+    nodes.append(helper.make_node("Add", ["y_re", "y_im"], ["y"], name="add"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 1130])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    assert [n.op_type for n in optimized.graph.node].count("Transpose") == 1
+    assert [n.op_type for n in optimized.graph.node].count("Conv") == 2
+    x = np.random.default_rng(3).standard_normal([1, 1, 1130]).astype(np.float32)
+    ref = _run(model, x)
+    np.testing.assert_allclose(_run(optimized, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
