@@ -95,18 +95,24 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def kernel_benchmark_main(description: str, measure, table, argv: list[str] | None) -> int:
+    """The command line of a kernel benchmark: ``measure(runs)`` gives rows with ``same_result``,
+    ``table(result)`` their markdown; exit status 1 when any row's variants disagree."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--runs", type=int, default=20, help="runs per timing round (20)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--markdown", type=Path, help="write the table here")
     args = parser.parse_args(argv)
-    result = run(args.runs)
+    result = measure(args.runs)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     if args.markdown:
-        args.markdown.write_text(markdown(result))
+        args.markdown.write_text(table(result))
     return 0 if all(r["same_result"] for r in result["rows"]) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return kernel_benchmark_main(__doc__.splitlines()[0], run, markdown, argv)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ maps (one thread, best of 3 rounds) and checks they give the same bits.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from onnx import ModelProto, TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_ort  # noqa: E402
-from integer_pooling import _time  # noqa: E402
+from integer_pooling import _time, kernel_benchmark_main  # noqa: E402
 
 from hbtools.ops.base import CONTRIB_DOMAIN, LoweringContext  # noqa: E402
 from hbtools.ops.uint8_kernels import dequantize_int32  # noqa: E402
@@ -80,17 +78,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20, help="runs per timing round (20)")
-    parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--markdown", type=Path, help="write the table here")
-    args = parser.parse_args(argv)
-    result = run(args.runs)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    if args.markdown:
-        args.markdown.write_text(markdown(result))
-    return 0 if all(r["same_result"] for r in result["rows"]) else 1
+    return kernel_benchmark_main(__doc__.splitlines()[0], run, markdown, argv)
 
 
 if __name__ == "__main__":
