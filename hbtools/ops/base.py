@@ -124,6 +124,11 @@ class LoweringContext:
         shape = self.shapes.get(tensor)
         return None if shape is None else len(shape)
 
+    def elements(self, tensor: str) -> int:
+        """Number of elements of ``tensor``'s static shape (0 where a dimension is unknown)."""
+        shape = self.shapes.get(tensor)
+        return int(np.prod(shape)) if shape and all(isinstance(d, int) and d > 0 for d in shape) else 0
+
 
 def add_node(ctx: LoweringContext, op: str, inputs: list[str], hint: str, nodes: list[NodeProto], **attrs) -> str:
     """Append an ``op`` node named and output-named ``<hint>_<op>`` (made unique); returns its output."""
@@ -160,9 +165,9 @@ def exact_sum(ctx: LoweringContext, x: str, axes: Sequence[int], keepdims: int, 
     exact either way (integers, in float64 below 2**53; in int32 modulo 2**32 in any order), so
     the order changes no bit.
     """
-    steps = sorted(axes, reverse=True) if len(axes) > 1 and elements >= AXIS_BY_AXIS_ELEMENTS else [list(axes)]
+    axes = [int(a) for a in axes]
+    steps = [[a] for a in sorted(axes, reverse=True)] if elements >= AXIS_BY_AXIS_ELEMENTS else [axes]
     for k, step in enumerate(steps):
-        step = [step] if isinstance(step, int) else step
         out = ctx.unique(hint if k == len(steps) - 1 else f"{hint}_{k}")
         if ctx.opset >= 13:
             inputs = [x, ctx.constant(f"{hint}_axes{k}", np.array(step, dtype=np.int64))]

@@ -730,9 +730,7 @@ class HzSQuantizedPool(_Requantizing):
                 nodes.append(n)
             axes = cls.summed_axes(a, rank)
             keepdims = int(a.get("keepdims", 1))
-            shape = ctx.shapes.get(node.input[0]) or []
-            elements = int(np.prod(shape)) if shape and all(isinstance(d, int) and d > 0 for d in shape) else 0
-            s = exact_sum(ctx, xi, axes, keepdims, elements, f"{hint}_sum", nodes)
+            s = exact_sum(ctx, xi, axes, keepdims, ctx.elements(node.input[0]), f"{hint}_sum", nodes)
             acc = _cast(ctx, s, TensorProto.DOUBLE, f"{hint}_sumd", nodes)
         else:
             kernel = a["kernel_shape"]

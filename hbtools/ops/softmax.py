@@ -148,8 +148,7 @@ def _twin_exp(ctx: LoweringContext, src, x: str, axis: int, hint: str,  # noqa: 
     peak = reduce_keepdims(ctx, "ReduceMax", src.levels, [axis], hint, nodes)
     bits = 16 if ctx.feed_calibration else src.bits
     whole = src.bits in (8, 16) and not (ctx.feed_calibration and ctx.switches)
-    shape = ctx.shapes.get(x)
-    elements = int(np.prod(shape)) if shape and all(isinstance(v, int) and v > 0 for v in shape) else 0
+    elements = ctx.elements(x)
     fed = ctx.known(src.step) is None
     if not whole or (fed and elements <= 2**bits):
         d = add_node(ctx, "Sub", [src.levels, peak], hint, nodes)

@@ -582,7 +582,7 @@ def _global_average(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto
             return False
         axes = reduced_axes(attrs, ctx.known(node.input[1]) if given else None, len(shape))
     window = float(np.prod([shape[k] for k in axes])) if node.op_type != "ReduceSum" else 1.0
-    total = exact_sum(ctx, src.levels, axes, keepdims, int(np.prod(shape)), f"{node.name}_sum_f64", nodes)
+    total = exact_sum(ctx, src.levels, axes, keepdims, ctx.elements(node.input[0]), f"{node.name}_sum_f64", nodes)
     per = _node(ctx, "Div", [src.step, ctx.constant(f"{node.name}_window", np.array(window))],
                 f"{node.name}_step_f64", nodes)
     value = _node(ctx, "Mul", [total, per], f"{node.output[0]}_f64", nodes)
