@@ -792,45 +792,12 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
         taps = -(-w.shape[2] // s)
         frames = out[2] - 1 + taps
         begin = int((a.get("pads") or [0])[0])
-        # samples of the padded signal: begin zeros, the signal, zeros up to frames * s (or the signal cut there)
-        tail = frames * s - begin - length
         tag = f"{node.name}_phases"
-        nodes, x = [], node.input[0]
-        key = (x, s, frames, begin)
-        if key in chains:
-            x = chains[key]
-        elif tail < 0:
-            cut = f"{x}_{tag}_cut"
-            if opset >= 10:
-                consts = []
-                for what, values in (("starts", [0]), ("ends", [length + tail]), ("axes", [2])):
-                    name = f"{tag}_slice_{what}"
-                    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
-                    consts.append(name)
-                nodes.append(helper.make_node("Slice", [x, *consts], [cut], name=f"{tag}_cut"))
-            else:
-                nodes.append(helper.make_node("Slice", [x], [cut], name=f"{tag}_cut", starts=[0],
-                                              ends=[length + tail], axes=[2]))
-            x = cut
-        blocks = [(f"{tag}_front", begin), (f"{tag}_back", max(tail, 0))]
-        if key not in chains and any(size for _, size in blocks):
-            for name, size in blocks:
-                if size:
-                    model.graph.initializer.append(numpy_helper.from_array(np.zeros((n, c, size), np.float32), name))
-            padded = f"{x}_{tag}_padded"
-            parts = [blocks[0][0]] * bool(begin) + [x] + [blocks[1][0]] * bool(tail > 0)
-            nodes.append(helper.make_node("Concat", parts, [padded], name=f"{tag}_pad", axis=2))
-            x = padded
+        nodes: list[NodeProto] = []
+        key = (node.input[0], s, frames, begin)
         if key not in chains:
-            for what, dims in (("frames", [n, c, frames, s]), ("channels", [n, c * s, frames])):
-                model.graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), f"{tag}_{what}"))
-            nodes.append(helper.make_node("Reshape", [x, f"{tag}_frames"], [f"{x}_{tag}_frames"],
-                                          name=f"{tag}_frames"))
-            nodes.append(helper.make_node("Transpose", [f"{x}_{tag}_frames"], [f"{x}_{tag}_phases"],
-                                          name=f"{tag}_transpose", perm=[0, 1, 3, 2]))
-            nodes.append(helper.make_node("Reshape", [f"{x}_{tag}_phases", f"{tag}_channels"], [f"{x}_{tag}"],
-                                          name=f"{tag}_channels"))
-            chains[key] = x = f"{x}_{tag}"
+            chains[key] = _phase_chain(model, opset, node.input[0], (n, c, length), s, frames, begin, tag, nodes)
+        x = chains[key]
         padded_w = np.zeros((w.shape[0], c, taps * s), w.dtype)
         padded_w[:, :, :w.shape[2]] = w
         # [O, C, taps, s] -> [O, C, s, taps] -> [O, C*s, taps]: channel c*s + p, tap j reads sample j*s + p
@@ -841,6 +808,45 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
         return nodes
 
     return rewrite_nodes(model, over_phases)
+
+
+def _phase_chain(model: ModelProto, opset: int, x: str, shape: tuple[int, int, int], s: int, frames: int, begin: int,
+                 tag: str, nodes: list[NodeProto]) -> str:
+    """``x`` [N, C, L] as [N, C*s, frames] over the stride's phases (``strided_convs_over_phases``): ``begin``
+    zeros in front, zeros after it up to ``frames * s`` samples (or the signal cut there), reshaped to
+    [N, C, frames, s], transposed and read as channels. Appends the nodes to ``nodes``; returns the output."""
+    n, c, length = shape
+    tail = frames * s - begin - length
+    if tail < 0:
+        cut = f"{x}_{tag}_cut"
+        if opset >= 10:
+            consts = []
+            for what, values in (("starts", [0]), ("ends", [length + tail]), ("axes", [2])):
+                name = f"{tag}_slice_{what}"
+                model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+                consts.append(name)
+            nodes.append(helper.make_node("Slice", [x, *consts], [cut], name=f"{tag}_cut"))
+        else:
+            nodes.append(helper.make_node("Slice", [x], [cut], name=f"{tag}_cut", starts=[0],
+                                          ends=[length + tail], axes=[2]))
+        x = cut
+    blocks = [(f"{tag}_front", begin), (f"{tag}_back", max(tail, 0))]
+    if any(size for _, size in blocks):
+        for name, size in blocks:
+            if size:
+                model.graph.initializer.append(numpy_helper.from_array(np.zeros((n, c, size), np.float32), name))
+        padded = f"{x}_{tag}_padded"
+        parts = [blocks[0][0]] * bool(begin) + [x] + [blocks[1][0]] * bool(tail > 0)
+        nodes.append(helper.make_node("Concat", parts, [padded], name=f"{tag}_pad", axis=2))
+        x = padded
+    for what, dims in (("frames", [n, c, frames, s]), ("channels", [n, c * s, frames])):
+        model.graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), f"{tag}_{what}"))
+    nodes.append(helper.make_node("Reshape", [x, f"{tag}_frames"], [f"{x}_{tag}_frames"], name=f"{tag}_frames"))
+    nodes.append(helper.make_node("Transpose", [f"{x}_{tag}_frames"], [f"{x}_{tag}_phases"],
+                                  name=f"{tag}_transpose", perm=[0, 1, 3, 2]))
+    nodes.append(helper.make_node("Reshape", [f"{x}_{tag}_phases", f"{tag}_channels"], [f"{x}_{tag}"],
+                                  name=f"{tag}_channels"))
+    return f"{x}_{tag}"
 
 
 def _kernel_pieces(node: NodeProto, view: GraphView, kernel_limit: int | None, dilation_limit: int | None,
