@@ -24,6 +24,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.model import Config, OptimizationOptions
+from hbtools.graph.constant_terms import Tails
 from hbtools.graph.graph import GraphView, topological_sort
 from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.march.profiles import MarchProfile
@@ -148,7 +149,8 @@ def weight_groups(node: NodeProto, view: GraphView) -> int:
 
 def make_plan(model: ModelProto, part: Partition, config: Config | None, profile: MarchProfile) -> CalibrationPlan:
     view = GraphView(model)
-    bits_of = _requested_bits(part, config, profile, set(view.graph_outputs))
+    bits_of = _requested_bits(part, config, profile, set(view.graph_outputs),
+                              Tails(model).grids(view.graph_outputs) if profile.int16 else [])
     plan = CalibrationPlan()
     int_outputs = wants_int_outputs(config)
     integer_inputs = {i.name for i in model.graph.input
@@ -311,8 +313,9 @@ def wants_int_outputs(config: Config | None) -> bool:
 
 
 def _requested_bits(part: Partition, config: Config | None, profile: MarchProfile,
-                    graph_outputs: set[str]) -> dict[str, int]:
-    """int16 requests (node_info, optimization) per tensor; int8 where the march has no int16."""
+                    graph_outputs: set[str], grids: list[str]) -> dict[str, int]:
+    """int16 requests (node_info, optimization, the rules below) per tensor; int8 where the march has no
+    int16. ``grids``: tensors decoding positions around a constant grid (``Tails.grids``)."""
     bits: dict[str, int] = {}
     opts = config.calibration.options if config else OptimizationOptions()
     output_bits = 8 if opts.output_bits == 8 else (16 if profile.int16 else 8)
@@ -363,6 +366,17 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                 any(n.op_type == "Reciprocal" for n in unit.nodes):
             for t in [*unit.inputs, *unit.outputs]:
                 request(t, f"node {unit.main.name} (a reciprocal table)")
+    # Positions decoded around a grid of constants (anchor points, strides): an int8 grid spends its
+    # levels on the positions and rounds what the model predicts to a few pixels (2.5 at 320x320). These
+    # tensors are a head's few small ones, so int16 costs little, and with every calibration_type: a
+    # cosine goal, even without the grid (``search.constant_terms``), lets a pixel or two through.
+    decoded = [t for t in grids if t in part.producer and part.producer[t].on == "BPU"]
+    for t in decoded:
+        request(t, f"tensor {t} (positions around a constant grid)")
+    if decoded:
+        log.info("%d tensors add a constant that differs over their elements (positions around a grid) and are "
+                 "int16: %s", len(decoded),
+                 ", ".join(decoded[:6]) + (f" and {len(decoded) - 6} more" if len(decoded) > 6 else ""))
     node_info = config.model.node_info if config else {}
     all16 = opts.all_int16
     for unit in part.units:

@@ -1,0 +1,132 @@
+"""What an output holds whatever the input: the constant part of its arithmetic tail.
+
+Detectors decode positions around a grid of constants: an Ultralytics export computes its boxes as
+anchor points minus and plus predicted distances, times the strides; YOLOX adds the grid to its
+offsets; a RetinaNet-style head adds anchor boxes. Walking back from an output through element-wise
+arithmetic (``ARITHMETIC``) and ops that only move values (``CARRIES``), and through HzCalibration,
+gives that tail; evaluated with every tensor computed otherwise (a Conv's, a Sigmoid's output, the
+inputs) at zero, its tensors hold their constant parts. The same walk finds the same tail in a float
+and in a calibrated model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TensorProto, helper
+
+from hbtools.graph.graph import GraphView
+
+log = logging.getLogger("hbtools")
+
+# Element-wise arithmetic: at zero data its value is the constant it adds (Div: by a constant only).
+ARITHMETIC = ("Add", "Sub", "Mul", "Neg", "Div")
+CARRIES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat", "Split", "Slice",
+           "Gather", "Expand", "Tile")
+_STANDARD = ("", "ai.onnx")
+
+
+class Tails:
+    """The arithmetic tails of a model's tensors (see the module's text)."""
+
+    def __init__(self, model: ModelProto) -> None:
+        self.model = model
+        self.producer = {o: n for n in model.graph.node for o in n.output}
+        self.inits = {t.name: t for t in model.graph.initializer}
+        self.constant = set(self.inits)  # tensors computed from initializers alone
+        for node in model.graph.node:
+            ins = [i for i in node.input if i]
+            standard = node.domain in _STANDARD
+            if (standard and node.op_type == "Constant") or (ins and all(i in self.constant for i in ins) and (
+                    standard or node.op_type == "HzCalibration")):
+                self.constant.update(node.output)
+        self._view: GraphView | None = None
+
+    def _in_tail(self, node: NodeProto, name: str) -> bool:
+        op = node.op_type if node.domain in _STANDARD else None
+        if name in self.constant or node.op_type == "HzCalibration":
+            return True
+        if op in CARRIES:  # what it moves is its first input (any of a Concat's); the rest say where
+            return op == "Concat" or all(not i or i in self.constant for i in node.input[1:])
+        return op in ARITHMETIC and (op != "Div" or node.input[1] in self.constant)
+
+    def tail(self, out: str) -> tuple[list[NodeProto], list[str]]:
+        """The nodes of ``out``'s tail in model order, and the tensors it reads that it does not compute
+        (initializers aside)."""
+        members: set[int] = set()
+        leaves: list[str] = []
+        stack, seen = [out], set()
+        while stack:
+            name = stack.pop()
+            if not name or name in seen or name in self.inits:
+                continue
+            seen.add(name)
+            node = self.producer.get(name)
+            if node is not None and self._in_tail(node, name):
+                members.add(id(node))
+                stack.extend(node.input[:1] if node.op_type == "HzCalibration" else node.input)
+            else:
+                leaves.append(name)
+        return [n for n in self.model.graph.node if id(n) in members], leaves
+
+    def adds_constant(self, nodes: list[NodeProto]) -> bool:
+        """Whether an Add or Sub of ``nodes`` adds a constant to data."""
+        return any(n.op_type in ("Add", "Sub") and any(i in self.constant for i in n.input)
+                   and not all(i in self.constant for i in n.input) for n in nodes)
+
+    def at_zero(self, out: str) -> dict[str, np.ndarray] | None:
+        """Every tensor of ``out``'s tail (``out`` too) at zero data, flat float32; None where the tail
+        adds no constant, or cannot be evaluated (an unknown shape, an op the reference lacks)."""
+        nodes, leaves = self.tail(out)
+        if not self.adds_constant(nodes):
+            return None
+        if self._view is None:
+            self._view = GraphView(self.model)
+        shapes, types = self._view.shapes, self._view.elem_types
+        if not all(shapes.get(n) and all(isinstance(d, int) and d > 0 for d in shapes[n]) for n in leaves):
+            return None
+        steps = [helper.make_node("Identity", n.input[:1], n.output[:1], name=n.name)
+                 if n.op_type == "HzCalibration" else n for n in nodes]
+        made = [o for n in steps for o in n.output if o]
+        used = {i for n in steps for i in n.input}
+        graph = helper.make_graph(
+            steps, "at_zero",
+            [helper.make_tensor_value_info(n, types.get(n, TensorProto.FLOAT), shapes[n]) for n in leaves],
+            [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in made],
+            [self.inits[i] for i in sorted(used) if i in self.inits])
+        probe = helper.make_model(graph, opset_imports=[o for o in self.model.opset_import if o.domain in _STANDARD])
+        feeds = {n: np.zeros(shapes[n], helper.tensor_dtype_to_np_dtype(types.get(n, TensorProto.FLOAT)))
+                 for n in leaves}
+        from onnx.reference import ReferenceEvaluator
+
+        try:
+            values = ReferenceEvaluator(probe).run(None, feeds)
+        except Exception as exc:  # an op the reference cannot run: no constant part known
+            log.debug("no constant part found for %s: %s", out, exc)
+            return None
+        found = {}
+        for name, value in zip(made, values, strict=True):
+            value = np.asarray(value)
+            if value.dtype.kind == "f":
+                found[name] = value.astype(np.float32).reshape(-1)
+        return found if out in found else None
+
+    def constant_part(self, out: str) -> np.ndarray | None:
+        """What ``out`` holds whatever the input, flat (None: nothing, or not known)."""
+        values = self.at_zero(out)
+        value = values[out] if values else None
+        return value if value is not None and np.any(value) and np.all(np.isfinite(value)) else None
+
+    def grids(self, outputs: list[str]) -> list[str]:
+        """The tensors of the ``outputs``' tails (computed from data, not constants) whose constant part
+        differs from element to element: a decoding around a grid of positions. On an int8 grid such a
+        tensor spends its levels on the positions: an Ultralytics export's boxes at 320x320 on steps of
+        2.5 pixels."""
+        found: list[str] = []
+        for out in outputs:
+            for name, value in (self.at_zero(out) or {}).items():
+                if name not in self.constant and name not in found and value.size > 1 and \
+                        np.all(np.isfinite(value)) and np.ptp(value) > 0:
+                    found.append(name)
+        return found
