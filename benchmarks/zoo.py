@@ -109,6 +109,25 @@ def detect_scores(outs: list[np.ndarray], layout: tuple[int, int, int | None]) -
     return scored
 
 
+def box_agreement(ref: list[np.ndarray], quant: list[np.ndarray], layout: tuple[int, int, int | None]) -> dict:
+    """IoU of each quantized box with the float one, at every anchor where the float model detects
+    (a class score, objectness x class for YOLOX, of at least ``DETECT_THRESH``); both exports put
+    centre x, centre y, width and height first on the channel axis of ``layout``."""
+    axis = layout[0]
+    ious = []
+    for r, q, scores in zip(ref, quant, detect_scores(ref, layout), strict=True):
+        keep = scores.max(axis=-1) >= DETECT_THRESH
+        a, b = (np.moveaxis(np.asarray(t, np.float64)[0], axis if axis < 0 else axis - 1, -1)[keep, :4]
+                for t in (r, q))
+        lo = np.maximum(a[:, :2] - a[:, 2:] / 2, b[:, :2] - b[:, 2:] / 2)
+        hi = np.minimum(a[:, :2] + a[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2)
+        inter = np.prod(np.clip(hi - lo, 0, None), axis=1)
+        ious.append(inter / np.maximum(np.prod(a[:, 2:], axis=1) + np.prod(b[:, 2:], axis=1) - inter, 1e-12))
+    iou = np.concatenate(ious) if ious else np.zeros(0)
+    return {"box_iou_mean": float(iou.mean()) if iou.size else float("nan"),
+            "box_iou_min": float(iou.min()) if iou.size else float("nan"), "boxes": int(iou.size)}
+
+
 def compare(task: str, ref: list[np.ndarray], quant: list[np.ndarray],
             layout: tuple[int, int, int | None] | None = None) -> dict:
     """Cosine and task agreement; strings compare class-index sequences (no dictionary needed).
@@ -118,11 +137,12 @@ def compare(task: str, ref: list[np.ndarray], quant: list[np.ndarray],
     for det maps, the cosine counts only the pictures where the float model detects something:
     elsewhere every score is ~0 and the cosine measures rounding noise."""
     if task == "detect":
+        boxes = box_agreement(ref, quant, layout)
         ref, quant = detect_scores(ref, layout), detect_scores(quant, layout)
         cos = [ppocr.cosine(r, q) for r, q in zip(ref, quant, strict=True) if (r >= DETECT_THRESH).any()]
         iou = ppocr.det_agreement(np.concatenate(ref), np.concatenate(quant), DETECT_THRESH).iou
         mean, low = (float(np.mean(cos)), float(np.min(cos))) if cos else (float("nan"), float("nan"))
-        return {"cosine_mean": mean, "cosine_min": low, "cosine_samples": len(cos), "agreement": iou}
+        return {"cosine_mean": mean, "cosine_min": low, "cosine_samples": len(cos), "agreement": iou, **boxes}
     metric_task = "rec" if task == "captcha" else task
     ref, quant = _ctc_ready(task, ref), _ctc_ready(task, quant)
     characters = [chr(0x4E00 + k) for k in range(ref[0].shape[-1] - 2)] if metric_task == "rec" else None
@@ -247,6 +267,14 @@ def markdown(result: dict) -> str:
     for m in result["models"]:
         types = m["runs"][0].get("cpu_types") or {}
         lines.append(f"- {m['model']}: " + (", ".join(f"{t} {n}" for t, n in sorted(types.items())) or "none"))
+    detectors = [m for m in result["models"] if m["task"] == "detect" and "boxes" in m["runs"][0]]
+    if detectors:
+        lines += ["", f"Detector boxes: IoU of each quantized box with the float one where the float model detects "
+                      f"(class score ≥ {DETECT_THRESH}), mean / min:", ""]
+        for m in detectors:
+            runs = [f"{'ours' if r['tool'] == OURS else r['tool']} {_f(r.get('box_iou_mean'))} / "
+                    f"{_f(r.get('box_iou_min'))}" for r in m["runs"] if r["status"] == "ok" and "boxes" in r]
+            lines.append(f"- {m['model']} ({m['runs'][0]['boxes']} boxes): " + ", ".join(runs))
     failed_peers = [(m["model"], r) for m in result["models"] for r in m["runs"][1:] if r["status"] != "ok"]
     if failed_peers:
         lines += ["", "onnxruntime runs that failed:", ""]

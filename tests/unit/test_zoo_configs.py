@@ -66,7 +66,20 @@ def test_detect_agreement_reads_the_class_scores_of_either_layout() -> None:
     assert zoo.compare("detect", [v8, quiet], [v8, quiet + 0.01], (1, 4, None))["cosine_samples"] == 1
     moved = v8.copy()
     moved[:, :4] += 5.0  # boxes a few pixels off, scores the same: the scores are what is compared
-    assert zoo.compare("detect", [v8], [moved], (1, 4, None))["cosine_mean"] == pytest.approx(1.0)
+    shifted = zoo.compare("detect", [v8], [moved], (1, 4, None))
+    assert shifted["cosine_mean"] == pytest.approx(1.0)
+    # The boxes are compared where the float model detects: centres moved 5 px on both axes.
+    sized = v8.copy()
+    sized[:, 2:4] = rng.uniform(20, 100, (1, 2, 50))
+    centred = sized.copy()
+    centred[:, :2] += 5.0
+    boxes = zoo.compare("detect", [sized], [centred], (1, 4, None))
+    detected = v8[0, 4:].max(axis=0) >= zoo.DETECT_THRESH
+    w, h = sized[0, 2, detected], sized[0, 3, detected]
+    iou = (w - 5) * (h - 5) / (2 * w * h - (w - 5) * (h - 5))
+    assert boxes["boxes"] == detected.sum() > 0
+    assert boxes["box_iou_min"] == pytest.approx(iou.min()) and boxes["box_iou_mean"] == pytest.approx(iou.mean())
+    assert same["box_iou_mean"] == pytest.approx(1.0)
     # YOLOX layout: anchors x (4 box + objectness + classes); a class counts times the objectness.
     yolox = np.concatenate([rng.uniform(0, 416, (1, 50, 4)), rng.uniform(0, 1, (1, 50, 2))], axis=2)
     scores = zoo.detect_scores([yolox], (-1, 5, 4))[0]
