@@ -27,7 +27,7 @@ from hbtools.quant.plan import (
     folded_weights,
     weight_thresholds,
 )
-from hbtools.quant.search import Evaluator, output_pieces, scored_outputs, scored_tensors
+from hbtools.quant.search import Evaluator, constant_terms, output_pieces, scored_outputs, scored_tensors
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runs.timing import StepTimes
@@ -279,10 +279,13 @@ def _float_session(optimized: ModelProto, tensors: list[str]):
     if stand_ins != outputs:
         log.info("outputs picked at places the data decides (TopK, NonMaxSuppression, gathers at their indices) are "
                  "scored on the tensors they pick from: %s", ", ".join(t for t in stand_ins if t not in outputs))
-    for out, joined in zip(stand_ins, output_pieces(optimized), strict=True):
+    for out, joined, constant in zip(stand_ins, output_pieces(optimized), constant_terms(optimized), strict=True):
         if joined is not None:
             log.info("output '%s' is scored as the %d pieces it joins (%s)", out, len(joined.names),
                      ", ".join(joined.names))
+        if constant is not None:
+            log.info("output '%s' is scored without what it holds whatever the input (%d of its %d values are "
+                     "constants added at its end, e.g. an anchor grid)", out, np.count_nonzero(constant), constant.size)
     return fetching_session(optimized, list(dict.fromkeys([*tensors, *scored]))), scored
 
 
