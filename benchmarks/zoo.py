@@ -131,7 +131,7 @@ def box_agreement(ref: list[np.ndarray], quant: list[np.ndarray], layout: tuple[
     ``decoded_boxes`` gives them."""
     ious = []
     for r, q, scores in zip(ref, quant, detect_scores(ref, layout), strict=True):
-        keep = scores.reshape(-1, scores.shape[-1]).max(axis=-1) >= DETECT_THRESH
+        keep = scores.max(axis=-1) >= DETECT_THRESH
         a, b = (decoded_boxes(t, layout, grid)[keep] for t in (r, q))
         lo = np.maximum(a[:, :2] - a[:, 2:] / 2, b[:, :2] - b[:, 2:] / 2)
         hi = np.minimum(a[:, :2] + a[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2)

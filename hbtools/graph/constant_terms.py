@@ -22,8 +22,9 @@ log = logging.getLogger("hbtools")
 
 # Element-wise arithmetic: at zero data its value is the constant it adds (Div: by a constant only).
 ARITHMETIC = ("Add", "Sub", "Mul", "Neg", "Div")
-CARRIES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat", "Split", "Slice",
-           "Gather", "Expand", "Tile")
+# Ops that only move values: what comes out is, element by element, a value of what goes in.
+MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat")
+CARRIES = (*MOVES, "Split", "Slice", "Gather", "Expand", "Tile")  # those whose extra inputs say where
 _STANDARD = ("", "ai.onnx")
 
 

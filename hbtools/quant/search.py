@@ -26,7 +26,7 @@ import onnxruntime as ort
 from onnx import ModelProto, NodeProto, TensorProto, helper
 from tqdm import tqdm
 
-from hbtools.graph.constant_terms import Tails
+from hbtools.graph.constant_terms import MOVES, Tails
 from hbtools.graph.graph import GraphView, elements, itemsize
 from hbtools.metrics import cosine_of_products, products
 from hbtools.ops.names import enable_input
@@ -214,9 +214,6 @@ def _maker_of(model: ModelProto) -> Callable[[str], NodeProto | None]:
     return maker
 
 
-# Ops that only move values: what an output made of them holds is, element by element, a value of one
-# of the tensors they join.
-_MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat")
 
 
 @dataclass
@@ -266,7 +263,7 @@ def output_pieces(model: ModelProto) -> list[Pieces | None]:
                 continue
             seen.add(name)
             node = producer.get(name)
-            if node is None or node.op_type not in _MOVES or node.domain not in ("", "ai.onnx"):
+            if node is None or node.op_type not in MOVES or node.domain not in ("", "ai.onnx"):
                 leaves.append(name)
                 continue
             data = list(node.input) if node.op_type == "Concat" else node.input[:1]

@@ -56,12 +56,15 @@ def _dead_channel_plan(bits: int):
     return optimized, plan.with_bits({p.tensor: bits for p in plan.activations})
 
 
-def _float_run(optimized: onnx.ModelProto, plan, feeds: list[dict]) -> tuple[dict[str, float], list[list]]:
-    """Each activation's largest |value| over ``feeds`` and the float output per feed."""
+def _float_run(optimized: onnx.ModelProto, plan, feeds: list[dict],
+               outputs: tuple[str, ...] = ("y",)) -> tuple[dict[str, float], list[list]]:
+    """Each activation's largest |value| over ``feeds`` and the float ``outputs`` per feed."""
     tensors = [p.tensor for p in plan.activations]
-    floats = fetching_session(optimized, tensors + ["y"])
-    values = [dict(zip([*tensors, "y"], floats.run([*tensors, "y"], f), strict=True)) for f in feeds]
-    return {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}, [[v["y"]] for v in values]
+    names = list(dict.fromkeys([*tensors, *outputs]))
+    floats = fetching_session(optimized, names)
+    values = [dict(zip(names, floats.run(names, f), strict=True)) for f in feeds]
+    return {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}, [[v[o] for o in outputs]
+                                                                                   for v in values]
 
 
 def _calibrated_cosine(model: onnx.ModelProto, feeds: list[dict], refs: list[list]) -> float:
@@ -181,13 +184,9 @@ def _chain_evaluator() -> tuple[Evaluator, dict[str, float], list[str]]:
     plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
     rng = np.random.default_rng(6)
     feeds = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(3)]
-    tensors = [p.tensor for p in plan.activations]
-    out = optimized.graph.output[0].name
-    floats = fetching_session(optimized, [*tensors, out])
-    values = [dict(zip([*tensors, out], floats.run([*tensors, out], f), strict=True)) for f in feeds]
-    th = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
-    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, [[v[out]] for v in values], th)
-    return evaluator, th, tensors
+    th, refs = _float_run(optimized, plan, feeds, (optimized.graph.output[0].name,))
+    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, refs, th)
+    return evaluator, th, [p.tensor for p in plan.activations]
 
 
 def test_sensitivity_from_cuts_ranks_as_whole_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -519,8 +518,9 @@ def _two_heads() -> onnx.ModelProto:
         nodes += [helper.make_node("Conv", ["x", f"w_{k}"], [f"{k}_conv"], name=f"{k}_conv", pads=[1, 1, 1, 1]),
                   helper.make_node("Relu", [f"{k}_conv"], [f"{k}_relu"], name=f"{k}_relu"),
                   helper.make_node("Conv", [f"{k}_relu", f"out_{k}"], [k], name=f"{k}_out")]
+    outputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, [1, 2, 8, 8]) for k in ("hard", "easy")]
     graph = helper.make_graph(nodes, "two_heads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info(k, TensorProto.FLOAT, [1, 2, 8, 8]) for k in ("hard", "easy")],
+                              outputs,
                               [numpy_helper.from_array(v, k) for k, v in inits.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -536,11 +536,7 @@ def test_each_output_keeps_its_own_share_of_the_int16_gain() -> None:
     rng = np.random.default_rng(12)
     feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
     tensors = [p.tensor for p in plan.activations]
-    floats = fetching_session(optimized, [*tensors, "hard", "easy"])
-    values = [dict(zip([*tensors, "hard", "easy"], floats.run([*tensors, "hard", "easy"], f), strict=True))
-              for f in feeds]
-    th = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
-    refs = [[v["hard"], v["easy"]] for v in values]
+    th, refs = _float_run(optimized, plan, feeds, ("hard", "easy"))
     weight_th = weight_thresholds(optimized, plan)
 
     def cosines(bits: dict[str, int]) -> np.ndarray:
