@@ -65,8 +65,9 @@ def prepare(name: str, args: argparse.Namespace, work: Path) -> tuple[compare_or
     model_params, input_params = config["model_parameters"], config["input_parameters"]
     model_params["onnx_model"] = str((CONFIGS / model_params["onnx_model"]).resolve())
     shape = [int(v) for v in input_params["input_shape"].split("x")]
-    if task == "det" and args.det_size:
-        shape[2:] = [args.det_size, args.det_size]
+    size = args.det_size if task == "det" else getattr(args, "detect_size", 0) if task == "detect" else 0
+    if size:
+        shape[2:] = [size, size]
         input_params["input_shape"] = "x".join(map(str, shape))
     rgb = input_params.get("input_type_train") == "rgb"
     splits = compare_ort.sample_generator()(task, args.cal_num, args.heldout_num, size=tuple(shape[2:]), rgb=rgb)
@@ -254,9 +255,10 @@ def markdown(result: dict) -> str:
              f"indicative). Total {result['total_wall_s']} s.", "", f"`{result['command']}`", "",
              f"{result['settings']['cal_num']} calibration and {result['settings']['heldout_num']} held-out samples "
              f"per model (scikit-image pictures; rendered strings for the captcha model); det inputs "
-             f"{result['settings']['det_size'] or 'as configured'}. Cosine: first output against the float model "
-             "(det: pictures whose float map has text; detect: the class scores, objectness x class for YOLOX, of "
-             "pictures with a float detection). "
+             f"{result['settings']['det_size'] or 'as configured'}, object detectors' "
+             f"{result['settings'].get('detect_size') or 'as configured'}. Cosine: first output against the float "
+             "model (det: pictures whose float map has text; detect: the class scores, objectness x class for "
+             "YOLOX, of pictures with a float detection). "
              "Agreement: cls same argmax, det IoU of the maps thresholded at 0.3, detect IoU of the "
              "(anchor, class) pairs scoring ≥ 0.25, rec/captcha same greedy-CTC string. Targets: cosine ≥ 0.99 "
              "(det, detect, cls), ≥ 0.98 (rec), strings ≥ 80 %.", "",
@@ -306,6 +308,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cal-num", type=int, default=16, help="calibration samples (16)")
     parser.add_argument("--heldout-num", type=int, default=40, help="held-out samples (40: strings to 2.5 %%)")
     parser.add_argument("--det-size", type=int, default=480, help="det input N x N (480); 0: the config's")
+    parser.add_argument("--detect-size", type=int, default=0,
+                        help="object detectors' input N x N (0: the config's; only for exports of dynamic size)")
     parser.add_argument("--peers", default=",".join(PEER_METHODS), help="onnxruntime methods (MinMax,Percentile)")
     parser.add_argument("--mem-limit-gb", type=float, default=12.0, help="address-space cap per quantization run")
     parser.add_argument("--timeout-min", type=float, default=20.0, help="kill a quantization run after this (20)")
@@ -327,8 +331,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise UsageError(f"--peers {args.peers}: choose from MinMax, Percentile, Entropy")
     if args.update and not (args.json and args.json.is_file()):
         raise UsageError("--update needs an existing --json file to update")
-    if args.cal_num < 1 or args.heldout_num < 1 or args.det_size < 0 or args.det_size % 32:
-        raise UsageError("--cal-num and --heldout-num must be at least 1, --det-size a multiple of 32")
+    if args.cal_num < 1 or args.heldout_num < 1 or args.det_size < 0 or args.det_size % 32 \
+            or args.detect_size < 0 or args.detect_size % 32:
+        raise UsageError("--cal-num and --heldout-num must be at least 1, --det-size and --detect-size multiples of 32")
     return args
 
 
@@ -338,6 +343,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     result = {"command": "python benchmarks/zoo.py " + " ".join(sys.argv[1:]), "machine": compare_ort.machine(),
               "load_average_at_start": os.getloadavg(),
               "settings": {"cal_num": args.cal_num, "heldout_num": args.heldout_num, "det_size": args.det_size,
+                     "detect_size": args.detect_size,
                            "peers": args.peers, "activation_type": args.activation_type, "threads": args.threads,
                            "mem_limit_gb": args.mem_limit_gb, "timeout_min": args.timeout_min},
               "models": []}
