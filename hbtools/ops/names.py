@@ -7,7 +7,8 @@ enable flag from graph inputs ``<node>_scale``, ``<node>_qmax``, ``<node>_qmin``
 form of float tensor ``T`` as ``T_quantized``. Every module builds and parses these
 names here. The calibrated model also records which of its nodes the quantized model
 runs in float on the CPU (metadata ``hbtools.cpu_nodes``), so that its emulation computes
-them in float32 as the quantized model does.
+them in float32 as the quantized model does. The two halves of a split convolution carry
+``SPLIT_DOC`` as their doc_string.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ CALIBRATION_SUFFIX = "_HzCalibration"
 QUANTIZED_SUFFIX = "_quantized"
 FED_GRID_PARTS = ("scale", "qmax", "qmin", "zero_point", "enable")
 CPU_NODES_KEY = "hbtools.cpu_nodes"
+# doc_string of the two convolutions a layer is split into (``quant.weight_precision``); the plan keeps
+# their outputs int16.
+SPLIT_DOC = "hbtools: half of a convolution whose weight is split in two (weight precision)"
 
 
 def calibration_node(tensor: str) -> str:

@@ -23,7 +23,7 @@ from hbtools.graph.model_io import save_model
 from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, optimize, parse, quantize
-from hbtools.quant import layer_dump, report
+from hbtools.quant import layer_dump, report, weight_precision
 from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
 from hbtools.quant.units import build_partition
 from hbtools.runs.memory import check_memory
@@ -33,6 +33,8 @@ from hbtools.runs.transaction import artefact_transaction
 log = logging.getLogger("hbtools")
 
 SKIP_SAMPLES = 4
+SEARCHED_TYPES = ("default", "mix")  # calibration types that search; they also split layers int8 weights spoil
+SPLIT_SAMPLES = 8  # samples scoring which layers to split
 
 
 def artefact_paths(config: Config) -> dict[str, Path]:
@@ -85,18 +87,20 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     log.info("Parsing the input model done: %s", final["original"])
     optimized = optimize.run(parsed.model, profile, all_bpu=config.model.fast_perf,
                              placed={name: info.on for name, info in config.model.node_info.items() if info.on})
-    save_model(optimized, paths["optimized"])
-    log.info("Model optimization done: %s", final["optimized"])
-
+    times = StepTimes()
+    if config.calibration.calibration_type in SEARCHED_TYPES and not config.model.fast_perf:
+        with times.step("weight precision"):
+            optimized = _finer_weights(config, profile, optimized, source)
     partition = build_partition(optimized, profile, config.model.node_info, all_bpu=config.model.fast_perf)
     plan = make_plan(optimized, partition, config, profile)
+    save_model(optimized, paths["optimized"])
+    log.info("Model optimization done: %s", final["optimized"])
     if "dump_calibration_data" in config.model.debug_mode:
         dump_calibration_data(source, staging)
         log.info("calibration data dumped to %s", config.model.working_dir / "calibration_data")
     if config.calibration.calibration_type == "skip":
         log.warning("calibration_type 'skip' calibrates on random data: the model is fit for performance "
                     "checks only, not for accuracy evaluation")
-    times = StepTimes()
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source),
                         calibration_type=config.calibration.calibration_type,
                         max_percentile=config.calibration.max_percentile, allow_int16=profile.int16,
@@ -119,6 +123,21 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
         compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=cal.summary)
     log.info("runtime model written: %s", final["bin"])
     log.info(times.line())
+
+
+def _finer_weights(config: Config, profile: MarchProfile, optimized: onnx.ModelProto,
+                   source: CalibrationSource) -> onnx.ModelProto:
+    """``optimized`` with the convolutions int8 weights spoil split in two (``weight_precision``)."""
+    hbtools_log = logging.getLogger("hbtools")
+    level = hbtools_log.level
+    hbtools_log.setLevel(logging.ERROR)  # the plan made below says its lines once, for the model kept
+    try:
+        plan = make_plan(optimized, build_partition(optimized, profile, config.model.node_info), config, profile)
+    finally:
+        hbtools_log.setLevel(level)
+    chosen = calibrate.spread(len(source), SPLIT_SAMPLES)
+    feeds = [feed for index, feed in enumerate(source) if index in chosen]
+    return weight_precision.finer_weights(optimized, plan, lambda: iter(source), feeds) or optimized
 
 
 def _check_node_names(config: Config, model: onnx.ModelProto) -> None:

@@ -1,0 +1,288 @@
+"""Which convolutions lose their output to int8 weights, measured on calibration data.
+
+Rounding a weight to its int8 grid changes a convolution's output by ``Conv(x, W - Q(W))``. For
+most layers that is a fraction of a percent of the output, well below what the activation grids
+lose. Filters whose taps nearly cancel (edge and difference filters, BatchNormalization folded
+into a layer with a large gain) are the exception: their output is small next to ``|W| |x|``,
+and the same rounding is several percent of it, on every picture alike. No activation grid, GPTQ
+rounding or bias correction repairs that for inputs unlike the calibration set.
+
+``rounding_losses`` measures the loss of each convolution on the samples, in one onnxruntime
+session over the float model with every residual convolution beside its layer;
+``split_weights`` writes a chosen layer as two convolutions that sum to it, the first with the
+weight on its int8 grid (quantized exactly), the second with the remainder on a grid of its own,
+127 times finer: the layer keeps about 16-bit weight precision with int8 multipliers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import ModelProto, helper, numpy_helper
+
+from hbtools.graph.graph import GraphView
+from hbtools.metrics import cosine_of_chunks
+from hbtools.ops.names import SPLIT_DOC
+from hbtools.quant.grids import WEIGHT_BITS, fake_quantize, output_channel_rows, qmax_for
+from hbtools.quant.plan import CalibrationPlan, exact_grid_thresholds
+from hbtools.quant.search import constant_terms, output_pieces, scored_outputs
+from hbtools.runtime.session import RUN_ERRORS, fetching_session
+
+log = logging.getLogger("hbtools")
+
+Samples = Callable[[], Iterable[dict[str, np.ndarray]]]
+RESIDUAL = "_weight_residual"  # suffix of the second convolution's name, weight and output
+
+
+@dataclass(frozen=True)
+class ConvWeight:
+    node: str  # the Conv
+    weight: str  # its constant weight
+    output: str
+    macs: int  # multiply-accumulates of one run
+
+
+def candidates(model: ModelProto, plan: CalibrationPlan) -> list[ConvWeight]:
+    """The convolutions whose weight the plan quantizes to int8, per output channel, read by them alone."""
+    view = GraphView(model)
+    nodes = view.node_by_name
+    shapes = view.shapes
+    per_channel_inputs = {p.tensor for p in plan.activations if p.axis is not None}
+    found = []
+    for p in plan.weights:
+        if len(p.rewire) != 1 or p.axis != 0 or p.groups != 1:
+            continue
+        node = nodes.get(p.rewire[0][0])
+        if node is None or node.op_type != "Conv" or p.rewire[0][1] != 1 or node.input[0] in per_channel_inputs:
+            continue
+        w = view.const(p.tensor)
+        out_shape = shapes.get(node.output[0])
+        if w is None or w.ndim < 3 or not out_shape or not all(isinstance(d, int) and d > 0 for d in out_shape):
+            continue
+        macs = int(np.prod(out_shape)) * int(np.prod(w.shape[1:]))
+        found.append(ConvWeight(node.name, p.tensor, node.output[0], macs))
+    return found
+
+
+def rounded(w: np.ndarray) -> np.ndarray:
+    """``w`` on its int8 grid per output channel, as the calibrated model rounds it to nearest."""
+    thresholds = exact_grid_thresholds(output_channel_rows(w.astype(np.float64), 0))
+    thresholds[thresholds == 0] = 1.0  # an all-zero channel stays zero on any grid
+    scales = (thresholds / qmax_for(WEIGHT_BITS)).astype(np.float32).reshape([-1] + [1] * (w.ndim - 1))
+    return fake_quantize(w.astype(np.float32), scales, WEIGHT_BITS)
+
+
+def _residual_node(node, weight: str, output: str):
+    return helper.make_node("Conv", [node.input[0], weight], [output], name=node.name + RESIDUAL,
+                            **{a.name: helper.get_attribute_value(a) for a in node.attribute})
+
+
+def rounding_losses(model: ModelProto, convs: Sequence[ConvWeight], samples: Samples,
+                    limit: int) -> dict[str, float]:
+    """Per convolution, ``RMS(Conv(x, W - Q(W))) / RMS(Conv(x, W) + b)`` over at most ``limit`` samples."""
+    if not convs:
+        return {}
+    view = GraphView(model)
+    nodes = view.node_by_name
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    fetch = []
+    for c in convs:
+        w = view.const(c.weight)
+        residual = (w.astype(np.float32) - rounded(w)).astype(np.float32)
+        probe.graph.initializer.append(numpy_helper.from_array(residual, c.weight + RESIDUAL))
+        probe.graph.node.append(_residual_node(nodes[c.node], c.weight + RESIDUAL, c.output + RESIDUAL))
+        for tensor in (c.output, c.output + RESIDUAL):
+            probe.graph.node.append(helper.make_node("ReduceSumSquare", [tensor], [tensor + "_energy"],
+                                                     keepdims=0))
+            fetch.append(tensor + "_energy")
+    for tensor in fetch:
+        probe.graph.output.append(helper.make_tensor_value_info(tensor, 1, []))
+    session = fetching_session(probe, [])
+    sums = np.zeros(len(fetch), dtype=np.float64)
+    for index, feed in enumerate(samples()):
+        if index >= limit:
+            break
+        sums += np.array([float(v) for v in session.run(fetch, feed)])
+    out, res = sums[0::2], sums[1::2]
+    return {c.node: float(np.sqrt(r / o)) if o > 0 else 0.0 for c, o, r in zip(convs, out, res, strict=True)}
+
+
+SWITCH = "_weight_switch"  # graph input: 1 puts a layer's residual back (float weight), 0 leaves it rounded
+
+
+def _switched_model(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProto:
+    """``model`` with each layer as ``Conv(x, Q(W), b) + s * Conv(x, W - Q(W))``, ``s`` a scalar input:
+    one session scores any choice of layers with float or rounded weights, every weight constant."""
+    view = GraphView(model)
+    nodes = view.node_by_name
+    switched = ModelProto()
+    switched.CopyFrom(model)
+    del switched.graph.node[:]
+    rewritten = {c.node: c for c in convs}
+    for node in model.graph.node:
+        c = rewritten.get(node.name)
+        if c is None:
+            switched.graph.node.append(node)
+            continue
+        w = view.const(c.weight)
+        grid = rounded(w)
+        for name, value in ((c.weight + "_grid", grid), (c.weight + RESIDUAL, (w.astype(np.float32) - grid))):
+            switched.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), name))
+        main = ModelProto().graph.node.add()
+        main.CopyFrom(nodes[c.node])
+        main.input[1], main.output[0] = c.weight + "_grid", c.output + "_grid"
+        switched.graph.node.extend([
+            main, _residual_node(node, c.weight + RESIDUAL, c.output + RESIDUAL),
+            helper.make_node("Mul", [c.output + RESIDUAL, c.node + SWITCH], [c.output + "_switched"]),
+            helper.make_node("Add", [c.output + "_grid", c.output + "_switched"], [c.output])])
+        switched.graph.input.append(helper.make_tensor_value_info(c.node + SWITCH, 1, []))
+    return switched
+
+
+class WeightsOnlyScores:
+    """Output cosine of the float model with the weights of some layers rounded to int8, on ``feeds``.
+
+    Compared as the searches compare (``search``): the scored outputs without their constant parts,
+    an output that joins pieces piece by piece; the score is the worst piece's cosine over the samples."""
+
+    def __init__(self, model: ModelProto, convs: Sequence[ConvWeight], feeds: Sequence[dict]) -> None:
+        self.convs = list(convs)
+        self.outputs = scored_outputs(model)
+        self.constants = constant_terms(model)
+        self.pieces = output_pieces(model)
+        self.session = fetching_session(_switched_model(model, convs), self.outputs)
+        self.feeds = list(feeds)
+        self.refs = [self._cut(self._run(feed, {c.node for c in self.convs})) for feed in self.feeds]
+        self.live = [any(np.any(r[k]) for r in self.refs) for k in range(len(self.refs[0]))] if self.refs else []
+
+    def _run(self, feed: dict, float_layers: set[str]) -> list[np.ndarray]:
+        switches = {c.node + SWITCH: np.array(1.0 if c.node in float_layers else 0.0, np.float32)
+                    for c in self.convs}
+        return self.session.run(self.outputs, {**feed, **switches})
+
+    def _cut(self, tensors: list[np.ndarray]) -> list[np.ndarray]:
+        cut = []
+        for tensor, constant, joined in zip(tensors, self.constants, self.pieces, strict=True):
+            flat = tensor.reshape(-1) if constant is None else tensor.reshape(-1) - constant
+            if joined is not None and joined.labels.size == flat.size:
+                cut.extend(flat[where] for where in joined.indices())
+            else:
+                cut.append(flat)
+        return cut
+
+    def score(self, float_layers: set[str]) -> float:
+        """The worst scored piece's cosine with the float outputs, over every sample."""
+        got = [self._cut(self._run(feed, float_layers)) for feed in self.feeds]
+        return min(cosine_of_chunks((g[k], r[k]) for g, r in zip(got, self.refs, strict=True))
+                   for k in range(len(self.live)) if self.live[k])
+
+
+# Weights-only output loss (1 - cosine) int8 weights may cost with no layer split: below it, GPTQ and
+# bias correction repair what rounding loses, and a split would cost more time than it wins.
+LOSS_FLOOR = 0.005
+RECOVER = 0.9  # share of the weights-only loss the split layers win back, down to LOSS_FLOOR
+MAX_EXTRA_MACS = 0.5  # the split layers' share of the candidates' multiply-accumulates at most
+MIN_RECOVERED = 0.5  # where no list within MAX_EXTRA_MACS reaches the goal: the share the best must win back
+RANK_SAMPLES = 16  # samples measuring each layer's rounding loss
+
+
+@dataclass(frozen=True)
+class Choice:
+    split: list[ConvWeight]
+    base: float  # weights-only output cosine, every weight int8
+    reached: float  # ... with the split layers' weights at full precision
+    extra_macs: float  # the split layers' share of the candidates' multiply-accumulates
+
+
+def _ladder(n: int) -> list[int]:
+    """Prefix sizes tried: 1, 2, 4, then steps of a quarter of the size reached, up to ``n``."""
+    sizes, k = [], 1
+    while k < n:
+        sizes.append(k)
+        k = k * 2 if k < 4 else k + max(1, k // 4) * 2
+    return [*sizes, n]
+
+
+def choose(model: ModelProto, plan: CalibrationPlan, samples: Samples, feeds: Sequence[dict]) -> Choice | None:
+    """The layers to split (``split_weights``), or None where int8 weights lose less than ``LOSS_FLOOR``.
+
+    Layers are taken in order of their own rounding loss (``rounding_losses``), and the shortest such
+    list whose weights-only cosine wins back ``RECOVER`` of the loss is chosen; where none within
+    ``MAX_EXTRA_MACS`` does, the best one, if it wins back ``MIN_RECOVERED``. The scores are not
+    monotonic in the list's length (rounding errors of layers in a chain partly cancel), so each
+    length of a ladder is scored, not bisected."""
+    convs = candidates(model, plan)
+    if not convs or not feeds:
+        return None
+    scores = WeightsOnlyScores(model, convs, feeds)
+    base = scores.score(set())
+    if not 1.0 - base > LOSS_FLOOR:  # NaN too: nothing to compare
+        return None
+    goal = 1.0 - max(LOSS_FLOOR, (1.0 - base) * (1.0 - RECOVER))
+    losses = rounding_losses(model, convs, samples, RANK_SAMPLES)
+    order = sorted(convs, key=lambda c: -losses[c.node])
+    total = sum(c.macs for c in convs)
+    best_score, best_length = base, 0
+    for k in _ladder(len(order)):
+        if sum(c.macs for c in order[:k]) > MAX_EXTRA_MACS * total:
+            break
+        reached = scores.score({c.node for c in order[:k]})
+        if reached > best_score:
+            best_score, best_length = reached, k
+        if reached >= goal:
+            break
+    if best_score < goal and best_score - base < MIN_RECOVERED * (1.0 - base):
+        best_length = 0  # no list within the budget wins back enough to pay for its time
+    chosen = order[:best_length]
+    return Choice(chosen, base, best_score, sum(c.macs for c in chosen) / total)
+
+
+def split_weights(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProto:
+    """A copy where each of ``convs`` is ``Conv(x, Q(W), b) + Conv(x, W - Q(W))``: the same function in
+    float, the first weight exactly on its int8 grid, the second (its remainder) on a grid of its own."""
+    view = GraphView(model)
+    out = ModelProto()
+    out.CopyFrom(model)
+    by_node = {c.node: c for c in convs}
+    inits = {t.name: t for t in out.graph.initializer}
+    nodes = list(out.graph.node)
+    del out.graph.node[:]
+    for node in nodes:
+        c = by_node.get(node.name)
+        if c is None:
+            out.graph.node.append(node)
+            continue
+        w = view.const(c.weight)
+        grid = rounded(w)
+        inits[c.weight].CopyFrom(numpy_helper.from_array(grid.astype(w.dtype), c.weight))
+        out.graph.initializer.append(numpy_helper.from_array((w.astype(np.float32) - grid).astype(w.dtype),
+                                                             c.weight + RESIDUAL))
+        node.output[0] = c.output + "_grid"
+        residual = _residual_node(node, c.weight + RESIDUAL, c.output + RESIDUAL)
+        node.doc_string = residual.doc_string = SPLIT_DOC
+        out.graph.node.extend([node, residual,
+                               helper.make_node("Add", [c.output + "_grid", c.output + RESIDUAL], [c.output],
+                                                name=c.node + "_sum")])
+    return out
+
+
+def finer_weights(model: ModelProto, plan: CalibrationPlan, samples: Samples,
+                  feeds: Sequence[dict]) -> ModelProto | None:
+    """``model`` with the layers ``choose`` picks split (``split_weights``), or None where none is."""
+    try:
+        choice = choose(model, plan, samples, feeds)
+    except RUN_ERRORS:
+        return None  # a sample the float model cannot run: calibration reports it, with its number
+    if choice is None or not choice.split:
+        return None
+    names = [c.node for c in choice.split]
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    log.info("int8 weights alone bring the output cosine to %.4f on %d samples; %d convolutions keep their "
+             "weights' remainder as a second int8 convolution beside them (%.4f, +%.0f%% multiply-accumulates "
+             "of the convolutions): %s", choice.base, len(feeds), len(names), choice.reached,
+             100 * choice.extra_macs, shown)
+    return split_weights(model, choice.split)
