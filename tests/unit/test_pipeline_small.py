@@ -330,6 +330,7 @@ def test_calibration_types(tmp_path: Path, calibration_type: str, max_percentile
     steps = ["statistics", "quantize", "compile"]
     if calibration_type in ("default", "mix"):
         steps[1:1] = ["method search", "GPTQ", "bias correction", "int16 search"]
+        steps.insert(0, "weight precision")
     timings = re.findall(r"^INFO step timings: (.*)$", text, re.M)
     assert len(timings) == 1, "one step timings line"
     named = re.findall(r"([A-Za-z0-9 ]+?) (\d+\.\d) s(?:, |$)", timings[0])

@@ -28,7 +28,7 @@ SHAPE = [1, 4, 16, 16]
 
 def _edge_model() -> FloatModel:
     rng = np.random.default_rng(3)
-    lift = (rng.standard_normal((8, 4, 1, 1)) * 0.05).astype(np.float32)
+    lift = (rng.standard_normal((8, 4, 1, 1)) * 0.04).astype(np.float32)
     lift[:, 0] = 1.0  # the level
     edge = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
     edge -= edge.mean(axis=(1, 2, 3), keepdims=True)  # the taps of each output channel cancel
