@@ -114,9 +114,15 @@ def rounding_losses(model: ModelProto, convs: Sequence[ConvWeight], samples: Sam
 SWITCH = "_weight_switch"  # graph input: 1 puts a layer's residual back (float weight), 0 leaves it rounded
 
 
+CORRECTION = "_bias_correction"  # graph input: what bias correction adds to a rounded layer's output
+MEAN = "_residual_mean"  # output: the per-channel mean of a layer's rounding change
+
+
 def _switched_model(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProto:
-    """``model`` with each layer as ``Conv(x, Q(W), b) + s * Conv(x, W - Q(W))``, ``s`` a scalar input:
-    one session scores any choice of layers with float or rounded weights, every weight constant."""
+    """``model`` with each layer as ``Conv(x, Q(W), b) + s * Conv(x, W - Q(W)) + c``, ``s`` a scalar input
+    and ``c`` a per-channel one (bias correction's term, zero with ``s`` = 1): one session scores any
+    choice of layers with float or rounded weights, every weight constant. It also gives the per-channel
+    mean of each ``Conv(x, W - Q(W))``, which bias correction adds."""
     view = GraphView(model)
     nodes = view.node_by_name
     switched = ModelProto()
@@ -135,34 +141,63 @@ def _switched_model(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProt
         main = ModelProto().graph.node.add()
         main.CopyFrom(nodes[c.node])
         main.input[1], main.output[0] = c.weight + "_grid", c.output + "_grid"
+        residual = c.output + RESIDUAL
         switched.graph.node.extend([
-            main, _residual_node(node, c.weight + RESIDUAL, c.output + RESIDUAL),
-            helper.make_node("Mul", [c.output + RESIDUAL, c.node + SWITCH], [c.output + "_switched"]),
-            helper.make_node("Add", [c.output + "_grid", c.output + "_switched"], [c.output])])
-        switched.graph.input.append(helper.make_tensor_value_info(c.node + SWITCH, 1, []))
+            main, _residual_node(node, c.weight + RESIDUAL, residual),
+            helper.make_node("Mul", [residual, c.node + SWITCH], [c.output + "_switched"]),
+            helper.make_node("Add", [c.output + "_grid", c.output + "_switched"], [c.output + "_uncorrected"]),
+            helper.make_node("Add", [c.output + "_uncorrected", c.node + CORRECTION], [c.output]),
+            helper.make_node("ReduceMean", [residual], [c.output + MEAN],
+                             axes=[a for a in range(w.ndim) if a != 1], keepdims=1)])
+        switched.graph.input.extend([
+            helper.make_tensor_value_info(c.node + SWITCH, 1, []),
+            helper.make_tensor_value_info(c.node + CORRECTION, 1, [1, w.shape[0]] + [1] * (w.ndim - 2))])
+        switched.graph.output.append(helper.make_tensor_value_info(c.output + MEAN, 1, None))
     return switched
 
 
 class WeightsOnlyScores:
-    """Output cosine of the float model with the weights of some layers rounded to int8, on ``feeds``.
+    """Output cosine of the float model with the weights of some layers rounded to int8 (and their bias
+    corrected), on ``feeds``.
 
-    Compared as the searches compare (``search``): the scored outputs without their constant parts,
-    an output that joins pieces piece by piece; the score is the worst piece's cosine over the samples."""
+    Bias correction adds to a rounded layer the mean of what rounding takes from its output. Here it is
+    fitted on the other samples than the one scored (leave one out): the rounding change of a filter
+    whose taps cancel follows each picture's level, and a mean fitted on a picture itself would hide
+    what it cannot repair on others. Compared as the searches compare (``search``): the scored outputs
+    without their constant parts, an output that joins pieces piece by piece; the score is the worst
+    piece's cosine over the samples."""
 
     def __init__(self, model: ModelProto, convs: Sequence[ConvWeight], feeds: Sequence[dict]) -> None:
         self.convs = list(convs)
         self.outputs = scored_outputs(model)
         self.constants = constant_terms(model)
         self.pieces = output_pieces(model)
+        self.means = [c.output + MEAN for c in self.convs]
+        view = GraphView(model)
+        self.zeros = {}
+        for c in self.convs:
+            w = view.const(c.weight)
+            self.zeros[c.node] = np.zeros([1, w.shape[0]] + [1] * (w.ndim - 2), np.float32)
         self.session = fetching_session(_switched_model(model, convs), self.outputs)
         self.feeds = list(feeds)
-        self.refs = [self._cut(self._run(feed, {c.node for c in self.convs})) for feed in self.feeds]
+        self.refs, means = [], []
+        for feed in self.feeds:
+            values = self._run(feed, {c.node for c in self.convs}, {}, [*self.outputs, *self.means])
+            self.refs.append(self._cut(values[:len(self.outputs)]))
+            means.append(values[len(self.outputs):])
+        total = [sum(m[k] for m in means) for k in range(len(self.convs))]
+        others = max(len(means) - 1, 1)
+        self.corrections = [{c.node: (total[k] - m[k]) / others for k, c in enumerate(self.convs)} for m in means]
         self.live = [any(np.any(r[k]) for r in self.refs) for k in range(len(self.refs[0]))] if self.refs else []
 
-    def _run(self, feed: dict, float_layers: set[str]) -> list[np.ndarray]:
-        switches = {c.node + SWITCH: np.array(1.0 if c.node in float_layers else 0.0, np.float32)
-                    for c in self.convs}
-        return self.session.run(self.outputs, {**feed, **switches})
+    def _run(self, feed: dict, float_layers: set[str], corrections: dict[str, np.ndarray],
+             fetch: list[str] | None = None) -> list[np.ndarray]:
+        extra = {}
+        for c in self.convs:
+            kept = c.node in float_layers
+            extra[c.node + SWITCH] = np.array(1.0 if kept else 0.0, np.float32)
+            extra[c.node + CORRECTION] = self.zeros[c.node] if kept else corrections[c.node].astype(np.float32)
+        return self.session.run(fetch or self.outputs, {**feed, **extra})
 
     def _cut(self, tensors: list[np.ndarray]) -> list[np.ndarray]:
         cut = []
@@ -176,7 +211,8 @@ class WeightsOnlyScores:
 
     def score(self, float_layers: set[str]) -> float:
         """The worst scored piece's cosine with the float outputs, over every sample."""
-        got = [self._cut(self._run(feed, float_layers)) for feed in self.feeds]
+        got = [self._cut(self._run(feed, float_layers, corrections))
+               for feed, corrections in zip(self.feeds, self.corrections, strict=True)]
         return min(cosine_of_chunks((g[k], r[k]) for g, r in zip(got, self.refs, strict=True))
                    for k in range(len(self.live)) if self.live[k])
 
