@@ -129,6 +129,10 @@ def _switched_model(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProt
     switched.CopyFrom(model)
     del switched.graph.node[:]
     rewritten = {c.node: c for c in convs}
+    replaced = {c.weight for c in convs}  # each read by its layer alone: the two parts below stand for it
+    kept = [t for t in switched.graph.initializer if t.name not in replaced]
+    del switched.graph.initializer[:]
+    switched.graph.initializer.extend(kept)
     for node in model.graph.node:
         c = rewritten.get(node.name)
         if c is None:
@@ -213,8 +217,9 @@ class WeightsOnlyScores:
         """The worst scored piece's cosine with the float outputs, over every sample."""
         got = [self._cut(self._run(feed, float_layers, corrections))
                for feed, corrections in zip(self.feeds, self.corrections, strict=True)]
-        return min(cosine_of_chunks((g[k], r[k]) for g, r in zip(got, self.refs, strict=True))
-                   for k in range(len(self.live)) if self.live[k])
+        scores = [cosine_of_chunks((g[k], r[k]) for g, r in zip(got, self.refs, strict=True))
+                  for k in range(len(self.live)) if self.live[k]]
+        return min(scores, default=1.0)  # outputs all zero on these samples: nothing to compare
 
 
 # Weights-only output loss (1 - cosine) int8 weights may cost with no layer split. Below it GPTQ and bias
