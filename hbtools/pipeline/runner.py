@@ -88,7 +88,8 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     optimized = optimize.run(parsed.model, profile, all_bpu=config.model.fast_perf,
                              placed={name: info.on for name, info in config.model.node_info.items() if info.on})
     times = StepTimes()
-    if config.calibration.calibration_type in SEARCHED_TYPES and not config.model.fast_perf:
+    # The halves of a split layer need int16 (plan: they cancel only in their sum): no split without it.
+    if config.calibration.calibration_type in SEARCHED_TYPES and profile.int16 and not config.model.fast_perf:
         with times.step("weight precision"):
             optimized = _finer_weights(config, profile, optimized, source)
     partition = build_partition(optimized, profile, config.model.node_info, all_bpu=config.model.fast_perf)

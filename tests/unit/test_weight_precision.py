@@ -48,8 +48,8 @@ def _samples(levels: np.ndarray, seed: int) -> list[np.ndarray]:
     return [(level + 0.02 * rng.standard_normal(SHAPE)).astype(np.float32) for level in levels]
 
 
-def _project(root: Path, fm: FloatModel) -> Project:
-    project = make_project(root, fm, cal_count=8, calibration_type="default")
+def _project(root: Path, fm: FloatModel, march: str = "bayes-e") -> Project:
+    project = make_project(root, fm, cal_count=8, calibration_type="default", march=march)
     for index, x in enumerate(_samples(np.linspace(1.0, 4.0, 8), seed=5)):
         x.tofile(root / "cal_x" / f"{index:03d}.bin")
     return project
@@ -114,3 +114,11 @@ def test_weights_that_lose_little_are_left_alone(tmp_path, calibration_type: str
     assert [n.op_type for n in optimized.graph.node if n.op_type == "Conv"] == ["Conv"] * 2
     assert not any("second int8 convolution" in line for line in converted.log)
     assert logging.getLogger("hbtools").level != logging.ERROR  # the quiet plan gave the level back
+
+
+def test_no_split_on_a_march_without_int16(tmp_path) -> None:
+    """The halves of a split layer cancel only in their sum and need int16: bernoulli2 (RDK X3) has none."""
+    converted = convert(_project(tmp_path, _edge_model(), march="bernoulli2"))
+    optimized = onnx.load(str(converted.paths["optimized"]))
+    assert [n.op_type for n in optimized.graph.node if n.op_type == "Conv"] == ["Conv"] * 2
+    assert not any("second int8 convolution" in line for line in converted.log)
