@@ -151,8 +151,8 @@ def _switched_model(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProt
             helper.make_node("Mul", [residual, c.node + SWITCH], [c.output + "_switched"]),
             helper.make_node("Add", [c.output + "_grid", c.output + "_switched"], [c.output + "_uncorrected"]),
             helper.make_node("Add", [c.output + "_uncorrected", c.node + CORRECTION], [c.output]),
-            helper.make_node("ReduceMean", [residual], [c.output + MEAN],
-                             axes=[a for a in range(w.ndim) if a != 1], keepdims=1)])
+            # per sample and channel ([N, C, 1, ...]); any opset (ReduceMean's axes moved to an input at 18)
+            helper.make_node("GlobalAveragePool", [residual], [c.output + MEAN])])
         switched.graph.input.extend([
             helper.make_tensor_value_info(c.node + SWITCH, 1, []),
             helper.make_tensor_value_info(c.node + CORRECTION, 1, [1, w.shape[0]] + [1] * (w.ndim - 2))])
@@ -188,7 +188,7 @@ class WeightsOnlyScores:
         for feed in self.feeds:
             values = self._run(feed, {c.node for c in self.convs}, {}, [*self.outputs, *self.means])
             self.refs.append(self._cut(values[:len(self.outputs)]))
-            means.append(values[len(self.outputs):])
+            means.append([m.mean(axis=0, keepdims=True) for m in values[len(self.outputs):]])
         total = [sum(m[k] for m in means) for k in range(len(self.convs))]
         others = max(len(means) - 1, 1)
         self.corrections = [{c.node: (total[k] - m[k]) / others for k, c in enumerate(self.convs)} for m in means]

@@ -26,7 +26,7 @@ from hbtools.runtime import HB_ONNXRuntime
 SHAPE = [1, 8, 16, 16]
 
 
-def _edge_model() -> FloatModel:
+def _edge_model(opset: int = 13) -> FloatModel:
     rng = np.random.default_rng(3)
     edge = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
     edge -= edge.mean(axis=(1, 2, 3), keepdims=True)  # the taps of each output channel cancel
@@ -37,7 +37,7 @@ def _edge_model() -> FloatModel:
              helper.make_node("Conv", ["edges_relu", "head_w"], ["y"], name="head", pads=[1, 1, 1, 1])]
     graph = helper.make_graph(nodes, "edge", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 14, 14])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return FloatModel(model, {"x": SHAPE}, featuremap={"x"})
 
@@ -79,10 +79,11 @@ def test_split_is_the_same_function_with_the_first_weight_on_its_grid() -> None:
     assert [n.op_type for n in split.graph.node] == ["Conv", "Conv", "Add", "Relu", "Conv"]
 
 
-def test_a_filter_whose_taps_cancel_is_split_before_calibration(tmp_path) -> None:
+@pytest.mark.parametrize("opset", [13, 21])
+def test_a_filter_whose_taps_cancel_is_split_before_calibration(tmp_path, opset: int) -> None:
     """makertbin `default` splits the edge filter (and says so), the optimized model still computes the
     float model's function, and the quantized model agrees with float on held-out samples."""
-    fm = _edge_model()
+    fm = _edge_model(opset)
     converted = convert(_project(tmp_path, fm))
     lines = [line for line in converted.log if "second int8 convolution" in line]
     assert len(lines) == 1 and lines[0].endswith(": edge"), converted.log_text()
