@@ -1,17 +1,18 @@
-"""Which convolutions lose their output to int8 weights, measured on calibration data.
+"""Convolutions whose int8 weights spoil their output keep the rounding remainder as a second one.
 
 Rounding a weight to its int8 grid changes a convolution's output by ``Conv(x, W - Q(W))``. For
-most layers that is a fraction of a percent of the output, well below what the activation grids
-lose. Filters whose taps nearly cancel (edge and difference filters, BatchNormalization folded
-into a layer with a large gain) are the exception: their output is small next to ``|W| |x|``,
-and the same rounding is several percent of it, on every picture alike. No activation grid, GPTQ
-rounding or bias correction repairs that for inputs unlike the calibration set.
+most layers that is a fraction of a percent of the output, below what the activation grids lose.
+Filters whose taps nearly cancel (edge and difference filters, BatchNormalization folded into a
+layer with a large gain) are the exception: their output is small next to ``|W| |x|``, and the
+same rounding is several percent of it, by an amount that follows each picture's level. Bias
+correction and GPTQ fit that error on the calibration pictures, not on others.
 
-``rounding_losses`` measures the loss of each convolution on the samples, in one onnxruntime
-session over the float model with every residual convolution beside its layer;
-``split_weights`` writes a chosen layer as two convolutions that sum to it, the first with the
-weight on its int8 grid (quantized exactly), the second with the remainder on a grid of its own,
-127 times finer: the layer keeps about 16-bit weight precision with int8 multipliers.
+``WeightsOnlyScores`` scores the float model with any set of layers' weights rounded (and their bias
+corrected, fitted on the other samples) in one onnxruntime session; ``rounding_losses`` ranks the
+layers by their own loss in another; ``choose`` takes the shortest head of that ranking that wins
+back most of the loss; ``split_weights`` writes each chosen layer as two convolutions that sum to
+it, the first with the weight on its int8 grid (quantized exactly), the second with the remainder
+on a grid of its own, 127 times finer: about 16-bit weight precision on int8 multipliers.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import ModelProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView
 from hbtools.metrics import cosine_of_chunks
@@ -75,7 +76,7 @@ def rounded(w: np.ndarray) -> np.ndarray:
     return fake_quantize(w.astype(np.float32), scales, WEIGHT_BITS)
 
 
-def _residual_node(node, weight: str, output: str):
+def _residual_node(node: NodeProto, weight: str, output: str) -> NodeProto:
     return helper.make_node("Conv", [node.input[0], weight], [output], name=node.name + RESIDUAL,
                             **{a.name: helper.get_attribute_value(a) for a in node.attribute})
 
@@ -112,8 +113,6 @@ def rounding_losses(model: ModelProto, convs: Sequence[ConvWeight], samples: Sam
 
 
 SWITCH = "_weight_switch"  # graph input: 1 puts a layer's residual back (float weight), 0 leaves it rounded
-
-
 CORRECTION = "_bias_correction"  # graph input: what bias correction adds to a rounded layer's output
 MEAN = "_residual_mean"  # output: the per-channel mean of a layer's rounding change
 
