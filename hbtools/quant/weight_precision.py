@@ -36,6 +36,7 @@ log = logging.getLogger("hbtools")
 
 Samples = Callable[[], Iterable[dict[str, np.ndarray]]]
 RESIDUAL = "_weight_residual"  # suffix of the second convolution's name, weight and output
+SUM = "_sum"  # suffix of the Add joining the two halves
 
 
 @dataclass(frozen=True)
@@ -86,16 +87,9 @@ def rounding_losses(model: ModelProto, convs: Sequence[ConvWeight], samples: Sam
     """Per convolution, ``RMS(Conv(x, W - Q(W))) / RMS(Conv(x, W) + b)`` over at most ``limit`` samples."""
     if not convs:
         return {}
-    view = GraphView(model)
-    nodes = view.node_by_name
-    probe = ModelProto()
-    probe.CopyFrom(model)
+    probe = split_weights(model, convs)  # the residual Conv(x, W - Q(W)) beside each layer
     fetch = []
     for c in convs:
-        w = view.const(c.weight)
-        residual = (w.astype(np.float32) - rounded(w)).astype(np.float32)
-        probe.graph.initializer.append(numpy_helper.from_array(residual, c.weight + RESIDUAL))
-        probe.graph.node.append(_residual_node(nodes[c.node], c.weight + RESIDUAL, c.output + RESIDUAL))
         for tensor in (c.output, c.output + RESIDUAL):
             probe.graph.node.append(helper.make_node("ReduceSumSquare", [tensor], [tensor + "_energy"],
                                                      keepdims=0))
@@ -123,35 +117,24 @@ def _switched_model(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProt
     choice of layers with float or rounded weights, every weight constant. It also gives the per-channel
     mean of each ``Conv(x, W - Q(W))``, which bias correction adds."""
     view = GraphView(model)
-    nodes = view.node_by_name
-    switched = ModelProto()
-    switched.CopyFrom(model)
+    switched = split_weights(model, convs)
+    sums = {c.node + SUM: c for c in convs}
+    nodes = list(switched.graph.node)
     del switched.graph.node[:]
-    rewritten = {c.node: c for c in convs}
-    replaced = {c.weight for c in convs}  # each read by its layer alone: the two parts below stand for it
-    kept = [t for t in switched.graph.initializer if t.name not in replaced]
-    del switched.graph.initializer[:]
-    switched.graph.initializer.extend(kept)
-    for node in model.graph.node:
-        c = rewritten.get(node.name)
+    for node in nodes:
+        c = sums.get(node.name)
         if c is None:
             switched.graph.node.append(node)
             continue
-        w = view.const(c.weight)
-        grid = rounded(w)
-        for name, value in ((c.weight + "_grid", grid), (c.weight + RESIDUAL, (w.astype(np.float32) - grid))):
-            switched.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), name))
-        main = ModelProto().graph.node.add()
-        main.CopyFrom(nodes[c.node])
-        main.input[1], main.output[0] = c.weight + "_grid", c.output + "_grid"
         residual = c.output + RESIDUAL
+        node.input[1], node.output[0] = c.output + "_switched", c.output + "_uncorrected"
         switched.graph.node.extend([
-            main, _residual_node(node, c.weight + RESIDUAL, residual),
             helper.make_node("Mul", [residual, c.node + SWITCH], [c.output + "_switched"]),
-            helper.make_node("Add", [c.output + "_grid", c.output + "_switched"], [c.output + "_uncorrected"]),
+            node,
             helper.make_node("Add", [c.output + "_uncorrected", c.node + CORRECTION], [c.output]),
             # per sample and channel ([N, C, 1, ...]); any opset (ReduceMean's axes moved to an input at 18)
             helper.make_node("GlobalAveragePool", [residual], [c.output + MEAN])])
+        w = view.const(c.weight)
         switched.graph.input.extend([
             helper.make_tensor_value_info(c.node + SWITCH, 1, []),
             helper.make_tensor_value_info(c.node + CORRECTION, 1, [1, w.shape[0]] + [1] * (w.ndim - 2))])
@@ -308,7 +291,7 @@ def split_weights(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProto:
         node.doc_string = residual.doc_string = SPLIT_DOC
         out.graph.node.extend([node, residual,
                                helper.make_node("Add", [c.output + "_grid", c.output + RESIDUAL], [c.output],
-                                                name=c.node + "_sum")])
+                                                name=c.node + SUM)])
     return out
 
 
