@@ -119,6 +119,8 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         method = next(iter(candidates))
         thresholds = candidates[method]
         methods = {t: method for t in thresholds}
+    if method != "load":  # int16 tensors take the max with every method (``threshold_for``)
+        methods.update({p.tensor: "max" for p in plan.activations if p.bits == 16})
     log.info("Select %s method", method)  # the seed's line, as it is
     summary = _summary(method, plan)
     log.info("calibration summary: %s", summary)

@@ -30,7 +30,7 @@ from hbtools.ops import registry
 from hbtools.ops.base import attrs_of
 from hbtools.ops.calibration import HzCalibration
 from hbtools.ops.quantized import table_of
-from hbtools.quant.statistics import ChannelStats
+from hbtools.quant.statistics import ChannelStats, TensorStats
 from hbtools.quant.thresholds import threshold_for
 from hbtools.runtime import HB_ONNXRuntime
 from hbtools.runtime.runtime_model import open_model
@@ -196,6 +196,21 @@ def test_channel_statistics_are_streamed() -> None:
         th = threshold_for(method, stats, 8, 0.99)
         assert th.shape == (3,) and (th > 0).all() and (th <= stats.max_abs + 1e-9).all()
         assert th[2] > 10 * th[0], f"{method}: each channel keeps its own range"
+
+
+def test_int16_tensors_take_the_max_with_every_method() -> None:
+    """Clipping buys an int8 grid a finer step; a 16-bit grid is fine at the max, and a tensor clipped
+    on the calibration pictures is clipped further on others."""
+    rng = np.random.default_rng(8)
+    stats = TensorStats()
+    for _ in range(4):
+        x = rng.standard_normal((1, 4, 32, 32))
+        x.flat[rng.integers(x.size)] = 40.0  # a rare outlier each sample
+        stats.update(x.astype(np.float32))
+    for method in ("max", "kl", "percentile"):
+        assert threshold_for(method, stats, 16, 0.999) == pytest.approx(stats.max_abs)
+    assert threshold_for("percentile", stats, 8, 0.999) < stats.max_abs / 4
+    assert threshold_for("kl", stats, 8) < stats.max_abs / 2
 
 
 # ---------------------------------------------------------------- pipeline

@@ -444,6 +444,22 @@ def test_int16_node_on_bayes_e(tmp_path: Path) -> None:
     assert attrs_of(conv1)["x_bits"] == 16 and attrs_of(conv1)["out_type"] == "int16"
 
 
+def test_int16_node_keeps_the_max_under_a_clipping_method(tmp_path: Path) -> None:
+    """A node the user makes int16 keeps every value of the calibration data on its grid when the
+    method clips (max_percentile): its thresholds are those of plain max, the int8 ones are clipped."""
+    int16 = {"node_info": {"Conv_1": {"InputType": "int16", "OutputType": "int16"}}}
+    clipped = run_model(tmp_path / "clipped", "resnet_like", model_parameters=int16,
+                        calibration_parameters={"max_percentile": 0.99})
+    plain = run_model(tmp_path / "plain", "resnet_like", model_parameters=int16)
+    got, want = (calibration_nodes(onnx.load(str(c.paths["calibrated"]))) for c in (clipped, plain))
+    for name in ("Relu_0_out_HzCalibration", "Conv_1_out_HzCalibration"):  # Conv_1's input and output
+        assert got[name]["bits"] == 16 and got[name]["method"] == "max", got[name]
+        assert got[name]["thresholds"] == pytest.approx(want[name]["thresholds"], rel=1e-6)
+    eight = [n for n, a in got.items() if a["kind"] == "activation" and a["bits"] == 8]
+    assert all(got[n]["thresholds"][0] <= want[n]["thresholds"][0] for n in eight)
+    assert any(got[n]["thresholds"][0] < 0.9 * want[n]["thresholds"][0] for n in eight), "nothing was clipped"
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_all_nodes_int16(tmp_path: Path, name: str) -> None:
     conv = run_model(tmp_path, name, calibration_parameters={"optimization": "set_all_nodes_int16"})
