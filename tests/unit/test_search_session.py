@@ -189,6 +189,53 @@ def _chain_evaluator() -> tuple[Evaluator, dict[str, float], list[str]]:
     return evaluator, th, [p.tensor for p in plan.activations]
 
 
+def _chain_with_a_side_branch() -> onnx.ModelProto:
+    """``_conv_chain`` plus a branch that adds a twentieth of its own output: its int8 grids cost a
+    large input little, a small one (coarse steps next to its values) much more."""
+    model = _conv_chain(3)
+    rng = np.random.default_rng(7)
+    main = model.graph.output[0].name
+    for k in range(2):
+        model.graph.initializer.append(numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32),
+                                                               f"side_w{k}"))
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.05, np.float32), "side_gain"))
+    model.graph.node.extend([
+        helper.make_node("Conv", ["x", "side_w0"], ["side_c0"], name="side_conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["side_c0"], ["side_r0"], name="side_relu0"),
+        helper.make_node("Conv", ["side_r0", "side_w1"], ["side_c1"], name="side_conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["side_c1", "side_gain"], ["side"], name="side_scale"),
+        helper.make_node("Add", [main, "side"], ["y"], name="join")])
+    model.graph.output[0].name = "y"
+    return model
+
+
+def test_int16_search_keeps_each_samples_share_of_the_gain() -> None:
+    """A sample whose output is small (a picture with a little text) keeps ``SAMPLE_KEEP_GAIN`` of what
+    int16 gains it: the pooled cosine weighs samples by their output energy and does not see such a
+    sample lose its output. Checked on the calibrated models the choice builds."""
+    optimized = optimize.run(_chain_with_a_side_branch())
+    profile = get_profile("bayes-e")
+    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    rng = np.random.default_rng(6)
+    feeds = [{"x": (scale * rng.normal(0, 1, (1, 4, 8, 8))).astype(np.float32)} for scale in (1, 1, 1, 1, 0.03)]
+    out = optimized.graph.output[0].name
+    th, refs = _float_run(optimized, plan, feeds, (out,))
+    weight_th = weight_thresholds(optimized, plan)
+    evaluator = Evaluator(optimized, plan, weight_th, feeds, refs, th)
+    tensors = [p.tensor for p in plan.activations]
+    int16, chosen = evaluator.promote_to_int16(th, th, evaluator.score(th), dict.fromkeys(tensors, 0.01))
+
+    def per_sample(bits: dict[str, int]) -> np.ndarray:
+        session = make_session(lower_model(build_calibrated_model(optimized, plan.with_bits(bits), chosen,
+                                                                  weight_th, {})))
+        return np.array([cosine_similarity(r[0], session.run([out], f)[0]) for f, r in zip(feeds, refs, strict=True)])
+
+    int8, all16, got = per_sample({}), per_sample(dict.fromkeys(tensors, 16)), per_sample(int16)
+    assert evaluator.score(th) < search.PROMOTE_TARGET and int8[-1] < 0.99 < all16[-1], "the small one needs int16"
+    goals = int8 + search.SAMPLE_KEEP_GAIN * (all16 - int8)
+    assert np.all(got >= np.minimum(goals, search.PROMOTE_TARGET) - 1e-9), (got, goals, sorted(int16))
+
+
 def test_sensitivity_from_cuts_ranks_as_whole_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each leave-one-out run restarted from a cut of the model gives the gains whole runs give."""
     evaluator, th, tensors = _chain_evaluator()
