@@ -494,13 +494,14 @@ class Evaluator:
             sums += own
             self.sample_units[i] = self._score_of(own, logits)
             self.seconds_per_run = (time.perf_counter() - started) / done
-            if sample_goals is not None and done < len(self.feeds) and self.sample_units[i] < sample_goals[i]:
-                return self._combined(lambda k, s=sums: bound_of_products(total[k], *s[:, k]), logits)
-            if (at_least is not None or goals is not None) and done < len(self.feeds):
+            failed = sample_goals is not None and self.sample_units[i] < sample_goals[i]
+            if (failed or at_least is not None or goals is not None) and done < len(self.feeds):
                 def bound_of(k: int, s: np.ndarray = sums) -> float:
                     return bound_of_products(total[k], *s[:, k])
 
                 bound = self._combined(bound_of, logits)
+                if failed:
+                    return bound
                 if goals is not None:
                     self.units = self.goal_units(bound_of, logits)
                     if np.any(self.units < goals):
@@ -590,9 +591,10 @@ class Evaluator:
 
         Start from every tensor at int16, then move tensors back to int8, least sensitive
         first, as long as every output (each piece of an output that joins several,
-        ``goal_units``) and every sample keeps ``KEEP_GAIN`` of what int16 gains it over int8
-        (or stays above ``target``). Returns the int16 tensors (tensor -> 16) and the thresholds with theirs
-        widened to the max (a 16-bit grid needs no clipping).
+        ``goal_units``) keeps ``KEEP_GAIN`` of what int16 gains it over int8, and every sample
+        ``SAMPLE_KEEP_GAIN`` of its own gain (or they stay above ``target``). Returns the int16
+        tensors (tensor -> 16) and the thresholds with theirs widened to the max (a 16-bit grid
+        needs no clipping).
 
         Where the outputs are at ``target`` already, a final Softmax may only be saturated
         (``final_logits``): the search runs if its logits are not at ``target`` too, and then
