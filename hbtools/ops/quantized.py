@@ -518,11 +518,18 @@ class HzSQuantizedMatMul(_Requantizing):
 
 @register
 class HzSQuantizedEltwise(_Requantizing):
-    """Add/Sub/Mul of two integer tensors: ``mode`` add (a*ma + b*mb) or mul (a*b*m)."""
+    """Add/Sub/Mul of two integer tensors: ``mode`` add (a*ma + b*mb) or mul (a*b*m).
+
+    An add with ``requantize_f32`` computes ``float32(float32(a * ma) + float32(b * mb))`` (float32
+    multipliers, each operation rounded once) before rounding half to even: the levels of an int16
+    tensor are exact in float32, so its sums run in float32 at half the memory traffic of float64;
+    the calibrated model's twins follow the same rule (``hbtools.ops.twins``). Without the flag
+    (models written before it) the sum is float64.
+    """
 
     op_type = "HzSQuantizedEltwise"
     attributes = {"mode": REQUIRED, "multiplier": REQUIRED, "a_multiplier": None, "b_multiplier": None,
-                  "a_zero_point": 0, "b_zero_point": 0, **OUTPUT_ATTRS}
+                  "a_zero_point": 0, "b_zero_point": 0, "requantize_f32": 0, **OUTPUT_ATTRS}
 
     @classmethod
     def lower(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
@@ -531,21 +538,24 @@ class HzSQuantizedEltwise(_Requantizing):
         hint = node.name
         if a["out_type"] in ("int8", "int16") and all(uint8_kernels.known_int8(ctx, x) for x in node.input[:2]):
             return cls._lower_by_pair_table(node, ctx, a)
-        xa = _cast(ctx, node.input[0], TensorProto.DOUBLE, f"{hint}_a", nodes)
-        xb = _cast(ctx, node.input[1], TensorProto.DOUBLE, f"{hint}_b", nodes)
-        xa = _minus_zero_point(ctx, xa, a.get("a_zero_point", 0), f"{hint}_a", nodes)
-        xb = _minus_zero_point(ctx, xb, a.get("b_zero_point", 0), f"{hint}_b", nodes)
+        single = a["mode"] == "add" and bool(a.get("requantize_f32"))
+        precision = TensorProto.FLOAT if single else TensorProto.DOUBLE
+        xa = _cast(ctx, node.input[0], precision, f"{hint}_a", nodes)
+        xb = _cast(ctx, node.input[1], precision, f"{hint}_b", nodes)
+        xa = _minus_zero_point(ctx, xa, a.get("a_zero_point", 0), f"{hint}_a", nodes, single)
+        xb = _minus_zero_point(ctx, xb, a.get("b_zero_point", 0), f"{hint}_b", nodes, single)
         if a["mode"] == "mul":
             n, acc = _node(ctx, "Mul", [xa, xb], f"{hint}_prod")
             nodes.append(n)
         else:
-            ma = ctx.constant(f"{hint}_ma", np.array(a["a_multiplier"]))
-            mb = ctx.constant(f"{hint}_mb", np.array(a["b_multiplier"]))
+            dtype = np.float32 if single else np.float64
+            ma = ctx.constant(f"{hint}_ma", np.array(a["a_multiplier"], dtype=dtype))
+            mb = ctx.constant(f"{hint}_mb", np.array(a["b_multiplier"], dtype=dtype))
             n1, sa = _node(ctx, "Mul", [xa, ma], f"{hint}_sa")
             n2, sb = _node(ctx, "Mul", [xb, mb], f"{hint}_sb")
             n3, acc = _node(ctx, "Add", [sa, sb], f"{hint}_sum")
             nodes += [n1, n2, n3]
-        _requantize(ctx, acc, a, None, node.output[0], hint, nodes)
+        _requantize(ctx, acc, a, None, node.output[0], hint, nodes, scaled=single)
         return nodes
 
     @classmethod
@@ -576,6 +586,8 @@ class HzSQuantizedEltwise(_Requantizing):
                   for x, k in zip(inputs[:2], "ab", strict=True))
         if a["mode"] == "mul":
             acc = xa * xb
+        elif a.get("requantize_f32"):  # levels exact in float32; each product and the sum rounded once
+            acc = grids.add_f32(xa, xb, a["a_multiplier"], a["b_multiplier"])
         else:
             acc = xa * np.float64(a["a_multiplier"]) + xb * np.float64(a["b_multiplier"])
         return [_np_requantize(acc, a)]
@@ -818,11 +830,13 @@ def _copied(a: dict, k: int, count: int) -> bool:
     return a["multipliers"][k] == 1.0 and in_type == a["out_type"] and zp == a.get("zero_point", 0)
 
 
-def _minus_zero_point(ctx: LoweringContext, x: str, zero_point: int, hint: str, nodes: list[NodeProto]) -> str:
-    """float64 integer levels minus their zero point (unchanged without one)."""
+def _minus_zero_point(ctx: LoweringContext, x: str, zero_point: int, hint: str, nodes: list[NodeProto],
+                      single: bool = False) -> str:
+    """float64 (``single``: float32) integer levels minus their zero point (unchanged without one)."""
     if not zero_point:
         return x
-    n, out = _node(ctx, "Sub", [x, ctx.constant(f"{hint}_zp", np.array(float(zero_point)))], f"{hint}_shifted")
+    z = np.array(float(zero_point), dtype=np.float32 if single else np.float64)
+    n, out = _node(ctx, "Sub", [x, ctx.constant(f"{hint}_zp", z)], f"{hint}_shifted")
     nodes.append(n)
     return out
 

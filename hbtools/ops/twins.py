@@ -21,9 +21,13 @@ quantized model) stay float32, like the tables computed from them, and so do the
 quantized model runs on the CPU (the calibrated model's ``hbtools.cpu_nodes`` record): they
 read dequantized float32 values, an accumulator's dequantized with its float32-stored scale.
 
+A fake quant reading an Add or Sub of two twins with levels rounds as the integer add does
+(HzSQuantizedEltwise ``requantize_f32``): ``float32(levels_a) * float32(step_a / s)`` plus the
+same of b, summed in float32.
+
 Where an int8 fake quant with a constant grid reads an Add/Sub/Mul of two int8-level twins,
 a Concat of them, or an integer product's accumulator, its levels are computed on uint8 as
-the quantized model computes them: a table of the twins' float64 rule over every input pair
+the quantized model computes them: a table of the integer op's rule over every input pair
 (or per Concat part), or one QuantizeLinear of the float32 requantization. Same bits, a few
 int8 nodes instead of a float64 chain.
 """
@@ -37,6 +41,7 @@ from onnx import GraphProto, NodeProto, TensorProto, helper
 
 from hbtools.ops import registry, uint8_kernels
 from hbtools.ops.base import LoweringContext, attrs_of, exact_sum, reduced_axes, select
+from hbtools.quant import grids
 
 # Data-movement ops: levels in, levels out; the step does not change.
 _MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Resize",
@@ -63,6 +68,9 @@ class Twin:
     int8_levels: bool = False  # levels are whole numbers in -128..127 (no zero point, not fed)
     # Add/Sub/Mul of two int8-level twins: (op, a, b, a's twin, b's twin), for a pair lookup
     pair: tuple | None = None
+    # Add/Sub of two twins whose value is levels * one step: (sign of b, a's twin, b's twin), requantized
+    # by the integer add's float32 rule (``_sum_levels``)
+    sum_of: tuple | None = None
     # Concat of int8-level twins: (axis, [(input, its twin), ...]), requantized part by part
     parts: tuple | None = None
     # A product's accumulator as the integer kernels leave it: (int32 sum without the bias, int32 zero point
@@ -121,6 +129,30 @@ def _pairable(twin: Twin | None, ctx: LoweringContext) -> bool:
     """Whether a pair lookup can take ``twin``'s levels: int8, one constant step, value = levels * step."""
     return twin is not None and twin.int8_levels and twin.levels is not None and twin.scalar_step \
         and twin.bounds is None and _scalar(ctx, twin.step) is not None
+
+
+def _summable(twin: Twin) -> bool:
+    """Whether ``twin`` is an int8/int16 grid's levels times one step (an integer add's operand)."""
+    return twin.levels is not None and twin.bits in (8, 16) and twin.scalar_step and twin.bounds is None \
+        and not twin.folded
+
+
+def _sum_levels(ctx: LoweringContext, sum_of: tuple, s: str, base: str, nodes: list[NodeProto]) -> str:
+    """The rounded levels (float64 whole numbers) of an Add/Sub of two twins on step ``s``, as the integer
+    add computes them (HzSQuantizedEltwise ``requantize_f32``, ``grids.add_f32``):
+    ``round(float32(float32(la * ma) + float32(lb * mb)))`` with ``ma = float32(step_a / s)``, the
+    quantize stage's multiplier, and ``mb`` with the sign of a Sub."""
+    sign, a, b = sum_of
+    terms = []
+    for k, twin in (("a", a), ("b", b)):
+        m = _node(ctx, "Cast", [_node(ctx, "Div", [twin.step, s], f"{base}_{k}_multiplier", nodes)],
+                  f"{base}_{k}_multiplier_f32", nodes, to=TensorProto.FLOAT)
+        if k == "b" and sign < 0:
+            m = _node(ctx, "Neg", [m], f"{base}_b_negated", nodes)
+        terms.append(_node(ctx, "Mul", [levels32_of(ctx, twin, f"{base}_{k}", nodes), m], f"{base}_{k}_scaled",
+                           nodes))
+    rounded = _node(ctx, "Round", [_node(ctx, "Add", terms, f"{base}_sum_f32", nodes)], f"{base}_round_f32", nodes)
+    return to_double(ctx, rounded, f"{base}_sum_levels", nodes)
 
 
 def u8_levels(ctx: LoweringContext, x: str, twin: Twin, nodes: list[NodeProto]) -> str:
@@ -247,10 +279,10 @@ def _pair_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tu
                      nodes: list[NodeProto]) -> bool:
     """Fake quant (int8, constant grid) of an Add/Sub/Mul of two int8-level twins, by one lookup.
 
-    The table holds, for each pair of input levels, the float64 computation the twins would make
-    (each value as levels * step, the op, division by the step, round half to even, clip); the
-    output is its levels times the float32 step, which is what the cast of the float64 product
-    gives (one rounding of an exact product).
+    The table holds, for each pair of input levels, what the integer op computes: for Add/Sub the
+    float32 sum of ``_sum_levels``, for Mul the float64 product of the values divided by the step;
+    then round half to even and clip. The output is its levels times the float32 step, which is
+    what the cast of the float64 product gives (one rounding of an exact product).
     """
     op, a_name, b_name, a, b = src.pair
     numbers = [_scalar(ctx, n) for n in (a.step, b.step, s, *bounds)]
@@ -258,9 +290,11 @@ def _pair_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tu
         return False
     sa, sb, step, lo, hi = numbers
     levels = np.arange(-128, 128, dtype=np.float64)
-    va, vb = (levels * sa).reshape(-1, 1), (levels * sb).reshape(1, -1)
-    value = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](va, vb)
-    q = np.clip(np.round(value / step), lo, hi)
+    if op == "Mul":
+        q = np.clip(np.round(np.multiply((levels * sa).reshape(-1, 1), (levels * sb).reshape(1, -1)) / step), lo, hi)
+    else:  # the integer add's float32 rule (``_sum_levels``)
+        mb = (-1.0 if op == "Sub" else 1.0) * float(np.float32(sb / step))
+        q = np.clip(np.round(grids.add_f32(levels.reshape(-1, 1), levels.reshape(1, -1), sa / step, mb)), lo, hi)
     if q.min() < -128 or q.max() > 127:
         return False
     table = (q.reshape(-1) + 128).astype(np.uint8)
@@ -306,14 +340,17 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
         _accumulator_fake_quant32(ctx, src, x, y, (scale, s), bounds, zero_point, base, nodes, enable, kept)
         return
     x_value = None
-    if src.value is None and enable is None:
-        # levels * (step / s): the integer ops' requantization, multiplier and all.
-        multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
-        ratio = _node(ctx, "Mul", [src.levels, multiplier], f"{base}_div_f64", nodes)
+    if src.sum_of is not None:  # an integer add: its float32 rule
+        q = _sum_levels(ctx, src.sum_of, s, base, nodes)
     else:
-        x_value = value_of(ctx, src, nodes)
-        ratio = _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes)
-    q = _node(ctx, "Round", [ratio], f"{base}_round_f64", nodes)
+        if src.value is None and enable is None:
+            # levels * (step / s): the integer ops' requantization, multiplier and all.
+            multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
+            ratio = _node(ctx, "Mul", [src.levels, multiplier], f"{base}_div_f64", nodes)
+        else:
+            x_value = value_of(ctx, src, nodes)
+            ratio = _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes)
+        q = _node(ctx, "Round", [ratio], f"{base}_round_f64", nodes)
     z = to_double(ctx, zero_point, f"{base}_zp", nodes) if zero_point else None
     if z:
         q = _node(ctx, "Add", [q, z], f"{base}_shift_f64", nodes)
@@ -422,6 +459,8 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a, b = (ctx.twins[i] for i in node.input[:2])
         if _pairable(a, ctx) and _pairable(b, ctx):
             ctx.twins[node.output[0]].pair = (op, node.input[0], node.input[1], a, b)
+        if op != "Mul" and _summable(a) and _summable(b):
+            ctx.twins[node.output[0]].sum_of = (-1.0 if op == "Sub" else 1.0, a, b)
     elif op in _CONSTANT_OPERAND and len(data) == 1 and _tensor_constant(node, ctx):
         # HzSQuantizedConstantEltwise applies the constant in float64 (a scalar one is a table).
         done = _same_op(node, ctx, nodes)

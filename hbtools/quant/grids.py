@@ -133,6 +133,17 @@ def requantize(acc: np.ndarray, multiplier: np.ndarray | float, out_min: float, 
     return np.minimum(np.maximum(rounded, np.float64(out_min)), np.float64(out_max))
 
 
+def add_f32(a_levels: np.ndarray, b_levels: np.ndarray, a_multiplier: float, b_multiplier: float) -> np.ndarray:
+    """``float32(float32(a * ma) + float32(b * mb))`` as float64: an integer add's float32 rule.
+
+    The levels (int8/int16, zero points removed) are exact in float32, the multipliers are taken as
+    float32, and each product and the sum round once, as onnxruntime's float32 Mul and Add do.
+    """
+    a = np.asarray(a_levels, dtype=np.float64).astype(np.float32) * np.float32(a_multiplier)
+    b = np.asarray(b_levels, dtype=np.float64).astype(np.float32) * np.float32(b_multiplier)
+    return (a + b).astype(np.float64)
+
+
 def multiplier(numerator: np.ndarray | float, denominator: np.ndarray | float) -> list[float]:
     """Requantization multipliers: one scale over another (float64), per channel where either is."""
     ratio = np.asarray(numerator, dtype=np.float64) / np.asarray(denominator, dtype=np.float64)

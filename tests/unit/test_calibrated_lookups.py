@@ -3,7 +3,7 @@
 Where an Add, Sub or Mul of two int8 fake-quantized tensors (or a Concat of them, or an integer
 product's accumulator) feeds an int8 fake quant with a constant grid, the lowering computes the
 output levels on uint8 (a table of every input pair, a table per Concat part, one QuantizeLinear)
-instead of the float64 twin arithmetic. The tables hold the twins' own float64 rule, so the
+instead of the float64 twin arithmetic. The tables hold the integer ops' own rule, so the
 calibrated model still equals the quantized one bit for bit.
 """
 
@@ -59,9 +59,11 @@ def test_int8_fake_quants_after_add_mul_concat_and_products_come_from_uint8_leve
 
 
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
-def test_every_pair_of_int8_levels_follows_the_float64_rule(op: str) -> None:
-    """fq(fq(a) op fq(b)) over all 65,536 level pairs, with steps whose sums land on rounding ties:
-    the lookup gives clip(round((la * sa op lb * sb) / s)) * s, computed in float64 (the integer op's rule)."""
+def test_every_pair_of_int8_levels_follows_the_integer_ops_rule(op: str) -> None:
+    """fq(fq(a) op fq(b)) over all 65,536 level pairs, with steps whose sums land on rounding ties: the
+    lookup gives the integer op's rule, clip(round(la * ma + lb * mb)) * s for Add/Sub with the float32
+    multipliers ma = sa / s, mb = +-sb / s and each operation rounded to float32; for Mul
+    clip(round((la * sa * lb * sb) / s)) * s in float64."""
     from onnx import TensorProto, helper
 
     from hbtools.ops.base import DOMAIN_VERSION
@@ -88,7 +90,13 @@ def test_every_pair_of_int8_levels_follows_the_float64_rule(op: str) -> None:
     va, vb = la * np.float64(steps["a"]), lb * np.float64(steps["b"])
     value = {"Add": va + vb, "Sub": va - vb, "Mul": va * vb}[op]
     s = np.float64(steps["y"])
-    want = (np.clip(np.round(value / s), -127, 127) * s).astype(np.float32)[None]
+    if op == "Mul":
+        rounded = np.round(value / s)
+    else:
+        sign = -1.0 if op == "Sub" else 1.0
+        ma, mb = (np.float32(np.float64(steps[k]) / s) for k in "ab")
+        rounded = np.round((la.astype(np.float32) * ma + lb.astype(np.float32) * (sign * mb)).astype(np.float64))
+    want = (np.clip(rounded, -127, 127) * s).astype(np.float32)[None]
     ties = np.abs(np.abs(value / s) % 1 - 0.5) < 1e-6
     assert ties.sum() > 100, "the steps should put many pairs on a rounding tie"
     diff = np.flatnonzero(got != want)
@@ -128,3 +136,30 @@ def test_average_pool_follows_the_integer_window_sums(tmp_path) -> None:
         c, q = (sessions[k].run([names[k]], {"data": x})[0].astype(np.float64) for k in ("calibrated", "quantized"))
         differ += int((np.round(c / np.float64(np.float32(step))) != q).sum())
     assert differ == 0, f"{differ} pooled levels differ between the calibrated and the quantized model"
+
+
+@pytest.fixture(scope="module")
+def converted_int16(tmp_path_factory):
+    setup(None)
+    root = tmp_path_factory.mktemp("fpn16")
+    fm = fpn_like(h=32)
+    project = make_project(root, fm, cal_count=8)
+    project.write(calibration_parameters={"calibration_type": "max", "optimization": "set_all_nodes_int16"})
+    paths = makertbin(project.config_path, "onnx")
+    return fm, paths, held_out(fm, count=8, seed=6)
+
+
+def test_int16_adds_sum_in_float32_in_both_models(converted_int16) -> None:
+    """Every tensor int16: the quantized Add sums float32(a * ma) + float32(b * mb) in float32
+    (``requantize_f32``), and the calibrated model's twins follow that rule, so the two models
+    still agree bit for bit; where the float64 sum would round differently, they would not."""
+    _, paths, samples = converted_int16
+    quantized_model = onnx.load(str(paths["quantized"]))
+    adds = [n for n in quantized_model.graph.node if n.op_type == "HzSQuantizedEltwise"
+            and attrs_of(n)["mode"] == "add"]
+    assert adds and all(attrs_of(n).get("requantize_f32") == 1 and attrs_of(n)["out_type"] == "int16" for n in adds)
+    calibrated, quantized = (HB_ONNXRuntime(model_file=str(paths[k])) for k in ("calibrated", "quantized"))
+    for k, x in enumerate(samples):
+        c = calibrated.run(None, {"data": x})[0]
+        q = quantized.run(None, {"data": x})[0].astype(np.float32)
+        assert np.array_equal(c, q), f"held-out sample {k}: {np.count_nonzero(c != q)} values differ"

@@ -165,6 +165,24 @@ def test_eltwise(mode: str, a_bits: int, b_bits: int, b_shape: list[int]) -> Non
     check(node, {"a": a, "b": b})
 
 
+@pytest.mark.parametrize(("b_bits", "zero_point"), [(16, 0), (8, 0), (8, 5)])
+def test_eltwise_add_sums_in_float32(b_bits: int, zero_point: int) -> None:
+    """``requantize_f32``: the lowering rounds float32(float32(a * ma) + float32(b * mb)) as the reference
+    does; on these levels the float64 sum rounds some values to the other integer, so the rule counts."""
+    rng = np.random.default_rng(16 + b_bits + zero_point)
+    a, b = ints(rng, 16, [1, 8, 40, 40]), ints(rng, b_bits, [1, 8, 40, 40])
+    if zero_point:
+        b = np.clip(b.astype(np.int16) + zero_point, -128, 127).astype(np.int8)
+    attrs = {"mode": "add", "a_multiplier": float(f32(0.1)), "b_multiplier": float(f32(-0.3 * 32767 / QMAX[b_bits])),
+             "multiplier": [1.0], "out_type": "int16", "out_min": -32767.0, "out_max": 32767.0,
+             "b_zero_point": zero_point or None}
+    node = hz_node("HzSQuantizedEltwise", ["a", "b"], requantize_f32=1, **attrs)
+    want = check(node, {"a": a, "b": b})
+    float64 = registry.get("HzSQuantizedEltwise").reference(hz_node("HzSQuantizedEltwise", ["a", "b"], **attrs),
+                                                            [a, b])[0]
+    assert np.count_nonzero(want != float64) > 0, "the levels should reach values the two rules round apart"
+
+
 @pytest.mark.parametrize(("in_bits", "out_type"), [(8, "int8"), (16, "int16"), (16, "int8")])
 def test_lut(in_bits: int, out_type: str) -> None:
     rng = np.random.default_rng(8)

@@ -21,6 +21,6 @@ def emit(state: EmitState, unit: Unit) -> None:
     else:
         sign = -1.0 if node.op_type == "Sub" else 1.0
         attrs = {"mode": "add", "a_multiplier": float(qa.scale[0] / sy),
-                 "b_multiplier": float(sign * qb.scale[0] / sy), "multiplier": [1.0]}
+                 "b_multiplier": float(sign * qb.scale[0] / sy), "multiplier": [1.0], "requantize_f32": 1}
     state.nodes.append(HzSQuantizedEltwise.make_node([qa.name, qb.name], [qt.name], node.name, **attrs, **oa))
     state.record(out, qt)
