@@ -264,12 +264,24 @@ def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:
 
 def _insert_preprocess(model: ModelProto, inputs: list[InputSpec]) -> None:
     nodes = []
+    # The names given below must be new: a model may already use one (an artefact cut and converted again).
+    taken = {t for n in model.graph.node for t in (*n.input, *n.output, n.name)} | \
+        {v.name for v in (*model.graph.input, *model.graph.output, *model.graph.initializer)}
+
+    def fresh(name: str) -> str:
+        out, k = name, 0
+        while out in taken:
+            k += 1
+            out = f"{name}_{k}"
+        taken.add(out)
+        return out
+
     for spec in inputs:
         if spec.type_train == "featuremap":
             if spec.norm_type != "no_preprocess" and spec.shape is not None and len(spec.shape) == 4:
-                _normalise_featuremap(model, spec, nodes)
+                _normalise_featuremap(model, spec, nodes, fresh(f"{spec.name}_hz_normalised"))
             continue
-        raw, normalised = spec.name, f"{spec.name}_hz_preprocessed"
+        raw, normalised = spec.name, fresh(f"{spec.name}_hz_preprocessed")
         for node in model.graph.node:
             for k, i in enumerate(node.input):
                 if i == raw:
@@ -284,7 +296,7 @@ def _insert_preprocess(model: ModelProto, inputs: list[InputSpec]) -> None:
                           hint=(f"leave it out of the outputs with output_nodes: '{'; '.join(others)}', or " if others
                                 else "") + "give it input_type_train and input_type_rt featuremap")
         channels = spec.shape[1] if spec.layout_train == "NCHW" else spec.shape[3]
-        nodes.append(make_preprocess_node(spec, raw, normalised, preprocess_node_name(raw), channels))
+        nodes.append(make_preprocess_node(spec, raw, normalised, fresh(preprocess_node_name(raw)), channels))
         for vi in model.graph.input:
             if vi.name == raw:
                 vi.type.tensor_type.elem_type = TensorProto.INT8
@@ -294,10 +306,10 @@ def _insert_preprocess(model: ModelProto, inputs: list[InputSpec]) -> None:
     with_horizon_domain(model)
 
 
-def _normalise_featuremap(model: ModelProto, spec: InputSpec, nodes: list) -> None:
+def _normalise_featuremap(model: ModelProto, spec: InputSpec, nodes: list, normalised: str) -> None:
     """``(x - mean) * scale`` in front of a 4-D featuremap input whose norm_type asks for it (a float input
-    takes no HzPreprocess; its normalisation is ordinary ops)."""
-    raw, normalised = spec.name, f"{spec.name}_hz_normalised"
+    takes no HzPreprocess; its normalisation is ordinary ops), into tensor ``normalised``."""
+    raw = spec.name
     for node in model.graph.node:
         for k, i in enumerate(node.input):
             if i == raw:

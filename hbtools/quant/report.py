@@ -53,7 +53,9 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
                 pairs[t] = (qt.name, qt)
             elif t in float_names:
                 pairs[t] = (t, None)
-    float_sess = make_session(_with_outputs(lower_model(optimized), list(pairs), None))
+    # keep=: a unit whose output nothing reads (an image input the graph only takes the size of) is
+    # still compared, so the lowering must not drop it.
+    float_sess = make_session(_with_outputs(lower_model(optimized, keep=list(pairs)), list(pairs), None))
     q_lowered = lower_model(q_model, keep=[q for q, _ in pairs.values()])
     elem_of = {vi.name: vi.type.tensor_type.elem_type for vi in q_model.graph.value_info}
     for q_name, _ in pairs.values():
