@@ -118,6 +118,10 @@ def convert_and_check(fm: FloatModel, root: Path, calibration_type: str = "max",
         feed = {n: v if list(v.shape) == shapes[n] or v.ndim != 4 else v.transpose(0, 2, 3, 1) for n, v in x.items()}
         outs[kind] = sess.run(None, feed) if kind != "original" else sess.run(None, x, input_offset=128)
         assert all(np.isfinite(o).all() for o in outs[kind]), f"{kind} model gives non-finite outputs"
+    want = [np.shape(r) for r in ref]
+    for kind in ARTEFACTS[1:]:
+        shapes = [np.shape(o) for o in outs[kind]]
+        assert shapes == want, f"{kind} model outputs {shapes}, the float model {want}"
     cos = [cosine_similarity(np.asarray(r, np.float64), np.asarray(q, np.float64))
            for r, q in zip(ref, outs["quantized"], strict=True)]
     verdict = verify(project.artefact("quantized"), project.artefact("bin"), None, 5)

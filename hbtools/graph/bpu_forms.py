@@ -232,6 +232,72 @@ def auto_pads_as_pads(model: ModelProto) -> int:
     return count
 
 
+def conv_transpose_output_shapes_as_pads(model: ModelProto) -> int:
+    """A ConvTranspose's ``output_shape`` (tf2onnx writes it for Keras' Conv2DTranspose) as the explicit
+    ``pads`` (and ``output_padding``) that give the same output, so the quantized op, which reads those,
+    computes what the float model computes. The count of nodes rewritten.
+
+    onnxruntime and the ONNX text disagree on which side takes an odd padding: the candidates are
+    checked against onnxruntime on the node's own weight, and a node none of them matches stays as it is.
+    """
+    view = GraphView(model)
+    count = 0
+    for node in model.graph.node:
+        if node.op_type != "ConvTranspose" or node.domain not in ("", "ai.onnx"):
+            continue
+        a = view.attrs(node)
+        w = view.const(node.input[1]) if len(node.input) > 1 else None
+        shape = view.shapes.get(node.input[0])
+        if "output_shape" not in a or w is None or shape is None or len(shape) != w.ndim \
+                or any(not isinstance(d, int) or d <= 0 for d in shape):
+            continue
+        spatial = w.ndim - 2
+        kernel = list(a.get("kernel_shape") or w.shape[2:])
+        strides = list(a.get("strides") or [1] * spatial)
+        dilations = list(a.get("dilations") or [1] * spatial)
+        extra = list(a.get("output_padding") or [0] * spatial)
+        wanted = list(a["output_shape"])[-spatial:]
+        total = [s * (n - 1) + e + (k - 1) * d + 1 - o
+                 for n, s, e, k, d, o in zip(shape[2:], strides, extra, kernel, dilations, wanted, strict=True)]
+        if any(t < 0 for t in total):
+            continue
+        kept = [x for x in node.attribute if x.name not in ("output_shape", "pads", "auto_pad")]
+        for first in (lambda t: t // 2, lambda t: t - t // 2):
+            pads = [*(first(t) for t in total), *(t - first(t) for t in total)]
+            candidate = [*kept, helper.make_attribute("pads", pads)]
+            if _same_conv_transpose(node, candidate, shape, w, view.const(node.input[2]) if len(node.input) > 2
+                                    and node.input[2] else None):
+                del node.attribute[:]
+                node.attribute.extend(candidate)
+                count += 1
+                break
+    return count
+
+
+def _same_conv_transpose(node: NodeProto, attributes: list, shape: list[int], weight: np.ndarray,
+                         bias: np.ndarray | None) -> bool:
+    """Whether ConvTranspose ``node`` with ``attributes`` instead of its own gives, in onnxruntime, its output."""
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)]
+    inits = [numpy_helper.from_array(weight.astype(np.float32), "w")]
+    names = ["x", "w"]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias.astype(np.float32), "b"))
+        names.append("b")
+    nodes = [helper.make_node("ConvTranspose", names, ["own"]), helper.make_node("ConvTranspose", names, ["new"])]
+    nodes[0].attribute.extend(node.attribute)
+    nodes[1].attribute.extend(attributes)
+    outputs = [helper.make_tensor_value_info(k, onnx.TensorProto.FLOAT, None) for k in ("own", "new")]
+    probe = helper.make_model(helper.make_graph(nodes, "probe", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    probe.ir_version = 8
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    try:
+        own, new = ort_session(probe).run(None, {"x": x})
+    except Exception:  # noqa: BLE001 - a candidate onnxruntime refuses is not the node's form
+        return False
+    return own.shape == new.shape and bool(np.allclose(own, new, rtol=1e-5, atol=1e-6 * float(np.abs(own).max() + 1)))
+
+
 def _pool_crops(auto_pad: str, sizes: list[int], kernel: list[int], strides: list[int]) -> bool:
     """A SAME pool whose kernel is smaller than its stride: onnxruntime does not clamp the padding it needs
     at zero, and a negative begin padding skips the map's first rows, which no ``pads`` express."""

@@ -101,6 +101,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         log.info("%d layer normalizations written as one HzLayerNorm node each", fused)
     # First: the rewrites and integer kernels after this read a node's padding from its pads.
     padded = bpu_forms.auto_pads_as_pads(body)
+    shaped = bpu_forms.conv_transpose_output_shapes_as_pads(body)
+    if shaped:
+        log.info("%d ConvTranspose output_shape attributes written as the pads they stand for", shaped)
     bpu_forms.spatial_reductions_as_global_pools(body)
     if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body):
         log.info("pools over the one axis of a 3-D tensor written as pools over a 4-D tensor of one row")

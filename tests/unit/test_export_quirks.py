@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from builders import _Graph
 from conformance import convert_and_check
 
@@ -39,4 +40,19 @@ def test_a_model_tensor_named_like_the_preprocessed_input_converts(tmp_path: Pat
     g.nodes[-1].output[0] = "data_hz_preprocessed"
     out = g.conv(g.op("Relu", ["data_hz_preprocessed"]), 8, 4, k=1)
     outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path, "max", checker=False)
+    assert min(outcome.cosine) > COSINE
+
+
+@pytest.mark.parametrize("added", [False, True])
+def test_a_conv_transpose_with_an_output_shape_keeps_it(added: bool, tmp_path: Path) -> None:
+    """tf2onnx writes Keras' Conv2DTranspose with ``output_shape`` (here 64 where the pads alone give 65);
+    the quantized op reads pads, so the optimize stage writes the output shape as the pads it stands for.
+    Without that the quantized output was 65 x 65 (``convert_and_check`` compares the shapes), and an Add
+    with a 64 x 64 branch stopped the conversion."""
+    g = _Graph(5)
+    a = g.op("Relu", [g.conv("data", 3, 16, stride=2)])
+    wt = (g.rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32)
+    up = g.op("ConvTranspose", [a, g.const(wt, "wt")], kernel_shape=[3, 3], strides=[2, 2], output_shape=[64, 64])
+    out = g.conv(g.op("Add", [up, g.conv("data", 3, 16, k=1)]) if added else up, 16, 8, k=1)
+    outcome = convert_and_check(g.model({"data": [1, 3, 64, 64]}, [out]), tmp_path, "max", checker=False)
     assert min(outcome.cosine) > COSINE
