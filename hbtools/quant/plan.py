@@ -324,7 +324,20 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     # set_Conv_output_int16) would print a warning per tensor: one per option says it all.
     dropped: dict[str, list[str]] = {}
 
+    def grid_of(tensor: str) -> str:
+        """The tensor whose grid ``tensor`` has: through BPU data movement (Reshape, Transpose, Split, ...),
+        whose outputs keep their input's grid and get no calibration of their own."""
+        seen = set()
+        producer = part.producer.get(tensor)
+        while producer is not None and producer.on == "BPU" and producer.kind == "passive" and producer.inputs \
+                and tensor not in seen:
+            seen.add(tensor)
+            tensor = producer.inputs[0]
+            producer = part.producer.get(tensor)
+        return tensor
+
     def request(tensor: str, what: str, option: str | None = None) -> None:
+        tensor = grid_of(tensor)
         if not profile.int16:
             if option is None:
                 log.warning("%s: int16 is not available on %s; falling back to int8", what, profile.label)
@@ -408,10 +421,10 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                         request(t, f"node {node.name} input {idx if idx is not None else 'all'}")
             if kind in opts.int8_inputs:
                 for t in unit.inputs:
-                    bits[t] = 8
+                    bits[grid_of(t)] = 8
             if kind in opts.int8_outputs:
                 for t in unit.outputs:
-                    bits[t] = 8
+                    bits[grid_of(t)] = 8
     for option, whats in dropped.items():
         shown = ", ".join(whats[:3]) + (f" and {len(whats) - 3} more" if len(whats) > 3 else "")
         log.warning("%s: int16 is not available on %s; falling back to int8 (%s)", option, profile.label, shown)

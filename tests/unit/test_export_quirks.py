@@ -8,9 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from builders import _Graph
 from conformance import convert_and_check
+
+from hbtools.ops.base import attrs_of
 
 COSINE = 0.99
 
@@ -55,4 +58,38 @@ def test_a_conv_transpose_with_an_output_shape_keeps_it(added: bool, tmp_path: P
     up = g.op("ConvTranspose", [a, g.const(wt, "wt")], kernel_shape=[3, 3], strides=[2, 2], output_shape=[64, 64])
     out = g.conv(g.op("Add", [up, g.conv("data", 3, 16, k=1)]) if added else up, 16, 8, k=1)
     outcome = convert_and_check(g.model({"data": [1, 3, 64, 64]}, [out]), tmp_path, "max", checker=False)
+    assert min(outcome.cosine) > COSINE
+
+
+def _input_bits(calibrated: onnx.ModelProto, op_types: tuple[str, ...]) -> list[tuple[str, int | None]]:
+    """Per node of ``op_types``, the bits of the grid its input has (through data movement back to the
+    HzCalibration that makes it)."""
+    producer = {o: n for n in calibrated.graph.node for o in n.output}
+    bits = {n.output[0]: attrs_of(n)["bits"] for n in calibrated.graph.node
+            if n.op_type == "HzCalibration" and attrs_of(n)["kind"] == "activation"}
+    found = []
+    for node in calibrated.graph.node:
+        if node.op_type in op_types:
+            t = node.input[0]
+            while t not in bits and t in producer:
+                t = producer[t].input[0]
+            found.append((node.op_type, bits.get(t)))
+    return found
+
+
+def test_a_layer_norm_or_softmax_behind_a_transpose_or_reshape_reads_int16(tmp_path: Path) -> None:
+    """The integer LayerNorm and Softmax read int16 (``HzOp.int16_input``); PyTorch puts a permute or a
+    view in front of nearly every one (ConvNeXt, ViT, YOLOv8's DFL). The request reaches the grid the
+    data movement hands on, which it used to miss (the tensors stayed int8, silently)."""
+    g = _Graph(3)
+    x = g.conv("data", 3, 16)
+    gamma, beta = (g.const(g.rng.uniform(0.5, 1.5, 16).astype(np.float32), "ln") for _ in range(2))
+    normed = g.op("LayerNormalization", [g.op("Transpose", [x], perm=[0, 2, 3, 1]), gamma, beta], axis=-1)
+    a = g.conv(g.op("Transpose", [normed], perm=[0, 3, 1, 2]), 16, 8, k=1)
+    bins = g.op("Reshape", [g.conv("data", 3, 64, k=1), g.const(_i64([1, 4, 16, -1]), "shape")])
+    b = g.op("Softmax", [g.op("Transpose", [bins], perm=[0, 2, 1, 3])], axis=1)
+    fm = g.model({"data": [1, 3, 8, 8]}, [a, b], opset=17)
+    outcome = convert_and_check(fm, tmp_path, "max", checker=False)
+    calibrated = onnx.load(str(outcome.project.artefact("calibrated")))
+    assert _input_bits(calibrated, ("HzLayerNorm", "HzSoftmax")) == [("HzLayerNorm", 16), ("HzSoftmax", 16)]
     assert min(outcome.cosine) > COSINE
