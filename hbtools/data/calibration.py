@@ -71,6 +71,22 @@ def _listing(spec: InputSpec) -> list[Path]:
     return files
 
 
+def _check_npy_order(path: Path, shape: list[int], spec: InputSpec, what: str) -> None:
+    """A .npy file's shape holds the input's dimensions in another order (an HWC picture saved for a CHW
+    input): read in the input's order its values would be scrambled, so it is refused. A shape with or
+    without the size-1 axes (a sample without its batch), or flat, is read as it is."""
+    got, want = [d for d in shape if d != 1], [int(d) for d in spec.shape if d != 1]
+    if got == want or sorted(got) != sorted(want):
+        return
+    hint = f"save it in the order {list(spec.shape)}"
+    if len(want) == 3 and got == [*want[1:], want[0]]:
+        hint += " (an HWC picture: numpy.transpose(x, (2, 0, 1)))"
+    elif len(want) == 3 and want == [*got[1:], got[0]]:
+        hint += " (a CHW sample for an NHWC input: numpy.transpose(x, (1, 2, 0)))"
+    raise HbError(f"{what} {path} holds {list(shape)}, the dimensions of input '{spec.name}' ({list(spec.shape)}) "
+                  f"in another order: its values would be read scrambled", hint=hint)
+
+
 def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> None:
     """``what``: how the message names the file (``hb_mapper infer`` checks its --image-file here too)."""
     count = math.prod(spec.shape)
@@ -89,6 +105,7 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> N
                 f"{what} {path} holds {dtype} {list(shape)}, "
                 f"expected {count} numbers (shape {spec.shape}) for input '{spec.name}'"
             )
+        _check_npy_order(path, list(shape), spec, what)
         return
     dtype = raw_dtype(spec, path)
     expected = count * dtype.itemsize
