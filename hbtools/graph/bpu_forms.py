@@ -360,9 +360,21 @@ def _constant_pad(node: NodeProto, view: GraphView) -> tuple[list, list[int], fl
     if len(node.input) > 1 and node.input[1]:  # opset 11: pads (and value, axes) are inputs
         pads = view.const(node.input[1])
         value = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(1)
-        if pads is None or value is None or value.size != 1 or (len(node.input) > 3 and node.input[3]):
+        axes = view.const(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+        if pads is None or value is None or value.size != 1 or (axes is None and len(node.input) > 3
+                                                                 and node.input[3]):
             return None
         pads = [int(v) for v in pads.reshape(-1)]
+        if axes is not None:  # opset 18: pads of the listed axes only; the others take none
+            axes = [int(v) for v in axes.reshape(-1)]
+            if shape is None or len(pads) != 2 * len(axes):
+                return None
+            rank = len(shape)
+            full = [0] * (2 * rank)
+            for k, axis in enumerate(axes):
+                axis %= rank
+                full[axis], full[rank + axis] = pads[k], pads[len(axes) + k]
+            pads = full
     else:
         pads, value = list(a.get("pads", [])), np.array(a.get("value", 0.0))
     if shape is None or len(pads) != 2 * len(shape) or min(pads) < 0:

@@ -93,3 +93,17 @@ def test_a_layer_norm_or_softmax_behind_a_transpose_or_reshape_reads_int16(tmp_p
     calibrated = onnx.load(str(outcome.project.artefact("calibrated")))
     assert _input_bits(calibrated, ("HzLayerNorm", "HzSoftmax")) == [("HzLayerNorm", 16), ("HzSoftmax", 16)]
     assert min(outcome.cosine) > COSINE
+
+
+def test_a_zero_pad_of_listed_axes_becomes_the_convs_padding(tmp_path: Path) -> None:
+    """Opset 18 lets a Pad name its axes (PyTorch's F.pad exports them): a zero Pad of the spatial axes
+    before a Conv is the Conv's own padding, as the Pad without axes is; it used to run on the CPU."""
+    g = _Graph(4)
+    x = g.op("Relu", [g.conv("data", 3, 8)])
+    padded = g.op("Pad", [x, g.const(_i64([1, 2, 1, 2]), "pads"), g.const(np.array(0.0, np.float32), "zero"),
+                          g.const(_i64([2, 3]), "axes")])
+    w = (g.rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32)
+    out = g.op("Conv", [padded, g.const(w, "w")], kernel_shape=[3, 3])
+    outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out], opset=19), tmp_path, "max", checker=False)
+    assert not outcome.cpu, outcome.placement()
+    assert min(outcome.cosine) > COSINE
