@@ -304,10 +304,10 @@ def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:
 
 
 def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *, keep: bool = True):
-    tensors = [p.tensor for p in plan.activations]
+    collector = plan.collector()
+    tensors = list(dict.fromkeys([*(p.tensor for p in plan.activations), *collector.extra_tensors]))
     session, outputs = _float_session(optimized, tensors)
     fetch = list(dict.fromkeys([*tensors, *outputs]))
-    collector = plan.collector()
     eval_feeds, eval_refs, bc_feeds = [], [], []
     bar = tqdm(samples(), total=count, desc="calibration", unit="sample", disable=not sys.stderr.isatty(),
                leave=False)
@@ -330,5 +330,5 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
         del values, feed  # else this sample's activations live on while the next one runs
     if collector.samples == 0:
         raise HbError("no calibration samples were read; check cal_data_dir")
-    log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(tensors))
+    log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(collector.stats))
     return collector, eval_feeds, eval_refs, bc_feeds

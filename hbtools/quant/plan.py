@@ -97,6 +97,9 @@ class CalibrationPlan:
     # node -> the Hz op standing for it in the calibrated model (``HzOp.calibrated_op``)
     emulated: dict[str, str] = field(default_factory=dict)
     cpu_nodes: list[str] = field(default_factory=list)  # nodes the quantized model runs in float on the CPU
+    # reciprocal table output -> the numerator it multiplies: its statistics count only the elements where
+    # that numerator is not zero (``_reciprocal_numerators``)
+    counted_where: dict[str, str] = field(default_factory=dict)
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)
@@ -104,7 +107,7 @@ class CalibrationPlan:
     def collector(self) -> StatsCollector:
         """Statistics for every point: per channel where the point is per channel."""
         axes = {p.tensor: p.axis for p in self.activations if p.axis is not None}
-        return StatsCollector([p.tensor for p in self.activations], axes)
+        return StatsCollector([p.tensor for p in self.activations], axes, self.counted_where)
 
     def observed(self, collector: StatsCollector) -> CalibrationPlan:
         """A copy with the observed ranges recorded (asymmetric grids are fitted to them)."""
@@ -179,6 +182,7 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         if op_class is not None and op_class.calibrated_op:
             plan.emulated[unit.main.name] = op_class.calibrated_op
     plan.cpu_nodes = [n.name for unit in part.units if unit.on != "BPU" for n in unit.nodes]
+    plan.counted_where = _reciprocal_numerators(part, view, {p.tensor for p in plan.activations})
     calibrated = {p.tensor for p in plan.activations}
     plan.grid_source = {t: t for t in calibrated}
     for unit in part.units:
@@ -310,6 +314,32 @@ def _zero_point_ok(tensor: str, part: Partition, view: GraphView, int_outputs: b
 def wants_int_outputs(config: Config | None) -> bool:
     """set_model_output_int8 / set_model_output_int16: BPU outputs stay integers."""
     return bool(config and config.calibration.options.int_outputs)
+
+
+def _reciprocal_numerators(part: Partition, view: GraphView, calibrated: set[str]) -> dict[str, str]:
+    """Per reciprocal table output that one Mul reads (a Div of two tensors, ``bpu_forms``), the other
+    factor: the numerator.
+
+    ``a / (b + eps)`` is often taken where ``a`` and ``b`` are both 0 (a normalization by a sum of ReLU'd
+    features, a linear attention's denominator): the reciprocal is then ``1 / eps`` and the product 0. A
+    grid fitted to those values (up to 1e15) leaves every other reciprocal on level 0 and the quotient
+    all zeros; counted only where the numerator is not 0, the grid covers the reciprocals that reach
+    the output."""
+    found = {}
+    for unit in part.units:
+        if unit.on != "BPU" or unit.kind != "lut":
+            continue
+        for node in unit.nodes:
+            if node.op_type != "Reciprocal" or node.output[0] not in calibrated:
+                continue
+            readers = view.consumers.get(node.output[0], [])
+            if len(readers) == 1 and readers[0].op_type == "Mul" and len(readers[0].input) == 2 \
+                    and node.output[0] not in view.graph_outputs:
+                a, b = readers[0].input
+                other = b if a == node.output[0] else a
+                if other != node.output[0] and not view.is_const(other):
+                    found[node.output[0]] = other
+    return found
 
 
 def _requested_bits(part: Partition, config: Config | None, profile: MarchProfile,

@@ -138,14 +138,43 @@ class ChannelStats:
 class StatsCollector:
     """Per-tensor (or, for tensors in ``axes``, per-channel) statistics over a stream of batches."""
 
-    def __init__(self, tensors: list[str], axes: dict[str, int] | None = None) -> None:
+    def __init__(self, tensors: list[str], axes: dict[str, int] | None = None,
+                 counted_where: dict[str, str] | None = None) -> None:
         axes = axes or {}
         self.stats: dict[str, TensorStats | ChannelStats] = {
             t: ChannelStats(axes[t]) if t in axes else TensorStats() for t in tensors}
+        # tensor -> another tensor: count only the elements where that one is not zero (``nonzero_where``)
+        self.counted_where = {t: m for t, m in (counted_where or {}).items() if isinstance(self.stats.get(t),
+                                                                                            TensorStats)}
         self.samples = 0
+
+    @property
+    def extra_tensors(self) -> list[str]:
+        """Tensors ``update`` needs besides the ones it collects statistics of."""
+        return list(dict.fromkeys(self.counted_where.values()))
 
     def update(self, values: dict[str, np.ndarray]) -> None:
         for name, value in values.items():
             if name in self.stats:
+                mask = self.counted_where.get(name)
+                if mask is not None and mask in values:
+                    where = nonzero_where(values[mask], np.shape(value))
+                    value = np.asarray(value)[where] if where is not None else value
                 self.stats[name].update(value)
         self.samples += 1
+
+
+def nonzero_where(other: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A boolean mask of ``shape``: where some element of ``other`` that broadcasts onto that position is not
+    zero (``other`` reduced over the axes ``shape`` broadcasts); None where the two shapes do not broadcast so."""
+    other = np.asarray(other)
+    if other.ndim > len(shape):
+        return None
+    other = other.reshape((1,) * (len(shape) - other.ndim) + other.shape)
+    axes = tuple(k for k, (o, s) in enumerate(zip(other.shape, shape, strict=True)) if s == 1 and o != 1)
+    if any(o not in (1, s) for k, (o, s) in enumerate(zip(other.shape, shape, strict=True)) if k not in axes):
+        return None
+    nonzero = other != 0
+    if axes:
+        nonzero = nonzero.any(axis=axes, keepdims=True)
+    return np.broadcast_to(nonzero, shape)

@@ -107,3 +107,19 @@ def test_a_zero_pad_of_listed_axes_becomes_the_convs_padding(tmp_path: Path) -> 
     outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out], opset=19), tmp_path, "max", checker=False)
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) > COSINE
+
+
+def test_a_division_by_a_sum_that_is_often_zero_keeps_its_quotient(tmp_path: Path) -> None:
+    """ReLU'd features over their sum plus eps (EfficientViT's linear attention normalizes so): where every
+    feature is 0 the reciprocal is 1 / eps and the quotient 0. Its grid counts only where the numerator is
+    not 0; fitted to 1 / eps, every other reciprocal rounded to 0 and the output was all zeros (cosine 0.66)."""
+    g = _Graph(6)
+    w = (g.rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32)
+    conv = g.op("Conv", ["data", g.const(w, "w"), g.const(np.full(8, -0.6, np.float32), "b")], kernel_shape=[3, 3],
+                pads=[1, 1, 1, 1])
+    features = g.op("Relu", [conv])
+    total = g.op("ReduceSum", [features, g.const(_i64([1]), "axes")], keepdims=1)
+    quotient = g.op("Div", [features, g.op("Add", [total, g.const(np.array(1e-6, np.float32), "eps")])])
+    out = g.conv(quotient, 8, 8, k=1)
+    outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path, "max", checker=False)
+    assert min(outcome.cosine) > COSINE
