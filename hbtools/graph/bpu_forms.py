@@ -24,6 +24,42 @@ _GLOBAL_POOL_OF = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPoo
 PAD_BLOCK_ELEMENTS = 1 << 22  # a constant block a Pad may become (16 MB of float32)
 
 
+def norms_as_sums(model: ModelProto) -> int:
+    """ReduceL2 (``F.normalize``, ``torch.norm``: embedding heads, SwinV2's cosine attention) as the square
+    root of a ReduceSum of ``x * x``, and ReduceSumSquare as that ReduceSum: the BPU has a product, an
+    integer sum and a square-root table, and no L2 reduction. Reductions whose axes are only known at
+    run time stay. The count rewritten."""
+    view = GraphView(model)
+    opset = default_opset(model)
+    nodes = []
+    count = 0
+    for node in model.graph.node:
+        axes = view.reduced_axes(node) if node.op_type in ("ReduceL2", "ReduceSumSquare") \
+            and node.domain in ("", "ai.onnx") and view.elem_types.get(node.input[0]) == onnx.TensorProto.FLOAT \
+            else None
+        if not axes:
+            nodes.append(node)
+            continue
+        count += 1
+        square, total = f"{node.output[0]}_squares", f"{node.output[0]}_sum_of_squares"
+        keepdims = int(view.attrs(node).get("keepdims", 1))
+        summed = node.output[0] if node.op_type == "ReduceSumSquare" else total
+        nodes.append(helper.make_node("Mul", [node.input[0], node.input[0]], [square], name=f"{node.name}_square"))
+        if opset >= 13:
+            axes_name = f"{node.name}_axes"
+            model.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name))
+            nodes.append(helper.make_node("ReduceSum", [square, axes_name], [summed], name=f"{node.name}_sum",
+                                          keepdims=keepdims))
+        else:
+            nodes.append(helper.make_node("ReduceSum", [square], [summed], name=f"{node.name}_sum", axes=axes,
+                                          keepdims=keepdims))
+        if node.op_type == "ReduceL2":
+            nodes.append(helper.make_node("Sqrt", [total], [node.output[0]], name=node.name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return count
+
+
 def spatial_reductions_as_global_pools(model: ModelProto) -> None:
     """A mean or max over the two spatial axes of a 4-D tensor (``x.mean((2, 3))``, the squeeze of
     squeeze-and-excitation blocks in PyTorch and Paddle exports) as GlobalAveragePool /

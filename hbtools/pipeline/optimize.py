@@ -100,6 +100,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if fused:
         log.info("%d layer normalizations written as one HzLayerNorm node each", fused)
     # First: the rewrites and integer kernels after this read a node's padding from its pads.
+    normed = bpu_forms.norms_as_sums(body)
+    if normed:
+        log.info("%d L2 reductions (ReduceL2, ReduceSumSquare) written as sums of squares", normed)
     padded = bpu_forms.auto_pads_as_pads(body)
     shaped = bpu_forms.conv_transpose_output_shapes_as_pads(body)
     if shaped:

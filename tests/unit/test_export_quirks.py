@@ -123,3 +123,20 @@ def test_a_division_by_a_sum_that_is_often_zero_keeps_its_quotient(tmp_path: Pat
     out = g.conv(quotient, 8, 8, k=1)
     outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path, "max", checker=False)
     assert min(outcome.cosine) > COSINE
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_an_l2_normalized_embedding_runs_on_the_bpu(opset: int, tmp_path: Path) -> None:
+    """``F.normalize(y, dim=-1)`` exports as ReduceL2 -> Clip(eps) -> Expand -> Div: ReduceL2 is written as
+    the square root of a sum of squares, which the BPU has; it used to put the head on the CPU."""
+    g = _Graph(8)
+    pooled = g.op("Flatten", [g.op("GlobalAveragePool", [g.conv("data", 3, 16, stride=2)])], axis=1)
+    w = (g.rng.standard_normal((32, 16)) / 4).astype(np.float32)
+    y = g.op("Gemm", [pooled, g.const(w, "fc"), g.const(np.zeros(32, np.float32), "fcb")], transB=1)
+    norm = g.op("ReduceL2", [y, g.const(_i64([1]), "axes")], keepdims=1) if opset >= 18 else \
+        g.op("ReduceL2", [y], axes=[1], keepdims=1)
+    clipped = g.op("Clip", [norm, g.const(np.array(1e-12, np.float32), "eps")])
+    out = g.op("Div", [y, g.op("Expand", [clipped, g.const(_i64([1, 32]), "shape")])])
+    outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out], opset=opset), tmp_path, "max", checker=False)
+    assert not outcome.cpu, outcome.placement()
+    assert min(outcome.cosine) > COSINE
