@@ -175,7 +175,9 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         if refusal:
             return _cpu(node, acts, refusal)
         if op_class.constant_operands:  # one activation and tensor constants
-            if len(acts) == 1 and not _scalar_consts(node, view):
+            # Scalar constants make an element-wise op a lookup table, where the op has one (a LayerNorm's
+            # scale and bias of one element, GroupNorm(1, C)'s, have none).
+            if len(acts) == 1 and (not _scalar_consts(node, view) or "lut" not in forms):
                 reason = _constant_broadcast_violation(node, acts[0], view, rule, profile)
                 if reason:
                     return _cpu(node, acts, reason)

@@ -140,3 +140,17 @@ def test_an_l2_normalized_embedding_runs_on_the_bpu(opset: int, tmp_path: Path) 
     outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out], opset=opset), tmp_path, "max", checker=False)
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) > COSINE
+
+
+def test_a_normalization_with_one_scale_and_bias_runs_on_the_bpu(tmp_path: Path) -> None:
+    """GroupNorm(1, C) (PoolFormer) and a one-channel InstanceNorm normalize with one scale and one bias:
+    single-element constants, which make an element-wise op a lookup table, but a normalization has no
+    table form; it used to go to the CPU for that."""
+    g = _Graph(9)
+    one = g.conv("data", 3, 1)
+    normed = g.op("InstanceNormalization", [one, g.const(np.array([1.3], np.float32), "s"),
+                                            g.const(np.array([0.2], np.float32), "b")])
+    out = g.conv(g.op("Relu", [normed]), 1, 4, k=1)
+    outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path, "max", checker=False)
+    assert not outcome.cpu, outcome.placement()
+    assert min(outcome.cosine) > COSINE
