@@ -153,6 +153,41 @@ def matmuls_of_vectors(model: ModelProto) -> int:
     return rewrite_nodes(model, lambda node: _matmul_of_vectors(node, view, _opset(model), model))
 
 
+def matmuls_with_the_weight_second(model: ModelProto) -> int:
+    """A MatMul of a constant and a float activation in forms the BPU's MatMul with a [K, N] weight takes:
+    a constant with leading axes of one (``nn.Parameter(torch.zeros(1, n, c))``, learned queries) as its
+    2-D matrix, where the activation has at least its rank (the product's rank stays); a constant first
+    operand (``q @ k.T`` of learned queries: DETR, attention pooling, Q-Former) as
+    ``(X^T @ A^T)^T`` with Transposes of the activation's last two axes. The count rewritten."""
+    view = GraphView(model)
+    return rewrite_nodes(model, lambda node: _weight_second(node, view, model))
+
+
+def _weight_second(node: NodeProto, view: GraphView, model: ModelProto) -> list[NodeProto] | None:
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return None
+    first, second = node.input
+    k = 0 if view.is_const(first) and not view.is_const(second) else \
+        1 if view.is_const(second) and not view.is_const(first) else None
+    if k is None:
+        return None
+    weight, x = view.const(node.input[k]), node.input[1 - k]
+    shape = view.shapes.get(x)
+    if weight.ndim < 2 or shape is None or len(shape) < max(weight.ndim, 2) or any(d != 1 for d in weight.shape[:-2]) \
+            or view.elem_types.get(x) != onnx.TensorProto.FLOAT or (k == 1 and weight.ndim == 2):
+        return None
+    matrix = weight.reshape(weight.shape[-2:])
+    name = f"{node.input[k]}_{node.name}_matrix"
+    model.graph.initializer.append(numpy_helper.from_array(matrix if k == 1 else np.ascontiguousarray(matrix.T), name))
+    if k == 1:
+        return [helper.make_node("MatMul", [x, name], [node.output[0]], name=node.name)]
+    perm = [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
+    xt, yt = f"{node.output[0]}_{node.name}_xt", f"{node.output[0]}_{node.name}_yt"
+    return [helper.make_node("Transpose", [x], [xt], name=f"{node.name}_xt", perm=perm),
+            helper.make_node("MatMul", [xt, name], [yt], name=node.name),
+            helper.make_node("Transpose", [yt], [node.output[0]], name=f"{node.name}_yt", perm=perm)]
+
+
 def _matmul_of_vectors(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
     shapes = [view.shapes.get(i) for i in node.input] if node.op_type == "MatMul" \
         and node.domain in ("", "ai.onnx") else []

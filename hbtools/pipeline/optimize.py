@@ -116,6 +116,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         vectors = bpu_forms.matmuls_of_vectors(body)
         if vectors:
             log.info("%d MatMuls of a 1-D tensor written as MatMuls of its 2-D form", vectors)
+        weights = bpu_forms.matmuls_with_the_weight_second(body)
+        if weights:
+            log.info("%d MatMuls of a constant (first, or with leading axes of one) written with a 2-D weight "
+                     "second", weights)
     bpu_forms.zero_pads_into_convs(body)
     rewritten = {"auto_pad attributes written as explicit pads": padded,
                  "Expands of a tensor written as Tiles": bpu_forms.expands_as_tiles(body),

@@ -154,3 +154,23 @@ def test_a_normalization_with_one_scale_and_bias_runs_on_the_bpu(tmp_path: Path)
     outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path, "max", checker=False)
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) > COSINE
+
+
+@pytest.mark.parametrize("form", ["query_first", "query_batched_second"])
+def test_learned_queries_attend_on_the_bpu(form: str, tmp_path: Path) -> None:
+    """Learned queries (a constant [1, 8, 16]) against image tokens: ``q @ k^T`` has the constant first,
+    ``k @ q^T`` a weight with a leading axis of one. Both are written as a MatMul by a 2-D weight second;
+    both went to the CPU with the token branch."""
+    g = _Graph(10)
+    tokens = g.op("Transpose", [g.op("Reshape", [g.conv("data", 3, 16, stride=2), g.const(_i64([1, 16, -1]), "s")])],
+                  perm=[0, 2, 1])
+    queries = (g.rng.standard_normal((1, 8, 16)) * 0.3).astype(np.float32)
+    if form == "query_first":
+        scores = g.op("MatMul", [g.const(queries, "q"), g.op("Transpose", [tokens], perm=[0, 2, 1])])
+    else:
+        scores = g.op("Transpose", [g.op("MatMul", [tokens, g.const(queries.transpose(0, 2, 1).copy(), "q")])],
+                      perm=[0, 2, 1])
+    out = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), tokens])
+    outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path, "max", checker=False)
+    assert not outcome.cpu, outcome.placement()
+    assert min(outcome.cosine) > COSINE
