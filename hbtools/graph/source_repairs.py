@@ -19,6 +19,7 @@ from onnx import ModelProto, helper, version_converter
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, infer_shapes, topological_sort
 from hbtools.graph.model_io import ORT_EARLY_OPS, default_opset, early_ops, stand_down, stand_in
+from hbtools.runtime.session import ort_session
 
 log = logging.getLogger("hbtools")
 
@@ -50,6 +51,33 @@ def ordered_and_typed(model: ModelProto) -> None:
     for o in bare:
         if o.name in typed and typed[o.name].tensor_type.HasField("shape"):
             o.type.CopyFrom(typed[o.name])
+    still = [o for o in bare if not o.type.tensor_type.HasField("shape")]
+    ranks = _ranks_by_running(model, [o.name for o in still]) if still else {}
+    for o in still:
+        if o.name in ranks:  # sizes stay names: the run used stand-in sizes for any free input dimension
+            o.type.tensor_type.shape.dim.extend(onnx.TensorShapeProto.Dimension(dim_param=f"{o.name}_{k}")
+                                                for k in range(ranks[o.name]))
+
+
+def _ranks_by_running(model: ModelProto, outputs: list[str]) -> dict[str, int]:
+    """The ranks of ``outputs`` from one onnxruntime run on zeros (free input sizes taken as 1): shape
+    inference cannot follow a Reshape whose target the graph computes (Shape, Gather, Concat), which
+    onnxruntime runs. Nothing where the model does not run so."""
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        t = i.type.tensor_type
+        if not t.HasField("shape"):
+            return {}
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.shape.dim]
+        feeds[i.name] = np.zeros(dims, dtype=helper.tensor_dtype_to_np_dtype(t.elem_type))
+    try:
+        values = ort_session(model).run(outputs, feeds)
+    except Exception:  # noqa: BLE001 - the checker then says what is missing
+        return {}
+    return {name: np.ndim(v) for name, v in zip(outputs, values, strict=True)}
 
 
 def unique_node_names(model: ModelProto) -> None:

@@ -353,14 +353,38 @@ def test_onnxruntimes_skip_layer_norm_runs_on_the_bpu(opset: int, tmp_path: Path
 
 
 def test_an_output_without_a_shape_inference_cannot_find_is_named(tmp_path: Path) -> None:
-    """An output declared without a shape after an op onnx cannot infer (an onnxruntime contrib op): the
-    ERROR was onnx's 'Field 'shape' of 'type' is required but missing'; it now names the output and says
-    how to declare it."""
-    nodes = [helper.make_node("Inverse", ["x"], ["y"], domain="com.microsoft")]
+    """An output declared without a shape after an op neither onnx nor onnxruntime can run (an unknown
+    contrib op): the ERROR was onnx's 'Field 'shape' of 'type' is required but missing'; it now names the
+    output and says how to declare it."""
+    nodes = [helper.make_node("NoSuchOp", ["x"], ["y"], domain="com.microsoft")]
     model = _model(nodes, [("x", F, [1, 2, 4, 4])], [("y", F, None)], domains=[("com.microsoft", 1)])
     out = _checker_refuses(model, tmp_path)
     assert "'y' is declared without a shape, and shape inference cannot find one" in out, out[-2000:]
     assert "declare their rank in the model" in out
+
+
+def test_an_output_without_a_shape_gets_the_rank_onnxruntime_computes(tmp_path: Path) -> None:
+    """An output declared without a shape (onnx-graphsurgeon) behind a Reshape whose target the graph
+    computes (Shape -> Gather -> Concat, TorchScript without constant folding): shape inference cannot
+    follow it, onnxruntime runs it, so one run on zeros gives the output its rank and the model converts.
+    It was refused."""
+    rng = np.random.default_rng(5)
+    w = _init("w", (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32))
+    fc = _init("fc", (rng.standard_normal((8, 10)) / 3).astype(np.float32))
+    inits = [w, fc, _init("zero", np.array(0, np.int64)), _init("minus_one", np.array([-1], np.int64))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+             helper.make_node("Shape", ["p"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n"], ["n1"], axes=[0]),
+             helper.make_node("Concat", ["n1", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["p", "target"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "fc"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 16, 16])], [("y", F, None)], inits, opset=11)
+    samples = {"x": _normal(rng, [1, 3, 16, 16])}
+    out = convert_featuremaps(tmp_path, model, samples, "1x3x16x16", "float32", "m")
+    assert "internal error" not in out
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 16, 16), rng)
 
 
 def test_an_output_without_a_shape_after_a_node_onnx_rejects_names_the_node(tmp_path: Path) -> None:
