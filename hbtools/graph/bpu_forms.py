@@ -380,6 +380,46 @@ def _pool_crops(auto_pad: str, sizes: list[int], kernel: list[int], strides: lis
     return False
 
 
+def channel_gathers_into_convs(model: ModelProto) -> int:
+    """A Gather of channels with constant indices (onnxruntime writes YOLOv5's Focus slices as SpaceToDepth
+    and such a reordering Gather) read only by Convs becomes part of their weights: the Convs read the
+    Gather's input, each weight's input channel ``i`` summing the columns the indices send it. The same
+    sums and no Gather, which has no BPU form on bernoulli2 (RDK X3) and there put the model's first
+    layer, at full resolution, on the CPU. The count of Gathers removed."""
+    view = GraphView(model)
+    outputs = set(view.graph_outputs)
+    gone = set()
+    for node in model.graph.node:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+            continue
+        shape, indices = view.shapes.get(node.input[0]), view.const(node.input[1])
+        axis = int(view.attrs(node).get("axis", 0))
+        if shape is None or len(shape) != 4 or indices is None or indices.ndim != 1 or axis % 4 != 1 \
+                or not isinstance(shape[1], int):
+            continue
+        channels = int(shape[1])
+        users = view.consumers.get(node.output[0], [])
+        if not users or any(u.op_type != "Conv" or u.input[0] != node.output[0] or list(u.input).count(node.output[0])
+                            != 1 or view.const(u.input[1]) is None or int(view.attrs(u).get("group", 1)) != 1
+                            for u in users):
+            continue
+        index = [int(i) % channels for i in indices]
+        for user in users:
+            w = view.const(user.input[1])
+            folded = np.zeros((w.shape[0], channels, *w.shape[2:]), dtype=w.dtype)
+            for column, source in enumerate(index):
+                folded[:, source] += w[:, column]
+            name = f"{user.input[1]}_{user.name}_gathered"
+            model.graph.initializer.append(numpy_helper.from_array(folded, name))
+            user.input[0], user.input[1] = node.input[0], name
+        gone.add(node.name)
+    if gone:
+        kept = [n for n in model.graph.node if n.name not in gone]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return len(gone)
+
+
 def zero_pads_into_convs(model: ModelProto) -> None:
     """A zero Pad of the spatial axes read only by Convs (TensorFlow's SAME padding written out,
     PyTorch's ZeroPad2d / F.pad) becomes those Convs' own padding: the same sums, and no Pad op,

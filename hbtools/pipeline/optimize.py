@@ -121,6 +121,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
             log.info("%d MatMuls of a constant (first, or with leading axes of one) written with a 2-D weight "
                      "second", weights)
     bpu_forms.zero_pads_into_convs(body)
+    gathers = bpu_forms.channel_gathers_into_convs(body)
+    if gathers:
+        log.info("%d Gathers of channels (a Focus layer's reordering) folded into the Convs that read them", gathers)
     rewritten = {"auto_pad attributes written as explicit pads": padded,
                  "Expands of a tensor written as Tiles": bpu_forms.expands_as_tiles(body),
                  "constant Pads written as Concats of constant blocks": bpu_forms.constant_pads_as_concats(body)}

@@ -174,3 +174,36 @@ def test_learned_queries_attend_on_the_bpu(form: str, tmp_path: Path) -> None:
     outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path, "max", checker=False)
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) > COSINE
+
+
+def test_a_focus_layer_stays_on_the_bpu_of_rdk_x3(tmp_path: Path) -> None:
+    """YOLOv5's Focus (four strided Slices and a Concat): onnxruntime's optimizer writes it as SpaceToDepth
+    and a Gather that reorders the channels. bernoulli2 has no BPU Gather, so the first layer ran on the CPU
+    at full resolution; the Gather now goes into the next Conv's weight."""
+    from builders import EXACT_MEAN, EXACT_SCALE, held_out, make_project
+    from conformance import _source_feed
+
+    from hbtools.log import setup
+    from hbtools.metrics import cosine_similarity
+    from hbtools.pipeline.runner import makertbin
+    from hbtools.runtime import HB_ONNXRuntime
+    from hbtools.runtime.binfile import read_bin
+
+    g = _Graph(11)
+    big = np.iinfo(np.int64).max
+    slices = [g.op("Slice", ["data", g.const(_i64([h, w]), "start"), g.const(_i64([big, big]), "end"),
+                             g.const(_i64([2, 3]), "axes"), g.const(_i64([2, 2]), "steps")])
+              for h, w in ((0, 0), (1, 0), (0, 1), (1, 1))]
+    focus = g.op("Concat", slices, axis=1)
+    out = g.conv(g.op("Relu", [g.conv(focus, 12, 16)]), 16, 8, k=1)
+    fm = g.model({"data": [1, 3, 32, 32]}, [out])
+    setup(None)
+    project = make_project(tmp_path, fm, cal_count=6)
+    project.write(model_parameters={"march": "bernoulli2"}, calibration_parameters={"calibration_type": "max"})
+    paths = makertbin(project.config_path, "onnx")
+    assert not read_bin(paths["bin"]).models[0].partition["cpu_nodes"]
+    quantized = HB_ONNXRuntime(model_file=str(paths["quantized"]))
+    for x in held_out(fm, count=3, seed=2):
+        want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, {"data": x}, EXACT_MEAN, EXACT_SCALE))[0]
+        layout = x if list(quantized.get_inputs()[0].shape) == list(x.shape) else x.transpose(0, 2, 3, 1)
+        assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
