@@ -25,6 +25,7 @@ from hbtools.config.model import Config
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
+from hbtools.graph.source_repairs import check_inputs_to_feed
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline.parse import MAX_OUTPUTS, fit_scalar, shape_example
 
@@ -45,6 +46,7 @@ def parse_shape(text: str, name: str, option: str = "--input-shape") -> list[int
 
 def model_inputs(model: ModelProto) -> dict[str, list[int | None]]:
     """Graph inputs that are not initializers, with None for dynamic dims."""
+    check_inputs_to_feed(model)
     inits = {t.name for t in model.graph.initializer}
     out = {}
     for vi in model.graph.input:

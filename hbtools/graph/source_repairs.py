@@ -166,6 +166,19 @@ def _keep_old_resize_meaning(model: ModelProto, resizes: list[tuple[str, np.ndar
         node.attribute.extend(helper.make_attribute(k, v) for k, v in extra.items())
 
 
+def check_inputs_to_feed(model: ModelProto) -> None:
+    """A model whose every graph input has a default value (an initializer of its name) has none to feed,
+    as onnxruntime sees it: refused, saying so (it used to be a count of inputs, or a config error)."""
+    inits = {t.name for t in model.graph.initializer}
+    if not model.graph.input or any(vi.name not in inits for vi in model.graph.input):
+        return
+    names = [f"'{vi.name}'" for vi in model.graph.input]
+    what = "has an initializer" if len(names) == 1 else "have initializers"
+    raise HbError(f"the model has no input to feed: {', '.join(names)} also {what} of the same name (a default "
+                  "value), which onnxruntime takes as a constant",
+                  hint="remove those initializers from the model (keep the graph inputs), or re-export it")
+
+
 def initializers_not_inputs(model: ModelProto) -> None:
     """Weights listed among the graph inputs (IR 3 required it; Caffe2 and old exporters did it) are
     constants here: once a pass folds or drops one, its input entry would otherwise become a real
@@ -175,6 +188,7 @@ def initializers_not_inputs(model: ModelProto) -> None:
     model.ir_version = max(model.ir_version, 4)
     inits = {t.name for t in model.graph.initializer}
     kept = [vi for vi in model.graph.input if vi.name not in inits]
+    check_inputs_to_feed(model)
     del model.graph.input[:]
     model.graph.input.extend(kept)
 

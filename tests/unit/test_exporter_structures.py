@@ -445,3 +445,16 @@ def test_a_resize_to_its_own_size_is_dropped(tmp_path: Path) -> None:
     convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 16, 16])}, "1x3x16x16", "float32", "m")
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     _agrees_with_source(model, tmp_path / "out", (1, 3, 16, 16), rng, optimized=True)
+
+
+def test_a_model_whose_only_input_has_a_default_value_is_refused_saying_so(tmp_path: Path) -> None:
+    """An input with an initializer of its name (its default value): onnxruntime lists no input to feed.
+    The checker said 'yaml file parse failed' without any YAML; now both tools say what the model does."""
+    w = _init("w", np.ones((4, 3, 1, 1), np.float32))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 4, 8, 8])],
+                   [w, _init("x", np.zeros((1, 3, 8, 8), np.float32))])
+    out = _checker_refuses(model, tmp_path)
+    errors = [line for line in out.splitlines() if "ERROR" in line]
+    assert errors and "'x' also has an initializer of the same name" in errors[0], out[-2000:]
+    assert "yaml" not in out.lower()
