@@ -459,9 +459,44 @@ def _zero_spatial_pads(node: NodeProto, view: GraphView) -> list[int] | None:
     return [*pads[2:rank], *pads[rank + 2:]]
 
 
-def _constant_pad(node: NodeProto, view: GraphView) -> tuple[list, list[int], float] | None:
+def crops_as_slices(model: ModelProto) -> int:
+    """A constant Pad with negative amounts (a crop: ``F.pad`` with negative values) as the Slice it is, then
+    a Pad of what the amounts still add: the BPU has Slice, and no form of a Pad that crops. The count
+    rewritten."""
+    view = GraphView(model)
+    opset = default_opset(model)
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        spec = _constant_pad(node, view, crops=True)
+        if spec is None or opset < 11 or view.elem_types.get(node.input[0]) != onnx.TensorProto.FLOAT:
+            return None
+        shape, pads, value = spec
+        rank = len(shape)
+        if min(pads) >= 0 or any(not isinstance(d, int) for d in shape):
+            return None
+        axes = [k for k in range(rank) if pads[k] < 0 or pads[rank + k] < 0]
+        starts = [-min(pads[k], 0) for k in axes]
+        ends = [shape[k] + min(pads[rank + k], 0) for k in axes]
+        cropped = f"{node.output[0]}_cropped"
+        names = []
+        for what, values in (("starts", starts), ("ends", ends), ("axes", axes)):
+            names.append(f"{node.name}_crop_{what}")
+            model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), names[-1]))
+        rest = [max(v, 0) for v in pads]
+        if not any(rest):
+            return [helper.make_node("Slice", [node.input[0], *names], [node.output[0]], name=node.name)]
+        amounts, fill = f"{node.name}_rest_pads", f"{node.name}_rest_value"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(rest, np.int64), amounts))
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, np.float32), fill))
+        return [helper.make_node("Slice", [node.input[0], *names], [cropped], name=f"{node.name}_crop"),
+                helper.make_node("Pad", [cropped, amounts, fill], [node.output[0]], name=node.name, mode="constant")]
+
+    return rewrite_nodes(model, rewrite)
+
+
+def _constant_pad(node: NodeProto, view: GraphView, crops: bool = False) -> tuple[list, list[int], float] | None:
     """(input shape, [begin..., end...] pads, value) of a constant-mode Pad whose pads and value are constants,
-    none negative (a crop), over a tensor of known rank (None: not one)."""
+    none negative (a crop, unless ``crops``), over a tensor of known rank (None: not one)."""
     if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
         return None
     a = view.attrs(node)
@@ -488,7 +523,7 @@ def _constant_pad(node: NodeProto, view: GraphView) -> tuple[list, list[int], fl
             pads = full
     else:
         pads, value = list(a.get("pads", [])), np.array(a.get("value", 0.0))
-    if shape is None or len(pads) != 2 * len(shape) or min(pads) < 0:
+    if shape is None or len(pads) != 2 * len(shape) or (min(pads) < 0 and not crops):
         return None
     return list(shape), pads, float(np.asarray(value).reshape(-1)[0])
 

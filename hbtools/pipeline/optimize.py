@@ -120,6 +120,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         if weights:
             log.info("%d MatMuls of a constant (first, or with leading axes of one) written with a 2-D weight "
                      "second", weights)
+    cropped = bpu_forms.crops_as_slices(body)
+    if cropped:
+        log.info("%d Pads with negative amounts (crops) written as Slices", cropped)
     bpu_forms.zero_pads_into_convs(body)
     gathers = bpu_forms.channel_gathers_into_convs(body)
     if gathers:

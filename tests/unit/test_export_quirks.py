@@ -207,3 +207,17 @@ def test_a_focus_layer_stays_on_the_bpu_of_rdk_x3(tmp_path: Path) -> None:
         want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, {"data": x}, EXACT_MEAN, EXACT_SCALE))[0]
         layout = x if list(quantized.get_inputs()[0].shape) == list(x.shape) else x.transpose(0, 2, 3, 1)
         assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
+
+
+@pytest.mark.parametrize("pads", [[0, 0, -1, -2, 0, 0, -1, 0], [0, 0, -1, 2, 0, 0, 1, -2]])
+def test_a_pad_that_crops_runs_on_the_bpu(pads: list[int], tmp_path: Path) -> None:
+    """A constant Pad with negative amounts crops (``F.pad`` with negative values): written as a Slice, and a
+    Pad of what it still adds (into the next Conv's padding here); it ran on the CPU."""
+    g = _Graph(12)
+    x = g.op("Relu", [g.conv("data", 3, 8)])
+    cropped = g.op("Pad", [x, g.const(_i64(pads), "pads"), g.const(np.array(0.0, np.float32), "zero")])
+    w = (g.rng.standard_normal((4, 8, 3, 3)) / 8).astype(np.float32)
+    out = g.op("Conv", [cropped, g.const(w, "w")], kernel_shape=[3, 3])
+    outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path, "max", checker=False)
+    assert not outcome.cpu, outcome.placement()
+    assert min(outcome.cosine) > COSINE
