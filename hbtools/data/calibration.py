@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hbtools.config.model import InputSpec
+from hbtools.config.schema import CAL_DATA_TYPES
 from hbtools.data.folders import sample_files
 from hbtools.data.images import IMAGE_EXTENSIONS, load_images
 from hbtools.data.intermediate import to_intermediate
@@ -121,8 +122,9 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> N
     if size != expected:
         picture = path.suffix.lower() in IMAGE_EXTENSIONS
         # The commonest cause is the data type: say which one the size fits, if one does.
-        fits = [t for t in ("uint8", "float32", "int16", "float64") if t != dtype.name
-                and size == count * np.dtype(t).itemsize]
+        # The model input's own type first: an int64 featuremap's files are int64, not float64.
+        fits = [t for t in dict.fromkeys((spec.model_dtype, "uint8", "float32", "int16", "float64"))
+                if t in CAL_DATA_TYPES and t != dtype.name and size == count * np.dtype(t).itemsize]
         raise HbError(
             f"{what} {path} has {size} bytes, expected {expected} bytes "
             f"(shape {spec.shape}, dtype {dtype}) for input '{spec.name}'"

@@ -283,3 +283,12 @@ def test_pictures_without_preprocess_on_are_told_to_set_it(tmp_path):
     with pytest.raises(HbError) as e:
         preflight([s])
     assert "picture" in str(e.value) and "preprocess_on: True" in e.value.hint
+
+
+def test_wrong_size_suggests_the_model_inputs_own_type(tmp_path):
+    """An int64 featuremap written as int64 while the folder reads float32: the size fits int64 and float64
+    alike, and the hint names the input's own type."""
+    s = spec(tmp_path / "cal", train="featuremap", rt="featuremap", shape=[1, 4], model_dtype="int64")
+    write(tmp_path / "cal", {"a.bin": np.arange(4, dtype=np.int64).reshape(1, 4)})
+    with pytest.raises(HbError, match="its size fits dtype int64"):
+        FolderCalibrationSource([s])
