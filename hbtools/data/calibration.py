@@ -80,10 +80,12 @@ def _check_npy_order(path: Path, shape: list[int], spec: InputSpec, what: str) -
     if got == want or sorted(got) != sorted(want):
         return
     hint = f"save it in the order {list(spec.shape)}"
+    batch = (0,) if len(shape) == 4 else ()  # the file's own batch axis stays first
+    last, first = (tuple(b + len(batch) for b in (2, 0, 1)), tuple(b + len(batch) for b in (1, 2, 0)))
     if len(want) == 3 and got == [*want[1:], want[0]]:
-        hint += " (an HWC picture: numpy.transpose(x, (2, 0, 1)))"
+        hint += f" (an HWC picture: numpy.transpose(x, {batch + last}))"
     elif len(want) == 3 and want == [*got[1:], got[0]]:
-        hint += " (a CHW sample for an NHWC input: numpy.transpose(x, (1, 2, 0)))"
+        hint += f" (a CHW sample for an NHWC input: numpy.transpose(x, {batch + first}))"
     raise HbError(f"{what} {path} holds {list(shape)}, the dimensions of input '{spec.name}' ({list(spec.shape)}) "
                   f"in another order: its values would be read scrambled", hint=hint)
 

@@ -24,11 +24,14 @@ _GLOBAL_POOL_OF = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPoo
 PAD_BLOCK_ELEMENTS = 1 << 22  # a constant block a Pad may become (16 MB of float32)
 
 
-def norms_as_sums(model: ModelProto) -> int:
+def norms_as_sums(model: ModelProto, profile: MarchProfile) -> int:
     """ReduceL2 (``F.normalize``, ``torch.norm``: embedding heads, SwinV2's cosine attention) as the square
     root of a ReduceSum of ``x * x``, and ReduceSumSquare as that ReduceSum: the BPU has a product, an
-    integer sum and a square-root table, and no L2 reduction. Reductions whose axes are only known at
-    run time stay. The count rewritten."""
+    integer sum and a square-root table, and no L2 reduction. Only where ``profile``'s BPU sums (bernoulli2
+    has no ReduceSum) over axes other than the batch; reductions whose axes are only known at run time
+    stay. The count rewritten."""
+    if profile.rule("ReduceSum") is None:
+        return 0
     view = GraphView(model)
     opset = default_opset(model)
     nodes = []
@@ -37,7 +40,7 @@ def norms_as_sums(model: ModelProto) -> int:
         axes = view.reduced_axes(node) if node.op_type in ("ReduceL2", "ReduceSumSquare") \
             and node.domain in ("", "ai.onnx") and view.elem_types.get(node.input[0]) == onnx.TensorProto.FLOAT \
             else None
-        if not axes:
+        if not axes or 0 in axes:
             nodes.append(node)
             continue
         count += 1
@@ -153,17 +156,27 @@ def matmuls_of_vectors(model: ModelProto) -> int:
     return rewrite_nodes(model, lambda node: _matmul_of_vectors(node, view, _opset(model), model))
 
 
-def matmuls_with_the_weight_second(model: ModelProto) -> int:
+def matmuls_with_the_weight_second(model: ModelProto, profile: MarchProfile) -> int:
     """A MatMul of a constant and a float activation in forms the BPU's MatMul with a [K, N] weight takes:
     a constant with leading axes of one (``nn.Parameter(torch.zeros(1, n, c))``, learned queries) as its
     2-D matrix, where the activation has at least its rank (the product's rank stays); a constant first
     operand (``q @ k.T`` of learned queries: DETR, attention pooling, Q-Former) as
-    ``(X^T @ A^T)^T`` with Transposes of the activation's last two axes. The count rewritten."""
+    ``(X^T @ A^T)^T`` with Transposes of the activation's last two axes, where ``profile``'s BPU has that
+    Transpose (bernoulli2's converts between NCHW and NHWC only: there the Transposes would split the BPU
+    graph around the MatMul). The count rewritten."""
     view = GraphView(model)
-    return rewrite_nodes(model, lambda node: _weight_second(node, view, model))
+    return rewrite_nodes(model, lambda node: _weight_second(node, view, model, profile))
 
 
-def _weight_second(node: NodeProto, view: GraphView, model: ModelProto) -> list[NodeProto] | None:
+def _swap_on_bpu(profile: MarchProfile, rank: int) -> bool:
+    """Whether ``profile``'s BPU runs a Transpose of the last two axes of a rank-``rank`` tensor."""
+    rule = profile.rule("Transpose")
+    perm = (*range(rank - 2), rank - 1, rank - 2)
+    return rule is not None and (rule.perms is None or perm in rule.perms)
+
+
+def _weight_second(node: NodeProto, view: GraphView, model: ModelProto,
+                   profile: MarchProfile) -> list[NodeProto] | None:
     if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
         return None
     first, second = node.input
@@ -174,7 +187,8 @@ def _weight_second(node: NodeProto, view: GraphView, model: ModelProto) -> list[
     weight, x = view.const(node.input[k]), node.input[1 - k]
     shape = view.shapes.get(x)
     if weight.ndim < 2 or shape is None or len(shape) < max(weight.ndim, 2) or any(d != 1 for d in weight.shape[:-2]) \
-            or view.elem_types.get(x) != onnx.TensorProto.FLOAT or (k == 1 and weight.ndim == 2):
+            or view.elem_types.get(x) != onnx.TensorProto.FLOAT or (k == 1 and weight.ndim == 2) \
+            or (k == 0 and not _swap_on_bpu(profile, len(shape))):
         return None
     matrix = weight.reshape(weight.shape[-2:])
     name = f"{node.input[k]}_{node.name}_matrix"

@@ -100,7 +100,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if fused:
         log.info("%d layer normalizations written as one HzLayerNorm node each", fused)
     # First: the rewrites and integer kernels after this read a node's padding from its pads.
-    normed = bpu_forms.norms_as_sums(body)
+    normed = bpu_forms.norms_as_sums(body, profile) if profile is not None else 0
     if normed:
         log.info("%d L2 reductions (ReduceL2, ReduceSumSquare) written as sums of squares", normed)
     padded = bpu_forms.auto_pads_as_pads(body)
@@ -116,7 +116,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         vectors = bpu_forms.matmuls_of_vectors(body)
         if vectors:
             log.info("%d MatMuls of a 1-D tensor written as MatMuls of its 2-D form", vectors)
-        weights = bpu_forms.matmuls_with_the_weight_second(body)
+        weights = bpu_forms.matmuls_with_the_weight_second(body, profile)
         if weights:
             log.info("%d MatMuls of a constant (first, or with leading axes of one) written with a 2-D weight "
                      "second", weights)

@@ -113,9 +113,9 @@ def test_float_file_in_uint8_folder_is_caught(tmp_path):
     assert "its size fits dtype float32 (cal_data_type: float32)" in str(e.value)
 
 
-@pytest.mark.parametrize(("layout", "saved", "fix"), [("NCHW", [1, 4, 6, 3], "(2, 0, 1)"),
+@pytest.mark.parametrize(("layout", "saved", "fix"), [("NCHW", [1, 4, 6, 3], "(0, 3, 1, 2)"),
                                                      ("NCHW", [4, 6, 3], "(2, 0, 1)"),
-                                                     ("NHWC", [1, 3, 4, 6], "(1, 2, 0)")])
+                                                     ("NHWC", [1, 3, 4, 6], "(0, 2, 3, 1)")])
 def test_npy_in_the_other_layout_is_refused(tmp_path, layout, saved, fix):
     """An HWC picture saved for a CHW input (or the reverse) has the input's element count, and read in the
     input's order its pixels would be scrambled: the file's own shape shows it, so it is refused."""

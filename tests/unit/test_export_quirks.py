@@ -221,3 +221,30 @@ def test_a_pad_that_crops_runs_on_the_bpu(pads: list[int], tmp_path: Path) -> No
     outcome = convert_and_check(g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path, "max", checker=False)
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) > COSINE
+
+
+def _cpu_types_on(march: str, fm, root: Path) -> list[str]:
+    """The op types the .bin of a ``max`` conversion of ``fm`` for ``march`` runs on the CPU."""
+    from builders import make_project
+
+    from hbtools.log import setup
+    from hbtools.pipeline.runner import makertbin
+    from hbtools.runtime.binfile import read_bin
+
+    setup(None)
+    project = make_project(root, fm, cal_count=4)
+    project.write(model_parameters={"march": march}, calibration_parameters={"calibration_type": "max"})
+    return [c["type"] for c in read_bin(makertbin(project.config_path, "onnx")["bin"]).models[0].partition["cpu_nodes"]]
+
+
+def test_rewrites_for_the_bpu_leave_a_model_alone_where_the_march_cannot_take_them(tmp_path: Path) -> None:
+    """bernoulli2 (RDK X3) has no ReduceSum and no Transpose of the last two axes: a ReduceL2 stays one CPU node
+    (not a product, a sum and a root on the CPU), and a MatMul with its constant first gets no Transposes, which
+    would split its BPU graph."""
+    g = _Graph(13)
+    x = g.op("Relu", [g.conv("data", 3, 16, stride=2)])
+    mixed = g.op("MatMul", [g.const((g.rng.standard_normal((8, 8)) / 3).astype(np.float32), "A"), x])
+    norm = g.op("ReduceL2", [mixed], axes=[1], keepdims=1)
+    out = g.op("Mul", [g.conv(mixed, 16, 4, k=1), norm])
+    types = _cpu_types_on("bernoulli2", g.model({"data": [1, 3, 16, 16]}, [out]), tmp_path)
+    assert "ReduceL2" in types and "ReduceSum" not in types and "Transpose" not in types, types
