@@ -33,7 +33,7 @@ def norms_as_sums(model: ModelProto, profile: MarchProfile) -> int:
     if profile.rule("ReduceSum") is None:
         return 0
     view = GraphView(model)
-    opset = default_opset(model)
+    opset = _opset(model)
     nodes = []
     count = 0
     for node in model.graph.node:
@@ -48,14 +48,7 @@ def norms_as_sums(model: ModelProto, profile: MarchProfile) -> int:
         keepdims = int(view.attrs(node).get("keepdims", 1))
         summed = node.output[0] if node.op_type == "ReduceSumSquare" else total
         nodes.append(helper.make_node("Mul", [node.input[0], node.input[0]], [square], name=f"{node.name}_square"))
-        if opset >= 13:
-            axes_name = f"{node.name}_axes"
-            model.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name))
-            nodes.append(helper.make_node("ReduceSum", [square, axes_name], [summed], name=f"{node.name}_sum",
-                                          keepdims=keepdims))
-        else:
-            nodes.append(helper.make_node("ReduceSum", [square], [summed], name=f"{node.name}_sum", axes=axes,
-                                          keepdims=keepdims))
+        nodes.append(_axes_node(model, opset, "ReduceSum", square, summed, axes, f"{node.name}_sum", keepdims=keepdims))
         if node.op_type == "ReduceL2":
             nodes.append(helper.make_node("Sqrt", [total], [node.output[0]], name=node.name))
     del model.graph.node[:]
@@ -98,13 +91,13 @@ _REDUCTION_OF = {pool: reduction for reduction, pool in _GLOBAL_POOL_OF.items()}
 
 
 def _axes_node(model: ModelProto, opset: int, op_type: str, src: str, dst: str, axes: list[int],
-               name: str) -> NodeProto:
-    """An Unsqueeze / Squeeze of ``axes``: an attribute before opset 13, an input (a constant added to ``model``)
-    from it."""
+               name: str, **attrs: object) -> NodeProto:
+    """An Unsqueeze / Squeeze / ReduceSum of ``axes``: an attribute before opset 13, an input (a constant added
+    to ``model``) from it."""
     if opset < 13:
-        return helper.make_node(op_type, [src], [dst], name=name, axes=axes)
+        return helper.make_node(op_type, [src], [dst], name=name, axes=axes, **attrs)
     model.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), f"{name}_axes"))
-    return helper.make_node(op_type, [src, f"{name}_axes"], [dst], name=name)
+    return helper.make_node(op_type, [src, f"{name}_axes"], [dst], name=name, **attrs)
 
 
 def _opset(model: ModelProto) -> int:
@@ -421,8 +414,7 @@ def channel_gathers_into_convs(model: ModelProto) -> int:
         for user in users:
             w = view.const(user.input[1])
             folded = np.zeros((w.shape[0], channels, *w.shape[2:]), dtype=w.dtype)
-            for column, source in enumerate(index):
-                folded[:, source] += w[:, column]
+            np.add.at(folded, (slice(None), index), w)  # a channel the indices repeat sums its columns
             name = f"{user.input[1]}_{user.name}_gathered"
             model.graph.initializer.append(numpy_helper.from_array(folded, name))
             user.input[0], user.input[1] = node.input[0], name

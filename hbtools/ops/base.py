@@ -32,6 +32,16 @@ CONTRIB_DOMAIN = "com.microsoft"  # onnxruntime's own ops, in every build HB_ONN
 REQUIRED = object()  # attribute-spec default of an attribute every node must have
 
 
+def fresh_name(hint: str, taken: set[str]) -> str:
+    """``hint``, or ``hint_1``, ``hint_2``, ... : the first not in ``taken``, which it joins."""
+    name, i = hint, 0
+    while name in taken:
+        i += 1
+        name = f"{hint}_{i}"
+    taken.add(name)
+    return name
+
+
 def attrs_of(node: NodeProto) -> dict:
     """A node's attributes as plain Python values (bytes decoded to str)."""
     out = {}
@@ -89,12 +99,7 @@ class LoweringContext:
         self.fused: dict[str, object] = {}  # calibrated-model patterns lowered as one kernel (hbtools.ops.fused)
 
     def unique(self, hint: str) -> str:
-        name, i = hint, 0
-        while name in self._taken:
-            i += 1
-            name = f"{hint}_{i}"
-        self._taken.add(name)
-        return name
+        return fresh_name(hint, self._taken)
 
     def constant(self, hint: str, value: np.ndarray) -> str:
         """A new constant named after ``hint``, or the name of an equal large one made before."""

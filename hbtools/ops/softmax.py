@@ -31,7 +31,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import twins, uint8_kernels
-from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, add_node, reduce_keepdims
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, add_node, fresh_name, reduce_keepdims
 from hbtools.ops.quantized import (
     NUMPY_INT,
     OUTPUT_ATTRS,
@@ -68,17 +68,8 @@ def exp_table(step: float, bits: int) -> list[int]:
 
     n = 2**bits
     taken: set[str] = set()
-
-    def unique(hint: str) -> str:
-        name, i = hint, 0
-        while name in taken:
-            i += 1
-            name = f"{hint}_{i}"
-        taken.add(name)
-        return name
-
     nodes: list[NodeProto] = []
-    out = exp_levels("d", "step", "t", unique, nodes)
+    out = exp_levels("d", "step", "t", lambda hint: fresh_name(hint, taken), nodes)
     graph = helper.make_graph(nodes, "exp_table", [helper.make_tensor_value_info("d", TensorProto.DOUBLE, [n]),
                                                    helper.make_tensor_value_info("step", TensorProto.DOUBLE, [])],
                               [helper.make_tensor_value_info(out, TensorProto.DOUBLE, [n])])

@@ -24,6 +24,7 @@ from hbtools.graph.model_io import (
     load_model,
     with_horizon_domain,
 )
+from hbtools.ops.base import fresh_name
 from hbtools.ops.preprocess import featuremap_normalisation, make_preprocess_node
 from hbtools.quant.qdq import activation_pairs, integer_ops, strip_qdq
 
@@ -269,12 +270,7 @@ def _insert_preprocess(model: ModelProto, inputs: list[InputSpec]) -> None:
         {v.name for v in (*model.graph.input, *model.graph.output, *model.graph.initializer)}
 
     def fresh(name: str) -> str:
-        out, k = name, 0
-        while out in taken:
-            k += 1
-            out = f"{name}_{k}"
-        taken.add(out)
-        return out
+        return fresh_name(name, taken)
 
     for spec in inputs:
         if spec.type_train == "featuremap":
