@@ -90,6 +90,8 @@ class LoweringContext:
         self.uint8: dict[str, str] = {}
         self.uint8_constants: dict[str, str] = {}
         self.int8_tensors: set[str] = set()  # tensors an integer op writes as int8
+        # int16 levels split into 8-bit parts (``uint8_kernels.int16_parts``), once per tensor and layout
+        self.byte_parts: dict[tuple[str, bool], list[tuple[str, str, float]]] = {}
         # int8 levels of the quantized model: what integer ops write, and their moves and exact casts
         self.level_tensors: set[str] = set()
         # Integer tensors an op cast from a float of whole numbers: tensor -> (that float, its type)

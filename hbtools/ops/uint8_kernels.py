@@ -184,7 +184,7 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
     if bits == 8:
         parts = int8_parts(ctx, x, z, node.name, nodes)
     else:
-        parts = int16_parts(ctx, float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes)
+        parts = int16_parts(ctx, float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes, source=x)
     return accumulate(ctx, parts, w_u8, conv_attrs, in_int32, node.name, nodes), in_int32
 
 
@@ -237,11 +237,19 @@ def int8_parts(ctx: LoweringContext, x: str, z: int, hint: str, nodes: list[Node
 
 
 def int16_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto],
-                signed: bool | None = None) -> list[tuple[str, str, float]]:
+                signed: bool | None = None, source: str | None = None) -> list[tuple[str, str, float]]:
     """int16 levels ``xf`` (float32 whole numbers in -32768..32767) as the 8-bit parts ``accumulate``
     takes: ``x = 256 * hi + lo``, hi in -128..127 and lo in 0..255, each with its zero point; int8
-    parts where ``signed`` (default: with VNNI), else uint8."""
+    parts where ``signed`` (default: with VNNI), else uint8. ``source``: the int16 tensor of the
+    same levels, where there is one."""
     signed = signed_weights_exact() if signed is None else signed
+    if (xf, signed) not in ctx.byte_parts:  # every conv reading x shares its parts
+        ctx.byte_parts[(xf, signed)] = _byte_parts(ctx, xf, hint, nodes, signed, source)
+    return ctx.byte_parts[(xf, signed)]
+
+
+def _byte_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto], signed: bool,
+                source: str | None) -> list[tuple[str, str, float]]:
     kind, zeros = (np.int8, (0, -128)) if signed else (np.uint8, (OFFSET, 0))
     # hi = floor(x / 256) = round((x - 127.5) / 256): never a tie, so QuantizeLinear's rounding
     # gives it, with the layout's zero point added and no clipping needed.
@@ -250,6 +258,14 @@ def int16_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto]
     lo_zero = _shared(ctx, f"zero_{zeros[1]}_{kind.__name__}", np.array(zeros[1], kind))
     c256 = _shared(ctx, "256_f32", np.array(256.0, np.float32))
     hi = _node(ctx, "QuantizeLinear", [below, c256, hi_zero], f"{hint}_hi8", nodes)
+    if not signed:
+        # lo = x mod 256, the low byte of x's two's complement: what an integer Cast to uint8 keeps
+        # (onnxruntime's Cast wraps, as C++'s conversion to an unsigned type). Two passes over 2
+        # bytes per element (one where x is an int16 tensor already) instead of three over 4.
+        if source is None:
+            source = _node(ctx, "Cast", [xf], f"{hint}_x_i16", nodes, to=TensorProto.INT16)
+        return [(hi, hi_zero, 256.0), (_node(ctx, "Cast", [source], f"{hint}_lo8", nodes, to=TensorProto.UINT8),
+                                       lo_zero, 1.0)]
     lo = _node(ctx, "Sub", [xf, _node(ctx, "DequantizeLinear", [hi, c256, hi_zero], f"{hint}_hi256", nodes)],
                f"{hint}_lo", nodes)
     lo = _node(ctx, "QuantizeLinear", [lo, one(ctx), lo_zero], f"{hint}_lo8", nodes)
@@ -274,7 +290,8 @@ def matmul_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, nodes: li
     if bits == 8:
         parts = int8_parts(ctx, x, z, node.name, nodes, signed=False)
     else:
-        parts = int16_parts(ctx, float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes, signed=False)
+        parts = int16_parts(ctx, float_levels(ctx, x, 16, 0, node.name, nodes), node.name, nodes, signed=False,
+                            source=x)
     return accumulate(ctx, parts, weights, {}, in_int32, node.name, nodes, op="MatMulInteger", w_zero=w_zero), \
         in_int32
 
@@ -301,7 +318,7 @@ def activations_product(ctx: LoweringContext, node: NodeProto, a: dict, nodes: l
 
     def parts(x: str, b: int, z: int, signed: bool, hint: str) -> list[tuple[str, str, float]]:
         if b == 16:
-            return int16_parts(ctx, float_levels(ctx, x, 16, 0, hint, nodes), hint, nodes, signed=signed)
+            return int16_parts(ctx, float_levels(ctx, x, 16, 0, hint, nodes), hint, nodes, signed=signed, source=x)
         return int8_parts(ctx, x, z, hint, nodes, signed=signed)
 
     first = parts(node.input[0], bits[0], zps[0], False, f"{node.name}_a")
