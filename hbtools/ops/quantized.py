@@ -520,11 +520,11 @@ class HzSQuantizedMatMul(_Requantizing):
 class HzSQuantizedEltwise(_Requantizing):
     """Add/Sub/Mul of two integer tensors: ``mode`` add (a*ma + b*mb) or mul (a*b*m).
 
-    An add with ``requantize_f32`` computes ``float32(float32(a * ma) + float32(b * mb))`` (float32
-    multipliers, each operation rounded once) before rounding half to even: the levels of an int16
-    tensor are exact in float32, so its sums run in float32 at half the memory traffic of float64;
-    the calibrated model's twins follow the same rule (``hbtools.ops.twins``). Without the flag
-    (models written before it) the sum is float64.
+    With ``requantize_f32`` an add computes ``float32(float32(a * ma) + float32(b * mb))`` and a mul
+    ``float32(float32(a * b) * m)`` (float32 multipliers, each operation rounded once) before rounding
+    half to even: the levels of an int16 tensor are exact in float32, so these run in float32 at half
+    the memory traffic of float64; the calibrated model's twins follow the same rule
+    (``hbtools.ops.twins``). Without the flag (models written before it) they are float64.
     """
 
     op_type = "HzSQuantizedEltwise"
@@ -538,7 +538,7 @@ class HzSQuantizedEltwise(_Requantizing):
         hint = node.name
         if a["out_type"] in ("int8", "int16") and all(uint8_kernels.known_int8(ctx, x) for x in node.input[:2]):
             return cls._lower_by_pair_table(node, ctx, a)
-        single = a["mode"] == "add" and bool(a.get("requantize_f32"))
+        single = bool(a.get("requantize_f32"))
         precision = TensorProto.FLOAT if single else TensorProto.DOUBLE
         xa = _cast(ctx, node.input[0], precision, f"{hint}_a", nodes)
         xb = _cast(ctx, node.input[1], precision, f"{hint}_b", nodes)
@@ -547,6 +547,10 @@ class HzSQuantizedEltwise(_Requantizing):
         if a["mode"] == "mul":
             n, acc = _node(ctx, "Mul", [xa, xb], f"{hint}_prod")
             nodes.append(n)
+            m = float(a["multiplier"][0])
+            if single and m != 1.0:  # float32(float32(a * b) * float32(m)), the reference's rule
+                n, acc = _node(ctx, "Mul", [acc, ctx.constant(f"{hint}_m", np.array(m, np.float32))], f"{hint}_scaled")
+                nodes.append(n)
         else:
             dtype = np.float32 if single else np.float64
             ma = ctx.constant(f"{hint}_ma", np.array(a["a_multiplier"], dtype=dtype))

@@ -71,6 +71,9 @@ class Twin:
     # Add/Sub of two twins whose value is levels * one step: (sign of b, a's twin, b's twin), requantized
     # by the integer add's float32 rule (``_sum_levels``)
     sum_of: tuple | None = None
+    # Mul of two such twins: (a's twin, b's twin), requantized by the integer mul's float32 rule
+    # (``_product_levels``)
+    product_of: tuple | None = None
     # Concat of int8-level twins: (axis, [(input, its twin), ...]), requantized part by part
     parts: tuple | None = None
     # A product's accumulator as the integer kernels leave it: (int32 sum without the bias, int32 zero point
@@ -153,6 +156,20 @@ def _sum_levels(ctx: LoweringContext, sum_of: tuple, s: str, base: str, nodes: l
                            nodes))
     rounded = _node(ctx, "Round", [_node(ctx, "Add", terms, f"{base}_sum_f32", nodes)], f"{base}_round_f32", nodes)
     return to_double(ctx, rounded, f"{base}_sum_levels", nodes)
+
+
+def _product_levels(ctx: LoweringContext, product_of: tuple, s: str, base: str, nodes: list[NodeProto]) -> str:
+    """The rounded levels (float64 whole numbers) of a Mul of two twins on step ``s``, as the integer mul
+    computes them (HzSQuantizedEltwise ``requantize_f32``): ``round(float32(float32(la * lb) * m))`` with
+    ``m = float32(step_a * step_b / s)``, the quantize stage's multiplier."""
+    a, b = product_of
+    m = _node(ctx, "Cast", [_node(ctx, "Div", [_node(ctx, "Mul", [a.step, b.step], f"{base}_steps", nodes), s],
+                                  f"{base}_multiplier", nodes)], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
+    product = _node(ctx, "Mul", [levels32_of(ctx, a, f"{base}_a", nodes), levels32_of(ctx, b, f"{base}_b", nodes)],
+                    f"{base}_product_f32", nodes)
+    rounded = _node(ctx, "Round", [_node(ctx, "Mul", [product, m], f"{base}_scaled_f32", nodes)], f"{base}_round_f32",
+                    nodes)
+    return to_double(ctx, rounded, f"{base}_product_levels", nodes)
 
 
 def u8_levels(ctx: LoweringContext, x: str, twin: Twin, nodes: list[NodeProto]) -> str:
@@ -290,8 +307,9 @@ def _pair_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tu
         return False
     sa, sb, step, lo, hi = numbers
     levels = np.arange(-128, 128, dtype=np.float64)
-    if op == "Mul":
-        q = np.clip(np.round(np.multiply((levels * sa).reshape(-1, 1), (levels * sb).reshape(1, -1)) / step), lo, hi)
+    if op == "Mul":  # the integer mul's float32 rule (``_product_levels``)
+        q = grids.requantize(np.multiply(levels.reshape(-1, 1), levels.reshape(1, -1)), sa * sb / step, lo, hi,
+                             single=True)
     else:  # the integer add's float32 rule (``_sum_levels``)
         mb = (-1.0 if op == "Sub" else 1.0) * float(np.float32(sb / step))
         q = np.clip(np.round(grids.add_f32(levels.reshape(-1, 1), levels.reshape(1, -1), sa / step, mb)), lo, hi)
@@ -342,6 +360,8 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
     x_value = None
     if src.sum_of is not None:  # an integer add: its float32 rule
         q = _sum_levels(ctx, src.sum_of, s, base, nodes)
+    elif src.product_of is not None:  # an integer mul: its float32 rule
+        q = _product_levels(ctx, src.product_of, s, base, nodes)
     else:
         if src.value is None and enable is None:
             # levels * (step / s): the integer ops' requantization, multiplier and all.
@@ -459,8 +479,11 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         a, b = (ctx.twins[i] for i in node.input[:2])
         if _pairable(a, ctx) and _pairable(b, ctx):
             ctx.twins[node.output[0]].pair = (op, node.input[0], node.input[1], a, b)
-        if op != "Mul" and _summable(a) and _summable(b):
-            ctx.twins[node.output[0]].sum_of = (-1.0 if op == "Sub" else 1.0, a, b)
+        if _summable(a) and _summable(b):
+            if op == "Mul":
+                ctx.twins[node.output[0]].product_of = (a, b)
+            else:
+                ctx.twins[node.output[0]].sum_of = (-1.0 if op == "Sub" else 1.0, a, b)
     elif op in _CONSTANT_OPERAND and len(data) == 1 and _tensor_constant(node, ctx):
         # HzSQuantizedConstantEltwise applies the constant in float64 (a scalar one is a table).
         done = _same_op(node, ctx, nodes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from arch_builders import mobilenetv3_block
 from builders import fpn_like, held_out, make_project
 
 from hbtools.log import setup
@@ -63,13 +64,14 @@ def test_every_pair_of_int8_levels_follows_the_integer_ops_rule(op: str) -> None
     """fq(fq(a) op fq(b)) over all 65,536 level pairs, with steps whose sums land on rounding ties: the
     lookup gives the integer op's rule, clip(round(la * ma + lb * mb)) * s for Add/Sub with the float32
     multipliers ma = sa / s, mb = +-sb / s and each operation rounded to float32; for Mul
-    clip(round((la * sa * lb * sb) / s)) * s in float64."""
+    clip(round(float32(la * lb) * m)) * s with the float32 multiplier m = sa * sb / s, which here rounds
+    hundreds of pairs apart from the float64 quotient (la * sa * lb * sb) / s."""
     from onnx import TensorProto, helper
 
     from hbtools.ops.base import DOMAIN_VERSION
     from hbtools.ops.calibration import HzCalibration
 
-    steps = {"a": np.float32(0.1), "b": np.float32(0.3), "y": np.float32(0.2 if op != "Mul" else 0.12)}
+    steps = {"a": np.float32(0.1), "b": np.float32(0.3), "y": np.float32(0.2)}
     levels = np.arange(-127, 128, dtype=np.float64)
     la, lb = np.meshgrid(levels, levels, indexing="ij")
     feeds = {"a": (la * np.float64(steps["a"])).astype(np.float32)[None],
@@ -91,7 +93,9 @@ def test_every_pair_of_int8_levels_follows_the_integer_ops_rule(op: str) -> None
     value = {"Add": va + vb, "Sub": va - vb, "Mul": va * vb}[op]
     s = np.float64(steps["y"])
     if op == "Mul":
-        rounded = np.round(value / s)
+        m = np.float32(np.float64(steps["a"]) * np.float64(steps["b"]) / s)
+        rounded = np.round((np.float32(la * lb) * m).astype(np.float64))
+        assert np.count_nonzero(rounded != np.round(value / s)) > 100, "the two rules should differ here"
     else:
         sign = -1.0 if op == "Sub" else 1.0
         ma, mb = (np.float32(np.float64(steps[k]) / s) for k in "ab")
@@ -163,3 +167,34 @@ def test_int16_adds_sum_in_float32_in_both_models(converted_int16) -> None:
         c = calibrated.run(None, {"data": x})[0]
         q = quantized.run(None, {"data": x})[0].astype(np.float32)
         assert np.array_equal(c, q), f"held-out sample {k}: {np.count_nonzero(c != q)} values differ"
+
+
+def test_int16_muls_requantize_in_float32_in_both_models(tmp_path) -> None:
+    """Every tensor int16 in a MobileNetV3 block: its SE Mul of two activations requantizes
+    float32(float32(a * b) * m) (``requantize_f32``), and the calibrated model's twins follow that
+    rule, so the Mul's levels agree in both models; with the float64 quotient of values a few differ."""
+    from hbtools.ops.names import quantized_tensor
+
+    setup(None)
+    fm = mobilenetv3_block(h=64)
+    project = make_project(tmp_path, fm, cal_count=6)
+    project.write(calibration_parameters={"calibration_type": "max", "optimization": "set_all_nodes_int16"})
+    paths = makertbin(project.config_path, "onnx")
+    muls = [n for n in onnx.load(str(paths["quantized"])).graph.node if n.op_type == "HzSQuantizedEltwise"
+            and attrs_of(n)["mode"] == "mul"]
+    assert muls and all(attrs_of(n).get("requantize_f32") == 1 and attrs_of(n)["out_type"] == "int16" for n in muls)
+    product = fm.model.graph.node[[n.op_type for n in fm.model.graph.node].index("Mul")].output[0]
+    step = next(attrs_of(n)["scales"][0] for n in onnx.load(str(paths["calibrated"])).graph.node
+                if n.op_type == "HzCalibration" and n.input[0] == product)
+    names = {"calibrated": f"{product}_calibrated", "quantized": quantized_tensor(product)}
+    sessions = {}
+    for k, tensor in names.items():
+        lowered = lower_model(onnx.load(str(paths[k])), keep=[tensor])
+        lowered.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
+        sessions[k] = ort_session(lowered)
+    differ = 0
+    for raw in held_out(fm, count=12, seed=8):
+        x = (raw.astype(np.int16) - 128).astype(np.int8)
+        c, q = (sessions[k].run([names[k]], {"data": x})[0].astype(np.float64) for k in ("calibrated", "quantized"))
+        differ += int((np.round(c / np.float64(np.float32(step))) != q).sum())
+    assert differ == 0, f"{differ} levels of the Mul differ between the calibrated and the quantized model"

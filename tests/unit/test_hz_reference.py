@@ -183,6 +183,24 @@ def test_eltwise_add_sums_in_float32(b_bits: int, zero_point: int) -> None:
     assert np.count_nonzero(want != float64) > 0, "the levels should reach values the two rules round apart"
 
 
+@pytest.mark.parametrize(("a_bits", "b_bits", "zero_point"), [(16, 8, 0), (16, 8, 5), (16, 16, 0), (8, 8, 3)])
+def test_eltwise_mul_requantizes_in_float32(a_bits: int, b_bits: int, zero_point: int) -> None:
+    """``requantize_f32`` on a mul: the lowering rounds float32(float32(a * b) * float32(m)) as the reference
+    does (an int16 x int16 product is itself rounded to float32); on these levels the float64 rule rounds
+    some values to the other integer, so the rule counts."""
+    rng = np.random.default_rng(40 + a_bits + b_bits + zero_point)
+    a, b = ints(rng, a_bits, [1, 8, 40, 40]), ints(rng, b_bits, [1, 8, 1, 40])  # b broadcasts, as an SE gate
+    if zero_point:
+        b = np.clip(b.astype(np.int16) + zero_point, -128, 127).astype(np.int8)
+    q = QMAX[a_bits]
+    attrs = {"mode": "mul", "multiplier": [float(f32(0.7 * q / (QMAX[a_bits] * QMAX[b_bits])))],
+             "out_type": f"int{a_bits}", "out_min": float(-q), "out_max": float(q), "b_zero_point": zero_point or None}
+    want = check(hz_node("HzSQuantizedEltwise", ["a", "b"], requantize_f32=1, **attrs), {"a": a, "b": b})
+    float64 = registry.get("HzSQuantizedEltwise").reference(hz_node("HzSQuantizedEltwise", ["a", "b"], **attrs),
+                                                            [a, b])[0]
+    assert np.count_nonzero(want != float64) > 0, "the levels should reach values the two rules round apart"
+
+
 @pytest.mark.parametrize(("in_bits", "out_type"), [(8, "int8"), (16, "int16"), (16, "int8")])
 def test_lut(in_bits: int, out_type: str) -> None:
     rng = np.random.default_rng(8)

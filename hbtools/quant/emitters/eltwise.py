@@ -17,7 +17,7 @@ def emit(state: EmitState, unit: Unit) -> None:
     sy = qt.scale[0]
     oa.update(a_zero_point=qa.zero_point or None, b_zero_point=qb.zero_point or None)
     if node.op_type == "Mul":
-        attrs = {"mode": "mul", "multiplier": [float(qa.scale[0] * qb.scale[0] / sy)]}
+        attrs = {"mode": "mul", "multiplier": [float(qa.scale[0] * qb.scale[0] / sy)], "requantize_f32": 1}
     else:
         sign = -1.0 if node.op_type == "Sub" else 1.0
         attrs = {"mode": "add", "a_multiplier": float(qa.scale[0] / sy),
