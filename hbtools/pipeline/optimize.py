@@ -307,6 +307,7 @@ def _onnxruntime_basic(model: ModelProto) -> ModelProto:
                           hint="export the model with ops and attributes onnxruntime's CPU kernels take") from None
         optimized = onnx.load(path)
     optimized.ir_version = model.ir_version
+    _fused_nodes_named_as_before(model, optimized)
     with_horizon_domain(optimized)
     # onnxruntime-only ops must never reach an artefact unless the model had them already (a model
     # quantized by onnxruntime carries com.microsoft ops of its own).
@@ -317,6 +318,25 @@ def _onnxruntime_basic(model: ModelProto) -> ModelProto:
                     "graph", ", ".join(sorted(f"{d}.{op}" for d, op in unexpected)))
         return model
     return optimized
+
+
+def _fused_nodes_named_as_before(model: ModelProto, optimized: ModelProto) -> None:
+    """Give a node onnxruntime fused the name of the node it was made from: onnxruntime names it
+    ``<node>/<fusion>`` (``MatMul_0/MatMulAddFusion`` for a MatMul and Add made one Gemm), and the
+    user's node_info, run_on_cpu and the debugger know the model's own names."""
+    before = {n.name for n in model.graph.node if n.name}
+    taken = {n.name for n in optimized.graph.node}
+    for node in optimized.graph.node:
+        if node.name in before or "/" not in node.name:
+            continue
+        parts = node.name.split("/")
+        for k in range(len(parts) - 1, 0, -1):  # the longest prefix: model names may hold "/" themselves
+            base = "/".join(parts[:k])
+            if base in before and base not in taken:
+                taken.discard(node.name)
+                taken.add(base)
+                node.name = base
+                break
 
 
 def _no_ops_removed(model: ModelProto) -> None:

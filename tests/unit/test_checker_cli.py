@@ -488,3 +488,28 @@ def test_a_model_wholly_on_the_cpu_is_warned_about(tmp_path: Path) -> None:
                                                             march="bernoulli2", cal_count=2).config_path),
                   "--model-type", "onnx")
     assert made.exit_code == 0 and "no node of the model runs on the BPU" not in made.output
+
+
+def test_node_info_follows_a_node_onnxruntime_fuses(tmp_path: Path) -> None:
+    """A MatMul and its bias Add, which onnxruntime's optimizations make one Gemm: node_info of the
+    MatMul's own name applies to that Gemm (onnxruntime names it ``MatMul_0/MatMulAddFusion``; before,
+    the request was dropped with a warning, and the fused name was refused as unknown)."""
+    from hbtools.ops.base import attrs_of
+
+    g = _Graph(14)
+    flat = g.op("Flatten", [g.op("Relu", [g.conv("data", 3, 4)])], axis=1)
+    w = (g.rng.standard_normal((4 * 8 * 8, 5)) / 16).astype(np.float32)
+    y = g.op("Add", [g.op("MatMul", [flat, g.const(w, "fc_w")]), g.const(np.full(5, 0.1, np.float32), "fc_b")])
+    fm = g.model({"data": [1, 3, 8, 8]}, [y])
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    project.write(model_parameters={"node_info": {"MatMul_0": {"InputType": "int16"}}},
+                  calibration_parameters={"calibration_type": "max"})
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    assert "not in the optimized model" not in result.output
+    work = project.config_path.parent / "model_output"
+    optimized = onnx.load(str(next(work.glob("*_optimized_float_model.onnx"))))
+    assert [n.op_type for n in optimized.graph.node if n.name == "MatMul_0"] == ["Gemm"]
+    calibrated = onnx.load(str(next(work.glob("*_calibrated_model.onnx"))))
+    bits = {n.input[0]: attrs_of(n)["bits"] for n in calibrated.graph.node if n.op_type == "HzCalibration"}
+    assert bits["Relu_0_out"] == 16  # the grid the Gemm reads through the Flatten
