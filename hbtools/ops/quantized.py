@@ -802,6 +802,10 @@ class HzSQuantizedConcat(_Requantizing):
         nodes: list[NodeProto] = []
         parts = []
         zps = a.get("zero_points", [0] * len(node.input))
+        in_types = a.get("in_types", [a["out_type"]] * len(node.input))
+        if a["out_type"] == "int8" and all(t == "int8" for t in in_types) \
+                and all(uint8_kernels.known_int8(ctx, x) for x in node.input):
+            return cls._lower_by_part_tables(node, ctx)
         for k, (x, m) in enumerate(zip(node.input, a["multipliers"], strict=True)):
             if _copied(a, k, len(node.input)):
                 parts.append(x)
@@ -816,15 +820,43 @@ class HzSQuantizedConcat(_Requantizing):
         return nodes
 
     @classmethod
+    def _lower_by_part_tables(cls, node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
+        """int8 inputs: each part's levels through a 256-entry table of its requantization, on the uint8
+        copies (levels + 128), concatenated as uint8; a part on the output grid already is copied.
+
+        The tables are this op's reference on every level, so the lookup agrees with it bit for bit; a
+        part costs a cast and a gather of bytes instead of a float64 chain and the output's uint8 copy
+        comes for free. The calibrated model's twins requantize a Concat of int8 parts the same way."""
+        nodes: list[NodeProto] = []
+        levels = np.arange(-128, 128, dtype=np.int8)
+        a = _attrs(node)  # the multipliers as float64, as the reference reads them
+        parts = []
+        for k, x in enumerate(node.input):
+            u8 = uint8_kernels.uint8_copy(ctx, x, nodes)
+            if not _copied(a, k, len(node.input)):
+                table = cls._part(a, k, levels).astype(np.int16) + uint8_kernels.OFFSET
+                index = _cast(ctx, u8, TensorProto.INT32, f"{node.name}_{k}", nodes)
+                u8 = ctx.unique(f"{node.name}_{k}_u8")
+                uint8_kernels.lookup(ctx, ctx.constant(f"{node.name}_{k}_table", table.astype(np.uint8)), index, u8,
+                                     nodes)
+            parts.append(u8)
+        n, joined = _node(ctx, "Concat", parts, f"{node.output[0]}_u8", axis=a["concat_axis"])
+        nodes.append(n)
+        uint8_kernels.to_int8(ctx, joined, node.output[0], nodes)
+        return nodes
+
+    @classmethod
     def reference(cls, node: NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a = _attrs(node)
-        zps = a.get("zero_points", [0] * len(inputs))
-        parts = []
-        for k, (x, m) in enumerate(zip(inputs, a["multipliers"], strict=True)):
-            # on the output grid already: copied as is, without clipping (as the hardware does)
-            copied = _copied(a, k, len(inputs))
-            parts.append(x if copied else _np_requantize(_shifted(x, zps[k]), {**a, "multiplier": [m]}))
+        # on the output grid already: copied as is, without clipping (as the hardware does)
+        parts = [x if _copied(a, k, len(inputs)) else cls._part(a, k, x) for k, x in enumerate(inputs)]
         return [np.concatenate(parts, axis=a["concat_axis"])]
+
+    @staticmethod
+    def _part(a: dict, k: int, x: np.ndarray) -> np.ndarray:
+        """Input ``k``'s levels ``x`` requantized to the output grid."""
+        zero_point = a.get("zero_points", [0] * len(a["multipliers"]))[k]
+        return _np_requantize(_shifted(x, zero_point), {**a, "multiplier": [a["multipliers"][k]]})
 
 
 def _copied(a: dict, k: int, count: int) -> bool:

@@ -580,6 +580,26 @@ def test_quantized_concat() -> None:
     assert (got[:, 5] == 127).any() and (got[:, 5] == -127).any(), "int16 part saturates at ±127"
 
 
+def test_int8_concat_requantizes_each_part_by_a_table() -> None:
+    """All parts int8: every level of a rescaled part goes through a 256-entry table of the op's rule
+    (here with .5 ties, clipping and a zero point), on the uint8 copies; a part on the output grid is
+    copied. The lowering computes nothing in float64."""
+    levels = np.arange(-128, 128, dtype=np.int8)
+    a = levels.reshape(1, 1, 16, 16)  # already on the output grid: copied
+    b, c = np.roll(levels, 7).reshape(1, 1, 16, 16), np.roll(levels, 90).reshape(1, 1, 16, 16)
+    mults = f32([1.0, 0.5, 1.7])
+    node = hz_node("HzSQuantizedConcat", ["a", "b", "c"], multipliers=[float(m) for m in mults],
+                   in_types=["int8"] * 3, zero_points=[0, 0, 9], concat_axis=1, out_type="int8",
+                   out_min=-127.0, out_max=127.0)
+    want = np.concatenate([a, requant(b, mults[1:2], -127, 127, np.int8),
+                           requant(c.astype(np.int16) - 9, mults[2:3], -127, 127, np.int8)], axis=1)
+    feeds = {"a": a, "b": b, "c": c}
+    assert_exact(run_op(node, feeds, np.int8, [1, 3, 16, 16]), want)
+    lowered = lower_model(build(node, feeds, np.int8, [1, 3, 16, 16]))
+    assert sum(n.op_type == "GatherElements" for n in lowered.graph.node) == 2
+    assert not any(a.name == "to" and a.i == TensorProto.DOUBLE for n in lowered.graph.node for a in n.attribute)
+
+
 def test_quantized_concat_last_axis_int16() -> None:
     rng = np.random.default_rng(12)
     a = ints(rng, 16, [2, 3, 5])
