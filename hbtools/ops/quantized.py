@@ -37,6 +37,7 @@ from hbtools.quant import grids
 
 ONNX_INT = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
 NUMPY_INT = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
+ZERO_POINTS = ("a_zero_point", "b_zero_point", "zero_point")
 # Attributes every requantizing op has: output type, clip bounds and the zero point it adds.
 OUTPUT_ATTRS = {"out_type": REQUIRED, "out_min": REQUIRED, "out_max": REQUIRED, "zero_point": 0}
 # A float32 ConvTranspose on 8-bit integer parts is exact while its sums stay below 2**24
@@ -536,7 +537,11 @@ class HzSQuantizedEltwise(_Requantizing):
         a = attrs_of(node)
         nodes: list[NodeProto] = []
         hint = node.name
-        if a["out_type"] in ("int8", "int16") and all(uint8_kernels.known_int8(ctx, x) for x in node.input[:2]):
+        both_int8 = all(uint8_kernels.known_int8(ctx, x) for x in node.input[:2])
+        if both_int8 and a["mode"] == "add" and a.get("requantize_f32") and a["out_type"] == "int8" \
+                and ctx.opset >= 12 and all(abs(int(a.get(k, 0))) <= 127 for k in ZERO_POINTS):
+            return cls._lower_int8_add(node, ctx, a)
+        if a["out_type"] in ("int8", "int16") and both_int8:
             return cls._lower_by_pair_table(node, ctx, a)
         single = bool(a.get("requantize_f32"))
         precision = TensorProto.FLOAT if single else TensorProto.DOUBLE
@@ -560,6 +565,32 @@ class HzSQuantizedEltwise(_Requantizing):
             n3, acc = _node(ctx, "Add", [sa, sb], f"{hint}_sum")
             nodes += [n1, n2, n3]
         _requantize(ctx, acc, a, None, node.output[0], hint, nodes, scaled=single)
+        return nodes
+
+    @classmethod
+    def _lower_int8_add(cls, node: NodeProto, ctx: LoweringContext, a: dict) -> list[NodeProto]:
+        """An int8 add to int8, on the uint8 copies: ``DequantizeLinear(a + 128, ma, 128 + za)`` is the
+        float32 product ``float32((a - za) * ma)`` of the rule (one rounding), the same of b with ``-mb``
+        subtracted is its sum, and ``QuantizeLinear`` with step 1 rounds half to even and saturates.
+
+        Four byte-wide passes instead of the pair table's six (PP-OCRv6 tiny det ``max``). It is a Sub
+        of the negated product because onnxruntime fuses DequantizeLinear -> Add -> QuantizeLinear into
+        its QLinearAdd kernel, which rounds its own way; ``x - (-y)`` is ``x + y`` in IEEE arithmetic.
+        """
+        nodes: list[NodeProto] = []
+        hint = node.name
+        scaled = []
+        for x, key, sign in zip(node.input[:2], "ab", (1.0, -1.0), strict=True):
+            level_zero = uint8_kernels.OFFSET + int(a.get(f"{key}_zero_point", 0))
+            zero = ctx.constant(f"{hint}_{key}_u8_zero", np.array(level_zero, np.uint8))
+            m = ctx.constant(f"{hint}_m{key}", np.array(sign * np.float32(a[f"{key}_multiplier"]), np.float32))
+            n, out = _node(ctx, "DequantizeLinear", [uint8_kernels.uint8_copy(ctx, x, nodes), m, zero],
+                           f"{hint}_s{key}")
+            nodes.append(n)
+            scaled.append(out)
+        n, total = _node(ctx, "Sub", scaled, f"{hint}_sum")
+        nodes.append(n)
+        _round_to_int8(ctx, total, a, node.output[0], hint, nodes)
         return nodes
 
     @classmethod

@@ -183,6 +183,26 @@ def test_eltwise_add_sums_in_float32(b_bits: int, zero_point: int) -> None:
     assert np.count_nonzero(want != float64) > 0, "the levels should reach values the two rules round apart"
 
 
+@pytest.mark.parametrize(("zero_points", "multipliers", "bounds"),
+                         [((0, 0, 0), (0.5, 0.25, ), (-128, 127)), ((3, -7, 0), (0.37, -0.81), (-127, 127)),
+                          ((0, 0, -4), (1.5, 0.75), (0, 127)), ((-128 + 1, 127, 2), (0.1, 0.3), (-128, 127))])
+def test_int8_add_matches_the_reference_on_every_pair(zero_points: tuple, multipliers: tuple, bounds: tuple) -> None:
+    """An int8 + int8 -> int8 add (``requantize_f32``) lowered on uint8 DequantizeLinear / QuantizeLinear
+    rounds every one of the 65,536 level pairs as the reference does (ties included), with zero points
+    on either input and the output and a clip narrower than int8."""
+    levels = np.arange(-128, 128, dtype=np.int8)
+    a, b = (v.reshape(1, 1, 256, 256) for v in np.meshgrid(levels, levels, indexing="ij"))
+    za, zb, zy = zero_points
+    multipliers = (*multipliers, 0.5)[:2]
+    node = hz_node("HzSQuantizedEltwise", ["a", "b"], mode="add", requantize_f32=1, multiplier=[1.0],
+                   a_multiplier=float(f32(multipliers[0])), b_multiplier=float(f32(multipliers[1])),
+                   a_zero_point=za or None, b_zero_point=zb or None, zero_point=zy or None, out_type="int8",
+                   out_min=float(bounds[0]), out_max=float(bounds[1]))
+    check(node, {"a": a, "b": b})
+    lowered = lower_model(build(node, {"a": a, "b": b}, np.int8, list(a.shape)))
+    assert "GatherElements" not in {n.op_type for n in lowered.graph.node}, "expected the DequantizeLinear path"
+
+
 @pytest.mark.parametrize(("a_bits", "b_bits", "zero_point"), [(16, 8, 0), (16, 8, 5), (16, 16, 0), (8, 8, 3)])
 def test_eltwise_mul_requantizes_in_float32(a_bits: int, b_bits: int, zero_point: int) -> None:
     """``requantize_f32`` on a mul: the lowering rounds float32(float32(a * b) * float32(m)) as the reference
