@@ -569,28 +569,15 @@ class HzSQuantizedEltwise(_Requantizing):
 
     @classmethod
     def _lower_int8_add(cls, node: NodeProto, ctx: LoweringContext, a: dict) -> list[NodeProto]:
-        """An int8 add to int8, on the uint8 copies: ``DequantizeLinear(a + 128, ma, 128 + za)`` is the
-        float32 product ``float32((a - za) * ma)`` of the rule (one rounding), the same of b with ``-mb``
-        subtracted is its sum, and ``QuantizeLinear`` with step 1 rounds half to even and saturates.
-
-        Four byte-wide passes instead of the pair table's six (PP-OCRv6 tiny det ``max``). It is a Sub
-        of the negated product because onnxruntime fuses DequantizeLinear -> Add -> QuantizeLinear into
-        its QLinearAdd kernel, which rounds its own way; ``x - (-y)`` is ``x + y`` in IEEE arithmetic.
-        """
+        """An int8 add to int8 on the uint8 copies: the float32 sum of its rule
+        (``uint8_kernels.float32_sum``), then ``QuantizeLinear`` with step 1, which rounds half to even
+        and saturates; four byte-wide passes instead of the pair table's six."""
         nodes: list[NodeProto] = []
-        hint = node.name
-        scaled = []
-        for x, key, sign in zip(node.input[:2], "ab", (1.0, -1.0), strict=True):
-            level_zero = uint8_kernels.OFFSET + int(a.get(f"{key}_zero_point", 0))
-            zero = ctx.constant(f"{hint}_{key}_u8_zero", np.array(level_zero, np.uint8))
-            m = ctx.constant(f"{hint}_m{key}", np.array(sign * np.float32(a[f"{key}_multiplier"]), np.float32))
-            n, out = _node(ctx, "DequantizeLinear", [uint8_kernels.uint8_copy(ctx, x, nodes), m, zero],
-                           f"{hint}_s{key}")
-            nodes.append(n)
-            scaled.append(out)
-        n, total = _node(ctx, "Sub", scaled, f"{hint}_sum")
-        nodes.append(n)
-        _round_to_int8(ctx, total, a, node.output[0], hint, nodes)
+        total = uint8_kernels.float32_sum(
+            ctx, *(uint8_kernels.uint8_copy(ctx, x, nodes) for x in node.input[:2]),
+            (int(a.get("a_zero_point", 0)), int(a.get("b_zero_point", 0))),
+            (np.float32(a["a_multiplier"]), np.float32(a["b_multiplier"])), node.name, nodes)
+        _round_to_int8(ctx, total, a, node.output[0], node.name, nodes)
         return nodes
 
     @classmethod

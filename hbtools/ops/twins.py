@@ -297,9 +297,11 @@ def _pair_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tu
     """Fake quant (int8, constant grid) of an Add/Sub/Mul of two int8-level twins, by one lookup.
 
     The table holds, for each pair of input levels, what the integer op computes: for Add/Sub the
-    float32 sum of ``_sum_levels``, for Mul the float64 product of the values divided by the step;
-    then round half to even and clip. The output is its levels times the float32 step, which is
-    what the cast of the float64 product gives (one rounding of an exact product).
+    float32 sum of ``_sum_levels``, for Mul the float32 rule of ``_product_levels``; then round half to
+    even and clip. An Add/Sub computes that sum from the uint8 copies instead, as the quantized model
+    does (``uint8_kernels.float32_sum``); the table is then only the check that the levels stay int8.
+    The output is its levels times the float32 step, which is what the cast of the float64 product
+    gives (one rounding of an exact product).
     """
     op, a_name, b_name, a, b = src.pair
     numbers = [_scalar(ctx, n) for n in (a.step, b.step, s, *bounds)]
@@ -315,6 +317,16 @@ def _pair_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tu
         q = np.clip(np.round(grids.add_f32(levels.reshape(-1, 1), levels.reshape(1, -1), sa / step, mb)), lo, hi)
     if q.min() < -128 or q.max() > 127:
         return False
+    if op != "Mul" and ctx.opset >= 12:  # as the quantized model's int8 add computes it
+        total = uint8_kernels.float32_sum(ctx, u8_levels(ctx, a_name, a, nodes), u8_levels(ctx, b_name, b, nodes),
+                                          (0, 0), (np.float32(sa / step), np.float32(mb)), base, nodes)
+        y_u8 = _node(ctx, "QuantizeLinear", [total, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
+                     f"{y}_u8", nodes)
+        if lo > -128 or hi < 127:
+            clip = [ctx.constant(f"{base}_u8_{k}", np.array(v + 128, np.uint8)) for k, v in (("lo", lo), ("hi", hi))]
+            y_u8 = _node(ctx, "Clip", [y_u8, *clip], f"{y}_u8_clip", nodes)
+        _int8_output(ctx, y, y_u8, step, nodes)
+        return True
     table = (q.reshape(-1) + 128).astype(np.uint8)
     rows = _node(ctx, "Cast", [u8_levels(ctx, a_name, a, nodes)], f"{base}_a_i32", nodes, to=TensorProto.INT32)
     rows = _node(ctx, "Mul", [rows, ctx.constant(f"{base}_256", np.array(256, np.int32))], f"{base}_rows", nodes)

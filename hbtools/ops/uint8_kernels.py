@@ -272,6 +272,24 @@ def _byte_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto]
     return [(hi, hi_zero, 256.0), (lo, lo_zero, 1.0)]
 
 
+def float32_sum(ctx: LoweringContext, a_u8: str, b_u8: str, zero_points: tuple[int, int],
+                multipliers: tuple[float, float], hint: str, nodes: list[NodeProto]) -> str:
+    """``float32(float32(a * ma) + float32(b * mb))`` of int8 levels (zero points removed) from their uint8
+    copies: the integer add's float32 rule, in two DequantizeLinear and a Sub.
+
+    ``DequantizeLinear(a + 128, ma, 128 + za)`` is the product ``float32((a - za) * ma)``, rounded once.
+    It is a Sub of b's negated product because onnxruntime fuses DequantizeLinear -> Add -> QuantizeLinear
+    into its QLinearAdd kernel, which rounds its own way; ``x - (-y)`` is ``x + y`` in IEEE arithmetic.
+    """
+    scaled = []
+    for x, zero_point, m, key in zip((a_u8, b_u8), zero_points, (multipliers[0], -np.float32(multipliers[1])),
+                                     "ab", strict=True):
+        zero = ctx.constant(f"{hint}_{key}_u8_zero", np.array(OFFSET + zero_point, np.uint8))
+        scaled.append(_node(ctx, "DequantizeLinear", [x, ctx.constant(f"{hint}_m{key}", np.array(m, np.float32)), zero],
+                            f"{hint}_s{key}", nodes))
+    return _node(ctx, "Sub", scaled, f"{hint}_sum", nodes)
+
+
 def matmul_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto],
                        bias_max: float = 0.0) -> tuple[str, bool] | None:
     """``conv_accumulator`` for an HzSQuantizedConv of kind MatMul (constant [K, N] weight): the exact
