@@ -8,32 +8,45 @@ from typing import Any
 import yaml
 
 from hbtools.errors import ConfigError
+from hbtools.log import logger
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice in one mapping.
+    """SafeLoader that rejects a key given twice in one mapping with two different values.
 
     Plain PyYAML keeps the last value silently; a config listing e.g. input_shape
-    twice would then run with a value the user may not have meant.
+    twice would then run with a value the user may not have meant. A key repeated
+    with the same value (a node listed twice in node_info, as vendor configs do)
+    means one thing either way: it is kept, with a WARNING.
     """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
+        seen: dict[Any, tuple[int, yaml.Node]] = {}
+        for key_node, value_node in node.value:
             if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
                 continue
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if key in seen:
-                where = f"line {line}" if seen[key] == line else f"lines {seen[key]} and {line}"
+                first, first_value = seen[key]
+                where = f"line {line}" if first == line else f"lines {first} and {line}"
+                if _same_value(self, first_value, value_node):
+                    logger.warning("Key %r is given twice with the same value in the same section of the config "
+                                   "(%s); it is used once. Keep only one of them", key, where)
+                    continue
                 raise ConfigError(
-                    f"Key {key!r} is given twice in the same section of the config "
-                    f"({where})\nKeep only one of them"
+                    f"Key {key!r} is given twice with different values in the same section of the config "
+                    f"({where})\nKeep only the one you mean"
                 )
-            seen[key] = line
+            seen[key] = (line, value_node)
         return super().construct_mapping(node, deep=deep)
+
+
+def _same_value(loader: yaml.SafeLoader, a: yaml.Node, b: yaml.Node) -> bool:
+    """Whether two YAML value nodes spell the same value (``construct_object`` caches, nothing is built twice)."""
+    return bool(loader.construct_object(a, deep=True) == loader.construct_object(b, deep=True))
 
 
 def read_yaml(path: Path) -> dict[Any, Any]:

@@ -1508,6 +1508,25 @@ def test_duplicate_key(workdir: Path) -> None:
         load_config(raw_config(workdir, text))
 
 
+def test_duplicate_key_with_the_same_value_is_kept_once_with_a_warning(
+    workdir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vendor config (rdk_model_zoo EfficientFormerv2_s2_config.yaml) lists one node_info entry twice,
+    word for word; hb_mapper ran it, hbtools refused the whole file."""
+    monkeypatch.setattr(logging.getLogger("hbtools"), "propagate", True)
+    caplog.set_level(logging.WARNING, logger="hbtools")
+    entry = "    \"conv1\": {'ON': 'BPU', 'InputType': 'int16'}"
+    text = make(workdir).read_text().replace(
+        "march: bernoulli2", f"march: bernoulli2\n  node_info: {{\n{entry},\n{entry}\n  }}"
+    )
+    cfg = load_config(raw_config(workdir, text))
+    assert cfg.model.node_info["conv1"].input_types == {None: "int16"}
+    assert "'conv1' is given twice with the same value" in caplog.text
+    clash = text.replace(f"{entry},\n{entry}", f"{entry},\n    \"conv1\": {{'ON': 'CPU'}}")
+    with pytest.raises(ConfigError, match=r"Key 'conv1' is given twice with different values .*lines 5 and 6"):
+        load_config(raw_config(workdir, clash))
+
+
 def test_unknown_model_type(workdir: Path) -> None:
     with pytest.raises(ConfigError, match="Unknown model type 'tflite'"):
         load(workdir, model_type="tflite")
