@@ -32,6 +32,8 @@ class NodeInfo:
     on: str | None = None  # "BPU" | "CPU" | None
     input_types: dict[int | None, str] = field(default_factory=dict)  # None = all inputs
     output_type: str | None = None  # "int8" | "int16" | None
+    # the parameter that named the node, for messages (node_info, run_on_cpu, ...)
+    given_by: str = field(default="node_info", compare=False, repr=False)
 
 
 @dataclass

@@ -124,7 +124,7 @@ def merge_node_settings(
     }
     for names, on in ((run_on_cpu, "CPU"), (run_on_bpu, "BPU")):
         for name in names:
-            info = merged.setdefault(name, NodeInfo())
+            info = merged.setdefault(name, NodeInfo(given_by=f"run_on_{on.lower()}"))
             if info.on not in (None, on):
                 raise group_error(
                     "model_parameters",
@@ -134,7 +134,7 @@ def merge_node_settings(
                 )
             info.on = on
     for name in int16_outputs:
-        info = merged.setdefault(name, NodeInfo())
+        info = merged.setdefault(name, NodeInfo(given_by="set_node_data_type"))
         if info.output_type not in (None, "int16"):
             raise group_error(
                 "model_parameters",

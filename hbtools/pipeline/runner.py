@@ -142,13 +142,27 @@ def _finer_weights(config: Config, profile: MarchProfile, optimized: onnx.ModelP
 
 
 def _check_node_names(config: Config, model: onnx.ModelProto) -> None:
-    """Every node a config names must be in the model: a typo would otherwise change nothing."""
+    """Every node a config names must be in the model: a typo would otherwise change nothing.
+
+    All the missing names are said at once, under the parameter that gave them.
+    """
     names = {n.name for n in model.graph.node}
-    for name in config.model.node_info:
+    missing: dict[str, list[str]] = {}
+    for name, info in config.model.node_info.items():
         if name not in names:
-            raise HbError(f"node_info / run_on_cpu / run_on_bpu / set_node_data_type name node '{name}', which the "
-                          f"model {config.model.onnx_model or config.model.caffe_model} does not have"
-                          f"{closest_names(name, names)}; use the model's node names")
+            missing.setdefault(info.given_by, []).append(name)
+    if not missing:
+        return
+    shown = 10
+    parts = []
+    for given_by, absent in missing.items():
+        listed = ", ".join(f"'{name}'{closest_names(name, names)}" for name in absent[:shown])
+        more = f" and {len(absent) - shown} more" if len(absent) > shown else ""
+        total = sum(info.given_by == given_by for info in config.model.node_info.values())
+        parts.append(f"{given_by} names {len(absent)} node(s) (of {total}) that the model does not have: "
+                     f"{listed}{more}")
+    raise HbError(f"{'; '.join(parts)} (model {config.model.onnx_model or config.model.caffe_model}); "
+                  f"use the model's node names (hb_mapper checker lists them)")
 
 
 def _calibration_source(config: Config) -> CalibrationSource:

@@ -1,0 +1,60 @@
+"""A config naming nodes the model lacks says every missing name at once, under the parameter that gave it.
+
+Found on rdk_model_zoo configs whose node_info lists 10-40 nodes of one export: the message named only the
+first missing node (one re-run per name) and listed node_info / run_on_cpu / run_on_bpu / set_node_data_type
+whatever the user wrote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.errors import HbError
+from hbtools.pipeline.runner import makertbin
+
+
+def _project(root: Path, model_parameters: dict, calibration_parameters: dict) -> Path:
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(scale=0.1, size=(4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="Conv_0", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"], name="Relu_0")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(root / "m.onnx"))
+    (root / "cal").mkdir()
+    rng.integers(0, 256, (1, 3, 8, 8)).astype(np.float32).tofile(root / "cal" / "0.bin")
+    config = {
+        "model_parameters": {"onnx_model": "m.onnx", "march": "bayes-e", "working_dir": "out",
+                             "output_model_file_prefix": "m", **model_parameters},
+        "input_parameters": {"input_name": "x", "input_type_rt": "featuremap", "input_type_train": "featuremap",
+                             "input_layout_train": "NCHW", "input_shape": "1x3x8x8", "norm_type": "no_preprocess"},
+        "calibration_parameters": {"cal_data_dir": "cal", "cal_data_type": "float32", "calibration_type": "max",
+                                   **calibration_parameters},
+        "compiler_parameters": {"compile_mode": "latency"},
+    }
+    path = root / "c.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_every_missing_name_is_said_under_its_parameter(tmp_path: Path) -> None:
+    node_info = {"Conv_0": {"ON": "BPU"}, "/blocks.1/attn/Softmax": {"ON": "BPU", "InputType": "int16"},
+                 "/blocks.2/attn/Softmax": {"ON": "BPU", "InputType": "int16"}}
+    path = _project(tmp_path, {"node_info": node_info}, {"run_on_cpu": "Relu_9"})
+    with pytest.raises(HbError) as info:
+        makertbin(path, "onnx")
+    text = str(info.value)
+    assert "node_info names 2 node(s) (of 3) that the model does not have" in text
+    assert "'/blocks.1/attn/Softmax'" in text and "'/blocks.2/attn/Softmax'" in text
+    assert "run_on_cpu names 1 node(s) (of 1)" in text and "'Relu_9'" in text and "closest: 'Relu_0'" in text
+    assert "set_node_data_type" not in text and "run_on_bpu" not in text
+    assert not (tmp_path / "out" / "m.bin").exists()
