@@ -179,22 +179,34 @@ GROUP_KEYS: dict[str, tuple[str, ...]] = {
 KEY_GROUP = {key: group for group, keys in GROUP_KEYS.items() for key in keys}
 
 
+# Parameters of hb_compile, the toolchain of the newer boards (S100, J6), that configs carried over
+# to hb_mapper still hold (found in D-Robotics rdk_model_zoo): what each is here.
+_HB_COMPILE = "is a parameter of hb_compile (the S100 / J6 toolchain), not of hb_mapper"
+OTHER_TOOL_KEYS = {
+    "std_value": f"{_HB_COMPILE}: hb_compile divides by std, hb_mapper multiplies by scale_value; write "
+                 "scale_value: 1/std per channel (std 58.395 is scale_value 0.017125)",
+    "quant_config": f"{_HB_COMPILE}; here int16 precision is asked for with calibration_parameters "
+                    "optimization (set_all_nodes_int16, set_<NodeKind>_input_int16, ...) and model_parameters "
+                    "node_info (InputType / OutputType per node)",
+    "extra_params": f"{_HB_COMPILE}, and has no counterpart here: remove it",
+    "cache_mode": f"{_HB_COMPILE}, and has no counterpart here: remove it",
+    "cache_path": f"{_HB_COMPILE}, and has no counterpart here: remove it",
+}
+
+
 def _check_keys(group: str, data: dict[Any, Any]) -> None:
     known = GROUP_KEYS[group]
     for key in data:
         if key in known:
             continue
         home = KEY_GROUP.get(key) if isinstance(key, str) else None
-        fix = (
-            f"it belongs in the '{home}' group"
-            if home
-            else f"valid parameters are: {', '.join(known)}"
-        )
-        raise group_error(
-            group,
-            f"Unknown parameter '{key}' in group '{group}'"
-            f"{'' if home else did_you_mean(str(key), known)}; {fix}",
-        )
+        if home:
+            detail = f"; it belongs in the '{home}' group"
+        elif key in OTHER_TOOL_KEYS:
+            detail = f"; {key} {OTHER_TOOL_KEYS[key]}"
+        else:
+            detail = f"{did_you_mean(str(key), known)}; valid parameters are: {', '.join(known)}"
+        raise group_error(group, f"Unknown parameter '{key}' in group '{group}'{detail}")
 
 
 def _error_detail(exc: SchemaError) -> str:

@@ -795,6 +795,26 @@ def test_unknown_key_names_key_and_group(workdir: Path) -> None:
     )
 
 
+def test_hb_compile_parameters_say_what_they_are_here(workdir: Path) -> None:
+    """Configs carried over from hb_compile (S100 / J6) hold std_value and quant_config (rdk_model_zoo
+    samples): the ERROR says whose parameters they are and what to write instead, not "did you mean
+    scale_value", which is the reciprocal."""
+    assert_error(
+        error_lines(workdir, {"input_parameters": {"std_value": "58.395 57.12 57.375"}}),
+        "input_parameters",
+        "'std_value'",
+        "hb_compile",
+        "scale_value: 1/std",
+    )
+    assert_error(
+        error_lines(workdir, {"calibration_parameters": {"quant_config": "quant.json"}}),
+        "calibration_parameters",
+        "'quant_config'",
+        "set_all_nodes_int16",
+        "node_info",
+    )
+
+
 def test_key_in_wrong_group(workdir: Path) -> None:
     assert_error(
         error_lines(workdir, {"input_parameters": {"cal_data_dir": "cal"}}),
