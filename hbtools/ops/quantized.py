@@ -538,9 +538,9 @@ class HzSQuantizedEltwise(_Requantizing):
         nodes: list[NodeProto] = []
         hint = node.name
         both_int8 = all(uint8_kernels.known_int8(ctx, x) for x in node.input[:2])
-        if both_int8 and a["mode"] == "add" and a.get("requantize_f32") and a["out_type"] == "int8" \
+        if both_int8 and a.get("requantize_f32") and a["out_type"] == "int8" \
                 and ctx.opset >= 12 and all(abs(int(a.get(k, 0))) <= 127 for k in ZERO_POINTS):
-            return cls._lower_int8_add(node, ctx, a)
+            return cls._lower_int8_f32(node, ctx, a)
         if a["out_type"] in ("int8", "int16") and both_int8:
             return cls._lower_by_pair_table(node, ctx, a)
         single = bool(a.get("requantize_f32"))
@@ -568,16 +568,22 @@ class HzSQuantizedEltwise(_Requantizing):
         return nodes
 
     @classmethod
-    def _lower_int8_add(cls, node: NodeProto, ctx: LoweringContext, a: dict) -> list[NodeProto]:
-        """An int8 add to int8 on the uint8 copies: the float32 sum of its rule
-        (``uint8_kernels.float32_sum``), then ``QuantizeLinear`` with step 1, which rounds half to even
-        and saturates; four byte-wide passes instead of the pair table's six."""
+    def _lower_int8_f32(cls, node: NodeProto, ctx: LoweringContext, a: dict) -> list[NodeProto]:
+        """An int8 add or mul to int8 on the uint8 copies: the float32 value of its rule
+        (``uint8_kernels.float32_sum`` / ``float32_product``: DequantizeLinear of each copy, their sum or
+        product), then ``QuantizeLinear`` with step 1, which rounds half to even and saturates: byte-wide
+        passes instead of the pair table's int32 index and gather."""
         nodes: list[NodeProto] = []
-        total = uint8_kernels.float32_sum(
-            ctx, *(uint8_kernels.uint8_copy(ctx, x, nodes) for x in node.input[:2]),
-            (int(a.get("a_zero_point", 0)), int(a.get("b_zero_point", 0))),
-            (np.float32(a["a_multiplier"]), np.float32(a["b_multiplier"])), node.name, nodes)
-        _round_to_int8(ctx, total, a, node.output[0], node.name, nodes)
+        copies = [uint8_kernels.uint8_copy(ctx, x, nodes) for x in node.input[:2]]
+        zero_points = (int(a.get("a_zero_point", 0)), int(a.get("b_zero_point", 0)))
+        if a["mode"] == "add":
+            value = uint8_kernels.float32_sum(ctx, *copies, zero_points, (np.float32(a["a_multiplier"]),
+                                                                          np.float32(a["b_multiplier"])),
+                                              node.name, nodes)
+        else:
+            value = uint8_kernels.float32_product(ctx, *copies, zero_points, np.float32(a["multiplier"][0]), node.name,
+                                                  nodes)
+        _round_to_int8(ctx, value, a, node.output[0], node.name, nodes)
         return nodes
 
     @classmethod

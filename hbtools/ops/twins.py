@@ -298,8 +298,9 @@ def _pair_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tu
 
     The table holds, for each pair of input levels, what the integer op computes: for Add/Sub the
     float32 sum of ``_sum_levels``, for Mul the float32 rule of ``_product_levels``; then round half to
-    even and clip. An Add/Sub computes that sum from the uint8 copies instead, as the quantized model
-    does (``uint8_kernels.float32_sum``); the table is then only the check that the levels stay int8.
+    even and clip. From opset 12 the value is computed from the uint8 copies instead, as the quantized
+    model does (``uint8_kernels.float32_sum`` / ``float32_product``); the table is then only the check
+    that the levels stay int8.
     The output is its levels times the float32 step, which is what the cast of the float64 product
     gives (one rounding of an exact product).
     """
@@ -317,10 +318,14 @@ def _pair_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tu
         q = np.clip(np.round(grids.add_f32(levels.reshape(-1, 1), levels.reshape(1, -1), sa / step, mb)), lo, hi)
     if q.min() < -128 or q.max() > 127:
         return False
-    if op != "Mul" and ctx.opset >= 12:  # as the quantized model's int8 add computes it
-        total = uint8_kernels.float32_sum(ctx, u8_levels(ctx, a_name, a, nodes), u8_levels(ctx, b_name, b, nodes),
-                                          (0, 0), (np.float32(sa / step), np.float32(mb)), base, nodes)
-        y_u8 = _node(ctx, "QuantizeLinear", [total, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
+    if ctx.opset >= 12:  # as the quantized model's int8 add or mul computes it
+        copies = (u8_levels(ctx, a_name, a, nodes), u8_levels(ctx, b_name, b, nodes))
+        if op == "Mul":
+            value = uint8_kernels.float32_product(ctx, *copies, (0, 0), np.float32(sa * sb / step), base, nodes)
+        else:
+            value = uint8_kernels.float32_sum(ctx, *copies, (0, 0), (np.float32(sa / step), np.float32(mb)), base,
+                                              nodes)
+        y_u8 = _node(ctx, "QuantizeLinear", [value, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
                      f"{y}_u8", nodes)
         if lo > -128 or hi < 127:
             clip = [ctx.constant(f"{base}_u8_{k}", np.array(v + 128, np.uint8)) for k, v in (("lo", lo), ("hi", hi))]

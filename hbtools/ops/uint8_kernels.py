@@ -290,6 +290,21 @@ def float32_sum(ctx: LoweringContext, a_u8: str, b_u8: str, zero_points: tuple[i
     return _node(ctx, "Sub", scaled, f"{hint}_sum", nodes)
 
 
+def float32_product(ctx: LoweringContext, a_u8: str, b_u8: str, zero_points: tuple[int, int], multiplier: float,
+                    hint: str, nodes: list[NodeProto]) -> str:
+    """``float32(float32((a - za) * (b - zb)) * m)`` of int8 levels from their uint8 copies: the integer
+    mul's float32 rule. Each DequantizeLinear gives the levels, their product is exact in float32 (below
+    2**16), and the product is scaled even by a multiplier of 1, which keeps onnxruntime from fusing
+    DequantizeLinear -> Mul -> QuantizeLinear into its QLinearMul kernel, which rounds its own way."""
+    levels = [_node(ctx, "DequantizeLinear", [x, one(ctx), ctx.constant(f"{hint}_{key}_u8_zero",
+                                                                         np.array(OFFSET + z, np.uint8))],
+                    f"{hint}_{key}_levels", nodes)
+              for x, z, key in zip((a_u8, b_u8), zero_points, "ab", strict=True)]
+    product = _node(ctx, "Mul", levels, f"{hint}_product", nodes)
+    return _node(ctx, "Mul", [product, ctx.constant(f"{hint}_m", np.array(multiplier, np.float32))],
+                 f"{hint}_scaled", nodes)
+
+
 def matmul_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto],
                        bias_max: float = 0.0) -> tuple[str, bool] | None:
     """``conv_accumulator`` for an HzSQuantizedConv of kind MatMul (constant [K, N] weight): the exact

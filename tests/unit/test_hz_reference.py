@@ -203,6 +203,23 @@ def test_int8_add_matches_the_reference_on_every_pair(zero_points: tuple, multip
     assert "GatherElements" not in {n.op_type for n in lowered.graph.node}, "expected the DequantizeLinear path"
 
 
+@pytest.mark.parametrize(("zero_points", "multiplier", "bounds"),
+                         [((0, 0, 0), 0.5, (-128, 127)), ((3, -7, 0), 0.0123, (-127, 127)), ((0, 0, -4), 1.0, (0, 127)),
+                          ((-127, 127, 2), 0.25, (-128, 127))])
+def test_int8_mul_matches_the_reference_on_every_pair(zero_points: tuple, multiplier: float, bounds: tuple) -> None:
+    """An int8 x int8 -> int8 mul (``requantize_f32``) lowered on uint8 DequantizeLinear / QuantizeLinear
+    rounds every one of the 65,536 level pairs as the reference does (ties included, and a multiplier of 1)."""
+    levels = np.arange(-128, 128, dtype=np.int8)
+    a, b = (v.reshape(1, 1, 256, 256) for v in np.meshgrid(levels, levels, indexing="ij"))
+    za, zb, zy = zero_points
+    node = hz_node("HzSQuantizedEltwise", ["a", "b"], mode="mul", requantize_f32=1, multiplier=[float(f32(multiplier))],
+                   a_zero_point=za or None, b_zero_point=zb or None, zero_point=zy or None, out_type="int8",
+                   out_min=float(bounds[0]), out_max=float(bounds[1]))
+    check(node, {"a": a, "b": b})
+    lowered = lower_model(build(node, {"a": a, "b": b}, np.int8, list(a.shape)))
+    assert "GatherElements" not in {n.op_type for n in lowered.graph.node}, "expected the DequantizeLinear path"
+
+
 @pytest.mark.parametrize(("a_bits", "b_bits", "zero_point"), [(16, 8, 0), (16, 8, 5), (16, 16, 0), (8, 8, 3)])
 def test_eltwise_mul_requantizes_in_float32(a_bits: int, b_bits: int, zero_point: int) -> None:
     """``requantize_f32`` on a mul: the lowering rounds float32(float32(a * b) * float32(m)) as the reference
