@@ -17,6 +17,7 @@ from onnx import ModelProto, TensorProto, helper
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
+from hbtools.log import logger
 from hbtools.ops import custom
 from hbtools.runtime.lowering import lower_model
 
@@ -279,6 +280,39 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
 
     def get_inputs(self) -> list:
         return list(self._inputs)
+
+    def get_hw(self, index: int = 0, layout: str | None = None) -> tuple[int, int]:
+        """Height and width of input ``index``, read in ``layout`` (default: the input's own,
+        see ``layout``): the vendor's sample scripts resize their image to this size."""
+        if not 0 <= index < len(self._inputs):
+            raise FeedError(f"get_hw: input index {index} out of range; the model has "
+                            f"{len(self._inputs)} input(s) {self.input_names}")
+        layout = layout or self.layout[index]
+        shape = self._inputs[index].shape
+        if layout not in ("NCHW", "NHWC") or len(shape) != 4:
+            raise FeedError(f"get_hw: input '{self._inputs[index].name}' of shape {shape} is not an NCHW or "
+                            "NHWC image; pass layout='NCHW' or 'NHWC'")
+        return shape[layout.index("H")], shape[layout.index("W")]
+
+    def get_input_type(self, index: int = 0) -> int:
+        """The ONNX element type (``onnx.TensorProto`` enum) of input ``index``: scripts test
+        ``== 3`` (int8) to tell a quantized model, whose image inputs are int8, from a float one."""
+        if not 0 <= index < len(self._inputs):
+            raise FeedError(f"get_input_type: input index {index} out of range; the model has "
+                            f"{len(self._inputs)} input(s) {self.input_names}")
+        name = self._inputs[index].name
+        return next(i for i in self.model.graph.input if i.name == name).type.tensor_type.elem_type
+
+    def set_providers(self, providers: Sequence[str]) -> None:
+        """Accepted for scripts that ask for a GPU: everything runs on onnxruntime's CPU provider
+        here (the custom ops are lowered for it), so another provider is only warned about."""
+        others = [p for p in ([providers] if isinstance(providers, str) else providers)
+                  if p != "CPUExecutionProvider"]
+        if others:
+            logger.warning("HB_ONNXRuntime runs on CPUExecutionProvider only; ignoring %s", others)
+
+    def get_provider(self) -> str:
+        return "CPUExecutionProvider"
 
     def get_outputs(self) -> list:
         return list(self._outputs)

@@ -105,3 +105,18 @@ def test_a_batch_the_model_cannot_take_says_which_shape_it_was_built_for(tmp_pat
     with pytest.raises(FeedError, match="built for input shape 'feat' 1x5x12: feed that shape"):
         sess.run_feature(None, {"feat": batch})
     assert sess.run_feature(None, {"feat": batch[:1]})[0].shape == (1, 5, 8)
+
+
+def test_sample_script_helpers_get_hw_input_type_and_providers(nhwc_model: dict[str, Path]) -> None:
+    """The vendor's evaluation samples call get_hw() to size the image, get_input_type() == 3 (int8)
+    to tell a quantized model, and set_providers / get_provider before running."""
+    quantized = HB_ONNXRuntime(model_file=nhwc_model["quantized"])
+    source = HB_ONNXRuntime(resnet_like(16).model)
+    assert quantized.get_hw() == (16, 16) and source.get_hw() == (16, 16)
+    assert quantized.get_input_type() == onnx.TensorProto.INT8
+    assert source.get_input_type() == onnx.TensorProto.FLOAT
+    quantized.set_providers(["CUDAExecutionProvider"])
+    assert quantized.get_provider() == "CPUExecutionProvider"
+    assert quantized.run(None, {"data": _image()})[0].shape[0] == 1
+    with pytest.raises(FeedError, match="out of range"):
+        quantized.get_hw(1)
