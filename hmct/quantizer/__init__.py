@@ -1,0 +1,1 @@
+"""Compatibility package: the newest toolkit imports the debugger as ``hmct.quantizer.debugger``."""

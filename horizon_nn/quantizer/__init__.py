@@ -1,0 +1,1 @@
+"""Compatibility package: newer toolkit releases import the debugger as ``horizon_nn.quantizer.debugger``."""
