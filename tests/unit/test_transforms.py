@@ -327,3 +327,18 @@ def test_resize_mode_skimage_takes_the_vendors_method_and_data_type() -> None:
         T.ResizeTransformer(8, mode="opencv", interpolation="INTER_LANCZOS4")
     with pytest.raises(ValueError, match="data_type 'int8'"):
         T.ResizeTransformer(8, data_type="int8")
+
+
+def test_a_list_of_images_is_transformed_one_by_one_as_the_vendor_scripts_call_it():
+    """Vendor preprocess scripts pass ``[image]`` through each transformer and take ``[0]``."""
+    image = skimage.util.img_as_float(skimage.data.astronaut()[:40, :60]).astype(np.float32)
+    transformers = [T.HWC2CHWTransformer(), T.ScaleTransformer(scale_value=255.0),
+                    T.MeanTransformer(means=np.array([123.675, 116.28, 103.53]))]
+    images = [image, image[:20]]
+    single = image
+    for t in transformers:
+        images = t(images)
+        single = t(single)
+    assert isinstance(images, list) and len(images) == 2
+    assert images[0].shape == (3, 40, 60) and images[1].shape == (3, 20, 60)
+    np.testing.assert_array_equal(images[0], single)

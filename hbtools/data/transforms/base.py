@@ -23,7 +23,12 @@ LAYOUTS = ("HWC", "CHW", "NHWC", "NCHW")
 class Transformer:
     """Base class: ``transformer(image) -> image``."""
 
-    def __call__(self, image: np.ndarray) -> np.ndarray:
+    def __call__(self, image: np.ndarray | list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
+        # The vendor's transformer classes take and return a list of images
+        # (``images = t([image])``, how its sample preprocess scripts call them); a list must
+        # not be stacked into one 4-D array, so each element is transformed on its own.
+        if isinstance(image, list | tuple):
+            return [self.run_transform(np.asarray(one)) for one in image]
         return self.run_transform(np.asarray(image))
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
