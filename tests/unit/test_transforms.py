@@ -13,6 +13,7 @@ import skimage.util
 from hbtools.data import colour
 from hbtools.data import transforms as T
 from hbtools.errors import HbError
+from horizon_tc_ui.data import transformer
 
 RNG = np.random.default_rng(7)
 
@@ -342,3 +343,39 @@ def test_a_list_of_images_is_transformed_one_by_one_as_the_vendor_scripts_call_i
     assert isinstance(images, list) and len(images) == 2
     assert images[0].shape == (3, 40, 60) and images[1].shape == (3, 20, 60)
     np.testing.assert_array_equal(images[0], single)
+
+
+# cv2.resize(np.arange(20, dtype=np.float32).reshape(4, 5) ** 1.5, dsize, interpolation=cv2.INTER_CUBIC) with
+# OpenCV 5.0.0 (not a dependency; run once to write these down), rounded to 4 decimals.
+CV2_CUBIC = {
+    (3, 7): [[1.1444, 1.8062, 3.1724, 4.6803, 6.3544, 8.8128, 10.523],
+             [19.6274, 22.0007, 25.7582, 28.8418, 32.0105, 36.2196, 39.0131],
+             [54.1956, 57.3764, 62.3668, 66.3993, 70.4994, 75.8616, 79.3904]],
+    (6, 3): [[-0.8164, 1.4663, 5.634], [4.1946, 8.5135, 14.1979], [15.6249, 22.6951, 30.5433],
+             [27.77, 36.0577, 45.0438], [48.1923, 57.9918, 68.392], [61.9369, 72.5688, 83.7576]],
+}
+
+
+@pytest.mark.parametrize("size", sorted(CV2_CUBIC))
+def test_opencv_cubic_resize_matches_opencv(size: tuple[int, int]) -> None:
+    """INTER_CUBIC (vendor scripts pass it to ResizeTransformer(mode='opencv') and ShortSideResizeTransformer):
+    OpenCV's bicubic kernel (a = -0.75), half-pixel centres, edge pixels repeated; overshoot kept in float."""
+    img = np.arange(20, dtype=np.float32).reshape(4, 5) ** 1.5
+    got = T.ResizeTransformer(target_size=size, mode="opencv", interpolation="INTER_CUBIC")(img)
+    np.testing.assert_allclose(got, np.array(CV2_CUBIC[size], np.float32), atol=1e-3)
+
+
+def test_a_vendor_calibration_chain_with_opencv_names_and_data_type() -> None:
+    """The transformer list of a real calibration-data script: OpenCV interpolation names and data_type='uint8'
+    on ShortSideResize, CenterCrop and Resize, called on a list of images as the vendor's classes are."""
+    chain = [transformer.BGR2RGBTransformer(data_format="HWC"),
+             transformer.ShortSideResizeTransformer(short_size=256, data_type="uint8", interpolation="INTER_CUBIC"),
+             transformer.CenterCropTransformer(crop_size=224, data_type="uint8"),
+             transformer.ResizeTransformer(target_size=(300, 300), data_type="uint8", mode="opencv", method=1,
+                                           interpolation="INTER_CUBIC")]
+    images = [np.asarray(skimage.data.astronaut()[..., ::-1], np.float32)]
+    for step in chain:
+        images = step(images)
+    assert len(images) == 1 and images[0].shape == (300, 300, 3) and images[0].dtype == np.uint8
+    with pytest.raises(ValueError, match="data_type 'int8' is not one of"):
+        transformer.CenterCropTransformer(crop_size=224, data_type="int8")

@@ -55,7 +55,8 @@ def resize(image: np.ndarray, height: int, width: int, interpolation: str | int 
 RESIZE_MODES = ("skimage", "opencv")
 # OpenCV interpolation names (cv2.INTER_*, or without the prefix) -> the two hbtools computes OpenCV's way.
 OPENCV_INTERPOLATIONS = {"": "linear", "inter_linear": "linear", "linear": "linear", "bilinear": "linear",
-                         "inter_nearest": "nearest", "nearest": "nearest"}
+                         "inter_nearest": "nearest", "nearest": "nearest", "inter_cubic": "cubic"}
+CUBIC_A = -0.75  # OpenCV's bicubic kernel parameter
 DATA_TYPES = ("float", "uint8")
 
 
@@ -66,7 +67,7 @@ class ResizeTransformer(Transformer):
     by ``method`` (0..5, the vendor's name) or ``interpolation`` (a name or an order); ``'opencv'``
     computes what ``cv2.resize`` does, without OpenCV: sample points at half-pixel centres, edges
     clamped, no anti-aliasing when shrinking, ``interpolation`` ``''`` / ``'INTER_LINEAR'`` (the
-    default) or ``'INTER_NEAREST'``. A uint8 image is computed in float and rounded, where OpenCV's
+    default), ``'INTER_NEAREST'`` or ``'INTER_CUBIC'``. A uint8 image is computed in float and rounded, where OpenCV's
     fixed-point arithmetic may differ by 1. ``data_type`` ``'float'`` gives float32 and ``'uint8'``
     uint8 (truncated, as the vendor's ``astype``); by default the output keeps the image's type.
     """
@@ -77,8 +78,7 @@ class ResizeTransformer(Transformer):
         self.target_size = size_hw(target_size, "target_size")
         if mode not in RESIZE_MODES:
             raise ValueError(f"mode {mode!r} is not one of {RESIZE_MODES}")
-        if data_type is not None and data_type not in DATA_TYPES:
-            raise ValueError(f"data_type {data_type!r} is not one of {DATA_TYPES}")
+        _check_data_type(data_type)
         if mode == "opencv":
             if not isinstance(interpolation, str) or interpolation.lower() not in OPENCV_INTERPOLATIONS:
                 raise ValueError(f"interpolation {interpolation!r} is not one mode 'opencv' takes: "
@@ -92,52 +92,82 @@ class ResizeTransformer(Transformer):
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         if self.mode == "opencv":
             kind = OPENCV_INTERPOLATIONS[str(self.interpolation).lower()]
-            out = opencv_resize(image, *self.target_size, nearest=kind == "nearest")
+            out = opencv_resize(image, *self.target_size, kind)
         else:
             order = self.interpolation if self.method is None else self.method
             out = resize(image, *self.target_size, order, self.anti_aliasing)
-        if self.data_type == "float":
-            return out.astype(np.float32)
-        if self.data_type == "uint8":
-            return np.clip(out, 0, 255).astype(np.uint8)
-        return out
+        return _as_data_type(out, self.data_type)
 
 
-def opencv_resize(image: np.ndarray, height: int, width: int, nearest: bool = False) -> np.ndarray:
-    """``image`` (HW or HWC) resampled as ``cv2.resize`` does with INTER_LINEAR (or INTER_NEAREST)."""
+def _check_data_type(data_type: str | None) -> None:
+    if data_type is not None and data_type not in DATA_TYPES:
+        raise ValueError(f"data_type {data_type!r} is not one of {DATA_TYPES}")
+
+
+def _as_data_type(image: np.ndarray, data_type: str | None) -> np.ndarray:
+    """The vendor transformers' ``data_type``: ``'float'`` gives float32, ``'uint8'`` uint8 (clipped to
+    0..255), None leaves the type as it is."""
+    if data_type == "float":
+        return image.astype(np.float32)
+    if data_type == "uint8":
+        return np.clip(image, 0, 255).astype(np.uint8)
+    return image
+
+
+def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linear") -> np.ndarray:
+    """``image`` (HW or HWC) resampled as ``cv2.resize`` does with INTER_LINEAR, INTER_NEAREST or INTER_CUBIC
+    (``kind`` linear, nearest, cubic): sample points at half-pixel centres, edge pixels repeated."""
     check_image(image, "resize")
     src = image.astype(np.float32 if image.dtype == np.uint8 else float_dtype(image))
     for axis, size in ((0, height), (1, width)):
         n = src.shape[axis]
         scale = n / size
-        if nearest:
+        if kind == "nearest":
             src = np.take(src, np.minimum(np.floor(np.arange(size) * scale).astype(np.int64), n - 1), axis=axis)
             continue
         pos = (np.arange(size) + 0.5) * scale - 0.5
         lo = np.floor(pos).astype(np.int64)
         frac = pos - lo
-        frac[lo < 0], lo[lo < 0] = 0.0, 0
-        past = lo >= n - 1
-        frac[past], lo[past] = 0.0, n - 1
-        hi = np.minimum(lo + 1, n - 1)
+        if kind == "cubic":
+            taps = [(np.clip(lo + k, 0, n - 1), w) for k, w in zip(range(-1, 3), _cubic_weights(frac), strict=True)]
+        else:  # linear: OpenCV puts a point left of the first centre (or right of the last) on that pixel
+            frac[lo < 0], lo[lo < 0] = 0.0, 0
+            past = lo >= n - 1
+            frac[past], lo[past] = 0.0, n - 1
+            taps = [(lo, 1 - frac), (np.minimum(lo + 1, n - 1), frac)]
         shape = [1] * src.ndim
         shape[axis] = size
-        w = frac.reshape(shape).astype(src.dtype)
-        src = np.take(src, lo, axis=axis) * (1 - w) + np.take(src, hi, axis=axis) * w
+        src = sum(np.take(src, index, axis=axis) * w.reshape(shape).astype(src.dtype) for index, w in taps)
     return like(src, image)
+
+
+def _cubic_weights(x: np.ndarray) -> list[np.ndarray]:
+    """OpenCV's four bicubic tap weights at offsets -1, 0, 1, 2 for fractional positions ``x``."""
+    a = CUBIC_A
+    w0 = ((a * (x + 1) - 5 * a) * (x + 1) + 8 * a) * (x + 1) - 4 * a
+    w1 = ((a + 2) * x - (a + 3)) * x * x + 1
+    w2 = ((a + 2) * (1 - x) - (a + 3)) * (1 - x) * (1 - x) + 1
+    return [w0, w1, w2, 1 - w0 - w1 - w2]
 
 
 class ShortSideResizeTransformer(Transformer):
     """Scale so the shorter side is ``short_size``, keeping the aspect ratio.
 
     The longer side becomes ``int(long * short_size / short)`` (rounded down, as
-    torchvision's ``Resize(int)`` does).
+    torchvision's ``Resize(int)`` does). ``interpolation`` is a scikit-image order or name, or an
+    OpenCV name (``INTER_LINEAR``, ``INTER_NEAREST``, ``INTER_CUBIC``) for OpenCV's resampling
+    (``opencv_resize``); ``data_type`` as ``ResizeTransformer``'s.
     """
 
-    def __init__(self, short_size: int, interpolation: str | int = "bilinear") -> None:
+    def __init__(self, short_size: int, interpolation: str | int = "bilinear", data_type: str | None = None) -> None:
         self.short_size = size_hw(short_size, "short_size")[0]
-        _order(interpolation)
-        self.interpolation = interpolation
+        # An OpenCV name (INTER_LINEAR, INTER_CUBIC, ...), as the vendor's scripts pass: OpenCV's resampling.
+        self._opencv = OPENCV_INTERPOLATIONS.get(interpolation.lower()) \
+            if isinstance(interpolation, str) and interpolation.lower().startswith("inter_") else None
+        if self._opencv is None:
+            _order(interpolation)
+        _check_data_type(data_type)
+        self.interpolation, self.data_type = interpolation, data_type
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         check_image(image, "ShortSideResize")
@@ -147,15 +177,19 @@ class ShortSideResizeTransformer(Transformer):
             new_h, new_w = s, max(1, int(w * s / h))
         else:
             new_h, new_w = max(1, int(h * s / w)), s
-        return resize(image, new_h, new_w, self.interpolation)
+        out = opencv_resize(image, new_h, new_w, self._opencv) if self._opencv else \
+            resize(image, new_h, new_w, self.interpolation)
+        return _as_data_type(out, self.data_type)
 
 
 class CenterCropTransformer(Transformer):
     """Cut the central ``crop_size`` = (height, width) window; the top-left corner is
-    at ``((H - height) // 2, (W - width) // 2)``."""
+    at ``((H - height) // 2, (W - width) // 2)``. ``data_type`` as ``ResizeTransformer``'s."""
 
-    def __init__(self, crop_size: int | Sequence[int]) -> None:
+    def __init__(self, crop_size: int | Sequence[int], data_type: str | None = None) -> None:
         self.crop_size = size_hw(crop_size, "crop_size")
+        _check_data_type(data_type)
+        self.data_type = data_type
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         check_image(image, "CenterCrop")
@@ -163,7 +197,7 @@ class CenterCropTransformer(Transformer):
         if ch > h or cw > w:
             raise ValueError(f"CenterCrop: crop {ch}x{cw} is larger than the image {h}x{w}")
         top, left = (h - ch) // 2, (w - cw) // 2
-        return image[top : top + ch, left : left + cw]
+        return _as_data_type(image[top : top + ch, left : left + cw], self.data_type)
 
 
 class Placement(NamedTuple):
