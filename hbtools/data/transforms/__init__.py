@@ -25,14 +25,20 @@ from hbtools.data.transforms.base import Compose, Transformer
 from hbtools.data.transforms.geometry import (
     INTERPOLATIONS,
     CenterCropTransformer,
+    LongSideCropTransformer,
+    PaddedCenterCropTransformer,
     PadResizeTransformer,
+    PadTransformer,
     Placement,
     ResizeTransformer,
+    ShortLongResizeTransformer,
     ShortSideResizeTransformer,
     TextLineResizeTransformer,
 )
 from hbtools.data.transforms.imread import READ_MODES, opencv_available, opencv_like, read_image
+from hbtools.data.transforms.pil import PILCenterCropTransformer, PILResizeTransformer
 from hbtools.data.transforms.pixels import (
+    AddTransformer,
     BGR2GRAYTransformer,
     BGR2NV12Transformer,
     BGR2RGBTransformer,
@@ -69,6 +75,12 @@ ShortSideResize = _functional(ShortSideResizeTransformer)
 CenterCrop = _functional(CenterCropTransformer)
 PadResize = _functional(PadResizeTransformer)
 TextLineResize = _functional(TextLineResizeTransformer)
+PaddedCenterCrop = _functional(PaddedCenterCropTransformer)
+LongSideCrop = _functional(LongSideCropTransformer)
+ShortLongResize = _functional(ShortLongResizeTransformer)
+Pad = _functional(PadTransformer)
+PILResize = _functional(PILResizeTransformer)
+PILCenterCrop = _functional(PILCenterCropTransformer)
 Transpose = _functional(TransposeTransformer)
 HWC2CHW = _functional(HWC2CHWTransformer)
 CHW2HWC = _functional(CHW2HWCTransformer)
@@ -82,6 +94,7 @@ RGB2NV12 = _functional(RGB2NV12Transformer)
 BGR2NV12 = _functional(BGR2NV12Transformer)
 NV12ToYUV444 = _functional(NV12ToYUV444Transformer)
 Scale = _functional(ScaleTransformer)
+Add = _functional(AddTransformer)
 Mean = _functional(MeanTransformer)
 Normalize = _functional(NormalizeTransformer)
 F32ToU8 = _functional(F32ToU8Transformer)
@@ -91,14 +104,21 @@ __all__ = [
     "INTERPOLATIONS",
     "READ_MODES",
     "BGR2GRAY",
-    "BGR2GRAYTransformer",
     "BGR2NV12",
-    "BGR2NV12Transformer",
     "BGR2RGB",
-    "BGR2RGBTransformer",
     "BGR2YUV444",
-    "BGR2YUV444Transformer",
     "CHW2HWC",
+    "HWC2CHW",
+    "RGB2BGR",
+    "RGB2GRAY",
+    "RGB2NV12",
+    "RGB2YUV444",
+    "Add",
+    "AddTransformer",
+    "BGR2GRAYTransformer",
+    "BGR2NV12Transformer",
+    "BGR2RGBTransformer",
+    "BGR2YUV444Transformer",
     "CHW2HWCTransformer",
     "CenterCrop",
     "CenterCropTransformer",
@@ -107,29 +127,36 @@ __all__ = [
     "F32ToS8Transformer",
     "F32ToU8",
     "F32ToU8Transformer",
-    "HWC2CHW",
     "HWC2CHWTransformer",
+    "LongSideCrop",
+    "LongSideCropTransformer",
     "Mean",
     "MeanTransformer",
     "NV12ToYUV444",
     "NV12ToYUV444Transformer",
     "Normalize",
     "NormalizeTransformer",
+    "PILCenterCrop",
+    "PILCenterCropTransformer",
+    "PILResize",
+    "PILResizeTransformer",
+    "Pad",
     "PadResize",
     "PadResizeTransformer",
+    "PadTransformer",
+    "PaddedCenterCrop",
+    "PaddedCenterCropTransformer",
     "Placement",
-    "RGB2BGR",
     "RGB2BGRTransformer",
-    "RGB2GRAY",
     "RGB2GRAYTransformer",
-    "RGB2NV12",
     "RGB2NV12Transformer",
-    "RGB2YUV444",
     "RGB2YUV444Transformer",
     "Resize",
     "ResizeTransformer",
     "Scale",
     "ScaleTransformer",
+    "ShortLongResize",
+    "ShortLongResizeTransformer",
     "ShortSideResize",
     "ShortSideResizeTransformer",
     "TextLineResize",

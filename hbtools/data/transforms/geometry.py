@@ -114,14 +114,18 @@ def _as_data_type(image: np.ndarray, data_type: str | None) -> np.ndarray:
     return image
 
 
-def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linear") -> np.ndarray:
+def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linear",
+                  factors: tuple[float, float] | None = None) -> np.ndarray:
     """``image`` (HW or HWC) resampled as ``cv2.resize`` does with INTER_LINEAR, INTER_NEAREST or INTER_CUBIC
-    (``kind`` linear, nearest, cubic): sample points at half-pixel centres, edge pixels repeated."""
+    (``kind`` linear, nearest, cubic): sample points at half-pixel centres, edge pixels repeated.
+
+    ``factors`` = (fy, fx) is for ``cv2.resize(image, None, fx=fx, fy=fy)``: OpenCV then maps
+    output pixels back with ``1 / f``, not with the ratio of the rounded sizes."""
     check_image(image, "resize")
     src = image.astype(np.float32 if image.dtype == np.uint8 else float_dtype(image))
     for axis, size in ((0, height), (1, width)):
         n = src.shape[axis]
-        scale = n / size
+        scale = n / size if factors is None else 1 / factors[axis]
         if kind == "nearest":
             src = np.take(src, np.minimum(np.floor(np.arange(size) * scale).astype(np.int64), n - 1), axis=axis)
             continue
@@ -271,4 +275,109 @@ class TextLineResizeTransformer(Transformer):
         new_w = min(tw, math.ceil(th * w / h))
         canvas = like(np.full((th, tw, *image.shape[2:]), self.pad_value), image)
         canvas[:, :new_w] = resize(image, th, new_w, self.interpolation)
+        return canvas
+
+
+def _crop(image: np.ndarray, top: int, left: int, height: int, width: int) -> np.ndarray:
+    return np.ascontiguousarray(image[top : top + height, left : left + width])
+
+
+class PaddedCenterCropTransformer(Transformer):
+    """EfficientNet(-lite)'s evaluation crop: a central square of side
+    ``int(image_size / (image_size + crop_pad) * min(H, W))``.
+
+    The crop is then resized to ``image_size`` by the next transformer. The corner is
+    ``((H - side + 1) // 2, (W - side + 1) // 2)``, as in the EfficientNet reference code
+    this reproduces (an odd margin leaves the extra row at the top).
+    """
+
+    def __init__(self, image_size: int = 224, crop_pad: int = 32) -> None:
+        self.image_size = size_hw(image_size, "image_size")[0]
+        if not isinstance(crop_pad, int | np.integer) or crop_pad < 0:
+            raise ValueError(f"crop_pad must be a non-negative int, got {crop_pad!r}")
+        self.crop_pad = int(crop_pad)
+
+    def crop_side(self, height: int, width: int) -> int:
+        """The side of the square cut from an image of ``height`` x ``width``."""
+        return max(1, int(self.image_size / (self.image_size + self.crop_pad) * min(height, width)))
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        check_image(image, "PaddedCenterCrop")
+        h, w = image.shape[:2]
+        side = self.crop_side(h, w)
+        return _crop(image, (h - side + 1) // 2, (w - side + 1) // 2, side, side)
+
+
+class LongSideCropTransformer(Transformer):
+    """Trim the longer side (the vendor's MobileNet v1/v2 preprocessing).
+
+    A wide image keeps its central H x H square (left edge at ``(W - H) // 2``). A tall
+    image keeps its rows from ``(H - W) // 2`` (where a central square would start) to the
+    bottom, ``H - (H - W) // 2`` of them: 70 wide and 100 high gives 85 x 70.
+    """
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        check_image(image, "LongSideCrop")
+        h, w = image.shape[:2]
+        if w > h:
+            return _crop(image, 0, (w - h) // 2, h, h)
+        top = (h - w) // 2
+        return _crop(image, top, 0, h - top, w)
+
+
+def resize_by_factor(image: np.ndarray, factor: float) -> np.ndarray:
+    """``cv2.resize(image, None, fx=factor, fy=factor)`` (bilinear): each side ``round(side * factor)``,
+    sampled with ``1 / factor`` as OpenCV does."""
+    h, w = image.shape[:2]
+    new_h, new_w = max(1, round(h * factor)), max(1, round(w * factor))
+    return opencv_resize(image, new_h, new_w, "linear", factors=(factor, factor))
+
+
+class ShortLongResizeTransformer(Transformer):
+    """Scale keeping the aspect ratio so the shorter side becomes ``short_size``, unless that
+    would make the longer side exceed ``long_size``: then the longer side becomes ``long_size``.
+
+    Resampled as ``cv2.resize`` with ``fx = fy = factor`` (bilinear; each side rounded). With
+    ``include_im`` (the default, as the vendor's) the result is ``(resized, original)``;
+    ``factor(h, w)`` gives the factor, to map detections back to the original picture.
+    """
+
+    def __init__(self, short_size: int, long_size: int, include_im: bool = True) -> None:
+        self.short_size = size_hw(short_size, "short_size")[0]
+        self.long_size = size_hw(long_size, "long_size")[0]
+        self.include_im = include_im
+
+    def factor(self, height: int, width: int) -> float:
+        """Output pixels per input pixel for an image of ``height`` x ``width``."""
+        factor = self.short_size / min(height, width)
+        if factor * max(height, width) > self.long_size:
+            factor = self.long_size / max(height, width)
+        return factor
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        check_image(image, "ShortLongResize")
+        resized = resize_by_factor(image, self.factor(*image.shape[:2]))
+        return (resized, image) if self.include_im else resized
+
+
+class PadTransformer(Transformer):
+    """Scale so the longer side is ``target_size`` (aspect ratio kept, ``cv2.resize``-style
+    bilinear), then pad with zeros on the bottom and right up to the next multiples of
+    ``size_divisor``. ``factor(h, w)`` maps boxes back: divide by it.
+    """
+
+    def __init__(self, size_divisor: int = 128, target_size: int = 512) -> None:
+        self.size_divisor = size_hw(size_divisor, "size_divisor")[0]
+        self.target_size = size_hw(target_size, "target_size")[0]
+
+    def factor(self, height: int, width: int) -> float:
+        return self.target_size / max(height, width)
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        check_image(image, "Pad")
+        scaled = resize_by_factor(image, self.factor(*image.shape[:2]))
+        h, w = scaled.shape[:2]
+        d = self.size_divisor
+        canvas = np.zeros((-(-h // d) * d, -(-w // d) * d, *scaled.shape[2:]), dtype=scaled.dtype)
+        canvas[:h, :w] = scaled
         return canvas

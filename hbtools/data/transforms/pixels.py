@@ -195,6 +195,18 @@ class ScaleTransformer(Transformer):
         return image.astype(float_dtype(image)) * float_dtype(image)(self.scale_value)
 
 
+class AddTransformer(Transformer):
+    """Add ``value`` to every pixel (e.g. -128 to centre 0..255 on zero). Floats out, so a
+    uint8 image does not wrap around."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        dtype = float_dtype(image)
+        return image.astype(dtype) + dtype(self.value)
+
+
 class MeanTransformer(Transformer):
     """Subtract ``means`` (one per channel, or one for all)."""
 

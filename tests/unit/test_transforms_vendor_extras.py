@@ -1,0 +1,160 @@
+"""The vendor transformer classes real scripts use beyond the basic set: crops, pads and
+resizes of the vendor's detection/classification samples, the Pillow (torchvision) pair, Add."""
+
+from __future__ import annotations
+
+import numpy as np
+import PIL.Image
+import pytest
+
+from hbtools.data import transforms as T
+from horizon_tc_ui.data import transformer
+
+RNG = np.random.default_rng(11)
+
+
+def rgb_uint8(h: int, w: int) -> np.ndarray:
+    return RNG.integers(0, 256, size=(h, w, 3)).astype(np.uint8)
+
+
+def block_means(image: np.ndarray) -> np.ndarray:
+    """2x2 block averages: what a bilinear resize by exactly one half gives at half-pixel centres."""
+    h, w = image.shape[:2]
+    return image.reshape(h // 2, 2, w // 2, 2, *image.shape[2:]).mean(axis=(1, 3))
+
+
+def test_the_vendor_names_import_from_the_vendor_path():
+    for name in ("PaddedCenterCropTransformer", "LongSideCropTransformer", "PadTransformer",
+                 "ShortLongResizeTransformer", "PILResizeTransformer", "PILCenterCropTransformer", "AddTransformer"):
+        assert getattr(transformer, name) is getattr(T, name)
+
+
+# --------------------------------------------------------------------------- PaddedCenterCrop
+
+
+@pytest.mark.parametrize(("image_size", "side", "top", "left"), [(224, 262, 19, 69), (240, 264, 18, 68)])
+def test_padded_center_crop_cuts_efficientnets_square(image_size, side, top, left):
+    # side = int(image_size / (image_size + 32) * min(300, 400)); corner = (margin + 1) // 2
+    image = rgb_uint8(300, 400)
+    out = T.PaddedCenterCropTransformer(image_size=image_size, crop_pad=32)(image)
+    assert out.shape == (side, side, 3) and out.dtype == np.uint8
+    np.testing.assert_array_equal(out, image[top : top + side, left : left + side])
+
+
+def test_padded_center_crop_defaults_and_bad_parameters():
+    assert T.PaddedCenterCropTransformer().crop_side(256, 256) == 224  # 224 / 256 * 256
+    with pytest.raises(ValueError, match="crop_pad"):
+        T.PaddedCenterCropTransformer(224, crop_pad=-1)
+    with pytest.raises(ValueError, match="image_size"):
+        T.PaddedCenterCropTransformer(image_size=0)
+
+
+# --------------------------------------------------------------------------- LongSideCrop
+
+
+def test_long_side_crop_of_a_wide_image_keeps_the_central_square():
+    image = rgb_uint8(70, 100)
+    out = T.LongSideCropTransformer()(image)
+    np.testing.assert_array_equal(out, image[:, 15:85])
+
+
+def test_long_side_crop_of_a_tall_image_keeps_half_the_difference_plus_the_width():
+    image = rgb_uint8(100, 70)  # the vendor's documented example: 70 wide, 100 high -> 70 x 85
+    out = T.LongSideCropTransformer()(image)
+    assert out.shape == (85, 70, 3)
+    np.testing.assert_array_equal(out, image[15:])
+
+
+# --------------------------------------------------------------------------- ShortLongResize
+
+
+def test_short_long_resize_by_one_half_averages_2x2_blocks_and_returns_the_original_too():
+    image = RNG.random((8, 12, 3))
+    resized, original = T.ShortLongResizeTransformer(short_size=4, long_size=100)(image)
+    assert original is image
+    np.testing.assert_allclose(resized, block_means(image), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("hw", "short", "long", "factor", "expected"),
+    [
+        ((21, 100), 20, 100, 20 / 21, (20, 95)),  # 20/21 * 100 = 95.2 stays under 100
+        ((10, 100), 20, 100, 1.0, (10, 100)),  # 2 * 100 would pass 100: 100 / 100 instead
+        ((300, 40), 50, 200, 200 / 300, (200, 27)),  # 1.25 * 300 would pass 200: 40 * 2/3 = 26.7 -> 27
+    ],
+)
+def test_short_long_resize_caps_the_long_side(hw, short, long, factor, expected):
+    t = T.ShortLongResizeTransformer(short, long, include_im=False)
+    assert t.factor(*hw) == pytest.approx(factor)
+    assert t(rgb_uint8(*hw)).shape == (*expected, 3)
+
+
+def test_short_long_resize_at_factor_one_is_the_identity():
+    image = rgb_uint8(10, 100)
+    np.testing.assert_array_equal(T.ShortLongResizeTransformer(20, 100, include_im=False)(image), image)
+
+
+# --------------------------------------------------------------------------- Pad
+
+
+def test_pad_scales_the_long_side_to_target_and_pads_bottom_right_to_the_divisor():
+    image = RNG.random((8, 16, 3))
+    out = T.PadTransformer(size_divisor=3, target_size=8)(image)  # factor 0.5 -> 4 x 8 -> canvas 6 x 9
+    assert out.shape == (6, 9, 3)
+    np.testing.assert_allclose(out[:4, :8], block_means(image), atol=1e-12)
+    assert not out[4:].any() and not out[:, 8:].any()
+
+
+def test_pad_defaults_give_a_canvas_in_multiples_of_128():
+    out = T.PadTransformer()(rgb_uint8(300, 400))  # 512 / 400 -> 384 x 512
+    assert out.shape == (384, 512, 3) and out.dtype == np.uint8
+    with pytest.raises(ValueError, match="size_divisor"):
+        T.PadTransformer(size_divisor=0)
+
+
+# --------------------------------------------------------------------------- Pillow
+
+
+@pytest.mark.parametrize("interpolation", [PIL.Image.BILINEAR, PIL.Image.NEAREST, PIL.Image.BICUBIC, PIL.Image.LANCZOS])
+def test_pil_resize_of_an_int_size_is_torchvisions_short_side_resize(interpolation):
+    image = rgb_uint8(300, 200)
+    out = T.PILResizeTransformer(size=256, interpolation=interpolation)(image)
+    expected = np.asarray(PIL.Image.fromarray(image).resize((256, 384), interpolation))  # int(256 * 300 / 200)
+    assert out.dtype == np.uint8
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_pil_resize_to_height_width_and_of_float_images():
+    image = RNG.random((30, 20, 3)).astype(np.float32) * 255
+    out = T.PILResizeTransformer(size=(12, 17))(image)
+    assert out.shape == (12, 17, 3) and out.dtype == np.float32
+    green = np.asarray(PIL.Image.fromarray(image[..., 1], mode="F").resize((17, 12), PIL.Image.BILINEAR))
+    np.testing.assert_array_equal(out[..., 1], green)
+    with pytest.raises(ValueError, match="Pillow filter"):
+        T.PILResizeTransformer(256, interpolation="trilinear")
+
+
+def test_pil_center_crop_places_the_window_as_torchvision_does():
+    image = rgb_uint8(7, 10)  # top = round(3 / 2) = 2 (half to even), left = round(6 / 2) = 3
+    out = T.PILCenterCropTransformer(size=4)(image)
+    np.testing.assert_array_equal(out, np.asarray(PIL.Image.fromarray(image).crop((3, 2, 7, 6))))
+    with pytest.raises(ValueError, match="larger than the image"):
+        T.PILCenterCropTransformer(size=8)(image)
+
+
+def test_pil_resize_then_center_crop_is_the_resnet_evaluation_chain():
+    image = rgb_uint8(300, 450)
+    out = T.Compose([T.PILResizeTransformer(256), T.PILCenterCropTransformer(224)])(image)
+    pil = PIL.Image.fromarray(image).resize((384, 256), PIL.Image.BILINEAR)
+    np.testing.assert_array_equal(out, np.asarray(pil.crop((80, 16, 304, 240))))
+
+
+# --------------------------------------------------------------------------- Add
+
+
+def test_add_gives_floats_so_uint8_does_not_wrap():
+    image = np.array([[[10, 200, 255]]], dtype=np.uint8)
+    out = T.AddTransformer(-128)(image)
+    assert out.dtype.kind == "f"
+    np.testing.assert_array_equal(out, [[[-118, 72, 127]]])
+    np.testing.assert_array_equal(T.Add(np.float32([1.5]), 127), np.float32([128.5]))
