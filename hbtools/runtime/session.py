@@ -326,6 +326,24 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         return [o.name for o in self._outputs]
 
     @property
+    def input_shapes(self) -> list[list[int | str]]:
+        """Each input's shape; a symbolic dimension is its name (``'?'`` after ``set_dim_param``).
+        Scripts read ``sess.input_shapes[0][0]`` for the batch and reshape raw samples with them."""
+        return [list(i.shape) for i in self._inputs]
+
+    @property
+    def output_shapes(self) -> list[list[int | str]]:
+        return [list(o.shape) for o in self._outputs]
+
+    @property
+    def input_num(self) -> int:
+        return len(self._inputs)
+
+    @property
+    def output_num(self) -> int:
+        return len(self._outputs)
+
+    @property
     def input_types(self) -> dict[str, type]:
         return {i.name: _NUMPY_OF_ORT.get(i.type, np.float32) for i in self._inputs}
 

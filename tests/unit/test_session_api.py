@@ -120,3 +120,20 @@ def test_sample_script_helpers_get_hw_input_type_and_providers(nhwc_model: dict[
     assert quantized.run(None, {"data": _image()})[0].shape[0] == 1
     with pytest.raises(FeedError, match="out of range"):
         quantized.get_hw(1)
+
+
+def test_shapes_and_counts_scripts_read_from_the_session(nhwc_model: dict[str, Path]) -> None:
+    """Scripts take the batch from input_shapes[0][0] ('?' when symbolic) and reshape raw samples with it."""
+    sess = HB_ONNXRuntime(model_file=nhwc_model["quantized"])
+    assert sess.input_shapes == [[1, 16, 16, 3]]
+    (output,) = sess.run(None, {"data": _image()})
+    assert sess.output_shapes == [list(output.shape)]
+    assert (sess.input_num, sess.output_num) == (1, 1)
+    sess.set_dim_param(0, 0, "?")
+    assert sess.input_shapes[0][0] == "?"
+
+
+def test_the_toolkit_version_is_importable() -> None:
+    from horizon_tc_ui import __version__
+
+    assert isinstance(__version__, str) and __version__[0].isdigit()
