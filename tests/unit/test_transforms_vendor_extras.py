@@ -158,3 +158,41 @@ def test_add_gives_floats_so_uint8_does_not_wrap():
     assert out.dtype.kind == "f"
     np.testing.assert_array_equal(out, [[[-118, 72, 127]]])
     np.testing.assert_array_equal(T.Add(np.float32([1.5]), 127), np.float32([128.5]))
+
+
+# --------------------------------------------------------------------------- colour variants
+
+
+def test_the_128_variants_are_the_conversion_minus_128_in_int8():
+    image = rgb_uint8(4, 6)
+    gray = T.RGB2GRAYTransformer(data_format="HWC")(image)
+    gray128 = transformer.RGB2GRAY_128Transformer(data_format="HWC")(image)
+    assert gray128.dtype == np.int8
+    np.testing.assert_array_equal(gray128.astype(int), gray.astype(int) - 128)
+    yuv = T.BGR2YUV444Transformer(data_format="HWC")(image)
+    yuv128 = transformer.BGR2YUV444_128Transformer("HWC")(image)
+    np.testing.assert_array_equal(yuv128.astype(int), yuv.astype(int) - 128)
+    chw = np.ascontiguousarray(image.transpose(2, 0, 1)).astype(np.float32)
+    np.testing.assert_allclose(transformer.RGB2YUV444_128Transformer("CHW")(chw),
+                               T.RGB2YUV444Transformer("CHW")(chw) - 128)
+
+
+def test_video_range_and_yuv_by_colour_sequence():
+    image = rgb_uint8(4, 6)
+    video = transformer.RGB2YUVBT601VIDEOTransformer(data_format="HWC")(image)
+    np.testing.assert_array_equal(video, T.RGB2YUV444Transformer("HWC", space_and_range="bt601_video")(image))
+    assert 16 <= video[..., 0].min() and video[..., 0].max() <= 235
+    np.testing.assert_array_equal(transformer.BGR2YUVBT601VIDEOTransformer("HWC")(image[..., ::-1]), video)
+    np.testing.assert_array_equal(transformer.YUVTransformer(color_sequence="BGR")(image[..., ::-1]),
+                                  T.RGB2YUV444Transformer("HWC")(image))
+    with pytest.raises(ValueError, match="color_sequence"):
+        transformer.YUVTransformer(color_sequence="YUV")
+
+
+def test_reduce_channel_keeps_the_first_channel_where_data_format_says():
+    batch = RNG.random((1, 3, 5, 7))
+    out = transformer.ReduceChannelTransformer(data_format="NCHW")(batch)
+    assert out.shape == (1, 1, 5, 7)
+    np.testing.assert_array_equal(out[0, 0], batch[0, 0])
+    np.testing.assert_array_equal(transformer.ReduceChannelTransformer("HWC")(batch[0].transpose(1, 2, 0)),
+                                  batch[0, :1].transpose(1, 2, 0))

@@ -42,7 +42,9 @@ from hbtools.data.transforms.pixels import (
     BGR2GRAYTransformer,
     BGR2NV12Transformer,
     BGR2RGBTransformer,
+    BGR2YUV444_128Transformer,
     BGR2YUV444Transformer,
+    BGR2YUVBT601VIDEOTransformer,
     CHW2HWCTransformer,
     F32ToS8Transformer,
     F32ToU8Transformer,
@@ -50,12 +52,17 @@ from hbtools.data.transforms.pixels import (
     MeanTransformer,
     NormalizeTransformer,
     NV12ToYUV444Transformer,
+    ReduceChannelTransformer,
     RGB2BGRTransformer,
+    RGB2GRAY_128Transformer,
     RGB2GRAYTransformer,
     RGB2NV12Transformer,
+    RGB2YUV444_128Transformer,
     RGB2YUV444Transformer,
+    RGB2YUVBT601VIDEOTransformer,
     ScaleTransformer,
     TransposeTransformer,
+    YUVTransformer,
 )
 
 
@@ -101,6 +108,13 @@ F32ToU8 = _functional(F32ToU8Transformer)
 F32ToS8 = _functional(F32ToS8Transformer)
 
 __all__ = [
+    "RGB2GRAY_128Transformer",
+    "RGB2YUV444_128Transformer",
+    "BGR2YUV444_128Transformer",
+    "RGB2YUVBT601VIDEOTransformer",
+    "BGR2YUVBT601VIDEOTransformer",
+    "YUVTransformer",
+    "ReduceChannelTransformer",
     "INTERPOLATIONS",
     "READ_MODES",
     "BGR2GRAY",

@@ -121,6 +121,69 @@ class BGR2GRAYTransformer(_ColourTransformer):
         return like(colour.rgb_to_gray(colour.bgr_to_rgb(hwc)), hwc)
 
 
+class _Minus128:
+    """Mixin: the conversion's 0..255 result shifted to -128..127 (the ``*_128`` input types). uint8
+    comes out int8 (exact); floats stay floats."""
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        out = super().run_transform(image)  # type: ignore[misc]
+        if out.dtype == np.uint8:
+            return (out.astype(np.int16) - 128).astype(np.int8)
+        return out - out.dtype.type(128)
+
+
+class RGB2GRAY_128Transformer(_Minus128, RGB2GRAYTransformer):  # noqa: N801 - vendor name
+    """RGB -> luma minus 128 (-128..127)."""
+
+
+class RGB2YUV444_128Transformer(_Minus128, RGB2YUV444Transformer):  # noqa: N801 - vendor name
+    """RGB -> YUV444 minus 128 (-128..127)."""
+
+
+class BGR2YUV444_128Transformer(_Minus128, BGR2YUV444Transformer):  # noqa: N801 - vendor name
+    """BGR -> YUV444 minus 128 (-128..127)."""
+
+
+class RGB2YUVBT601VIDEOTransformer(RGB2YUV444Transformer):
+    """RGB -> YUV444 in BT.601 video range (Y 16..235), as some cameras deliver."""
+
+    def __init__(self, data_format: str | None = None) -> None:
+        super().__init__(data_format, space_and_range="bt601_video")
+
+
+class BGR2YUVBT601VIDEOTransformer(BGR2YUV444Transformer):
+    """BGR -> YUV444 in BT.601 video range (Y 16..235), as some cameras deliver."""
+
+    def __init__(self, data_format: str | None = None) -> None:
+        super().__init__(data_format, space_and_range="bt601_video")
+
+
+class YUVTransformer(Transformer):
+    """``color_sequence`` (``'RGB'`` or ``'BGR'``, how the picture was read) -> YUV444."""
+
+    def __init__(self, color_sequence: str, data_format: str | None = None) -> None:
+        sources = {"RGB": RGB2YUV444Transformer, "BGR": BGR2YUV444Transformer}
+        if str(color_sequence).upper() not in sources:
+            raise ValueError(f"color_sequence {color_sequence!r} is not 'RGB' or 'BGR'")
+        self.color_sequence, self.data_format = color_sequence, data_format
+        self._convert = sources[color_sequence.upper()](data_format)
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        return self._convert.run_transform(image)
+
+
+class ReduceChannelTransformer(Transformer):
+    """Keep only the first channel (C becomes 1, e.g. 1x3x224x224 -> 1x1x224x224): grey pictures read
+    as three equal channels, or Y of YUV444. ``data_format`` says where C is (None: from the shape)."""
+
+    def __init__(self, data_format: str | None = None) -> None:
+        self.data_format = data_format
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        last, axis = channels_last(image, self.data_format)
+        return np.ascontiguousarray(np.moveaxis(last[..., :1], -1, axis))
+
+
 class _NV12Transformer(_SpaceTransformer):
     """RGB/BGR (0..255, even height and width) -> NV12 bytes, shape (H * 3 // 2, W)."""
 
