@@ -118,7 +118,6 @@ def test_average_pool_follows_the_integer_window_sums(tmp_path) -> None:
     levels exactly and scales in float64, as the quantized model's integer pool does, not float32 means."""
     from builders import FloatModel, _Graph
 
-    from hbtools.ops.names import quantized_tensor
 
     setup(None)
     g = _Graph(8)
@@ -129,20 +128,29 @@ def test_average_pool_follows_the_integer_window_sums(tmp_path) -> None:
     project = make_project(tmp_path, fm, cal_count=6)
     project.write(calibration_parameters={"calibration_type": "max", "optimization": "set_all_nodes_int16"})
     paths = makertbin(project.config_path, "onnx")
+    differ = _levels_differ(paths, fm, pooled, seed=9)
+    assert differ == 0, f"{differ} pooled levels differ between the calibrated and the quantized model"
+
+
+def _levels_differ(paths: dict, fm, tensor: str, seed: int) -> int:
+    """How many levels of ``tensor`` differ between the calibrated model (its value over its step) and the
+    quantized model, on 12 held-out samples."""
+    from hbtools.ops.names import quantized_tensor
+
     step = next(attrs_of(n)["scales"][0] for n in onnx.load(str(paths["calibrated"])).graph.node
-                if n.op_type == "HzCalibration" and n.input[0] == pooled)
-    names = {"calibrated": f"{pooled}_calibrated", "quantized": quantized_tensor(pooled)}
+                if n.op_type == "HzCalibration" and n.input[0] == tensor)
+    names = {"calibrated": f"{tensor}_calibrated", "quantized": quantized_tensor(tensor)}
     sessions = {}
-    for k, tensor in names.items():
-        lowered = lower_model(onnx.load(str(paths[k])), keep=[tensor])
-        lowered.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
+    for k, name in names.items():
+        lowered = lower_model(onnx.load(str(paths[k])), keep=[name])
+        lowered.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
         sessions[k] = ort_session(lowered)
     differ = 0
-    for raw in held_out(fm, count=12, seed=9):
+    for raw in held_out(fm, count=12, seed=seed):
         x = (raw.astype(np.int16) - 128).astype(np.int8)
         c, q = (sessions[k].run([names[k]], {"data": x})[0].astype(np.float64) for k in ("calibrated", "quantized"))
         differ += int((np.round(c / np.float64(np.float32(step))) != q).sum())
-    assert differ == 0, f"{differ} pooled levels differ between the calibrated and the quantized model"
+    return differ
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +184,6 @@ def test_int16_muls_requantize_in_float32_in_both_models(tmp_path) -> None:
     """Every tensor int16 in a MobileNetV3 block: its SE Mul of two activations requantizes
     float32(float32(a * b) * m) (``requantize_f32``), and the calibrated model's twins follow that
     rule, so the Mul's levels agree in both models; with the float64 quotient of values a few differ."""
-    from hbtools.ops.names import quantized_tensor
 
     setup(None)
     fm = mobilenetv3_block(h=64)
@@ -187,17 +194,5 @@ def test_int16_muls_requantize_in_float32_in_both_models(tmp_path) -> None:
             and attrs_of(n)["mode"] == "mul"]
     assert muls and all(attrs_of(n).get("requantize_f32") == 1 and attrs_of(n)["out_type"] == "int16" for n in muls)
     product = fm.model.graph.node[[n.op_type for n in fm.model.graph.node].index("Mul")].output[0]
-    step = next(attrs_of(n)["scales"][0] for n in onnx.load(str(paths["calibrated"])).graph.node
-                if n.op_type == "HzCalibration" and n.input[0] == product)
-    names = {"calibrated": f"{product}_calibrated", "quantized": quantized_tensor(product)}
-    sessions = {}
-    for k, tensor in names.items():
-        lowered = lower_model(onnx.load(str(paths[k])), keep=[tensor])
-        lowered.graph.output.append(onnx.helper.make_empty_tensor_value_info(tensor))
-        sessions[k] = ort_session(lowered)
-    differ = 0
-    for raw in held_out(fm, count=12, seed=8):
-        x = (raw.astype(np.int16) - 128).astype(np.int8)
-        c, q = (sessions[k].run([names[k]], {"data": x})[0].astype(np.float64) for k in ("calibrated", "quantized"))
-        differ += int((np.round(c / np.float64(np.float32(step))) != q).sum())
+    differ = _levels_differ(paths, fm, product, seed=8)
     assert differ == 0, f"{differ} levels of the Mul differ between the calibrated and the quantized model"
