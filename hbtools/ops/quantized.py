@@ -96,17 +96,10 @@ def _requantize(ctx: LoweringContext, acc: str, a: dict, rank: int | None, out: 
 
 
 def _round_to_int8(ctx: LoweringContext, x: str, a: dict, out: str, hint: str, nodes: list[NodeProto]) -> None:
-    """float32 ``x`` -> int8 ``out`` = clip(round(x) + zero_point, out_min, out_max), by its uint8 copy.
-
-    QuantizeLinear with step 1 rounds half to even and saturates to uint8, i.e. to the levels
-    -128..127 plus 128: one node for Round, the zero point, the int8 clip and the cast.
-    """
-    zero = ctx.constant(f"{hint}_u8_zero", np.array(uint8_kernels.OFFSET + int(a.get("zero_point", 0)), np.uint8))
-    u8 = uint8_kernels.node_output(ctx, "QuantizeLinear", [x, uint8_kernels.one(ctx), zero], f"{out}_u8", nodes)
-    lo, hi = int(a["out_min"]) + uint8_kernels.OFFSET, int(a["out_max"]) + uint8_kernels.OFFSET
-    if lo > 0 or hi < 255:
-        bounds = [ctx.constant(f"{hint}_u8_{k}", np.array(v, np.uint8)) for k, v in (("lo", lo), ("hi", hi))]
-        u8 = uint8_kernels.node_output(ctx, "Clip", [u8, *bounds], f"{out}_u8_clip", nodes)
+    """float32 ``x`` -> int8 ``out`` = clip(round(x) + zero_point, out_min, out_max), by its uint8 copy
+    (``uint8_kernels.rounded_u8``)."""
+    u8 = uint8_kernels.rounded_u8(ctx, x, int(a.get("zero_point", 0)), (int(a["out_min"]), int(a["out_max"])),
+                                  out, nodes)
     uint8_kernels.to_int8(ctx, u8, out, nodes)
 
 

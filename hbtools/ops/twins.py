@@ -325,12 +325,7 @@ def _pair_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tu
         else:
             value = uint8_kernels.float32_sum(ctx, *copies, (0, 0), (np.float32(sa / step), np.float32(mb)), base,
                                               nodes)
-        y_u8 = _node(ctx, "QuantizeLinear", [value, uint8_kernels.one(ctx), uint8_kernels.uint8_zero(ctx)],
-                     f"{y}_u8", nodes)
-        if lo > -128 or hi < 127:
-            clip = [ctx.constant(f"{base}_u8_{k}", np.array(v + 128, np.uint8)) for k, v in (("lo", lo), ("hi", hi))]
-            y_u8 = _node(ctx, "Clip", [y_u8, *clip], f"{y}_u8_clip", nodes)
-        _int8_output(ctx, y, y_u8, step, nodes)
+        _int8_output(ctx, y, uint8_kernels.rounded_u8(ctx, value, 0, (int(lo), int(hi)), y, nodes), step, nodes)
         return True
     table = (q.reshape(-1) + 128).astype(np.uint8)
     rows = _node(ctx, "Cast", [u8_levels(ctx, a_name, a, nodes)], f"{base}_a_i32", nodes, to=TensorProto.INT32)

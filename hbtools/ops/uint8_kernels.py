@@ -243,9 +243,12 @@ def int16_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto]
     parts where ``signed`` (default: with VNNI), else uint8. ``source``: the int16 tensor of the
     same levels, where there is one."""
     signed = signed_weights_exact() if signed is None else signed
-    if (xf, signed) not in ctx.byte_parts:  # every conv reading x shares its parts
-        ctx.byte_parts[(xf, signed)] = _byte_parts(ctx, xf, hint, nodes, signed, source)
-    return ctx.byte_parts[(xf, signed)]
+    # Every conv reading x shares its parts; keyed by the int16 tensor where there is one, as each
+    # reader may have cast its own float copy.
+    key = (source or xf, signed)
+    if key not in ctx.byte_parts:
+        ctx.byte_parts[key] = _byte_parts(ctx, xf, hint, nodes, signed, source)
+    return ctx.byte_parts[key]
 
 
 def _byte_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto], signed: bool,
@@ -270,6 +273,23 @@ def _byte_parts(ctx: LoweringContext, xf: str, hint: str, nodes: list[NodeProto]
                f"{hint}_lo", nodes)
     lo = _node(ctx, "QuantizeLinear", [lo, one(ctx), lo_zero], f"{hint}_lo8", nodes)
     return [(hi, hi_zero, 256.0), (lo, lo_zero, 1.0)]
+
+
+def rounded_u8(ctx: LoweringContext, x: str, zero_point: int, bounds: tuple[int, int], hint: str,
+               nodes: list[NodeProto]) -> str:
+    """float32 ``x`` -> the uint8 copy of ``clip(round(x) + zero_point, *bounds)`` (int8 bounds).
+
+    QuantizeLinear with step 1 rounds half to even and saturates to uint8, i.e. to the levels
+    -128..127 plus 128: one node for Round, the zero point, the int8 clip and the cast; a narrower
+    range adds one uint8 Clip.
+    """
+    zero = ctx.constant(f"{hint}_u8_zero", np.array(OFFSET + zero_point, np.uint8))
+    u8 = _node(ctx, "QuantizeLinear", [x, one(ctx), zero], f"{hint}_u8", nodes)
+    lo, hi = bounds[0] + OFFSET, bounds[1] + OFFSET
+    if lo > 0 or hi < 255:
+        clip = [ctx.constant(f"{hint}_u8_{k}", np.array(v, np.uint8)) for k, v in (("lo", lo), ("hi", hi))]
+        u8 = _node(ctx, "Clip", [u8, *clip], f"{hint}_u8_clip", nodes)
+    return u8
 
 
 def float32_sum(ctx: LoweringContext, a_u8: str, b_u8: str, zero_points: tuple[int, int],

@@ -284,11 +284,8 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
     def get_hw(self, index: int = 0, layout: str | None = None) -> tuple[int, int]:
         """Height and width of input ``index``, read in ``layout`` (default: the input's own,
         see ``layout``): the vendor's sample scripts resize their image to this size."""
-        if not 0 <= index < len(self._inputs):
-            raise FeedError(f"get_hw: input index {index} out of range; the model has "
-                            f"{len(self._inputs)} input(s) {self.input_names}")
+        shape = self._input_at(index, "get_hw").shape
         layout = layout or self.layout[index]
-        shape = self._inputs[index].shape
         if layout not in ("NCHW", "NHWC") or len(shape) != 4:
             raise FeedError(f"get_hw: input '{self._inputs[index].name}' of shape {shape} is not an NCHW or "
                             "NHWC image; pass layout='NCHW' or 'NHWC'")
@@ -297,11 +294,14 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
     def get_input_type(self, index: int = 0) -> int:
         """The ONNX element type (``onnx.TensorProto`` enum) of input ``index``: scripts test
         ``== 3`` (int8) to tell a quantized model, whose image inputs are int8, from a float one."""
-        if not 0 <= index < len(self._inputs):
-            raise FeedError(f"get_input_type: input index {index} out of range; the model has "
-                            f"{len(self._inputs)} input(s) {self.input_names}")
-        name = self._inputs[index].name
+        name = self._input_at(index, "get_input_type").name
         return next(i for i in self.model.graph.input if i.name == name).type.tensor_type.elem_type
+
+    def _input_at(self, index: int, what: str):  # noqa: ANN202 - onnxruntime's NodeArg
+        if not 0 <= index < len(self._inputs):
+            raise FeedError(f"{what}: input index {index} out of range; the model has "
+                            f"{len(self._inputs)} input(s) {self.input_names}")
+        return self._inputs[index]
 
     def set_providers(self, providers: Sequence[str]) -> None:
         """Accepted for scripts that ask for a GPU: everything runs on onnxruntime's CPU provider
