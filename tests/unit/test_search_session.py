@@ -8,6 +8,7 @@ once, so the widening it holds must be the one the scored thresholds imply, at 8
 from __future__ import annotations
 
 import gc
+import logging
 
 import numpy as np
 import onnx
@@ -643,8 +644,13 @@ def test_the_int16_search_scores_a_final_softmax_with_its_logits(caplog: pytest.
                           [[v["prob"], v["logits"]] for v in values], th)
     score = evaluator.score(th)
     assert score < PROMOTE_TARGET  # not saturated: the probabilities alone would run the search
-    with caplog.at_level("INFO", logger="hbtools"):
-        int16, chosen = evaluator.promote_to_int16(th, th, score, dict.fromkeys(tensors, 0.01))
+    logger = logging.getLogger("hbtools")
+    logger.addHandler(caplog.handler)  # a tool's setup (another test's) stops propagation
+    try:
+        with caplog.at_level("INFO", logger="hbtools"):
+            int16, chosen = evaluator.promote_to_int16(th, th, score, dict.fromkeys(tensors, 0.01))
+    finally:
+        logger.removeHandler(caplog.handler)
     assert "counting the logits of the final Softmax" in caplog.text
     int8_logits = evaluator.score(th, logits=True)
     all16_logits = evaluator.score(th, dict.fromkeys(tensors, 16), logits=True)
