@@ -914,7 +914,8 @@ def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,
     if int(conv_attrs.get("group", 1)) > 1:  # as the quantized model's grouped convs (float32, exact)
         acc = uint8_kernels.grouped_accumulator(ctx, x32, 2.0 ** (x.bits - 1), x.bits == 16,
                                                 levels32_of(ctx, w, f"{node.name}_w", nodes), weight_sum,
-                                                conv_attrs, in_int32, node.name, nodes)
+                                                conv_attrs, in_int32, node.name, nodes,
+                                                kernel_elements=int(np.prod(shape[1:])))
         if acc is not None:
             return _accumulator(ctx, acc, in_int32, bound, shape[0], nodes)
     if x.bits == 16:

@@ -177,7 +177,7 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
         levels = float_levels(ctx, x, bits, z, node.name, nodes)
         w_f32 = ctx.constant(f"{node.name}_w_f32", w.astype(np.float32))
         acc = grouped_accumulator(ctx, levels, 2 ** (bits - 1) + abs(z), bits == 16, w_f32, weight_sum, conv_attrs,
-                                  in_int32, node.name, nodes)
+                                  in_int32, node.name, nodes, weights=w)
         if acc is not None:
             return acc, in_int32
     w_u8 = ctx.constant(f"{node.name}_w_u8", (w.astype(np.int16) + OFFSET).astype(np.uint8))
@@ -200,31 +200,66 @@ def float_levels(ctx: LoweringContext, x: str, bits: int, z: int, hint: str, nod
 
 def grouped_accumulator(ctx: LoweringContext, levels: str, level_max: float, split: bool, w_f32: str,
                         weight_sum: float, conv_attrs: dict, in_int32: bool, hint: str,
-                        nodes: list[NodeProto]) -> str | None:
+                        nodes: list[NodeProto], *, weights: np.ndarray | None = None,
+                        kernel_elements: int | None = None) -> str | None:
     """The exact accumulator of a grouped (e.g. depthwise) conv from float32 convolutions; None where
     float32 would not be exact.
 
     onnxruntime's ConvInteger has no grouped kernel: it runs group by group, a depthwise 5x5 ten
     times slower than the float conv. A float32 conv of whole numbers is exact while every partial
     sum stays below 2**24: with levels up to ``level_max`` and at most ``weight_sum`` for an output's
-    sum of |w|, in one conv, or (``split``: int16 levels) over the bytes ``x = 256 * hi + lo``.
-    The result is int32 when ``in_int32`` (as ``accumulate``), else float64.
+    sum of |w|, in one conv; else over the weight's nibbles ``w = 16 * hi + lo`` (hi in -8..7, lo in
+    0..15: the int16 depthwise 3x3 and 5x5 convs), ``weights`` known or ``kernel_elements`` per output
+    bounding them; else (``split``: int16 levels) over the bytes ``x = 256 * hi + lo``. The nibbles
+    cost nothing per pixel (the byte planes four passes over the input). The result is int32 when
+    ``in_int32`` (as ``accumulate``), else float64.
     """
     exact = 2.0**24
+    nibbles = None if level_max * weight_sum < exact else \
+        _weight_nibbles(ctx, w_f32, weights, kernel_elements, level_max, hint, nodes)
     if level_max * weight_sum < exact:
-        planes = [(levels, 1)]
+        terms = [(levels, w_f32, 1)]
+    elif nibbles is not None:
+        terms = [(levels, nibbles[0], 16), (levels, nibbles[1], 1)]
     elif split and 256 * weight_sum < exact:
         hi = _node(ctx, "Floor", [_node(ctx, "Mul", [levels, _shared(ctx, "1/256_f32", np.array(1 / 256, np.float32))],
                                         f"{hint}_x_by256", nodes)], f"{hint}_x_hi", nodes)
         c256 = _shared(ctx, "256_f32", np.array(256.0, np.float32))
         lo = _node(ctx, "Sub", [levels, _node(ctx, "Mul", [hi, c256], f"{hint}_x_hi256", nodes)], f"{hint}_x_lo", nodes)
-        planes = [(hi, 256), (lo, 1)]
+        terms = [(hi, w_f32, 256), (lo, w_f32, 1)]
     else:
         return None
     to = TensorProto.INT32 if in_int32 else TensorProto.DOUBLE
-    return _weighted_sum(ctx, [(_node(ctx, "Cast", [_node(ctx, "Conv", [plane, w_f32], f"{hint}_acc_f32", nodes,
+    return _weighted_sum(ctx, [(_node(ctx, "Cast", [_node(ctx, "Conv", [plane, w], f"{hint}_acc_f32", nodes,
                                                              **conv_attrs)], f"{hint}_acc", nodes, to=to), weight)
-                               for plane, weight in planes], in_int32, hint, nodes)
+                               for plane, w, weight in terms], in_int32, hint, nodes)
+
+
+def _weight_nibbles(ctx: LoweringContext, w_f32: str, weights: np.ndarray | None, kernel_elements: int | None,
+                    level_max: float, hint: str, nodes: list[NodeProto]) -> tuple[str, str] | None:
+    """The float32 nibble weights (hi, lo) of int8 weights, ``w = 16 * hi + lo``, where a conv of levels up
+    to ``level_max`` over each stays exact (partial sums below 2**24); None elsewhere or unbounded.
+
+    Known ``weights`` give constants and their own sums; a weight computed at run time (a calibrated
+    model's twin) is split by four nodes on the weight alone, bounded by 8 and 15 per element.
+    """
+    exact = 2.0**24
+    if weights is not None:
+        w = np.asarray(weights, dtype=np.int64)
+        hi = np.floor_divide(w, 16)
+        lo = w - 16 * hi
+        widest = max(np.abs(p).reshape(w.shape[0], -1).sum(axis=1).max(initial=0) for p in (hi, lo))
+        if level_max * float(widest) >= exact:
+            return None
+        return (ctx.constant(f"{hint}_w_hi_f32", hi.astype(np.float32)),
+                ctx.constant(f"{hint}_w_lo_f32", lo.astype(np.float32)))
+    if kernel_elements is None or level_max * 15.0 * kernel_elements >= exact:
+        return None
+    hi = _node(ctx, "Floor", [_node(ctx, "Mul", [w_f32, _shared(ctx, "1/16_f32", np.array(1 / 16, np.float32))],
+                                    f"{hint}_w_by16", nodes)], f"{hint}_w_hi", nodes)
+    sixteen = _shared(ctx, "16_f32", np.array(16.0, np.float32))
+    lo = _node(ctx, "Sub", [w_f32, _node(ctx, "Mul", [hi, sixteen], f"{hint}_w_hi16", nodes)], f"{hint}_w_lo", nodes)
+    return hi, lo
 
 
 def int8_parts(ctx: LoweringContext, x: str, z: int, hint: str, nodes: list[NodeProto],

@@ -677,16 +677,19 @@ def test_int32_output_saturates_at_int32_bounds() -> None:
 
 
 @pytest.mark.parametrize(("weight", "x_bits", "taps", "float_convs"),
-                         [(1, 16, 9, 1), (3, 16, 576, 2), (100, 16, 576, 2), (127, 8, 576, 1), (127, 16, 576, 0)])
+                         [(1, 16, 9, 1), (127, 16, 9, 2), (-128, 16, 25, 2), (3, 16, 576, 2), (100, 16, 576, 2),
+                          (127, 8, 576, 1), (127, 16, 576, 0)])
 def test_grouped_conv_runs_as_float32_where_exact(weight: int, x_bits: int, taps: int, float_convs: int) -> None:
     """A grouped conv's accumulator comes from float32 convs while every partial sum stays below
-    2**24: one conv of the levels, or two over the bytes of int16 levels; else ConvInteger. Each
-    form equals the reference bit for bit, extreme levels included."""
+    2**24: one conv of the levels; or two over the weight's nibbles (int16 levels, 3x3 and 5x5
+    windows), or over the bytes of int16 levels; else ConvInteger. Each form equals the reference
+    bit for bit, extreme levels and weights included."""
     from hbtools.runtime.lowering import lower_model
 
-    rng = np.random.default_rng(weight + x_bits)
+    rng = np.random.default_rng(abs(weight) + x_bits)
     ws = [4, taps, 1, 1]  # 2 groups: 576 * 127 * 255 > 2**24 > 576 * 100 * 255; 9 * 32768 < 2**24
-    w = (np.where(rng.random(ws) < 0.5, -1, 1) * weight).astype(np.int8)
+    w = np.clip(np.where(rng.random(ws) < 0.5, -1, 1) * weight, -128, 127).astype(np.int8)
+    w[0, : taps // 2] = np.int8(min(weight, 127) if weight > 0 else -128)  # one output at its largest sum
     q = QMAX[x_bits]
     x = ints(rng, x_bits, [1, 2 * taps, 2, 2])
     x[0, :, 1, 1] = np.where(rng.random(2 * taps) < 0.5, -q - 1, q)  # the extreme levels
@@ -698,4 +701,6 @@ def test_grouped_conv_runs_as_float32_where_exact(weight: int, x_bits: int, taps
     model = build(node, {"x": x}, np.int32, list(want.shape), {"w": w})
     ops = [n.op_type for n in lower_model(model).graph.node]
     assert ops.count("Conv") == float_convs and ("ConvInteger" in ops) == (float_convs == 0)
+    # The nibbles (taps up to 25) split the constant weight, not the levels: no per-pixel Floor.
+    assert ("Floor" in ops) == (float_convs == 2 and taps > 25)
     assert_exact(want, run_lowered(model, {"x": x}))
