@@ -89,10 +89,7 @@ def run_model(name: str, args: argparse.Namespace, work: Path, ours: dict | None
     for seed in range(args.seeds):
         path = work / name / f"noisy_{seed}.onnx"
         onnx.save(perturbed(source, seed), str(path))
-        ref, noisy, _ = compare_ort.infer_pairs(setup, path, False, args.threads)
-        model = fetch_models.ZOO[name]
-        grid = (model.grid_strides, tuple(setup.shape[2:])) if model.grid_strides else None
-        scores = zoo.compare(task, ref, noisy, model.scores, grid)
+        scores = zoo.evaluate(setup, task, path, False, args.threads)  # the noisy copy takes float input
         rows.append({"seed": seed, **{k: scores[k] for k in ("cosine_mean", "cosine_min", "agreement")}})
         path.unlink()
         print(f"{name} seed {seed}: cosine {scores['cosine_mean']:.4f} / {scores['cosine_min']:.4f}, "
@@ -144,10 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in fetch_models.ZOO]
-    if unknown or args.seeds < 1 or args.heldout_num < 1:
-        print(f"ERROR --models: unknown {', '.join(unknown)}; choose from {','.join(fetch_models.ZOO)} "
-              "(--seeds and --heldout-num at least 1)" if unknown else
-              "ERROR --seeds and --heldout-num must be at least 1", file=sys.stderr)
+    if unknown:
+        print(f"ERROR --models: unknown {', '.join(unknown)}; choose from {','.join(fetch_models.ZOO)}",
+              file=sys.stderr)
+        return 1
+    if args.seeds < 1 or args.heldout_num < 1:
+        print("ERROR --seeds and --heldout-num must be at least 1", file=sys.stderr)
         return 1
     args.cal_num, args.detect_size = 1, 0  # zoo.prepare writes calibration samples; none are used here
     ours = {}

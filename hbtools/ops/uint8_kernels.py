@@ -215,11 +215,9 @@ def grouped_accumulator(ctx: LoweringContext, levels: str, level_max: float, spl
     ``in_int32`` (as ``accumulate``), else float64.
     """
     exact = 2.0**24
-    nibbles = None if level_max * weight_sum < exact else \
-        _weight_nibbles(ctx, w_f32, weights, kernel_elements, level_max, hint, nodes)
     if level_max * weight_sum < exact:
         terms = [(levels, w_f32, 1)]
-    elif nibbles is not None:
+    elif (nibbles := _weight_nibbles(ctx, w_f32, weights, kernel_elements, level_max, hint, nodes)) is not None:
         terms = [(levels, nibbles[0], 16), (levels, nibbles[1], 1)]
     elif split and 256 * weight_sum < exact:
         hi = _node(ctx, "Floor", [_node(ctx, "Mul", [levels, _shared(ctx, "1/256_f32", np.array(1 / 256, np.float32))],

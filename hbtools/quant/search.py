@@ -604,14 +604,14 @@ class Evaluator:
         # the held-out strings; scored with its logits (int8 0.93 against 0.986) the search kept 68 and
         # 87.5 % (docs/hb_mapper.md).
         logits = any(final_logits(self.calibrated))
-        with_logits = self.score(thresholds, logits=logits)  # each unit's and each sample's own score
+        int8_score = self.score(thresholds, logits=logits)  # each unit's and each sample's own score
         int8, int8_samples = self.units, self.sample_units
         if np.all(int8 >= target):
             return {}, dict(thresholds)
         if logits:
             log.info("mixed precision: output cosine %.6f, %.6f counting the logits of the final Softmax "
-                     "(the search scores the lower)", score, with_logits)
-            score = with_logits
+                     "(the search scores the lower)", score, int8_score)
+            score = int8_score
         ranked = self._rank_by_sensitivity(thresholds, noise, logits)
         if not ranked:
             return {}, dict(thresholds)

@@ -636,12 +636,8 @@ def test_the_int16_search_scores_a_final_softmax_with_its_logits(caplog: pytest.
     rng = np.random.default_rng(3)
     feeds = [{"x": rng.normal(0, 1, (1, 3, 4, 12)).astype(np.float32)} for _ in range(4)]
     tensors = [p.tensor for p in plan.activations]
-    names = list(dict.fromkeys([*tensors, "prob", "logits"]))
-    floats = fetching_session(optimized, names)
-    values = [dict(zip(names, floats.run(names, f), strict=True)) for f in feeds]
-    th = {t: float(max(np.abs(v[t]).max() for v in values)) for t in tensors}
-    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds,
-                          [[v["prob"], v["logits"]] for v in values], th)
+    th, refs = _float_run(optimized, plan, feeds, ("prob", "logits"))
+    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, refs, th)
     score = evaluator.score(th)
     assert score < PROMOTE_TARGET  # not saturated: the probabilities alone would run the search
     logger = logging.getLogger("hbtools")
