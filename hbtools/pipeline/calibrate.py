@@ -171,7 +171,7 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     kept = _if_weights_gain(f"weight rounding (GPTQ) of {len(offsets)} weights", nearest,
                             lambda: Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs,
                                               nearest.built),
-                            next(iter(candidates.values())), candidates, "rounded weights",
+                            candidates, "rounded weights",
                             max(nearest_scores, key=nearest_scores.get))
     if kept is None:
         return plan, nearest, nearest_scores
@@ -179,26 +179,21 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
 
 
 def _if_weights_gain(step: str, current: Evaluator, make_candidate: Callable[[], Evaluator],
-                     thresholds: dict[str, float], candidates: dict[str, dict[str, float]], change: str, best: str,
+                     candidates: dict[str, dict[str, float]], change: str, best: str,
                      forced: bool = False) -> tuple[Evaluator, dict[str, float]] | None:
     """The candidate's evaluator (``make_candidate``) and the methods' scores on it if its weights
-    alone (activations float) bring the output closer to float than ``current``'s (or ``forced``),
-    else None.
+    alone (every activation on an int16 grid, ``Evaluator.weights_alone``) bring the output closer to
+    float than ``current``'s (or ``forced``), else None.
 
-    Judged with float activations: with int8 activations their error can hide the weights' gain,
+    Judged with int16 activations: with int8 activations their error can hide the weights' gain,
     which shows once mixed precision gives the sensitive tensors int16.
     """
-    floats = {p.tensor for p in current.plan.activations}
-    before = current.score(thresholds, disabled=floats)
-    # The current evaluator's session with a switch per node (and its lowered model) is built again
-    # if a later score needs it: the candidate's evaluator and its own such session are built without
-    # them alongside (PP-OCRv6 small rec: about 90 MB less at the peak).
-    current.release_switchable()
-    release_freed_memory()
+    before = current.weights_alone()
     candidate = make_candidate()
-    after = candidate.score(thresholds, disabled=floats)
+    after = candidate.weights_alone()
     keep = forced or after > before
-    log.info("%s: weights-only output cosine %.6f -> %.6f (%s)", step, before, after, "kept" if keep else "not kept")
+    log.info("%s: weights-only (int16 activations) output cosine %.6f -> %.6f (%s)", step, before, after,
+             "kept" if keep else "not kept")
     if not keep:
         return None
     return candidate, _method_scores(candidate, candidates, best, f" with {change}")
@@ -247,7 +242,7 @@ def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     kept = _if_weights_gain("bias correction", evaluator,
                             lambda: Evaluator(corrected, plan, weight_th, evaluator.feeds, evaluator.refs,
                                               evaluator.built),
-                            th, candidates, "corrected biases", best, forced)
+                            candidates, "corrected biases", best, forced)
     if kept is None:
         return optimized, evaluator, scores
     return corrected, *kept

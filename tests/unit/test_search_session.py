@@ -242,21 +242,20 @@ def test_sensitivity_from_cuts_ranks_as_whole_runs(monkeypatch: pytest.MonkeyPat
     evaluator, th, tensors = _chain_evaluator()
     noise = dict.fromkeys(tensors, 0.01)
     monkeypatch.setattr(search, "SUFFIXES_WORTH_SECONDS", np.inf)
-    whole = evaluator._rank_by_sensitivity(th, noise)
+    whole = evaluator._rank_by_sensitivity(th, th, noise)
     monkeypatch.setattr(search, "SUFFIXES_WORTH_SECONDS", 0.0)
-    cut = evaluator._rank_by_sensitivity(th, noise)
+    cut = evaluator._rank_by_sensitivity(th, th, noise)
     assert len(tensors) >= 5 and cut == whole
 
 
 def test_sensitivity_with_cuts_keeps_no_idle_whole_model_session(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With cuts, the suffixes run the whole model on a session of their own: the evaluator's
-    switchable session is not held beside it (a session holds a copy of the model's weights)."""
+    """With cuts, the suffixes run the whole model on a session of their own beside the evaluator's
+    scoring session, and no third one (a session holds a copy of the model's weights)."""
     gc.collect()
     # Sessions other tests of this process keep alive (the debugger's shared-arena session) are not counted.
     before = sum(isinstance(o, ort.InferenceSession) for o in gc.get_objects())
     evaluator, th, tensors = _chain_evaluator()
-    floats_off = set(tensors)
-    evaluator.score(th, disabled=floats_off)  # builds the switchable session, as the GPTQ check does
+    weights_alone = evaluator.score(*evaluator.all_int16())  # as the GPTQ check scores
     alive: list[int] = []
     rerun = Suffixes.rerun
 
@@ -267,10 +266,9 @@ def test_sensitivity_with_cuts_keeps_no_idle_whole_model_session(monkeypatch: py
 
     monkeypatch.setattr(Suffixes, "rerun", counting)
     monkeypatch.setattr(search, "SUFFIXES_WORTH_SECONDS", 0.0)
-    ranked = evaluator._rank_by_sensitivity(th, dict.fromkeys(tensors, 0.01))
+    ranked = evaluator._rank_by_sensitivity(th, th, dict.fromkeys(tensors, 0.01))
     assert alive and set(alive) == {2}  # the evaluator's scoring session and the suffixes' whole one
-    # The switchable session comes back when a score needs it, and scores as before.
-    assert evaluator.score(th, disabled=floats_off) == evaluator.score(th, disabled=floats_off)
+    assert evaluator.score(*evaluator.all_int16()) == weights_alone
     assert sorted(ranked) == sorted(tensors)
 
 
@@ -449,24 +447,34 @@ def test_fed_conv_biases_are_added_in_float32_with_the_same_bits(build) -> None:
     assert picks, "conv1's biased sum is picked at run time"
 
 
-def test_switchable_session_is_the_scoring_session_with_every_switch_on() -> None:
-    """The session the sensitivity measurements run (an enable flag per activation fake quant) gives, per
-    element, the scoring session's outputs with every node on; with every node off only the weights and
-    biases stay on their grids, far closer to the float model."""
+def test_int16_activations_score_the_weights_alone() -> None:
+    """Every activation on a 16-bit grid over its widest range (how the GPTQ and bias-correction checks
+    judge weights alone) leaves only the weights' and biases' grids: far closer to the float model than
+    int8 activations, and as close as activations left float within a small share of the int8 loss."""
     optimized = optimize.run(_biased_convs())
     profile = get_profile("bayes-e")
     plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
     rng = np.random.default_rng(4)
     feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(2)]
     widest, refs = _float_run(optimized, plan, feeds)
-    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, refs, widest)
-    switchable = evaluator._switchable_session()
-    everything = {p.tensor for p in plan.activations}
+    weight_th = weight_thresholds(optimized, plan)
+    evaluator = Evaluator(optimized, plan, weight_th, feeds, refs, widest)
+    th16, bits16 = evaluator.all_int16()
+    assert set(bits16) == {p.tensor for p in plan.activations} and set(bits16.values()) == {16}
+    weights_only = build_calibrated_model(optimized, plan, widest, weight_th, {})
+    for node in weights_only.graph.node:  # activation fake quants off: the weights alone
+        if node.op_type == "HzCalibration" and helper.get_attribute_value(
+                next(a for a in node.attribute if a.name == "kind")) == b"activation":
+            node.op_type, node.domain = "Identity", ""
+            del node.attribute[:], node.input[1:]
+    floats = fetching_session(weights_only, ["y"])
     for feed, (ref,) in zip(feeds, refs, strict=True):
-        on = switchable.run(["y"], {**feed, **evaluator._extra(widest, switched=True)})[0]
-        np.testing.assert_array_equal(on, evaluator.session.run(["y"], {**feed, **evaluator._extra(widest)})[0])
-        off = switchable.run(["y"], {**feed, **evaluator._extra(widest, disabled=everything)})[0]
-        assert 1 - cosine_similarity(ref, off) < 0.5 * (1 - cosine_similarity(ref, on))
+        int8 = evaluator.session.run(["y"], {**feed, **evaluator._extra(widest)})[0]
+        int16 = evaluator.session.run(["y"], {**feed, **evaluator._extra(th16, bits16)})[0]
+        alone = floats.run(["y"], feed)[0]
+        int8_loss, int16_loss = 1 - cosine_similarity(ref, int8), 1 - cosine_similarity(ref, int16)
+        assert int16_loss < 0.5 * int8_loss
+        assert abs(int16_loss - (1 - cosine_similarity(ref, alone))) < 0.05 * int8_loss
 
 
 def _anchor_decoding_model() -> onnx.ModelProto:
