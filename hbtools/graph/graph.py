@@ -254,7 +254,7 @@ def _declare_large_constants(probe: ModelProto) -> None:
 
 def _selected_source(node: onnx.NodeProto, flags: set[str]) -> str | None:
     """The then-pick of a switch: an If on a graph input (one of ``flags``) whose branches each only
-    hand on an outer tensor of the same type (``ops.base.select``); None for any other node."""
+    hand on an outer tensor of the same type (the debugger's, ``debug.switches``); None for any other node."""
     if node.op_type != "If" or node.domain not in ("", "ai.onnx") or len(node.output) != 1 \
             or node.input[0] not in flags:
         return None

@@ -71,10 +71,9 @@ class LoweringContext:
         self.opset = opset
         self._taken = taken
         self.shapes = shapes or {}
-        # When set, calibration scales and enable flags become graph inputs so one
-        # session can evaluate any threshold assignment (search, debugger).
+        # When set, activation calibration grids become graph inputs so one session can
+        # evaluate any threshold and bit width assignment (the searches).
         self.feed_calibration = feed_calibration
-        self.switches = True  # with feed_calibration: an enable flag per node as well
         self.initializers: list[TensorProto] = []
         self.inputs: list[ValueInfoProto] = []
         # Float64 twins of a calibrated model's tensors (``hbtools.ops.twins``), and the
@@ -192,20 +191,6 @@ def reduced_axes(attrs: dict, axes_input: np.ndarray | None, rank: int) -> list[
     if not axes:
         return [] if attrs.get("noop_with_empty_axes", 0) else list(range(rank))
     return sorted(int(v) % rank for v in axes)
-
-
-def select(ctx: LoweringContext, flag: str, if_true: str, if_false: str, out: str, elem_type: int) -> NodeProto:
-    """``out = if_true if flag else if_false`` for a scalar bool ``flag``, as an If node.
-
-    onnxruntime's Where broadcasts the condition element by element (about three times the cost
-    of a Mul); an If only hands one of the two tensors on."""
-    branches = {}
-    for branch, source in (("then", if_true), ("else", if_false)):
-        picked = ctx.unique(f"{out}_{branch}")
-        branches[f"{branch}_branch"] = helper.make_graph(
-            [helper.make_node("Identity", [source], [picked], name=picked)], picked, [],
-            [helper.make_tensor_value_info(picked, elem_type, None)])
-    return helper.make_node("If", [flag], [out], name=ctx.unique(f"{out}_if"), **branches)
 
 
 class HzOp:

@@ -32,8 +32,8 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from hbtools.ops import twins
-from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of, select
-from hbtools.ops.names import calibration_node, enable_input, fed_input
+from hbtools.ops.base import REQUIRED, HzOp, LoweringContext, attrs_of
+from hbtools.ops.names import calibration_node, fed_input
 from hbtools.ops.registry import register
 from hbtools.quant import grids
 from hbtools.quant.grids import grid_bounds, input_scale_array, scales_for
@@ -124,11 +124,9 @@ class HzCalibration(HzOp):
         bits = int(a["bits"])
         lo, hi = grid_bounds(bits, zero_points is not None)
         if ctx.feed_calibration and a.get("kind") == "activation":
-            # Scale, grid and (in a switchable session) an enable flag are fed at run time:
-            # y = enable ? fq(x) : x.
+            # Scale and grid are fed at run time: one session scores any threshold and bit width.
             scale = ctx.graph_input(fed_input(base, "scale"), TensorProto.FLOAT, shape)
             qmax_in = ctx.graph_input(fed_input(base, "qmax"), TensorProto.FLOAT, [])
-            enable = ctx.graph_input(enable_input(base), TensorProto.BOOL, []) if ctx.switches else None
             zp = qmin_in = None
             if zero_points is not None:
                 zp = ctx.graph_input(fed_input(base, "zero_point"), TensorProto.FLOAT, shape)
@@ -138,23 +136,12 @@ class HzCalibration(HzOp):
                 qmin_in = ctx.unique(f"{base}_qmin")
                 nodes.append(helper.make_node("Neg", [qmax_in], [qmin_in], name=qmin_in))
             if ctx.exact and x in ctx.twins:
-                twins.fake_quant_twin(ctx, x, y, scale, (qmin_in, qmax_in), bits, zp, base, nodes, enable,
-                                      scalar_step)
+                twins.fake_quant_twin(ctx, x, y, scale, (qmin_in, qmax_in), bits, zp, base, nodes,
+                                      scalar_step=scalar_step)
                 return nodes
-            if enable is None:
-                fq_nodes, levels = _fake_quant(x, y, scale, (qmin_in, qmax_in), ctx, base, zp)
-                nodes += fq_nodes
-                twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, scalar_step=scalar_step)
-                return nodes
-            fq = ctx.unique(f"{base}_fq")
-            fq_nodes, levels = _fake_quant(x, fq, scale, (qmin_in, qmax_in), ctx, base, zp)
+            fq_nodes, levels = _fake_quant(x, y, scale, (qmin_in, qmax_in), ctx, base, zp)
             nodes += fq_nodes
-            nodes.append(select(ctx, enable, fq, x, y, TensorProto.FLOAT))
-            # Disabled, the levels are x / scale: products over them still give the float value.
-            ratio, chosen = ctx.unique(f"{base}_ratio"), ctx.unique(f"{base}_chosen_levels")
-            nodes += [helper.make_node("Div", [x, scale], [ratio], name=ratio),
-                      select(ctx, enable, levels, ratio, chosen, TensorProto.FLOAT)]
-            twins.levels_twin(ctx, y, chosen, scale, bits, base, nodes, scalar_step=scalar_step)
+            twins.levels_twin(ctx, y, levels, scale, bits, base, nodes, scalar_step=scalar_step)
             return nodes
         nodes = []
         offset = None

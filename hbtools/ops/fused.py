@@ -6,7 +6,7 @@ computes: integer levels in, the float32 requantization rule, levels out, each t
 step. Lowered as one QLinearConv between a QuantizeLinear and a DequantizeLinear, the
 pattern gives the same float32 values as its float64 twins (``hbtools.ops.twins``) at
 the quantized model's speed. Used where the calibration grids are constants (not for
-the search's fed grids, nor for the debugger's switched lowering).
+the searches' fed grids, nor for the debugger's switched lowering).
 """
 
 from __future__ import annotations

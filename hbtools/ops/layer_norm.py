@@ -163,8 +163,8 @@ class HzLayerNorm(HzOp):
         if n is None:
             return cls.float_nodes(node, ctx)
         nodes: list[NodeProto] = []
-        # Whole numbers, except where a search switched the input's fake quant off (levels = x / step):
-        # rounded, the kernel then reads the input on its grid, unclipped.
+        # The kernel reads the input's integer levels (whole numbers already on every grid: a no-op pass
+        # that keeps the table's index integral whatever hands the levels on).
         levels = add_node(ctx, "Round", [src.levels], node.name, nodes)
         y = normalized_levels(ctx, levels, scale, bias, rank, {**a, "group": n}, src.step, node.name, nodes)
         twins.to_float(ctx, y, node.output[0], nodes)

@@ -19,8 +19,8 @@ with ``HzSoftmax``: in place of a Softmax the BPU runs, its lowering builds the 
 table with the same ops over the same differences and reads it at the input's float64
 twin levels (``hbtools.ops.twins``), then ``e / S``; the output's fake quant divides that
 by the step, as the kernel does. Where the twin levels are not whole numbers of a grid
-(a switchable session's disabled nodes hand on ``x / step``) the ops apply per element
-instead. Without twins (a debugger's piecewise model) it is the float Softmax.
+the ops apply per element instead. Without twins (a debugger's piecewise model) it is the
+float Softmax.
 """
 
 from __future__ import annotations
@@ -130,15 +130,15 @@ def _twin_exp(ctx: LoweringContext, src, x: str, axis: int, hint: str,  # noqa: 
     """On the calibrated model's float64 twin levels ``src`` of ``x``: the differences ``d = levels - max``
     (a thunk: the table path makes them only if asked) and their exp levels.
 
-    Where the levels are whole numbers of an 8- or 16-bit grid (not in a switchable session, whose disabled
-    nodes hand on ``x / step``), the exp levels come from the kernel's table, built by the same ops over
-    the same differences as ``exp_table`` builds it and read at ``d + n - 1``: the same bits by
+    Where the levels are whole numbers of an 8- or 16-bit grid, the exp levels come from the kernel's
+    table, built by the same ops over the same differences as ``exp_table`` builds it and read at
+    ``d + n - 1``: the same bits by
     construction, and one exp per table entry instead of one per element. A constant step makes the
     table a constant (onnxruntime folds it); a fed step (threshold searches: any grid up to 16 bits) builds
     it at run time, where the tensor has more elements than the table. Elsewhere: the formula per element."""
     peak = reduce_keepdims(ctx, "ReduceMax", src.levels, [axis], hint, nodes)
     bits = 16 if ctx.feed_calibration else src.bits
-    whole = src.bits in (8, 16) and not (ctx.feed_calibration and ctx.switches)
+    whole = src.bits in (8, 16)
     elements = ctx.elements(x)
     fed = ctx.known(src.step) is None
     if not whole or (fed and elements <= 2**bits):

@@ -40,7 +40,7 @@ import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, helper
 
 from hbtools.ops import registry, uint8_kernels
-from hbtools.ops.base import LoweringContext, attrs_of, exact_sum, reduced_axes, select
+from hbtools.ops.base import LoweringContext, attrs_of, exact_sum, reduced_axes
 from hbtools.quant import grids
 
 # Data-movement ops: levels in, levels out; the step does not change.
@@ -343,18 +343,15 @@ def to_float(ctx: LoweringContext, x_d: str, out: str, nodes: list[NodeProto]) -
 
 
 def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tuple[str, str], bits: int,
-                    zero_point: str | None, base: str, nodes: list[NodeProto], enable: str | None = None,
-                    scalar_step: bool = True) -> None:
+                    zero_point: str | None, base: str, nodes: list[NodeProto], scalar_step: bool = True) -> None:
     """Fake quant of twin-carrying ``x`` in float64: ``y`` (float32) and its twin.
 
     ``scale``, ``bounds`` and ``zero_point`` are float32 tensors (constants or fed inputs).
-    With ``enable`` (a fed flag) a disabled node passes its input on; its levels are then
-    ``x / scale``, so products over levels still give the float value.
     """
     src = ctx.twins[x]
     s = to_double(ctx, scale, f"{base}_scale", nodes)
     lo, hi = (to_double(ctx, b, f"{base}_bound", nodes) for b in bounds)
-    int8 = bits == 8 and zero_point is None and enable is None
+    int8 = bits == 8 and zero_point is None
     # Levels of a fed grid are whole numbers of whatever grid is fed (the int16 search feeds 16-bit
     # ones to an 8-bit node): int8 only where the bounds are constants within int8.
     int8_levels = int8 and all(v is not None and -128 <= v <= 127 for v in (_scalar(ctx, b) for b in bounds))
@@ -367,21 +364,19 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
         return
     if src.bits == ACCUMULATOR_BITS and src.levels is not None:
         kept = Twin(None, None, s, bits, scalar_step=scalar_step, int8_levels=int8_levels)  # what y's twin records
-        _accumulator_fake_quant32(ctx, src, x, y, (scale, s), bounds, zero_point, base, nodes, enable, kept)
+        _accumulator_fake_quant32(ctx, src, y, (scale, s), bounds, zero_point, base, nodes, kept)
         return
-    x_value = None
     if src.sum_of is not None:  # an integer add: its float32 rule
         q = _sum_levels(ctx, src.sum_of, s, base, nodes)
     elif src.product_of is not None:  # an integer mul: its float32 rule
         q = _product_levels(ctx, src.product_of, s, base, nodes)
     else:
-        if src.value is None and enable is None:
+        if src.value is None:
             # levels * (step / s): the integer ops' requantization, multiplier and all.
             multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
             ratio = _node(ctx, "Mul", [src.levels, multiplier], f"{base}_div_f64", nodes)
         else:
-            x_value = value_of(ctx, src, nodes)
-            ratio = _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes)
+            ratio = _node(ctx, "Div", [src.value, s], f"{base}_div_f64", nodes)
         q = _node(ctx, "Round", [ratio], f"{base}_round_f64", nodes)
     z = to_double(ctx, zero_point, f"{base}_zp", nodes) if zero_point else None
     if z:
@@ -393,21 +388,13 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
     if z:
         q = _node(ctx, "Sub", [q, z], f"{base}_unshift_f64", nodes)
     value = _node(ctx, "Mul", [q, s], f"{base}_fq_f64", nodes)
-    if enable is not None:
-        if x_value is None:
-            x_value = value_of(ctx, src, nodes)
-            ratio = _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes)
-        chosen, levels = ctx.unique(f"{base}_where_f64"), ctx.unique(f"{base}_levels_f64")
-        nodes += [select(ctx, enable, value, x_value, chosen, TensorProto.DOUBLE),
-                  select(ctx, enable, q, ratio, levels, TensorProto.DOUBLE)]
-        value, q = chosen, levels
     to_float(ctx, value, y, nodes)
     ctx.twins[y] = Twin(value, q, s, bits, scalar_step=scalar_step, int8_levels=int8_levels)
 
 
-def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, scale: tuple[str, str],
+def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, y: str, scale: tuple[str, str],
                               bounds: tuple[str, str], zero_point: str | None, base: str, nodes: list[NodeProto],
-                              enable: str | None, twin: Twin) -> None:
+                              twin: Twin) -> None:
     """An integer product's requantization, float32(acc) * float32(step / s) as onnxruntime's integer
     conv kernels compute it (HzSQuantizedConv ``requantize_f32``), and the rest of the fake quant, in
     float32: the rounding, clips and zero point work on whole numbers below 2**24, and the output is the
@@ -427,31 +414,8 @@ def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, x: str, y: str, s
     if zero_point:
         q = _node(ctx, "Sub", [q, zero_point], f"{base}_unshift", nodes)
     levels = to_double(ctx, q, f"{base}_levels", nodes)
-    if enable is None:
-        nodes.append(helper.make_node("Mul", [q, scale32], [y], name=ctx.unique(f"{base}_fq")))
-        twin.levels, twin.levels32 = levels, q
-        ctx.twins[y] = twin
-        return
-    # Switched off, the node passes x on, and its levels are x / s (products over them give x back).
-    value = _node(ctx, "Mul", [q, scale32], f"{base}_fq", nodes)
-    x_value = value_of(ctx, src, nodes)
-    chosen_value, chosen_levels = ctx.unique(f"{base}_value_f64"), ctx.unique(f"{base}_levels_f64")
-    nodes += [select(ctx, enable, value, x, y, TensorProto.FLOAT),
-              select(ctx, enable, _node(ctx, "Mul", [levels, s], f"{base}_fq_f64", nodes), x_value, chosen_value,
-                     TensorProto.DOUBLE),
-              select(ctx, enable, levels, _node(ctx, "Div", [x_value, s], f"{base}_div_f64", nodes), chosen_levels,
-                     TensorProto.DOUBLE)]
-    twin.value, twin.levels = chosen_value, chosen_levels
-    # The float32 levels a product reads, picked in float32 (the cast of the float64 pick), with the division
-    # of a switched-off node inside its branch: nothing of it runs while the node is on.
-    chosen32, ratio, off = ctx.unique(f"{base}_levels_f32"), ctx.unique(f"{base}_off_f64"), ctx.unique(f"{base}_off")
-    on = ctx.unique(f"{base}_on")
-    twin.levels32 = chosen32
-    nodes.append(helper.make_node(
-        "If", [enable], [chosen32], name=ctx.unique(f"{chosen32}_if"),
-        then_branch=_branch([helper.make_node("Identity", [q], [on], name=on)], on),
-        else_branch=_branch([helper.make_node("Div", [x_value, s], [ratio], name=ratio),
-                             helper.make_node("Cast", [ratio], [off], name=off, to=TensorProto.FLOAT)], off)))
+    nodes.append(helper.make_node("Mul", [q, scale32], [y], name=ctx.unique(f"{base}_fq")))
+    twin.levels, twin.levels32 = levels, q
     ctx.twins[y] = twin
 
 
@@ -726,7 +690,7 @@ def _integer_product(node: NodeProto, ctx: LoweringContext, a: Twin, b: Twin, si
     runs it; ``(A @ B)`` for a MatMul, ``sign * A @ op(B)`` for a Gemm. None where it does not apply."""
     w = ctx.known(b.levels32) if b.levels32 else None
     if w is None or w.ndim != 2 or b.bits != 8 or ctx.opset < 10 \
-            or (ctx.feed_calibration and ctx.switches) or not (a.bits == 16 or (a.bits == 8 and a.int8_levels)):
+            or not (a.bits == 16 or (a.bits == 8 and a.int8_levels)):
         return None
     if node.op_type == "Gemm" and helper.get_attribute_value(
             next((x for x in node.attribute if x.name == "transB"), helper.make_attribute("transB", 0))):
@@ -899,10 +863,10 @@ def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,
     the number of output channels.
 
     Only where the levels are whole numbers of the layout: int16 grids, and int8 grids without a zero
-    point; not in a switchable session, whose disabled nodes hand on levels ``x / step``. None elsewhere.
+    point. None elsewhere.
     """
     shape = ctx.shapes.get(node.input[1])
-    if node.op_type != "Conv" or ctx.opset < 10 or (ctx.feed_calibration and ctx.switches) or w.folded \
+    if node.op_type != "Conv" or ctx.opset < 10 or w.folded \
             or w.bits != 8 or not (x.bits == 16 or (x.bits == 8 and x.int8_levels)) \
             or not shape or any(not isinstance(d, int) or d <= 0 for d in shape):
         return None

@@ -371,7 +371,7 @@ class Evaluator:
         self._pieces, self.views = self._scored_pieces(refs)
         # Scores do numpy work between runs and the searches take turns with other sessions: no
         # spinning threads, no intermediates kept between runs.
-        self.session = fetching_session(self.calibrated, self.fetched, feed_calibration=True, switches=False,
+        self.session = fetching_session(self.calibrated, self.fetched, feed_calibration=True,
                                         spinning=False, memory_pattern=False, threads=session_threads(self.workers))
         self.plan = plan
         self.feeds = feeds
@@ -647,7 +647,7 @@ class Evaluator:
         feeds = self.feeds[:SENSITIVITY_SAMPLES]
         samples = list(range(len(feeds)))
         promoted = {t: self.plan.activation(t).fed(wide[t], 16) for t in measured}
-        model = fetching_model(self.calibrated, self.fetched, feed_calibration=True, switches=False)
+        model = fetching_model(self.calibrated, self.fetched, feed_calibration=True)
         first_reader = {}
         for i, node in enumerate(model.graph.node):
             for name in node.input:

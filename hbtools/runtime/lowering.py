@@ -20,12 +20,12 @@ def has_hz_ops(model: ModelProto) -> bool:
 
 
 def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Collection[str] = (),
-                exact: bool = True, switches: bool = True) -> ModelProto:
+                exact: bool = True) -> ModelProto:
     """A standard-ONNX copy of ``model`` that onnxruntime can run.
 
-    With ``feed_calibration`` every activation HzCalibration takes its scale and (unless
-    ``switches=False``: always on) an enable flag from graph inputs named ``<node>_scale`` /
-    ``<node>_enable``. Tensors
+    With ``feed_calibration`` every activation HzCalibration takes its grid from graph inputs
+    named ``<node>_scale``, ``<node>_qmax`` (and with a zero point ``<node>_zero_point``,
+    ``<node>_qmin``). Tensors
     the model computes but nothing reads are dropped, except its outputs and ``keep``
     (tensors a caller will fetch). ``exact=False`` keeps no float64 twins (a model switched
     piecewise, as the debugger's, has no integer chain to follow).
@@ -40,7 +40,6 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     shapes, elem_types = view.shapes, view.elem_types
     ctx = LoweringContext(default_opset(model), taken, shapes, feed_calibration=feed_calibration)
     ctx.exact = exact
-    ctx.switches = switches
     ctx.constants = {t.name for t in model.graph.initializer}
     ctx.float_constants = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
     ctx.constant_values = {t.name: t for t in model.graph.initializer}

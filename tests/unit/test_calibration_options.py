@@ -75,7 +75,7 @@ def test_asymmetric_activation_calibration() -> None:
     assert_exact(y, ((q - zp) * scale).astype(np.float32))
     assert y.min() == 0 and y.max() == np.float32(255 * scale), "the whole int8 range holds [0, threshold]"
     # The fed form (method search) gives the same values from graph inputs.
-    fed = {"x": x, "y_HzCalibration_enable": np.array(True), "y_HzCalibration_scale": np.array(scale),
+    fed = {"x": x, "y_HzCalibration_scale": np.array(scale),
            "y_HzCalibration_zero_point": np.array(zp, np.float32), "y_HzCalibration_qmin": np.array(-128, np.float32),
            "y_HzCalibration_qmax": np.array(127, np.float32)}
     node.name = "y_HzCalibration"

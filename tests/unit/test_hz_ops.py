@@ -201,7 +201,7 @@ def test_calibration_zero_threshold_is_finite() -> None:
     assert_exact(run_lowered(calib_model(node, [8]), {"x": x}), x)
 
 
-def test_feed_calibration_graph_inputs_and_enable_flag() -> None:
+def test_feed_calibration_graph_inputs() -> None:
     act = HzCalibration.build("x", "xq", kind="activation", thresholds=[2.0], bits=8)
     wnode = HzCalibration.build("w", "wq", kind="weight", thresholds=[1.0, 2.0], bits=8, axis=0)
     add = helper.make_node("Add", ["xq", "wq"], ["y"], name="add")
@@ -216,25 +216,18 @@ def test_feed_calibration_graph_inputs_and_enable_flag() -> None:
     model.ir_version = 8
     lowered = lower_model(model, feed_calibration=True)
     names = [i.name for i in lowered.graph.input]
-    assert "x_HzCalibration_scale" in names and "x_HzCalibration_enable" in names
+    assert {"x_HzCalibration_scale", "x_HzCalibration_qmax"} <= set(names)
     assert not any(n.startswith("w_HzCalibration_") for n in names), "weights keep constant scales"
-    enable = next(i for i in lowered.graph.input if i.name == "x_HzCalibration_enable")
-    assert enable.type.tensor_type.elem_type == TensorProto.BOOL
     sess = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
-    # A fed grid size (qmax), where the lowering takes one, is the node's own: 127 for int8.
-    grid = {"x_HzCalibration_qmax": np.array(127, np.float32)} if "x_HzCalibration_qmax" in names else {}
 
     rng = np.random.default_rng(2)
     x = rng.uniform(-3, 3, [2, 3]).astype(np.float32)
     w = np.zeros([2, 3], dtype=np.float32)  # the weight path adds exactly 0
-    off = sess.run(None, {"x": x, "w": w, "x_HzCalibration_scale": np.array(0.5, np.float32),
-                          "x_HzCalibration_enable": np.array(False), **grid})[0]
-    assert_exact(off, x)
-    for scale in (0.5, 0.03125, 2.0 / 127):
+    for scale, qmax in ((0.5, 127), (0.03125, 127), (2.0 / 127, 127), (2.0 / 32767, 32767)):
         s = np.float32(scale)
-        on = sess.run(None, {"x": x, "w": w, "x_HzCalibration_scale": np.array(s),
-                             "x_HzCalibration_enable": np.array(True), **grid})[0]
-        assert_exact(on, (np.clip(np.round(x / s), -127, 127) * s).astype(np.float32))
+        got = sess.run(None, {"x": x, "w": w, "x_HzCalibration_scale": np.array(s),
+                              "x_HzCalibration_qmax": np.array(qmax, np.float32)})[0]
+        assert_exact(got, (np.clip(np.round(x / s), -qmax, qmax) * s).astype(np.float32))
     # Without feed_calibration the same model uses the attribute threshold.
     fixed = ort.InferenceSession(lower_model(model).SerializeToString(), providers=["CPUExecutionProvider"])
     s = np.float32(2.0 / 127)

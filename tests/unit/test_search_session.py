@@ -438,7 +438,7 @@ def test_fed_conv_biases_are_added_in_float32_with_the_same_bits(build) -> None:
         fed = evaluator.session.run(["y"], {**feed, **evaluator._extra(widest)})[0]
         np.testing.assert_array_equal(fed, direct.run(["y"], feed)[0])
     # The first conv's sum goes on to a fake quant (the second's is the model's float output).
-    lowered = lower_model(evaluator.calibrated, feed_calibration=True, switches=False)
+    lowered = lower_model(evaluator.calibrated, feed_calibration=True)
     (hidden,) = [n.output[0] for n in lowered.graph.node if n.op_type == "Conv" and n.name.startswith("conv1")]
     widened = [n.name for n in lowered.graph.node if n.op_type == "Cast" and n.input[0] == hidden]
     assert not widened, f"conv1's sum cast to float64 outside the fallback: {widened}"

@@ -71,7 +71,7 @@ def test_fed_grids_build_the_table_once_per_run_and_give_the_built_models_output
     run: one Exp over the table's 65,536 differences, and per element the outputs of the calibrated model."""
     paths, samples, _ = converted
     model = onnx.load(str(paths["calibrated"]))
-    fed = lower_model(model, feed_calibration=True, switches=False)
+    fed = lower_model(model, feed_calibration=True)
     exps = [n for n in fed.graph.node if n.op_type == "Exp"]
     assert len(exps) == 1
     producers = {o: n for n in fed.graph.node for o in n.output}
