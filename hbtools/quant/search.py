@@ -42,7 +42,7 @@ SAMPLE_KEEP_GAIN = 0.9  # ... and each calibration sample of its own
 DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
 # Samples used to measure each tensor's sensitivity: an order for the demotions, which are judged on every
 # scoring sample. On PP-OCRv5 det the order depends on which two (rank correlation 0.39 between two pairs),
-# and the int16 tensors chosen with it (73-118 of 133 over six conversions; benchmarks/results/zoo.md).
+# and so do the int16 tensors chosen with it (73-98 of 133 over four sets; benchmarks/results/zoo.md).
 SENSITIVITY_SAMPLES = 2
 SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
 SUFFIXES = 6  # cuts of the model the sensitivity measurements rerun from
