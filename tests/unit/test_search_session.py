@@ -20,12 +20,19 @@ from hbtools.march.profiles import get_profile
 from hbtools.metrics import cosine_similarity
 from hbtools.pipeline import optimize
 from hbtools.quant import search
-from hbtools.quant.plan import build_calibrated_model, make_plan, weight_thresholds
+from hbtools.quant.plan import CalibrationPlan, build_calibrated_model, make_plan, weight_thresholds
 from hbtools.quant.search import PROMOTE_TARGET, Evaluator, final_logits, scored_tensors
 from hbtools.quant.units import build_partition
 from hbtools.runtime.lowering import lower_model
 from hbtools.runtime.session import fetching_session, make_session
 from hbtools.runtime.suffixes import Suffixes
+
+
+def _planned(model: onnx.ModelProto) -> tuple[onnx.ModelProto, CalibrationPlan]:
+    """``model`` optimized, and its calibration plan on bayes-e (int16 available)."""
+    optimized = optimize.run(model)
+    profile = get_profile("bayes-e")
+    return optimized, make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
 
 
 def _model_with_a_dead_channel() -> onnx.ModelProto:
@@ -51,9 +58,7 @@ def _model_with_a_dead_channel() -> onnx.ModelProto:
 
 def _dead_channel_plan(bits: int):
     """The optimized dead-channel model and its plan with every activation at ``bits``."""
-    optimized = optimize.run(_model_with_a_dead_channel())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    optimized, plan = _planned(_model_with_a_dead_channel())
     return optimized, plan.with_bits({p.tensor: bits for p in plan.activations})
 
 
@@ -134,9 +139,7 @@ def _saturated_classifier() -> onnx.ModelProto:
 def test_saturated_softmax_does_not_stop_the_int16_search() -> None:
     """Probabilities at 0 and 1 score an int8 classifier as perfect; the logits its Softmax reads
     do not, so mixed precision still runs and its logits score is the built calibrated model's."""
-    optimized = optimize.run(_saturated_classifier())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    optimized, plan = _planned(_saturated_classifier())
     assert scored_tensors(optimized) == ["prob", "logits"]
     rng = np.random.default_rng(3)
     feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
@@ -180,9 +183,7 @@ def _conv_chain(depth: int = 5) -> onnx.ModelProto:
 
 def _chain_evaluator() -> tuple[Evaluator, dict[str, float], list[str]]:
     """An evaluator of ``_conv_chain`` on three samples, its max thresholds and its activation tensors."""
-    optimized = optimize.run(_conv_chain())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    optimized, plan = _planned(_conv_chain())
     rng = np.random.default_rng(6)
     feeds = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(3)]
     th, refs = _float_run(optimized, plan, feeds, (optimized.graph.output[0].name,))
@@ -214,9 +215,7 @@ def test_int16_search_keeps_each_samples_share_of_the_gain() -> None:
     """A sample whose output is small (a picture with a little text) keeps ``SAMPLE_KEEP_GAIN`` of what
     int16 gains it: the pooled cosine weighs samples by their output energy and does not see such a
     sample lose its output. Checked on the calibrated models the choice builds."""
-    optimized = optimize.run(_chain_with_a_side_branch())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    optimized, plan = _planned(_chain_with_a_side_branch())
     rng = np.random.default_rng(6)
     feeds = [{"x": (scale * rng.normal(0, 1, (1, 4, 8, 8))).astype(np.float32)} for scale in (1, 1, 1, 1, 0.03)]
     out = optimized.graph.output[0].name
@@ -324,9 +323,7 @@ def _boxes_and_scores_model(transposed: bool) -> onnx.ModelProto:
 def test_each_piece_of_a_final_concat_counts_as_an_output(transposed: bool) -> None:
     """Clipping the class scores beside pixel boxes barely moves the joined output's cosine (the boxes
     hold its energy); the score is the mean of the boxes' and the scores' cosines, so it shows."""
-    optimized = optimize.run(_boxes_and_scores_model(transposed))
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    optimized, plan = _planned(_boxes_and_scores_model(transposed))
     plan = plan.with_bits({p.tensor: 16 for p in plan.activations})  # a fine grid: only the clipping shows
     rng = np.random.default_rng(5)
     feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
@@ -425,9 +422,7 @@ def test_fed_conv_biases_are_added_in_float32_with_the_same_bits(build) -> None:
     exact in float32, else (a bias far above its widened grid's step) in float64, chosen at run time: per
     element the same outputs as the calibrated model built with those grids, and no float64 copy of a
     conv's sum on the way (the float64 sum is only the fallback inside the If)."""
-    optimized = optimize.run(build())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    optimized, plan = _planned(build())
     rng = np.random.default_rng(1)
     feeds = [{"x": rng.normal(0, s, (1, 3, 8, 8)).astype(np.float32)} for s in (100.0, 1.0, 0.01)]
     widest, refs = _float_run(optimized, plan, feeds)
@@ -451,9 +446,7 @@ def test_int16_activations_score_the_weights_alone() -> None:
     """Every activation on a 16-bit grid over its widest range (how the GPTQ and bias-correction checks
     judge weights alone) leaves only the weights' and biases' grids: far closer to the float model than
     int8 activations, and as close as activations left float within a small share of the int8 loss."""
-    optimized = optimize.run(_biased_convs())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    optimized, plan = _planned(_biased_convs())
     rng = np.random.default_rng(4)
     feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(2)]
     widest, refs = _float_run(optimized, plan, feeds)
@@ -586,9 +579,7 @@ def _two_heads() -> onnx.ModelProto:
 def test_each_output_keeps_its_own_share_of_the_int16_gain() -> None:
     """Scored by the mean of the two outputs, the int16 search's goal came from the hard output's large
     gain, and the easy output's tensors went back to int8 though int16 gained it something too."""
-    optimized = optimize.run(_two_heads())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    optimized, plan = _planned(_two_heads())
     rng = np.random.default_rng(12)
     feeds = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
     tensors = [p.tensor for p in plan.activations]
@@ -638,9 +629,7 @@ def test_the_int16_search_scores_a_final_softmax_with_its_logits(caplog: pytest.
     """Not only where the probabilities saturate: a CTC head's probabilities hide logit errors that
     move an argmax where the margin is small (PP-OCRv6 tiny rec: 58 of 72 tensors int16 and 77.5 %
     of the held-out strings on its probabilities, 68 and 87.5 % with its logits)."""
-    optimized = optimize.run(_sequence_head())
-    profile = get_profile("bayes-e")
-    plan = make_plan(optimized, build_partition(optimized, profile, {}), None, profile)
+    optimized, plan = _planned(_sequence_head())
     rng = np.random.default_rng(3)
     feeds = [{"x": rng.normal(0, 1, (1, 3, 4, 12)).astype(np.float32)} for _ in range(4)]
     tensors = [p.tensor for p in plan.activations]
