@@ -40,9 +40,10 @@ PROMOTE_TARGET = 0.9999  # output cosine at which the int16 search stops
 KEEP_GAIN = 0.99  # share of the all-int16 improvement mixed precision must keep
 SAMPLE_KEEP_GAIN = 0.9  # ... and each calibration sample of its own
 DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
-# Samples used to measure each tensor's sensitivity: an order for the demotions, which are judged on every
-# scoring sample. On PP-OCRv5 det the order depends on which two (rank correlation 0.39 between two pairs),
-# and so do the int16 tensors chosen with it (73-98 of 133 over four sets; benchmarks/results/zoo.md).
+# Samples each tensor's sensitivity is measured on (``_sensitivity_samples``): an order for the demotions,
+# which are judged on every scoring sample. Measured as a gain over all-int8 on the first two samples (up
+# to session 34), the order depended on which two (PP-OCRv5 det: rank correlation 0.39 between two pairs,
+# 73-98 of 133 tensors int16 over four sets); see ``_rank_by_sensitivity`` for what it measures now.
 SENSITIVITY_SAMPLES = 2
 SENSITIVITY_MAX_TENSORS = 200  # beyond this, the noisiest tensors are measured
 SUFFIXES = 6  # cuts of the model the sensitivity measurements rerun from
@@ -600,11 +601,11 @@ class Evaluator:
             log.info("mixed precision: output cosine %.6f, %.6f counting the logits of the final Softmax "
                      "(the search scores the lower)", score, int8_score)
             score = int8_score
-        ranked = self._rank_by_sensitivity(thresholds, max_thresholds, noise, logits)
-        if not ranked:
+        candidates = sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
+        if not candidates:
             return {}, dict(thresholds)
-        all16 = {t: 16 for t in ranked}
-        wide = {t: max_thresholds[t] for t in ranked}  # a 16-bit grid needs no clipping
+        all16 = dict.fromkeys(candidates, 16)
+        wide = {t: max_thresholds[t] for t in candidates}  # a 16-bit grid needs no clipping
         best16 = self.score({**thresholds, **wide}, all16, logits=logits)
         gain = self.units - int8
         if np.all(gain <= 0):
@@ -614,9 +615,15 @@ class Evaluator:
         # output energy, and a picture with a little text (a few percent of the mean energy, or less)
         # loses its output to demotions that the others hide. A share, not the pooled 99 %: one sample's
         # score is noisier, and every sample at 99 % kept every tensor of PP-OCRv2 rec int16.
+        # ... but never less than the pooled score may lose: a sample that int8 already scores nearly as well
+        # as int16 would otherwise allow no loss at all (PP-OCRv6 tiny rec: most demotions failed on two
+        # samples whose own gains were a few 1e-5).
         sample_gain = self.sample_units - int8_samples
-        sample_goals = np.where(sample_gain > 0, np.minimum(target, int8_samples + SAMPLE_KEEP_GAIN * sample_gain),
-                                -np.inf)
+        pooled = (1 - KEEP_GAIN) * (best16 - score)
+        slack = np.maximum((1 - SAMPLE_KEEP_GAIN) * sample_gain, pooled)
+        sample_goals = np.where(sample_gain > 0, np.minimum(target, self.sample_units - slack), -np.inf)
+        ranked = self._rank_by_sensitivity(thresholds, wide, noise, logits,
+                                           (pooled, np.where(sample_gain > 0, slack, np.inf)))
         current, current_score = dict(all16), best16
         step = max(1, len(ranked) // DEMOTE_STEPS)
         least_first = ranked[::-1]
@@ -625,7 +632,12 @@ class Evaluator:
             trial = {t: b for t, b in current.items() if t not in least_first[start:start + step]}
             th = {**thresholds, **{t: wide[t] for t in trial}}
             s = self.score(th, trial, logits=logits, goals=goals, sample_goals=sample_goals)
-            if self.complete and np.all(self.units >= goals) and np.all(self.sample_units >= sample_goals):
+            kept = self.complete and np.all(self.units >= goals) and np.all(self.sample_units >= sample_goals)
+            log.debug("mixed precision: %d tensors back to int8 %s (score %s%.6f; outputs %s, samples %s below "
+                      "their goals)", step, "kept" if kept else "undone", "" if self.complete else "at most ", s,
+                      np.flatnonzero(self.units < goals).tolist(),
+                      np.flatnonzero(self.sample_units < sample_goals).tolist())
+            if kept:
                 current, current_score = trial, s
         chosen = {**thresholds, **{t: wide[t] for t in current}}
         already = sum(p.bits == 16 for p in self.plan.activations)  # int16 before the search (node_info, rules)
@@ -635,27 +647,35 @@ class Evaluator:
         return current, chosen
 
     def _rank_by_sensitivity(self, thresholds: dict[str, float], wide: dict[str, float], noise: dict[str, float],
-                             logits: bool = False) -> list[str]:
-        """int8 tensors ordered by the output cosine their int8 grid costs (measured).
+                             logits: bool = False, allowance: tuple[float, np.ndarray] | None = None) -> list[str]:
+        """int8 tensors ordered by what their int8 grid costs the output (measured), most costly first.
 
-        Each tensor's cost is the score gained by giving it alone an int16 grid over ``wide`` (what the
-        search would do), on the first ``SENSITIVITY_SAMPLES`` samples; ties and unmeasured tensors fall
-        back to the histogram's relative noise. A tensor's grid changes nothing before the first node
-        reading it: each measurement reruns the model from the last of ``SUFFIXES`` cuts before that node.
+        The demotions start from every tensor int16: a tensor's cost is what going back to its int8 grid
+        alone does to the output, on ``SENSITIVITY_SAMPLES`` samples: the one with the largest share of the
+        output energy, and the one that can lose least (``allowance``: what the pooled score and each
+        sample may lose; their share of it is the cost, the larger of the two). The pooled part counts each
+        scored piece's squared error against its energy on every scoring sample, not on the few measured:
+        a cosine over two samples swung by up to 0.04 on detector pieces nearly empty there (YOLOv8n class
+        scores), more than any tensor costs. A tensor's gain over all-int8, measured instead until session
+        35, is nothing where its consumer rounds to nearly the same grid again, yet demoting it is costly:
+        groups of such tensors failed first. Unmeasured tensors fall back to the histogram's relative
+        noise. A tensor's grid changes nothing before the first node reading it: each measurement reruns
+        the model from the last of ``SUFFIXES`` cuts before that node.
         """
         candidates = sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
         measured = candidates[:SENSITIVITY_MAX_TENSORS]
         if not measured:
             return candidates
-        feeds = self.feeds[:SENSITIVITY_SAMPLES]
-        samples = list(range(len(feeds)))
-        promoted = {t: self.plan.activation(t).fed(wide[t], 16) for t in measured}
+        pooled, slack = allowance if allowance is not None else (1.0, np.full(len(self.feeds), np.inf))
+        samples = self._sensitivity_samples(slack)
+        feeds = [self.feeds[i] for i in samples]
+        demoted = {t: self.plan.activation(t).fed(thresholds[t], 8) for t in measured}
         model = fetching_model(self.calibrated, self.fetched, feed_calibration=True)
         first_reader = {}
         for i, node in enumerate(model.graph.node):
             for name in node.input:
                 first_reader.setdefault(name, i)
-        starts = {t: min((first_reader[f] for f in promoted[t] if f in first_reader), default=0) for t in measured}
+        starts = {t: min((first_reader[f] for f in demoted[t] if f in first_reader), default=0) for t in measured}
         ordered = sorted(starts.values())
         # Cuts cost a few session builds: only where the measurements take a while.
         worth = self.seconds_per_run * len(feeds) * len(measured) >= SUFFIXES_WORTH_SECONDS
@@ -664,16 +684,25 @@ class Evaluator:
                             whole=self.session, threads=session_threads(self.workers))
         del model
         release_freed_memory()  # what building the suffixes' sessions took and dropped
-        extra = self._extra(thresholds)
+        extra = self._extra({**thresholds, **{t: wide[t] for t in candidates}}, dict.fromkeys(candidates, 16))
         earlier = [suffixes.run({**f, **extra}) for f in feeds]
-        base = self._cosine([[e[o] for o in self.fetched] for e in earlier], samples, logits)
-        gain = {}
+        base = self._errors(samples, [[e[o] for o in self.fetched] for e in earlier])
+        share = self._score_shares(logits)
+        energy = np.sum(self._energy, axis=0)
+        # Per measured sample and piece, the weight of a squared error in the pooled loss (an estimate of
+        # the loss over all scoring samples), and in that sample's own loss; near 1 a cosine is
+        # 1 - error / (2 energy).
+        whole = _ratio(share * len(self.feeds) / len(samples), 2 * energy * max(pooled, 1e-12))
+        own = [_ratio(share, 2 * np.asarray(self._energy[i]) * slack[i]) if np.isfinite(slack[i]) else 0 * share
+               for i in samples]
+        cost = {}
         for k, t in enumerate(tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False)):
-            changed = {**extra, **promoted[t]}
+            changed = {**extra, **demoted[t]}
             runs = [out for _, out in side_by_side(
-                lambda i: suffixes.rerun(starts[t], {**feeds[i], **changed}, earlier[i]),  # noqa: B023 - used at once
-                samples, suffixes.session_of(starts[t]), self.workers)]
-            gain[t] = self._cosine(runs, samples, logits) - base
+                lambda j: suffixes.rerun(starts[t], {**feeds[j], **changed}, earlier[j]),  # noqa: B023 - used at once
+                list(range(len(feeds))), suffixes.session_of(starts[t]), self.workers)]
+            added = self._errors(samples, runs) - base
+            cost[t] = max(float(whole @ added.sum(axis=0)), *(float(w @ a) for w, a in zip(own, added, strict=True)))
             # Runs of several sessions without a memory pattern leave their intermediates' memory free
             # but scattered over the heaps, which kept growing by about 190 MB over the measurements
             # (PP-OCRv6 small rec, 66 tensors). A trim costs tens of ms on such a heap, and the pages
@@ -682,4 +711,35 @@ class Evaluator:
                 release_freed_memory()
         suffixes = earlier = runs = None  # their sessions and values
         release_freed_memory()
-        return sorted(candidates, key=lambda t: (gain.get(t, -1.0), noise[t]), reverse=True)
+        return sorted(candidates, key=lambda t: (cost.get(t, -np.inf), noise[t]), reverse=True)
+
+    def _sensitivity_samples(self, slack: np.ndarray) -> list[int]:
+        """The samples the sensitivity is measured on: the largest share of the output energy first (it
+        stands for the pooled score), then the one that can lose least (``slack`` times its share of the
+        energy), then the next largest shares."""
+        chosen = self._order[:1]
+        share = np.sum(np.array(self._energy) / np.maximum(np.sum(self._energy, axis=0), 1e-300), axis=1)
+        tight = [i for i in np.argsort(slack * share, kind="stable") if np.isfinite(slack[i]) and i not in chosen]
+        chosen += [int(i) for i in tight[:1]]
+        chosen += [i for i in self._order if i not in chosen]
+        return chosen[:min(SENSITIVITY_SAMPLES, len(self.feeds))]
+
+    def _score_shares(self, logits: bool) -> np.ndarray:
+        """Per scored piece, its share of the score: outputs count alike, the pieces of one output alike,
+        and with ``logits`` a final Softmax's logits as much as its output."""
+        share = np.zeros(len(self._pieces))
+        for own, j in self.views:
+            share[own] += 1.0 / len(self.views) / len(own)
+            if logits and j is not None:
+                share[j] += 1.0 / len(self.views)
+        return share
+
+    def _errors(self, samples: list[int], runs: list[list[np.ndarray]]) -> np.ndarray:
+        """Per sample of ``samples`` (rows) and scored piece, the squared error of its run in ``runs``."""
+        rows = [self._products(i, out) for i, out in zip(samples, runs, strict=True)]
+        return np.array([r[0] - 2 * r[1] + r[2] for r in rows])
+
+
+def _ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a / b, 0 where b is not positive."""
+    return np.divide(a, b, out=np.zeros(np.broadcast(a, b).shape), where=b > 0)
