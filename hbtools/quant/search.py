@@ -716,14 +716,10 @@ class Evaluator:
     def _sensitivity_samples(self, slack: np.ndarray) -> list[int]:
         """The samples the sensitivity is measured on: the largest share of the output energy first (it
         stands for the pooled score), then the one that can lose least (``slack`` times its share of the
-        energy), then the next largest shares. A sample without output energy in the scored pieces is
-        never the one that can lose least: no single demotion moves its score (PP-OCRv5 det, a picture
-        whose float map is all zero), and measured there every tensor that helped the other sample
-        cost exactly 0."""
+        energy), then the next largest shares."""
         chosen = self._order[:1]
         share = np.sum(np.array(self._energy) / np.maximum(np.sum(self._energy, axis=0), 1e-300), axis=1)
-        tight = [i for i in np.argsort(slack * share, kind="stable")
-                 if np.isfinite(slack[i]) and share[i] > 0 and i not in chosen]
+        tight = [i for i in np.argsort(slack * share, kind="stable") if np.isfinite(slack[i]) and i not in chosen]
         chosen += [int(i) for i in tight[:1]]
         chosen += [i for i in self._order if i not in chosen]
         return chosen[:min(SENSITIVITY_SAMPLES, len(self.feeds))]
