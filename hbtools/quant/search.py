@@ -523,10 +523,6 @@ class Evaluator:
                 in enumerate(zip(self._cut(self.refs[sample]), self._cut(out), strict=True))]
         return np.array(rows, dtype=np.float64).T
 
-    def _cosine(self, runs: list[list[np.ndarray]], samples: list[int], logits: bool) -> float:
-        """The score of ``runs`` (per sample, the ``fetched`` tensors) of ``samples`` against the float model."""
-        return self._score_of(sum(self._products(i, out) for i, out in zip(samples, runs, strict=True)), logits)
-
     def _score_of(self, sums: np.ndarray, logits: bool) -> float:
         """The score from the summed ``_products`` of the samples run."""
         return self._combined(lambda k: cosine_of_products(sums[1, k], sums[0, k], sums[2, k]), logits)
@@ -601,7 +597,7 @@ class Evaluator:
             log.info("mixed precision: output cosine %.6f, %.6f counting the logits of the final Softmax "
                      "(the search scores the lower)", score, int8_score)
             score = int8_score
-        candidates = sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
+        candidates = self._int8_candidates(noise)
         if not candidates:
             return {}, dict(thresholds)
         all16 = dict.fromkeys(candidates, 16)
@@ -629,12 +625,13 @@ class Evaluator:
         least_first = ranked[::-1]
         for start in tqdm(range(0, len(least_first), step), desc="mixed precision",
                           disable=not sys.stderr.isatty(), leave=False):
-            trial = {t: b for t, b in current.items() if t not in least_first[start:start + step]}
+            group = least_first[start:start + step]
+            trial = {t: b for t, b in current.items() if t not in group}
             th = {**thresholds, **{t: wide[t] for t in trial}}
             s = self.score(th, trial, logits=logits, goals=goals, sample_goals=sample_goals)
             kept = self.complete and np.all(self.units >= goals) and np.all(self.sample_units >= sample_goals)
             log.debug("mixed precision: %d tensors back to int8 %s (score %s%.6f; outputs %s, samples %s below "
-                      "their goals)", step, "kept" if kept else "undone", "" if self.complete else "at most ", s,
+                      "their goals)", len(group), "kept" if kept else "undone", "" if self.complete else "at most ", s,
                       np.flatnonzero(self.units < goals).tolist(),
                       np.flatnonzero(self.sample_units < sample_goals).tolist())
             if kept:
@@ -662,7 +659,7 @@ class Evaluator:
         noise. A tensor's grid changes nothing before the first node reading it: each measurement reruns
         the model from the last of ``SUFFIXES`` cuts before that node.
         """
-        candidates = sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
+        candidates = self._int8_candidates(noise)
         measured = candidates[:SENSITIVITY_MAX_TENSORS]
         if not measured:
             return candidates
@@ -712,6 +709,10 @@ class Evaluator:
         suffixes = earlier = runs = None  # their sessions and values
         release_freed_memory()
         return sorted(candidates, key=lambda t: (cost.get(t, -np.inf), noise[t]), reverse=True)
+
+    def _int8_candidates(self, noise: dict[str, float]) -> list[str]:
+        """The tensors the int16 search decides on: those of ``noise`` planned int8, noisiest first."""
+        return sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
 
     def _sensitivity_samples(self, slack: np.ndarray) -> list[int]:
         """The samples the sensitivity is measured on: the largest share of the output energy first (it
