@@ -344,8 +344,17 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         return len(self._outputs)
 
     @property
-    def input_types(self) -> dict[str, type]:
-        return {i.name: _NUMPY_OF_ORT.get(i.type, np.float32) for i in self._inputs}
+    def input_types(self) -> list[int]:
+        """Each input's ONNX element type (``onnx.TensorProto`` enum), by position as the vendor's
+        list: scripts test ``sess.input_types[0] == TensorProto.FLOAT`` or map it to a numpy type."""
+        return [self.get_input_type(i) for i in range(len(self._inputs))]
+
+    @property
+    def output_types(self) -> list[int]:
+        """Each output's ONNX element type (``onnx.TensorProto`` enum), by position."""
+        declared = {o.name: o.type.tensor_type.elem_type for o in self.model.graph.output}
+        return [declared.get(o.name) or helper.np_dtype_to_tensor_dtype(np.dtype(_NUMPY_OF_ORT.get(o.type, np.float32)))
+                for o in self._outputs]
 
     def run(self, output_names: Sequence[str] | None, feed_dict: dict, input_offset: int = 128,
             **_: object) -> list[np.ndarray]:
@@ -366,7 +375,8 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
             raise FeedError(f"missing input(s) {sorted(missing)}")
         feeds = {}
         for arg in self._inputs:
-            data = convert_feed(np.asarray(feed_dict[arg.name]), self.input_types[arg.name], input_offset, arg.name)
+            data = convert_feed(np.asarray(feed_dict[arg.name]), _NUMPY_OF_ORT.get(arg.type, np.float32), input_offset,
+                                arg.name)
             _check_shape(arg.name, data.shape, arg.shape)
             feeds[arg.name] = data
         # A single name is one output, not a sequence of one-letter names.

@@ -133,7 +133,8 @@ def all_tensors(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str
 
 def as_fed(sess: HB_ONNXRuntime, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The feed after HB_ONNXRuntime's own conversion (uint8 - 128 for int8 inputs)."""
-    return {k: (v.astype(np.int16) - 128).astype(np.int8) if sess.input_types[k] == np.int8 else v
+    types = dict(zip(sess.input_names, sess.input_types, strict=True))
+    return {k: (v.astype(np.int16) - 128).astype(np.int8) if types[k] == onnx.TensorProto.INT8 else v
             for k, v in x.items()}
 
 
@@ -199,8 +200,9 @@ def test_original_model_equals_source_model(converted: Converted) -> None:
     x = heldout(fm)
     original = converted.session("original")
     for name in fm.inputs:
-        want = np.float32 if name in fm.featuremap else np.int8
-        assert original.input_types[name] == want, f"input {name}: {original.input_types[name]}"
+        want = onnx.TensorProto.FLOAT if name in fm.featuremap else onnx.TensorProto.INT8
+        got_type = original.input_types[original.input_names.index(name)]
+        assert got_type == want, f"input {name}: {got_type}"
     # uint8 data goes in through input_offset=128, exactly as the device's int8 input.
     got = original.run(None, x, input_offset=128)
     ref = HB_ONNXRuntime(onnx_model=fm.model).run(None, source_feed(fm, x))

@@ -115,6 +115,9 @@ def test_sample_script_helpers_get_hw_input_type_and_providers(nhwc_model: dict[
     assert quantized.get_hw() == (16, 16) and source.get_hw() == (16, 16)
     assert quantized.get_input_type() == onnx.TensorProto.INT8
     assert source.get_input_type() == onnx.TensorProto.FLOAT
+    # the vendor's verifier indexes input_types by position and maps the ONNX enum to a numpy type
+    assert quantized.input_types == [onnx.TensorProto.INT8] and source.input_types == [onnx.TensorProto.FLOAT]
+    assert quantized.output_types == [onnx.TensorProto.FLOAT]
     quantized.set_providers(["CUDAExecutionProvider"])
     assert quantized.get_provider() == "CPUExecutionProvider"
     assert quantized.run(None, {"data": _image()})[0].shape[0] == 1
