@@ -28,6 +28,7 @@ from scipy.linalg import lapack
 
 from hbtools.graph.graph import GraphView
 from hbtools.quant import grids
+from hbtools.runtime.blas import one_blas_thread
 from hbtools.runtime.session import fetching_session
 
 # Output positions per sample and layer: every one up to here (a 480x480 input's stride-2 map), a
@@ -144,29 +145,35 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
         seen: dict[str, int] = {}
         count = 0
         for feed in feeds:
-            values = dict(zip(names, session.run(names, feed), strict=True))
-            for node in group:
-                x = values[node.input[0]]
-                if geos[node.name].dense and x.ndim <= 2:
-                    # Each row of a 2-D input is a sample of one position: their products are summed in
-                    # one matrix product, not a K x K outer product (and Python step) per row.
-                    sums[node.name] = sums.get(node.name, 0.0) + _row_products(x)
-                    seen[node.name] = seen.get(node.name, 0) + (len(x) if x.ndim == 2 else 1)
-                    continue
-                for sample in x:  # a batch contributes each of its samples
-                    h, taken = 0.0, 0
-                    for cols in patches(sample, geos[node.name], rng, positions):
-                        h = h + np.matmul(cols, cols.transpose(0, 2, 1))
-                        taken += cols.shape[2]
-                    sums[node.name] = sums.get(node.name, 0.0) + h / max(taken, 1)
-                    seen[node.name] = seen.get(node.name, 0) + taken
-            count += len(values[names[0]]) if names else 1
-            del values
+            with one_blas_thread():  # many small products: OpenBLAS's threads stall beside any busy process
+                count += _accumulate(group, geos, session.run(names, feed), names, sums, seen, rng, positions)
         for node in group:
             if node.name in sums:
                 hessian = sums.pop(node.name) / max(count, 1)
                 if seen[node.name] >= POSITIONS_PER_INPUT * hessian.shape[-1]:
                     yield node.name, hessian
+
+
+def _accumulate(group: list[NodeProto], geos: dict, fetched: list[np.ndarray], names: list[str],
+                sums: dict[str, np.ndarray], seen: dict[str, int], rng: np.random.Generator, positions: int) -> int:
+    """Add one feed's input products to each layer's sum (``sums``, positions in ``seen``); its sample count."""
+    values = dict(zip(names, fetched, strict=True))
+    for node in group:
+        x = values[node.input[0]]
+        if geos[node.name].dense and x.ndim <= 2:
+            # Each row of a 2-D input is a sample of one position: their products are summed in
+            # one matrix product, not a K x K outer product (and Python step) per row.
+            sums[node.name] = sums.get(node.name, 0.0) + _row_products(x)
+            seen[node.name] = seen.get(node.name, 0) + (len(x) if x.ndim == 2 else 1)
+            continue
+        for sample in x:  # a batch contributes each of its samples
+            h, taken = 0.0, 0
+            for cols in patches(sample, geos[node.name], rng, positions):
+                h = h + np.matmul(cols, cols.transpose(0, 2, 1))
+                taken += cols.shape[2]
+            sums[node.name] = sums.get(node.name, 0.0) + h / max(taken, 1)
+            seen[node.name] = seen.get(node.name, 0) + taken
+    return len(values[names[0]]) if names else 1
 
 
 def _reachable(node: NodeProto, view: GraphView, geo: ConvGeometry, positions: int, feeds: int) -> bool:
