@@ -35,7 +35,6 @@ import fetch_models  # noqa: E402
 import zoo  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-OURS = "hbtools makertbin (default)"
 
 
 def output_channel_axes(model: onnx.ModelProto) -> dict[str, int]:
@@ -149,10 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ERROR --seeds and --heldout-num must be at least 1", file=sys.stderr)
         return 1
     args.cal_num, args.detect_size = 1, 0  # zoo.prepare writes calibration samples; none are used here
-    ours = {}
-    if args.zoo_json.is_file():
-        for m in json.loads(args.zoo_json.read_text())["models"]:
-            ours[m["model"]] = next((r for r in m["runs"] if r["tool"] == OURS and r["status"] == "ok"), None)
+    ours = zoo.our_runs(args.zoo_json) if args.zoo_json.is_file() else {}
     fetch_models.fetch_zoo(args.models)
     started = time.perf_counter()
     result = {"command": "python benchmarks/noise_floor.py " + " ".join(sys.argv[1:]),

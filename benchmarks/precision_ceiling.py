@@ -21,9 +21,7 @@ cannot repair it); where only the float-weight row meets it, int8 weights are wh
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -131,31 +129,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", type=Path, help="write the table here (rewritten after every model)")
     parser.add_argument("--work-dir", type=Path, help="keep configs, data and models here (default: a temp dir)")
     args = parser.parse_args(argv)
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in args.models if m not in fetch_models.ZOO]
-    if unknown or not args.models:
-        raise zoo.UsageError(f"--models: unknown {', '.join(unknown) or '(none given)'}; choose from "
-                             f"{','.join(fetch_models.ZOO)}")
+    args.models = zoo.model_names(args.models)
     if args.zoo_json and not args.zoo_json.is_file():
         raise zoo.UsageError(f"--zoo-json {args.zoo_json}: no such file")
     return args
 
 
-def ours_rows(path: Path | None) -> dict[str, dict]:
-    """The default conversion's held-out numbers per model, from a zoo.py result."""
-    if path is None:
-        return {}
-    rows = {}
-    for m in json.loads(path.read_text())["models"]:
-        run = next((r for r in m["runs"] if r["tool"] == zoo.OURS and r.get("status") == "ok"), None)
-        if run:
-            rows[m["model"]] = {k: run[k] for k in ("cosine_mean", "cosine_min", "agreement")}
-    return rows
-
-
 def run(args: argparse.Namespace, work: Path) -> dict:
     fetch_models.fetch_zoo(args.models)
-    ours = ours_rows(args.zoo_json)
+    ours = {name: {k: row[k] for k in ("cosine_mean", "cosine_min", "agreement")}
+            for name, row in (zoo.our_runs(args.zoo_json) if args.zoo_json else {}).items()}
     result = {"command": "python benchmarks/precision_ceiling.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": compare_ort.machine(),
               "settings": {"cal_num": args.cal_num, "heldout_num": args.heldout_num, "det_size": args.det_size},
@@ -167,19 +150,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-        if args.work_dir:
-            args.work_dir.mkdir(parents=True, exist_ok=True)
-            run(args, args.work_dir)
-        else:
-            with tempfile.TemporaryDirectory(prefix="hbtools_ceiling_") as tmp:
-                run(args, Path(tmp))
-    except zoo.UsageError as exc:
-        print(f"ERROR {exc}", file=sys.stderr)
-        return 1
-    return 0
-
+    return zoo.run_benchmark(argv, parse_args, run, markdown, "hbtools_ceiling_")
 
 if __name__ == "__main__":
     sys.exit(main())

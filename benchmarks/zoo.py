@@ -303,6 +303,26 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def model_names(text: str) -> list[str]:
+    """The corpus models of a comma-separated ``--models`` value."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in fetch_models.ZOO]
+    if unknown or not names:
+        raise UsageError(f"--models: unknown {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{','.join(fetch_models.ZOO)}")
+    return names
+
+
+def our_runs(path: Path) -> dict[str, dict]:
+    """Per model, the ``default`` conversion's row of a zoo.py result (models whose run failed left out)."""
+    runs = {}
+    for m in json.loads(path.read_text())["models"]:
+        row = next((r for r in m["runs"] if r["tool"] == OURS and r.get("status") == "ok"), None)
+        if row is not None:
+            runs[m["model"]] = row
+    return runs
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(fetch_models.ZOO), help="comma-separated corpus models (all)")
@@ -322,11 +342,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--update", action="store_true",
                         help="keep the other models' results already in --json; replace those of --models")
     args = parser.parse_args(argv)
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in args.models if m not in fetch_models.ZOO]
-    if unknown or not args.models:
-        raise UsageError(f"--models: unknown {', '.join(unknown) or '(none given)'}; choose from "
-                         f"{','.join(fetch_models.ZOO)}")
+    args.models = model_names(args.models)
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if any(p not in ("MinMax", "Percentile", "Entropy") for p in args.peers):
         raise UsageError(f"--peers {args.peers}: choose from MinMax, Percentile, Entropy")
@@ -368,22 +384,29 @@ def write(result: dict, args: argparse.Namespace, render: Callable[[dict], str] 
         args.markdown.write_text((render or markdown)(result))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_benchmark(argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], argparse.Namespace],
+                  body: Callable[[argparse.Namespace, Path], dict], render: Callable[[dict], str], prefix: str) -> int:
+    """A corpus benchmark's main: parse, run ``body`` in ``--work-dir`` (new or empty) or a temporary
+    folder, print the table; bad input and failed downloads as one ERROR line, exit 1."""
     try:
-        args = parse_args(argv)
+        args = parse(argv)
         if args.work_dir:
             args.work_dir.mkdir(parents=True, exist_ok=True)
             if any(args.work_dir.iterdir()):
                 raise UsageError(f"--work-dir {args.work_dir} is not empty; give a new or empty folder")
-            result = run(args, args.work_dir)
+            result = body(args, args.work_dir)
         else:
-            with tempfile.TemporaryDirectory(prefix="zoo_") as tmp:
-                result = run(args, Path(tmp))
+            with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+                result = body(args, Path(tmp))
     except (UsageError, fetch_models.FetchError) as exc:
         print(f"ERROR {exc}", file=sys.stderr)
         return 1
-    print(markdown(result))
+    print(render(result))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_benchmark(argv, parse_args, run, markdown, "zoo_")
 
 
 if __name__ == "__main__":
