@@ -991,15 +991,18 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
     with zeros (or cut after the last sample the Conv reads) to whole frames of ``s`` samples, is reshaped to
     [N, C, F, s], transposed to [N, C, s, F] and read as [N, C*s, F]; weight tap ``j*s + p`` of channel ``c``
     becomes tap ``j`` of channel ``c*s + p`` (zero past the kernel). The same sums; the new kernel has
-    ceil(k / s) taps (a longer one is then cut into pieces). Not where node_info puts the Conv on the CPU, nor
-    where the march takes no 1-D Conv or the C*s channels. Returns how many Convs it rewrote."""
+    ceil(k / s) taps (a longer one is then cut into pieces). A 2-D Conv over a single row or column, with
+    kernel, stride and dilation 1 and no padding across it, is such a 1-D Conv (tf2onnx writes Keras'
+    Conv1D as one over [N, C, 1, L]): the same, the row or column kept. Not where node_info puts the Conv on
+    the CPU, nor where the march takes no Conv of its rank or the C*s channels. Returns how many Convs it
+    rewrote."""
     rule = profile.rule("Conv")
-    if rule is None or rule.stride is None or not rule.ranks[0] <= 3 <= rule.ranks[1]:
+    if rule is None or rule.stride is None:
         return 0
     opset = _opset(model)
     view = GraphView(model)
     # Convs reading the same input over the same frames (an STFT's real and imaginary parts) share one chain.
-    chains: dict[tuple[str, int, int, int], str] = {}
+    chains: dict[tuple[str, int, int, int, int], str] = {}
 
     def over_phases(node: NodeProto) -> list[NodeProto] | None:
         if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
@@ -1009,67 +1012,98 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
         b = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
         a = view.attrs(node)
-        if w is None or w.ndim != 3 or (len(node.input) > 2 and node.input[2] and b is None) or shape is None \
-                or out is None or len(shape) != 3 or len(out) != 3 \
+        if w is None or w.ndim not in (3, 4) or (len(node.input) > 2 and node.input[2] and b is None) \
+                or shape is None or out is None or len(shape) != w.ndim or len(out) != w.ndim \
+                or not rule.ranks[0] <= w.ndim <= rule.ranks[1] \
                 or any(not isinstance(d, int) or d <= 0 for d in [*shape, *out]) \
-                or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or int(a.get("group", 1)) != 1 \
-                or list(a.get("dilations") or [1]) != [1]:
+                or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or int(a.get("group", 1)) != 1:
             return None
-        s = int((a.get("strides") or [1])[0])
-        n, c, length = shape
+        spatial = w.ndim - 2
+        strides = list(a.get("strides") or [1] * spatial)
+        dilations = list(a.get("dilations") or [1] * spatial)
+        pads = list(a.get("pads") or [0] * 2 * spatial)
+        axis = _signal_axis(shape, w.shape, strides, dilations, pads)
+        if axis is None or dilations[axis - 2] != 1:
+            return None
+        s = int(strides[axis - 2])
+        c = shape[1]
         if s <= rule.stride or (rule.channels is not None and c * s > rule.channels):
             return None
-        taps = -(-w.shape[2] // s)
-        frames = out[2] - 1 + taps
-        begin = int((a.get("pads") or [0])[0])
+        taps = -(-w.shape[axis] // s)
+        frames = out[axis] - 1 + taps
+        begin = int(pads[axis - 2])
         tag = f"{node.name}_phases"
         nodes: list[NodeProto] = []
-        key = (node.input[0], s, frames, begin)
+        key = (node.input[0], axis, s, frames, begin)
         if key not in chains:
-            chains[key] = _phase_chain(model, opset, node.input[0], (n, c, length), s, frames, begin, tag, nodes)
+            chains[key] = _phase_chain(model, opset, node.input[0], list(shape), axis, s, frames, begin, tag, nodes)
         x = chains[key]
+        row = w.reshape(w.shape[0], c, w.shape[axis])  # the other spatial axis, if any, has one tap
         padded_w = np.zeros((w.shape[0], c, taps * s), w.dtype)
-        padded_w[:, :, :w.shape[2]] = w
+        padded_w[:, :, :row.shape[2]] = row
         # [O, C, taps, s] -> [O, C, s, taps] -> [O, C*s, taps]: channel c*s + p, tap j reads sample j*s + p
         weight = padded_w.reshape(w.shape[0], c, taps, s).transpose(0, 1, 3, 2).reshape(w.shape[0], c * s, taps)
+        kernel = [1] * spatial
+        kernel[axis - 2] = taps
+        weight = weight.reshape(w.shape[0], c * s, *kernel)
         model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), f"{node.input[1]}_{tag}"))
         nodes.append(helper.make_node("Conv", [x, f"{node.input[1]}_{tag}", *node.input[2:]],
-                                      list(node.output), name=node.name, kernel_shape=[taps]))
+                                      list(node.output), name=node.name, kernel_shape=kernel))
         return nodes
 
     return rewrite_nodes(model, over_phases)
 
 
-def _phase_chain(model: ModelProto, opset: int, x: str, shape: tuple[int, int, int], s: int, frames: int, begin: int,
+def _signal_axis(shape: list[int], kernel: tuple[int, ...], strides: list[int], dilations: list[int],
+                 pads: list[int]) -> int | None:
+    """The axis of ``shape`` a Conv slides along as a 1-D Conv (``strided_convs_over_phases``): the only
+    spatial one, or of two the one whose other is a single row or column read by one tap, with stride and
+    dilation 1 and no padding (None otherwise)."""
+    spatial = len(shape) - 2
+    if spatial == 1:
+        return 2
+    for axis, other in ((3, 2), (2, 3)):
+        k = other - 2
+        if shape[other] == 1 and kernel[other] == 1 and strides[k] == 1 and dilations[k] == 1 \
+                and pads[k] == 0 and pads[k + spatial] == 0:
+            return axis
+    return None
+
+
+def _phase_chain(model: ModelProto, opset: int, x: str, shape: list[int], axis: int, s: int, frames: int, begin: int,
                  tag: str, nodes: list[NodeProto]) -> str:
-    """``x`` [N, C, L] as [N, C*s, frames] over the stride's phases (``strided_convs_over_phases``): ``begin``
-    zeros in front, zeros after it up to ``frames * s`` samples (or the signal cut there), reshaped to
-    [N, C, frames, s], transposed and read as channels. Appends the nodes to ``nodes``; returns the output."""
-    n, c, length = shape
+    """``x`` (``shape``: [N, C, L], or [N, C, 1, L] / [N, C, L, 1] with the signal on ``axis``) as
+    [N, C*s, frames] (the single row or column kept) over the stride's phases (``strided_convs_over_phases``):
+    ``begin`` zeros in front, zeros after it up to ``frames * s`` samples (or the signal cut there), reshaped
+    to [N, C, frames, s], transposed and read as channels. Appends the nodes to ``nodes``; returns the output."""
+    n, c, length = shape[0], shape[1], shape[axis]
     tail = frames * s - begin - length
     if tail < 0:
         cut = f"{x}_{tag}_cut"
         if opset >= 10:
             consts = []
-            for what, values in (("starts", [0]), ("ends", [length + tail]), ("axes", [2])):
+            for what, values in (("starts", [0]), ("ends", [length + tail]), ("axes", [axis])):
                 name = f"{tag}_slice_{what}"
                 model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
                 consts.append(name)
             nodes.append(helper.make_node("Slice", [x, *consts], [cut], name=f"{tag}_cut"))
         else:
             nodes.append(helper.make_node("Slice", [x], [cut], name=f"{tag}_cut", starts=[0],
-                                          ends=[length + tail], axes=[2]))
+                                          ends=[length + tail], axes=[axis]))
         x = cut
     blocks = [(f"{tag}_front", begin), (f"{tag}_back", max(tail, 0))]
     if any(size for _, size in blocks):
         for name, size in blocks:
             if size:
-                model.graph.initializer.append(numpy_helper.from_array(np.zeros((n, c, size), np.float32), name))
+                zeros = list(shape)
+                zeros[axis] = size
+                model.graph.initializer.append(numpy_helper.from_array(np.zeros(zeros, np.float32), name))
         padded = f"{x}_{tag}_padded"
         parts = [blocks[0][0]] * bool(begin) + [x] + [blocks[1][0]] * bool(tail > 0)
-        nodes.append(helper.make_node("Concat", parts, [padded], name=f"{tag}_pad", axis=2))
+        nodes.append(helper.make_node("Concat", parts, [padded], name=f"{tag}_pad", axis=axis))
         x = padded
-    for what, dims in (("frames", [n, c, frames, s]), ("channels", [n, c * s, frames])):
+    channels = [n, c * s, *[frames if k == axis else 1 for k in range(2, len(shape))]]
+    for what, dims in (("frames", [n, c, frames, s]), ("channels", channels)):
         model.graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), f"{tag}_{what}"))
     nodes.append(helper.make_node("Reshape", [x, f"{tag}_frames"], [f"{x}_{tag}_frames"], name=f"{tag}_frames"))
     nodes.append(helper.make_node("Transpose", [f"{x}_{tag}_frames"], [f"{x}_{tag}_phases"],

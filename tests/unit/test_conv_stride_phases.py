@@ -1,4 +1,6 @@
 """1-D Convs with a stride larger than the BPU takes run on the BPU as stride-1 Convs over the stride's phases.
+So do 2-D Convs over a single row or column, as tf2onnx writes Keras' Conv1D (Spotify's basic-pitch: its
+constant-Q transform is ten Convs of kernel [1, 256] with strides up to 256 over [N, 1, 1, L]).
 
 Found on openwakeword's melspectrogram (PyPI): its STFT is two Conv1d of kernel 512 and stride 160 over the
 raw samples, and both ran on the CPU ('Conv kernel [512] exceeds 15 and stride [160] exceeds 8'): the kernel
@@ -20,13 +22,22 @@ from hbtools.march.profiles import get_profile
 from hbtools.pipeline import optimize
 
 
-def _conv1d(shape: list[int], cout: int, kernel: int, stride: int, pads: list[int], bias: bool):
+def _conv1d(shape: list[int], cout: int, kernel: int, stride: int, pads: list[int], bias: bool, row: int = 0):
+    """A 1-D Conv over ``shape`` [N, C, L]; with ``row`` 2 or 3, the same as a 2-D Conv over [N, C, 1, L] (``row``
+    2) or [N, C, L, 1] (3), one tap, stride 1 and no padding across the single row or column."""
     rng = np.random.default_rng(kernel + stride)
-    inits = [numpy_helper.from_array(rng.standard_normal((cout, shape[1], kernel)).astype(np.float32), "w")]
+    w = rng.standard_normal((cout, shape[1], kernel)).astype(np.float32)
+    attrs = {"kernel_shape": [kernel], "strides": [stride], "pads": pads}
+    if row:
+        shape = [*shape[:2], 1, shape[2]] if row == 2 else [*shape, 1]
+        w = w[:, :, None, :] if row == 2 else w[:, :, :, None]
+        signal = [(kernel, stride, pads[0], pads[1]), (1, 1, 0, 0)]
+        k, st, first, last = zip(*(signal[::-1] if row == 2 else signal), strict=True)
+        attrs = {"kernel_shape": list(k), "strides": list(st), "pads": [*first, *last]}
+    inits = [numpy_helper.from_array(w, "w")]
     if bias:
         inits.append(numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b"))
-    node = helper.make_node("Conv", ["x", "w", *(["b"] if bias else [])], ["y"], name="conv", kernel_shape=[kernel],
-                            strides=[stride], pads=pads)
+    node = helper.make_node("Conv", ["x", "w", *(["b"] if bias else [])], ["y"], name="conv", **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -45,8 +56,11 @@ def _run(model, x: np.ndarray) -> np.ndarray:
     ([1, 3, 200], 4, 12, 12, [0, 0], False),     # kernel = stride: one tap over the phases
     ([1, 1, 1000], 4, 400, 20, [0, 0], False),   # 20 taps over the phases, more than 15: then kernel pieces
 ])
-def test_strided_convs_over_phases_give_the_same_values(shape, cout, kernel, stride, pads, bias) -> None:
-    model = _conv1d(shape, cout, kernel, stride, pads, bias)
+@pytest.mark.parametrize("row", [0, 2, 3], ids=["1d", "2d_one_row", "2d_one_column"])
+def test_strided_convs_over_phases_give_the_same_values(shape, cout, kernel, stride, pads, bias, row) -> None:
+    model = _conv1d(shape, cout, kernel, stride, pads, bias, row)
+    shape = model.graph.input[0].type.tensor_type.shape
+    shape = [d.dim_value for d in shape.dim]
     rule = get_profile("bayes-e").rule("Conv")
     optimized = optimize.run(model, get_profile("bayes-e"))
     convs = [n for n in optimized.graph.node if n.op_type == "Conv"]
@@ -57,6 +71,26 @@ def test_strided_convs_over_phases_give_the_same_values(shape, cout, kernel, str
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     ref = _run(model, x)
     np.testing.assert_allclose(_run(optimized, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_a_keras_conv1d_over_one_row_runs_on_the_bpu(tmp_path: Path) -> None:
+    """tf2onnx's Conv1D (kernel [1, 256], stride [1, 128] over [N, 1, 1, L]) and a Relu: no CPU node (it was
+    'kernel exceeds 15 and stride exceeds 8'), the quantized model close to float."""
+    g = _Graph(5)
+    w = g.const((g.rng.standard_normal((16, 1, 1, 256)) * 0.05).astype(np.float32))
+    y = g.op("Relu", [g.op("Conv", ["signal", w], kernel_shape=[1, 256], strides=[1, 128])])
+    fm = g.model({"signal": [1, 1, 1, 4096]}, [y], featuremap={"signal"})
+    outcome = convert_and_check(fm, tmp_path, calibration_type="max")
+    assert not outcome.cpu, outcome.placement()
+    assert min(outcome.cosine) >= 0.99, outcome.cosine
+
+
+def test_a_conv_over_rows_of_more_than_one_pixel_is_left_as_it_is() -> None:
+    """Only a single row or column is a 1-D signal: a [1, 256] kernel over two rows keeps its Conv."""
+    model = _conv1d([1, 1, 2048], 4, 256, 128, [0, 0], False, row=2)
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 2
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    assert not [n for n in optimized.graph.node if n.op_type == "Transpose"]
 
 
 def test_an_stft_as_a_conv_runs_on_the_bpu(tmp_path: Path) -> None:
