@@ -91,13 +91,13 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
             scores = _method_scores(evaluator, candidates, None, "")
         with times.step("GPTQ"):
             plan, evaluator, scores = _weight_rounding(optimized, plan, weight_th, bc_feeds or eval_feeds,
-                                                       candidates, evaluator, scores)
+                                                       candidates, evaluator, scores, allow_int16)
             release_freed_memory()  # the Hessians and the evaluator not kept
         if bias_correction != "off":
             # Before the threshold and int16 searches, so that they score the model the user will run.
             with times.step("bias correction"):
                 optimized, evaluator, scores = _bias_correction(optimized, plan, weight_th, candidates, evaluator,
-                                                                scores, bc_feeds or eval_feeds,
+                                                                scores, bc_feeds or eval_feeds, allow_int16,
                                                                 forced=bias_correction == "on")
                 release_freed_memory()  # the correction's runs and the evaluator not kept
         method = max(scores, key=scores.get)
@@ -144,9 +144,10 @@ def _summary(method: str, plan: CalibrationPlan) -> str:
 
 def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],
                      feeds: list[dict], candidates: dict[str, dict[str, float]], nearest: Evaluator,
-                     nearest_scores: dict[str, float]) -> tuple[CalibrationPlan, Evaluator, dict[str, float]]:
-    """GPTQ rounding of the conv, MatMul and Gemm weights, kept when the best method's output gets closer
-    to float.
+                     nearest_scores: dict[str, float],
+                     int16_follows: bool) -> tuple[CalibrationPlan, Evaluator, dict[str, float]]:
+    """GPTQ rounding of the conv, MatMul and Gemm weights, kept when the output gets closer to float
+    (``_if_weights_gain``).
 
     Returns the plan with the rounding (or ``plan`` itself), its evaluator and method scores.
     """
@@ -171,32 +172,38 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     kept = _if_weights_gain(f"weight rounding (GPTQ) of {len(offsets)} weights", nearest,
                             lambda: Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs,
                                               nearest.built),
-                            candidates, "rounded weights",
-                            max(nearest_scores, key=nearest_scores.get))
+                            candidates, "rounded weights", nearest_scores, int16_follows)
     if kept is None:
         return plan, nearest, nearest_scores
     return rounded_plan, *kept
 
 
 def _if_weights_gain(step: str, current: Evaluator, make_candidate: Callable[[], Evaluator],
-                     candidates: dict[str, dict[str, float]], change: str, best: str,
-                     forced: bool = False) -> tuple[Evaluator, dict[str, float]] | None:
-    """The candidate's evaluator (``make_candidate``) and the methods' scores on it if its weights
-    alone (every activation on an int16 grid, ``Evaluator.weights_alone``) bring the output closer to
-    float than ``current``'s (or ``forced``), else None.
+                     candidates: dict[str, dict[str, float]], change: str, scores: dict[str, float],
+                     int16_follows: bool, forced: bool = False) -> tuple[Evaluator, dict[str, float]] | None:
+    """The candidate's evaluator (``make_candidate``) and the methods' scores on it if it brings the
+    output closer to float than ``current`` (whose method ``scores`` are given), or ``forced``; else None.
 
-    Judged with int16 activations: with int8 activations their error can hide the weights' gain,
-    which shows once mixed precision gives the sensitive tensors int16.
+    ``int16_follows`` (the int16 search comes next): judged by the weights alone, every activation on
+    an int16 grid (``Evaluator.weights_alone``); with int8 activations their error can hide the weights'
+    gain, which shows once mixed precision gives the sensitive tensors int16. Otherwise the activations
+    stay int8 in the model the user runs, and that is what judges: the best method's score.
     """
-    before = current.weights_alone()
+    best = max(scores, key=scores.get)
     candidate = make_candidate()
-    after = candidate.weights_alone()
-    keep = forced or after > before
-    log.info("%s: weights-only (int16 activations) output cosine %.6f -> %.6f (%s)", step, before, after,
-             "kept" if keep else "not kept")
-    if not keep:
-        return None
-    return candidate, _method_scores(candidate, candidates, best, f" with {change}")
+    if int16_follows:
+        before, after = current.weights_alone(), candidate.weights_alone()
+        keep = forced or after > before
+        log.info("%s: weights-only (int16 activations) output cosine %.6f -> %.6f (%s)", step, before, after,
+                 "kept" if keep else "not kept")
+        if not keep:
+            return None
+        return candidate, _method_scores(candidate, candidates, best, f" with {change}")
+    new_scores = _method_scores(candidate, candidates, best, f" with {change}")
+    keep = forced or max(new_scores.values()) > scores[best]
+    log.info("%s: output cosine %.6f -> %.6f with the best method (%s)", step, scores[best],
+             max(new_scores.values()), "kept" if keep else "not kept")
+    return (candidate, new_scores) if keep else None
 
 
 def _method_scores(evaluator: Evaluator, candidates: dict[str, dict[str, float]], first: str | None,
@@ -227,8 +234,9 @@ def _corrected_biases(optimized: ModelProto, plan: CalibrationPlan, thresholds: 
 
 def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],
                      candidates: dict[str, dict[str, float]], evaluator: Evaluator, scores: dict[str, float],
-                     feeds: list[dict], *, forced: bool) -> tuple[ModelProto, Evaluator, dict[str, float]]:
-    """Bias correction, kept (unless ``forced``) when the weights-only output gets closer to float.
+                     feeds: list[dict], int16_follows: bool, *,
+                     forced: bool) -> tuple[ModelProto, Evaluator, dict[str, float]]:
+    """Bias correction, kept (unless ``forced``) when the output gets closer to float (``_if_weights_gain``).
 
     The correction depends on the weights and the float model only, so it is made once, before the
     searches. Returns the model the searches go on from, its evaluator and the method scores.
@@ -242,7 +250,7 @@ def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     kept = _if_weights_gain("bias correction", evaluator,
                             lambda: Evaluator(corrected, plan, weight_th, evaluator.feeds, evaluator.refs,
                                               evaluator.built),
-                            candidates, "corrected biases", best, forced)
+                            candidates, "corrected biases", scores, int16_follows, forced)
     if kept is None:
         return optimized, evaluator, scores
     return corrected, *kept

@@ -201,6 +201,48 @@ def test_default_calibration_records_its_rounding_decision(tmp_path, caplog) -> 
     assert bool(rounded) == ("(kept)" in line), line
 
 
+def test_without_int16_rounding_and_bias_correction_are_judged_on_the_int8_model(tmp_path, caplog) -> None:
+    """On a march without int16 (bernoulli2) no int16 search follows: GPTQ and bias correction are kept
+    only if the best method's output cosine, int8 activations as the user runs them, goes up; the
+    numbers in the decision are the best of the method scores logged before and after."""
+    import logging
+    import re
+
+    import onnx
+    from builders import make_project, resnet_like
+
+    from hbtools.log import setup
+    from hbtools.pipeline.runner import makertbin
+
+    setup(None)
+    logging.getLogger("hbtools").addHandler(caplog.handler)
+    try:
+        project = make_project(tmp_path, resnet_like(), march="bernoulli2", cal_count=12,
+                               calibration_type="default")
+        paths = makertbin(project.config_path, "onnx")
+    finally:
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records]
+    assert not any("weights-only" in line for line in lines)
+    method = re.compile(r"calibration method (.+?)(?: with (rounded weights|corrected biases))?: output cosine "
+                        r"(?:below [0-9.]+ \(at most )?([0-9.]+)")
+    scores: dict[str | None, list[float]] = {}
+    for line in lines:
+        found = method.match(line)
+        if found:
+            scores.setdefault(found.group(2), []).append(float(found.group(3)))
+    decisions = [line for line in lines if "with the best method" in line]
+    assert decisions and decisions[0].startswith("weight rounding (GPTQ)"), lines
+    before, after = map(float, re.search(r"output cosine ([0-9.]+) -> ([0-9.]+)", decisions[0]).groups())
+    assert before == pytest.approx(max(scores[None]), abs=1e-6)
+    assert after == pytest.approx(max(scores["rounded weights"]), abs=1e-6)
+    kept = "(kept)" in decisions[0]
+    assert kept == (after > before)
+    calibrated = onnx.load(str(paths["calibrated"]))
+    rounded = [n for n in calibrated.graph.node if n.op_type == "HzCalibration" and len(n.input) > 1]
+    assert bool(rounded) == kept
+
+
 def wr_levels(w: np.ndarray, scales: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     s = scales.reshape(-1, *[1] * (w.ndim - 1))
     return np.clip(np.round(w / s) + offsets, -127, 127).astype(np.int8)
