@@ -40,6 +40,10 @@ PROMOTE_TARGET = 0.9999  # output cosine at which the int16 search stops
 KEEP_GAIN = 0.99  # share of the all-int16 improvement mixed precision must keep
 SAMPLE_KEEP_GAIN = 0.9  # ... and each calibration sample of its own
 DEMOTE_STEPS = 24  # tensors go back to int8 in about this many groups
+# Every activation int16 scores 0.995 and more on real CNNs (each grid's error ~1/256 of int8's); below this
+# the integer grids cannot hold some values at all: a log-power spectrum in the model (DNSMOS 0.939, Spotify's
+# basic-pitch 0.921), where the fix is float on the CPU, not more bits.
+ALL_INT16_FLOOR = 0.99
 # Samples each tensor's sensitivity is measured on (``_sensitivity_samples``): an order for the demotions,
 # which are judged on every scoring sample. Measured as a gain over all-int8 on the first two samples (up
 # to session 34), the order depended on which two (PP-OCRv5 det: rank correlation 0.39 between two pairs,
@@ -603,6 +607,12 @@ class Evaluator:
         all16 = dict.fromkeys(candidates, 16)
         wide = {t: max_thresholds[t] for t in candidates}  # a 16-bit grid needs no clipping
         best16 = self.score({**thresholds, **wide}, all16, logits=logits)
+        if best16 < ALL_INT16_FLOOR:
+            log.warning("even with every activation int16 the output cosine on the calibration samples is only %.4f: "
+                        "the BPU's integer grids cannot hold some of this model's values (typically a Log, Pow or "
+                        "division of values spanning many decades, such as a log-power spectrum computed in the "
+                        "model); hmct-debugger's node sensitivity names the nodes, and run_on_cpu keeps them in "
+                        "float", best16)
         gain = self.units - int8
         if np.all(gain <= 0):
             return {}, dict(thresholds)

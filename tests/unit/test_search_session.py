@@ -699,3 +699,55 @@ def test_sensitivity_is_measured_where_the_demotions_are_judged() -> None:
         slack = np.full(3, 0.01)
         slack[quiet] = 1e-6
         assert evaluator._sensitivity_samples(slack) == [loud, quiet]
+
+
+def _wide_log_model() -> onnx.ModelProto:
+    """Exp of 6x (x standard normal: values over 15 decades), summed by a conv with positive weights, then Log and
+    a conv: what a log-power spectrum computed in a model does to the BPU's linear grids."""
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(np.array(6.0, np.float32), "spread"),
+             numpy_helper.from_array(np.abs(rng.standard_normal((4, 4, 1, 1))).astype(np.float32), "w_sum"),
+             numpy_helper.from_array(rng.standard_normal((8, 4, 1, 1)).astype(np.float32), "w_out")]
+    nodes = [helper.make_node("Mul", ["x", "spread"], ["scaled"], name="scale"),
+             helper.make_node("Exp", ["scaled"], ["power"], name="exp"),
+             helper.make_node("Conv", ["power", "w_sum"], ["summed"], name="sum"),
+             helper.make_node("Log", ["summed"], ["logged"], name="log"),
+             helper.make_node("Conv", ["logged", "w_out"], ["y"], name="out")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["log_of_decades", "plain_convs"])
+def test_a_model_no_int16_grid_can_follow_is_told_so(wide: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Where even every activation int16 leaves the output far from float, the search says so and how to find
+    and fix it; a model int16 serves well gets no such warning."""
+    model = _wide_log_model() if wide else _model_with_a_dead_channel()
+    optimized, plan = _planned(model)
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal(tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim))
+              .astype(np.float32)} for _ in range(4)]
+    session = fetching_session(optimized, [o.name for o in optimized.graph.output])
+    refs = [session.run(None, f) for f in feeds]
+    th = {p.tensor: float(max(np.abs(v).max() for v in _values(optimized, p.tensor, feeds))) for p in plan.activations}
+    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, refs, th)
+    logger = logging.getLogger("hbtools")
+    logger.addHandler(caplog.handler)  # a tool's setup (another test's) stops propagation
+    try:
+        with caplog.at_level("WARNING", logger="hbtools"):
+            score = evaluator.score(th)
+            evaluator.promote_to_int16(th, th, score, dict.fromkeys(th, 1.0))
+    finally:
+        logger.removeHandler(caplog.handler)
+    warned = [r.getMessage() for r in caplog.records if "even with every activation int16" in r.getMessage()]
+    assert bool(warned) == wide, caplog.text
+    if wide:
+        assert "run_on_cpu" in warned[0] and "hmct-debugger" in warned[0]
+        assert evaluator.weights_alone() < search.ALL_INT16_FLOOR
+
+
+def _values(model: onnx.ModelProto, tensor: str, feeds: list[dict]) -> list[np.ndarray]:
+    session = fetching_session(model, [tensor])
+    return [session.run(None, f)[0] for f in feeds]
