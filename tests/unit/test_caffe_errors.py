@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from caffe_builders import CaffeNet
+from onnx import numpy_helper
 
 from hbtools.errors import HbError
 from hbtools.frontends.caffe import load_caffe
@@ -229,3 +230,46 @@ def test_a_blob_of_the_right_size_but_another_shape(tmp_path: Path) -> None:
     proto.write_text(proto.read_text().replace("transpose: false", "transpose: true"))
     with pytest.raises(HbError, match=r"weight blob has shape \[4, 6\] \(24 values\) but the layer needs \[6, 4\]"):
         load_caffe(proto, weights)
+
+
+def _as_raw_float16(caffemodel: Path) -> None:
+    """Rewrite ``caffemodel`` as OpenCV's cv2.dnn.shrinkCaffeModel does: each blob's values as float16
+    ``raw_data`` (field 12) of ``raw_data_type`` FLOAT16 (2, field 10), the float fields cleared."""
+    from hbtools.frontends.caffe import proto
+
+    net = proto.WeightsNet.FromString(caffemodel.read_bytes())
+    for layer in net.layer:
+        for blob in layer.blobs:
+            values = np.frombuffer(b"".join(blob.data), dtype="<f4")
+            del blob.data[:]
+            blob.raw_data_type = 2
+            blob.raw_data = values.astype("<f2").tobytes()
+    caffemodel.write_bytes(net.SerializeToString())
+
+
+def test_float16_weights_as_opencv_shrinks_them_are_read(tmp_path: Path) -> None:
+    """HyperLPR ships caffemodels shrunk to float16 by OpenCV; they were refused ('shape [32, 3, 3, 3] but 0
+    values'). The weights read are the float16 values, and the network is the float32 one's up to them."""
+    n = small_net()
+    proto_path, model_path = n.write(tmp_path)
+    full = load_caffe(proto_path, model_path)
+    _as_raw_float16(model_path)
+    half = load_caffe(proto_path, model_path)
+    full_w = {t.name: numpy_helper.to_array(t) for t in full.graph.initializer}
+    half_w = {t.name: numpy_helper.to_array(t) for t in half.graph.initializer}
+    assert full_w.keys() == half_w.keys() and full_w
+    for name, w in full_w.items():
+        np.testing.assert_array_equal(half_w[name], w.astype(np.float16).astype(np.float32))
+
+
+def test_raw_data_of_an_unknown_type_is_named(tmp_path: Path) -> None:
+    from hbtools.frontends.caffe import proto
+
+    proto_path, model_path = small_net().write(tmp_path)
+    net = proto.WeightsNet.FromString(model_path.read_bytes())
+    blob = net.layer[1].blobs[0]
+    del blob.data[:]
+    blob.raw_data_type, blob.raw_data = 7, b"\0" * 4 * 108
+    model_path.write_bytes(net.SerializeToString())
+    with pytest.raises(HbError, match=r"raw data of type 7, which hbtools does not read"):
+        load_caffe(proto_path, model_path)

@@ -109,12 +109,23 @@ def read_weights(path: str | Path) -> dict[str, list[np.ndarray]]:
     return weights
 
 
+# OpenCV's caffe.proto stores a blob as ``raw_data`` of a ``raw_data_type`` (its enum Type: DOUBLE 0, FLOAT 1,
+# FLOAT16 2, INT 3, UINT 4): cv2.dnn.shrinkCaffeModel writes float16 weights so (HyperLPR ships such models).
+RAW_DATA_TYPES = {0: "<f8", 1: "<f4", 2: "<f2", 3: "<i4", 4: "<u4"}
+
+
 def _blob_array(blob: Any, layer: str, path: Path) -> np.ndarray:
     if blob.HasField("shape"):
         shape = [int(d) for d in blob.shape.dim]
     else:  # the 4-D fields of old models
         shape = [int(blob.num), int(blob.channels), int(blob.height), int(blob.width)]
-    if blob.data:
+    if blob.HasField("raw_data"):
+        if blob.raw_data_type not in RAW_DATA_TYPES:
+            raise HbError(f"'{path}': a blob of layer '{layer}' stores its values as raw data of type "
+                          f"{blob.raw_data_type}, which hbtools does not read (float16, float32, float64, int32 and "
+                          f"uint32 it does)", hint="save the caffemodel with float32 weights")
+        values = np.frombuffer(blob.raw_data, dtype=RAW_DATA_TYPES[blob.raw_data_type])
+    elif blob.data:
         values = np.frombuffer(b"".join(blob.data), dtype="<f4")
     elif blob.double_data:
         values = np.frombuffer(b"".join(blob.double_data), dtype="<f8")

@@ -533,6 +533,8 @@ message WeightsBlob {
   optional BlobShape shape = 7;
   repeated bytes data = 5;
   repeated bytes double_data = 8;
+  optional int32 raw_data_type = 10;
+  optional bytes raw_data = 12;
   optional int32 num = 1;
   optional int32 channels = 2;
   optional int32 height = 3;
