@@ -27,7 +27,7 @@ from hbtools.graph.model_io import load_model
 from hbtools.march.layout import permutation, to_layout
 from hbtools.march.profiles import get_profile
 from hbtools.ops import custom
-from hbtools.pipeline.parse import resolve_inputs
+from hbtools.pipeline.parse import load_source_model, resolve_inputs
 from hbtools.quant.layer_dump import (
     Layer,
     conv_layers,
@@ -46,11 +46,13 @@ def file_stem(layer: str) -> str:
 
 
 def _specs(config: Config, model: ModelProto) -> list[InputSpec]:
-    """Input names and shapes: from the config, else from the float model the config names."""
+    """Input names and shapes: from the config, else from the float model the config names (ONNX, or Caffe's
+    prototxt and caffemodel), else from ``model``."""
     if all(s.name and s.shape for s in config.inputs):
         return config.inputs
-    source = config.model.onnx_model
-    return resolve_inputs(load_model(source) if source else model, config.inputs)
+    m = config.model
+    named = m.onnx_model or (m.model_type == "caffe" and m.prototxt and m.caffe_model)
+    return resolve_inputs(load_source_model(config)[0] if named else model, config.inputs)
 
 
 def _layers(model: ModelProto, config: Config) -> list[Layer]:

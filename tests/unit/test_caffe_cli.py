@@ -178,3 +178,27 @@ def test_deploy_prototxt_with_batch_10() -> None:
     Path("config.yaml").write_text(yaml.safe_dump(config))
     result = invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe")
     assert result.exit_code == 0 and SUCCESS in result.output, result.output
+
+
+def test_infer_reads_a_caffe_configs_inputs_from_its_prototxt() -> None:
+    """A Caffe config without input_name / input_shape (the prototxt has them): hb_mapper infer runs the
+    float and the quantized model on a picture. It refused every artefact ("input 'data' is int8 in the
+    model; only float inputs can be images"): the inputs were looked up in onnx_model, empty for Caffe."""
+    path = write_project(resnet_like(SIZE), "net")
+    config = yaml.safe_load(path.read_text())
+    del config["input_parameters"]["input_name"], config["input_parameters"]["input_shape"]
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert SUCCESS in invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe").output
+    picture = np.random.default_rng(5).integers(0, 256, (1, 3, SIZE, SIZE), dtype=np.uint8)
+    picture.tofile("picture.bin")
+    written = {}
+    for kind in ("original_float", "quantized"):
+        result = invoke("infer", "-c", "config.yaml", "--model-file", f"model_output/net_{kind}_model.onnx",
+                        "--model-type", "caffe", "--image-file", "data", "picture.bin", "--output-dir", kind)
+        assert result.exit_code == 0 and not error_lines(result), result.output
+        written[kind] = sorted(Path(kind).iterdir())
+    assert written["original_float"] and [p.name for p in written["quantized"]] == \
+        [p.name for p in written["original_float"]]
+    float_out, quant_out = (np.fromfile(written[k][0], np.float32) for k in ("original_float", "quantized"))
+    cosine = float(np.dot(float_out, quant_out) / np.linalg.norm(float_out) / np.linalg.norm(quant_out))
+    assert cosine > 0.98, cosine
