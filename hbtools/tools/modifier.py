@@ -22,6 +22,7 @@ from onnx import ModelProto, NodeProto, helper
 
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
+from hbtools.graph.graph import references
 from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.runtime.binfile import BinFormatError, BinModel
 from hbtools.runtime.runtime_model import load
@@ -230,7 +231,9 @@ def _delete_output_side(graph: ModelProto, node: NodeProto, info: dict[str, Tens
 
 
 def _drop_unused_initializers(graph: ModelProto) -> None:
-    used = {i for n in graph.graph.node for i in n.input}
+    """Initializers nothing reads any more; a constant that is itself a model output (an SSD's PriorBox,
+    folded) stays, as do those an If or Loop body reads."""
+    used = {i for n in graph.graph.node for i in references(n)} | {o.name for o in graph.graph.output}
     keep = [t for t in graph.graph.initializer if t.name in used]
     del graph.graph.initializer[:]
     graph.graph.initializer.extend(keep)

@@ -107,6 +107,36 @@ def test_fast_perf_with_a_caffe_model() -> None:
     assert (Path("model_output") / "model.bin").is_file()
 
 
+def test_fast_perf_of_an_ssd_whose_prior_boxes_are_an_output() -> None:
+    """An SSD's PriorBox output is a constant once converted. --fast-perf removes the boundary Dequantize
+    nodes, and each removal dropped that constant with the unused weights ('graph output 'prior' is produced
+    by no node'): the .bin now keeps it, and the simulator gives the float model's boxes."""
+    from hbtools.runtime.binfile import read_bin
+    from hbtools.runtime.runtime_model import load
+    from hbtools.runtime.simulator import Simulator
+
+    n = CaffeNet("ssd_like", seed=41)
+    x = n.input("data", [1, 3, 32, 32])
+    c = n.relu(n.conv(x, 8, 3, pad=1, stride=2))
+    n.layer("PriorBox", [c, x], ["prior"], "prior_box_param { min_size: 8 aspect_ratio: 2 flip: true clip: false "
+            "variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 }", name="prior")
+    n.conv(c, 16, 3, pad=1, top="loc")
+    n.write(Path.cwd(), "model")
+    result = invoke("makertbin", "--fast-perf", "--model-type", "caffe", "--march", "bayes-e",
+                    "--proto", "model.prototxt", "--model", "model.caffemodel")
+    assert result.exit_code == 0 and SUCCESS in result.output, result.output
+    model = read_bin(Path("model_output") / "model.bin").models[0]
+    assert any(d.get("type") == "Dequantize" for d in model.deleted_nodes), model.deleted_nodes
+    rm = load(model)
+    sim = Simulator(rm)
+    picture = np.random.default_rng(0).integers(0, 256, (1, 32, 32, 3) if rm.inputs[0].shape[-1] == 3
+                                                else (1, 3, 32, 32), dtype=np.uint8)
+    boxes = sim.run({rm.inputs[0].name: picture})["prior"]
+    float_boxes = HB_ONNXRuntime(model_file="model_output/model_original_float_model.onnx").run(
+        ["prior"], {"data": np.zeros((1, 3, 32, 32), np.uint8)}, input_offset=128)[0]
+    np.testing.assert_allclose(boxes.reshape(float_boxes.shape), float_boxes, rtol=0, atol=1e-6)
+
+
 def seed_accuracy_net() -> CaffeNet:
     """The vendor document's example: an Input, a 1x1 Convolution and an Accuracy layer."""
     n = CaffeNet("accuracy_example", seed=40)
