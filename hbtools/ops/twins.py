@@ -450,6 +450,8 @@ def lower_standard(node: NodeProto, ctx: LoweringContext) -> list[NodeProto]:
         done = _conv(node, ctx, nodes)
     elif op in ("Gemm", "MatMul"):
         done = _product(node, ctx, nodes)
+    elif op in _ELEMENTWISE and len(data) == 2 and data[0] == data[1]:
+        done = False  # x * x, x + x: a function of one tensor, a lookup table computed in float32
     elif op in _ELEMENTWISE and len(data) == 2:
         done = _same_op(node, ctx, nodes)
         a, b = (ctx.twins[i] for i in node.input[:2])

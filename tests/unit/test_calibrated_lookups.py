@@ -196,3 +196,28 @@ def test_int16_muls_requantize_in_float32_in_both_models(tmp_path) -> None:
     product = fm.model.graph.node[[n.op_type for n in fm.model.graph.node].index("Mul")].output[0]
     differ = _levels_differ(paths, fm, product, seed=8)
     assert differ == 0, f"{differ} levels of the Mul differ between the calibrated and the quantized model"
+
+
+@pytest.mark.parametrize("op", ["Mul", "Add"])
+def test_an_op_of_a_tensor_with_itself_is_its_lookup_table_in_both_models(op: str, tmp_path) -> None:
+    """x * x (an SSD Normalize's square, Caffe's Eltwise PROD of a blob with itself) and x + x are functions of one
+    tensor: a lookup table in the quantized model, built in float32. The calibrated model computed them as a
+    product (sum) of two activations in float64, and at int16 ten of 16384 levels of a ramp landed on the
+    other side of a rounding tie."""
+    from builders import FloatModel
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node(op, ["x", "x"], ["y"], name="self")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 128, 128])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    setup(None)
+    project = make_project(tmp_path, FloatModel(model, {"x": [1, 1, 128, 128]}, {"x"}), cal_count=4)
+    project.write(calibration_parameters={"calibration_type": "max", "optimization": "set_all_nodes_int16"})
+    paths = makertbin(project.config_path, "onnx")
+    assert [n.op_type for n in onnx.load(str(paths["quantized"])).graph.node if n.op_type.startswith("HzLut")]
+    calibrated, quantized = (HB_ONNXRuntime(model_file=str(paths[k])) for k in ("calibrated", "quantized"))
+    x = np.linspace(-3, 3, 128 * 128, dtype=np.float32).reshape(1, 1, 128, 128)  # every few int16 levels
+    c, q = calibrated.run(None, {"x": x})[0], quantized.run(None, {"x": x})[0].astype(np.float32)
+    assert np.array_equal(c, q), f"{int((c != q).sum())} values differ, by up to {np.abs(c - q).max()}"
