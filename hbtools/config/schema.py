@@ -258,4 +258,19 @@ def validate_groups(raw: dict[Any, Any], model_type: str) -> dict[str, dict[str,
             f"A makertbin config needs the groups {', '.join(REQUIRED_GROUPS)} "
             f"(custom_op is optional)"
         )
+    _model_files_of_the_other_type(raw.get("model_parameters"), model_type)
     return {group: validate_group(group, raw.get(group), model_type) for group in GROUPS}
+
+
+def _model_files_of_the_other_type(mp: Any, model_type: str) -> None:
+    """A config naming only the other type's model files: the command's --model-type is what is wrong."""
+    if not isinstance(mp, dict):
+        return
+    given = {k for k, v in mp.items() if not is_unset(v)}
+    caffe = {"prototxt", "caffe_model"} & given
+    if model_type == "onnx" and "onnx_model" not in given and caffe:
+        raise group_error("model_parameters", f"Missing key: 'onnx_model'\nthe config names a Caffe model "
+                                              f"({', '.join(sorted(caffe))}): run the command with --model-type caffe")
+    if model_type == "caffe" and "onnx_model" in given and not caffe:
+        raise group_error("model_parameters", "Missing keys: 'caffe_model', 'prototxt'\nthe config names an ONNX "
+                                              "model (onnx_model): run the command with --model-type onnx")

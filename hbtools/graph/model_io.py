@@ -31,7 +31,10 @@ def load_model(path: str | Path) -> ModelProto:
     except Exception as exc:  # protobuf raises several unrelated types
         raise HbError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
     if not model.graph.node:
-        raise HbError(f"'{path}' is not a readable ONNX model (the graph has no nodes)")
+        caffe = path.suffix.lower() in (".caffemodel", ".prototxt")
+        raise HbError(f"'{path}' is not a readable ONNX model (the graph has no nodes)",
+                      hint="it is a Caffe file: give --model-type caffe, with the .prototxt as --proto and the "
+                           ".caffemodel as --model" if caffe else None)
     return model
 
 

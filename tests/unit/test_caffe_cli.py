@@ -232,3 +232,29 @@ def test_infer_reads_a_caffe_configs_inputs_from_its_prototxt() -> None:
     float_out, quant_out = (np.fromfile(written[k][0], np.float32) for k in ("original_float", "quantized"))
     cosine = float(np.dot(float_out, quant_out) / np.linalg.norm(float_out) / np.linalg.norm(quant_out))
     assert cosine > 0.98, cosine
+
+
+def test_a_caffe_config_run_as_onnx_says_which_model_type() -> None:
+    write_project(resnet_like(SIZE), "net")
+    result = invoke("makertbin", "--config", "config.yaml")  # --model-type onnx, the default
+    assert result.exit_code == 1
+    assert any("run the command with --model-type caffe" in line for line in error_lines(result)), result.output
+
+
+def test_a_caffemodel_given_to_the_onnx_checker_says_which_model_type() -> None:
+    resnet_like(SIZE).write(Path.cwd(), "model")
+    result = invoke("checker", "--march", "bayes-e", "--model", "model.caffemodel")
+    assert result.exit_code == 1
+    assert "--model-type caffe" in " ".join(error_lines(result)), result.output
+
+
+def test_the_checker_warns_once_about_a_parameter_of_another_caffe_branch() -> None:
+    """The checker reads the prototxt twice (its input shapes, then the parse stage): one WARNING, not two."""
+    net = resnet_like(SIZE)
+    net.write(Path.cwd(), "model")
+    text = Path("model.prototxt").read_text()
+    Path("model.prototxt").write_text(text.replace('type: "ReLU"', 'type: "ReLU" some_branch_param { x: 1 }', 1))
+    result = checker()
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if "WARNING" in line and "some_branch_param" in line]
+    assert len(warnings) == 1, result.output

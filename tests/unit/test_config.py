@@ -730,7 +730,9 @@ def assert_error(lines: list[str], group: str, *fragments: str) -> None:
 
 def test_caffe_missing_files_seed_message(workdir: Path) -> None:
     lines = error_lines(workdir, model_type="caffe")
-    assert lines == ["Key 'model_parameters' error:", "Missing keys: 'caffe_model', 'prototxt'"]
+    assert lines[:2] == ["Key 'model_parameters' error:", "Missing keys: 'caffe_model', 'prototxt'"]
+    # the config names an ONNX model: the command's model type is what is wrong
+    assert lines[2:] == ["the config names an ONNX model (onnx_model): run the command with --model-type onnx"]
 
 
 @pytest.mark.parametrize(

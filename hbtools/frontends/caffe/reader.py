@@ -54,6 +54,9 @@ def _is_utf8_text(data: bytes) -> bool:
     return True
 
 
+_WARNED: set[tuple[str, int, str]] = set()  # (prototxt, its modification time, what was skipped) warned about
+
+
 def read_prototxt(path: str | Path) -> Any:
     """The NetParameter of a prototxt. Fields hbtools does not know (those of other
     Caffe branches) are skipped with a warning; their layers are then reported as
@@ -72,7 +75,11 @@ def read_prototxt(path: str | Path) -> Any:
     except text_format.ParseError as exc:
         if "has no field named" not in str(exc):
             raise HbError(f"'{path}' is not a valid Caffe prototxt: {exc}") from exc
-        log.warning("prototxt %s: %s (skipped; only Caffe 1.0 parameters are read, see docs/caffe.md)", path, exc)
+        stamp = (str(path.resolve()), path.stat().st_mtime_ns, str(exc))
+        if stamp not in _WARNED:  # the checker reads the prototxt twice (its shapes, then the parse stage)
+            _WARNED.add(stamp)
+            log.warning("prototxt %s: %s (skipped; only Caffe 1.0 parameters are read, see docs/caffe.md)", path,
+                        exc)
         net = proto.NetParameter()
         try:
             text_format.Parse(text, net, allow_unknown_field=True)
