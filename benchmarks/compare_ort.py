@@ -250,6 +250,8 @@ def infer_pairs(setup: Setup, quantized: Path, takes_uint8: bool,
         normalised = ((raw.astype(np.float32) - setup.mean) * setup.scale).astype(np.float32)
         # uint8 feeds go through input_offset=128 (the runtime's image convention).
         feed = raw if takes_uint8 else normalised
+        if quant_sess.layout[0] == "NHWC" and feed.ndim == 4:  # bernoulli2 takes pictures channels-last
+            feed = np.ascontiguousarray(feed.transpose(0, 2, 3, 1))
         for sess, x, outs, times in ((float_sess, normalised, ref, float_t), (quant_sess, feed, quant, quant_t)):
             if k == 0:  # warm-up, not timed; fast models get the best of 3 runs per sample
                 start = time.perf_counter()

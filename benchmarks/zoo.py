@@ -77,6 +77,8 @@ def prepare(name: str, args: argparse.Namespace, work: Path) -> tuple[compare_or
     for i, (kind, arr) in enumerate(splits["calibration"]):
         arr.tofile(cal_dir / f"{i:04d}_{kind}.bin")
     model_params["working_dir"] = str(work / "hbtools")
+    if getattr(args, "march", None):
+        model_params["march"] = args.march
     config["calibration_parameters"]["cal_data_dir"] = str(cal_dir)
     config["calibration_parameters"]["calibration_type"] = "default"
     path = work / f"{name}.yaml"
@@ -257,7 +259,8 @@ def markdown(result: dict) -> str:
              f"{result['settings']['cal_num']} calibration and {result['settings']['heldout_num']} held-out samples "
              f"per model (scikit-image pictures; rendered strings for the captcha model); det inputs "
              f"{result['settings']['det_size'] or 'as configured'}, object detectors' "
-             f"{result['settings'].get('detect_size') or 'as configured'}. Cosine: first output against the float "
+             f"{result['settings'].get('detect_size') or 'as configured'}; march "
+             f"{result['settings'].get('march', 'bayes-e')}. Cosine: first output against the float "
              "model (det: pictures whose float map has text; detect: the class scores, objectness x class for "
              "YOLOX, of pictures with a float detection). "
              "Agreement: cls same argmax, det IoU of the maps thresholded at 0.3, detect IoU of the "
@@ -336,6 +339,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout-min", type=float, default=20.0, help="kill a quantization run after this (20)")
     parser.add_argument("--activation-type", default="QInt8", choices=["QInt8", "QUInt8", "QInt16"])
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads for the timed inference (1)")
+    parser.add_argument("--march", choices=["bernoulli2", "bayes", "bayes-e", "nash-e", "nash-m"],
+                        help="convert for this march instead of the configs' (bayes-e)")
     parser.add_argument("--json", type=Path, help="write the results here (rewritten after every model)")
     parser.add_argument("--markdown", type=Path, help="write the table here (rewritten after every model)")
     parser.add_argument("--work-dir", type=Path, help="keep configs, data and models here (default: a temp dir)")
@@ -360,7 +365,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     result = {"command": "python benchmarks/zoo.py " + " ".join(sys.argv[1:]), "machine": compare_ort.machine(),
               "load_average_at_start": os.getloadavg(),
               "settings": {"cal_num": args.cal_num, "heldout_num": args.heldout_num, "det_size": args.det_size,
-                     "detect_size": args.detect_size,
+                           "detect_size": args.detect_size, "march": args.march or "bayes-e",
                            "peers": args.peers, "activation_type": args.activation_type, "threads": args.threads,
                            "mem_limit_gb": args.mem_limit_gb, "timeout_min": args.timeout_min},
               "models": []}

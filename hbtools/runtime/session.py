@@ -92,7 +92,8 @@ WEIGHT_REQUANTIZATION = ("WeightBiasQuantization",)
 # strided axis, in another order) as far as the session's graph lets it. The simulator runs a .bin's float CPU
 # regions as sessions of their own, cut at every Hz op, so the same ops summed in other orders there than in
 # the whole quantized model: hb_verifier strict failed on PP-OCRv6 small rec for bernoulli2 (all 748400
-# outputs off by up to 0.037). No session moves them: every op computes on the layout it is written with.
+# outputs off by up to 0.037). No session that runs a model moves them: every op computes on the layout it is
+# written with. The optimize stage's rewrite (``rounding_fusions``) does, and the artefacts hold its result.
 TRANSPOSE_PUSHING = ("TransposeOptimizer", "TransposeOptimizer_CPUExecutionProvider", "NhwcTransformer")
 
 
@@ -109,9 +110,10 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     Sessions that run a model, the quantized one and the simulator's segments included, take
     the layout rewrites too: the blocked (NCHWc) float convs, which a quantized model's grouped
     convs run on (exact: whole numbers below 2**24), are several times faster than the plain
-    ones. No session that runs a model fuses element-wise chains (``ROUNDING_FUSIONS``);
-    ``rounding_fusions`` allows them where the session only rewrites a graph (the optimize stage's
-    MatMul + Add -> Gemm, for one, decides what the partition sees). ``optimized_model_path`` makes
+    ones. No session that runs a model fuses element-wise chains (``ROUNDING_FUSIONS``) or pushes
+    Transposes (``TRANSPOSE_PUSHING``); ``rounding_fusions`` allows both where the session only
+    rewrites a graph (the optimize stage's MatMul + Add -> Gemm, for one, decides what the partition
+    sees). ``optimized_model_path`` makes
     onnxruntime write its rewrite of the model there. ``shared_arena``: the session allocates from
     one memory arena shared by all such sessions of the process (see ``release_shared_arena``).
     """
@@ -138,8 +140,8 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
         options.optimized_model_filepath = optimized_model_path
     try:
         return _Session(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
-                        disabled_optimizers=[*WEIGHT_REQUANTIZATION, *TRANSPOSE_PUSHING,
-                                             *([] if rounding_fusions else ROUNDING_FUSIONS)])
+                        disabled_optimizers=[*WEIGHT_REQUANTIZATION,
+                                             *([] if rounding_fusions else [*ROUNDING_FUSIONS, *TRANSPOSE_PUSHING])])
     except ort.capi.onnxruntime_pybind11_state.NotImplemented as exc:
         raise _no_cpu_kernel(exc) from exc
 
