@@ -38,6 +38,13 @@ def checker(model_type: str, march: str, model: str | None, proto: str | None,
     _checker(model_type.lower(), march, model, proto, list(input_shape), output)
 
 
+def _model_options(model_type: str) -> str:
+    """The model options of an example command line, for ``model_type``."""
+    if model_type == "caffe":
+        return "--model-type caffe --march bayes-e --proto net.prototxt --model net.caffemodel"
+    return "--model-type onnx --march bayes-e --model m.onnx"
+
+
 @reports_errors("checker", single_line=True)
 def _checker(model_type: str, march: str, model: str | None, proto: str | None,
              input_shape: list[tuple[str, str]], output: str | None) -> None:
@@ -47,8 +54,7 @@ def _checker(model_type: str, march: str, model: str | None, proto: str | None,
     if output is not None:
         log.warning("--output is deprecated and ignored; the log is written to hb_mapper_checker.log")
     if not model:
-        raise UsageError("checker needs --model",
-                         hint="hb_mapper checker --model-type onnx --march bayes-e --model m.onnx")
+        raise UsageError("checker needs --model", hint=f"hb_mapper checker {_model_options(model_type)}")
     if model_type == "caffe" and not proto:
         raise UsageError("--model-type caffe needs --proto with the prototxt file")
     check(model, model_type, march, input_shape, proto)
@@ -81,16 +87,17 @@ def _makertbin(config: str | None, model_type: str, fast_perf: bool, model: str 
     if fast_perf:
         if config:
             raise UsageError("--fast-perf uses a built-in config; do not give --config",
-                          hint="hb_mapper makertbin --fast-perf --model m.onnx --model-type onnx --march bayes-e")
+                             hint=f"hb_mapper makertbin --fast-perf {_model_options(model_type)}")
         if not model or not march:
             raise UsageError("--fast-perf needs --model and --march",
-                          hint="hb_mapper makertbin --fast-perf --model m.onnx --model-type onnx --march bayes-e")
+                             hint=f"hb_mapper makertbin --fast-perf {_model_options(model_type)}")
         if model_type == "caffe" and not proto:
             raise UsageError("--model-type caffe needs --proto with the prototxt file")
         makertbin_fast_perf(model, model_type, march, input_shape, proto)
         return
     if not config:
-        raise UsageError("makertbin needs --config", hint="hb_mapper makertbin --config model.yaml --model-type onnx")
+        raise UsageError("makertbin needs --config",
+                         hint=f"hb_mapper makertbin --config model.yaml --model-type {model_type}")
     run(config, model_type)
 
 

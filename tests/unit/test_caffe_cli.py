@@ -258,3 +258,9 @@ def test_the_checker_warns_once_about_a_parameter_of_another_caffe_branch() -> N
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if "WARNING" in line and "some_branch_param" in line]
     assert len(warnings) == 1, result.output
+
+
+def test_the_example_of_a_missing_model_option_is_a_caffe_command_line() -> None:
+    result = invoke("checker", "--model-type", "caffe", "--march", "bayes-e")
+    (line,) = error_lines(result)
+    assert "--proto net.prototxt --model net.caffemodel" in line and "m.onnx" not in line, line
