@@ -29,6 +29,7 @@ EXPECTED = {
     "ultra_onnx": ("bayes", "onnx"),
     "ultra_caffe": ("bayes", "caffe"),
     "x5_onnx": ("bayes-e", "onnx"),
+    "x5_caffe": ("bayes-e", "caffe"),
 }
 CAL_SAMPLES = 3
 REQUIRED = {
