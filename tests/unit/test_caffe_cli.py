@@ -264,3 +264,23 @@ def test_the_example_of_a_missing_model_option_is_a_caffe_command_line() -> None
     result = invoke("checker", "--model-type", "caffe", "--march", "bayes-e")
     (line,) = error_lines(result)
     assert "--proto net.prototxt --model net.caffemodel" in line and "m.onnx" not in line, line
+
+
+def test_an_ssd_deploy_prototxt_gets_one_warning_for_its_detection_output() -> None:
+    """A deploy prototxt's DetectionOutput parameters (res10 face detector's, MobileNet-SSD's) parse; the checker
+    reads the network twice and says once that the layer is left out."""
+    n = CaffeNet("ssd_like", seed=42)
+    x = n.input("data", [1, 3, 32, 32])
+    c = n.relu(n.conv(x, 8, 3, pad=1, stride=2))
+    n.layer("PriorBox", [c, x], ["prior"], "prior_box_param { min_size: 8 aspect_ratio: 2 flip: true clip: false "
+            "variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 }", name="prior")
+    loc, conf = n.conv(c, 12, 3, pad=1, top="loc"), n.conv(c, 6, 3, pad=1, top="conf")
+    n.layer("DetectionOutput", [loc, conf, "prior"], ["detection_out"],
+            "detection_output_param { num_classes: 2 share_location: true background_label_id: 0 "
+            "nms_param { nms_threshold: 0.45 top_k: 400 } code_type: CENTER_SIZE keep_top_k: 200 "
+            "confidence_threshold: 0.01 }", name="detection")
+    n.write(Path.cwd(), "model")
+    result = checker()
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "caffe layer 'detection' (DetectionOutput" in warnings[0], result.output

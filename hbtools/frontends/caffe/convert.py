@@ -13,7 +13,7 @@ import onnx
 from hbtools.errors import HbError
 from hbtools.frontends.caffe import layers_compute, layers_shape, layers_ssd
 from hbtools.frontends.caffe.builder import Layer, Net
-from hbtools.frontends.caffe.reader import deploy_layers, read_prototxt, read_weights
+from hbtools.frontends.caffe.reader import deploy_layers, read_prototxt, read_weights, warn_once
 
 log = logging.getLogger("hbtools")
 
@@ -127,9 +127,9 @@ def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: S
         if param.type in INPUT_LAYERS:
             continue
         if param.type in layers_ssd.CUT_LAYERS:
-            log.warning("caffe layer '%s' (%s: %s) is left out: the network ends before it, and its bottoms %s are "
-                        "the outputs; decode and filter on the host", param.name, param.type,
-                        layers_ssd.CUT_LAYERS[param.type], ", ".join(f"'{b}'" for b in param.bottom))
+            warn_once(Path(prototxt), "caffe layer '%s' (%s: %s) is left out: the network ends before it, and its "
+                      "bottoms %s are the outputs; decode and filter on the host", param.name, param.type,
+                      layers_ssd.CUT_LAYERS[param.type], ", ".join(f"'{b}'" for b in param.bottom))
             continue
         layer = Layer(net, param, weights.get(param.name))
         try:

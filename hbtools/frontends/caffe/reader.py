@@ -54,7 +54,17 @@ def _is_utf8_text(data: bytes) -> bool:
     return True
 
 
-_WARNED: set[tuple[str, int, str]] = set()  # (prototxt, its modification time, what was skipped) warned about
+_WARNED: set[tuple[str, int, str]] = set()  # (prototxt, its modification time, the warning) given
+
+
+def warn_once(prototxt: Path, message: str, *args: object) -> None:
+    """A WARNING about ``prototxt``, once per process and version of the file: the checker reads a network twice
+    (for its input shapes, then in the parse stage)."""
+    text = message % args
+    stamp = (str(prototxt.resolve()), prototxt.stat().st_mtime_ns, text)
+    if stamp not in _WARNED:
+        _WARNED.add(stamp)
+        log.warning("%s", text)
 
 
 def read_prototxt(path: str | Path) -> Any:
@@ -75,11 +85,7 @@ def read_prototxt(path: str | Path) -> Any:
     except text_format.ParseError as exc:
         if "has no field named" not in str(exc):
             raise HbError(f"'{path}' is not a valid Caffe prototxt: {exc}") from exc
-        stamp = (str(path.resolve()), path.stat().st_mtime_ns, str(exc))
-        if stamp not in _WARNED:  # the checker reads the prototxt twice (its shapes, then the parse stage)
-            _WARNED.add(stamp)
-            log.warning("prototxt %s: %s (skipped; only Caffe 1.0 parameters are read, see docs/caffe.md)", path,
-                        exc)
+        warn_once(path, "prototxt %s: %s (skipped; only Caffe 1.0 parameters are read, see docs/caffe.md)", path, exc)
         net = proto.NetParameter()
         try:
             text_format.Parse(text, net, allow_unknown_field=True)

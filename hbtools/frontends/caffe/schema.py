@@ -4,9 +4,10 @@ Field names and numbers are those of the Caffe 1.0 format (they are what makes a
 ``.caffemodel`` readable); only the messages and fields a deploy network uses are
 listed. ``Permute`` and ``Normalize`` come from the widely used SSD branch, ``Upsample`` and
 ``Interp`` from the YOLO / SegNet and PSPNet / DeepLab branches, ``ShuffleChannel`` from the
-ShuffleNet ports and ``Reorg`` from the YOLOv2 ports: those branches
-disagree on the numbers of their layer-parameter fields, which does not matter
-here because layer parameters are read from the prototxt (by name) and weights
+ShuffleNet ports and ``Reorg`` from the YOLOv2 ports (``DetectionOutput``'s common parameters are
+listed only so that a deploy prototxt parses without a warning: the layer is cut, ``layers_ssd``). Those
+branches disagree on the numbers of their layer-parameter fields, which does not matter here because
+layer parameters are read from the prototxt (by name) and weights
 from the ``.caffemodel`` through the separate weights-only messages at the end.
 
 ``proto.py`` compiles this text into message classes with protobuf's descriptor API.
@@ -133,6 +134,7 @@ message LayerParameter {
   optional ShuffleChannelParameter shuffle_channel_param = 164;
   optional ReorgParameter reorg_param = 165;
   optional PriorBoxParameter prior_box_param = 203;
+  optional DetectionOutputParameter detection_output_param = 204;
 }
 
 message TransformationParameter {
@@ -338,6 +340,27 @@ message PriorBoxParameter {
   optional float step_h = 11;
   optional float step_w = 12;
   optional float offset = 13 [default = 0.5];
+}
+
+message DetectionOutputParameter {
+  optional uint32 num_classes = 1;
+  optional bool share_location = 2 [default = true];
+  optional int32 background_label_id = 3 [default = 0];
+  optional NonMaximumSuppressionParameter nms_param = 4;
+  enum CodeType { CORNER = 1; CENTER_SIZE = 2; CORNER_SIZE = 3; }
+  optional CodeType code_type = 6 [default = CORNER];
+  optional int32 keep_top_k = 7 [default = -1];
+  optional bool variance_encoded_in_target = 8 [default = false];
+  optional float confidence_threshold = 9;
+  optional bool visualize = 10 [default = false];
+  optional float visualize_threshold = 11;
+  optional string save_file = 12;
+}
+
+message NonMaximumSuppressionParameter {
+  optional float nms_threshold = 1 [default = 0.3];
+  optional int32 top_k = 2;
+  optional float eta = 3 [default = 1.0];
 }
 
 message NormalizeParameter {
