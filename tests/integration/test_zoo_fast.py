@@ -3,7 +3,8 @@ the project was not built around, converted with a fast configuration (few sampl
 
 Each must convert with no "internal error", pass hb_verifier, and agree with its float
 model on held-out samples: the captcha CRNN (LSTM unrolled into Gemm/Sigmoid/Tanh/Split/
-Gather, opset 17), the PP-OCRv5 orientation classifier and the PP-OCRv6 tiny recogniser.
+Gather, opset 17), the PP-OCRv5 orientation classifier and the PP-OCRv6 tiny recogniser; and the
+classifier again for RDK X3 (bernoulli2: int8 only, pictures fed channels-last, the head on the CPU).
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ def fetched() -> dict[str, Path]:
         pytest.skip(f"could not fetch the corpus models: {exc}")
 
 
-@pytest.mark.parametrize("name", FAST)
-def test_corpus_model_converts(name: str, fetched: dict[str, Path], tmp_path: Path) -> None:
-    args = argparse.Namespace(cal_num=8, heldout_num=6, det_size=0, threads=1)
+@pytest.mark.parametrize("name, march", [*((name, None) for name in FAST), ("ppocrv5_cls", "bernoulli2")])
+def test_corpus_model_converts(name: str, march: str | None, fetched: dict[str, Path], tmp_path: Path) -> None:
+    args = argparse.Namespace(cal_num=8, heldout_num=6, det_size=0, threads=1, march=march)
     setup, task = zoo.prepare(name, args, tmp_path / name)
     config = yaml.safe_load(setup.config.read_text())
     config["calibration_parameters"]["calibration_type"] = FAST[name]
