@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,9 +114,7 @@ def markdown(result: dict) -> str:
              "agreement (same) | ours: cosine mean / min, agreement |",
              "|---|---|--:|--:|--:|--:|"]
     for m in result["models"]:
-        task = m["task"]
-        target = f"cos ≥ {zoo.TARGET_COSINE[task]}" + (f", strings ≥ {zoo.TARGET_STRINGS:.0%}"
-                                                       if task in ("rec", "captcha") else "")
+        target = zoo.target_text(m["task"])
         ours = m.get("ours")
         ours_cell = (f"{ours['cosine_mean']:.4f} / {ours['cosine_min']:.4f}, {ours['agreement']:.3f}"
                      if ours and ours.get("cosine_mean") is not None else "—")
@@ -126,44 +123,43 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(fetch_models.ZOO), help="comma-separated corpus models (all)")
+    zoo.add_corpus_arguments(parser, calibration=False)
     parser.add_argument("--seeds", type=int, default=5, help="noise draws per model (5)")
-    parser.add_argument("--heldout-num", type=int, default=40, help="held-out samples (40, as zoo.py)")
-    parser.add_argument("--det-size", type=int, default=480, help="det input N x N (480, as zoo.py)")
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime threads (2)")
     parser.add_argument("--zoo-json", type=Path, default=REPO / "benchmarks" / "results" / "zoo.json",
                         help="our quantized rows to show beside (benchmarks/results/zoo.json)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--work-dir", type=Path, help="keep configs and data here (default: a temp dir)")
     args = parser.parse_args(argv)
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in args.models if m not in fetch_models.ZOO]
-    if unknown:
-        print(f"ERROR --models: unknown {', '.join(unknown)}; choose from {','.join(fetch_models.ZOO)}",
-              file=sys.stderr)
-        return 1
+    args.models = zoo.model_names(args.models)
     if args.seeds < 1 or args.heldout_num < 1:
-        print("ERROR --seeds and --heldout-num must be at least 1", file=sys.stderr)
-        return 1
+        raise zoo.UsageError("--seeds and --heldout-num must be at least 1")
     args.cal_num, args.detect_size = 1, 0  # zoo.prepare writes calibration samples; none are used here
+    return args
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
     ours = zoo.our_runs(args.zoo_json) if args.zoo_json.is_file() else {}
     fetch_models.fetch_zoo(args.models)
     started = time.perf_counter()
     result = {"command": "python benchmarks/noise_floor.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": compare_ort.machine(),
               "seeds": args.seeds, "load_average_at_start": os.getloadavg(), "models": []}
-    with tempfile.TemporaryDirectory(prefix="noise_floor_") as tmp:
-        for name in args.models:
-            result["models"].append(run_model(name, args, Path(tmp), ours.get(name)))
-            result["total_wall_s"] = round(time.perf_counter() - started)
-            if args.json:
-                args.json.write_text(json.dumps(result, indent=2, default=float) + "\n")
-            if args.markdown:
-                args.markdown.write_text(markdown(result))
-    print(markdown(result))
-    return 0
+    for name in args.models:
+        result["models"].append(run_model(name, args, work, ours.get(name)))
+        result["total_wall_s"] = round(time.perf_counter() - started)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2, default=float) + "\n")
+        if args.markdown:
+            args.markdown.write_text(markdown(result))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return zoo.run_benchmark(argv, parse_args, run, markdown, "noise_floor_")
 
 
 if __name__ == "__main__":

@@ -104,8 +104,7 @@ def markdown(result: dict) -> str:
              "| model | targets | ours (default): cosine mean / min / agreement | int16 activations | "
              "int16 activations, float weights |", "|---|---|--:|--:|--:|"]
     for m in result["models"]:
-        target = f"cos ≥ {zoo.TARGET_COSINE[m['task']]}" + (
-            f", strings ≥ {zoo.TARGET_STRINGS:.0%}" if m["task"] in ("rec", "captcha") else "")
+        target = zoo.target_text(m["task"])
         if "error" in m:
             lines.append(f"| {m['model']} | {target} | {m['error']} | | |")
             continue
@@ -117,11 +116,7 @@ def markdown(result: dict) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(fetch_models.ZOO), help="comma-separated corpus models (all)")
-    parser.add_argument("--cal-num", type=int, default=16, help="calibration samples (16, as the zoo)")
-    parser.add_argument("--heldout-num", type=int, default=40, help="held-out samples (40, as the zoo)")
-    parser.add_argument("--det-size", type=int, default=480, help="det input N x N (480, as the zoo)")
-    parser.add_argument("--detect-size", type=int, default=0, help="object detectors' input N x N (0: the config's)")
+    zoo.add_corpus_arguments(parser)
     parser.add_argument("--zoo-json", type=Path, help="zoo.py results whose default rows go beside these")
     parser.add_argument("--mem-limit-gb", type=float, default=12.0, help="address-space cap per conversion")
     parser.add_argument("--timeout-min", type=float, default=20.0, help="kill a conversion after this (20)")

@@ -326,14 +326,28 @@ def our_runs(path: Path) -> dict[str, dict]:
     return runs
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_corpus_arguments(parser: argparse.ArgumentParser, *, calibration: bool = True) -> None:
+    """The options every corpus benchmark shares, with the zoo's defaults: which models, how many samples
+    (``calibration``: the calibration ones too), and the input sizes."""
     parser.add_argument("--models", default=",".join(fetch_models.ZOO), help="comma-separated corpus models (all)")
-    parser.add_argument("--cal-num", type=int, default=16, help="calibration samples (16)")
+    if calibration:
+        parser.add_argument("--cal-num", type=int, default=16, help="calibration samples (16)")
     parser.add_argument("--heldout-num", type=int, default=40, help="held-out samples (40: strings to 2.5 %%)")
     parser.add_argument("--det-size", type=int, default=480, help="det input N x N (480); 0: the config's")
-    parser.add_argument("--detect-size", type=int, default=0,
-                        help="object detectors' input N x N (0: the config's; only for exports of dynamic size)")
+    if calibration:
+        parser.add_argument("--detect-size", type=int, default=0,
+                            help="object detectors' input N x N (0: the config's; only for exports of dynamic size)")
+
+
+def target_text(task: str) -> str:
+    """Issue 13's targets for a task, as the tables print them."""
+    strings = f", strings ≥ {TARGET_STRINGS:.0%}" if task in ("rec", "captcha") else ""
+    return f"cos ≥ {TARGET_COSINE[task]}{strings}"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_corpus_arguments(parser)
     parser.add_argument("--peers", default=",".join(PEER_METHODS), help="onnxruntime methods (MinMax,Percentile)")
     parser.add_argument("--mem-limit-gb", type=float, default=12.0, help="address-space cap per quantization run")
     parser.add_argument("--timeout-min", type=float, default=20.0, help="kill a quantization run after this (20)")
