@@ -1042,10 +1042,9 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
         padded_w = np.zeros((w.shape[0], c, taps * s), w.dtype)
         padded_w[:, :, :row.shape[2]] = row
         # [O, C, taps, s] -> [O, C, s, taps] -> [O, C*s, taps]: channel c*s + p, tap j reads sample j*s + p
-        weight = padded_w.reshape(w.shape[0], c, taps, s).transpose(0, 1, 3, 2).reshape(w.shape[0], c * s, taps)
         kernel = [1] * spatial
         kernel[axis - 2] = taps
-        weight = weight.reshape(w.shape[0], c * s, *kernel)
+        weight = padded_w.reshape(w.shape[0], c, taps, s).transpose(0, 1, 3, 2).reshape(w.shape[0], c * s, *kernel)
         model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), f"{node.input[1]}_{tag}"))
         nodes.append(helper.make_node("Conv", [x, f"{node.input[1]}_{tag}", *node.input[2:]],
                                       list(node.output), name=node.name, kernel_shape=kernel))
