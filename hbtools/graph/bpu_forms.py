@@ -1482,10 +1482,14 @@ def _einsum_matmul(node: NodeProto, view: GraphView, model: ModelProto) -> list[
 
     def arrange(x: str, term: str, order: list[str], rows: list[str], cols: list[str], tag: str) -> str:
         perm = [term.index(c) for c in order]
+        shape = [size[c] for c in batch] + [prod(rows), prod(cols)]
+        if view.is_const(x):  # a weight: moved and shaped here, whether or not constants get folded later
+            name = f"{hint}_{tag}_w"
+            model.graph.initializer.append(numpy_helper.from_array(view.const(x).transpose(perm).reshape(shape), name))
+            return name
         if perm != list(range(len(perm))):
             x = op("Transpose", [x], f"{tag}_t", perm=perm)
-        return op("Reshape", [x, const([size[c] for c in batch] + [prod(rows), prod(cols)], f"{tag}_s")],
-                  f"{tag}_r")
+        return op("Reshape", [x, const(shape, f"{tag}_s")], f"{tag}_r")
 
     left = arrange(node.input[0], a, batch + free_a + inner, free_a, inner, "a")
     right = arrange(node.input[1], b, batch + inner + free_b, inner, free_b, "b")

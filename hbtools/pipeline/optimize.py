@@ -69,12 +69,14 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     contrib = expand_contrib_ops(body)
     if contrib:
         log.info("%d onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse", contrib)
-    # Before onnxruntime folds constants: a weight operand's Transpose and Reshape become the weight.
+    # Before onnxruntime fuses nodes around them, and again after it folded the shape arithmetic of an
+    # exporter (tf2onnx's Shape / Concat / Reshape chains) to static shapes.
     einsums = bpu_forms.einsums_as_matmuls(body)
-    if einsums:
-        log.info("%d Einsums written as MatMuls", einsums)
     expandable = _function_ops(body)
     body = _onnxruntime_basic(body)
+    einsums += bpu_forms.einsums_as_matmuls(body)
+    if einsums:
+        log.info("%d Einsums written as MatMuls", einsums)
     if expandable - {n.op_type for n in body.graph.node if n.domain in ("", "ai.onnx")}:
         # onnxruntime expands an op it has no kernel for (GroupNormalization from opset 21, ...) into its
         # function body after its constant folding ran: a second pass folds the body's Shape / Cast / Div /

@@ -316,6 +316,26 @@ def test_einsum_attention_runs_on_the_bpu(tmp_path: Path) -> None:
     _agrees_with_source(model, tmp_path / "out", (1, 8, 4, 4), rng, optimized=True)
 
 
+def test_einsum_behind_computed_shapes_runs_on_the_bpu(tmp_path: Path) -> None:
+    """tf2onnx writes a Keras attention output as a Reshape to a shape computed from Shape at run time and
+    an Einsum ``abcd,cde->abe`` with the weight: its input shape is known only once onnxruntime folded
+    that arithmetic, and it stayed on the CPU (g2p-id's BERT)."""
+    rng = np.random.default_rng(23)
+    inits = [_init("begin", np.array([0], np.int64)), _init("end", np.array([2], np.int64)),
+             _init("heads", np.array([4, 8], np.int64)),
+             _init("w", (rng.standard_normal((4, 8, 16)) / 6).astype(np.float32))]
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Slice", ["shape", "begin", "end"], ["lead"]),
+             helper.make_node("Concat", ["lead", "heads"], ["split"], axis=0),
+             helper.make_node("Reshape", ["x", "split"], ["t"]),
+             helper.make_node("Einsum", ["t", "w"], ["y"], equation="abcd,cde->abe")]
+    model = _model(nodes, [("x", F, [1, 8, 32])], [("y", F, [1, 8, 16])], inits, opset=13)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 8, 32])}, "1x8x32", "float32", "m")
+    assert "1 Einsums written as MatMuls" in out
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    _agrees_with_source(model, tmp_path / "out", (1, 8, 32), rng, optimized=True)
+
+
 def test_an_inference_dropout_that_makes_the_output_runs_on_the_bpu(tmp_path: Path) -> None:
     """A Dropout (training_mode False) that makes the graph output, as Keras and Paddle exports end a
     classifier: onnxruntime keeps it there, and it stayed on the CPU, with the nodes before it."""
