@@ -17,7 +17,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.config.model import NodeInfo
 from hbtools.graph.contrib import why_kept
-from hbtools.graph.graph import GraphView
+from hbtools.graph.graph import GraphView, elements
 from hbtools.graph.recurrent import RECURRENT_OPS
 from hbtools.march.constraints import constant_operand_shape, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
@@ -27,6 +27,10 @@ from hbtools.ops.quantized import CONV_TRANSPOSE_MAX_TERMS
 from hbtools.runtime.structure import components
 
 log = logging.getLogger("hbtools")
+
+# A BPU call (moving the inputs across, queueing the task, waiting, moving the outputs back) costs a board's
+# CPU about the time it needs for this many float multiply-accumulates (about 0.1 ms on an ARM Cortex-A core).
+SMALL_SUBGRAPH_MACS = 1 << 18
 
 # Unit kinds the partition forms itself; any other profile form is an op class's (HzOp.unit_kind).
 BUILTIN_KINDS = (*FORMS, "cpu")
@@ -111,6 +115,8 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
     forced = _apply_overrides(part, node_info, warn)
     if not all_bpu:
         _keep_isolated_ops_in_float(part, view, forced)
+        if _keep_small_subgraphs_in_float(part, view, forced):
+            _keep_isolated_ops_in_float(part, view, forced)
     _number_subgraphs(part)
     return part
 
@@ -386,14 +392,65 @@ def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[in
                 changed = True
 
 
-def _number_subgraphs(part: Partition) -> None:
-    """BPU subgraphs: connected BPU units, a new one wherever a path comes back from the CPU
-    (``structure.components``, the same rule every .bin tool applies), numbered in graph order."""
+def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set[int]) -> bool:
+    """A BPU subgraph between CPU nodes with less work than a BPU call costs to set up runs in float
+    (an unrolled recurrence's per-step products, where the state stays on the CPU, become one call each
+    otherwise). The subgraph with the most work stays, so a model keeps its BPU part. Returns whether
+    any unit moved."""
+    groups = _subgraph_units(part)
+    if len(groups) < 2:
+        return False
+    work = [sum(_unit_macs(u, view) for u in group) for group in groups]
+    largest = max(range(len(groups)), key=work.__getitem__)
+    moved = False
+    for k, group in enumerate(groups):
+        if k == largest or work[k] > SMALL_SUBGRAPH_MACS or any(id(u) in forced for u in group):
+            continue
+        members = {id(u) for u in group}
+        inputs = [t for u in group for t in u.inputs if id(part.producer.get(t)) not in members]
+        outputs = [t for u in group for t in u.outputs]
+        users = [c for t in outputs for c in part.consumers.get(t, []) if id(c) not in members]
+        from_cpu = all(t in part.producer and part.producer[t].on == "CPU" for t in inputs)
+        to_cpu = bool(users) and all(c.on == "CPU" for c in users) and not set(outputs) & set(view.graph_outputs)
+        if inputs and from_cpu and to_cpu:
+            for u in group:
+                u.on, u.reason = "CPU", (f"a BPU subgraph of {work[k]:.0f} MACs between CPU nodes costs more as a "
+                                         "BPU call than in float; kept in float (run_on_bpu moves it)")
+            moved = True
+    return moved
+
+
+def _subgraph_units(part: Partition) -> list[list[Unit]]:
     index = {id(u): k for k, u in enumerate(part.units)}
     preds = [[index[id(part.producer[t])] for t in u.inputs if t in part.producer and part.producer[t] is not u]
              for u in part.units]
+    return [[part.units[i] for i in members] for members in components(preds, [u.on for u in part.units])]
+
+
+def _unit_macs(unit: Unit, view: GraphView) -> float:
+    """Multiply-accumulates of a conv / matmul unit (infinite where a shape is unknown); 0 for other kinds."""
+    if not unit.is_accumulator:
+        return 0.0
+    node = unit.main
+    out = view.shapes.get(node.output[0])
+    if out is None or any(d is None for d in out):
+        return float("inf")
+    if unit.kind == "matmul":  # two activations: each output sums over A's last axis
+        a = view.shapes.get(node.input[0])
+        return float("inf") if not a or a[-1] is None else float(elements(out)) * a[-1]
+    weight = view.const(node.input[1])
+    if node.op_type == "ConvTranspose":  # each input element spreads over weight.size / C_in outputs
+        x = view.shapes.get(node.input[0])
+        return float("inf") if x is None or None in x else float(elements(x)) * weight.size / weight.shape[0]
+    columns = weight.shape[0] if node.op_type == "Conv" or view.attrs(node).get("transB", 0) else weight.shape[-1]
+    return float(elements(out)) * weight.size / columns
+
+
+def _number_subgraphs(part: Partition) -> None:
+    """BPU subgraphs: connected BPU units, a new one wherever a path comes back from the CPU
+    (``structure.components``, the same rule every .bin tool applies), numbered in graph order."""
     for u in part.units:
         u.subgraph = None
-    for k, members in enumerate(components(preds, [u.on for u in part.units])):
-        for i in members:
-            part.units[i].subgraph = k
+    for k, group in enumerate(_subgraph_units(part)):
+        for u in group:
+            u.subgraph = k

@@ -178,6 +178,28 @@ def test_overrides_and_isolated_ops() -> None:
     assert "run_on_cpu" in _reason(on_cpu, "Conv_0")
 
 
+def test_small_subgraphs_between_cpu_nodes_stay_in_float() -> None:
+    """A BPU subgraph between CPU nodes doing less work than a BPU call costs (an unrolled recurrence's
+    per-step product) runs in float; a large one, one run_on_bpu names, and the model's largest stay."""
+    g = _Graph(13)
+    x = g.op("Hardmax", [g.conv("data", 3, 16)], axis=1)  # 442368 MACs: the largest subgraph
+    small = g.op("Hardmax", [g.conv(x, 16, 4, k=1)], axis=1)  # 65536 MACs
+    large = g.op("Hardmax", [g.conv(x, 16, 16)], axis=1)  # 2359296 MACs
+    model = g.model({"data": [1, 3, 32, 32]}, [small, large]).model
+    part = _partition(model, "bayes-e")
+    placed = _placement(part)
+    assert placed["Conv_0"] == ("BPU", "id(0)") and placed["Conv_2"] == ("BPU", "id(1)")
+    assert placed["Conv_1"] == ("CPU", "--")
+    assert "a BPU subgraph of 65536 MACs between CPU nodes" in _reason(part, "Conv_1")
+    assert "run_on_bpu" in _reason(part, "Conv_1")
+    assert _placement(_partition(model, "bayes-e", {"Conv_1": NodeInfo(on="BPU")}))["Conv_1"][0] == "BPU"
+    assert _placement(_partition(model, "bayes-e", all_bpu=True))["Conv_1"][0] == "BPU"
+    # alone between CPU nodes, a small subgraph is the model's BPU part and stays
+    g = _Graph(14)
+    alone = g.op("Hardmax", [g.conv(g.op("Hardmax", ["data"], axis=1), 3, 4, k=1)], axis=1)
+    assert _placement(_partition(g.model({"data": [1, 3, 8, 8]}, [alone]).model, "bayes-e"))["Conv_0"][0] == "BPU"
+
+
 def test_run_on_bpu_of_an_impossible_node_warns(caplog: pytest.LogCaptureFixture,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # hbtools.log.setup (run by earlier CLI tests) stops propagation to the root logger caplog hooks.
