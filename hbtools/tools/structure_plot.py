@@ -27,6 +27,10 @@ BOX_W, BOX_H, GAP_X, GAP_Y = 2.6, 0.55, 0.5, 0.5
 MAX_LABEL = 30  # characters per line of a box label
 MAX_LINES = 4  # lines per box label
 LANE = 0.15  # spacing of the vertical lanes that arrows skipping rows run in
+# A model with hundreds of CPU nodes (an LSTM unrolled by its exporter, on the CPU) drew a 16225x20152 picture:
+# 1.5 GB and a minute to write. Its boxes' text is then too small to read anyway; the shape of the graph shows.
+MAX_SIDE = 30000  # pixels
+MAX_PIXELS = 32_000_000
 
 
 @dataclass
@@ -136,8 +140,8 @@ def draw(graph: ModelProto, structure: Structure, model_name: str, path: Path) -
         ax.text(x, y, _short(box.label), ha="center", va="center", fontsize=7,
                 color="white" if box.kind == "bpu" else "black")
     path.parent.mkdir(parents=True, exist_ok=True)
-    # about 100 px per data unit, capped so very long CPU chains still give a viewable file
-    dpi = min(100, int(30000 / max(span_x, span_y, 1)))
-    fig.savefig(path, dpi=max(dpi, 20))
+    # about 100 px per inch, fewer where the picture would be longer than MAX_SIDE or larger than MAX_PIXELS
+    width, height = fig.get_size_inches()
+    fig.savefig(path, dpi=min(100.0, MAX_SIDE / max(width, height), (MAX_PIXELS / (width * height)) ** 0.5))
     plt.close(fig)
     return path
