@@ -34,6 +34,8 @@ class GraphView:
             for i in n.input:
                 if i:
                     out.setdefault(i, []).append(n)
+            for i in outer_references(n):  # a Loop / If / Scan body reads these from this graph
+                out.setdefault(i, []).append(n)
         return out
 
     @cached_property
@@ -344,6 +346,14 @@ def _type_outputs(model: ModelProto, inferred: ModelProto) -> None:
         vi = known.get(f"{o.name}__shape_probe")
         if vi is not None:
             o.type.CopyFrom(vi.type)
+
+
+def outer_references(node: NodeProto) -> list[str]:
+    """The tensors only ``node``'s sub-graphs read from the enclosing graph (not among its inputs), once each."""
+    if not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return []
+    own = set(node.input)
+    return [r for r in dict.fromkeys(references(node)) if r not in own]
 
 
 def references(node: NodeProto) -> Iterable[str]:

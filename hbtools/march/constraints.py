@@ -26,7 +26,7 @@ def _shape_text(shape: list[int | None]) -> str:
 def classify_broadcast(a: list[int | None], b: list[int | None]) -> str | None:
     """Which operand form two shapes are: same, scalar, channel, general (None: unknown or invalid)."""
     if None in a or None in b:
-        return None
+        return _partial_broadcast(a, b)
     if list(a) == list(b):
         return "same"
     if math.prod(a) == 1 or math.prod(b) == 1:
@@ -39,6 +39,23 @@ def classify_broadcast(a: list[int | None], b: list[int | None]) -> str | None:
         np.broadcast_shapes(tuple(a), tuple(b))
     except ValueError:
         return None
+    return "general"
+
+
+def _partial_broadcast(a: list[int | None], b: list[int | None]) -> str | None:
+    """The form where one shape has unknown dims (a sequence length behind a Loop, which onnx shape inference
+    does not see through) and the other is known and 1 at each of them: the result is the partial shape
+    whatever those dims are. Anything else depends on the unknown dims: None."""
+    known, partial = (b, a) if None in a else (a, b)
+    if None in known or len(known) > len(partial):
+        return None
+    padded = [1] * (len(partial) - len(known)) + list(known)
+    if any(k != 1 and p != k for p, k in zip(partial, padded, strict=True)):
+        return None  # an unknown dim meets a dim other than 1, or two known dims differ
+    if math.prod(known) == 1:
+        return "scalar"
+    if len(partial) >= 3 and padded[1] == partial[1] and all(d == 1 for k, d in enumerate(padded) if k != 1):
+        return "channel"
     return "general"
 
 

@@ -17,7 +17,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.config.model import NodeInfo
 from hbtools.graph.contrib import why_kept
-from hbtools.graph.graph import GraphView, elements
+from hbtools.graph.graph import GraphView, elements, outer_references
 from hbtools.graph.recurrent import RECURRENT_OPS
 from hbtools.march.constraints import constant_operand_shape, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
@@ -122,7 +122,8 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
 
 
 def _activation_inputs(node: NodeProto, view: GraphView) -> list[str]:
-    return [i for i in node.input if i and not view.is_const(i)]
+    """What ``node`` reads at run time: its non-constant inputs, then what its sub-graphs read from this graph."""
+    return [i for i in [*node.input, *outer_references(node)] if i and not view.is_const(i)]
 
 
 def _scalar_consts(node: NodeProto, view: GraphView) -> bool:

@@ -336,6 +336,33 @@ def test_einsum_behind_computed_shapes_runs_on_the_bpu(tmp_path: Path) -> None:
     _agrees_with_source(model, tmp_path / "out", (1, 8, 32), rng, optimized=True)
 
 
+def test_a_bias_after_a_loop_runs_on_the_bpu(tmp_path: Path) -> None:
+    """tf2onnx writes a Keras LSTM as a Loop; onnx shape inference leaves its scan output's length unknown, so
+    the bias Add of the Dense after it ([1, ?, 11] + [11]) stayed on the CPU (mk8dx's CRNN): a constant that
+    is 1 on every unknown axis broadcasts the same whatever their size. The Loop's body reads a BPU result
+    from the enclosing graph, which no dequantized copy fed: saving the quantized model was an internal error."""
+    rng = np.random.default_rng(24)
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Relu", ["flat"], ["scan"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("scan", F, [None, None])])
+    inits = [_init("w", (rng.standard_normal((4, 3, 1, 1)) / 2).astype(np.float32)),
+             _init("flat_shape", np.array([1, 64], np.int64)), _init("steps", np.array(7, np.int64)),
+             _init("go", np.array(True)), _init("dense", (rng.standard_normal((64, 11)) / 8).astype(np.float32)),
+             _init("bias", rng.standard_normal(11).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Reshape", ["c", "flat_shape"], ["flat"]),
+             helper.make_node("Loop", ["steps", "go"], ["seq"], body=body),
+             helper.make_node("Transpose", ["seq"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("MatMul", ["t", "dense"], ["mm"]), helper.make_node("Add", ["mm", "bias"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 4, 4])], [("y", F, [None, None, None])], inits)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 4, 4])}, "1x3x4x4", "float32", "m")
+    cpu = [n["name"] for n in _cpu_nodes(tmp_path / "out" / "m.bin")]
+    assert "Loop_0" in cpu and not [name for name in cpu if name.startswith("Add")], cpu
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 4, 4), rng)
+
+
 def test_an_inference_dropout_that_makes_the_output_runs_on_the_bpu(tmp_path: Path) -> None:
     """A Dropout (training_mode False) that makes the graph output, as Keras and Paddle exports end a
     classifier: onnxruntime keeps it there, and it stayed on the CPU, with the nodes before it."""

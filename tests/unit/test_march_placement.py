@@ -66,6 +66,13 @@ def test_march_differences_live_in_the_data() -> None:
     ([1, 8, 4, 4], [8, 1, 1], "channel"),
     ([1, 8, 4, 4], [1, 1, 4, 4], "general"),
     ([1, 8, 4, 4], [1, 3, 4, 4], None),
+    # unknown dims (a sequence length behind a Loop): known where the other operand is 1 on each of them
+    ([1, None, 11], [11], "general"),
+    ([1, 8, None, None], [8, 1, 1], "channel"),
+    ([None, 8], [1], "scalar"),
+    ([1, None, 11], [7, 11], None),
+    ([1, None, 11], [1, None, 11], None),
+    ([None, 11], [1, 7, 11], None),
 ])
 def test_classify_broadcast(a: list[int], b: list[int], form: str | None) -> None:
     assert classify_broadcast(a, b) == form
