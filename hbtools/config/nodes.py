@@ -172,7 +172,8 @@ FIXED_OPTIMIZATIONS = (
     "lstm_batch_last",
 )
 OPTIMIZATION_FORMS = ", ".join(
-    (*FIXED_OPTIMIZATIONS, "set_{NodeKind}_input_int16", "set_{NodeKind}_output_int16")
+    (*FIXED_OPTIMIZATIONS, "set_{NodeKind}_input_int16", "set_{NodeKind}_output_int16",
+     "set_{NodeKind}_input_int8", "set_{NodeKind}_output_int8")
 )
 
 
@@ -183,7 +184,7 @@ def _onnx_op_types() -> list[str]:
 def _check_optimization(item: str) -> None:
     if item in FIXED_OPTIMIZATIONS:
         return
-    m = re.fullmatch(r"set_(\w+?)_(input|output)_int16", item)
+    m = re.fullmatch(r"set_(\w+?)_(input|output)_int(?:16|8)", item)
     if not m:
         fail(
             f"'optimization' value {item!r} is not valid{did_you_mean(item, FIXED_OPTIMIZATIONS)}; "

@@ -430,6 +430,8 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         request(t, f"tensor {t} (half of a split convolution)")
     node_info = config.model.node_info if config else {}
     all16 = opts.all_int16
+    int8: list[str] = []  # set_{Op}_input_int8 / output_int8: applied after every int16 request
+    per_node: set[str] = set()  # int16 asked of a node by name (node_info), which no op-kind option overrides
     for unit in part.units:
         for node in unit.nodes:
             info = node_info.get(node.name)
@@ -439,6 +441,8 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                     "set_all_nodes_int16" if all16 else f"set_{kind}_output_int16"
                 for t in unit.outputs:
                     request(t, f"node {node.name} output", option)
+                    if option is None:
+                        per_node.add(grid_of(t))
             if all16 or kind in opts.int16_inputs:
                 for t in unit.inputs:
                     request(t, f"node {node.name} input", "set_all_nodes_int16" if all16 else f"set_{kind}_input_int16")
@@ -449,12 +453,16 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                     targets = unit.inputs if idx is None else unit.inputs[idx: idx + 1]
                     for t in targets:
                         request(t, f"node {node.name} input {idx if idx is not None else 'all'}")
+                        per_node.add(grid_of(t))
             if kind in opts.int8_inputs:
-                for t in unit.inputs:
-                    bits[grid_of(t)] = 8
+                int8.extend(unit.inputs)
             if kind in opts.int8_outputs:
-                for t in unit.outputs:
-                    bits[grid_of(t)] = 8
+                int8.extend(unit.outputs)
+    # An op kind's int8 wins over the model-wide int16 options (set_all_nodes_int16;set_Conv_input_int8 keeps
+    # every Conv's input int8, though it is also the input or output of the nodes around it).
+    for t in int8:
+        if grid_of(t) not in per_node:
+            bits[grid_of(t)] = 8
     for option, whats in dropped.items():
         shown = ", ".join(whats[:3]) + (f" and {len(whats) - 3} more" if len(whats) > 3 else "")
         log.warning("%s: int16 is not available on %s; falling back to int8 (%s)", option, profile.label, shown)

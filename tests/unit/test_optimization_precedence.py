@@ -1,0 +1,40 @@
+"""``optimization``: an op kind's int8 (set_Conv_input_int8 / set_Conv_output_int8) beside set_all_nodes_int16,
+as vendor X5 configs write it: every Conv's inputs and outputs int8, every other activation int16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from builders import _Graph, make_project
+
+from hbtools.log import setup
+from hbtools.ops.base import attrs_of
+from hbtools.pipeline.runner import makertbin
+
+
+def _activation_bits(path: Path) -> dict[str, int]:
+    """Bits of every activation grid of a calibrated model (its HzCalibration nodes of activations)."""
+    model = onnx.load(str(path))
+    weights = {t.name for t in model.graph.initializer}
+    return {n.input[0]: attrs_of(n)["bits"] for n in model.graph.node
+            if n.op_type == "HzCalibration" and n.input[0] not in weights}
+
+
+def test_an_op_kind_int8_wins_over_all_nodes_int16(tmp_path: Path) -> None:
+    setup(None)
+    g = _Graph(31)
+    x = g.op("Sigmoid", [g.conv(g.op("Sigmoid", ["data"]), 3, 8)])
+    y = g.op("Relu", [g.op("Add", [x, g.op("Sigmoid", [g.conv(x, 8, 8)])])])
+    out = g.op("Sigmoid", [g.conv(y, 8, 4, k=1)])
+    fm = g.model({"data": [1, 3, 16, 16]}, [out])
+    project = make_project(tmp_path, fm, cal_count=4)
+    project.write(calibration_parameters={
+        "calibration_type": "max", "optimization": "set_all_nodes_int16;set_Conv_input_int8;set_Conv_output_int8;"})
+    bits = _activation_bits(makertbin(project.config_path, "onnx")["calibrated"])
+    convs = [n for n in fm.model.graph.node if n.op_type == "Conv"]
+    at_convs = {t for n in convs for t in [n.input[0], *n.output]}
+    int8 = {t for t, b in bits.items() if b == 8}
+    assert at_convs & set(bits) and at_convs & set(bits) <= int8, bits
+    assert {t for t, b in bits.items() if t not in at_convs} and all(
+        b == 16 for t, b in bits.items() if t not in at_convs), bits
