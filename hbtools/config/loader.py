@@ -27,6 +27,7 @@ from hbtools.config.nodes import merge_node_settings, node_info_snapshot
 from hbtools.config.schema import GROUPS, MODEL_FILES, validate_groups
 from hbtools.config.values import group_error
 from hbtools.config.yaml_io import read_yaml
+from hbtools.log import logger
 from hbtools.march.profiles import get_profile
 
 __all__ = ["check_input_channels", "config_from_dict", "load_config"]
@@ -60,6 +61,9 @@ def _model(mp: dict[str, Any], cp: dict[str, Any], model_type: str, base: Path) 
             "model_parameters",
             f"working_dir '{working_dir}' exists and is not a folder; choose another path",
         )
+    if "log_level" in mp:
+        logger.info("model_parameters.log_level '%s': the log file holds every level in any case, the console "
+                    "INFO and above", mp["log_level"])
     node_info = merge_node_settings(
         mp.get("node_info", {}),
         mp.get("set_node_data_type", []),

@@ -80,6 +80,9 @@ def _input_source(value: Any) -> dict[str, str]:
     return {str(k): choice(f"input_source[{k}]", v, INPUT_SOURCES) for k, v in value.items()}
 
 
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
+
+
 def model_parameters(model_type: str) -> dict[Any, Any]:
     required = MODEL_FILES[model_type]
 
@@ -102,6 +105,9 @@ def model_parameters(model_type: str) -> dict[Any, Any]:
         Optional("set_node_data_type"): Use(nodes.parse_set_node_data_type),
         Optional("debug_mode"): Use(as_names("debug_mode", DEBUG_MODES)),
         Optional("node_info"): Use(nodes.parse_node_info),
+        # hb_mapper 1.x's log file level, in every config of the older OE samples: hbtools's log file always
+        # holds every level, so the value is checked and has nothing more to change.
+        Optional("log_level"): Use(as_choice("log_level", LOG_LEVELS)),
     }
 
 

@@ -1554,3 +1554,18 @@ def test_duplicate_key_with_the_same_value_is_kept_once_with_a_warning(
 def test_unknown_model_type(workdir: Path) -> None:
     with pytest.raises(ConfigError, match="Unknown model type 'tflite'"):
         load(workdir, model_type="tflite")
+
+
+@pytest.mark.parametrize("value", ["debug", "INFO", "warn"])
+def test_log_level_of_older_configs_is_accepted(workdir: Path, value: str, caplog: pytest.LogCaptureFixture,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """hb_mapper 1.x's model_parameters.log_level, in every config of the older OE samples."""
+    monkeypatch.setattr(logging.getLogger("hbtools"), "propagate", True)
+    with caplog.at_level("INFO", logger="hbtools"):
+        load(workdir, {"model_parameters": {"log_level": value}})
+    assert "log_level" in caplog.text and "log file holds every level" in caplog.text
+
+
+def test_bad_log_level(workdir: Path) -> None:
+    assert_error(error_lines(workdir, {"model_parameters": {"log_level": "verbose"}}), "model_parameters",
+                 "'log_level' value 'verbose' is not valid", "debug, info, warn")
