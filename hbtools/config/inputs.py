@@ -180,7 +180,12 @@ def _check_input(spec: InputSpec, label: str, batch: int, march: str) -> None:
             f"{label}: bernoulli2 does not support input_type_rt yuv444 with "
             f"input_layout_rt NCHW; use NHWC",
         )
-    if march == "bernoulli2" and spec.layout_rt == "NCHW" and spec.type_rt not in ("featuremap", "nv12"):
+    if march == "bernoulli2" and spec.layout_rt == "NCHW" and spec.type_rt == "gray":
+        # One channel: the same bytes either way (the vendor's own gray samples say NCHW); only the array shape
+        # a Python caller passes differs.
+        logger.info("%s: on bernoulli2 the converted model takes gray data as NHWC, the same bytes as NCHW for one "
+                    "channel; arrays given to HB_ONNXRuntime need the shape NxHxWx1", label)
+    elif march == "bernoulli2" and spec.layout_rt == "NCHW" and spec.type_rt not in ("featuremap", "nv12"):
         # The X3 artefacts take image inputs NHWC (SPEC §5); data laid out as configured would be misread.
         logger.warning("%s: on bernoulli2 the converted model takes %s data in NHWC whatever input_layout_rt "
                        "says; feed it NHWC (hrt_model_exec model_info shows the layout)", label, spec.type_rt)
