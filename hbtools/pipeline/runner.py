@@ -74,9 +74,21 @@ def convert(config: Config) -> dict[str, Path]:
     final = artefact_paths(config)
     with artefact_transaction(config.model.working_dir) as staging:
         _build(config, parsed, source, profile, staging, final)
+    _log_build_parameters(final["bin"])
     log.info("Convert to runtime bin file successfully!")
     log.info("End Model Convert")
     return final
+
+
+def _log_build_parameters(bin_path: Path) -> None:
+    """The build parameters as hb_model_info prints them from the .bin (hb_mapper 1.x ends its log with them)."""
+    from hbtools import __version__
+    from hbtools.runtime.binfile import read_bin
+    from hbtools.tools.model_info import report
+
+    for model in read_bin(bin_path).models:
+        for line in report(model, __version__):
+            log.info(line)
 
 
 def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource, profile: MarchProfile,

@@ -63,6 +63,10 @@ def test_success(project: Project) -> None:
         assert project.artefact(kind).is_file()
     # The log shows the model path resolved against the config's folder.
     assert str(project.model_path) in result.output
+    # ... and ends with the build parameters, as hb_model_info prints them from the .bin (hb_mapper 1.x's log did)
+    for block in ("model_parameters", "input_parameters", "calibration_parameters", "compiler_parameters"):
+        assert f"############# {block} info #############" in text
+    assert re.search(r"calibration_type\s+: default", text) and re.search(r"BPU march\s+: bayes-e", text), text
 
 
 def test_success_from_another_directory(project: Project, tmp_path: Path,
