@@ -66,7 +66,7 @@ def test_success(project: Project) -> None:
     # ... and ends with the build parameters, as hb_model_info prints them from the .bin (hb_mapper 1.x's log did)
     for block in ("model_parameters", "input_parameters", "calibration_parameters", "compiler_parameters"):
         assert f"############# {block} info #############" in text
-    assert re.search(r"calibration_type\s+: default", text) and re.search(r"BPU march\s+: bayes-e", text), text
+    assert re.search(r"calibration_type\s+: max", text) and re.search(r"BPU march\s+: bayes-e", text), text
 
 
 def test_success_from_another_directory(project: Project, tmp_path: Path,
