@@ -39,6 +39,10 @@ CHUNK_BYTES = 32_000_000  # float64 patches held at once
 # fits the rounding to those few patches (a transformer MatMul over 8 samples of 40 tokens, a
 # 3x3x256 conv on a 15x15 map), and other inputs lose what it gained. Such weights keep nearest.
 POSITIONS_PER_INPUT = 4
+# Multiply-accumulates one sample's patches may cost a layer's Hessian (positions x K² x groups): beyond it the
+# positions are sampled down to fit. The densest layer of the corpus costs 1.07e10 (a 3x3x96 conv on a 120x120 map,
+# PP-OCR det at 480); a 3x3x256 conv on a 160x160 map (CRAFT at 640) cost 1.4e11, and GPTQ ran for many minutes.
+HESSIAN_PRODUCTS = 1 << 34
 HESSIAN_BYTES = 256_000_000  # float64 Hessians held at once (more layers take another pass over the samples)
 DAMPING = 0.01  # of the mean diagonal, keeps H invertible where inputs are (nearly) constant
 QMAX = grids.qmax_for(grids.WEIGHT_BITS)
@@ -134,9 +138,10 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
     """
     view = GraphView(optimized)
     geos = {n.name: ConvGeometry.of(n, view) for n in layers}
+    limits = {n.name: _position_limit(n, view, positions) for n in layers}
     # A layer the samples cannot give enough positions would be dropped after its pass; its Hessian is not
     # built (a classifier's dense layer over a flattened 7x7x512 map: a 25088² Hessian, 5 GB, for 8 rows).
-    layers = [n for n in layers if _reachable(n, view, geos[n.name], positions, len(feeds))]
+    layers = [n for n in layers if _reachable(n, view, geos[n.name], limits[n.name], len(feeds))]
     for k, group in enumerate(_hessian_groups(layers, view)):
         names = list(dict.fromkeys(n.input[0] for n in group))
         session = fetching_session(optimized, names)
@@ -146,7 +151,7 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
         count = 0
         for feed in feeds:
             with one_blas_thread():  # many small products: OpenBLAS's threads stall beside any busy process
-                count += _accumulate(group, geos, session.run(names, feed), names, sums, seen, rng, positions)
+                count += _accumulate(group, geos, session.run(names, feed), names, sums, seen, rng, limits)
         for node in group:
             if node.name in sums:
                 hessian = sums.pop(node.name) / max(count, 1)
@@ -155,7 +160,8 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
 
 
 def _accumulate(group: list[NodeProto], geos: dict, fetched: list[np.ndarray], names: list[str],
-                sums: dict[str, np.ndarray], seen: dict[str, int], rng: np.random.Generator, positions: int) -> int:
+                sums: dict[str, np.ndarray], seen: dict[str, int], rng: np.random.Generator,
+                limits: dict[str, int]) -> int:
     """Add one feed's input products to each layer's sum (``sums``, positions in ``seen``); its sample count."""
     values = dict(zip(names, fetched, strict=True))
     for node in group:
@@ -168,12 +174,21 @@ def _accumulate(group: list[NodeProto], geos: dict, fetched: list[np.ndarray], n
             continue
         for sample in x:  # a batch contributes each of its samples
             h, taken = 0.0, 0
-            for cols in patches(sample, geos[node.name], rng, positions):
+            for cols in patches(sample, geos[node.name], rng, limits[node.name]):
                 h = h + np.matmul(cols, cols.transpose(0, 2, 1))
                 taken += cols.shape[2]
             sums[node.name] = sums.get(node.name, 0.0) + h / max(taken, 1)
             seen[node.name] = seen.get(node.name, 0) + taken
     return len(values[names[0]]) if names else 1
+
+
+def _position_limit(node: NodeProto, view: GraphView, positions: int) -> int:
+    """Positions per sample for ``node``'s Hessian: ``positions``, fewer where they would cost more than
+    ``HESSIAN_PRODUCTS`` (wide patches on a large map)."""
+    w = _by_output_channel(node, view, view.const(node.input[1]))
+    group = int(view.attrs(node).get("group", 1)) if node.op_type == "Conv" else 1
+    k = int(np.prod(w.shape[1:]))
+    return max(1, min(positions, HESSIAN_PRODUCTS // (k * k * max(group, 1))))
 
 
 def _reachable(node: NodeProto, view: GraphView, geo: ConvGeometry, positions: int, feeds: int) -> bool:

@@ -381,3 +381,35 @@ def test_a_hessian_the_samples_cannot_fill_is_not_built() -> None:
         tracemalloc.stop()
     assert set(hessians) == {"conv"}
     assert peak < 32_000_000, f"peak {peak / 1e6:.0f} MB: the dense layer's Hessian was built"
+
+
+def test_a_wide_layer_on_a_large_map_samples_its_positions() -> None:
+    """A 3x3x256 conv on a 160x160 map (CRAFT at 640) would take 25600 patches of 2304 inputs per sample, 1.4e11
+    multiply-accumulates: GPTQ ran for many minutes. Its positions are sampled down to HESSIAN_PRODUCTS, which the
+    densest layer of the corpus (3x3x96 on 120x120, PP-OCR det at 480) stays within, all its positions taken."""
+    rng = np.random.default_rng(10)
+
+    def limit(c_in: int) -> int:  # positions per sample, whatever the map
+        model = _conv_model(rng.normal(size=(4, c_in, 3, 3)).astype(np.float32), 1, [1, 1, 1, 1])
+        return wr._position_limit(model.graph.node[0], GraphView(model), wr.POSITIONS)
+
+    assert limit(96) >= 120 * 120
+    wide = limit(256)
+    assert wide < 160 * 160 and wide * 2304**2 <= wr.HESSIAN_PRODUCTS
+    assert wide * 8 >= wr.POSITIONS_PER_INPUT * 2304  # eight samples still fill its Hessian
+
+
+def test_a_sampled_hessian_is_close_to_the_whole_one(monkeypatch) -> None:
+    """Where the positions are sampled, the Hessian estimates the one over every position."""
+    rng = np.random.default_rng(11)
+    model = _conv_model(rng.normal(size=(3, 8, 3, 3)).astype(np.float32), 1, [1, 1, 1, 1])
+    for k in (2, 3):
+        model.graph.input[0].type.tensor_type.shape.dim[k].dim_value = 64
+    feeds = [{"x": _correlated_inputs(rng, 8, 1)[0].repeat(6, axis=2).repeat(6, axis=3)[:, :, :64, :64]
+              + 0.1 * rng.normal(size=(1, 8, 64, 64)).astype(np.float32)} for _ in range(4)]
+    node = model.graph.node[0]
+    whole = dict(wr.input_hessians(model, [node], feeds))["conv"]
+    monkeypatch.setattr(wr, "HESSIAN_PRODUCTS", 1024 * 72**2)  # 1024 of the 4096 positions per sample
+    sampled = dict(wr.input_hessians(model, [node], feeds))["conv"]
+    assert not np.array_equal(sampled, whole)
+    assert np.linalg.norm(sampled - whole) <= 0.05 * np.linalg.norm(whole)
