@@ -19,12 +19,14 @@ positions are the rows of its input.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from onnx import ModelProto, NodeProto
 from scipy.linalg import lapack
+from tqdm import tqdm
 
 from hbtools.graph.graph import GraphView
 from hbtools.quant import grids
@@ -142,14 +144,16 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
     # A layer the samples cannot give enough positions would be dropped after its pass; its Hessian is not
     # built (a classifier's dense layer over a flattened 7x7x512 map: a 25088² Hessian, 5 GB, for 8 rows).
     layers = [n for n in layers if _reachable(n, view, geos[n.name], limits[n.name], len(feeds))]
-    for k, group in enumerate(_hessian_groups(layers, view)):
+    groups = _hessian_groups(layers, view)
+    for k, group in enumerate(groups):
         names = list(dict.fromkeys(n.input[0] for n in group))
         session = fetching_session(optimized, names)
         rng = np.random.default_rng(seed if k == 0 else [seed, k])
         sums: dict[str, np.ndarray] = {}
         seen: dict[str, int] = {}
         count = 0
-        for feed in feeds:
+        for feed in tqdm(feeds, desc=f"GPTQ Hessians {k + 1}/{len(groups)}", disable=not sys.stderr.isatty(),
+                         leave=False):
             with one_blas_thread():  # many small products: OpenBLAS's threads stall beside any busy process
                 count += _accumulate(group, geos, session.run(names, feed), names, sums, seen, rng, limits)
         for node in group:
