@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
+
+log = logging.getLogger("hbtools")
 
 
 class StepTimes:
@@ -15,6 +18,8 @@ class StepTimes:
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
+        # in the log file only: a step of many minutes (GPTQ, the int16 search on a large model) shows there
+        log.debug("%s: started", name)
         start = time.perf_counter()
         try:
             yield

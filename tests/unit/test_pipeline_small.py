@@ -337,6 +337,8 @@ def test_calibration_types(tmp_path: Path, calibration_type: str, max_percentile
     assert len(timings) == 1, "one step timings line"
     named = re.findall(r"([A-Za-z0-9 ]+?) (\d+\.\d) s(?:, |$)", timings[0])
     assert [name for name, _ in named] == steps, timings[0]
+    # ... and the log file says when each began (a long one is otherwise minutes without a line)
+    assert set(re.findall(r"^DEBUG (.+): started$", text, re.M)) == set(steps), text
     if calibration_type == "skip":
         assert any("skip" in w and "accuracy" in w for w in warnings(conv)), warnings(conv)
     calibrated = onnx.load(str(conv.paths["calibrated"]))
