@@ -81,6 +81,8 @@ def _input_source(value: Any) -> dict[str, str]:
 
 
 LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
+# Accepted from hb_mapper 1.x configs, with nothing to change: the templates leave them out.
+LEGACY_KEYS = frozenset({"log_level"})
 
 
 def model_parameters(model_type: str) -> dict[Any, Any]:
