@@ -199,10 +199,21 @@ def wide_flattens_as_convs(model: ModelProto, profile: MarchProfile) -> int:
         if conv is None:
             continue
         changes[flatten.name] = []
-        changes[node.name] = [conv, helper.make_node("Flatten", [conv.output[0]], [node.output[0]],
-                                                     name=f"{node.name}_flatten", axis=1)]
+        # An activation reading the dense layer alone moves before the new Flatten, onto the map, where it fuses
+        # into the Conv (VGG's Relu after its first dense layer was a lookup table of its own).
+        readers = view.consumers.get(node.output[0], [])
+        act = readers[0] if len(readers) == 1 and node.output[0] not in view.graph_outputs else None
+        moved = _past(act, conv.output[0], f"{act.output[0]}_map", view, model) \
+            if act is not None and act.op_type in _SHAPELESS and act.name not in changes else None
+        if moved is not None:
+            changes[act.name] = []
+            changes[node.name] = [conv, moved, helper.make_node("Flatten", [moved.output[0]], [act.output[0]],
+                                                                name=f"{node.name}_flatten", axis=1)]
+        else:
+            changes[node.name] = [conv, helper.make_node("Flatten", [conv.output[0]], [node.output[0]],
+                                                         name=f"{node.name}_flatten", axis=1)]
     if changes:
         nodes = [n for node in model.graph.node for n in changes.get(node.name, [node])]
         del model.graph.node[:]
         model.graph.node.extend(nodes)
-    return len(changes) // 2
+    return sum(1 for name, nodes in changes.items() if nodes)  # each rewritten dense layer

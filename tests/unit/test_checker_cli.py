@@ -425,6 +425,9 @@ def test_wide_flatten_head_runs_on_the_bpu(keras: bool, march: str, channels: in
     # bernoulli2 has no BPU flatten: the one that gives the Gemm its [N, M] is the last node, on the CPU
     assert cpu == ([] if march == "bayes-e" else [list(table)[-1]]), table
     assert {sub for on, sub in table.values() if on == "BPU"} == {"id(0)"}, table
+    # the ReLU after the dense layer fuses into its Conv (a lookup table of its own before)
+    relu = next(n.name for n in fm.model.graph.node if n.op_type == "Relu" and n.name != "Relu_0")
+    assert {r[0]: r[3] for r in rows(result.output)}[relu] == "HzSQuantizedConv", result.output
     x = {"data": random_sample(fm, "data", np.random.default_rng(5))}
     want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))[0]
     feed = {"data": x["data"].transpose(0, 2, 3, 1) if march == "bernoulli2" else x["data"]}
