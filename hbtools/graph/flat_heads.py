@@ -205,13 +205,12 @@ def wide_flattens_as_convs(model: ModelProto, profile: MarchProfile) -> int:
         act = readers[0] if len(readers) == 1 and node.output[0] not in view.graph_outputs else None
         moved = _past(act, conv.output[0], f"{act.output[0]}_map", view, model) \
             if act is not None and act.op_type in _SHAPELESS and act.name not in changes else None
+        on_map = [conv] if moved is None else [conv, moved]
         if moved is not None:
             changes[act.name] = []
-            changes[node.name] = [conv, moved, helper.make_node("Flatten", [moved.output[0]], [act.output[0]],
-                                                                name=f"{node.name}_flatten", axis=1)]
-        else:
-            changes[node.name] = [conv, helper.make_node("Flatten", [conv.output[0]], [node.output[0]],
-                                                         name=f"{node.name}_flatten", axis=1)]
+        flat_out = node.output[0] if moved is None else act.output[0]
+        changes[node.name] = [*on_map, helper.make_node("Flatten", [on_map[-1].output[0]], [flat_out],
+                                                        name=f"{node.name}_flatten", axis=1)]
     if changes:
         nodes = [n for node in model.graph.node for n in changes.get(node.name, [node])]
         del model.graph.node[:]

@@ -32,8 +32,7 @@ def classify_broadcast(a: list[int | None], b: list[int | None]) -> str | None:
     if math.prod(a) == 1 or math.prod(b) == 1:
         return "scalar"
     big, small = (a, b) if len(a) >= len(b) else (b, a)
-    padded = [1] * (len(big) - len(small)) + list(small)
-    if len(big) >= 3 and padded[1] == big[1] and all(d == 1 for k, d in enumerate(padded) if k != 1):
+    if _is_channel(big, [1] * (len(big) - len(small)) + list(small)):
         return "channel"
     try:
         np.broadcast_shapes(tuple(a), tuple(b))
@@ -54,9 +53,12 @@ def _partial_broadcast(a: list[int | None], b: list[int | None]) -> str | None:
         return None  # an unknown dim meets a dim other than 1, or two known dims differ
     if math.prod(known) == 1:
         return "scalar"
-    if len(partial) >= 3 and padded[1] == partial[1] and all(d == 1 for k, d in enumerate(padded) if k != 1):
-        return "channel"
-    return "general"
+    return "channel" if _is_channel(partial, padded) else "general"
+
+
+def _is_channel(big: list[int | None], padded: list[int]) -> bool:
+    """Whether ``padded`` (the smaller shape, 1s in front to ``big``'s rank) holds one value per channel of ``big``."""
+    return len(big) >= 3 and padded[1] == big[1] and all(d == 1 for k, d in enumerate(padded) if k != 1)
 
 
 # A constant operand the march cannot broadcast is written out at the activation's shape, up to this many

@@ -430,7 +430,7 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         request(t, f"tensor {t} (half of a split convolution)")
     node_info = config.model.node_info if config else {}
     all16 = opts.all_int16
-    int8: list[str] = []  # set_{Op}_input_int8 / output_int8: applied after every int16 request
+    int8: set[str] = set()  # grids of set_{Op}_input_int8 / output_int8: applied after every int16 request
     per_node: set[str] = set()  # int16 asked of a node by name (node_info), which no op-kind option overrides
     for unit in part.units:
         for node in unit.nodes:
@@ -455,14 +455,13 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                         request(t, f"node {node.name} input {idx if idx is not None else 'all'}")
                         per_node.add(grid_of(t))
             if kind in opts.int8_inputs:
-                int8.extend(unit.inputs)
+                int8.update(grid_of(t) for t in unit.inputs)
             if kind in opts.int8_outputs:
-                int8.extend(unit.outputs)
+                int8.update(grid_of(t) for t in unit.outputs)
     # An op kind's int8 wins over the model-wide int16 options (set_all_nodes_int16;set_Conv_input_int8 keeps
     # every Conv's input int8, though it is also the input or output of the nodes around it).
-    for t in int8:
-        if grid_of(t) not in per_node:
-            bits[grid_of(t)] = 8
+    for t in int8 - per_node:
+        bits[t] = 8
     for option, whats in dropped.items():
         shown = ", ".join(whats[:3]) + (f" and {len(whats) - 3} more" if len(whats) > 3 else "")
         log.warning("%s: int16 is not available on %s; falling back to int8 (%s)", option, profile.label, shown)

@@ -186,20 +186,25 @@ def _accumulate(group: list[NodeProto], geos: dict, fetched: list[np.ndarray], n
     return len(values[names[0]]) if names else 1
 
 
+def _patch_size(node: NodeProto, view: GraphView) -> tuple[int, int]:
+    """(groups, inputs per patch K) of a roundable layer: its Hessian is [groups, K, K]."""
+    w = _by_output_channel(node, view, view.const(node.input[1]))
+    group = int(view.attrs(node).get("group", 1)) if node.op_type == "Conv" else 1
+    return max(group, 1), int(np.prod(w.shape[1:]))
+
+
 def _position_limit(node: NodeProto, view: GraphView, positions: int) -> int:
     """Positions per sample for ``node``'s Hessian: ``positions``, fewer where they would cost more than
     ``HESSIAN_PRODUCTS`` (wide patches on a large map)."""
-    w = _by_output_channel(node, view, view.const(node.input[1]))
-    group = int(view.attrs(node).get("group", 1)) if node.op_type == "Conv" else 1
-    k = int(np.prod(w.shape[1:]))
-    return max(1, min(positions, HESSIAN_PRODUCTS // (k * k * max(group, 1))))
+    group, k = _patch_size(node, view)
+    return max(1, min(positions, HESSIAN_PRODUCTS // (k * k * group)))
 
 
 def _reachable(node: NodeProto, view: GraphView, geo: ConvGeometry, positions: int, feeds: int) -> bool:
     """Whether ``feeds`` samples can give ``node`` the ``POSITIONS_PER_INPUT`` positions per input of a patch
     that ``input_hessians`` asks of its Hessian, counted as it counts them (True where shapes are unknown)."""
     x = view.shapes.get(node.input[0])
-    inputs = int(np.prod(_by_output_channel(node, view, view.const(node.input[1])).shape[1:]))
+    inputs = _patch_size(node, view)[1]
     if not x or any(not isinstance(d, int) or d <= 0 for d in x):
         return True
     if geo.dense and len(x) <= 2:
@@ -230,9 +235,8 @@ def _hessian_groups(layers: list[NodeProto], view: GraphView) -> list[list[NodeP
     groups: list[list[NodeProto]] = [[]]
     held = 0
     for node in layers:
-        w = _by_output_channel(node, view, view.const(node.input[1]))
-        group = int(view.attrs(node).get("group", 1))
-        size = 8 * group * int(np.prod(w.shape[1:])) ** 2
+        group, k = _patch_size(node, view)
+        size = 8 * group * k**2
         if groups[-1] and held + size > HESSIAN_BYTES:
             groups.append([])
             held = 0
