@@ -11,18 +11,17 @@ samples of the metric, itself the mean over the observed tensors.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from tqdm import tqdm
 
 from hbtools.debug import batching
 from hbtools.debug.data import Sample
 from hbtools.debug.switchboard import Switchboard
 from hbtools.metrics import METRICS, CosineTo, average
+from hbtools.runs.progress import Progress
 from hbtools.runtime.session import release_shared_arena
 
 Config = frozenset[str]
@@ -35,8 +34,7 @@ Visitor = Callable[[int, int, list[np.ndarray], list[np.ndarray]], None]
 
 def sweep(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], visit: Visitor,
           desc: str) -> None:
-    bar = tqdm(total=len(samples) * len(configs), desc=desc, unit="run", disable=not sys.stderr.isatty(),
-               leave=False)
+    bar = Progress(len(samples) * len(configs), desc, "run")
     lock = threading.Lock()
     size = switchboard.batch_for(samples)
     batches = [range(i, min(i + size, len(samples))) for i in range(0, len(samples), size)]

@@ -9,13 +9,11 @@ graph inputs, so trying a threshold never rebuilds a session.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import ModelProto
-from tqdm import tqdm
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView
@@ -30,6 +28,7 @@ from hbtools.quant.plan import (
 from hbtools.quant.search import Evaluator, constant_terms, output_pieces, scored_outputs, scored_tensors
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import relative_noise, threshold_for
+from hbtools.runs.progress import progress
 from hbtools.runs.timing import StepTimes
 from hbtools.runtime.heap import release_freed_memory
 from hbtools.runtime.session import RUN_ERRORS, fetching_session
@@ -312,8 +311,7 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     session, outputs = _float_session(optimized, tensors)
     fetch = list(dict.fromkeys([*tensors, *outputs]))
     eval_feeds, eval_refs, bc_feeds = [], [], []
-    bar = tqdm(samples(), total=count, desc="calibration", unit="sample", disable=not sys.stderr.isatty(),
-               leave=False)
+    bar = progress(samples(), "calibration", "sample", total=count)
     scored = spread(count, EVAL_SAMPLES) if keep else set()
     measured = spread(count, BIAS_CORRECTION_SAMPLES, exclude=scored) if keep else set()
     for index, feed in enumerate(bar):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -23,12 +22,12 @@ from itertools import islice
 
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper
-from tqdm import tqdm
 
 from hbtools.graph.constant_terms import MOVES, Tails
 from hbtools.graph.graph import GraphView, elements, itemsize
 from hbtools.metrics import cosine_of_products, products
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
+from hbtools.runs.progress import progress
 from hbtools.runtime.custom_session import CustomOpSession
 from hbtools.runtime.heap import release_freed_memory
 from hbtools.runtime.session import fetching_model, fetching_session
@@ -562,7 +561,7 @@ class Evaluator:
         """mix: per tensor, keep whichever method's threshold scores best (greedy, in graph order)."""
         current = copy.copy(thresholds)
         methods = {t: "default" for t in current}
-        for p in tqdm(self.plan.activations, desc="mix search", disable=not sys.stderr.isatty(), leave=False):
+        for p in progress(self.plan.activations, "mix search", "tensor"):
             for label, cand in candidates.items():
                 if np.isclose(cand[p.tensor], current[p.tensor]):
                     continue
@@ -633,8 +632,7 @@ class Evaluator:
         current, current_score = dict(all16), best16
         step = max(1, len(ranked) // DEMOTE_STEPS)
         least_first = ranked[::-1]
-        for start in tqdm(range(0, len(least_first), step), desc="mixed precision",
-                          disable=not sys.stderr.isatty(), leave=False):
+        for start in progress(range(0, len(least_first), step), "int16 search: demotions", "group"):
             group = least_first[start:start + step]
             trial = {t: b for t, b in current.items() if t not in group}
             th = {**thresholds, **{t: wide[t] for t in trial}}
@@ -703,7 +701,7 @@ class Evaluator:
         own = [_ratio(share, 2 * np.asarray(self._energy[i]) * slack[i]) if np.isfinite(slack[i]) else 0 * share
                for i in samples]
         cost = {}
-        for k, t in enumerate(tqdm(measured, desc="sensitivity", disable=not sys.stderr.isatty(), leave=False)):
+        for k, t in enumerate(progress(measured, "int16 search: sensitivity", "tensor")):
             changed = {**extra, **demoted[t]}
             runs = [out for _, out in side_by_side(
                 lambda j: suffixes.rerun(starts[t], {**feeds[j], **changed}, earlier[j]),  # noqa: B023 - used at once

@@ -19,17 +19,16 @@ positions are the rows of its input.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from onnx import ModelProto, NodeProto
 from scipy.linalg import lapack
-from tqdm import tqdm
 
 from hbtools.graph.graph import GraphView
 from hbtools.quant import grids
+from hbtools.runs.progress import progress
 from hbtools.runtime.blas import one_blas_thread
 from hbtools.runtime.session import fetching_session
 
@@ -152,8 +151,7 @@ def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequen
         sums: dict[str, np.ndarray] = {}
         seen: dict[str, int] = {}
         count = 0
-        for feed in tqdm(feeds, desc=f"GPTQ Hessians {k + 1}/{len(groups)}", disable=not sys.stderr.isatty(),
-                         leave=False):
+        for feed in progress(feeds, f"GPTQ Hessians {k + 1}/{len(groups)}", "sample"):
             with one_blas_thread():  # many small products: OpenBLAS's threads stall beside any busy process
                 count += _accumulate(group, geos, session.run(names, feed), names, sums, seen, rng, limits)
         for node in group:
