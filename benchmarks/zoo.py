@@ -80,7 +80,7 @@ def prepare(name: str, args: argparse.Namespace, work: Path) -> tuple[compare_or
     if getattr(args, "march", None):
         model_params["march"] = args.march
     config["calibration_parameters"]["cal_data_dir"] = str(cal_dir)
-    config["calibration_parameters"]["calibration_type"] = "default"
+    config["calibration_parameters"]["calibration_type"] = getattr(args, "calibration_type", None) or "default"
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     spec = load_config(path).inputs[0]
@@ -251,7 +251,8 @@ def _meets(model: dict) -> bool:
 
 
 def markdown(result: dict) -> str:
-    lines = ["## Model corpus: hb_mapper makertbin (default) next to onnxruntime quantize_static", "",
+    method = result["settings"].get("calibration_type", "default")
+    lines = [f"## Model corpus: hb_mapper makertbin ({method}) next to onnxruntime quantize_static", "",
              f"{result['machine']['date']}, {result['machine']['cpu']} ({result['machine']['cores']} cores), "
              f"onnxruntime {result['machine']['onnxruntime']}. Load average at start "
              f"{'/'.join(f'{v:.1f}' for v in result['load_average_at_start'])} (shared machine: timings are "
@@ -355,6 +356,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads for the timed inference (1)")
     parser.add_argument("--march", choices=["bernoulli2", "bayes", "bayes-e", "nash-e", "nash-m"],
                         help="convert for this march instead of the configs' (bayes-e)")
+    parser.add_argument("--calibration-type", default="default", choices=["default", "max", "kl", "mix", "skip"],
+                        help="makertbin's calibration_type (default)")
     parser.add_argument("--json", type=Path, help="write the results here (rewritten after every model)")
     parser.add_argument("--markdown", type=Path, help="write the table here (rewritten after every model)")
     parser.add_argument("--work-dir", type=Path, help="keep configs, data and models here (default: a temp dir)")
@@ -380,6 +383,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
               "load_average_at_start": os.getloadavg(),
               "settings": {"cal_num": args.cal_num, "heldout_num": args.heldout_num, "det_size": args.det_size,
                            "detect_size": args.detect_size, "march": args.march or "bayes-e",
+                           "calibration_type": args.calibration_type,
                            "peers": args.peers, "activation_type": args.activation_type, "threads": args.threads,
                            "mem_limit_gb": args.mem_limit_gb, "timeout_min": args.timeout_min},
               "models": []}

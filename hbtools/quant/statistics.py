@@ -1,9 +1,9 @@
 """Streaming activation statistics: the one implementation calibration uses.
 
-Each tensor keeps a running max |x|, min and max, and a fixed-size histogram of
-|x| whose range doubles (merging bin pairs) when a larger value arrives, so memory
-depends on the number of tensors (and, per channel, of channels), never on the
-number of samples.
+Each tensor keeps a running max |x|, min and max, the count of exact zeros, and a
+fixed-size histogram of |x| whose range doubles (merging bin pairs) when a larger
+value arrives, so memory depends on the number of tensors (and, per channel, of
+channels), never on the number of samples.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def abs_histogram(flat: np.ndarray, bins: int, top: float) -> np.ndarray:
 
 
 class TensorStats:
-    __slots__ = ("max_abs", "hist", "range", "count", "min", "max")
+    __slots__ = ("max_abs", "hist", "range", "count", "min", "max", "zeros")
 
     def __init__(self, bins: int = BINS) -> None:
         self.max_abs = 0.0
@@ -55,6 +55,7 @@ class TensorStats:
         self.hist = np.zeros(bins, dtype=np.int64)
         self.range = 0.0
         self.count = 0
+        self.zeros = 0  # exact zeros (a ReLU's negative half, padding), all in bin 0 of ``hist``
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float32).reshape(-1)
@@ -75,6 +76,7 @@ class TensorStats:
             self.range *= 2.0
         self.hist += abs_histogram(x, bins, self.range)
         self.count += x.size
+        self.zeros += x.size - int(np.count_nonzero(x))
 
     @property
     def bin_width(self) -> float:
@@ -94,6 +96,7 @@ class ChannelStats:
         self.max_abs = self.min = self.max = self.range = None
         self.hist: np.ndarray | None = None
         self.count = 0
+        self.zeros: np.ndarray | None = None  # per channel, as TensorStats.zeros
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float32)
@@ -107,6 +110,7 @@ class ChannelStats:
         if self.hist is None:
             channels = rows.shape[0]
             self.hist = np.zeros((channels, self.bins), dtype=np.int64)
+            self.zeros = np.zeros(channels, dtype=np.int64)
             self.min, self.max, self.max_abs = lo, hi, peak
             self.range = np.where(peak > 0, peak, 1e-8)
         else:
@@ -122,6 +126,7 @@ class ChannelStats:
         index += (np.arange(rows.shape[0]) * self.bins)[:, None]
         self.hist += np.bincount(index.reshape(-1), minlength=self.hist.size).reshape(self.hist.shape)
         self.count += rows.shape[1]
+        self.zeros += rows.shape[1] - np.count_nonzero(rows, axis=1)
 
     @property
     def channels(self) -> int:
@@ -132,6 +137,7 @@ class ChannelStats:
         stats = TensorStats(self.bins)
         stats.max_abs, stats.min, stats.max = float(self.max_abs[c]), float(self.min[c]), float(self.max[c])
         stats.hist, stats.range, stats.count = self.hist[c], float(self.range[c]), self.count
+        stats.zeros = int(self.zeros[c])
         return stats
 
 

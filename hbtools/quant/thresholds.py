@@ -22,8 +22,15 @@ def percentile_threshold(stats: TensorStats, percentile: float) -> float:
 
 
 def kl_threshold(stats: TensorStats, bits: int = 8, stride: int = 16) -> float:
-    """Entropy calibration: the clip bound whose quantized histogram diverges least (KL)."""
-    hist = stats.hist.astype(np.float64)
+    """Entropy calibration: the clip bound whose quantized histogram diverges least (KL).
+
+    Exact zeros are left out: every grid holds them exactly, whatever the bound. Counted, they
+    made a spike in bin 0 that any candidate merging bin 0 with its neighbours smeared, so the
+    narrowest candidate (no merging) won on a ReLU's output: a half-normal with four zeros per
+    value was clipped at 12 % of its max (60 % of the values above), a small conv net's output
+    cosine fell to 0.85 where max gives 0.9998.
+    """
+    hist = _without_zeros(stats)
     levels = (1 << (bits - 1))  # positive levels of a symmetric grid on |x|
     if hist.sum() == 0 or levels >= hist.size:
         return float(stats.max_abs)
@@ -40,6 +47,13 @@ def kl_threshold(stats: TensorStats, bits: int = 8, stride: int = 16) -> float:
         if kl < best_kl:
             best_kl, best_i = kl, i
     return float(min(best_i * stats.bin_width, stats.max_abs))
+
+
+def _without_zeros(stats: TensorStats) -> np.ndarray:
+    """The |x| histogram, as float64, without the exact zeros (all in bin 0)."""
+    hist = stats.hist.astype(np.float64)
+    hist[0] = max(hist[0] - stats.zeros, 0.0)
+    return hist
 
 
 def _quantize_histogram(p: np.ndarray, levels: int) -> np.ndarray:
@@ -89,9 +103,10 @@ def threshold_for(method: str, stats: TensorStats | ChannelStats, bits: int,
 def relative_noise(stats: TensorStats, threshold: float, bits: int) -> float:
     """Expected quantization noise power over signal power for this threshold (from the histogram).
 
-    Rounding inside the range adds s**2/12 per value; values beyond the threshold are clipped.
+    Rounding inside the range adds s**2/12 per value; values beyond the threshold are clipped; exact
+    zeros are held exactly.
     """
-    hist = stats.hist.astype(np.float64)
+    hist = _without_zeros(stats)
     centres = (np.arange(hist.size) + 0.5) * stats.bin_width
     signal = float(np.sum(hist * centres**2))
     if signal == 0 or threshold <= 0:
