@@ -3,8 +3,9 @@
 Encodings that onnxruntime runs but onnx's checker or the later stages refuse are made
 valid here, each the same model in a form the rest of the pipeline takes: nodes out of
 order, outputs without a shape, duplicate node names, weights listed as inputs, opsets
-older than the passes work at (with what old Resize / Upsample meant), and outputs that
-are not tensors (refused with the tensors to end at instead).
+older than the passes work at (with what old Resize / Upsample meant), ops whose version
+onnx has since deprecated, and outputs that are not tensors (refused with the tensors to
+end at instead).
 """
 
 from __future__ import annotations
@@ -101,6 +102,52 @@ def unique_node_names(model: ModelProto) -> None:
     for name, new in renamed.items():
         log.warning("%d nodes are named '%s'; the others are renamed %s (node_info and the debugger take these "
                     "names)", len(new) + 1, name, ", ".join(new))
+
+
+def deprecated_ops(model: ModelProto) -> None:
+    """Ops of a version onnx's checker now refuses as deprecated, though onnxruntime runs them, written
+    with the ops that replace them.
+
+    GroupNormalization of opsets 18 to 20 (torch.onnx's dynamo exports at opset 18) scales and shifts
+    per group; opset 21 made that per channel and deprecated the old form. It is the same as an
+    InstanceNormalization over the input seen as [N, groups, -1], with the group scales and shifts,
+    reshaped back.
+    """
+    opset = default_opset(model)
+    if not 18 <= opset < 21:
+        return
+    taken = {o for n in model.graph.node for o in n.output} | {n.name for n in model.graph.node}
+    taken |= {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        return name
+
+    nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        if node.op_type != "GroupNormalization" or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        base = node.name or node.output[0]
+        x, scale, bias = node.input[:3]
+        grouped_shape = fresh(f"{base}_grouped_shape")
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            np.array([0, int(attrs["num_groups"]), -1], np.int64), grouped_shape))
+        shape, grouped, normalized = fresh(f"{base}_shape"), fresh(f"{base}_grouped"), fresh(f"{base}_normalized")
+        nodes += [helper.make_node("Shape", [x], [shape], name=fresh(f"{base}_Shape")),
+                  helper.make_node("Reshape", [x, grouped_shape], [grouped], name=fresh(f"{base}_Reshape")),
+                  helper.make_node("InstanceNormalization", [grouped, scale, bias], [normalized],
+                                   name=fresh(f"{base}_InstanceNormalization"),
+                                   epsilon=float(attrs.get("epsilon", 1e-5))),
+                  helper.make_node("Reshape", [normalized, shape], [node.output[0]], name=node.name or None)]
+        log.info("GroupNormalization '%s' (opset %d, deprecated since opset 21) is written as Reshape -> "
+                 "InstanceNormalization -> Reshape", base, opset)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
 
 
 def working_opset(model: ModelProto) -> ModelProto:

@@ -51,6 +51,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     source_repairs.ordered_and_typed(model)
     # onnx's checker refuses onnxruntime's ops in the ONNX domain (its SimplifiedLayerNormalization)
     expand_contrib_ops(model, onnx_domain_only=True)
+    source_repairs.deprecated_ops(model)
     check_source_model(model, path)
     others = precision.other_floats(model)
     if others:

@@ -505,3 +505,21 @@ def test_a_model_whose_only_input_has_a_default_value_is_refused_saying_so(tmp_p
     errors = [line for line in out.splitlines() if "ERROR" in line]
     assert errors and "'x' also has an initializer of the same name" in errors[0], out[-2000:]
     assert "yaml" not in out.lower()
+
+
+def test_an_opset_18_group_norm_converts(tmp_path: Path) -> None:
+    """GroupNormalization of opset 18 (torch.onnx dynamo exports) scales per group; onnx deprecated that form
+    in opset 21 and its checker refuses it, though onnxruntime runs it. It is written as an
+    InstanceNormalization over the groups: the float artefact equals the source, all on the BPU."""
+    rng = np.random.default_rng(18)
+    inits = [_init("w", (rng.standard_normal((8, 4, 3, 3)) / 4).astype(np.float32)),
+             _init("gs", (1 + 0.5 * rng.standard_normal(2)).astype(np.float32)),
+             _init("gb", (0.5 * rng.standard_normal(2)).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("GroupNormalization", ["c", "gs", "gb"], ["g"], num_groups=2, epsilon=1e-5, name="gn"),
+             helper.make_node("Relu", ["g"], ["y"], name="relu")]
+    model = _model(nodes, [("x", F, [1, 4, 16, 16])], [("y", F, [1, 8, 16, 16])], inits, opset=18)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 4, 16, 16])}, "1x4x16x16", "float32", "m")
+    assert "GroupNormalization 'gn' (opset 18, deprecated since opset 21)" in out
+    _agrees_with_source(model, tmp_path / "out", (1, 4, 16, 16), rng, optimized=True)
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
