@@ -54,8 +54,23 @@ def describe(exc: BaseException) -> tuple[int, list[str]]:
         return describe(os_error(exc))
     if isinstance(exc, MemoryError):
         return describe(memory_error())
+    if _interrupted_underneath(exc):  # a library turned the Ctrl-C into its own error
+        return describe(_interrupted_underneath(exc))
     # anything else is our bug: say so in one line
     return EXIT_INTERNAL, [f"internal error: {type(exc).__name__}: {exc} (details in the log file)"]
+
+
+def _interrupted_underneath(exc: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM that ``exc`` was raised while handling, if any: onnxruntime interrupted while it
+    loads raises ImportError('initialization failed') from the KeyboardInterrupt."""
+    seen: set[int] = set()
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _terminated(exc: BaseException | None) -> bool:

@@ -896,6 +896,21 @@ def test_sigterm_reported_as_terminated_after_click_turned_it_into_abort() -> No
         code, lines = describe(exc)
     assert code == 143 and lines == ["terminated (SIGTERM)"]
     assert describe(KeyboardInterrupt())[0] == 130
+    # onnxruntime interrupted while it loads raises ImportError('initialization failed') from the Ctrl-C
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise ImportError("initialization failed") from interrupt
+    except ImportError as exc:
+        assert describe(exc) == (130, ["interrupted"])
+    try:
+        try:
+            raise Terminated()
+        except KeyboardInterrupt:
+            raise ImportError("initialization failed")  # noqa: B904 - as the extension raises it
+    except ImportError as exc:
+        assert describe(exc) == (143, ["terminated (SIGTERM)"])
 
 
 def test_a_second_run_in_the_same_folder_does_not_cut_the_first_runs_log(tmp_path: Path) -> None:
