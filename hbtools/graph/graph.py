@@ -397,3 +397,8 @@ def elements(dims: Iterable[int | None] | None) -> int:
 def itemsize(elem_type: int) -> int:
     """Bytes of one element of an ONNX tensor type."""
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+
+
+def dtype_name(elem_type: int) -> str:
+    """numpy's name of an ONNX tensor type ("float32", "int64", ...), as the .bin's descriptors give it."""
+    return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))

@@ -71,7 +71,11 @@ def check_source_model(model: ModelProto, path: str | Path) -> None:
         )
     check_layers_supported(model)
     if model.ir_version > MAX_IR_VERSION:
-        raise HbError(f"'{path}' has IR version {model.ir_version}; at most {MAX_IR_VERSION} is supported")
+        raise HbError(f"'{path}' has IR version {model.ir_version}; at most {MAX_IR_VERSION} is supported",
+                      hint=f"newer onnx packages write IR {model.ir_version} by default: export with an onnx release "
+                           f"that writes IR {MAX_IR_VERSION}, or, if the model uses no type newer than IR "
+                           f"{MAX_IR_VERSION} knows, load it with onnx, set model.ir_version = {MAX_IR_VERSION} "
+                           "and save it again")
     early = early_ops(model)
     stand_in(model, early)
     try:

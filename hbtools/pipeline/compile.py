@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from onnx import TensorProto
+
 from hbtools.config.model import Config, InputSpec
 from hbtools.graph.edge_nodes import remove_edge_nodes
+from hbtools.graph.graph import dtype_name
 from hbtools.march.layout import quantized_layout, to_layout
 from hbtools.march.profiles import MarchProfile
 from hbtools.pipeline.quantize import QuantizedResult
@@ -22,7 +25,9 @@ def default_input_source(spec: InputSpec) -> str:
     return "pyramid" if spec.type_rt == "nv12" else "ddr"
 
 
-def input_descriptors(config: Config, inputs: list[InputSpec], profile: MarchProfile) -> list[dict]:
+def input_descriptors(config: Config, inputs: list[InputSpec], profile: MarchProfile,
+                      elem_types: dict[str, int] | None = None) -> list[dict]:
+    """``elem_types``: the quantized model's input types (a featuremap may be int64: Gather indices)."""
     out = []
     for spec in inputs:
         layout = quantized_layout(spec, profile)
@@ -34,7 +39,8 @@ def input_descriptors(config: Config, inputs: list[InputSpec], profile: MarchPro
             "layout": layout,
             "input_layout_train": spec.layout_train,
             "shape": to_layout(spec.shape, spec.layout_train, layout),
-            "dtype": "float32" if spec.type_rt == "featuremap" else "uint8",
+            "dtype": dtype_name((elem_types or {}).get(spec.name, TensorProto.FLOAT))
+            if spec.type_rt == "featuremap" else "uint8",
             "input_source": config.compiler.input_source.get(spec.name, default_input_source(spec)),
             "batch": config.input_batch,
             "norm_type": spec.norm_type,
@@ -49,7 +55,7 @@ def output_descriptors(result: QuantizedResult) -> list[dict]:
     for vi in result.model.graph.output:
         dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
         elem = vi.type.tensor_type.elem_type
-        desc = {"name": vi.name, "shape": dims, "dtype": {1: "float32", 3: "int8", 5: "int16"}.get(elem, str(elem))}
+        desc = {"name": vi.name, "shape": dims, "dtype": dtype_name(elem)}
         if vi.name in result.tensors and desc["dtype"] != "float32":
             qt = result.tensors[vi.name]
             desc["scale"] = [float(s) for s in qt.scale.reshape(-1)]
@@ -84,7 +90,8 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
         name=config.model.output_model_file_prefix,
         deps=current_deps(),
         config=config.snapshot,
-        inputs=input_descriptors(config, inputs, profile),
+        inputs=input_descriptors(config, inputs, profile,
+                                 {vi.name: vi.type.tensor_type.elem_type for vi in result.model.graph.input}),
         outputs=output_descriptors(result),
         graph=result.model.SerializeToString(),
         partition=partition_record(result),

@@ -8,12 +8,14 @@ from hbtools.march.layout import to_layout
 from hbtools.runtime.binfile import BinModel
 from hbtools.tools.modifier import INFO_TYPES, descriptor_scale, info_line, scale_lines
 
-# Numbering of the vendor's InputDataType enum; the seed shows F32 = 5 and NV12 = 7.
+# Numbering of the vendor's InputDataType enum; the seed shows F32 = 5 and NV12 = 7. The 64-bit and other
+# wider types (an ArgMax output, Gather indices fed as a featuremap) follow GRAY, numbered by us: printed as
+# F32 they told board code to pass float buffers for int64 tensors.
 DATA_TYPES = {"S8": 0, "U8": 1, "S16": 2, "U16": 3, "S32": 4, "F32": 5, "F16": 6, "NV12": 7, "YUV444": 8,
-              "RGB": 9, "BGR": 10, "GRAY": 11}
+              "RGB": 9, "BGR": 10, "GRAY": 11, "U32": 12, "S64": 13, "U64": 14, "F64": 15, "BOOL": 16}
 _RT_TYPE = {"nv12": "NV12", "yuv444": "YUV444", "rgb": "RGB", "bgr": "BGR", "gray": "GRAY", "featuremap": "F32"}
 _TENSOR_TYPE = {"int8": "S8", "uint8": "U8", "int16": "S16", "uint16": "U16", "int32": "S32", "float32": "F32",
-                "float16": "F16"}
+                "float16": "F16", "uint32": "U32", "int64": "S64", "uint64": "U64", "float64": "F64", "bool": "BOOL"}
 _MODEL_KEYS = [("onnx_model", "onnx_model"), ("prototxt", "prototxt"), ("caffe_model", "caffe_model"),
                ("march", "BPU march"), ("layer_out_dump", "layer_out_dump"), ("working_dir", "working dir"),
                ("output_model_file_prefix", "output_model_file_prefix")]

@@ -22,7 +22,7 @@ from onnx import ModelProto, NodeProto, helper
 
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
-from hbtools.graph.graph import references
+from hbtools.graph.graph import dtype_name, references
 from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.runtime.binfile import BinFormatError, BinModel
 from hbtools.runtime.runtime_model import load
@@ -184,7 +184,7 @@ def _value_info(name: str, info: TensorInfo | None) -> object:
 
 
 def _dtype_name(info: TensorInfo) -> str:
-    return str(helper.tensor_dtype_to_np_dtype(info.elem_type))
+    return dtype_name(info.elem_type)
 
 
 def _delete_input_side(graph: ModelProto, node: NodeProto, info: dict[str, TensorInfo],

@@ -71,6 +71,32 @@ def test_model_info_prints_the_config_used(small) -> None:
     assert "deleted nodes" not in out
 
 
+def test_model_info_gives_int64_tensors_their_type(tmp_path) -> None:
+    """An ArgMax output and Gather indices fed as a featuremap are int64 on the board; hb_model_info listed
+    them as F32 (the output's type was recorded as ONNX's number, '7'), so board code read float buffers."""
+    from conformance import convert_featuremaps
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    weight = numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) / 4).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("ArgMax", ["c"], ["cls"], axis=1, keepdims=1),
+             helper.make_node("Gather", ["c", "idx"], ["picked"], axis=1)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8]),
+                     helper.make_tensor_value_info("idx", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("cls", TensorProto.INT64, [1, 1, 8, 8]),
+         helper.make_tensor_value_info("picked", TensorProto.FLOAT, [1, 3, 8, 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    samples = {"x": [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(4)],
+               "idx": [np.array([0, 3, 7], np.int64)] * 4}
+    convert_featuremaps(tmp_path, model, samples, "1x4x8x8;3", "float32;int64", "m", calibration_type="max")
+    out = invoke(hb_model_info.main, [str(tmp_path / "out" / "m.bin")]).output
+    assert "model input types   : [<InputDataType.F32: 5>, <InputDataType.S64: 13>]" in out, out
+    assert "model output types  : [<InputDataType.S64: 13>, <InputDataType.F32: 5>]" in out, out
+
+
 def test_model_info_errors_are_one_line(tmp_path) -> None:
     (tmp_path / "junk.bin").write_bytes(b"\x89PNG\r\n\x1a\n....")
     result = invoke(hb_model_info.main, ["junk.bin"])
