@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hbtools import outputs
-from hbtools.errors import HbError
+from hbtools.errors import HbError, os_error
 
 MAGIC = b"HBTBIN\x1a\n"  # \x1a\n: text-mode copies and newline mangling break the magic
 FORMAT_VERSION = (2, 0)
@@ -274,8 +274,8 @@ def read_bin(path: str | os.PathLike[str]) -> BinFile:
             )  # before reading a possibly huge foreign file
             data = head + f.read(size - len(head))
         models = _parse_body(data, size, flags, version)
-    except OSError as e:
-        raise BinFormatError(_one_line(f"cannot read {where}: {e.strerror or e}")) from None
+    except OSError as e:  # the machine refused (a folder, no permission): exit 3, as every tool reports it
+        raise os_error(e, "cannot read the .bin") from None
     except _Bad as e:
         raise BinFormatError(_one_line(f"{where}: {e}")) from None
     return BinFile(version, bool(flags & FLAG_PACKED), models, where)

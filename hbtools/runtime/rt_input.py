@@ -17,7 +17,7 @@ import numpy as np
 
 from hbtools.data import colour
 from hbtools.data.intermediate import from_channels_last
-from hbtools.errors import HbError
+from hbtools.errors import HbError, ResourceError
 from hbtools.graph.graph import GraphView
 from hbtools.runtime.runtime_model import InputDesc, RuntimeModel
 
@@ -113,6 +113,9 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
     from hbtools.data.images import IMAGE_EXTENSIONS  # the picture reader (and skimage) only when needed
 
     path = Path(path)
+    if path.is_dir():
+        raise ResourceError(f"input file '{path}' is a folder; give one file per input (.npy, a picture or raw "
+                            "bytes)")
     if not path.is_file():
         raise HbError(f"input file '{path}' does not exist")
     suffix = path.suffix.lower()

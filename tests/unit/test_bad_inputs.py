@@ -481,6 +481,11 @@ CASES: list[Case] = [
        ("hrt_model_exec", "model_info --model_file {bin}"), ("hrt_model_exec", "infer --model_file {bin}")]
       for kind, text in (("text.bin", "not a model\n"), ("empty.bin", ""))],
     C("hrt_input_file_wrong_size", 0, "hrt_model_exec", "infer --model_file {bin} --input_file {afile}", IN, "afile"),
+    # a folder where a file is needed: the machine's refusal (exit 3), saying it is a folder
+    *[C(f"folder_for_file_{tool}_{k}", 0, tool, args, S, "is a folder") for k, (tool, args) in enumerate(
+        [("hb_model_info", "{root}"), ("hb_perf", "{root}"), ("hrt_model_exec", "model_info --model_file {root}"),
+         ("hrt_model_exec", "infer --model_file {bin} --input_file {root}"),
+         ("hb_verifier", "-m {q},{bin} -i {root}")])],
     C("hb_verifier_two_bins", 6, "hb_verifier", "-m {bin},{bin}", U, "--model"),
     C("infer_missing_image", 0, "hb_mapper", "infer -c {cfg} --model-file {q} --model-type onnx --image-file data "
       "{root}/none.bin --output-dir {root}/o", IN, "none.bin"),
