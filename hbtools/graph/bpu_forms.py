@@ -685,7 +685,11 @@ def interpolations_as_matmuls(model: ModelProto) -> None:
     """Any other linear or cubic Resize of H and W of a 4-D map (align_corners, a factor of 8, a size that
     is not a multiple) as what it is, a linear map per axis: ``MatMul`` by the interpolation matrix along W,
     then along H between two Transposes. The matrices are onnxruntime's own Resize of one-hot rows, so
-    every coordinate mode and rounding is the Resize's."""
+    every coordinate mode and rounding is the Resize's.
+
+    The Transposes turn the axes (C, H, W -> W, C, H and back) rather than swap H and W: the BPU of RDK X3
+    moves data only between NCHW and NHWC, which these two are, and a swap ran on its CPU between three
+    BPU subgraphs."""
     view = GraphView(model)
     nodes = []
     for node in model.graph.node:
@@ -705,10 +709,10 @@ def interpolations_as_matmuls(model: ModelProto) -> None:
             else:
                 moved, done = f"{node.output[0]}_hw_swapped", f"{node.output[0]}_along_h"
                 out = f"{node.output[0]}_h_back"
-                nodes += [helper.make_node("Transpose", [x], [moved], name=f"{node.name}_swap", perm=[0, 1, 3, 2]),
+                nodes += [helper.make_node("Transpose", [x], [moved], name=f"{node.name}_swap", perm=[0, 3, 1, 2]),
                           helper.make_node("MatMul", [moved, w], [done], name=f"{node.name}_along_h"),
                           helper.make_node("Transpose", [done], [out], name=f"{node.name}_swap_back",
-                                           perm=[0, 1, 3, 2])]
+                                           perm=[0, 2, 3, 1])]
             x = out
         nodes[-1].output[0] = node.output[0]
     del model.graph.node[:]

@@ -161,6 +161,31 @@ def test_interpolations_as_matmuls_compute_the_same(case: str, opset: int) -> No
     np.testing.assert_allclose(got, want, atol=2e-5)
 
 
+
+@pytest.mark.parametrize("case", ["align_corners_x2", "pytorch_half_pixel_sizes", "cubic_x2"])
+def test_interpolation_matmuls_stay_on_the_bpu_of_x3(case: str) -> None:
+    """The H axis is interpolated between two Transposes that RDK X3's BPU runs (NCHW <-> NHWC): a swap of
+    H and W ran on its CPU and split conv -> Resize -> conv into three BPU subgraphs."""
+    from hbtools.march.profiles import get_profile
+    from hbtools.quant.units import build_partition
+
+    mode, coords, given = RESIZES[case]
+    resize = _resize_model(mode, coords, 13, **given)
+    rng = np.random.default_rng(6)
+    w1, w2 = (numpy_helper.from_array(rng.standard_normal((3, 3, 3, 3)).astype(np.float32), n) for n in ("w1", "w2"))
+    graph = resize.graph
+    graph.node[0].input[0] = "c1"
+    graph.node[0].output[0] = "r"
+    graph.node.insert(0, helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]))
+    graph.node.append(helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]))
+    graph.initializer.extend([w1, w2])
+    x = rng.standard_normal((1, 3, 6, 7)).astype(np.float32)
+    optimized = optimize.run(resize)
+    np.testing.assert_allclose(_run(optimized, x), _run(resize, x), atol=1e-4)
+    for march in ("bernoulli2", "bayes-e"):
+        rows = build_partition(optimized, get_profile(march), {}).rows()
+        assert {(on, sub) for _, on, sub, _ in rows} == {("BPU", "id(0)")}, (march, rows)
+
 def _recurrent_model(kind: str, direction: str, layout: int, opset: int, *, bias: bool, initial: bool,
                      linear_before_reset: int = 0, steps: int = 5, **extra):
     """One LSTM / GRU with every output, on x [T, B, I] (layout 1: [B, T, I]), random weights."""
