@@ -91,10 +91,21 @@ def output_layers(model: ModelProto) -> list[Layer]:
     return [Layer(o.name, o.name) for o in model.graph.output]
 
 
-def conv_layers(model: ModelProto, config: Config, profile: MarchProfile) -> list[Layer]:
-    """Conv-like BPU units of a float artefact (original, optimized or calibrated), by the same partition."""
-    float_model = read_calibrated(model).float_model
-    part = build_partition(float_model, profile, config.model.node_info, all_bpu=config.model.fast_perf,
+def conv_layers(model: ModelProto, config: Config, profile: MarchProfile,
+                optimized: ModelProto | None = None) -> list[Layer]:
+    """Conv-like BPU units of a float artefact (original, optimized or calibrated), by the same partition.
+
+    ``optimized``: the optimized artefact, whose units the quantized model's layers are. Its partition
+    names the layers of a model that is not calibrated: the original model's Conv, BatchNormalization and
+    Relu are separate nodes, and its own partition dumped the raw Conv under the name of the quantized
+    layer that includes the other two (vec_diff found every such layer far from float). A layer is the
+    same tensor in both models (the optimize stage keeps the names of what it fuses); one the model does
+    not hold is left out.
+    """
+    calibrated = read_calibrated(model)
+    own = calibrated.float_model
+    reference = optimized if optimized is not None and not calibrated.activations else own
+    part = build_partition(reference, profile, config.model.node_info, all_bpu=config.model.fast_perf,
                            warn=False)
     tensors = {o for n in model.graph.node for o in n.output}
     layers = []
@@ -102,5 +113,7 @@ def conv_layers(model: ModelProto, config: Config, profile: MarchProfile) -> lis
         if unit.on == "BPU" and unit.kind in CONV_KINDS:
             t = unit.outputs[0]
             # The calibrated model's fake-quantized value is what the quantized model computes.
-            layers.append(Layer(unit.main.name, f"{t}_calibrated" if f"{t}_calibrated" in tensors else t))
+            held = f"{t}_calibrated" if f"{t}_calibrated" in tensors else t
+            if held in tensors:
+                layers.append(Layer(unit.main.name, held))
     return layers

@@ -28,6 +28,7 @@ from hbtools.march.layout import permutation, to_layout
 from hbtools.march.profiles import get_profile
 from hbtools.ops import custom
 from hbtools.pipeline.parse import load_source_model, resolve_inputs
+from hbtools.pipeline.runner import artefact_paths
 from hbtools.quant.layer_dump import (
     Layer,
     conv_layers,
@@ -57,7 +58,8 @@ def _specs(config: Config, model: ModelProto) -> list[InputSpec]:
 
 def _layers(model: ModelProto, config: Config) -> list[Layer]:
     if not is_quantized(model):
-        extra = conv_layers(model, config, get_profile(config.model.march)) if config.model.layer_out_dump else []
+        extra = conv_layers(model, config, get_profile(config.model.march), _optimized_artefact(config)) \
+            if config.model.layer_out_dump else []
         return [*output_layers(model), *extra]
     recorded = recorded_layers(model)
     if recorded is None:
@@ -67,6 +69,12 @@ def _layers(model: ModelProto, config: Config) -> list[Layer]:
         return output_layers(model)
     names = {o.name for o in model.graph.output}
     return recorded if config.model.layer_out_dump else [layer for layer in recorded if layer.name in names]
+
+
+def _optimized_artefact(config: Config) -> ModelProto | None:
+    """The config's optimized float artefact, whose conv units the quantized model's layers are (None: not made)."""
+    path = artefact_paths(config)["optimized"]
+    return load_model(path) if path.is_file() else None
 
 
 def _arrange(data: np.ndarray, spec: InputSpec, model_shape: list[int | None], layout: str | None) -> np.ndarray:
