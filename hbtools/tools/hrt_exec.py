@@ -146,10 +146,11 @@ def perf(sim: Simulator, feeds: dict[str, np.ndarray], frame_count: int, thread_
     claimed = [0]
     results: list[tuple[float, dict[str, list[float]]]] = []
     deadline = time.perf_counter() + perf_time_min * 60.0 if perf_time_min > 0 else None
+    stop = threading.Event()  # Ctrl-C: the workers finish their frame and take no more
 
     def more() -> bool:
         with lock:
-            if deadline is None and claimed[0] >= frame_count:
+            if stop.is_set() or deadline is None and claimed[0] >= frame_count:
                 return False
             claimed[0] += 1
             return deadline is None or time.perf_counter() < deadline
@@ -165,8 +166,15 @@ def perf(sim: Simulator, feeds: dict[str, np.ndarray], frame_count: int, thread_
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=thread_num) as pool:
-        for fut in [pool.submit(worker) for _ in range(thread_num)]:
-            fut.result()
+        futures = [pool.submit(worker) for _ in range(thread_num)]
+        try:
+            for fut in futures:
+                fut.result()
+        except BaseException:
+            # Leaving the pool waits for its workers: without the stop they ran every remaining frame
+            # (minutes after a Ctrl-C) before the interrupt was reported.
+            stop.set()
+            raise
     run_time = (time.perf_counter() - start) * 1000.0
     per_label: dict[str, list[float]] = {}
     for _, timings in results:

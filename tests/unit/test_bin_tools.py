@@ -419,6 +419,32 @@ def test_hrt_model_exec_perf_and_profile(small, in_tmp) -> None:
     assert rows[0] == "name,avg_time(ms),max_time(ms),min_time(ms)" and len(rows) > 2
 
 
+def test_hrt_model_exec_perf_stops_at_ctrl_c(small) -> None:
+    """Ctrl-C while the frames run: the workers take no more frames and the interrupt is raised. The pool
+    used to wait for every remaining frame (minutes after the Ctrl-C, or until a second one)."""
+    import os
+    import signal
+    import threading
+
+    from hbtools.tools import hrt_exec
+
+    class Counting(Simulator):
+        frames = 0
+
+        def run(self, *args, **kwargs):
+            Counting.frames += 1
+            if Counting.frames == 3:  # frames are running: the user presses Ctrl-C
+                threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+            return super().run(*args, **kwargs)
+
+    sim = Counting(open_model(small[0].bin))
+    feeds = {d.name: random_rt_input(d, np.random.default_rng(0)) for d in sim.model.inputs}
+    with pytest.raises(KeyboardInterrupt):
+        hrt_exec.perf(sim, feeds, frame_count=3000, thread_num=2)
+    # Each worker finishes the frame it is in, then stops: a handful of frames, not all 3000.
+    assert Counting.frames < 100, Counting.frames
+
+
 def test_hrt_model_exec_says_which_option_to_fix(small, in_tmp) -> None:
     """A packed file without --model_name said 'name the one you want' (how: not said); a ';'-separated
     --input_file (the YAML's separator) was '1 files' with no word on the separator."""
