@@ -20,6 +20,7 @@ from onnx import ModelProto, helper, version_converter
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, infer_shapes, topological_sort
 from hbtools.graph.model_io import ORT_EARLY_OPS, default_opset, early_ops, stand_down, stand_in
+from hbtools.ops.names import RESERVED_SUFFIXES
 from hbtools.runtime.session import ort_session
 
 log = logging.getLogger("hbtools")
@@ -148,6 +149,61 @@ def deprecated_ops(model: ModelProto) -> None:
                  "InstanceNormalization -> Reshape", base, opset)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+def reserved_names(model: ModelProto) -> None:
+    """Tensors named as the artefacts name what they add next to a tensor ``T`` (``names.RESERVED_SUFFIXES``:
+    ``T_quantized``, its integer form; ``T_calibrated``, its fake-quantized value) are renamed ``..._source``.
+
+    onnxruntime's quantize_dynamic writes ``T_quantized`` next to ``T`` (DynamicQuantizeLinear): the quantized
+    model then held two tensors of that name, and saving it was an internal error after minutes of work. The
+    graph's inputs and outputs keep their names (the user feeds and reads them); where one of those is
+    ``T_quantized``, ``T`` is renamed instead.
+    """
+    graph = model.graph
+    kept = {vi.name for vi in [*graph.input, *graph.output]}
+    names = {o for n in graph.node for o in n.output if o} | {t.name for t in graph.initializer} | kept
+    clashing = {n for n in names if n.endswith(RESERVED_SUFFIXES) and n not in kept}
+    for name in kept:
+        for suffix in RESERVED_SUFFIXES:
+            stem = name[:-len(suffix)]
+            if name.endswith(suffix) and stem in names and stem not in kept:
+                clashing.add(stem)
+    if not clashing:
+        return
+    taken = set(names)
+    mapping = {}
+    for old in sorted(clashing):
+        new, k = f"{old}_source", 1
+        while new in taken:
+            new, k = f"{old}_source{k}", k + 1
+        taken.add(new)
+        mapping[old] = new
+    _rename_tensors(graph, mapping, top=True)
+    log.info("%d tensor(s) renamed, as the quantized and calibrated models name what they add next to a tensor: %s",
+             len(mapping), ", ".join(f"'{a}' -> '{b}'" for a, b in list(mapping.items())[:5]))
+
+
+def _rename_tensors(graph: onnx.GraphProto, mapping: dict[str, str], *, top: bool) -> None:
+    """Rename ``mapping``'s tensors where ``graph`` reads them (and makes them, at the ``top`` level), in the
+    sub-graphs that read them from outside too."""
+    local = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | \
+        {i.name for i in graph.input}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in mapping and (top or name not in local):
+                node.input[i] = mapping[name]
+        if top:
+            for i, name in enumerate(node.output):
+                node.output[i] = mapping.get(name, name)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                _rename_tensors(sub, {k: v for k, v in mapping.items() if top or k not in local}, top=False)
+    if top:
+        for t in graph.initializer:
+            t.name = mapping.get(t.name, t.name)
+        for vi in graph.value_info:
+            vi.name = mapping.get(vi.name, vi.name)
 
 
 def working_opset(model: ModelProto) -> ModelProto:

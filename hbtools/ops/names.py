@@ -19,6 +19,9 @@ from hbtools.graph.model_io import read_json_metadata, write_json_metadata
 
 CALIBRATION_SUFFIX = "_HzCalibration"
 QUANTIZED_SUFFIX = "_quantized"
+CALIBRATED_SUFFIX = "_calibrated"  # the calibrated model's fake-quantized value of ``T``
+# What the artefacts add next to a tensor ``T``: a source tensor named so is renamed by the parse stage.
+RESERVED_SUFFIXES = (QUANTIZED_SUFFIX, CALIBRATED_SUFFIX)
 FED_GRID_PARTS = ("scale", "qmax", "qmin", "zero_point", "enable")
 CPU_NODES_KEY = "hbtools.cpu_nodes"
 # doc_string of the two convolutions a layer is split into (``quant.weight_precision``); the plan keeps

@@ -82,6 +82,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     if config.model.output_nodes:
         _set_outputs(model, config.model.output_nodes)
     source_repairs.tensor_outputs(model)
+    source_repairs.reserved_names(model)
     if len(model.graph.output) > MAX_OUTPUTS:
         raise HbError(f"the model has {len(model.graph.output)} outputs; at most {MAX_OUTPUTS} are supported",
                       hint="use output_nodes to select the outputs you need")

@@ -19,6 +19,7 @@ from hbtools.config.model import Config
 from hbtools.graph.model_io import read_json_metadata, write_json_metadata
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import DOMAIN
+from hbtools.ops.names import CALIBRATED_SUFFIX
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.quant.calibrated import read_calibrated
 from hbtools.quant.units import build_partition
@@ -113,7 +114,7 @@ def conv_layers(model: ModelProto, config: Config, profile: MarchProfile,
         if unit.on == "BPU" and unit.kind in CONV_KINDS:
             t = unit.outputs[0]
             # The calibrated model's fake-quantized value is what the quantized model computes.
-            held = f"{t}_calibrated" if f"{t}_calibrated" in tensors else t
+            held = f"{t}{CALIBRATED_SUFFIX}" if f"{t}{CALIBRATED_SUFFIX}" in tensors else t
             if held in tensors:
                 layers.append(Layer(unit.main.name, held))
     return layers

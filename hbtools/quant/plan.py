@@ -31,7 +31,7 @@ from hbtools.march.profiles import MarchProfile
 from hbtools.ops import registry
 from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
-from hbtools.ops.names import SPLIT_DOC, calibration_node, record_cpu_nodes
+from hbtools.ops.names import CALIBRATED_SUFFIX, SPLIT_DOC, calibration_node, record_cpu_nodes
 from hbtools.ops.preprocess import HzPreprocess
 from hbtools.ops.softmax import softmax_axis
 from hbtools.quant.grids import (
@@ -536,7 +536,7 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
             # The BPU runs the preprocessing as an integer conv: emulate its coefficients.
             node.attribute.append(helper.make_attribute("integer", 1))
     for p in plan.weights:
-        out = f"{p.tensor}_calibrated"
+        out = f"{p.tensor}{CALIBRATED_SUFFIX}"
         reader = nodes[p.rewire[0][0]]
         if reader.input[0] in per_channel:
             new_nodes.append(_folded_weight_node(p, reader, view, grids[reader.input[0]].scales))
@@ -558,7 +558,7 @@ def build_calibrated_model(model: ModelProto, plan: CalibrationPlan, thresholds:
             new_nodes.extend(_bias_nodes(model, nodes[name], weight_node, plan, grids))
             nodes[name].input[k] = out
     for p in plan.activations:
-        src, out = p.tensor, f"{p.tensor}_calibrated"
+        src, out = p.tensor, f"{p.tensor}{CALIBRATED_SUFFIX}"
         if p.graph_output:
             # Keep the user's output name on the calibrated value.
             src, out = f"{p.tensor}_float", p.tensor
@@ -648,7 +648,7 @@ def _bias_nodes(model: ModelProto, reader: NodeProto, weight_node: NodeProto, pl
             return []
         gain = abs(float(a.get("alpha", 1.0))) / beta
     bias = reader.input[2]
-    out = f"{bias}_{reader.name}_calibrated"
+    out = f"{bias}_{reader.name}{CALIBRATED_SUFFIX}"
     node = HzBiasCalibration.build(bias, out, f"{reader.name}_bias_HzCalibration",
                                    weight_scales=np.asarray(weight["scales"], dtype=np.float32),
                                    input_scale=input_scale, input_calibration=input_node, gain=gain)
@@ -678,6 +678,6 @@ def _folded_weight_node(p: WeightPoint, reader: NodeProto, view: GraphView, inpu
     u = input_scale_array(w.shape, input_scales, input_axis, group)
     folded = np.abs(w * u).astype(np.float64)
     thresholds = output_channel_rows(folded, p.axis, p.groups).max(axis=1)
-    return HzCalibration.build(p.tensor, f"{p.tensor}_calibrated", kind="weight", thresholds=thresholds, bits=8,
+    return HzCalibration.build(p.tensor, f"{p.tensor}{CALIBRATED_SUFFIX}", kind="weight", thresholds=thresholds, bits=8,
                                axis=p.axis, method="max", scales=scales_for(thresholds, 8),
                                input_scales=input_scales, input_axis=input_axis, group=group, groups=p.groups)

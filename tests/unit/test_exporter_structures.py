@@ -523,3 +523,24 @@ def test_an_opset_18_group_norm_converts(tmp_path: Path) -> None:
     assert "GroupNormalization 'gn' (opset 18, deprecated since opset 21)" in out
     _agrees_with_source(model, tmp_path / "out", (1, 4, 16, 16), rng, optimized=True)
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+
+
+def test_tensors_named_as_the_artefacts_name_theirs_convert(tmp_path: Path) -> None:
+    """onnxruntime's quantize_dynamic writes 'T_quantized' next to 'T', the name the quantized model gives T's
+    integer form: saving it was an internal error ('used as output names multiple times'). Such tensors are
+    renamed; an output named so keeps its name (its stem is renamed instead)."""
+    rng = np.random.default_rng(21)
+    inits = [_init(n, (rng.standard_normal(s) / 4).astype(np.float32))
+             for n, s in (("w1", (8, 3, 3, 3)), ("w2", (8, 8, 3, 3)), ("w3", (4, 8, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["r0"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["r0"], ["r"], name="relu1"),
+             helper.make_node("Conv", ["r", "w2"], ["r_quantized"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Relu", ["r_quantized"], ["y"], name="relu2"),
+             helper.make_node("Conv", ["y", "w3"], ["y_calibrated"], name="conv3")]
+    model = _model(nodes, [("x", F, [1, 3, 16, 16])], [("y_calibrated", F, [1, 4, 16, 16])], inits)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 16, 16])}, "1x3x16x16", "float32", "m",
+                              calibration_type="max")
+    assert "'r_quantized' -> 'r_quantized_source'" in out and "'y' -> 'y_source'" in out
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 16, 16), rng, optimized=True)
+    quantized = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx"))
+    assert quantized.output_names == ["y_calibrated"]
