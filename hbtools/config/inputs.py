@@ -94,6 +94,26 @@ def check_even_size(spec: InputSpec, source: str) -> None:
             )
 
 
+def check_layout_fits(spec: InputSpec, source: str) -> None:
+    """An image input whose channel count sits where the other layout keeps it has the wrong input_layout_train.
+
+    Left alone the mix-up surfaces later as an odd height for nv12 or a channel count of 32 for rgb, with a fix
+    about input_shape that does not help. ``source``: where the shape came from.
+    """
+    shape = spec.shape or []
+    if spec.is_featuremap or len(shape) != 4 or spec.layout_train not in LAYOUTS:
+        return
+    want = channels_of(spec)
+    channel_axis = {"NCHW": 1, "NHWC": 3}
+    other = "NHWC" if spec.layout_train == "NCHW" else "NCHW"
+    if shape[channel_axis[spec.layout_train]] != want and shape[channel_axis[other]] == want:
+        raise group_error(
+            IN,
+            f"{label(spec.name)}: input_layout_train {spec.layout_train} does not fit {source}, which looks "
+            f"{other} ({want} channel(s) for input_type_train {spec.type_train}); set input_layout_train: {other}",
+        )
+
+
 # The pyramid and the resizer are image hardware: they hand the model nv12 frames (gray: the Y plane).
 CAMERA_SOURCES = ("pyramid", "resizer")
 CAMERA_TYPES = ("nv12", "gray")

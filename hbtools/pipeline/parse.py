@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
-from hbtools.config.inputs import check_even_size, check_input_channels, check_input_source
+from hbtools.config.inputs import check_even_size, check_input_channels, check_input_source, check_layout_fits
 from hbtools.config.model import Config, InputSpec
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
@@ -210,8 +210,10 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
             if len(r.shape) != 4:
                 raise HbError(f"input '{name}' has rank {len(r.shape)}; only 4-D inputs can be images",
                               hint="use input_type_train/input_type_rt 'featuremap' for this input")
+            model_shape_text = f"the model's input shape {'x'.join(map(str, r.shape))}"
+            check_layout_fits(r, model_shape_text)
             check_input_channels(r, r.shape[1] if r.layout_train == "NCHW" else r.shape[3])
-            check_even_size(r, f"the model's input shape {'x'.join(map(str, r.shape))}")
+            check_even_size(r, model_shape_text)
         resolved.append(r)
     return resolved
 

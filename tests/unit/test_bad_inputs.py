@@ -338,6 +338,11 @@ def _config_cases() -> list[Case]:
         ("opt_level_bad", 0, {cc: {"optimize_level": "O9"}}, "optimize_level", "O3"),
         ("balance_missing", 0, {cc: {"compile_mode": "balance"}}, "balance_factor", ""),
         ("workdir_is_file", 0, {mp: {"working_dir": "../afile"}}, "working_dir", "not a folder"),
+        # the model's NCHW shape read as NHWC: the layout is named, not an odd height or 16 channels
+        *[(f"layout_train_other_{rt}", 0, {ip: {"input_layout_train": "NHWC", "input_type_rt": rt,
+                                                "input_shape": DROP}},
+           "input_layout_train NHWC does not fit", "1x3x16x16", "set input_layout_train: NCHW")
+          for rt in ("nv12", "rgb")],
     ]
     return [C(f"config_{name}", cls, "hb_mapper", MK, IN, *[w for w in words if w],
               setup=config(**groups)) for name, cls, groups, *words in rows]
