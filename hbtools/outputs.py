@@ -33,11 +33,28 @@ def output_dir(path: str | Path, option: str, *, create: bool = True) -> Path:
             raise ResourceError(f"{option} '{path}': '{existing}' is a file, not a folder; correct the path")
         if existing.exists() and not os.access(existing, os.W_OK | os.X_OK):
             raise ResourceError(f"{option} '{path}': '{existing}' is not writable; choose a folder you may write")
+        _probe_creatable(path, option)
         return path
     create_dir(path, f"the {option} folder")
     if not os.access(path, os.W_OK | os.X_OK):
         raise ResourceError(f"{option} '{path}' is not writable; choose a folder you may write")
     return path
+
+
+def _probe_creatable(path: Path, option: str) -> None:
+    """Create the missing folders of ``path`` and remove them again, or say why they cannot be made.
+
+    ``os.access`` answers yes for root in /proc or /sys, where mkdir still fails; only trying tells.
+    """
+    missing = [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
+    if not missing:
+        return
+    try:
+        create_dir(path, f"the {option} folder")
+    finally:
+        for folder in missing:  # deepest first; a folder made meanwhile by someone else is not empty and stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def create_dir(path: Path, what: str, fix: str | None = None) -> None:

@@ -46,6 +46,8 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
         names = [c.name for c in modifier.candidates(model.load_graph())]
         log.info("Nodes that can be deleted: %s", names)
         return
+    # Checked before any node is deleted: a refused -o must not follow "Node ... is removed" lines.
+    target = output_file(output or f"{Path(model_file).stem}_modified.bin", "-o", [model_file])
     for node_type in types:
         wanted = node_type.lower().removeprefix("hz")
         first = modifier.candidates(model.load_graph())
@@ -62,7 +64,6 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
                 model = _delete(model, name)
     for name in dict.fromkeys(remove):  # a name given twice means that node, deleted once
         model = _delete(model, name)
-    target = output_file(output or f"{Path(model_file).stem}_modified.bin", "-o", [model_file])
     write_bin(target, [model])
     click.echo(f"modified model saved as {target}")
 

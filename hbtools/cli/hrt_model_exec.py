@@ -13,6 +13,7 @@ from hbtools import __version__
 from hbtools.cli.common import ToolGroup, reports_errors
 from hbtools.errors import HbError
 from hbtools.log import setup
+from hbtools.outputs import output_dir
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,6 +85,8 @@ def _infer(model_file: str, model_name: str | None, input_file: str, frame_count
     from hbtools.runtime.simulator import Simulator
     from hbtools.tools.hrt_exec import dump_layers, dump_output, top_classes, write_layers
 
+    if enable_dump:  # refused before the run, not after it printed success (made when the first dump is written)
+        output_dir(dump_path, "--dump_path", create=False)
     sim, feeds = _simulator(model_file, model_name, input_file)
     layers = dump_layers(sim.model) if enable_dump else []
     if layers:  # keep the intermediate tensors the model recorded as dumpable layers

@@ -65,6 +65,8 @@ TOOLS: dict[str, Callable[[list[str]], Any]] = {
 }
 # Lines some tools add around the problem (seed format); they name no problem themselves.
 FRAMING = re.compile(r"exception in command: |yaml file parse failed|Key '\w+' error:$")
+# Lines a tool prints once its work is done: a refused output path must come before them (docs/errors.md).
+WORK_DONE = re.compile(r"is removed|infer success")
 ERROR = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ERROR (.*)$")
 DROP = object()
 
@@ -442,6 +444,8 @@ CASES: list[Case] = [
       "--dump_path", "is a file"),
     C("hrt_dump_path_parent_file", 7, "hrt_model_exec",
       "infer --model_file {bin} --enable_dump True --dump_path {afile}/d", S, "--dump_path"),
+    C("hrt_dump_path_unmakeable", 7, "hrt_model_exec",
+      "infer --model_file {bin} --enable_dump True --dump_path /proc/hbtools_dump", S, "--dump_path", "hbtools_dump"),
     C("hrt_profile_path_file", 7, "hrt_model_exec", "perf --model_file {bin} --frame_count 1 --profile_path {afile}",
       S, "afile"),
     C("hb_perf_result_is_file", 7, "hb_perf", "{bin}", S, "hb_perf_result", setup=file_named("hb_perf_result"),
@@ -521,6 +525,7 @@ def test_bad_input(case: Case, env: Env, monkeypatch: pytest.MonkeyPatch) -> Non
     code, output = run_tool(case.tool, args)
     assert "Traceback" not in output and "internal error" not in output, output
     assert code == case.code, output
+    assert not WORK_DONE.search(output), "the work ran before the refusal: " + output
     problems = problem_lines(output)
     assert len(problems) in (1, 2), output  # the problem (and how to fix it, when on its own line)
     naming = [line for line in problems if all(w in line for w in case.words)]
