@@ -35,6 +35,19 @@ def _remove_type(model: BinModel, node_type: str) -> BinModel:
         model = _delete(model, found[0].name, found[0].type, found[0].side)
 
 
+def _warn_type_kept(model: BinModel, node_type: str) -> None:
+    """Say why ``node_type`` removed nothing (``model``: as it was at that type's turn)."""
+    wanted = node_type.lower()
+    kept = [n.name for n in model.load_graph().graph.node if modifier.display_type(n).lower() == wanted]
+    if not kept:
+        log.warning("remove_node_type: the model has no %s node; nothing removed", node_type)
+    else:
+        # Types go in the order listed: a node another type would expose later is not at the edge yet.
+        shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+        log.warning("remove_node_type: no %s node is next to a model input or output when its turn comes "
+                    "(%s kept); nothing removed", node_type, shown)
+
+
 def _remove_name(model: BinModel, name: str) -> BinModel:
     graph = model.load_graph()
     candidate = next((c for c in modifier.candidates(graph) if c.name == name), None)
@@ -59,7 +72,11 @@ def remove_edge_nodes(model: BinModel, types: Sequence[str], names: Sequence[str
     while True:
         before = len(model.deleted_nodes)
         for node_type in types:
+            at_turn = model
             model = _remove_type(model, node_type)
+            # fast-perf's own list names every type it might meet; only a user's list deserves a warning
+            if not until_stable and len(model.deleted_nodes) == len(at_turn.deleted_nodes):
+                _warn_type_kept(at_turn, node_type)
         if not until_stable or len(model.deleted_nodes) == before:
             break
     for name in names:

@@ -117,6 +117,16 @@ def test_remove_node_type_in_order(project: Project) -> None:
     open_model(project.artefact("bin"))
 
 
+def test_remove_node_type_that_removes_nothing_warns(project: Project) -> None:
+    project.write(model_parameters={"remove_node_type": "Softmax; Reshape"})
+    out = _build(project).output
+    assert re.search(r"WARNING remove_node_type: the model has no Softmax node; nothing removed", out)
+    # The Reshape sits behind the output Dequantize, which the list does not remove first.
+    assert re.search(r"WARNING remove_node_type: no Reshape node is next to a model input or output .*"
+                     r"Reshape_0.* kept", out), out
+    assert _deleted(project) == []
+
+
 def test_remove_node_name(project: Project) -> None:
     project.write(model_parameters={"remove_node_name": "Conv_0; nothing_here; Reshape_0_out_HzDequantize"})
     out = _build(project).output
