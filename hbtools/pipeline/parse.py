@@ -262,7 +262,9 @@ def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:
         elif name in view.producer:
             outputs.append(name)
         else:
-            raise HbError(f"output_nodes: '{name}' is neither a node nor a tensor of the model")
+            known = [*view.node_by_name, *view.producer]  # node names first: those are what users usually give
+            raise HbError(f"output_nodes: '{name}' is neither a node nor a tensor of the model"
+                          f"{closest_names(name, dict.fromkeys(known))}")
     del model.graph.output[:]
     model.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs)
 

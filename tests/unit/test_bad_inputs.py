@@ -316,6 +316,7 @@ def _config_cases() -> list[Case]:
         # class 8: node names the model does not have
         ("node_info_unknown", 8, {mp: {"node_info": {"Conv_9": {"ON": "CPU"}}}}, "Conv_9", "closest"),
         ("run_on_cpu_unknown", 8, {cp: {"run_on_cpu": "Conv_7"}}, "Conv_7", "closest"),
+        ("output_nodes_unknown", 8, {mp: {"output_nodes": "Conv_77"}}, "Conv_77", "closest", "Conv_"),
         ("run_on_bpu_unknown", 8, {cp: {"run_on_bpu": "Relu_9"}}, "Relu_9", "does not have"),
         ("node_info_typo", 8, {mp: {"node_info": {"conv_0": {"ON": "CPU"}}}}, "conv_0", "Conv_0"),
         ("node_info_input_type_unknown", 8, {mp: {"node_info": {"Softmax_9": {"InputType": "int16"}}}},
