@@ -19,6 +19,9 @@ from onnx import ModelProto, helper
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
+from hbtools.ops.base import DOMAIN
+from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
+from hbtools.ops.preprocess import HzPreprocess
 from hbtools.runtime.binfile import read_bin
 from hbtools.runtime.rt_input import load_rt_file, random_rt_inputs
 from hbtools.runtime.runtime_model import RuntimeModel, load
@@ -120,6 +123,24 @@ def _with_outputs(model: ModelProto, names: list[str]) -> ModelProto:
     return with_outputs(model, names)
 
 
+def _check_is_quantized(model: ModelProto, onnx_path: str | Path, rm: RuntimeModel) -> None:
+    """A calibrated or float artefact given as the quantized model: say which file -m wants, not that the
+    inputs differ (they do: the quantized model has its preprocessing folded in)."""
+    def horizon_ops(graph: ModelProto) -> set[str]:
+        return {n.op_type for n in graph.graph.node if n.domain == DOMAIN}
+
+    ops = horizon_ops(model)
+    if ops & {HzCalibration.op_type, HzBiasCalibration.op_type}:
+        kind = "a calibrated model (it holds HzCalibration nodes)"
+    elif not ops - {HzPreprocess.op_type} and horizon_ops(rm.bin.load_graph()) - {HzPreprocess.op_type}:
+        kind = "a float model (it holds no quantized nodes, the .bin does)"
+    else:
+        return
+    raise HbError(f"'{onnx_path}' is {kind}, not the quantized model",
+                  hint="-m takes the *_quantized_model.onnx and the .bin that the same makertbin run wrote: "
+                       "-m model_quantized_model.onnx,model.bin")
+
+
 def _check_same_inputs(quantized: ModelProto, rm: RuntimeModel) -> None:
     inits = {t.name for t in quantized.graph.initializer}
     onnx_inputs = {}
@@ -156,6 +177,7 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
            dump_all: bool = False) -> Verification:
     rm = open_for_verify(bin_path)
     quantized = load_model(onnx_path)
+    _check_is_quantized(quantized, onnx_path, rm)
     _check_same_inputs(quantized, rm)
     sim = Simulator(rm, expose_all=dump_all)
     feeds = sim.prepare(runtime_inputs(rm, images))

@@ -496,6 +496,11 @@ CASES: list[Case] = [
         [("hb_model_info", "{root}"), ("hb_perf", "{root}"), ("hrt_model_exec", "model_info --model_file {root}"),
          ("hrt_model_exec", "infer --model_file {bin} --input_file {root}"),
          ("hb_verifier", "-m {q},{bin} -i {root}")])],
+    # an artefact of the run other than the quantized model: named as such, not "inputs differ"
+    C("hb_verifier_calibrated_for_quantized", 1, "hb_verifier", "-m {calq},{bin}", IN, "calibrated model",
+      "not the quantized model"),
+    C("hb_verifier_float_for_quantized", 1, "hb_verifier", "-m {model},{bin}", IN, "float model",
+      "not the quantized model"),
     C("hb_verifier_two_bins", 6, "hb_verifier", "-m {bin},{bin}", U, "--model"),
     C("infer_missing_image", 0, "hb_mapper", "infer -c {cfg} --model-file {q} --model-type onnx --image-file data "
       "{root}/none.bin --output-dir {root}/o", IN, "none.bin"),
