@@ -173,6 +173,15 @@ def _check_shape(spec: InputSpec, label: str, batch: int) -> None:
         )
 
 
+def _warn_featuremap_layout_rt(spec: InputSpec) -> None:
+    """The .bin takes a featuremap in its input_layout_train layout: no input stage rearranges it (only pictures
+    go through the resizer/pyramid path that input_layout_rt describes)."""
+    if spec.is_featuremap and spec.layout_rt and spec.layout_train in LAYOUTS and spec.layout_rt != spec.layout_train:
+        logger.warning("%s: input_layout_rt applies to picture inputs; this featuremap input is fed in its "
+                       "input_layout_train layout %s, so input_layout_rt %s is ignored", label(spec.name),
+                       spec.layout_train, spec.layout_rt)
+
+
 def _check_input(spec: InputSpec, label: str, batch: int, march: str) -> None:
     allowed = ALLOWED_RT_FOR_TRAIN[spec.type_train]
     if spec.type_rt not in allowed:
@@ -291,6 +300,8 @@ def build_inputs(
         broadcast=True,
     )
     dirs = _per_input(cal_dirs, "cal_data_dir", n, ref, group="calibration_parameters")
+    # One input_layout_rt for several inputs is meant for the pictures among them; the featuremaps need no warning.
+    layout_rt_shared = n > 1 and isinstance(ip.get("input_layout_rt"), list) and len(ip["input_layout_rt"]) == 1
     specs: list[InputSpec] = []
     for i in range(n):
         for key in ("input_type_train", "input_layout_train", "input_type_rt"):
@@ -314,5 +325,7 @@ def build_inputs(
         )
         _drop_unused(spec, label(spec.name))
         _check_input(spec, label(spec.name), ip["input_batch"], march)
+        if not layout_rt_shared:
+            _warn_featuremap_layout_rt(spec)
         specs.append(spec)
     return specs

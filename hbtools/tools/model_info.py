@@ -115,6 +115,8 @@ def _inputs(model: BinModel, cfg: dict) -> list[str]:
             value = ip.get(key) if key == "input_batch" else _per_input(ip.get(key), i)
             if key == "input_shape" and _empty(value):
                 value = _shape_of(desc)  # read from the model at build time: the descriptor has it
+            if key == "input_layout_rt" and desc.get("input_type_rt") == "featuremap" and desc.get("layout"):
+                value = desc["layout"]  # a featuremap is taken in its training layout, whatever the config asked
             lines.append(_line(label, name if key == "input_name" else value))
         lines += [_line(label, _per_input(cp.get(key), i)) for key, label in _CAL_PER_INPUT
                   if not _empty(_per_input(cp.get(key), i))]

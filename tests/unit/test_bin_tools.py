@@ -480,6 +480,37 @@ def test_model_info_shows_the_input_shape_read_from_the_model(tmp_path, in_tmp) 
     assert re.search(r"^input_shape\s+: 1x3x8x8$", info.output, re.M), info.output  # train layout, not NHWC
 
 
+def test_model_info_shows_the_layout_a_featuremap_is_taken_in(tmp_path, in_tmp) -> None:
+    """input_layout_rt NHWC for an NCHW featuremap: the .bin takes it NCHW (as hrt_model_exec model_info says),
+    while hb_model_info echoed the requested NHWC and makertbin said nothing."""
+    import yaml
+    from conformance import convert_featuremaps
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hbtools.cli import hb_mapper
+
+    rng = np.random.default_rng(3)
+    weight = numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) / 4).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    samples = {"x": [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(2)]}
+    convert_featuremaps(tmp_path, model, samples, "1x3x8x8", "float32", "m", calibration_type="max")
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    config["input_parameters"]["input_layout_rt"] = "NHWC"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    built = invoke(hb_mapper.main, ["makertbin", "--config", tmp_path / "config.yaml", "--model-type", "onnx"])
+    assert built.exit_code == 0, built.output
+    assert re.search(r"WARNING input 'x': input_layout_rt applies to picture inputs; this featuremap input is fed "
+                     r"in its input_layout_train layout NCHW", built.output), built.output
+    info = invoke(hb_model_info.main, [tmp_path / "out" / "m.bin"]).output
+    assert re.search(r"^input_layout_rt\s+: NCHW$", info, re.M), info
+    board = invoke(hrt_model_exec.main, ["model_info", f"--model_file={tmp_path / 'out' / 'm.bin'}"]).output
+    assert "HB_DNN_LAYOUT_NCHW" in board, board
+
+
 def test_float64_npy_feeds_a_float32_featuremap(small, in_tmp) -> None:
     """np.save of numpy's default float64 for a float32 featuremap was refused by hrt_model_exec and
     hb_verifier ('takes float32 data, got float64'); HB_ONNXRuntime converts it, so do they now."""

@@ -334,6 +334,24 @@ def test_gray_nchw_on_bernoulli2_is_no_warning(workdir: Path, caplog: pytest.Log
     assert "same bytes as NCHW for one channel" in caplog.text and "NxHxWx1" in caplog.text
 
 
+@pytest.mark.parametrize(("layout_train", "layout_rt", "warned"), [("NHWC", "NCHW", True), ("NCHW", "NHWC", True),
+                                                               ("NHWC", "NHWC", False), ("NCHW", None, False)])
+def test_featuremap_layout_rt_other_than_train_is_said_to_be_ignored(
+    workdir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, layout_train: str,
+    layout_rt: str | None, warned: bool
+) -> None:
+    """The .bin takes a featuremap in its input_layout_train layout; the requested input_layout_rt was ignored
+    without a word (and hb_model_info echoed it)."""
+    monkeypatch.setattr(logging.getLogger("hbtools"), "propagate", True)
+    caplog.set_level(logging.WARNING, logger="hbtools")
+    shape = "1x3x32x32" if layout_train == "NCHW" else "1x32x32x3"
+    params = {"input_type_rt": "featuremap", "input_type_train": "featuremap", "input_layout_train": layout_train,
+              "input_shape": shape, "norm_type": "no_preprocess", "mean_value": DROP, "scale_value": DROP}
+    load(workdir, {"input_parameters": {**params, **({"input_layout_rt": layout_rt} if layout_rt else {})}})
+    said = f"featuremap input is fed in its input_layout_train layout {layout_train}, so input_layout_rt"
+    assert (said in caplog.text) == warned, caplog.text
+
+
 def test_two_inputs_split_and_broadcast(workdir: Path) -> None:
     cfg = load(
         workdir,
