@@ -11,6 +11,7 @@ starts from there.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from hbtools.data.transforms import (
     read_image,
 )
 from hbtools.errors import HbError
-from hbtools.outputs import write_array
+from hbtools.outputs import create_dir, write_array
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,20 @@ def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
                       "extension)", hint="keep one image per file name stem")
     if output_dir.exists() and not output_dir.is_dir():
         raise HbError(f"output path {output_dir} exists and is not a folder")
-    output_dir.mkdir(parents=True, exist_ok=True)
+    # The folders this run makes go again if it fails or is interrupted: a failed run leaves nothing behind.
+    made = [p for p in (output_dir, *output_dir.parents) if not p.exists() and not p.is_symlink()]
+    create_dir(output_dir, "the -o/--output_dir folder")
+    try:
+        return _preprocess_into(pipeline, images, names, output_dir, progress)
+    except BaseException:
+        for folder in made:  # deepest first; one that is not empty (someone else's files) stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+def _preprocess_into(pipeline: Compose, images: list[Path], names: list[str],
+                     output_dir: Path, progress: Callable[[Path], None] | None) -> list[Path]:
     scratch = Path(tempfile.mkdtemp(prefix=".hb_eval_preprocess_", dir=output_dir))
     try:
         for image, name in zip(images, names, strict=True):

@@ -140,8 +140,29 @@ def test_missing_listed_image_and_unreadable_image_write_nothing(images, tmp_pat
     assert result.exit_code == 1
     [line] = error_lines(result)
     assert "zz_broken.png" in line
-    # cat.png and line.png were fine, but a failed run leaves no output behind.
-    assert list((tmp_path / "out").iterdir()) == []
+    # cat.png and line.png were fine, but a failed run leaves no output behind, not even the folder it made.
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # imageio probing plugins
+def test_failed_or_interrupted_run_removes_only_the_folders_it_made(images, tmp_path, monkeypatch):
+    (images / "zz_broken.png").write_bytes(b"\x89PNG not really")
+    (tmp_path / "kept").mkdir()  # there before the run: stays, empty
+    for target in ("new/deeper/out", "kept"):
+        result = run("-m", "ppocr_cls", "-i", str(images), "-o", str(tmp_path / target))
+        assert result.exit_code == 1, result.output
+    assert not (tmp_path / "new").exists()
+    assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
+
+    (images / "zz_broken.png").unlink()
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("hbtools.data.eval_preprocess.read_image", interrupted)
+    result = run("-m", "ppocr_cls", "-i", str(images), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 130, result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_cmyk_palette_and_grey_alpha_pictures_read_as_their_colours(tmp_path, monkeypatch):
