@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from hbtools import __version__, outputs
+from hbtools.errors import ResourceError
 from hbtools.march.profiles import get_profile
 from hbtools.runtime.runtime_model import RuntimeModel
 from hbtools.runtime.structure import analyse, tensor_info
@@ -32,11 +33,21 @@ def has_layer_info(rm: RuntimeModel) -> bool:
     return rm.config_group("compiler_parameters").get("debug") is True or rm.bin.perf is not None
 
 
+def _check_no_file_in_the_way(root: Path, folder: Path) -> None:
+    """hb_perf has no option for where it writes: a file named like its result folder must go, so say that."""
+    for path in (root, folder):
+        if path.exists() and not path.is_dir():
+            raise ResourceError(f"cannot create the hb_perf result folder '{folder}': '{path}' is a file; remove or "
+                                f"rename that file (hb_perf always writes its results to '{root}')")
+
+
 def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
     """Write every hb_perf file of one model under ``root/<model>/``; return the main page.
 
     ``static``: makertbin's static performance page, written straight into ``root`` (its working_dir).
     """
+    if not static:  # checked before the estimate: a refusal comes first, not after the work
+        _check_no_file_in_the_way(root, root / _safe(rm.name))
     if not rm.march:
         log.warning("%s: the model does not record its march; estimating for bayes-e", rm.name)
     profile = get_profile(rm.march or "bayes-e")
@@ -45,7 +56,7 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
         folder = root
         folder.mkdir(parents=True, exist_ok=True)
     else:
-        folder = outputs.output_dir(root / _safe(rm.name), "hb_perf result folder")
+        folder = outputs.output_dir(root / _safe(rm.name), "hb_perf result")
     layers = has_layer_info(rm)
     if not layers and not static:
         log.warning("bpu model don't have per-layer perf info.")

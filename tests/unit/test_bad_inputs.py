@@ -249,6 +249,7 @@ def empty_cal_copy(env: Env) -> None:
 
 def file_named(name: str) -> Callable[[Env], None]:
     def apply(env: Env) -> None:
+        (env.root / name).parent.mkdir(parents=True, exist_ok=True)
         (env.root / name).write_text("in the way\n")
 
     return apply
@@ -449,7 +450,12 @@ CASES: list[Case] = [
       "infer --model_file {bin} --enable_dump True --dump_path /proc/hbtools_dump", S, "--dump_path", "hbtools_dump"),
     C("hrt_profile_path_file", 7, "hrt_model_exec", "perf --model_file {bin} --frame_count 1 --profile_path {afile}",
       S, "afile"),
-    C("hb_perf_result_is_file", 7, "hb_perf", "{bin}", S, "hb_perf_result", setup=file_named("hb_perf_result"),
+    C("hb_perf_result_is_file", 7, "hb_perf", "{bin}", S, "'hb_perf_result' is a file", "remove or rename that file",
+      setup=file_named("hb_perf_result"), cwd="{root}"),
+    C("hb_perf_model_folder_is_file", 7, "hb_perf", "{bin}", S, "'hb_perf_result/small' is a file",
+      "remove or rename that file", setup=file_named("hb_perf_result/small"), cwd="{root}"),
+    C("hb_perf_result_dangling_link", 7, "hb_perf", "{bin}", S, "cannot create the hb_perf result folder "
+      "'hb_perf_result/small'", "symbolic link", setup=lambda env: (env.root / "hb_perf_result").symlink_to("gone"),
       cwd="{root}"),
     C("vec_diff_out_missing_parent", 7, "vec_diff", "{sample} {sample} -o {root}/nowhere/x.csv", S, "nowhere"),
     C("vec_diff_out_parent_file", 7, "vec_diff", "{sample} {sample} -o {afile}/x.csv", S, "afile"),
