@@ -19,6 +19,7 @@ from hbtools.config.schema import CAL_DATA_TYPES
 from hbtools.data.folders import sample_files
 from hbtools.data.images import IMAGE_EXTENSIONS, load_images
 from hbtools.data.intermediate import to_intermediate
+from hbtools.data.npy import load_npy
 from hbtools.errors import HbError, os_error
 from hbtools.log import logger
 
@@ -195,7 +196,7 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> 
         return load_images(paths, spec)
     (path,) = paths
     try:
-        data = np.load(path, allow_pickle=False) if path.suffix.lower() == ".npy" \
+        data = load_npy(path) if path.suffix.lower() == ".npy" \
             else np.fromfile(path, raw_dtype(spec, path))
         data = data.reshape(spec.shape)
     except (OSError, ValueError, EOFError) as e:

@@ -16,6 +16,7 @@ import numpy as np
 
 from hbtools.data.calibration import folder_names
 from hbtools.data.folders import sample_files
+from hbtools.data.npy import load_npy
 from hbtools.debug.model import CalibratedModel, GraphInput
 from hbtools.errors import HbError
 from hbtools.runtime.session import convert_feed
@@ -47,7 +48,7 @@ def load_samples(calibrated_data: object, cm: CalibratedModel, data_num: int | N
 
 def _load_npy(path: Path) -> np.ndarray:
     try:
-        return np.load(path, allow_pickle=False)
+        return load_npy(path)
     except (OSError, ValueError, EOFError) as exc:
         raise HbError(f"cannot read calibration sample {path}: {exc}; dump the calibration data again "
                       f"(debug_mode: 'dump_calibration_data')") from None

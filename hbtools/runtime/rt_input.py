@@ -17,6 +17,7 @@ import numpy as np
 
 from hbtools.data import colour
 from hbtools.data.intermediate import from_channels_last
+from hbtools.data.npy import load_npy
 from hbtools.errors import HbError, ResourceError
 from hbtools.graph.graph import GraphView
 from hbtools.runtime.runtime_model import InputDesc, RuntimeModel
@@ -121,7 +122,7 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
     suffix = path.suffix.lower()
     if suffix == ".npy":
         try:
-            data = np.load(path, allow_pickle=False)
+            data = load_npy(path)
         except (ValueError, OSError) as e:
             raise HbError(f"'{path}' is not a readable .npy file: {e}") from None
         # numpy's default float64 (np.ones, np.random.rand) for a float32 featuremap: converted, as

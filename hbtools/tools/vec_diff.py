@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hbtools.data.folders import natural_key, sample_files
+from hbtools.data.npy import load_npy
 from hbtools.errors import HbError
 from hbtools.metrics import chebyshev, cosine_similarity, mse, relative_euclidean_distance
 from hbtools.outputs import write_file
@@ -47,7 +48,7 @@ def read_vector(path: Path) -> np.ndarray:
     try:
         suffix = path.suffix.lower()
         if suffix == ".npy":
-            return np.load(path).reshape(-1)
+            return load_npy(path).reshape(-1)
         if suffix == ".txt":
             return np.array(path.read_text().replace(",", " ").split(), dtype=np.float64)
         if path.stat().st_size % 4:

@@ -210,6 +210,16 @@ def truncated_npy(env: Env) -> None:
     (folder / "1.npy").write_bytes(data[: len(data) - 40])
 
 
+def text_npy(folder: str) -> Callable[[Env], None]:
+    """The first .npy under ``folder`` replaced by text: numpy's answer is to unpickle it, which we refuse."""
+
+    def apply(env: Env) -> None:
+        first = sorted((env.root / folder).rglob("*.npy"))[0]
+        first.write_text("not an array\n")
+
+    return apply
+
+
 def broken_link(env: Env) -> None:
     (env.root / "img" / "cal_data" / "002.bin").symlink_to(env.root / "img" / "cal_data" / "gone.bin")
 
@@ -480,6 +490,12 @@ CASES: list[Case] = [
       "-s {afile}/plots", S, "save_dir"),
     C("debugger_refused_leaves_no_folder", 7, "hmct-debugger", "plot-acc-error {calq} {cal} -s {root}/new_plots", IN,
       "quantize_node"),
+    C("debugger_text_npy", 0, "hmct-debugger", SENS, IN, "not a valid .npy file", "pickled object data is refused",
+      "dump the calibration data again", setup=text_npy("img/model_output/calibration_data")),
+    *[C(f"{tool}_text_npy", 0, tool, args, IN, "x.npy", "not a valid .npy file", "pickled object data is refused",
+        setup=text_file("x.npy", "not an array\n")) for tool, args in
+      [("hrt_model_exec", "infer --model_file {fmbin} --input_file {root}/x.npy"),
+       ("vec_diff", "{root}/x.npy {root}/x.npy -o {root}/v.csv")]],
     C("debugger_empty_data", 7, "hmct-debugger", "get-sensitivity-of-nodes {calq} {root}/emptycal", IN,
       "emptycal", setup=empty_cal_copy),
     # class 8: names that match nothing

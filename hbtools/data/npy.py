@@ -1,0 +1,21 @@
+"""Reading ``.npy`` files the tools are given: arrays only, never pickles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def load_npy(path: str | Path) -> np.ndarray:
+    """``np.load`` without pickles; raises ``ValueError``/``OSError``/``EOFError`` as numpy does.
+
+    A file that is not an .npy array (a text file named ``0.npy``, an object array) makes numpy suggest
+    loading it with pickle, i.e. running whatever code the file holds; our message refuses instead.
+    """
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise ValueError("not a valid .npy file (pickled object data is refused)") from None
+        raise
