@@ -9,6 +9,7 @@ import click
 
 from hbtools import __version__
 from hbtools.cli.common import ToolCommand, reports_errors
+from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.log import setup
 from hbtools.outputs import output_file
@@ -50,6 +51,12 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
     target = output_file(output or f"{Path(model_file).stem}_modified.bin", "-o", [model_file])
     for node_type in types:
         wanted = node_type.lower().removeprefix("hz")
+        known = dict.fromkeys((*modifier.INPUT_SIDE, *modifier.OUTPUT_SIDE))
+        if wanted not in {k.lower() for k in known}:
+            raise HbError(f"-a {node_type}: hb_model_modifier does not delete {node_type} nodes in any model"
+                          f"{closest_names(node_type, known)}; the deletable types are "
+                          f"{', '.join(modifier.INPUT_SIDE)} right after a model input and "
+                          f"{', '.join(modifier.OUTPUT_SIDE)} right before a model output")
         first = modifier.candidates(model.load_graph())
         if not any(c.type.lower() == wanted for c in first):
             kinds = sorted({c.type for c in first})

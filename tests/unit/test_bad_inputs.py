@@ -500,7 +500,9 @@ CASES: list[Case] = [
       "emptycal", setup=empty_cal_copy),
     # class 8: names that match nothing
     C("modifier_all_conv", 8, "hb_model_modifier", "{bin} -a Conv", IN, "-a Conv", "deletable"),
-    C("modifier_all_typo", 8, "hb_model_modifier", "{bin} -a Dequantise", IN, "Dequantise"),
+    C("modifier_all_typo", 8, "hb_model_modifier", "{bin} -a Dequantise", IN, "Dequantise", "closest: 'Dequantize'"),
+    C("modifier_all_not_a_deletable_type", 8, "hb_model_modifier", "{bin} -a Foo", IN, "-a Foo", "does not delete Foo",
+      "Quantize, Transpose, Cast, Reshape", "Softmax"),
     C("modifier_remove_unknown", 8, "hb_model_modifier", "{bin} -r Conv_99", IN, "Conv_99"),
     C("debugger_unknown_node", 8, "hmct-debugger", SENS + " -i ['Conv_9']", IN, "Conv_9"),
     C("hrt_unknown_model_name", 8, "hrt_model_exec", "infer --model_file {bin} --model_name other", IN, "other"),
