@@ -130,16 +130,19 @@ def _integer_format(model: ModelProto) -> None:
                     listed)
 
 
-def load_source_model(config: Config) -> tuple[ModelProto, Path]:
-    """The user's float model as ONNX: read, or converted from Caffe (with the config's input shapes)."""
+def load_source_model(config: Config, *, purpose: str = "Using") -> tuple[ModelProto, Path]:
+    """The user's float model as ONNX: read, or converted from Caffe (with the config's input shapes).
+
+    ``purpose`` starts the log line naming the files: hb_mapper infer reads the model only for its input
+    names and shapes, and runs another file."""
     m = config.model
     if m.model_type == "caffe":
         from hbtools.frontends.caffe import load_caffe
 
-        log.info("Using caffe model files: %s, %s", m.prototxt, m.caffe_model)
+        log.info("%s caffe model files: %s, %s", purpose, m.prototxt, m.caffe_model)
         shapes = {s.name: s.shape for s in config.inputs if s.shape}
         return load_caffe(m.prototxt, m.caffe_model, shapes), m.caffe_model
-    log.info("Using onnx model file: %s", m.onnx_model)
+    log.info("%s onnx model file: %s", purpose, m.onnx_model)
     return load_model(m.onnx_model), m.onnx_model
 
 

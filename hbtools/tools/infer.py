@@ -53,7 +53,10 @@ def _specs(config: Config, model: ModelProto) -> list[InputSpec]:
         return config.inputs
     m = config.model
     named = m.onnx_model or (m.model_type == "caffe" and m.prototxt and m.caffe_model)
-    return resolve_inputs(load_source_model(config)[0] if named else model, config.inputs)
+    if not named:
+        return resolve_inputs(model, config.inputs)
+    source = load_source_model(config, purpose="Input names and shapes from the config's float")[0]
+    return resolve_inputs(source, config.inputs)
 
 
 def _layers(model: ModelProto, config: Config) -> list[Layer]:
@@ -115,6 +118,7 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
     # infer reads the given files only: the calibration folders may be gone (artefacts copied elsewhere)
     config = load_config(config_path, model_type, cal_data=False)
     custom.register_from_config(config.custom_op.op_register_files)  # the model may use custom CPU ops
+    log.info("Using onnx model file: %s", model_file)
     model = load_model(model_file)
     specs = {s.name: s for s in _specs(config, model)}
     given = dict(images)

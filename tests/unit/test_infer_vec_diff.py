@@ -214,6 +214,19 @@ def test_layer_out_dump_bin_dumps_its_conv_layers_like_the_quantized_model(tmp_p
     assert not list(Path("plain_out").glob("*_float.bin"))
 
 
+def test_infer_logs_the_model_file_it_runs(tmp_path: Path) -> None:
+    """Without input_shape in the config, infer reads the config's float model for the shapes, and logged
+    'Using onnx model file: <that float model>' while it ran the quantized artefact."""
+    project = _converted(tmp_path / "p", "bayes-e", layer_out_dump=False)
+    project.write(input_parameters={"input_shape": None})
+    result = infer(project, "quantized", "q")
+    assert result.exit_code == 0, result.output
+    used = re.findall(r"INFO Using onnx model file: (\S+)", result.output)
+    assert used == [str(project.artefact("quantized"))], result.output
+    assert f"Input names and shapes from the config's float onnx model file: {project.root / 'model.onnx'}" in \
+        result.output
+
+
 def test_infer_needs_no_calibration_folder(tmp_path: Path) -> None:
     """infer reads only its --image-file, yet refused to start when the config's cal_data_dir was gone
     (artefacts and config copied to another machine)."""
