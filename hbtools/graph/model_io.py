@@ -95,9 +95,25 @@ def check_source_model(model: ModelProto, path: str | Path) -> None:
             raise HbError(f"'{path}' fails the ONNX checker: {names} declared without a shape, and shape "
                           "inference cannot find one", hint="declare their rank in the model (sizes may be "
                           "names, e.g. ['batch', 'boxes', 4]), or export it with its output shapes") from exc
-        raise HbError(f"'{path}' fails the ONNX checker: {first}") from exc
+        raise HbError(f"'{path}' fails the ONNX checker: {first}", hint=_checker_hint(model, first)) from exc
     finally:
         stand_down(model)
+
+
+# QuantizeLinear/DequantizeLinear take an axis (per-channel scales) from opset 13 on.
+PER_CHANNEL_QDQ_OPSET = 13
+
+
+def _checker_hint(model: ModelProto, first: str) -> str | None:
+    """How to fix a checker failure we can name the cause of."""
+    qdq = ("QuantizeLinear", "DequantizeLinear")
+    if default_opset(model) < PER_CHANNEL_QDQ_OPSET and "attribute: axis" in first and any(op in first for op in qdq):
+        # onnxruntime's quantize_static(per_channel=True) writes an axis whatever opset the float model has
+        return (f"per-channel QuantizeLinear/DequantizeLinear need opset {PER_CHANNEL_QDQ_OPSET}, the model is "
+                f"opset {default_opset(model)}: convert the float model to opset {PER_CHANNEL_QDQ_OPSET} "
+                f"(onnx.version_converter.convert_version(model, {PER_CHANNEL_QDQ_OPSET})) before quantize_static, "
+                "or quantize it per tensor")
+    return None
 
 
 def _inference_rejection(model: ModelProto) -> str | None:

@@ -183,13 +183,29 @@ def _custom_op() -> onnx.ModelProto:
     return model
 
 
+def _per_channel_qdq_opset11() -> onnx.ModelProto:
+    """What quantize_static(per_channel=True) writes for an opset-11 export: DequantizeLinear with an axis."""
+    weights = [onnx.numpy_helper.from_array(np.ones((4, 3, 3, 3), np.int8), "w_q"),
+               onnx.numpy_helper.from_array(np.full(4, 0.1, np.float32), "w_scale"),
+               onnx.numpy_helper.from_array(np.zeros(4, np.int8), "w_zero")]
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"], axis=0, name="w_dq"),
+             helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="Conv_0")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7
+    return model
+
+
 @pytest.mark.parametrize(("model", "extra", "expected"), [
     (_dynamic, [], r"input 'data' has a dynamic shape 1x3x\?x16; give a static one with --input-shape data"),
     (_outputs33, [], r"33 outputs; at most 32"),
     (_custom_op, [], r"Not support layer name=accuracy type=Accuracy"),
     (lambda: MODELS["resnet_like"]().model, ["--input-shape", "image", "1x3x16x16"], r"'image'.*not an input"),
     (lambda: MODELS["resnet_like"]().model, ["--input-shape", "data", "1x3xAx16"], r"not a shape"),
-], ids=["dynamic_input", "33_outputs", "custom_domain_op", "unknown_input", "bad_shape"])
+    (_per_channel_qdq_opset11, [], r"Unrecognized attribute: axis for operator DequantizeLinear.*need opset 13.*"
+                                   r"opset 11.*convert_version\(model, 13\)\) before quantize_static"),
+], ids=["dynamic_input", "33_outputs", "custom_domain_op", "unknown_input", "bad_shape", "per_channel_qdq_opset11"])
 def test_checker_errors_are_one_line(model, extra: list[str], expected: str) -> None:
     path = _save(model())
     result = checker(path, "bayes-e", *extra)
