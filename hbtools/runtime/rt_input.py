@@ -135,8 +135,14 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
     raw = np.fromfile(path, dtype=rt_dtype(desc))
     expected = int(np.prod(rt_shape(desc)))
     if raw.size != expected:
+        batch = desc.raw.get("batch")
+        frames = ""
+        if isinstance(batch, int) and batch > 1 and raw.size * batch == expected:  # one frame of a batch-N model
+            picture = " (or give a picture, used for every frame)" if desc.is_image else ""
+            frames = (f"; the model takes {batch} frames at once (input_batch {batch}), so the file must hold all "
+                      f"{batch}, one after another{picture}")
         raise HbError(f"'{path}' holds {raw.size} {rt_dtype(desc)} values; input '{desc.name}' "
-                      f"({desc.type_rt}) takes {expected} ({expected * rt_dtype(desc).itemsize} bytes)")
+                      f"({desc.type_rt}) takes {expected} ({expected * rt_dtype(desc).itemsize} bytes){frames}")
     return raw.reshape(rt_shape(desc))
 
 

@@ -169,6 +169,22 @@ def test_input_batch_4_runs_four_pictures_like_four_single_runs(tmp_path, in_tmp
     assert perf_one.latency_ms < perf_four.latency_ms < 4 * perf_one.latency_ms + 1e-9
 
 
+def test_one_frame_for_a_batch_4_model_is_said_to_be_one_of_four(tmp_path, in_tmp) -> None:
+    """hrt_model_exec --input_file and hb_verifier -i with one nv12 frame for an input_batch 4 model said only
+    'holds 384 uint8 values; ... takes 1536'."""
+    batched = build_bin(tmp_path / "b4", yolo_like(), prefix="m",
+                        input_parameters={"input_type_rt": "nv12", "input_batch": 4})
+    np.zeros((1, 24, 16), np.uint8).tofile("nv1.bin")
+    said = r"holds 384 uint8 values.*takes 1536 .*the model takes 4 frames at once \(input_batch 4\), so the " \
+           r"file must hold all 4, one after another \(or give a picture, used for every frame\)"
+    for tool, args in ((hrt_model_exec.main, ["infer", f"--model_file={batched.bin}", "--input_file=nv1.bin"]),
+                       (hb_verifier.main, ["-m", f"{batched.quantized},{batched.bin}", "-i", "nv1.bin"])):
+        result = invoke(tool, args)
+        assert result.exit_code == 1, result.output
+        [error] = [line for line in result.output.splitlines() if " ERROR " in line and "exception in" not in line]
+        assert re.search(said, error), error
+
+
 def test_separate_batch_is_refused_with_the_reason(tmp_path) -> None:
     from hbtools.config.loader import load_config
 
