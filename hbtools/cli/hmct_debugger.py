@@ -41,6 +41,9 @@ class PyValue(click.ParamType):
             return ast.literal_eval(text)
         except (ValueError, SyntaxError):
             pass
+        if text.startswith("[") and text.count("[") > text.count("]"):
+            self.fail(f"{value!r} is an unterminated list (no closing ']'); write it as \"['name1','name2']\"",
+                      param, ctx)
         if text.startswith("["):
             try:  # the shell removed the quotes: [a,b] or [[a],[b,c]]
                 return ast.literal_eval(_WORD.sub(lambda m: m.group(1) or repr(m.group(2)), text))
@@ -185,11 +188,21 @@ def runall(model_or_file: str, calibration_data: str, **kwargs: Any) -> None:
     run(model_or_file=model_or_file, calibrated_data=calibration_data, **kwargs)
 
 
+# An option token (-s, --save_dir), not a negative number inside a list (``[1,`` ``-2]``).
+_OPTION = re.compile(r"--?[A-Za-z]")
+
+
 def join_split_lists(args: Sequence[str]) -> list[str]:
-    """Re-join a list argument the shell split at spaces: ``['a',`` ``'b']`` -> ``['a', 'b']``."""
+    """Re-join a list argument the shell split at spaces: ``['a',`` ``'b']`` -> ``['a', 'b']``.
+
+    A list never closed stops at the next option, which stays an option: ``-q "[Conv_0" -s ae6`` keeps
+    ``-s ae6`` (PyValue then reports the list as unterminated).
+    """
     out: list[str] = []
     depth = 0
     for arg in args:
+        if depth > 0 and _OPTION.match(arg):
+            depth = 0
         if depth > 0:
             out[-1] += " " + arg
         else:

@@ -159,6 +159,19 @@ def test_split_lists_are_joined() -> None:
     assert join_split_lists(["-q", "['weight',", "'activation']", "-a", "True"]) == [
         "-q", "['weight', 'activation']", "-a", "True"]
     assert join_split_lists(["-q", "[['a'],", "['b',", "'c']]"]) == ["-q", "[['a'], ['b', 'c']]"]
+    assert join_split_lists(["-i", "[1,", "-2]"]) == ["-i", "[1, -2]"]  # a negative number is no option
+
+
+def test_unterminated_list_stops_at_the_next_option(dumped: Dumped, capsys: pytest.CaptureFixture) -> None:
+    """'-q "[Conv_0" -s ae6' swallowed '-s ae6' into the list ('[Conv_0 -s ae6' is not a list)."""
+    assert join_split_lists(["-q", "[Conv_0", "-s", "ae6"]) == ["-q", "[Conv_0", "-s", "ae6"]
+    assert join_split_lists(["-q", "['a',", "--save_dir", "x"]) == ["-q", "['a',", "--save_dir", "x"]
+    code, out = run("hmct-debugger plot-acc-error calibrated_model.onnx calibration_data -q '[Conv_0' -s ae6",
+                    dumped, capsys)
+    assert code == 2, out
+    [error] = [line for line in out.splitlines() if ERROR_LINE.match(line)]
+    assert "'[Conv_0' is an unterminated list" in error and "-s" not in error.split("unterminated")[0], error
+    assert not Path("ae6").exists()
 
 
 def test_console_script_through_the_shell(dumped: Dumped, tmp_path: Path) -> None:
