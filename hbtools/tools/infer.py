@@ -117,6 +117,7 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
     ``input_layout``: the layout each input takes (one value: all of them), else each input's shape tells."""
     # infer reads the given files only: the calibration folders may be gone (artefacts copied elsewhere)
     config = load_config(config_path, model_type, cal_data=False)
+    outputs.output_dir(output_dir, "--output-dir", create=False)  # refused before the model runs, not after
     custom.register_from_config(config.custom_op.op_register_files)  # the model may use custom CPU ops
     log.info("Using onnx model file: %s", model_file)
     model = load_model(model_file)

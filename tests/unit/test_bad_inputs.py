@@ -452,6 +452,9 @@ CASES: list[Case] = [
     C("infer_outdir_parent_file", 7, "hb_mapper", INFER + " {afile}/sub", S, "--output-dir"),
     C("infer_outdir_no_permission", 7, "hb_mapper", INFER + " /sys/hbtools_out", S, "--output-dir"),
     C("infer_outdir_too_long", 7, "hb_mapper", INFER + " {root}/" + LONG, S, "too long"),
+    # the output folder is refused before the model or the picture is read (a missing picture would come first)
+    C("infer_outdir_before_the_run", 7, "hb_mapper", INFER.replace("{sample}", "{root}/none.bin") + " {afile}", S,
+      "--output-dir", "is a file"),
     C("hrt_dump_path_file", 7, "hrt_model_exec", "infer --model_file {bin} --enable_dump True --dump_path {afile}", S,
       "--dump_path", "is a file"),
     C("hrt_dump_path_parent_file", 7, "hrt_model_exec",
