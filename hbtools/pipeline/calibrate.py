@@ -31,7 +31,8 @@ from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runs.progress import progress
 from hbtools.runs.timing import StepTimes
 from hbtools.runtime.heap import release_freed_memory
-from hbtools.runtime.session import RUN_ERRORS, fetching_session
+from hbtools.runtime.segments import Segments
+from hbtools.runtime.session import RUN_ERRORS
 
 log = logging.getLogger("hbtools")
 
@@ -275,8 +276,9 @@ def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
             for p in plan.activations}
 
 
-def _float_session(optimized: ModelProto, tensors: list[str]):
-    """The float model's session and what the searches score (``search.scored_tensors``)."""
+def _float_session(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, list[str]]:
+    """Runs of the float model giving ``tensors`` and what the searches score (``search.scored_tensors``),
+    in parts of at most ``segments.SEGMENT_BYTES`` of them."""
     scored = scored_tensors(optimized)
     stand_ins = scored_outputs(optimized)
     outputs = [o.name for o in optimized.graph.output]
@@ -290,7 +292,7 @@ def _float_session(optimized: ModelProto, tensors: list[str]):
         if constant is not None:
             log.info("output '%s' is scored without what it holds whatever the input (%d of its %d values are "
                      "constants added at its end, e.g. an anchor grid)", out, np.count_nonzero(constant), constant.size)
-    return fetching_session(optimized, list(dict.fromkeys([*tensors, *scored]))), scored
+    return Segments(optimized, list(dict.fromkeys([*tensors, *scored]))), scored
 
 
 def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:
@@ -308,27 +310,33 @@ def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:
 def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *, keep: bool = True):
     collector = plan.collector()
     tensors = list(dict.fromkeys([*(p.tensor for p in plan.activations), *collector.extra_tensors]))
-    session, outputs = _float_session(optimized, tensors)
-    fetch = list(dict.fromkeys([*tensors, *outputs]))
+    runs, outputs = _float_session(optimized, tensors)
+    extra = set(collector.extra_tensors)
     eval_feeds, eval_refs, bc_feeds = [], [], []
     bar = progress(samples(), "calibration", "sample", total=count)
     scored = spread(count, EVAL_SAMPLES) if keep else set()
     measured = spread(count, BIAS_CORRECTION_SAMPLES, exclude=scored) if keep else set()
     for index, feed in enumerate(bar):
+        refs: dict[str, np.ndarray] = {}
+        masks: dict[str, np.ndarray] = {}
         try:
-            values = dict(zip(fetch, session.run(fetch, feed), strict=True))
+            for k, values in enumerate(runs.run(feed)):  # one part at a time (runtime.segments)
+                masks.update({t: v for t, v in values.items() if t in extra})
+                collector.update({t: v for t, v in values.items() if t in collector.stats}, masks=masks,
+                                 new_sample=k == 0)
+                refs.update({o: values[o] for o in outputs if o in values})
+                del values
         except RUN_ERRORS as exc:
             raise HbError(f"the float model cannot run calibration sample {index + 1} "
                           f"({str(exc).splitlines()[0][:300]})",
                           hint="give every input calibration data the model accepts: its values, not only its "
                                "shape, matter for shape, size and index inputs") from None
-        collector.update({t: values[t] for t in tensors})
         if index in scored:
             eval_feeds.append(feed)
-            eval_refs.append([values[o] for o in outputs])
+            eval_refs.append([refs[o] for o in outputs])
         elif index in measured:
             bc_feeds.append(feed)
-        del values, feed  # else this sample's activations live on while the next one runs
+        del refs, masks, feed  # else this sample's values live on while the next one runs
     if collector.samples == 0:
         raise HbError("no calibration samples were read; check cal_data_dir")
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(collector.stats))

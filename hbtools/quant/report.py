@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import ModelProto, helper
 
+from hbtools.graph.graph import GraphView, elements
 from hbtools.metrics import CHUNK, cosine_of_chunks, cosine_similarity
 from hbtools.pipeline.quantize import QTensor, QuantizedResult
 from hbtools.quant.units import Partition
+from hbtools.runtime import segments
 from hbtools.runtime.lowering import lower_model
 from hbtools.runtime.session import make_session
 
@@ -55,7 +57,10 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
                 pairs[t] = (t, None)
     # keep=: a unit whose output nothing reads (an image input the graph only takes the size of) is
     # still compared, so the lowering must not drop it.
-    float_sess = make_session(_with_outputs(lower_model(optimized, keep=list(pairs)), list(pairs), None))
+    # Without memory patterns: a session keeps no block of its intermediates between the runs, where
+    # the other session's run (or the next group's) needs the memory.
+    float_sess = make_session(_with_outputs(lower_model(optimized, keep=list(pairs)), list(pairs), None),
+                              memory_pattern=False)
     q_lowered = lower_model(q_model, keep=[q for q, _ in pairs.values()])
     elem_of = {vi.name: vi.type.tensor_type.elem_type for vi in q_model.graph.value_info}
     for q_name, _ in pairs.values():
@@ -63,35 +68,53 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
             elem = elem_of.get(q_name)
             q_lowered.graph.output.append(helper.make_tensor_value_info(q_name, elem, None) if elem
                                           else helper.make_empty_tensor_value_info(q_name))
-    q_sess = make_session(q_lowered)  # as HB_ONNXRuntime runs a quantized model
+    q_sess = make_session(q_lowered, memory_pattern=False)  # as HB_ONNXRuntime runs a quantized model
     q_feed = {}
     for i in q_sess.get_inputs():
         x = feed[i.name]
         to_other = (0, 3, 1, 2) if (train_layouts or {}).get(i.name) == "NHWC" else (0, 2, 3, 1)
         q_feed[i.name] = x if list(x.shape) == list(i.shape) else np.transpose(x, to_other)
-    tensors = list(pairs)
-    # Quantized first: its outputs are mostly 8/16-bit, so they cost little while the float run happens.
-    q_names = [pairs[t][0] for t in tensors]
-    q_out = dict(zip(tensors, q_sess.run(q_names, q_feed), strict=True))
-    f_out = dict(zip(tensors, float_sess.run(tensors, feed), strict=True))
     found = NodeSimilarity()
     sims = found.cosines
-    for t in tensors:
-        _, qt = pairs[t]
-        f, q = f_out.pop(t), q_out.pop(t)  # each released once compared
-        if not isinstance(f, np.ndarray) or not isinstance(q, np.ndarray):  # a sequence or map: no cosine
-            continue
-        if qt is None:
-            sims[t] = cosine_similarity(f, q)
-            continue
-        if not np.any(q != qt.zero_point) and np.any(f):
-            found.below_step.add(t)
-        if qt.scale.size == 1:  # per-tensor grid: dequantize piece by piece
-            f, q = f.reshape(-1), q.reshape(-1)
-            sims[t] = cosine_of_chunks((f[s:s + CHUNK], qt.to_float(q[s:s + CHUNK])) for s in range(0, q.size, CHUNK))
-        else:
-            sims[t] = cosine_similarity(f, qt.to_float(q))
+    for tensors in _fetch_groups(optimized, pairs):
+        # Quantized first: its outputs are mostly 8/16-bit, so they cost little while the float run happens.
+        q_out = dict(zip(tensors, q_sess.run([pairs[t][0] for t in tensors], q_feed), strict=True))
+        f_out = dict(zip(tensors, float_sess.run(tensors, feed), strict=True))
+        for t in tensors:
+            _, qt = pairs[t]
+            f, q = f_out.pop(t), q_out.pop(t)  # each released once compared
+            if not isinstance(f, np.ndarray) or not isinstance(q, np.ndarray):  # a sequence or map: no cosine
+                continue
+            if qt is None:
+                sims[t] = cosine_similarity(f, q)
+                continue
+            if not np.any(q != qt.zero_point) and np.any(f):
+                found.below_step.add(t)
+            if qt.scale.size == 1:  # per-tensor grid: dequantize piece by piece
+                f, q = f.reshape(-1), q.reshape(-1)
+                sims[t] = cosine_of_chunks((f[s:s + CHUNK], qt.to_float(q[s:s + CHUNK]))
+                                           for s in range(0, q.size, CHUNK))
+            else:
+                sims[t] = cosine_similarity(f, qt.to_float(q))
     return found
+
+
+def _fetch_groups(optimized: ModelProto, pairs: dict[str, tuple[str, QTensor | None]]) -> list[list[str]]:
+    """The compared tensors in groups whose float and quantized values take at most ``SEGMENT_BYTES``
+    together: both runs are repeated per group. All of them at once took an 800x800 table detector
+    (4.2 GB of activations) to 7.1 GB for a table of one sample; a model within the budget runs once."""
+    shapes = GraphView(optimized).shapes
+    groups: list[list[str]] = [[]]
+    held = 0
+    for t, (_, qt) in pairs.items():
+        n = elements(shapes.get(t))
+        size = n * (4 + (np.dtype(qt.dtype).itemsize if qt is not None and qt.dtype in ("int8", "int16") else 4))
+        if groups[-1] and held + size > segments.SEGMENT_BYTES:
+            groups.append([])
+            held = 0
+        groups[-1].append(t)
+        held += size
+    return groups
 
 
 def log_node_table(result: QuantizedResult, similarity: NodeSimilarity | None = None) -> None:

@@ -159,15 +159,20 @@ class StatsCollector:
         """Tensors ``update`` needs besides the ones it collects statistics of."""
         return list(dict.fromkeys(self.counted_where.values()))
 
-    def update(self, values: dict[str, np.ndarray]) -> None:
+    def update(self, values: dict[str, np.ndarray], *, masks: dict[str, np.ndarray] | None = None,
+               new_sample: bool = True) -> None:
+        """Add ``values`` (of one sample, or of part of one: ``new_sample`` False for the other parts).
+        ``masks``: the ``extra_tensors`` known so far, where ``values`` may lack them; a tensor whose
+        mask is in neither counts all its elements."""
+        masks = values if masks is None else {**masks, **values}
         for name, value in values.items():
             if name in self.stats:
                 mask = self.counted_where.get(name)
-                if mask is not None and mask in values:
-                    where = nonzero_where(values[mask], np.shape(value))
+                if mask is not None and mask in masks:
+                    where = nonzero_where(masks[mask], np.shape(value))
                     value = np.asarray(value)[where] if where is not None else value
                 self.stats[name].update(value)
-        self.samples += 1
+        self.samples += int(new_sample)
 
 
 def nonzero_where(other: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
