@@ -274,8 +274,10 @@ def read_bin(path: str | os.PathLike[str]) -> BinFile:
             )  # before reading a possibly huge foreign file
             data = head + f.read(size - len(head))
         models = _parse_body(data, size, flags, version)
-    except OSError as e:  # the machine refused (a folder, no permission): exit 3, as every tool reports it
+    except (IsADirectoryError, PermissionError) as e:  # the machine refused: exit 3, as every tool reports it
         raise os_error(e, "cannot read the .bin") from None
+    except OSError as e:  # a missing file is a wrong input (exit 1)
+        raise BinFormatError(_one_line(f"cannot read {where}: {e.strerror or e}")) from None
     except _Bad as e:
         raise BinFormatError(_one_line(f"{where}: {e}")) from None
     return BinFile(version, bool(flags & FLAG_PACKED), models, where)

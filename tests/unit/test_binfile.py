@@ -148,8 +148,9 @@ def test_newer_minor_accepted_unknown_parts_ignored(tmp_path):
 
 
 def test_missing_and_directory_path(tmp_path):
-    assert "cannot read" in _err(tmp_path / "nope.bin")
-    assert "cannot read" in _err(tmp_path)
+    assert "cannot read" in _err(tmp_path / "nope.bin")  # a wrong input (exit 1)
+    with pytest.raises(ResourceError, match="cannot read the .bin .*it is a folder"):  # the machine's refusal (exit 3)
+        read_bin(tmp_path)
 
 
 def test_empty(tmp_path):
