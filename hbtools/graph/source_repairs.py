@@ -20,6 +20,7 @@ from onnx import ModelProto, helper, version_converter
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, infer_shapes, topological_sort
 from hbtools.graph.model_io import ORT_EARLY_OPS, default_opset, early_ops, stand_down, stand_in
+from hbtools.ops.base import fresh_name
 from hbtools.ops.names import RESERVED_SUFFIXES
 from hbtools.runtime.session import ort_session
 
@@ -121,11 +122,7 @@ def deprecated_ops(model: ModelProto) -> None:
     taken |= {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
 
     def fresh(base: str) -> str:
-        name, k = base, 1
-        while name in taken:
-            name, k = f"{base}_{k}", k + 1
-        taken.add(name)
-        return name
+        return fresh_name(base, taken)
 
     nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
@@ -172,13 +169,7 @@ def reserved_names(model: ModelProto) -> None:
     if not clashing:
         return
     taken = set(names)
-    mapping = {}
-    for old in sorted(clashing):
-        new, k = f"{old}_source", 1
-        while new in taken:
-            new, k = f"{old}_source{k}", k + 1
-        taken.add(new)
-        mapping[old] = new
+    mapping = {old: fresh_name(f"{old}_source", taken) for old in sorted(clashing)}
     _rename_tensors(graph, mapping, top=True)
     log.info("%d tensor(s) renamed, as the quantized and calibrated models name what they add next to a tensor: %s",
              len(mapping), ", ".join(f"'{a}' -> '{b}'" for a, b in list(mapping.items())[:5]))

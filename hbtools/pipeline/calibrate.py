@@ -276,7 +276,7 @@ def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
             for p in plan.activations}
 
 
-def _float_session(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, list[str]]:
+def _float_runs(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, list[str]]:
     """Runs of the float model giving ``tensors`` and what the searches score (``search.scored_tensors``),
     in parts of at most ``segments.SEGMENT_BYTES`` of them."""
     scored = scored_tensors(optimized)
@@ -310,7 +310,7 @@ def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:
 def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *, keep: bool = True):
     collector = plan.collector()
     tensors = list(dict.fromkeys([*(p.tensor for p in plan.activations), *collector.extra_tensors]))
-    runs, outputs = _float_session(optimized, tensors)
+    runs, outputs = _float_runs(optimized, tensors)
     extra = set(collector.extra_tensors)
     eval_feeds, eval_refs, bc_feeds = [], [], []
     bar = progress(samples(), "calibration", "sample", total=count)
@@ -322,8 +322,7 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
         try:
             for k, values in enumerate(runs.run(feed)):  # one part at a time (runtime.segments)
                 masks.update({t: v for t, v in values.items() if t in extra})
-                collector.update({t: v for t, v in values.items() if t in collector.stats}, masks=masks,
-                                 new_sample=k == 0)
+                collector.update(values, masks=masks, new_sample=k == 0)
                 refs.update({o: values[o] for o in outputs if o in values})
                 del values
         except RUN_ERRORS as exc:

@@ -104,17 +104,9 @@ def _fetch_groups(optimized: ModelProto, pairs: dict[str, tuple[str, QTensor | N
     together: both runs are repeated per group. All of them at once took an 800x800 table detector
     (4.2 GB of activations) to 7.1 GB for a table of one sample; a model within the budget runs once."""
     shapes = GraphView(optimized).shapes
-    groups: list[list[str]] = [[]]
-    held = 0
-    for t, (_, qt) in pairs.items():
-        n = elements(shapes.get(t))
-        size = n * (4 + (np.dtype(qt.dtype).itemsize if qt is not None and qt.dtype in ("int8", "int16") else 4))
-        if groups[-1] and held + size > segments.SEGMENT_BYTES:
-            groups.append([])
-            held = 0
-        groups[-1].append(t)
-        held += size
-    return groups
+    sizes = [elements(shapes.get(t)) * (4 + (np.dtype(qt.dtype).itemsize if qt is not None and qt.dtype in
+                                             ("int8", "int16") else 4)) for t, (_, qt) in pairs.items()]
+    return segments.byte_groups(list(pairs), sizes, segments.SEGMENT_BYTES)
 
 
 def log_node_table(result: QuantizedResult, similarity: NodeSimilarity | None = None) -> None:

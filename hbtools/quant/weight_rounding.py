@@ -30,6 +30,7 @@ from hbtools.graph.graph import GraphView
 from hbtools.quant import grids
 from hbtools.runs.progress import progress
 from hbtools.runtime.blas import one_blas_thread
+from hbtools.runtime.segments import byte_groups
 from hbtools.runtime.session import fetching_session
 
 # Output positions per sample and layer: every one up to here (a 480x480 input's stride-2 map), a
@@ -230,17 +231,8 @@ def _row_products(x: np.ndarray) -> np.ndarray:
 
 def _hessian_groups(layers: list[NodeProto], view: GraphView) -> list[list[NodeProto]]:
     """``layers`` in order, cut into groups whose Hessians take at most ``HESSIAN_BYTES`` together."""
-    groups: list[list[NodeProto]] = [[]]
-    held = 0
-    for node in layers:
-        group, k = _patch_size(node, view)
-        size = 8 * group * k**2
-        if groups[-1] and held + size > HESSIAN_BYTES:
-            groups.append([])
-            held = 0
-        groups[-1].append(node)
-        held += size
-    return [g for g in groups if g]
+    sizes = [8 * group * k**2 for group, k in (_patch_size(node, view) for node in layers)]
+    return byte_groups(layers, sizes, HESSIAN_BYTES)
 
 
 def rounding_offsets(w: np.ndarray, thresholds: np.ndarray, group: int, hessian: np.ndarray) -> np.ndarray:

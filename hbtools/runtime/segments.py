@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from onnx import ModelProto
@@ -19,6 +20,21 @@ from hbtools.graph.graph import GraphView, elements, itemsize, part_model, refer
 from hbtools.runtime.session import fetching_session
 
 SEGMENT_BYTES = 1 << 30  # wanted tensors one part may fetch; every corpus model stays in one part
+T = TypeVar("T")
+
+
+def byte_groups(items: Sequence[T], sizes: Sequence[int], budget: int) -> list[list[T]]:
+    """``items`` in order, cut into runs whose ``sizes`` add up to at most ``budget`` (an item larger than
+    the budget makes a run of its own)."""
+    groups: list[list[T]] = [[]]
+    held = 0
+    for item, size in zip(items, sizes, strict=True):
+        if groups[-1] and held + size > budget:
+            groups.append([])
+            held = 0
+        groups[-1].append(item)
+        held += size
+    return [g for g in groups if g]
 
 
 @dataclass
@@ -39,21 +55,12 @@ class Segments:
         size = {t: elements(view.shapes.get(t)) * itemsize(view.elem_types.get(t) or 1) for t in wanted}
         nodes = list(model.graph.node)
         made_by = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-        # Tensors no node makes (graph inputs, constants) come out of the first part.
-        late = [t for t in wanted if t in made_by]
-        groups: list[list[int]] = [[]]
-        held = sum(size[t] for t in wanted if t not in made_by)
-        wanted_of = {}
-        for t in late:
-            wanted_of.setdefault(made_by[t], []).append(t)
-        for i in range(len(nodes)):
-            more = sum(size[t] for t in wanted_of.get(i, []))
-            if groups[-1] and held + more > budget:
-                groups.append([])
-                held = 0
-            groups[-1].append(i)
-            held += more
-        self.single = len(groups) == 1
+        made_here = [0] * len(nodes)  # bytes of the wanted tensors each node makes
+        for t in wanted:
+            if t in made_by:
+                made_here[made_by[t]] += size[t]
+        groups = byte_groups(range(len(nodes)), made_here, budget)
+        self.single = len(groups) <= 1
         if self.single:
             self._whole = fetching_session(model, wanted)
             self._wanted = wanted
