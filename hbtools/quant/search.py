@@ -396,8 +396,10 @@ class Evaluator:
         self._weights_alone: float | None = None
         self._energy = [[products(r, r)[1] for r in self._cut(sample)] for sample in refs]  # per sample, per piece
         self._order = scoring_order([[self._varying(t, k) for k, t in enumerate(r)] for r in refs])
+        self._suspects: list[int] = []  # samples the last goal-checked score found furthest off, worst first
         self.seconds_per_run = 0.0  # of the last score
         self.complete = True  # whether the last score ran every sample (False: it is a bound)
+        self.samples_run = 0  # by the last score
         self.units = np.zeros(0)  # the last score's ``goal_units``
         self.sample_units = np.ones(len(feeds))  # the last score's per sample
 
@@ -492,12 +494,21 @@ class Evaluator:
         def run(i: int) -> list[np.ndarray]:
             return session.run(self.fetched, {**self.feeds[i], **extra})
 
-        for done, (i, out) in enumerate(side_by_side(run, self._order, session, self.workers), start=1):
-            own = self._products(i, out)
+        checked = goals is not None or sample_goals is not None or at_least is not None
+        errors: dict[int, tuple[bool, float]] = {}  # per sample run: below its own goal, share of the error
+        order = self._goal_order() if checked else self._order
+        rows: dict[int, np.ndarray] = {}
+        for done, (i, out) in enumerate(side_by_side(run, order, session, self.workers), start=1):
+            self.samples_run = done
+            own = rows[i] = self._products(i, out)
             sums += own
             self.sample_units[i] = self._score_of(own, logits)
             self.seconds_per_run = (time.perf_counter() - started) / done
             failed = sample_goals is not None and self.sample_units[i] < sample_goals[i]
+            if checked:
+                errors[i] = (failed, float(np.sum(_ratio(own[0] - 2 * own[1] + own[2], total))))
+                self._suspects = [*sorted(errors, key=errors.get, reverse=True),
+                                  *(j for j in self._suspects if j not in errors)]
             if (failed or at_least is not None or goals is not None) and done < len(self.feeds):
                 def bound_of(k: int, s: np.ndarray = sums) -> float:
                     return bound_of_products(total[k], *s[:, k])
@@ -512,8 +523,22 @@ class Evaluator:
                 if at_least is not None and bound < at_least:
                     return bound
         self.complete = True
+        if order != self._order:  # the sums of ``_order``'s run, to the last bit: ties and goals decide alike
+            sums = np.zeros_like(sums)
+            for i in self._order:
+                sums += rows[i]
         self.units = self.goal_units(lambda k: cosine_of_products(sums[1, k], sums[0, k], sums[2, k]), logits)
         return self._score_of(sums, logits)
+
+    def _goal_order(self) -> list[int]:
+        """The order of a score that may stop (goals, ``at_least``): the samples the last such score found
+        below their own goals first, then those with the largest share of its error, then ``_order``.
+        Demotions of more and more sensitive tensors fail on the same few samples (or on the output those
+        samples carry most error in), as mix's trials and the losing methods do: run first, they stop a
+        failing score after a run or two rather than most of the samples. The order decides only when a
+        score stops, never what it decides: a score stops once its goals are out of reach whatever the
+        rest of the samples give."""
+        return [*self._suspects, *(i for i in self._order if i not in self._suspects)]
 
     def goal_units(self, cosine: Callable[[int], float], logits: bool) -> np.ndarray:
         """What must each keep its own share of a gain (``promote_to_int16``): a model output's score
@@ -650,9 +675,9 @@ class Evaluator:
             s = self.score(th, trial, logits=logits, goals=goals, sample_goals=sample_goals)
             kept = self.complete and np.all(self.units >= goals) and np.all(self.sample_units >= sample_goals)
             log.debug("mixed precision: %d tensors back to int8 %s (score %s%.6f; outputs %s, samples %s below "
-                      "their goals)", len(group), "kept" if kept else "undone", "" if self.complete else "at most ", s,
-                      np.flatnonzero(self.units < goals).tolist(),
-                      np.flatnonzero(self.sample_units < sample_goals).tolist())
+                      "their goals; %d of %d samples run)", len(group), "kept" if kept else "undone",
+                      "" if self.complete else "at most ", s, np.flatnonzero(self.units < goals).tolist(),
+                      np.flatnonzero(self.sample_units < sample_goals).tolist(), self.samples_run, len(self.feeds))
             if kept:
                 current, current_score = trial, s
         chosen = {**thresholds, **{t: wide[t] for t in current}}

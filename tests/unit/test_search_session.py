@@ -297,6 +297,32 @@ def test_method_scores_stop_losers_early_and_pick_what_full_scores_pick() -> Non
     assert "clipped" in bounds and "same" not in bounds
 
 
+def test_goal_checked_scores_run_first_the_samples_that_failed_last() -> None:
+    """A demotion that fails does so on the samples the previous one found furthest off: run first,
+    they stop it after a run or two. What each score decides is what the full score decides."""
+    optimized, plan = _planned(_chain_with_a_side_branch())
+    rng = np.random.default_rng(5)
+    # Sample 6 is faint (a picture with little text): last in the energy order, the worst relative error.
+    feeds = [{"x": (s * rng.normal(0, 1, (1, 4, 8, 8))).astype(np.float32)} for s in (1, 1, 1, 1, 1, 1, .03, 1)]
+    widest, refs = _float_run(optimized, plan, feeds, (optimized.graph.output[0].name,))
+    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, refs, widest)
+    full = evaluator.score(widest)
+    own = evaluator.sample_units.copy()  # each sample's full score
+    assert int(np.argmin(own)) == 6 and evaluator._order.index(6) == len(feeds) - 1
+    sample_goals = np.where(np.arange(len(feeds)) == 6, (own[6] + 1) / 2, 0.0)
+    decided = []
+    for _ in range(2):
+        evaluator.score(widest, sample_goals=sample_goals)
+        kept = evaluator.complete and np.all(evaluator.sample_units >= sample_goals)  # as promote_to_int16 decides
+        decided.append((kept, evaluator.samples_run))
+    assert decided == [(False, len(feeds)), (False, 1)], "the full score fails sample 6, and so does each one"
+    # A score meeting its goals runs every sample whatever the order, and gives the full score to the last
+    # bit (near-ties between methods and goals met by a hair decide as they would in the energy order).
+    assert evaluator._goal_order()[0] == 6
+    assert evaluator.score(widest, sample_goals=np.zeros(len(feeds))) == full
+    assert evaluator.complete and evaluator.samples_run == len(feeds)
+
+
 def _boxes_and_scores_model(transposed: bool) -> onnx.ModelProto:
     """Output = Concat(boxes in pixels, class scores in 0..1) on the channel axis, as a YOLOv8 export
     (``transposed``: then channels last, as YOLOX's export)."""
