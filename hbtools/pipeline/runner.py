@@ -25,10 +25,11 @@ from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, optimize, parse, quantize
 from hbtools.quant import layer_dump, report, weight_precision
 from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
+from hbtools.quant.search import release_pool
 from hbtools.quant.units import build_partition
 from hbtools.runs.memory import check_memory
 from hbtools.runs.timing import StepTimes
-from hbtools.runs.transaction import artefact_transaction
+from hbtools.runs.transaction import artefact_transaction, check_inputs_outside
 
 log = logging.getLogger("hbtools")
 
@@ -72,12 +73,33 @@ def convert(config: Config) -> dict[str, Path]:
     check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     source = _calibration_source(config)  # checks every data file before anything is written
     final = artefact_paths(config)
-    with artefact_transaction(config.model.working_dir) as staging:
+    inputs = _run_inputs(config)
+    check_inputs_outside(config.model.working_dir, _known_entries(config, final), inputs)
+    def committed() -> None:  # the set is in place: a Ctrl-C now is acted on only after these lines
+        _log_build_parameters(final["bin"])
+        log.info("Convert to runtime bin file successfully!")
+        log.info("End Model Convert")
+
+    with artefact_transaction(config.model.working_dir, set_name=config.model.output_model_file_prefix,
+                              inputs=inputs, committed=committed) as staging:
         _build(config, parsed, source, profile, staging, final)
-    _log_build_parameters(final["bin"])
-    log.info("Convert to runtime bin file successfully!")
-    log.info("End Model Convert")
     return final
+
+
+def _run_inputs(config: Config) -> list[Path]:
+    """The files and folders the run reads: no artefact may replace one (SPEC §10)."""
+    m = config.model
+    paths = [m.onnx_model, m.prototxt, m.caffe_model, config.yaml_path, config.custom_op.custom_op_dir,
+             *(spec.cal_data_dir for spec in config.inputs),
+             *(Path(f) for f in config.custom_op.op_register_files)]
+    return [Path(p) for p in paths if p]
+
+
+def _known_entries(config: Config, final: dict[str, Path]) -> list[str]:
+    """The entries of working_dir a run is known to write before it runs (the commit checks them all)."""
+    prefix = config.model.output_model_file_prefix
+    names = [path.name for path in final.values()] + [f"{prefix}.html", f"{prefix}.png"]
+    return names + (["calibration_data"] if "dump_calibration_data" in config.model.debug_mode else [])
 
 
 def _log_build_parameters(bin_path: Path) -> None:
@@ -136,6 +158,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
         compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=cal.summary)
     log.info("runtime model written: %s", final["bin"])
     log.info(times.line())
+    release_pool()
 
 
 def _finer_weights(config: Config, profile: MarchProfile, optimized: onnx.ModelProto,

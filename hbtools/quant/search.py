@@ -76,6 +76,15 @@ def _pool() -> ThreadPoolExecutor:
         return _pools[pid]
 
 
+def release_pool() -> None:
+    """Stop this process's score threads once a search is over: the interpreter joins idle pool threads
+    at exit, and a Ctrl-C during that join printed a traceback after a finished run."""
+    with _pool_lock:
+        pool = _pools.pop(os.getpid(), None)
+    if pool is not None:
+        pool.shutdown(wait=True)
+
+
 def side_by_side(run: Callable[[int], list[np.ndarray]], order: list[int], session: object,
                  workers: int | None = None) -> Iterator[tuple[int, list[np.ndarray]]]:
     """``(i, run(i))`` for ``i`` in ``order``, in that order, with up to ``workers`` runs in flight

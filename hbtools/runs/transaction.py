@@ -11,6 +11,12 @@ reader sees either the old or the new file, never a partial one.
 One run per ``working_dir`` at a time: an exclusive ``flock`` on a lock file that
 holds the owner's pid. The kernel drops the lock when its process dies, so the
 lock of a killed run is simply taken over.
+
+A set (one ``output_model_file_prefix``) records its entries in a hidden manifest, moved
+in with them: the next set of that name removes what the previous one had and it does not
+make (a ``calibration_data`` dump, the pages of more subgraphs), so no stale part is left
+next to a model it does not belong to. Before the commit, every entry is checked to be
+replaceable, and no input of the run may lie where an entry goes or goes away.
 """
 
 from __future__ import annotations
@@ -24,26 +30,31 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from hbtools.errors import ResourceError, os_error
+from hbtools.errors import ConfigError, ResourceError, os_error
 from hbtools.outputs import create_dir
 
 log = logging.getLogger("hbtools")
 
 LOCK_NAME = ".hbtools.lock"
 STAGING_NAME = ".hbtools_staging"
-_COMMITTED = ".committed"  # inside the staging folder: the list of entries to move
-_OLD = ".old-"  # a replaced folder waits here until its successor is in place
+_COMMITTED = ".committed"  # inside the staging folder: the entries to move in and to remove
+_OLD = ".old-"  # a replaced or removed entry waits here until the moves are done
+_MANIFEST = ".hbtools_set_{}.json"  # in working_dir: the entries of the set of that name
 
 
 @contextlib.contextmanager
-def artefact_transaction(working_dir: Path) -> Iterator[Path]:
+def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inputs: Sequence[Path] = (),
+                         committed: Callable[[], None] | None = None) -> Iterator[Path]:
     """Yield an empty staging folder; on success move everything in it into ``working_dir``.
 
     Anything raised inside the block (KeyboardInterrupt included) deletes the staging
-    folder and leaves ``working_dir`` as it was.
+    folder and leaves ``working_dir`` as it was. ``set_name`` names the set (its previous
+    entries that this one does not make are removed); ``inputs`` are the run's input files
+    and folders, which the commit never replaces or removes. ``committed`` runs once the new set is in
+    place, before a Ctrl-C held back meanwhile is acted on (with a WARNING that the set was replaced).
     """
     create_dir(working_dir, "working_dir", "choose a working_dir in a folder you can write")
     with _lock(working_dir):
@@ -55,9 +66,16 @@ def artefact_transaction(working_dir: Path) -> Iterator[Path]:
             raise _staging_error(exc, working_dir) from None
         try:
             yield staging
+            entries = _entries(staging)
+            _check_replaceable(staging, working_dir, entries, inputs)
+            stale = _stale(working_dir, set_name, entries, inputs)
+            if set_name is not None:
+                (staging / _MANIFEST.format(set_name)).write_text(json.dumps(entries), encoding="utf-8")
             with _signals_deferred():  # Ctrl-C between commit and the last move would leave a mixed set
-                _commit(staging)
+                _commit(staging, stale)
                 _roll_forward(staging, working_dir)
+                if committed is not None:
+                    committed()
         except BaseException as exc:
             if not (staging / _COMMITTED).exists():
                 shutil.rmtree(staging, ignore_errors=True)
@@ -97,22 +115,84 @@ def recover(working_dir: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _commit(staging: Path) -> None:
-    entries = sorted(p.name for p in staging.iterdir() if not p.name.startswith("."))
+def _entries(staging: Path) -> list[str]:
+    """What the run wrote into ``staging``: every entry but the transaction's own (a prefix may start with '.')."""
+    return sorted(p.name for p in staging.iterdir()
+                  if not (p.name.startswith(_OLD) or p.name in (_COMMITTED, f"{_COMMITTED}.tmp")))
+
+
+def _holds(path: Path, inputs: Sequence[Path]) -> Path | None:
+    """The first of ``inputs`` that is ``path`` or lies inside it (a symbolic link at ``path`` is replaced,
+    not what it points to)."""
+    where = os.path.join(os.path.realpath(path.parent), path.name)
+    for given in inputs:
+        real = os.path.realpath(given)
+        if real == where or real.startswith(where.rstrip(os.sep) + os.sep):
+            return Path(given)
+    return None
+
+
+def check_inputs_outside(working_dir: Path, names: Sequence[str], inputs: Sequence[Path]) -> None:
+    """Refuse, before any work, a run one of whose ``inputs`` lies where it writes one of ``names``."""
+    for name in names:
+        held = _holds(working_dir / name, inputs)
+        if held is not None:
+            raise _input_replaced(held, working_dir / name)
+
+
+def _input_replaced(held: Path, target: Path) -> ConfigError:
+    return ConfigError(f"'{held}' is an input of this run and lies where it writes '{target}'; the run would "
+                       "replace it", hint="move it out of working_dir, or choose another working_dir or "
+                                          "output_model_file_prefix")
+
+
+def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inputs: Sequence[Path]) -> None:
+    """Refuse, before the commit, a move that would fail half-way through or destroy an input."""
+    for name in entries:
+        target = working_dir / name
+        held = _holds(target, inputs)
+        if held is not None:
+            raise _input_replaced(held, target)
+        if not target.exists() or target.is_symlink():
+            continue
+        if target.is_dir() != (staging / name).is_dir():
+            kind, wanted = ("a folder", "file") if target.is_dir() else ("a file", "folder")
+            raise ResourceError(f"working_dir holds {kind} '{target}' where this run writes its {wanted} of that "
+                                f"name; nothing was replaced", hint="remove or rename it, or choose another "
+                                                                    "working_dir or output_model_file_prefix")
+
+
+def _stale(working_dir: Path, set_name: str | None, entries: list[str], inputs: Sequence[Path]) -> list[str]:
+    """Entries of the previous set of ``set_name`` that this one does not make (inputs of the run stay)."""
+    if set_name is None:
+        return []
+    try:
+        previous = json.loads((working_dir / _MANIFEST.format(set_name)).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []  # no manifest (a set of an older version, or none): nothing known to remove
+    if not isinstance(previous, list):
+        return []
+    return [n for n in previous if isinstance(n, str) and n not in entries and n and os.sep not in n
+            and n not in (".", "..") and (working_dir / n).exists() and _holds(working_dir / n, inputs) is None]
+
+
+def _commit(staging: Path, stale: list[str] | None = None) -> None:
+    entries = _entries(staging)
     for path in staging.rglob("*"):
         if path.is_file():
             _fsync(path)
     tmp = staging / f"{_COMMITTED}.tmp"
-    tmp.write_text(json.dumps(entries), encoding="utf-8")
+    tmp.write_text(json.dumps({"move": entries, "remove": stale or []}), encoding="utf-8")
     _fsync(tmp)
     os.replace(tmp, staging / _COMMITTED)  # the commit point
     _fsync(staging)
 
 
 def _roll_forward(staging: Path, working_dir: Path) -> None:
-    """Move the committed entries into place; safe to repeat after an interruption."""
-    entries = json.loads((staging / _COMMITTED).read_text(encoding="utf-8"))
-    for name in entries:
+    """Move the committed entries into place and the stale ones out; safe to repeat after an interruption."""
+    plan = json.loads((staging / _COMMITTED).read_text(encoding="utf-8"))
+    moves, removals = (plan, []) if isinstance(plan, list) else (plan["move"], plan["remove"])
+    for name in moves:
         new, target, old = staging / name, working_dir / name, staging / f"{_OLD}{name}"
         if not new.exists() and not new.is_symlink():
             continue  # moved before the interruption
@@ -120,6 +200,10 @@ def _roll_forward(staging: Path, working_dir: Path) -> None:
             # os.replace cannot put a folder over a non-empty one: set the old one aside first.
             os.replace(target, old)
         os.replace(new, target)
+    for name in removals:
+        target = working_dir / name
+        if target.exists() or target.is_symlink():
+            os.replace(target, staging / f"{_OLD}{name}")  # deleted with the staging folder
     _fsync(working_dir)
     shutil.rmtree(staging, ignore_errors=True)
 

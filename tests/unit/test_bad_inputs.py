@@ -257,6 +257,14 @@ def empty_cal_copy(env: Env) -> None:
     (env.root / "emptycal").mkdir()
 
 
+def copy_of(source: str, target: str) -> Callable[[Env], None]:
+    def apply(env: Env) -> None:
+        copy = shutil.copytree if (env.root / source).is_dir() else shutil.copyfile
+        copy(env.root / source, env.root / target)
+
+    return apply
+
+
 def file_named(name: str) -> Callable[[Env], None]:
     def apply(env: Env) -> None:
         (env.root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -385,6 +393,13 @@ CASES: list[Case] = [
     C("img_float_far_below", 2, "hb_mapper", MK, IN, "pixel range", setup=float_images(-500.0)),
     C("img_float_nan", 2, "hb_mapper", MK, IN, "NaN", setup=float_images(np.nan)),
     C("img_broken_symlink", 2, "hb_mapper", MK, IN, "002.bin", "broken symbolic link", setup=broken_link),
+    # SPEC §10: no tool overwrites one of its own inputs; refused before any work, not found at the commit
+    C("cal_data_in_the_dump", 0, "hb_mapper", MK, IN, "is an input of this run", "calibration_data",
+      setup=both(copy_of("img/cal_data", "img/model_output/calibration_data/mine"),
+                 config(calibration_parameters={"cal_data_dir": "model_output/calibration_data/mine"}))),
+    C("model_at_artefact_path", 0, "hb_mapper", MK, IN, "is an input of this run", "small.html",
+      setup=both(copy_of("img/model.onnx", "img/model_output/small.html"),
+                 config(model_parameters={"onnx_model": "model_output/small.html"}))),
     # class 3: sizes
     C("huge_shape_makertbin", 3, "hb_mapper", MK, S, "memory", "input_shape",
       setup=config(input_parameters={"input_shape": "1x3x100000x100000"})),
@@ -765,11 +780,11 @@ def test_ctrl_c_during_the_final_moves_completes_them_first(tmp_path: Path, monk
     (tmp_path / "b.bin").write_text("old b")
     commit = transaction._commit
 
-    def interrupted_commit(staging: Path) -> None:
+    def interrupted_commit(staging: Path, *args: object) -> None:
         # Ctrl-C right at the commit point, delivered to this thread now (os.kill lets the kernel
         # pick a thread, and onnxruntime's may take it late)
         signal.raise_signal(signal.SIGINT)
-        commit(staging)
+        commit(staging, *args)
 
     monkeypatch.setattr(transaction, "_commit", interrupted_commit)
     # As in a terminal: a suite started in the background inherits SIGINT ignored, and then

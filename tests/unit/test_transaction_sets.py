@@ -1,0 +1,100 @@
+"""An artefact set replaces the previous one as a whole (SPEC §6, §10).
+
+Found by a hunt over interrupts and file-system trouble: a prefix starting with '.' lost the
+whole set at the commit, a folder where a file goes was found half-way through the moves (a
+mixed set, then every later run refused), and parts of the previous set the new run does not
+make (a calibration_data dump, the pages of more subgraphs) stayed next to a model they do not
+belong to.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hbtools.errors import ConfigError, ResourceError
+from hbtools.runs import transaction
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _run(working_dir: Path, files: dict[str, str], set_name: str = "m", **kwargs: object) -> None:
+    with transaction.artefact_transaction(working_dir, set_name=set_name, **kwargs) as staging:
+        _write(staging, files)
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != transaction.LOCK_NAME}
+
+
+def test_a_prefix_starting_with_a_dot_is_moved_in_like_any_other(tmp_path: Path) -> None:
+    _run(tmp_path, {".m.bin": "bin", ".m_quantized_model.onnx": "q", ".m.html": "page"}, set_name=".m")
+    assert (tmp_path / ".m.bin").read_text() == "bin" and (tmp_path / ".m_quantized_model.onnx").read_text() == "q"
+    assert not (tmp_path / transaction.STAGING_NAME).exists()
+
+
+def test_a_folder_where_a_file_goes_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    _run(tmp_path, {"m.bin": "old bin", "m.html": "old page"})
+    (tmp_path / "m_quantized_model.onnx").mkdir()
+    before = _tree(tmp_path)
+    with pytest.raises(ResourceError) as info:
+        _run(tmp_path, {"m.bin": "new bin", "m.html": "new page", "m_quantized_model.onnx": "q"})
+    message = " ".join(info.value.lines())
+    assert str(tmp_path / "m_quantized_model.onnx") in message and "remove or rename it" in message, message
+    assert ".hbtools_staging" not in message
+    assert _tree(tmp_path) == before and not (tmp_path / transaction.STAGING_NAME).exists()
+    (tmp_path / "m_quantized_model.onnx").rmdir()  # as the message says: the next run goes through
+    _run(tmp_path, {"m.bin": "new bin", "m_quantized_model.onnx": "q"})
+    assert (tmp_path / "m.bin").read_text() == "new bin"
+
+
+def test_entries_of_the_previous_set_it_does_not_make_are_removed(tmp_path: Path) -> None:
+    _run(tmp_path, {"m.bin": "1", "m_subgraph_0.html": "1", "m_subgraph_1.html": "1", "calibration_data/x/0.npy": "1"})
+    _run(tmp_path, {"other.bin": "other set"}, set_name="other")  # another prefix in the same folder
+    _run(tmp_path, {"m.bin": "2", "m_subgraph_0.html": "2"})
+    assert _tree(tmp_path) == {"m.bin": "2", "m_subgraph_0.html": "2", "other.bin": "other set",
+                               ".hbtools_set_m.json": json.dumps(["m.bin", "m_subgraph_0.html"]),
+                               ".hbtools_set_other.json": json.dumps(["other.bin"])}
+
+
+def test_what_a_run_reads_is_never_replaced_or_removed(tmp_path: Path) -> None:
+    _run(tmp_path, {"m.bin": "1", "calibration_data/x/0.npy": "dumped"})
+    reused = tmp_path / "calibration_data" / "x"  # the previous dump given as this run's cal_data_dir
+    _run(tmp_path, {"m.bin": "2"}, inputs=[reused])
+    assert (reused / "0.npy").read_text() == "dumped"
+    with pytest.raises(ConfigError) as info:
+        _run(tmp_path, {"m.bin": "3", "calibration_data/x/0.npy": "new dump"}, inputs=[reused])
+    assert "is an input of this run" in str(info.value) and (reused / "0.npy").read_text() == "dumped"
+    assert (tmp_path / "m.bin").read_text() == "2"
+    with pytest.raises(ConfigError):
+        transaction.check_inputs_outside(tmp_path, ["m.html"], [tmp_path / "m.html"])
+
+
+def test_what_follows_the_commit_runs_before_a_held_ctrl_c(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A Ctrl-C after the new set is in place but before the run said so is held until it has: the
+    log never ends "successfully" and then "interrupted" without saying the set was replaced."""
+    import logging
+    import signal
+
+    said: list[str] = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    logging.getLogger("hbtools").addHandler(caplog.handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with transaction.artefact_transaction(
+                    tmp_path, set_name="m", committed=lambda: (signal.raise_signal(signal.SIGINT),
+                                                               said.append("End Model Convert"))) as staging:
+                (staging / "m.bin").write_text("new")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    assert said == ["End Model Convert"] and (tmp_path / "m.bin").read_text() == "new"
+    assert "complete new set" in caplog.text
