@@ -66,15 +66,29 @@ _FIXES = {
     errno.EROFS: "the file system is read-only; choose a writable place",
     errno.EEXIST: "something is already there; remove it or choose another path",
     errno.ELOOP: "too many symbolic links; correct the path",
+    errno.EDQUOT: "your disk quota is used up; free some space or choose another disk",
+    errno.EFBIG: "the file is too large for this file system; choose another disk",
+    errno.EIO: "the disk reported an input/output error; check the disk or choose another one",
 }
+# Errors of writing, not of reaching the path: "cannot access" would send the user to the wrong fix.
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def os_error(exc: OSError, what: str = "cannot access", fix: str | None = None) -> ResourceError:
     """One-line ``ResourceError`` for an ``OSError``: what failed, on which path, how to fix it."""
-    where = f" '{exc.filename}'" if exc.filename is not None else ""
+    number = exc.errno
     reason = exc.strerror or str(exc)
-    hint = fix or _FIXES.get(exc.errno or 0, "check the path and its permissions")
+    if number is None and _short_write(reason):  # numpy's fwrite wrote less than asked: a full disk, not permissions
+        number, reason = errno.ENOSPC, f"could not write all of it ({reason})"
+    if what == "cannot access" and number in _WRITE_ERRORS:
+        what = "cannot write"
+    where = f" '{exc.filename}'" if exc.filename is not None else ""
+    hint = fix or _FIXES.get(number or 0, "check the path and its permissions")
     return ResourceError(f"{what}{where}: {reason}; {hint}")
+
+
+def _short_write(text: str) -> bool:
+    return "requested and" in text and text.rstrip().endswith("written")
 
 
 def memory_error(what: str = "not enough memory") -> ResourceError:

@@ -8,12 +8,15 @@ not a replaced input.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
-import numpy as np
+if TYPE_CHECKING:  # numpy only for write_array: a tool's start-up stays light (Ctrl-C there is a traceback)
+    import numpy as np
 
 from hbtools.errors import ResourceError, UsageError, os_error
 
@@ -102,21 +105,31 @@ def _same_file(a: Path, b: Path) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
 
 
-def replace_atomically(path: str | Path, chunks: Iterable[bytes]) -> None:
-    """Write ``chunks`` to ``path`` whole or not at all: a temp file beside it (usual umask mode), synced,
-    then a rename. On any failure the temp file is removed, a file that was there stays as it was, and
-    the error (an ``OSError`` as raised) propagates."""
+# What a writer puts into the temp file: the bytes (one or several chunks), or a function that writes to the
+# open binary file (``fig.savefig``, ``np.save``) for libraries that want a file rather than bytes.
+Writer = Callable[[BinaryIO], object]
+Content = bytes | str | Iterable[bytes] | Writer
+
+
+def replace_atomically(path: str | Path, content: Content) -> None:
+    """Write ``content`` to ``path`` whole or not at all: a temp file beside it (usual umask mode), synced,
+    then a rename. On any failure the temp file is removed, a file that was there stays as it was, and an
+    ``OSError`` propagates naming ``path`` (a failed ``write`` names no file of its own; a short write,
+    numpy's "4096 requested and 2016 written", becomes ENOSPC: the disk filled up under it)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         # os.open with 0o666 (not mkstemp's 0o600) so the result gets the usual umask mode.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         with os.fdopen(fd, "wb") as fh:  # close() reports what a buffered write on a full disk deferred
-            for chunk in chunks:
-                fh.write(chunk)
+            _fill(fh, content)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _naming(exc, path, tmp) from None
     except BaseException:  # incl. KeyboardInterrupt: never leave the temp file behind
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -129,17 +142,41 @@ def replace_atomically(path: str | Path, chunks: Iterable[bytes]) -> None:
             os.close(dfd)
 
 
-def write_file(path: str | Path, data: bytes | Iterable[bytes]) -> Path:
+def _fill(fh: BinaryIO, content: Content) -> None:
+    if callable(content):
+        content(fh)
+    elif isinstance(content, str):
+        fh.write(content.encode("utf-8"))
+    elif isinstance(content, bytes):
+        fh.write(content)
+    else:
+        for chunk in content:
+            fh.write(chunk)
+
+
+def _naming(exc: OSError, path: Path, tmp: Path) -> OSError:
+    """``exc`` about ``path``, not about our temp file or no file at all; a short write as a full disk."""
+    if exc.errno is None:  # numpy's short write (fwrite wrote less) carries no errno: the disk filled up
+        return OSError(errno.ENOSPC, f"could not write all of it ({exc})", str(path))
+    if exc.filename is None or str(exc.filename) == str(tmp):
+        return OSError(exc.errno, exc.strerror, str(path))
+    return exc  # about another file, e.g. one the writer function read
+
+
+def write_file(path: str | Path, content: Content) -> Path:
     """``replace_atomically``, with a failure (a full disk, no permission) as one ``ResourceError``
-    naming ``path`` (exit 3)."""
+    naming ``path`` (exit 3). ``content``: bytes, text (written as UTF-8), chunks of bytes, or a function
+    writing to the open binary file (``lambda fh: fig.savefig(fh, format="png")``)."""
     path = Path(path)
     try:
-        replace_atomically(path, [data] if isinstance(data, bytes) else data)
+        replace_atomically(path, content)
     except OSError as exc:
-        raise os_error(OSError(exc.errno, exc.strerror, str(path)), "cannot write") from None
+        raise os_error(exc, "cannot write") from None
     return path
 
 
 def write_array(path: str | Path, array: np.ndarray) -> Path:
     """``array.tofile(path)`` that fails loudly: numpy's tofile drops a small write on a full disk silently."""
+    import numpy as np
+
     return write_file(path, np.ascontiguousarray(array).tobytes())
