@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from hbtools import __version__
@@ -23,6 +21,7 @@ def main(bin_file: str, model_name: str | None) -> None:
 
 @reports_errors("model_info")
 def _run(bin_file: str, model_name: str | None) -> None:
+    from hbtools.outputs import write_file
     from hbtools.runtime.binfile import read_bin
     from hbtools.runtime.runtime_model import load
     from hbtools.tools.model_info import deleted_nodes_info, report
@@ -39,4 +38,4 @@ def _run(bin_file: str, model_name: str | None) -> None:
         click.echo("\n".join(report(model, __version__)))
         deleted += deleted_nodes_info(model)
     if any(m.deleted_nodes for m in models):
-        Path("deleted_nodes_info.txt").write_text("".join(line + "\n" for line in deleted), encoding="utf-8")
+        write_file("deleted_nodes_info.txt", "".join(line + "\n" for line in deleted))

@@ -22,6 +22,7 @@ from hbtools.data.intermediate import to_intermediate
 from hbtools.data.npy import load_npy
 from hbtools.errors import HbError, os_error
 from hbtools.log import logger
+from hbtools.outputs import replace_atomically
 
 
 class CalibrationSource:
@@ -327,5 +328,6 @@ def dump_calibration_data(source: CalibrationSource, working_dir: str | Path) ->
                 old.unlink()
     for i, sample in enumerate(source):
         for name, data in sample.items():
-            np.save(dirs[name] / f"{i}.npy", data)
+            # an OSError naming the file (in the staging folder), a short write as ENOSPC
+            replace_atomically(dirs[name] / f"{i}.npy", lambda fh, d=data: np.save(fh, d))
     return root

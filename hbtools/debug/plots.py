@@ -43,8 +43,10 @@ def figure(width: float = 10.0, height: float = 6.0, cols: int = 1, *,
 
 def save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    try:  # through a temp file: a full disk leaves no cut picture, and the ERROR names the file
+        outputs.write_file(path, lambda fh: fig.savefig(fh, format=path.suffix.lstrip(".") or "png", dpi=DPI))
+    finally:
+        plt.close(fig)
     log.info("saved %s", path)
     return path
 

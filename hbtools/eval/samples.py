@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hbtools.data.transforms import READ_MODES
+from hbtools.outputs import write_array
 from hbtools.runtime import HB_ONNXRuntime
 
 # makertbin's artefacts step 4 runs. The float one is the float model plus the input
@@ -56,7 +57,7 @@ def write_calibration(out: Path, pictures: Iterable[tuple[str, np.ndarray]],
         folder.mkdir(parents=True)
     for i, (name, picture) in enumerate(pictures):
         png = save_png(images / f"{i:04d}_{name}.png", picture)
-        prepare(png).tofile(data / f"{png.stem}.bin")
+        write_array(data / f"{png.stem}.bin", prepare(png))
     count = len(list(data.iterdir()))
     print(f"{count} pictures in {images}")
     print(f"{count} calibration samples ({what}) in {data}")

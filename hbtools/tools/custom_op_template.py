@@ -87,5 +87,5 @@ def create(output: str | Path = DEFAULT_FILE, name: str = DEFAULT_NAME, *, force
     if path.exists() and not force:
         raise HbError(f"'{path}' already exists", hint="choose another --output, or add --force to overwrite it")
     outputs.output_file(path, "--output")
-    path.write_text(render(name, path.name), encoding="utf-8")
+    outputs.write_file(path, render(name, path.name))
     return path

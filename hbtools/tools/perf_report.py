@@ -67,13 +67,13 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
     picture = structure_plot.draw(rm.graph, structure, rm.name, folder / f"{_safe(rm.name)}.png")
     for sub in cost.subgraphs:
         page = folder / f"{_safe(sub.name)}.html"
-        page.write_text(_subgraph_page(rm, sub, layers), encoding="utf-8")
+        outputs.replace_atomically(page, _subgraph_page(rm, sub, layers))
         data = {**sub.summary(), "march": cost.march}
         if layers:
             data["layers"] = [layer.as_dict() for layer in sub.layers]
-        (folder / f"{_safe(sub.name)}.json").write_text(json.dumps(data, indent=2), encoding="utf-8")
+        outputs.replace_atomically(folder / f"{_safe(sub.name)}.json", json.dumps(data, indent=2))
     main = folder / f"{_safe(rm.name)}.html"
-    main.write_text(_main_page(rm, cost, picture.name), encoding="utf-8")
+    outputs.replace_atomically(main, _main_page(rm, cost, picture.name))
     return main
 
 

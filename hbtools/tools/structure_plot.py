@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 from onnx import ModelProto  # noqa: E402
 
+from hbtools.outputs import replace_atomically  # noqa: E402
 from hbtools.runtime.structure import Structure  # noqa: E402
 
 BPU_COLOUR = "#008b8b"  # dark cyan, as in the vendor's pictures
@@ -142,6 +143,9 @@ def draw(graph: ModelProto, structure: Structure, model_name: str, path: Path) -
     path.parent.mkdir(parents=True, exist_ok=True)
     # about 100 px per inch, fewer where the picture would be longer than MAX_SIDE or larger than MAX_PIXELS
     width, height = fig.get_size_inches()
-    fig.savefig(path, dpi=min(100.0, MAX_SIDE / max(width, height), (MAX_PIXELS / (width * height)) ** 0.5))
-    plt.close(fig)
+    dpi = min(100.0, MAX_SIDE / max(width, height), (MAX_PIXELS / (width * height)) ** 0.5)
+    try:  # through a temp file: a full disk leaves no cut picture (an OSError naming ``path``)
+        replace_atomically(path, lambda fh: fig.savefig(fh, format="png", dpi=dpi))
+    finally:
+        plt.close(fig)
     return path

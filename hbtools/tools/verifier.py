@@ -22,6 +22,7 @@ from hbtools.graph.model_io import load_model
 from hbtools.ops.base import DOMAIN
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.preprocess import HzPreprocess
+from hbtools.outputs import write_file
 from hbtools.runtime.binfile import read_bin
 from hbtools.runtime.rt_input import load_rt_file, random_rt_inputs
 from hbtools.runtime.runtime_model import RuntimeModel, load
@@ -218,5 +219,6 @@ def save_dumps(result: Verification, folder: Path) -> Path:
         (folder / side).mkdir(parents=True, exist_ok=True)
         for name, value in values.items():
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-            np.save(folder / side / f"{safe}.npy", value)
+            # through a temp file: a full disk leaves no cut .npy that np.load rejects
+            write_file(folder / side / f"{safe}.npy", lambda fh, v=value: np.save(fh, v))
     return folder

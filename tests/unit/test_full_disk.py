@@ -16,11 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from bin_fixtures import build_bin
+from bin_fixtures import build_bin, invoke
 
+from hbtools.cli import hb_model_info, hb_model_modifier, hb_perf
 from hbtools.cli.common import describe
-from hbtools.errors import EXIT_SYSTEM
+from hbtools.errors import EXIT_SYSTEM, ResourceError
 from hbtools.outputs import replace_atomically, write_file
 
 ERROR = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ERROR (.*)$", re.M)
@@ -101,6 +103,62 @@ def _one_error(output: str) -> str:
     errors = [e for e in ERROR.findall(output) if not e.startswith("exception in command:")]  # seed framing
     assert len(errors) == 1 and "Traceback" not in output, output
     return errors[0]
+
+
+@pytest.mark.parametrize("free", [0, 3000, 20000])
+def test_hb_perf_on_a_full_disk_leaves_only_whole_files(small: Path, in_tmp: Path, full_disk, free: int) -> None:
+    reference = in_tmp / "reference"
+    reference.mkdir()
+    os.chdir(reference)
+    assert invoke(hb_perf.main, [small]).exit_code == 0
+    whole = _files(reference / "hb_perf_result")
+    os.chdir(in_tmp)
+    full_disk(lambda p: "/hb_perf_result/" in p, free)
+    result = invoke(hb_perf.main, [small])
+    assert result.exit_code == EXIT_SYSTEM, result.output
+    error = _one_error(result.output)
+    assert re.search(r"cannot write '[^']*hb_perf_result/resnet/[^']+': No space left on device; the disk is full",
+                     error), error
+    left = _files(in_tmp / "hb_perf_result")
+    assert len(left) < len(whole)
+    for name, data in left.items():  # what is there is complete (the same bytes as a run with room)
+        assert data == whole[name], name
+
+
+def test_debugger_plot_on_a_full_disk_leaves_no_cut_picture(tmp_path: Path, full_disk) -> None:
+    from hbtools.debug import plots
+
+    fig, axes = plots.figure()
+    axes[0].plot(np.arange(100), np.sin(np.arange(100)))
+    path = tmp_path / "pd" / "w1_HzCalibration_distribution.png"
+    full_disk(lambda p: "/pd/" in p, 4096)
+    with pytest.raises(ResourceError, match=rf"cannot write '{re.escape(str(path))}': .*the disk is full"):
+        plots.save(fig, path)
+    assert os.listdir(path.parent) == []
+
+
+def test_model_info_on_a_full_disk_leaves_no_empty_deleted_nodes_file(small: Path, in_tmp: Path, full_disk) -> None:
+    modified = invoke(hb_model_modifier.main, [small, "-a", "Softmax", "-a", "Dequantize", "-o", "mod.bin"])
+    assert modified.exit_code == 0, modified.output
+    full_disk(lambda p: "deleted_nodes_info" in p, 0)
+    result = invoke(hb_model_info.main, ["mod.bin"])
+    assert result.exit_code == EXIT_SYSTEM, result.output
+    assert "cannot write 'deleted_nodes_info.txt': No space left on device; the disk is full" in \
+        _one_error(result.output)
+    assert not [p for p in os.listdir(in_tmp) if "deleted_nodes_info" in p]
+
+
+def test_verifier_dump_short_write_is_a_full_disk_naming_the_file(tmp_path: Path, full_disk) -> None:
+    from hbtools.tools.verifier import Verification, save_dumps
+
+    value = np.arange(5000, dtype=np.int32)
+    full_disk(lambda p: "/dump/" in p, 2016, short_write=True)
+    with pytest.raises(ResourceError) as caught:
+        save_dumps(Verification([], [], {"out": value}, {"out": value}), tmp_path / "dump")
+    path = tmp_path / "dump" / "quanti_onnx" / "out.npy"
+    assert str(caught.value).startswith(f"cannot write '{path}': could not write all of it (")
+    assert "the disk is full" in str(caught.value) and "permission" not in str(caught.value)
+    assert os.listdir(path.parent) == []
 
 
 def test_a_bare_short_write_reads_as_a_full_disk_not_permissions() -> None:
