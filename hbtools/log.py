@@ -7,13 +7,26 @@ console and DEBUG and above (tracebacks included) to the tool's log file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
+import os
+import secrets
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hbtools.errors import HbError
 
 LOGGER_NAME = "hbtools"
 FORMAT = "%(asctime)s %(levelname)s %(message)s"
+# Room the log folder must have when a tool starts: a log of a few dozen lines up to a makertbin log.
+PROBE_BYTES = 64 * 1024
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+_FIX = "run the tool from a folder you may write (the log goes to the current folder)"
+_FIX_NO_ROOM = ("the disk is full; free some space, or run the tool from a folder on another disk (the log goes "
+                "to the current folder)")
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -26,19 +39,18 @@ def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> 
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
     fmt = logging.Formatter(FORMAT)
-    console = logging.StreamHandler(sys.stdout)
+    console = _Console(sys.stdout)
     console.setLevel(console_level)
     console.setFormatter(fmt)
     logger.addHandler(console)
     if log_file is not None:
+        path = Path(os.path.abspath(log_file))
         try:
-            fh = logging.FileHandler(log_file, mode="a", encoding="utf-8")
+            _probe_room(path)
+            fh = _LogFile(path, mode="a", encoding="utf-8")
             _start_fresh_unless_shared(fh)
         except OSError as exc:
-            from hbtools.errors import os_error
-
-            raise os_error(exc, "cannot write the log file",
-                           "run the tool from a folder you may write (the log goes to the current folder)") from None
+            raise _log_error(exc, path) from None
         fh.setLevel(logging.DEBUG)
         fh.setFormatter(fmt)
         logger.addHandler(fh)
@@ -55,3 +67,89 @@ def _start_fresh_unless_shared(handler: logging.FileHandler) -> None:
     with contextlib.suppress(OSError):
         fcntl.flock(handler.stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         handler.stream.truncate(0)
+
+
+def _log_error(exc: OSError, path: Path, what: str = "cannot write the log file") -> HbError:
+    from hbtools.errors import os_error
+
+    fix = _FIX_NO_ROOM if exc.errno in _NO_ROOM else None if exc.errno in (errno.EFBIG, errno.EIO) else _FIX
+    return os_error(OSError(exc.errno, exc.strerror, str(path)), what, fix)
+
+
+def _probe_room(path: Path) -> None:
+    """Refuse to start (exit 3, before any work) when the log's folder has no room left.
+
+    Opening a log file on a full disk succeeds; only its writes fail, later, line by line. A
+    probe file beside it is written and removed again (the log itself may be another run's,
+    so nothing is written to it). A folder the probe cannot even be created in is left to the
+    log's own ``open`` to report.
+    """
+    probe = path.with_name(f".{path.name}.{secrets.token_hex(4)}.probe")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as fh:  # close() reports a write the file system deferred
+            fh.write(bytes(PROBE_BYTES))
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+
+
+class _LogFile(logging.FileHandler):
+    """The tool's log file. When the disk fills up during a run, the failure is one ERROR line on the
+    console and the log stops there, instead of logging's "--- Logging error ---" traceback for every line.
+
+    The run itself goes on: a log line is written from anywhere, also in the middle of a commit or a
+    clean-up, where an exception would itself leave things half-done; the run's outputs and exit code
+    are those of its work (docs/errors.md).
+    """
+
+    failure: OSError | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failure is None:
+            super().emit(record)
+
+    def flush(self) -> None:
+        if self.failure is None:
+            try:
+                super().flush()
+            except OSError as exc:  # at close: what the last lines left in the buffer
+                self._failed(exc)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handleError(record)  # a bug in a log call (bad format arguments): logging's own report
+            return
+        self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.failure is not None:
+            return
+        self.failure = exc
+        stream, self.stream = self.stream, None
+        with contextlib.suppress(OSError, ValueError):
+            stream.close()  # drops what it could not write
+        error = _log_error(exc, Path(self.baseFilename))
+        # through the logger, so it looks like every ERROR; this handler skips it (failure is set)
+        logger.error("%s; the run goes on, and the rest of its log is not saved", error)
+
+
+class _Console(logging.StreamHandler):
+    """The console. A console that cannot take more lines (a closed pipe, a redirect to a full disk) ends
+    the output quietly instead of printing a traceback for every line."""
+
+    broken = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.broken:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            self.broken = True
+        else:
+            super().handleError(record)
