@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from hbtools import __version__
 from hbtools.cli.common import ToolCommand, reports_errors
-from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.log import setup
-from hbtools.outputs import output_file
-from hbtools.runtime.binfile import BinModel, read_bin, write_bin
-from hbtools.runtime.runtime_model import load
-from hbtools.tools import modifier
-from hbtools.tools.pack import warn_if_newer
+
+if TYPE_CHECKING:
+    from hbtools.runtime.binfile import BinModel
 
 log = logging.getLogger("hbtools")
 
@@ -37,6 +35,14 @@ def main(model_file: str, remove: tuple[str, ...], types: tuple[str, ...], outpu
 
 @reports_errors("modify")
 def _run(model_file: str, remove: list[str], types: list[str], output: str | None) -> None:
+    # Imported here, inside the error reporting: a Ctrl-C while onnx loads is "interrupted", not a traceback.
+    from hbtools.config.values import closest_names
+    from hbtools.outputs import output_file
+    from hbtools.runtime.binfile import read_bin, write_bin
+    from hbtools.runtime.runtime_model import load
+    from hbtools.tools import modifier
+    from hbtools.tools.pack import warn_if_newer
+
     f = read_bin(model_file)
     if f.packed:
         raise HbError("pack model is not supported")
@@ -76,6 +82,8 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
 
 
 def _delete(model: BinModel, name: str) -> BinModel:
+    from hbtools.tools import modifier
+
     node = modifier.find(model.load_graph(), name, model.deleted_nodes)
     click.echo(f"Node '{name}' found, its OP type is '{modifier.display_type(node)}'")
     result = modifier.delete(model, name)

@@ -17,26 +17,16 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from hbtools.data.images import IMAGE_EXTENSIONS
-from hbtools.data.transforms import (
-    BGR2RGBTransformer,
-    CenterCropTransformer,
-    Compose,
-    F32ToU8Transformer,
-    HWC2CHWTransformer,
-    PadResizeTransformer,
-    ScaleTransformer,
-    ShortSideResizeTransformer,
-    TextLineResizeTransformer,
-    Transformer,
-    opencv_like,
-    read_image,
-)
 from hbtools.errors import HbError
 from hbtools.outputs import create_dir, write_array
+
+if TYPE_CHECKING:
+    from hbtools.data.transforms import Compose, Transformer
+
+# numpy, scikit-image and the transformers are imported where they are used: the recipe table is read
+# by hb_eval_preprocess --help and at start-up, where a Ctrl-C during a 0.7 s import was a traceback.
 
 
 @dataclass(frozen=True)
@@ -47,14 +37,23 @@ class Recipe:
     transformers: Callable[[], list[Transformer]]  # applied to a skimage RGB float image
 
     def pipeline(self) -> Compose:
+        from hbtools.data.transforms import Compose
+
         return Compose(self.transformers())
 
 
 def _text_line(width: int) -> Callable[[], list[Transformer]]:
-    return lambda: [*opencv_like(), TextLineResizeTransformer((48, width)), HWC2CHWTransformer()]
+    def transformers() -> list[Transformer]:
+        from hbtools.data.transforms import HWC2CHWTransformer, TextLineResizeTransformer, opencv_like
+
+        return [*opencv_like(), TextLineResizeTransformer((48, width)), HWC2CHWTransformer()]
+
+    return transformers
 
 
 def _det() -> list[Transformer]:
+    from hbtools.data.transforms import HWC2CHWTransformer, PadResizeTransformer, opencv_like
+
     # Letterbox into the fixed 640x640 input; the image stays in the top-left corner so
     # boxes map back by one scale factor. Black padding holds no text for DB-Net to find.
     return [*opencv_like(), PadResizeTransformer(640, pad_value=0, pad_position="bottom_right"),
@@ -62,6 +61,14 @@ def _det() -> list[Transformer]:
 
 
 def _imagenet() -> list[Transformer]:
+    from hbtools.data.transforms import (
+        CenterCropTransformer,
+        F32ToU8Transformer,
+        HWC2CHWTransformer,
+        ScaleTransformer,
+        ShortSideResizeTransformer,
+    )
+
     # torchvision's evaluation transform without ToTensor/Normalize: the mean/std belong in
     # the config (norm_type data_mean_and_scale), so the file holds the uint8 RGB crop.
     return [ShortSideResizeTransformer(256), CenterCropTransformer(224), ScaleTransformer(scale_value=255),
@@ -70,8 +77,13 @@ def _imagenet() -> list[Transformer]:
 
 def _yolo(size: int) -> Callable[[], list[Transformer]]:
     # Ultralytics' letterbox: centred, padding 114 gray, then BGR -> RGB; /255 goes in the config.
-    return lambda: [*opencv_like(), PadResizeTransformer(size, pad_value=114, pad_position="boundary"),
-                    BGR2RGBTransformer(data_format="HWC"), HWC2CHWTransformer()]
+    def transformers() -> list[Transformer]:
+        from hbtools.data.transforms import BGR2RGBTransformer, HWC2CHWTransformer, PadResizeTransformer, opencv_like
+
+        return [*opencv_like(), PadResizeTransformer(size, pad_value=114, pad_position="boundary"),
+                BGR2RGBTransformer(data_format="HWC"), HWC2CHWTransformer()]
+
+    return transformers
 
 
 RECIPES: dict[str, Recipe] = {
@@ -103,6 +115,8 @@ def recipe(name: str) -> Recipe:
 def list_images(image_dir: Path, val_txt: Path | None = None) -> list[Path]:
     """The images to process: those named in ``val_txt`` (first word of each line,
     relative to ``image_dir``), else every image file in ``image_dir`` in name order."""
+    from hbtools.data.images import IMAGE_EXTENSIONS
+
     if not image_dir.is_dir():
         state = "is a file, not a folder" if image_dir.exists() else "does not exist"
         raise HbError(f"image folder {image_dir} {state}", hint="pass an existing folder with -i")
@@ -160,6 +174,10 @@ def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
 
 def _preprocess_into(pipeline: Compose, images: list[Path], names: list[str],
                      output_dir: Path, progress: Callable[[Path], None] | None) -> list[Path]:
+    import numpy as np
+
+    from hbtools.data.transforms import read_image
+
     scratch = Path(tempfile.mkdtemp(prefix=".hb_eval_preprocess_", dir=output_dir))
     try:
         for image, name in zip(images, names, strict=True):

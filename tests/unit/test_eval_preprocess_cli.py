@@ -159,7 +159,8 @@ def test_failed_or_interrupted_run_removes_only_the_folders_it_made(images, tmp_
     def interrupted(path):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("hbtools.data.eval_preprocess.read_image", interrupted)
+    # read where it is used: eval_preprocess imports the transformers only when it runs (a light start-up)
+    monkeypatch.setattr("hbtools.data.transforms.read_image", interrupted)
     result = run("-m", "ppocr_cls", "-i", str(images), "-o", str(tmp_path / "out"))
     assert result.exit_code == 130, result.output
     assert not (tmp_path / "out").exists()
