@@ -12,6 +12,9 @@ starts from there.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from hbtools.errors import HbError
 from hbtools.outputs import create_dir, write_array
+from hbtools.runs.signals import signals_deferred
 
 if TYPE_CHECKING:
     from hbtools.data.transforms import Compose, Transformer
@@ -172,13 +176,18 @@ def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
         raise
 
 
+log = logging.getLogger("hbtools")
+SCRATCH_PREFIX = ".hb_eval_preprocess_"
+
+
 def _preprocess_into(pipeline: Compose, images: list[Path], names: list[str],
                      output_dir: Path, progress: Callable[[Path], None] | None) -> list[Path]:
     import numpy as np
 
     from hbtools.data.transforms import read_image
 
-    scratch = Path(tempfile.mkdtemp(prefix=".hb_eval_preprocess_", dir=output_dir))
+    _remove_stale_scratch(output_dir)
+    scratch, owner = _own_scratch(output_dir)
     try:
         for image, name in zip(images, names, strict=True):
             sample = np.ascontiguousarray(pipeline(read_image(image)))
@@ -186,10 +195,56 @@ def _preprocess_into(pipeline: Compose, images: list[Path], names: list[str],
             if progress is not None:
                 progress(image)
         written = []
-        for name in names:
-            target = output_dir / name
-            (scratch / name).replace(target)
-            written.append(target)
+        with signals_deferred(str(output_dir)):  # Ctrl-C half-way would leave old and new results mixed
+            for name in names:
+                target = output_dir / name
+                (scratch / name).replace(target)
+                written.append(target)
         return written
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        os.close(owner)
+
+
+def _own_scratch(output_dir: Path) -> tuple[Path, int]:
+    """A new scratch folder in ``output_dir`` and an fd holding its ``flock`` for as long as this run lives.
+
+    The lock tells a later run that the folder is in use: the kernel drops it when its process dies,
+    also of SIGKILL, so a folder nobody holds is a killed run's leftover. Another run may remove a new
+    folder before it is locked; then it no longer is the folder at that name, and a new one is made.
+    """
+    while True:
+        scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=output_dir))
+        try:
+            fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(scratch).st_ino == os.fstat(fd).st_ino:
+                return scratch, fd
+        except OSError:  # another run is removing it, or has removed it: make another
+            pass
+        os.close(fd)
+
+
+def _remove_stale_scratch(output_dir: Path) -> None:
+    """Remove the scratch folders of earlier runs that were killed (SIGKILL, the OOM killer, power loss).
+
+    A folder whose lock is held belongs to a run still going (two runs into one folder) and stays.
+    """
+    for folder in output_dir.glob(f"{SCRATCH_PREFIX}*"):
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # gone meanwhile, or not a folder: not ours to touch
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live run's
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info("removed %s, the scratch folder of an earlier run that was killed", folder)
+        finally:
+            os.close(fd)

@@ -1,0 +1,40 @@
+"""Ctrl-C and SIGTERM held back while a set of results is moved into place.
+
+A signal between the first and the last move of a set would leave old and new results
+mixed; held back, it acts once the set is complete, after a WARNING that says so (exit
+130 or 143 otherwise reads as "the previous results are untouched"). The same mechanism
+as ``runs.transaction``'s commit of makertbin's artefacts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+
+log = logging.getLogger("hbtools")
+
+
+@contextlib.contextmanager
+def signals_deferred(where: str) -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block is done, then act on the first one as usual.
+
+    ``where``: the folder the block completes, named in the WARNING.
+    """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda number, frame: caught.append(number))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for sig in caught[:1]:
+        log.warning("%s arrived while the new results were moved into place; the move was completed first, so "
+                    "%s holds the complete new set", signal.Signals(sig).name, where)
+        signal.raise_signal(sig)  # the original handler: KeyboardInterrupt, or SIGTERM's Terminated
