@@ -3,7 +3,7 @@
 A signal between the first and the last move of a set would leave old and new results
 mixed; held back, it acts once the set is complete, after a WARNING that says so (exit
 130 or 143 otherwise reads as "the previous results are untouched"). The same mechanism
-as ``runs.transaction``'s commit of makertbin's artefacts.
+as makertbin's commit of its artefacts (``runs.transaction``).
 """
 
 from __future__ import annotations

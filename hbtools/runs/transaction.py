@@ -28,13 +28,12 @@ import json
 import logging
 import os
 import shutil
-import signal
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from hbtools.errors import ConfigError, ResourceError, os_error
 from hbtools.outputs import create_dir
+from hbtools.runs.signals import signals_deferred
 
 log = logging.getLogger("hbtools")
 
@@ -71,7 +70,7 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
             stale = _stale(working_dir, set_name, entries, inputs)
             if set_name is not None:
                 (staging / _MANIFEST.format(set_name)).write_text(json.dumps(entries), encoding="utf-8")
-            with _signals_deferred():  # Ctrl-C between commit and the last move would leave a mixed set
+            with signals_deferred(str(working_dir)):  # Ctrl-C amid the moves would leave a mixed set
                 _commit(staging, stale)
                 _roll_forward(staging, working_dir)
                 if committed is not None:
@@ -206,27 +205,6 @@ def _roll_forward(staging: Path, working_dir: Path) -> None:
             os.replace(target, staging / f"{_OLD}{name}")  # deleted with the staging folder
     _fsync(working_dir)
     shutil.rmtree(staging, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM until the block is done, then act on them as usual."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda number, frame: caught.append(number))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    for sig in caught[:1]:
-        # Otherwise "interrupted" reads as "the previous set is untouched", and here it was replaced.
-        log.warning("%s arrived while the new artefacts were moved into place; the move was completed first, "
-                    "so working_dir holds the complete new set", signal.Signals(sig).name)
-        signal.raise_signal(sig)  # the original handler: KeyboardInterrupt, or the default for SIGTERM
 
 
 def _fsync(path: Path) -> None:
