@@ -53,3 +53,14 @@ def ppocr_sample_data() -> PpocrSampleData:
         heldout={m: BUILD / "heldout" / f"ppocr_{m}" for m in PPOCR_MODELS},
         configs={m: REPO_ROOT / "configs" / f"ppocr_{m}.yaml" for m in PPOCR_MODELS},
     )
+
+
+@pytest.fixture
+def ctrl_c() -> object:
+    """SIGINT raises KeyboardInterrupt during the test, as in a terminal: a suite started in the background
+    (nohup, ``&``, some CI runners) inherits SIGINT ignored, and then a Ctrl-C rightly does nothing."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -419,7 +419,7 @@ def test_hrt_model_exec_perf_and_profile(small, in_tmp) -> None:
     assert rows[0] == "name,avg_time(ms),max_time(ms),min_time(ms)" and len(rows) > 2
 
 
-def test_hrt_model_exec_perf_stops_at_ctrl_c(small) -> None:
+def test_hrt_model_exec_perf_stops_at_ctrl_c(small, ctrl_c) -> None:
     """Ctrl-C while the frames run: the workers take no more frames and the interrupt is raised. The pool
     used to wait for every remaining frame (minutes after the Ctrl-C, or until a second one)."""
     import os

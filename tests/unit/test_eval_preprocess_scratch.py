@@ -66,7 +66,8 @@ def test_a_live_runs_scratch_folder_stays(images: Path, tmp_path: Path) -> None:
 
 def test_ctrl_c_while_the_results_are_moved_lands_after_the_last_one(images: Path, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch,
-                                                                     caplog: pytest.LogCaptureFixture) -> None:
+                                                                     caplog: pytest.LogCaptureFixture,
+                                                                     ctrl_c: None) -> None:
     out = tmp_path / "out"
     out.mkdir()
     for k in range(4):
