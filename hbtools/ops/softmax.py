@@ -177,7 +177,9 @@ class HzSQuantizedSoftmax(HzOp):
         if shape is None:
             return f"{node.op_type} of a tensor of unknown rank has no BPU form in hbtools"
         axis = softmax_axis(node, opset) % len(shape)
-        if opset < 13 and axis != len(shape) - 1:
+        # Before opset 13 the axes from ``axis`` on are flattened into one: over trailing axes of size 1
+        # (a classifier's [N, C, 1, 1] after a global pool) that is the softmax over ``axis`` alone.
+        if opset < 13 and any(d != 1 for d in shape[axis + 1:]):
             return f"{node.op_type} before opset 13 over more than its last axis has no BPU form in hbtools"
         return ""
 

@@ -544,3 +544,21 @@ def test_tensors_named_as_the_artefacts_name_theirs_convert(tmp_path: Path) -> N
     _agrees_with_source(model, tmp_path / "out", (1, 3, 16, 16), rng, optimized=True)
     quantized = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx"))
     assert quantized.output_names == ["y_calibrated"]
+
+
+def test_an_old_opset_softmax_over_a_pooled_map_runs_on_the_bpu(tmp_path: Path) -> None:
+    """SqueezeNet / DenseNet tails at opset 9-12: Softmax(axis=1) of a [N, C, 1, 1] map. Before opset 13
+    the axes from ``axis`` on are flattened into one; over trailing axes of size 1 that is the softmax over
+    the channels, yet it went to the CPU (and the GlobalAveragePool before it with it)."""
+    rng = np.random.default_rng(21)
+    inits = [_init("w", (rng.standard_normal((16, 3, 3, 3)) / 4).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"]), helper.make_node("Softmax", ["g"], ["y"], axis=1)]
+    model = _model(nodes, [("x", F, [1, 3, 16, 16])], [("y", F, [1, 16, 1, 1])], inits, opset=11)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 16, 16])}, "1x3x16x16", "float32", "m")
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    for artefact in ("calibrated", "quantized"):
+        got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / f"m_{artefact}_model.onnx")).run(None, x)[0]
+        assert cosine_similarity(want, got) >= COSINE and abs(float(got.sum()) - 1) < 0.02, (artefact, got.ravel())
