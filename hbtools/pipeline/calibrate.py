@@ -57,11 +57,13 @@ class CalibrationResult:
 def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *,
         calibration_type: str, max_percentile: float | None = None,
         loaded_thresholds: dict[str, float] | None = None, allow_int16: bool = False,
-        bias_correction: str = "auto", times: StepTimes | None = None) -> CalibrationResult:
+        bias_correction: str = "auto", weights_only: float | None = None,
+        times: StepTimes | None = None) -> CalibrationResult:
     """Calibrate.
 
     ``allow_int16`` lets default/mix give int16 to the most sensitive tensors;
     ``bias_correction`` is "on", "off" or "auto" (kept only if the output improves);
+    ``weights_only``: the output cosine int8 weights alone give (float activations), if measured;
     ``times`` gets the seconds of each step.
     """
     times = times or StepTimes()
@@ -112,7 +114,8 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
             noise = {p.tensor: relative_noise(collector.stats[p.tensor], thresholds[p.tensor], p.bits)
                      for p in plan.activations}
             with times.step("int16 search"):
-                int16, thresholds = evaluator.promote_to_int16(thresholds, candidates["max"], best, noise)
+                int16, thresholds = evaluator.promote_to_int16(thresholds, candidates["max"], best, noise,
+                                                               weights_only=weights_only)
             plan = plan.with_bits(int16)
             methods.update({t: "max" for t in int16})
     else:

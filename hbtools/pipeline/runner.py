@@ -122,10 +122,11 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     optimized = optimize.run(parsed.model, profile, all_bpu=config.model.fast_perf,
                              placed={name: info.on for name, info in config.model.node_info.items() if info.on})
     times = StepTimes()
+    weights_only = None
     # The halves of a split layer need int16 (plan: they cancel only in their sum): no split without it.
     if config.calibration.calibration_type in SEARCHED_TYPES and profile.int16 and not config.model.fast_perf:
         with times.step("weight precision"):
-            optimized = _finer_weights(config, profile, optimized, source)
+            optimized, weights_only = _finer_weights(config, profile, optimized, source)
     partition = build_partition(optimized, profile, config.model.node_info, all_bpu=config.model.fast_perf)
     plan = make_plan(optimized, partition, config, profile)
     save_model(optimized, paths["optimized"])
@@ -140,7 +141,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
                         calibration_type=config.calibration.calibration_type,
                         max_percentile=config.calibration.max_percentile, allow_int16=profile.int16,
                         loaded_thresholds=parsed.loaded_thresholds, bias_correction=_bias_correction_mode(config),
-                        times=times)
+                        weights_only=weights_only, times=times)
     save_model(cal.model, paths["calibrated"])
     log.info("Model calibration done: %s", final["calibrated"])
 
@@ -162,8 +163,9 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
 
 
 def _finer_weights(config: Config, profile: MarchProfile, optimized: onnx.ModelProto,
-                   source: CalibrationSource) -> onnx.ModelProto:
-    """``optimized`` with the convolutions int8 weights spoil split in two (``weight_precision``)."""
+                   source: CalibrationSource) -> tuple[onnx.ModelProto, float | None]:
+    """``optimized`` with the convolutions int8 weights spoil split in two (``weight_precision``), and the
+    output cosine int8 weights alone give."""
     hbtools_log = logging.getLogger("hbtools")
     level = hbtools_log.level
     hbtools_log.setLevel(logging.ERROR)  # the plan made below says its lines once, for the model kept
@@ -173,7 +175,8 @@ def _finer_weights(config: Config, profile: MarchProfile, optimized: onnx.ModelP
         hbtools_log.setLevel(level)
     chosen = calibrate.spread(len(source), SPLIT_SAMPLES)
     feeds = [feed for index, feed in enumerate(source) if index in chosen]
-    return weight_precision.finer_weights(optimized, plan, lambda: iter(source), feeds) or optimized
+    split, weights_only = weight_precision.finer_weights(optimized, plan, lambda: iter(source), feeds)
+    return split or optimized, weights_only
 
 
 def _check_node_names(config: Config, model: onnx.ModelProto) -> None:

@@ -618,8 +618,8 @@ class Evaluator:
         return current, methods
 
     def promote_to_int16(self, thresholds: dict[str, float], max_thresholds: dict[str, float], score: float,
-                         noise: dict[str, float], *,
-                         target: float = PROMOTE_TARGET) -> tuple[dict[str, int], dict[str, float]]:
+                         noise: dict[str, float], *, target: float = PROMOTE_TARGET,
+                         weights_only: float | None = None) -> tuple[dict[str, int], dict[str, float]]:
         """Mixed precision: int16 only where the int8 grid costs the output.
 
         Start from every tensor at int16, then move tensors back to int8, least sensitive
@@ -651,7 +651,14 @@ class Evaluator:
         all16 = dict.fromkeys(candidates, 16)
         wide = {t: max_thresholds[t] for t in candidates}  # a 16-bit grid needs no clipping
         best16 = self.score({**thresholds, **wide}, all16, logits=logits)
-        if best16 < ALL_INT16_FLOOR:
+        if best16 < ALL_INT16_FLOOR and weights_only is not None and 1 - weights_only >= (1 - best16) / 2:
+            # The weights' grids, not the activations': keeping nodes in float would not help.
+            log.warning("even with every activation int16 the output cosine on the calibration samples is only %.4f, "
+                        "and int8 weights alone (float activations, nearest rounding) give %.4f: the loss is in the "
+                        "weights' int8 grids (GPTQ and bias correction kept what they could); hmct-debugger's "
+                        "weight sensitivity (node_type weight) names the layers, and a model trained for "
+                        "quantization (QAT, calibration_type load) keeps its accuracy", best16, weights_only)
+        elif best16 < ALL_INT16_FLOOR:
             log.warning("even with every activation int16 the output cosine on the calibration samples is only %.4f: "
                         "the BPU's integer grids cannot hold some of this model's values (typically a Log, Pow or "
                         "division of values spanning many decades, such as a log-power spectrum computed in the "

@@ -296,18 +296,24 @@ def split_weights(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProto:
 
 
 def finer_weights(model: ModelProto, plan: CalibrationPlan, samples: Samples,
-                  feeds: Sequence[dict]) -> ModelProto | None:
-    """``model`` with the layers ``choose`` picks split (``split_weights``), or None where none is."""
+                  feeds: Sequence[dict]) -> tuple[ModelProto | None, float | None]:
+    """``model`` with the layers ``choose`` picks split (``split_weights``), or None where none is; and the
+    output cosine with every weight int8 and float activations (None where not measured)."""
     try:
         choice = choose(model, plan, samples, feeds)
     except RUN_ERRORS:
-        return None  # a sample the float model cannot run: calibration reports it, with its number
-    if choice is None or not choice.split:
-        return None
+        return None, None  # a sample the float model cannot run: calibration reports it, with its number
+    if choice is None:
+        return None, None
+    if not choice.split:
+        log.info("int8 weights alone bring the output cosine to %.4f on %d samples; no convolution is split: "
+                 "keeping the remainder of those that lose most (within +%.0f%% multiply-accumulates) wins back "
+                 "too little (%.4f)", choice.base, len(feeds), 100 * MAX_EXTRA_MACS, choice.reached)
+        return None, choice.base
     names = [c.node for c in choice.split]
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
     log.info("int8 weights alone bring the output cosine to %.4f on %d samples; %d convolutions keep their "
              "weights' remainder as a second int8 convolution beside them (%.4f, +%.0f%% multiply-accumulates "
              "of the convolutions): %s", choice.base, len(feeds), len(names), choice.reached,
              100 * choice.extra_macs, shown)
-    return split_weights(model, choice.split)
+    return split_weights(model, choice.split), choice.base
