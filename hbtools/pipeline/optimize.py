@@ -165,8 +165,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         _fold_affine_into_conv(body)  # the Add of a Mul+Add pair goes into the new conv's bias
     widened = wide_flattens_as_convs(body, profile) if profile is not None else 0
     if widened:
-        log.info("%d Gemms over flattened maps wider than the BPU's channel limit written as Convs over the maps",
-                 widened)
+        log.info("%d Gemm%s over flattened maps wider than the BPU's channel limit written as Convs over the maps",
+                 widened, "" if widened == 1 else "s")
     # after BatchNorm1d became a depthwise conv between an Unsqueeze and a Squeeze: that Unsqueeze undoes a flatten
     if profile is not None and flattens_after_heads(body, profile):
         log.info("flattens of pooled maps moved after the Gemms reading them (1x1 Convs): %s has no BPU flatten",
