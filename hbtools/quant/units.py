@@ -387,10 +387,22 @@ def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[in
             # tensor on the BPU but as each of them in float: keeping it in float saves no round trip then.
             from_bpu = {t for t, p in zip(u.inputs, producers, strict=True) if p is not None and p.on == "BPU"}
             outputs_cpu = outputs_cpu and len(from_bpu) < 2
+            # A max pool (or slice) of a BPU result hands the CPU fewer values, computed exactly on the integers:
+            # it stays the BPU part's last node (a MaxPool before a CPU LRN crossed over at 4x the size).
+            outputs_cpu = outputs_cpu and not (u.kind == "passive" and from_bpu and _shrinks(u, view))
             if inputs_cpu or outputs_cpu:
                 side = "reads only CPU results" if inputs_cpu else "feeds only CPU nodes"
                 u.on, u.reason = "CPU", f"{side}; kept in float next to them (run_on_bpu moves it)"
                 changed = True
+
+
+def _shrinks(unit: Unit, view: GraphView) -> bool:
+    """Whether ``unit``'s first output has fewer values than its first input (static shapes)."""
+    def static(shape: list | None) -> bool:
+        return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
+
+    x, y = view.shapes.get(unit.inputs[0]), view.shapes.get(unit.outputs[0])
+    return static(x) and static(y) and elements(y) < elements(x)
 
 
 def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set[int]) -> bool:

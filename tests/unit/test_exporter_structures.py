@@ -562,3 +562,23 @@ def test_an_old_opset_softmax_over_a_pooled_map_runs_on_the_bpu(tmp_path: Path) 
     for artefact in ("calibrated", "quantized"):
         got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / f"m_{artefact}_model.onnx")).run(None, x)[0]
         assert cosine_similarity(want, got) >= COSINE and abs(float(got.sum()) - 1) < 0.02, (artefact, got.ravel())
+
+
+def test_a_max_pool_before_a_cpu_node_stays_on_the_bpu(tmp_path: Path) -> None:
+    """GoogLeNet / AlexNet: Conv, Relu, MaxPool, then an LRN the BPU cannot run. The MaxPool went to the CPU
+    with the LRN ("feeds only CPU nodes"), so the map crossed over at four times the size; pooled on the
+    integers it is exact, and the crossing is the pooled map."""
+    rng = np.random.default_rng(22)
+    inits = [_init("w1", (rng.standard_normal((8, 3, 3, 3)) / 3).astype(np.float32)),
+             _init("w2", (rng.standard_normal((8, 8, 3, 3)) / 6).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1] * 4), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+             helper.make_node("LRN", ["p"], ["n"], size=3, name="lrn"),
+             helper.make_node("Conv", ["n", "w2"], ["y"], pads=[1] * 4)]
+    model = _model(nodes, [("x", F, [1, 3, 16, 16])], [("y", F, [1, 8, 8, 8])], inits)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 16, 16])}, "1x3x16x16", "float32", "m")
+    assert [n["name"] for n in _cpu_nodes(tmp_path / "out" / "m.bin")] == ["lrn"]
+    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
