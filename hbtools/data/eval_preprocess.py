@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 # numpy, scikit-image and the transformers are imported where they are used: the recipe table is read
 # by hb_eval_preprocess --help and at start-up, where a Ctrl-C during a 0.7 s import was a traceback.
 
+log = logging.getLogger("hbtools")
+SCRATCH_PREFIX = ".hb_eval_preprocess_"
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -176,9 +179,6 @@ def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
         raise
 
 
-log = logging.getLogger("hbtools")
-SCRATCH_PREFIX = ".hb_eval_preprocess_"
-
 
 def _preprocess_into(pipeline: Compose, images: list[Path], names: list[str],
                      output_dir: Path, progress: Callable[[Path], None] | None) -> list[Path]:
@@ -215,17 +215,13 @@ def _own_scratch(output_dir: Path) -> tuple[Path, int]:
     """
     while True:
         scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=output_dir))
-        try:
-            fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
+        fd = _locked(scratch)
+        if fd is None:
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with contextlib.suppress(OSError):
             if os.stat(scratch).st_ino == os.fstat(fd).st_ino:
                 return scratch, fd
-        except OSError:  # another run is removing it, or has removed it: make another
-            pass
-        os.close(fd)
+        os.close(fd)  # removed (and perhaps made again) by another run meanwhile: not ours
 
 
 def _remove_stale_scratch(output_dir: Path) -> None:
@@ -234,17 +230,25 @@ def _remove_stale_scratch(output_dir: Path) -> None:
     A folder whose lock is held belongs to a run still going (two runs into one folder) and stays.
     """
     for folder in output_dir.glob(f"{SCRATCH_PREFIX}*"):
-        try:
-            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:  # gone meanwhile, or not a folder: not ours to touch
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue  # a live run's
+        fd = _locked(folder)
+        if fd is None:
+            continue  # a live run's, gone meanwhile, or not a folder: not ours to touch
         try:
             shutil.rmtree(folder, ignore_errors=True)
             log.info("removed %s, the scratch folder of an earlier run that was killed", folder)
         finally:
             os.close(fd)
+
+
+def _locked(folder: Path) -> int | None:
+    """An fd of ``folder`` holding its exclusive ``flock``, or None where it is gone or another run holds it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd

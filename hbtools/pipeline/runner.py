@@ -75,6 +75,7 @@ def convert(config: Config) -> dict[str, Path]:
     final = artefact_paths(config)
     inputs = _run_inputs(config)
     check_inputs_outside(config.model.working_dir, _known_entries(config, final), inputs)
+
     def committed() -> None:  # the set is in place: a Ctrl-C now is acted on only after these lines
         _log_build_parameters(final["bin"])
         log.info("Convert to runtime bin file successfully!")

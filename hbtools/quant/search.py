@@ -507,30 +507,32 @@ class Evaluator:
         errors: dict[int, tuple[bool, float]] = {}  # per sample run: below its own goal, share of the error
         order = self._goal_order() if checked else self._order
         rows: dict[int, np.ndarray] = {}
-        for done, (i, out) in enumerate(side_by_side(run, order, session, self.workers), start=1):
-            self.samples_run = done
-            own = rows[i] = self._products(i, out)
-            sums += own
-            self.sample_units[i] = self._score_of(own, logits)
-            self.seconds_per_run = (time.perf_counter() - started) / done
-            failed = sample_goals is not None and self.sample_units[i] < sample_goals[i]
-            if checked:
+        try:
+            for done, (i, out) in enumerate(side_by_side(run, order, session, self.workers), start=1):
+                self.samples_run = done
+                own = rows[i] = self._products(i, out)
+                sums += own
+                self.sample_units[i] = self._score_of(own, logits)
+                self.seconds_per_run = (time.perf_counter() - started) / done
+                failed = sample_goals is not None and self.sample_units[i] < sample_goals[i]
                 errors[i] = (failed, float(np.sum(_ratio(own[0] - 2 * own[1] + own[2], total))))
+                if (failed or at_least is not None or goals is not None) and done < len(self.feeds):
+                    def bound_of(k: int, s: np.ndarray = sums) -> float:
+                        return bound_of_products(total[k], *s[:, k])
+
+                    bound = self._combined(bound_of, logits)
+                    if failed:
+                        return bound
+                    if goals is not None:
+                        self.units = self.goal_units(bound_of, logits)
+                        if np.any(self.units < goals):
+                            return bound
+                    if at_least is not None and bound < at_least:
+                        return bound
+        finally:
+            if checked:  # the next such score runs these first
                 self._suspects = [*sorted(errors, key=errors.get, reverse=True),
                                   *(j for j in self._suspects if j not in errors)]
-            if (failed or at_least is not None or goals is not None) and done < len(self.feeds):
-                def bound_of(k: int, s: np.ndarray = sums) -> float:
-                    return bound_of_products(total[k], *s[:, k])
-
-                bound = self._combined(bound_of, logits)
-                if failed:
-                    return bound
-                if goals is not None:
-                    self.units = self.goal_units(bound_of, logits)
-                    if np.any(self.units < goals):
-                        return bound
-                if at_least is not None and bound < at_least:
-                    return bound
         self.complete = True
         if order != self._order:  # the sums of ``_order``'s run, to the last bit: ties and goals decide alike
             sums = np.zeros_like(sums)

@@ -132,26 +132,21 @@ def _holds(path: Path, inputs: Sequence[Path]) -> Path | None:
 
 
 def check_inputs_outside(working_dir: Path, names: Sequence[str], inputs: Sequence[Path]) -> None:
-    """Refuse, before any work, a run one of whose ``inputs`` lies where it writes one of ``names``."""
+    """Refuse a run one of whose ``inputs`` lies where it writes one of ``names`` (before any work, with
+    the names known then, and again at the commit with every entry)."""
     for name in names:
         held = _holds(working_dir / name, inputs)
         if held is not None:
-            raise _input_replaced(held, working_dir / name)
-
-
-def _input_replaced(held: Path, target: Path) -> ConfigError:
-    return ConfigError(f"'{held}' is an input of this run and lies where it writes '{target}'; the run would "
-                       "replace it", hint="move it out of working_dir, or choose another working_dir or "
-                                          "output_model_file_prefix")
+            raise ConfigError(f"'{held}' is an input of this run and lies where it writes '{working_dir / name}'; "
+                              "the run would replace it", hint="move it out of working_dir, or choose another "
+                                                              "working_dir or output_model_file_prefix")
 
 
 def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inputs: Sequence[Path]) -> None:
     """Refuse, before the commit, a move that would fail half-way through or destroy an input."""
+    check_inputs_outside(working_dir, entries, inputs)
     for name in entries:
         target = working_dir / name
-        held = _holds(target, inputs)
-        if held is not None:
-            raise _input_replaced(held, target)
         if not target.exists() or target.is_symlink():
             continue
         if target.is_dir() != (staging / name).is_dir():
