@@ -64,3 +64,17 @@ def ctrl_c() -> object:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(autouse=True)
+def hbtools_logger_propagates() -> object:
+    """Each test starts with the ``hbtools`` logger propagating to pytest's caplog, and leaves it as it found
+    it. A tool's ``log.setup`` turns propagation off, and a module-scoped fixture that converts a model runs
+    before any function-scoped one: without this a caplog assertion depends on which tests ran before."""
+    import logging
+
+    from bin_fixtures import logger_restored
+
+    with logger_restored():
+        logging.getLogger("hbtools").propagate = True
+        yield
