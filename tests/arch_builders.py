@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from builders import FloatModel, _Graph
+from onnx import numpy_helper
 
 
 def _f(v: float) -> np.ndarray:
@@ -199,12 +200,15 @@ def fpn_pan(h: int = 32, opset: int = 13) -> FloatModel:
     return g.model({"data": [1, 3, h, h]}, [p3, n4, n5], opset)
 
 
-def yolov8_head(h: int = 32, classes: int = 4, opset: int = 13, box_scale: float = 1.0) -> FloatModel:
+def yolov8_head(h: int = 32, classes: int = 4, opset: int = 13, box_scale: float = 1.0,
+                score_bias: float = 0.0) -> FloatModel:
     """Per scale: box branch (4 x 16 DFL bins) and cls branch; Concat of three scales, Split, DFL
     (Reshape, Transpose, Softmax, 1x1 Conv with weights 0..15), Sigmoid class scores.
 
     ``box_scale`` multiplies the distances before they join the scores, as an export that decodes
-    boxes to pixels does (x stride): the output then holds values in the hundreds beside 0..1."""
+    boxes to pixels does (x stride): the output then holds values in the hundreds beside 0..1.
+    ``score_bias`` is added to the class logits' bias (a trained detector's scores are mostly small:
+    YOLOv8 starts its class biases near log(5 / classes / anchors))."""
     g = _Graph(29)
     c, bins = 8, 16
     x = _silu(g, _conv_bn(g, _silu(g, _conv_bn(g, "data", 3, c, stride=2)), c, c, stride=2))
@@ -213,6 +217,9 @@ def yolov8_head(h: int = 32, classes: int = 4, opset: int = 13, box_scale: float
         x = _silu(g, _conv_bn(g, x, c, c, stride=2))
         box = g.conv(_silu(g, _conv_bn(g, x, c, c)), c, 4 * bins, k=1)
         cls = g.conv(_silu(g, _conv_bn(g, x, c, c)), c, classes, k=1)
+        if score_bias:
+            bias = g.inits[-1]
+            bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + np.float32(score_bias), bias.name))
         cat = g.op("Concat", [box, cls], axis=1)
         levels.append(g.op("Reshape", [cat, g.const(np.array([1, 4 * bins + classes, -1], np.int64), "r")]))
     allp = g.op("Concat", levels, axis=2)

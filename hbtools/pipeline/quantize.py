@@ -16,15 +16,14 @@ from hbtools.graph.model_io import with_horizon_domain
 from hbtools.march.profiles import MarchProfile
 from hbtools.quant.calibrated import read_calibrated
 from hbtools.quant.emitters import EmitState, QTensor, QuantizedResult, emitter_for
-from hbtools.quant.units import build_partition
+from hbtools.quant.units import model_partition
 
 __all__ = ["QTensor", "QuantizedResult", "run"]
 
 
 def run(calibrated: ModelProto, config: Config, profile: MarchProfile) -> QuantizedResult:
     graph = read_calibrated(calibrated)
-    part = build_partition(graph.float_model, profile, config.model.node_info, all_bpu=config.model.fast_perf,
-                           warn=False)
+    part = model_partition(graph.float_model, profile, config, warn=False)
     state = EmitState(graph, part, config, profile)
     for unit in part.units:
         emitter_for(unit)(state, unit)

@@ -26,7 +26,7 @@ from hbtools.pipeline import calibrate, compile, optimize, parse, quantize
 from hbtools.quant import layer_dump, report, weight_precision
 from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
 from hbtools.quant.search import release_pool
-from hbtools.quant.units import build_partition
+from hbtools.quant.units import model_partition
 from hbtools.runs.memory import check_memory
 from hbtools.runs.timing import StepTimes
 from hbtools.runs.transaction import artefact_transaction, check_inputs_outside
@@ -128,7 +128,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     if config.calibration.calibration_type in SEARCHED_TYPES and profile.int16 and not config.model.fast_perf:
         with times.step("weight precision"):
             optimized, weights_only = _finer_weights(config, profile, optimized, source)
-    partition = build_partition(optimized, profile, config.model.node_info, all_bpu=config.model.fast_perf)
+    partition = model_partition(optimized, profile, config)
     plan = make_plan(optimized, partition, config, profile)
     save_model(optimized, paths["optimized"])
     log.info("Model optimization done: %s", final["optimized"])
@@ -171,7 +171,7 @@ def _finer_weights(config: Config, profile: MarchProfile, optimized: onnx.ModelP
     level = hbtools_log.level
     hbtools_log.setLevel(logging.ERROR)  # the plan made below says its lines once, for the model kept
     try:
-        plan = make_plan(optimized, build_partition(optimized, profile, config.model.node_info), config, profile)
+        plan = make_plan(optimized, model_partition(optimized, profile, config), config, profile)
     finally:
         hbtools_log.setLevel(level)
     chosen = calibrate.spread(len(source), SPLIT_SAMPLES)

@@ -22,7 +22,7 @@ from hbtools.ops.base import DOMAIN
 from hbtools.ops.names import CALIBRATED_SUFFIX
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.quant.calibrated import read_calibrated
-from hbtools.quant.units import build_partition
+from hbtools.quant.units import model_partition
 
 META_KEY = "hbtools.layer_out_dump"
 CONV_KINDS = ("conv", "matmul")
@@ -106,8 +106,7 @@ def conv_layers(model: ModelProto, config: Config, profile: MarchProfile,
     calibrated = read_calibrated(model)
     own = calibrated.float_model
     reference = optimized if optimized is not None and not calibrated.activations else own
-    part = build_partition(reference, profile, config.model.node_info, all_bpu=config.model.fast_perf,
-                           warn=False)
+    part = model_partition(reference, profile, config, warn=False)
     tensors = {o for n in model.graph.node for o in n.output}
     layers = []
     for unit in part.units:

@@ -391,6 +391,12 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             if unit.on == "BPU" and unit.kind != "passive" and (not unit.is_accumulator or wants_int_outputs(config)):
                 if t in graph_outputs:
                     bits[t] = output_bits
+    # What a float join puts into a model output (``units._join_outputs_in_float``) leaves the BPU as the
+    # output would have: a convolution's result as its accumulator, anything else at the output bit width.
+    for t in {grid_of(t) for u in part.units if u.output_join for t in u.inputs}:
+        producer = part.producer.get(t)
+        if producer is not None and producer.on == "BPU" and producer.kind != "passive" and not producer.is_accumulator:
+            bits[t] = output_bits
     if opts.output_bits == 16 and not profile.int16:
         log.warning("set_model_output_int16: int16 is not available on %s; falling back to int8", profile.label)
     # An integer Softmax or LayerNorm reads int16 where it can (``HzOp.int16_input``): on an int8 grid

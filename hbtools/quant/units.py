@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from hbtools.config.model import NodeInfo
+from hbtools.config.model import Config, NodeInfo
+from hbtools.graph.constant_terms import MOVES
 from hbtools.graph.contrib import why_kept
 from hbtools.graph.graph import GraphView, elements, outer_references
 from hbtools.graph.recurrent import RECURRENT_OPS
@@ -51,6 +52,7 @@ class Unit:
     reason: str = ""
     subgraph: int | None = None
     activation: NodeProto | None = None  # fused Relu/Clip of a conv unit
+    output_join: bool = False  # a join of results into a model output, kept in float (``_join_outputs_in_float``)
 
     @property
     def name(self) -> str:
@@ -93,13 +95,21 @@ class Partition:
         return out
 
 
+def model_partition(model: ModelProto, profile: MarchProfile, config: Config, *, warn: bool = True) -> Partition:
+    """``build_partition`` with the options of ``config`` that bear on placement."""
+    return build_partition(model, profile, config.model.node_info, all_bpu=config.model.fast_perf,
+                           integer_outputs=config.calibration.options.int_outputs, warn=warn)
+
+
 def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[str, NodeInfo], *,
-                    all_bpu: bool = False, warn: bool = True) -> Partition:
+                    all_bpu: bool = False, integer_outputs: bool = False, warn: bool = True) -> Partition:
     """Group ``model``'s nodes into units and place each on the BPU or the CPU.
 
     ``all_bpu`` (fast-perf) keeps every BPU-able unit on the BPU, even where
-    keeping it in float would cost nothing. ``warn`` logs override problems; the
-    quantize stage re-derives the partition silently so they are logged once.
+    keeping it in float would cost nothing. ``integer_outputs`` (set_model_output_int8/16):
+    the model's outputs leave the BPU as integers, so no join of them moves to the CPU.
+    ``warn`` logs override problems; the quantize stage re-derives the partition silently
+    so they are logged once.
     """
     view = GraphView(model)
     taken: set[str] = set()
@@ -114,6 +124,8 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
     part.index()
     forced = _apply_overrides(part, node_info, warn)
     if not all_bpu:
+        if not integer_outputs:
+            _join_outputs_in_float(part, view, forced)
         _keep_isolated_ops_in_float(part, view, forced)
         if _keep_small_subgraphs_in_float(part, view, forced):
             _keep_isolated_ops_in_float(part, view, forced)
@@ -368,6 +380,28 @@ def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool
     return forced
 
 
+def _join_outputs_in_float(part: Partition, view: GraphView, forced: set[int]) -> None:
+    """A Concat that joins several results into a model output (directly or through layout moves) runs in
+    float on the CPU, where each piece is dequantized on its own grid. On the BPU the pieces share the
+    output's grid: a detector head joining box coordinates in pixels with class scores in 0..1 would
+    give the scores the coordinates' step (0.01 on int16 at 320x320), and every score below half of it
+    would read 0. The float join costs a copy of the output. What feeds it stays on the BPU (a decode's
+    Sigmoid, Exp, grid Add and stride Mul), and its results leave the BPU as the outputs would
+    (``plan``: at the output bit width)."""
+    tail: set[int] = set()  # units whose results reach only model outputs, through layout moves and joins
+    for u in reversed(part.units):
+        if u.on != "BPU" or u.kind not in ("passive", "concat") or u.main.op_type not in MOVES:
+            continue
+        users = [c for t in u.outputs for c in part.consumers.get(t, [])]
+        if all(id(c) in tail for c in users) and (users or any(t in view.graph_outputs for t in u.outputs)):
+            tail.add(id(u))
+    for u in part.units:
+        if id(u) in tail and u.kind == "concat" and len(set(u.inputs)) > 1 and id(u) not in forced:
+            u.on, u.output_join = "CPU", True
+            u.reason = ("joins several results into a model output: in float each keeps its own scale, where on "
+                        "the BPU all would share the output's (run_on_bpu moves it)")
+
+
 def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[int]) -> None:
     """Cheap ops wedged between CPU ops gain nothing from int8: keep them in float too (not one that
     reads several BPU results and feeds the CPU: that one saves the crossings of all but one)."""
@@ -382,7 +416,8 @@ def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[in
             inputs_cpu = bool(producers) and all(p is not None and p.on == "CPU" for p in producers)
             users = [c for t in u.outputs for c in part.consumers.get(t, [])]
             is_output = any(t in view.graph_outputs for t in u.outputs)
-            outputs_cpu = bool(users) and not is_output and all(c.on == "CPU" for c in users)
+            # A join of outputs in float is no reason to leave the BPU: what it joins is the model's result.
+            outputs_cpu = bool(users) and not is_output and all(c.on == "CPU" and not c.output_join for c in users)
             # Reading two BPU results (a sum of Conv pieces, a concat of BPU maps), it crosses to the CPU as one
             # tensor on the BPU but as each of them in float: keeping it in float saves no round trip then.
             from_bpu = {t for t, p in zip(u.inputs, producers, strict=True) if p is not None and p.on == "BPU"}

@@ -20,7 +20,7 @@ from hbtools.pipeline import calibrate, optimize, parse, quantize
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.quant import report
 from hbtools.quant.plan import make_plan
-from hbtools.quant.units import build_partition
+from hbtools.quant.units import model_partition
 from hbtools.runs.memory import check_memory
 
 log = logging.getLogger("hbtools")
@@ -40,7 +40,7 @@ def check(model_path: str | Path, model_type: str, march: str, input_shapes: lis
     log.info("Parsing the input model done")
     optimized = optimize.run(parsed.model, profile)
     log.info("Model optimization done")
-    partition = build_partition(optimized, profile, config.model.node_info)
+    partition = model_partition(optimized, profile, config)
     plan = make_plan(optimized, partition, config, profile)
     source = RandomCalibrationSource(parsed.inputs, num_samples=CHECK_SAMPLES)
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source), calibration_type="skip",

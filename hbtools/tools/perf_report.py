@@ -10,6 +10,7 @@ from pathlib import Path
 from hbtools import __version__, outputs
 from hbtools.errors import ResourceError
 from hbtools.march.profiles import get_profile
+from hbtools.runs.transaction import artefact_transaction
 from hbtools.runtime.runtime_model import RuntimeModel
 from hbtools.runtime.structure import analyse, tensor_info
 from hbtools.tools import perf_model, structure_plot
@@ -53,15 +54,23 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
     profile = get_profile(rm.march or "bayes-e")
     cost = perf_model.estimate(rm, profile)
     if static:
-        folder = root
-        folder.mkdir(parents=True, exist_ok=True)
-    else:
-        folder = outputs.output_dir(root / _safe(rm.name), "hb_perf result")
+        root.mkdir(parents=True, exist_ok=True)
+        return _write_pages(rm, cost, root, layers=has_layer_info(rm))
+    folder = outputs.output_dir(root / _safe(rm.name), "hb_perf result")
     layers = has_layer_info(rm)
-    if not layers and not static:
+    if not layers:
         log.warning("bpu model don't have per-layer perf info.")
         log.warning("if you need per-layer perf info, please enable [compiler_parameters.debug:True] "
                     "when using makertbin.")
+    # One set: a failed or interrupted run leaves the previous pages, and a model with fewer subgraphs
+    # than the last one analysed here removes the pages of the ones it no longer has.
+    with artefact_transaction(folder, set_name="hb_perf") as staging:
+        main = _write_pages(rm, cost, staging, layers=layers)
+    return folder / main.name
+
+
+def _write_pages(rm: RuntimeModel, cost: ModelCost, folder: Path, *, layers: bool) -> Path:
+    """The picture, a page and a JSON per subgraph and the main page in ``folder``; returns the main page."""
     _table_type_names(rm, cost)
     structure = analyse(rm.graph, rm.bin.partition, tensor_info(rm.graph))
     picture = structure_plot.draw(rm.graph, structure, rm.name, folder / f"{_safe(rm.name)}.png")

@@ -185,6 +185,32 @@ def test_overrides_and_isolated_ops() -> None:
     assert "run_on_cpu" in _reason(on_cpu, "Conv_0")
 
 
+def test_a_join_of_results_into_a_model_output_runs_in_float() -> None:
+    """A Concat joining results into a model output, even behind layout moves, runs on the CPU, so each
+    piece leaves the BPU on its own grid; the Mul and Sigmoid that feed it stay on the BPU. A join that a BPU node
+    also reads, integer outputs (set_model_output_int16), run_on_bpu and fast-perf keep it on the BPU."""
+    g = _Graph(15)
+    x = g.conv("data", 3, 8)
+    boxes = g.op("Mul", [g.conv(x, 8, 4, k=1), g.const(np.float32(320.0), "stride")])
+    scores = g.op("Sigmoid", [g.conv(x, 8, 3, k=1)])
+    joined = g.op("Concat", [boxes, scores], axis=1)
+    out = g.op("Transpose", [g.op("Reshape", [joined, g.const(np.array([1, 7, -1], np.int64), "s")])], perm=[0, 2, 1])
+    model = g.model({"data": [1, 3, 8, 8]}, [out]).model
+    part = _partition(model, "bayes-e")
+    placed = _placement(part)
+    assert [placed[n][0] for n in ("Conv_0", "Conv_1", "Mul_0", "Conv_2", "Sigmoid_0")] == ["BPU"] * 5
+    assert [placed[n][0] for n in ("Concat_0", "Reshape_0", "Transpose_0")] == ["CPU"] * 3
+    assert "joins several results into a model output" in _reason(part, "Concat_0")
+    for kept in (_partition(model, "bayes-e", integer_outputs=True), _partition(model, "bayes-e", all_bpu=True),
+                 _partition(model, "bayes-e", {"Concat_0": NodeInfo(on="BPU")})):
+        assert _placement(kept)["Concat_0"][0] == "BPU"
+    g = _Graph(16)
+    x = g.conv("data", 3, 8)
+    joined = g.op("Concat", [g.conv(x, 8, 4, k=1), g.op("Sigmoid", [g.conv(x, 8, 3, k=1)])], axis=1)
+    model = g.model({"data": [1, 3, 8, 8]}, [joined, g.conv(joined, 7, 2, k=1)]).model
+    assert _placement(_partition(model, "bayes-e"))["Concat_0"][0] == "BPU"
+
+
 def test_small_subgraphs_between_cpu_nodes_stay_in_float() -> None:
     """A BPU subgraph between CPU nodes doing less work than a BPU call costs (an unrolled recurrence's
     per-step product) runs in float; a large one, one run_on_bpu names, and the model's largest stay."""
