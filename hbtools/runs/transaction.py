@@ -46,7 +46,8 @@ _MANIFEST = ".hbtools_set_{}.json"  # in working_dir: the entries of the set of 
 
 @contextlib.contextmanager
 def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inputs: Sequence[Path] = (),
-                         committed: Callable[[], None] | None = None) -> Iterator[Path]:
+                         committed: Callable[[], None] | None = None,
+                         folder: tuple[str, str] = ("working_dir", "choose another working_dir")) -> Iterator[Path]:
     """Yield an empty staging folder; on success move everything in it into ``working_dir``.
 
     Anything raised inside the block (KeyboardInterrupt included) deletes the staging
@@ -54,19 +55,20 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
     entries that this one does not make are removed); ``inputs`` are the run's input files
     and folders, which the commit never replaces or removes. ``committed`` runs once the new set is in
     place, before a Ctrl-C held back meanwhile is acted on (with a WARNING that the set was replaced).
+    ``folder``: what messages call ``working_dir``, and how to write elsewhere (another tool's result folder).
     """
-    create_dir(working_dir, "working_dir", "choose a working_dir in a folder you can write")
+    create_dir(working_dir, folder[0], f"{folder[1]} in a folder you can write")
     with _lock(working_dir):
         recover(working_dir)
         staging = working_dir / STAGING_NAME
         try:
             staging.mkdir()
         except OSError as exc:  # name the folder the user chose, not our hidden staging folder
-            raise _staging_error(exc, working_dir) from None
+            raise _staging_error(exc, working_dir, folder) from None
         try:
             yield staging
             entries = _entries(staging)
-            _check_replaceable(staging, working_dir, entries, inputs)
+            _check_replaceable(staging, working_dir, entries, inputs, folder)
             stale = _stale(working_dir, set_name, entries, inputs)
             if set_name is not None:
                 (staging / _MANIFEST.format(set_name)).write_text(json.dumps(entries), encoding="utf-8")
@@ -79,7 +81,7 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
             if not (staging / _COMMITTED).exists():
                 shutil.rmtree(staging, ignore_errors=True)
             if isinstance(exc, OSError) and _is_staging_write(exc, staging):
-                raise _staging_error(exc, working_dir) from None
+                raise _staging_error(exc, working_dir, folder) from None
             raise
 
 
@@ -90,15 +92,15 @@ def _is_staging_write(exc: OSError, staging: Path) -> bool:
     return str(exc.filename).startswith(str(staging))
 
 
-def _staging_error(exc: OSError, working_dir: Path) -> ResourceError:
+def _staging_error(exc: OSError, working_dir: Path, folder: tuple[str, str]) -> ResourceError:
     # The user never sees the staging folder: name working_dir, and say why a disk that held the
     # previous set may not hold the next one (both are on disk until the new set replaces the old).
     fix = None
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = ("the disk is full; the new artefacts are written next to the previous ones before they replace "
-               "them, so working_dir needs room for both: free some space or choose another working_dir")
+        fix = (f"the disk is full; the new results are written next to the previous ones before they replace "
+               f"them, so {folder[0]} needs room for both: free some space or {folder[1]}")
     named = OSError(exc.errno, exc.strerror, str(working_dir))
-    return os_error(named, "cannot write the artefacts in working_dir", fix)
+    return os_error(named, f"cannot write the results in {folder[0]}", fix)
 
 
 def recover(working_dir: Path) -> None:
@@ -142,7 +144,8 @@ def check_inputs_outside(working_dir: Path, names: Sequence[str], inputs: Sequen
                                                               "working_dir or output_model_file_prefix")
 
 
-def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inputs: Sequence[Path]) -> None:
+def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inputs: Sequence[Path],
+                       folder: tuple[str, str]) -> None:
     """Refuse, before the commit, a move that would fail half-way through or destroy an input."""
     check_inputs_outside(working_dir, entries, inputs)
     for name in entries:
@@ -151,9 +154,10 @@ def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inp
             continue
         if target.is_dir() != (staging / name).is_dir():
             kind, wanted = ("a folder", "file") if target.is_dir() else ("a file", "folder")
-            raise ResourceError(f"working_dir holds {kind} '{target}' where this run writes its {wanted} of that "
-                                f"name; nothing was replaced", hint="remove or rename it, or choose another "
-                                                                    "working_dir or output_model_file_prefix")
+            hint = "remove or rename it, or " + (f"{folder[1]} or output_model_file_prefix"
+                                                  if folder[0] == "working_dir" else folder[1])
+            raise ResourceError(f"{folder[0]} holds {kind} '{target}' where this run writes its {wanted} of that "
+                                f"name; nothing was replaced", hint=hint)
 
 
 def _stale(working_dir: Path, set_name: str | None, entries: list[str], inputs: Sequence[Path]) -> list[str]:

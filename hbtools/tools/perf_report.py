@@ -64,7 +64,9 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
                     "when using makertbin.")
     # One set: a failed or interrupted run leaves the previous pages, and a model with fewer subgraphs
     # than the last one analysed here removes the pages of the ones it no longer has.
-    with artefact_transaction(folder, set_name="hb_perf") as staging:
+    with artefact_transaction(folder, set_name="hb_perf", folder=(
+            "the hb_perf result folder", "run hb_perf from another folder (it writes under hb_perf_result/ "
+                                         "in the current folder)")) as staging:
         main = _write_pages(rm, cost, staging, layers=layers)
     return folder / main.name
 

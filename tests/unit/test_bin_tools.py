@@ -13,6 +13,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 from bin_fixtures import build_bin, invoke
+from builders import bpu_cpu_bpu
 
 from hbtools.cli import (
     hb_model_info,
@@ -284,6 +285,35 @@ def test_perf_writes_pages_picture_and_json(small, in_tmp) -> None:
         subprocess.run([chromium, "--headless", "--disable-gpu", "--no-sandbox", f"--screenshot={shot}",
                         (folder / "resnet.html").as_uri()], check=True, capture_output=True, timeout=120)
         assert matplotlib.image.imread(shot).std() > 0
+
+
+def test_perf_replaces_a_models_report_as_one_set(tmp_path, in_tmp, monkeypatch) -> None:
+    """A model of the same name with fewer subgraphs leaves no page of the old ones behind, and a run
+    interrupted half-way through its files leaves the previous report whole."""
+    from hbtools import outputs
+
+    two = build_bin(tmp_path / "two", bpu_cpu_bpu(), prefix="m").bin  # 2 BPU subgraphs around a CPU Cos
+    one = build_bin(tmp_path / "one", "resnet_like", prefix="m").bin
+    folder = in_tmp / "hb_perf_result" / "m"
+    assert invoke(hb_perf.main, [two]).exit_code == 0
+    assert {p.name for p in folder.glob("m_subgraph_*.html")} == {"m_subgraph_0.html", "m_subgraph_1.html"}
+    previous = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    real, written = outputs.replace_atomically, []
+
+    def interrupted(path, content):
+        if written:
+            raise KeyboardInterrupt
+        written.append(path)
+        return real(path, content)
+
+    monkeypatch.setattr(outputs, "replace_atomically", interrupted)
+    stopped = invoke(hb_perf.main, [one])
+    assert stopped.exit_code == 130 and "interrupted" in stopped.output, stopped.output
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == previous
+    monkeypatch.setattr(outputs, "replace_atomically", real)
+    assert invoke(hb_perf.main, [one]).exit_code == 0
+    assert {p.name for p in folder.glob("m_subgraph_*.html")} == {"m_subgraph_0.html"}
+    assert not (folder / "m_subgraph_1.json").exists()
 
 
 def test_perf_layer_details_with_debug(tmp_path, in_tmp) -> None:
