@@ -27,6 +27,7 @@ from hbtools.debug.data import PLOT_SAMPLES, load_samples
 from hbtools.debug.distribution import distributions
 from hbtools.debug.model import KINDS, CalibratedModel, load_calibrated
 from hbtools.debug.sensitivity import Sensitivity, measure
+from hbtools.runs.transaction import artefact_transaction
 
 TOP = 5
 
@@ -63,37 +64,41 @@ def runall(model_or_file: str | onnx.ModelProto | None = None, calibrated_data: 
         cm.check(sensitive, "sensitive_nodes")
     samples = load_samples(calibrated_data, cm, data_num)
     root = plots.output_dir(save_dir)
-    written: dict[str, list[Path]] = {}
+    # One set under save_dir: a run that fails or is interrupted after minutes of work leaves the previous
+    # results as they were, never a mix of two runs' tables and plots.
+    with artefact_transaction(root, set_name="runall", folder=("save_dir", "choose another save_dir")) as staging:
+        written: dict[str, list[Path]] = {}
 
-    # Steps 1-2: sensitivity tables.
-    folder = _sub(root, "node_sensitivity")
-    ranked: list[Sensitivity] = []
-    for kind in (["node"] if interested else kinds):
-        result = measure(cm, samples, metrics, kind, output_node, interested)
-        ranked.append(result)
-        if verbose:
-            print(result.table())
-        written.setdefault("node_sensitivity", []).extend(result.write(folder, f"sensitivity_of_{result.kind}"))
+        # Steps 1-2: sensitivity tables.
+        folder = _sub(staging, "node_sensitivity")
+        ranked: list[Sensitivity] = []
+        for kind in (["node"] if interested else kinds):
+            result = measure(cm, samples, metrics, kind, output_node, interested)
+            ranked.append(result)
+            if verbose:
+                print(result.table())
+            written.setdefault("node_sensitivity", []).extend(result.write(folder, f"sensitivity_of_{result.kind}"))
 
-    # Steps 3-4: distributions of the most sensitive calibration nodes.
-    top = dis_nodes if dis_nodes else _top_calibration_nodes(cm, ranked)
-    plot_samples = samples[:PLOT_SAMPLES]
-    written["data_distribution"] = list(distributions(cm, plot_samples, top, _sub(root, "data_distribution"))
-                                        .values())
-    boxes = cw_nodes if cw_nodes else [n for n in top if n in cm.calibration]
-    written["channelwise_distribution"] = list(channel_boxes(cm, plot_samples, boxes, axis,
-                                                             _sub(root, "channelwise_distribution")).values())
+        # Steps 3-4: distributions of the most sensitive calibration nodes.
+        top = dis_nodes if dis_nodes else _top_calibration_nodes(cm, ranked)
+        plot_samples = samples[:PLOT_SAMPLES]
+        written["data_distribution"] = list(distributions(cm, plot_samples, top, _sub(staging, "data_distribution"))
+                                            .values())
+        boxes = cw_nodes if cw_nodes else [n for n in top if n in cm.calibration]
+        written["channelwise_distribution"] = list(channel_boxes(cm, plot_samples, boxes, axis,
+                                                                 _sub(staging, "channelwise_distribution")).values())
 
-    # Step 5: accumulated error.
-    _, path = accumulate(cm, plot_samples, curves, ae_metric, bool(average_mode), _sub(root, "accumulate_error"),
-                         curve_mode(quantize, non_quantize))
-    written["accumulate_error"] = [path]
+        # Step 5: accumulated error.
+        _, path = accumulate(cm, plot_samples, curves, ae_metric, bool(average_mode), _sub(staging, "accumulate_error"),
+                             curve_mode(quantize, non_quantize))
+        written["accumulate_error"] = [path]
 
-    # Step 6: sensitivity analysis, reusing the node ranking when step 1 made one with cosine.
-    known = next(({n: v[METRIC] for n, v in r.rows} for r in ranked
-                  if r.kind == "node" and not interested and output_node is None and METRIC in r.metrics), None)
-    _, chart = analyse(cm, samples, threshold, sensitive, _sub(root, "sensitivity_analysis"), known)
-    written["sensitivity_analysis"] = [chart]
+        # Step 6: sensitivity analysis, reusing the node ranking when step 1 made one with cosine.
+        known = next(({n: v[METRIC] for n, v in r.rows} for r in ranked
+                      if r.kind == "node" and not interested and output_node is None and METRIC in r.metrics), None)
+        _, chart = analyse(cm, samples, threshold, sensitive, _sub(staging, "sensitivity_analysis"), known)
+        written["sensitivity_analysis"] = [chart]
+    written = {step: [root / path.relative_to(staging) for path in files] for step, files in written.items()}
 
     print(f"runall: results saved under {root.resolve()}")
     for step, files in written.items():

@@ -154,6 +154,34 @@ def test_runall_writes_every_step(dumped: Dumped, tmp_path: Path, monkeypatch: p
     assert [p.name for p in by_node["node_sensitivity"]] == ["sensitivity_of_node.txt", "sensitivity_of_node.csv"]
 
 
+def test_runall_replaces_its_results_as_one_set(dumped: Dumped, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runall that fails half-way leaves the previous results whole; the next complete one replaces
+    them all (no table of a node type it did not measure is left beside its own)."""
+    import importlib
+
+    runall_module = importlib.import_module("hbtools.debug.runall")  # the package's runall is the function
+    save = tmp_path / "out"
+    dbg.runall(str(dumped.calibrated), str(dumped.data), save_dir=str(save), data_num=1)
+    before = {str(p.relative_to(save)): p.read_bytes() for p in save.rglob("*") if p.is_file()
+              and not p.name.startswith(".")}
+    assert "node_sensitivity/sensitivity_of_weight.txt" in before
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(runall_module, "analyse", fails)  # the last step
+        with pytest.raises(KeyboardInterrupt):
+            dbg.runall(str(dumped.calibrated), str(dumped.data), save_dir=str(save), node_type="node", data_num=1)
+    after = {str(p.relative_to(save)): p.read_bytes() for p in save.rglob("*") if p.is_file()
+             and not p.name.startswith(".")}
+    assert after == before
+    dbg.runall(str(dumped.calibrated), str(dumped.data), save_dir=str(save), node_type="node", data_num=1)
+    assert sorted(p.name for p in (save / "node_sensitivity").iterdir()) == ["sensitivity_of_node.csv",
+                                                                            "sensitivity_of_node.txt"]
+
+
 def test_channelwise_rows_of_a_grouped_conv_transpose_weight_are_its_output_channels() -> None:
     """A ConvTranspose weight [C_in, C_out/group, k, k] lists only C_out/group channels on axis 1; the plot
     used to draw that many boxes, each mixing the groups."""
