@@ -27,7 +27,7 @@ from hbtools.quant.plan import (
 )
 from hbtools.quant.search import Evaluator, constant_terms, output_pieces, scored_outputs, scored_tensors
 from hbtools.quant.statistics import StatsCollector
-from hbtools.quant.thresholds import relative_noise, threshold_for
+from hbtools.quant.thresholds import int16_threshold, relative_noise, threshold_for
 from hbtools.runs.progress import progress
 from hbtools.runs.timing import StepTimes
 from hbtools.runtime.heap import release_freed_memory
@@ -114,7 +114,8 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
             noise = {p.tensor: relative_noise(collector.stats[p.tensor], thresholds[p.tensor], p.bits)
                      for p in plan.activations}
             with times.step("int16 search"):
-                int16, thresholds = evaluator.promote_to_int16(thresholds, candidates["max"], best, noise,
+                widest = {t: int16_threshold(v, plan.bounds.get(t)) for t, v in candidates["max"].items()}
+                int16, thresholds = evaluator.promote_to_int16(thresholds, widest, best, noise,
                                                                weights_only=weights_only)
             plan = plan.with_bits(int16)
             methods.update({t: "max" for t in int16})
@@ -275,8 +276,9 @@ def _label(method: str, percentile: float | None) -> str:
 
 def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
                 percentile: float | None) -> dict[str, float]:
-    return {p.tensor: threshold_for(method, collector.stats[p.tensor], p.bits, percentile)
-            for p in plan.activations}
+    return {p.tensor: int16_threshold(threshold_for(method, collector.stats[p.tensor], p.bits, percentile),
+                                      plan.bounds.get(p.tensor)) if p.bits == 16
+            else threshold_for(method, collector.stats[p.tensor], p.bits, percentile) for p in plan.activations}
 
 
 def _float_runs(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, list[str]]:

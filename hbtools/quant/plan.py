@@ -100,6 +100,9 @@ class CalibrationPlan:
     # reciprocal table output -> the numerator it multiplies: its statistics count only the elements where
     # that numerator is not zero (``_reciprocal_numerators``)
     counted_where: dict[str, str] = field(default_factory=dict)
+    # tensor -> the largest magnitude its producer can give whatever its input (a Sigmoid's 1): an int16
+    # grid covers it (``thresholds.int16_threshold``)
+    bounds: dict[str, float] = field(default_factory=dict)
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)
@@ -183,6 +186,7 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
             plan.emulated[unit.main.name] = op_class.calibrated_op
     plan.cpu_nodes = [n.name for unit in part.units if unit.on != "BPU" for n in unit.nodes]
     plan.counted_where = _reciprocal_numerators(part, view, {p.tensor for p in plan.activations})
+    plan.bounds = _bounded_outputs(part, {p.tensor for p in plan.activations})
     calibrated = {p.tensor for p in plan.activations}
     plan.grid_source = {t: t for t in calibrated}
     for unit in part.units:
@@ -204,6 +208,23 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         log.info("asymmetric: %d of %d calibrated tensors may get a zero point (int8 ones)",
                  sum(p.asymmetric for p in plan.activations), len(plan.activations))
     return plan
+
+
+# Ops whose output magnitude is at most 1 whatever their input.
+_UNIT_BOUNDED = ("Sigmoid", "HardSigmoid", "Tanh", "Softmax", "Softsign")
+
+
+def _bounded_outputs(part: Partition, calibrated: set[str]) -> dict[str, float]:
+    """Calibrated BPU tensors made by an op of ``_UNIT_BOUNDED`` (the last op of a lookup table's chain)."""
+    bounds = {}
+    for unit in part.units:
+        if unit.on != "BPU" or unit.kind not in ("lut", "softmax"):
+            continue
+        for t in unit.outputs:
+            maker = next((n for n in unit.nodes if t in n.output), None)
+            if t in calibrated and maker is not None and maker.op_type in _UNIT_BOUNDED:
+                bounds[t] = 1.0
+    return bounds
 
 
 def _plan_weights(plan: CalibrationPlan, part: Partition, view: GraphView) -> None:

@@ -6,9 +6,25 @@ import numpy as np
 
 from hbtools.quant.statistics import ChannelStats, TensorStats
 
+# An int16 grid spans a bounded function's whole range (a Sigmoid's 0..1) when the calibration samples
+# reached at least this share of it: a class score of 0.89 on a new picture was clipped to the 0.67 the
+# calibration pictures reached (a YOLOv8n at 640: 83 of 349 held-out detections), and widening the grid
+# by at most 4x costs two of its 16 bits.
+BOUND_SHARE = 0.25
+
 
 def max_threshold(stats: TensorStats) -> float:
     return float(stats.max_abs)
+
+
+def int16_threshold(observed: float | np.ndarray, bound: float | None) -> float | np.ndarray:
+    """The threshold of an int16 tensor whose values never exceed ``bound`` in magnitude (None: unknown):
+    the bound where the observed max reached ``BOUND_SHARE`` of it, else the observed max."""
+    if bound is None:
+        return observed
+    if isinstance(observed, np.ndarray):
+        return np.where((observed >= BOUND_SHARE * bound) & (observed <= bound), bound, observed)
+    return bound if BOUND_SHARE * bound <= observed <= bound else observed
 
 
 def percentile_threshold(stats: TensorStats, percentile: float) -> float:
