@@ -114,8 +114,7 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
             noise = {p.tensor: relative_noise(collector.stats[p.tensor], thresholds[p.tensor], p.bits)
                      for p in plan.activations}
             with times.step("int16 search"):
-                widest = {t: int16_threshold(v, plan.bounds.get(t)) for t, v in candidates["max"].items()}
-                int16, thresholds = evaluator.promote_to_int16(thresholds, widest, best, noise,
+                int16, thresholds = evaluator.promote_to_int16(thresholds, candidates["max"], best, noise,
                                                                weights_only=weights_only)
             plan = plan.with_bits(int16)
             methods.update({t: "max" for t in int16})
