@@ -71,7 +71,9 @@ def test_configurations_match_the_model_without_the_other_nodes(dumped: Dumped, 
             got = switchboard.run(sample, cache, enabled)
             expected = reference(without(cm.model, set(names) - enabled), sample)
             for g, e in zip(got, expected, strict=True):
-                np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5, err_msg=f"enabled={sorted(enabled)}")
+                # Float noise may move a value at a rounding tie of the output's int16 grid one level: at
+                # most 1 / 32767 for a probability output (its grid spans 0..1, thresholds.int16_threshold).
+                np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5 + 1 / 32767, err_msg=f"enabled={sorted(enabled)}")
 
 
 def test_float_pass_is_the_float_model_and_stages_are_used(dumped: Dumped) -> None:
