@@ -40,6 +40,8 @@ EVAL_SAMPLES = 16  # samples kept in memory to score candidate thresholds
 BIAS_CORRECTION_SAMPLES = 16  # samples (after the evaluation ones) measuring the mean shift
 ROUNDING_SAMPLES = 8  # of those, the samples whose conv inputs drive the GPTQ weight rounding
 DEFAULT_CANDIDATES = (("max", None), ("percentile", 0.99995), ("percentile", 0.9999), ("kl", None))
+FOLDS = 2  # the scoring samples' folds for the methods' cross-validated scores (``_cross_validated``)
+CROSS_MARGIN = 0.05  # share of the best cross-validated loss within which methods count as equal
 
 Samples = Callable[[], Iterable[dict[str, np.ndarray]]]
 
@@ -72,11 +74,15 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     keep = len(_methods(calibration_type, max_percentile)) > 1 or calibration_type == "mix" \
         or bias_correction != "off"
     with times.step("statistics"):
-        collector, eval_feeds, eval_refs, bc_feeds = _collect(optimized, plan, samples, count, keep=keep)
+        methods_tried = _methods(calibration_type, max_percentile)
+        collector, eval_feeds, eval_refs, bc_feeds, without = _collect(
+            optimized, plan, samples, count, keep=keep, folds=FOLDS if len(methods_tried) > 1 else 0)
         plan = plan.observed(collector)  # asymmetric grids are fitted to the observed ranges
         weight_th = weight_thresholds(optimized, plan)
-        candidates = {_label(m, p): _thresholds(plan, collector, m, p)
-                      for m, p in _methods(calibration_type, max_percentile)}
+        candidates = {_label(m, p): _thresholds(plan, collector, m, p) for m, p in methods_tried}
+        fold_candidates = [{_label(m, p): _thresholds(plan, other, m, p) for m, p in methods_tried}
+                           for other in without]
+        del without
     if calibration_type == "load":
         base = candidates["max"]
         missing = [t for t in base if t not in (loaded_thresholds or {})]
@@ -102,7 +108,8 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
                                                                 scores, bc_feeds or eval_feeds, allow_int16,
                                                                 forced=bias_correction == "on")
                 release_freed_memory()  # the correction's runs and the evaluator not kept
-        method = max(scores, key=scores.get)
+        method = _cross_validated(evaluator, scores, fold_candidates) if fold_candidates else max(scores,
+                                                                                                key=scores.get)
         thresholds = dict(candidates[method])
         methods = {t: method for t in thresholds}
         best = scores[method]
@@ -259,6 +266,30 @@ def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     return corrected, *kept
 
 
+def _cross_validated(evaluator: Evaluator, scores: dict[str, float],
+                     fold_candidates: list[dict[str, dict[str, float]]]) -> str:
+    """The method whose thresholds score best on samples they were not fitted to.
+
+    Each scoring sample is run with each method's thresholds from the statistics of every sample but
+    its fold's. Scored on the samples they were fitted to, the clipping methods look better than they
+    are: a clip at the 99.995th percentile of 16 pictures cut what other pictures reach further (a
+    YOLOv8n at 640x640: its class scores came out 0.02 low around 0.25 on 120 held-out pictures, and
+    the detections at 0.25 agreed at IoU 0.861, against 0.911 at the max). The methods within
+    ``CROSS_MARGIN`` of the best so scored are close enough: of them the best on all samples wins.
+    """
+    crossed = {label: evaluator.cross_score([fold[label] for fold in fold_candidates]) for label in scores}
+    best = max(crossed.values())
+    close = [label for label in scores if crossed[label] >= best - CROSS_MARGIN * (1 - best)]
+    method = max(close, key=scores.get)
+    for label in scores:
+        log.info("calibration method %s: output cosine %.6f on samples its thresholds were not fitted to", label,
+                 crossed[label])
+    if method != max(scores, key=scores.get):
+        log.info("calibration method %s kept: it scores %.6f on all samples against %.6f for %s, but generalises "
+                 "better", method, scores[method], max(scores.values()), max(scores, key=scores.get))
+    return method
+
+
 def _methods(calibration_type: str, max_percentile: float | None) -> list[tuple[str, float | None]]:
     if calibration_type in ("default", "mix"):
         return list(DEFAULT_CANDIDATES)
@@ -311,8 +342,12 @@ def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:
     return {free[(2 * k + 1) * len(free) // (2 * n)] for k in range(n)}
 
 
-def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *, keep: bool = True):
+def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *, keep: bool = True,
+             folds: int = 0):
+    """Statistics over every sample, the samples kept for scoring, and with ``folds`` one more collector per
+    fold of the scoring samples, over every sample but that fold's (``_cross_validated``)."""
     collector = plan.collector()
+    without = [plan.collector() for _ in range(folds if keep else 0)]
     tensors = list(dict.fromkeys([*(p.tensor for p in plan.activations), *collector.extra_tensors]))
     runs, outputs = _float_runs(optimized, tensors)
     extra = set(collector.extra_tensors)
@@ -327,6 +362,9 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
             for k, values in enumerate(runs.run(feed)):  # one part at a time (runtime.segments)
                 masks.update({t: v for t, v in values.items() if t in extra})
                 collector.update(values, masks=masks, new_sample=k == 0)
+                for f, other in enumerate(without):
+                    if not (index in scored and len(eval_feeds) % len(without) == f):
+                        other.update(values, masks=masks, new_sample=k == 0)
                 refs.update({o: values[o] for o in outputs if o in values})
                 del values
         except RUN_ERRORS as exc:
@@ -343,4 +381,4 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     if collector.samples == 0:
         raise HbError("no calibration samples were read; check cal_data_dir")
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(collector.stats))
-    return collector, eval_feeds, eval_refs, bc_feeds
+    return collector, eval_feeds, eval_refs, bc_feeds, without

@@ -578,6 +578,21 @@ class Evaluator:
         """The score from the summed ``_products`` of the samples run."""
         return self._combined(lambda k: cosine_of_products(sums[1, k], sums[0, k], sums[2, k]), logits)
 
+    def cross_score(self, fold_thresholds: list[dict[str, float]]) -> float:
+        """``score`` with sample ``j`` run at ``fold_thresholds[j % len(fold_thresholds)]`` (thresholds fitted
+        without that sample's fold: ``calibrate._cross_validated``)."""
+        extras = [self._extra(th, None) for th in fold_thresholds]
+        session = self.session
+
+        def run(i: int) -> list[np.ndarray]:
+            return session.run(self.fetched, {**self.feeds[i], **extras[i % len(extras)]})
+
+        sums = np.zeros((3, len(self._pieces)))
+        rows = dict((i, self._products(i, out)) for i, out in side_by_side(run, self._order, session, self.workers))
+        for i in self._order:  # in the usual order, as ``score`` sums
+            sums += rows[i]
+        return self._score_of(sums, False)
+
     def method_scores(self, candidates: dict[str, dict[str, float]],
                       first: str | None = None) -> tuple[dict[str, float], set[str]]:
         """Each method's score (in ``candidates``' order), enough to pick the best of them.

@@ -806,3 +806,38 @@ def test_a_loss_in_the_weights_is_not_blamed_on_the_activations(caplog: pytest.L
         logger.removeHandler(caplog.handler)
     assert "weights' int8 grids" in warned["weights"] and "run_on_cpu" not in warned["weights"], warned
     assert "run_on_cpu" in warned["activations"] and "weights' int8 grids" not in warned["activations"], warned
+
+
+def test_a_cross_score_with_the_same_thresholds_in_every_fold_is_the_score() -> None:
+    """``cross_score`` runs each sample at its fold's thresholds and sums as ``score`` does: given one
+    set for every fold it is ``score`` to the last bit, and a fold whose thresholds clip its own samples
+    lowers it."""
+    optimized, plan = _planned(_chain_with_a_side_branch())
+    rng = np.random.default_rng(6)
+    feeds = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    out = optimized.graph.output[0].name
+    th, refs = _float_run(optimized, plan, feeds, (out,))
+    evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, refs, th)
+    assert evaluator.cross_score([th, th]) == evaluator.score(th)
+    clipped = {t: 0.2 * v for t, v in th.items()}
+    assert evaluator.cross_score([th, clipped]) < evaluator.score(th)
+
+
+def test_each_fold_collects_every_sample_but_its_own() -> None:
+    """The statistics a fold's thresholds come from leave out that fold's scoring samples and keep all
+    the others (``calibrate._collect``)."""
+    from hbtools.pipeline import calibrate
+
+    optimized, plan = _planned(_conv_chain(2))
+    rng = np.random.default_rng(2)
+    feeds = [{"x": (k + 1.0) * rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for k in range(6)]
+    collector, eval_feeds, _, _, folds = calibrate._collect(optimized, plan, lambda: iter(feeds), len(feeds),
+                                                            folds=2)
+    assert len(eval_feeds) == 6 and len(folds) == 2
+    tensor = plan.activations[0].tensor
+    values = fetching_session(optimized, [tensor])
+    peaks = [float(np.abs(values.run([tensor], f)[0]).max()) for f in feeds]
+    assert collector.stats[tensor].max_abs == pytest.approx(max(peaks))
+    for f, fold in enumerate(folds):
+        assert fold.samples == 3
+        assert fold.stats[tensor].max_abs == pytest.approx(max(p for k, p in enumerate(peaks) if k % 2 != f))
