@@ -108,8 +108,10 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
                                                                 scores, bc_feeds or eval_feeds, allow_int16,
                                                                 forced=bias_correction == "on")
                 release_freed_memory()  # the correction's runs and the evaluator not kept
-        method = _cross_validated(evaluator, scores, fold_candidates) if fold_candidates else max(scores,
-                                                                                                key=scores.get)
+        method = max(scores, key=scores.get)
+        if fold_candidates:
+            with times.step("method search"):
+                method = _cross_validated(evaluator, scores, fold_candidates)
         thresholds = dict(candidates[method])
         methods = {t: method for t in thresholds}
         best = scores[method]
