@@ -364,7 +364,7 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
             for k, values in enumerate(runs.run(feed)):  # one part at a time (runtime.segments)
                 masks.update({t: v for t, v in values.items() if t in extra})
                 collector.update(values, masks=masks, new_sample=k == 0)
-                for f, other in enumerate(without):
+                for f, other in enumerate(without):  # a scoring sample's fold: its place among them (appended below)
                     if not (index in scored and len(eval_feeds) % len(without) == f):
                         other.update(values, masks=masks, new_sample=k == 0)
                 refs.update({o: values[o] for o in outputs if o in values})
