@@ -27,7 +27,7 @@ from hbtools.debug.data import PLOT_SAMPLES, load_samples
 from hbtools.debug.distribution import distributions
 from hbtools.debug.model import KINDS, CalibratedModel, load_calibrated
 from hbtools.debug.sensitivity import Sensitivity, measure
-from hbtools.runs.transaction import artefact_transaction
+from hbtools.runs.transaction import Destination, artefact_transaction
 
 TOP = 5
 
@@ -66,7 +66,8 @@ def runall(model_or_file: str | onnx.ModelProto | None = None, calibrated_data: 
     root = plots.output_dir(save_dir)
     # One set under save_dir: a run that fails or is interrupted after minutes of work leaves the previous
     # results as they were, never a mix of two runs' tables and plots.
-    with artefact_transaction(root, set_name="runall", folder=("save_dir", "choose another save_dir")) as staging:
+    save_dir_folder = Destination("save_dir", "choose another save_dir")
+    with artefact_transaction(root, set_name="runall", folder=save_dir_folder) as staging:
         written: dict[str, list[Path]] = {}
 
         # Steps 1-2: sensitivity tables.

@@ -20,6 +20,7 @@ from hbtools.graph.graph import GraphView
 from hbtools.quant import weight_rounding
 from hbtools.quant.bias_correction import CORRECTABLE, correct_biases
 from hbtools.quant.plan import (
+    ActivationPoint,
     CalibrationPlan,
     build_calibrated_model,
     folded_weights,
@@ -71,10 +72,9 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     times = times or StepTimes()
     # Samples are kept only for what scores candidates; skip/max/load with bias correction off
     # keep none, so memory stays at one sample's activations.
-    keep = len(_methods(calibration_type, max_percentile)) > 1 or calibration_type == "mix" \
-        or bias_correction != "off"
+    methods_tried = _methods(calibration_type, max_percentile)
+    keep = len(methods_tried) > 1 or calibration_type == "mix" or bias_correction != "off"
     with times.step("statistics"):
-        methods_tried = _methods(calibration_type, max_percentile)
         collector, eval_feeds, eval_refs, bc_feeds, without = _collect(
             optimized, plan, samples, count, keep=keep, folds=FOLDS if len(methods_tried) > 1 else 0)
         plan = plan.observed(collector)  # asymmetric grids are fitted to the observed ranges
@@ -308,9 +308,11 @@ def _label(method: str, percentile: float | None) -> str:
 
 def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
                 percentile: float | None) -> dict[str, float]:
-    return {p.tensor: int16_threshold(threshold_for(method, collector.stats[p.tensor], p.bits, percentile),
-                                      plan.bounds.get(p.tensor)) if p.bits == 16
-            else threshold_for(method, collector.stats[p.tensor], p.bits, percentile) for p in plan.activations}
+    def of(p: ActivationPoint) -> float:
+        threshold = threshold_for(method, collector.stats[p.tensor], p.bits, percentile)
+        return int16_threshold(threshold, plan.bounds.get(p.tensor)) if p.bits == 16 else threshold
+
+    return {p.tensor: of(p) for p in plan.activations}
 
 
 def _float_runs(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, list[str]]:

@@ -588,9 +588,8 @@ class Evaluator:
             return session.run(self.fetched, {**self.feeds[i], **extras[i % len(extras)]})
 
         sums = np.zeros((3, len(self._pieces)))
-        rows = dict((i, self._products(i, out)) for i, out in side_by_side(run, self._order, session, self.workers))
-        for i in self._order:  # in the usual order, as ``score`` sums
-            sums += rows[i]
+        for i, out in side_by_side(run, self._order, session, self.workers):  # summed in ``score``'s order
+            sums += self._products(i, out)
         return self._score_of(sums, False)
 
     def method_scores(self, candidates: dict[str, dict[str, float]],

@@ -30,6 +30,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from hbtools.errors import ConfigError, ResourceError, os_error
 from hbtools.outputs import create_dir
@@ -44,10 +45,21 @@ _OLD = ".old-"  # a replaced or removed entry waits here until the moves are don
 _MANIFEST = ".hbtools_set_{}.json"  # in working_dir: the entries of the set of that name
 
 
+class Destination(NamedTuple):
+    """How messages name the folder a set goes to, and what the user may do instead."""
+
+    option: str  # the folder as the user gave it: "working_dir", "save_dir"
+    elsewhere: str  # how to write somewhere else
+    renamed: str = ""  # what else avoids a name clash (makertbin: its output_model_file_prefix)
+
+
+WORKING_DIR = Destination("working_dir", "choose another working_dir", "output_model_file_prefix")
+
+
 @contextlib.contextmanager
 def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inputs: Sequence[Path] = (),
                          committed: Callable[[], None] | None = None,
-                         folder: tuple[str, str] = ("working_dir", "choose another working_dir")) -> Iterator[Path]:
+                         folder: Destination = WORKING_DIR) -> Iterator[Path]:
     """Yield an empty staging folder; on success move everything in it into ``working_dir``.
 
     Anything raised inside the block (KeyboardInterrupt included) deletes the staging
@@ -55,9 +67,9 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
     entries that this one does not make are removed); ``inputs`` are the run's input files
     and folders, which the commit never replaces or removes. ``committed`` runs once the new set is in
     place, before a Ctrl-C held back meanwhile is acted on (with a WARNING that the set was replaced).
-    ``folder``: what messages call ``working_dir``, and how to write elsewhere (another tool's result folder).
+    ``folder``: how messages name ``working_dir`` (another tool's result folder).
     """
-    create_dir(working_dir, folder[0], f"{folder[1]} in a folder you can write")
+    create_dir(working_dir, folder.option, f"{folder.elsewhere} in a folder you can write")
     with _lock(working_dir):
         recover(working_dir)
         staging = working_dir / STAGING_NAME
@@ -92,15 +104,15 @@ def _is_staging_write(exc: OSError, staging: Path) -> bool:
     return str(exc.filename).startswith(str(staging))
 
 
-def _staging_error(exc: OSError, working_dir: Path, folder: tuple[str, str]) -> ResourceError:
+def _staging_error(exc: OSError, working_dir: Path, folder: Destination) -> ResourceError:
     # The user never sees the staging folder: name working_dir, and say why a disk that held the
     # previous set may not hold the next one (both are on disk until the new set replaces the old).
     fix = None
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         fix = (f"the disk is full; the new results are written next to the previous ones before they replace "
-               f"them, so {folder[0]} needs room for both: free some space or {folder[1]}")
+               f"them, so {folder.option} needs room for both: free some space or {folder.elsewhere}")
     named = OSError(exc.errno, exc.strerror, str(working_dir))
-    return os_error(named, f"cannot write the results in {folder[0]}", fix)
+    return os_error(named, f"cannot write the results in {folder.option}", fix)
 
 
 def recover(working_dir: Path) -> None:
@@ -145,7 +157,7 @@ def check_inputs_outside(working_dir: Path, names: Sequence[str], inputs: Sequen
 
 
 def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inputs: Sequence[Path],
-                       folder: tuple[str, str]) -> None:
+                       folder: Destination) -> None:
     """Refuse, before the commit, a move that would fail half-way through or destroy an input."""
     check_inputs_outside(working_dir, entries, inputs)
     for name in entries:
@@ -154,9 +166,8 @@ def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inp
             continue
         if target.is_dir() != (staging / name).is_dir():
             kind, wanted = ("a folder", "file") if target.is_dir() else ("a file", "folder")
-            hint = "remove or rename it, or " + (f"{folder[1]} or output_model_file_prefix"
-                                                  if folder[0] == "working_dir" else folder[1])
-            raise ResourceError(f"{folder[0]} holds {kind} '{target}' where this run writes its {wanted} of that "
+            hint = f"remove or rename it, or {folder.elsewhere}" + (f" or {folder.renamed}" if folder.renamed else "")
+            raise ResourceError(f"{folder.option} holds {kind} '{target}' where this run writes its {wanted} of that "
                                 f"name; nothing was replaced", hint=hint)
 
 

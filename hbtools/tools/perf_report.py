@@ -10,13 +10,15 @@ from pathlib import Path
 from hbtools import __version__, outputs
 from hbtools.errors import ResourceError
 from hbtools.march.profiles import get_profile
-from hbtools.runs.transaction import artefact_transaction
+from hbtools.runs.transaction import Destination, artefact_transaction
 from hbtools.runtime.runtime_model import RuntimeModel
 from hbtools.runtime.structure import analyse, tensor_info
 from hbtools.tools import perf_model, structure_plot
 from hbtools.tools.perf_model import ModelCost, SubgraphCost
 
 log = logging.getLogger("hbtools")
+PERF_FOLDER = Destination("the hb_perf result folder", "run hb_perf from another folder (it writes under "
+                                                      "hb_perf_result/ in the current folder)")
 
 _STYLE = """
 body { font-family: sans-serif; margin: 2em; color: #202020; }
@@ -64,9 +66,7 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
                     "when using makertbin.")
     # One set: a failed or interrupted run leaves the previous pages, and a model with fewer subgraphs
     # than the last one analysed here removes the pages of the ones it no longer has.
-    with artefact_transaction(folder, set_name="hb_perf", folder=(
-            "the hb_perf result folder", "run hb_perf from another folder (it writes under hb_perf_result/ "
-                                         "in the current folder)")) as staging:
+    with artefact_transaction(folder, set_name="hb_perf", folder=PERF_FOLDER) as staging:
         main = _write_pages(rm, cost, staging, layers=layers)
     return folder / main.name
 
