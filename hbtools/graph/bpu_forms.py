@@ -8,6 +8,7 @@ moved another way. docs/checker.md lists them with the exports they come from.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -387,12 +388,62 @@ def _pool_crops(auto_pad: str, sizes: list[int], kernel: list[int], strides: lis
     return False
 
 
+def channel_shuffles_as_gathers(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
+    """A Reshape -> Transpose -> Reshape chain that gives back its 4-D input's shape with only the channels
+    reordered (ShuffleNet's channel shuffle through [N, g, C/g, H, W], Caffe's ShuffleChannel) becomes one
+    Gather of channels with constant indices, named as the Transpose. The BPU of bernoulli2 (RDK X3) takes
+    4-D tensors only: the chain put every shuffle on the CPU there, one BPU subgraph between each two;
+    a Gather of channels stays on the BPU, and one that only Convs read folds into their weights
+    (``channel_gathers_into_convs``). The chain is probed on the element indices, so any axis split that
+    permutes channels alone qualifies. Chains that ``placed`` (node_info) names are left as they are.
+    The count of chains rewritten."""
+    view = GraphView(model)
+    outputs = set(view.graph_outputs)
+    named = set(placed or ())
+    gone: set[str] = set()  # the outputs of the chains' first two nodes
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+            return None
+        transpose = view.producer.get(node.input[0])
+        first = view.producer.get(transpose.input[0]) if transpose is not None and transpose.op_type == "Transpose" \
+            else None
+        if first is None or first.op_type != "Reshape" or first.domain not in ("", "ai.onnx") \
+                or {first.name, transpose.name, node.name} & named:
+            return None
+        shape, split, out_shape = (view.shapes.get(t) for t in (first.input[0], first.output[0], node.output[0]))
+        if any(s is None or any(not isinstance(d, int) or d <= 0 for d in s) for s in (shape, split, out_shape)) \
+                or len(shape) != 4 or list(out_shape) != list(shape) or shape[1] < 2:
+            return None
+        for inner in (first.output[0], transpose.output[0]):
+            if inner in outputs or len(view.consumers.get(inner, [])) != 1:
+                return None
+        perm = list(view.attrs(transpose).get("perm", range(len(split) - 1, -1, -1)))
+        probe = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+        moved = probe.reshape(split).transpose(perm).reshape(shape)
+        plane = shape[2] * shape[3]
+        index = moved[0, :, 0, 0] // plane % shape[1]
+        if not np.array_equal(moved, probe[:, index]):
+            return None
+        name = f"{transpose.name}_channels"
+        model.graph.initializer.append(numpy_helper.from_array(index.astype(np.int64), name))
+        gone.update((first.output[0], transpose.output[0]))
+        return [helper.make_node("Gather", [first.input[0], name], [node.output[0]], name=transpose.name, axis=1)]
+
+    count = rewrite_nodes(model, rewrite)
+    if count:
+        kept = [n for n in model.graph.node if not set(n.output) & gone]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return count
+
+
 def channel_gathers_into_convs(model: ModelProto) -> int:
     """A Gather of channels with constant indices (onnxruntime writes YOLOv5's Focus slices as SpaceToDepth
     and such a reordering Gather) read only by Convs becomes part of their weights: the Convs read the
     Gather's input, each weight's input channel ``i`` summing the columns the indices send it. The same
-    sums and no Gather, which has no BPU form on bernoulli2 (RDK X3) and there put the model's first
-    layer, at full resolution, on the CPU. The count of Gathers removed."""
+    sums and no Gather: no data moved, and no Gather at the model's first layer, at full resolution, that
+    has no BPU form on bernoulli2 (RDK X3) where it reads the input. The count of Gathers removed."""
     view = GraphView(model)
     outputs = set(view.graph_outputs)
     gone = set()

@@ -122,7 +122,7 @@ _BAYES_OPS: dict[str, OpRule] = {
 }
 
 # bernoulli2 (X3): a 4-D-only BPU. Reshape-like ops, activation x activation MatMul and
-# Softmax run on the CPU; kernels, strides and channels are smaller.
+# Softmax run on the CPU; a Gather only picks channels; kernels, strides and channels are smaller.
 _BERNOULLI2_OPS: dict[str, OpRule] = {
     **{op: replace(rule, ranks=(4, 4)) for op, rule in _BAYES_OPS.items()
        if op not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Softmax", "LogSoftmax", "ReduceMean", "ReduceMax",
@@ -143,6 +143,8 @@ _BERNOULLI2_OPS: dict[str, OpRule] = {
     "Transpose": OpRule("", ("passive",), ranks=(4, 4), perms=_NCHW_NHWC),
     "Concat": OpRule("HzSQuantizedConcat", ("concat",), ranks=(4, 4), axes=_NOT_BATCH),
     "Split": OpRule("", ("passive",), ranks=(4, 4), axes=_NOT_BATCH),
+    # Channels picked or reordered by constant indices (a channel shuffle, ``bpu_forms``).
+    "Gather": OpRule("", ("passive",), ranks=(4, 4), axes=(1,)),
 }
 
 PROFILES: dict[str, MarchProfile] = {

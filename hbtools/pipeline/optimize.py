@@ -126,6 +126,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if cropped:
         log.info("%d Pads with negative amounts (crops) written as Slices", cropped)
     bpu_forms.zero_pads_into_convs(body)
+    shuffles = bpu_forms.channel_shuffles_as_gathers(body, placed)
+    if shuffles:
+        log.info("%d channel shuffles (Reshape, Transpose, Reshape) written as Gathers of channels", shuffles)
     gathers = bpu_forms.channel_gathers_into_convs(body)
     if gathers:
         log.info("%d Gathers of channels (a Focus layer's reordering) folded into the Convs that read them", gathers)

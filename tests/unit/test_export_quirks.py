@@ -209,6 +209,57 @@ def test_a_focus_layer_stays_on_the_bpu_of_rdk_x3(tmp_path: Path) -> None:
         assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
 
 
+@pytest.mark.parametrize("split", [[1, 4, 4, 8, 8], [1, 4, 4, 64]], ids=["5-D", "flat map"])
+def test_a_channel_shuffle_stays_on_the_bpu_of_rdk_x3(split: list[int], tmp_path: Path) -> None:
+    """ShuffleNet's channel shuffle (Reshape to [N, g, C/g, ...], Transpose of the two channel axes, Reshape
+    back) before a grouped Conv, which cannot take a channel reordering into its weights: bernoulli2 has no
+    BPU Reshape, and every shuffle ran on the CPU with a BPU subgraph between each two. As one Gather of
+    channels it stays on the BPU."""
+    from builders import EXACT_MEAN, EXACT_SCALE, held_out, make_project
+    from conformance import _source_feed
+
+    from hbtools.log import setup
+    from hbtools.metrics import cosine_similarity
+    from hbtools.pipeline.runner import makertbin
+    from hbtools.runtime import HB_ONNXRuntime
+    from hbtools.runtime.binfile import read_bin
+
+    g = _Graph(14)
+    x = g.op("Relu", [g.conv("data", 3, 16)])
+    moved = g.op("Transpose", [g.op("Reshape", [x, g.const(_i64(split), "split")])],
+                 perm=[0, 2, 1, *range(3, len(split))])
+    shuffled = g.op("Reshape", [moved, g.const(_i64([1, 16, 8, 8]), "back")])
+    w = (g.rng.standard_normal((16, 4, 3, 3)) / 6).astype(np.float32)
+    out = g.op("Conv", [shuffled, g.const(w, "w")], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=4)
+    fm = g.model({"data": [1, 3, 8, 8]}, [out])
+    setup(None)
+    project = make_project(tmp_path, fm, cal_count=6)
+    project.write(model_parameters={"march": "bernoulli2"}, calibration_parameters={"calibration_type": "max"})
+    paths = makertbin(project.config_path, "onnx")
+    partition = read_bin(paths["bin"]).models[0].partition
+    assert not partition["cpu_nodes"], partition["cpu_nodes"]
+    assert [n.op_type for n in onnx.load(paths["optimized"]).graph.node].count("Gather") == 1
+    quantized = HB_ONNXRuntime(model_file=str(paths["quantized"]))
+    for x in held_out(fm, count=3, seed=2):
+        want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, {"data": x}, EXACT_MEAN, EXACT_SCALE))[0]
+        layout = x if list(quantized.get_inputs()[0].shape) == list(x.shape) else x.transpose(0, 2, 3, 1)
+        assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
+
+
+def test_a_reshape_chain_that_moves_more_than_channels_is_no_shuffle() -> None:
+    """A Reshape / Transpose / Reshape chain that gives back the input's shape but moves values across the
+    map (a transpose of rows and columns through [N, C, H, W] -> [N, C, W, H]) is not a Gather of channels."""
+    from hbtools.graph.bpu_forms import channel_shuffles_as_gathers
+
+    g = _Graph(15)
+    x = g.conv("data", 3, 4)
+    moved = g.op("Transpose", [g.op("Reshape", [x, g.const(_i64([1, 4, 8, 8]), "same")])], perm=[0, 1, 3, 2])
+    out = g.op("Reshape", [moved, g.const(_i64([1, 4, 8, 8]), "back")])
+    model = g.model({"data": [1, 3, 8, 8]}, [out]).model
+    assert channel_shuffles_as_gathers(model) == 0
+    assert "Gather" not in {n.op_type for n in model.graph.node}
+
+
 @pytest.mark.parametrize("pads", [[0, 0, -1, -2, 0, 0, -1, 0], [0, 0, -1, 2, 0, 0, 1, -2]])
 def test_a_pad_that_crops_runs_on_the_bpu(pads: list[int], tmp_path: Path) -> None:
     """A constant Pad with negative amounts crops (``F.pad`` with negative values): written as a Slice, and a
