@@ -36,9 +36,11 @@ from hbtools.quant.layer_dump import (
     output_layers,
     recorded_layers,
 )
+from hbtools.runs.transaction import Destination, artefact_transaction
 from hbtools.runtime.session import HB_ONNXRuntime
 
 log = logging.getLogger("hbtools")
+OUTPUT_DIR = Destination("--output-dir", "choose another --output-dir")
 
 
 def file_stem(layer: str) -> str:
@@ -161,10 +163,13 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
     tensors = list(dict.fromkeys(layer.tensor for layer in layers))
     values = dict(zip(tensors, session.run(tensors, feeds), strict=True))
     out_dir = outputs.output_dir(output_dir, "--output-dir")
-    written = []
-    for layer in layers:
-        path = out_dir / f"{file_stem(layer.name)}_float.bin"
-        outputs.write_array(path, layer.to_float(values[layer.tensor]))
-        written.append(path)
+    # One set, as vec_diff compares it: a failed or interrupted run leaves the previous results, and results
+    # of layers the last run here had and this model has not are removed (not compared as if current).
+    with artefact_transaction(out_dir, set_name="infer", inputs=[Path(model_file), Path(config_path),
+                                                                   *(Path(f) for _, f in images)],
+                              folder=OUTPUT_DIR) as staging:
+        for layer in layers:
+            outputs.write_array(staging / f"{file_stem(layer.name)}_float.bin", layer.to_float(values[layer.tensor]))
+    written = [out_dir / f"{file_stem(layer.name)}_float.bin" for layer in layers]
     log.info("%d layer result(s) of %s written to %s", len(written), model_file, out_dir)
     return written

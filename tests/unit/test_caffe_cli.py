@@ -17,6 +17,7 @@ from caffe_builders import CaffeNet, mobilenet_like, resnet_like
 from click.testing import CliRunner, Result
 
 from hbtools.cli.hb_mapper import main
+from hbtools.data.folders import sample_files
 from hbtools.runtime import HB_ONNXRuntime
 
 SUCCESS = "Convert to runtime bin file successfully!"
@@ -226,7 +227,7 @@ def test_infer_reads_a_caffe_configs_inputs_from_its_prototxt() -> None:
         result = invoke("infer", "-c", "config.yaml", "--model-file", f"model_output/net_{kind}_model.onnx",
                         "--model-type", "caffe", "--image-file", "data", "picture.bin", "--output-dir", kind)
         assert result.exit_code == 0 and not error_lines(result), result.output
-        written[kind] = sorted(Path(kind).iterdir())
+        written[kind] = sample_files(Path(kind))
     assert written["original_float"] and [p.name for p in written["quantized"]] == \
         [p.name for p in written["original_float"]]
     float_out, quant_out = (np.fromfile(written[k][0], np.float32) for k in ("original_float", "quantized"))

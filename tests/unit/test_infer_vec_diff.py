@@ -15,6 +15,7 @@ from hbtools.cli.hb_mapper import main as hb_mapper
 from hbtools.cli.vec_diff import main as vec_diff
 from hbtools.config.loader import load_config
 from hbtools.data.calibration import read_sample_file
+from hbtools.data.folders import sample_files
 from hbtools.metrics import cosine_similarity
 from hbtools.runtime import HB_ONNXRuntime
 from hbtools.tools.vec_diff import COLUMNS, read_vector
@@ -62,8 +63,8 @@ def test_infer_then_vec_diff_matches_direct_cosine(tmp_path: Path, march: str) -
         assert result.exit_code == 0, result.output
     assert Path("hb_mapper_infer.log").is_file()
     output = project.fm.model.graph.output[0].name
-    names = {p.name for p in Path("quant_out").iterdir()}
-    assert names == {p.name for p in Path("float_out").iterdir()}
+    names = {p.name for p in sample_files(Path("quant_out"))}
+    assert names == {p.name for p in sample_files(Path("float_out"))}
     assert {f"{output}_float.bin", "Conv_0_float.bin", "Conv_1_float.bin", "Gemm_0_float.bin"} <= names
     result = diff("quant_out", "float_out", "-o", "diff.csv")
     assert result.exit_code == 0, result.output
@@ -94,7 +95,7 @@ def test_infer_then_vec_diff_matches_direct_cosine(tmp_path: Path, march: str) -
 def test_infer_without_layer_out_dump_writes_outputs_only(tmp_path: Path) -> None:
     project = _converted(tmp_path / "p", "bayes-e", layer_out_dump=False)
     assert infer(project, "quantized", "q").exit_code == 0
-    assert [p.name for p in Path("q").iterdir()] == [f"{project.fm.model.graph.output[0].name}_float.bin"]
+    assert [p.name for p in sample_files(Path("q"))] == [f"{project.fm.model.graph.output[0].name}_float.bin"]
     # Turning it on afterwards cannot recover the conv layers of a model built without it.
     project.write(model_parameters={"layer_out_dump": True})
     result = infer(project, "quantized", "q2")
@@ -135,7 +136,7 @@ def test_infer_reads_an_image_file(tmp_path: Path) -> None:
                                             str(project.artefact("optimized")), "--image-file", "data",
                                             str(tmp_path / "photo.png"), "--output-dir", "img"])
     assert result.exit_code == 0, result.output
-    assert len(list(Path("img").iterdir())) == 1
+    assert len(sample_files(Path("img"))) == 1
 
 
 def test_vec_diff_files_and_formats(tmp_path: Path) -> None:
@@ -241,8 +242,46 @@ def test_infer_needs_no_calibration_folder(tmp_path: Path) -> None:
                                             str(project.artefact("quantized")), "--image-file", "data", str(sample),
                                             "--output-dir", "after"], catch_exceptions=False)
     assert before.exit_code == 0 and result.exit_code == 0, result.output
-    [name] = [p.name for p in Path("before").iterdir()]
+    [name] = [p.name for p in sample_files(Path("before"))]
     np.testing.assert_array_equal(read_vector(Path("before") / name), read_vector(Path("after") / name))
+
+
+def test_infer_replaces_its_results_as_one_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--output-dir holds one run's results, as vec_diff compares them: the conv layers of a model dumped
+    there before, which the next model does not have, were left next to its results; a run that fails
+    while writing left a mix of both. The user's own files stay."""
+    import errno
+
+    from hbtools import outputs
+
+    project = _converted(tmp_path / "p", "bayes-e")
+    assert infer(project, "quantized", "q").exit_code == 0
+    Path("q", "notes.txt").write_text("mine")
+    first = {p.name: p.read_bytes() for p in sample_files(Path("q"))}
+    output = f"{project.fm.model.graph.output[0].name}_float.bin"
+    assert len(first) > 2 and output in first
+
+    write = outputs.write_array
+    calls = []
+
+    def full_disk(path: Path, values: np.ndarray) -> None:
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        write(path, values)
+
+    monkeypatch.setattr(outputs, "write_array", full_disk)
+    failed = infer(project, "original", "q")
+    monkeypatch.setattr(outputs, "write_array", write)
+    assert failed.exit_code != 0 and "ERROR" in failed.output
+    assert {p.name: p.read_bytes() for p in sample_files(Path("q"))} == first
+
+    project.write(model_parameters={"layer_out_dump": False})
+    made = CliRunner().invoke(hb_mapper, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+    assert made.exit_code == 0, made.output
+    assert infer(project, "quantized", "q").exit_code == 0
+    assert sorted(p.name for p in sample_files(Path("q"))) == sorted([output, "notes.txt"])
 
 
 def test_infer_takes_one_input_layout_per_input(tmp_path: Path) -> None:
@@ -270,7 +309,7 @@ def test_infer_takes_one_input_layout_per_input(tmp_path: Path) -> None:
                                                 "--input-layout", layouts, "--output-dir", transposed],
                                     catch_exceptions=False)
         assert result.exit_code == 0, result.output
-        (dump,) = Path(transposed).iterdir()
+        (dump,) = sample_files(Path(transposed))
         want = sess.run(None, feed)[0]
         np.testing.assert_allclose(np.fromfile(dump, np.float32).reshape(want.shape), want, rtol=1e-6, atol=1e-6)
     result = CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
