@@ -214,6 +214,12 @@ def _check_input(spec: InputSpec, label: str, batch: int, march: str) -> None:
         # a Python caller passes differs.
         logger.info("%s: on bernoulli2 the converted model takes gray data as NHWC, the same bytes as NCHW for one "
                     "channel; arrays given to HB_ONNXRuntime need the shape NxHxWx1", label)
+    elif march != "bernoulli2" and spec.type_rt == "nv12" and spec.layout_rt == "NCHW":
+        # The vendor documents call input_layout_rt unnecessary for nv12 (the board feeds NV12 planes), so
+        # it is often left over from an rgb config; SPEC §5 still gives it the quantized model's layout.
+        logger.warning("%s: input_layout_rt NCHW with input_type_rt nv12: the board takes NV12 planes either way, "
+                       "but the quantized ONNX model (HB_ONNXRuntime) takes this input as NCHW yuv444 as "
+                       "input_layout_rt says; leave input_layout_rt out for the usual NHWC", label)
     elif march == "bernoulli2" and spec.layout_rt == "NCHW" and spec.type_rt not in ("featuremap", "nv12"):
         # The X3 artefacts take image inputs NHWC (SPEC §5); data laid out as configured would be misread.
         logger.warning("%s: on bernoulli2 the converted model takes %s data in NHWC whatever input_layout_rt "

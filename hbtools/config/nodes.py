@@ -20,6 +20,7 @@ from hbtools.config.values import (
     is_unset,
     split_multi,
 )
+from hbtools.log import logger
 
 DATA_TYPES = ("int8", "int16")
 NODE_INFO_FORMS = (
@@ -82,10 +83,10 @@ def parse_node_info(value: Any) -> dict[str, NodeInfo]:
                 f"'node_info' item {item!r} has no data type; write 'node_name:int16' "
                 f"or use the mapping form {NODE_INFO_FORMS}"
             )
-        # The string form "configures the node's data type": we apply it to all of the
-        # node's inputs and to its output, like the mapping form with both keys set.
+        # The string form takes over set_node_data_type, which sets a node's output type: the
+        # output only, as the vendor's parser reads it (the mapping form names inputs).
         dtype = _data_type("node_info", node.strip(), dtype)
-        out[node.strip()] = NodeInfo(input_types={None: dtype}, output_type=dtype)
+        out[node.strip()] = NodeInfo(output_type=dtype)
     return out
 
 
@@ -111,7 +112,9 @@ def merge_node_settings(
     run_on_cpu: list[str],
     run_on_bpu: list[str],
 ) -> dict[str, NodeInfo]:
-    """Fold the older per-node parameters into node_info; contradictions are errors."""
+    """Fold the older per-node parameters into node_info. node_info replaces them: where they
+    contradict it, node_info's setting is kept with a WARNING (as the vendor's parser does); a node
+    in both run_on_cpu and run_on_bpu is an error."""
     both = [n for n in run_on_cpu if n in run_on_bpu]
     if both:
         raise group_error(
@@ -126,21 +129,18 @@ def merge_node_settings(
         for name in names:
             info = merged.setdefault(name, NodeInfo(given_by=f"run_on_{on.lower()}"))
             if info.on not in (None, on):
-                raise group_error(
-                    "model_parameters",
-                    f"node_info puts node '{name}' on {info.on} but "
-                    f"calibration_parameters.run_on_{on.lower()} puts it on {on}; "
-                    f"keep one of them",
-                )
+                logger.warning("node_info puts node '%s' on %s and calibration_parameters.run_on_%s puts it on %s: "
+                               "node_info replaces run_on_cpu / run_on_bpu, so the node runs on %s; remove it from "
+                               "run_on_%s", name, info.on, on.lower(), on, info.on, on.lower())
+                continue
             info.on = on
     for name in int16_outputs:
         info = merged.setdefault(name, NodeInfo(given_by="set_node_data_type"))
         if info.output_type not in (None, "int16"):
-            raise group_error(
-                "model_parameters",
-                f"node_info sets OutputType {info.output_type} for node '{name}' but "
-                f"set_node_data_type asks for int16; keep one of them",
-            )
+            logger.warning("node_info sets OutputType %s for node '%s' and set_node_data_type asks for int16: "
+                           "node_info replaces set_node_data_type, so the output is %s; remove the node from "
+                           "set_node_data_type", info.output_type, name, info.output_type)
+            continue
         info.output_type = "int16"
     return merged
 

@@ -66,14 +66,16 @@ def inline_mapping(value: Any) -> Any:
     return value
 
 
-def split_multi(key: str, value: Any) -> list[Any]:
-    """``'a; b; c'`` or a YAML list -> items; any other scalar is one item.
+def split_multi(key: str, value: Any, separators: str = ";,") -> list[Any]:
+    """``'a; b; c'``, ``'a,b,c'`` or a YAML list -> items; any other scalar is one item.
 
+    Real configs separate values with ``;`` (the vendor documents) or ``,``: both split unless
+    ``separators`` says otherwise (one input's per-channel numbers may be written with commas).
     Blank items stay in place (their position matters for per-input values),
-    except one left by a trailing ``;``.
+    except one left by a trailing separator.
     """
     if isinstance(value, str):
-        items: list[Any] = [part.strip() for part in value.split(";")]
+        items: list[Any] = [part.strip() for part in re.split(f"[{re.escape(separators)}]", value)]
         if len(items) > 1 and items[-1] == "":
             items.pop()
         return items
@@ -188,11 +190,11 @@ def as_names(key: str, choices: Sequence[str] | None = None) -> Parser:
     return parse
 
 
-def as_per_input(key: str, item: Callable[[str, Any], Any]) -> Parser:
+def as_per_input(key: str, item: Callable[[str, Any], Any], separators: str = ";,") -> Parser:
     """One value per model input; a blank item becomes None (for that input: unset)."""
 
     def parse(value: Any) -> list[Any]:
-        return [None if is_unset(v) else item(key, v) for v in split_multi(key, value)]
+        return [None if is_unset(v) else item(key, v) for v in split_multi(key, value, separators)]
 
     return parse
 
@@ -288,7 +290,7 @@ def as_per_channel(key: str, *, nonzero: bool = False) -> Parser:
                  f"use the real scale (e.g. 0.017 for 1/58.8) or leave it out")
         return numbers
 
-    per_input = as_per_input(key, item)
+    per_input = as_per_input(key, item, separators=";")  # '123.68, 116.779, 103.939' is one input's
 
     def parse(value: Any) -> list[list[float] | None]:
         if isinstance(value, list) and value and all(_is_number(v) for v in value):
@@ -305,6 +307,9 @@ def as_shapes(key: str) -> Parser:
     def parse(value: Any) -> list[list[int] | None]:
         if isinstance(value, list) and value and all(_is_number(v) for v in value):
             return [shape_item(key, value)]
+        if isinstance(value, str) and "," in value and "x" not in value.lower():
+            fail(f"'{key}' value {value!r} is not a shape; join the dimensions with 'x' (e.g. '1x3x224x224') "
+                 f"and separate the shapes of several inputs with ';'")
         return per_input(value)
 
     return parse
