@@ -1,6 +1,6 @@
-"""Compatibility import: ``from horizon_tc_ui import HB_ONNXRuntime, __version__``."""
+"""Compatibility import: ``from horizon_tc_ui import HB_ONNXRuntime, HBRuntime, __version__``."""
 
 from hbtools import __version__
-from hbtools.runtime.session import HB_ONNXRuntime
+from hbtools.runtime.session import HB_ONNXRuntime, HBRuntime
 
-__all__ = ["HB_ONNXRuntime", "__version__"]
+__all__ = ["HBRuntime", "HB_ONNXRuntime", "__version__"]

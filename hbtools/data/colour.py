@@ -181,5 +181,26 @@ def rgb_to_nv12(rgb: np.ndarray, space_and_range: str = "regular") -> np.ndarray
     return nv12_encode(rgb_to_yuv444(rgb, space_and_range))
 
 
+# OpenCV's RGB -> YUV 4:2:0 (BT.601 video range) in 20-bit fixed point: rows R, G, B -> Y, U, V.
+_OPENCV_YUV420 = np.array([[269484, 528482, 102760], [-155188, -305135, 460324], [460324, -385875, -74448]],
+                          dtype=np.int64)
+_OPENCV_SHIFT = 20
+
+
+def rgb_to_nv12_opencv(rgb: np.ndarray) -> np.ndarray:
+    """uint8 RGB ``(H, W, 3)`` -> NV12 bytes ``(H * 3 // 2, W)`` as OpenCV's ``COLOR_RGB2YUV_I420``
+    computes them (its integer arithmetic; each chroma sample from the top-left pixel of its 2x2
+    block), interleaved as NV12."""
+    rgb = np.asarray(rgb, dtype=np.int64)
+    h, w, _ = rgb.shape
+    _check_even(h, w)
+    half = 1 << (_OPENCV_SHIFT - 1)
+    y = (rgb @ _OPENCV_YUV420[0] + half + (16 << _OPENCV_SHIFT)) >> _OPENCV_SHIFT
+    corner = rgb[::2, ::2]
+    uv = (corner @ _OPENCV_YUV420[1:].T + half + (128 << _OPENCV_SHIFT)) >> _OPENCV_SHIFT
+    planes = np.concatenate([y, uv.reshape(h // 2, w)], axis=0)
+    return np.clip(planes, 0, 255).astype(np.uint8)
+
+
 def nv12_to_rgb(nv12: np.ndarray, space_and_range: str = "regular") -> np.ndarray:
     return yuv444_to_rgb(nv12_decode(nv12), space_and_range)

@@ -375,7 +375,8 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         """Run with feature-map data (offset 0 by default)."""
         return self._run(output_names, feed_dict, input_offset)
 
-    def _run(self, output_names: Sequence[str] | None, feed_dict: dict, input_offset: int) -> list[np.ndarray]:
+    def _run(self, output_names: Sequence[str] | None, feed_dict: dict, input_offset: object) -> list[np.ndarray]:
+        input_offset = _offset(input_offset)
         unknown = set(feed_dict) - set(self.input_names)
         if unknown:
             raise FeedError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are {self.input_names}")
@@ -446,6 +447,24 @@ def with_outputs(model: ModelProto, names: Sequence[str]) -> ModelProto:
     return out
 
 
+class HBRuntime(HB_ONNXRuntime):
+    """The newer toolkits' one runtime class (``from horizon_tc_ui import HBRuntime``), for the ONNX
+    artefacts: ``HBRuntime("m_quantized_model.onnx")``, then ``input_names``, ``output_names``,
+    ``input_shapes`` and ``run(names, feed)`` as on HB_ONNXRuntime. A compiled model (``.bin``, and
+    the newer ``.hbm`` / ``.bc``) runs with hrt_model_exec instead."""
+
+    def __init__(self, model_file: str | Path | ModelProto | bytes | None = None, **kwargs: object) -> None:
+        if isinstance(model_file, str | Path) and Path(model_file).suffix.lower() in (".bin", ".hbm", ".bc"):
+            raise HbError(f"HBRuntime runs ONNX models here; {model_file} is a compiled model",
+                          hint="run it with hrt_model_exec infer, or give HBRuntime the quantized ONNX model")
+        super().__init__(model_file, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def sess(self) -> ort.InferenceSession | CustomOpSession:
+        """The onnxruntime session underneath, as scripts of the newer toolkits reach it."""
+        return self._session
+
+
 def input_layout(model: ModelProto, name: str) -> str | None:
     """The layout of graph input ``name``: what the node reading it says (an HzPreprocess's
     ``layout``; the Transpose to NCHW the quantized model starts with for an NHWC input), else
@@ -474,6 +493,18 @@ def _check_shape(name: str, got: tuple[int, ...], want: Sequence[object]) -> Non
     if not fixed:
         shown = "x".join(str(w) if isinstance(w, int) else "?" for w in want)
         raise FeedError(f"input '{name}' has shape {'x'.join(map(str, got)) or 'scalar'}, the model expects {shown}")
+
+
+def _offset(value: object) -> int:
+    """``input_offset`` as an int: the vendor's sample scripts pass their click option, a string ('128')."""
+    try:
+        number = float(value.strip()) if isinstance(value, str) else float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number.is_integer():
+        raise FeedError(f"input_offset {value!r} is not a whole number; use 128 for 0..255 image data fed to "
+                        "int8 inputs, 0 for data already in the input's range")
+    return int(number)
 
 
 def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.ndarray:

@@ -12,6 +12,7 @@ import onnx
 import pytest
 from builders import featuremap_mlp, make_project, resnet_like
 
+from hbtools.errors import HbError
 from hbtools.pipeline.runner import makertbin
 from hbtools.runtime.session import FeedError
 from horizon_tc_ui import HB_ONNXRuntime
@@ -95,6 +96,34 @@ def test_image_values_in_any_integer_type_are_fed_like_uint8(nhwc_model: dict[st
         np.testing.assert_array_equal(sess.run(None, {"data": feed})[0], want)
     with pytest.raises(FeedError, match="use input_offset 128 for 0..255 image data"):
         sess.run(None, {"data": _image().astype(np.int64) + 200})
+
+
+def test_the_newer_toolkits_hbruntime_runs_the_onnx_artefacts(nhwc_model: dict[str, Path]) -> None:
+    """D-Robotics' classification scripts import HBRuntime (with HB_ONNXRuntime) and the ImageNet class names:
+    the import failed, and the script with it."""
+    import onnxruntime
+
+    from horizon_tc_ui import HBRuntime
+    from horizon_tc_ui.data.imagenet_val import imagenet_val
+
+    want = HB_ONNXRuntime(model_file=nhwc_model["quantized"]).run(None, {"data": _image()})
+    sess = HBRuntime(str(nhwc_model["quantized"]))
+    got = sess.run(sess.output_names, {sess.input_names[0]: _image()})
+    np.testing.assert_array_equal(got[0], want[0])
+    assert isinstance(sess.sess, onnxruntime.InferenceSession)
+    with pytest.raises(HbError, match="is a compiled model"):
+        HBRuntime(str(nhwc_model["quantized"].with_suffix(".bin")))
+    assert sorted(imagenet_val) == list(range(1000)) and imagenet_val[np.int64(0)].startswith("tench")
+
+
+def test_input_offset_given_as_text_is_the_number(nhwc_model: dict[str, Path]) -> None:
+    """The vendor's sample scripts declare ``-o/--input_offset`` as a click string option and pass it on:
+    ``-o 128`` crashed in the feed conversion with a TypeError."""
+    sess = HB_ONNXRuntime(model_file=nhwc_model["quantized"])
+    (want,) = sess.run(None, {"data": _image()}, input_offset=128)
+    np.testing.assert_array_equal(sess.run(None, {"data": _image()}, input_offset="128")[0], want)
+    with pytest.raises(FeedError, match="input_offset 'x128' is not a whole number"):
+        sess.run(None, {"data": _image()}, input_offset="x128")
 
 
 def test_a_batch_the_model_cannot_take_says_which_shape_it_was_built_for(tmp_path: Path) -> None:

@@ -214,6 +214,31 @@ def test_scale_mean_normalize_per_channel():
     np.testing.assert_allclose(T.Mean(img, 5), img - 5.0)
     with pytest.raises(ValueError, match="3 channels"):
         T.Mean(img, [1.0, 2.0])
+    # the vendor's classification script: ScaleTransformer(scale_value=np.array([0.007843] * 3)) after HWC2CHW
+    scales = np.array([0.5, 1.0, 2.0])
+    np.testing.assert_allclose(T.ScaleTransformer(scale_value=scales)(chw), chw * scales[:, None, None])
+    np.testing.assert_allclose(T.ScaleTransformer(scales, data_format="HWC")(img), img * scales)
+
+
+# OpenCV 5.0.0's cv2.cvtColor(BGR_2x4, COLOR_BGR2YUV_I420), its U and V planes interleaved as NV12.
+OPENCV_BGR_2X4 = [[[0, 0, 255], [0, 255, 0], [255, 0, 0], [255, 255, 255]],
+                  [[10, 20, 30], [200, 100, 50], [0, 0, 0], [128, 128, 128]]]
+OPENCV_NV12_2X4 = [[82, 145, 41, 235], [35, 99, 16, 126], [90, 240, 240, 110]]
+
+
+def test_nv12_cvt_mode_opencv_is_opencvs_conversion() -> None:
+    """The vendor's eval preprocessing builds BGR2NV12Transformer(data_format="HWC", cvt_mode="opencv"): the
+    keyword stopped the whole module at import. Its values are OpenCV's I420 conversion: video range, in
+    fixed point, chroma from each 2x2 block's top-left pixel."""
+    bgr = np.array(OPENCV_BGR_2X4, np.uint8)
+    got = transformer.BGR2NV12Transformer(data_format="HWC", cvt_mode="opencv")(bgr)
+    np.testing.assert_array_equal(got, np.array(OPENCV_NV12_2X4, np.uint8))
+    rgb_chw = np.ascontiguousarray(bgr[..., ::-1].transpose(2, 0, 1)).astype(np.float32)
+    np.testing.assert_array_equal(T.RGB2NV12Transformer(data_format="CHW", cvt_mode="opencv")(rgb_chw), got)
+    np.testing.assert_array_equal(T.RGB2NV12Transformer(cvt_mode="rgb_calc")(bgr[..., ::-1]),
+                                  T.RGB2NV12Transformer()(bgr[..., ::-1]))
+    with pytest.raises(ValueError, match="cvt_mode 'cv2' is not one of"):
+        T.BGR2NV12Transformer(cvt_mode="cv2")
 
 
 def test_float_to_integer_rounds_instead_of_truncating():

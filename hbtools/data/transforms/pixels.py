@@ -185,15 +185,30 @@ class ReduceChannelTransformer(Transformer):
 
 
 class _NV12Transformer(_SpaceTransformer):
-    """RGB/BGR (0..255, even height and width) -> NV12 bytes, shape (H * 3 // 2, W)."""
+    """RGB/BGR (0..255, even height and width) -> NV12 bytes, shape (H * 3 // 2, W).
+
+    ``cvt_mode``: ``'rgb_calc'`` / ``'bgr_calc'`` (the default: BT.601 as ``space_and_range`` says, each
+    chroma sample the mean of its 2x2 block) or ``'opencv'`` (OpenCV's own I420 conversion, which the
+    vendor's scripts call: video range in fixed point, chroma of each block's top-left pixel, the
+    image cast to uint8 first)."""
 
     source = "rgb"
+    CVT_MODES = ("rgb_calc", "bgr_calc", "opencv")
+
+    def __init__(self, data_format: str | None = None, space_and_range: str = "regular",
+                 cvt_mode: str = "rgb_calc") -> None:
+        super().__init__(data_format, space_and_range)
+        if cvt_mode not in self.CVT_MODES:
+            raise ValueError(f"cvt_mode {cvt_mode!r} is not one of {', '.join(self.CVT_MODES)}")
+        self.cvt_mode = cvt_mode
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         last, _ = channels_last(image, self.data_format)
         if last.ndim != 3 or last.shape[-1] != 3:
             raise ValueError(f"{type(self).__name__} needs one 3-channel image, got shape {image.shape}")
         rgb = last if self.source == "rgb" else colour.bgr_to_rgb(last)
+        if self.cvt_mode == "opencv":
+            return colour.rgb_to_nv12_opencv(np.asarray(rgb).astype(np.uint8))
         return colour.rgb_to_nv12(rgb, self.space_and_range)
 
 
@@ -249,13 +264,16 @@ def _per_channel(values: float | Sequence[float], image: np.ndarray, data_format
 
 
 class ScaleTransformer(Transformer):
-    """Multiply by ``scale_value`` (e.g. 255 to take a skimage float image to 0..255)."""
+    """Multiply by ``scale_value`` (e.g. 255 to take a skimage float image to 0..255), one for all
+    channels or one per channel (``data_format`` as for ``MeanTransformer``)."""
 
-    def __init__(self, scale_value: float) -> None:
+    def __init__(self, scale_value: float | Sequence[float], data_format: str | None = None) -> None:
         self.scale_value = scale_value
+        self.data_format = data_format
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
-        return image.astype(float_dtype(image)) * float_dtype(image)(self.scale_value)
+        dtype = float_dtype(image)
+        return image.astype(dtype) * _per_channel(self.scale_value, image, self.data_format).astype(dtype)
 
 
 class AddTransformer(Transformer):
