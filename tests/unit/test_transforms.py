@@ -220,10 +220,30 @@ def test_scale_mean_normalize_per_channel():
     np.testing.assert_allclose(T.ScaleTransformer(scales, data_format="HWC")(img), img * scales)
 
 
-# OpenCV 5.0.0's cv2.cvtColor(BGR_2x4, COLOR_BGR2YUV_I420), its U and V planes interleaved as NV12.
+# cv2.cvtColor(BGR_2x4, COLOR_BGR2YUV_I420) (OpenCV 4.10 and 5.0 alike), its U and V planes interleaved as NV12.
 OPENCV_BGR_2X4 = [[[0, 0, 255], [0, 255, 0], [255, 0, 0], [255, 255, 255]],
                   [[10, 20, 30], [200, 100, 50], [0, 0, 0], [128, 128, 128]]]
 OPENCV_NV12_2X4 = [[82, 145, 41, 235], [35, 99, 16, 126], [90, 240, 240, 110]]
+
+
+# The vendor's CenterNet preprocessing (get_affine_transform, then cv2.warpAffine with INTER_LINEAR) on
+# OpenCV 4.10 (its fixed-point warp; 4.11 on computes the coordinates in float), for a 4x6 ramp.
+WARP_IN = (np.arange(24).reshape(4, 6) * 10).astype(np.uint8)
+WARP_OPENCV_5X7 = [[0, 7, 15, 22, 29, 36, 36], [43, 52, 60, 69, 78, 86, 79], [94, 102, 111, 119, 128, 137, 121],
+                   [146, 155, 163, 172, 181, 189, 166], [129, 135, 142, 148, 154, 160, 139]]
+WARP_OPENCV_FLOAT_ROW2 = [0.0, 7.6842, 10.1339, 11.3393, 12.5893, 13.7946, 15.0446]  # of the ramp / 7, scale 0.75
+
+
+def test_warp_affine_is_the_vendors_opencv_warp() -> None:
+    """The vendor's eval preprocessing imports WarpAffineTransformer (CenterNet): the import failed, and the
+    module with it. Values as OpenCV 4.10 gives them, zero outside the picture, float32 out."""
+    got = transformer.WarpAffineTransformer((5, 7), 1.0)(WARP_IN)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.array(WARP_OPENCV_5X7, np.float32))
+    scaled = T.WarpAffineTransformer((5, 7), 0.75)(WARP_IN.astype(np.float32) / 7)
+    np.testing.assert_allclose(scaled[2], WARP_OPENCV_FLOAT_ROW2, atol=1e-4)
+    colour3 = T.WarpAffineTransformer((5, 7), 1.0)(np.repeat(WARP_IN[..., None], 3, axis=2))
+    np.testing.assert_array_equal(colour3, np.repeat(got[..., None], 3, axis=2))
 
 
 def test_nv12_cvt_mode_opencv_is_opencvs_conversion() -> None:

@@ -34,6 +34,7 @@ from hbtools.data.transforms.geometry import (
     ShortLongResizeTransformer,
     ShortSideResizeTransformer,
     TextLineResizeTransformer,
+    WarpAffineTransformer,
 )
 from hbtools.data.transforms.imread import READ_MODES, opencv_available, opencv_like, read_image
 from hbtools.data.transforms.pil import PILCenterCropTransformer, PILResizeTransformer
@@ -108,6 +109,7 @@ F32ToU8 = _functional(F32ToU8Transformer)
 F32ToS8 = _functional(F32ToS8Transformer)
 
 __all__ = [
+    "WarpAffineTransformer",
     "RGB2GRAY_128Transformer",
     "RGB2YUV444_128Transformer",
     "BGR2YUV444_128Transformer",

@@ -381,3 +381,86 @@ class PadTransformer(Transformer):
         canvas = np.zeros((-(-h // d) * d, -(-w // d) * d, *scaled.shape[2:]), dtype=scaled.dtype)
         canvas[:h, :w] = scaled
         return canvas
+
+
+class WarpAffineTransformer(Transformer):
+    """CenterNet's input warp: the image (HW or HWC), scaled by ``scale`` and centred, with its longer
+    side fitted to ``input_shape`` = (height, width) and the rest zero, as the vendor's pipeline gets it
+    from ``cv2.warpAffine`` (bilinear, constant border 0; ``opencv_warp_affine``). float32 out."""
+
+    def __init__(self, input_shape: Sequence[int], scale: float) -> None:
+        self.input_height, self.input_width = size_hw(input_shape, "input_shape")
+        self.scale = float(scale)
+
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
+        check_image(image, "warp")
+        height, width = image.shape[:2]
+        centre = np.array([int(width * self.scale) / 2.0, int(height * self.scale) / 2.0], np.float32)
+        side = np.float32(max(height, width))
+        # The vendor's get_affine_transform without rotation or shift: the square of ``side`` around
+        # ``centre`` onto the output's width, centred (three float32 point pairs solved in float64).
+        out_w, out_h = self.input_width, self.input_height
+        src = np.array([centre, centre + [0, -side / 2], centre + [-side / 2, -side / 2]], np.float32)
+        dst = np.array([[out_w / 2, out_h / 2], [out_w / 2, out_h / 2 - out_w / 2],
+                        [0, out_h / 2 - out_w / 2]], np.float32)
+        forward = _affine_from_points(src, dst)
+        return opencv_warp_affine(image, forward, out_h, out_w).astype(np.float32)
+
+
+def _affine_from_points(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The 2x3 matrix taking three ``src`` points to ``dst`` (``cv2.getAffineTransform``)."""
+    a = np.zeros((6, 6))
+    b = np.zeros(6)
+    for i, ((x, y), (u, v)) in enumerate(zip(src.astype(np.float64), dst.astype(np.float64), strict=True)):
+        a[i, :3] = a[i + 3, 3:] = x, y, 1.0
+        b[i], b[i + 3] = u, v
+    return np.linalg.solve(a, b).reshape(2, 3)
+
+
+# cv2.warpAffine's fixed point: source coordinates in steps of 1 / 2**INTER_BITS, accumulated with
+# AB_BITS fraction bits; uint8 results from weights scaled by 2**15.
+_INTER_BITS, _AB_BITS, _COEF_BITS = 5, 10, 15
+
+
+def opencv_warp_affine(image: np.ndarray, forward: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``cv2.warpAffine(image, forward, (width, height))`` with INTER_LINEAR and a constant border of 0:
+    each output pixel reads the source at the inverse map of its position, rounded to 1/32 pixel as
+    OpenCV's fixed point rounds it, and mixes the four neighbours bilinearly (outside ones count as 0)."""
+    check_image(image, "warp")
+    m = np.asarray(forward, np.float64)
+    det = m[0, 0] * m[1, 1] - m[0, 1] * m[1, 0]
+    inv_det = 1.0 / det if det else 0.0
+    a11, a22 = m[1, 1] * inv_det, m[0, 0] * inv_det
+    a12, a21 = -m[0, 1] * inv_det, -m[1, 0] * inv_det
+    b1, b2 = -a11 * m[0, 2] - a12 * m[1, 2], -a21 * m[0, 2] - a22 * m[1, 2]
+    scale = 1 << _AB_BITS
+    rounding = scale >> (_INTER_BITS + 1)
+    xs, ys = np.arange(width, dtype=np.float64), np.arange(height, dtype=np.float64)
+    # OpenCV rounds each term to the fixed point on its own (cvRound: half to even), then adds them.
+    x_fixed = np.rint(a11 * xs * scale).astype(np.int64)[None, :] + \
+        (np.rint((a12 * ys + b1) * scale).astype(np.int64) + rounding)[:, None]
+    y_fixed = np.rint(a21 * xs * scale).astype(np.int64)[None, :] + \
+        (np.rint((a22 * ys + b2) * scale).astype(np.int64) + rounding)[:, None]
+    x_fixed >>= _AB_BITS - _INTER_BITS
+    y_fixed >>= _AB_BITS - _INTER_BITS
+    steps = 1 << _INTER_BITS
+    x0, fx = x_fixed >> _INTER_BITS, x_fixed & (steps - 1)
+    y0, fy = y_fixed >> _INTER_BITS, y_fixed & (steps - 1)
+    src = image if image.ndim == 3 else image[..., None]
+    h, w = src.shape[:2]
+    integer = image.dtype == np.uint8
+    acc = np.zeros((height, width, src.shape[2]), np.int64 if integer else np.float32)
+    for dy, wy in ((0, steps - fy), (1, fy)):
+        for dx, wx in ((0, steps - fx), (1, fx)):
+            yy, xx = y0 + dy, x0 + dx
+            inside = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+            values = src[np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)] * inside[..., None]
+            weight = wy * wx  # in 1/1024ths
+            if integer:
+                acc += values.astype(np.int64) * (weight << (_COEF_BITS - 2 * _INTER_BITS))[..., None]
+            else:
+                acc += values.astype(np.float32) * (weight / float(steps * steps)).astype(np.float32)[..., None]
+    if integer:
+        acc = np.clip((acc + (1 << (_COEF_BITS - 1))) >> _COEF_BITS, 0, 255).astype(np.uint8)
+    out = acc if image.ndim == 3 else acc[..., 0]
+    return out.astype(image.dtype) if not integer else out
