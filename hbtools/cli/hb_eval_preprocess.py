@@ -9,7 +9,7 @@ import click
 
 from hbtools import __version__
 from hbtools.cli.common import ToolCommand, reports_errors
-from hbtools.data.eval_preprocess import RECIPES, preprocess_folder, recipe
+from hbtools.data.eval_preprocess import RECIPES, model_names, preprocess_folder, recipe
 from hbtools.errors import UsageError
 from hbtools.log import setup
 
@@ -19,7 +19,8 @@ LOG_FILE = "hb_eval_preprocess.log"
 
 def _epilog() -> str:
     # "\b" keeps click from re-flowing the table.
-    rows = [f"  {r.name:<10} {r.summary}\n  {'':<10} -> {r.output}" for r in RECIPES.values()]
+    shown = list({id(r): r for r in RECIPES.values()}.values())  # a recipe with aliases once
+    rows = [f"  {' / '.join((r.name, *r.aliases)):<10} {r.summary}\n  {'':<10} -> {r.output}" for r in shown]
     return "\b\nModels (-m):\n" + "\n".join(rows)
 
 
@@ -34,8 +35,9 @@ def _epilog() -> str:
 def main(model_name: str | None, image_dir: str | None, output_dir: str | None, val_txt: str | None) -> None:
     """Preprocess the images of IMAGE_DIR for MODEL_NAME into binary files in OUTPUT_DIR.
 
-    Each output file, <image name>.bin, holds one image in the model's input format as
-    raw bytes (numpy.tofile).
+    Each output file, <image name>.bin (for the vendor's sample models, as its tool names them:
+    <image file name>_<height>_<width>_<input height>_<input width>.bin), holds one image in the
+    model's input format as raw bytes (numpy.tofile).
     """
     setup(LOG_FILE)
     _run(model_name, image_dir, output_dir, val_txt)
@@ -47,7 +49,7 @@ def _run(model_name: str | None, image_dir: str | None, output_dir: str | None, 
                         (output_dir, "-o/--output_dir")):
         if not value:
             raise UsageError(f"missing {flag}", hint="usage: hb_eval_preprocess -m MODEL -i IMAGE_DIR -o OUT_DIR "
-                          "[-v VAL_TXT]; models: " + ", ".join(RECIPES))
+                          "[-v VAL_TXT]; models: " + model_names())
     chosen = recipe(model_name)
     written = preprocess_folder(model_name, Path(image_dir), Path(output_dir),
                                 Path(val_txt) if val_txt else None,

@@ -42,11 +42,21 @@ class Recipe:
     summary: str  # one line for --help
     output: str  # what each output file holds
     transformers: Callable[[], list[Transformer]]  # applied to a skimage RGB float image
+    # The vendor's file names, <image file name>_<org h>_<org w>_<dst h>_<dst w>.bin (board-side evaluation
+    # scripts read the original size back from them), for its models: the model's input (h, w).
+    vendor_size: tuple[int, int] | None = None
+    aliases: tuple[str, ...] = ()  # other -m names of the same preprocessing
 
     def pipeline(self) -> Compose:
         from hbtools.data.transforms import Compose
 
         return Compose(self.transformers())
+
+    def output_name(self, image: Path, height: int, width: int) -> str:
+        """The file ``image`` (``height`` x ``width`` pixels as read) is written to."""
+        if self.vendor_size is None:
+            return f"{image.stem}.bin"
+        return f"{image.name}_{height}_{width}_{self.vendor_size[0]}_{self.vendor_size[1]}.bin"
 
 
 def _text_line(width: int) -> Callable[[], list[Transformer]]:
@@ -93,6 +103,124 @@ def _yolo(size: int) -> Callable[[], list[Transformer]]:
     return transformers
 
 
+def _vendor(read: str, steps: Callable[[], list[Transformer]]) -> Callable[[], list[Transformer]]:
+    """A vendor model's steps after its image read: ``'skimage'`` (RGB floats, as read here) or ``'opencv'``."""
+    def transformers() -> list[Transformer]:
+        from hbtools.data.transforms import opencv_like
+
+        return [*opencv_like(), *steps()] if read == "opencv" else steps()
+
+    return transformers
+
+
+def _vendor_recipes() -> list[Recipe]:
+    """The models of the vendor's hb_eval_preprocess, with its preprocessing: NV12 bytes ``(h * 3 // 2, w)``
+    of the model's input size, for the board's nv12 input. Names that share a preprocessing are aliases."""
+    from hbtools.data import transforms as t
+
+    def nv12(name: str, read: str, size: tuple[int, int], steps: Callable[[], list], what: str,
+             *aliases: str) -> Recipe:
+        return Recipe(name, f"vendor sample: {what}", f"uint8 NV12 {size[0] * 3 // 2}x{size[1]} (rows x bytes)",
+                      _vendor(read, steps), vendor_size=size, aliases=aliases)
+
+    def imagenet_bgr() -> list:
+        return [t.ShortSideResizeTransformer(short_size=256), t.CenterCropTransformer(crop_size=224),
+                t.HWC2CHWTransformer(), t.RGB2BGRTransformer(data_format="CHW"), t.ScaleTransformer(255),
+                t.BGR2NV12Transformer(data_format="CHW")]
+
+    def imagenet_rgb() -> list:
+        return [t.ShortSideResizeTransformer(short_size=256), t.CenterCropTransformer(crop_size=224),
+                t.HWC2CHWTransformer(), t.ScaleTransformer(255), t.RGB2NV12Transformer(data_format="CHW")]
+
+    def googlenet() -> list:
+        return [t.ShortSideResizeTransformer(short_size=256), t.CenterCropTransformer(crop_size=224),
+                t.BGR2NV12Transformer(data_format="HWC")]
+
+    def lite(size: int) -> Callable[[], list]:
+        return lambda: [t.PaddedCenterCropTransformer(image_size=size, crop_pad=32),
+                        t.ResizeTransformer(target_size=(size, size), mode="skimage", method=3),
+                        t.HWC2CHWTransformer(), t.ScaleTransformer(255), t.RGB2NV12Transformer(data_format="CHW")]
+
+    def yolo(size: int) -> Callable[[], list]:
+        return lambda: [t.PadResizeTransformer(target_size=(size, size)), t.HWC2CHWTransformer(),
+                        t.BGR2RGBTransformer(data_format="CHW"), t.RGB2NV12Transformer(data_format="CHW")]
+
+    def stretched(size: tuple[int, int], rgb_first: bool = False) -> Callable[[], list]:
+        if rgb_first:
+            return lambda: [t.ResizeTransformer(size), t.BGR2RGBTransformer(data_format="HWC"),
+                            t.RGB2NV12Transformer(data_format="HWC", cvt_mode="opencv")]
+        return lambda: [t.ResizeTransformer(size), t.BGR2NV12Transformer(data_format="HWC", cvt_mode="opencv")]
+
+    def fcos(size: int) -> Callable[[], list]:
+        return lambda: [t.PadResizeTransformer((size, size), pad_position="bottom_right", pad_value=0),
+                        t.BGR2NV12Transformer(data_format="HWC", cvt_mode="opencv")]
+
+    def nasnet(size: int) -> Callable[[], list]:
+        return lambda: [t.BGR2RGBTransformer(data_format="HWC"),
+                        t.ShortSideResizeTransformer(short_size=256, data_type="uint8", interpolation="INTER_CUBIC"),
+                        t.CenterCropTransformer(crop_size=224, data_type="uint8"),
+                        t.ResizeTransformer(target_size=(size, size), data_type="uint8", mode="opencv", method=1,
+                                            interpolation="INTER_CUBIC"),
+                        t.RGB2NV12Transformer(data_format="HWC", cvt_mode="opencv")]
+
+    def yolov4() -> list:
+        return [t.PadResizeTransformer(target_size=(512, 512), pad_position="bottom_right"),
+                t.BGR2NV12Transformer(data_format="HWC")]
+
+    def ssd() -> list:
+        return [t.ResizeTransformer(target_size=(300, 300), mode="opencv", method=1), t.HWC2CHWTransformer(),
+                t.BGR2NV12Transformer(data_format="CHW")]
+
+    def efficientdet() -> list:
+        return [t.PadResizeTransformer(target_size=(512, 512), pad_value=0.0, pad_position="bottom_right"),
+                t.HWC2CHWTransformer(), t.BGR2RGBTransformer(data_format="CHW"),
+                t.RGB2NV12Transformer(data_format="CHW")]
+
+    def centernet() -> list:
+        return [t.BGR2RGBTransformer(data_format="HWC"), t.WarpAffineTransformer((512, 512), 1.0),
+                t.HWC2CHWTransformer(), t.RGB2NV12Transformer(data_format="CHW")]
+
+    def fcos_big() -> list:
+        return [t.PadTransformer(size_divisor=1024, target_size=1024),
+                t.BGR2NV12Transformer(data_format="HWC", cvt_mode="opencv")]
+
+    city = (1024, 2048)
+    lites = [nv12(f"efficientnet_lite{k}", "skimage", (s, s), lite(s), f"EfficientNet-Lite{k} padded centre crop {s}")
+             for k, s in enumerate((224, 240, 260, 280, 300))]
+    return [
+        nv12("mobilenetv1", "skimage", (224, 224), imagenet_bgr, "short side 256, centre crop 224 (BGR)",
+             "mobilenetv2", "resnet18"),
+        nv12("mobilenet_onnx", "skimage", (224, 224), imagenet_rgb, "short side 256, centre crop 224 (RGB)"),
+        nv12("googlenet", "opencv", (224, 224), googlenet, "short side 256, centre crop 224"),
+        *lites,
+        nv12("yolov2", "opencv", (608, 608), yolo(608), "letterbox 608", "yolov2_darknet19"),
+        nv12("yolov3", "opencv", (416, 416), yolo(416), "letterbox 416", "yolov3_darknet53"),
+        nv12("yolov5", "opencv", (672, 672), yolo(672), "letterbox 672", "yolov5s", "yolov5x"),
+        nv12("yolov3_vargdarknet", "opencv", (416, 416), stretched((416, 416)), "resize to 416"),
+        nv12("yolov4_efficientnetb0", "opencv", (512, 512), yolov4, "letterbox 512, bottom-right"),
+        nv12("ssd_mobilenetv1", "opencv", (300, 300), ssd, "resize to 300", "mobilenet_ssd"),
+        nv12("efficientdetd0", "opencv", (512, 512), efficientdet, "letterbox 512, black, bottom-right",
+             "efficient_det"),
+        nv12("unet_mobilenet", "opencv", city, stretched(city, rgb_first=True), "resize to 1024x2048",
+             "mobilenet_unet"),
+        nv12("centernet", "opencv", (512, 512), centernet, "affine warp into 512", "centernet_resnet50",
+             "centernet_resnet101"),
+        nv12("fcos_efficientnetb0", "opencv", (512, 512), fcos(512), "letterbox 512, black, bottom-right", "fcos",
+             "community_qat_fcos_efficientnetb0", "preq_qat_fcos_efficientnetb0"),
+        nv12("preq_qat_fcos_efficientnetb1", "opencv", (640, 640), fcos(640), "letterbox 640, black, bottom-right"),
+        nv12("community_qat_fcos_efficientnetb2", "opencv", (768, 768), fcos(768),
+             "letterbox 768, black, bottom-right", "preq_qat_fcos_efficientnetb2"),
+        nv12("community_qat_fcos_efficientnetb3", "opencv", (896, 896), fcos(896),
+             "letterbox 896, black, bottom-right", "preq_qat_fcos_efficientnetb3"),
+        nv12("fcos_resnet50", "opencv", (1024, 1024), fcos_big, "longer side 1024, padded to 1024", "fcos_resnext"),
+        nv12("deeplabv3plus_efficientnetb0", "opencv", city, stretched(city), "resize to 1024x2048",
+             "fastscnn_efficientnetb0", "deeplabv3plus_dilation1248", "deeplabv3plus_efficientnetm1",
+             "deeplabv3plus_efficientnetm2"),
+        nv12("efficientnasnet_m", "opencv", (300, 300), nasnet(300), "short side 256, crop 224, resize 300"),
+        nv12("efficientnasnet_s", "opencv", (280, 280), nasnet(280), "short side 256, crop 224, resize 280"),
+    ]
+
+
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
@@ -110,12 +238,23 @@ RECIPES: dict[str, Recipe] = {
                _yolo(320)),
     )
 }
+# The vendor's model names (their aliases too) after ours; only --help lists each recipe once.
+RECIPES.update({name: r for r in _vendor_recipes() for name in (r.name, *r.aliases)})
+
+
+def model_names() -> str:
+    """The -m names, for a hint: ours, then the vendor's sample models by example."""
+    ours = [n for n, r in RECIPES.items() if r.vendor_size is None]
+    return f"{', '.join(ours)}, or a vendor sample model (mobilenetv1, yolov5s, centernet, ...; " \
+           "hb_eval_preprocess --help lists them all)"
 
 
 def recipe(name: str) -> Recipe:
     if name not in RECIPES:
-        raise HbError(f"unknown model name {name!r}",
-                      hint=f"use one of: {', '.join(RECIPES)} (hb_eval_preprocess --help)")
+        from hbtools.config.values import closest_names
+
+        raise HbError(f"unknown model name {name!r}{closest_names(name, list(RECIPES))}",
+                      hint=f"use one of: {model_names()}")
     return RECIPES[name]
 
 
@@ -146,10 +285,6 @@ def list_images(image_dir: Path, val_txt: Path | None = None) -> list[Path]:
     return [image_dir / n for n in names]
 
 
-def output_name(image: Path) -> str:
-    return f"{image.stem}.bin"
-
-
 def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
                       val_txt: Path | None = None,
                       progress: Callable[[Path], None] | None = None) -> list[Path]:
@@ -158,10 +293,11 @@ def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
     Files are written to a scratch folder first and moved into ``output_dir`` only
     when every image succeeded, so a failure leaves nothing half-written.
     """
-    pipeline = recipe(model_name).pipeline()
+    chosen = recipe(model_name)
+    pipeline = chosen.pipeline()
     images = list_images(image_dir, val_txt)
-    names = [output_name(p) for p in images]
-    clashes = sorted({n for n in names if names.count(n) > 1})
+    keys = [p.stem if chosen.vendor_size is None else p.name for p in images]  # what the output name keeps
+    clashes = sorted({f"{k}.bin" for k in keys if keys.count(k) > 1})
     if clashes:
         raise HbError(f"several images would be written to {clashes[0]} (same name, other "
                       "extension)", hint="keep one image per file name stem")
@@ -171,7 +307,7 @@ def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
     made = [p for p in (output_dir, *output_dir.parents) if not p.exists() and not p.is_symlink()]
     create_dir(output_dir, "the -o/--output_dir folder")
     try:
-        return _preprocess_into(pipeline, images, names, output_dir, progress)
+        return _preprocess_into(chosen, pipeline, images, output_dir, progress)
     except BaseException:
         for folder in made:  # deepest first; one that is not empty (someone else's files) stays
             with contextlib.suppress(OSError):
@@ -180,7 +316,7 @@ def preprocess_folder(model_name: str, image_dir: Path, output_dir: Path,
 
 
 
-def _preprocess_into(pipeline: Compose, images: list[Path], names: list[str],
+def _preprocess_into(chosen: Recipe, pipeline: Compose, images: list[Path],
                      output_dir: Path, progress: Callable[[Path], None] | None) -> list[Path]:
     import numpy as np
 
@@ -188,10 +324,13 @@ def _preprocess_into(pipeline: Compose, images: list[Path], names: list[str],
 
     _remove_stale_scratch(output_dir)
     scratch, owner = _own_scratch(output_dir)
+    names = []
     try:
-        for image, name in zip(images, names, strict=True):
-            sample = np.ascontiguousarray(pipeline(read_image(image)))
-            write_array(scratch / name, sample)
+        for image in images:
+            picture = read_image(image)
+            names.append(chosen.output_name(image, *picture.shape[:2]))
+            sample = np.ascontiguousarray(pipeline(picture))
+            write_array(scratch / names[-1], sample)
             if progress is not None:
                 progress(image)
         written = []

@@ -226,3 +226,51 @@ def test_tiff_and_webp_pictures_are_read_like_png(tmp_path, monkeypatch):
     assert sorted(sample) == ["plain", "scan", "scan2", "web"]
     for name in ("scan", "scan2", "web"):
         assert np.array_equal(sample[name], sample["plain"]), name
+
+
+def _vendor_recipes() -> list:
+    from hbtools.data.eval_preprocess import RECIPES
+
+    return list({id(r): r for r in RECIPES.values() if r.vendor_size is not None}.values())
+
+
+@pytest.mark.parametrize("recipe", _vendor_recipes(), ids=lambda r: r.name)
+def test_the_vendors_sample_models_write_nv12_under_the_vendors_file_names(recipe, tmp_path, monkeypatch):
+    """Board-side evaluation with the vendor's sample models runs `hb_eval_preprocess -m mobilenetv1 ...` and
+    reads the original picture size back from the file name: those names were unknown models. Each writes
+    the NV12 bytes of its input size, named <file name>_<h>_<w>_<input h>_<input w>.bin."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    skimage.io.imsave(folder / "cat.png", skimage.data.chelsea())  # RGB 300x451
+    name = recipe.aliases[-1] if recipe.aliases else recipe.name
+    result = run("-m", name, "-i", str(folder), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    h, w = recipe.vendor_size
+    [written] = list((tmp_path / "out").iterdir())
+    assert written.name == f"cat.png_300_451_{h}_{w}.bin"
+    assert written.stat().st_size == h * w * 3 // 2
+
+
+@pytest.mark.parametrize(("model", "space"), [("mobilenetv1", "regular"), ("fcos_resnet50", "bt601_video")])
+def test_a_vendor_models_nv12_holds_the_picture_in_its_colours(model, space, tmp_path, monkeypatch):
+    """The colour order through the vendor's steps (skimage RGB read, CHW, RGB->BGR, BGR->NV12; or OpenCV's
+    BGR read and its video-range I420): decoded, the file is the picture's resized crop, not its mirror."""
+    from hbtools.data import colour
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    cat = skimage.data.chelsea()
+    skimage.io.imsave(folder / "cat.png", cat)
+    assert run("-m", model, "-i", str(folder), "-o", str(tmp_path / "out")).exit_code == 0
+    [written] = list((tmp_path / "out").iterdir())
+    if model == "mobilenetv1":  # short side 256, centre crop 224
+        size, crop = (224, 224), skimage.transform.resize(cat, (256, 385), preserve_range=True)[16:240, 80:304]
+    else:  # longer side 1024, padded with black to 1024x1024
+        size, crop = (1024, 1024), skimage.transform.resize(cat, (681, 1024), preserve_range=True)
+    rgb = colour.nv12_to_rgb(np.fromfile(written, np.uint8).reshape(size[0] * 3 // 2, size[1]), space)
+    got = rgb[:crop.shape[0], :crop.shape[1]].astype(np.float64)
+    assert np.mean(np.abs(got - crop)) < 6, np.mean(np.abs(got - crop))
+    swapped = got[..., ::-1]
+    assert np.mean(np.abs(swapped - crop)) > 2 * np.mean(np.abs(got - crop))
