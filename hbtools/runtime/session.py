@@ -396,8 +396,11 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         if wrong:
             # The closest names come from every tensor, not only the outputs: a layer compared between
             # the float and the quantized model is named '<tensor>_quantized' (integer) in the latter.
-            raise FeedError(f"the model has no output or intermediate tensor '{wrong[0]}'"
-                            f"{closest_names(wrong[0], sorted(fetchable))}; its outputs are {self.output_names}")
+            quantized = f"{wrong[0]}_quantized"  # short names are too unlike it for the closest-name match
+            near = f" (closest: '{quantized}')" if quantized in fetchable else \
+                closest_names(wrong[0], sorted(fetchable))
+            raise FeedError(f"the model has no output or intermediate tensor '{wrong[0]}'{near}; its outputs are "
+                            f"{self.output_names}")
         try:
             return self._session_for(names).run(names, feeds)
         except RUN_ERRORS as exc:

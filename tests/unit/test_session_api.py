@@ -81,6 +81,13 @@ def test_a_float_layer_name_asked_of_the_quantized_model_points_at_its_quantized
     with pytest.raises(FeedError) as info:
         HB_ONNXRuntime(model_file=nhwc_model["quantized"]).run([float_layer], {"data": _image()})
     assert f"'{float_layer}_quantized'" in str(info.value)
+    # A short name is too unlike '<name>_quantized' for a closest-name match ('c2' got no hint at all).
+    short = onnx.load(nhwc_model["quantized"])
+    for node in short.graph.node:
+        node.input[:] = ["c2_quantized" if t == f"{float_layer}_quantized" else t for t in node.input]
+        node.output[:] = ["c2_quantized" if t == f"{float_layer}_quantized" else t for t in node.output]
+    with pytest.raises(FeedError, match=r"tensor 'c2' \(closest: 'c2_quantized'\)"):
+        HB_ONNXRuntime(short).run(["c2"], {"data": _image()})
 
 
 def test_one_output_name_given_as_a_string(nhwc_model: dict[str, Path]) -> None:
