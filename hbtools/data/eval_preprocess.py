@@ -46,6 +46,10 @@ class Recipe:
     # scripts read the original size back from them), for its models: the model's input (h, w).
     vendor_size: tuple[int, int] | None = None
     aliases: tuple[str, ...] = ()  # other -m names of the same preprocessing
+    # A vendor model's own steps and how its loader reads the picture for them ('skimage' / 'opencv'):
+    # horizon_tc_ui.eval_preprocess hands them to the vendor's scripts.
+    steps: Callable[[], list[Transformer]] | None = None
+    read: str = "skimage"
 
     def pipeline(self) -> Compose:
         from hbtools.data.transforms import Compose
@@ -121,7 +125,7 @@ def _vendor_recipes() -> list[Recipe]:
     def nv12(name: str, read: str, size: tuple[int, int], steps: Callable[[], list], what: str,
              *aliases: str) -> Recipe:
         return Recipe(name, f"vendor sample: {what}", f"uint8 NV12 {size[0] * 3 // 2}x{size[1]} (rows x bytes)",
-                      _vendor(read, steps), vendor_size=size, aliases=aliases)
+                      _vendor(read, steps), vendor_size=size, aliases=aliases, steps=steps, read=read)
 
     def imagenet_bgr() -> list:
         return [t.ShortSideResizeTransformer(short_size=256), t.CenterCropTransformer(crop_size=224),

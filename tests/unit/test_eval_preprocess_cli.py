@@ -274,3 +274,25 @@ def test_a_vendor_models_nv12_holds_the_picture_in_its_colours(model, space, tmp
     assert np.mean(np.abs(got - crop)) < 6, np.mean(np.abs(got - crop))
     swapped = got[..., ::-1]
     assert np.mean(np.abs(swapped - crop)) > 2 * np.mean(np.abs(got - crop))
+
+
+@pytest.mark.parametrize("model", ["mobilenetv1", "googlenet", "centernet_resnet50"])
+def test_the_vendors_eval_preprocess_modules_give_the_same_bytes(model, tmp_path, monkeypatch):
+    """The vendor's own eval_preprocess script takes each model's transformers and input size from
+    horizon_tc_ui.eval_preprocess (data_transformer.<model>_data_transformer(), conf.MODEL_DICT's read mode)
+    and reads the picture with its SingleImageDataLoader: those modules were missing. Done that way, the
+    bytes are those hb_eval_preprocess writes."""
+    from horizon_tc_ui.eval_preprocess import data_transformer
+    from horizon_tc_ui.eval_preprocess.conf import MODEL_DICT
+    from horizon_tc_ui.eval_preprocess.dataloader import SingleImageDataLoader
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    skimage.io.imsave(folder / "cat.png", skimage.data.chelsea())
+    assert run("-m", model, "-i", str(folder), "-o", str(tmp_path / "out")).exit_code == 0
+    [written] = list((tmp_path / "out").iterdir())
+    transformers, (h, w) = getattr(data_transformer, f"{model}_data_transformer")()
+    image = SingleImageDataLoader(transformers, str(folder / "cat.png"), imread_mode=MODEL_DICT[model]["read_mode"])[0]
+    assert written.name == f"cat.png_300_451_{h}_{w}.bin"
+    assert image.tobytes() == written.read_bytes()

@@ -1,0 +1,31 @@
+"""``<model>_data_transformer()`` for each vendor sample model: its transformers (after the picture is
+read as ``conf.MODEL_DICT`` says) and its input size (height, width), as the vendor's scripts call them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hbtools.data.eval_preprocess import RECIPES, Recipe
+
+
+def _function(recipe: Recipe, name: str) -> Callable[[], tuple[list, tuple[int, int]]]:
+    def data_transformer() -> tuple[list, tuple[int, int]]:
+        return recipe.steps(), recipe.vendor_size  # type: ignore[misc]
+
+    data_transformer.__name__ = data_transformer.__qualname__ = f"{name}_data_transformer"
+    data_transformer.__module__ = __name__  # the vendor's script lists this module's own functions
+    return data_transformer
+
+
+for _name, _recipe in RECIPES.items():
+    if _recipe.steps is not None:
+        globals()[f"{_name}_data_transformer"] = _function(_recipe, _name)
+
+
+def get_data_transformer_info(model_name: str) -> tuple[list, tuple[int, int]]:
+    """The older form: ``(transformers, (height, width))`` of ``model_name``."""
+    function = globals().get(f"{model_name}_data_transformer")
+    if function is None:
+        raise ValueError(f"model name {model_name!r} is not a vendor sample model; hb_eval_preprocess --help "
+                         "lists them")
+    return function()
