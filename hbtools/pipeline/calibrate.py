@@ -280,9 +280,10 @@ def _cross_validated(evaluator: Evaluator, scores: dict[str, float],
     ``CROSS_MARGIN`` of the best so scored are close enough: of them the best on all samples wins.
     """
     crossed = {label: evaluator.cross_score([fold[label] for fold in fold_candidates]) for label in scores}
-    best = max(crossed.values())
-    close = [label for label in scores if crossed[label] >= best - CROSS_MARGIN * (1 - best)]
-    method = max(close, key=scores.get)
+    finite = [v for v in crossed.values() if np.isfinite(v)]
+    best = max(finite, default=-np.inf)
+    close = [label for label in scores if crossed[label] >= best - CROSS_MARGIN * (1 - best)]  # NaN never is
+    method = max(close or list(scores), key=scores.get)  # no finite score at all: the in-sample best
     for label in scores:
         log.info("calibration method %s: output cosine %.6f on samples its thresholds were not fitted to", label,
                  crossed[label])
@@ -334,6 +335,19 @@ def _float_runs(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, li
     return Segments(optimized, list(dict.fromkeys([*tensors, *scored]))), scored
 
 
+def _non_finite_outputs(found: list[tuple[int, str]], count: int, none_left: bool) -> None:
+    """Say that the float model gives NaN or inf on some calibration samples: a WARNING while others remain to
+    score the candidates with (the broken ones are left out of the scores), an ERROR when none does."""
+    index, output = found[0]
+    what = (f"the float model gives NaN or inf in output '{output}' on {len(found)} of the {count} calibration "
+            f"samples (the first: sample {index + 1})")
+    why = ("typically a division by zero or the log of 0 inside the model, e.g. an epsilon an exporter dropped; "
+           "run the float model on those samples in onnxruntime to see where it starts")
+    if none_left:
+        raise HbError(f"{what}, every one the calibration would be scored on", hint=why)
+    log.warning("%s; those samples are left out of the scores that choose the calibration. %s", what, why)
+
+
 def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:
     """``n`` sample indices spread evenly over ``count`` (outside ``exclude``).
 
@@ -356,6 +370,7 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     runs, outputs = _float_runs(optimized, tensors)
     extra = set(collector.extra_tensors)
     eval_feeds, eval_refs, bc_feeds = [], [], []
+    non_finite: list[tuple[int, str]] = []  # (sample, output) where the float model gives NaN or inf
     bar = progress(samples(), "calibration", "sample", total=count)
     scored = spread(count, EVAL_SAMPLES) if keep else set()
     measured = spread(count, BIAS_CORRECTION_SAMPLES, exclude=scored) if keep else set()
@@ -376,7 +391,10 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
                           f"({str(exc).splitlines()[0][:300]})",
                           hint="give every input calibration data the model accepts: its values, not only its "
                                "shape, matter for shape, size and index inputs") from None
-        if index in scored:
+        broken = [o for o in outputs if o in refs and not np.all(np.isfinite(refs[o]))]
+        if broken:
+            non_finite.append((index, broken[0]))
+        elif index in scored:
             eval_feeds.append(feed)
             eval_refs.append([refs[o] for o in outputs])
         elif index in measured:
@@ -384,5 +402,7 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
         del refs, masks, feed  # else this sample's values live on while the next one runs
     if collector.samples == 0:
         raise HbError("no calibration samples were read; check cal_data_dir")
+    if non_finite:
+        _non_finite_outputs(non_finite, collector.samples, keep and not eval_feeds)
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(collector.stats))
     return collector, eval_feeds, eval_refs, bc_feeds, without

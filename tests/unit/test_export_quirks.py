@@ -260,6 +260,34 @@ def test_a_reshape_chain_that_moves_more_than_channels_is_no_shuffle() -> None:
     assert "Gather" not in {n.op_type for n in model.graph.node}
 
 
+def test_a_float_model_that_gives_nan_on_some_samples_converts_with_a_warning(tmp_path: Path) -> None:
+    """A 0 / 0 in the float model on some calibration pictures (torch's dynamo exporter dropped EfficientViT's
+    epsilon): the cross-validated method search compared NaN scores and stopped with an internal error. Those
+    samples are left out of the scores, with a WARNING that says so; on none left, one ERROR."""
+    from builders import EXACT_MEAN, EXACT_SCALE, make_project
+    from conformance import INTERNAL, _cli, _source_feed
+
+    from hbtools.runtime import HB_ONNXRuntime
+    from hbtools.runtime.binfile import read_bin
+
+    g = _Graph(16)
+    a = g.op("Relu", [g.conv("data", 3, 8)])
+    pixel = g.op("Relu", [g.op("Slice", ["data", g.const(_i64([0, 0, 0, 0]), "s"), g.const(_i64([1, 1, 1, 1]), "e")])])
+    gate = g.op("Div", [pixel, pixel])  # 1, or NaN where the first pixel is not above 0
+    out = g.conv(g.op("Mul", [a, gate]), 8, 4, k=1)
+    fm = g.model({"data": [1, 3, 8, 8]}, [out])
+    project = make_project(tmp_path, fm, cal_count=8, calibration_type="default")
+    session = HB_ONNXRuntime(onnx_model=fm.model)
+    nan = [bool(np.isnan(session.run(None, _source_feed(fm, {"data": np.fromfile(f, np.uint8).reshape(1, 3, 8, 8)},
+                                                          EXACT_MEAN, EXACT_SCALE))[0]).any())
+           for f in sorted((project.root / "cal_data").iterdir())]
+    assert any(nan) and not all(nan), nan
+    code, out_text = _cli(["makertbin", "--config", str(project.config_path), "--model-type", "onnx"], tmp_path)
+    assert INTERNAL not in out_text and code == 0, out_text[-3000:]
+    assert f"NaN or inf in output '{fm.model.graph.output[0].name}' on {sum(nan)} of the 8 calibration" in out_text
+    assert read_bin(project.artefact("bin")).models
+
+
 @pytest.mark.parametrize("pads", [[0, 0, -1, -2, 0, 0, -1, 0], [0, 0, -1, 2, 0, 0, 1, -2]])
 def test_a_pad_that_crops_runs_on_the_bpu(pads: list[int], tmp_path: Path) -> None:
     """A constant Pad with negative amounts crops (``F.pad`` with negative values): written as a Slice, and a
