@@ -1392,6 +1392,66 @@ def _fewer_axes(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]
     return dims, [position[g] for g in range(len(groups))]
 
 
+def large_average_pools_in_steps(model: ModelProto, profile: MarchProfile,
+                                 placed: Mapping[str, str] | None = None) -> int:
+    """An AveragePool over whole non-overlapping windows (kernel = stride, no padding, windows that tile the
+    map) larger than the march's kernel or stride limit: over the whole map a GlobalAveragePool, otherwise
+    the same mean taken in steps, each a pool over whole windows within the limits (a 30x30 one as 6x6 then
+    5x5). A mean of equal-sized means is the mean: the same values up to float rounding, and one more grid
+    between the steps once quantized. PSPNet's AdaptiveAvgPool2d of a 60x60 map and MobileOne's
+    squeeze-and-excitation (avg_pool2d over the whole map) export such pools, which went to the CPU.
+    Pools that ``placed`` (node_info) names stay. The count of pools rewritten."""
+    rule = profile.rule("AveragePool")
+    limit = min(v for v in (rule.kernel, rule.stride) if v is not None) if rule is not None else None
+    if limit is None or profile.rule("GlobalAveragePool") is None:
+        return 0
+    view = GraphView(model)
+    named = set(placed or ())
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "AveragePool" or node.domain not in ("", "ai.onnx") or node.name in named:
+            return None
+        shape = view.shapes.get(node.input[0])
+        a = view.attrs(node)
+        kernel = list(a.get("kernel_shape", []))
+        plain = list(a.get("strides", [1, 1])) == kernel and not any(a.get("pads", [0] * 4)) \
+            and list(a.get("dilations", [1, 1])) == [1, 1] and a.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
+        if not plain or shape is None or len(shape) != 4 or len(kernel) != 2 \
+                or any(not isinstance(d, int) for d in shape[2:]) or max(kernel) <= limit \
+                or any(size % k for size, k in zip(shape[2:], kernel, strict=True)):
+            return None
+        if kernel == list(shape[2:]):
+            return [helper.make_node("GlobalAveragePool", [node.input[0]], [node.output[0]], name=node.name)]
+        steps = [_factors(k, limit) for k in kernel]
+        if any(f is None for f in steps):
+            return None
+        count = max(len(f) for f in steps)
+        steps = [f + [1] * (count - len(f)) for f in steps]
+        nodes, x = [], node.input[0]
+        for i in range(count):
+            k = [steps[0][i], steps[1][i]]
+            last = i == count - 1
+            out = node.output[0] if last else f"{node.output[0]}_step{i}"
+            nodes.append(helper.make_node("AveragePool", [x], [out], name=node.name if last else f"{node.name}_step{i}",
+                                          kernel_shape=k, strides=k))
+            x = out
+        return nodes
+
+    return rewrite_nodes(model, rewrite)
+
+
+def _factors(n: int, limit: int) -> list[int] | None:
+    """``n`` as a product of whole factors of at most ``limit``, largest first (None: a prime factor is larger)."""
+    out = []
+    while n > 1:
+        f = next((d for d in range(min(n, limit), 1, -1) if n % d == 0), None)
+        if f is None:
+            return None
+        out.append(f)
+        n //= f
+    return out or [1]
+
+
 def average_pools_over_whole_windows(model: ModelProto) -> None:
     """An AveragePool whose divisor varies with the position (``count_include_pad=0`` with padding, the
     ONNX default that TensorFlow exports use; or ``ceil_mode`` windows hanging over the end) as the

@@ -161,6 +161,11 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
             log.info("%d Squeeze/Unsqueeze pairs of a batch of one around element-wise ops removed", squeezes)
     bpu_forms.transposes_in_fewer_axes(body)
     bpu_forms.average_pools_over_whole_windows(body)
+    if profile is not None:
+        stepped = bpu_forms.large_average_pools_in_steps(body, profile, placed)
+        if stepped:
+            log.info("%d AveragePools over windows larger than the BPU takes written as a global pool or as "
+                     "pools in steps", stepped)
     _fold_affine_into_conv(body)
     _fold_batchnorm_into_gemm(body)
     _batchnorm_to_depthwise_conv(body)
@@ -348,9 +353,9 @@ def _no_ops_removed(model: ModelProto) -> None:
     """Drop each node that hands its input on unchanged, also where it makes a graph output (onnxruntime
     keeps those, and neither has a BPU form, so it held the nodes before it on the CPU beside it): a Cast
     to the type its input already has (what a float16 export's Casts become once the parse stage
-    computes the model in float32), an inference Dropout whose mask nobody reads, a Pad by zero amounts
-    and a Resize to its own size. The producer writes the node's output instead, where the node is its
-    only reader; otherwise the node's readers read its input."""
+    computes the model in float32), an inference Dropout whose mask nobody reads, a Pad by zero amounts,
+    a Resize to its own size and a Reshape or Flatten to the shape it has. The producer writes the node's
+    output instead, where the node is its only reader; otherwise the node's readers read its input."""
     while True:
         view = GraphView(model)
         outputs = set(view.graph_outputs)
@@ -395,6 +400,11 @@ def _hands_on(node: NodeProto, view: GraphView) -> bool:
         return shape_in is not None and shape_in == shape_out and mode not in (b"tf_crop_and_resize",
                                                                                 "tf_crop_and_resize") \
             and all(isinstance(d, int) and d > 0 for d in shape_in)
+    if node.op_type in ("Reshape", "Flatten"):
+        # to the shape it already has: MobileOne's and FastViT's squeeze-and-excitation view their [N, C, 1, 1]
+        # gate as (-1, C, 1, 1), which put the gate on the CPU on RDK X3, whose BPU has no Reshape
+        shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+        return shape_in is not None and shape_in == shape_out and all(isinstance(d, int) and d > 0 for d in shape_in)
     if node.op_type == "Dropout":
         mask_read = len(node.output) > 1 and node.output[1] and (
             node.output[1] in view.consumers or node.output[1] in view.graph_outputs)

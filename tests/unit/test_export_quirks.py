@@ -246,6 +246,44 @@ def test_a_channel_shuffle_stays_on_the_bpu_of_rdk_x3(split: list[int], tmp_path
         assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
 
 
+@pytest.mark.parametrize(("march", "size", "kernel", "view"), [("bayes-e", 60, 30, False), ("bayes-e", 60, 20, False),
+                                                           ("bernoulli2", 14, 14, True), ("bayes-e", 16, 16, False)],
+                         ids=["psp 2x2", "psp 3x3", "se on x3", "16x16 map"])
+def test_a_large_average_pool_over_whole_windows_stays_on_the_bpu(march: str, size: int, kernel: int, view: bool,
+                                                                   tmp_path: Path) -> None:
+    """Non-overlapping AveragePools larger than the BPU's kernel or stride limit: PSPNet's AdaptiveAvgPool2d(2)
+    and (3) of a 60x60 map (kernel = stride 30 and 20), MobileOne's squeeze-and-excitation pool over the whole
+    map and its view of the gate as (-1, C, 1, 1): each went to the CPU. As a global pool, or as pools in
+    steps (30 = 6 x 5), and without the Reshape to the shape it has, they stay on the BPU."""
+    from builders import EXACT_MEAN, EXACT_SCALE, held_out, make_project
+    from conformance import _source_feed
+
+    from hbtools.log import setup
+    from hbtools.metrics import cosine_similarity
+    from hbtools.pipeline.runner import makertbin
+    from hbtools.runtime import HB_ONNXRuntime
+    from hbtools.runtime.binfile import read_bin
+
+    g = _Graph(17)
+    x = g.op("Relu", [g.conv("data", 3, 8)])
+    pooled = g.op("AveragePool", [x], kernel_shape=[kernel, kernel], strides=[kernel, kernel])
+    gate = g.op("Sigmoid", [g.conv(pooled, 8, 8, k=1)])
+    if view:
+        gate = g.op("Reshape", [gate, g.const(_i64([-1, 8, 1, 1]), "view")])
+    out = g.op("Mul", [x, gate]) if kernel == size else g.conv(gate, 8, 4, k=1)
+    fm = g.model({"data": [1, 3, size, size]}, [out])
+    setup(None)
+    project = make_project(tmp_path, fm, cal_count=6)
+    project.write(model_parameters={"march": march}, calibration_parameters={"calibration_type": "max"})
+    paths = makertbin(project.config_path, "onnx")
+    assert not read_bin(paths["bin"]).models[0].partition["cpu_nodes"]
+    quantized = HB_ONNXRuntime(model_file=str(paths["quantized"]))
+    for x in held_out(fm, count=3, seed=2):
+        want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, {"data": x}, EXACT_MEAN, EXACT_SCALE))[0]
+        layout = x if list(quantized.get_inputs()[0].shape) == list(x.shape) else x.transpose(0, 2, 3, 1)
+        assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
+
+
 def test_a_reshape_chain_that_moves_more_than_channels_is_no_shuffle() -> None:
     """A Reshape / Transpose / Reshape chain that gives back the input's shape but moves values across the
     map (a transpose of rows and columns through [N, C, H, W] -> [N, C, W, H]) is not a Gather of channels."""
