@@ -371,6 +371,10 @@ def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool
                     log.warning("node %s is the input preprocessing; it stays on the BPU", name)
                 continue
             unit.on, unit.reason = "CPU", "placed on the CPU by run_on_cpu / node_info"
+        elif info.on == "CPU":
+            # The placement is the reason given: a reason found without it can be wrong (a Div of two tensors the
+            # optimize stage would have written in a BPU form, which it leaves alone where the user placed it).
+            unit.reason = "placed on the CPU by run_on_cpu / node_info"
         elif info.on == "BPU":
             if unit.on == "CPU":
                 if warn:

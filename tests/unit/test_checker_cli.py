@@ -114,6 +114,24 @@ def test_run_on_cpu_in_makertbin_splits_and_says_why(tmp_path: Path) -> None:
     assert re.search(r"^Conv_1\s+Conv\s+placed on the CPU by run_on_cpu", result.output, re.M)
 
 
+def test_a_division_placed_on_the_cpu_says_it_was_placed(tmp_path: Path) -> None:
+    """A Div of two tensors has a BPU form (a product with an int16 reciprocal table) that the optimize stage
+    leaves out where run_on_cpu names the Div: the reason printed was "has no BPU form"."""
+    from builders import _Graph
+
+    g = _Graph(3)
+    a = g.op("Relu", [g.conv("data", 3, 8)])
+    b = g.op("Add", [g.op("Relu", [g.conv("data", 3, 8)]), g.const(np.array(1.0, np.float32), "one")])
+    g.op("Div", [a, b])
+    divide = g.nodes[-1].name
+    fm = g.model({"data": [1, 3, 8, 8]}, [g.conv(g.nodes[-1].output[0], 8, 4, k=1)])
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    project.write(calibration_parameters={"run_on_cpu": divide})
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    assert re.search(rf"^{divide}\s+Div\s+placed on the CPU by run_on_cpu", result.output, re.M), result.output
+
+
 def test_bernoulli2_falls_back_with_warnings(tmp_path: Path) -> None:
     project = make_project(tmp_path / "p", MODELS["resnet_like"](), march="bernoulli2", cal_count=2)
     project.write(model_parameters={"node_info": {"Softmax_0": {"ON": "BPU"}, "Conv_1": {"InputType": "int16"}}},
