@@ -615,6 +615,9 @@ def _fold_batchnorm_into_gemm(model: ModelProto) -> None:
                 continue
             layer = _gemm_like(node.input[0], view, affine[0].size)
             if layer is None:
+                if _fold_through_rows(model, node, view, affine):
+                    changed = True
+                    break
                 continue
             k, shift = affine
             gemm, a, weight, bias, transposed, alpha, dropped = layer
@@ -635,6 +638,57 @@ def _fold_batchnorm_into_gemm(model: ModelProto) -> None:
             model.graph.node.insert(index, folded)
             changed = True
             break
+
+
+def _fold_through_rows(model: ModelProto, bn: NodeProto, view: GraphView,
+                       affine: tuple[np.ndarray, np.ndarray]) -> bool:
+    """LeViT's Linear_BN: a MatMul of a [..., K] activation by a constant [K, C] weight (maybe + a constant
+    bias), a Reshape of its result to rows [M, C] (the leading axes merged), then the BatchNormalization.
+    The activation is reshaped to rows first, and one Gemm with the BatchNorm in its weight columns and bias
+    makes the BatchNorm's output (the form onnxruntime gives a MatMul + Add of such a tensor). Whether it
+    folded."""
+    def only_use(t: str) -> bool:
+        return len(view.consumers.get(t, [])) == 1 and t not in view.graph_outputs
+
+    reshape = view.producer.get(bn.input[0])
+    if reshape is None or reshape.op_type != "Reshape" or not only_use(bn.input[0]):
+        return False
+    product = reshape.input[0]
+    k, shift = affine
+    shape = view.shapes.get(product)
+    if shape is None or len(shape) < 3 or shape[-1] != k.size or not only_use(product):
+        return False
+    producer = view.producer.get(product)
+    bias, matmul, dropped = None, producer, [reshape, bn]
+    if producer is not None and producer.op_type == "Add" and len(producer.input) == 2:
+        const = [i for i in producer.input if view.is_const(i)]
+        act = [i for i in producer.input if not view.is_const(i)]
+        if len(const) != 1 or len(act) != 1 or not only_use(act[0]):
+            return False
+        bias = view.const(const[0]).astype(np.float64)
+        if bias.size not in (1, k.size) or (bias.ndim and bias.shape[-1] not in (1, k.size)):
+            return False
+        bias, matmul = np.broadcast_to(bias.reshape(-1), k.shape), view.producer.get(act[0])
+        dropped.append(producer)
+    weight = view.const(matmul.input[1]) if matmul is not None and matmul.op_type == "MatMul" else None
+    a_shape = view.shapes.get(matmul.input[0]) if weight is not None else None
+    if weight is None or weight.ndim != 2 or weight.shape[1] != k.size or a_shape is None \
+            or not all(isinstance(d, int) and d > 0 for d in a_shape):
+        return False
+    names = (f"{matmul.name}_weight_folded", f"{matmul.name}_bias_folded", f"{matmul.name}_rows_shape")
+    model.graph.initializer.extend([
+        numpy_helper.from_array((weight.astype(np.float64) * k[None, :]).astype(np.float32), names[0]),
+        numpy_helper.from_array((shift if bias is None else bias * k + shift).astype(np.float32), names[1]),
+        numpy_helper.from_array(np.array([-1, a_shape[-1]], np.int64), names[2])])
+    rows = f"{matmul.input[0]}_{matmul.name}_rows"
+    index = list(model.graph.node).index(matmul)
+    for gone in [matmul, *dropped]:
+        model.graph.node.remove(gone)
+    model.graph.node.insert(index, helper.make_node("Reshape", [matmul.input[0], names[2]], [rows],
+                                                    name=f"{matmul.name}_rows"))
+    model.graph.node.insert(index + 1, helper.make_node("Gemm", [rows, names[0], names[1]], [bn.output[0]],
+                                                        name=matmul.name))
+    return True
 
 
 def _gemm_like(x: str, view: GraphView, channels: int) -> tuple | None:
