@@ -89,6 +89,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if undone:
         log.info("%d Splits at the seams of a Concat (behind a Reshape or Transpose) read the joined tensors instead",
                  undone)
+    sliced = bpu_forms.matmuls_read_in_slices(body, placed)
+    if sliced:
+        log.info("%d MatMuls of two activations read only in row or column slices written as a MatMul per slice",
+                 sliced)
     _no_ops_removed(body)
     _sums_as_adds(body)
     masks = constant_masks(body)  # after onnxruntime folded the mask (torch.triu of ones, ...) to a constant
