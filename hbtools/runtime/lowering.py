@@ -8,7 +8,7 @@ from collections.abc import Collection
 import numpy as np
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper, version_converter
 
-from hbtools.graph.graph import GraphView
+from hbtools.graph.graph import GraphView, compact
 from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.ops import fused, registry, twins, uint8_kernels
 from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN, LoweringContext
@@ -83,23 +83,6 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
             not any(op.domain == CONTRIB_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return compact(model)
-
-
-# The largest model protobuf serializes (beyond, a copy by serialization cannot be made).
-PROTOBUF_LIMIT = 2**31 - 1
-
-
-def compact(model: ModelProto) -> ModelProto:
-    """``model`` parsed again from its bytes: the same message, in as much memory as it takes.
-
-    protobuf (upb) keeps a message's parts in one arena that is freed only with the whole message:
-    the copy the lowering rewrites keeps every node and initializer it removed or replaced. PP-OCRv6
-    small rec's lowered calibrated model took 87 MB that way, for 32 MB of bytes, and the searches
-    hold such models for their whole run. A model beyond protobuf's 2 GB limit is returned as it is.
-    """
-    if model.ByteSize() > PROTOBUF_LIMIT:
-        return model
-    return ModelProto.FromString(model.SerializeToString())
 
 
 def _pools_before_dequantization(nodes: list[NodeProto], ctx: LoweringContext) -> list[NodeProto]:
