@@ -9,7 +9,7 @@ from functools import cached_property
 import numpy as np
 import onnx
 from google.protobuf.message import Message
-from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper, version_converter
 
 from hbtools.graph.contrib_shapes import contrib_value_infos
 from hbtools.ops import custom
@@ -106,18 +106,26 @@ class GraphView:
         return reduced_axes(self.attrs(node), self.const(node.input[1]) if given else None, len(shape))
 
 
+# Arrays of initializers up to this size a view keeps once converted; a larger one (a weight) is converted
+# each time it is read, which costs a copy, where a view kept every weight it read until it went.
+CACHED_BYTES = 1 << 20
+
+
 class _Constants(Mapping[str, np.ndarray]):
-    """The initializers as numpy arrays, each converted when first read: a view that only asks which
-    tensors are constant, or reads a few, holds no numpy copy of every weight."""
+    """The initializers as numpy arrays, converted when read (small ones once): a view that reads the
+    weights one after the other, or asks only which tensors are constant, holds no copy of them all."""
 
     def __init__(self, tensors: Iterable[TensorProto]) -> None:
         self._tensors = {t.name: t for t in tensors}
         self._arrays: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._arrays:
-            self._arrays[name] = numpy_helper.to_array(self._tensors[name])
-        return self._arrays[name]
+        if name in self._arrays:
+            return self._arrays[name]
+        array = numpy_helper.to_array(self._tensors[name])
+        if array.nbytes <= CACHED_BYTES:
+            self._arrays[name] = array
+        return array
 
     def __contains__(self, name: object) -> bool:
         return name in self._tensors
@@ -269,15 +277,36 @@ def shape_probe(model: ModelProto) -> ModelProto:
     weights in it, one inference took 300 MB more than the model at its peak. A full copy first
     (then the weights deleted) would still cost them once more: protobuf frees a message's parts
     only with the whole message."""
-    inputs = {i.name for i in model.graph.input}
-
-    def large(t: TensorProto) -> bool:
-        return t.name not in inputs and elements(t.dims) >= LARGE_CONSTANT and t.data_type != onnx.TensorProto.INT64
-
-    probe = copy_model(model, lambda t: not large(t))
+    large = _large_constants(model)
+    probe = copy_model(model, lambda t: t.name not in large)
     probe.graph.input.extend(reversed([onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                                       for t in model.graph.initializer if large(t)]))
+                                       for t in model.graph.initializer if t.name in large]))
     return probe
+
+
+def _large_constants(model: ModelProto) -> set[str]:
+    inputs = {i.name for i in model.graph.input}
+    return {t.name for t in model.graph.initializer if t.name not in inputs and elements(t.dims) >= LARGE_CONSTANT
+            and t.data_type != onnx.TensorProto.INT64}
+
+
+def convert_opset(model: ModelProto, target: int) -> ModelProto:
+    """``model`` at opset ``target`` (onnx's version converter), its large initializers not passed through it.
+
+    The converter serializes the model to C++ and parses its result back: with the weights, VGG-19's
+    550 MB three times over. No converter reads the values of a constant this large (``shape_probe``);
+    they are put back in their place. Raises what the converter raises."""
+    large = _large_constants(model)
+    converted = version_converter.convert_version(shape_probe(model), target)
+    out = ModelProto()
+    copy_fields(converted, out, skip=("graph",))
+    copy_fields(converted.graph, out.graph, skip=("input", "initializer"))
+    out.graph.input.extend(i for i in converted.graph.input if i.name not in large)
+    made = {t.name: t for t in converted.graph.initializer}
+    out.graph.initializer.extend(t if t.name in large else made.pop(t.name) for t in model.graph.initializer
+                                 if t.name in large or t.name in made)
+    out.graph.initializer.extend(made.values())  # added by the converter
+    return out
 
 
 def copy_model(model: ModelProto, keep: Callable[[TensorProto], bool]) -> ModelProto:

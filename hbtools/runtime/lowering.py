@@ -6,9 +6,9 @@ import copy
 from collections.abc import Collection
 
 import numpy as np
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper, version_converter
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from hbtools.graph.graph import GraphView, compact
+from hbtools.graph.graph import GraphView, convert_opset, copy_fields
 from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.ops import fused, registry, twins, uint8_kernels
 from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN, LoweringContext
@@ -30,9 +30,10 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     (tensors a caller will fetch). ``exact=False`` keeps no float64 twins (a model switched
     piecewise, as the debugger's, has no integer chain to follow).
     """
-    model = copy.deepcopy(model)
     if not has_hz_ops(model):
-        return model
+        return copy.deepcopy(model)
+    # Only read below (a converted copy, or the caller's model): the lowered model is made anew, its
+    # weights copied once, and holds nothing it replaced.
     model = _with_integer_clip(model)
     taken = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     taken |= {t.name for t in model.graph.initializer} | {n.name for n in model.graph.node}
@@ -63,26 +64,25 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
         twin = twins.lower_standard(node, ctx)
         own = uint8_kernels.on_float_kernel(node, elem_types.get(node.input[0]) if node.input else None, ctx)
         nodes.extend(twin or [*(own or [node]), *uint8_kernels.mirror(node, ctx)])
-    nodes = _pools_before_dequantization(nodes, ctx)
-    del model.graph.node[:]
-    model.graph.node.extend(_live(nodes, keep))
-    model.graph.initializer.extend(ctx.initializers)
+    nodes = _live(_pools_before_dequantization(nodes, ctx), keep)
     # Constants a lowering replaced (an int8 weight re-laid out for an integer kernel) would make
     # onnxruntime warn about unused initializers on the console.
-    read = {i for n in model.graph.node for i in n.input} | _subgraph_reads(model.graph.node) | keep
-    unread = [t for t in model.graph.initializer if t.name not in read]
-    for t in unread:
-        model.graph.initializer.remove(t)
-    gone = {t.name for t in unread}
-    for i in [i for i in model.graph.input if i.name in gone]:  # old IR lists initializers as inputs too
-        model.graph.input.remove(i)
-    model.graph.input.extend(ctx.inputs)
-    del model.graph.value_info[:]  # intermediate dtypes changed; let onnxruntime infer
-    with_horizon_domain(model)
-    if any(n.domain == CONTRIB_DOMAIN for n in model.graph.node) and \
-            not any(op.domain == CONTRIB_DOMAIN for op in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
-    return compact(model)
+    read = {i for n in nodes for i in n.input} | _subgraph_reads(nodes) | keep
+    constants = [*model.graph.initializer, *ctx.initializers]
+    gone = {t.name for t in constants if t.name not in read}
+    lowered = ModelProto()
+    copy_fields(model, lowered, skip=("graph",))
+    # no value_info: intermediate dtypes changed; let onnxruntime infer
+    copy_fields(model.graph, lowered.graph, skip=("node", "initializer", "input", "value_info"))
+    lowered.graph.node.extend(nodes)
+    lowered.graph.initializer.extend(t for t in constants if t.name not in gone)
+    lowered.graph.input.extend(i for i in model.graph.input if i.name not in gone)  # old IR lists initializers too
+    lowered.graph.input.extend(ctx.inputs)
+    with_horizon_domain(lowered)
+    if any(n.domain == CONTRIB_DOMAIN for n in lowered.graph.node) and \
+            not any(op.domain == CONTRIB_DOMAIN for op in lowered.opset_import):
+        lowered.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    return lowered
 
 
 def _pools_before_dequantization(nodes: list[NodeProto], ctx: LoweringContext) -> list[NodeProto]:
@@ -130,7 +130,7 @@ def _with_integer_clip(model: ModelProto) -> ModelProto:
     if default_opset(model) != INTEGER_CLIP_OPSET - 1:
         return model
     try:
-        return version_converter.convert_version(model, INTEGER_CLIP_OPSET)
+        return convert_opset(model, INTEGER_CLIP_OPSET)
     except Exception:  # an op without a converter: keep the opset, the float clip is exact too
         return model
 
