@@ -277,14 +277,15 @@ def shape_probe(model: ModelProto) -> ModelProto:
     weights in it, one inference took 300 MB more than the model at its peak. A full copy first
     (then the weights deleted) would still cost them once more: protobuf frees a message's parts
     only with the whole message."""
-    large = _large_constants(model)
+    large = large_constants(model)
     probe = copy_model(model, lambda t: t.name not in large)
     probe.graph.input.extend(reversed([onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                                        for t in model.graph.initializer if t.name in large]))
     return probe
 
 
-def _large_constants(model: ModelProto) -> set[str]:
+def large_constants(model: ModelProto) -> set[str]:
+    """The initializers ``shape_probe`` and ``convert_opset`` pass over (their values unread)."""
     inputs = {i.name for i in model.graph.input}
     return {t.name for t in model.graph.initializer if t.name not in inputs and elements(t.dims) >= LARGE_CONSTANT
             and t.data_type != onnx.TensorProto.INT64}
@@ -296,7 +297,7 @@ def convert_opset(model: ModelProto, target: int) -> ModelProto:
     The converter serializes the model to C++ and parses its result back: with the weights, VGG-19's
     550 MB three times over. No converter reads the values of a constant this large (``shape_probe``);
     they are put back in their place. Raises what the converter raises."""
-    large = _large_constants(model)
+    large = large_constants(model)
     converted = version_converter.convert_version(shape_probe(model), target)
     out = ModelProto()
     copy_fields(converted, out, skip=("graph",))

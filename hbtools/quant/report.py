@@ -13,7 +13,7 @@ from hbtools.metrics import CHUNK, cosine_of_chunks, cosine_similarity
 from hbtools.pipeline.quantize import QTensor, QuantizedResult
 from hbtools.quant.units import Partition
 from hbtools.runtime import segments
-from hbtools.runtime.lowering import lower_model
+from hbtools.runtime.lowering import lowered_parts
 from hbtools.runtime.session import make_session
 
 log = logging.getLogger("hbtools")
@@ -59,16 +59,19 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
     # still compared, so the lowering must not drop it.
     # Without memory patterns: a session keeps no block of its intermediates between the runs, where
     # the other session's run (or the next group's) needs the memory.
-    float_sess = make_session(_with_outputs(lower_model(optimized, keep=list(pairs)), list(pairs), None),
-                              memory_pattern=False)
-    q_lowered = lower_model(q_model, keep=[q for q, _ in pairs.values()])
+    float_lowered, constants = lowered_parts(optimized, keep=list(pairs))
+    float_sess = make_session(_with_outputs(float_lowered, list(pairs), None), memory_pattern=False,
+                              constants=constants)
+    del float_lowered, constants
+    q_lowered, constants = lowered_parts(q_model, keep=[q for q, _ in pairs.values()])
     elem_of = {vi.name: vi.type.tensor_type.elem_type for vi in q_model.graph.value_info}
     for q_name, _ in pairs.values():
         if q_name not in {o.name for o in q_lowered.graph.output}:
             elem = elem_of.get(q_name)
             q_lowered.graph.output.append(helper.make_tensor_value_info(q_name, elem, None) if elem
                                           else helper.make_empty_tensor_value_info(q_name))
-    q_sess = make_session(q_lowered, memory_pattern=False)  # as HB_ONNXRuntime runs a quantized model
+    q_sess = make_session(q_lowered, memory_pattern=False, constants=constants)  # as HB_ONNXRuntime runs it
+    del q_lowered, constants
     q_feed = {}
     for i in q_sess.get_inputs():
         x = feed[i.name]

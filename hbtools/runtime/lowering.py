@@ -8,7 +8,7 @@ from collections.abc import Collection
 import numpy as np
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from hbtools.graph.graph import GraphView, convert_opset, copy_fields
+from hbtools.graph.graph import GraphView, convert_opset, copy_fields, copy_model, large_constants
 from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.ops import fused, registry, twins, uint8_kernels
 from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN, LoweringContext
@@ -21,7 +21,19 @@ def has_hz_ops(model: ModelProto) -> bool:
 
 def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Collection[str] = (),
                 exact: bool = True) -> ModelProto:
-    """A standard-ONNX copy of ``model`` that onnxruntime can run.
+    """A standard-ONNX copy of ``model`` that onnxruntime can run (``lowered_parts`` put together)."""
+    lowered, constants = lowered_parts(model, feed_calibration=feed_calibration, keep=keep, exact=exact)
+    lowered.graph.initializer.extend(constants)
+    return lowered
+
+
+def lowered_parts(model: ModelProto, *, feed_calibration: bool = False, keep: Collection[str] = (),
+                  exact: bool = True) -> tuple[ModelProto, list[TensorProto]]:
+    """The standard-ONNX form of ``model`` that onnxruntime can run, as a model without initializers and
+    the initializers it reads (those of ``model`` itself, not copies, and those the lowering made).
+
+    A session can be built from the two (``runtime.session.make_session``'s ``constants``) without
+    a model that holds a copy of every weight while onnxruntime reads it.
 
     With ``feed_calibration`` every activation HzCalibration takes its grid from graph inputs
     named ``<node>_scale``, ``<node>_qmax`` (and with a zero point ``<node>_zero_point``,
@@ -31,10 +43,9 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     piecewise, as the debugger's, has no integer chain to follow).
     """
     if not has_hz_ops(model):
-        return copy.deepcopy(model)
-    # Only read below (a converted copy, or the caller's model): the lowered model is made anew, its
-    # weights copied once, and holds nothing it replaced.
-    model = _with_integer_clip(model)
+        return copy_model(model, lambda _: False), list(model.graph.initializer)
+    # Only read below (a converted copy, or the caller's model): the lowered model is made anew.
+    source, model = model, _with_integer_clip(model)
     taken = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     taken |= {t.name for t in model.graph.initializer} | {n.name for n in model.graph.node}
     view = GraphView(model)
@@ -68,21 +79,26 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     # Constants a lowering replaced (an int8 weight re-laid out for an integer kernel) would make
     # onnxruntime warn about unused initializers on the console.
     read = {i for n in nodes for i in n.input} | _subgraph_reads(nodes) | keep
-    constants = [*model.graph.initializer, *ctx.initializers]
+    own = list(model.graph.initializer)
+    if model is not source:
+        # The converted model goes with this call: its weights are the source's as they were (hand those
+        # on), and the other initializers copies of their own (one of its parts kept would keep it all).
+        passed = {t.name: t for t in source.graph.initializer if t.name in large_constants(source)}
+        own = [passed[t.name] if t.name in passed else copy.deepcopy(t) for t in own]
+    constants = [*own, *ctx.initializers]
     gone = {t.name for t in constants if t.name not in read}
     lowered = ModelProto()
     copy_fields(model, lowered, skip=("graph",))
     # no value_info: intermediate dtypes changed; let onnxruntime infer
     copy_fields(model.graph, lowered.graph, skip=("node", "initializer", "input", "value_info"))
     lowered.graph.node.extend(nodes)
-    lowered.graph.initializer.extend(t for t in constants if t.name not in gone)
     lowered.graph.input.extend(i for i in model.graph.input if i.name not in gone)  # old IR lists initializers too
     lowered.graph.input.extend(ctx.inputs)
     with_horizon_domain(lowered)
     if any(n.domain == CONTRIB_DOMAIN for n in lowered.graph.node) and \
             not any(op.domain == CONTRIB_DOMAIN for op in lowered.opset_import):
         lowered.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
-    return lowered
+    return lowered, [t for t in constants if t.name not in gone]
 
 
 def _pools_before_dequantization(nodes: list[NodeProto], ctx: LoweringContext) -> list[NodeProto]:
@@ -109,9 +125,9 @@ def _pools_before_dequantization(nodes: list[NodeProto], ctx: LoweringContext) -
             continue
         elem = TensorProto.INT8 if zero.dtype == np.int8 else TensorProto.UINT8
         pooled = ctx.unique(f"{node.output[0]}_levels")
-        copy = helper.make_node("MaxPool", [dq.input[0]], [pooled], name=ctx.unique(f"{node.name}_levels"))
-        copy.attribute.extend(node.attribute)
-        out.extend(uint8_kernels.on_float_kernel(copy, elem, ctx))
+        pool = helper.make_node("MaxPool", [dq.input[0]], [pooled], name=ctx.unique(f"{node.name}_levels"))
+        pool.attribute.extend(node.attribute)
+        out.extend(uint8_kernels.on_float_kernel(pool, elem, ctx))
         out.append(helper.make_node("DequantizeLinear", [pooled, *dq.input[1:]], list(node.output),
                                     name=ctx.unique(f"{node.name}_dequantized")))
     return out
