@@ -280,15 +280,19 @@ def shape_probe(model: ModelProto) -> ModelProto:
     large = large_constants(model)
     probe = copy_model(model, lambda t: t.name not in large)
     probe.graph.input.extend(reversed([onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                                       for t in model.graph.initializer if t.name in large]))
+                                       for t in model.graph.initializer if t.name in _declared(model, large)]))
     return probe
 
 
 def large_constants(model: ModelProto) -> set[str]:
     """The initializers ``shape_probe`` and ``convert_opset`` pass over (their values unread)."""
-    inputs = {i.name for i in model.graph.input}
-    return {t.name for t in model.graph.initializer if t.name not in inputs and elements(t.dims) >= LARGE_CONSTANT
-            and t.data_type != onnx.TensorProto.INT64}
+    return {t.name for t in model.graph.initializer
+            if elements(t.dims) >= LARGE_CONSTANT and t.data_type != onnx.TensorProto.INT64}
+
+
+def _declared(model: ModelProto, large: set[str]) -> set[str]:
+    """Those of ``large`` a probe declares as inputs: not already inputs (as IR 3 lists initializers)."""
+    return large - {i.name for i in model.graph.input}
 
 
 def convert_opset(model: ModelProto, target: int) -> ModelProto:
@@ -302,7 +306,8 @@ def convert_opset(model: ModelProto, target: int) -> ModelProto:
     out = ModelProto()
     copy_fields(converted, out, skip=("graph",))
     copy_fields(converted.graph, out.graph, skip=("input", "initializer"))
-    out.graph.input.extend(i for i in converted.graph.input if i.name not in large)
+    declared = _declared(model, large)
+    out.graph.input.extend(i for i in converted.graph.input if i.name not in declared)
     made = {t.name: t for t in converted.graph.initializer}
     out.graph.initializer.extend(t if t.name in large else made.pop(t.name) for t in model.graph.initializer
                                  if t.name in large or t.name in made)

@@ -148,6 +148,9 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
                         weights_only=weights_only, times=times)
     save_model(cal.model, paths["calibrated"])
     log.info("Model calibration done: %s", final["calibrated"])
+    # The similarity table reads the optimized model back from its file: not held through quantize, and let
+    # go there once its session is built (the partition and the plan hold parts of it, hence all of it).
+    del optimized, partition, plan
 
     with times.step("quantize"):
         result = quantize.run(cal.model, config, profile)
@@ -159,7 +162,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     log.info("Model quantization done: %s", final["quantized"])
     first = next(iter(source))
     layouts = {spec.name: spec.layout_train for spec in parsed.inputs}
-    report.log_node_table(result, report.node_similarity(optimized, result, first, layouts))
+    report.log_node_table(result, report.node_similarity(paths["optimized"], result, first, layouts))
     report.log_cpu_reasons(result.partition)
     with times.step("compile"):
         compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=summary)

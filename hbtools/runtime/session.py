@@ -127,7 +127,9 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     sees). ``optimized_model_path`` makes
     onnxruntime write its rewrite of the model there. ``shared_arena``: the session allocates from
     one memory arena shared by all such sessions of the process (see ``release_shared_arena``).
-    ``constants``: initializers the model's graph takes in addition to its own (``serialized``).
+    ``constants``: initializers the model's graph takes in addition to its own (``serialized``); a list is
+    emptied once they are serialized, so that a model the caller let go of (a copy read back to build one
+    session) goes before onnxruntime makes its own copies of them.
     """
     options = ort.SessionOptions()
     # Errors come back as exceptions, which the tools turn into one ERROR line; onnxruntime logging
@@ -150,8 +152,11 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     options.enable_mem_pattern = memory_pattern
     if optimized_model_path:
         options.optimized_model_filepath = optimized_model_path
+    data = serialized(model, constants)
+    if isinstance(constants, list):
+        constants.clear()
     try:
-        return _Session(serialized(model, constants), options, providers=["CPUExecutionProvider"],
+        return _Session(data, options, providers=["CPUExecutionProvider"],
                         disabled_optimizers=[*WEIGHT_REQUANTIZATION,
                                              *([] if rounding_fusions else [*ROUNDING_FUSIONS, *TRANSPOSE_PUSHING])])
     except ort.capi.onnxruntime_pybind11_state.NotImplemented as exc:
