@@ -106,26 +106,18 @@ class GraphView:
         return reduced_axes(self.attrs(node), self.const(node.input[1]) if given else None, len(shape))
 
 
-# Arrays of initializers up to this size a view keeps once converted; a larger one (a weight) is converted
-# each time it is read, which costs a copy, where a view kept every weight it read until it went.
-CACHED_BYTES = 1 << 20
-
-
 class _Constants(Mapping[str, np.ndarray]):
-    """The initializers as numpy arrays, converted when read (small ones once): a view that reads the
-    weights one after the other, or asks only which tensors are constant, holds no copy of them all."""
+    """The initializers as numpy arrays, each converted when first read: a view that only asks which
+    tensors are constant, or reads a few, holds no numpy copy of every weight."""
 
     def __init__(self, tensors: Iterable[TensorProto]) -> None:
         self._tensors = {t.name: t for t in tensors}
         self._arrays: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if name in self._arrays:
-            return self._arrays[name]
-        array = numpy_helper.to_array(self._tensors[name])
-        if array.nbytes <= CACHED_BYTES:
-            self._arrays[name] = array
-        return array
+        if name not in self._arrays:
+            self._arrays[name] = numpy_helper.to_array(self._tensors[name])
+        return self._arrays[name]
 
     def __contains__(self, name: object) -> bool:
         return name in self._tensors
