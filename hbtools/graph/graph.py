@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 
 import numpy as np
 import onnx
-from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from google.protobuf.message import Message
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper, version_converter
 
 from hbtools.graph.contrib_shapes import contrib_value_infos
 from hbtools.ops import custom
@@ -39,8 +40,8 @@ class GraphView:
         return out
 
     @cached_property
-    def initializers(self) -> dict[str, np.ndarray]:
-        return {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
+    def initializers(self) -> Mapping[str, np.ndarray]:
+        return _Constants(self.graph.initializer)
 
     @cached_property
     def graph_inputs(self) -> list[str]:
@@ -57,11 +58,8 @@ class GraphView:
 
     @cached_property
     def _inferred(self) -> ModelProto:
-        probe = ModelProto()
-        probe.CopyFrom(self.model)
-        inferred = infer_shapes(probe, keep_declared=True)
-        del inferred.graph.initializer[:]  # read from the model itself (``initializers``): not kept twice
-        return inferred
+        # Without the weights: shapes and types are all it is read for.
+        return infer_shapes(shape_probe(self.model), keep_declared=True)
 
     @cached_property
     def elem_types(self) -> dict[str, int]:
@@ -83,8 +81,8 @@ class GraphView:
                 out[vi.name] = [
                     d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim
                 ]
-        for name, arr in self.initializers.items():
-            out[name] = list(arr.shape)
+        for t in self.graph.initializer:
+            out[t.name] = list(t.dims)
         return out
 
     def const(self, name: str) -> np.ndarray | None:
@@ -106,6 +104,29 @@ class GraphView:
         if shape is None or (given and not self.is_const(node.input[1])):
             return None
         return reduced_axes(self.attrs(node), self.const(node.input[1]) if given else None, len(shape))
+
+
+class _Constants(Mapping[str, np.ndarray]):
+    """The initializers as numpy arrays, each converted when first read: a view that only asks which
+    tensors are constant, or reads a few, holds no numpy copy of every weight."""
+
+    def __init__(self, tensors: Iterable[TensorProto]) -> None:
+        self._tensors = {t.name: t for t in tensors}
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._arrays:
+            self._arrays[name] = numpy_helper.to_array(self._tensors[name])
+        return self._arrays[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
 
 
 def name_unnamed_nodes(model: ModelProto) -> None:
@@ -133,11 +154,13 @@ def remove_dead_nodes(model: ModelProto) -> None:
             keep.append(node)
             needed.update(references(node))  # sub-graphs (If, Loop) read outer tensors too
     keep.reverse()
-    del g.node[:]
-    g.node.extend(keep)
+    if len(keep) < len(g.node):
+        del g.node[:]
+        g.node.extend(keep)
     inits = [t for t in g.initializer if t.name in needed]
-    del g.initializer[:]
-    g.initializer.extend(inits)
+    if len(inits) < len(g.initializer):  # rebuilt, the list holds every weight twice (see ``compact``)
+        del g.initializer[:]
+        g.initializer.extend(inits)
 
 
 def rewrite_nodes(model: ModelProto, rewrite: Callable[[NodeProto], list[NodeProto] | None]) -> int:
@@ -202,9 +225,7 @@ def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProt
     """
     if not keep_declared:
         del model.graph.value_info[:]
-    probe = ModelProto()
-    probe.CopyFrom(model)
-    _declare_large_constants(probe)
+    probe = shape_probe(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     flags = {i.name for i in model.graph.input}
     for k, node in enumerate(probe.graph.node):
@@ -240,18 +261,87 @@ def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProt
 LARGE_CONSTANT = 1024  # elements
 
 
-def _declare_large_constants(probe: ModelProto) -> None:
-    """The large initializers of ``probe`` (weights, tables) as graph inputs of their type and shape.
+def shape_probe(model: ModelProto) -> ModelProto:
+    """A copy of ``model`` for shape inference: its large initializers are graph inputs of their type and
+    shape instead, their values not copied.
 
     onnx's inference serializes the model to C++ and parses the result back: with a 60 MB model's
-    weights in it, one inference took 300 MB more than the model at its peak."""
-    graph = probe.graph
-    inputs = {i.name for i in graph.input}
-    for k in reversed(range(len(graph.initializer))):
-        t = graph.initializer[k]
-        if t.name not in inputs and elements(t.dims) >= LARGE_CONSTANT and t.data_type != onnx.TensorProto.INT64:
-            graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-            del graph.initializer[k]
+    weights in it, one inference took 300 MB more than the model at its peak. A full copy first
+    (then the weights deleted) would still cost them once more: protobuf frees a message's parts
+    only with the whole message."""
+    large = large_constants(model)
+    probe = copy_model(model, lambda t: t.name not in large)
+    probe.graph.input.extend(reversed([onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                                       for t in model.graph.initializer if t.name in _declared(model, large)]))
+    return probe
+
+
+def large_constants(model: ModelProto) -> set[str]:
+    """The initializers ``shape_probe`` and ``convert_opset`` pass over (their values unread)."""
+    return {t.name for t in model.graph.initializer
+            if elements(t.dims) >= LARGE_CONSTANT and t.data_type != onnx.TensorProto.INT64}
+
+
+def _declared(model: ModelProto, large: set[str]) -> set[str]:
+    """Those of ``large`` a probe declares as inputs: not already inputs (as IR 3 lists initializers)."""
+    return large - {i.name for i in model.graph.input}
+
+
+def convert_opset(model: ModelProto, target: int) -> ModelProto:
+    """``model`` at opset ``target`` (onnx's version converter), its large initializers not passed through it.
+
+    The converter serializes the model to C++ and parses its result back: with the weights, VGG-19's
+    550 MB three times over. No converter reads the values of a constant this large (``shape_probe``);
+    they are put back in their place. Raises what the converter raises."""
+    large = large_constants(model)
+    converted = version_converter.convert_version(shape_probe(model), target)
+    out = ModelProto()
+    copy_fields(converted, out, skip=("graph",))
+    copy_fields(converted.graph, out.graph, skip=("input", "initializer"))
+    declared = _declared(model, large)
+    out.graph.input.extend(i for i in converted.graph.input if i.name not in declared)
+    made = {t.name: t for t in converted.graph.initializer}
+    out.graph.initializer.extend(t if t.name in large else made.pop(t.name) for t in model.graph.initializer
+                                 if t.name in large or t.name in made)
+    out.graph.initializer.extend(made.values())  # added by the converter
+    return out
+
+
+def copy_model(model: ModelProto, keep: Callable[[TensorProto], bool]) -> ModelProto:
+    """A copy of ``model`` with only the initializers ``keep`` accepts (in their order).
+
+    Copying the whole model and deleting the others would cost their memory all the same (``compact``)."""
+    out = ModelProto()
+    copy_fields(model, out, skip=("graph",))
+    copy_fields(model.graph, out.graph, skip=("initializer",))
+    out.graph.initializer.extend(t for t in model.graph.initializer if keep(t))
+    return out
+
+
+def copy_fields(source: Message, target: Message, skip: Sequence[str] = ()) -> None:
+    """Copy every field of ``source`` into ``target`` (of the same type) but those named in ``skip``."""
+    for field_desc, value in source.ListFields():
+        if field_desc.name in skip:
+            continue
+        repeated = field_desc.is_repeated if hasattr(field_desc, "is_repeated") else \
+            field_desc.label == field_desc.LABEL_REPEATED  # protobuf before 5.28
+        if repeated:
+            getattr(target, field_desc.name).extend(value)
+        elif field_desc.message_type is not None:
+            getattr(target, field_desc.name).CopyFrom(value)
+        else:
+            setattr(target, field_desc.name, value)
+
+
+def compact(model: ModelProto) -> ModelProto:
+    """A copy of ``model``: the same message, in as much memory as it takes.
+
+    protobuf (upb) keeps a message's parts in one arena that is freed only with the whole message:
+    a model edited in place keeps every node and initializer it removed or replaced (one whose
+    initializer list was rebuilt holds its weights twice). A copy takes only what the message holds."""
+    fresh = ModelProto()
+    fresh.CopyFrom(model)
+    return fresh
 
 
 def _selected_source(node: onnx.NodeProto, flags: set[str]) -> str | None:

@@ -15,10 +15,10 @@ import logging
 
 import numpy as np
 import onnx
-from onnx import ModelProto, helper, version_converter
+from onnx import ModelProto, helper
 
 from hbtools.errors import HbError
-from hbtools.graph.graph import GraphView, infer_shapes, topological_sort
+from hbtools.graph.graph import GraphView, convert_opset, infer_shapes, topological_sort
 from hbtools.graph.model_io import ORT_EARLY_OPS, default_opset, early_ops, stand_down, stand_in
 from hbtools.ops.base import fresh_name
 from hbtools.ops.names import RESERVED_SUFFIXES
@@ -210,7 +210,7 @@ def working_opset(model: ModelProto) -> ModelProto:
     resizes = _old_resizes(model)
     stand_in(model, early)  # the converter has no schema for them at the model's opset: they pass as they are
     try:
-        converted = version_converter.convert_version(model, target)
+        converted = convert_opset(model, target)
     except Exception as exc:  # the converter raises plain RuntimeErrors
         raise HbError(f"cannot convert the model from opset {opset} to {target}: {exc}") from exc
     finally:

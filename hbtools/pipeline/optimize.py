@@ -32,6 +32,7 @@ from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.flat_heads import flattens_after_heads, wide_flattens_as_convs
 from hbtools.graph.graph import (
     GraphView,
+    compact,
     infer_shapes,
     name_unnamed_nodes,
     references,
@@ -58,8 +59,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     embedding with a larger kernel or stride than it takes becomes SpaceToDepth and a 1x1 Conv).
     ``placed``: node name -> "BPU" / "CPU" as the config's node_info puts them, ``all_bpu``: every
     node on the BPU (--fast-perf); long recurrent layers are unrolled only where put on the BPU."""
-    model = copy.deepcopy(model)
-    pre_nodes = [n for n in model.graph.node if n.domain == DOMAIN]
+    pre_nodes = [n for n in model.graph.node if n.domain == DOMAIN]  # only read: the body below is a copy
     original_inputs = list(model.graph.input)
     body = _without_preprocess(model, pre_nodes)
     cut = _cut_custom_nodes(body)
@@ -188,7 +188,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     out = _with_preprocess(body, pre_nodes, original_inputs, model)
     topological_sort(out)
     log.info("Optimized model: %d nodes (from %d)", len(out.graph.node), len(model.graph.node))
-    return out
+    return compact(out)  # the rewrites above replaced weights in place: their old values are still held
 
 
 def _without_preprocess(model: ModelProto, pre_nodes: list) -> ModelProto:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph import precision, shape_trial, source_repairs
 from hbtools.graph.contrib import expand_contrib_ops
-from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes, remove_dead_nodes
+from hbtools.graph.graph import GraphView, compact, infer_shapes, name_unnamed_nodes, remove_dead_nodes
 from hbtools.graph.model_io import (
     check_source_model,
     load_model,
@@ -36,9 +35,13 @@ MAX_OUTPUTS = 32
 @dataclass
 class ParseResult:
     model: ModelProto  # the original float model (HzPreprocess in front)
-    source: ModelProto  # the user's model with the same shapes/outputs, without HzPreprocess
     inputs: list[InputSpec]  # name and shape resolved
     loaded_thresholds: dict[str, float] = dataclasses.field(default_factory=dict)  # calibration_type load
+
+    def take_model(self) -> ModelProto:
+        """The model, no longer held here: a caller done with the original lets its weights go."""
+        model, self.model = self.model, None
+        return model
 
 
 def preprocess_node_name(input_name: str) -> str:
@@ -88,13 +91,13 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
                       hint="use output_nodes to select the outputs you need")
     remove_dead_nodes(model)
     model = _infer(model)
-    source = copy.deepcopy(model)
     if any(declared.get(s.name) != s.shape for s in inputs):  # input_shape overrides what the model says
-        shape_trial.dry_run(source, inputs, declared)
+        shape_trial.dry_run(model, inputs, declared)
     _insert_preprocess(model, inputs)
     model = _infer(model)
     onnx.checker.check_model(model)
-    return ParseResult(model, source, inputs, loaded)
+    # The repairs above edit the model in place; every stage after this one holds it or a copy of it.
+    return ParseResult(compact(model), inputs, loaded)
 
 
 def _already_quantized(model: ModelProto, config: Config, checking: bool) -> bool:

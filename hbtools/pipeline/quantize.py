@@ -28,6 +28,7 @@ def run(calibrated: ModelProto, config: Config, profile: MarchProfile) -> Quanti
     for unit in part.units:
         emitter_for(unit)(state, unit)
     model = _finish(state)
+    part.detach()  # the result outlives the float copy ``graph`` holds
     return QuantizedResult(model, part, state.q, {t: g.threshold for t, g in graph.activations.items()})
 
 

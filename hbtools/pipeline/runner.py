@@ -118,10 +118,13 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
            staging: Path, final: dict[str, Path]) -> None:
     """Write every artefact into ``staging`` (logged under its final name)."""
     paths = {kind: staging / path.name for kind, path in final.items()}
-    save_model(parsed.model, paths["original"])
+    # Each stage's model is held only while a later step reads it (a VGG's weights are 550 MB a copy).
+    original = parsed.take_model()
+    save_model(original, paths["original"])
     log.info("Parsing the input model done: %s", final["original"])
-    optimized = optimize.run(parsed.model, profile, all_bpu=config.model.fast_perf,
+    optimized = optimize.run(original, profile, all_bpu=config.model.fast_perf,
                              placed={name: info.on for name, info in config.model.node_info.items() if info.on})
+    del original
     times = StepTimes()
     weights_only = None
     # The halves of a split layer need int16 (plan: they cancel only in their sum): no split without it.
@@ -145,19 +148,24 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
                         weights_only=weights_only, times=times)
     save_model(cal.model, paths["calibrated"])
     log.info("Model calibration done: %s", final["calibrated"])
+    # The similarity table reads the optimized model back from its file: not held through quantize, and let
+    # go there once its session is built (the partition and the plan hold parts of it, hence all of it).
+    del optimized, partition, plan
 
     with times.step("quantize"):
         result = quantize.run(cal.model, config, profile)
+    summary = cal.summary
+    del cal
     if config.model.layer_out_dump:
         layer_dump.annotate(result)
     save_model(result.model, paths["quantized"])
     log.info("Model quantization done: %s", final["quantized"])
     first = next(iter(source))
     layouts = {spec.name: spec.layout_train for spec in parsed.inputs}
-    report.log_node_table(result, report.node_similarity(optimized, result, first, layouts))
+    report.log_node_table(result, report.node_similarity(paths["optimized"], result, first, layouts))
     report.log_cpu_reasons(result.partition)
     with times.step("compile"):
-        compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=cal.summary)
+        compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=summary)
     log.info("runtime model written: %s", final["bin"])
     log.info(times.line())
     release_pool()

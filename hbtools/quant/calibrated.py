@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import ModelProto, NodeProto, numpy_helper
 
+from hbtools.graph.graph import copy_model
 from hbtools.ops import registry
 from hbtools.ops.base import DOMAIN
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
@@ -40,14 +41,15 @@ class CalibratedGraph:
 
 def read_calibrated(calibrated: ModelProto) -> CalibratedGraph:
     """Undo the calibrate stage: the float graph, activation grids and weight calibration attributes."""
-    model = ModelProto()
-    model.CopyFrom(calibrated)
+    inits = {t.name: t for t in calibrated.graph.initializer}
+    roundings = {n.input[1] for n in calibrated.graph.node  # GPTQ rounding offsets: read here, not kept
+                 if n.domain == DOMAIN and n.op_type == HzCalibration.op_type and len(n.input) > 1 and n.input[1]
+                 and HzCalibration.read(n)["kind"] == "weight"}
+    model = copy_model(calibrated, lambda t: t.name not in roundings)
     acts: dict[str, ActGrid] = {}
     weights: dict[str, dict] = {}
     rename: dict[str, str] = {}
     keep = []
-    inits = {t.name: t for t in model.graph.initializer}
-    roundings = set()
     for node in model.graph.node:
         if node.domain == DOMAIN and node.op_type == HzCalibration.op_type:
             a = HzCalibration.read(node)
@@ -56,7 +58,6 @@ def read_calibrated(calibrated: ModelProto) -> CalibratedGraph:
                 weights[tensor] = a
                 if len(node.input) > 1 and node.input[1]:  # GPTQ rounding offsets
                     a["rounding"] = numpy_helper.to_array(inits[node.input[1]])
-                    roundings.add(node.input[1])
             else:
                 acts[tensor] = _act_grid(a, node.name)
             rename[node.output[0]] = tensor
@@ -68,9 +69,6 @@ def read_calibrated(calibrated: ModelProto) -> CalibratedGraph:
             keep.append(node)
     del model.graph.node[:]
     model.graph.node.extend(keep)
-    kept_inits = [t for t in model.graph.initializer if t.name not in roundings]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept_inits)
     for node in model.graph.node:
         for k, i in enumerate(node.input):
             node.input[k] = rename.get(i, i)

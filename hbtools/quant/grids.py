@@ -88,13 +88,16 @@ def quantize(x: np.ndarray, scale: np.ndarray | float, bits: int, *, zero_point:
     """
     # A value far beyond a tiny step overflows to inf, which the clip below saturates as intended.
     with np.errstate(over="ignore"):
-        levels = np.round(np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32))
+        levels = np.asarray(x, dtype=np.float32) / np.asarray(scale, dtype=np.float32)
+    # Rounded and clipped in place where ``levels`` is an array of its own (a weight can be 400 MB).
+    own = levels if isinstance(levels, np.ndarray) else None
+    levels = np.round(levels, out=own)
     if offsets is not None:
         levels = levels + np.asarray(offsets, dtype=np.float32)
     if np.any(zero_point):
         levels = levels + np.asarray(zero_point, dtype=np.float32)
     lo, hi = grid_bounds(bits, asymmetric)
-    return np.clip(levels, np.float32(lo), np.float32(hi))
+    return np.clip(levels, np.float32(lo), np.float32(hi), out=levels if own is not None else None)
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray | float, zero_point: np.ndarray | float = 0) -> np.ndarray:

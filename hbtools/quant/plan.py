@@ -507,8 +507,7 @@ def weight_thresholds(model: ModelProto, plan: CalibrationPlan) -> dict[str, np.
     view = GraphView(model)
     out = {}
     for p in plan.weights:
-        w = view.const(p.tensor).astype(np.float64)
-        out[p.tensor] = exact_grid_thresholds(output_channel_rows(w, p.axis, p.groups))
+        out[p.tensor] = exact_grid_thresholds(output_channel_rows(view.const(p.tensor), p.axis, p.groups))
     return out
 
 
@@ -525,18 +524,20 @@ def exact_grid_thresholds(rows: np.ndarray) -> np.ndarray:
     difference filters, weights already quantized by training) would otherwise be rounded on a
     grid of step ``max / 127`` (1 : 3 : 9 became 14 : 42 : 127).
     """
-    peak = np.abs(rows).max(axis=1)
+    # In float64, a row or a few columns at a time: a VGG fully-connected weight is 400 MB in float32.
+    # max |w| without a copy of |w| (abs again: a row of zeros may hold -0.0 at its max).
+    peak = np.abs(np.maximum(rows.max(axis=1), -rows.min(axis=1))).astype(np.float64)
     out = peak.copy()
     steps = np.arange(1, 128, dtype=np.float64)
     safe = np.where(peak > 0, peak, 1.0)
-    head = rows[:, :16] / safe[:, None]  # screen on a few weights, then check the whole row
+    head = rows[:, :16].astype(np.float64) / safe[:, None]  # screen on a few weights, then check the whole row
     fits = np.zeros((len(rows), steps.size), dtype=bool)  # [rows, 127]
     for start in range(0, len(rows), SCREEN_ROWS):  # a vocabulary-sized head has ~20000 rows
         levels = head[start:start + SCREEN_ROWS, :, None] * steps[None, None, :]
         fits[start:start + SCREEN_ROWS] = np.all(np.abs(levels - np.round(levels)) <= EXACT_TOLERANCE, axis=1)
     for r in np.flatnonzero((peak > 0) & fits.any(axis=1)):
         for n in steps[fits[r]]:
-            q = rows[r] / peak[r] * n
+            q = rows[r].astype(np.float64) / peak[r] * n
             if np.all(np.abs(q - np.round(q)) <= EXACT_TOLERANCE):
                 out[r] = peak[r] * 127.0 / (n * (127 // int(n)))
                 break

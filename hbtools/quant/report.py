@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from onnx import ModelProto, helper
 
 from hbtools.graph.graph import GraphView, elements
+from hbtools.graph.model_io import load_model
 from hbtools.metrics import CHUNK, cosine_of_chunks, cosine_similarity
 from hbtools.pipeline.quantize import QTensor, QuantizedResult
 from hbtools.quant.units import Partition
 from hbtools.runtime import segments
-from hbtools.runtime.lowering import lower_model
+from hbtools.runtime.lowering import lowered_parts
 from hbtools.runtime.session import make_session
 
 log = logging.getLogger("hbtools")
@@ -38,13 +40,17 @@ class NodeSimilarity:
     below_step: set[str] = field(default_factory=set)
 
 
-def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[str, np.ndarray],
+def node_similarity(optimized: ModelProto | Path, result: QuantizedResult, feed: dict[str, np.ndarray],
                     train_layouts: dict[str, str] | None = None) -> NodeSimilarity:
     """Cosine of each unit's output between the float and the quantized model (one sample).
 
-    ``feed`` is in the training layout of each input (``train_layouts``, NCHW where not given); a
-    quantized input of another shape takes the other of NCHW / NHWC.
+    ``optimized``: the float model, or its file (read here, and let go once its session is built: beside
+    the session onnxruntime builds, it would be one more copy of every weight). ``feed`` is in the training
+    layout of each input (``train_layouts``, NCHW where not given); a quantized input of another shape takes
+    the other of NCHW / NHWC.
     """
+    if isinstance(optimized, Path):
+        optimized = load_model(optimized)
     q_model = result.model
     float_names = {o.name for o in q_model.graph.output} | {n for node in q_model.graph.node for n in node.output}
     pairs: dict[str, tuple[str, QTensor | None]] = {}
@@ -59,16 +65,21 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
     # still compared, so the lowering must not drop it.
     # Without memory patterns: a session keeps no block of its intermediates between the runs, where
     # the other session's run (or the next group's) needs the memory.
-    float_sess = make_session(_with_outputs(lower_model(optimized, keep=list(pairs)), list(pairs), None),
-                              memory_pattern=False)
-    q_lowered = lower_model(q_model, keep=[q for q, _ in pairs.values()])
+    groups = _fetch_groups(optimized, pairs)
+    float_lowered, constants = lowered_parts(optimized, keep=list(pairs))
+    del optimized  # the session takes ``constants`` (emptied once serialized)
+    float_sess = make_session(_with_outputs(float_lowered, list(pairs), None), memory_pattern=False,
+                              constants=constants)
+    del float_lowered, constants
+    q_lowered, constants = lowered_parts(q_model, keep=[q for q, _ in pairs.values()])
     elem_of = {vi.name: vi.type.tensor_type.elem_type for vi in q_model.graph.value_info}
     for q_name, _ in pairs.values():
         if q_name not in {o.name for o in q_lowered.graph.output}:
             elem = elem_of.get(q_name)
             q_lowered.graph.output.append(helper.make_tensor_value_info(q_name, elem, None) if elem
                                           else helper.make_empty_tensor_value_info(q_name))
-    q_sess = make_session(q_lowered, memory_pattern=False)  # as HB_ONNXRuntime runs a quantized model
+    q_sess = make_session(q_lowered, memory_pattern=False, constants=constants)  # as HB_ONNXRuntime runs it
+    del q_lowered, constants
     q_feed = {}
     for i in q_sess.get_inputs():
         x = feed[i.name]
@@ -76,7 +87,7 @@ def node_similarity(optimized: ModelProto, result: QuantizedResult, feed: dict[s
         q_feed[i.name] = x if list(x.shape) == list(i.shape) else np.transpose(x, to_other)
     found = NodeSimilarity()
     sims = found.cosines
-    for tensors in _fetch_groups(optimized, pairs):
+    for tensors in groups:
         # Quantized first: its outputs are mostly 8/16-bit, so they cost little while the float run happens.
         q_out = dict(zip(tensors, q_sess.run([pairs[t][0] for t in tensors], q_feed), strict=True))
         f_out = dict(zip(tensors, float_sess.run(tensors, feed), strict=True))

@@ -9,6 +9,7 @@ read the same partition, so they always agree on placement.
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, field
 
@@ -93,6 +94,16 @@ class Partition:
             for n in u.nodes:
                 out.append((n.name, u.on, sub, u.table_type if u.on == "BPU" else n.op_type))
         return out
+
+    def detach(self) -> None:
+        """Hold copies of the units' nodes instead of the model's own.
+
+        protobuf frees a message's parts only with the whole: one node of a model kept alive keeps every
+        weight of it. A partition that outlives its model (the quantize stage's, to the .bin) lets it go."""
+        for u in self.units:
+            copies = {id(n): copy.deepcopy(n) for n in [*u.nodes, u.activation] if n is not None}
+            u.nodes = [copies[id(n)] for n in u.nodes]
+            u.activation = copies[id(u.activation)] if u.activation is not None else None
 
 
 def model_partition(model: ModelProto, profile: MarchProfile, config: Config, *, warn: bool = True) -> Partition:

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from hbtools.errors import ResourceError
+from hbtools.graph.graph import shape_probe
 
 log = logging.getLogger("hbtools")
 
@@ -52,17 +53,18 @@ def check_input_sizes(shapes: Sequence[Sequence[int]], what: str = "input_shape"
 
 def check_model_memory(model: onnx.ModelProto) -> None:
     """Refuse a model whose float activations (all fetched at once by calibration) cannot fit."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+    try:  # without the weights, which shapes do not need (a copy of them took as much again as the model)
+        inferred = onnx.shape_inference.infer_shapes(shape_probe(model))
     except Exception:  # noqa: BLE001 -- an estimate only: without shapes there is nothing to check
         return
+    own = {vi.name for vi in model.graph.input}  # the probe declares the weights as inputs too
+    graph_inputs = [vi for vi in inferred.graph.input if vi.name in own]
     total = 0
-    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+    for vi in [*graph_inputs, *inferred.graph.value_info, *inferred.graph.output]:
         dims = vi.type.tensor_type.shape.dim
         if dims and all(d.HasField("dim_value") for d in dims):
             total += _elements(d.dim_value for d in dims) * 4
-    inputs = sum(_elements(d.dim_value for d in vi.type.tensor_type.shape.dim) * 4
-                 for vi in inferred.graph.input)
+    inputs = sum(_elements(d.dim_value for d in vi.type.tensor_type.shape.dim) * 4 for vi in graph_inputs)
     _check(total + inputs * INPUT_COPIES, "the model's activations at this input_shape")
 
 

@@ -6,9 +6,9 @@ import copy
 from collections.abc import Collection
 
 import numpy as np
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper, version_converter
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from hbtools.graph.graph import GraphView
+from hbtools.graph.graph import GraphView, convert_opset, copy_fields, copy_model, large_constants
 from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.ops import fused, registry, twins, uint8_kernels
 from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN, LoweringContext
@@ -21,7 +21,19 @@ def has_hz_ops(model: ModelProto) -> bool:
 
 def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Collection[str] = (),
                 exact: bool = True) -> ModelProto:
-    """A standard-ONNX copy of ``model`` that onnxruntime can run.
+    """A standard-ONNX copy of ``model`` that onnxruntime can run (``lowered_parts`` put together)."""
+    lowered, constants = lowered_parts(model, feed_calibration=feed_calibration, keep=keep, exact=exact)
+    lowered.graph.initializer.extend(constants)
+    return lowered
+
+
+def lowered_parts(model: ModelProto, *, feed_calibration: bool = False, keep: Collection[str] = (),
+                  exact: bool = True) -> tuple[ModelProto, list[TensorProto]]:
+    """The standard-ONNX form of ``model`` that onnxruntime can run, as a model without initializers and
+    the initializers it reads (those of ``model`` itself, not copies, and those the lowering made).
+
+    A session can be built from the two (``runtime.session.make_session``'s ``constants``) without
+    a model that holds a copy of every weight while onnxruntime reads it.
 
     With ``feed_calibration`` every activation HzCalibration takes its grid from graph inputs
     named ``<node>_scale``, ``<node>_qmax`` (and with a zero point ``<node>_zero_point``,
@@ -30,10 +42,10 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
     (tensors a caller will fetch). ``exact=False`` keeps no float64 twins (a model switched
     piecewise, as the debugger's, has no integer chain to follow).
     """
-    model = copy.deepcopy(model)
     if not has_hz_ops(model):
-        return model
-    model = _with_integer_clip(model)
+        return copy_model(model, lambda _: False), list(model.graph.initializer)
+    # Only read below (a converted copy, or the caller's model): the lowered model is made anew.
+    source, model = model, _with_integer_clip(model)
     taken = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     taken |= {t.name for t in model.graph.initializer} | {n.name for n in model.graph.node}
     view = GraphView(model)
@@ -63,43 +75,30 @@ def lower_model(model: ModelProto, *, feed_calibration: bool = False, keep: Coll
         twin = twins.lower_standard(node, ctx)
         own = uint8_kernels.on_float_kernel(node, elem_types.get(node.input[0]) if node.input else None, ctx)
         nodes.extend(twin or [*(own or [node]), *uint8_kernels.mirror(node, ctx)])
-    nodes = _pools_before_dequantization(nodes, ctx)
-    del model.graph.node[:]
-    model.graph.node.extend(_live(nodes, keep))
-    model.graph.initializer.extend(ctx.initializers)
+    nodes = _live(_pools_before_dequantization(nodes, ctx), keep)
     # Constants a lowering replaced (an int8 weight re-laid out for an integer kernel) would make
     # onnxruntime warn about unused initializers on the console.
-    read = {i for n in model.graph.node for i in n.input} | _subgraph_reads(model.graph.node) | keep
-    unread = [t for t in model.graph.initializer if t.name not in read]
-    for t in unread:
-        model.graph.initializer.remove(t)
-    gone = {t.name for t in unread}
-    for i in [i for i in model.graph.input if i.name in gone]:  # old IR lists initializers as inputs too
-        model.graph.input.remove(i)
-    model.graph.input.extend(ctx.inputs)
-    del model.graph.value_info[:]  # intermediate dtypes changed; let onnxruntime infer
-    with_horizon_domain(model)
-    if any(n.domain == CONTRIB_DOMAIN for n in model.graph.node) and \
-            not any(op.domain == CONTRIB_DOMAIN for op in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
-    return compact(model)
-
-
-# The largest model protobuf serializes (beyond, a copy by serialization cannot be made).
-PROTOBUF_LIMIT = 2**31 - 1
-
-
-def compact(model: ModelProto) -> ModelProto:
-    """``model`` parsed again from its bytes: the same message, in as much memory as it takes.
-
-    protobuf (upb) keeps a message's parts in one arena that is freed only with the whole message:
-    the copy the lowering rewrites keeps every node and initializer it removed or replaced. PP-OCRv6
-    small rec's lowered calibrated model took 87 MB that way, for 32 MB of bytes, and the searches
-    hold such models for their whole run. A model beyond protobuf's 2 GB limit is returned as it is.
-    """
-    if model.ByteSize() > PROTOBUF_LIMIT:
-        return model
-    return ModelProto.FromString(model.SerializeToString())
+    read = {i for n in nodes for i in n.input} | _subgraph_reads(nodes) | keep
+    own = list(model.graph.initializer)
+    if model is not source:
+        # The converted model goes with this call: its weights are the source's as they were (hand those
+        # on), and the other initializers copies of their own (one of its parts kept would keep it all).
+        passed = {t.name: t for t in source.graph.initializer if t.name in large_constants(source)}
+        own = [passed[t.name] if t.name in passed else copy.deepcopy(t) for t in own]
+    constants = [*own, *ctx.initializers]
+    gone = {t.name for t in constants if t.name not in read}
+    lowered = ModelProto()
+    copy_fields(model, lowered, skip=("graph",))
+    # no value_info: intermediate dtypes changed; let onnxruntime infer
+    copy_fields(model.graph, lowered.graph, skip=("node", "initializer", "input", "value_info"))
+    lowered.graph.node.extend(nodes)
+    lowered.graph.input.extend(i for i in model.graph.input if i.name not in gone)  # old IR lists initializers too
+    lowered.graph.input.extend(ctx.inputs)
+    with_horizon_domain(lowered)
+    if any(n.domain == CONTRIB_DOMAIN for n in lowered.graph.node) and \
+            not any(op.domain == CONTRIB_DOMAIN for op in lowered.opset_import):
+        lowered.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    return lowered, [t for t in constants if t.name not in gone]
 
 
 def _pools_before_dequantization(nodes: list[NodeProto], ctx: LoweringContext) -> list[NodeProto]:
@@ -126,9 +125,9 @@ def _pools_before_dequantization(nodes: list[NodeProto], ctx: LoweringContext) -
             continue
         elem = TensorProto.INT8 if zero.dtype == np.int8 else TensorProto.UINT8
         pooled = ctx.unique(f"{node.output[0]}_levels")
-        copy = helper.make_node("MaxPool", [dq.input[0]], [pooled], name=ctx.unique(f"{node.name}_levels"))
-        copy.attribute.extend(node.attribute)
-        out.extend(uint8_kernels.on_float_kernel(copy, elem, ctx))
+        pool = helper.make_node("MaxPool", [dq.input[0]], [pooled], name=ctx.unique(f"{node.name}_levels"))
+        pool.attribute.extend(node.attribute)
+        out.extend(uint8_kernels.on_float_kernel(pool, elem, ctx))
         out.append(helper.make_node("DequantizeLinear", [pooled, *dq.input[1:]], list(node.output),
                                     name=ctx.unique(f"{node.name}_dequantized")))
     return out
@@ -147,7 +146,7 @@ def _with_integer_clip(model: ModelProto) -> ModelProto:
     if default_opset(model) != INTEGER_CLIP_OPSET - 1:
         return model
     try:
-        return version_converter.convert_version(model, INTEGER_CLIP_OPSET)
+        return convert_opset(model, INTEGER_CLIP_OPSET)
     except Exception:  # an op without a converter: keep the opset, the float clip is exact too
         return model
 

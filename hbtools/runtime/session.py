@@ -19,7 +19,7 @@ from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
 from hbtools.log import logger
 from hbtools.ops import custom
-from hbtools.runtime.lowering import lower_model
+from hbtools.runtime.lowering import lower_model, lowered_parts
 
 if TYPE_CHECKING:
     from hbtools.runtime.custom_session import CustomOpSession
@@ -36,12 +36,14 @@ RUN_ERRORS = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pyb
 
 
 def make_session(model: ModelProto, *, threads: int = 0, per_node: bool = False, spinning: bool = True,
-                 memory_pattern: bool = True) -> ort.InferenceSession | CustomOpSession:
+                 memory_pattern: bool = True,
+                 constants: Sequence[TensorProto] = ()) -> ort.InferenceSession | CustomOpSession:
     """The one way hbtools builds a session over a standard-ONNX model.
 
     A model with registered custom CPU ops gets a ``CustomOpSession`` (onnxruntime
     around the custom nodes); any other model a plain onnxruntime session. ``spinning`` and
-    ``memory_pattern``: as ``ort_session``'s (sessions that take turns need them off).
+    ``memory_pattern``: as ``ort_session``'s (sessions that take turns need them off); ``constants``:
+    initializers of the model kept apart (``lowered_parts``), as ``ort_session``'s.
     """
     if any(custom.is_foreign_domain(n.domain) for n in model.graph.node):
         missing = custom.unregistered_nodes(model)
@@ -51,8 +53,12 @@ def make_session(model: ModelProto, *, threads: int = 0, per_node: bool = False,
         if custom.has_custom_nodes(model):
             from hbtools.runtime.custom_session import CustomOpSession
 
+            if constants:
+                model = copy.deepcopy(model)
+                model.graph.initializer.extend(constants)
             return CustomOpSession(model, threads=threads)
-    return ort_session(model, threads=threads, per_node=per_node, spinning=spinning, memory_pattern=memory_pattern)
+    return ort_session(model, threads=threads, per_node=per_node, spinning=spinning, memory_pattern=memory_pattern,
+                       constants=constants)
 
 
 def fetching_session(model: ModelProto, tensors: Sequence[str], *, spinning: bool = True,
@@ -60,13 +66,17 @@ def fetching_session(model: ModelProto, tensors: Sequence[str], *, spinning: boo
                      **lowering: bool) -> ort.InferenceSession | CustomOpSession:
     """A session over ``model`` (Hz ops lowered with the ``lower_model`` options ``lowering``)
     that can also fetch the float ``tensors``."""
-    return make_session(fetching_model(model, tensors, **lowering), spinning=spinning, memory_pattern=memory_pattern,
-                        threads=threads)
+    lowered, constants = lowered_parts(model, keep=tensors, **lowering)
+    return make_session(_fetching(lowered, tensors), spinning=spinning, memory_pattern=memory_pattern,
+                        threads=threads, constants=constants)
 
 
 def fetching_model(model: ModelProto, tensors: Sequence[str], **lowering: bool) -> ModelProto:
     """``model`` lowered (``lower_model`` options ``lowering``) with the float ``tensors`` as outputs too."""
-    lowered = lower_model(model, keep=tensors, **lowering)
+    return _fetching(lower_model(model, keep=tensors, **lowering), tensors)
+
+
+def _fetching(lowered: ModelProto, tensors: Sequence[str]) -> ModelProto:
     present = {o.name for o in lowered.graph.output}
     for t in dict.fromkeys(tensors):
         if t not in present:
@@ -99,7 +109,8 @@ TRANSPOSE_PUSHING = ("TransposeOptimizer", "TransposeOptimizer_CPUExecutionProvi
 
 def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, per_node: bool = False,
                 optimized_model_path: str | None = None, rounding_fusions: bool = False,
-                memory_pattern: bool = True, shared_arena: bool = False) -> ort.InferenceSession:
+                memory_pattern: bool = True, shared_arena: bool = False,
+                constants: Sequence[TensorProto] = ()) -> ort.InferenceSession:
     """A plain onnxruntime CPU session (no custom ops): the one place hbtools configures onnxruntime.
 
     ``spinning=False`` stops idle intra-op threads from spinning (for callers that
@@ -116,6 +127,9 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     sees). ``optimized_model_path`` makes
     onnxruntime write its rewrite of the model there. ``shared_arena``: the session allocates from
     one memory arena shared by all such sessions of the process (see ``release_shared_arena``).
+    ``constants``: initializers the model's graph takes in addition to its own (``serialized``); a list is
+    emptied once they are serialized, so that a model the caller let go of (a copy read back to build one
+    session) goes before onnxruntime makes its own copies of them.
     """
     options = ort.SessionOptions()
     # Errors come back as exceptions, which the tools turn into one ERROR line; onnxruntime logging
@@ -138,12 +152,52 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     options.enable_mem_pattern = memory_pattern
     if optimized_model_path:
         options.optimized_model_filepath = optimized_model_path
+    data = serialized(model, constants)
+    if isinstance(constants, list):
+        constants.clear()
     try:
-        return _Session(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+        return _Session(data, options, providers=["CPUExecutionProvider"],
                         disabled_optimizers=[*WEIGHT_REQUANTIZATION,
                                              *([] if rounding_fusions else [*ROUNDING_FUSIONS, *TRANSPOSE_PUSHING])])
     except ort.capi.onnxruntime_pybind11_state.NotImplemented as exc:
         raise _no_cpu_kernel(exc) from exc
+
+
+_GRAPH = ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_LENGTH_DELIMITED = 2  # protobuf's wire type of messages and bytes
+
+
+def serialized(model: ModelProto, constants: Sequence[TensorProto] = ()) -> bytes:
+    """The bytes of ``model`` with ``constants`` appended to its graph's initializers, made without a model
+    that holds both.
+
+    onnxruntime copies the bytes twice (parsed, then as tensors) while it builds a session; a lowered
+    model holding a copy of every weight meanwhile made that four copies (VGG-19: 2.2 GB). protobuf reads
+    a message field given twice as one message (the second's repeated fields appended to the first's):
+    the graph is given again, holding only the constants, each serialized from where it is.
+    """
+    head = model.SerializeToString()
+    if not constants:
+        return head
+    pieces = []
+    for t in constants:
+        data = t.SerializeToString()
+        pieces += [_key(_INITIALIZER), _varint(len(data)), data]
+    return b"".join([head, _key(_GRAPH), _varint(sum(len(p) for p in pieces)), *pieces])
+
+
+def _key(field_number: int) -> bytes:
+    return _varint(field_number << 3 | _LENGTH_DELIMITED)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 # Sessions that take turns running many times (the debugger's stages and tails: thousands of runs)
@@ -245,7 +299,8 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         self._fixed_shapes = {i.name: list(i.shape) for i in self._inputs if all(isinstance(d, int) for d in i.shape)}
 
     def _build(self) -> None:
-        self._session = make_session(lower_model(self.model), threads=self._threads)
+        lowered, constants = lowered_parts(self.model)
+        self._session = make_session(lowered, threads=self._threads, constants=constants)
         original_inputs = {i.name for i in self.model.graph.input} - {t.name for t in self.model.graph.initializer}
         self._inputs = [i for i in self._session.get_inputs() if i.name in original_inputs]
         self._outputs = self._session.get_outputs()

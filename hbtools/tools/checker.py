@@ -38,7 +38,7 @@ def check(model_path: str | Path, model_type: str, march: str, input_shapes: lis
     parsed = parse.run(config, checking=True)
     check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     log.info("Parsing the input model done")
-    optimized = optimize.run(parsed.model, profile)
+    optimized = optimize.run(parsed.take_model(), profile)  # the original is not read again
     log.info("Model optimization done")
     partition = model_partition(optimized, profile, config)
     plan = make_plan(optimized, partition, config, profile)
@@ -46,6 +46,7 @@ def check(model_path: str | Path, model_type: str, march: str, input_shapes: lis
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source), calibration_type="skip",
                         allow_int16=profile.int16, bias_correction="off")
     result = quantize.run(cal.model, config, profile)
+    del cal, optimized, plan, partition  # the node table reads the result only
     log.info("Model quantization done")
     report.log_node_table(result)
     report.log_cpu_reasons(result.partition)

@@ -67,8 +67,9 @@ def emit(state: EmitState, unit: Unit) -> None:
     # Largest |accumulator| any input can produce, per output channel (a grouped ConvTranspose's channel
     # reads one group's rows of the weight only).
     groups = 1 if kind == "MatMul" else weight_groups(node, state.view)
-    rows = grids.output_channel_rows(np.abs(w_q.astype(np.int64)), axis_w, groups)
-    bound = xq.levels_span() * float(rows.sum(axis=1).max())
+    # int8 levels: |level| fits int16 (a copy in int64 was 8 bytes a weight); the sums are taken in int64
+    rows = grids.output_channel_rows(np.abs(w_q.astype(np.int16)), axis_w, groups)
+    bound = xq.levels_span() * float(rows.sum(axis=1, dtype=np.int64).max())
     if b_q is not None:
         bound += float(np.abs(b_q.astype(np.int64)).max())
     emit_accumulator(state, unit, HzSQuantizedConv, pieces, acc_scale, out_axis, common, bound)
