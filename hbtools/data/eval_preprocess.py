@@ -117,10 +117,19 @@ def _vendor(read: str, steps: Callable[[], list[Transformer]]) -> Callable[[], l
     return transformers
 
 
+class _Transforms:
+    """``hbtools.data.transforms``, imported when a recipe's steps are first made (not at start-up)."""
+
+    def __getattr__(self, name: str) -> object:
+        from hbtools.data import transforms
+
+        return getattr(transforms, name)
+
+
 def _vendor_recipes() -> list[Recipe]:
     """The models of the vendor's hb_eval_preprocess, with its preprocessing: NV12 bytes ``(h * 3 // 2, w)``
     of the model's input size, for the board's nv12 input. Names that share a preprocessing are aliases."""
-    from hbtools.data import transforms as t
+    t = _Transforms()
 
     def nv12(name: str, read: str, size: tuple[int, int], steps: Callable[[], list], what: str,
              *aliases: str) -> Recipe:
