@@ -176,10 +176,9 @@ def test_learned_queries_attend_on_the_bpu(form: str, tmp_path: Path) -> None:
     assert min(outcome.cosine) > COSINE
 
 
-def test_a_focus_layer_stays_on_the_bpu_of_rdk_x3(tmp_path: Path) -> None:
-    """YOLOv5's Focus (four strided Slices and a Concat): onnxruntime's optimizer writes it as SpaceToDepth
-    and a Gather that reorders the channels. bernoulli2 has no BPU Gather, so the first layer ran on the CPU
-    at full resolution; the Gather now goes into the next Conv's weight."""
+def _all_on_the_bpu(march: str, fm, root: Path) -> dict[str, Path]:
+    """Convert ``fm`` for ``march`` (``max``) under ``root``; check that no node runs on the CPU and that the
+    quantized model computes what the float model does on held-out samples. The artefact paths."""
     from builders import EXACT_MEAN, EXACT_SCALE, held_out, make_project
     from conformance import _source_feed
 
@@ -188,6 +187,26 @@ def test_a_focus_layer_stays_on_the_bpu_of_rdk_x3(tmp_path: Path) -> None:
     from hbtools.pipeline.runner import makertbin
     from hbtools.runtime import HB_ONNXRuntime
     from hbtools.runtime.binfile import read_bin
+
+    setup(None)
+    project = make_project(root, fm, cal_count=6)
+    project.write(model_parameters={"march": march}, calibration_parameters={"calibration_type": "max"})
+    paths = makertbin(project.config_path, "onnx")
+    cpu = read_bin(paths["bin"]).models[0].partition["cpu_nodes"]
+    assert not cpu, cpu
+    quantized = HB_ONNXRuntime(model_file=str(paths["quantized"]))
+    for x in held_out(fm, count=3, seed=2):
+        want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, {"data": x}, EXACT_MEAN, EXACT_SCALE))[0]
+        layout = x if list(quantized.get_inputs()[0].shape) == list(x.shape) else x.transpose(0, 2, 3, 1)
+        assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
+    return paths
+
+
+def test_a_focus_layer_stays_on_the_bpu_of_rdk_x3(tmp_path: Path) -> None:
+    """YOLOv5's Focus (four strided Slices and a Concat): onnxruntime's optimizer writes it as SpaceToDepth
+    and a Gather that reorders the channels. bernoulli2 has no BPU Gather, so the first layer ran on the CPU
+    at full resolution; the Gather now goes into the next Conv's weight."""
+
 
     g = _Graph(11)
     big = np.iinfo(np.int64).max
@@ -197,16 +216,7 @@ def test_a_focus_layer_stays_on_the_bpu_of_rdk_x3(tmp_path: Path) -> None:
     focus = g.op("Concat", slices, axis=1)
     out = g.conv(g.op("Relu", [g.conv(focus, 12, 16)]), 16, 8, k=1)
     fm = g.model({"data": [1, 3, 32, 32]}, [out])
-    setup(None)
-    project = make_project(tmp_path, fm, cal_count=6)
-    project.write(model_parameters={"march": "bernoulli2"}, calibration_parameters={"calibration_type": "max"})
-    paths = makertbin(project.config_path, "onnx")
-    assert not read_bin(paths["bin"]).models[0].partition["cpu_nodes"]
-    quantized = HB_ONNXRuntime(model_file=str(paths["quantized"]))
-    for x in held_out(fm, count=3, seed=2):
-        want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, {"data": x}, EXACT_MEAN, EXACT_SCALE))[0]
-        layout = x if list(quantized.get_inputs()[0].shape) == list(x.shape) else x.transpose(0, 2, 3, 1)
-        assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
+    _all_on_the_bpu("bernoulli2", fm, tmp_path)
 
 
 @pytest.mark.parametrize("split", [[1, 4, 4, 8, 8], [1, 4, 4, 64]], ids=["5-D", "flat map"])
@@ -215,14 +225,7 @@ def test_a_channel_shuffle_stays_on_the_bpu_of_rdk_x3(split: list[int], tmp_path
     back) before a grouped Conv, which cannot take a channel reordering into its weights: bernoulli2 has no
     BPU Reshape, and every shuffle ran on the CPU with a BPU subgraph between each two. As one Gather of
     channels it stays on the BPU."""
-    from builders import EXACT_MEAN, EXACT_SCALE, held_out, make_project
-    from conformance import _source_feed
 
-    from hbtools.log import setup
-    from hbtools.metrics import cosine_similarity
-    from hbtools.pipeline.runner import makertbin
-    from hbtools.runtime import HB_ONNXRuntime
-    from hbtools.runtime.binfile import read_bin
 
     g = _Graph(14)
     x = g.op("Relu", [g.conv("data", 3, 16)])
@@ -232,18 +235,8 @@ def test_a_channel_shuffle_stays_on_the_bpu_of_rdk_x3(split: list[int], tmp_path
     w = (g.rng.standard_normal((16, 4, 3, 3)) / 6).astype(np.float32)
     out = g.op("Conv", [shuffled, g.const(w, "w")], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=4)
     fm = g.model({"data": [1, 3, 8, 8]}, [out])
-    setup(None)
-    project = make_project(tmp_path, fm, cal_count=6)
-    project.write(model_parameters={"march": "bernoulli2"}, calibration_parameters={"calibration_type": "max"})
-    paths = makertbin(project.config_path, "onnx")
-    partition = read_bin(paths["bin"]).models[0].partition
-    assert not partition["cpu_nodes"], partition["cpu_nodes"]
+    paths = _all_on_the_bpu("bernoulli2", fm, tmp_path)
     assert [n.op_type for n in onnx.load(paths["optimized"]).graph.node].count("Gather") == 1
-    quantized = HB_ONNXRuntime(model_file=str(paths["quantized"]))
-    for x in held_out(fm, count=3, seed=2):
-        want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, {"data": x}, EXACT_MEAN, EXACT_SCALE))[0]
-        layout = x if list(quantized.get_inputs()[0].shape) == list(x.shape) else x.transpose(0, 2, 3, 1)
-        assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
 
 
 @pytest.mark.parametrize(("march", "size", "kernel", "view"), [("bayes-e", 60, 30, False), ("bayes-e", 60, 20, False),
@@ -255,14 +248,7 @@ def test_a_large_average_pool_over_whole_windows_stays_on_the_bpu(march: str, si
     and (3) of a 60x60 map (kernel = stride 30 and 20), MobileOne's squeeze-and-excitation pool over the whole
     map and its view of the gate as (-1, C, 1, 1): each went to the CPU. As a global pool, or as pools in
     steps (30 = 6 x 5), and without the Reshape to the shape it has, they stay on the BPU."""
-    from builders import EXACT_MEAN, EXACT_SCALE, held_out, make_project
-    from conformance import _source_feed
 
-    from hbtools.log import setup
-    from hbtools.metrics import cosine_similarity
-    from hbtools.pipeline.runner import makertbin
-    from hbtools.runtime import HB_ONNXRuntime
-    from hbtools.runtime.binfile import read_bin
 
     g = _Graph(17)
     x = g.op("Relu", [g.conv("data", 3, 8)])
@@ -272,16 +258,7 @@ def test_a_large_average_pool_over_whole_windows_stays_on_the_bpu(march: str, si
         gate = g.op("Reshape", [gate, g.const(_i64([-1, 8, 1, 1]), "view")])
     out = g.op("Mul", [x, gate]) if kernel == size else g.conv(gate, 8, 4, k=1)
     fm = g.model({"data": [1, 3, size, size]}, [out])
-    setup(None)
-    project = make_project(tmp_path, fm, cal_count=6)
-    project.write(model_parameters={"march": march}, calibration_parameters={"calibration_type": "max"})
-    paths = makertbin(project.config_path, "onnx")
-    assert not read_bin(paths["bin"]).models[0].partition["cpu_nodes"]
-    quantized = HB_ONNXRuntime(model_file=str(paths["quantized"]))
-    for x in held_out(fm, count=3, seed=2):
-        want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, {"data": x}, EXACT_MEAN, EXACT_SCALE))[0]
-        layout = x if list(quantized.get_inputs()[0].shape) == list(x.shape) else x.transpose(0, 2, 3, 1)
-        assert cosine_similarity(want, quantized.run(None, {"data": layout})[0]) > COSINE
+    _all_on_the_bpu(march, fm, tmp_path)
 
 
 @pytest.mark.parametrize("bias", [False, True])
