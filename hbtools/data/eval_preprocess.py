@@ -41,20 +41,20 @@ class Recipe:
     name: str
     summary: str  # one line for --help
     output: str  # what each output file holds
-    transformers: Callable[[], list[Transformer]]  # applied to a skimage RGB float image
+    # The steps after the picture is read: as scikit-image reads it (RGB floats) or, with ``read`` 'opencv',
+    # brought to what OpenCV reads (uint8 BGR). horizon_tc_ui.eval_preprocess hands both to the vendor's scripts.
+    steps: Callable[[], list[Transformer]]
+    read: str = "skimage"
     # The vendor's file names, <image file name>_<org h>_<org w>_<dst h>_<dst w>.bin (board-side evaluation
     # scripts read the original size back from them), for its models: the model's input (h, w).
     vendor_size: tuple[int, int] | None = None
     aliases: tuple[str, ...] = ()  # other -m names of the same preprocessing
-    # A vendor model's own steps and how its loader reads the picture for them ('skimage' / 'opencv'):
-    # horizon_tc_ui.eval_preprocess hands them to the vendor's scripts.
-    steps: Callable[[], list[Transformer]] | None = None
-    read: str = "skimage"
 
     def pipeline(self) -> Compose:
-        from hbtools.data.transforms import Compose
+        """The steps applied to a picture as read here (scikit-image)."""
+        from hbtools.data.transforms import Compose, opencv_like
 
-        return Compose(self.transformers())
+        return Compose([*(opencv_like() if self.read == "opencv" else []), *self.steps()])
 
     def output_name(self, image: Path, height: int, width: int) -> str:
         """The file ``image`` (``height`` x ``width`` pixels as read) is written to."""
@@ -65,20 +65,19 @@ class Recipe:
 
 def _text_line(width: int) -> Callable[[], list[Transformer]]:
     def transformers() -> list[Transformer]:
-        from hbtools.data.transforms import HWC2CHWTransformer, TextLineResizeTransformer, opencv_like
+        from hbtools.data.transforms import HWC2CHWTransformer, TextLineResizeTransformer
 
-        return [*opencv_like(), TextLineResizeTransformer((48, width)), HWC2CHWTransformer()]
+        return [TextLineResizeTransformer((48, width)), HWC2CHWTransformer()]
 
     return transformers
 
 
 def _det() -> list[Transformer]:
-    from hbtools.data.transforms import HWC2CHWTransformer, PadResizeTransformer, opencv_like
+    from hbtools.data.transforms import HWC2CHWTransformer, PadResizeTransformer
 
     # Letterbox into the fixed 640x640 input; the image stays in the top-left corner so
     # boxes map back by one scale factor. Black padding holds no text for DB-Net to find.
-    return [*opencv_like(), PadResizeTransformer(640, pad_value=0, pad_position="bottom_right"),
-            HWC2CHWTransformer()]
+    return [PadResizeTransformer(640, pad_value=0, pad_position="bottom_right"), HWC2CHWTransformer()]
 
 
 def _imagenet() -> list[Transformer]:
@@ -99,20 +98,10 @@ def _imagenet() -> list[Transformer]:
 def _yolo(size: int) -> Callable[[], list[Transformer]]:
     # Ultralytics' letterbox: centred, padding 114 gray, then BGR -> RGB; /255 goes in the config.
     def transformers() -> list[Transformer]:
-        from hbtools.data.transforms import BGR2RGBTransformer, HWC2CHWTransformer, PadResizeTransformer, opencv_like
+        from hbtools.data.transforms import BGR2RGBTransformer, HWC2CHWTransformer, PadResizeTransformer
 
-        return [*opencv_like(), PadResizeTransformer(size, pad_value=114, pad_position="boundary"),
+        return [PadResizeTransformer(size, pad_value=114, pad_position="boundary"),
                 BGR2RGBTransformer(data_format="HWC"), HWC2CHWTransformer()]
-
-    return transformers
-
-
-def _vendor(read: str, steps: Callable[[], list[Transformer]]) -> Callable[[], list[Transformer]]:
-    """A vendor model's steps after its image read: ``'skimage'`` (RGB floats, as read here) or ``'opencv'``."""
-    def transformers() -> list[Transformer]:
-        from hbtools.data.transforms import opencv_like
-
-        return [*opencv_like(), *steps()] if read == "opencv" else steps()
 
     return transformers
 
@@ -134,7 +123,7 @@ def _vendor_recipes() -> list[Recipe]:
     def nv12(name: str, read: str, size: tuple[int, int], steps: Callable[[], list], what: str,
              *aliases: str) -> Recipe:
         return Recipe(name, f"vendor sample: {what}", f"uint8 NV12 {size[0] * 3 // 2}x{size[1]} (rows x bytes)",
-                      _vendor(read, steps), vendor_size=size, aliases=aliases, steps=steps, read=read)
+                      steps, read, vendor_size=size, aliases=aliases)
 
     def imagenet_bgr() -> list:
         return [t.ShortSideResizeTransformer(short_size=256), t.CenterCropTransformer(crop_size=224),
@@ -238,17 +227,17 @@ RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
         Recipe("ppocr_cls", "PP-OCR text-direction classifier: text-line crop -> height 48, "
-               "padded to width 192", "uint8 BGR 1x3x48x192 (NCHW)", _text_line(192)),
+               "padded to width 192", "uint8 BGR 1x3x48x192 (NCHW)", _text_line(192), "opencv"),
         Recipe("ppocr_det", "PP-OCRv4 text detector: letterbox into 640x640 (top-left, "
-               "black padding)", "uint8 BGR 1x3x640x640 (NCHW)", _det),
+               "black padding)", "uint8 BGR 1x3x640x640 (NCHW)", _det, "opencv"),
         Recipe("ppocr_rec", "PP-OCRv4 text recogniser: text-line crop -> height 48, "
-               "padded to width 320", "uint8 BGR 1x3x48x320 (NCHW)", _text_line(320)),
+               "padded to width 320", "uint8 BGR 1x3x48x320 (NCHW)", _text_line(320), "opencv"),
         Recipe("imagenet_cls", "ImageNet-style classifier (ResNet, MobileNet, EfficientNet): short side "
                "256, centre crop 224", "uint8 RGB 1x3x224x224 (NCHW)", _imagenet),
         Recipe("yolo_letterbox", "YOLOv5/v8-style detector: letterbox into 640x640 (centred, "
-               "padding 114)", "uint8 RGB 1x3x640x640 (NCHW)", _yolo(640)),
+               "padding 114)", "uint8 RGB 1x3x640x640 (NCHW)", _yolo(640), "opencv"),
         Recipe("yolo_letterbox_320", "the same letterbox into 320x320", "uint8 RGB 1x3x320x320 (NCHW)",
-               _yolo(320)),
+               _yolo(320), "opencv"),
     )
 }
 # The vendor's model names (their aliases too) after ours; only --help lists each recipe once.

@@ -3,7 +3,7 @@
 from hbtools.data.eval_preprocess import RECIPES
 
 MODEL_DICT: dict[str, dict[str, object]] = {
-    name: {"read_mode": r.read, "enable": True} for name, r in RECIPES.items() if r.steps is not None
+    name: {"read_mode": r.read, "enable": True} for name, r in RECIPES.items() if r.vendor_size is not None
 }
 
 __all__ = ["MODEL_DICT"]

@@ -10,7 +10,7 @@ from hbtools.data.eval_preprocess import RECIPES, Recipe
 
 def _function(recipe: Recipe, name: str) -> Callable[[], tuple[list, tuple[int, int]]]:
     def data_transformer() -> tuple[list, tuple[int, int]]:
-        return recipe.steps(), recipe.vendor_size  # type: ignore[misc]
+        return recipe.steps(), recipe.vendor_size  # type: ignore[return-value]
 
     data_transformer.__name__ = data_transformer.__qualname__ = f"{name}_data_transformer"
     data_transformer.__module__ = __name__  # the vendor's script lists this module's own functions
@@ -18,7 +18,7 @@ def _function(recipe: Recipe, name: str) -> Callable[[], tuple[list, tuple[int, 
 
 
 for _name, _recipe in RECIPES.items():
-    if _recipe.steps is not None:
+    if _recipe.vendor_size is not None:
         globals()[f"{_name}_data_transformer"] = _function(_recipe, _name)
 
 
