@@ -651,55 +651,42 @@ def _fold_through_rows(model: ModelProto, bn: NodeProto, view: GraphView,
     The activation is reshaped to rows first, and one Gemm with the BatchNorm in its weight columns and bias
     makes the BatchNorm's output (the form onnxruntime gives a MatMul + Add of such a tensor). Whether it
     folded."""
-    def only_use(t: str) -> bool:
-        return len(view.consumers.get(t, [])) == 1 and t not in view.graph_outputs
-
     reshape = view.producer.get(bn.input[0])
-    if reshape is None or reshape.op_type != "Reshape" or not only_use(bn.input[0]):
+    if reshape is None or reshape.op_type != "Reshape" or len(view.consumers.get(bn.input[0], [])) != 1 \
+            or bn.input[0] in view.graph_outputs:
         return False
-    product = reshape.input[0]
     k, shift = affine
-    shape = view.shapes.get(product)
-    if shape is None or len(shape) < 3 or shape[-1] != k.size or not only_use(product):
+    shape = view.shapes.get(reshape.input[0])
+    layer = _gemm_like(reshape.input[0], view, k.size, rows=True) \
+        if shape is not None and len(shape) >= 3 and shape[-1] == k.size else None
+    if layer is None or layer[0].op_type != "MatMul":
         return False
-    producer = view.producer.get(product)
-    bias, matmul, dropped = None, producer, [reshape, bn]
-    if producer is not None and producer.op_type == "Add" and len(producer.input) == 2:
-        const = [i for i in producer.input if view.is_const(i)]
-        act = [i for i in producer.input if not view.is_const(i)]
-        if len(const) != 1 or len(act) != 1 or not only_use(act[0]):
-            return False
-        bias = view.const(const[0]).astype(np.float64)
-        if bias.size not in (1, k.size) or (bias.ndim and bias.shape[-1] not in (1, k.size)):
-            return False
-        bias, matmul = np.broadcast_to(bias.reshape(-1), k.shape), view.producer.get(act[0])
-        dropped.append(producer)
-    weight = view.const(matmul.input[1]) if matmul is not None and matmul.op_type == "MatMul" else None
-    a_shape = view.shapes.get(matmul.input[0]) if weight is not None else None
-    if weight is None or weight.ndim != 2 or weight.shape[1] != k.size or a_shape is None \
-            or not all(isinstance(d, int) and d > 0 for d in a_shape):
+    matmul, a, weight, bias, _, _, dropped = layer
+    a_shape = view.shapes.get(a)
+    if not all(isinstance(d, int) and d > 0 for d in a_shape):
         return False
     names = (f"{matmul.name}_weight_folded", f"{matmul.name}_bias_folded", f"{matmul.name}_rows_shape")
     model.graph.initializer.extend([
-        numpy_helper.from_array((weight.astype(np.float64) * k[None, :]).astype(np.float32), names[0]),
-        numpy_helper.from_array((shift if bias is None else bias * k + shift).astype(np.float32), names[1]),
+        numpy_helper.from_array((weight * k[None, :]).astype(np.float32), names[0]),
+        numpy_helper.from_array((shift if bias is None else bias.reshape(-1) * k + shift).astype(np.float32),
+                                names[1]),
         numpy_helper.from_array(np.array([-1, a_shape[-1]], np.int64), names[2])])
-    rows = f"{matmul.input[0]}_{matmul.name}_rows"
+    rows = f"{a}_{matmul.name}_rows"
     index = list(model.graph.node).index(matmul)
-    for gone in [matmul, *dropped]:
+    for gone in [matmul, *dropped, reshape, bn]:
         model.graph.node.remove(gone)
-    model.graph.node.insert(index, helper.make_node("Reshape", [matmul.input[0], names[2]], [rows],
-                                                    name=f"{matmul.name}_rows"))
+    model.graph.node.insert(index, helper.make_node("Reshape", [a, names[2]], [rows], name=f"{matmul.name}_rows"))
     model.graph.node.insert(index + 1, helper.make_node("Gemm", [rows, names[0], names[1]], [bn.output[0]],
                                                         name=matmul.name))
     return True
 
 
-def _gemm_like(x: str, view: GraphView, channels: int) -> tuple | None:
+def _gemm_like(x: str, view: GraphView, channels: int, rows: bool = False) -> tuple | None:
     """The layer that produces 2-D ``x`` and nothing else reads, as (node that multiplies, its activation
     input, weight, bias or None (beta applied), weight transposed, alpha, other nodes it takes):
     a Gemm with a constant B (and C), or a MatMul by a constant [K, C] weight, maybe then an Add of a
-    constant bias. None for anything else."""
+    constant bias. With ``rows``, a MatMul's activation may have any rank of at least 2 (``x`` then too).
+    None for anything else."""
     def only_use(t: str) -> bool:
         return len(view.consumers.get(t, [])) == 1 and t not in view.graph_outputs
 
@@ -721,7 +708,8 @@ def _gemm_like(x: str, view: GraphView, channels: int) -> tuple | None:
     if node.op_type == "MatMul":
         weight = view.const(node.input[1])
         a_shape = view.shapes.get(node.input[0])
-        if weight is None or weight.ndim != 2 or weight.shape[1] != channels or a_shape is None or len(a_shape) != 2:
+        if weight is None or weight.ndim != 2 or weight.shape[1] != channels or a_shape is None \
+                or not (len(a_shape) >= 2 if rows else len(a_shape) == 2):
             return None
         return node, node.input[0], weight.astype(np.float64), bias, False, 1.0, dropped
     if node.op_type != "Gemm":
