@@ -1630,7 +1630,8 @@ def matmuls_read_in_slices(model: ModelProto, placed: Mapping[str, str] | None =
     view = GraphView(model)
     outputs = set(view.graph_outputs)
     named = set(placed or ())
-    slices: dict[str, list[NodeProto]] = {}  # MatMul output -> its Slices, for the MatMuls rewritten
+    rewritten: set[str] = set()  # outputs of the MatMuls rewritten
+    product_of: dict[int, NodeProto] = {}  # a Slice reading one of them (its id) -> the MatMul
     for node in model.graph.node:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.name in named \
                 or any(view.is_const(i) for i in node.input) or node.output[0] in outputs:
@@ -1641,31 +1642,27 @@ def matmuls_read_in_slices(model: ModelProto, placed: Mapping[str, str] | None =
                 or any(_row_or_column_slice(r, view, len(view.shapes.get(node.output[0]) or [])) is None
                        for r in readers):
             continue
-        slices[node.output[0]] = readers
-    if not slices:
-        return 0
-    gone = {id(r) for readers in slices.values() for r in readers}
-    nodes: list[NodeProto] = []
-    for node in model.graph.node:
-        if id(node) in gone:
-            continue
-        if node.op_type != "MatMul" or node.output[0] not in slices:
-            nodes.append(node)
-            continue
-        rank = len(view.shapes[node.output[0]])
-        for piece in slices[node.output[0]]:
-            axis = _row_or_column_slice(piece, view, rank)
-            side = 0 if axis == rank - 2 else 1  # rows come from the first operand, columns from the second
-            operand = f"{piece.output[0]}_operand"
-            axes = f"{piece.name}_operand_axes"
-            model.graph.initializer.append(numpy_helper.from_array(np.array([-2 if side == 0 else -1], np.int64), axes))
-            nodes.append(helper.make_node("Slice", [node.input[side], piece.input[1], piece.input[2], axes], [operand],
-                                          name=f"{piece.name}_operand"))
-            inputs = [operand, node.input[1]] if side == 0 else [node.input[0], operand]
-            nodes.append(helper.make_node("MatMul", inputs, [piece.output[0]], name=f"{node.name}_{piece.name}"))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    return len(slices)
+        rewritten.add(node.output[0])
+        product_of.update((id(r), node) for r in readers)
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type == "MatMul" and node.output[0] in rewritten:
+            return []  # each Slice reading it computes its own part
+        matmul = product_of.get(id(node))
+        if matmul is None:
+            return None
+        rank = len(view.shapes[matmul.output[0]])
+        side = 0 if _row_or_column_slice(node, view, rank) == rank - 2 else 1  # rows: first operand's
+        operand, axes = f"{node.output[0]}_operand", f"{node.name}_operand_axes"
+        model.graph.initializer.append(numpy_helper.from_array(np.array([-2 if side == 0 else -1], np.int64), axes))
+        inputs = list(matmul.input)
+        inputs[side] = operand
+        return [helper.make_node("Slice", [matmul.input[side], node.input[1], node.input[2], axes], [operand],
+                                 name=f"{node.name}_operand"),
+                helper.make_node("MatMul", inputs, [node.output[0]], name=f"{matmul.name}_{node.name}")]
+
+    rewrite_nodes(model, rewrite)
+    return len(rewritten)
 
 
 def _row_or_column_slice(node: NodeProto, view: GraphView, rank: int) -> int | None:
