@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView, rewrite_nodes
+from hbtools.graph.graph import GraphView, remove_dead_nodes, rewrite_nodes
 from hbtools.graph.model_io import default_opset
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import int_kernels
@@ -1678,46 +1678,73 @@ def _row_or_column_slice(node: NodeProto, view: GraphView, rank: int) -> int | N
     return axis if axis >= rank - 2 else None
 
 
+def _static(shape: list | None) -> bool:
+    return bool(shape) and all(isinstance(d, int) and d > 0 for d in shape)
+
+
+def _joined(view: GraphView, tensor: str) -> tuple[NodeProto, list[list[int]], int, list[int] | None] | None:
+    """The Concat that makes ``tensor``, directly or behind a Reshape of the axes after the joined one: the
+    Concat, the static shapes it joins, the joined axis and the Reshape's shape (None without one)."""
+    made = view.producer.get(tensor)
+    reshape = made if made is not None and made.op_type == "Reshape" else None
+    concat = view.producer.get(reshape.input[0]) if reshape is not None else made
+    if concat is None or concat.op_type != "Concat" or concat.domain not in ("", "ai.onnx"):
+        return None
+    pieces = [view.shapes.get(i) for i in concat.input]
+    if not all(_static(s) for s in pieces):
+        return None
+    axis = view.attrs(concat)["axis"] % len(pieces[0])
+    shape = None  # a Reshape may merge or split the axes after the joined one
+    if reshape is not None:
+        shape = view.shapes.get(reshape.output[0])
+        if not _static(shape) or shape[:axis] != pieces[0][:axis] or shape[axis] != sum(s[axis] for s in pieces):
+            return None
+    return concat, pieces, axis, shape
+
+
 def splits_undoing_concats(model: ModelProto) -> int:
     """A Split that cuts what a Concat joined (behind a Reshape of the axes after the joined one, a
     Transpose, both or neither) at the Concat's own seams gives back the tensors joined: each Split
-    output becomes its piece, reshaped and moved the same way; the Concat goes where nothing else reads
-    it. Returns how many Splits were rewritten.
+    output becomes its piece, reshaped and moved the same way. Also where that Concat joins, along
+    another axis, Concats that all have those seams (a detection head's levels, each joining its boxes
+    and scores): each Split output becomes the join of the levels' pieces. The Concats go where nothing
+    else reads them. Returns how many Splits were rewritten.
 
     Ultralytics' end-to-end heads (YOLOv10, YOLO26) join the boxes in pixels and the class scores,
     lay them out anchor-major and split them again for the top-k. Joined, both share one quantization
     grid, whose step the pixels set: every score of a 1280x1280 YOLO26 was 0 in int8."""
     view = GraphView(model)
     outputs = set(view.graph_outputs)
+    kept = outputs | {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
 
     def rewrite(node: NodeProto) -> list[NodeProto] | None:
         if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
             return None
         moved = view.producer.get(node.input[0])
         transpose = moved if moved is not None and moved.op_type == "Transpose" else None
-        shaped = view.producer.get(transpose.input[0]) if transpose is not None else moved
-        reshape = shaped if shaped is not None and shaped.op_type == "Reshape" else None
-        concat = view.producer.get(reshape.input[0]) if reshape is not None else shaped
-        if concat is None or concat.op_type != "Concat" or concat.domain not in ("", "ai.onnx"):
+        top = _joined(view, transpose.input[0] if transpose is not None else node.input[0])
+        if top is None:
             return None
-        pieces = [view.shapes.get(i) for i in concat.input]
-        if any(s is None or not s or any(not isinstance(d, int) or d <= 0 for d in s) for s in pieces):
-            return None
-        axis = view.attrs(concat)["axis"] % len(pieces[0])
-        shape = None  # a Reshape may merge or split the axes after the joined one
-        if reshape is not None:
-            shape = view.shapes.get(reshape.output[0])
-            if shape is None or any(not isinstance(d, int) or d <= 0 for d in shape) \
-                    or shape[:axis] != pieces[0][:axis] or shape[axis] != sum(s[axis] for s in pieces):
-                return None
+        concat, pieces, axis, shape = top
         rank = len(shape or pieces[0])
-        perm = None
-        if transpose is not None:
-            perm = list(view.attrs(transpose).get("perm", range(rank - 1, -1, -1)))
+        perm = list(view.attrs(transpose).get("perm", range(rank - 1, -1, -1))) if transpose is not None else None
         split_axis = view.attrs(node).get("axis", 0) % rank
-        if (perm[split_axis] if perm else split_axis) != axis:
+        along = perm[split_axis] if perm else split_axis
+        if along == axis:
+            levels = [(concat, pieces, axis, shape)]
+            outer = None
+        elif shape is None:  # the Concat joins levels along another axis; each level must join at the seams
+            levels = [_joined(view, i) for i in concat.input]
+            if any(lv is None or lv[2] != along or len(lv[3] or lv[1][0]) != rank for lv in levels):
+                return None
+            sizes_of = [[s[along] for s in lv[1]] for lv in levels]
+            if any(s != sizes_of[0] for s in sizes_of):
+                return None
+            outer = axis
+        else:
             return None
-        total = sum(s[axis] for s in pieces)
+        seams = list(itertools.accumulate(s[along] for s in levels[0][1]))
+        total = seams[-1]
         given = len(node.input) > 1 and node.input[1]
         sizes = view.const(node.input[1]) if given else view.attrs(node).get("split")
         if given and sizes is None:  # computed at run time
@@ -1726,38 +1753,54 @@ def splits_undoing_concats(model: ModelProto) -> int:
             if total % len(node.output):
                 return None
             sizes = [total // len(node.output)] * len(node.output)
-        seams = list(itertools.accumulate(s[axis] for s in pieces))
         cuts = list(itertools.accumulate(int(v) for v in sizes))
         if cuts[-1] != total or not set(cuts) <= set(seams):
             return None
-        if shape is None and perm is None and any(o in outputs for o in node.output):  # named as its piece
-            return None
+        if outer is None and shape is None and perm is None:
+            # a graph output that is one piece takes the piece's name, which nothing else may hold
+            for out, first, end in zip(node.output, [0, *cuts[:-1]], cuts, strict=True):
+                piece = [x for x, seam in zip(concat.input, seams, strict=True) if first < seam <= end]
+                if out in outputs and len(piece) == 1 and (piece[0] in kept or list(concat.input).count(piece[0]) > 1):
+                    return None
         new: list[NodeProto] = []
         start = 0
         for k, (out, end) in enumerate(zip(node.output, cuts, strict=True)):
-            joined = [i for i, seam in zip(concat.input, seams, strict=True) if start < seam <= end]
-            start = end
+            first, start = start, end
             if not out:
                 continue
             steps: list[NodeProto] = []
-            if len(joined) > 1:
-                steps.append(helper.make_node("Concat", joined, [f"{out}_joined"], name=f"{node.name}_piece{k}_concat",
-                                              axis=axis))
-            if shape is not None:
-                dims = f"{out}_piece_shape"
-                model.graph.initializer.append(numpy_helper.from_array(
-                    np.array([*shape[:axis], int(sizes[k]), *shape[axis + 1:]], np.int64), dims))
-                steps.append(helper.make_node("Reshape", [steps[-1].output[0] if steps else joined[0], dims],
-                                              [f"{out}_reshaped"], name=f"{node.name}_piece{k}_reshape"))
+            parts = []
+            for j, (joining, _, joined_axis, reshaped) in enumerate(levels):
+                tag = f"{node.name}_piece{k}" + (f"_level{j}" if outer is not None else "")
+                inputs = [i for i, seam in zip(joining.input, seams, strict=True) if first < seam <= end]
+                part = inputs[0]
+                if len(inputs) > 1:
+                    part = f"{out}_joined" + (f"{j}" if outer is not None else "")
+                    steps.append(helper.make_node("Concat", inputs, [part], name=f"{tag}_concat", axis=joined_axis))
+                if reshaped is not None:
+                    dims = f"{tag}_shape"
+                    model.graph.initializer.append(numpy_helper.from_array(
+                        np.array([*reshaped[:joined_axis], end - first, *reshaped[joined_axis + 1:]], np.int64), dims))
+                    steps.append(helper.make_node("Reshape", [part, dims], [f"{tag}_reshaped"], name=f"{tag}_reshape"))
+                    part = steps[-1].output[0]
+                parts.append(part)
+            if outer is not None:
+                steps.append(helper.make_node("Concat", parts, [f"{out}_levels"], name=f"{node.name}_piece{k}_levels",
+                                              axis=outer))
             if perm is not None:
-                steps.append(helper.make_node("Transpose", [steps[-1].output[0] if steps else joined[0]], [out],
+                steps.append(helper.make_node("Transpose", [steps[-1].output[0] if steps else parts[0]], [out],
                                               name=f"{node.name}_piece{k}", perm=perm))
             if steps:
                 steps[-1].output[0] = out
+            elif out in outputs:  # the piece itself, under the output's name (``_no_ops_removed`` renames it)
+                steps.append(helper.make_node("Identity", [parts[0]], [out], name=f"{node.name}_piece{k}"))
             else:  # the piece itself: its readers read it
                 for reader in model.graph.node:
-                    reader.input[:] = [joined[0] if name == out else name for name in reader.input]
+                    reader.input[:] = [parts[0] if name == out else name for name in reader.input]
             new.extend(steps)
         return new
 
-    return rewrite_nodes(model, rewrite)
+    count = rewrite_nodes(model, rewrite)
+    if count:
+        remove_dead_nodes(model)  # the Concats nothing reads now: an Identity's input then has it as only reader
+    return count

@@ -358,7 +358,8 @@ def _no_ops_removed(model: ModelProto) -> None:
     keeps those, and neither has a BPU form, so it held the nodes before it on the CPU beside it): a Cast
     to the type its input already has (what a float16 export's Casts become once the parse stage
     computes the model in float32), an inference Dropout whose mask nobody reads, a Pad by zero amounts,
-    a Resize to its own size and a Reshape or Flatten to the shape it has. The producer writes the node's
+    a Resize to its own size, a Reshape or Flatten to the shape it has, and an Identity (a graph
+    output that ``bpu_forms.splits_undoing_concats`` gave back as a piece). The producer writes the node's
     output instead, where the node is its only reader; otherwise the node's readers read its input."""
     while True:
         view = GraphView(model)
@@ -389,6 +390,8 @@ def _has_subgraph(node: NodeProto) -> bool:
 
 def _hands_on(node: NodeProto, view: GraphView) -> bool:
     """Whether ``node`` outputs its first input unchanged (see ``_no_ops_removed``)."""
+    if node.op_type == "Identity":
+        return True
     if node.op_type == "Cast":
         return view.elem_types.get(node.input[0]) == view.attrs(node).get("to")
     if node.op_type == "Pad":
