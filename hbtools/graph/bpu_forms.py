@@ -698,8 +698,9 @@ def expands_as_tiles(model: ModelProto) -> int:
     return rewrite_nodes(model, rewrite)
 
 
-def upsampling_by_whole_factors(model: ModelProto) -> None:
-    """A Resize of one pixel as a Tile, and a bilinear Resize by an even whole factor s (2, 4, 6) of
+def upsampling_by_whole_factors(model: ModelProto, profile: MarchProfile | None = None) -> None:
+    """A Resize of one pixel as a Tile (a nearest Resize on a BPU without Tile, such as RDK X3's), and a
+    bilinear Resize by an even whole factor s (2, 4, 6) of
     H and W with half-pixel coordinates (PyTorch's ``interpolate(..., mode='bilinear')``,
     segmentation decoders) as an edge Pad of one pixel and a depthwise ConvTranspose (stride s,
     kernel 2s, the bilinear weights ``1 - |t - s + 0.5| / s`` per axis, pads 1.5 s): the same
@@ -709,10 +710,7 @@ def upsampling_by_whole_factors(model: ModelProto) -> None:
     nodes = []
     for node in model.graph.node:
         if _resize_of_one_pixel(node, view):  # every mode repeats the one value (ASPP's image pooling branch)
-            shape = view.shapes[node.output[0]]
-            reps = f"{node.name}_repeats"
-            model.graph.initializer.append(numpy_helper.from_array(np.array([1, 1, *shape[2:]], np.int64), reps))
-            nodes.append(helper.make_node("Tile", [node.input[0], reps], [node.output[0]], name=node.name))
+            nodes.append(_repeat_of_one_pixel(node, view.shapes[node.output[0]], model, profile))
             continue
         factor = _bilinear_factor(node, view)
         if factor is None:
@@ -1517,6 +1515,25 @@ def _resize_of_one_pixel(node: NodeProto, view: GraphView) -> bool:
     return (shape_in is not None and shape_out is not None and len(shape_in) == len(shape_out) == 4
             and all(isinstance(d, int) and d > 0 for d in [*shape_in, *shape_out])
             and shape_in[2:] == [1, 1] and shape_out[:2] == shape_in[:2])
+
+
+def _repeat_of_one_pixel(node: NodeProto, shape: list[int], model: ModelProto,
+                         profile: MarchProfile | None) -> NodeProto:
+    """What repeats a [N, C, 1, 1] tensor to ``shape``: a Tile, or a nearest Resize where the march's BPU has
+    no Tile but has that Resize."""
+    opset = default_opset(model)
+    if profile is None or profile.rule("Tile") is not None or profile.rule("Resize") is None or opset < 10:
+        reps = f"{node.name}_repeats"
+        model.graph.initializer.append(numpy_helper.from_array(np.array([1, 1, *shape[2:]], np.int64), reps))
+        return helper.make_node("Tile", [node.input[0], reps], [node.output[0]], name=node.name)
+    scales = f"{node.name}_scales"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, 1, *shape[2:]], np.float32), scales))
+    if opset == 10:
+        return helper.make_node("Resize", [node.input[0], scales], [node.output[0]], name=node.name, mode="nearest")
+    roi = f"{node.name}_roi"  # empty: the whole tensor (an input until opset 13)
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(0, np.float32), roi))
+    return helper.make_node("Resize", [node.input[0], roi, scales], [node.output[0]], name=node.name,
+                            mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
 
 
 def _bilinear_factor(node: NodeProto, view: GraphView) -> int | None:

@@ -142,7 +142,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if profile is not None and profile.int16:  # the reciprocal table needs int16 (quant.plan)
         rewritten["Divs of two tensors written as a product with an int16 reciprocal table"] = \
             bpu_forms.divisions_as_reciprocal_products(body, placed)
-    bpu_forms.upsampling_by_whole_factors(body)
+    bpu_forms.upsampling_by_whole_factors(body, profile)
     bpu_forms.interpolations_as_matmuls(body)
     if profile is not None:
         rewritten["Conv kernels cut to the taps that read the map (the others read only padding)"] = \

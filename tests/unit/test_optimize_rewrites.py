@@ -186,6 +186,39 @@ def test_interpolation_matmuls_stay_on_the_bpu_of_x3(case: str) -> None:
         rows = build_partition(optimized, get_profile(march), {}).rows()
         assert {(on, sub) for _, on, sub, _ in rows} == {("BPU", "id(0)")}, (march, rows)
 
+@pytest.mark.parametrize("opset", [10, 11, 13])
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+def test_the_image_pooling_branch_stays_on_the_bpu_of_x3(mode: str, opset: int) -> None:
+    """DeepLab's ASPP pools the map to one pixel and resizes it back: a repeat of that pixel. Written as a
+    Tile it ran on RDK X3's CPU (no BPU Tile there), between two BPU subgraphs; a nearest Resize stays."""
+    from hbtools.march.profiles import get_profile
+    from hbtools.quant.units import build_partition
+
+    rng = np.random.default_rng(7)
+    scales = numpy_helper.from_array(np.array([1, 1, 8, 8], np.float32), "scales")
+    roi = numpy_helper.from_array(np.zeros(0, np.float32), "roi")
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"], name="pool"),
+             helper.make_node("Conv", ["p", "w1"], ["c"], name="conv1"),
+             helper.make_node("Resize", ["c", "scales"] if opset == 10 else ["c", "roi", "scales"], ["u"],
+                              name="image_pool_resize", mode=mode),
+             helper.make_node("Concat", ["x", "u"], ["cat"], axis=1, name="join"),
+             helper.make_node("Conv", ["cat", "w2"], ["y"], name="conv2")]
+    weights = [numpy_helper.from_array(rng.standard_normal((3, 3, 1, 1)).astype(np.float32), "w1"),
+               numpy_helper.from_array(rng.standard_normal((3, 6, 1, 1)).astype(np.float32), "w2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [scales, *weights] + ([] if opset == 10 else [roi]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    for march in ("bernoulli2", "bayes-e"):
+        profile = get_profile(march)
+        optimized = optimize.run(model, profile)
+        np.testing.assert_allclose(_run(optimized, x), _run(model, x), atol=1e-4)
+        rows = build_partition(optimized, profile, {}).rows()
+        assert {(on, sub) for _, on, sub, _ in rows} == {("BPU", "id(0)")}, (march, rows)
+
+
 def _recurrent_model(kind: str, direction: str, layout: int, opset: int, *, bias: bool, initial: bool,
                      linear_before_reset: int = 0, steps: int = 5, **extra):
     """One LSTM / GRU with every output, on x [T, B, I] (layout 1: [B, T, I]), random weights."""
