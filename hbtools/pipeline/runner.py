@@ -145,7 +145,8 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
                         calibration_type=config.calibration.calibration_type,
                         max_percentile=config.calibration.max_percentile, allow_int16=profile.int16,
                         loaded_thresholds=parsed.loaded_thresholds, bias_correction=_bias_correction_mode(config),
-                        weights_only=weights_only, times=times)
+                        weights_only=weights_only, times=times,
+                        generated=isinstance(source, RandomCalibrationSource))
     save_model(cal.model, paths["calibrated"])
     log.info("Model calibration done: %s", final["calibrated"])
     # The similarity table reads the optimized model back from its file: not held through quantize, and let

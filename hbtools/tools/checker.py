@@ -44,7 +44,7 @@ def check(model_path: str | Path, model_type: str, march: str, input_shapes: lis
     plan = make_plan(optimized, partition, config, profile)
     source = RandomCalibrationSource(parsed.inputs, num_samples=CHECK_SAMPLES)
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source), calibration_type="skip",
-                        allow_int16=profile.int16, bias_correction="off")
+                        allow_int16=profile.int16, bias_correction="off", generated=True)
     result = quantize.run(cal.model, config, profile)
     del cal, optimized, plan, partition  # the node table reads the result only
     log.info("Model quantization done")
