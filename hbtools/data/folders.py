@@ -22,8 +22,9 @@ def natural_key(name: str) -> tuple:
 
 
 def sample_files(folder: Path, suffix: str | None = None) -> list[Path]:
-    """The sample files of ``folder`` (optionally only ``suffix`` ones) in natural order."""
+    """The sample files of ``folder`` (optionally only ``suffix`` ones) in natural order. A broken link is
+    one (its reader says it is broken); a folder, or a link to one, is not."""
     found = [p for p in Path(folder).iterdir()
-             if not p.name.startswith(".") and (p.is_file() or p.is_symlink())
+             if not p.name.startswith(".") and (p.is_file() or (p.is_symlink() and not p.exists()))
              and (suffix is None or p.suffix == suffix)]
     return sorted(found, key=lambda p: natural_key(p.name))

@@ -292,3 +292,18 @@ def test_wrong_size_suggests_the_model_inputs_own_type(tmp_path):
     write(tmp_path / "cal", {"a.bin": np.arange(4, dtype=np.int64).reshape(1, 4)})
     with pytest.raises(HbError, match="its size fits dtype int64"):
         FolderCalibrationSource([s])
+
+
+def test_a_link_to_a_folder_in_the_calibration_folder_is_no_sample(tmp_path: Path) -> None:
+    """Sub-folders are skipped, and so is a link to one (it was read as a sample of 4096 bytes, with
+    advice on cal_data_type); a link to a file is a sample, and a broken link stays for its reader to name."""
+    from hbtools.data.folders import sample_files
+
+    folder = tmp_path / "cal"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.bin").write_bytes(b"\0" * 12)
+    (tmp_path / "elsewhere.bin").write_bytes(b"\0" * 12)
+    (folder / "b.bin").symlink_to(tmp_path / "elsewhere.bin")
+    (folder / "c.bin").symlink_to(tmp_path / "gone.bin")
+    (folder / "linkdir").symlink_to(folder / "sub", target_is_directory=True)
+    assert [p.name for p in sample_files(folder)] == ["a.bin", "b.bin", "c.bin"]
