@@ -358,7 +358,7 @@ def _no_ops_removed(model: ModelProto) -> None:
     keeps those, and neither has a BPU form, so it held the nodes before it on the CPU beside it): a Cast
     to the type its input already has (what a float16 export's Casts become once the parse stage
     computes the model in float32), an inference Dropout whose mask nobody reads, a Pad by zero amounts,
-    a Resize to its own size, a Reshape or Flatten to the shape it has, and an Identity (a graph
+    a Resize to its own size, a Reshape or Flatten to the shape it has, a Slice of everything, and an Identity (a graph
     output that ``bpu_forms.splits_undoing_concats`` gave back as a piece). The producer writes the node's
     output instead, where the node is its only reader; otherwise the node's readers read its input."""
     while True:
@@ -392,6 +392,12 @@ def _hands_on(node: NodeProto, view: GraphView) -> bool:
     """Whether ``node`` outputs its first input unchanged (see ``_no_ops_removed``)."""
     if node.op_type == "Identity":
         return True
+    if node.op_type == "Slice":
+        # of everything, forwards: GhostNet's cat([x1, x2], 1)[:, :oup], where the halves make oup channels
+        shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+        steps = view.const(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(1)
+        return shape_in is not None and shape_in == shape_out and all(isinstance(d, int) and d > 0 for d in shape_in) \
+            and steps is not None and bool(np.all(steps == 1))
     if node.op_type == "Cast":
         return view.elem_types.get(node.input[0]) == view.attrs(node).get("to")
     if node.op_type == "Pad":

@@ -582,3 +582,33 @@ def test_a_max_pool_before_a_cpu_node_stays_on_the_bpu(tmp_path: Path) -> None:
     want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
+
+
+@pytest.mark.parametrize(("step", "removed"), [(1, True), (-1, False)])
+def test_a_slice_of_everything_is_removed(step: int, removed: bool) -> None:
+    """GhostNet's ``cat([x1, x2], 1)[:, :oup]`` where the halves make oup channels: a Slice that keeps every
+    value in place, which reached the quantized model as a data movement. A reversing Slice keeps the
+    shape too, and stays."""
+    import onnxruntime as ort
+
+    from hbtools.pipeline import optimize
+
+    rng = np.random.default_rng(24)
+    start, end = (0, 16) if step == 1 else (-1, -17)
+    inits = [_init("w", (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32)),
+             _init("w2", (rng.standard_normal((4, 16, 1, 1)) / 5).astype(np.float32)),
+             _init("s", np.array([start], np.int64)), _init("e", np.array([end], np.int64)),
+             _init("a", np.array([1], np.int64)), _init("st", np.array([step], np.int64))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Concat", ["c", "r"], ["cat"], axis=1),
+             helper.make_node("Slice", ["cat", "s", "e", "a", "st"], ["kept"], name="keep_channels"),
+             helper.make_node("Conv", ["kept", "w2"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 4, 8, 8])], inits)
+    optimized = optimize.run(model)
+    assert ("keep_channels" not in [n.name for n in optimized.graph.node]) == removed
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+
+    def run(m: ModelProto) -> np.ndarray:
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    np.testing.assert_allclose(run(optimized), run(model), atol=1e-5)
