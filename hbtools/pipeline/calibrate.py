@@ -26,7 +26,14 @@ from hbtools.quant.plan import (
     folded_weights,
     weight_thresholds,
 )
-from hbtools.quant.search import Evaluator, constant_terms, output_pieces, scored_outputs, scored_tensors
+from hbtools.quant.search import (
+    ALL_INT16_FLOOR,
+    Evaluator,
+    constant_terms,
+    output_pieces,
+    scored_outputs,
+    scored_tensors,
+)
 from hbtools.quant.statistics import StatsCollector
 from hbtools.quant.thresholds import int16_threshold, relative_noise, threshold_for
 from hbtools.runs.progress import progress
@@ -120,6 +127,10 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
             with times.step("method search"):
                 thresholds, methods = evaluator.refine(thresholds, candidates, best)
                 best = evaluator.score(thresholds)
+        if not allow_int16 and best < ALL_INT16_FLOOR:  # (with int16, the int16 search says what it finds)
+            log.warning("with every activation on an int8 grid (this BPU has no int16) the output cosine on the "
+                        "calibration samples is only %.4f; hmct-debugger's node sensitivity names the nodes that "
+                        "lose most, and run_on_cpu keeps them in float", best)
         if allow_int16:
             noise = {p.tensor: relative_noise(collector.stats[p.tensor], thresholds[p.tensor], p.bits)
                      for p in plan.activations}
