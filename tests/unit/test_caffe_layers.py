@@ -343,6 +343,26 @@ def test_pooling_rounds_like_caffe(method: str, tmp_path: Path) -> None:
     assert any(a.name == "ceil_mode" and a.i == 1 for node in model.graph.node for a in node.attribute)
 
 
+@pytest.mark.parametrize("ceil", [False, True])
+def test_pooling_ceil_mode_of_caffe_forks(ceil: bool, tmp_path: Path) -> None:
+    """BVLC/caffe PR #3057's ``ceil_mode`` (DenseNet-Caffe, PyTorch exporters): ``false`` rounds down as
+    ``round_mode: FLOOR`` does. It was skipped with a WARNING, and DenseNet's maps came out a row and a
+    column larger (57 for 56)."""
+    n = CaffeNet(seed=16)
+    x = n.input("x", [1, 2, 8, 8])
+
+    def step(v: dict) -> None:
+        v["p"] = pool2d(v[x], "MAX", (3, 3), (2, 2), (1, 1), ceil=ceil)
+
+    n.layer("Pooling", [x], ["p"], f"pooling_param {{ pool: MAX kernel_size: 3 stride: 2 pad: 1 "
+                                   f"ceil_mode: {str(ceil).lower()} }}", step=step)
+    check(n, tmp_path, ["p"])
+    n.net.layer[-1].pooling_param.round_mode = 1 if ceil else 0  # FLOOR / CEIL: the two disagree
+    proto, weights = n.write(tmp_path)
+    with pytest.raises(HbError, match="ceil_mode and round_mode disagree"):
+        load_caffe(proto, weights)
+
+
 @pytest.mark.parametrize("form", ["input_shape", "input_dim"])
 def test_net_level_inputs_and_input_shape_override(form: str, tmp_path: Path) -> None:
     n = CaffeNet(seed=11)
@@ -430,6 +450,23 @@ def test_legacy_v1_layers(tmp_path: Path) -> None:
     (got,) = run(model, {"data": x})
     assert_close(got, ref, "pool1")
     assert [node.name for node in model.graph.node] == ["conv1", "relu1", "pool1"]
+
+
+def test_legacy_v1_mvn_reads_its_parameters(tmp_path: Path) -> None:
+    """``mvn_param`` of a ``layers { type: MVN }`` entry (a Caffe 1.0 field of the legacy layer) was
+    skipped with a WARNING, and the MVN normalised the variance per channel as by default."""
+    text = """name: "old" input: "data" input_dim: 1 input_dim: 3 input_dim: 4 input_dim: 4
+    layers { name: "mvn" type: MVN bottom: "data" top: "mvn"
+             mvn_param { across_channels: true normalize_variance: false } }
+    """
+    net = NetParameter()
+    text_format.Parse(text, net)
+    (tmp_path / "old.prototxt").write_text(text)
+    (tmp_path / "old.caffemodel").write_bytes(net.SerializeToString())
+    model = load_caffe(tmp_path / "old.prototxt", tmp_path / "old.caffemodel")
+    x = np.random.default_rng(17).standard_normal((1, 3, 4, 4)).astype(np.float32) * 3 + 1
+    (got,) = run(model, {"data": x})
+    assert_close(got, _mvn(x.astype(np.float64), (1, 2, 3), False, 1e-9), "mvn")
 
 
 def test_weights_written_without_packing(tmp_path: Path) -> None:

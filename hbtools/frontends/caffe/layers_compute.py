@@ -240,6 +240,12 @@ def pooling(layer: Layer) -> None:
     if ph >= kh or pw >= kw:
         raise layer.fail(f"pad {ph}x{pw} must be smaller than the kernel {kh}x{kw}")
     ceil = p.round_mode == p.CEIL
+    # ceil_mode: BVLC/caffe PR #3057's name for the same choice, in forks and PyTorch exporters (numbered 13
+    # there too; the schema gives it a free number, as parameters are read from the prototxt by name)
+    if p.HasField("ceil_mode"):
+        if p.HasField("round_mode") and p.ceil_mode != ceil:
+            raise layer.fail("ceil_mode and round_mode disagree; keep one of them")
+        ceil = p.ceil_mode
     out = [_pooled(h, kh, sh, ph, ceil), _pooled(w, kw, sw, pw, ceil)]
     if min(out) < 1:
         raise layer.fail(f"kernel {kh}x{kw} with pad {ph}x{pw} does not fit the input {h}x{w}")

@@ -391,6 +391,7 @@ message PoolingParameter {
   optional bool global_pooling = 12 [default = false];
   enum RoundMode { CEIL = 0; FLOOR = 1; }
   optional RoundMode round_mode = 13 [default = CEIL];
+  optional bool ceil_mode = 1013 [default = true];
 }
 
 message ExpParameter {
@@ -524,6 +525,7 @@ message V1LayerParameter {
   optional InnerProductParameter inner_product_param = 17;
   optional LRNParameter lrn_param = 18;
   optional MemoryDataParameter memory_data_param = 22;
+  optional MVNParameter mvn_param = 34;
   optional PoolingParameter pooling_param = 19;
   optional PowerParameter power_param = 21;
   optional ReLUParameter relu_param = 30;
