@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -273,3 +274,31 @@ def test_raw_data_of_an_unknown_type_is_named(tmp_path: Path) -> None:
     model_path.write_bytes(net.SerializeToString())
     with pytest.raises(HbError, match=r"raw data of type 7, which hbtools does not read"):
         load_caffe(proto_path, model_path)
+
+
+@pytest.mark.parametrize(("type_", "tops", "expected"), [
+    ("BN", ["bn"], "BN layer of the SegNet / PSPNet forks .* BatchNorm layer .* Scale layer with bias_term"),
+    ("DenseImageData", ["bn"], "replace it by an Input layer"),
+    ("Pooling", ["pool", "pool_mask"], "mask of max unpooling .* which hbtools does not convert"),
+])
+def test_fork_layers_get_advice_that_leads_somewhere(type_: str, tops: list[str], expected: str,
+                                                     tmp_path: Path) -> None:
+    """SegNet's BN (a normalisation: removing it breaks the network), a data layer ("did you mean ImageData?"),
+    max pooling with an unpooling mask ("remove the extra top", which only led to the next error)."""
+    n = small_net()
+    params = "pooling_param { pool: MAX kernel_size: 2 stride: 2 }" if type_ == "Pooling" else ""
+    n.layer(type_, ["conv1"], tops, params, name="fork")
+    with pytest.raises(HbError) as info:
+        load_caffe(*n.write(tmp_path))
+    assert re.search(expected, " ".join(info.value.lines())), info.value.lines()
+
+
+def test_a_yolo_output_layer_ends_the_network(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """YOLOv3 ports end in a decoding layer of their own: the network ends before it, as before SSD's
+    DetectionOutput (it was refused with "did you mean DetectionOutput?")."""
+    n = small_net()
+    n.layer("Yolov3DetectionOutput", ["conv1"], ["det"], name="yolo")
+    with caplog.at_level(logging.WARNING, logger="hbtools"):
+        model = load_caffe(*n.write(tmp_path))
+    assert [o.name for o in model.graph.output] == ["conv1"]
+    assert "Yolov3DetectionOutput" in caplog.text and "left out" in caplog.text

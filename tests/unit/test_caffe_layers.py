@@ -343,6 +343,24 @@ def test_pooling_rounds_like_caffe(method: str, tmp_path: Path) -> None:
     assert any(a.name == "ceil_mode" and a.i == 1 for node in model.graph.node for a in node.attribute)
 
 
+@pytest.mark.parametrize(("type_", "group"), [("ConvolutionDepthwise", ""), ("DepthwiseConvolution", "group: 4"),
+                                             ("ConvolutionDepthwise", "group: 2")])
+def test_depthwise_convolutions_of_mobilenet_and_shufflenet_ports(type_: str, group: str, tmp_path: Path) -> None:
+    """The depthwise layers of the MobileNet / ShuffleNet Caffe ports are grouped Convolutions (group: the input's
+    channels where not given); they were refused with advice to remove them."""
+    n = CaffeNet(seed=18)
+    x = n.input("x", [1, 4, 7, 7])
+    groups = int(group.split()[-1]) if group else 4
+    w, b = n.randn(8, 4 // groups, 3, 3, scale=0.5), n.randn(8, scale=0.1)
+
+    def step(v: dict) -> None:
+        v["dw"] = conv2d(v[x], w, b, (2, 2), (1, 1), (1, 1), groups)
+
+    n.layer(type_, [x], ["dw"], f"convolution_param {{ num_output: 8 kernel_size: 3 stride: 2 pad: 1 {group} }}",
+            blobs=[w, b], step=step)
+    check(n, tmp_path, ["dw"])
+
+
 @pytest.mark.parametrize("ceil", [False, True])
 def test_pooling_ceil_mode_of_caffe_forks(ceil: bool, tmp_path: Path) -> None:
     """BVLC/caffe PR #3057's ``ceil_mode`` (DenseNet-Caffe, PyTorch exporters): ``false`` rounds down as

@@ -69,6 +69,12 @@ class Net:
         tops = [layer.tops.get(i) for i in range(len(layer.param.top))]
         if None in tops:  # Caffe refuses a layer with more tops than it makes
             made = tops.index(None)
+            if layer.param.type == "Pooling":  # SegNet / ENet's max pooling with a mask for unpooling
+                raise layer.fail(f"has a second top '{layer.param.top[made]}', the mask of max unpooling (SegNet, "
+                                 "ENet), which hbtools does not convert",
+                                 hint="max unpooling (Pooling with a mask top, Upsample with two bottoms) has no "
+                                      "conversion; replace the Upsample by a Deconvolution or a nearest Upsample "
+                                      "(scale) and retrain, or end the network before it")
             raise layer.fail(f"has {len(tops)} top blobs but makes {made}; the extra top "
                              f"'{layer.param.top[made]}' is never written",
                              hint="remove the extra top from the prototxt")

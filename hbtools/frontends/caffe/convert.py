@@ -22,6 +22,14 @@ CONVERTERS = {**layers_compute.CONVERTERS, **layers_shape.CONVERTERS, **layers_s
 INPUT_LAYERS = ("Input", "Data", "ImageData", "MemoryData", "HDF5Data", "DummyData", "WindowData",
                 "AnnotatedData")
 SUPPORTED_TYPES = tuple(sorted({*CONVERTERS, *INPUT_LAYERS, *layers_ssd.CUT_LAYERS}))
+# Layers of Caffe forks that a near-miss type name or "remove it" would send the wrong way.
+FORK_HINTS = {
+    "BN": "this is the BN layer of the SegNet / PSPNet forks (scale * (x - mean) / sqrt(var + eps) + shift), "
+          "not part of Caffe 1.0; write it as a BatchNorm layer (its mean and variance, scale factor 1) followed "
+          "by a Scale layer with bias_term: true (its scale and shift)",
+    "DenseImageData": "a data layer that reads training files; replace it by an Input layer with the input's "
+                      "shape (input_param { shape { dim: 1 dim: 3 dim: H dim: W } })",
+}
 
 Shapes = Mapping[str | None, Sequence[int]]
 
@@ -94,9 +102,10 @@ def check_layer_types(layers: list[Any]) -> None:
             # Type names are case-sensitive in Caffe: a near miss is most likely a typo.
             close = difflib.get_close_matches(layer.type, SUPPORTED_TYPES, n=1, cutoff=0.75)
             close = close or [t for t in SUPPORTED_TYPES if t.lower() == layer.type.lower()]
-            hint = (f"did you mean type \"{close[0]}\"? (layer types are spelled exactly, case included)" if close
-                    else "remove it from the deploy prototxt (training-only layers such as Accuracy or losses can be "
-                         "kept out with include { phase: TRAIN }); docs/caffe.md lists the supported layers")
+            hint = FORK_HINTS.get(layer.type) or (
+                f"did you mean type \"{close[0]}\"? (layer types are spelled exactly, case included)" if close
+                else "remove it from the deploy prototxt (training-only layers such as Accuracy or losses can be "
+                     "kept out with include { phase: TRAIN }); docs/caffe.md lists the supported layers")
             raise HbError(f"ValueError: Not support layer name={layer.name} type={layer.type}", hint=hint)
 
 

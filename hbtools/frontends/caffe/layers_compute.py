@@ -41,7 +41,9 @@ def _four_d(layer: Layer) -> list[int]:
     return shape
 
 
-def convolution(layer: Layer, transposed: bool = False) -> None:
+def convolution(layer: Layer, transposed: bool = False, depthwise: bool = False) -> None:
+    """``depthwise``: the ConvolutionDepthwise / DepthwiseConvolution layers of MobileNet and ShuffleNet ports,
+    grouped Convolutions whose group, where not given, is the input's channels."""
     p = layer.param.convolution_param
     n, c, _, _ = _four_d(layer)
     if p.axis not in (1, -3):
@@ -50,7 +52,7 @@ def convolution(layer: Layer, transposed: bool = False) -> None:
     sh, sw = _hw(layer, "stride", p.stride, _field(p, "stride_h"), _field(p, "stride_w"), 1)
     ph, pw = _hw(layer, "pad", p.pad, _field(p, "pad_h"), _field(p, "pad_w"), 0)
     dh, dw = _hw(layer, "dilation", p.dilation, None, None, 1)
-    group, cout = int(p.group), int(p.num_output)
+    group, cout = (c if depthwise and not p.HasField("group") else int(p.group)), int(p.num_output)
     if not cout:
         raise layer.fail("num_output is not set")
     if group < 1 or c % group or cout % group:
@@ -439,6 +441,7 @@ def dropout(layer: Layer) -> None:
 CONVERTERS: dict[str, Callable[[Layer], None]] = {
     "Convolution": convolution,
     "Deconvolution": lambda layer: convolution(layer, transposed=True),
+    **dict.fromkeys(("ConvolutionDepthwise", "DepthwiseConvolution"), lambda layer: convolution(layer, depthwise=True)),
     "InnerProduct": inner_product,
     "BatchNorm": batch_norm,
     "Scale": scale,

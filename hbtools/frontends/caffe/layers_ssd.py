@@ -12,7 +12,9 @@ from hbtools.frontends.caffe.builder import Layer
 
 # Layers the conversion ends before: their bottoms become the network's outputs. What they compute has
 # no static shape (a number of detections), and hosts decode and filter boxes faster than a CPU node would.
-CUT_LAYERS = {"DetectionOutput": "SSD's box decoding and per-class non-maximum suppression"}
+CUT_LAYERS = {"DetectionOutput": "SSD's box decoding and per-class non-maximum suppression",
+              **dict.fromkeys(("Region", "Yolo", "YoloDetectionOutput", "Yolov3DetectionOutput"),
+                              "the YOLO ports' box decoding and non-maximum suppression")}
 
 
 def _aspect_ratios(ratios: list[float], flip: bool) -> list[float]:
