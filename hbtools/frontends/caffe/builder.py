@@ -17,6 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.errors import HbError
+from hbtools.graph.graph import shape_probe
 
 OPSET = 13  # Softmax over one axis (Caffe's meaning) needs opset 13
 IR_VERSION = 7
@@ -171,8 +172,11 @@ class Net:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                   producer_name="hbtools.frontends.caffe")
         model.ir_version = IR_VERSION
-        onnx.checker.check_model(model)
-        return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        # Both serialize what they are given: the structure, with the weights as typed inputs (``shape_probe``).
+        probe = shape_probe(model)
+        onnx.checker.check_model(probe)
+        model.graph.value_info.extend(onnx.shape_inference.infer_shapes(probe, strict_mode=True).graph.value_info)
+        return model
 
 
 class Layer:
@@ -244,7 +248,7 @@ class Layer:
     def const(self, value: Any, hint: str, dtype: Any = np.float32) -> str:
         name = self.net.unique(f"{self.name}_{hint}")
         # np.array keeps a scalar 0-D (Clip's bounds must be), where ascontiguousarray makes it [1]
-        self.consts.append(numpy_helper.from_array(np.array(value, dtype=dtype, order="C"), name))
+        self.consts.append(numpy_helper.from_array(np.asarray(value, dtype=dtype, order="C"), name))
         return name
 
     def ints(self, values: list[int], hint: str) -> str:

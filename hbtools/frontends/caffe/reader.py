@@ -115,6 +115,7 @@ def read_weights(path: str | Path) -> dict[str, list[np.ndarray]]:
     if not net.layer and not net.layers:
         raise HbError(f"caffe_model '{path}' ({len(data)} bytes) holds no layers",
                       hint="a .caffemodel saved by Caffe lists every layer of the network; save or download it again")
+    del data  # the parsed message holds the blobs: the file's bytes would be a second copy of every weight
     weights = {}
     for layer in [*net.layer, *net.layers]:
         if layer.blobs:
@@ -139,7 +140,8 @@ def _blob_array(blob: Any, layer: str, path: Path) -> np.ndarray:
                           f"uint32 it does)", hint="save the caffemodel with float32 weights")
         values = np.frombuffer(blob.raw_data, dtype=RAW_DATA_TYPES[blob.raw_data_type])
     elif blob.data:
-        values = np.frombuffer(b"".join(blob.data), dtype="<f4")
+        chunks = blob.data
+        values = np.frombuffer(chunks[0] if len(chunks) == 1 else b"".join(chunks), dtype="<f4")
     elif blob.double_data:
         values = np.frombuffer(b"".join(blob.double_data), dtype="<f8")
     else:
@@ -155,7 +157,7 @@ def _blob_array(blob: Any, layer: str, path: Path) -> np.ndarray:
         log.warning("caffe_model %s: a blob of layer '%s' holds %d NaN/inf value(s) of %d; outputs computed "
                     "from it will not be finite (was the network saved after training diverged?)",
                     path, layer, bad, values.size)
-    return values.astype(np.float32).reshape(shape)
+    return values.astype(np.float32, copy=False).reshape(shape)  # float32 blobs stay a view of their bytes
 
 
 def _rule_matches(rule: Any, state: Any) -> bool:
