@@ -40,6 +40,7 @@ from hbtools.config.values import (
     text_item,
 )
 from hbtools.errors import ConfigError
+from hbtools.log import logger
 
 MARCHES = ("bernoulli2", "bayes", "bayes-e", "nash-e", "nash-m")
 MODEL_TYPES = ("onnx", "caffe")
@@ -282,3 +283,8 @@ def _model_files_of_the_other_type(mp: Any, model_type: str) -> None:
     if model_type == "caffe" and "onnx_model" in given and not caffe:
         raise group_error("model_parameters", "Missing keys: 'caffe_model', 'prototxt'\nthe config names an ONNX "
                                               "model (onnx_model): run the command with --model-type onnx")
+    if "onnx_model" in given and caffe:
+        used, other = ("onnx_model", ", ".join(sorted(caffe))) if model_type == "onnx" else \
+            (", ".join(sorted(caffe)), "onnx_model")
+        logger.warning("model_parameters names an ONNX model (onnx_model) and a Caffe model (%s); --model-type %s "
+                       "converts %s, and %s is not read", ", ".join(sorted(caffe)), model_type, used, other)

@@ -246,6 +246,21 @@ def test_caffe_model_type(workdir: Path) -> None:
     assert cfg.model.caffe_model == workdir / "m.caffemodel"
 
 
+@pytest.mark.parametrize("model_type", ["onnx", "caffe"])
+def test_a_config_naming_both_kinds_of_model_says_which_it_converts(workdir: Path, model_type: str,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """onnx_model beside prototxt / caffe_model: the command's --model-type picks one, and the other was
+    ignored without a word."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="hbtools"):
+        cfg = load(workdir, {"model_parameters": {"prototxt": "m.prototxt", "caffe_model": "m.caffemodel"}},
+                   model_type=model_type)
+    assert cfg.model.model_type == model_type
+    assert f"--model-type {model_type} converts {'onnx_model' if model_type == 'onnx' else 'caffe_model, prototxt'}" \
+        in caplog.text, caplog.text
+
+
 @pytest.mark.parametrize("value", ["a; b ;c", "a;b;c;", ["a", "b", "c"], " a ;  b;c ", "a,b,c", "a, b; c"])
 def test_multi_value_forms(workdir: Path, value: Any) -> None:
     cfg = load(workdir, {"model_parameters": {"output_nodes": value}})
