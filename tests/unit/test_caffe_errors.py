@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from caffe_builders import CaffeNet
+from google.protobuf import text_format
 from onnx import numpy_helper
 
 from hbtools.errors import HbError
 from hbtools.frontends.caffe import load_caffe
+from hbtools.frontends.caffe.proto import NetParameter
 
 
 def small_net() -> CaffeNet:
@@ -302,3 +304,17 @@ def test_a_yolo_output_layer_ends_the_network(tmp_path: Path, caplog: pytest.Log
         model = load_caffe(*n.write(tmp_path))
     assert [o.name for o in model.graph.output] == ["conv1"]
     assert "Yolov3DetectionOutput" in caplog.text and "left out" in caplog.text
+
+
+def test_input_dim_of_other_than_four_values_says_so(tmp_path: Path) -> None:
+    """Caffe's net-level input_dim takes four values per input; three were reported as an input without a
+    shape."""
+    n = CaffeNet(seed=21)
+    n.conv(n.input("data", [1, 3, 6, 6], form="input_dim"), 4, 3, pad=1, top="conv1")
+    proto, weights = n.write(tmp_path)
+    net = NetParameter()
+    text_format.Parse(proto.read_text(), net)
+    del net.input_dim[0]
+    proto.write_text(text_format.MessageToString(net))
+    with pytest.raises(HbError, match="input_dim gives 3 values for 1 input"):
+        load_caffe(proto, weights)

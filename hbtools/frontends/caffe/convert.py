@@ -64,6 +64,10 @@ def _declared_inputs(net: Any, layers: list[Any]) -> list[tuple[str, list[int] |
             shape = [int(d) for d in net.input_shape[k].dim]
         elif len(net.input_dim) == 4 * len(names):
             shape = [int(d) for d in net.input_dim[4 * k:4 * k + 4]]
+        elif net.input_dim:  # Caffe refuses the net too
+            raise HbError(f"the net's input_dim gives {len(net.input_dim)} values for {len(names)} input(s); Caffe "
+                          "takes four per input (N, C, H, W)",
+                          hint="give each input four input_dim values, or an input_shape { dim: ... } of its own")
         else:
             shape = None
         found.append((blob, shape, "the net's 'input'"))
