@@ -15,11 +15,15 @@ import numpy as np
 import onnxruntime as ort
 from onnx import ModelProto, helper
 
-from hbtools.graph.graph import elements, infer_shapes, itemsize, part_model, references
+from hbtools.graph.graph import elements, infer_shapes, itemsize, part_model, references, shape_probe
 from hbtools.runtime.custom_session import CustomOpSession
 from hbtools.runtime.session import make_session
 
 KEPT_BYTES = 96 << 20  # values a run keeps for the cuts (per sample held by the caller)
+# Weights the sessions built here may hold in all (onnxruntime keeps a few copies of each while it builds a
+# session and after): every suffix holds what its nodes read, and with any cut the whole model is one more
+# session. VGG-19's fully connected weights (480 MB) are in every suffix: its int16 search held 10.8 GB.
+WEIGHT_BYTES = 256 << 20
 
 
 class Suffixes:
@@ -32,14 +36,16 @@ class Suffixes:
 
     def __init__(self, model: ModelProto, outputs: Sequence[str], cuts: Sequence[int],
                  budget: int = KEPT_BYTES, whole: ort.InferenceSession | CustomOpSession | None = None,
-                 threads: int = 0) -> None:
+                 threads: int = 0, weight_budget: int = WEIGHT_BYTES) -> None:
         """``budget``: bytes a ``run`` may keep for the cuts; cuts whose crossing values would pass
-        it (the smallest crossings go first) or whose size is unknown are left out. ``whole``: a
-        session over ``model`` as it is, used when no cut is kept. ``threads``: onnxruntime threads
-        of the sessions built here (0: its default)."""
+        it (the smallest crossings go first) or whose size is unknown are left out. ``weight_budget``:
+        bytes of weights the sessions built here may hold in all (the latest cuts, whose suffixes read
+        the fewest, go first). ``whole``: a session over ``model`` as it is, used when no cut is kept.
+        ``threads``: onnxruntime threads of the sessions built here (0: its default)."""
         nodes = list(model.graph.node)
         self.outputs = list(outputs)
         made_at = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+        cuts = _within_weights(model, nodes, cuts, weight_budget)
         types, sizes = _types_and_sizes(model) if cuts else ({}, {})
         crossings: dict[int, list[str]] = {}
         for c in sorted({c for c in cuts if 0 < c < len(nodes)}):
@@ -93,11 +99,34 @@ class Suffixes:
         return self._whole if cut is None else self._parts[cut]
 
 
+def _within_weights(model: ModelProto, nodes: list, cuts: Sequence[int], budget: int) -> list[int]:
+    """The cuts whose sessions hold at most ``budget`` bytes of weights in all, with the whole model's
+    (a session of its own once any cut is kept); the latest cuts first."""
+    weight = {t.name: elements(t.dims) * itemsize(t.data_type) for t in model.graph.initializer}
+    read_after: dict[int, int] = {}
+    seen: set[str] = set()
+    total = 0
+    for i in range(len(nodes) - 1, 0, -1):  # the weights of the suffix from each node on, built backwards
+        for r in references(nodes[i]):
+            if r in weight and r not in seen:
+                seen.add(r)
+                total += weight[r]
+        read_after[i] = total
+    spent = sum(weight.values())
+    kept = []
+    for c in sorted({c for c in cuts if 0 < c < len(nodes)}, reverse=True):
+        if spent + read_after[c] > budget:
+            break
+        spent += read_after[c]
+        kept.append(c)
+    return sorted(kept)
+
+
 def _types_and_sizes(model: ModelProto) -> tuple[dict[str, int], dict[str, int]]:
     """Element type and bytes of every tensor shape inference gives a static shape."""
     types: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    graph = infer_shapes(copy.deepcopy(model)).graph
+    graph = infer_shapes(shape_probe(model)).graph  # a copy without the weights' values
     for vi in [*graph.input, *graph.value_info, *graph.output]:
         tensor = vi.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]

@@ -51,3 +51,33 @@ def test_cuts_keep_within_their_byte_budget() -> None:
     """Cut 2 keeps r (24 bytes), cut 3 also s (16 bytes): a 24-byte budget keeps the smaller crossing."""
     assert Suffixes(_chain(), ["y", "r"], [2, 3], budget=24).cuts == [2]
     assert Suffixes(_chain(), ["y", "r"], [2, 3], budget=40).cuts == [2, 3]
+
+
+def test_cuts_keep_their_sessions_weights_within_the_budget() -> None:
+    """Every suffix session holds the weights its nodes read (VGG-19's fully connected layers are in each),
+    and any cut makes the whole model a session more: cuts stop where the weights would pass the budget,
+    the latest (lightest) first; reruns give the same values either way."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(1)
+    weights = [rng.normal(size=(64, 64)).astype(np.float32) / 8 for _ in range(4)]  # 16 KiB each
+    nodes, x = [], "x"
+    for k in range(4):
+        nodes += [helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+                  helper.make_node("Relu", [f"m{k}"], [f"r{k}"], name=f"relu{k}")]
+        x = f"r{k}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [2, 64])],
+                              [numpy_helper.from_array(w, f"w{k}") for k, w in enumerate(weights)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    kib = 1 << 14  # one weight
+    # the whole model (4 weights) again, then the suffixes from node 6 (1 weight), 4 (2) and 2 (3)
+    assert Suffixes(model, [x], [2, 4, 6]).cuts == [2, 4, 6]
+    assert Suffixes(model, [x], [2, 4, 6], weight_budget=7 * kib).cuts == [4, 6]
+    assert Suffixes(model, [x], [2, 4, 6], weight_budget=4 * kib).cuts == []
+    feed = {"x": rng.normal(size=(2, 64)).astype(np.float32)}
+    tight = Suffixes(model, [x], [2, 4, 6], weight_budget=5 * kib)
+    assert tight.cuts == [6]
+    earlier = tight.run(feed)
+    np.testing.assert_array_equal(tight.rerun(6, feed, earlier)[0], make_session(model).run([x], feed)[0])
