@@ -214,20 +214,30 @@ def _if_weights_gain(step: str, current: Evaluator, make_candidate: Callable[[],
     stay int8 in the model the user runs, and that is what judges: the best method's score.
     """
     best = max(scores, key=scores.get)
+    before = current.weights_alone() if int16_follows else None
+    # Only the scores are compared: the current session goes while the candidate's is built (VGG-19: two at
+    # once held 9 GB), and comes back if the candidate is not kept.
+    current.close()
+    release_freed_memory()
     candidate = make_candidate()
     if int16_follows:
-        before, after = current.weights_alone(), candidate.weights_alone()
+        after = candidate.weights_alone()
         keep = forced or after > before
         log.info("%s: weights-only (int16 activations) output cosine %.6f -> %.6f (%s)", step, before, after,
                  "kept" if keep else "not kept")
-        if not keep:
-            return None
-        return candidate, _method_scores(candidate, candidates, best, f" with {change}")
-    new_scores = _method_scores(candidate, candidates, best, f" with {change}")
-    keep = forced or max(new_scores.values()) > scores[best]
-    log.info("%s: output cosine %.6f -> %.6f with the best method (%s)", step, scores[best],
-             max(new_scores.values()), "kept" if keep else "not kept")
-    return (candidate, new_scores) if keep else None
+        if keep:
+            return candidate, _method_scores(candidate, candidates, best, f" with {change}")
+    else:
+        new_scores = _method_scores(candidate, candidates, best, f" with {change}")
+        keep = forced or max(new_scores.values()) > scores[best]
+        log.info("%s: output cosine %.6f -> %.6f with the best method (%s)", step, scores[best],
+                 max(new_scores.values()), "kept" if keep else "not kept")
+        if keep:
+            return candidate, new_scores
+    del candidate
+    release_freed_memory()
+    current.reopen()
+    return None
 
 
 def _method_scores(evaluator: Evaluator, candidates: dict[str, dict[str, float]], first: str | None,

@@ -399,8 +399,7 @@ class Evaluator:
         self._pieces, self.views = self._scored_pieces(refs)
         # Scores do numpy work between runs and the searches take turns with other sessions: no
         # spinning threads, no intermediates kept between runs.
-        self.session = fetching_session(self.calibrated, self.fetched, feed_calibration=True,
-                                        spinning=False, memory_pattern=False, threads=session_threads(self.workers))
+        self.session = self._new_session()
         self.plan = plan
         self.feeds = feeds
         self._weights_alone: float | None = None
@@ -412,6 +411,19 @@ class Evaluator:
         self.samples_run = 0  # by the last score
         self.units = np.zeros(0)  # the last score's ``goal_units``
         self.sample_units = np.ones(len(feeds))  # the last score's per sample
+
+    def _new_session(self) -> object:
+        return fetching_session(self.calibrated, self.fetched, feed_calibration=True, spinning=False,
+                                memory_pattern=False, threads=session_threads(self.workers))
+
+    def close(self) -> None:
+        """Let go of the session (onnxruntime's copies of the weights) while another evaluator is built and
+        compared with this one's scores; ``reopen`` builds it again if this one is kept."""
+        self.session = None
+
+    def reopen(self) -> None:
+        if self.session is None:
+            self.session = self._new_session()
 
     def _scored_pieces(self, refs: list[list[np.ndarray]]) -> tuple[list[tuple[int, object]], list]:
         """What a score compares, as (fetched index, flat slice / indices or None) pieces, and per model
