@@ -284,7 +284,7 @@ def _model_files_of_the_other_type(mp: Any, model_type: str) -> None:
         raise group_error("model_parameters", "Missing keys: 'caffe_model', 'prototxt'\nthe config names an ONNX "
                                               "model (onnx_model): run the command with --model-type onnx")
     if "onnx_model" in given and caffe:
-        used, other = ("onnx_model", ", ".join(sorted(caffe))) if model_type == "onnx" else \
-            (", ".join(sorted(caffe)), "onnx_model")
+        files = ", ".join(sorted(caffe))
+        used, other = ("onnx_model", files) if model_type == "onnx" else (files, "onnx_model")
         logger.warning("model_parameters names an ONNX model (onnx_model) and a Caffe model (%s); --model-type %s "
-                       "converts %s, and %s is not read", ", ".join(sorted(caffe)), model_type, used, other)
+                       "converts %s, and %s is not read", files, model_type, used, other)

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView, remove_dead_nodes, rewrite_nodes
+from hbtools.graph.graph import GraphView, is_static, remove_dead_nodes, rewrite_nodes
 from hbtools.graph.model_io import default_opset
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import int_kernels
@@ -1513,7 +1513,7 @@ def _resize_of_one_pixel(node: NodeProto, view: GraphView) -> bool:
         return False
     shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
     return (shape_in is not None and shape_out is not None and len(shape_in) == len(shape_out) == 4
-            and all(isinstance(d, int) and d > 0 for d in [*shape_in, *shape_out])
+            and is_static([*shape_in, *shape_out])
             and shape_in[2:] == [1, 1] and shape_out[:2] == shape_in[:2])
 
 
@@ -1548,7 +1548,7 @@ def _bilinear_factor(node: NodeProto, view: GraphView) -> int | None:
         return None
     shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
     if shape_in is None or shape_out is None or len(shape_in) != 4 or len(shape_out) != 4 \
-            or not all(isinstance(d, int) and d > 0 for d in [*shape_in, *shape_out]):
+            or not is_static([*shape_in, *shape_out]):
         return None
     if shape_out[:2] != shape_in[:2] or shape_out[2] % shape_in[2] or shape_out[3] % shape_in[3]:
         return None
@@ -1695,10 +1695,6 @@ def _row_or_column_slice(node: NodeProto, view: GraphView, rank: int) -> int | N
     return axis if axis >= rank - 2 else None
 
 
-def _static(shape: list | None) -> bool:
-    return bool(shape) and all(isinstance(d, int) and d > 0 for d in shape)
-
-
 def _joined(view: GraphView, tensor: str) -> tuple[NodeProto, list[list[int]], int, list[int] | None] | None:
     """The Concat that makes ``tensor``, directly or behind a Reshape of the axes after the joined one: the
     Concat, the static shapes it joins, the joined axis and the Reshape's shape (None without one)."""
@@ -1708,13 +1704,14 @@ def _joined(view: GraphView, tensor: str) -> tuple[NodeProto, list[list[int]], i
     if concat is None or concat.op_type != "Concat" or concat.domain not in ("", "ai.onnx"):
         return None
     pieces = [view.shapes.get(i) for i in concat.input]
-    if not all(_static(s) for s in pieces):
+    if not all(s and is_static(s) for s in pieces):
         return None
     axis = view.attrs(concat)["axis"] % len(pieces[0])
     shape = None  # a Reshape may merge or split the axes after the joined one
     if reshape is not None:
         shape = view.shapes.get(reshape.output[0])
-        if not _static(shape) or shape[:axis] != pieces[0][:axis] or shape[axis] != sum(s[axis] for s in pieces):
+        if not (shape and is_static(shape)) or shape[:axis] != pieces[0][:axis] \
+                or shape[axis] != sum(s[axis] for s in pieces):
             return None
     return concat, pieces, axis, shape
 

@@ -16,7 +16,7 @@ import logging
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from hbtools.graph.graph import GraphView
+from hbtools.graph.graph import GraphView, is_static
 
 log = logging.getLogger("hbtools")
 
@@ -85,7 +85,7 @@ class Tails:
         if self._view is None:
             self._view = GraphView(self.model)
         shapes, types = self._view.shapes, self._view.elem_types
-        if not all(shapes.get(n) and all(isinstance(d, int) and d > 0 for d in shapes[n]) for n in leaves):
+        if not all(shapes.get(n) and is_static(shapes[n]) for n in leaves):
             return None
         steps = [helper.make_node("Identity", n.input[:1], n.output[:1], name=n.name)
                  if n.op_type == "HzCalibration" else n for n in nodes]

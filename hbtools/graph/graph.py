@@ -476,6 +476,11 @@ def part_model(whole: ModelProto, nodes: Sequence[NodeProto], outputs: Sequence[
     return model
 
 
+def is_static(shape: Iterable | None) -> bool:
+    """Whether ``shape`` is known in every dimension (a scalar's empty shape is)."""
+    return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
+
+
 def elements(dims: Iterable[int | None] | None) -> int:
     """Number of elements of a static shape (1 where it is unknown)."""
     if dims is None:

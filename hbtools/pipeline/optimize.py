@@ -34,6 +34,7 @@ from hbtools.graph.graph import (
     GraphView,
     compact,
     infer_shapes,
+    is_static,
     name_unnamed_nodes,
     references,
     remove_dead_nodes,
@@ -394,10 +395,8 @@ def _hands_on(node: NodeProto, view: GraphView) -> bool:
         return True
     if node.op_type == "Slice":
         # of everything, forwards: GhostNet's cat([x1, x2], 1)[:, :oup], where the halves make oup channels
-        shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
         steps = view.const(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(1)
-        return shape_in is not None and shape_in == shape_out and all(isinstance(d, int) and d > 0 for d in shape_in) \
-            and steps is not None and bool(np.all(steps == 1))
+        return _keeps_its_shape(node, view) and steps is not None and bool(np.all(steps == 1))
     if node.op_type == "Cast":
         return view.elem_types.get(node.input[0]) == view.attrs(node).get("to")
     if node.op_type == "Pad":
@@ -408,22 +407,24 @@ def _hands_on(node: NodeProto, view: GraphView) -> bool:
     if node.op_type in ("Resize", "Upsample"):
         # to its own size: torchvision's detection transform resizes the image to the size it is exported at;
         # every mode but crop-and-resize then reads each pixel at its own coordinates
-        shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
         mode = view.attrs(node).get("coordinate_transformation_mode", b"half_pixel")
-        return shape_in is not None and shape_in == shape_out and mode not in (b"tf_crop_and_resize",
-                                                                                "tf_crop_and_resize") \
-            and all(isinstance(d, int) and d > 0 for d in shape_in)
+        return _keeps_its_shape(node, view) and mode not in (b"tf_crop_and_resize", "tf_crop_and_resize")
     if node.op_type in ("Reshape", "Flatten"):
         # to the shape it already has: MobileOne's and FastViT's squeeze-and-excitation view their [N, C, 1, 1]
         # gate as (-1, C, 1, 1), which put the gate on the CPU on RDK X3, whose BPU has no Reshape
-        shape_in, shape_out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
-        return shape_in is not None and shape_in == shape_out and all(isinstance(d, int) and d > 0 for d in shape_in)
+        return _keeps_its_shape(node, view)
     if node.op_type == "Dropout":
         mask_read = len(node.output) > 1 and node.output[1] and (
             node.output[1] in view.consumers or node.output[1] in view.graph_outputs)
         training = node.input[2] if len(node.input) > 2 else ""
         return not mask_read and (not training or (view.is_const(training) and not view.const(training).any()))
     return False
+
+
+def _keeps_its_shape(node: NodeProto, view: GraphView) -> bool:
+    """Whether ``node``'s output has its first input's shape, static."""
+    shape = view.shapes.get(node.input[0])
+    return is_static(shape) and shape == view.shapes.get(node.output[0])
 
 
 def _sums_as_adds(model: ModelProto) -> None:
@@ -672,7 +673,7 @@ def _fold_through_rows(model: ModelProto, bn: NodeProto, view: GraphView,
         return False
     matmul, a, weight, bias, _, _, dropped = layer
     a_shape = view.shapes.get(a)
-    if not all(isinstance(d, int) and d > 0 for d in a_shape):
+    if not is_static(a_shape):
         return False
     names = (f"{matmul.name}_weight_folded", f"{matmul.name}_bias_folded", f"{matmul.name}_rows_shape")
     model.graph.initializer.extend([

@@ -24,7 +24,7 @@ import numpy as np
 from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.graph.constant_terms import MOVES, Tails
-from hbtools.graph.graph import GraphView, elements, itemsize, outer_references
+from hbtools.graph.graph import GraphView, elements, is_static, itemsize, outer_references
 from hbtools.metrics import cosine_of_products, products
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
 from hbtools.quant.thresholds import int16_threshold
@@ -304,7 +304,7 @@ def output_pieces(model: ModelProto) -> list[Pieces | None]:
             found.append(None)
             continue
         shapes = shapes if shapes is not None else GraphView(model).shapes
-        if not all(shapes.get(n) and all(isinstance(d, int) and d > 0 for d in shapes[n]) for n in leaves):
+        if not all(shapes.get(n) and is_static(shapes[n]) for n in leaves):
             found.append(None)
             continue
         found.append(Pieces(joined, _where_each_lands(model, moves[::-1], leaves, joined, source(out), shapes,

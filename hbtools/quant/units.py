@@ -19,7 +19,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 from hbtools.config.model import Config, NodeInfo
 from hbtools.graph.constant_terms import MOVES
 from hbtools.graph.contrib import why_kept
-from hbtools.graph.graph import GraphView, elements, outer_references
+from hbtools.graph.graph import GraphView, elements, is_static, outer_references
 from hbtools.graph.recurrent import RECURRENT_OPS
 from hbtools.march.constraints import constant_operand_shape, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
@@ -448,11 +448,8 @@ def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[in
 
 def _shrinks(unit: Unit, view: GraphView) -> bool:
     """Whether ``unit``'s first output has fewer values than its first input (static shapes)."""
-    def static(shape: list | None) -> bool:
-        return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
-
     x, y = view.shapes.get(unit.inputs[0]), view.shapes.get(unit.outputs[0])
-    return static(x) and static(y) and elements(y) < elements(x)
+    return is_static(x) and is_static(y) and elements(y) < elements(x)
 
 
 def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set[int]) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView
+from hbtools.graph.graph import GraphView, is_static
 from hbtools.metrics import cosine_of_chunks
 from hbtools.ops.names import SPLIT_DOC
 from hbtools.quant.grids import WEIGHT_BITS, fake_quantize, output_channel_rows, qmax_for
@@ -62,7 +62,7 @@ def candidates(model: ModelProto, plan: CalibrationPlan) -> list[ConvWeight]:
             continue
         w = view.const(p.tensor)
         out_shape = shapes.get(node.output[0])
-        if w is None or w.ndim < 3 or not out_shape or not all(isinstance(d, int) and d > 0 for d in out_shape):
+        if w is None or w.ndim < 3 or not out_shape or not is_static(out_shape):
             continue
         macs = int(np.prod(out_shape)) * int(np.prod(w.shape[1:]))
         found.append(ConvWeight(node.name, p.tensor, node.output[0], macs))

@@ -140,8 +140,7 @@ def _blob_array(blob: Any, layer: str, path: Path) -> np.ndarray:
                           f"uint32 it does)", hint="save the caffemodel with float32 weights")
         values = np.frombuffer(blob.raw_data, dtype=RAW_DATA_TYPES[blob.raw_data_type])
     elif blob.data:
-        chunks = blob.data
-        values = np.frombuffer(chunks[0] if len(chunks) == 1 else b"".join(chunks), dtype="<f4")
+        values = np.frombuffer(b"".join(blob.data), dtype="<f4")
     elif blob.double_data:
         values = np.frombuffer(b"".join(blob.double_data), dtype="<f8")
     else:
