@@ -1,0 +1,83 @@
+"""Exporter patterns in forms the BPU takes (the optimize stage's rewrites).
+
+Each function rewrites a model in place. The new nodes compute the same values as the
+pattern (float results agree to float32 rounding): sums in another order, the same data
+moved another way. docs/checker.md lists them with the exports they come from.
+
+The rewrites live in modules by the kind of node they rewrite; every one is importable from here.
+"""
+
+from hbtools.graph.bpu_forms.convs import (
+    convs_in_kernel_pieces,
+    convs_without_dead_taps,
+    dilated_convs_by_phases,
+    large_patch_convs_as_space_to_depth,
+    strided_convs_over_phases,
+)
+from hbtools.graph.bpu_forms.elementwise import (
+    batch_squeezes_around_elementwise,
+    divisions_as_reciprocal_products,
+    expands_as_tiles,
+)
+from hbtools.graph.bpu_forms.layout import (
+    channel_gathers_into_convs,
+    channel_shuffles_as_gathers,
+    splits_undoing_concats,
+    transposes_in_fewer_axes,
+)
+from hbtools.graph.bpu_forms.matmuls import (
+    einsums_as_matmuls,
+    matmuls_of_vectors,
+    matmuls_read_in_slices,
+    matmuls_with_the_weight_second,
+)
+from hbtools.graph.bpu_forms.pads import (
+    auto_pads_as_pads,
+    constant_pads_as_concats,
+    conv_transpose_output_shapes_as_pads,
+    crops_as_slices,
+    zero_pads_into_convs,
+)
+from hbtools.graph.bpu_forms.pools import (
+    average_pools_over_whole_windows,
+    large_average_pools_in_steps,
+    pools_over_one_axis_as_2d,
+)
+from hbtools.graph.bpu_forms.reductions import (
+    norms_as_sums,
+    reductions_over_the_first_axis,
+    spatial_reductions_as_global_pools,
+)
+from hbtools.graph.bpu_forms.resizes import interpolations_as_matmuls, upsampling_by_whole_factors
+
+__all__ = [
+    "auto_pads_as_pads",
+    "average_pools_over_whole_windows",
+    "batch_squeezes_around_elementwise",
+    "channel_gathers_into_convs",
+    "channel_shuffles_as_gathers",
+    "constant_pads_as_concats",
+    "conv_transpose_output_shapes_as_pads",
+    "convs_in_kernel_pieces",
+    "convs_without_dead_taps",
+    "crops_as_slices",
+    "dilated_convs_by_phases",
+    "divisions_as_reciprocal_products",
+    "einsums_as_matmuls",
+    "expands_as_tiles",
+    "interpolations_as_matmuls",
+    "large_average_pools_in_steps",
+    "large_patch_convs_as_space_to_depth",
+    "matmuls_of_vectors",
+    "matmuls_read_in_slices",
+    "matmuls_with_the_weight_second",
+    "norms_as_sums",
+    "pools_over_one_axis_as_2d",
+    "reductions_over_the_first_axis",
+    "spatial_reductions_as_global_pools",
+    "splits_undoing_concats",
+    "strided_convs_over_phases",
+    "transposes_in_fewer_axes",
+    "upsampling_by_whole_factors",
+    "zero_pads_into_convs",
+]

@@ -1,0 +1,446 @@
+"""Convolutions beyond the BPU's kernel, stride and dilation limits, and their dead taps."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+import numpy as np
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from hbtools.graph.bpu_forms._common import _opset
+from hbtools.graph.graph import GraphView, rewrite_nodes
+from hbtools.march.profiles import MarchProfile
+
+
+def large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile) -> None:
+    """A patch embedding (Conv with kernel = stride, no padding: ViT's 16x16/16, DINOv2's 14x14/14) whose kernel
+    or stride exceeds what the BPU takes as SpaceToDepth by the kernel and a 1x1 Conv over the k*k*C channels:
+    the same sums, in forms the BPU has. Only where the map divides into whole patches (else the Conv would drop
+    its edge)."""
+    rule = profile.rule("Conv")
+    limits = [v for v in (rule.kernel, rule.stride) if v is not None] if rule is not None else []
+    if not limits:
+        return
+    limit = min(limits)
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        w = view.const(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        if w is None:
+            nodes.append(node)
+            continue
+        shape = view.shapes.get(node.input[0])
+        a = view.attrs(node)
+        k = list(w.shape[2:]) if w.ndim == 4 else []
+        if not k or k[0] != k[1] or k[0] <= limit or shape is None or len(shape) != 4 \
+                or list(a.get("strides", [1, 1])) != k or any(a.get("pads", [0])) or int(a.get("group", 1)) != 1 \
+                or any(d != 1 for d in a.get("dilations", [1, 1])) or a.get("auto_pad", "NOTSET") not in \
+                ("NOTSET", b"NOTSET", "VALID", b"VALID") or any(not isinstance(d, int) or d % k[0] for d in shape[2:]):
+            nodes.append(node)
+            continue
+        b = k[0]
+        # SpaceToDepth puts input channel c of patch offset (i, j) at (i * b + j) * C + c
+        weight = w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1, 1, 1)
+        name = f"{node.input[1]}_patches"
+        model.graph.initializer.append(numpy_helper.from_array(weight.astype(w.dtype), name))
+        moved = f"{node.input[0]}_{node.name}_space_to_depth"
+        nodes.append(helper.make_node("SpaceToDepth", [node.input[0]], [moved], name=f"{node.name}_space_to_depth",
+                                      blocksize=b))
+        nodes.append(helper.make_node("Conv", [moved, name, *node.input[2:]], list(node.output), name=node.name,
+                                      kernel_shape=[1, 1]))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def convs_without_dead_taps(model: ModelProto, profile: MarchProfile | None = None) -> int:
+    """A Conv whose kernel taps on some rows or columns read only padding at every output position (DeepLab's
+    ASPP, dilation 12 to 36, on a map smaller than the dilation: every tap but the centre falls outside) as
+    the same Conv over the taps that read the map: a smaller kernel, the padding moved by the dropped taps,
+    dilation 1 for a single tap. The dropped taps only ever multiply zeros; the output keeps its size.
+
+    With a ``profile``, only Convs whose kernel or dilation exceeds what its BPU takes: the values are the
+    same, but float sums in another order round differently, and a Conv the BPU takes as it is gains nothing
+    worth changing the calibration it would get (PP-OCRv2 rec's 5x5 on a 1-row map). Returns how many Convs
+    it rewrote."""
+    rule = profile.rule("Conv") if profile is not None else None
+    view = GraphView(model)
+    count = 0
+    for node in model.graph.node:
+        live = _live_taps(node, view)
+        if live is None:
+            continue
+        a = view.attrs(node)
+        w = view.const(node.input[1])
+        spatial = w.ndim - 2
+        dilations = list(a.get("dilations") or [1] * spatial)
+        if profile is not None and (rule is None or (max(w.shape[2:]) <= (rule.kernel or max(w.shape[2:]))
+                                                     and max(dilations) <= (rule.dilation or max(dilations)))):
+            continue
+        strides = list(a.get("strides") or [1] * spatial)
+        shape = view.shapes[node.input[0]][2:]
+        pads = list(a.get("pads") or [0] * (2 * spatial))
+        begin, end, kept = [], [], []
+        for k in range(spatial):
+            first, last = live[k]
+            out = (shape[k] + pads[k] + pads[k + spatial] - (w.shape[k + 2] - 1) * dilations[k] - 1) // strides[k] + 1
+            begin.append(pads[k] - first * dilations[k])
+            end.append((out - 1) * strides[k] + (last - first) * dilations[k] + 1 - shape[k] - begin[k])
+            kept.append(slice(first, last + 1))
+        if min(begin + end) < 0:
+            continue  # the live taps skip rows of the map at its edge: no padding expresses that
+        weight = f"{node.input[1]}_{node.name}_live_taps"
+        model.graph.initializer.append(numpy_helper.from_array(
+            np.ascontiguousarray(w[(slice(None), slice(None), *kept)]), weight))
+        node.input[1] = weight
+        dilated = [d if last > first else 1 for d, (first, last) in zip(dilations, live, strict=True)]
+        attrs = {"kernel_shape": [last - first + 1 for first, last in live], "pads": begin + end,
+                 "dilations": dilated}
+        others = [x for x in node.attribute if x.name not in (*attrs, "auto_pad")]
+        del node.attribute[:]
+        node.attribute.extend([*others, *(helper.make_attribute(k, v) for k, v in attrs.items())])
+        count += 1
+    return count
+
+
+def _live_taps(node: NodeProto, view: GraphView) -> list[tuple[int, int]] | None:
+    """Per spatial axis of a Conv with a constant weight, static map and explicit pads, the first and last
+    kernel tap that reads the map at some output position; None where every tap does (or not such a Conv)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    w = view.const(node.input[1])
+    shape = view.shapes.get(node.input[0])
+    a = view.attrs(node)
+    if w is None or shape is None or len(shape) != w.ndim or w.ndim < 3 \
+            or any(not isinstance(d, int) or d <= 0 for d in shape[2:]) \
+            or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    spatial = w.ndim - 2
+    dilations = list(a.get("dilations") or [1] * spatial)
+    strides = list(a.get("strides") or [1] * spatial)
+    pads = list(a.get("pads") or [0] * (2 * spatial))
+    live = []
+    for k in range(spatial):
+        kernel = w.shape[k + 2]
+        out = (shape[k + 2] + pads[k] + pads[k + spatial] - (kernel - 1) * dilations[k] - 1) // strides[k] + 1
+        if out <= 0:
+            return None
+        rows = (np.arange(out) * strides[k] - pads[k])[:, None] + np.arange(kernel)[None, :] * dilations[k]
+        reads = np.flatnonzero(((rows >= 0) & (rows < shape[k + 2])).any(axis=0))
+        if reads.size == 0:
+            return None
+        live.append((int(reads[0]), int(reads[-1])))
+    if all(last - first + 1 == w.shape[k + 2] for k, (first, last) in enumerate(live)):
+        return None
+    return live
+
+
+def dilated_convs_by_phases(model: ModelProto, profile: MarchProfile, placed: Mapping[str, str] | None = None) -> int:
+    """A stride-1 Conv dilated beyond what the BPU takes (DeepLab's ASPP at 18, 24, 36) as the same
+    Conv with dilation ``d / f`` on each of the ``f x f`` phases of the map: SpaceToDepth by ``f``
+    (phase (i, j) of channel c at (i * f + j) * C + c), one Conv with ``f²`` times the groups and
+    the weight repeated per phase, then DepthToSpace back. Output pixel ``f·a + r`` reads only input
+    pixels ``f·b + r``, so each phase is a Conv of its own phase: the same sums. Only where the map,
+    the output and the pads divide by ``f``; not where node_info puts the Conv on the CPU. Returns how
+    many Convs it rewrote."""
+    rule = profile.rule("Conv")
+    limit = rule.dilation if rule is not None else None
+    if limit is None:
+        return 0
+    view = GraphView(model)
+    nodes = []
+    count = 0
+    for node in model.graph.node:
+        phases = _phase_factor(node, view, limit) if (placed or {}).get(node.name) != "CPU" else None
+        if phases is None:
+            nodes.append(node)
+            continue
+        count += 1
+        f, a = phases, view.attrs(node)
+        w = view.const(node.input[1])
+        weight = f"{node.input[1]}_{node.name}_phases"
+        model.graph.initializer.append(numpy_helper.from_array(np.tile(w, (f * f, 1, 1, 1)), weight))
+        inputs = [f"{node.input[0]}_{node.name}_phases", weight]
+        if len(node.input) > 2 and node.input[2]:
+            bias = f"{node.input[2]}_{node.name}_phases"
+            model.graph.initializer.append(numpy_helper.from_array(np.tile(view.const(node.input[2]), f * f), bias))
+            inputs.append(bias)
+        out = f"{node.output[0]}_phases"
+        nodes += [helper.make_node("SpaceToDepth", [node.input[0]], [inputs[0]], name=f"{node.name}_to_phases",
+                                   blocksize=f),
+                  helper.make_node("Conv", inputs, [out], name=node.name, kernel_shape=list(w.shape[2:]),
+                                   dilations=[d // f if k > 1 else 1
+                                              for d, k in zip(a["dilations"], w.shape[2:], strict=True)],
+                                   pads=[p // f for p in a["pads"]],
+                                   group=int(a.get("group", 1)) * f * f),
+                  helper.make_node("DepthToSpace", [out], list(node.output), name=f"{node.name}_from_phases",
+                                   blocksize=f, mode="DCR")]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return count
+
+
+def _phase_factor(node: NodeProto, view: GraphView, limit: int) -> int | None:
+    """The smallest ``f`` that brings a 2-D Conv's dilations within ``limit`` and divides them, its map, its
+    output and its pads (None: not such a Conv, or none does)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    w, b = view.const(node.input[1]), view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    a = view.attrs(node)
+    if w is None or w.ndim != 4:
+        return None
+    # a single tap along an axis has no spacing: its dilation means nothing
+    spread = [d for d, k in zip(a.get("dilations", [1, 1]), w.shape[2:], strict=True) if k > 1]
+    if (len(node.input) > 2 and node.input[2] and b is None) or max(spread, default=1) <= limit \
+            or shape is None or out is None or len(shape) != 4 or len(out) != 4 \
+            or any(not isinstance(d, int) for d in [*shape, *out]) or any(s != 1 for s in a.get("strides", [1, 1])) \
+            or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or "pads" not in a:
+        return None
+    for f in range(2, max(spread) + 1):
+        if all(d % f == 0 for d in spread) and max(spread) // f <= limit:
+            sizes = [*shape[2:], *out[2:], *a["pads"]]
+            return f if all(v % f == 0 for v in sizes) else None
+    return None
+
+
+def convs_in_kernel_pieces(model: ModelProto, profile: MarchProfile, placed: Mapping[str, str] | None = None) -> int:
+    """A Conv whose kernel is longer than the BPU takes along an axis (an FSMN memory block's 20 taps over
+    time, a conv over 96 frequency bins) or dilated beyond its limit where the phases do not apply (a TCN's
+    dilation 32..256 on a map of odd length and width 1) as the sum of Convs over pieces of the kernel: each
+    piece keeps at most ``kernel`` taps (one tap where the dilation is too large: a single tap has no
+    spacing), reads the map shifted by its first tap (a Slice where that removes rows, padding where it
+    adds them) and has the same output size; the bias goes to the first piece. The same sums, grouped
+    differently. Not where node_info puts the Conv on the CPU. Returns how many Convs it rewrote."""
+    rule = profile.rule("Conv")
+    if rule is None or (rule.kernel is None and rule.dilation is None):
+        return 0
+    opset = _opset(model)
+    view = GraphView(model)
+
+    def in_pieces(node: NodeProto) -> list[NodeProto] | None:
+        plan = _kernel_pieces(node, view, rule.kernel, rule.dilation, rule.stride) \
+            if (placed or {}).get(node.name) != "CPU" else None
+        return None if plan is None else _conv_pieces(node, view, plan, opset, model)
+
+    return rewrite_nodes(model, in_pieces)
+
+
+def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
+                              placed: Mapping[str, str] | None = None) -> int:
+    """A 1-D Conv whose stride is larger than the BPU takes (an STFT written as a Conv: openwakeword's
+    melspectrogram reads 512 samples every 160) as a stride-1 Conv over the stride's phases: the signal, padded
+    with zeros (or cut after the last sample the Conv reads) to whole frames of ``s`` samples, is reshaped to
+    [N, C, F, s], transposed to [N, C, s, F] and read as [N, C*s, F]; weight tap ``j*s + p`` of channel ``c``
+    becomes tap ``j`` of channel ``c*s + p`` (zero past the kernel). The same sums; the new kernel has
+    ceil(k / s) taps (a longer one is then cut into pieces). A 2-D Conv over a single row or column, with
+    kernel, stride and dilation 1 and no padding across it, is such a 1-D Conv (tf2onnx writes Keras'
+    Conv1D as one over [N, C, 1, L]): the same, the row or column kept. Not where node_info puts the Conv on
+    the CPU, nor where the march takes no Conv of its rank or the C*s channels. Returns how many Convs it
+    rewrote."""
+    rule = profile.rule("Conv")
+    if rule is None or rule.stride is None:
+        return 0
+    opset = _opset(model)
+    view = GraphView(model)
+    # Convs reading the same input over the same frames (an STFT's real and imaginary parts) share one chain.
+    chains: dict[tuple[str, int, int, int, int], str] = {}
+
+    def over_phases(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
+                or (placed or {}).get(node.name) == "CPU":
+            return None
+        w = view.const(node.input[1])
+        b = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+        a = view.attrs(node)
+        if w is None or w.ndim not in (3, 4) or (len(node.input) > 2 and node.input[2] and b is None) \
+                or shape is None or out is None or len(shape) != w.ndim or len(out) != w.ndim \
+                or not rule.ranks[0] <= w.ndim <= rule.ranks[1] \
+                or any(not isinstance(d, int) or d <= 0 for d in [*shape, *out]) \
+                or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or int(a.get("group", 1)) != 1:
+            return None
+        spatial = w.ndim - 2
+        strides = list(a.get("strides") or [1] * spatial)
+        dilations = list(a.get("dilations") or [1] * spatial)
+        pads = list(a.get("pads") or [0] * 2 * spatial)
+        axis = _signal_axis(shape, w.shape, strides, dilations, pads)
+        if axis is None or dilations[axis - 2] != 1:
+            return None
+        s = int(strides[axis - 2])
+        c = shape[1]
+        if s <= rule.stride or (rule.channels is not None and c * s > rule.channels):
+            return None
+        taps = -(-w.shape[axis] // s)
+        frames = out[axis] - 1 + taps
+        begin = int(pads[axis - 2])
+        tag = f"{node.name}_phases"
+        nodes: list[NodeProto] = []
+        key = (node.input[0], axis, s, frames, begin)
+        if key not in chains:
+            chains[key] = _phase_chain(model, opset, node.input[0], list(shape), axis, s, frames, begin, tag, nodes)
+        x = chains[key]
+        row = w.reshape(w.shape[0], c, w.shape[axis])  # the other spatial axis, if any, has one tap
+        padded_w = np.zeros((w.shape[0], c, taps * s), w.dtype)
+        padded_w[:, :, :row.shape[2]] = row
+        # [O, C, taps, s] -> [O, C, s, taps] -> [O, C*s, taps]: channel c*s + p, tap j reads sample j*s + p
+        kernel = [1] * spatial
+        kernel[axis - 2] = taps
+        weight = padded_w.reshape(w.shape[0], c, taps, s).transpose(0, 1, 3, 2).reshape(w.shape[0], c * s, *kernel)
+        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), f"{node.input[1]}_{tag}"))
+        nodes.append(helper.make_node("Conv", [x, f"{node.input[1]}_{tag}", *node.input[2:]],
+                                      list(node.output), name=node.name, kernel_shape=kernel))
+        return nodes
+
+    return rewrite_nodes(model, over_phases)
+
+
+def _signal_axis(shape: list[int], kernel: tuple[int, ...], strides: list[int], dilations: list[int],
+                 pads: list[int]) -> int | None:
+    """The axis of ``shape`` a Conv slides along as a 1-D Conv (``strided_convs_over_phases``): the only
+    spatial one, or of two the one whose other is a single row or column read by one tap, with stride and
+    dilation 1 and no padding (None otherwise)."""
+    spatial = len(shape) - 2
+    if spatial == 1:
+        return 2
+    for axis, other in ((3, 2), (2, 3)):
+        k = other - 2
+        if shape[other] == 1 and kernel[other] == 1 and strides[k] == 1 and dilations[k] == 1 \
+                and pads[k] == 0 and pads[k + spatial] == 0:
+            return axis
+    return None
+
+
+def _phase_chain(model: ModelProto, opset: int, x: str, shape: list[int], axis: int, s: int, frames: int, begin: int,
+                 tag: str, nodes: list[NodeProto]) -> str:
+    """``x`` (``shape``: [N, C, L], or [N, C, 1, L] / [N, C, L, 1] with the signal on ``axis``) as
+    [N, C*s, frames] (the single row or column kept) over the stride's phases (``strided_convs_over_phases``):
+    ``begin`` zeros in front, zeros after it up to ``frames * s`` samples (or the signal cut there), reshaped
+    to [N, C, frames, s], transposed and read as channels. Appends the nodes to ``nodes``; returns the output."""
+    n, c, length = shape[0], shape[1], shape[axis]
+    tail = frames * s - begin - length
+    if tail < 0:
+        cut = f"{x}_{tag}_cut"
+        if opset >= 10:
+            consts = []
+            for what, values in (("starts", [0]), ("ends", [length + tail]), ("axes", [axis])):
+                name = f"{tag}_slice_{what}"
+                model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+                consts.append(name)
+            nodes.append(helper.make_node("Slice", [x, *consts], [cut], name=f"{tag}_cut"))
+        else:
+            nodes.append(helper.make_node("Slice", [x], [cut], name=f"{tag}_cut", starts=[0],
+                                          ends=[length + tail], axes=[axis]))
+        x = cut
+    blocks = [(f"{tag}_front", begin), (f"{tag}_back", max(tail, 0))]
+    if any(size for _, size in blocks):
+        for name, size in blocks:
+            if size:
+                zeros = list(shape)
+                zeros[axis] = size
+                model.graph.initializer.append(numpy_helper.from_array(np.zeros(zeros, np.float32), name))
+        padded = f"{x}_{tag}_padded"
+        parts = [blocks[0][0]] * bool(begin) + [x] + [blocks[1][0]] * bool(tail > 0)
+        nodes.append(helper.make_node("Concat", parts, [padded], name=f"{tag}_pad", axis=axis))
+        x = padded
+    channels = [n, c * s, *[frames if k == axis else 1 for k in range(2, len(shape))]]
+    for what, dims in (("frames", [n, c, frames, s]), ("channels", channels)):
+        model.graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), f"{tag}_{what}"))
+    nodes.append(helper.make_node("Reshape", [x, f"{tag}_frames"], [f"{x}_{tag}_frames"], name=f"{tag}_frames"))
+    nodes.append(helper.make_node("Transpose", [f"{x}_{tag}_frames"], [f"{x}_{tag}_phases"],
+                                  name=f"{tag}_transpose", perm=[0, 1, 3, 2]))
+    nodes.append(helper.make_node("Reshape", [f"{x}_{tag}_phases", f"{tag}_channels"], [f"{x}_{tag}"],
+                                  name=f"{tag}_channels"))
+    return f"{x}_{tag}"
+
+
+def _kernel_pieces(node: NodeProto, view: GraphView, kernel_limit: int | None, dilation_limit: int | None,
+                   stride_limit: int | None) -> list[list[tuple[int, int]]] | None:
+    """Per spatial axis of a Conv that breaks the kernel or dilation limit only, the tap ranges
+    ``[first, last)`` of its pieces (None: not such a Conv, or pieces would not help)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    w = view.const(node.input[1])
+    b = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    a = view.attrs(node)
+    if w is None or w.ndim < 3 or (len(node.input) > 2 and node.input[2] and b is None) or shape is None \
+            or out is None or len(shape) != w.ndim or len(out) != w.ndim \
+            or any(not isinstance(d, int) or d <= 0 for d in [*shape[2:], *out[2:]]) \
+            or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    spatial = w.ndim - 2
+    strides = list(a.get("strides") or [1] * spatial)
+    dilations = list(a.get("dilations") or [1] * spatial)
+    if stride_limit is not None and max(strides) > stride_limit:
+        return None  # pieces keep the stride: they would break the same limit
+    pieces, split = [], False
+    for k in range(spatial):
+        taps, d = w.shape[k + 2], dilations[k]
+        # a single tap along an axis has no spacing: its dilation means nothing
+        step = 1 if taps > 1 and dilation_limit is not None and d > dilation_limit else (kernel_limit or taps)
+        if step < taps:
+            split = True
+        pieces.append([(t, min(t + step, taps)) for t in range(0, taps, step)])
+    if not split or int(np.prod([len(p) for p in pieces])) > 64:
+        return None  # nothing to split, or so many pieces that the CPU is the better place
+    return pieces
+
+
+def _conv_pieces(node: NodeProto, view: GraphView, plan: list[list[tuple[int, int]]], opset: int,
+                 model: ModelProto) -> list[NodeProto]:
+    w = view.const(node.input[1])
+    shape, out = view.shapes[node.input[0]], view.shapes[node.output[0]]
+    a = view.attrs(node)
+    spatial = w.ndim - 2
+    strides = list(a.get("strides") or [1] * spatial)
+    dilations = list(a.get("dilations") or [1] * spatial)
+    pads = list(a.get("pads") or [0] * (2 * spatial))
+    others = [x for x in node.attribute if x.name not in ("kernel_shape", "pads", "dilations", "auto_pad")]
+    nodes, sums = [], []
+    for j, ranges in enumerate(itertools.product(*plan)):
+        tag = f"{node.name}_piece{j}"
+        begin, end, crop_start, crop_end, dil = [], [], [], [], []
+        for k, (first, last) in enumerate(ranges):
+            # output row o of the piece reads rows o*s - pads[k] + (first + t)*d, t < last - first
+            lo = pads[k] - first * dilations[k]
+            hi = (out[k + 2] - 1) * strides[k] + (last - first - 1) * dilations[k] + 1 - shape[k + 2] - lo
+            begin.append(max(lo, 0))
+            end.append(max(hi, 0))
+            crop_start.append(max(-lo, 0))
+            crop_end.append(shape[k + 2] - max(-hi, 0))
+            dil.append(dilations[k] if last - first > 1 else 1)
+        x = node.input[0]
+        axes = [k + 2 for k in range(spatial) if crop_start[k] or crop_end[k] != shape[k + 2]]
+        if axes:
+            starts = [crop_start[k - 2] for k in axes]
+            ends = [crop_end[k - 2] for k in axes]
+            cropped = f"{x}_{tag}_cropped"
+            if opset >= 10:
+                consts = []
+                for what, values in (("starts", starts), ("ends", ends), ("axes", axes)):
+                    cname = f"{tag}_slice_{what}"
+                    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), cname))
+                    consts.append(cname)
+                nodes.append(helper.make_node("Slice", [x, *consts], [cropped], name=f"{tag}_slice"))
+            else:
+                nodes.append(helper.make_node("Slice", [x], [cropped], name=f"{tag}_slice", starts=starts,
+                                              ends=ends, axes=axes))
+            x = cropped
+        weight = f"{node.input[1]}_{tag}"
+        taps = tuple(slice(first, last) for first, last in ranges)
+        model.graph.initializer.append(numpy_helper.from_array(
+            np.ascontiguousarray(w[(slice(None), slice(None), *taps)]), weight))
+        inputs = [x, weight, *([node.input[2]] if j == 0 and len(node.input) > 2 and node.input[2] else [])]
+        y = f"{node.output[0]}_{tag}"
+        nodes.append(helper.make_node("Conv", inputs, [y], name=tag if j else node.name,
+                                      kernel_shape=[last - first for first, last in ranges],
+                                      pads=begin + end, dilations=dil))
+        nodes[-1].attribute.extend(others)
+        sums.append(y)
+    total = sums[0]
+    for j, y in enumerate(sums[1:], 1):
+        target = node.output[0] if j == len(sums) - 1 else f"{node.output[0]}_{node.name}_sum{j}"
+        nodes.append(helper.make_node("Add", [total, y], [target], name=f"{node.name}_sum{j}"))
+        total = target
+    return nodes

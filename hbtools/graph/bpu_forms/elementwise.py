@@ -1,0 +1,158 @@
+"""Element-wise work: divisions as reciprocal products, Expand as Tile, batch axes squeezed around element-wise chains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from hbtools.graph.graph import GraphView, rewrite_nodes
+
+
+def divisions_as_reciprocal_products(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
+    """``a / b`` of two computed float tensors (the normalization of a linear attention) as
+    ``a * Reciprocal(b)``: a lookup table and a product of two tensors, both BPU forms, where a
+    division of two tensors has none. The Mul keeps the Div's name; a Div that ``placed`` (the
+    config's node_info) puts on the CPU stays. Returns how many Divs it rewrote."""
+    view = GraphView(model)
+    nodes = []
+    count = 0
+    for node in model.graph.node:
+        if node.op_type != "Div" or node.domain not in ("", "ai.onnx") or len(node.input) != 2 or \
+                (placed or {}).get(node.name) == "CPU" or \
+                any(view.is_const(i) for i in node.input) or \
+                any(view.elem_types.get(i) != onnx.TensorProto.FLOAT for i in node.input):
+            nodes.append(node)
+            continue
+        count += 1
+        reciprocal = f"{node.output[0]}_reciprocal"
+        nodes += [helper.make_node("Reciprocal", [node.input[1]], [reciprocal], name=f"{node.name}_reciprocal"),
+                  helper.make_node("Mul", [node.input[0], reciprocal], [node.output[0]], name=node.name)]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return count
+
+
+def expands_as_tiles(model: ModelProto) -> int:
+    """An Expand of a float tensor to a constant shape (``x.expand(...)`` / ``expand_as`` of an activation in
+    PyTorch exports: RivaGAN's watermark bits over the frame, masks, gates) as the Tile it is, after a
+    Reshape that adds the leading axes it broadcasts over: the BPU moves data with Tile and has no Expand.
+    The count of Expands rewritten."""
+    view = GraphView(model)
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Expand" or node.domain not in ("", "ai.onnx") or not view.is_const(node.input[1]) \
+                or view.elem_types.get(node.input[0]) != onnx.TensorProto.FLOAT:
+            return None
+        shape = view.shapes.get(node.input[0])
+        if shape is None or any(not isinstance(d, int) or d <= 0 for d in shape):
+            return None
+        target = [int(d) for d in np.ravel(view.const(node.input[1]))]
+        rank = max(len(shape), len(target))
+        source = [1] * (rank - len(shape)) + list(shape)
+        target = [1] * (rank - len(target)) + target
+        if any(t != s and s != 1 and t != 1 for s, t in zip(source, target, strict=True)):
+            return None
+        repeats = [t if s == 1 else 1 for s, t in zip(source, target, strict=True)]
+        x, nodes = node.input[0], []
+        if rank > len(shape):
+            x, new_shape = f"{node.output[0]}_ranked", f"{node.name}_rank_shape"
+            model.graph.initializer.append(numpy_helper.from_array(np.array(source, np.int64), new_shape))
+            nodes.append(helper.make_node("Reshape", [node.input[0], new_shape], [x], name=f"{node.name}_rank"))
+        reps = f"{node.name}_repeats"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(repeats, np.int64), reps))
+        return [*nodes, helper.make_node("Tile", [x, reps], [node.output[0]], name=node.name)]
+
+    return rewrite_nodes(model, rewrite)
+
+
+_BATCHLESS_UNARY = ("Relu", "Elu", "Selu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Softplus",
+                    "Exp", "Log", "Abs", "Neg", "Sqrt", "Erf", "Identity", "Clip")
+
+
+_BATCHLESS_BINARY = ("Mul", "Add", "Sub", "Div", "Pow", "Max", "Min")
+
+
+def _keeps_rank(node: NodeProto, view: GraphView, rank: int) -> bool:
+    """Whether ``node``'s constants have at most ``rank`` axes: one with more would broadcast the squeezed
+    tensor back to another rank."""
+    return all(view.const(i).ndim <= rank for i in node.input if i and view.is_const(i))
+
+
+def batch_squeezes_around_elementwise(model: ModelProto) -> int:
+    """``Squeeze(axis 0)`` of a batch of one, element-wise ops with constant operands, ``Unsqueeze(axis 0)``
+    (madmom's converter wraps every layer so: Conv, squeeze the batch, BatchNorm as Mul and Add over [C, 1, 1],
+    Relu, unsqueeze for the next Conv) as the same ops on the 4-D tensor, the constants given the batch axis
+    where they have the squeezed rank. The element-wise chain then sits right after the Conv, so its affine
+    part folds into the weights and its activation fuses, instead of a quantized Mul, Add and lookup table
+    each rounding to int8. A Squeeze followed by the Unsqueeze alone goes too. Returns how many pairs."""
+    view = GraphView(model)
+
+    def axes_zero(node: NodeProto) -> bool:
+        a = view.attrs(node)
+        given = list(a["axes"]) if "axes" in a else list(view.const(node.input[1])) \
+            if len(node.input) > 1 and node.input[1] and view.is_const(node.input[1]) else None
+        return given == [0]
+
+    def single_use(tensor: str) -> NodeProto | None:
+        users = view.consumers.get(tensor, [])
+        return users[0] if len(users) == 1 and tensor not in view.graph_outputs else None
+
+    count = 0
+    renames: dict[str, str] = {}
+    dropped: set[int] = set()
+    restored: set[str] = set()  # tensors that get their batch axis back: their recorded shapes are stale
+    for squeeze in model.graph.node:
+        if squeeze.op_type != "Squeeze" or squeeze.domain not in ("", "ai.onnx") or not axes_zero(squeeze):
+            continue
+        shape = view.shapes.get(squeeze.input[0])
+        if shape is None or not shape or shape[0] != 1 or len(shape) > 5:
+            continue
+        chain: list[NodeProto] = []
+        tensor = squeeze.output[0]
+        node = single_use(tensor)
+        rank = len(shape) - 1
+        while node is not None and node.domain in ("", "ai.onnx") and _keeps_rank(node, view, rank) and (
+                (node.op_type in _BATCHLESS_UNARY and all(view.is_const(i) for i in node.input[1:] if i))
+                or (node.op_type in _BATCHLESS_BINARY and len(node.input) == 2
+                    and sum(view.is_const(i) for i in node.input) == 1)):
+            chain.append(node)
+            tensor = node.output[0]
+            node = single_use(tensor)
+        if node is None or node.op_type != "Unsqueeze" or node.domain not in ("", "ai.onnx") or not axes_zero(node):
+            continue
+        unsqueeze = node
+        if not chain and unsqueeze.output[0] in view.graph_outputs:
+            continue
+        count += 1
+        dropped.update((id(squeeze), id(unsqueeze)))
+        for op in chain:
+            restored.update(op.output)
+            for k, name in enumerate(op.input):
+                c = view.const(name) if op.op_type in _BATCHLESS_BINARY and name and view.is_const(name) else None
+                if c is not None and c.ndim == rank:
+                    batched = f"{name}_{op.name}_batched"
+                    model.graph.initializer.append(numpy_helper.from_array(c[None], batched))
+                    op.input[k] = batched
+        if chain:
+            chain[0].input[list(chain[0].input).index(squeeze.output[0])] = squeeze.input[0]
+            chain[-1].output[0] = unsqueeze.output[0]
+        else:
+            renames[unsqueeze.output[0]] = squeeze.input[0]
+    if not count:
+        return 0
+    kept = [n for n in model.graph.node if id(n) not in dropped]
+    for node in kept:
+        for k, name in enumerate(node.input):
+            while name in renames:
+                name = renames[name]
+            node.input[k] = name
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    stale = [v for v in model.graph.value_info if v.name in restored]
+    for v in stale:
+        model.graph.value_info.remove(v)
+    return count

@@ -1,0 +1,272 @@
+"""Data movement: channel shuffles and gathers, Transposes over fewer axes, Splits that undo Concats."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from hbtools.graph.graph import GraphView, is_static, remove_dead_nodes, rewrite_nodes
+
+
+def channel_shuffles_as_gathers(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
+    """A Reshape -> Transpose -> Reshape chain that gives back its 4-D input's shape with only the channels
+    reordered (ShuffleNet's channel shuffle through [N, g, C/g, H, W], Caffe's ShuffleChannel) becomes one
+    Gather of channels with constant indices, named as the Transpose. The BPU of bernoulli2 (RDK X3) takes
+    4-D tensors only: the chain put every shuffle on the CPU there, one BPU subgraph between each two;
+    a Gather of channels stays on the BPU, and one that only Convs read folds into their weights
+    (``channel_gathers_into_convs``). The chain is probed on the element indices, so any axis split that
+    permutes channels alone qualifies. Chains that ``placed`` (node_info) names are left as they are.
+    The count of chains rewritten."""
+    view = GraphView(model)
+    outputs = set(view.graph_outputs)
+    named = set(placed or ())
+    gone: set[str] = set()  # the outputs of the chains' first two nodes
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+            return None
+        transpose = view.producer.get(node.input[0])
+        first = view.producer.get(transpose.input[0]) if transpose is not None and transpose.op_type == "Transpose" \
+            else None
+        if first is None or first.op_type != "Reshape" or first.domain not in ("", "ai.onnx") \
+                or {first.name, transpose.name, node.name} & named:
+            return None
+        shape, split, out_shape = (view.shapes.get(t) for t in (first.input[0], first.output[0], node.output[0]))
+        if any(s is None or any(not isinstance(d, int) or d <= 0 for d in s) for s in (shape, split, out_shape)) \
+                or len(shape) != 4 or list(out_shape) != list(shape) or shape[1] < 2:
+            return None
+        for inner in (first.output[0], transpose.output[0]):
+            if inner in outputs or len(view.consumers.get(inner, [])) != 1:
+                return None
+        perm = list(view.attrs(transpose).get("perm", range(len(split) - 1, -1, -1)))
+        probe = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+        moved = probe.reshape(split).transpose(perm).reshape(shape)
+        plane = shape[2] * shape[3]
+        index = moved[0, :, 0, 0] // plane % shape[1]
+        if not np.array_equal(moved, probe[:, index]):
+            return None
+        name = f"{transpose.name}_channels"
+        model.graph.initializer.append(numpy_helper.from_array(index.astype(np.int64), name))
+        gone.update((first.output[0], transpose.output[0]))
+        return [helper.make_node("Gather", [first.input[0], name], [node.output[0]], name=transpose.name, axis=1)]
+
+    count = rewrite_nodes(model, rewrite)
+    if count:
+        kept = [n for n in model.graph.node if not set(n.output) & gone]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return count
+
+
+def channel_gathers_into_convs(model: ModelProto) -> int:
+    """A Gather of channels with constant indices (onnxruntime writes YOLOv5's Focus slices as SpaceToDepth
+    and such a reordering Gather) read only by Convs becomes part of their weights: the Convs read the
+    Gather's input, each weight's input channel ``i`` summing the columns the indices send it. The same
+    sums and no Gather: no data moved, and no Gather at the model's first layer, at full resolution, that
+    has no BPU form on bernoulli2 (RDK X3) where it reads the input. The count of Gathers removed."""
+    view = GraphView(model)
+    outputs = set(view.graph_outputs)
+    gone = set()
+    for node in model.graph.node:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+            continue
+        shape, indices = view.shapes.get(node.input[0]), view.const(node.input[1])
+        axis = int(view.attrs(node).get("axis", 0))
+        if shape is None or len(shape) != 4 or indices is None or indices.ndim != 1 or axis % 4 != 1 \
+                or not isinstance(shape[1], int):
+            continue
+        channels = int(shape[1])
+        users = view.consumers.get(node.output[0], [])
+        if not users or any(u.op_type != "Conv" or u.input[0] != node.output[0] or list(u.input).count(node.output[0])
+                            != 1 or view.const(u.input[1]) is None or int(view.attrs(u).get("group", 1)) != 1
+                            for u in users):
+            continue
+        index = [int(i) % channels for i in indices]
+        for user in users:
+            w = view.const(user.input[1])
+            folded = np.zeros((w.shape[0], channels, *w.shape[2:]), dtype=w.dtype)
+            np.add.at(folded, (slice(None), index), w)  # a channel the indices repeat sums its columns
+            name = f"{user.input[1]}_{user.name}_gathered"
+            model.graph.initializer.append(numpy_helper.from_array(folded, name))
+            user.input[0], user.input[1] = node.input[0], name
+        gone.add(node.name)
+    if gone:
+        kept = [n for n in model.graph.node if n.name not in gone]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return len(gone)
+
+
+def transposes_in_fewer_axes(model: ModelProto) -> None:
+    """A Transpose of more than 4 axes between two Reshapes (MobileViT's unfolding into patches goes through
+    [1, C, h, 2, w, 2]) moves the same elements with its size-1 axes dropped and with the axes that stay
+    side by side merged; the Reshapes around it only need the element order, so the first one makes the
+    smaller shape and the Transpose takes the shorter perm. The BPU takes at most 5 axes (4 on bernoulli2)."""
+    view = GraphView(model)
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type == "Transpose" else None
+        if shape is None or len(shape) <= 4 or any(not isinstance(d, int) or d <= 0 for d in shape):
+            continue
+        before = view.producer.get(node.input[0])
+        after = view.consumers.get(node.output[0], [])
+        reshapes = [before, *after]
+        if before is None or not after or node.output[0] in view.graph_outputs \
+                or len(view.consumers.get(node.input[0], [])) != 1 or node.input[0] in view.graph_outputs \
+                or any(r.op_type != "Reshape" or not view.is_const(r.input[1]) for r in reshapes) \
+                or any(0 in view.const(r.input[1]).tolist() for r in after):
+            continue
+        perm = list(view.attrs(node).get("perm", range(len(shape) - 1, -1, -1)))
+        dims, new_perm = _fewer_axes(shape, perm)
+        if not dims or len(dims) >= len(shape):  # a tensor of ones keeps its transpose
+            continue
+        target = f"{before.input[1]}_{node.name}_fewer_axes"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(dims, dtype=np.int64), target))
+        before.input[1] = target
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("perm", new_perm))
+
+
+def _fewer_axes(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
+    """The input dims and perm of the same transpose without size-1 axes, adjacent moved axes merged."""
+    kept = [a for a in range(len(shape)) if shape[a] != 1]
+    index = {a: k for k, a in enumerate(kept)}
+    order = [index[a] for a in perm if a in index]  # output order of the kept input axes
+    groups: list[list[int]] = []  # runs of input axes that stay adjacent, in output order
+    for a in order:
+        if groups and groups[-1][-1] + 1 == a:
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    dims = [int(np.prod([shape[kept[a]] for a in groups[g]])) for g in by_input]
+    position = {g: k for k, g in enumerate(by_input)}
+    return dims, [position[g] for g in range(len(groups))]
+
+
+def _joined(view: GraphView, tensor: str) -> tuple[NodeProto, list[list[int]], int, list[int] | None] | None:
+    """The Concat that makes ``tensor``, directly or behind a Reshape of the axes after the joined one: the
+    Concat, the static shapes it joins, the joined axis and the Reshape's shape (None without one)."""
+    made = view.producer.get(tensor)
+    reshape = made if made is not None and made.op_type == "Reshape" else None
+    concat = view.producer.get(reshape.input[0]) if reshape is not None else made
+    if concat is None or concat.op_type != "Concat" or concat.domain not in ("", "ai.onnx"):
+        return None
+    pieces = [view.shapes.get(i) for i in concat.input]
+    if not all(s and is_static(s) for s in pieces):
+        return None
+    axis = view.attrs(concat)["axis"] % len(pieces[0])
+    shape = None  # a Reshape may merge or split the axes after the joined one
+    if reshape is not None:
+        shape = view.shapes.get(reshape.output[0])
+        if not (shape and is_static(shape)) or shape[:axis] != pieces[0][:axis] \
+                or shape[axis] != sum(s[axis] for s in pieces):
+            return None
+    return concat, pieces, axis, shape
+
+
+def splits_undoing_concats(model: ModelProto) -> int:
+    """A Split that cuts what a Concat joined (behind a Reshape of the axes after the joined one, a
+    Transpose, both or neither) at the Concat's own seams gives back the tensors joined: each Split
+    output becomes its piece, reshaped and moved the same way. Also where that Concat joins, along
+    another axis, Concats that all have those seams (a detection head's levels, each joining its boxes
+    and scores): each Split output becomes the join of the levels' pieces. The Concats go where nothing
+    else reads them. Returns how many Splits were rewritten.
+
+    Ultralytics' end-to-end heads (YOLOv10, YOLO26) join the boxes in pixels and the class scores,
+    lay them out anchor-major and split them again for the top-k. Joined, both share one quantization
+    grid, whose step the pixels set: every score of a 1280x1280 YOLO26 was 0 in int8."""
+    view = GraphView(model)
+    outputs = set(view.graph_outputs)
+    kept = outputs | {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
+            return None
+        moved = view.producer.get(node.input[0])
+        transpose = moved if moved is not None and moved.op_type == "Transpose" else None
+        top = _joined(view, transpose.input[0] if transpose is not None else node.input[0])
+        if top is None:
+            return None
+        concat, pieces, axis, shape = top
+        rank = len(shape or pieces[0])
+        perm = list(view.attrs(transpose).get("perm", range(rank - 1, -1, -1))) if transpose is not None else None
+        split_axis = view.attrs(node).get("axis", 0) % rank
+        along = perm[split_axis] if perm else split_axis
+        if along == axis:
+            levels = [(concat, pieces, axis, shape)]
+            outer = None
+        elif shape is None:  # the Concat joins levels along another axis; each level must join at the seams
+            levels = [_joined(view, i) for i in concat.input]
+            if any(lv is None or lv[2] != along or len(lv[3] or lv[1][0]) != rank for lv in levels):
+                return None
+            sizes_of = [[s[along] for s in lv[1]] for lv in levels]
+            if any(s != sizes_of[0] for s in sizes_of):
+                return None
+            outer = axis
+        else:
+            return None
+        seams = list(itertools.accumulate(s[along] for s in levels[0][1]))
+        total = seams[-1]
+        given = len(node.input) > 1 and node.input[1]
+        sizes = view.const(node.input[1]) if given else view.attrs(node).get("split")
+        if given and sizes is None:  # computed at run time
+            return None
+        if sizes is None:
+            if total % len(node.output):
+                return None
+            sizes = [total // len(node.output)] * len(node.output)
+        cuts = list(itertools.accumulate(int(v) for v in sizes))
+        if cuts[-1] != total or not set(cuts) <= set(seams):
+            return None
+        if outer is None and shape is None and perm is None:
+            # a graph output that is one piece takes the piece's name, which nothing else may hold
+            for out, first, end in zip(node.output, [0, *cuts[:-1]], cuts, strict=True):
+                piece = [x for x, seam in zip(concat.input, seams, strict=True) if first < seam <= end]
+                if out in outputs and len(piece) == 1 and (piece[0] in kept or list(concat.input).count(piece[0]) > 1):
+                    return None
+        new: list[NodeProto] = []
+        start = 0
+        for k, (out, end) in enumerate(zip(node.output, cuts, strict=True)):
+            first, start = start, end
+            if not out:
+                continue
+            steps: list[NodeProto] = []
+            parts = []
+            for j, (joining, _, joined_axis, reshaped) in enumerate(levels):
+                tag = f"{node.name}_piece{k}" + (f"_level{j}" if outer is not None else "")
+                inputs = [i for i, seam in zip(joining.input, seams, strict=True) if first < seam <= end]
+                part = inputs[0]
+                if len(inputs) > 1:
+                    part = f"{out}_joined" + (f"{j}" if outer is not None else "")
+                    steps.append(helper.make_node("Concat", inputs, [part], name=f"{tag}_concat", axis=joined_axis))
+                if reshaped is not None:
+                    dims = f"{tag}_shape"
+                    model.graph.initializer.append(numpy_helper.from_array(
+                        np.array([*reshaped[:joined_axis], end - first, *reshaped[joined_axis + 1:]], np.int64), dims))
+                    steps.append(helper.make_node("Reshape", [part, dims], [f"{tag}_reshaped"], name=f"{tag}_reshape"))
+                    part = steps[-1].output[0]
+                parts.append(part)
+            if outer is not None:
+                steps.append(helper.make_node("Concat", parts, [f"{out}_levels"], name=f"{node.name}_piece{k}_levels",
+                                              axis=outer))
+            if perm is not None:
+                steps.append(helper.make_node("Transpose", [steps[-1].output[0] if steps else parts[0]], [out],
+                                              name=f"{node.name}_piece{k}", perm=perm))
+            if steps:
+                steps[-1].output[0] = out
+            elif out in outputs:  # the piece itself, under the output's name (``_no_ops_removed`` renames it)
+                steps.append(helper.make_node("Identity", [parts[0]], [out], name=f"{node.name}_piece{k}"))
+            else:  # the piece itself: its readers read it
+                for reader in model.graph.node:
+                    reader.input[:] = [parts[0] if name == out else name for name in reader.input]
+            new.extend(steps)
+        return new
+
+    count = rewrite_nodes(model, rewrite)
+    if count:
+        remove_dead_nodes(model)  # the Concats nothing reads now: an Identity's input then has it as only reader
+    return count

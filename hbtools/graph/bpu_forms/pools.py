@@ -1,0 +1,159 @@
+"""Pools the BPU takes: over one axis as 2-D, large average pools in steps, average pools over whole windows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from hbtools.graph.bpu_forms._common import _axes_node, _opset
+from hbtools.graph.graph import GraphView, rewrite_nodes
+from hbtools.march.profiles import MarchProfile
+
+
+def pools_over_one_axis_as_2d(model: ModelProto) -> int:
+    """A MaxPool / AveragePool over the one axis of a 3-D [N, C, L] tensor (PyTorch's MaxPool1d after Conv1d
+    layers: atspm-detector's traffic-signal net) as the same pool over [N, C, 1, L] between an Unsqueeze and
+    a Squeeze of that axis: kernel, stride, dilation and pads of the length axis, one row on the other. The
+    BPU's pools take 4-D tensors only, so the pool, and the activation before it that fed only it, ran on the
+    CPU. Returns how many it rewrote."""
+    view = GraphView(model)
+    return rewrite_nodes(model, lambda node: _pool_as_2d(node, view, _opset(model), model))
+
+
+def _pool_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
+    shape = view.shapes.get(node.input[0]) if node.op_type in ("MaxPool", "AveragePool") \
+        and node.domain in ("", "ai.onnx") else None
+    if shape is None or len(shape) != 3 or len([o for o in node.output if o]) != 1:
+        return None
+    a = view.attrs(node)
+    attrs = {"kernel_shape": [1, *a["kernel_shape"]]}
+    for key, one in (("strides", 1), ("dilations", 1)):
+        if key in a:
+            attrs[key] = [one, *a[key]]
+    if "pads" in a:
+        attrs["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
+    others = [x for x in node.attribute if x.name not in attrs]
+    wide, pooled = f"{node.input[0]}_{node.name}_2d", f"{node.output[0]}_{node.name}_2d"
+    pool = helper.make_node(node.op_type, [wide], [pooled], name=node.name, **attrs)
+    pool.attribute.extend(others)
+    return [_axes_node(model, opset, "Unsqueeze", node.input[0], wide, [2], f"{node.name}_to_2d"), pool,
+            _axes_node(model, opset, "Squeeze", pooled, node.output[0], [2], f"{node.name}_from_2d")]
+
+
+def large_average_pools_in_steps(model: ModelProto, profile: MarchProfile,
+                                 placed: Mapping[str, str] | None = None) -> int:
+    """An AveragePool over whole non-overlapping windows (kernel = stride, no padding, windows that tile the
+    map) larger than the march's kernel or stride limit: over the whole map a GlobalAveragePool, otherwise
+    the same mean taken in steps, each a pool over whole windows within the limits (a 30x30 one as 6x6 then
+    5x5). A mean of equal-sized means is the mean: the same values up to float rounding, and one more grid
+    between the steps once quantized. PSPNet's AdaptiveAvgPool2d of a 60x60 map and MobileOne's
+    squeeze-and-excitation (avg_pool2d over the whole map) export such pools, which went to the CPU.
+    Pools that ``placed`` (node_info) names stay. The count of pools rewritten."""
+    rule = profile.rule("AveragePool")
+    limit = min(v for v in (rule.kernel, rule.stride) if v is not None) if rule is not None else None
+    if limit is None or profile.rule("GlobalAveragePool") is None:
+        return 0
+    view = GraphView(model)
+    named = set(placed or ())
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "AveragePool" or node.domain not in ("", "ai.onnx") or node.name in named:
+            return None
+        shape = view.shapes.get(node.input[0])
+        a = view.attrs(node)
+        kernel = list(a.get("kernel_shape", []))
+        plain = list(a.get("strides", [1, 1])) == kernel and not any(a.get("pads", [0] * 4)) \
+            and list(a.get("dilations", [1, 1])) == [1, 1] and a.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
+        if not plain or shape is None or len(shape) != 4 or len(kernel) != 2 \
+                or any(not isinstance(d, int) for d in shape[2:]) or max(kernel) <= limit \
+                or any(size % k for size, k in zip(shape[2:], kernel, strict=True)):
+            return None
+        if kernel == list(shape[2:]):
+            return [helper.make_node("GlobalAveragePool", [node.input[0]], [node.output[0]], name=node.name)]
+        steps = [_factors(k, limit) for k in kernel]
+        if any(f is None for f in steps):
+            return None
+        count = max(len(f) for f in steps)
+        steps = [f + [1] * (count - len(f)) for f in steps]
+        nodes, x = [], node.input[0]
+        for i in range(count):
+            k = [steps[0][i], steps[1][i]]
+            last = i == count - 1
+            out = node.output[0] if last else f"{node.output[0]}_step{i}"
+            nodes.append(helper.make_node("AveragePool", [x], [out], name=node.name if last else f"{node.name}_step{i}",
+                                          kernel_shape=k, strides=k))
+            x = out
+        return nodes
+
+    return rewrite_nodes(model, rewrite)
+
+
+def _factors(n: int, limit: int) -> list[int] | None:
+    """``n`` as a product of whole factors of at most ``limit``, largest first (None: a prime factor is larger)."""
+    out = []
+    while n > 1:
+        f = next((d for d in range(min(n, limit), 1, -1) if n % d == 0), None)
+        if f is None:
+            return None
+        out.append(f)
+        n //= f
+    return out or [1]
+
+
+def average_pools_over_whole_windows(model: ModelProto) -> None:
+    """An AveragePool whose divisor varies with the position (``count_include_pad=0`` with padding, the
+    ONNX default that TensorFlow exports use; or ``ceil_mode`` windows hanging over the end) as the
+    same pool over whole windows of k*k values (dilated ones too), padding counted, times a constant map
+    of k*k / count: the sums are the same, and both ops have BPU forms. A ceil_mode pool whose windows
+    all fit stays."""
+    view = GraphView(model)
+    nodes = []
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type == "AveragePool" else None
+        a = view.attrs(node)
+        if shape is None or len(shape) != 4 or any(not isinstance(d, int) for d in shape[2:]) \
+                or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+            nodes.append(node)
+            continue
+        kernel = list(a["kernel_shape"])
+        strides = list(a.get("strides", [1, 1]))
+        dilations = list(a.get("dilations", [1, 1]))
+        pads = list(a.get("pads", [0, 0, 0, 0]))
+        ends, counts = [], []
+        for k, size in enumerate(shape[2:]):
+            padded = size + pads[k] + pads[k + 2]
+            extent = (kernel[k] - 1) * dilations[k] + 1  # the window's span; its taps are dilations apart
+            out = -(-(padded - extent) // strides[k]) + 1 if a.get("ceil_mode", 0) else \
+                (padded - extent) // strides[k] + 1
+            if a.get("ceil_mode", 0) and (out - 1) * strides[k] >= size + pads[k]:
+                out -= 1  # onnxruntime drops a last window that would start in the end padding
+            end = (out - 1) * strides[k] + extent - size - pads[k]  # end padding whole windows need
+            ends.append(max(end, pads[k + 2]))
+            lo, hi = (0, size) if not a.get("count_include_pad", 0) else (-pads[k], size + pads[k + 2])
+            taps = (np.arange(out) * strides[k] - pads[k])[:, None] + np.arange(kernel[k])[None, :] * dilations[k]
+            counts.append(((taps >= lo) & (taps < hi)).sum(axis=1))
+        if any(e >= k for e, k in zip(ends, kernel, strict=True)):
+            nodes.append(node)  # onnxruntime takes no pad as large as the kernel, which a dilated window may need
+            continue
+        count = counts[0][:, None] * counts[1][None, :]
+        window = kernel[0] * kernel[1]
+        if np.all(count == window) and ends == pads[2:]:
+            # every window is whole: the floor-mode pool counting its padding is the same
+            kept = [x for x in node.attribute if x.name not in ("ceil_mode", "count_include_pad")]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("count_include_pad", 1)])
+            nodes.append(node)
+            continue
+        whole = f"{node.output[0]}_whole_windows"
+        dilated = {"dilations": dilations} if any(d != 1 for d in dilations) else {}
+        nodes.append(helper.make_node("AveragePool", [node.input[0]], [whole], name=f"{node.name}_whole_windows",
+                                      kernel_shape=kernel, strides=strides, pads=[*pads[:2], *ends],
+                                      count_include_pad=1, **dilated))
+        factor = f"{node.name}_window_counts"
+        model.graph.initializer.append(numpy_helper.from_array(
+            (window / count).astype(np.float32).reshape(1, 1, *count.shape), factor))
+        nodes.append(helper.make_node("Mul", [whole, factor], list(node.output), name=node.name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)

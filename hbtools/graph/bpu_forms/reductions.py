@@ -1,0 +1,130 @@
+"""Reductions in the forms the BPU has: L2 norms as sums, spatial means and maxima as global pools, reductions over the
+first axis.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from hbtools.graph.bpu_forms._common import _axes_node, _opset
+from hbtools.graph.graph import GraphView, rewrite_nodes
+from hbtools.march.profiles import MarchProfile
+
+_GLOBAL_POOL_OF = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
+
+
+def norms_as_sums(model: ModelProto, profile: MarchProfile) -> int:
+    """ReduceL2 (``F.normalize``, ``torch.norm``: embedding heads, SwinV2's cosine attention) as the square
+    root of a ReduceSum of ``x * x``, and ReduceSumSquare as that ReduceSum: the BPU has a product, an
+    integer sum and a square-root table, and no L2 reduction. Only where ``profile``'s BPU sums (bernoulli2
+    has no ReduceSum) over axes other than the batch; reductions whose axes are only known at run time
+    stay. The count rewritten."""
+    if profile.rule("ReduceSum") is None:
+        return 0
+    view = GraphView(model)
+    opset = _opset(model)
+    nodes = []
+    count = 0
+    for node in model.graph.node:
+        axes = view.reduced_axes(node) if node.op_type in ("ReduceL2", "ReduceSumSquare") \
+            and node.domain in ("", "ai.onnx") and view.elem_types.get(node.input[0]) == onnx.TensorProto.FLOAT \
+            else None
+        if not axes or 0 in axes:
+            nodes.append(node)
+            continue
+        count += 1
+        square, total = f"{node.output[0]}_squares", f"{node.output[0]}_sum_of_squares"
+        keepdims = int(view.attrs(node).get("keepdims", 1))
+        summed = node.output[0] if node.op_type == "ReduceSumSquare" else total
+        nodes.append(helper.make_node("Mul", [node.input[0], node.input[0]], [square], name=f"{node.name}_square"))
+        nodes.append(_axes_node(model, opset, "ReduceSum", square, summed, axes, f"{node.name}_sum", keepdims=keepdims))
+        if node.op_type == "ReduceL2":
+            nodes.append(helper.make_node("Sqrt", [total], [node.output[0]], name=node.name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return count
+
+
+def spatial_reductions_as_global_pools(model: ModelProto) -> None:
+    """A mean or max over the two spatial axes of a 4-D tensor (``x.mean((2, 3))``, the squeeze of
+    squeeze-and-excitation blocks in PyTorch and Paddle exports) as GlobalAveragePool /
+    GlobalMaxPool, the BPU's pooling ops; without ``keepdims`` a Flatten follows, which gives
+    the same [N, C]. The other way round for a global pool of a 3-D or 5-D tensor, which the BPU
+    takes as a reduction only."""
+    view = GraphView(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    nodes = []
+    for node in model.graph.node:
+        pool = _GLOBAL_POOL_OF.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if node.op_type in _REDUCTION_OF and node.domain in ("", "ai.onnx"):
+            nodes.extend(_global_pool_as_reduction(node, view, opset, model))
+            continue
+        if pool is None:
+            nodes.append(node)
+            continue
+        shape = view.shapes.get(node.input[0])
+        if shape is None or len(shape) != 4 or view.reduced_axes(node) != [2, 3]:
+            nodes.append(node)
+            continue
+        if view.attrs(node).get("keepdims", 1):
+            nodes.append(helper.make_node(pool, [node.input[0]], [node.output[0]], name=node.name))
+            continue
+        pooled = f"{node.output[0]}_pooled"
+        nodes.append(helper.make_node(pool, [node.input[0]], [pooled], name=f"{node.name}_pool"))
+        nodes.append(helper.make_node("Flatten", [pooled], [node.output[0]], name=node.name, axis=1))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+_REDUCTION_OF = {pool: reduction for reduction, pool in _GLOBAL_POOL_OF.items()}
+
+
+def reductions_over_the_first_axis(model: ModelProto) -> int:
+    """A ReduceMean / ReduceSum whose axes include the first axis of a tensor that has more than one element
+    along it (a model without a batch axis: madmom's TCN averages its [T, C] skip sums over the T frames for
+    the tempo) behind an Unsqueeze that adds a batch of one, with the axes moved by one and a Squeeze of that
+    batch after it: the same values, but the BPU's pools never reduce over the batch axis, so the reduction
+    and everything before it that fed only it ran on the CPU. Returns how many it rewrote."""
+    view = GraphView(model)
+    return rewrite_nodes(model, lambda node: _first_axis_reduction(node, view, _opset(model), model))
+
+
+def _first_axis_reduction(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
+    shape = view.shapes.get(node.input[0]) if node.op_type in ("ReduceMean", "ReduceSum") \
+        and node.domain in ("", "ai.onnx") else None
+    axes = view.reduced_axes(node) if shape is not None else None
+    if axes is None or 0 not in axes or not 1 <= len(shape) <= 4 or not isinstance(shape[0], int) or shape[0] <= 1:
+        return None
+    batched, reduced = f"{node.input[0]}_{node.name}_batched", f"{node.output[0]}_{node.name}_batched"
+    moved = [a + 1 for a in axes]
+    keepdims = int(view.attrs(node).get("keepdims", 1))
+    nodes = [_axes_node(model, opset, "Unsqueeze", node.input[0], batched, [0], f"{node.name}_batch")]
+    # ReduceSum takes its axes as an input from opset 13, ReduceMean from opset 18
+    if opset >= (13 if node.op_type == "ReduceSum" else 18):
+        axes_name = f"{node.name}_batched_axes"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(moved, np.int64), axes_name))
+        nodes.append(helper.make_node(node.op_type, [batched, axes_name], [reduced], name=node.name,
+                                      keepdims=keepdims))
+    else:
+        nodes.append(helper.make_node(node.op_type, [batched], [reduced], name=node.name, axes=moved,
+                                      keepdims=keepdims))
+    nodes.append(_axes_node(model, opset, "Squeeze", reduced, node.output[0], [0], f"{node.name}_unbatch"))
+    return nodes
+
+
+def _global_pool_as_reduction(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto]:
+    """A GlobalAveragePool / GlobalMaxPool of a 3-D [N, C, L] or 5-D tensor (PyTorch's AdaptiveAvgPool1d(1)
+    and AdaptiveMaxPool1d(1) after Conv1d layers, Conv3d heads), which the BPU's pools take 4-D only, as
+    the ReduceMean / ReduceMax over the same axes (keepdims) that it is; other nodes unchanged."""
+    shape = view.shapes.get(node.input[0])
+    if shape is None or len(shape) not in (3, 5):
+        return [node]
+    axes = list(range(2, len(shape)))
+    reduction = _REDUCTION_OF[node.op_type]
+    if opset < 18:
+        return [helper.make_node(reduction, [node.input[0]], list(node.output), name=node.name, axes=axes, keepdims=1)]
+    axes_name = f"{node.name}_axes"
+    model.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name))
+    return [helper.make_node(reduction, [node.input[0], axes_name], list(node.output), name=node.name, keepdims=1)]
