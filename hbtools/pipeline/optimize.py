@@ -127,6 +127,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         if weights:
             log.info("%d MatMuls of a constant (first, or with leading axes of one) written with a 2-D weight "
                      "second", weights)
+        batched = bpu_forms.matmuls_of_batched_weights(body, profile)
+        if batched:
+            log.info("%d MatMuls of a constant batched along one axis (a weight per head) written as a MatMul per "
+                     "batch index with its 2-D weight", batched)
     cropped = bpu_forms.crops_as_slices(body)
     if cropped:
         log.info("%d Pads with negative amounts (crops) written as Slices", cropped)

@@ -27,6 +27,7 @@ from hbtools.graph.bpu_forms.layout import (
 )
 from hbtools.graph.bpu_forms.matmuls import (
     einsums_as_matmuls,
+    matmuls_of_batched_weights,
     matmuls_of_vectors,
     matmuls_read_in_slices,
     matmuls_with_the_weight_second,
@@ -68,6 +69,7 @@ __all__ = [
     "interpolations_as_matmuls",
     "large_average_pools_in_steps",
     "large_patch_convs_as_space_to_depth",
+    "matmuls_of_batched_weights",
     "matmuls_of_vectors",
     "matmuls_read_in_slices",
     "matmuls_with_the_weight_second",

@@ -11,7 +11,7 @@ import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.bpu_forms._common import _axes_node, _opset
-from hbtools.graph.graph import GraphView, rewrite_nodes
+from hbtools.graph.graph import GraphView, is_static, rewrite_nodes
 from hbtools.march.profiles import MarchProfile
 
 
@@ -37,6 +37,70 @@ def matmuls_with_the_weight_second(model: ModelProto, profile: MarchProfile) -> 
     graph around the MatMul). The count rewritten."""
     view = GraphView(model)
     return rewrite_nodes(model, lambda node: _weight_second(node, view, model, profile))
+
+
+MAX_WEIGHT_BATCH = 64  # per-batch MatMuls a batched constant weight may become
+
+
+def matmuls_of_batched_weights(model: ModelProto, profile: MarchProfile) -> int:
+    """A MatMul of a float activation and a constant batched along one leading axis (a weight per attention
+    head: relative-position terms ``q @ P[h]``, learned queries per head ``Q[h] @ k``) as one MatMul per
+    batch index with that index's 2-D matrix as its weight, joined by a Concat along the axis: the BPU's
+    MatMul takes a [K, N] weight, and the batched one ran on the CPU. The activation is split along the
+    axis where it has the constant's size there, and read whole by every product where it has one. A
+    constant first operand is written as ``(X^T @ A^T)^T`` as ``matmuls_with_the_weight_second`` does,
+    where ``profile``'s BPU has that Transpose. At most ``MAX_WEIGHT_BATCH`` products. The count
+    rewritten."""
+    view = GraphView(model)
+    return rewrite_nodes(model, lambda node: _per_batch(node, view, model, profile))
+
+
+def _per_batch(node: NodeProto, view: GraphView, model: ModelProto, profile: MarchProfile) -> list[NodeProto] | None:
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return None
+    first, second = node.input
+    k = 0 if view.is_const(first) and not view.is_const(second) else \
+        1 if view.is_const(second) and not view.is_const(first) else None
+    if k is None:
+        return None
+    weight, x = view.const(node.input[k]), node.input[1 - k]
+    shape = view.shapes.get(x)
+    if weight.ndim < 3 or shape is None or len(shape) < weight.ndim or not is_static(shape) \
+            or view.elem_types.get(x) != onnx.TensorProto.FLOAT or (k == 0 and not _swap_on_bpu(profile, len(shape))):
+        return None
+    rank = len(shape)
+    batch = [1] * (rank - weight.ndim) + list(weight.shape[:-2])  # the weight's batch axes against x's
+    axes = [a for a, d in enumerate(batch) if d != 1]
+    if len(axes) != 1 or not 1 < batch[axes[0]] <= MAX_WEIGHT_BATCH or shape[axes[0]] not in (1, batch[axes[0]]):
+        return None
+    axis, count = axes[0], batch[axes[0]]
+    matrices = weight.reshape(count, *weight.shape[-2:])
+    opset = _opset(model)
+    nodes = []
+    perm = [*range(rank - 2), rank - 1, rank - 2]
+    if k == 0:  # A @ X = (X^T @ A^T)^T
+        xt = f"{node.output[0]}_{node.name}_xt"
+        nodes.append(helper.make_node("Transpose", [x], [xt], name=f"{node.name}_xt", perm=perm))
+        x, matrices = xt, np.ascontiguousarray(matrices.transpose(0, 2, 1))
+    pieces = [x] * count
+    if shape[axis] == count:
+        pieces = [f"{x}_{node.name}_batch{g}" for g in range(count)]
+        if opset >= 18:
+            nodes.append(helper.make_node("Split", [x], pieces, name=f"{node.name}_batches", axis=axis,
+                                          num_outputs=count))
+        else:
+            nodes.append(helper.make_node("Split", [x], pieces, name=f"{node.name}_batches", axis=axis))
+    products = []
+    for g, piece in enumerate(pieces):
+        matrix = f"{node.input[k]}_{node.name}_matrix{g}"
+        model.graph.initializer.append(numpy_helper.from_array(matrices[g], matrix))
+        products.append(f"{node.output[0]}_{node.name}_product{g}")
+        nodes.append(helper.make_node("MatMul", [piece, matrix], [products[-1]], name=f"{node.name}_batch{g}"))
+    joined = f"{node.output[0]}_{node.name}_joined" if k == 0 else node.output[0]
+    nodes.append(helper.make_node("Concat", products, [joined], name=node.name, axis=axis))
+    if k == 0:
+        nodes.append(helper.make_node("Transpose", [joined], [node.output[0]], name=f"{node.name}_yt", perm=perm))
+    return nodes
 
 
 def _swap_on_bpu(profile: MarchProfile, rank: int) -> bool:
