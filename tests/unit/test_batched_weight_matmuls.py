@@ -15,8 +15,9 @@ F = TensorProto.FLOAT
 
 def _per_head(case: str, opset: int) -> tuple[ModelProto, list[int]]:
     """A conv whose map is read as 4 heads of 64 tokens with 4 features ([1, 4, 64, 4]) and multiplied with a
-    constant per head, then a Softmax: ``right`` act @ P [1, 4, 4, 20] (relative-position terms), ``left`` Q [1, 4, 20, 4] @ act^T
-    (learned queries per head), ``shared`` one map of tokens for every head's weight ([1, 1, 64, 4] @ [4, 4, 20])."""
+    constant per head, then a Softmax: ``right`` act @ P [1, 4, 4, 20] (relative-position terms), ``left``
+    Q [1, 4, 20, 4] @ act^T (learned queries per head), ``shared`` one map of tokens for every head's weight
+    ([1, 1, 64, 4] @ [4, 4, 20])."""
     rng = np.random.default_rng(7)
     heads = 1 if case == "shared" else 4
     inits = [numpy_helper.from_array((rng.standard_normal((16, 16, 1, 1)) * 0.3).astype(np.float32), "w")]
