@@ -35,7 +35,7 @@ from hbtools.quant.search import (
     scored_tensors,
 )
 from hbtools.quant.statistics import StatsCollector
-from hbtools.quant.thresholds import int16_threshold, relative_noise, threshold_for
+from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runs.progress import progress
 from hbtools.runs.timing import StepTimes
 from hbtools.runtime.heap import release_freed_memory
@@ -333,7 +333,7 @@ def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
                 percentile: float | None) -> dict[str, float]:
     def of(p: ActivationPoint) -> float:
         threshold = threshold_for(method, collector.stats[p.tensor], p.bits, percentile)
-        return int16_threshold(threshold, plan.bounds.get(p.tensor)) if p.bits == 16 else threshold
+        return plan.int16_threshold(p.tensor, threshold) if p.bits == 16 else threshold
 
     return {p.tensor: of(p) for p in plan.activations}
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +45,7 @@ from hbtools.quant.grids import (
     scales_for,
 )
 from hbtools.quant.statistics import StatsCollector
+from hbtools.quant.thresholds import int16_threshold
 from hbtools.quant.units import Partition, Unit
 
 log = logging.getLogger("hbtools")
@@ -103,6 +105,13 @@ class CalibrationPlan:
     # tensor -> the largest magnitude its producer can give whatever its input (a Sigmoid's 1): an int16
     # grid covers it (``thresholds.int16_threshold``)
     bounds: dict[str, float] = field(default_factory=dict)
+    # tensor -> the factor its int16 grid covers beyond the calibration max (``HEADROOM``)
+    headroom: dict[str, float] = field(default_factory=dict)
+
+    def int16_threshold(self, tensor: str, observed: float | np.ndarray) -> float | np.ndarray:
+        """The threshold of ``tensor`` on an int16 grid, from its ``observed`` one: a bounded function's bound
+        (``thresholds.int16_threshold``), a fast-growing tensor's ``HEADROOM``."""
+        return int16_threshold(observed, self.bounds.get(tensor)) * self.headroom.get(tensor, 1.0)
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)
@@ -156,7 +165,7 @@ def weight_groups(node: NodeProto, view: GraphView) -> int:
 def make_plan(model: ModelProto, part: Partition, config: Config | None, profile: MarchProfile) -> CalibrationPlan:
     view = GraphView(model)
     bits_of = _requested_bits(part, config, profile, set(view.graph_outputs),
-                              Tails(model).grids(view.graph_outputs) if profile.int16 else [])
+                              Tails(model).grids(view.graph_outputs) if profile.int16 else [], view.const)
     plan = CalibrationPlan()
     int_outputs = wants_int_outputs(config)
     integer_inputs = {i.name for i in model.graph.input
@@ -187,6 +196,7 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     plan.cpu_nodes = [n.name for unit in part.units if unit.on != "BPU" for n in unit.nodes]
     plan.counted_where = _reciprocal_numerators(part, view, {p.tensor for p in plan.activations})
     plan.bounds = _bounded_outputs(part, {p.tensor for p in plan.activations})
+    plan.headroom = {t: f for t, f in _headroom(part, view.const).items() if t in {p.tensor for p in plan.activations}}
     calibrated = {p.tensor for p in plan.activations}
     plan.grid_source = {t: t for t in calibrated}
     for unit in part.units:
@@ -363,8 +373,56 @@ def _reciprocal_numerators(part: Partition, view: GraphView, calibrated: set[str
     return found
 
 
+def _grid_of(part: Partition, tensor: str) -> str:
+    """The tensor whose grid ``tensor`` has: through BPU data movement (Reshape, Transpose, Split, ...),
+    whose outputs keep their input's grid and get no calibration of their own."""
+    seen = set()
+    producer = part.producer.get(tensor)
+    while producer is not None and producer.on == "BPU" and producer.kind == "passive" and producer.inputs \
+            and tensor not in seen:
+        seen.add(tensor)
+        tensor = producer.inputs[0]
+        producer = part.producer.get(tensor)
+    return tensor
+
+
+def _squares_and_their_sums(part: Partition, const: Callable[[str], np.ndarray | None]) -> list[str]:
+    """Outputs of BPU squares (``_is_square``) and of the BPU reductions summing or averaging them."""
+    squares = [u.outputs[0] for u in part.units if u.on == "BPU" and u.outputs and _is_square(u.main, const)]
+    sums = [u.outputs[0] for u in part.units if u.on == "BPU" and u.outputs
+            and u.main.op_type in ("ReduceSum", "ReduceMean") and any(_grid_of(part, t) in squares for t in u.inputs)]
+    return [*squares, *sums]
+
+
+# What an int16 grid of a tensor that grows fastest outside the calibration pictures' range covers beyond their max
+# (2 of its 16 bits): a reciprocal grows without bound as its divisor shrinks (a darker picture, a face of lower
+# quality, whose features are smaller: an embedding normalised to 0.52 instead of 1), a square four times for
+# twice its input, and a divisor clipped at the calibration max scales every quotient (norms 1.1 for 1).
+HEADROOM = 4.0
+
+
+def _headroom(part: Partition, const: Callable[[str], np.ndarray | None]) -> dict[str, float]:
+    """Tensors whose int16 grid gets ``HEADROOM`` times the calibration max: reciprocal tables' inputs (a divisor
+    beyond the calibrated range is clipped, and every quotient with it) and outputs, squares and their sums."""
+    tables = [u for u in part.units
+              if u.on == "BPU" and u.kind == "lut" and any(n.op_type == "Reciprocal" for n in u.nodes)]
+    reciprocals = [_grid_of(part, t) for u in tables for t in [*u.inputs, *u.outputs]]
+    return dict.fromkeys([*reciprocals, *_squares_and_their_sums(part, const)], HEADROOM)
+
+
+def _is_square(node: NodeProto, const: Callable[[str], np.ndarray | None]) -> bool:
+    """``x * x`` or ``x ** 2``."""
+    if node.op_type == "Mul":
+        return len(node.input) == 2 and node.input[0] == node.input[1]
+    if node.op_type == "Pow" and len(node.input) == 2:
+        exponent = const(node.input[1])
+        return exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0
+    return False
+
+
 def _requested_bits(part: Partition, config: Config | None, profile: MarchProfile,
-                    graph_outputs: set[str], grids: list[str]) -> dict[str, int]:
+                    graph_outputs: set[str], grids: list[str],
+                    const: Callable[[str], np.ndarray | None]) -> dict[str, int]:
     """int16 requests (node_info, optimization, the rules below) per tensor; int8 where the march has no
     int16. ``grids``: tensors decoding positions around a constant grid (``Tails.grids``)."""
     bits: dict[str, int] = {}
@@ -376,16 +434,7 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     dropped: dict[str, list[str]] = {}
 
     def grid_of(tensor: str) -> str:
-        """The tensor whose grid ``tensor`` has: through BPU data movement (Reshape, Transpose, Split, ...),
-        whose outputs keep their input's grid and get no calibration of their own."""
-        seen = set()
-        producer = part.producer.get(tensor)
-        while producer is not None and producer.on == "BPU" and producer.kind == "passive" and producer.inputs \
-                and tensor not in seen:
-            seen.add(tensor)
-            tensor = producer.inputs[0]
-            producer = part.producer.get(tensor)
-        return tensor
+        return _grid_of(part, tensor)
 
     def request(tensor: str, what: str, option: str | None = None) -> None:
         tensor = grid_of(tensor)
@@ -436,6 +485,12 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                 any(n.op_type == "Reciprocal" for n in unit.nodes):
             for t in [*unit.inputs, *unit.outputs]:
                 request(t, f"node {unit.main.name} (a reciprocal table)")
+    # A square spans twice the decades of its input: on an int8 grid the small squares round to 0, and a sum
+    # of them (an L2 norm, ``bpu_forms.norms_as_sums``; a variance) loses most of its value on pictures whose
+    # features are small (an embedding normalised to 0.52 instead of 1). The cosine the searches score does
+    # not see a per-sample scale, so the squares and what sums them are int16 where the march has it.
+    for t in _squares_and_their_sums(part, const):
+        request(t, f"node {part.producer[t].main.name} (a square, or a sum of squares)")
     # Positions decoded around a grid of constants (anchor points, strides): an int8 grid spends its
     # levels on the positions and rounds what the model predicts to a few pixels (2.5 at 320x320). These
     # tensors are a head's few small ones, so int16 costs little, and with every calibration_type: a

@@ -27,7 +27,6 @@ from hbtools.graph.constant_terms import MOVES, Tails
 from hbtools.graph.graph import GraphView, elements, is_static, itemsize, outer_references
 from hbtools.metrics import cosine_of_products, products
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
-from hbtools.quant.thresholds import int16_threshold
 from hbtools.runs.progress import progress
 from hbtools.runtime.custom_session import CustomOpSession
 from hbtools.runtime.heap import release_freed_memory
@@ -683,7 +682,7 @@ class Evaluator:
             return {}, dict(thresholds)
         all16 = dict.fromkeys(candidates, 16)
         # a 16-bit grid needs no clipping, and covers a bounded function's range (``int16_threshold``)
-        wide = {t: int16_threshold(max_thresholds[t], self.plan.bounds.get(t)) for t in candidates}
+        wide = {t: self.plan.int16_threshold(t, max_thresholds[t]) for t in candidates}
         best16 = self.score({**thresholds, **wide}, all16, logits=logits)
         if best16 < ALL_INT16_FLOOR and weights_only is not None and 1 - weights_only >= (1 - best16) / 2:
             # The weights' grids, not the activations': keeping nodes in float would not help.
