@@ -66,7 +66,8 @@ class CalibrationResult:
 
 def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *,
         calibration_type: str, max_percentile: float | None = None,
-        loaded_thresholds: dict[str, float] | None = None, allow_int16: bool = False,
+        loaded_thresholds: dict[str, float] | None = None, loaded_int16: set[str] | None = None,
+        allow_int16: bool = False,
         bias_correction: str = "auto", weights_only: float | None = None,
         times: StepTimes | None = None, generated: bool = False) -> CalibrationResult:
     """Calibrate.
@@ -96,9 +97,16 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         missing = [t for t in base if t not in (loaded_thresholds or {})]
         if missing:
             log.warning("calibration_type load: %d of %d tensors have no QuantizeLinear in the model; they use the "
-                        "max over the calibration samples, generated data unless cal_data_dir is given (e.g. %s)",
-                        len(missing), len(base), ", ".join(missing[:3]))
+                        "max over the calibration samples%s (e.g. %s)", len(missing), len(base),
+                        " (random ones: give cal_data_dir for real ones)" if generated else "",
+                        ", ".join(missing[:3]))
         candidates = {"load": {t: (loaded_thresholds or {}).get(t, v) for t, v in base.items()}}
+        sixteen = {t: 16 for t in (loaded_int16 or set()) if t in base}
+        if sixteen and allow_int16:
+            plan = plan.with_bits(sixteen)
+        elif sixteen:
+            log.warning("calibration_type load: %d QuantizeLinear -> DequantizeLinear pair(s) quantize to int16, "
+                        "which this BPU does not have: int8 with the same range", len(sixteen))
     scores: dict[str, float] = {}
     if len(candidates) > 1 or calibration_type == "mix":
         with times.step("method search"):

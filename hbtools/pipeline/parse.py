@@ -25,7 +25,13 @@ from hbtools.graph.model_io import (
 )
 from hbtools.ops.base import fresh_name
 from hbtools.ops.preprocess import featuremap_normalisation, make_preprocess_node
-from hbtools.quant.qdq import activation_pairs, integer_ops, strip_qdq
+from hbtools.quant.qdq import (
+    activation_pairs,
+    fold_quantization_parameters,
+    integer_ops,
+    quantized_weights,
+    strip_qdq,
+)
 
 log = logging.getLogger("hbtools")
 
@@ -37,6 +43,7 @@ class ParseResult:
     model: ModelProto  # the original float model (HzPreprocess in front)
     inputs: list[InputSpec]  # name and shape resolved
     loaded_thresholds: dict[str, float] = dataclasses.field(default_factory=dict)  # calibration_type load
+    loaded_int16: set[str] = dataclasses.field(default_factory=set)  # ... the tensors of its 16-bit pairs
 
     def take_model(self) -> ModelProto:
         """The model, no longer held here: a caller done with the original lets its weights go."""
@@ -66,9 +73,18 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     source_repairs.unique_node_names(model)
     name_unnamed_nodes(model)
     load = config.calibration.calibration_type == "load"
+    fold_quantization_parameters(model)  # a QAT export's Constant-node scales, as load reads initializers
     if not load and _already_quantized(model, config, checking):
         load = checking  # the checker reports the placement load gives; makertbin does what the config says
-    loaded = strip_qdq(model) if load else {}
+    loaded, loaded_int16 = {}, set()
+    if load:
+        loaded = strip_qdq(model, loaded_int16)
+    elif quantized_weights(model):
+        # Weights stored as integers behind a DequantizeLinear, activations float (weight-only quantization):
+        # the weights are the constants they stand for, and the model a float model to calibrate.
+        log.info("%d weights are stored as integers (DequantizeLinear of a constant): converted as the float "
+                 "weights they stand for", quantized_weights(model))
+        strip_qdq(model)
     inputs = resolve_inputs(model, config.inputs)
     for spec in inputs:  # the config could only check the shapes it gives itself
         check_input_source(spec, config.compiler.input_source.get(spec.name),
@@ -97,7 +113,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     model = _infer(model)
     onnx.checker.check_model(model)
     # The repairs above edit the model in place; every stage after this one holds it or a copy of it.
-    return ParseResult(compact(model), inputs, loaded)
+    return ParseResult(compact(model), inputs, loaded, loaded_int16)
 
 
 def _already_quantized(model: ModelProto, config: Config, checking: bool) -> bool:

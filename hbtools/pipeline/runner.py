@@ -144,7 +144,8 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source),
                         calibration_type=config.calibration.calibration_type,
                         max_percentile=config.calibration.max_percentile, allow_int16=profile.int16,
-                        loaded_thresholds=parsed.loaded_thresholds, bias_correction=_bias_correction_mode(config),
+                        loaded_thresholds=parsed.loaded_thresholds, loaded_int16=parsed.loaded_int16,
+                        bias_correction=_bias_correction_mode(config),
                         weights_only=weights_only, times=times,
                         generated=isinstance(source, RandomCalibrationSource))
     save_model(cal.model, paths["calibrated"])

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from onnx import ModelProto, helper, numpy_helper
+import onnxruntime as ort
+from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, remove_dead_nodes, topological_sort
@@ -22,11 +23,69 @@ from hbtools.graph.graph import GraphView, remove_dead_nodes, topological_sort
 log = logging.getLogger("hbtools")
 
 
+# onnxruntime writes Q/DQ in its own domain with UseQDQContribOps (and for 16-bit grids before opset 21)
+QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
+
+
+def _is_q(node: NodeProto) -> bool:
+    return node.op_type == "QuantizeLinear" and node.domain in QDQ_DOMAINS
+
+
+def _is_dq(node: NodeProto) -> bool:
+    return node.op_type == "DequantizeLinear" and node.domain in QDQ_DOMAINS
+
+
 def activation_pairs(model: ModelProto) -> int:
     """How many QuantizeLinear -> DequantizeLinear pairs quantize a computed tensor: the form of a QDQ (QAT) export."""
-    quantized = {n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.domain in ("", "ai.onnx")}
-    return sum(n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx") and n.input[0] in quantized
-               for n in model.graph.node)
+    quantized = {n.output[0] for n in model.graph.node if _is_q(n)}
+    return sum(_is_dq(n) and n.input[0] in quantized for n in model.graph.node)
+
+
+def quantized_weights(model: ModelProto) -> int:
+    """How many DequantizeLinear nodes read an integer constant (a weight stored quantized)."""
+    view = GraphView(model)
+    return sum(_is_dq(n) and view.is_const(n.input[0]) for n in model.graph.node)
+
+
+# ops whose output a constant input does not determine
+_NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                         "Bernoulli"})
+
+
+def fold_quantization_parameters(model: ModelProto) -> int:
+    """Make the scales, zero points and integer weights of the Q/DQ nodes initializers where nodes compute them
+    from constants: ``torch.onnx.export`` writes them as ``Constant`` nodes, shares one through an ``Identity``,
+    and computes a weight's scale from the weight (``Abs``, ``ReduceMax``, ``Div``). onnxruntime evaluates those
+    nodes once; the Q/DQ nodes themselves are not folded (load reads them). Returns how many were folded."""
+    graph = model.graph
+    constant = {t.name for t in graph.initializer}
+    computed: dict[str, NodeProto] = {}
+    for node in graph.node:  # in order: the model is sorted at parse
+        ins = [i for i in node.input if i]
+        if _is_q(node) or _is_dq(node) or node.op_type in _NOT_FOLDED or node.domain not in ("", "ai.onnx") \
+                or not all(i in constant for i in ins) or (not ins and node.op_type != "Constant"):
+            continue
+        constant.update(node.output)
+        computed.update({o: node for o in node.output})
+    wanted = list(dict.fromkeys(t for n in graph.node if _is_q(n) or _is_dq(n) for t in n.input if t in computed))
+    if not wanted:
+        return 0
+    producers = list({id(computed[t]): computed[t] for t in wanted}.values())
+    outputs = list(dict.fromkeys(o for n in producers for o in n.output if o))
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.input[:], probe.graph.output[:], probe.graph.value_info[:]
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(o) for o in outputs)
+    remove_dead_nodes(probe)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    values = session.run(outputs, {})
+    drop = {id(n) for n in producers}
+    kept = [n for n in graph.node if id(n) not in drop]
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(numpy_helper.from_array(np.asarray(v), o) for o, v in zip(outputs, values, strict=True))
+    remove_dead_nodes(model)
+    return len(wanted)
 
 
 # onnxruntime's quantized operator format (quantize_static QOperator, quantize_dynamic): integer ops
@@ -59,18 +118,41 @@ def _zero_point(view: GraphView, node) -> np.ndarray:
 
 def _pair_grid(scale: np.ndarray, zero: np.ndarray) -> tuple[float, float, float]:
     """An activation pair's range ``[(qmin - z) * s, (qmax - z) * s]`` and its symmetric threshold: ``scale * 127``
-    on a symmetric int8 grid, otherwise the larger end of the range."""
+    on a symmetric int8 grid (``scale * 32767`` on an int16 one), otherwise the larger end of the range."""
     info = np.iinfo(zero.dtype)
     s = np.broadcast_to(scale.astype(np.float64), np.broadcast_shapes(scale.shape, zero.shape))
     z = np.broadcast_to(zero.astype(np.int64), s.shape)
+    if _symmetric(zero):
+        threshold = float(np.max(s)) * info.max
+        return -threshold, threshold, threshold
     low, high = float(np.min((info.min - z) * s)), float(np.max((info.max - z) * s))
-    if zero.dtype == np.int8 and not np.any(z):
-        return low, high, float(np.max(s)) * 127.0
     return low, high, max(-low, high)
 
 
-def strip_qdq(model: ModelProto) -> dict[str, float]:
-    """Remove Q/DQ nodes in place; return activation thresholds by float tensor name."""
+def _symmetric(zero: np.ndarray) -> bool:
+    """A signed 8- or 16-bit grid with zero point 0: the BPU's own (its most negative level, -128 or -32768,
+    aside: the BPU clips to -127 and -32767)."""
+    return zero.dtype in (np.int8, np.int16) and not np.any(zero)
+
+
+def _per_axis(values: np.ndarray, node: NodeProto, w: np.ndarray) -> np.ndarray:
+    """A DequantizeLinear's scale or zero point laid out to broadcast over its integer weight ``w``: per axis,
+    or per block of ``block_size`` along the axis (opset 21: onnxruntime's block-wise weight quantizers)."""
+    if values.size <= 1:
+        return values
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    axis = int(attrs.get("axis", 1)) % w.ndim
+    block = int(attrs.get("block_size", 0))
+    if block > 0:
+        return np.repeat(values, block, axis=axis).take(range(w.shape[axis]), axis=axis)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    return values.reshape(shape)
+
+
+def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, float]:
+    """Remove Q/DQ nodes in place; return activation thresholds by float tensor name, and add to ``int16`` the
+    tensors of symmetric 16-bit pairs."""
     view = GraphView(model)
     thresholds: dict[str, float] = {}
     rename: dict[str, str] = {}  # a pair's output -> the tensor it quantized
@@ -84,7 +166,7 @@ def strip_qdq(model: ModelProto) -> dict[str, float]:
     new_inits = []
     widened = 0  # activation pairs on an asymmetric or unsigned grid
     for node in model.graph.node:
-        if node.op_type != "DequantizeLinear":
+        if not _is_dq(node):
             continue
         scale = view.const(node.input[1])
         if scale is None:
@@ -93,23 +175,20 @@ def strip_qdq(model: ModelProto) -> dict[str, float]:
         source = node.input[0]
         q = view.producer.get(source)
         if view.is_const(source):  # weight: fold back to float
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-            w = view.const(source).astype(np.float32)
-            s = scale.astype(np.float32)
-            z = zero.astype(np.float32)
-            if s.size > 1:
-                shape = [1] * w.ndim
-                shape[axis] = -1
-                s = s.reshape(shape)
-                z = z.reshape(shape) if z.size > 1 else z
+            integers = view.const(source)
+            w = integers.astype(np.float32)
+            s = _per_axis(scale.astype(np.float32), node, integers)
+            z = _per_axis(zero.astype(np.float32), node, integers)
             new_inits.append(numpy_helper.from_array((w - z) * s, node.output[0]))
             drop.add(node.name)
-        elif q is not None and q.op_type == "QuantizeLinear":
+        elif q is not None and _is_q(q):
             tensor = q.input[0]
             low, high, threshold = _pair_grid(scale, zero)
             out = node.output[0]
-            if zero.dtype != np.int8 or np.any(zero != 0):
+            if not _symmetric(zero):
                 widened += 1
+            elif zero.dtype == np.int16 and int16 is not None:
+                int16.update({tensor, out})
             if low > -threshold * (1 - 1e-6) or high < threshold * (1 - 1e-6):
                 # The pair clips one end of the range short of the threshold: onnxruntime's quantizer drops a
                 # Relu (or Clip) before a uint8 pair with zero point 0, which then does its work. A Clip keeps it.
