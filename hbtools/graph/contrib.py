@@ -106,15 +106,19 @@ def _fused_gemm(w: Writer, a: dict) -> bool:
 
 
 def _fused_matmul(w: Writer, a: dict, view: GraphView) -> bool:
-    if a.get("transBatchA", 0) or a.get("transBatchB", 0):
-        return False
+    """``alpha * op(A) @ op(B)``: ``transBatch`` moves an operand's first axis in front of its last two (the
+    batch axes first: what onnxruntime's MatMul-Transpose fusion folds in), then ``trans`` swaps those two."""
     operands = []
-    for x, flag in zip(w.node.input[:2], ("transA", "transB"), strict=True):
-        if a.get(flag, 0):
+    for x, flag in zip(w.node.input[:2], ("A", "B"), strict=True):
+        batch, last = a.get(f"transBatch{flag}", 0), a.get(f"trans{flag}", 0)
+        if batch or last:
             shape = view.shapes.get(x)
-            if shape is None or len(shape) < 2:
+            if shape is None or len(shape) < 2 or (batch and len(shape) < 3):
                 return False
-            perm = [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
+            rank = len(shape)
+            perm = [*range(1, rank - 1), 0, rank - 1] if batch else list(range(rank))
+            if last:
+                perm[-2:] = perm[-1], perm[-2]
             x = w.op("Transpose", [x], perm=perm)
         operands.append(x)
     alpha = float(a.get("alpha", 1.0))
@@ -227,7 +231,7 @@ def _expand(node: NodeProto, w: Writer, view: GraphView) -> str | None:
     if op == "FusedGemm":
         return None if _fused_gemm(w, a) else f"its activation {_text(a.get('activation', b''))} is not known"
     if op == "FusedMatMul":
-        return None if _fused_matmul(w, a, view) else "it transposes batch axes or an operand of unknown rank"
+        return None if _fused_matmul(w, a, view) else "it transposes an operand of unknown rank"
     if op in ("Gelu", "BiasGelu", "FastGelu", "QuickGelu", "BiasSplitGelu"):
         return _activations(w, a)
     if op in ("SkipLayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"):

@@ -612,3 +612,42 @@ def test_a_slice_of_everything_is_removed(step: int, removed: bool) -> None:
         return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
     np.testing.assert_allclose(run(optimized), run(model), atol=1e-5)
+
+
+def _saved_attention() -> ModelProto:
+    """Attention as onnxruntime's extended optimizations save it (``ORT_ENABLE_EXTENDED``): the Transposes
+    that move the heads in front fused into FusedMatMul's ``transBatchA`` / ``transBatchB``: tokens [16, 2
+    heads, 8] read as [2, 16, 8]."""
+    rng = np.random.default_rng(22)
+    inits = [_init("w1", (rng.standard_normal((48, 24, 1, 1)) * 0.3).astype(np.float32)),
+             _init("w2", (rng.standard_normal((8, 16, 1, 1)) * 0.3).astype(np.float32)),
+             _init("tokens", np.array([1, 48, 16], np.int64)), _init("heads", np.array([16, 2, 8], np.int64)),
+             _init("joined", np.array([1, 16, 16], np.int64)), _init("image", np.array([1, 16, 4, 4], np.int64))]
+    ms = "com.microsoft"
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"]), helper.make_node("Reshape", ["c", "tokens"], ["t"]),
+             helper.make_node("Transpose", ["t"], ["tt"], perm=[0, 2, 1]),
+             helper.make_node("Split", ["tt"], ["q", "k", "v"], axis=2, split=[16, 16, 16]),
+             helper.make_node("Reshape", ["q", "heads"], ["qh"]), helper.make_node("Reshape", ["k", "heads"], ["kh"]),
+             helper.make_node("Reshape", ["v", "heads"], ["vh"]),
+             helper.make_node("FusedMatMul", ["qh", "kh"], ["s"], domain=ms, transB=1, transBatchA=1, transBatchB=1,
+                              alpha=0.35),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("FusedMatMul", ["p", "vh"], ["o"], domain=ms, transBatchB=1),
+             helper.make_node("Transpose", ["o"], ["ot"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["ot", "joined"], ["o2"]),
+             helper.make_node("Transpose", ["o2"], ["o3"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["o3", "image"], ["i"]),
+             helper.make_node("Conv", ["i", "w2"], ["y"])]
+    return _model(nodes, [("x", F, [1, 24, 4, 4])], [("y", F, [1, 8, 4, 4])], inits, opset=11, domains=[(ms, 1)])
+
+
+def test_attention_saved_by_onnxruntime_runs_on_the_bpu(tmp_path: Path) -> None:
+    """FusedMatMul with ``transBatchA`` / ``transBatchB`` was kept as onnxruntime's op on the CPU, with the
+    Softmax after it ('of a tensor of unknown rank'), and the .bin it made failed in hb_verifier ('type of
+    tensor ... is unknown'): a ViT saved so had 10 BPU subgraphs and 55 CPU nodes. It is the MatMul of
+    Transposes, as written now, all on the BPU."""
+    model = _saved_attention()
+    rng = np.random.default_rng(23)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 24, 4, 4])}, "1x24x4x4", "float32", "m")
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    _agrees_with_source(model, tmp_path / "out", (1, 24, 4, 4), rng, optimized=True)
