@@ -13,7 +13,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper, versi
 
 from hbtools.graph.contrib_shapes import contrib_value_infos
 from hbtools.ops import custom
-from hbtools.ops.base import attrs_of, reduced_axes
+from hbtools.ops.base import DOMAIN, attrs_of, reduced_axes
 from hbtools.ops.registry import has_fact
 
 
@@ -224,7 +224,12 @@ def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProt
     model's own value_info (integer Hz ops declare their outputs there).
     """
     if not keep_declared:
+        # onnx knows no shape of an op outside its domains: what was declared for one (``typed_by_running``)
+        # stays, or every shape after it is lost again
+        foreign = {o for n in model.graph.node if n.domain not in ("", "ai.onnx", DOMAIN) for o in n.output}
+        declared = [vi for vi in model.graph.value_info if vi.name in foreign]
         del model.graph.value_info[:]
+        model.graph.value_info.extend(declared)
     probe = shape_probe(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     flags = {i.name for i in model.graph.input}

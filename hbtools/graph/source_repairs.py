@@ -62,25 +62,70 @@ def ordered_and_typed(model: ModelProto) -> None:
                                                 for k in range(ranks[o.name]))
 
 
-def _ranks_by_running(model: ModelProto, outputs: list[str]) -> dict[str, int]:
-    """The ranks of ``outputs`` from one onnxruntime run on zeros (free input sizes taken as 1): shape
-    inference cannot follow a Reshape whose target the graph computes (Shape, Gather, Concat), which
-    onnxruntime runs. Nothing where the model does not run so."""
+def typed_by_running(model: ModelProto) -> int:
+    """Element types and shapes, as value_info, of the tensors shape inference leaves untyped behind ops it
+    does not know (an onnxruntime contrib op kept as it is): without them it loses every shape after such an
+    op, and the stages after this one need them (a per-channel scale laid along the channel axis, a layer
+    norm's axis, the simulator's sessions). Taken from two onnxruntime runs, on zeros and on random values: a
+    size they disagree on (one the data decides) stays a name. The count typed."""
+    if all(n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return 0
+    typed = {vi.name for vi in infer_shapes(copy.deepcopy(model)).graph.value_info}
+    typed |= {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
+    untyped = [o for n in model.graph.node for o in n.output if o and o not in typed]
+    if not untyped:
+        return 0
+    probe = copy.deepcopy(model)
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(o) for o in untyped)
+    runs = [_run_on(probe, untyped, fill) for fill in ("zeros", "random")]
+    if any(r is None for r in runs):
+        return 0
+    count = 0
+    for name, a, b in zip(untyped, *runs, strict=True):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.ndim != b.ndim or a.dtype != b.dtype:
+            continue
+        dims = [int(x) if x == y else f"{name}_{k}" for k, (x, y) in enumerate(zip(a.shape, b.shape, strict=True))]
+        model.graph.value_info.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype),
+                                                                    dims))
+        count += 1
+    return count
+
+
+def _feeds(model: ModelProto, fill: str) -> dict[str, np.ndarray] | None:
+    """Zeros (or standard normal values) for every input, free sizes taken as 1; None where an input has no
+    shape."""
     inits = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(0)
     feeds = {}
     for i in model.graph.input:
         if i.name in inits:
             continue
         t = i.type.tensor_type
         if not t.HasField("shape"):
-            return {}
+            return None
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.shape.dim]
-        feeds[i.name] = np.zeros(dims, dtype=helper.tensor_dtype_to_np_dtype(t.elem_type))
+        dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
+        feeds[i.name] = rng.standard_normal(dims).astype(dtype) if fill == "random" else np.zeros(dims, dtype=dtype)
+    return feeds
+
+
+def _run_on(model: ModelProto, outputs: list[str], fill: str) -> list | None:
+    """``outputs`` of one onnxruntime run on ``_feeds``; None where the model does not run so."""
+    feeds = _feeds(model, fill)
+    if feeds is None:
+        return None
     try:
-        values = ort_session(model).run(outputs, feeds)
+        return ort_session(model).run(outputs, feeds)
     except Exception:  # noqa: BLE001 - the checker then says what is missing
-        return {}
-    return {name: np.ndim(v) for name, v in zip(outputs, values, strict=True)}
+        return None
+
+
+def _ranks_by_running(model: ModelProto, outputs: list[str]) -> dict[str, int]:
+    """The ranks of ``outputs`` from one onnxruntime run on zeros (free input sizes taken as 1): shape
+    inference cannot follow a Reshape whose target the graph computes (Shape, Gather, Concat), which
+    onnxruntime runs. Nothing where the model does not run so."""
+    values = _run_on(model, outputs, "zeros")
+    return {} if values is None else {name: np.ndim(v) for name, v in zip(outputs, values, strict=True)}
 
 
 def unique_node_names(model: ModelProto) -> None:

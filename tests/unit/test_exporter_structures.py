@@ -651,3 +651,29 @@ def test_attention_saved_by_onnxruntime_runs_on_the_bpu(tmp_path: Path) -> None:
     convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 24, 4, 4])}, "1x24x4x4", "float32", "m")
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     _agrees_with_source(model, tmp_path / "out", (1, 24, 4, 4), rng, optimized=True)
+
+
+def test_a_bin_with_a_contrib_op_onnx_cannot_type_runs_in_the_verifier(tmp_path: Path) -> None:
+    """An onnxruntime contrib op hbtools keeps as it is (com.microsoft Inverse) runs on the CPU; onnx's shape
+    inference gives its output no type, and hb_verifier stopped on the .bin ('type of tensor ... is unknown').
+    The simulator now builds such a step's session from the arrays it receives."""
+    from hbtools.tools.verifier import verify
+
+    rng = np.random.default_rng(24)
+    inits = [_init("w", (rng.standard_normal((4, 4, 1, 1)) * 0.3).astype(np.float32)),
+             _init("eye", (4 * np.eye(4, dtype=np.float32))[None]), _init("square", np.array([1, 4, 4], np.int64)),
+             _init("back", np.array([1, 4, 4, 1], np.int64))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Reshape", ["c", "square"], ["m"]),
+             helper.make_node("Add", ["m", "eye"], ["well_conditioned"]),
+             helper.make_node("Inverse", ["well_conditioned"], ["inv"], domain="com.microsoft"),
+             helper.make_node("Reshape", ["inv", "back"], ["i"]), helper.make_node("Conv", ["i", "w"], ["c2"]),
+             helper.make_node("Reshape", ["c2", "square"], ["m2"]), helper.make_node("Add", ["m2", "eye"], ["s"]),
+             # after the BPU's conv, a CPU step of its own reads the contrib op's output
+             helper.make_node("Inverse", ["s"], ["inv2"], domain="com.microsoft"),
+             helper.make_node("Sub", ["inv2", "inv"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 4, 4, 1])], [("y", F, [1, 4, 4])], inits, domains=[("com.microsoft", 1)])
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 4, 4, 1])}, "1x4x4x1", "float32", "m")
+    out = tmp_path / "out"
+    assert any(n["type"] == "Inverse" for n in _cpu_nodes(out / "m.bin"))
+    verdict = verify(out / "m_quantized_model.onnx", out / "m.bin", None, 2)
+    assert all(c.passed for c in verdict.outputs)
