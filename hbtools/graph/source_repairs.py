@@ -43,6 +43,12 @@ def ordered_and_typed(model: ModelProto) -> None:
         topological_sort(model)
     except ValueError:
         return  # a cycle or a dangling input: the checker names it
+    shaped_outputs(model)
+
+
+def shaped_outputs(model: ModelProto) -> None:
+    """Graph outputs declared without a shape (an added output, output_nodes) get the shape inference gives
+    them, or the rank one onnxruntime run gives them: onnx's checker refuses an output without a shape."""
     bare = [o for o in model.graph.output
             if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
     if not bare:

@@ -100,6 +100,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
                                    "model allows it")
     if config.model.output_nodes:
         _set_outputs(model, config.model.output_nodes)
+        source_repairs.shaped_outputs(model)
     source_repairs.tensor_outputs(model)
     source_repairs.reserved_names(model)
     if len(model.graph.output) > MAX_OUTPUTS:

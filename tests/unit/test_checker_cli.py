@@ -550,3 +550,30 @@ def test_node_info_follows_a_node_onnxruntime_fuses(tmp_path: Path) -> None:
     calibrated = onnx.load(str(next(work.glob("*_calibrated_model.onnx"))))
     bits = {n.input[0]: attrs_of(n)["bits"] for n in calibrated.graph.node if n.op_type == "HzCalibration"}
     assert bits["Relu_0_out"] == 16  # the grid the Gemm reads through the Flatten
+
+
+def test_output_nodes_after_a_computed_reshape_convert(tmp_path: Path) -> None:
+    """A Paddle export's head: a Reshape to a shape computed from Shape (of a map with a free batch), then the
+    classifier. output_nodes naming a node after it stopped makertbin with an internal error ('Field shape of
+    type is required'): shape inference cannot follow the computed Reshape, and the output it made had no
+    shape. It gets the rank onnxruntime gives it, as an output declared without a shape does."""
+    g = _Graph(4)
+    pooled = g.op("GlobalAveragePool", [g.op("Relu", [g.conv("data", 3, 4)])])
+    g.inits += [helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+                helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1])]
+    shape = g.op("Shape", [pooled])
+    batch = g.op("Gather", [shape, "zero"], axis=0)
+    target = g.op("Concat", [batch, "minus_one"], axis=0)
+    flat = g.op("Reshape", [pooled, target])
+    probabilities = g.op("Softmax", [flat], axis=1)
+    graph = helper.make_graph(g.nodes, "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, ["n", 3, 8, 8])],
+                              [helper.make_tensor_value_info(probabilities, TensorProto.FLOAT, ["n", 4])], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    fm = FloatModel(model, {"data": [1, 3, 8, 8]})
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    softmax = next(n.name for n in model.graph.node if n.op_type == "Softmax")
+    project.write(model_parameters={"output_nodes": softmax})
+    made = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert made.exit_code == 0, made.output[-3000:]
+    assert "internal error" not in made.output
