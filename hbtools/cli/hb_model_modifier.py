@@ -22,15 +22,20 @@ log = logging.getLogger("hbtools")
 @click.command(cls=ToolCommand, log_file='hb_model_modifier.log',
                context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_model_modifier")
-@click.argument("model_file", type=click.Path())
+@click.argument("model_file", type=click.Path(), required=False)
+@click.option("--model_file", "--model-file", "model_option", type=click.Path(), hidden=True,
+              help="MODEL_FILE given as an option, as the PTQ chapter spells it.")
 @click.option("-r", "remove", multiple=True, help="Name of a node to delete; repeat for several, deleted in order.")
 @click.option("-a", "--all", "types", multiple=True,
               help="Delete every deletable node of this type (e.g. Dequantize); repeat for several types.")
 @click.option("-o", "output", help="Output file (default: <model>_modified.bin in the current folder).")
-def main(model_file: str, remove: tuple[str, ...], types: tuple[str, ...], output: str | None) -> None:
+def main(model_file: str | None, model_option: str | None, remove: tuple[str, ...], types: tuple[str, ...],
+         output: str | None) -> None:
     """List the deletable nodes of MODEL_FILE, or delete the given ones."""
+    if (model_file is None) == (model_option is None):
+        raise click.UsageError("give the model file once: hb_model_modifier MODEL_FILE [options] (or --model_file)")
     setup("hb_model_modifier.log")
-    _run(model_file, list(remove), list(types), output)
+    _run(model_file or model_option, list(remove), list(types), output)
 
 
 @reports_errors("modify")
@@ -65,9 +70,11 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
                           f"{', '.join(modifier.OUTPUT_SIDE)} right before a model output")
         first = modifier.candidates(model.load_graph())
         if not any(c.type.lower() == wanted for c in first):
+            # as remove_node_type in a config: the other types given are still deleted
             kinds = sorted({c.type for c in first})
-            raise HbError(f"-a {node_type}: no deletable node of that type in {model_file}; deletable types: "
-                          f"{', '.join(kinds) or 'none'} (nodes next to the model's inputs and outputs)")
+            log.warning("-a %s: no deletable node of that type in %s; deletable types: %s (nodes next to the "
+                        "model's inputs and outputs)", node_type, model_file, ", ".join(kinds) or "none")
+            continue
         while True:
             graph = model.load_graph()
             batch = [c.name for c in modifier.candidates(graph) if c.type.lower() == wanted]

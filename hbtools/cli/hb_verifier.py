@@ -44,7 +44,7 @@ def main(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
 
 @click.command(cls=ToolCommand, log_file='hb_verifier.log', context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hb_model_verifier")
-@click.option("-q", "--quanti_model", required=True, help="Quantized ONNX model.")
+@click.option("-q", "--quanti_model", "-quanti_model", required=True, help="Quantized ONNX model.")
 @click.option("-b", "--bin_model", required=True, help=".bin model.")
 @click.option("-a", "--arm-board-ip", help="Board address (no board runs here: the x86 simulator is used).")
 @click.option("-i", "--input-img", help="Input files, comma separated (default: random data).")

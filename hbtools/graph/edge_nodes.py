@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from hbtools.config.values import closest_names
+from hbtools.errors import HbError
 from hbtools.runtime.binfile import BinModel
 from hbtools.tools import modifier
 
@@ -53,8 +55,10 @@ def _remove_name(model: BinModel, name: str) -> BinModel:
     candidate = next((c for c in modifier.candidates(graph) if c.name == name), None)
     if candidate is None:
         node = next((n for n in graph.graph.node if n.name == name), None)
-        if node is None:
-            log.warning("remove_node_name: the model has no node %s; nothing removed", name)
+        if node is None:  # SPEC §10: a node name the model does not have is an error
+            names = dict.fromkeys([*(c.name for c in modifier.candidates(graph)), *(n.name for n in graph.graph.node)])
+            raise HbError(f"remove_node_name: the model has no node '{name}'{closest_names(name, names)}",
+                          hint="hb_model_modifier <model>.bin lists the nodes next to the model's inputs and outputs")
         else:
             log.warning("remove_node_name: node %s (%s) is not a removable node next to a model input or "
                         "output; kept", name, modifier.display_type(node))

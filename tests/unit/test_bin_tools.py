@@ -200,6 +200,19 @@ def test_modifier_input_quantize_of_a_featuremap(small, in_tmp) -> None:
     assert refused.exit_code == 1 and "input-side nodes removed" in refused.output
 
 
+def test_modifier_deletes_the_types_present_and_warns_of_the_others(small, in_tmp) -> None:
+    """The PTQ chapter's example deletes several types at once (-a Reshape -a Cast -a Dequantize) and spells the
+    model as --model_file: a type the model lacks stopped the whole command with an ERROR and nothing deleted
+    (the config's remove_node_type warns and goes on), and --model_file was refused."""
+    result = invoke(hb_model_modifier.main, ["--model_file", small[0].bin, "-a", "Reshape", "-a", "Cast",
+                                             "-a", "Softmax"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if " WARNING " in line]
+    assert len(warnings) == 2 and "-a Reshape: no deletable node of that type" in warnings[0], warnings
+    assert "its OP type is 'Softmax'" in result.output
+    assert read_bin("resnet_modified.bin").model().deleted_nodes[-1]["type"] == "Softmax"
+
+
 def test_modifier_refusals(small, in_tmp) -> None:
     invoke(hb_pack.main, [small[0].bin, small[1].bin, "-o", "both.bin"])
     packed = invoke(hb_model_modifier.main, ["both.bin"])
@@ -370,6 +383,9 @@ def test_verifier_passes_and_alias(small) -> None:
         assert result.exit_code == 0 and PASSED in result.output, result.output
     alias = invoke(hb_verifier.model_verifier, ["-q", small[0].quantized, "-b", small[0].bin, "-d", "5"])
     assert alias.exit_code == 0 and PASSED in alias.output
+    # the PTQ chapter spells it with one dash
+    spelled = invoke(hb_verifier.model_verifier, ["-quanti_model", small[0].quantized, "-b", small[0].bin])
+    assert spelled.exit_code == 0 and PASSED in spelled.output, spelled.output
 
 
 def test_verifier_dump_all_and_image_input(small, in_tmp) -> None:

@@ -99,9 +99,9 @@ def _deleted(project: Project) -> list[str]:
     return [d["type"] for d in read_bin(project.artefact("bin")).models[0].deleted_nodes]
 
 
-def _build(project: Project) -> Result:
+def _build(project: Project, expect_ok: bool = True) -> Result:
     result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
-    assert result.exit_code == 0, result.output
+    assert not expect_ok or result.exit_code == 0, result.output
     return result
 
 
@@ -128,10 +128,16 @@ def test_remove_node_type_that_removes_nothing_warns(project: Project) -> None:
 
 
 def test_remove_node_name(project: Project) -> None:
-    project.write(model_parameters={"remove_node_name": "Conv_0; nothing_here; Reshape_0_out_HzDequantize"})
+    project.write(model_parameters={"remove_node_name": "Conv_0; Reshape_0_out_HzDequantise"})
+    failed = _build(project, expect_ok=False)
+    # SPEC §10: a node name the model does not have is an ERROR offering the closest names; nothing is written
+    assert failed.exit_code == 1, failed.output
+    assert re.search(r"ERROR remove_node_name: the model has no node 'Reshape_0_out_HzDequantise'.*"
+                     r"Reshape_0_out_HzDequantize", failed.output)
+    assert not project.artefact("bin").exists()
+    project.write(model_parameters={"remove_node_name": "Conv_0; Reshape_0_out_HzDequantize"})
     out = _build(project).output
     assert re.search(r"WARNING remove_node_name: node Conv_0 \(HzSQuantizedConv\) is not a removable node", out)
-    assert re.search(r"WARNING remove_node_name: the model has no node nothing_here", out)
     model = read_bin(project.artefact("bin")).models[0]
     assert [d["name"] for d in model.deleted_nodes] == ["Reshape_0_out_HzDequantize"]
     # The quantized ONNX artefact keeps the node; only the .bin loses it.
