@@ -199,6 +199,73 @@ def deprecated_ops(model: ModelProto) -> None:
     model.graph.node.extend(nodes)
 
 
+# ONNX 1.x experimental ops, dropped from the standard later, that onnxruntime still runs (the ONNX model zoo's
+# tiny-YOLOv2 scales its input with ImageScaler; CoreML and Keras converters wrote the others)
+EXPERIMENTAL_OPS = ("ImageScaler", "Scale", "Affine", "ScaledTanh", "ParametricSoftplus", "Crop")
+
+
+def experimental_ops(model: ModelProto) -> int:
+    """The experimental ops of ``EXPERIMENTAL_OPS`` written as the standard ops they are: a scale and a per-channel
+    bias (ImageScaler), ``alpha * x + beta`` (Affine), ``alpha * f(beta * x)`` (ScaledTanh, ParametricSoftplus), a
+    Slice of the spatial axes (Crop). onnx's checker refuses them ('not an ONNX op'). The count written."""
+    opset = default_opset(model)
+    taken = {o for n in model.graph.node for o in n.output} | {n.name for n in model.graph.node}
+    taken |= {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
+    nodes: list[onnx.NodeProto] = []
+    count = 0
+
+    def const(base: str, value: np.ndarray) -> str:
+        name = fresh_name(base, taken)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
+        return name
+
+    def op(kind: str, inputs: list[str], base: str, out: str | None = None, **attrs: object) -> str:
+        out = out or fresh_name(f"{base}_{kind}", taken)
+        nodes.append(helper.make_node(kind, inputs, [out], name=fresh_name(f"{base}_{kind}", taken), **attrs))
+        return out
+
+    for node in model.graph.node:
+        if node.op_type not in EXPERIMENTAL_OPS or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+        x, y, base = node.input[0], node.output[0], node.name or node.output[0]
+        f32 = np.float32
+        if node.op_type == "ImageScaler":
+            bias = list(a.get("bias", []))
+            scaled = op("Mul", [x, const(f"{base}_scale", f32(a.get("scale", 1.0)))], base, None if bias else y)
+            if bias:
+                op("Add", [scaled, const(f"{base}_bias", np.array(bias, f32).reshape(1, -1, 1, 1))], base, y)
+        elif node.op_type == "Scale":
+            op("Mul", [x, const(f"{base}_scale", f32(a.get("scale", 1.0)))], base, y)
+        elif node.op_type == "Affine":
+            scaled = op("Mul", [x, const(f"{base}_alpha", f32(a.get("alpha", 1.0)))], base)
+            op("Add", [scaled, const(f"{base}_beta", f32(a.get("beta", 0.0)))], base, y)
+        elif node.op_type in ("ScaledTanh", "ParametricSoftplus"):
+            inner = op("Mul", [x, const(f"{base}_beta", f32(a.get("beta", 1.0)))], base)
+            f = op("Tanh" if node.op_type == "ScaledTanh" else "Softplus", [inner], base)
+            op("Mul", [f, const(f"{base}_alpha", f32(a.get("alpha", 1.0)))], base, y)
+        else:  # Crop: border (left, top, right, bottom), or a (height, width) from (left, top)
+            left, top, right, bottom = (list(a.get("border", [])) + [0, 0, 0, 0])[:4]
+            size = list(a.get("scale", []))
+            end = np.iinfo(np.int64).max
+            ends = [top + size[0], left + size[1]] if len(size) == 2 else [-bottom if bottom else end,
+                                                                             -right if right else end]
+            if opset < 10:
+                op("Slice", [x], base, y, starts=[top, left], ends=ends, axes=[2, 3])
+            else:
+                op("Slice", [x, const(f"{base}_starts", np.array([top, left], np.int64)),
+                             const(f"{base}_ends", np.array(ends, np.int64)),
+                             const(f"{base}_axes", np.array([2, 3], np.int64))], base, y)
+        count += 1
+        log.info("%s '%s' (an experimental op of ONNX 1.x) is written as standard ops", node.op_type, base)
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        model.ir_version = max(model.ir_version, 4)  # IR 3 would want the new constants among the inputs
+    return count
+
+
 def reserved_names(model: ModelProto) -> None:
     """Tensors named as the artefacts name what they add next to a tensor ``T`` (``names.RESERVED_SUFFIXES``:
     ``T_quantized``, its integer form; ``T_calibrated``, its fake-quantized value) are renamed ``..._source``.

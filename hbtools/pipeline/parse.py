@@ -62,6 +62,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     # onnx's checker refuses onnxruntime's ops in the ONNX domain (its SimplifiedLayerNormalization)
     expand_contrib_ops(model, onnx_domain_only=True)
     source_repairs.deprecated_ops(model)
+    source_repairs.experimental_ops(model)
     check_source_model(model, path)
     others = precision.other_floats(model)
     if others:

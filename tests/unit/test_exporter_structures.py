@@ -677,3 +677,26 @@ def test_a_bin_with_a_contrib_op_onnx_cannot_type_runs_in_the_verifier(tmp_path:
     assert any(n["type"] == "Inverse" for n in _cpu_nodes(out / "m.bin"))
     verdict = verify(out / "m_quantized_model.onnx", out / "m.bin", None, 2)
     assert all(c.passed for c in verdict.outputs)
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("ImageScaler", {"scale": 1 / 255, "bias": [-0.4, -0.45, -0.5]}), ("Affine", {"alpha": 0.5, "beta": 0.1}),
+    ("ScaledTanh", {"alpha": 1.5, "beta": 0.7}), ("ParametricSoftplus", {"alpha": 0.8, "beta": 1.3}),
+    ("Crop", {"border": [1, 2, 0, 1]}), ("Crop", {"border": [1, 2, 0, 0], "scale": [4, 5]})])
+def test_experimental_onnx_1_ops_convert(op: str, attrs: dict, tmp_path: Path) -> None:
+    """Experimental ops of ONNX 1.x that onnxruntime still runs (the ONNX model zoo's tiny-YOLOv2 scales its input
+    with ImageScaler) were refused with advice to write a custom op; they are the standard ops they stand for."""
+    rng = np.random.default_rng(25)
+    inits = [_init("w", (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32))]
+    nodes = [helper.make_node(op, ["x"], ["s"], name="experimental", **attrs),
+             helper.make_node("Conv", ["s", "w"], ["y"], pads=[1, 1, 1, 1])]
+    out = {"Crop": [1, 4, 5, 5] if "scale" not in attrs else [1, 4, 4, 5]}.get(op, [1, 4, 8, 8])
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, out)], inits, opset=8)
+    scale = 100.0 if op == "ImageScaler" else 1.0
+    convert_featuremaps(tmp_path, model, {"x": [scale * s for s in _normal(rng, [1, 3, 8, 8])]}, "1x3x8x8", "float32",
+                        "m")
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    x = {"x": (scale * rng.standard_normal((1, 3, 8, 8))).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
+    assert cosine_similarity(want, got) >= COSINE
