@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 import onnxruntime as ort
-from onnx import ModelProto, NodeProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, remove_dead_nodes, topological_sort
@@ -78,14 +78,25 @@ def fold_quantization_parameters(model: ModelProto) -> int:
     probe.graph.output.extend(helper.make_empty_tensor_value_info(o) for o in outputs)
     remove_dead_nodes(probe)
     session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    types = {o.name: o.type for o in session.get_outputs()}
     values = session.run(outputs, {})
     drop = {id(n) for n in producers}
     kept = [n for n in graph.node if id(n) not in drop]
     del graph.node[:]
     graph.node.extend(kept)
-    graph.initializer.extend(numpy_helper.from_array(np.asarray(v), o) for o, v in zip(outputs, values, strict=True))
+    graph.initializer.extend(_initializer(o, np.asarray(v), types[o]) for o, v in zip(outputs, values, strict=True))
     remove_dead_nodes(model)
     return len(wanted)
+
+
+def _initializer(name: str, value: np.ndarray, ort_type: str) -> TensorProto:
+    """``value`` as an initializer of the type onnxruntime gave it: a float8 or 4-bit tensor arrives as the bytes
+    of another numpy type (a float8 zero point as uint8), which its own type must keep."""
+    kind = ort_type.removeprefix("tensor(").removesuffix(")").upper()
+    elem = getattr(TensorProto, kind, None)
+    if elem is None or elem == helper.np_dtype_to_tensor_dtype(value.dtype):
+        return numpy_helper.from_array(value, name)
+    return helper.make_tensor(name, elem, value.shape, value.tobytes(), raw=True)
 
 
 # onnxruntime's quantized operator format (quantize_static QOperator, quantize_dynamic): integer ops
@@ -116,16 +127,35 @@ def _zero_point(view: GraphView, node) -> np.ndarray:
     return np.zeros((), np.uint8)
 
 
-def _pair_grid(scale: np.ndarray, zero: np.ndarray) -> tuple[float, float, float]:
+# the largest magnitudes of the 8-bit float grids (onnx's float8 types, as numpy's ml_dtypes names them) and the
+# ranges of the 4-bit integer ones, which np.iinfo does not know
+_OTHER_LEVELS = {"float8_e4m3fn": (-448.0, 448.0), "float8_e4m3fnuz": (-240.0, 240.0),
+                 "float8_e5m2": (-57344.0, 57344.0), "float8_e5m2fnuz": (-57344.0, 57344.0),
+                 "int4": (-8, 7), "uint4": (0, 15)}
+
+
+def _levels(dtype: np.dtype, node: NodeProto) -> tuple[float, float]:
+    """The smallest and largest value of a Q/DQ node's quantized type."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min, info.max
+    if dtype.name in _OTHER_LEVELS:
+        return _OTHER_LEVELS[dtype.name]
+    raise HbError(f"calibration_type load: {node.op_type} {node.name} quantizes to {dtype.name}, which hbtools does "
+                  f"not read", hint="convert the float model the QDQ model was made from")
+
+
+def _pair_grid(scale: np.ndarray, zero: np.ndarray, node: NodeProto) -> tuple[float, float, float]:
     """An activation pair's range ``[(qmin - z) * s, (qmax - z) * s]`` and its symmetric threshold: ``scale * 127``
-    on a symmetric int8 grid (``scale * 32767`` on an int16 one), otherwise the larger end of the range."""
-    info = np.iinfo(zero.dtype)
+    on a symmetric int8 grid (``scale * 32767`` on an int16 one), otherwise the larger end of the range (float8
+    grids: their largest value times the scale)."""
+    qmin, qmax = _levels(zero.dtype, node)
     s = np.broadcast_to(scale.astype(np.float64), np.broadcast_shapes(scale.shape, zero.shape))
-    z = np.broadcast_to(zero.astype(np.int64), s.shape)
+    z = np.broadcast_to(zero.astype(np.float64), s.shape)
     if _symmetric(zero):
-        threshold = float(np.max(s)) * info.max
+        threshold = float(np.max(s)) * qmax
         return -threshold, threshold, threshold
-    low, high = float(np.min((info.min - z) * s)), float(np.max((info.max - z) * s))
+    low, high = float(np.min((qmin - z) * s)), float(np.max((qmax - z) * s))
     return low, high, max(-low, high)
 
 
@@ -165,6 +195,7 @@ def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, flo
     drop: set[str] = set()
     new_inits = []
     widened = 0  # activation pairs on an asymmetric or unsigned grid
+    eight_bit_floats = 0  # ... on a float8 grid
     for node in model.graph.node:
         if not _is_dq(node):
             continue
@@ -183,9 +214,11 @@ def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, flo
             drop.add(node.name)
         elif q is not None and _is_q(q):
             tensor = q.input[0]
-            low, high, threshold = _pair_grid(scale, zero)
+            low, high, threshold = _pair_grid(scale, zero, node)
             out = node.output[0]
-            if not _symmetric(zero):
+            if zero.dtype.name.startswith("float8"):
+                eight_bit_floats += 1
+            elif not _symmetric(zero):
                 widened += 1
             elif zero.dtype == np.int16 and int16 is not None:
                 int16.update({tensor, out})
@@ -216,6 +249,10 @@ def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, flo
                     "int8 grid is symmetric: each takes the threshold of the larger end of the range it clips to, "
                     "and a Clip to that range",
                     widened)
+    if eight_bit_floats:
+        log.warning("calibration_type load: %d QuantizeLinear -> DequantizeLinear pair(s) quantize to a float8 grid, "
+                    "which the BPU does not have: each tensor takes its pair's range (the grid's largest value times "
+                    "its scale) on an int8 or int16 grid", eight_bit_floats)
     kept = [n for n in model.graph.node if n.name not in drop]
     del model.graph.node[:]
     model.graph.node.extend([*kept, *joins])

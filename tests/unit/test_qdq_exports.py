@@ -15,7 +15,7 @@ from hbtools.log import setup
 from hbtools.pipeline.runner import makertbin
 from hbtools.runtime import HB_ONNXRuntime
 
-FORMS = ["constant_nodes", "computed_scale", "blocked", "contrib", "int16", "weights_only"]
+FORMS = ["constant_nodes", "computed_scale", "blocked", "contrib", "int16", "float8", "weights_only"]
 
 
 def _exported(form: str) -> onnx.ModelProto:
@@ -24,8 +24,9 @@ def _exported(form: str) -> onnx.ModelProto:
     ``computed_scale``: the float weight quantized by a QuantizeLinear whose scale is computed from it (Abs,
     ReduceMax, Div: torch's dynamo export); ``blocked``: a scale per block of 9 weight inputs (opset 21
     ``block_size``); ``contrib``: every Q/DQ in onnxruntime's com.microsoft domain; ``int16``: 16-bit pairs with
-    zero point 0 (opset 21); ``weights_only``: no activation pair (weight-only quantization). A zero point is
-    shared through an Identity, as torch.ao's export does."""
+    zero point 0 (opset 21); ``float8``: pairs on a float8 e4m3 grid (FP8 exports, opset 19); ``weights_only``: no
+    activation pair (weight-only quantization). A zero point is shared through an Identity, as torch.ao's export
+    does."""
     rng = np.random.default_rng(0)
     w_float = rng.normal(0, 0.5, (4, 2, 3, 3)).astype(np.float32)
     w_scale = (np.abs(w_float).reshape(4, -1).max(axis=1) / 127).astype(np.float32)
@@ -40,8 +41,12 @@ def _exported(form: str) -> onnx.ModelProto:
         else:
             inits.append(numpy_helper.from_array(value, name))
 
-    constant("s", np.array(ACT_SCALE / 256 if int16 else ACT_SCALE, np.float32))
-    constant("zp_source", np.array(0, np.int16 if int16 else np.int8))
+    float8 = form == "float8"
+    constant("s", np.array(ACT_SCALE / 256 if int16 else ACT_SCALE * 127 / 448 if float8 else ACT_SCALE, np.float32))
+    if float8:
+        inits.append(helper.make_tensor("zp_source", TensorProto.FLOAT8E4M3FN, [], [0.0]))
+    else:
+        constant("zp_source", np.array(0, np.int16 if int16 else np.int8))
     constant("w_zp", np.zeros(4, np.int8))
     nodes.append(helper.make_node("Identity", ["zp_source"], ["zp"]))
     x = "feat"
@@ -75,10 +80,10 @@ def _exported(form: str) -> onnx.ModelProto:
                   helper.make_node("DequantizeLinear", ["r_q", "s", "zp"], ["y"], name="dq1", domain=domain)]
     graph = helper.make_graph(nodes, "qat", [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 2, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
-    opset = 21 if form in ("blocked", "int16") else 13
+    opset = 21 if form in ("blocked", "int16") else 19 if float8 else 13
     imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("com.microsoft", 1)] if domain else [])
     model = helper.make_model(graph, opset_imports=imports)
-    model.ir_version = 10 if opset == 21 else 8
+    model.ir_version = 10 if opset == 21 else 9 if opset == 19 else 8
     return model
 
 
@@ -98,7 +103,7 @@ def _without_the_output_pair(model: onnx.ModelProto) -> onnx.ModelProto:
 @pytest.mark.parametrize("form", FORMS)
 def test_quantized_exports_convert_with_their_own_grids(form: str, tmp_path: Path, monkeypatch) -> None:
     """Each stopped before: an ERROR that a Constant-node scale was not constant, an internal error on the
-    blocked scale, every node on the CPU for the contrib-domain pairs and the weight-only model (which nothing
+    blocked scale and on the float8 pairs, every node on the CPU for the contrib-domain pairs and the weight-only model (which nothing
     told to use load), the int16 pairs calibrated int8 behind a Clip. Now every one runs on the BPU and agrees
     with the QDQ model (which rounds as the quantized model does), the int16 pairs on int16 grids."""
     monkeypatch.chdir(tmp_path)
@@ -118,5 +123,6 @@ def test_quantized_exports_convert_with_their_own_grids(form: str, tmp_path: Pat
     # weight-only: a float model whose weights are the integers times their scales (calibrated on random data)
     artefact = "original" if form == "weights_only" else "quantized"
     got = HB_ONNXRuntime(model_file=paths[artefact]).run_feature(None, {"feat": x})[0]
-    bound = 1e-5 if form == "weights_only" else 0.002 if form == "int16" else 0.02
+    # float8 rounds relative to each value, the BPU's grid uniformly over the pair's range
+    bound = 1e-5 if form == "weights_only" else 0.002 if form == "int16" else 0.05 if form == "float8" else 0.02
     assert np.abs(want - got).max() <= bound * np.abs(want).max(), (form, np.abs(want - got).max())
