@@ -103,9 +103,10 @@ def _without_the_output_pair(model: onnx.ModelProto) -> onnx.ModelProto:
 @pytest.mark.parametrize("form", FORMS)
 def test_quantized_exports_convert_with_their_own_grids(form: str, tmp_path: Path, monkeypatch) -> None:
     """Each stopped before: an ERROR that a Constant-node scale was not constant, an internal error on the
-    blocked scale and on the float8 pairs, every node on the CPU for the contrib-domain pairs and the weight-only model (which nothing
-    told to use load), the int16 pairs calibrated int8 behind a Clip. Now every one runs on the BPU and agrees
-    with the QDQ model (which rounds as the quantized model does), the int16 pairs on int16 grids."""
+    blocked scale and on the float8 pairs, every node on the CPU for the contrib-domain pairs and the weight-only
+    model (which nothing told to use load), the int16 pairs calibrated int8 behind a Clip. Now every one runs on
+    the BPU and agrees with the QDQ model (which rounds as the quantized model does), the int16 pairs on int16
+    grids."""
     monkeypatch.chdir(tmp_path)
     setup(None)
     model = _exported(form)
