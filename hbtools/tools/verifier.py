@@ -97,7 +97,11 @@ def runtime_inputs(rm: RuntimeModel, images: list[str] | None) -> dict[str, np.n
     names = [d.name for d in rm.inputs]
     given: dict[str, str] = {}
     for k, item in enumerate(images):
-        name, sep, path = item.partition(":")
+        # the longest input name the item starts with: tf2onnx names inputs 'input_1:0'
+        name = max((n for n in names if item.startswith(n + ":")), key=len, default=None)
+        sep, path = (":", item[len(name) + 1:]) if name is not None else (None, None)
+        if name is None:
+            name, sep, path = item.partition(":")
         if sep and name in names:
             given[name] = path
         elif sep and not Path(item).exists():  # 'name:file' with a name the model lacks (not a path with ':')

@@ -700,3 +700,24 @@ def test_experimental_onnx_1_ops_convert(op: str, attrs: dict, tmp_path: Path) -
     want = HB_ONNXRuntime(onnx_model=model).run(None, x)[0]
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, x)[0]
     assert cosine_similarity(want, got) >= COSINE
+
+
+def test_the_verifier_takes_files_for_inputs_named_with_a_colon(tmp_path: Path) -> None:
+    """tf2onnx names inputs 'input_1:0': hb_verifier -i input_1:0:x.bin split at the first ':' and said the model
+    has no input 'input_1'."""
+    from click.testing import CliRunner
+    from conformance import INTERNAL
+
+    from hbtools.cli import hb_verifier
+
+    rng = np.random.default_rng(26)
+    inits = [_init("w", (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32))]
+    model = _model([helper.make_node("Conv", ["input_1:0", "w"], ["y"], pads=[1, 1, 1, 1])],
+                   [("input_1:0", F, [1, 3, 8, 8])], [("y", F, [1, 4, 8, 8])], inits)
+    convert_featuremaps(tmp_path, model, {"input_1:0": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    rng.standard_normal((1, 3, 8, 8)).astype(np.float32).tofile(tmp_path / "x.bin")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(hb_verifier.main, ["-m", f"{out / 'm_quantized_model.onnx'},{out / 'm.bin'}",
+                                                   "-i", f"input_1:0:{tmp_path / 'x.bin'}"])
+    assert result.exit_code == 0 and "Strict check PASSED" in result.output and INTERNAL not in result.output, \
+        result.output
