@@ -212,6 +212,12 @@ def check_layers_supported(model: ModelProto) -> None:
                 known = False
         else:
             known = domain in _CPU_DOMAINS or custom.custom_op_of(node) is not None
+        if not known and domain == "com.microsoft.nchwc":
+            raise HbError(f"Not support layer name={node.name or '?'} type={node.op_type} (domain '{domain}'): "
+                          f"onnxruntime writes its blocked-layout (NCHWc) ops when a model is saved after "
+                          f"ORT_ENABLE_ALL optimizations, for the CPU it ran on",
+                          hint="give the original model, or save it with ORT_ENABLE_EXTENDED (hbtools reads the "
+                               "fused ops of that level)")
         if not known:
             where = f" (domain '{domain}')" if domain else f" (not an ONNX op at opset {opset})"
             # One line: what is unknown, then how a custom CPU op is made known.

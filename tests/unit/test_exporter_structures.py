@@ -721,3 +721,25 @@ def test_the_verifier_takes_files_for_inputs_named_with_a_colon(tmp_path: Path) 
                                                    "-i", f"input_1:0:{tmp_path / 'x.bin'}"])
     assert result.exit_code == 0 and "Strict check PASSED" in result.output and INTERNAL not in result.output, \
         result.output
+
+
+def test_a_model_saved_after_all_of_onnxruntimes_optimizations_is_refused_saying_how_to_save_it(
+        tmp_path: Path) -> None:
+    """onnxruntime's ORT_ENABLE_ALL writes its blocked-layout (NCHWc) convolutions into a saved model: the ERROR
+    advised writing a custom op for them. It now says what they are and how to save the model instead."""
+    import onnx
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(27)
+    inits = [_init("w", (rng.standard_normal((16, 8, 3, 3)) * 0.3).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 8, 16, 16])], [("y", F, [1, 16, 16, 16])], inits)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "saved.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    saved = onnx.load(str(tmp_path / "saved.onnx"))
+    if not any(n.domain == "com.microsoft.nchwc" for n in saved.graph.node):
+        pytest.skip("this onnxruntime build writes no NCHWc ops on this CPU")
+    out = _checker_refuses(saved, tmp_path)
+    assert "ORT_ENABLE_ALL" in out and "ORT_ENABLE_EXTENDED" in out and "hb_custom_op" not in out
