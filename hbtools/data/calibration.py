@@ -129,6 +129,13 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> N
         # The model input's own type first: an int64 featuremap's files are int64, not float64.
         fits = [t for t in dict.fromkeys((spec.model_dtype, "uint8", "float32", "int16", "float64"))
                 if t in CAL_DATA_TYPES and t != dtype.name and size == count * np.dtype(t).itemsize]
+        shape = None if fits or picture or size % dtype.itemsize else _other_shape(size // dtype.itemsize, spec)
+        if shape is not None:  # the data type fits; the files hold another shape than input_shape says
+            raise HbError(
+                f"{what} {path} has {size} bytes, expected {expected} bytes (shape {spec.shape}, dtype {dtype}) "
+                f"for input '{spec.name}'; its size fits a {shape} {dtype} tensor",
+                hint=f"the files were written for another input_shape than {'x'.join(map(str, spec.shape))}: write "
+                     f"them at that shape, or set input_shape to the one they were made for")
         raise HbError(
             f"{what} {path} has {size} bytes, expected {expected} bytes "
             f"(shape {spec.shape}, dtype {dtype}) for input '{spec.name}'"
@@ -141,6 +148,21 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> N
             f"Give a file prepared like the calibration data of input '{spec.name}' (cal_data_type / a "
             "folder name ending in _f32 set the data type).",
         )
+
+
+def _other_shape(values: int, spec: InputSpec) -> str | None:
+    """The shape ``values`` numbers make with the input's batch and channels and square picture sides (an NCHW or
+    NHWC image tensor of another size), as 1x3x256x256; None where they make none."""
+    if not spec.shape or len(spec.shape) != 4:
+        return None
+    nhwc = spec.layout_train == "NHWC"
+    channels = spec.shape[3] if nhwc else spec.shape[1]
+    per_channel = values // max(spec.shape[0] * channels, 1)
+    side = int(round(per_channel ** 0.5))
+    if side * side * spec.shape[0] * channels != values or side == 0:
+        return None
+    dims = [spec.shape[0], side, side, channels] if nhwc else [spec.shape[0], channels, side, side]
+    return "x".join(map(str, dims))
 
 
 def _plan_input(spec: InputSpec, preprocess_on: bool) -> list[tuple[Path, ...]]:

@@ -113,6 +113,20 @@ def test_float_file_in_uint8_folder_is_caught(tmp_path):
     assert "its size fits dtype float32 (cal_data_type: float32)" in str(e.value)
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_files_of_another_picture_size_say_so(tmp_path, layout):
+    """input_shape 1x3x6x6 given for files written at 1x3x4x4: the hint was to set cal_data_type, the wrong fix.
+    The size fits the data type at another picture size: the message names that shape."""
+    shape = [1, 3, 6, 6] if layout == "NCHW" else [1, 6, 6, 3]
+    written = [1, 3, 4, 4] if layout == "NCHW" else [1, 4, 4, 3]
+    s = spec(tmp_path / "cal", layout=layout, shape=shape)
+    write(tmp_path / "cal", {"a": samples(1, written)[0]})
+    with pytest.raises(HbError) as e:
+        preflight([s])
+    assert f"its size fits a {'x'.join(map(str, written))} uint8 tensor" in str(e.value)
+    assert "input_shape" in e.value.hint and "cal_data_type" not in e.value.hint
+
+
 @pytest.mark.parametrize(("layout", "saved", "fix"), [("NCHW", [1, 4, 6, 3], "(0, 3, 1, 2)"),
                                                      ("NCHW", [4, 6, 3], "(2, 0, 1)"),
                                                      ("NHWC", [1, 3, 4, 6], "(0, 2, 3, 1)")])
