@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto
 
 from hbtools.config.loader import config_from_dict
 from hbtools.config.model import Config
@@ -91,14 +91,19 @@ def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one
     return shapes
 
 
-def _input_parameters(shapes: dict[str, list[int]], outputs: set[str]) -> dict[str, str]:
+# what parse converts to float32 (a float16 model computes in float32 once converted)
+FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+
+
+def _input_parameters(shapes: dict[str, list[int]], outputs: set[str], floats: set[str]) -> dict[str, str]:
     columns: dict[str, list[str]] = {k: [] for k in ("input_name", "input_type_train", "input_layout_train",
                                                      "input_type_rt", "input_shape", "norm_type")}
     for name, shape in shapes.items():
         kind, layout = "featuremap", "NCHW"
         # An input the model also outputs stays a featuremap: an image input becomes int8 image data, which
-        # the converted model could not hand back as the model's float output.
-        if len(shape) == 4 and name not in outputs:
+        # the converted model could not hand back as the model's float output. So does an input of another
+        # type than float (a uint8 picture a TensorFlow export casts itself): only float inputs are images.
+        if len(shape) == 4 and name not in outputs and name in floats:
             for channels, image in ((3, "rgb"), (1, "gray")):
                 if shape[1] == channels:
                     kind, layout = image, "NCHW"
@@ -142,7 +147,9 @@ def builtin_config(model_path: str | Path, model_type: str, march: str, input_sh
             "working_dir": str(working_dir),
             "output_model_file_prefix": prefix,
         },
-        "input_parameters": _input_parameters(shapes, {o.name for o in model.graph.output}),
+        "input_parameters": _input_parameters(shapes, {o.name for o in model.graph.output},
+                                              {i.name for i in model.graph.input
+                                               if i.type.tensor_type.elem_type in FLOAT_TYPES}),
         # skip: max thresholds on generated data, no method search; enough to place and lower every op.
         "calibration_parameters": {"calibration_type": "skip"},
         "compiler_parameters": {"compile_mode": "latency", "optimize_level": "O3" if fast_perf else "O0",

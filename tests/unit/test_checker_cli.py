@@ -577,3 +577,21 @@ def test_output_nodes_after_a_computed_reshape_convert(tmp_path: Path) -> None:
     made = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
     assert made.exit_code == 0, made.output[-3000:]
     assert "internal error" not in made.output
+
+
+def test_the_checker_checks_a_model_with_a_uint8_picture_input(tmp_path: Path) -> None:
+    """TensorFlow detection exports take a uint8 NHWC picture and cast it themselves. The checker took the input
+    for an image and stopped ('only float inputs can be images; use featuremap'), an option it does not have;
+    a non-float input is a featuremap to it."""
+    g = _Graph(4)
+    g.inits.append(helper.make_tensor("inverse_255", TensorProto.FLOAT, [], [1 / 255]))
+    as_float = g.op("Cast", ["picture"], to=TensorProto.FLOAT)
+    chw = g.op("Transpose", [as_float], perm=[0, 3, 1, 2])
+    y = g.op("Relu", [g.conv(g.op("Mul", [chw, "inverse_255"]), 3, 4)])
+    graph = helper.make_graph(g.nodes, "g", [helper.make_tensor_value_info("picture", TensorProto.UINT8, [1, 8, 8, 3])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 4, 8, 8])], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    checked = checker(_save(model))
+    assert checked.exit_code == 0, checked.output
+    assert "input 'picture': shape 1x8x8x3, treated as featuremap" in checked.output
