@@ -293,7 +293,7 @@ class FolderCalibrationSource(CalibrationSource):
 
 class RandomCalibrationSource(CalibrationSource):
     """Generated samples for ``calibration_type: skip``: uniform 0..255 images, N(0, 1) featuremaps
-    (ones for integer ones).
+    (ones for integer ones, uniform 0..1 for single numbers).
 
     Every iteration restarts from ``seed``, so repeated passes see the same data.
     """
@@ -315,6 +315,10 @@ class RandomCalibrationSource(CalibrationSource):
                     # An integer input is a size, a shape or an index: ones are valid for all of them
                     # (noise cast to integers made Expand targets and indices the model refuses).
                     data = np.ones(s.shape)
+                elif s.is_featuremap and int(np.prod(s.shape, dtype=np.int64)) == 1:
+                    # One number is a threshold, a ratio or a scale (NMS iou_threshold / score_threshold, a
+                    # resize factor): a negative one is outside what the model accepts.
+                    data = rng.uniform(0.0, 1.0, size=s.shape)
                 elif s.is_featuremap:
                     data = rng.standard_normal(s.shape)
                 else:
