@@ -364,6 +364,14 @@ def _external_outputs(nodes: list[NodeProto], view: GraphView) -> list[str]:
     return out
 
 
+def _placed(unit: Unit, name: str) -> str:
+    """The reason of a unit the config put on the CPU by naming its node ``name``: the nodes fused with that one
+    (a convolution and its activation run as one BPU op) go with it, and say whose placement moved them."""
+    if len(unit.nodes) == 1:
+        return "placed on the CPU by run_on_cpu / node_info"
+    return f"placed on the CPU by run_on_cpu / node_info: {name}, and the nodes fused with it into one BPU op"
+
+
 def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool) -> set[int]:
     """run_on_cpu / run_on_bpu / node_info ON; returns the ids of units the user put on the BPU."""
     forced: set[int] = set()
@@ -381,11 +389,11 @@ def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool
                 if warn:
                     log.warning("node %s is the input preprocessing; it stays on the BPU", name)
                 continue
-            unit.on, unit.reason = "CPU", "placed on the CPU by run_on_cpu / node_info"
+            unit.on, unit.reason = "CPU", _placed(unit, name)
         elif info.on == "CPU":
             # The placement is the reason given: a reason found without it can be wrong (a Div of two tensors the
             # optimize stage would have written in a BPU form, which it leaves alone where the user placed it).
-            unit.reason = "placed on the CPU by run_on_cpu / node_info"
+            unit.reason = _placed(unit, name)
         elif info.on == "BPU":
             if unit.on == "CPU":
                 if warn:

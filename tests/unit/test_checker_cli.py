@@ -114,6 +114,25 @@ def test_run_on_cpu_in_makertbin_splits_and_says_why(tmp_path: Path) -> None:
     assert re.search(r"^Conv_1\s+Conv\s+placed on the CPU by run_on_cpu", result.output, re.M)
 
 
+def test_run_on_cpu_of_an_activation_says_why_its_conv_goes_too(tmp_path: Path) -> None:
+    """run_on_cpu naming an activation moves the conv fused with it too; the conv's line said the config placed it,
+    though the config names only the activation. It now names the node placed and says the other follows it."""
+    g = _Graph(4)
+    y = g.conv(g.op("Relu", [g.conv("data", 3, 4)]), 4, 4)
+    graph = helper.make_graph(g.nodes, "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 4, 8, 8])], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    activation = next(n for n in model.graph.node if n.op_type == "Relu")
+    conv = next(m for m in model.graph.node if m.output[0] == activation.input[0])
+    project = make_project(tmp_path / "p", FloatModel(model, {"data": [1, 3, 8, 8]}), cal_count=2)
+    project.write(calibration_parameters={"run_on_cpu": activation.name})
+    result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if re.match(rf"^{re.escape(conv.name)}\s+Conv\s+placed", x))
+    assert f"{activation.name}, and the nodes fused with it" in line, line
+
+
 def test_a_division_placed_on_the_cpu_says_it_was_placed(tmp_path: Path) -> None:
     """A Div of two tensors has a BPU form (a product with an int16 reciprocal table) that the optimize stage
     leaves out where run_on_cpu names the Div: the reason printed was "has no BPU form"."""
