@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 
 from hbtools import outputs  # noqa: E402
+from hbtools.runs.transaction import final_path  # noqa: E402
 
 log = logging.getLogger("hbtools")
 
@@ -47,7 +48,7 @@ def save(fig: plt.Figure, path: Path) -> Path:
         outputs.write_file(path, lambda fh: fig.savefig(fh, format=path.suffix.lstrip(".") or "png", dpi=DPI))
     finally:
         plt.close(fig)
-    log.info("saved %s", path)
+    log.info("saved %s", final_path(path))  # inside runall's staging folder: where it will be
     return path
 
 

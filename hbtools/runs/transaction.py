@@ -45,6 +45,15 @@ _OLD = ".old-"  # a replaced or removed entry waits here until the moves are don
 _MANIFEST = ".hbtools_set_{}.json"  # in working_dir: the entries of the set of that name
 
 
+def final_path(path: Path) -> Path:
+    """Where ``path``, written inside a run's staging folder, lands once the run completes (messages name that)."""
+    parts = path.parts
+    if STAGING_NAME not in parts:
+        return path
+    k = parts.index(STAGING_NAME)
+    return Path(*parts[:k], *parts[k + 1:])
+
+
 class Destination(NamedTuple):
     """How messages name the folder a set goes to, and what the user may do instead."""
 

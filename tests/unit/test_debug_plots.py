@@ -5,6 +5,7 @@ Every figure is opened as an image and checked for size and content.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -127,9 +128,18 @@ def test_acc_error_argument_errors(dumped: Dumped, tmp_path: Path) -> None:
 
 
 def test_runall_writes_every_step(dumped: Dumped, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture) -> None:
+                                  capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.chdir(tmp_path)
-    written = dbg.runall(model_or_file=str(dumped.calibrated), calibrated_data=str(dumped.data))
+    logger = logging.getLogger("hbtools")
+    logger.addHandler(caplog.handler)  # a tool's setup (another test's) stops propagation
+    try:
+        with caplog.at_level("INFO", logger="hbtools"):
+            written = dbg.runall(model_or_file=str(dumped.calibrated), calibrated_data=str(dumped.data))
+    finally:
+        logger.removeHandler(caplog.handler)
+    # each 'saved' line names the file where it is once the run is done (it named the run's staging folder)
+    saved = [Path(r.getMessage().removeprefix("saved ")) for r in caplog.records if r.getMessage().startswith("saved ")]
+    assert saved and all(p.exists() for p in saved), [p for p in saved if not p.exists()][:3]
     root = tmp_path / "debug_result"
     out = capsys.readouterr().out
     assert f"results saved under {root}" in out
