@@ -54,12 +54,14 @@ def model_verifier(quanti_model: str, bin_model: str, arm_board_ip: str | None, 
                    digits: int) -> None:
     """Verify that the .bin model computes what the quantized ONNX model computes (older name)."""
     setup("hb_verifier.log")
-    _run(f"{quanti_model},{bin_model}", arm_board_ip, True, input_img, digits, False)
+    _run(f"{quanti_model},{bin_model}", arm_board_ip, True, input_img, digits, False, counted="line")
 
 
 @reports_errors("verifier")
 def _run(models: str, board_ip: str | None, run_sim: bool, input_img: str | None, digits: int,
-         dump_all: bool) -> None:
+         dump_all: bool, counted: str = "result") -> None:
+    """``counted``: what the mismatch statistics count, as each tool's manual words it (hb_verifier: results,
+    hb_model_verifier: lines)."""
     from hbtools.tools.verifier import save_dumps, verify
 
     parts = [p.strip() for p in models.split(",") if p.strip()]
@@ -82,7 +84,7 @@ def _run(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
         log.info("tensors saved under %s", save_dumps(result, Path(DUMP_DIR)))
     bad = [c for c in result.outputs if not c.passed]
     for c in bad:
-        _statistics(c)
+        _statistics(c, counted)
     if bad:
         other = result.other_weights
         hint = (f"the .bin holds other constants than {onnx_files[0]} ({len(other)}, e.g. '{other[0]}'): were the two "
@@ -92,15 +94,15 @@ def _run(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
     log.info("Quanti onnx and Sim result Strict check PASSED")
 
 
-def _statistics(c: Comparison) -> None:
+def _statistics(c: Comparison, counted: str) -> None:
     log.info("output %s:", c.name)
-    log.info("mismatch line num: %d", c.mismatch)
+    log.info("mismatch %s num: %d", counted, c.mismatch)
     log.info("****************************")
     log.info("mismatch.line_miss num: %d", c.miss)
     log.info("mismatch.line_diff num: %d", c.diff)
     log.info("mismatch.line_nan num: %d", c.nan)
     log.info("****************************")
-    log.info("total line num: %d", c.total)
+    log.info("total %s num: %d", counted, c.total)
     log.info("mismatch rate: %s", c.rate)
     log.info("relative mismatch ratio: %s", c.max_rel)
     log.info("max abs error: %s", c.max_abs)
