@@ -29,6 +29,12 @@ def load_model(path: str | Path) -> ModelProto:
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # protobuf raises several unrelated types
+        missing = _missing_external_data(path)
+        if missing:
+            raise HbError(f"model '{path}' keeps its weights in {', '.join(missing[:3])}, which "
+                          f"{'is' if len(missing) == 1 else 'are'} not next to it",
+                          hint="copy the data file(s) saved with the model into the model's folder (an ONNX model "
+                               "saved with external data names them relative to itself)") from exc
         raise HbError(f"'{path}' is not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
     if not model.graph.node:
         caffe = path.suffix.lower() in (".caffemodel", ".prototxt")
@@ -36,6 +42,17 @@ def load_model(path: str | Path) -> ModelProto:
                       hint="it is a Caffe file: give --model-type caffe, with the .prototxt as --proto and the "
                            ".caffemodel as --model" if caffe else None)
     return model
+
+
+def _missing_external_data(path: Path) -> list[str]:
+    """The external data files ``path`` names that are not beside it (none where it cannot be read so)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not an ONNX file at all: the caller says so
+        return []
+    names = {e.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+             for e in t.external_data if e.key == "location"}
+    return sorted(n for n in names if not (path.parent / n).is_file())
 
 
 def _refuse_bin(path: Path) -> None:

@@ -764,3 +764,18 @@ def test_the_checker_runs_a_detector_whose_thresholds_are_inputs(tmp_path: Path)
     code, out = _cli(["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", str(tmp_path / "m.onnx")],
                      tmp_path)
     assert code == 0 and INTERNAL not in out, out[-2000:]
+
+
+def test_a_model_moved_without_its_external_data_says_to_copy_it(tmp_path: Path) -> None:
+    """A model saved with its weights in a file beside it, copied without that file: the ERROR quoted onnx's
+    'should be stored in ... but it is not regular file'; it now names the file and says to copy it."""
+    import onnx
+
+    rng = np.random.default_rng(28)
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"])], [("x", F, [1, 3, 8, 8])], [("y", F, [1, 4, 6, 6])],
+                   [_init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))])
+    onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.weights", size_threshold=0)
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "moved" / "m.onnx").write_bytes((tmp_path / "m.onnx").read_bytes())
+    out = _checker_refuses(onnx.load(str(tmp_path / "moved" / "m.onnx"), load_external_data=False), tmp_path / "moved")
+    assert "keeps its weights in m.weights, which is not next to it" in out and "copy" in out, out[-1000:]
