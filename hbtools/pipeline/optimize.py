@@ -72,6 +72,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         log.info("%d onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse", contrib)
     # Before onnxruntime fuses nodes around them, and again after it folded the shape arithmetic of an
     # exporter (tf2onnx's Shape / Concat / Reshape chains) to static shapes.
+    sequences = bpu_forms.sequences_as_concats(body)  # before the Einsums: they need the shapes a sequence hides
+    if sequences:
+        log.info("%d ConcatFromSequence of a SequenceConstruct written as Concat", sequences)
     einsums = bpu_forms.einsums_as_matmuls(body)
     expandable = _function_ops(body)
     body = _onnxruntime_basic(body)

@@ -779,3 +779,26 @@ def test_a_model_moved_without_its_external_data_says_to_copy_it(tmp_path: Path)
     (tmp_path / "moved" / "m.onnx").write_bytes((tmp_path / "m.onnx").read_bytes())
     out = _checker_refuses(onnx.load(str(tmp_path / "moved" / "m.onnx"), load_external_data=False), tmp_path / "moved")
     assert "keeps its weights in m.weights, which is not next to it" in out and "copy" in out, out[-1000:]
+
+
+@pytest.mark.parametrize("new_axis", [0, 1])
+def test_a_concat_of_a_sequence_runs_on_the_bpu(new_axis: int, tmp_path: Path) -> None:
+    """torch.cat / torch.stack of a list exported as SequenceConstruct -> ConcatFromSequence: both ran on the CPU
+    ('not supported'), and shape inference lost every shape after them (an Einsum after it stayed on the CPU
+    too). They are the Concat (of the parts with the new axis, for a stack) they stand for."""
+    rng = np.random.default_rng(29)
+    inits = [_init("w", (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)),
+             _init("halves", np.array([4, 4])),
+             _init("e", (rng.standard_normal((6, 4 if new_axis else 8)) * 0.3).astype(np.float32))]
+    equation = "bchw,dc->bdhw" if not new_axis else "bschw,dc->bsdhw"
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Split", ["c", "halves"], ["a", "b"], axis=1),
+             helper.make_node("SequenceConstruct", ["b", "a"], ["seq"]),
+             helper.make_node("ConcatFromSequence", ["seq"], ["joined"], axis=1, new_axis=new_axis),
+             helper.make_node("Einsum", ["joined", "e"], ["y"], equation=equation)]
+    out = [1, 6, 8, 8] if not new_axis else [1, 2, 6, 8, 8]
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, out)], inits, opset=13)
+    log = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    assert "1 ConcatFromSequence of a SequenceConstruct written as Concat" in log
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 8, 8), rng, optimized=True)

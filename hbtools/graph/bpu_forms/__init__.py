@@ -22,6 +22,7 @@ from hbtools.graph.bpu_forms.elementwise import (
 from hbtools.graph.bpu_forms.layout import (
     channel_gathers_into_convs,
     channel_shuffles_as_gathers,
+    sequences_as_concats,
     splits_undoing_concats,
     transposes_in_fewer_axes,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "pools_over_one_axis_as_2d",
     "reductions_over_the_first_axis",
     "spatial_reductions_as_global_pools",
+    "sequences_as_concats",
     "splits_undoing_concats",
     "strided_convs_over_phases",
     "transposes_in_fewer_axes",

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
+from hbtools.graph.bpu_forms._common import _opset
 from hbtools.graph.graph import GraphView, is_static, remove_dead_nodes, rewrite_nodes
 
 
@@ -269,4 +270,42 @@ def splits_undoing_concats(model: ModelProto) -> int:
     count = rewrite_nodes(model, rewrite)
     if count:
         remove_dead_nodes(model)  # the Concats nothing reads now: an Identity's input then has it as only reader
+    return count
+
+
+def sequences_as_concats(model: ModelProto) -> int:
+    """``ConcatFromSequence`` of a ``SequenceConstruct`` (``torch.cat`` of a Python list in some exports) as the
+    ``Concat`` of the tensors the sequence holds (with ``new_axis``: of each with that axis added, as
+    ``torch.stack``): onnx's shape inference follows no sequence, so every shape after one was lost, and the
+    BPU has no sequence op. The count rewritten."""
+    view = GraphView(model)
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "ConcatFromSequence" or node.domain not in ("", "ai.onnx"):
+            return None
+        made = view.producer.get(node.input[0])
+        if made is None or made.op_type != "SequenceConstruct":
+            return None
+        a = view.attrs(node)
+        axis, new_axis = int(a.get("axis", 0)), int(a.get("new_axis", 0))
+        parts, nodes = list(made.input), []
+        if new_axis:  # stack: each part with the new axis first
+            rank = next((len(view.shapes[t]) for t in parts if view.shapes.get(t) is not None), None)
+            if rank is None and axis < 0:
+                return None
+            where = axis if axis >= 0 else axis + rank + 1
+            axes = f"{node.output[0]}_{node.name}_axes"
+            model.graph.initializer.append(numpy_helper.from_array(np.array([where], np.int64), axes))
+            stacked = []
+            for k, t in enumerate(parts):
+                stacked.append(f"{t}_{node.name}_unsqueezed{k}")
+                inputs, attrs = ([t, axes], {}) if _opset(model) >= 13 else ([t], {"axes": [where]})
+                nodes.append(helper.make_node("Unsqueeze", inputs, [stacked[-1]], name=f"{node.name}_unsqueeze{k}",
+                                              **attrs))
+            parts, axis = stacked, where
+        return [*nodes, helper.make_node("Concat", parts, [node.output[0]], name=node.name, axis=axis)]
+
+    count = rewrite_nodes(model, rewrite)
+    if count:
+        remove_dead_nodes(model)  # the SequenceConstruct nothing reads now
     return count
