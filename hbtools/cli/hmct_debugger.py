@@ -86,8 +86,10 @@ def _model_and_data(fn: Callable) -> Callable:
 
 
 def _option(short: str, name: str, **kwargs: Any) -> Callable:
-    """The vendor's short flag plus the API parameter's name as the long one."""
-    return click.option(short, f"--{name}", name, **kwargs)
+    """The vendor's short flag plus the API parameter's name as the long one (with '-' for '_' too, as the other
+    tools spell their long options)."""
+    hyphens = [f"--{name.replace('_', '-')}"] if "_" in name else []
+    return click.option(short, f"--{name}", *hyphens, name, **kwargs)
 
 
 @cli.command("get-sensitivity-of-nodes")

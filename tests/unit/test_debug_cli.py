@@ -93,6 +93,16 @@ def test_runall_command(dumped: Dumped, capsys: pytest.CaptureFixture, tmp_path:
     assert (tmp_path / "result" / "node_sensitivity" / "sensitivity_of_node.csv").is_file()
 
 
+def test_long_options_take_hyphens_as_the_other_tools_do(dumped: Dumped, capsys: pytest.CaptureFixture,
+                                                         tmp_path: Path) -> None:
+    """--node-type was refused ('Did you mean --node_type?'): every other hb_* tool spells its long options with
+    hyphens; both spellings are taken."""
+    code, out = run("hmct-debugger get-sensitivity-of-nodes calibrated_model.onnx calibration_data --node-type weight "
+                    "--data-num 1 --verbose True", dumped, capsys)
+    assert code == 0, out
+    assert "weight" in out.lower() and "cosine-similarity" in out
+
+
 @pytest.mark.parametrize(("command", "words"), [
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -n layer", ["'layer'", "'weight'"]),
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -i ['Conv_9']",
