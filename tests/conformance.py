@@ -54,9 +54,10 @@ def _cli(args: list[str], cwd: Path) -> tuple[int, str]:
 
 def convert_featuremaps(root: Path, model, samples: dict[str, list[np.ndarray]], input_shape: str,
                         cal_data_type: str, prefix: str, calibration_type: str = "default",
-                        **model_parameters: str) -> str:
-    """makertbin (``calibration_type``, ``default`` unless given) on ``model`` whose inputs are all featuremaps,
-    calibrated on ``samples`` (per input, .npy files); fails the test on an error. The console output."""
+                        calibration: dict[str, str] | None = None, **model_parameters: str) -> str:
+    """makertbin (``calibration_type``, ``default`` unless given; other ``calibration`` parameters) on ``model``
+    whose inputs are all featuremaps, calibrated on ``samples`` (per input, .npy files); fails the test on an
+    error. The console output."""
     import onnx
     import yaml
 
@@ -76,7 +77,8 @@ def convert_featuremaps(root: Path, model, samples: dict[str, list[np.ndarray]],
                              "input_layout_train": each("NCHW"), "input_type_rt": each("featuremap"),
                              "input_shape": input_shape, "norm_type": each("no_preprocess")},
         "calibration_parameters": {"cal_data_dir": ";".join(str(root / f"cal_{name}") for name in samples),
-                                   "cal_data_type": cal_data_type, "calibration_type": calibration_type},
+                                   "cal_data_type": cal_data_type, "calibration_type": calibration_type,
+                                   **(calibration or {})},
         "compiler_parameters": {"optimize_level": "O3"},
     }
     (root / "config.yaml").write_text(yaml.safe_dump(config))

@@ -35,6 +35,7 @@ from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.names import CALIBRATED_SUFFIX, SPLIT_DOC, calibration_node, record_cpu_nodes
 from hbtools.ops.preprocess import HzPreprocess
 from hbtools.ops.softmax import softmax_axis
+from hbtools.quant.bounds import value_bounds
 from hbtools.quant.grids import (
     Grid,
     activation_grid,
@@ -195,7 +196,7 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
             plan.emulated[unit.main.name] = op_class.calibrated_op
     plan.cpu_nodes = [n.name for unit in part.units if unit.on != "BPU" for n in unit.nodes]
     plan.counted_where = _reciprocal_numerators(part, view, {p.tensor for p in plan.activations})
-    plan.bounds = _bounded_outputs(part, {p.tensor for p in plan.activations})
+    plan.bounds = _bounded_outputs(part, {p.tensor for p in plan.activations}, view)
     plan.headroom = {t: f for t, f in _headroom(part, view.const).items() if t in {p.tensor for p in plan.activations}}
     calibrated = {p.tensor for p in plan.activations}
     plan.grid_source = {t: t for t in calibrated}
@@ -220,21 +221,12 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     return plan
 
 
-# Ops whose output magnitude is at most 1 whatever their input.
-_UNIT_BOUNDED = ("Sigmoid", "HardSigmoid", "Tanh", "Softmax", "Softsign")
-
-
-def _bounded_outputs(part: Partition, calibrated: set[str]) -> dict[str, float]:
-    """Calibrated BPU tensors made by an op of ``_UNIT_BOUNDED`` (the last op of a lookup table's chain)."""
-    bounds = {}
-    for unit in part.units:
-        if unit.on != "BPU" or unit.kind not in ("lut", "softmax"):
-            continue
-        for t in unit.outputs:
-            maker = next((n for n in unit.nodes if t in n.output), None)
-            if t in calibrated and maker is not None and maker.op_type in _UNIT_BOUNDED:
-                bounds[t] = 1.0
-    return bounds
+def _bounded_outputs(part: Partition, calibrated: set[str], view: GraphView) -> dict[str, float]:
+    """Calibrated tensors of BPU units with a bound on their magnitude that holds for any input
+    (``bounds.value_bounds``)."""
+    found = value_bounds(view)
+    return {t: found[t] for unit in part.units if unit.on == "BPU" for t in unit.outputs
+            if t in calibrated and t in found}
 
 
 def _plan_weights(plan: CalibrationPlan, part: Partition, view: GraphView) -> None:
