@@ -428,11 +428,14 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     def grid_of(tensor: str) -> str:
         return _grid_of(part, tensor)
 
-    def request(tensor: str, what: str, option: str | None = None) -> None:
+    def request(tensor: str, what: str, option: str | None = None, asked: bool = True) -> None:
+        """int16 for ``tensor``; ``asked``: by the config (a fallback to int8 is a WARNING), else by a rule of
+        hbtools' own, which says nothing where the march cannot (the user asked nothing)."""
+        say = log.warning if asked else log.debug
         tensor = grid_of(tensor)
         if not profile.int16:
             if option is None:
-                log.warning("%s: int16 is not available on %s; falling back to int8", what, profile.label)
+                say("%s: int16 is not available on %s; falling back to int8", what, profile.label)
             else:
                 dropped.setdefault(option, []).append(what)
             return
@@ -443,8 +446,8 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         for unit in touching:
             rule = profile.rule(unit.main.op_type)
             if rule is not None and not rule.int16:
-                log.warning("%s: %s node %s has no int16 form on %s; falling back to int8", what,
-                            unit.main.op_type, unit.main.name, profile.label)
+                say("%s: %s node %s has no int16 form on %s; falling back to int8", what, unit.main.op_type,
+                    unit.main.name, profile.label)
                 return
         bits[tensor] = 16
 
@@ -468,7 +471,7 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         kernel = registry.op_for_unit_kind(unit.kind) if unit.on == "BPU" else None
         if kernel is not None and kernel.int16_input and profile.int16:
             for t in unit.inputs:
-                request(t, f"node {unit.main.name} input")
+                request(t, f"node {unit.main.name} input", asked=False)
     # A reciprocal table (a Div of two tensors, ``bpu_forms.divisions_as_reciprocal_products``) maps a
     # divisor over orders of magnitude to its inverse: on int8 grids the small divisors share a few levels
     # and the large ones' inverses round to zero, so both sides are int16 where the march has it.
@@ -476,20 +479,20 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         if unit.on == "BPU" and unit.kind == "lut" and profile.int16 and \
                 any(n.op_type == "Reciprocal" for n in unit.nodes):
             for t in [*unit.inputs, *unit.outputs]:
-                request(t, f"node {unit.main.name} (a reciprocal table)")
+                request(t, f"node {unit.main.name} (a reciprocal table)", asked=False)
     # A square spans twice the decades of its input: on an int8 grid the small squares round to 0, and a sum
     # of them (an L2 norm, ``bpu_forms.norms_as_sums``; a variance) loses most of its value on pictures whose
     # features are small (an embedding normalised to 0.52 instead of 1). The cosine the searches score does
     # not see a per-sample scale, so the squares and what sums them are int16 where the march has it.
     for t in _squares_and_their_sums(part, const):
-        request(t, f"node {part.producer[t].main.name} (a square, or a sum of squares)")
+        request(t, f"node {part.producer[t].main.name} (a square, or a sum of squares)", asked=False)
     # Positions decoded around a grid of constants (anchor points, strides): an int8 grid spends its
     # levels on the positions and rounds what the model predicts to a few pixels (2.5 at 320x320). These
     # tensors are a head's few small ones, so int16 costs little, and with every calibration_type: a
     # cosine goal, even without the grid (``search.constant_terms``), lets a pixel or two through.
     decoded = [t for t in grids if t in part.producer and part.producer[t].on == "BPU"]
     for t in decoded:
-        request(t, f"tensor {t} (positions around a constant grid)")
+        request(t, f"tensor {t} (positions around a constant grid)", asked=False)
     if decoded:
         log.info("%d tensors add a constant that differs over their elements (positions around a grid) and are "
                  "int16: %s", len(decoded),
@@ -501,7 +504,7 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     halves = [t for unit in part.units if unit.on == "BPU" for node in unit.nodes
               if node.doc_string == SPLIT_DOC for t in node.output if t in part.producer]
     for t in halves:
-        request(t, f"tensor {t} (half of a split convolution)")
+        request(t, f"tensor {t} (half of a split convolution)", asked=False)
     node_info = config.model.node_info if config else {}
     all16 = opts.all_int16
     int8: set[str] = set()  # grids of set_{Op}_input_int8 / output_int8: applied after every int16 request
