@@ -177,7 +177,9 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         return _cpu(node, acts, f"{op} stays one node unless unrolled over its time steps (the log of the optimize "
                                 "stage says why it was not; node_info ON: BPU unrolls a long one)")
     if rule is None:
-        return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}")
+        # an op the optimize stage wrote (a layer norm for an InstanceNormalization or a spelled-out pattern)
+        written = f" (the optimize stage wrote {node.name} as one)" if node.domain == DOMAIN else ""
+        return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}{written}")
     integer = next((t for t in acts if view.elem_types.get(t) in INTEGER_TYPES), None)
     if integer is not None:  # lengths, indices, sizes: the BPU quantizes float feature maps
         kind = helper.tensor_dtype_to_np_dtype(view.elem_types[integer]).name

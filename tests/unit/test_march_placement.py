@@ -14,6 +14,7 @@ from hbtools.config.model import NodeInfo
 from hbtools.march.constraints import classify_broadcast
 from hbtools.march.profiles import BROADCASTS, FORMS, PROFILES, get_profile
 from hbtools.ops import registry
+from hbtools.pipeline import optimize
 from hbtools.pipeline.runner import makertbin
 from hbtools.quant.units import Partition, build_partition
 from hbtools.tools.verifier import verify
@@ -163,6 +164,18 @@ def test_unlowered_and_unknown_ops_say_why() -> None:
     assert "only scalar constants" in _reason(x5, "Pow_0")
     x3 = _partition(model, "bernoulli2")
     assert "Softmax is not supported on the BPU of bernoulli2" in _reason(x3, "Softmax_0")
+
+
+def test_an_instance_norm_on_x3_is_named_as_the_op_hbtools_wrote_for_it() -> None:
+    """The optimize stage writes an InstanceNormalization as its layer norm; on RDK X3 the reason said
+    'LayerNormalization is not supported' next to the user's InstanceNorm node, an op the model does not have."""
+    g = _Graph(13)
+    c = g.conv("data", 3, 8)
+    scale, bias = g.const(np.ones(8, np.float32), "scale"), g.const(np.zeros(8, np.float32), "bias")
+    model = g.model({"data": [1, 3, 8, 8]}, [g.conv(g.op("InstanceNormalization", [c, scale, bias]), 8, 4)]).model
+    norm = next(n.name for n in model.graph.node if n.op_type == "InstanceNormalization")
+    x3 = _partition(optimize.run(model, get_profile("bernoulli2")), "bernoulli2")
+    assert f"the optimize stage wrote {norm} as one" in _reason(x3, norm), _reason(x3, norm)
 
 
 def test_overrides_and_isolated_ops() -> None:
