@@ -27,6 +27,7 @@ from hbtools.runtime.session import ort_session
 log = logging.getLogger("hbtools")
 
 MIN_WORKING_OPSET = 11  # the lowering of Hz ops needs Clip with tensor bounds and Round
+ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")  # ops onnx's shape inference knows
 
 
 def ordered_and_typed(model: ModelProto) -> None:
@@ -73,8 +74,9 @@ def typed_by_running(model: ModelProto) -> int:
     does not know (an onnxruntime contrib op kept as it is): without them it loses every shape after such an
     op, and the stages after this one need them (a per-channel scale laid along the channel axis, a layer
     norm's axis, the simulator's sessions). Taken from two onnxruntime runs, on zeros and on random values: a
-    size they disagree on (one the data decides) stays a name. The count typed."""
-    if all(n.domain in ("", "ai.onnx") for n in model.graph.node):
+    size they disagree on (one the data decides) stays a name. On a parsed model, before any Hz op, whose input
+    shapes are static; nothing where onnxruntime cannot run it (a custom op). The count typed."""
+    if all(n.domain in ONNX_DOMAINS for n in model.graph.node):
         return 0
     typed = {vi.name for vi in infer_shapes(copy.deepcopy(model)).graph.value_info}
     typed |= {o.name for o in model.graph.output} | {i.name for i in model.graph.input}

@@ -27,7 +27,7 @@ import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.errors import HbError, last_line
-from hbtools.graph import bpu_forms, source_repairs
+from hbtools.graph import bpu_forms
 from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.flat_heads import flattens_after_heads, wide_flattens_as_convs
 from hbtools.graph.graph import (
@@ -192,7 +192,6 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         log.info("flattens of pooled maps moved after the Gemms reading them (1x1 Convs): %s has no BPU flatten",
                  profile.label)
     remove_dead_nodes(body)
-    source_repairs.typed_by_running(body)  # before the custom ops come back: onnxruntime runs the rest
     _restore_custom_nodes(body, cut)
     out = _with_preprocess(body, pre_nodes, original_inputs, model)
     topological_sort(out)

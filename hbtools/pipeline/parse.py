@@ -80,11 +80,11 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     loaded, loaded_int16 = {}, set()
     if load:
         loaded = strip_qdq(model, loaded_int16)
-    elif quantized_weights(model):
+    elif stored := quantized_weights(model):
         # Weights stored as integers behind a DequantizeLinear, activations float (weight-only quantization):
         # the weights are the constants they stand for, and the model a float model to calibrate.
         log.info("%d weights are stored as integers (DequantizeLinear of a constant): converted as the float "
-                 "weights they stand for", quantized_weights(model))
+                 "weights they stand for", stored)
         strip_qdq(model)
     inputs = resolve_inputs(model, config.inputs)
     for spec in inputs:  # the config could only check the shapes it gives itself
@@ -108,6 +108,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
         raise HbError(f"the model has {len(model.graph.output)} outputs; at most {MAX_OUTPUTS} are supported",
                       hint="use output_nodes to select the outputs you need")
     remove_dead_nodes(model)
+    source_repairs.typed_by_running(model)  # behind an op onnx cannot shape: what onnxruntime gives
     model = _infer(model)
     if any(declared.get(s.name) != s.shape for s in inputs):  # input_shape overrides what the model says
         shape_trial.dry_run(model, inputs, declared)

@@ -195,10 +195,10 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         if op_class is not None and op_class.calibrated_op:
             plan.emulated[unit.main.name] = op_class.calibrated_op
     plan.cpu_nodes = [n.name for unit in part.units if unit.on != "BPU" for n in unit.nodes]
-    plan.counted_where = _reciprocal_numerators(part, view, {p.tensor for p in plan.activations})
-    plan.bounds = _bounded_outputs(part, {p.tensor for p in plan.activations}, view)
-    plan.headroom = {t: f for t, f in _headroom(part, view.const).items() if t in {p.tensor for p in plan.activations}}
     calibrated = {p.tensor for p in plan.activations}
+    plan.counted_where = _reciprocal_numerators(part, view, calibrated)
+    plan.bounds = _bounded_outputs(part, calibrated, view)
+    plan.headroom = {t: f for t, f in _headroom(part, view.const).items() if t in calibrated}
     plan.grid_source = {t: t for t in calibrated}
     for unit in part.units:
         if unit.on == "BPU" and unit.kind == "passive" and unit.inputs and unit.inputs[0] in plan.grid_source:

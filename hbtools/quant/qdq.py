@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import onnxruntime as ort
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, remove_dead_nodes, topological_sort
+from hbtools.ops.base import attrs_of
+from hbtools.runtime.session import ort_session
 
 log = logging.getLogger("hbtools")
 
@@ -77,7 +78,7 @@ def fold_quantization_parameters(model: ModelProto) -> int:
     del probe.graph.input[:], probe.graph.output[:], probe.graph.value_info[:]
     probe.graph.output.extend(helper.make_empty_tensor_value_info(o) for o in outputs)
     remove_dead_nodes(probe)
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(probe)
     types = {o.name: o.type for o in session.get_outputs()}
     values = session.run(outputs, {})
     drop = {id(n) for n in producers}
@@ -170,7 +171,7 @@ def _per_axis(values: np.ndarray, node: NodeProto, w: np.ndarray) -> np.ndarray:
     or per block of ``block_size`` along the axis (opset 21: onnxruntime's block-wise weight quantizers)."""
     if values.size <= 1:
         return values
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = attrs_of(node)
     axis = int(attrs.get("axis", 1)) % w.ndim
     block = int(attrs.get("block_size", 0))
     if block > 0:

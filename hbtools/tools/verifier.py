@@ -99,8 +99,9 @@ def runtime_inputs(rm: RuntimeModel, images: list[str] | None) -> dict[str, np.n
     for k, item in enumerate(images):
         # the longest input name the item starts with: tf2onnx names inputs 'input_1:0'
         name = max((n for n in names if item.startswith(n + ":")), key=len, default=None)
-        sep, path = (":", item[len(name) + 1:]) if name is not None else (None, None)
-        if name is None:
+        if name is not None:
+            sep, path = ":", item[len(name) + 1:]
+        else:
             name, sep, path = item.partition(":")
         if sep and name in names:
             given[name] = path

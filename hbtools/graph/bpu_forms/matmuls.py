@@ -56,14 +56,10 @@ def matmuls_of_batched_weights(model: ModelProto, profile: MarchProfile) -> int:
 
 
 def _per_batch(node: NodeProto, view: GraphView, model: ModelProto, profile: MarchProfile) -> list[NodeProto] | None:
-    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+    found = _constant_operand(node, view)
+    if found is None:
         return None
-    first, second = node.input
-    k = 0 if view.is_const(first) and not view.is_const(second) else \
-        1 if view.is_const(second) and not view.is_const(first) else None
-    if k is None:
-        return None
-    weight, x = view.const(node.input[k]), node.input[1 - k]
+    k, weight, x = found
     shape = view.shapes.get(x)
     if weight.ndim < 3 or shape is None or len(shape) < weight.ndim or not is_static(shape) \
             or view.elem_types.get(x) != onnx.TensorProto.FLOAT or (k == 0 and not _swap_on_bpu(profile, len(shape))):
@@ -103,6 +99,17 @@ def _per_batch(node: NodeProto, view: GraphView, model: ModelProto, profile: Mar
     return nodes
 
 
+def _constant_operand(node: NodeProto, view: GraphView) -> tuple[int, np.ndarray, str] | None:
+    """For a standard MatMul of one constant and one computed operand: the constant's position (0: first), its
+    value and the computed operand; None for any other node."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return None
+    first, second = node.input
+    k = 0 if view.is_const(first) and not view.is_const(second) else \
+        1 if view.is_const(second) and not view.is_const(first) else None
+    return None if k is None else (k, view.const(node.input[k]), node.input[1 - k])
+
+
 def _swap_on_bpu(profile: MarchProfile, rank: int) -> bool:
     """Whether ``profile``'s BPU runs a Transpose of the last two axes of a rank-``rank`` tensor."""
     rule = profile.rule("Transpose")
@@ -112,14 +119,10 @@ def _swap_on_bpu(profile: MarchProfile, rank: int) -> bool:
 
 def _weight_second(node: NodeProto, view: GraphView, model: ModelProto,
                    profile: MarchProfile) -> list[NodeProto] | None:
-    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+    found = _constant_operand(node, view)
+    if found is None:
         return None
-    first, second = node.input
-    k = 0 if view.is_const(first) and not view.is_const(second) else \
-        1 if view.is_const(second) and not view.is_const(first) else None
-    if k is None:
-        return None
-    weight, x = view.const(node.input[k]), node.input[1 - k]
+    k, weight, x = found
     shape = view.shapes.get(x)
     if weight.ndim < 2 or shape is None or len(shape) < max(weight.ndim, 2) or any(d != 1 for d in weight.shape[:-2]) \
             or view.elem_types.get(x) != onnx.TensorProto.FLOAT or (k == 1 and weight.ndim == 2) \
