@@ -7,6 +7,12 @@ arithmetic (``ARITHMETIC``) and ops that only move values (``CARRIES``), and thr
 gives that tail; evaluated with every tensor computed otherwise (a Conv's, a Sigmoid's output, the
 inputs) at zero, its tensors hold their constant parts. The same walk finds the same tail in a float
 and in a calibrated model.
+
+Restoration nets add their input to what they compute (``out = x + f(x)``: denoisers, NAFNet, a
+super-resolution body added to the bicubic resize of its input). Where the tail reads the model input
+through weight-free ops (the preprocessing, a resize: ``EXACT``), the tail evaluated with the input at
+its value and the rest at zero gives, per sample, the part of the output the input alone decides
+(``known_model``).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView, is_static
 
@@ -26,6 +32,10 @@ ARITHMETIC = ("Add", "Sub", "Mul", "Neg", "Div")
 MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat")
 CARRIES = (*MOVES, "Split", "Slice", "Gather", "Expand", "Tile")  # those whose extra inputs say where
 _STANDARD = ("", "ai.onnx")
+# Weight-free ops that keep a value known exactly when their data inputs are (the model input, its
+# preprocessing and resizes of it): what the tail reads of the input through them needs no weights.
+EXACT = (*ARITHMETIC, *CARRIES, "Resize", "Upsample", "Pad", "Cast")
+_EXACT_HZ = ("HzPreprocess", "HzCalibration")
 
 
 class Tails:
@@ -43,6 +53,28 @@ class Tails:
                     standard or node.op_type == "HzCalibration")):
                 self.constant.update(node.output)
         self._view: GraphView | None = None
+        # Tensors computed from the model inputs (and constants) by weight-free ops alone.
+        self.exact = {i.name for i in model.graph.input if i.name not in self.inits}
+        for node in model.graph.node:
+            data = [i for i in node.input if i and i not in self.constant]
+            kind = node.op_type in EXACT if node.domain in _STANDARD else node.op_type in _EXACT_HZ
+            kind = kind or (node.op_type == "MatMul" and node.domain in _STANDARD and self._interpolates(node))
+            if kind and data and all(i in self.exact for i in data):
+                self.exact.update(o for o in node.output if o)
+
+    def _interpolates(self, node: NodeProto) -> bool:
+        """Whether a MatMul resamples its first input along the last axis by a constant matrix whose every
+        output is an interpolation of its inputs (each column sums to 1): a linear or cubic Resize as the
+        BPU computes it (``bpu_forms.resizes``), the resize of an input a super-resolution net adds to its
+        output."""
+        name = node.input[1]
+        while name not in self.inits and name in self.producer and \
+                self.producer[name].op_type in ("HzCalibration", "Identity"):
+            name = self.producer[name].input[0]
+        if name not in self.inits:
+            return False
+        weight = numpy_helper.to_array(self.inits[name])
+        return weight.ndim == 2 and weight.dtype.kind == "f" and bool(np.allclose(weight.sum(axis=0), 1, atol=1e-5))
 
     def _in_tail(self, node: NodeProto, name: str) -> bool:
         op = node.op_type if node.domain in _STANDARD else None
@@ -70,6 +102,42 @@ class Tails:
             else:
                 leaves.append(name)
         return [n for n in self.model.graph.node if id(n) in members], leaves
+
+    def known_model(self, out: str) -> ModelProto | None:
+        """A model of ``out``'s tail that computes, from the model inputs, the part of ``out`` they decide
+        alone: the tail's ``exact`` leaves computed from the inputs, its other leaves at zero. None where
+        the tail reads no input, or cannot be built (a leaf of unknown shape)."""
+        nodes, leaves = self.tail(out)
+        if not any(n in self.exact for n in leaves):
+            return None
+        view = self._view = self._view or GraphView(self.model)
+        zeros = [n for n in leaves if n not in self.exact]
+        if not all(view.shapes.get(n) and is_static(view.shapes[n]) for n in zeros):
+            return None
+        members = {id(n) for n in nodes}
+        stack = [n for n in leaves if n in self.exact]
+        inputs: list[str] = []
+        while stack:  # back from the exact leaves to the model inputs
+            name = stack.pop()
+            node = self.producer.get(name)
+            if node is None:
+                if name not in self.inits and name not in inputs:
+                    inputs.append(name)
+            elif id(node) not in members:
+                members.add(id(node))
+                stack.extend(i for i in node.input if i)
+        steps = [helper.make_node("Identity", n.input[:1], n.output[:1], name=n.name)
+                 if n.op_type == "HzCalibration" else n for n in self.model.graph.node if id(n) in members]
+        used = {i for n in steps for i in n.input}
+        zero = [helper.make_tensor(n, view.elem_types.get(n, TensorProto.FLOAT), view.shapes[n],
+                                   np.zeros(view.shapes[n], helper.tensor_dtype_to_np_dtype(
+                                       view.elem_types.get(n, TensorProto.FLOAT))).tobytes(), raw=True)
+                for n in zeros]
+        graph = helper.make_graph(
+            steps, "known_part", [i for i in self.model.graph.input if i.name in inputs],
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+            [*(self.inits[i] for i in sorted(used) if i in self.inits), *zero])
+        return helper.make_model(graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version)
 
     def adds_constant(self, nodes: list[NodeProto]) -> bool:
         """Whether an Add or Sub of ``nodes`` adds a constant to data."""

@@ -16,6 +16,7 @@ import numpy as np
 from onnx import ModelProto
 
 from hbtools.errors import HbError
+from hbtools.graph.constant_terms import Tails
 from hbtools.graph.graph import GraphView
 from hbtools.quant import weight_rounding
 from hbtools.quant.bias_correction import CORRECTABLE, correct_biases
@@ -355,6 +356,7 @@ def _float_runs(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, li
     if stand_ins != outputs:
         log.info("outputs picked at places the data decides (TopK, NonMaxSuppression, gathers at their indices) are "
                  "scored on the tensors they pick from: %s", ", ".join(t for t in stand_ins if t not in outputs))
+    tails = Tails(optimized)
     for out, joined, constant in zip(stand_ins, output_pieces(optimized), constant_terms(optimized), strict=True):
         if joined is not None:
             log.info("output '%s' is scored as the %d pieces it joins (%s)", out, len(joined.names),
@@ -362,6 +364,9 @@ def _float_runs(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, li
         if constant is not None:
             log.info("output '%s' is scored without what it holds whatever the input (%d of its %d values are "
                      "constants added at its end, e.g. an anchor grid)", out, np.count_nonzero(constant), constant.size)
+        if tails.known_model(out) is not None:
+            log.info("output '%s' is scored without what the model input adds to it (a skip from the input, as in "
+                     "out = input + f(input)): the scores compare what the model computes", out)
     return Segments(optimized, list(dict.fromkeys([*tensors, *scored]))), scored
 
 

@@ -343,6 +343,50 @@ def constant_terms(model: ModelProto) -> list[np.ndarray | None]:
     return [tails.constant_part(out) for out in scored_outputs(model)]
 
 
+class KnownParts:
+    """Per scored output (``scored_outputs``) and sample, the part of it the scores leave out, flat: what
+    it holds whatever the input (``constant_terms``) and what the model input decides alone where the
+    output adds it (``Tails.known_model``).
+
+    A restoration net's output is its input plus a correction (``x + f(x)``). The input is most of the
+    output's energy, so its cosine was 0.99999 while the correction, what the net computes, was at 0.98
+    (SNR 14 dB) on int8 grids, and the int16 search stopped before it began. The part is the same in the
+    float and the quantized model, and scores compare what is left once it is taken from both. An output
+    the input alone decides keeps its whole value (nothing would be left to compare).
+    """
+
+    def __init__(self, model: ModelProto, feeds: list[dict], refs: list[list[np.ndarray]]) -> None:
+        """``refs``: per sample, the float model's value of each scored output (at least)."""
+        tails = Tails(model)
+        self.parts: list[np.ndarray | list[np.ndarray] | None] = []
+        for k, out in enumerate(scored_outputs(model)):
+            probe = tails.known_model(out)
+            part: np.ndarray | list[np.ndarray] | None = None
+            if probe is not None and all(r[k].dtype.kind == "f" for r in refs):
+                session = fetching_session(probe, [], spinning=False, threads=1)
+                names = [i.name for i in session.get_inputs()]
+                part = [np.asarray(session.run([out], {n: feed[n] for n in names})[0], np.float32).reshape(-1)
+                        for feed in feeds]
+                if any(p.size != r[k].size for p, r in zip(part, refs, strict=True)) or \
+                        not any(np.any(r[k].reshape(-1) != p) for p, r in zip(part, refs, strict=True)):
+                    part = None
+            self.parts.append(part if part is not None else tails.constant_part(out))
+            if isinstance(self.parts[-1], np.ndarray) and any(r[k].size != self.parts[-1].size for r in refs):
+                self.parts[-1] = None
+
+    def adds_input(self, k: int) -> bool:
+        """Whether scored output ``k`` loses a part its model input decides."""
+        return isinstance(self.parts[k], list)
+
+    def without(self, tensor: np.ndarray, k: int, sample: int) -> np.ndarray:
+        """``tensor`` (scored output ``k`` of ``sample``, or any other fetched tensor: as it is) without its
+        known part, flat where it has one."""
+        part = self.parts[k] if k < len(self.parts) else None
+        if isinstance(part, list):
+            part = part[sample]
+        return tensor if part is None else tensor.reshape(-1) - part
+
+
 def scored_tensors(model: ModelProto) -> list[str]:
     """What a score compares: the ``scored_outputs``, then their ``final_logits``."""
     return [*scored_outputs(model), *(t for t in final_logits(model) if t)]
@@ -395,10 +439,7 @@ class Evaluator:
         self.built = built
         self.fetched = scored_tensors(self.calibrated)
         self.refs = refs  # per sample, the float model's ``scored_tensors``
-        terms = constant_terms(self.calibrated)
-        # Per fetched tensor, the constant part scores leave out (``constant_terms``; None for the logits).
-        self._constants = [c if c is not None and all(r[k].size == c.size for r in refs) else None
-                           for k, c in enumerate(terms)] + [None] * (len(self.fetched) - len(terms))
+        self.known = KnownParts(self.calibrated, feeds, refs)  # what scores leave out of each output
         self._pieces, self.views = self._scored_pieces(refs)
         # Scores do numpy work between runs and the searches take turns with other sessions: no
         # spinning threads, no intermediates kept between runs.
@@ -406,8 +447,9 @@ class Evaluator:
         self.plan = plan
         self.feeds = feeds
         self._weights_alone: float | None = None
-        self._energy = [[products(r, r)[1] for r in self._cut(sample)] for sample in refs]  # per sample, per piece
-        self._order = scoring_order([[self._varying(t, k) for k, t in enumerate(r)] for r in refs])
+        self._energy = [[products(r, r)[1] for r in self._cut(sample, i)] for i, sample in enumerate(refs)]
+        self._order = scoring_order([[self.known.without(t, k, i) for k, t in enumerate(r)]
+                                     for i, r in enumerate(refs)])
         self._suspects: list[int] = []  # samples the last goal-checked score found furthest off, worst first
         self.seconds_per_run = 0.0  # of the last score
         self.complete = True  # whether the last score ran every sample (False: it is a bound)
@@ -441,7 +483,7 @@ class Evaluator:
             own = []
             if joined is not None and all(r[k].size == joined.labels.size for r in refs):
                 for where in joined.indices():
-                    if any(np.any(self._varying(r[k], k).reshape(-1)[where]) for r in refs):
+                    if any(np.any(self.known.without(r[k], k, i).reshape(-1)[where]) for i, r in enumerate(refs)):
                         own.append(len(pieces))
                         pieces.append((k, where))
             if len(own) < 2:  # not joined, or only one piece carries anything: the whole output
@@ -455,15 +497,10 @@ class Evaluator:
             views.append((own, j))
         return pieces, views
 
-    def _varying(self, tensor: np.ndarray, k: int) -> np.ndarray:
-        """Fetched tensor ``k`` without its constant part (``constant_terms``), flat where it has one."""
-        constant = self._constants[k]
-        return tensor if constant is None else tensor.reshape(-1) - constant
-
-    def _cut(self, tensors: list[np.ndarray]) -> list[np.ndarray]:
-        """``tensors`` (the fetched ones of one run) as the scored pieces, without their constant parts."""
-        return [self._varying(tensors[k], k) if cut is None else self._varying(tensors[k], k).reshape(-1)[cut]
-                for k, cut in self._pieces]
+    def _cut(self, tensors: list[np.ndarray], sample: int) -> list[np.ndarray]:
+        """``tensors`` (the fetched ones of one run of ``sample``) as the scored pieces, without their known parts."""
+        return [self.known.without(tensors[k], k, sample) if cut is None
+                else self.known.without(tensors[k], k, sample).reshape(-1)[cut] for k, cut in self._pieces]
 
     def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None) -> dict[str, np.ndarray]:
         """The fed grids: each activation's at its threshold, with its bits unless ``bits`` gives others."""
@@ -586,7 +623,7 @@ class Evaluator:
     def _products(self, sample: int, out: list[np.ndarray]) -> np.ndarray:
         """Per scored piece (columns) of one sample's run: |ref|^2, ref.out and |out|^2 (rows)."""
         rows = [(self._energy[sample][k], *products(ref, got)[::2]) for k, (ref, got)
-                in enumerate(zip(self._cut(self.refs[sample]), self._cut(out), strict=True))]
+                in enumerate(zip(self._cut(self.refs[sample], sample), self._cut(out, sample), strict=True))]
         return np.array(rows, dtype=np.float64).T
 
     def _score_of(self, sums: np.ndarray, logits: bool) -> float:

@@ -29,7 +29,7 @@ from hbtools.metrics import cosine_of_chunks
 from hbtools.ops.names import SPLIT_DOC
 from hbtools.quant.grids import WEIGHT_BITS, fake_quantize, output_channel_rows, qmax_for
 from hbtools.quant.plan import CalibrationPlan, exact_grid_thresholds
-from hbtools.quant.search import constant_terms, output_pieces, scored_outputs
+from hbtools.quant.search import KnownParts, output_pieces, scored_outputs
 from hbtools.runtime.session import RUN_ERRORS, fetching_session
 
 log = logging.getLogger("hbtools")
@@ -150,13 +150,12 @@ class WeightsOnlyScores:
     fitted on the other samples than the one scored (leave one out): the rounding change of a filter
     whose taps cancel follows each picture's level, and a mean fitted on a picture itself would hide
     what it cannot repair on others. Compared as the searches compare (``search``): the scored outputs
-    without their constant parts, an output that joins pieces piece by piece; the score is the worst
+    without their known parts (``KnownParts``), an output that joins pieces piece by piece; the score is the worst
     piece's cosine over the samples."""
 
     def __init__(self, model: ModelProto, convs: Sequence[ConvWeight], feeds: Sequence[dict]) -> None:
         self.convs = list(convs)
         self.outputs = scored_outputs(model)
-        self.constants = constant_terms(model)
         self.pieces = output_pieces(model)
         self.means = [c.output + MEAN for c in self.convs]
         view = GraphView(model)
@@ -166,11 +165,13 @@ class WeightsOnlyScores:
             self.zeros[c.node] = np.zeros([1, w.shape[0]] + [1] * (w.ndim - 2), np.float32)
         self.session = fetching_session(_switched_model(model, convs), self.outputs)
         self.feeds = list(feeds)
-        self.refs, means = [], []
+        outputs, means = [], []
         for feed in self.feeds:
             values = self._run(feed, {c.node for c in self.convs}, {}, [*self.outputs, *self.means])
-            self.refs.append(self._cut(values[:len(self.outputs)]))
+            outputs.append(values[:len(self.outputs)])
             means.append([m.mean(axis=0, keepdims=True) for m in values[len(self.outputs):]])
+        self.known = KnownParts(model, self.feeds, outputs)
+        self.refs = [self._cut(values, i) for i, values in enumerate(outputs)]
         total = [sum(m[k] for m in means) for k in range(len(self.convs))]
         others = max(len(means) - 1, 1)
         self.corrections = [{c.node: (total[k] - m[k]) / others for k, c in enumerate(self.convs)} for m in means]
@@ -185,10 +186,10 @@ class WeightsOnlyScores:
             extra[c.node + CORRECTION] = self.zeros[c.node] if kept else corrections[c.node].astype(np.float32)
         return self.session.run(fetch or self.outputs, {**feed, **extra})
 
-    def _cut(self, tensors: list[np.ndarray]) -> list[np.ndarray]:
+    def _cut(self, tensors: list[np.ndarray], sample: int) -> list[np.ndarray]:
         cut = []
-        for tensor, constant, joined in zip(tensors, self.constants, self.pieces, strict=True):
-            flat = tensor.reshape(-1) if constant is None else tensor.reshape(-1) - constant
+        for k, (tensor, joined) in enumerate(zip(tensors, self.pieces, strict=True)):
+            flat = self.known.without(tensor, k, sample).reshape(-1)
             if joined is not None and joined.labels.size == flat.size:
                 cut.extend(flat[where] for where in joined.indices())
             else:
@@ -197,8 +198,8 @@ class WeightsOnlyScores:
 
     def score(self, float_layers: set[str]) -> float:
         """The worst scored piece's cosine with the float outputs, over every sample."""
-        got = [self._cut(self._run(feed, float_layers, corrections))
-               for feed, corrections in zip(self.feeds, self.corrections, strict=True)]
+        got = [self._cut(self._run(feed, float_layers, corrections), i)
+               for i, (feed, corrections) in enumerate(zip(self.feeds, self.corrections, strict=True))]
         scores = [cosine_of_chunks((g[k], r[k]) for g, r in zip(got, self.refs, strict=True))
                   for k in range(len(self.live)) if self.live[k]]
         return min(scores, default=1.0)  # outputs all zero on these samples: nothing to compare
