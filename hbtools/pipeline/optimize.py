@@ -102,6 +102,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     masks = constant_masks(body)  # after onnxruntime folded the mask (torch.triu of ones, ...) to a constant
     if masks:
         log.info("%d Wheres over a constant mask (masked_fill) written as a product and a sum with constants", masks)
+    indexed = bpu_forms.spatial_index_maps_as_matmuls(body)
+    if indexed:
+        log.info("%d region%s of index arithmetic over a map's H and W (an adaptive pool torch's exporter wrote as "
+                 "gathers and sums) written as a matrix product per axis", indexed, "" if indexed == 1 else "s")
     unroll_recurrences(body, placed, everything=all_bpu)  # those whose weights onnxruntime has folded now
     unrolled = recurrent - _recurrent_nodes(body)
     if unrolled:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conformance import convert_featuremaps
-from onnx import ModelProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.metrics import cosine_similarity
 from hbtools.runtime import HB_ONNXRuntime
@@ -802,3 +802,51 @@ def test_a_concat_of_a_sequence_runs_on_the_bpu(new_axis: int, tmp_path: Path) -
     assert "1 ConcatFromSequence of a SequenceConstruct written as Concat" in log
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     _agrees_with_source(model, tmp_path / "out", (1, 3, 8, 8), rng, optimized=True)
+
+
+def _adaptive_pool_by_gathers(size: int, bins: int, channels: int) -> list[NodeProto | TensorProto]:
+    """``adaptive_avg_pool2d(x, bins)`` on a ``size`` map as torch's dynamo exporter writes it where ``bins`` does
+    not divide ``size``: per axis a GatherND of each bin's rows (padded to the longest window), a Where masking
+    the padding, a sum over the window and a Div by its length."""
+    starts = [i * size // bins for i in range(bins)]
+    ends = [-(-(i + 1) * size // bins) for i in range(bins)]
+    longest = max(e - s for s, e in zip(starts, ends, strict=True))
+    rows = np.array([[min(s + k, e - 1) for k in range(longest)] for s, e in zip(starts, ends, strict=True)])
+    padding = np.array([[k >= e - s for k in range(longest)] for s, e in zip(starts, ends, strict=True)])
+    counts = np.array([e - s for s, e in zip(starts, ends, strict=True)], np.float32)
+    items: list = [_init("rows", rows[..., None].astype(np.int64)), _init("zero", np.array(0, np.float32)),
+                   _init("sum_axis", np.array([1], np.int64))]
+    nodes = [helper.make_node("Transpose", ["f"], ["hw"], perm=[2, 3, 0, 1])]  # [H, W, 1, C]
+    for axis in ("h", "w"):
+        src = "hw" if axis == "h" else "by_w"
+        nodes += [helper.make_node("GatherND", [src, "rows"], [f"{axis}_windows"]),  # [bins, longest, ., 1, C]
+                  helper.make_node("Where", [f"{axis}_padding", "zero", f"{axis}_windows"], [f"{axis}_masked"]),
+                  helper.make_node("ReduceSum", [f"{axis}_masked", "sum_axis"], [f"{axis}_sums"], keepdims=0),
+                  helper.make_node("Div", [f"{axis}_sums", f"{axis}_counts"], [f"{axis}_means"])]
+        other = size if axis == "h" else bins
+        items += [_init(f"{axis}_padding", np.broadcast_to(padding[:, :, None, None, None],
+                                                            (bins, longest, other, 1, channels)).copy()),
+                  _init(f"{axis}_counts", counts.reshape(bins, 1, 1, 1))]
+        if axis == "h":  # [bins_h, W, 1, C] -> [W, bins_h, 1, C]
+            nodes.append(helper.make_node("Transpose", ["h_means"], ["by_w"], perm=[1, 0, 2, 3]))
+    nodes.append(helper.make_node("Transpose", ["w_means"], ["pooled"], perm=[2, 3, 1, 0]))  # [1, C, bins_h, bins_w]
+    return nodes + items
+
+
+def test_an_adaptive_pool_written_as_gathers_runs_on_the_bpu(tmp_path: Path) -> None:
+    """PSPNet's pyramid pooling to bins that do not divide the map (3 and 6 of 64), as torch's default exporter
+    writes it (GatherND of the windows, masks, sums, Div): about 300 nodes on the CPU and the model in two BPU
+    subgraphs. The region is the linear map per axis it computes, as two MatMuls."""
+    rng = np.random.default_rng(31)
+    parts = _adaptive_pool_by_gathers(20, 3, 8)
+    inits = [_init("w", (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)),
+             _init("p", (rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32)),
+             *(p for p in parts if isinstance(p, TensorProto))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["f"]), *(p for p in parts if not isinstance(p, TensorProto)),
+             helper.make_node("Conv", ["pooled", "p"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 20, 20])], [("y", F, [1, 4, 3, 3])], inits, opset=13)
+    log = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 20, 20])}, "1x3x20x20", "float32", "m")
+    assert "1 region of index arithmetic over a map's H and W" in log, log[-2000:]
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 20, 20), rng, optimized=True)

@@ -26,6 +26,7 @@ from hbtools.graph.bpu_forms.layout import (
     splits_undoing_concats,
     transposes_in_fewer_axes,
 )
+from hbtools.graph.bpu_forms.linear_maps import spatial_index_maps_as_matmuls
 from hbtools.graph.bpu_forms.matmuls import (
     einsums_as_matmuls,
     matmuls_of_batched_weights,
@@ -77,6 +78,7 @@ __all__ = [
     "norms_as_sums",
     "pools_over_one_axis_as_2d",
     "reductions_over_the_first_axis",
+    "spatial_index_maps_as_matmuls",
     "spatial_reductions_as_global_pools",
     "sequences_as_concats",
     "splits_undoing_concats",
