@@ -38,7 +38,7 @@ def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> 
         h.close()
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
-    fmt = logging.Formatter(FORMAT)
+    fmt = _Formatter(FORMAT)
     console = _Console(sys.stdout)
     console.setLevel(console_level)
     console.setFormatter(fmt)
@@ -55,6 +55,24 @@ def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> 
         fh.setFormatter(fmt)
         logger.addHandler(fh)
     return logger
+
+
+def printable(text: str) -> str:
+    """``text`` with the bytes of a file name that is not UTF-8 (a GBK folder from a Windows zip: Python holds
+    them as lone surrogates, which no UTF-8 stream takes) written as ``\\xNN``; other text as it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text
+
+
+class _Formatter(logging.Formatter):
+    """Lines any UTF-8 stream takes (``printable``): a path of such bytes printed logging's traceback for every
+    line naming it, and the log file lost the line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 def _start_fresh_unless_shared(handler: logging.FileHandler) -> None:

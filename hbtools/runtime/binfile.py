@@ -204,7 +204,10 @@ def _serialize(models: list[BinModel], packed: bool) -> list[bytes]:
         text = json.dumps({"models": entries}, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise _Bad(_which_field(models, e)) from None
-    sections[0] = (KIND_DIRECTORY, NO_MODEL, text.encode("utf-8"))
+    # A path of bytes that are not UTF-8 (a GBK folder name) holds lone surrogates: the directory keeps them as
+    # U+FFFD, so that it stays the UTF-8 JSON every reader takes.
+    sections[0] = (KIND_DIRECTORY, NO_MODEL, text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                   .encode("utf-8"))
     # Validate with the reader's own rules, so whatever is written can be read back.
     _directory_models(json.loads(text), [(k, m, b) for k, m, b, *_ in sections], packed)
     return _pack(sections, FLAG_PACKED if packed else 0)

@@ -80,3 +80,28 @@ def test_a_disk_filling_up_during_the_run_is_one_error_line(tmp_path: Path, caps
                                   "the current folder); the run goes on, and the rest of its log is not saved"]
     assert "INFO line 4" in out and "WARNING still on the console" in out  # the run's output goes on
     assert path.read_text().endswith("INFO first line\n")
+
+
+def test_a_folder_name_that_is_not_utf8_converts_without_tracebacks(tmp_path: Path) -> None:
+    """A project unpacked from a Windows zip keeps its GBK folder name as bytes that are not UTF-8: makertbin ended
+    in an internal error writing the .bin, and every tool printed logging's traceback for each line naming the
+    path (the log file could not take it). The run completes; the lines show the bytes as ``\\xNN``."""
+    from builders import MODELS, make_project
+
+    root = Path(os.fsdecode(os.fsencode(tmp_path) + b"/proj_" + "模型".encode("gbk")))
+    project = make_project(root, MODELS["resnet_like"]())
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1", "LC_ALL": "C.UTF-8"}
+
+    def tool(module: str, *args: str) -> str:
+        run = subprocess.run([sys.executable, "-c", f"from hbtools.cli.{module} import main; main()", *args],
+                             cwd=root, capture_output=True, text=True, errors="replace", timeout=600, env=env)
+        out = run.stdout + run.stderr
+        assert run.returncode == 0 and "Logging error" not in out and "Traceback" not in out, out[-3000:]
+        return out
+
+    tool("hb_mapper", "makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    log = (root / "hb_mapper_makertbin.log").read_text(errors="strict")
+    assert "\\xd0\\xcd/model.onnx" in log and "Convert to runtime bin file successfully" in log  # C4 A3 is UTF-8
+    info = tool("hb_model_info", "model_output/small.bin")
+    assert "cal_data_dir" in info and "proj_" in info
+    assert "PASSED" in tool("hb_verifier", "-m", "model_output/small_quantized_model.onnx,model_output/small.bin")
