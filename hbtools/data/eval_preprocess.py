@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hbtools.data.folders import sample_files
 from hbtools.errors import HbError
 from hbtools.outputs import create_dir, write_array
 from hbtools.runs.signals import signals_deferred
@@ -262,22 +263,24 @@ def recipe(name: str) -> Recipe:
 
 def list_images(image_dir: Path, val_txt: Path | None = None) -> list[Path]:
     """The images to process: those named in ``val_txt`` (first word of each line,
-    relative to ``image_dir``), else every image file in ``image_dir`` in name order."""
+    relative to ``image_dir``), else every image file in ``image_dir`` in natural name order (hidden files,
+    such as macOS's ``._name.jpg``, are not images)."""
     from hbtools.data.images import IMAGE_EXTENSIONS
 
     if not image_dir.is_dir():
         state = "is a file, not a folder" if image_dir.exists() else "does not exist"
         raise HbError(f"image folder {image_dir} {state}", hint="pass an existing folder with -i")
     if val_txt is None:
-        files = sorted(p for p in image_dir.iterdir()
-                       if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        files = [p for p in sample_files(image_dir) if p.suffix.lower() in IMAGE_EXTENSIONS]
         if not files:
             raise HbError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {image_dir}")
         return files
     if not val_txt.is_file():
         raise HbError(f"val_txt file {val_txt} does not exist")
-    names = [line.split()[0] for line in val_txt.read_text(encoding="utf-8").splitlines()
-             if line.strip()]
+    # Only the first word counts: labels in another encoding (a GBK val.txt) and a byte-order mark do not
+    # matter, and names that are not UTF-8 are read as the file system gives such names (surrogateescape).
+    text = val_txt.read_bytes().decode("utf-8-sig", "surrogateescape")
+    names = [line.split()[0] for line in text.splitlines() if line.strip()]
     if not names:
         raise HbError(f"val_txt file {val_txt} names no images")
     missing = [n for n in names if not (image_dir / n).is_file()]

@@ -99,6 +99,26 @@ def test_val_txt_selects_images_and_ignores_labels(images, tmp_path):
     assert only.name == "cat.bin" and only.stat().st_size == 3 * 48 * 320
 
 
+@pytest.mark.parametrize("encoding", ["gbk", "utf-8-sig"])
+def test_val_txt_labels_in_any_encoding(images, tmp_path, encoding):
+    """Only the first word of a line counts: Chinese labels in GBK stopped the tool with an internal error, and a
+    byte-order mark became part of the first name ('1 image(s) ... are not in images, e.g. \ufeffcat.png')."""
+    val = tmp_path / "val.txt"
+    val.write_bytes("cat.png 猫\nline.png 文字\n".encode(encoding))
+    result = run("-m", "ppocr_rec", "-i", str(images), "-o", str(tmp_path / "out"), "-v", str(val))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cat.bin", "line.bin"]
+
+
+def test_hidden_files_are_not_pictures(images, tmp_path):
+    """macOS leaves ``._name.png`` beside each picture of an archive: the tool read it as a damaged picture and
+    stopped; calibration folders skip hidden files, and so does it."""
+    (images / "._cat.png").write_bytes(b"\x00\x05\x16\x07 resource fork")
+    result = run("-m", "ppocr_rec", "-i", str(images), "-o", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cat.bin", "line.bin"]
+
+
 def test_help_lists_the_recipes():
     result = run("--help")
     assert result.exit_code == 0
