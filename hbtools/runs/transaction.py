@@ -79,7 +79,7 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
     ``folder``: how messages name ``working_dir`` (another tool's result folder).
     """
     create_dir(working_dir, folder.option, f"{folder.elsewhere} in a folder you can write")
-    with _lock(working_dir):
+    with _lock(working_dir, folder):
         recover(working_dir)
         staging = working_dir / STAGING_NAME
         try:
@@ -90,9 +90,17 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
             yield staging
             entries = _entries(staging)
             _check_replaceable(staging, working_dir, entries, inputs, folder)
-            stale = _stale(working_dir, set_name, entries, inputs)
+            others = _other_sets(working_dir, set_name)
+            stale = [n for n in _stale(working_dir, set_name, entries, inputs)
+                     if not any(n in listed for listed in others.values())]
             if set_name is not None:
                 (staging / _MANIFEST.format(set_name)).write_text(json.dumps(entries), encoding="utf-8")
+                # An entry another set listed (the calibration_data dump of two prefixes in one working_dir) is
+                # this set's now: that set's next run must not remove it, nor its model be paired with it.
+                for manifest, listed in others.items():
+                    if any(n in entries for n in listed):
+                        (staging / manifest).write_text(json.dumps([n for n in listed if n not in entries]),
+                                                        encoding="utf-8")
             with signals_deferred(str(working_dir)):  # Ctrl-C amid the moves would leave a mixed set
                 _commit(staging, stale)
                 _roll_forward(staging, working_dir)
@@ -180,6 +188,20 @@ def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inp
                                 f"name; nothing was replaced", hint=hint)
 
 
+def _other_sets(working_dir: Path, set_name: str | None) -> dict[str, list[str]]:
+    """The entries of the other sets in ``working_dir``, by the file name of their manifest."""
+    own = _MANIFEST.format(set_name) if set_name is not None else None
+    found = {}
+    for path in working_dir.glob(_MANIFEST.format("*")):
+        try:
+            listed = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if path.name != own and isinstance(listed, list):
+            found[path.name] = [n for n in listed if isinstance(n, str)]
+    return found
+
+
 def _stale(working_dir: Path, set_name: str | None, entries: list[str], inputs: Sequence[Path]) -> list[str]:
     """Entries of the previous set of ``set_name`` that this one does not make (inputs of the run stay)."""
     if set_name is None:
@@ -236,12 +258,13 @@ def _fsync(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _lock(working_dir: Path) -> Iterator[None]:
+def _lock(working_dir: Path, folder: Destination) -> Iterator[None]:
     path = working_dir / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise os_error(exc, "cannot create the lock file", "make working_dir writable or choose another") from None
+        raise os_error(exc, "cannot create the lock file",
+                       f"make {folder.option} writable, or {folder.elsewhere}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -250,8 +273,8 @@ def _lock(working_dir: Path) -> Iterator[None]:
                 raise
             owner = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
             raise ResourceError(
-                f"working_dir '{working_dir}' is in use by another makertbin run (pid {owner}, lock "
-                f"{path}); wait for it to finish or give this config another working_dir"
+                f"{folder.option} '{working_dir}' is in use by another run (pid {owner}, lock {path}); wait for it "
+                f"to finish or {folder.elsewhere}"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

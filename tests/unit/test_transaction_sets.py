@@ -98,3 +98,36 @@ def test_what_follows_the_commit_runs_before_a_held_ctrl_c(tmp_path: Path, caplo
         logging.getLogger("hbtools").removeHandler(caplog.handler)
     assert said == ["End Model Convert"] and (tmp_path / "m.bin").read_text() == "new"
     assert "complete new set" in caplog.text
+
+
+def test_an_entry_two_sets_make_belongs_to_the_last_that_made_it(tmp_path: Path) -> None:
+    """Two prefixes in one working_dir both dump ``calibration_data/`` (its name is not the prefix's): the second
+    dump is the second set's, so the first set's next run without a dump left it alone (it deleted it, silently),
+    and the first set's manifest no longer claims it (the debugger would pair that model with the other's data)."""
+    _run(tmp_path, {"a.bin": "a", "calibration_data/x.npy": "a's samples"}, set_name="a")
+    _run(tmp_path, {"b.bin": "b", "calibration_data/x.npy": "b's samples"}, set_name="b")
+    assert "calibration_data" not in json.loads((tmp_path / ".hbtools_set_a.json").read_text())
+    _run(tmp_path, {"a.bin": "a again"}, set_name="a")
+    assert (tmp_path / "calibration_data" / "x.npy").read_text() == "b's samples"
+    _run(tmp_path, {"b.bin": "b again"}, set_name="b")  # its owner's run without a dump removes it
+    assert not (tmp_path / "calibration_data").exists()
+    assert (tmp_path / "a.bin").read_text() == "a again" and (tmp_path / "b.bin").read_text() == "b again"
+
+
+def test_a_folder_in_use_is_named_as_the_tool_names_it(tmp_path: Path) -> None:
+    """The lock's message spoke of makertbin's working_dir and 'this config' for runall's save_dir too."""
+    import fcntl
+    import os
+
+    folder = transaction.Destination("save_dir", "choose another save_dir")
+    fd = os.open(tmp_path / transaction.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"4242\n")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ResourceError) as caught:
+            _run(tmp_path, {"x.png": "figure"}, folder=folder)
+    finally:
+        os.close(fd)
+    message = str(caught.value)
+    assert message.startswith(f"save_dir '{tmp_path}' is in use by another run (pid 4242")
+    assert message.endswith("wait for it to finish or choose another save_dir"), message
