@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,27 @@ def _same_value(loader: yaml.SafeLoader, a: yaml.Node, b: yaml.Node) -> bool:
     return bool(loader.construct_object(a, deep=True) == loader.construct_object(b, deep=True))
 
 
+def _decoded(raw: bytes, path: Path) -> str:
+    """The config's text: UTF-8 (with or without a byte-order mark), UTF-16 with its mark, or, with a WARNING,
+    GB18030 (GBK), in which Windows editors save a config with Chinese comments."""
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return raw.decode("utf-16")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        if b"\x00" in raw:
+            raise ConfigError(f"Config file {path} is not a text file\nPass the YAML config (not the model or "
+                              f"a .bin) with --config") from None
+        try:
+            text = raw.decode("gb18030")
+        except UnicodeDecodeError:
+            raise ConfigError(f"Config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})\n"
+                              f"Save it as UTF-8") from None
+    logger.warning("config file %s is not UTF-8; read as GBK (GB18030), the encoding of Chinese Windows editors. "
+                "Save it as UTF-8", path)
+    return text
+
+
 def read_yaml(path: Path) -> dict[Any, Any]:
     """The parsed top-level mapping of the config file at ``path``."""
     if not path.exists():
@@ -56,18 +78,19 @@ def read_yaml(path: Path) -> dict[Any, Any]:
     if not path.is_file():
         raise ConfigError(f"Config path is not a file: {path}\nPass the YAML file, not a folder")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = path.read_bytes()
+    except OSError as exc:
         raise ConfigError(f"Cannot read config file {path}: {exc}") from None
+    text = _decoded(raw, path)
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(
-            f"Config file {path} is not valid YAML: {exc.problem or exc.context}{where}\n"
-            f"Fix the YAML syntax there (indentation, quotes, a ':' after each key)"
-        ) from None
+        fix = ("Remove the tag: a config holds plain values (strings, numbers, lists), and tags that build "
+               "objects are not read" if isinstance(exc, yaml.constructor.ConstructorError)
+               else "Fix the YAML syntax there (indentation, quotes, a ':' after each key)")
+        raise ConfigError(f"Config file {path} is not valid YAML: {exc.problem or exc.context}{where}\n{fix}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"Config file {path} is not valid YAML: {exc}") from None
     if data is None:

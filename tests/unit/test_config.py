@@ -1573,6 +1573,33 @@ def test_bad_indentation_yaml(workdir: Path) -> None:
         load_config(path)
 
 
+@pytest.mark.parametrize("encoding", ["gbk", "utf-16"])
+def test_a_config_with_chinese_comments_in_another_encoding_is_read(workdir: Path, encoding: str,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A config saved by a Chinese Windows editor (GBK) or as UTF-16 with its byte-order mark: 'Cannot read config
+    file ...: utf-8 codec can't decode byte 0xd0 in position 4' named a byte and no fix."""
+    text = "# 模型转换配置\n" + make(workdir).read_text()
+    path = workdir / "cn.yaml"
+    path.write_bytes(text.encode(encoding))
+    with caplog.at_level(logging.WARNING, logger="hbtools"):
+        config = load_config(path, "onnx")
+    assert config.model.march == BASE["model_parameters"]["march"]
+    assert ("not UTF-8; read as GBK" in caplog.text) == (encoding == "gbk")
+
+
+def test_a_model_given_as_the_config_says_so(workdir: Path) -> None:
+    path = workdir / "model.onnx"
+    path.write_bytes(b"\x08\x07\x12\x07pytorch\x1a\x032.1\x00\x00\xff\xfe\xd0")
+    with pytest.raises(ConfigError, match=r"is not a text file\nPass the YAML config \(not the model or a .bin\)"):
+        load_config(path, "onnx")
+
+
+def test_a_tag_that_builds_an_object_is_refused_with_its_fix(workdir: Path) -> None:
+    path = raw_config(workdir, "model_parameters: !!python/object/apply:os.system ['echo hacked']\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML: .*\nRemove the tag"):
+        load_config(path, "onnx")
+
+
 def test_config_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="Config file not found: .*nope.yaml"):
         load_config(tmp_path / "nope.yaml")
