@@ -44,6 +44,13 @@ def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> 
     console.setFormatter(fmt)
     logger.addHandler(console)
     if log_file is not None:
+        try:
+            os.getcwd()
+        except FileNotFoundError:  # a shell left in a folder that was removed meanwhile
+            from hbtools.errors import ResourceError
+
+            raise ResourceError("the current folder no longer exists (it was removed or moved after the shell "
+                                "entered it); cd to an existing folder and run the tool again") from None
         path = Path(os.path.abspath(log_file))
         try:
             _probe_room(path)

@@ -105,3 +105,17 @@ def test_a_folder_name_that_is_not_utf8_converts_without_tracebacks(tmp_path: Pa
     info = tool("hb_model_info", "model_output/small.bin")
     assert "cal_data_dir" in info and "proj_" in info
     assert "PASSED" in tool("hb_verifier", "-m", "model_output/small_quantized_model.onnx,model_output/small.bin")
+
+
+def test_a_current_folder_that_was_removed_is_named(tmp_path: Path) -> None:
+    """A shell left in a build folder that was removed meanwhile: every tool said 'cannot access: No such file or
+    directory' without a path (it was the current folder, where the log goes)."""
+    gone = tmp_path / "build"
+    gone.mkdir()
+    code = (f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); sys.argv = ['hb_model_info', 'm.bin']; "
+            "from hbtools.cli.hb_model_info import main; main()")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"})
+    assert run.returncode == 3 and "Traceback" not in run.stderr, run.stdout + run.stderr
+    assert ERROR.findall(run.stdout) == ["the current folder no longer exists (it was removed or moved after the shell "
+                                         "entered it); cd to an existing folder and run the tool again"]
