@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from hbtools.errors import ConfigError, ResourceError, os_error
+from hbtools.errors import ConfigError, HbError, ResourceError, os_error
 from hbtools.outputs import create_dir
 from hbtools.runs.signals import signals_deferred
 
@@ -111,6 +111,8 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
                 shutil.rmtree(staging, ignore_errors=True)
             if isinstance(exc, OSError) and _is_staging_write(exc, staging):
                 raise _staging_error(exc, working_dir, folder) from None
+            if isinstance(exc, HbError) and f"{staging}{os.sep}" in str(exc):  # a tool's write error: where it goes
+                exc.args = (str(exc).replace(f"{staging}{os.sep}", f"{working_dir}{os.sep}"), *exc.args[1:])
             raise
 
 

@@ -131,3 +131,14 @@ def test_a_folder_in_use_is_named_as_the_tool_names_it(tmp_path: Path) -> None:
     message = str(caught.value)
     assert message.startswith(f"save_dir '{tmp_path}' is in use by another run (pid 4242")
     assert message.endswith("wait for it to finish or choose another save_dir"), message
+
+
+def test_a_write_error_names_where_the_file_goes_not_the_staging_folder(tmp_path: Path) -> None:
+    """runall on a full disk named 'rs/.hbtools_staging/data_distribution/x.png', a folder the user never sees."""
+    from hbtools.errors import os_error
+
+    with pytest.raises(ResourceError) as caught:
+        with transaction.artefact_transaction(tmp_path, set_name="m") as staging:
+            raise os_error(OSError(28, "No space left on device", str(staging / "plots" / "x.png")))
+    assert str(caught.value).startswith(f"cannot write '{tmp_path / 'plots' / 'x.png'}': No space left on device")
+    assert transaction.STAGING_NAME not in str(caught.value)
