@@ -13,6 +13,7 @@ from onnx import ModelProto
 from hbtools.errors import HbError, os_error
 from hbtools.ops.base import DOMAIN, DOMAIN_VERSION
 from hbtools.outputs import replace_atomically
+from hbtools.runs.transaction import warn_if_mid_commit
 
 MIN_OPSET, MAX_OPSET = 1, 21  # below 11, the parse stage converts (onnx version converter)
 MAX_IR_VERSION = 10
@@ -26,6 +27,7 @@ def load_model(path: str | Path) -> ModelProto:
                  "is not a regular file (a device or pipe)" if path.exists() else "does not exist")
         raise HbError(f"model file '{path}' {state}", hint="check the model path")
     _refuse_bin(path)
+    warn_if_mid_commit(path)
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # protobuf raises several unrelated types

@@ -134,6 +134,15 @@ def _staging_error(exc: OSError, working_dir: Path, folder: Destination) -> Reso
     return os_error(named, f"cannot write the results in {folder.option}", fix)
 
 
+def warn_if_mid_commit(path: str | os.PathLike[str]) -> None:
+    """A WARNING when the folder of the artefact ``path`` holds a commit a killed makertbin did not finish: its
+    files may come from two runs until the next run in that folder finishes the moves."""
+    if (Path(path).parent / STAGING_NAME / _COMMITTED).is_file():
+        log.warning("%s lies in a folder where a run was killed while it moved its results into place: the files "
+                    "there may come from two runs. Run makertbin (or the tool that wrote them) again there: it "
+                    "finishes the moves first", path)
+
+
 def recover(working_dir: Path) -> None:
     """Finish or undo what a killed run left behind (call with the lock held)."""
     staging = working_dir / STAGING_NAME

@@ -17,6 +17,7 @@ from typing import Any
 
 from hbtools import outputs
 from hbtools.errors import HbError, os_error
+from hbtools.runs.transaction import warn_if_mid_commit
 
 MAGIC = b"HBTBIN\x1a\n"  # \x1a\n: text-mode copies and newline mangling break the magic
 FORMAT_VERSION = (2, 0)
@@ -268,6 +269,7 @@ def _seal_header(head: bytes) -> bytes:
 def read_bin(path: str | os.PathLike[str]) -> BinFile:
     """Parse a ``.bin``; any defect raises a one-line ``BinFormatError``."""
     where = os.fspath(path)
+    warn_if_mid_commit(where)
     try:
         with open(where, "rb") as f:
             size = os.fstat(f.fileno()).st_size

@@ -142,3 +142,19 @@ def test_a_write_error_names_where_the_file_goes_not_the_staging_folder(tmp_path
             raise os_error(OSError(28, "No space left on device", str(staging / "plots" / "x.png")))
     assert str(caught.value).startswith(f"cannot write '{tmp_path / 'plots' / 'x.png'}': No space left on device")
     assert transaction.STAGING_NAME not in str(caught.value)
+
+
+def test_reading_an_artefact_beside_an_unfinished_commit_warns(tmp_path: Path) -> None:
+    """A run killed amid its final moves (the OOM killer, a power cut) leaves a folder of two runs until the next
+    run finishes the moves; hb_verifier then failed on the pair with no word of why."""
+    from bin_fixtures import build_bin, invoke
+
+    from hbtools.cli import hb_model_info
+
+    built = build_bin(tmp_path / "m", "resnet_like", prefix="m")
+    staging = built.bin.parent / transaction.STAGING_NAME
+    staging.mkdir()
+    (staging / ".committed").write_text(json.dumps({"move": [], "remove": []}))
+    result = invoke(hb_model_info.main, [built.bin])
+    assert "WARNING" in result.output and "killed while it moved its results into place" in result.output, \
+        result.output[-2000:]
