@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import html.parser
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -136,6 +137,16 @@ def test_pack_refuses_duplicate_names_and_single_models(small) -> None:
     assert result.exit_code == 1 and "two models are both named 'resnet'" in result.output
     result = invoke(hb_pack.main, [small[0].bin, "-o", "one.bin"])
     assert result.exit_code == 1 and "needs at least two models" in result.output
+
+
+def test_pack_refuses_models_of_different_boards(small, tmp_path) -> None:
+    """An RDK X3 model and an X5 model went into one packed file, which no single board can load."""
+    x3 = build_bin(tmp_path / "x3", "featuremap_mlp", march="bernoulli2", prefix="mlp_x3")
+    result = invoke(hb_pack.main, [small[1].bin, x3.bin, "-o", "mixed.bin"])
+    assert result.exit_code == 1, result.output
+    assert "the models were built for different BPUs" in result.output and "bernoulli2 (RDK X3)" in result.output \
+        and "bayes-e (RDK X5)" in result.output
+    assert not (tmp_path / "mixed.bin").exists() and not os.path.exists("mixed.bin")
 
 
 # ---------------------------------------------------------------- hb_model_modifier
