@@ -182,6 +182,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         if stepped:
             log.info("%d AveragePools over windows larger than the BPU takes written as a global pool or as "
                      "pools in steps", stepped)
+        cascaded = bpu_forms.large_max_pools_in_steps(body, profile, placed)
+        if cascaded:
+            log.info("%d MaxPools of stride 1 with a kernel larger than the BPU takes written as a cascade of smaller "
+                     "ones (an SPP block)", cascaded)
     _fold_affine_into_conv(body)
     _fold_batchnorm_into_gemm(body)
     _batchnorm_to_depthwise_conv(body)

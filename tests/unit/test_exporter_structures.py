@@ -850,3 +850,25 @@ def test_an_adaptive_pool_written_as_gathers_runs_on_the_bpu(tmp_path: Path) -> 
     assert "1 region of index arithmetic over a map's H and W" in log, log[-2000:]
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     _agrees_with_source(model, tmp_path / "out", (1, 3, 20, 20), rng, optimized=True)
+
+
+@pytest.mark.parametrize("pads", [[4, 4, 4, 4], [6, 6, 6, 6], [3, 5, 5, 3]])
+def test_an_spp_blocks_large_max_pools_run_on_the_bpu_of_x3(tmp_path: Path, pads: list[int]) -> None:
+    """YOLOv3/v4/v5 and YOLOX's SPP block pools 9x9 and 13x13 at stride 1; RDK X3's BPU takes kernels up to 7, so
+    they ran on the CPU between two BPU subgraphs. A cascade of smaller pools sharing the padding is the same max."""
+    rng = np.random.default_rng(37)
+    kernel = pads[0] + pads[2] + 1  # "same" padding, split unevenly in the third case
+    inits = [_init("w", (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)),
+             _init("p", (rng.standard_normal((4, 16, 1, 1)) * 0.3).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["f"]),
+             helper.make_node("MaxPool", ["f"], ["pooled"], kernel_shape=[kernel, kernel], pads=pads),
+             helper.make_node("Concat", ["f", "pooled"], ["joined"], axis=1),
+             helper.make_node("Conv", ["joined", "p"], ["y"])]
+    size = [1, 4, 16 + pads[0] + pads[2] - kernel + 1, 16 + pads[1] + pads[3] - kernel + 1]
+    model = _model(nodes, [("x", F, [1, 3, 16, 16])], [("y", F, size)], inits, opset=11)
+    log = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 16, 16])}, "1x3x16x16", "float32", "m",
+                              march="bernoulli2")
+    assert "1 MaxPools of stride 1 with a kernel larger than the BPU takes written as a cascade" in log, log[-2000:]
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 16, 16), rng, optimized=True)

@@ -44,6 +44,7 @@ from hbtools.graph.bpu_forms.pads import (
 from hbtools.graph.bpu_forms.pools import (
     average_pools_over_whole_windows,
     large_average_pools_in_steps,
+    large_max_pools_in_steps,
     pools_over_one_axis_as_2d,
 )
 from hbtools.graph.bpu_forms.reductions import (
@@ -70,6 +71,7 @@ __all__ = [
     "expands_as_tiles",
     "interpolations_as_matmuls",
     "large_average_pools_in_steps",
+    "large_max_pools_in_steps",
     "large_patch_convs_as_space_to_depth",
     "matmuls_of_batched_weights",
     "matmuls_of_vectors",

@@ -10,6 +10,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 from hbtools.graph.bpu_forms._common import _axes_node, _opset
 from hbtools.graph.graph import GraphView, rewrite_nodes
 from hbtools.march.profiles import MarchProfile
+from hbtools.ops.base import attrs_of
 
 
 def pools_over_one_axis_as_2d(model: ModelProto) -> int:
@@ -84,6 +85,51 @@ def large_average_pools_in_steps(model: ModelProto, profile: MarchProfile,
             out = node.output[0] if last else f"{node.output[0]}_step{i}"
             nodes.append(helper.make_node("AveragePool", [x], [out], name=node.name if last else f"{node.name}_step{i}",
                                           kernel_shape=k, strides=k))
+            x = out
+        return nodes
+
+    return rewrite_nodes(model, rewrite)
+
+
+def large_max_pools_in_steps(model: ModelProto, profile: MarchProfile,
+                             placed: Mapping[str, str] | None = None) -> int:
+    """A MaxPool of stride 1 with a kernel larger than the march takes (the SPP block of YOLOv3/v4/v5 and YOLOX:
+    9x9 and 13x13 on RDK X3, whose limit is 7) as a cascade of stride-1 MaxPools within the limit whose kernels
+    add up (k - 1 = sum of k_i - 1) and which share its padding: the max over the window is the max of maxes
+    over overlapping windows that cover it (YOLOv5's SPPF is this cascade of 5x5 pools). Exact, on float and on
+    int8 levels alike. Pools that ``placed`` (node_info) names stay. The count of pools rewritten."""
+    rule = profile.rule("MaxPool")
+    if rule is None or rule.kernel is None:
+        return 0
+    limit = rule.kernel
+    named = set(placed or ())
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "MaxPool" or node.domain not in ("", "ai.onnx") or node.name in named or \
+                len([o for o in node.output if o]) != 1:
+            return None
+        a = attrs_of(node)
+        kernel = list(a.get("kernel_shape", []))
+        rank = len(kernel)
+        pads = list(a.get("pads", [0] * 2 * rank))
+        if rank != 2 or max(kernel) <= limit or list(a.get("strides", [1] * rank)) != [1] * rank \
+                or list(a.get("dilations", [1] * rank)) != [1] * rank \
+                or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") or any(p >= k for p, k in zip(
+                    pads, kernel * 2, strict=True)):
+            return None
+        count = max(-(-(k - 1) // (limit - 1)) for k in kernel)
+        sizes = [[1 + (k - 1) // count + (i < (k - 1) % count) for i in range(count)] for k in kernel]
+        left = {axis: [pads[axis], pads[axis + rank]] for axis in range(rank)}  # padding still to take, per side
+        nodes, x = [], node.input[0]
+        for i in range(count):
+            step = [sizes[axis][i] for axis in range(rank)]
+            taken = [[min(left[axis][side], step[axis] - 1) for axis in range(rank)] for side in (0, 1)]
+            for axis in range(rank):
+                left[axis] = [left[axis][0] - taken[0][axis], left[axis][1] - taken[1][axis]]
+            last = i == count - 1
+            out = node.output[0] if last else f"{node.output[0]}_step{i}"
+            nodes.append(helper.make_node("MaxPool", [x], [out], name=node.name if last else f"{node.name}_step{i}",
+                                          kernel_shape=step, pads=[*taken[0], *taken[1]]))
             x = out
         return nodes
 
