@@ -38,6 +38,8 @@ def display_type(node: NodeProto) -> str:
     """The vendor's name for a node type: HzQuantize shows as Quantize."""
     if node.domain == DOMAIN and node.op_type in ("HzQuantize", "HzDequantize"):
         return node.op_type[2:]
+    if node.op_type == "Flatten":  # a reshape (on RDK X3 the classifier's flatten ends the model: a CPU node)
+        return "Reshape"
     return node.op_type
 
 

@@ -224,6 +224,20 @@ def test_modifier_deletes_the_types_present_and_warns_of_the_others(small, in_tm
     assert read_bin("resnet_modified.bin").model().deleted_nodes[-1]["type"] == "Softmax"
 
 
+def test_modifier_deletes_the_flatten_an_x3_classifier_ends_in(tmp_path, in_tmp) -> None:
+    """On RDK X3 the classifier's flatten moves after its Gemm and ends the model, a CPU node of type Flatten:
+    hb_model_modifier refused it ('only ... Reshape ... can be'), so the output Dequantize stayed too (the
+    vendor's ResNet50 example deletes its fc1000_reshape_0)."""
+    built = build_bin(tmp_path / "x3", "resnet_like", march="bernoulli2", prefix="m")
+    path = built.bin
+    for k, name in enumerate(("Softmax_0", "Flatten_0", "Gemm_0_out_map_HzDequantize")):
+        assert name in _deletable(path), (name, _deletable(path))
+        result = invoke(hb_model_modifier.main, [path, "-r", name, "-o", f"m{k}.bin"])
+        assert result.exit_code == 0, result.output
+        path = f"m{k}.bin"
+    assert "PASSED" in invoke(hb_verifier.main, ["-m", f"{built.quantized},{path}"]).output
+
+
 def test_modifier_refusals(small, in_tmp) -> None:
     invoke(hb_pack.main, [small[0].bin, small[1].bin, "-o", "both.bin"])
     packed = invoke(hb_model_modifier.main, ["both.bin"])
