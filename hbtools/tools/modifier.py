@@ -159,6 +159,24 @@ def scale_lines(scale: tuple[float, ...], axis: int) -> list[str]:
     return ["scale data: " + "".join(f"{v:g}," for v in scale), f"quantizeAxis: {axis}"]
 
 
+def without_input_side(quantized: ModelProto, records: Sequence[dict]) -> ModelProto:
+    """A copy of ``quantized`` without the input-side nodes ``records`` (a .bin's deleted-node records) name,
+    deleted as hb_model_modifier deleted them from the .bin: the model the modified .bin's inputs feed."""
+    out = copy.deepcopy(quantized)
+    for record in records:
+        if record.get("side") != "input":
+            continue
+        node = next((n for n in out.graph.node if n.name == record.get("name")), None)
+        if node is None:
+            raise HbError(f"the .bin had node '{record.get('name')}' removed, which the quantized model does not "
+                          f"have; were the two built by the same makertbin run?")
+        _delete_input_side(out, node, tensor_info(out), [])
+        out.graph.node.remove(node)
+        _rename(out, node.output[0], node.input[0])
+    _drop_unused_initializers(out)
+    return out
+
+
 def _rename(graph: ModelProto, old: str, new: str) -> None:
     """Tensor ``old`` becomes ``new`` everywhere in the graph (the deleted node's name for it)."""
     for n in graph.graph.node:

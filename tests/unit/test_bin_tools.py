@@ -207,8 +207,19 @@ def test_modifier_input_quantize_of_a_featuremap(small, in_tmp) -> None:
     sim = Simulator(model)
     out = sim.run({model.inputs[0].name: np.zeros(model.inputs[0].shape, np.int8)})
     assert all(np.isfinite(v).all() for v in out.values())
-    refused = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},mlp_modified.bin"])
-    assert refused.exit_code == 1 and "input-side nodes removed" in refused.output
+    # the quantized model is compared from the removed Quantize's output, as the .bin now takes it (refused before)
+    verified = invoke(hb_verifier.main, ["-m", f"{small[1].quantized},mlp_modified.bin"])
+    assert verified.exit_code == 0 and PASSED in verified.output, verified.output
+
+
+def test_verifier_compares_a_bin_whose_input_transpose_was_removed(tmp_path, in_tmp) -> None:
+    """Every RDK X3 image-input .bin lists its input layout Transpose as deletable; after '-a Transpose' hb_verifier
+    refused the .bin, the only x86 check of the file the user deploys."""
+    built = build_bin(tmp_path / "x3", "resnet_like", march="bernoulli2", prefix="m")
+    [transpose] = [n for n in _deletable(built.bin) if n.endswith("_nchw_Transpose")]
+    assert invoke(hb_model_modifier.main, [built.bin, "-r", transpose, "-o", "cut.bin"]).exit_code == 0
+    verified = invoke(hb_verifier.main, ["-m", f"{built.quantized},cut.bin"])
+    assert verified.exit_code == 0 and PASSED in verified.output, verified.output
 
 
 def test_modifier_deletes_the_types_present_and_warns_of_the_others(small, in_tmp) -> None:
