@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from onnx import ModelProto
 
 from hbtools import outputs
+from hbtools.ops.base import attrs_of
 from hbtools.runtime.binfile import BinFile
 from hbtools.runtime.rt_input import rt_dtype, rt_shape
 from hbtools.runtime.runtime_model import InputDesc, OutputDesc, RuntimeModel, load
@@ -84,11 +86,23 @@ def board_input(d: InputDesc) -> BoardTensor:
     return BoardTensor(d.shape, _layout(d.shape, d.layout), tensor, size, stride, scale, axis)
 
 
-def board_output(o: OutputDesc, raw: dict) -> BoardTensor:
+def board_output(o: OutputDesc, raw: dict, layout: str | None = None) -> BoardTensor:
     size = int(np.prod([d or 0 for d in o.shape])) * o.dtype.itemsize
     scale, axis = descriptor_scale(raw) if np.issubdtype(o.dtype, np.integer) else ((), 0)
-    return BoardTensor(o.shape, _layout(o.shape), f"HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(o.dtype), 'F32')}",
-                       size, _strides(o.shape, o.dtype.itemsize), scale, axis)
+    return BoardTensor(o.shape, _layout(o.shape, layout),
+                       f"HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(o.dtype), 'F32')}", size,
+                       _strides(o.shape, o.dtype.itemsize), scale, axis)
+
+
+def output_layout(graph: ModelProto, name: str) -> str:
+    """NHWC for a 4-D output a Transpose to channels last wrote (behind its Dequantize or a Cast): the head maps of
+    RDK-style YOLO exports (``permute(0, 2, 3, 1)``), which board code reads as NHWC; NCHW otherwise."""
+    producer = {o: n for n in graph.graph.node for o in n.output}
+    node = producer.get(name)
+    while node is not None and node.op_type in ("HzDequantize", "Cast", "Identity"):
+        node = producer.get(node.input[0])
+    perm = list(attrs_of(node).get("perm", [])) if node is not None and node.op_type == "Transpose" else []
+    return "NHWC" if perm == [0, 2, 3, 1] else "NCHW"
 
 
 def _input_lines(k: int, d: InputDesc) -> list[str]:
@@ -96,8 +110,8 @@ def _input_lines(k: int, d: InputDesc) -> list[str]:
             *board_input(d).lines(), ""]
 
 
-def _output_lines(k: int, o: OutputDesc, raw: dict) -> list[str]:
-    return [f"output[{k}]: ", f"name: {o.name}", *board_output(o, raw).lines(), ""]
+def _output_lines(k: int, o: OutputDesc, raw: dict, layout: str) -> list[str]:
+    return [f"output[{k}]: ", f"name: {o.name}", *board_output(o, raw, layout).lines(), ""]
 
 
 def model_info(f: BinFile, name: str | None) -> list[str]:
@@ -112,7 +126,7 @@ def model_info(f: BinFile, name: str | None) -> list[str]:
             lines += _input_lines(k, d)
         described = {d["name"]: d for d in m.outputs if isinstance(d.get("name"), str)}
         for k, o in enumerate(rm.outputs):
-            lines += _output_lines(k, o, described.get(o.name, {}))
+            lines += _output_lines(k, o, described.get(o.name, {}), output_layout(rm.graph, o.name))
     lines.append("-" * 69)
     return lines
 

@@ -656,3 +656,27 @@ def test_hrt_model_exec_top5_is_only_for_class_vectors(in_tmp) -> None:
     assert result.exit_code == 0, result.output
     assert "top 0:" not in result.output
     assert "not one vector of class scores" in result.output
+
+
+def test_hrt_model_exec_describes_a_channels_last_output_as_nhwc(tmp_path, in_tmp) -> None:
+    """RDK-style YOLO exports end each head map in permute(0, 2, 3, 1); the vendor's .bin describes such an output
+    as NHWC and board code checks the field. Every 4-D output was described as NCHW."""
+    from conformance import convert_featuremaps
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["map"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["map"], ["head"], perm=[0, 2, 3, 1]),
+             helper.make_node("Relu", ["map"], ["plain"])]
+    graph = helper.make_graph(nodes, "heads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("head", TensorProto.FLOAT, [1, 8, 8, 6]),
+                               helper.make_tensor_value_info("plain", TensorProto.FLOAT, [1, 6, 8, 8])],
+                              [numpy_helper.from_array(rng.standard_normal((6, 3, 3, 3)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    samples = [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(4)]
+    convert_featuremaps(tmp_path, model, {"x": samples}, "1x3x8x8", "float32", "m", calibration_type="max")
+    info = invoke(hrt_model_exec.main, ["model_info", f"--model_file={tmp_path / 'out' / 'm.bin'}"]).output
+    head, plain = info.split("name: head")[1].split("name: plain")
+    assert "valid shape: (1,8,8,6,)" in head and "tensor layout: HB_DNN_LAYOUT_NHWC" in head, head
+    assert "valid shape: (1,6,8,8,)" in plain and "tensor layout: HB_DNN_LAYOUT_NCHW" in plain, plain
