@@ -341,7 +341,8 @@ def _label(method: str, percentile: float | None) -> str:
 def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
                 percentile: float | None) -> dict[str, float]:
     def of(p: ActivationPoint) -> float:
-        threshold = threshold_for(method, collector.stats[p.tensor], p.bits, percentile)
+        stats = collector.stats[p.tensor]
+        threshold = plan.logit_threshold(p.tensor, threshold_for(method, stats, p.bits, percentile), stats)
         return plan.int16_threshold(p.tensor, threshold) if p.bits == 16 else threshold
 
     return {p.tensor: of(p) for p in plan.activations}

@@ -41,7 +41,7 @@ from hbtools.graph.graph import (
     topological_sort,
 )
 from hbtools.graph.layer_norm import fuse_layer_norms
-from hbtools.graph.masks import constant_masks
+from hbtools.graph.masks import MASKED_LOGIT, constant_masks, masked_logits_clamped
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.graph.recurrent import RECURRENT_OPS, unroll_recurrences
 from hbtools.march.profiles import MarchProfile
@@ -102,6 +102,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     masks = constant_masks(body)  # after onnxruntime folded the mask (torch.triu of ones, ...) to a constant
     if masks:
         log.info("%d Wheres over a constant mask (masked_fill) written as a product and a sum with constants", masks)
+    clamped = masked_logits_clamped(body)
+    if clamped:
+        log.info("%d attention-mask constants of -inf or finfo(float32).min set to %g, the same Softmax in float and "
+                 "values an integer grid holds", clamped, MASKED_LOGIT)
     indexed = bpu_forms.spatial_index_maps_as_matmuls(body)
     if indexed:
         log.info("%d region%s of index arithmetic over a map's H and W (an adaptive pool torch's exporter wrote as "

@@ -27,6 +27,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 from hbtools.config.model import Config, OptimizationOptions
 from hbtools.graph.constant_terms import Tails
 from hbtools.graph.graph import GraphView, topological_sort
+from hbtools.graph.masks import MASKED_LOGIT, logit_carriers
 from hbtools.graph.model_io import default_opset, with_horizon_domain
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import registry
@@ -50,6 +51,10 @@ from hbtools.quant.thresholds import int16_threshold
 from hbtools.quant.units import Partition, Unit
 
 log = logging.getLogger("hbtools")
+
+# How far below the scores a masked position of a Softmax input saturates: its probability is then at most
+# exp(-20) = 2e-9 of the row's largest.
+MASK_MARGIN = 20.0
 
 
 @dataclass
@@ -108,11 +113,23 @@ class CalibrationPlan:
     bounds: dict[str, float] = field(default_factory=dict)
     # tensor -> the factor its int16 grid covers beyond the calibration max (``HEADROOM``)
     headroom: dict[str, float] = field(default_factory=dict)
+    # tensors on the way to a Softmax input, which attention masks add large negative values to
+    # (``masks.logit_carriers``): their grids fit the scores (``logit_threshold``)
+    logit_carriers: set[str] = field(default_factory=set)
 
     def int16_threshold(self, tensor: str, observed: float | np.ndarray) -> float | np.ndarray:
         """The threshold of ``tensor`` on an int16 grid, from its ``observed`` one: a bounded function's bound
         (``thresholds.int16_threshold``), a fast-growing tensor's ``HEADROOM``."""
         return int16_threshold(observed, self.bounds.get(tensor)) * self.headroom.get(tensor, 1.0)
+
+    def logit_threshold(self, tensor: str, threshold: float | np.ndarray, stats: object) -> float | np.ndarray:
+        """``threshold`` of a tensor whose statistics left masked positions out (``StatsCollector.masked``): the
+        scores' range and ``MASK_MARGIN`` below it, where the masked positions saturate (their probability is
+        then at most exp(-MASK_MARGIN)); a mask alone (zeros where it keeps) takes 0 and ``MASKED_LOGIT`` exactly.
+        A grid over the fill itself (``finfo(float32).min``) put every score on one level: uniform attention."""
+        if tensor not in self.logit_carriers or not getattr(stats, "masked", 0):
+            return threshold
+        return threshold + MASK_MARGIN if getattr(stats, "max_abs", 0.0) > 0 else -MASKED_LOGIT
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)
@@ -120,7 +137,7 @@ class CalibrationPlan:
     def collector(self) -> StatsCollector:
         """Statistics for every point: per channel where the point is per channel."""
         axes = {p.tensor: p.axis for p in self.activations if p.axis is not None}
-        return StatsCollector([p.tensor for p in self.activations], axes, self.counted_where)
+        return StatsCollector([p.tensor for p in self.activations], axes, self.counted_where, self.logit_carriers)
 
     def observed(self, collector: StatsCollector) -> CalibrationPlan:
         """A copy with the observed ranges recorded (asymmetric grids are fitted to them)."""
@@ -199,6 +216,7 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     plan.counted_where = _reciprocal_numerators(part, view, calibrated)
     plan.bounds = _bounded_outputs(part, calibrated, view)
     plan.headroom = {t: f for t, f in _headroom(part, view.const).items() if t in calibrated}
+    plan.logit_carriers = logit_carriers(model) & calibrated
     plan.grid_source = {t: t for t in calibrated}
     for unit in part.units:
         if unit.on == "BPU" and unit.kind == "passive" and unit.inputs and unit.inputs[0] in plan.grid_source:

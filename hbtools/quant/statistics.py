@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hbtools.graph.masks import MASKED_BELOW
+
 BINS = 2048
 CHUNK = 1 << 20  # elements histogrammed at a time (temporaries of 12 bytes per element)
 CHANNEL_BINS = 512  # per channel: KL/percentile still resolve a 128-level grid, memory stays C * 4 kB
@@ -46,7 +48,7 @@ def abs_histogram(flat: np.ndarray, bins: int, top: float) -> np.ndarray:
 
 
 class TensorStats:
-    __slots__ = ("max_abs", "hist", "range", "count", "min", "max", "zeros")
+    __slots__ = ("max_abs", "hist", "range", "count", "min", "max", "zeros", "masked")
 
     def __init__(self, bins: int = BINS) -> None:
         self.max_abs = 0.0
@@ -56,6 +58,7 @@ class TensorStats:
         self.range = 0.0
         self.count = 0
         self.zeros = 0  # exact zeros (a ReLU's negative half, padding), all in bin 0 of ``hist``
+        self.masked = 0  # values left out as masked positions of a Softmax input (``StatsCollector.masked``)
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float32).reshape(-1)
@@ -145,8 +148,11 @@ class StatsCollector:
     """Per-tensor (or, for tensors in ``axes``, per-channel) statistics over a stream of batches."""
 
     def __init__(self, tensors: list[str], axes: dict[str, int] | None = None,
-                 counted_where: dict[str, str] | None = None) -> None:
+                 counted_where: dict[str, str] | None = None, masked: set[str] = frozenset()) -> None:
+        """``masked``: tensors on the way to a Softmax input (``masks.logit_carriers``), whose values at or
+        below ``masks.MASKED_BELOW`` are masked positions: counted apart, not as magnitudes."""
         axes = axes or {}
+        self.masked = {t for t in masked if t not in axes}
         self.stats: dict[str, TensorStats | ChannelStats] = {
             t: ChannelStats(axes[t]) if t in axes else TensorStats() for t in tensors}
         # tensor -> another tensor: count only the elements where that one is not zero (``nonzero_where``)
@@ -171,6 +177,11 @@ class StatsCollector:
                 if mask is not None and mask in masks:
                     where = nonzero_where(masks[mask], np.shape(value))
                     value = np.asarray(value)[where] if where is not None else value
+                if name in self.masked:
+                    value = np.asarray(value, dtype=np.float32).reshape(-1)
+                    scores = ~(value <= MASKED_BELOW)
+                    self.stats[name].masked += value.size - int(np.count_nonzero(scores))
+                    value = value[scores]
                 self.stats[name].update(value)
         self.samples += int(new_sample)
 
