@@ -355,8 +355,9 @@ def _float_runs(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, li
     stand_ins = scored_outputs(optimized)
     outputs = [o.name for o in optimized.graph.output]
     if stand_ins != outputs:
-        log.info("outputs picked at places the data decides (TopK, NonMaxSuppression, gathers at their indices) are "
-                 "scored on the tensors they pick from: %s", ", ".join(t for t in stand_ins if t not in outputs))
+        log.info("outputs picked at places the data decides (TopK, NonMaxSuppression, ArgMax, gathers at their "
+                 "indices) are scored on the tensors they pick from: %s",
+                 ", ".join(t for t in stand_ins if t not in outputs))
     tails = Tails(optimized)
     for out, joined, constant in zip(stand_ins, output_pieces(optimized), constant_terms(optimized), strict=True):
         if joined is not None:

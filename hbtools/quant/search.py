@@ -133,7 +133,9 @@ def session_threads(workers: int) -> int:
 # elements at such places: TopK and NonMaxSuppression always, a gather when its indices come from a decision.
 _DECISIONS = ("TopK", "ArgMax", "ArgMin", "NonMaxSuppression", "NonZero")
 _GATHERS = ("Gather", "GatherElements", "GatherND")
-_SELECTIONS = ("TopK", "NonMaxSuppression")  # pick by value themselves
+# Pick by value themselves: an index output (ArgMax's class map, a SimCC keypoint bin) is scored on what it
+# chose from, not by the cosine of its indices.
+_SELECTIONS = ("TopK", "NonMaxSuppression", "ArgMax", "ArgMin")
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
 
 

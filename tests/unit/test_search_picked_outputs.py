@@ -135,3 +135,22 @@ def test_a_greedy_decoder_loop_is_scored_on_what_it_reads() -> None:
     onnx.checker.check_model(model)
     scored = scored_tensors(model)
     assert "tokens" not in scored and set(scored) == {"feats", "feats0"}, scored
+
+
+def test_an_argmax_output_is_scored_on_the_logits_it_reads() -> None:
+    """A segmentation model ending in ArgMax (the vendor's advice for segmenters) or a SimCC keypoint head decoding
+    bins: its class or bin indices were scored by their cosine, which says nothing of the error (an index off by
+    one class counts by how far the class numbers lie apart)."""
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["logits"], kernel_shape=[1, 1], name="classes"),
+             helper.make_node("ArgMax", ["logits"], ["label"], axis=1, keepdims=0, name="label"),
+             helper.make_node("Cast", ["label"], ["labelf"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("Mul", ["labelf", "step"], ["y"], name="decode")]
+    inits = [numpy_helper.from_array((rng.standard_normal((6, 3, 1, 1))).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "step")]
+    graph = helper.make_graph(nodes, "segmenter", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("label", TensorProto.INT64, [1, 8, 8]),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    assert set(scored_tensors(optimize.run(model))) == {"logits"}  # both outputs: the index map, its decoding
