@@ -81,7 +81,8 @@ def _run(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
         log.info("compared %d shared tensors, %d differ", len(result.nodes), len(failed))
         for c in failed:
             log.info("  %s: mismatch %d of %d, max abs error %g", c.name, c.mismatch, c.total, c.max_abs)
-        log.info("tensors saved under %s", save_dumps(result, Path(DUMP_DIR)))
+        log.info("%d tensors of each run saved under %s", len(result.sim_values),
+                 save_dumps(result, Path(DUMP_DIR)))
     bad = [c for c in result.outputs if not c.passed]
     for c in bad:
         _statistics(c, counted)

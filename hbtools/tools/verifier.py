@@ -22,7 +22,7 @@ from hbtools.graph.model_io import load_model
 from hbtools.ops.base import DOMAIN
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.preprocess import HzPreprocess
-from hbtools.outputs import write_file
+from hbtools.outputs import file_names, write_file
 from hbtools.runtime.binfile import read_bin
 from hbtools.runtime.rt_input import load_rt_file, random_rt_inputs
 from hbtools.runtime.runtime_model import RuntimeModel, load
@@ -220,10 +220,10 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
 
 def save_dumps(result: Verification, folder: Path) -> Path:
     """Every compared tensor of both runs as .npy under ``folder/{quanti_onnx,sim}``."""
+    files = file_names([*result.onnx_values, *result.sim_values], suffix=".npy")
     for side, values in (("quanti_onnx", result.onnx_values), ("sim", result.sim_values)):
         (folder / side).mkdir(parents=True, exist_ok=True)
         for name, value in values.items():
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
             # through a temp file: a full disk leaves no cut .npy that np.load rejects
-            write_file(folder / side / f"{safe}.npy", lambda fh, v=value: np.save(fh, v))
+            write_file(folder / side / files[name], lambda fh, v=value: np.save(fh, v))
     return folder
