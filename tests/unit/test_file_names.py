@@ -1,8 +1,8 @@
-"""File names the tools derive from tensor, node and input names (hunt 9 defects 4, 6).
+"""File names the tools derive from tensor, node and input names (hunt 9 defects 4, 6, 7).
 
 A name longer than a file name may be (TFLite's fused names through tf2onnx run to hundreds of characters) is
-cut with a hash; names that map to one file name ('r:0' and 'r_0') get files of their own. Models are built
-with onnx.helper and converted by makertbin.
+cut with a hash; names that map to one file name ('r:0' and 'r_0') get files of their own; hb_verifier's dump
+is replaced as a whole. Models are built with onnx.helper and converted by makertbin.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from bin_fixtures import invoke
-from builders import FloatModel
+from builders import MODELS, FloatModel
 from debug_support import Dumped, convert_with_dump
 from onnx import TensorProto, helper, numpy_helper
 
@@ -69,6 +69,11 @@ def long_built(tmp_path_factory: pytest.TempPathFactory) -> Dumped:
 @pytest.fixture(scope="module")
 def colliding(tmp_path_factory: pytest.TempPathFactory) -> Dumped:
     return convert_with_dump(tmp_path_factory.mktemp("collide"), colliding_names())
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Dumped:
+    return convert_with_dump(tmp_path_factory.mktemp("plain"), MODELS["resnet_like"]())
 
 
 @pytest.fixture(autouse=True)
@@ -144,6 +149,50 @@ def test_names_that_map_to_one_file_name_get_files_of_their_own(colliding: Dumpe
     saved = plot_distribution(in_tmp / "plots", colliding.calibrated, colliding.data, nodes)
     assert len({p.name for p in saved.values()}) == 2
     assert sorted(p.name for p in (in_tmp / "plots").iterdir()) == sorted(p.name for p in saved.values())
+
+
+def test_verifier_dump_of_a_second_model_leaves_no_file_of_the_first(colliding: Dumped, plain: Dumped,
+                                                                     in_tmp: Path) -> None:
+    """The second model's dump held tensors of the first one beside its own."""
+    _verify(plain)
+    alone = {side: set(files) for side, files in _dump().items()}
+    _verify(colliding)
+    _verify(plain)
+    assert {side: set(files) for side, files in _dump().items()} == alone
+
+
+def test_interrupted_verifier_dump_leaves_the_previous_one(colliding: Dumped, plain: Dumped,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the dump was written left a mix of the two models' tensors."""
+    _verify(colliding)
+    before = _dump()
+    written = []
+
+    def interrupted(file: object, value: np.ndarray, *args: object, **kwargs: object) -> None:
+        written.append(file)
+        if len(written) == 3:
+            raise KeyboardInterrupt
+        save(file, value, *args, **kwargs)
+
+    save = np.save
+    monkeypatch.setattr(np, "save", interrupted)
+    result = invoke(hb_verifier.main, ["-m", f"{plain.paths['quantized']},{plain.paths['bin']}", "-r", "True"])
+    assert result.exit_code == 130, result.output
+    after = _dump()
+    assert {side: set(files) for side, files in after.items()} == {side: set(files) for side, files in before.items()}
+    assert all(np.array_equal(after[side][name], value) for side in before for name, value in before[side].items())
+
+
+def test_verifier_refuses_an_input_inside_the_dump_it_replaces(colliding: Dumped, in_tmp: Path) -> None:
+    """The dump replaces its folders whole: an input file kept there would be deleted with them."""
+    _verify(colliding)
+    given = "hb_verifier_dump/sim/data_hz_preprocessed_quantized.npy"
+    result = invoke(hb_verifier.main, ["-m", f"{colliding.paths['quantized']},{colliding.paths['bin']}",
+                                       "-r", "True", "-i", f"data:{given}"])
+    assert result.exit_code != 0
+    assert f"'{given}' is an input of this run" in result.output and "Traceback" not in result.output
+    assert "move it out of the hb_verifier dump folder" in result.output, result.output
+    assert (in_tmp / given).is_file()
 
 
 def test_file_names_keep_plain_names_and_fit_the_limit() -> None:
