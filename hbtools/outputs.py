@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import logging
 import os
 import secrets
 from collections.abc import Callable, Iterable
@@ -19,6 +21,11 @@ if TYPE_CHECKING:  # numpy only for write_array: a tool's start-up stays light (
     import numpy as np
 
 from hbtools.errors import ResourceError, UsageError, os_error
+
+log = logging.getLogger("hbtools")
+
+NAME_MAX = 255  # bytes in one file name on Linux file systems (ext4, xfs, btrfs, tmpfs)
+_HASH_LENGTH = 8  # hex digits of the hash that ends a cut name
 
 
 def output_dir(path: str | Path, option: str, *, create: bool = True) -> Path:
@@ -117,7 +124,7 @@ def replace_atomically(path: str | Path, content: Content) -> None:
     ``OSError`` propagates naming ``path`` (a failed ``write`` names no file of its own; a short write,
     numpy's "4096 requested and 2016 written", becomes ENOSPC: the disk filled up under it)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp = path.with_name(_temp_name(path.name))
     try:
         # os.open with 0o666 (not mkstemp's 0o600) so the result gets the usual umask mode.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
@@ -140,6 +147,13 @@ def replace_atomically(path: str | Path, content: Content) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _temp_name(name: str) -> str:
+    """A hidden temp file name beside ``name``, within the file name limit even when ``name`` is just within it."""
+    tail = f".{secrets.token_hex(4)}.tmp"
+    start = name.encode()[:NAME_MAX - 1 - len(tail)].decode("utf-8", "ignore")
+    return f".{start}{tail}"
 
 
 def _fill(fh: BinaryIO, content: Content) -> None:
@@ -180,3 +194,61 @@ def write_array(path: str | Path, array: np.ndarray) -> Path:
     import numpy as np
 
     return write_file(path, np.ascontiguousarray(array).tobytes())
+
+
+def file_names(names: Iterable[str], *, prefix: str = "", suffix: str = "", fallback: str = "tensor") -> dict[str, str]:
+    """A distinct file name ``prefix + stem + suffix`` for each of the tensor, node or input ``names`` that a
+    tool writes into one folder.
+
+    The stem is the name with every character but letters, digits, '.', '_' and '-' turned into '_', without
+    a '.' at either end (no hidden file, no '..'; ``fallback`` when nothing is left). A stem that would make
+    the file name longer than ``NAME_MAX`` bytes is cut and ends in '_' and a hash of the whole name. When
+    names share a stem, one that is its own stem keeps it, and the others get '_1', '_2', ... in their order.
+    Each name so changed is logged (DEBUG, the tool's log file) with its file, and one INFO line counts them.
+    """
+    room = NAME_MAX - len(prefix.encode()) - len(suffix.encode())
+    bases = {name: _mapped(name) or fallback for name in names}
+    # 'r_0' keeps r_0.npy beside an 'r:0' met first: a plain name's file is always the name itself
+    ordered = sorted(bases, key=lambda name: bases[name] != name)
+    stems: dict[str, str] = {}
+    used: set[str] = set()
+    for name in ordered:
+        base, count = bases[name], 0
+        stem = _within(base, name, room)
+        while stem in used:
+            count += 1
+            stem = _within(base, name, room - len(f"_{count}")) + f"_{count}"
+        stems[name] = stem
+        used.add(stem)
+    files = {name: f"{prefix}{stems[name]}{suffix}" for name in bases}
+    _log_changed([name for name in bases if stems[name] != bases[name]], files)
+    return files
+
+
+def _mapped(name: str) -> str:
+    """``name`` with what a file name should not hold as '_' ('/', ':', spaces) and no '.' at either end."""
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name).strip(".")
+
+
+def _within(stem: str, name: str, room: int) -> str:
+    """``stem`` if it fits in ``room`` bytes, else its start and a hash of ``name`` (cut at a character)."""
+    encoded = stem.encode()
+    if len(encoded) <= room:
+        return stem
+    digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_LENGTH]
+    start = encoded[:room - _HASH_LENGTH - 1].decode("utf-8", "ignore")
+    return f"{start}_{digest}"
+
+
+def _log_changed(changed: list[str], files: dict[str, str]) -> None:
+    # The full names go to the log file only: a TFLite model's fused names can be hundreds, each hundreds long.
+    for name in changed:
+        log.debug("file name of '%s': '%s'", name, files[name])
+    if changed:
+        log.info("%d name(s) too long for a file name (%d bytes) or sharing one with another name got a file "
+                 "name of their own, e.g. '%s': '%s'; the log file lists them all", len(changed), NAME_MAX,
+                 _shortened(changed[0]), files[changed[0]])
+
+
+def _shortened(name: str, most: int = 80) -> str:
+    return name if len(name) <= most else f"{name[:most]}..."

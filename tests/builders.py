@@ -254,8 +254,8 @@ def write_calibration(fm: FloatModel, root: Path, count: int = 6, seed: int = 10
     """``count`` random ``tofile`` samples per input: uint8 images, float32 featuremaps."""
     rng = np.random.default_rng(seed)
     dirs = {}
-    for name in fm.inputs:
-        d = root / f"cal_{name}"
+    for k, name in enumerate(fm.inputs):
+        d = root / (f"cal_{name}" if len(name.encode()) < 200 else f"cal_{k}")  # a name too long for a folder
         d.mkdir(parents=True, exist_ok=True)
         for i in range(count):
             random_sample(fm, name, rng).tofile(d / f"{i:03d}.bin")

@@ -62,7 +62,8 @@ def _run(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
          dump_all: bool, counted: str = "result") -> None:
     """``counted``: what the mismatch statistics count, as each tool's manual words it (hb_verifier: results,
     hb_model_verifier: lines)."""
-    from hbtools.tools.verifier import save_dumps, verify
+    from hbtools.runs.transaction import check_inputs_outside
+    from hbtools.tools.verifier import DUMP_FOLDER, DUMP_SIDES, given_files, save_dumps, verify
 
     parts = [p.strip() for p in models.split(",") if p.strip()]
     onnx_files = [p for p in parts if p.lower().endswith(".onnx")]
@@ -75,13 +76,18 @@ def _run(models: str, board_ip: str | None, run_sim: bool, input_img: str | None
     elif not run_sim:
         log.info("no board given: comparing the quantized model with the x86 simulator")
     images = [p.strip() for p in input_img.split(",")] if input_img else None
+    # the files the run reads: the dump replaces its folders whole, so none of them may lie there
+    inputs = [Path(onnx_files[0]), Path(bin_files[0]), *given_files(images)]
+    if dump_all:
+        check_inputs_outside(Path(DUMP_DIR), DUMP_SIDES, inputs, DUMP_FOLDER)
     result = verify(onnx_files[0], bin_files[0], images, digits, dump_all)
     if dump_all:
         failed = [c for c in result.nodes if not c.passed]
         log.info("compared %d shared tensors, %d differ", len(result.nodes), len(failed))
         for c in failed:
             log.info("  %s: mismatch %d of %d, max abs error %g", c.name, c.mismatch, c.total, c.max_abs)
-        log.info("tensors saved under %s", save_dumps(result, Path(DUMP_DIR)))
+        log.info("%d tensors of each run saved under %s", len(result.sim_values),
+                 save_dumps(result, Path(DUMP_DIR), inputs))
     bad = [c for c in result.outputs if not c.passed]
     for c in bad:
         _statistics(c, counted)

@@ -8,7 +8,6 @@ so memory does not grow with the size of the calibration set.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from hbtools.data.intermediate import to_intermediate
 from hbtools.data.npy import load_npy
 from hbtools.errors import HbError, os_error
 from hbtools.log import logger
-from hbtools.outputs import replace_atomically
+from hbtools.outputs import file_names, replace_atomically
 
 
 class CalibrationSource:
@@ -328,18 +327,8 @@ class RandomCalibrationSource(CalibrationSource):
 
 
 def folder_names(names: Sequence[str]) -> dict[str, str]:
-    """Filesystem-safe, distinct folder name for each input name."""
-    out: dict[str, str] = {}
-    used: set[str] = set()
-    for name in names:
-        base = re.sub(r"[^A-Za-z0-9._-]", "_", name).strip(".") or "input"
-        safe, i = base, 0
-        while safe in used:
-            i += 1
-            safe = f"{base}_{i}"
-        used.add(safe)
-        out[name] = safe
-    return out
+    """Filesystem-safe, distinct folder name for each input name (the dump and the debugger that reads it)."""
+    return file_names(names, fallback="input")
 
 
 def dump_calibration_data(source: CalibrationSource, working_dir: str | Path) -> Path:

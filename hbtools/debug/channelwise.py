@@ -20,6 +20,7 @@ from hbtools.debug.evaluate import tensor_values
 from hbtools.debug.model import KINDS, CalibratedModel, CalibrationNode, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
+from hbtools.outputs import file_names
 from hbtools.quant import grids
 
 MAX_OUTLIERS = 50
@@ -46,12 +47,13 @@ def channel_boxes(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[st
     quants: dict[str, list[np.ndarray]] = {}
     if tensors:
         _, quants = tensor_values(shared_switchboard(cm, tensors), samples, frozenset(cm.calibration))
+    files = file_names(nodes, suffix="_channelwise.png", fallback="node")
     out = {}
     for name in nodes:
         c = cm.calibration[name]
         data = cm.constants[c.input] if c.input in cm.constants else np.concatenate(quants[c.input], axis=0)
         channels, ax_ = channel_rows(c, data, axis, name)
-        out[name] = _plot(name, channels, ax_, c.threshold, folder)
+        out[name] = _plot(name, channels, ax_, c.threshold, folder / files[name])
     return out
 
 
@@ -74,7 +76,7 @@ def channel_rows(c: CalibrationNode, data: np.ndarray, axis: int | None, name: s
     return np.moveaxis(values, ax_, 0).reshape(data.shape[ax_], -1), ax_
 
 
-def _plot(name: str, channels: np.ndarray, axis: int, threshold: float, folder: Path) -> Path:
+def _plot(name: str, channels: np.ndarray, axis: int, threshold: float, path: Path) -> Path:
     count = channels.shape[0]
     fig, (ax,) = plots.figure(min(max(8.0, count * 0.12), 24.0), 6.0)
     ax.bxp([_box(c) for c in channels], showmeans=True, meanline=True, showfliers=True,
@@ -89,7 +91,7 @@ def _plot(name: str, channels: np.ndarray, axis: int, threshold: float, folder: 
     ax.set_xlabel(f"channel (axis {axis}), {count} channels")
     ax.set_ylabel("value")
     plots.title(ax, name, "per-channel distribution (red: median, blue dashed: mean)")
-    return plots.save(fig, folder / f"{plots.file_stem(name)}_channelwise.png")
+    return plots.save(fig, path)
 
 
 def _box(values: np.ndarray) -> dict:

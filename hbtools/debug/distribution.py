@@ -28,6 +28,7 @@ from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
+from hbtools.outputs import file_names
 
 BINS = 200
 
@@ -49,10 +50,11 @@ def distributions(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[st
     if observed:
         switchboard = shared_switchboard(cm, observed)
         floats, quants = tensor_values(switchboard, samples, frozenset(cm.calibration))
+    files = file_names(nodes, suffix="_distribution.png", fallback="node")
     out = {}
     for name in nodes:
         if name in cm.bias_nodes:
-            out[name] = _bias(cm, name, folder)
+            out[name] = _bias(cm, name, folder / files[name])
             continue
         kind = cm.kind_of(name)
         fig, axes = plots.figure(14.0 if kind == "node" else 9.0, 5.0, 2 if kind == "node" else 1)
@@ -73,11 +75,11 @@ def distributions(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[st
         plots.title(axes[0], name, {"weight": "weight calibration node: float and calibrated weight",
                                     "activation": "activation calibration node: its input",
                                     "node": "output in the float and the calibrated model"}[kind])
-        out[name] = plots.save(fig, folder / f"{plots.file_stem(name)}_distribution.png")
+        out[name] = plots.save(fig, folder / files[name])
     return out
 
 
-def _bias(cm: CalibratedModel, name: str, folder: Path) -> Path:
+def _bias(cm: CalibratedModel, name: str, path: Path) -> Path:
     node = cm.bias_nodes[name]
     bias = cm.constants.get(node.input[0])
     if bias is None:
@@ -88,7 +90,7 @@ def _bias(cm: CalibratedModel, name: str, folder: Path) -> Path:
     _histograms(axes[0], {"float bias": bias, "calibrated bias (int32 grid)": on_grid}, None)
     error = float(np.abs(on_grid.astype(np.float64) - bias).max()) if np.size(bias) else 0.0
     plots.title(axes[0], name, f"bias calibration node: float and calibrated bias (largest change {error:.3g})")
-    return plots.save(fig, folder / f"{plots.file_stem(name)}_distribution.png")
+    return plots.save(fig, path)
 
 
 def _required(names: list[str] | None, param: str) -> list[str]:

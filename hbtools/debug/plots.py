@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 import matplotlib
@@ -24,11 +23,6 @@ def output_dir(save_dir: str | Path | None) -> Path:
     """``save_dir``, created if needed; ``./debug_result`` when not given."""
     # Checked now, made when the first file is written: a refused argument leaves no folder.
     return outputs.output_dir(DEFAULT_SAVE_DIR if save_dir is None else save_dir, "save_dir", create=False)
-
-
-def file_stem(node: str) -> str:
-    """A node name as a file name (``/``, ``:`` and the like become ``_``)."""
-    return re.sub(r"[^A-Za-z0-9._@-]", "_", node).strip(".") or "node"
 
 
 def figure(width: float = 10.0, height: float = 6.0, cols: int = 1, *,

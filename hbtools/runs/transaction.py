@@ -173,21 +173,23 @@ def _holds(path: Path, inputs: Sequence[Path]) -> Path | None:
     return None
 
 
-def check_inputs_outside(working_dir: Path, names: Sequence[str], inputs: Sequence[Path]) -> None:
+def check_inputs_outside(working_dir: Path, names: Sequence[str], inputs: Sequence[Path],
+                         folder: Destination = WORKING_DIR) -> None:
     """Refuse a run one of whose ``inputs`` lies where it writes one of ``names`` (before any work, with
     the names known then, and again at the commit with every entry)."""
     for name in names:
         held = _holds(working_dir / name, inputs)
         if held is not None:
+            renamed = f" or {folder.renamed}" if folder.renamed else ""
             raise ConfigError(f"'{held}' is an input of this run and lies where it writes '{working_dir / name}'; "
-                              "the run would replace it", hint="move it out of working_dir, or choose another "
-                                                              "working_dir or output_model_file_prefix")
+                              "the run would replace it", hint=f"move it out of {folder.option}, or "
+                                                              f"{folder.elsewhere}{renamed}")
 
 
 def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inputs: Sequence[Path],
                        folder: Destination) -> None:
     """Refuse, before the commit, a move that would fail half-way through or destroy an input."""
-    check_inputs_outside(working_dir, entries, inputs)
+    check_inputs_outside(working_dir, entries, inputs, folder)
     for name in entries:
         target = working_dir / name
         if not target.exists() or target.is_symlink():

@@ -249,23 +249,22 @@ def dump_layers(rm: RuntimeModel) -> list:
 
 def write_layers(folder: Path, layers: list, values: dict[str, np.ndarray]) -> list[Path]:
     """Each layer as float32 ``<layer>_float.bin``, the name ``hb_mapper infer`` gives it, so vec_diff pairs them."""
-    from hbtools.tools.infer import file_stem
+    from hbtools.tools.infer import layer_files
 
     folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for layer in layers:
-        if layer.tensor in values:
-            path = folder / f"{file_stem(layer.name)}_float.bin"
-            outputs.write_array(path, layer.to_float(values[layer.tensor]))
-            paths.append(path)
-    return paths
+    present = [layer for layer in layers if layer.tensor in values]
+    files = layer_files(present)
+    for layer in present:
+        outputs.write_array(folder / files[layer.name], layer.to_float(values[layer.tensor]))
+    return [folder / file for file in files.values()]
 
 
 def dump_output(folder: Path, index: int, name: str, value: np.ndarray, fmt: str, txt_axis: int) -> Path:
     """One output as ``model_infer_output_<i>_<name>.<bin|txt|npy>``."""
     outputs.output_dir(folder, "--dump_path")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    path = folder / f"model_infer_output_{index}_{safe}.{fmt}"
+    # the index keeps the outputs' files apart: only a name too long for a file name changes
+    path = folder / outputs.file_names([name], prefix=f"model_infer_output_{index}_", suffix=f".{fmt}",
+                                       fallback="output")[name]
     if fmt == "bin":
         outputs.write_array(path, value)
         return path

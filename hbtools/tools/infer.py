@@ -10,7 +10,6 @@ Which layers: see ``hbtools.quant.layer_dump``.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,9 +42,10 @@ log = logging.getLogger("hbtools")
 OUTPUT_DIR = Destination("--output-dir", "choose another --output-dir")
 
 
-def file_stem(layer: str) -> str:
-    """A layer name as a file name (Caffe-style names contain '/')."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", layer).strip(".") or "layer"
+def layer_files(layers: Sequence[Layer]) -> dict[str, str]:
+    """Each layer's file, ``<layer>_float.bin``: ``hrt_model_exec`` names the .bin's layers so too, and vec_diff
+    pairs the files by name."""
+    return outputs.file_names([layer.name for layer in layers], suffix="_float.bin", fallback="layer")
 
 
 def _specs(config: Config, model: ModelProto) -> list[InputSpec]:
@@ -165,11 +165,12 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
     out_dir = outputs.output_dir(output_dir, "--output-dir")
     # One set, as vec_diff compares it: a failed or interrupted run leaves the previous results, and results
     # of layers the last run here had and this model has not are removed (not compared as if current).
+    files = layer_files(layers)
     with artefact_transaction(out_dir, set_name="infer", inputs=[Path(model_file), Path(config_path),
                                                                    *(Path(f) for _, f in images)],
                               folder=OUTPUT_DIR) as staging:
         for layer in layers:
-            outputs.write_array(staging / f"{file_stem(layer.name)}_float.bin", layer.to_float(values[layer.tensor]))
-    written = [out_dir / f"{file_stem(layer.name)}_float.bin" for layer in layers]
+            outputs.write_array(staging / files[layer.name], layer.to_float(values[layer.tensor]))
+    written = [out_dir / file for file in files.values()]
     log.info("%d layer result(s) of %s written to %s", len(written), model_file, out_dir)
     return written

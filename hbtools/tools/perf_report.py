@@ -49,8 +49,9 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
 
     ``static``: makertbin's static performance page, written straight into ``root`` (its working_dir).
     """
+    folder = root if static else root / outputs.file_names([rm.name], fallback="model")[rm.name]
     if not static:  # checked before the estimate: a refusal comes first, not after the work
-        _check_no_file_in_the_way(root, root / _safe(rm.name))
+        _check_no_file_in_the_way(root, folder)
     if not rm.march:
         log.warning("%s: the model does not record its march; estimating for bayes-e", rm.name)
     profile = get_profile(rm.march or "bayes-e")
@@ -58,7 +59,7 @@ def write_report(rm: RuntimeModel, root: Path, *, static: bool = False) -> Path:
     if static:
         root.mkdir(parents=True, exist_ok=True)
         return _write_pages(rm, cost, root, layers=has_layer_info(rm))
-    folder = outputs.output_dir(root / _safe(rm.name), "hb_perf result")
+    outputs.output_dir(folder, "hb_perf result")
     layers = has_layer_info(rm)
     if not layers:
         log.warning("bpu model don't have per-layer perf info.")
@@ -75,16 +76,18 @@ def _write_pages(rm: RuntimeModel, cost: ModelCost, folder: Path, *, layers: boo
     """The picture, a page and a JSON per subgraph and the main page in ``folder``; returns the main page."""
     _table_type_names(rm, cost)
     structure = analyse(rm.graph, rm.bin.partition, tensor_info(rm.graph))
-    picture = structure_plot.draw(rm.graph, structure, rm.name, folder / f"{_safe(rm.name)}.png")
+    # one stem per page; its picture and data take the same stem with their own (shorter) extension
+    pages = outputs.file_names([rm.name, *(sub.name for sub in cost.subgraphs)], suffix=".html", fallback="model")
+    main = folder / pages[rm.name]
+    picture = structure_plot.draw(rm.graph, structure, rm.name, main.with_suffix(".png"))
     for sub in cost.subgraphs:
-        page = folder / f"{_safe(sub.name)}.html"
+        page = folder / pages[sub.name]
         outputs.replace_atomically(page, _subgraph_page(rm, sub, layers))
         data = {**sub.summary(), "march": cost.march}
         if layers:
             data["layers"] = [layer.as_dict() for layer in sub.layers]
-        outputs.replace_atomically(folder / f"{_safe(sub.name)}.json", json.dumps(data, indent=2))
-    main = folder / f"{_safe(rm.name)}.html"
-    outputs.replace_atomically(main, _main_page(rm, cost, picture.name))
+        outputs.replace_atomically(page.with_suffix(".json"), json.dumps(data, indent=2))
+    outputs.replace_atomically(main, _main_page(rm, cost, picture.name, pages))
     return main
 
 
@@ -99,12 +102,6 @@ def _table_type_names(rm: RuntimeModel, cost: ModelCost) -> None:
             kind = types.get(layer.name)
             if isinstance(kind, str) and kind:
                 layer.op_type = kind
-
-
-def _safe(name: str) -> str:
-    """A file name for a model or subgraph name (names come from the file, so no path parts)."""
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".")
-    return cleaned or "model"
 
 
 def _table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
@@ -122,7 +119,7 @@ def _page(title: str, body: str) -> str:
             f"<style>{_STYLE}</style></head><body>\n{body}\n</body></html>\n")
 
 
-def _main_page(rm: RuntimeModel, cost: ModelCost, picture: str) -> str:
+def _main_page(rm: RuntimeModel, cost: ModelCost, picture: str, pages: dict[str, str]) -> str:
     name = html.escape(rm.name)
     summary = _table(
         ["Model Name", "Model Latency (ms)", "Total DDR (loaded+stored) bytes per frame (MB per frame)",
@@ -132,7 +129,7 @@ def _main_page(rm: RuntimeModel, cost: ModelCost, picture: str) -> str:
     details = _table(
         ["Model Subgraph Name", "Model Subgraph Calculation Load (OPpf)", "Model Subgraph DDR Occupation (Mbpf)",
          "Model Subgraph Latency (ms)"],
-        [[f'<a href="{html.escape(_safe(s.name))}.html">{html.escape(s.name)}</a>', f"{s.ops:.0f}",
+        [[f'<a href="{html.escape(pages[s.name])}">{html.escape(s.name)}</a>', f"{s.ops:.0f}",
           f"{s.ddr_mb:.3f}", f"{s.latency_ms:.3f}"] for s in cost.subgraphs],
     )
     cpu = ", ".join(html.escape(f"{n} ({t})") for n, t in cost.cpu_nodes) or "none"

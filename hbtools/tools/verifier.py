@@ -10,6 +10,7 @@ removed by hb_model_modifier is compared on the tensors that became its outputs
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from hbtools.graph.model_io import load_model
 from hbtools.ops.base import DOMAIN
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.preprocess import HzPreprocess
-from hbtools.outputs import write_file
+from hbtools.outputs import file_names, replace_atomically
+from hbtools.runs.transaction import Destination, artefact_transaction
 from hbtools.runtime.binfile import read_bin
 from hbtools.runtime.rt_input import load_rt_file, random_rt_inputs
 from hbtools.runtime.runtime_model import RuntimeModel, load
@@ -31,6 +33,9 @@ from hbtools.runtime.simulator import Simulator
 from hbtools.tools.modifier import original_tensor, without_input_side
 
 RANDOM_SEED = 0  # random inputs are the same in every run, so a failure can be reproduced
+DUMP_SIDES = ("quanti_onnx", "sim")  # the dump's folders: the quantized model's tensors, the simulator's
+DUMP_FOLDER = Destination("the hb_verifier dump folder", "run hb_verifier from another folder (it writes "
+                                                         "hb_verifier_dump/ in the current folder)")
 
 
 @dataclass
@@ -110,6 +115,16 @@ def runtime_inputs(rm: RuntimeModel, images: list[str] | None) -> dict[str, np.n
         raise HbError(f"no input file for {missing}", hint="give one file per input: name1:file1,name2:file2")
     descs = {d.name: d for d in rm.inputs}
     return {n: load_rt_file(descs[n], p) for n, p in given.items()}
+
+
+def given_files(images: list[str] | None) -> list[Path]:
+    """The existing files ``-i`` items name, read before the model is: an item is a path, or 'name:path' with
+    a name that may hold ':' itself."""
+    files = []
+    for item in images or []:
+        starts = [0, *(k + 1 for k, c in enumerate(item) if c == ":")]
+        files += [Path(item[k:]) for k in starts if item[k:] and Path(item[k:]).exists()]
+    return files
 
 
 def _with_outputs(model: ModelProto, names: list[str]) -> ModelProto:
@@ -214,12 +229,16 @@ def verify(onnx_path: str | Path, bin_path: str | Path, images: list[str] | None
                         differing_constants(quantized, rm))
 
 
-def save_dumps(result: Verification, folder: Path) -> Path:
-    """Every compared tensor of both runs as .npy under ``folder/{quanti_onnx,sim}``."""
-    for side, values in (("quanti_onnx", result.onnx_values), ("sim", result.sim_values)):
-        (folder / side).mkdir(parents=True, exist_ok=True)
-        for name, value in values.items():
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-            # through a temp file: a full disk leaves no cut .npy that np.load rejects
-            write_file(folder / side / f"{safe}.npy", lambda fh, v=value: np.save(fh, v))
+def save_dumps(result: Verification, folder: Path, inputs: Sequence[Path] = ()) -> Path:
+    """Every compared tensor of both runs as .npy under ``folder/{quanti_onnx,sim}``.
+
+    The dump is one set: it replaces the previous one whole (no tensor of another model stays), and a failed or
+    interrupted run leaves the previous one as it was. ``inputs``: the run's files, which it never replaces.
+    """
+    files = file_names([*result.onnx_values, *result.sim_values], suffix=".npy")
+    with artefact_transaction(folder, set_name="hb_verifier", inputs=inputs, folder=DUMP_FOLDER) as staging:
+        for side, values in zip(DUMP_SIDES, (result.onnx_values, result.sim_values), strict=True):
+            (staging / side).mkdir()
+            for name, value in values.items():
+                replace_atomically(staging / side / files[name], lambda fh, v=value: np.save(fh, v))
     return folder

@@ -16,9 +16,9 @@ from hbtools.config.builtin import builtin_config
 from hbtools.config.loader import load_config
 from hbtools.data.calibration import read_sample_file
 from hbtools.metrics import cosine_similarity
+from hbtools.outputs import file_names
 from hbtools.pipeline import optimize, parse
 from hbtools.runtime import HB_ONNXRuntime
-from hbtools.tools.infer import file_stem
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +99,7 @@ def test_infer_and_vec_diff_on_cls(ppocr_sample_data, tmp_path: Path) -> None:
     outputs = [HB_ONNXRuntime(model_file=f"{prefix}_{kind}.onnx").run(None, feed)[0]
                for kind in ("optimized_float_model", "quantized_model")]
     output_name = HB_ONNXRuntime(model_file=f"{prefix}_quantized_model.onnx").output_names[0]
-    row = table[f"{file_stem(output_name)}_float.bin"]  # '/' in a layer name becomes '_'
+    row = table[file_names([output_name], suffix="_float.bin")[output_name]]  # "/" in a layer name becomes "_"
     assert abs(float(row["Cosine Similarity"]) - cosine_similarity(*outputs)) < 1e-6
     convs = [r for name, r in table.items() if name.startswith("conv2d") or "Conv" in name]
     assert len(convs) > 10, list(table)

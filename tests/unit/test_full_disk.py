@@ -148,17 +148,21 @@ def test_model_info_on_a_full_disk_leaves_no_empty_deleted_nodes_file(small: Pat
     assert not [p for p in os.listdir(in_tmp) if "deleted_nodes_info" in p]
 
 
-def test_verifier_dump_short_write_is_a_full_disk_naming_the_file(tmp_path: Path, full_disk) -> None:
+def test_verifier_dump_short_write_is_a_full_disk_leaving_the_previous_dump(tmp_path: Path, full_disk) -> None:
+    """The dump is one set: a disk that fills up under it leaves the previous dump as it was."""
     from hbtools.tools.verifier import Verification, save_dumps
 
+    save_dumps(Verification([], [], {"old": np.zeros(3)}, {"old": np.zeros(3)}), tmp_path / "dump")
+    previous = _visible(_files(tmp_path / "dump"))
     value = np.arange(5000, dtype=np.int32)
     full_disk(lambda p: "/dump/" in p, 2016, short_write=True)
     with pytest.raises(ResourceError) as caught:
         save_dumps(Verification([], [], {"out": value}, {"out": value}), tmp_path / "dump")
-    path = tmp_path / "dump" / "quanti_onnx" / "out.npy"
-    assert str(caught.value).startswith(f"cannot write '{path}': could not write all of it (")
+    assert str(caught.value).startswith(f"cannot write the results in the hb_verifier dump folder "
+                                        f"'{tmp_path / 'dump'}': could not write all of it (")
     assert "the disk is full" in str(caught.value) and "permission" not in str(caught.value)
-    assert os.listdir(path.parent) == []
+    assert _visible(_files(tmp_path / "dump")) == previous
+    assert not (tmp_path / "dump" / ".hbtools_staging").exists()
 
 
 def test_a_bare_short_write_reads_as_a_full_disk_not_permissions() -> None:
