@@ -872,3 +872,24 @@ def test_an_spp_blocks_large_max_pools_run_on_the_bpu_of_x3(tmp_path: Path, pads
     assert "1 MaxPools of stride 1 with a kernel larger than the BPU takes written as a cascade" in log, log[-2000:]
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     _agrees_with_source(model, tmp_path / "out", (1, 3, 16, 16), rng, optimized=True)
+
+
+def test_an_expand_on_x3_is_named_as_the_model_has_it(tmp_path: Path) -> None:
+    """F.normalize as torch 2.x exports it (ReduceL2, Clip, Expand, Div): on RDK X3, whose BPU has no Tile either,
+    the CPU reason said 'Tile is not supported' for the user's Expand (the optimize stage had written it so)."""
+    import onnx
+    from conformance import INTERNAL, _cli
+
+    rng = np.random.default_rng(41)
+    inits = [_init("w", (rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32)), _init("axes", np.array([1])),
+             _init("eps", np.array(1e-12, np.float32)), _init("shape", np.array([1, 16, 8, 8]))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("ReduceL2", ["c"], ["n"], axes=[1], keepdims=1, name="norm"),
+             helper.make_node("Clip", ["n", "eps"], ["nc"], name="clamp"),
+             helper.make_node("Expand", ["nc", "shape"], ["ne"], name="expand_as"),
+             helper.make_node("Div", ["c", "ne"], ["y"], name="div")]
+    onnx.save(_model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 16, 8, 8])], inits, opset=13), tmp_path / "m.onnx")
+    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bernoulli2", "--model", str(tmp_path / "m.onnx")],
+                     tmp_path)
+    assert code == 0 and INTERNAL not in out, out[-2000:]
+    assert "Tile" not in out and "expand_as  Expand" in out, out[-2000:]
