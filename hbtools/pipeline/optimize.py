@@ -125,9 +125,12 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     shaped = bpu_forms.conv_transpose_output_shapes_as_pads(body)
     if shaped:
         log.info("%d ConvTranspose output_shape attributes written as the pads they stand for", shaped)
+    if bpu_forms.scalar_reductions_kept_as_maps(body):
+        log.info("reductions of a whole tensor to a scalar that only element-wise ops read keep its rank (keepdims)")
     bpu_forms.spatial_reductions_as_global_pools(body)
     if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body):
-        log.info("pools over the one axis of a 3-D tensor written as pools over a 4-D tensor of one row")
+        log.info("pools over the one axis of a 3-D tensor, or over a 5-D view of a map one channel at a time, "
+                 "written as pools over a 4-D tensor")
     if profile is not None and bpu_forms.reductions_over_the_first_axis(body):
         log.info("reductions over the first axis of a tensor without a batch axis moved behind a batch of one")
     if profile is not None:

@@ -893,3 +893,25 @@ def test_an_expand_on_x3_is_named_as_the_model_has_it(tmp_path: Path) -> None:
                      tmp_path)
     assert code == 0 and INTERNAL not in out, out[-2000:]
     assert "Tile" not in out and "expand_as  Expand" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_lprnets_channel_pool_and_global_context_run_on_the_bpu(tmp_path: Path, opset: int) -> None:
+    """LPRNet pools a 5-D view of its map one channel at a time (``MaxPool3d((1, 3, 3), stride=(2, 1, 2))`` on
+    ``x.unsqueeze(1)``) and divides by the mean of its squares over the whole tensor (a scalar): 5-D and 0-D
+    tensors, which the BPU does not take, put its backbone in 5 BPU subgraphs with 29 CPU nodes."""
+    rng = np.random.default_rng(43)
+    inits = [_init("w1", (rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32)),
+             _init("w2", (rng.standard_normal((16, 8, 1, 1)) * 0.3).astype(np.float32)), _init("ax", np.array([1]))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Unsqueeze", ["r1", "ax"], ["u"]),
+             helper.make_node("MaxPool", ["u"], ["p"], kernel_shape=[1, 3, 3], strides=[2, 1, 2]),
+             helper.make_node("Squeeze", ["p", "ax"], ["s"]), helper.make_node("Conv", ["s", "w2"], ["c2"]),
+             helper.make_node("Mul", ["c2", "c2"], ["squares"]),
+             helper.make_node("ReduceMean", ["squares"], ["level"], keepdims=0),
+             helper.make_node("Div", ["c2", "level"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 12, 24])], [("y", F, [1, 16, 10, 11])], inits, opset=opset)
+    log = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 12, 24])}, "1x3x12x24", "float32", "m")
+    assert "over a 5-D view of a map one channel at a time" in log and "keep its rank (keepdims)" in log
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 24), rng, optimized=True)

@@ -50,6 +50,7 @@ from hbtools.graph.bpu_forms.pools import (
 from hbtools.graph.bpu_forms.reductions import (
     norms_as_sums,
     reductions_over_the_first_axis,
+    scalar_reductions_kept_as_maps,
     spatial_reductions_as_global_pools,
 )
 from hbtools.graph.bpu_forms.resizes import interpolations_as_matmuls, upsampling_by_whole_factors
@@ -80,6 +81,7 @@ __all__ = [
     "norms_as_sums",
     "pools_over_one_axis_as_2d",
     "reductions_over_the_first_axis",
+    "scalar_reductions_kept_as_maps",
     "spatial_index_maps_as_matmuls",
     "spatial_reductions_as_global_pools",
     "sequences_as_concats",

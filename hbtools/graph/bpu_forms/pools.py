@@ -16,11 +16,50 @@ from hbtools.ops.base import attrs_of
 def pools_over_one_axis_as_2d(model: ModelProto) -> int:
     """A MaxPool / AveragePool over the one axis of a 3-D [N, C, L] tensor (PyTorch's MaxPool1d after Conv1d
     layers: atspm-detector's traffic-signal net) as the same pool over [N, C, 1, L] between an Unsqueeze and
-    a Squeeze of that axis: kernel, stride, dilation and pads of the length axis, one row on the other. The
-    BPU's pools take 4-D tensors only, so the pool, and the activation before it that fed only it, ran on the
-    CPU. Returns how many it rewrote."""
+    a Squeeze of that axis: kernel, stride, dilation and pads of the length axis, one row on the other; and
+    a pool of a 5-D view of a map that takes one channel at a time (``_channel_pool_as_2d``). The BPU's pools
+    take 4-D tensors only, so the pool, and the activation before it that fed only it, ran on the CPU.
+    Returns how many it rewrote."""
     view = GraphView(model)
-    return rewrite_nodes(model, lambda node: _pool_as_2d(node, view, _opset(model), model))
+    opset = _opset(model)
+    return rewrite_nodes(model, lambda node: _pool_as_2d(node, view, opset, model)
+                         or _channel_pool_as_2d(node, view, opset, model))
+
+
+def _channel_pool_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
+    """A pool over a 5-D [N, 1, C, H, W] view of a map (LPRNet's ``MaxPool3d((1, 3, 3), stride=(s, 1, 2))`` on
+    ``x.unsqueeze(1)``) that takes one channel at a time: the 4-D pool over H and W, then every s-th channel (a
+    Slice with step s), the same values; between a Squeeze and an Unsqueeze of the added axis."""
+    shape = view.shapes.get(node.input[0]) if node.op_type in ("MaxPool", "AveragePool") \
+        and node.domain in ("", "ai.onnx") else None
+    out_shape = view.shapes.get(node.output[0])
+    if shape is None or out_shape is None or len(shape) != 5 or shape[1] != 1 or None in shape or None in out_shape \
+            or len([o for o in node.output if o]) != 1:
+        return None
+    a = view.attrs(node)
+    kernel, strides = list(a["kernel_shape"]), list(a.get("strides", [1, 1, 1]))
+    pads = list(a.get("pads", [0] * 6))
+    step = strides[0]
+    if kernel[0] != 1 or pads[0] or pads[3] or list(a.get("dilations", [1, 1, 1]))[0] != 1 or \
+            a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") or -(-shape[2] // step) != out_shape[2] or \
+            (step > 1 and opset < 10):
+        return None
+    attrs = {"kernel_shape": kernel[1:], "strides": strides[1:], "pads": [pads[1], pads[2], pads[4], pads[5]]}
+    if "dilations" in a:
+        attrs["dilations"] = list(a["dilations"])[1:]
+    others = [x for x in node.attribute if x.name not in ("kernel_shape", "strides", "pads", "dilations")]
+    flat, pooled = f"{node.input[0]}_{node.name}_2d", f"{node.output[0]}_{node.name}_2d"
+    pool = helper.make_node(node.op_type, [flat], [pooled], name=node.name, **attrs)
+    pool.attribute.extend(others)
+    nodes = [_axes_node(model, opset, "Squeeze", node.input[0], flat, [1], f"{node.name}_to_2d"), pool]
+    if step > 1:
+        picked = f"{node.output[0]}_{node.name}_channels"
+        names = [f"{node.name}_{k}" for k in ("starts", "ends", "axes", "steps")]
+        model.graph.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), n)
+                                       for v, n in zip((0, shape[2], 1, step), names, strict=True))
+        nodes.append(helper.make_node("Slice", [pooled, *names], [picked], name=f"{node.name}_channels"))
+        pooled = picked
+    return [*nodes, _axes_node(model, opset, "Unsqueeze", pooled, node.output[0], [1], f"{node.name}_from_2d")]
 
 
 def _pool_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:

@@ -79,6 +79,43 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
 
 
 _REDUCTION_OF = {pool: reduction for reduction, pool in _GLOBAL_POOL_OF.items()}
+_BROADCASTS = ("Add", "Sub", "Mul", "Div")
+
+
+def scalar_reductions_kept_as_maps(model: ModelProto) -> int:
+    """A reduction of a tensor over all its axes to a scalar (``keepdims=0``: LPRNet's global context
+    ``f / torch.mean(f ** 2)``) that only element-wise ops read against tensors of at least its input's rank,
+    as the same reduction with ``keepdims=1``: [1, 1, 1, 1] broadcasts as the scalar does, and the BPU takes no
+    0-D tensor, so the reduction and the division ran on the CPU. Returns how many it rewrote."""
+    view = GraphView(model)
+    count = 0
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type.startswith("Reduce") and \
+            node.domain in ("", "ai.onnx") and node.input else None
+        if shape is None or len(shape) < 2 or view.attrs(node).get("keepdims", 1) or \
+                view.reduced_axes(node) != list(range(len(shape))) or node.output[0] in view.graph_outputs:
+            continue
+        readers = view.consumers.get(node.output[0], [])
+        if not readers or any(r.op_type not in _BROADCASTS or r.domain not in ("", "ai.onnx") or any(
+                len(view.shapes.get(i) or []) < len(shape) for i in r.input if i != node.output[0]) for r in readers):
+            continue
+        for attr in node.attribute:
+            if attr.name == "keepdims":
+                attr.i = 1
+        if shape[0] == 1:  # the batch of one needs no reducing, and the BPU's reductions keep the batch axis
+            axes = list(range(1, len(shape)))
+            opset = _opset(model)
+            if opset >= 18 or (node.op_type == "ReduceSum" and opset >= 13):  # axes as an input
+                name = f"{node.name or node.output[0]}_all_but_batch"
+                model.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), name))
+                del node.input[1:]
+                node.input.append(name)
+            else:
+                kept = [a for a in node.attribute if a.name != "axes"]
+                del node.attribute[:]
+                node.attribute.extend([*kept, helper.make_attribute("axes", axes)])
+        count += 1
+    return count
 
 
 def reductions_over_the_first_axis(model: ModelProto) -> int:
