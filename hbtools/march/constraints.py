@@ -127,8 +127,10 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
             # A computed side input (Clip's min, a Pad amount) is named: "Clip on a 0-D tensor" alone
             # reads as if the data were 0-D when it is 4-D.
             side = t in node.input[1:] and t not in node.output and t != node.input[0]
+            data = view.shapes.get(node.input[0]) if t in node.output else None
             what = f"{op} reads a {len(shape)}-D tensor '{t}' (input {list(node.input).index(t)}, computed at run " \
-                   f"time)" if side else f"{op} on a {len(shape)}-D tensor"
+                   f"time)" if side else f"{op} of {_shape_text(data)} gives a {len(shape)}-D tensor" \
+                if data is not None and len(data) != len(shape) else f"{op} on a {len(shape)}-D tensor"
             return f"{what} {_shape_text(shape)}: {where} takes {allowed} tensors only"
     a = view.attrs(node)
     # Every limit broken is named: a kernel too long for the BPU is split into pieces unless the stride

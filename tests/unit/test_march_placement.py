@@ -118,6 +118,9 @@ def test_a_computed_0d_bound_is_named_as_the_input_that_breaks_the_rank_rule() -
     reason = _reason(part, "Clip_0")
     assert f"Clip reads a 0-D tensor '{low}' (input 1" in reason and "1-D to 5-D" in reason, reason
     assert "Sub on a 0-D tensor []" in _reason(part, "Sub_0")
+    # the reduction to it: 'ReduceMax on a 0-D tensor' read as if its 4-D input were 0-D (LPRNet's reasons)
+    reduced = _reason(part, "ReduceMax_0")
+    assert "ReduceMax of [1, 8, 8, 8] gives a 0-D tensor []" in reduced, reduced
 
 
 @pytest.mark.parametrize(("build", "node", "x3_reason"), [
