@@ -73,6 +73,15 @@ def test_model_info_prints_the_config_used(small) -> None:
     assert "deleted nodes" not in out
 
 
+def test_model_info_says_which_layout_an_x3_bin_takes(tmp_path, in_tmp) -> None:
+    """RDK X3 takes image data in NHWC whatever input_layout_rt says; the report a deployer reads later printed the
+    configured NCHW alone."""
+    built = build_bin(tmp_path / "x3", "resnet_like", march="bernoulli2", prefix="m",
+                      input_parameters={"input_layout_rt": "NCHW"})
+    info = invoke(hb_model_info.main, [built.bin]).output
+    assert "input_layout_rt     : NCHW (the .bin takes NHWC)" in info, info
+
+
 def test_model_info_gives_int64_tensors_their_type(tmp_path) -> None:
     """An ArgMax output and Gather indices fed as a featuremap are int64 on the board; hb_model_info listed
     them as F32 (the output's type was recorded as ONNX's number, '7'), so board code read float buffers."""
