@@ -118,8 +118,8 @@ def _inputs(model: BinModel, cfg: dict) -> list[str]:
             if key == "input_layout_rt" and desc.get("input_type_rt") == "featuremap" and desc.get("layout"):
                 value = desc["layout"]  # a featuremap is taken in its training layout, whatever the config asked
             elif key == "input_layout_rt" and desc.get("input_type_rt") not in ("nv12", None) and \
-                    not _empty(value) and desc.get("layout") not in (None, value):  # RDK X3 takes image data in NHWC whatever was asked
-                value = f"{value} (the .bin takes {desc['layout']})"
+                    not _empty(value) and desc.get("layout") not in (None, value):
+                value = f"{value} (the .bin takes {desc['layout']})"  # RDK X3 takes images in NHWC whatever was asked
             lines.append(_line(label, name if key == "input_name" else value))
         lines += [_line(label, _per_input(cp.get(key), i)) for key, label in _CAL_PER_INPUT
                   if not _empty(_per_input(cp.get(key), i))]
