@@ -283,8 +283,12 @@ def shape_probe(model: ModelProto) -> ModelProto:
 
 def large_constants(model: ModelProto) -> set[str]:
     """The initializers ``shape_probe`` and ``convert_opset`` pass over (their values unread)."""
-    return {t.name for t in model.graph.initializer
-            if elements(t.dims) >= LARGE_CONSTANT and t.data_type != onnx.TensorProto.INT64}
+    return {t.name for t in model.graph.initializer if is_large(t)}
+
+
+def is_large(tensor: TensorProto) -> bool:
+    """Whether ``tensor`` is a weight whose values no shape depends on (``LARGE_CONSTANT``)."""
+    return elements(tensor.dims) >= LARGE_CONSTANT and tensor.data_type != onnx.TensorProto.INT64
 
 
 def _declared(model: ModelProto, large: set[str]) -> set[str]:
