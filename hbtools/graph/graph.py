@@ -323,7 +323,9 @@ def copy_model(model: ModelProto, keep: Callable[[TensorProto], bool]) -> ModelP
     out = ModelProto()
     copy_fields(model, out, skip=("graph",))
     copy_fields(model.graph, out.graph, skip=("initializer",))
-    out.graph.initializer.extend(t for t in model.graph.initializer if keep(t))
+    for tensor in model.graph.initializer:
+        if keep(tensor):  # not extend: protobuf serializes what it appends, and refuses a tensor over 2 GiB
+            out.graph.initializer.add().CopyFrom(tensor)
     return out
 
 
