@@ -323,10 +323,17 @@ def copy_model(model: ModelProto, keep: Callable[[TensorProto], bool]) -> ModelP
     out = ModelProto()
     copy_fields(model, out, skip=("graph",))
     copy_fields(model.graph, out.graph, skip=("initializer",))
-    for tensor in model.graph.initializer:
-        if keep(tensor):  # not extend: protobuf serializes what it appends, and refuses a tensor over 2 GiB
-            out.graph.initializer.add().CopyFrom(tensor)
+    add_initializers(out.graph, (t for t in model.graph.initializer if keep(t)))
     return out
+
+
+def add_initializers(graph: onnx.GraphProto, tensors: Iterable[TensorProto]) -> None:
+    """Append copies of ``tensors`` to ``graph``'s initializers.
+
+    Each is copied with CopyFrom: protobuf serializes a message given to extend or append, and refuses
+    one over its 2 GiB limit (a single weight that large)."""
+    for tensor in tensors:
+        graph.initializer.add().CopyFrom(tensor)
 
 
 def copy_fields(source: Message, target: Message, skip: Sequence[str] = ()) -> None:

@@ -99,8 +99,8 @@ def check_fits_a_bin(model: ModelProto, partition: Partition) -> None:
 
 def too_large_for_a_bin(size: str) -> HbError:
     """The ERROR for a quantized model of ``size`` bytes over the protobuf limit: the .bin holds it as one message."""
-    return HbError(f"the quantized model would be {size} bytes with its weights, over the {model_io.PROTOBUF_LIMIT:,} "
-                   "protobuf writes as one message, and a .bin holds the model as one message",
+    return HbError(f"the quantized model would be {size} bytes with its weights, over protobuf's limit of "
+                   f"{model_io.PROTOBUF_LIMIT:,} bytes for one message, and a .bin holds the model as one message",
                    hint="hb_mapper checker and HB_ONNXRuntime take the model as it is; to compile it, keep its "
                         "largest tables out of it (an embedding lookup can run on the host before the model) or "
                         "split it into models under 2 GiB")
