@@ -283,8 +283,12 @@ def shape_probe(model: ModelProto) -> ModelProto:
 
 def large_constants(model: ModelProto) -> set[str]:
     """The initializers ``shape_probe`` and ``convert_opset`` pass over (their values unread)."""
-    return {t.name for t in model.graph.initializer
-            if elements(t.dims) >= LARGE_CONSTANT and t.data_type != onnx.TensorProto.INT64}
+    return {t.name for t in model.graph.initializer if is_large(t)}
+
+
+def is_large(tensor: TensorProto) -> bool:
+    """Whether ``tensor`` is a weight whose values no shape depends on (``LARGE_CONSTANT``)."""
+    return elements(tensor.dims) >= LARGE_CONSTANT and tensor.data_type != onnx.TensorProto.INT64
 
 
 def _declared(model: ModelProto, large: set[str]) -> set[str]:
@@ -319,8 +323,17 @@ def copy_model(model: ModelProto, keep: Callable[[TensorProto], bool]) -> ModelP
     out = ModelProto()
     copy_fields(model, out, skip=("graph",))
     copy_fields(model.graph, out.graph, skip=("initializer",))
-    out.graph.initializer.extend(t for t in model.graph.initializer if keep(t))
+    add_initializers(out.graph, (t for t in model.graph.initializer if keep(t)))
     return out
+
+
+def add_initializers(graph: onnx.GraphProto, tensors: Iterable[TensorProto]) -> None:
+    """Append copies of ``tensors`` to ``graph``'s initializers.
+
+    Each is copied with CopyFrom: protobuf serializes a message given to extend or append, and refuses
+    one over its 2 GiB limit (a single weight that large)."""
+    for tensor in tensors:
+        graph.initializer.add().CopyFrom(tensor)
 
 
 def copy_fields(source: Message, target: Message, skip: Sequence[str] = ()) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
+from itertools import accumulate
 from pathlib import Path
+from typing import BinaryIO
 
 import onnx
 from onnx import ModelProto
@@ -17,6 +20,9 @@ from hbtools.runs.transaction import warn_if_mid_commit
 
 MIN_OPSET, MAX_OPSET = 1, 21  # below 11, the parse stage converts (onnx version converter)
 MAX_IR_VERSION = 10
+# The most bytes protobuf writes or reads as one message (onnx.checker.MAXIMUM_PROTOBUF): a model over it
+# cannot be serialized whole, only with its weights kept apart (onnx's external data).
+PROTOBUF_LIMIT = 2**31
 
 
 def load_model(path: str | Path) -> ModelProto:
@@ -98,7 +104,7 @@ def check_source_model(model: ModelProto, path: str | Path) -> None:
     early = early_ops(model)
     stand_in(model, early)
     try:
-        onnx.checker.check_model(model)
+        check_model(model)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         bare = [vi.name for vi in [*model.graph.input, *model.graph.output]
@@ -151,6 +157,36 @@ def _inference_rejection(model: ModelProto) -> str | None:
     return None
 
 
+def over_protobuf_limit(model: ModelProto) -> bool:
+    """Whether ``model`` is too large to serialize whole (``PROTOBUF_LIMIT``)."""
+    return serialized_size(model) >= PROTOBUF_LIMIT
+
+
+def serialized_size(model: ModelProto) -> int:
+    """About the bytes ``model`` serializes to, counted without serializing it (protobuf's ByteSize does, and
+    fails over its limit): its initializers' values at their types' sizes, and its nodes."""
+    return sum(tensor_size(t) for t in model.graph.initializer) + sum(n.ByteSize() for n in model.graph.node)
+
+
+def tensor_size(tensor: onnx.TensorProto) -> int:
+    """About the bytes ``tensor`` serializes to (``serialized_size``)."""
+    from hbtools.graph.graph import elements, itemsize
+
+    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return tensor.ByteSize()
+    return elements(tensor.dims) * itemsize(tensor.data_type)
+
+
+def check_model(model: ModelProto) -> None:
+    """onnx's checker on ``model``; one over ``PROTOBUF_LIMIT`` is checked without its large weights' values.
+
+    The checker serializes the model it is given, which protobuf refuses over its limit; what it checks
+    of a weight beyond its name, type and shape (which the copy keeps) is its stored bytes."""
+    from hbtools.graph.graph import shape_probe
+
+    onnx.checker.check_model(shape_probe(model) if over_protobuf_limit(model) else model)
+
+
 def with_horizon_domain(model: ModelProto) -> ModelProto:
     """Declare the custom domain (needed by onnx.checker) and drop unused imported domains."""
     used = {n.domain for n in model.graph.node}
@@ -167,9 +203,78 @@ def save_model(model: ModelProto, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with_horizon_domain(model)
-    onnx.checker.check_model(model)
-    replace_atomically(path, [model.SerializeToString()])
+    check_model(model)
+    if over_protobuf_limit(model):
+        _save_with_external_data(model, path)
+    else:
+        replace_atomically(path, [model.SerializeToString()])
     return path
+
+
+def _save_with_external_data(model: ModelProto, path: Path) -> None:
+    """Write ``model`` as onnx writes one over protobuf's limit: its large weights in ``<file name>.data``
+    beside it, which onnx.load and onnxruntime read them from. ``model`` itself is not changed."""
+    from hbtools.graph.graph import copy_model, is_large
+
+    data = path.with_name(f"{path.name}.data")
+    moved = [t for t in model.graph.initializer if is_large(t) and t.HasField("raw_data")]
+    lengths: list[int] = []
+
+    def write_values(fh: BinaryIO) -> None:  # one weight's bytes at a time
+        for tensor in moved:
+            lengths.append(fh.write(tensor.raw_data))
+
+    replace_atomically(data, write_values)  # first: the model names it
+    offsets = [0, *accumulate(lengths)]
+    references = [external_reference(t, data.name, offsets[k], lengths[k]) for k, t in enumerate(moved)]
+    names = {t.name for t in moved}
+    replace_atomically(path, [serialized(copy_model(model, lambda t: t.name not in names), references)])
+
+
+def external_reference(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> onnx.TensorProto:
+    """``tensor``'s name, type and shape, its values ``length`` bytes at ``offset`` of the file ``location``."""
+    reference = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims,
+                                 data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        reference.external_data.add(key=key, value=str(value))
+    return reference
+
+
+_GRAPH = ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_LENGTH_DELIMITED = 2  # protobuf's wire type of messages and bytes
+
+
+def serialized(model: ModelProto, constants: Sequence[onnx.TensorProto] = ()) -> bytes:
+    """The bytes of ``model`` with ``constants`` appended to its graph's initializers, made without a model
+    that holds both (a session's model and its weights kept apart; a model and its external data references).
+
+    onnxruntime copies the bytes twice (parsed, then as tensors) while it builds a session; a lowered
+    model holding a copy of every weight meanwhile made that four copies (VGG-19: 2.2 GB). protobuf reads
+    a message field given twice as one message (the second's repeated fields appended to the first's):
+    the graph is given again, holding only the constants, each serialized from where it is.
+    """
+    head = model.SerializeToString()
+    if not constants:
+        return head
+    pieces = []
+    for t in constants:
+        data = t.SerializeToString()
+        pieces += [_key(_INITIALIZER), _varint(len(data)), data]
+    return b"".join([head, _key(_GRAPH), _varint(sum(len(p) for p in pieces)), *pieces])
+
+
+def _key(field_number: int) -> bytes:
+    return _varint(field_number << 3 | _LENGTH_DELIMITED)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 # Domains whose ops onnxruntime's CPU provider runs besides the standard ones (its contrib ops).

@@ -5,14 +5,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from onnx import TensorProto
+from onnx import ModelProto, TensorProto
 
 from hbtools.config.model import Config, InputSpec
+from hbtools.errors import HbError
+from hbtools.graph import model_io
 from hbtools.graph.edge_nodes import remove_edge_nodes
-from hbtools.graph.graph import dtype_name
+from hbtools.graph.graph import GraphView, dtype_name, elements
 from hbtools.march.layout import quantized_layout, to_layout
 from hbtools.march.profiles import MarchProfile
 from hbtools.pipeline.quantize import QuantizedResult
+from hbtools.quant.units import Partition
 from hbtools.runtime.binfile import BinModel, current_deps, write_bin
 from hbtools.runtime.runtime_model import RuntimeModel, load
 from hbtools.tools import perf_advice, perf_model, perf_report
@@ -80,8 +83,33 @@ def partition_record(result: QuantizedResult) -> dict:
             "node_types": types}
 
 
+def check_fits_a_bin(model: ModelProto, partition: Partition) -> None:
+    """Refuses, before calibration, a model whose quantized form a .bin cannot hold (``too_large_for_a_bin``).
+
+    Its weights count at the least they can take there: a byte an element for those only BPU nodes read
+    (int8), the others at their own size; an optimization that folds a large table away has already run."""
+    on_bpu = {n.name for unit in partition.units if unit.on == "BPU" for n in unit.nodes}
+    readers = GraphView(model).consumers
+    int8 = [t for t in model.graph.initializer
+            if t.name in readers and all(n.name in on_bpu for n in readers[t.name])]
+    least = model_io.serialized_size(model) - sum(model_io.tensor_size(t) - elements(t.dims) for t in int8)
+    if least >= model_io.PROTOBUF_LIMIT:
+        raise too_large_for_a_bin(f"at least {least:,}")
+
+
+def too_large_for_a_bin(size: str) -> HbError:
+    """The ERROR for a quantized model of ``size`` bytes over the protobuf limit: the .bin holds it as one message."""
+    return HbError(f"the quantized model would be {size} bytes with its weights, over protobuf's limit of "
+                   f"{model_io.PROTOBUF_LIMIT:,} bytes for one message, and a .bin holds the model as one message",
+                   hint="hb_mapper checker and HB_ONNXRuntime take the model as it is; to compile it, keep its "
+                        "largest tables out of it (an embedding lookup can run on the host before the model) or "
+                        "split it into models under 2 GiB")
+
+
 def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profile: MarchProfile,
         path: Path, *, calibration: str = "") -> Path:
+    if model_io.over_protobuf_limit(result.model):  # where its CPU weights were more than check_fits_a_bin could know
+        raise too_large_for_a_bin(f"{model_io.serialized_size(result.model):,}")
     # The .bin numbers its inputs as the model (and every ONNX artefact) does, whatever order input_name lists
     # them in: hrt_model_exec --input_file and hb_verifier -i take files by that number.
     order = {vi.name: k for k, vi in enumerate(result.model.graph.input)}

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import ModelProto, TensorProto, helper
 
 from hbtools.config.inputs import check_even_size, check_input_channels, check_input_source, check_layout_fits
@@ -19,6 +18,7 @@ from hbtools.graph import precision, shape_trial, source_repairs
 from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.graph import GraphView, compact, infer_shapes, name_unnamed_nodes, remove_dead_nodes
 from hbtools.graph.model_io import (
+    check_model,
     check_source_model,
     load_model,
     with_horizon_domain,
@@ -114,7 +114,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
         shape_trial.dry_run(model, inputs, declared)
     _insert_preprocess(model, inputs)
     model = _infer(model)
-    onnx.checker.check_model(model)
+    check_model(model)
     # The repairs above edit the model in place; every stage after this one holds it or a copy of it.
     return ParseResult(compact(model), inputs, loaded, loaded_int16)
 

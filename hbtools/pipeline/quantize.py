@@ -11,7 +11,7 @@ from __future__ import annotations
 from onnx import ModelProto, TensorProto, helper
 
 from hbtools.config.model import Config
-from hbtools.graph.graph import references
+from hbtools.graph.graph import add_initializers, references
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.march.profiles import MarchProfile
 from hbtools.quant.calibrated import read_calibrated
@@ -52,7 +52,8 @@ def _finish(state: EmitState) -> ModelProto:
     used |= {o.name for o in src.graph.output}  # an output the optimizer folded to a constant (a length)
     float_inits = [t for t in src.graph.initializer if t.name in used]
     graph = helper.make_graph(state.nodes, src.graph.name or "quantized", state.inputs, outputs,
-                              [*float_inits, *state.inits], value_info=state.value_info)
+                              value_info=state.value_info)
+    add_initializers(graph, [*float_inits, *state.inits])
     model = helper.make_model(graph, opset_imports=list(src.opset_import))
     model.ir_version = src.ir_version
     model.producer_name = "hbtools"

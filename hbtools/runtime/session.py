@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import ModelProto, TensorProto, helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
-from hbtools.graph.model_io import load_model
+from hbtools.graph import model_io
+from hbtools.graph.graph import copy_model, is_large
+from hbtools.graph.model_io import load_model, serialized
 from hbtools.log import logger
 from hbtools.ops import custom
 from hbtools.runtime.lowering import lower_model, lowered_parts
@@ -152,52 +154,43 @@ def ort_session(model: ModelProto, *, threads: int = 0, spinning: bool = True, p
     options.enable_mem_pattern = memory_pattern
     if optimized_model_path:
         options.optimized_model_filepath = optimized_model_path
+    model, constants, apart = _within_protobuf_limit(model, constants)
+    if apart:
+        options.add_external_initializers(list(apart), [ort.OrtValue.ortvalue_from_numpy(a) for a in apart.values()])
+        if optimized_model_path:  # its rewrite keeps them apart too, as external data beside it
+            options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                             f"{Path(optimized_model_path).name}.data")
     data = serialized(model, constants)
     if isinstance(constants, list):
         constants.clear()
     try:
-        return _Session(data, options, providers=["CPUExecutionProvider"],
-                        disabled_optimizers=[*WEIGHT_REQUANTIZATION,
-                                             *([] if rounding_fusions else [*ROUNDING_FUSIONS, *TRANSPOSE_PUSHING])])
+        session = _Session(data, options, providers=["CPUExecutionProvider"],
+                           disabled_optimizers=[*WEIGHT_REQUANTIZATION,
+                                                *([] if rounding_fusions else [*ROUNDING_FUSIONS, *TRANSPOSE_PUSHING])])
     except ort.capi.onnxruntime_pybind11_state.NotImplemented as exc:
         raise _no_cpu_kernel(exc) from exc
+    session.apart = apart  # onnxruntime reads these arrays where they are, as long as the session lives
+    return session
 
 
-_GRAPH = ModelProto.DESCRIPTOR.fields_by_name["graph"].number
-_INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
-_LENGTH_DELIMITED = 2  # protobuf's wire type of messages and bytes
+def _within_protobuf_limit(model: ModelProto, constants: Sequence[TensorProto]
+                           ) -> tuple[ModelProto, Sequence[TensorProto], dict[str, np.ndarray]]:
+    """``model`` and ``constants`` as onnxruntime can parse them, and the weights to hand it apart.
+
+    onnxruntime parses no model over protobuf's limit (``PROTOBUF_LIMIT``): the large initializers then go
+    to it as arrays, each left in the model as external data of its type and shape."""
+    if model_io.serialized_size(model) + sum(map(model_io.tensor_size, constants)) < model_io.PROTOBUF_LIMIT:
+        return model, constants, {}
+    apart = {t.name: numpy_helper.to_array(t) for t in [*model.graph.initializer, *constants] if is_large(t)}
+    kept = copy_model(model, lambda t: t.name not in apart)
+    kept.graph.initializer.extend(_supplied_apart(t) for t in model.graph.initializer if t.name in apart)
+    rest = [t if t.name not in apart else _supplied_apart(t) for t in constants]
+    return kept, rest, apart
 
 
-def serialized(model: ModelProto, constants: Sequence[TensorProto] = ()) -> bytes:
-    """The bytes of ``model`` with ``constants`` appended to its graph's initializers, made without a model
-    that holds both.
-
-    onnxruntime copies the bytes twice (parsed, then as tensors) while it builds a session; a lowered
-    model holding a copy of every weight meanwhile made that four copies (VGG-19: 2.2 GB). protobuf reads
-    a message field given twice as one message (the second's repeated fields appended to the first's):
-    the graph is given again, holding only the constants, each serialized from where it is.
-    """
-    head = model.SerializeToString()
-    if not constants:
-        return head
-    pieces = []
-    for t in constants:
-        data = t.SerializeToString()
-        pieces += [_key(_INITIALIZER), _varint(len(data)), data]
-    return b"".join([head, _key(_GRAPH), _varint(sum(len(p) for p in pieces)), *pieces])
-
-
-def _key(field_number: int) -> bytes:
-    return _varint(field_number << 3 | _LENGTH_DELIMITED)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def _supplied_apart(tensor: TensorProto) -> TensorProto:
+    """``tensor`` as external data that ``add_external_initializers`` supplies (no file holds it)."""
+    return model_io.external_reference(tensor, f"{tensor.name}.apart", 0, 0)
 
 
 # Sessions that take turns running many times (the debugger's stages and tails: thousands of runs)

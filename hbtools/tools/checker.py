@@ -15,8 +15,10 @@ from pathlib import Path
 
 from hbtools.config.builtin import builtin_config
 from hbtools.data.calibration import RandomCalibrationSource
+from hbtools.errors import HbError
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline import calibrate, optimize, parse, quantize
+from hbtools.pipeline.compile import check_fits_a_bin
 from hbtools.pipeline.quantize import QuantizedResult
 from hbtools.quant import report
 from hbtools.quant.plan import make_plan
@@ -41,6 +43,10 @@ def check(model_path: str | Path, model_type: str, march: str, input_shapes: lis
     optimized = optimize.run(parsed.take_model(), profile)  # the original is not read again
     log.info("Model optimization done")
     partition = model_partition(optimized, profile, config)
+    try:
+        check_fits_a_bin(optimized, partition)
+    except HbError as exc:  # the check goes on: the node table is what the user asked for
+        log.warning("makertbin cannot compile this model: %s; %s", exc, exc.hint)
     plan = make_plan(optimized, partition, config, profile)
     source = RandomCalibrationSource(parsed.inputs, num_samples=CHECK_SAMPLES)
     cal = calibrate.run(optimized, plan, lambda: iter(source), len(source), calibration_type="skip",
