@@ -23,6 +23,7 @@ from itertools import islice
 import numpy as np
 from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper
 
+from hbtools.errors import HbError
 from hbtools.graph.constant_terms import MOVES, Tails
 from hbtools.graph.graph import GraphView, elements, is_static, itemsize, outer_references
 from hbtools.metrics import cosine_of_products, products
@@ -30,7 +31,7 @@ from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
 from hbtools.runs.progress import progress
 from hbtools.runtime.custom_session import CustomOpSession
 from hbtools.runtime.heap import release_freed_memory
-from hbtools.runtime.session import fetching_model, fetching_session
+from hbtools.runtime.session import RUN_ERRORS, fetching_model, fetching_session
 from hbtools.runtime.suffixes import Suffixes
 
 log = logging.getLogger("hbtools")
@@ -365,11 +366,8 @@ class KnownParts:
             probe = tails.known_model(out)
             part: np.ndarray | list[np.ndarray] | None = None
             if probe is not None and all(r[k].dtype.kind == "f" for r in refs):
-                session = fetching_session(probe, [], spinning=False, threads=1)
-                names = [i.name for i in session.get_inputs()]
-                part = [np.asarray(session.run([out], {n: feed[n] for n in names})[0], np.float32).reshape(-1)
-                        for feed in feeds]
-                if any(p.size != r[k].size for p, r in zip(part, refs, strict=True)) or \
+                part = _known_values(probe, out, feeds)
+                if part is None or any(p.size != r[k].size for p, r in zip(part, refs, strict=True)) or \
                         not any(np.any(r[k].reshape(-1) != p) for p, r in zip(part, refs, strict=True)):
                     part = None
             self.parts.append(part if part is not None else tails.constant_part(out))
@@ -387,6 +385,19 @@ class KnownParts:
         if isinstance(part, list):
             part = part[sample]
         return tensor if part is None else tensor.reshape(-1) - part
+
+
+def _known_values(probe: ModelProto, out: str, feeds: list[dict]) -> list[np.ndarray] | None:
+    """``out`` of ``probe`` (``Tails.known_model``) per sample, flat; None where it cannot run (the scores then
+    leave out the constant part alone, as before there was a known part)."""
+    try:
+        session = fetching_session(probe, [], spinning=False, threads=1)
+        names = [i.name for i in session.get_inputs()]
+        return [np.asarray(session.run([out], {n: feed[n] for n in names})[0], np.float32).reshape(-1)
+                for feed in feeds]
+    except (*RUN_ERRORS, HbError, KeyError) as exc:
+        log.debug("the part of '%s' its input decides is not known: %s", out, exc)
+        return None
 
 
 def scored_tensors(model: ModelProto) -> list[str]:

@@ -7,6 +7,7 @@ import logging
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
+from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, is_static, part_model
 from hbtools.runtime.session import RUN_ERRORS, ort_session
 
@@ -133,7 +134,7 @@ def _separable_map(model: ModelProto, view: GraphView, source: str, nodes: list[
         x = np.random.default_rng(0).standard_normal(view.shapes[source]).astype(np.float32)
         if not np.allclose(a @ x[0].astype(np.float64) @ b.T, run(x)[0], rtol=1e-4, atol=1e-5 * np.abs(x).max()):
             return None  # channels mapped differently, or mixed
-    except RUN_ERRORS as exc:
+    except (*RUN_ERRORS, HbError, np.linalg.LinAlgError) as exc:  # left as it is
         log.debug("index arithmetic at %s not probed: %s", out, exc)
         return None
     return a.astype(np.float32), b.astype(np.float32)
