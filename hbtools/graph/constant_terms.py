@@ -103,13 +103,17 @@ class Tails:
                 leaves.append(name)
         return [n for n in self.model.graph.node if id(n) in members], leaves
 
+    def reads_input(self, out: str) -> bool:
+        """Whether ``out``'s tail reads the model input through weight-free ops (``known_model``)."""
+        return any(n in self.exact for n in self.tail(out)[1])
+
     def known_model(self, out: str) -> ModelProto | None:
         """A model of ``out``'s tail that computes, from the model inputs, the part of ``out`` they decide
         alone: the tail's ``exact`` leaves computed from the inputs, its other leaves at zero. None where
         the tail reads no input, or cannot be built (a leaf of unknown shape)."""
-        nodes, leaves = self.tail(out)
-        if not any(n in self.exact for n in leaves):
+        if not self.reads_input(out):
             return None
+        nodes, leaves = self.tail(out)
         view = self._view = self._view or GraphView(self.model)
         zeros = [n for n in leaves if n not in self.exact]
         if not all(view.shapes.get(n) and is_static(view.shapes[n]) for n in zeros):

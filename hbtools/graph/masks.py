@@ -10,6 +10,11 @@ Before a Softmax over it, a fill of ``MASKED_LOGIT`` or below (-1e9, -inf) is ``
 exponential is 0 in float32 next to any score within 9e3 of it, as the larger fill's was, and the
 Softmax input is quantized over a range a 16-bit grid resolves scores in. Elsewhere a fill of +-inf
 stays a Where on the CPU: ``inf`` has no place on an integer grid.
+
+Masks computed at run time (a padding mask from an ``attention_mask`` input) and additive ones reach the
+Softmax input through sums and selections (``logit_carriers``): their constants of ``MASKED_LOGIT`` and
+below become ``MASKED_LOGIT`` (``masked_logits_clamped``), and calibration leaves the masked positions out of
+those tensors' statistics (``quant.statistics``, ``quant.plan.logit_threshold``).
 """
 
 from __future__ import annotations

@@ -366,7 +366,7 @@ def _float_runs(optimized: ModelProto, tensors: list[str]) -> tuple[Segments, li
         if constant is not None:
             log.info("output '%s' is scored without what it holds whatever the input (%d of its %d values are "
                      "constants added at its end, e.g. an anchor grid)", out, np.count_nonzero(constant), constant.size)
-        if tails.known_model(out) is not None:
+        if tails.reads_input(out):
             log.info("output '%s' is scored without what the model input adds to it (a skip from the input, as in "
                      "out = input + f(input)): the scores compare what the model computes", out)
     return Segments(optimized, list(dict.fromkeys([*tensors, *scored]))), scored

@@ -46,7 +46,7 @@ from hbtools.quant.grids import (
     output_scale_array,
     scales_for,
 )
-from hbtools.quant.statistics import StatsCollector
+from hbtools.quant.statistics import ChannelStats, StatsCollector, TensorStats
 from hbtools.quant.thresholds import int16_threshold
 from hbtools.quant.units import Partition, Unit
 
@@ -122,14 +122,15 @@ class CalibrationPlan:
         (``thresholds.int16_threshold``), a fast-growing tensor's ``HEADROOM``."""
         return int16_threshold(observed, self.bounds.get(tensor)) * self.headroom.get(tensor, 1.0)
 
-    def logit_threshold(self, tensor: str, threshold: float | np.ndarray, stats: object) -> float | np.ndarray:
+    def logit_threshold(self, tensor: str, threshold: float | np.ndarray,
+                        stats: TensorStats | ChannelStats) -> float | np.ndarray:
         """``threshold`` of a tensor whose statistics left masked positions out (``StatsCollector.masked``): the
         scores' range and ``MASK_MARGIN`` below it, where the masked positions saturate (their probability is
         then at most exp(-MASK_MARGIN)); a mask alone (zeros where it keeps) takes 0 and ``MASKED_LOGIT`` exactly.
         A grid over the fill itself (``finfo(float32).min``) put every score on one level: uniform attention."""
-        if tensor not in self.logit_carriers or not getattr(stats, "masked", 0):
-            return threshold
-        return threshold + MASK_MARGIN if getattr(stats, "max_abs", 0.0) > 0 else -MASKED_LOGIT
+        if tensor not in self.logit_carriers or not isinstance(stats, TensorStats) or not stats.masked:
+            return threshold  # (the collector keeps masked positions apart for per-tensor statistics only)
+        return threshold + MASK_MARGIN if stats.max_abs > 0 else -MASKED_LOGIT
 
     def activation(self, tensor: str) -> ActivationPoint | None:
         return next((p for p in self.activations if p.tensor == tensor), None)

@@ -374,10 +374,6 @@ class KnownParts:
             if isinstance(self.parts[-1], np.ndarray) and any(r[k].size != self.parts[-1].size for r in refs):
                 self.parts[-1] = None
 
-    def adds_input(self, k: int) -> bool:
-        """Whether scored output ``k`` loses a part its model input decides."""
-        return isinstance(self.parts[k], list)
-
     def without(self, tensor: np.ndarray, k: int, sample: int) -> np.ndarray:
         """``tensor`` (scored output ``k`` of ``sample``, or any other fetched tensor: as it is) without its
         known part, flat where it has one."""

@@ -180,8 +180,10 @@ class StatsCollector:
                 if name in self.masked:
                     value = np.asarray(value, dtype=np.float32).reshape(-1)
                     scores = ~(value <= MASKED_BELOW)
-                    self.stats[name].masked += value.size - int(np.count_nonzero(scores))
-                    value = value[scores]
+                    masked = value.size - int(np.count_nonzero(scores))
+                    if masked:  # the scores alone (most tensors on the way to a Softmax hold no mask)
+                        self.stats[name].masked += masked
+                        value = value[scores]
                 self.stats[name].update(value)
         self.samples += int(new_sample)
 

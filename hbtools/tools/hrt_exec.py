@@ -20,6 +20,7 @@ import numpy as np
 from onnx import ModelProto
 
 from hbtools import outputs
+from hbtools.graph.graph import GraphView
 from hbtools.ops.base import attrs_of
 from hbtools.runtime.binfile import BinFile
 from hbtools.runtime.rt_input import rt_dtype, rt_shape
@@ -94,15 +95,18 @@ def board_output(o: OutputDesc, raw: dict, layout: str | None = None) -> BoardTe
                        _strides(o.shape, o.dtype.itemsize), scale, axis)
 
 
-def output_layout(graph: ModelProto, name: str) -> str:
-    """NHWC for a 4-D output a Transpose to channels last wrote (behind its Dequantize or a Cast): the head maps of
-    RDK-style YOLO exports (``permute(0, 2, 3, 1)``), which board code reads as NHWC; NCHW otherwise."""
-    producer = {o: n for n in graph.graph.node for o in n.output}
-    node = producer.get(name)
-    while node is not None and node.op_type in ("HzDequantize", "Cast", "Identity"):
-        node = producer.get(node.input[0])
-    perm = list(attrs_of(node).get("perm", [])) if node is not None and node.op_type == "Transpose" else []
-    return "NHWC" if perm == [0, 2, 3, 1] else "NCHW"
+def output_layouts(graph: ModelProto) -> dict[str, str]:
+    """Per model output: NHWC for a 4-D output a Transpose to channels last wrote (behind its Dequantize or a Cast:
+    the head maps of RDK-style YOLO exports, ``permute(0, 2, 3, 1)``, which board code reads as NHWC), else NCHW."""
+    producer = GraphView(graph).producer
+    found = {}
+    for out in graph.graph.output:
+        node = producer.get(out.name)
+        while node is not None and node.op_type in ("HzDequantize", "Cast", "Identity"):
+            node = producer.get(node.input[0])
+        perm = list(attrs_of(node).get("perm", [])) if node is not None and node.op_type == "Transpose" else []
+        found[out.name] = "NHWC" if perm == [0, 2, 3, 1] else "NCHW"
+    return found
 
 
 def _input_lines(k: int, d: InputDesc) -> list[str]:
@@ -125,8 +129,9 @@ def model_info(f: BinFile, name: str | None) -> list[str]:
         for k, d in enumerate(rm.inputs):
             lines += _input_lines(k, d)
         described = {d["name"]: d for d in m.outputs if isinstance(d.get("name"), str)}
+        layouts = output_layouts(rm.graph)
         for k, o in enumerate(rm.outputs):
-            lines += _output_lines(k, o, described.get(o.name, {}), output_layout(rm.graph, o.name))
+            lines += _output_lines(k, o, described.get(o.name, {}), layouts.get(o.name, "NCHW"))
     lines.append("-" * 69)
     return lines
 
