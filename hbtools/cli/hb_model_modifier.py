@@ -60,6 +60,7 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
         return
     # Checked before any node is deleted: a refused -o must not follow "Node ... is removed" lines.
     target = output_file(output or f"{Path(model_file).stem}_modified.bin", "-o", [model_file])
+    deleted = 0
     for node_type in types:
         wanted = node_type.lower().removeprefix("hz")
         known = dict.fromkeys((*modifier.INPUT_SIDE, *modifier.OUTPUT_SIDE))
@@ -82,8 +83,14 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
                 break
             for name in batch:
                 model = _delete(model, name)
+                deleted += 1
     for name in dict.fromkeys(remove):  # a name given twice means that node, deleted once
         model = _delete(model, name)
+        deleted += 1
+    if not deleted:  # a copy with no change would pass for a modified model
+        names = [c.name for c in modifier.candidates(model.load_graph())]
+        raise HbError(f"-a {' -a '.join(types)}: no node of {'that type' if len(types) == 1 else 'these types'} "
+                      f"can be deleted in {model_file}, so nothing was written; deletable now: {names}")
     write_bin(target, [model])
     click.echo(f"modified model saved as {target}")
 

@@ -244,6 +244,17 @@ def test_modifier_deletes_the_types_present_and_warns_of_the_others(small, in_tm
     assert read_bin("resnet_modified.bin").model().deleted_nodes[-1]["type"] == "Softmax"
 
 
+def test_modifier_with_nothing_deletable_writes_nothing(small, in_tmp) -> None:
+    """'-a Reshape' on a model with no deletable Reshape wrote <model>_modified.bin, an unchanged copy that
+    passes for a modified model; it is one ERROR naming what can be deleted, and no file."""
+    result = invoke(hb_model_modifier.main, [small[0].bin, "-a", "Reshape", "-a", "Cast"])
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if " ERROR " in line]
+    assert "-a Reshape -a Cast: no node of these types can be deleted" in errors[0], errors
+    assert "nothing was written" in errors[0] and "deletable now: [" in errors[0], errors
+    assert "Traceback" not in result.output and not os.path.exists("resnet_modified.bin")
+
+
 def test_modifier_deletes_the_flatten_an_x3_classifier_ends_in(tmp_path, in_tmp) -> None:
     """On RDK X3 the classifier's flatten moves after its Gemm and ends the model, a CPU node of type Flatten:
     hb_model_modifier refused it ('only ... Reshape ... can be'), so the output Dequantize stayed too (the
