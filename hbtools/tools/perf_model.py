@@ -63,6 +63,16 @@ class LayerCost:
     compute_ms: float
     memory_ms: float
     overhead_ms: float
+    output_shape: list[int] | None = None  # of the first output, as the model declares it
+    start_ms: float = 0.0  # when the layer starts within its subgraph (the layers run one after another)
+
+    @property
+    def aligned_shape(self) -> list[int] | None:
+        """The output shape as the MAC array holds it: channels (axis 1) padded to ``CHANNEL_BLOCK``."""
+        if not self.output_shape or len(self.output_shape) < 2 or self.output_shape[1] is None:
+            return self.output_shape
+        return [self.output_shape[0], -(-self.output_shape[1] // CHANNEL_BLOCK) * CHANNEL_BLOCK,
+                *self.output_shape[2:]]
 
     @property
     def latency_ms(self) -> float:
@@ -73,7 +83,8 @@ class LayerCost:
         return "compute" if self.compute_ms >= self.memory_ms else "memory"
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "latency_ms": self.latency_ms, "bound": self.bound}
+        return {**asdict(self), "aligned_shape": self.aligned_shape, "latency_ms": self.latency_ms,
+                "bound": self.bound}
 
 
 @dataclass
@@ -286,6 +297,9 @@ def _subgraph(name: str, indices: list[int], graph: _Graph, machine: _Machine) -
                                                for i in fresh)
         stored = machine.batch * sum(_bytes(info.get(o), machine.as_int8) if o in outputs else spill[o]
                                      for o in node.output if o in outputs or o in spill)
+        out = info.get(node.output[0]) if node.output else None
+        shape = list(out.shape) if out is not None and out.shape is not None else None
+        start = layers[-1].start_ms + layers[-1].latency_ms if layers else 0.0
         layers.append(LayerCost(node.name, node.op_type, macs, ops, weights, loaded, stored, compute_ms,
-                                1e3 * (loaded + stored) / bandwidth, machine.k.layer_overhead_ms))
+                                1e3 * (loaded + stored) / bandwidth, machine.k.layer_overhead_ms, shape, start))
     return SubgraphCost(name, layers, inputs, outputs)

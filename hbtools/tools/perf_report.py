@@ -148,6 +148,10 @@ CPU nodes: {cpu}</p>
     return _page(f"hb_perf {rm.name}", body)
 
 
+def _shape(shape: list[int] | None) -> str:
+    return "x".join("?" if d is None or d < 0 else str(d) for d in shape) if shape else "?"
+
+
 def _subgraph_page(rm: RuntimeModel, sub: SubgraphCost, layers: bool) -> str:
     summary = _table(
         ["Subgraph", "Calculation Load (OPpf)", "Loaded Bytes per Frame", "Stored Bytes per Frame",
@@ -158,12 +162,14 @@ def _subgraph_page(rm: RuntimeModel, sub: SubgraphCost, layers: bool) -> str:
     io = (f"<p>Inputs: {html.escape(', '.join(sub.inputs))}<br>"
           f"Outputs: {html.escape(', '.join(sub.outputs))}</p>")
     if layers:
-        rows = [[html.escape(x.name), html.escape(x.op_type), f"{x.macs:.0f}", f"{x.ops:.0f}", f"{x.weight_bytes}",
-                 f"{x.loaded_bytes}", f"{x.stored_bytes}", f"{x.compute_ms:.5f}", f"{x.memory_ms:.5f}",
-                 f"{x.latency_ms:.5f}", x.bound] for x in sub.layers]
+        rows = [[html.escape(x.name), html.escape(x.op_type), _shape(x.output_shape), _shape(x.aligned_shape),
+                 f"{x.macs:.0f}", f"{x.ops:.0f}", f"{x.weight_bytes}", f"{x.loaded_bytes}", f"{x.stored_bytes}",
+                 f"{x.compute_ms:.5f}", f"{x.memory_ms:.5f}", f"{x.latency_ms:.5f}",
+                 f"{x.start_ms:.5f} - {x.start_ms + x.latency_ms:.5f}", x.bound] for x in sub.layers]
         detail = "<h2>Layer Details</h2>" + _table(
-            ["Layer", "Type", "MACs", "OPs", "Weight Bytes", "Loaded Bytes", "Stored Bytes", "Compute (ms)",
-             "DDR (ms)", "Latency (ms)", "Bound"], rows, numeric_from=2)
+            ["Layer", "Type", "Original Output Shape", "Aligned Output Shape", "MACs", "OPs", "Weight Bytes",
+             "Loaded Bytes", "Stored Bytes", "Compute (ms)", "DDR (ms)", "Latency (ms)", "Active Time Span (ms)",
+             "Bound"], rows, numeric_from=4)
     else:
         detail = ("<p>No per-layer perf info: build the model with "
                   "<code>compiler_parameters.debug: True</code> to see Layer Details.</p>")

@@ -393,7 +393,15 @@ def test_perf_layer_details_with_debug(tmp_path, in_tmp) -> None:
     sub = next(folder.glob("dbg_subgraph_*.json"))
     layers = json.loads(sub.read_text())["layers"]
     assert {"name", "op_type", "macs", "ops", "latency_ms", "bound"} <= set(layers[0])
-    assert "<h2>Layer Details</h2>" in sub.with_suffix(".html").read_text()
+    page = sub.with_suffix(".html").read_text()
+    assert "<h2>Layer Details</h2>" in page
+    # the seed's Layer Details also give each layer's output shape, as declared and as aligned, and when it is active
+    for column in ("Original Output Shape", "Aligned Output Shape", "Active Time Span (ms)"):
+        assert f"<th>{column}</th>" in page, column
+    shapes = [(x["output_shape"], x["aligned_shape"]) for x in layers if x["output_shape"]]
+    assert shapes and all(len(a) == len(o) and a[1] % 8 == 0 and a[1] >= o[1] for o, a in shapes), shapes
+    ends = [x["start_ms"] + x["latency_ms"] for x in layers]
+    assert all(x["start_ms"] == pytest.approx(end) for x, end in zip(layers[1:], ends, strict=False)), layers
 
 
 def test_cost_model_counts_conv_macs_and_scales_with_the_march(small) -> None:
