@@ -202,6 +202,8 @@ class HzOp:
     float_output: bool = False  # output 0 is float32
     mac: bool = False  # a multiply-accumulate op (hb_perf counts its MACs)
     boundary: bool = False  # converts between float and integers at a BPU/CPU boundary
+    index_output: bool = False  # output 0 is int64 indices (ArgMax): no step, no Dequantize
+    reduction: bool = False  # one vector operation per input element, not per output one (hb_perf)
 
     # An op that quantizes a partition unit by itself: the unit kind (a march profile form) and
     # the ONNX ops it stands for. ``emit`` then turns such a unit into this op; ``float64_twins``

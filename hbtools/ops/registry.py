@@ -47,7 +47,8 @@ def op_class(op_type: str) -> type[HzOp] | None:
 
 
 def has_fact(op_type: str, fact: str) -> bool:
-    """Whether Hz op ``op_type`` has ``fact`` (``shape_preserving``, ``float_output``, ``mac``, ``boundary``)."""
+    """Whether Hz op ``op_type`` has ``fact`` (``shape_preserving``, ``float_output``, ``mac``, ``boundary``,
+    ``index_output``, ``reduction``)."""
     cls = op_class(op_type)
     return bool(cls is not None and getattr(cls, fact))
 

@@ -41,6 +41,8 @@ def hz_output_type(node: NodeProto) -> int:
     """Element type of a Hz node's outputs, from its attributes alone."""
     if has_fact(node.op_type, "float_output"):
         return TensorProto.FLOAT
+    if has_fact(node.op_type, "index_output"):
+        return TensorProto.INT64
     out_type = attrs_of(node).get("out_type")
     if not isinstance(out_type, str) or out_type not in _OUT_TYPES:
         raise BinFormatError(f"node '{node.name}' ({node.op_type}) has no valid out_type")

@@ -203,9 +203,12 @@ def _precision(bits: tuple[int, int]) -> float:
 
 
 def _vector_ops(node: NodeProto, info: dict[str, TensorInfo]) -> float:
-    """Element operations of a non-MAC layer: one per output element, per window element for pools."""
+    """Element operations of a non-MAC layer: one per output element, per window element for pools,
+    per input element for a reduction (an ArgMax compares every value)."""
     out = float(sum(_elements(info.get(o)) for o in node.output if o))
     a = attrs_of(node)
+    if has_fact(node.op_type, "reduction"):
+        return float(_elements(info.get(node.input[0])))
     if node.op_type == "HzSQuantizedPool":
         return float(_elements(info.get(node.input[0]))) if a.get("kind") == "GlobalAveragePool" \
             else out * float(np.prod(a.get("kernel_shape") or [1]))

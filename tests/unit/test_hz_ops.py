@@ -30,6 +30,7 @@ ELEM = {
     np.dtype(np.uint8): TensorProto.UINT8,
     np.dtype(np.int16): TensorProto.INT16,
     np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int64): TensorProto.INT64,  # indices (HzSQuantizedArgMax)
 }
 NP_INT = {"int8": np.int8, "int16": np.int16, "int32": np.int32}
 QMAX = {8: 127, 16: 32767}

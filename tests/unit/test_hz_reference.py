@@ -576,3 +576,17 @@ def test_conv_transpose_with_sums_beyond_float32_is_split_into_exact_chunks(rule
     node = hz_node("HzSQuantizedConv", ["x", "w"], kind="ConvTranspose", x_bits=8, axis=1, kernel_shape=[4, 4],
                    strides=[2, 2], pads=[1, 1, 1, 1], **req)
     check(node, {"x": x}, {"w": w})
+
+
+@pytest.mark.parametrize("keepdims", [1, 0])
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("op", ["HzSQuantizedArgMax", "HzSQuantizedArgMin"])
+def test_argmax_takes_the_first_of_equal_levels(op: str, bits: int, keepdims: int) -> None:
+    """Levels drawn from a handful of values, so most positions hold several equal largest (smallest) ones:
+    both take the first, as the float model's ArgMax of the dequantized values does."""
+    rng = np.random.default_rng(12)
+    x = rng.integers(-3, 3, [2, 19, 5, 7]).astype(np.int8 if bits == 8 else np.int16)
+    node = hz_node(op, ["x"], axis=1, keepdims=keepdims)
+    picked = check(node, {"x": x})
+    pick = np.argmax if op.endswith("ArgMax") else np.argmin
+    assert picked.dtype == np.int64 and picked.reshape(-1).tolist() == pick(x, axis=1).reshape(-1).tolist()
