@@ -155,6 +155,10 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
             axis %= len(shape)
         if axis not in rule.axes:
             return f"{op} along axis {axis}: {where} takes axis {' or '.join(map(str, rule.axes))} only"
+    if rule.extent is not None:
+        reason = _extent_violation(node, view, rule.extent, where)
+        if reason:
+            return reason
     if rule.perms is not None and op == "Transpose":
         shape = view.shapes.get(acts[0]) if acts else None
         perm = tuple(a.get("perm", range(len(shape) - 1, -1, -1) if shape else ()))
@@ -175,3 +179,16 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
             return (f"{op} of {_shape_text(sa)} and {_shape_text(sb)} needs {_BROADCAST_WORDS[form]}; "
                     f"{where} takes {accepted}")
     return None
+
+
+def _extent_violation(node: NodeProto, view: GraphView, limit: int, where: str) -> str | None:
+    """Why an ArgMax / ArgMin searches an axis too long for ``where`` (or of unknown size), else None."""
+    shape = view.shapes.get(node.input[0])
+    axis = int(view.attrs(node).get("axis", 0))
+    size = shape[axis] if shape and -len(shape) <= axis < len(shape) else None
+    if size is not None and size <= limit:
+        return None
+    along = "channels" if shape and axis % len(shape) == 1 else f"values along axis {axis}"
+    if size is None:
+        return f"{node.op_type} over an axis of unknown size: {where} takes at most {limit} {along}"
+    return f"{node.op_type} over {size} {along}: {where} takes at most {limit}"

@@ -24,6 +24,9 @@ from hbtools.errors import HbError
 
 # Unit kinds hbtools lowers to integer Horizon ops (see hbtools.quant.units).
 FORMS = ("preprocess", "conv", "matmul", "eltwise", "lut", "pool", "passive", "concat")
+# The most values along its axis an ArgMax / ArgMin on the BPU compares (the vendor's PTQ guide: a
+# segmenter's class map is computed on the BPU up to 64 channels, on the CPU beyond).
+ARGMAX_MAX_EXTENT = 64
 # Two-input operand forms, from the narrowest: equal shapes, one operand a single
 # value, one operand one value per channel ([N, C, 1, 1]), any numpy broadcast.
 BROADCASTS = ("same", "scalar", "channel", "general")
@@ -45,6 +48,7 @@ class OpRule:
     modes: tuple[str, ...] | None = None  # allowed ``mode`` attribute (Resize)
     perms: tuple[tuple[int, ...], ...] | None = None  # allowed Transpose permutations; None = any
     int16: bool = True  # int16 inputs/outputs possible (where the march has int16 at all)
+    extent: int | None = None  # largest size of the axis an index op searches (ArgMax); None = any
 
 
 @dataclass(frozen=True)
@@ -113,12 +117,12 @@ _BAYES_OPS: dict[str, OpRule] = {
     "GlobalMaxPool": OpRule("", ("passive",), ranks=(4, 4)),
     "Resize": OpRule("", ("passive",), ranks=(4, 4), modes=("nearest",)),
     "Concat": OpRule("HzSQuantizedConcat", ("concat",)),
-    # BPU ops of the device that hbtools has no integer kernel for yet.
     "Softmax": OpRule("HzSQuantizedSoftmax", ("softmax",)),
     "LogSoftmax": OpRule("HzSQuantizedLogSoftmax", ("logsoftmax",)),
     **_each(("ReduceMean", "ReduceSum"), OpRule("HzSQuantizedPool", ("pool",))),  # a sum: the mean's, times N
     "LayerNormalization": OpRule("HzSQuantizedLayerNorm", ("layernorm",)),
-    **_each(("ArgMax", "GridSample"), OpRule("", ())),
+    **{op: OpRule(f"HzSQuantized{op}", ("argmax",), extent=ARGMAX_MAX_EXTENT) for op in ("ArgMax", "ArgMin")},
+    "GridSample": OpRule("", ()),  # a BPU op of the device that hbtools has no integer kernel for yet
 }
 
 # bernoulli2 (X3): a 4-D-only BPU. Reshape-like ops, activation x activation MatMul and

@@ -197,7 +197,8 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         bpu_users = part.bpu_consumers(tensor)
         if producer is not None and producer.on == "BPU" and producer.kind == "passive":
             continue
-        materialised = producer is not None and producer.on == "BPU" and not producer.is_accumulator
+        materialised = producer is not None and producer.on == "BPU" and not producer.is_accumulator \
+            and not producer.gives_indices
         if int_outputs and producer is not None and producer.on == "BPU" and producer.is_accumulator \
                 and tensor in view.graph_outputs:
             materialised = True  # set_model_output_int8/int16: a conv output leaves as integers too
@@ -472,7 +473,8 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
 
     for unit in part.units:
         for t in unit.outputs:
-            if unit.on == "BPU" and unit.kind != "passive" and (not unit.is_accumulator or wants_int_outputs(config)):
+            if unit.on == "BPU" and unit.kind != "passive" and not unit.gives_indices \
+                    and (not unit.is_accumulator or wants_int_outputs(config)):
                 if t in graph_outputs:
                     bits[t] = output_bits
     # What a float join puts into a model output (``units._join_outputs_in_float``) leaves the BPU as the

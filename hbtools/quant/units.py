@@ -44,7 +44,7 @@ INTEGER_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorP
 
 @dataclass(eq=False)
 class Unit:
-    kind: str  # preprocess | conv | matmul | lut | eltwise | pool | passive | concat | cpu
+    kind: str  # preprocess | conv | matmul | lut | eltwise | pool | passive | concat | cpu, or an op class's
     nodes: list[NodeProto]
     inputs: list[str]  # activation (non-constant) inputs
     outputs: list[str]
@@ -66,6 +66,12 @@ class Unit:
     @property
     def is_accumulator(self) -> bool:
         return self.kind in ACCUMULATOR_KINDS
+
+    @property
+    def gives_indices(self) -> bool:
+        """Whether its result is int64 indices (an ArgMax on the BPU): no grid to calibrate, no Dequantize."""
+        op = registry.op_for_unit_kind(self.kind) if self.on == "BPU" and self.kind not in BUILTIN_KINDS else None
+        return op is not None and op.index_output
 
 
 @dataclass
@@ -430,7 +436,7 @@ def _join_outputs_in_float(part: Partition, view: GraphView, forced: set[int]) -
 def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[int]) -> None:
     """Cheap ops wedged between CPU ops gain nothing from int8: keep them in float too (not one that
     reads several BPU results and feeds the CPU: that one saves the crossings of all but one)."""
-    movable = ("lut", "eltwise", "constant_eltwise", "passive", "concat", "pool")
+    movable = ("lut", "eltwise", "constant_eltwise", "passive", "concat", "pool", "argmax")
     changed = True
     while changed:
         changed = False
@@ -448,8 +454,9 @@ def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[in
             from_bpu = {t for t, p in zip(u.inputs, producers, strict=True) if p is not None and p.on == "BPU"}
             outputs_cpu = outputs_cpu and len(from_bpu) < 2
             # A max pool (or slice) of a BPU result hands the CPU fewer values, computed exactly on the integers:
-            # it stays the BPU part's last node (a MaxPool before a CPU LRN crossed over at 4x the size).
-            outputs_cpu = outputs_cpu and not (u.kind == "passive" and from_bpu and _shrinks(u, view))
+            # it stays the BPU part's last node (a MaxPool before a CPU LRN crossed over at 4x the size; an
+            # ArgMax hands over one index where the logits were C values).
+            outputs_cpu = outputs_cpu and not (u.kind in ("passive", "argmax") and from_bpu and _shrinks(u, view))
             if inputs_cpu or outputs_cpu:
                 side = "reads only CPU results" if inputs_cpu else "feeds only CPU nodes"
                 u.on, u.reason = "CPU", f"{side}; kept in float next to them (run_on_bpu moves it)"

@@ -159,11 +159,11 @@ def test_unlowered_and_unknown_ops_say_why() -> None:
                g.op("Pow", [c, g.const(np.full([1, 8, 1, 1], 2.0, dtype=np.float32))])]
     model = g.model({"data": [1, 3, 8, 8]}, outputs).model
     x5 = _partition(model, "bayes-e")
-    # Softmax, a per-channel constant, DepthToSpace and ReduceSum (a ReduceMean's integer sum) have integer
-    # kernels; ArgMax has none yet
+    # Softmax, a per-channel constant, DepthToSpace, ReduceSum (a ReduceMean's integer sum) and an ArgMax over
+    # 8 channels have integer kernels
     assert _placement(x5)["Softmax_0"][0] == _placement(x5)["Mul_0"][0] == _placement(x5)["DepthToSpace_0"][0] == "BPU"
-    assert _placement(x5)["ReduceSum_0"][0] == "BPU"
-    assert "no integer kernel" in _reason(x5, "ArgMax_0")
+    assert _placement(x5)["ReduceSum_0"][0] == _placement(x5)["ArgMax_0"][0] == "BPU"
+    assert x5.unit_of_node["ArgMax_0"].table_type == "HzSQuantizedArgMax"
     assert "only scalar constants" in _reason(x5, "Pow_0")
     x3 = _partition(model, "bernoulli2")
     assert "Softmax is not supported on the BPU of bernoulli2" in _reason(x3, "Softmax_0")

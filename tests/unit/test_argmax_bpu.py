@@ -1,0 +1,163 @@
+"""ArgMax / ArgMin on the BPU: a segmenter's class map is computed on the integer logits (the vendor's PTQ
+guide: up to 64 channels on the BPU, beyond that on the CPU), and leaves the BPU as int64 indices."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from bin_fixtures import invoke
+from builders import FloatModel, held_out, make_project
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.cli import hb_mapper, hb_model_info, hb_model_modifier, hb_perf
+from hbtools.log import setup
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline.runner import makertbin
+from hbtools.runtime import HB_ONNXRuntime
+from hbtools.runtime.runtime_model import open_model
+from hbtools.runtime.simulator import Simulator
+from hbtools.runtime.structure import analyse, tensor_info
+from hbtools.tools.verifier import verify
+
+CAL_COUNT = 4
+CAL_SEED = 10  # builders.write_calibration's: the calibration pictures themselves
+
+
+def _segmenter(classes: int = 19, *, op: str = "ArgMax", axis: int = 1, keepdims: int = 1,
+               select_last_index: int | None = None) -> FloatModel:
+    """data -> Conv 3x3 -> Relu -> Conv 1x1 to ``classes`` logits -> ``op`` (the label map)."""
+    rng = np.random.default_rng(0)
+    w1 = rng.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.4, (classes, 8, 1, 1)).astype(np.float32)
+    logits = [1, classes, 8, 8]
+    out_shape = list(logits)
+    out_shape[axis] = 1
+    if not keepdims:
+        del out_shape[axis]
+    extra = {} if select_last_index is None else {"select_last_index": select_last_index}
+    nodes = [helper.make_node("Conv", ["data", "w1"], ["f"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["f"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2"], ["logits"], name="head"),
+             helper.make_node(op, ["logits"], ["label"], axis=axis, keepdims=keepdims, name="label", **extra)]
+    graph = helper.make_graph(nodes, "segmenter", [helper.make_tensor_value_info("data", TensorProto.FLOAT,
+                                                                                  [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("label", TensorProto.INT64, out_shape)],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return FloatModel(model, {"data": [1, 3, 8, 8]}, set())
+
+
+def _with_logits(path: Path, tensor: str, out: Path) -> Path:
+    """A copy of the model at ``path`` that also outputs ``tensor`` (its logits)."""
+    model = onnx.load(str(path))
+    model.graph.output.append(helper.make_tensor_value_info(tensor, TensorProto.FLOAT, None))
+    onnx.save(model, str(out))
+    return out
+
+
+@pytest.mark.parametrize(("march", "op", "axis", "keepdims"), [
+    ("bayes-e", "ArgMax", 1, 1),
+    ("bayes-e", "ArgMax", 1, 0),
+    ("bayes-e", "ArgMax", -1, 0),  # along the width, counted from the end
+    ("bayes-e", "ArgMin", -3, 1),
+    ("bernoulli2", "ArgMax", 1, 1),  # RDK X3: int8 logits, more equal levels
+])
+def test_a_segmenter_label_map_is_computed_on_the_bpu(tmp_path: Path, march: str, op: str, axis: int,
+                                                      keepdims: int) -> None:
+    setup(None)
+    fm = _segmenter(op=op, axis=axis, keepdims=keepdims)
+    paths = makertbin(make_project(tmp_path, fm, march=march, cal_count=CAL_COUNT).config_path, "onnx")
+    quantized = onnx.load(str(paths["quantized"]))
+    # The label map leaves the BPU as the int64 indices: no Dequantize, one BPU subgraph, no CPU node.
+    assert [n.op_type for n in quantized.graph.node if n.name == "label"] == [f"HzSQuantized{op}"]
+    assert not [n.name for n in quantized.graph.node if "Dequantize" in n.op_type]
+    assert [o.type.tensor_type.elem_type for o in quantized.graph.output] == [TensorProto.INT64]
+    rm = open_model(paths["bin"])
+    structure = analyse(rm.graph, rm.bin.partition, tensor_info(rm.graph))
+    assert set(structure.on) == {"BPU"} and len(structure.subgraphs) == 1
+    assert all(o.passed for o in verify(paths["quantized"], paths["bin"], None, 3).outputs)
+
+    pick = np.argmax if op == "ArgMax" else np.argmin
+    original = HB_ONNXRuntime(model_file=str(_with_logits(paths["original"], "logits", tmp_path / "o.onnx")))
+    calibrated = HB_ONNXRuntime(model_file=str(_with_logits(paths["calibrated"], "logits_calibrated",
+                                                            tmp_path / "c.onnx")))
+    integer = HB_ONNXRuntime(model_file=str(paths["quantized"]))
+    simulator = Simulator(rm)
+    nhwc = get_profile(march).quantized_input_layout == "NHWC"
+    flips = 0
+    for x in held_out(fm, CAL_COUNT, seed=CAL_SEED):
+        want, float_logits = original.run(None, {"data": x})
+        got, logits = calibrated.run(None, {"data": x})
+        assert got.dtype == np.int64 and got.shape == want.shape
+        # The integer kernel, its emulation and the .bin agree exactly, and are the ArgMax of the
+        # fake-quantized logits (the first of equal ones)
+        board = x.transpose(0, 2, 3, 1) if nhwc else x  # RDK X3's .bin takes NHWC pictures
+        np.testing.assert_array_equal(integer.run(None, {"data": board})[0], got)
+        np.testing.assert_array_equal(simulator.run({"data": board})["label"], got)
+        np.testing.assert_array_equal(pick(logits, axis=axis).reshape(got.shape), got)
+        # ... and pick what the float model picks but where two float logits lie closer than the
+        # quantization moved them.
+        best = want.reshape(np.expand_dims(pick(float_logits, axis=axis), axis).shape)
+        chosen = got.reshape(best.shape)
+        gap = np.abs(np.take_along_axis(float_logits, best, axis) - np.take_along_axis(float_logits, chosen, axis))
+        moved = np.abs(float_logits - logits).max()
+        assert (gap[best != chosen] <= 2 * moved).all()
+        flips += int((best != chosen).sum())
+    assert flips <= 0.05 * CAL_COUNT * got.size
+
+
+def _table(output: str) -> dict[str, tuple[str, ...]]:
+    """The checker's node table: name -> (ON, subgraph, type)."""
+    found = {}
+    for line in output.splitlines():
+        m = re.match(r"^(\S+)\s+(BPU|CPU)\s+(id\(\d+\)|--)\s+(\S+)\s*$", line)
+        if m:
+            found[m.group(1)] = m.groups()[1:]
+    return found
+
+
+@pytest.mark.parametrize(("classes", "extra", "reason"), [
+    (65, {}, "ArgMax over 65 channels: the BPU of bayes-e (RDK X5) takes at most 64"),
+    (19, {"select_last_index": 1}, "ArgMax with select_last_index 1 has no BPU form"),
+    (64, {}, None),
+])
+def test_the_checker_says_why_an_argmax_stays_on_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         classes: int, extra: dict, reason: str | None) -> None:
+    monkeypatch.chdir(tmp_path)
+    onnx.save(_segmenter(classes, **extra).model, "model.onnx")
+    result = invoke(hb_mapper.main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                                     "model.onnx"])
+    assert result.exit_code == 0, result.output
+    table = _table(result.output)
+    if reason is None:
+        assert table["label"] == ("BPU", "id(0)", "HzSQuantizedArgMax")
+        assert "1 BPU subgraph(s) and 0 CPU node(s)" in result.output
+        return
+    assert table["label"] == ("CPU", "--", "ArgMax")
+    assert re.search(rf"^label\s+ArgMax\s+{re.escape(reason)}", result.output, re.M), result.output
+
+
+def test_the_bin_tools_take_an_argmax_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hb_model_info types the output int64, hb_perf costs the ArgMax as a BPU layer that writes the
+    indices, and hb_model_modifier offers no Dequantize to delete (there is none)."""
+    setup(None)
+    project = make_project(tmp_path, _segmenter(), cal_count=2)
+    project.write(compiler_parameters={"debug": True})  # hb_perf's Layer Details
+    paths = makertbin(project.config_path, "onnx")
+    monkeypatch.chdir(tmp_path)
+    info = invoke(hb_model_info.main, [paths["bin"]]).output
+    assert "model output types  : [<InputDataType.S64: 13>]" in info, info
+    modifier = invoke(hb_model_modifier.main, [paths["bin"]])
+    assert modifier.exit_code == 0 and "Nodes that can be deleted: []" in modifier.output, modifier.output
+    perf = invoke(hb_perf.main, [paths["bin"]])
+    assert perf.exit_code == 0, perf.output
+    layers = json.loads((tmp_path / "hb_perf_result" / "small" / "small_subgraph_0.json").read_text())["layers"]
+    argmax = next(layer for layer in layers if layer["name"] == "label")
+    # It compares each of the 19 x 8 x 8 logits, and writes the 8 x 8 indices out as int64.
+    assert argmax["op_type"] == "HzSQuantizedArgMax" and argmax["ops"] == 19 * 8 * 8
+    assert argmax["stored_bytes"] == 8 * 8 * 8
