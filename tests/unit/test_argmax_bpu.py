@@ -17,7 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 from hbtools.cli import hb_mapper, hb_model_info, hb_model_modifier, hb_perf
 from hbtools.log import setup
 from hbtools.march.profiles import get_profile
+from hbtools.ops.calibration import HzCalibration
 from hbtools.pipeline.runner import makertbin
+from hbtools.quant.units import build_partition
 from hbtools.runtime import HB_ONNXRuntime
 from hbtools.runtime.runtime_model import open_model
 from hbtools.runtime.simulator import Simulator
@@ -161,3 +163,45 @@ def test_the_bin_tools_take_an_argmax_output(tmp_path: Path, monkeypatch: pytest
     # It compares each of the 19 x 8 x 8 logits, and writes the 8 x 8 indices out as int64.
     assert argmax["op_type"] == "HzSQuantizedArgMax" and argmax["ops"] == 19 * 8 * 8
     assert argmax["stored_bytes"] == 8 * 8 * 8
+
+
+def test_per_channel_steps_stop_before_the_logits_an_argmax_reads(tmp_path: Path) -> None:
+    """A step per channel along the ArgMax axis would change which channel holds the largest level: with
+    per_channel the convolution's input gets one step per channel, the logits keep one."""
+    setup(None)
+    fm = _segmenter()
+    project = make_project(tmp_path, fm, cal_count=CAL_COUNT)
+    project.write(calibration_parameters={"calibration_type": "max", "per_channel": True})
+    paths = makertbin(project.config_path, "onnx")
+    steps = {n.name: len(HzCalibration.read(n)["scales"]) for n in onnx.load(str(paths["calibrated"])).graph.node
+             if n.op_type == "HzCalibration"}
+    assert steps["r_HzCalibration"] == 8 and steps["logits_HzCalibration"] == 1
+    assert all(o.passed for o in verify(paths["quantized"], paths["bin"], None, 3).outputs)
+    calibrated, integer = (HB_ONNXRuntime(model_file=str(paths[k])) for k in ("calibrated", "quantized"))
+    for x in held_out(fm, CAL_COUNT, seed=CAL_SEED):
+        np.testing.assert_array_equal(integer.run(None, {"data": x})[0], calibrated.run(None, {"data": x})[0])
+
+
+def _segmenter_between(before: str | None, after: str | None) -> onnx.ModelProto:
+    """The segmenter with a CPU-only op (Sin) on its logits ``before`` the ArgMax, or a Cast of its label map
+    to uint8 ``after`` it."""
+    model = _segmenter().model
+    graph = model.graph
+    if before:
+        graph.node[-1].input[0] = "sin"
+        graph.node.insert(len(graph.node) - 1, helper.make_node("Sin", ["logits"], ["sin"], name="sin"))
+    if after:
+        graph.node.append(helper.make_node("Cast", ["label"], ["label_u8"], to=TensorProto.UINT8, name="cast"))
+        graph.output[0].name, graph.output[0].type.tensor_type.elem_type = "label_u8", TensorProto.UINT8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_an_argmax_next_to_the_cpu() -> None:
+    """An ArgMax before a CPU node stays on the BPU (it hands the CPU one index for C logits); one reading only
+    CPU results is kept in float next to them (quantizing its input costs what it saves)."""
+    profile = get_profile("bayes-e")
+    cast = build_partition(_segmenter_between(None, "cast"), profile, {})
+    assert cast.unit_of_node["label"].on == "BPU" and cast.unit_of_node["cast"].on == "CPU"
+    sin = build_partition(_segmenter_between("sin", None), profile, {})
+    assert sin.unit_of_node["label"].on == "CPU"
+    assert sin.unit_of_node["label"].reason.startswith("reads only CPU results")
