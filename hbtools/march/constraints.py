@@ -185,10 +185,12 @@ def _extent_violation(node: NodeProto, view: GraphView, limit: int, where: str) 
     """Why an ArgMax / ArgMin searches an axis too long for ``where`` (or of unknown size), else None."""
     shape = view.shapes.get(node.input[0])
     axis = int(view.attrs(node).get("axis", 0))
-    size = shape[axis] if shape and -len(shape) <= axis < len(shape) else None
+    if shape and -len(shape) <= axis < len(shape):
+        axis %= len(shape)
+    size = shape[axis] if shape and 0 <= axis < len(shape) else None
     if size is not None and size <= limit:
         return None
-    along = "channels" if shape and axis % len(shape) == 1 else f"values along axis {axis}"
+    along = "channels" if axis == 1 else f"values along axis {axis}"
     if size is None:
         return f"{node.op_type} over an axis of unknown size: {where} takes at most {limit} {along}"
     return f"{node.op_type} over {size} {along}: {where} takes at most {limit}"

@@ -205,3 +205,22 @@ def test_an_argmax_next_to_the_cpu() -> None:
     sin = build_partition(_segmenter_between("sin", None), profile, {})
     assert sin.unit_of_node["label"].on == "CPU"
     assert sin.unit_of_node["label"].reason.startswith("reads only CPU results")
+
+
+@pytest.mark.parametrize(("march", "reason"), [
+    ("bayes-e", "ArgMax over 384 values along axis 2: the BPU of bayes-e (RDK X5) takes at most 64"),
+    ("bernoulli2", "ArgMax on a 3-D tensor [1, 17, 384]: the BPU of bernoulli2 (RDK X3) takes 4-D tensors only"),
+])
+def test_a_simcc_decoder_over_384_bins_stays_on_the_cpu(march: str, reason: str) -> None:
+    """A SimCC keypoint head: 17 keypoints x 384 bins, decoded by an ArgMax along the last axis (given as -1)."""
+    weight = numpy_helper.from_array(np.ones((17, 3, 1, 1), np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 17, 384], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["data", "w"], ["c"], name="head"),
+             helper.make_node("Reshape", ["c", "shape"], ["bins"], name="bins"),
+             helper.make_node("ArgMax", ["bins"], ["x"], axis=-1, keepdims=0, name="decode")]
+    graph = helper.make_graph(nodes, "simcc",
+                              [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 12, 32])],
+                              [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 17])], [weight, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    part = build_partition(onnx.shape_inference.infer_shapes(model), get_profile(march), {})
+    assert part.unit_of_node["decode"].on == "CPU" and part.unit_of_node["decode"].reason == reason
