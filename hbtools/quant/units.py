@@ -445,6 +445,10 @@ def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[in
                 continue
             producers = [part.producer.get(t) for t in u.inputs]
             inputs_cpu = bool(producers) and all(p is not None and p.on == "CPU" for p in producers)
+            # Reading a CPU result that other BPU nodes read too (the Slices of one input fanned out to the pieces
+            # of a long Conv), it shares that tensor's one crossing into the BPU: in float each would cross alone.
+            inputs_cpu = inputs_cpu and not any(c is not u and c.on == "BPU"
+                                                for t in u.inputs for c in part.consumers.get(t, []))
             users = [c for t in u.outputs for c in part.consumers.get(t, [])]
             is_output = any(t in view.graph_outputs for t in u.outputs)
             # A join of outputs in float is no reason to leave the BPU: what it joins is the model's result.

@@ -105,3 +105,40 @@ def test_the_sums_of_kernel_pieces_before_a_cpu_lstm_stay_on_the_bpu(tmp_path: P
     assert "LSTM" in cpu_types and "Add" not in cpu_types, outcome.placement()
     assert len(outcome.cpu) <= 3, outcome.placement()  # the LSTM and at most the Reshape + Transpose before it
     assert min(outcome.cosine) >= 0.99, outcome.cosine
+
+
+def test_the_pieces_of_a_long_conv_behind_a_cpu_node_share_one_crossing(tmp_path: Path) -> None:
+    """basic-pitch on RDK X3: a 3-D Pad (a CPU node there) before a [1, 256] Conv cut into 37 pieces. Each
+    piece's Slice 'read only CPU results' and moved to the CPU, so the signal crossed into the BPU 37 times
+    (37 HzQuantize; the real model became 2210 nodes with 437 crossings). The Slices now stay on the BPU
+    with the Conv pieces and the input is quantized once."""
+    import onnx
+    from conformance import convert_featuremaps
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((1, 1, 1, 256)) / 16).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["p"], name="pad3d"),
+         helper.make_node("Unsqueeze", ["p", "axes"], ["u"], name="unsqueeze"),
+         helper.make_node("Conv", ["u", "w"], ["c"], kernel_shape=[1, 256], strides=[1, 2], name="lowpass"),
+         helper.make_node("Squeeze", ["c", "axes"], ["y"], name="squeeze")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([0, 0, 128, 0, 0, 128], np.int64), "pads"),
+         numpy_helper.from_array(np.array([2], np.int64), "axes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    samples = [rng.standard_normal((1, 1, 1024)).astype(np.float32) for _ in range(4)]
+    convert_featuremaps(tmp_path, model, {"x": samples}, "1x1x1024", "float32", "m", calibration_type="max",
+                        march="bernoulli2")
+    path = next((tmp_path / "out").glob("*_quantized_model.onnx"))
+    quantized = onnx.load(path)
+    types = [n.op_type for n in quantized.graph.node]
+    assert types.count("HzQuantize") == 1 and types.count("HzSQuantizedConv") == 37, sorted(set(types))
+    x = samples[0]
+    ref = _run(model, x)
+    from hbtools.runtime import HB_ONNXRuntime
+
+    got = HB_ONNXRuntime(model_file=str(path)).run(None, {"x": x})[0]
+    cos = float(np.dot(ref.ravel(), got.ravel()) / np.linalg.norm(ref) / np.linalg.norm(got))
+    assert cos >= 0.99, cos
