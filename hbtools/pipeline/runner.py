@@ -11,7 +11,7 @@ import onnx
 from hbtools.config.builtin import builtin_config
 from hbtools.config.loader import load_config
 from hbtools.config.model import Config, random_calibration
-from hbtools.config.values import closest_names
+from hbtools.config.values import closest_names, split_multi
 from hbtools.data.calibration import (
     CalibrationSource,
     FolderCalibrationSource,
@@ -210,9 +210,19 @@ def _check_node_names(config: Config, model: onnx.ModelProto) -> None:
         more = f" and {len(absent) - shown} more" if len(absent) > shown else ""
         total = sum(info.given_by == given_by for info in config.model.node_info.values())
         parts.append(f"{given_by} names {len(absent)} node(s) (of {total}) that the model does not have: "
-                     f"{listed}{more}")
+                     f"{listed}{more}{_names_split_apart(given_by, absent, names)}")
     raise HbError(f"{'; '.join(parts)} (model {config.model.onnx_model or config.model.caffe_model}); "
                   f"use the model's node names (hb_mapper checker lists them)")
+
+
+def _names_split_apart(given_by: str, absent: list[str], names: set[str]) -> str:
+    """A note when the missing names are the parts of model node names holding ';' or ',' (tf2onnx names
+    nodes 'a;b'), which the string form of a parameter splits at."""
+    whole = sorted(n for n in names if len(parts := split_multi(given_by, n)) > 1 and set(parts) <= set(absent))
+    if not whole:
+        return ""
+    return (f"; the model has node(s) {', '.join(repr(n) for n in whole)}: a string splits at ';' and ',', so "
+            f"give such a name as an item of a YAML list ({given_by}: [{whole[0]!r}])")
 
 
 def _calibration_source(config: Config) -> CalibrationSource:

@@ -19,12 +19,12 @@ from hbtools.errors import HbError
 from hbtools.pipeline.runner import makertbin
 
 
-def _project(root: Path, model_parameters: dict, calibration_parameters: dict) -> Path:
+def _project(root: Path, model_parameters: dict, calibration_parameters: dict, relu: str = "Relu_0") -> Path:
     rng = np.random.default_rng(0)
     weight = numpy_helper.from_array(rng.normal(scale=0.1, size=(4, 3, 3, 3)).astype(np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["c"], name="Conv_0", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-         helper.make_node("Relu", ["c"], ["y"], name="Relu_0")],
+         helper.make_node("Relu", ["c"], ["y"], name=relu)],
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -58,3 +58,20 @@ def test_every_missing_name_is_said_under_its_parameter(tmp_path: Path) -> None:
     assert "run_on_cpu names 1 node(s) (of 1)" in text and "'Relu_9'" in text and "closest: 'Relu_0'" in text
     assert "set_node_data_type" not in text and "run_on_bpu" not in text
     assert not (tmp_path / "out" / "m.bin").exists()
+
+
+def test_a_name_holding_a_separator_is_said_to_need_a_yaml_list(tmp_path: Path) -> None:
+    """tf2onnx names nodes 'a;b' (basic-pitch's 'model_1/normalized_log_1/Square;model_1/normalized_log_1/Square').
+    Written as the string form of run_on_cpu, the name splits at ';' and the ERROR offered the very name the
+    user wrote as the closest one; it now says to give it as a YAML list item."""
+    name = "model_1/log/Square;model_1/log/Square1"
+    path = _project(tmp_path, {}, {"run_on_cpu": name}, relu=name)
+    with pytest.raises(HbError) as info:
+        makertbin(path, "onnx")
+    text = str(info.value)
+    assert "run_on_cpu names 2 node(s) (of 2) that the model does not have" in text, text
+    assert f"the model has node(s) '{name}'" in text and "give such a name as an item of a YAML list" in text, text
+    assert f"(run_on_cpu: ['{name}'])" in text, text
+    (tmp_path / "list").mkdir()
+    makertbin(_project(tmp_path / "list", {}, {"run_on_cpu": [name]}, relu=name), "onnx")  # a list names it
+    assert (tmp_path / "list" / "out" / "m.bin").exists()
