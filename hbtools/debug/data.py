@@ -129,6 +129,10 @@ def _checked(data: np.ndarray, spec: GraphInput, where: str) -> np.ndarray:
                       f"takes shape {list(shape)}")
     if None not in shape:
         data = data.reshape(shape)
+    if data.dtype.kind in "fc" and not np.all(np.isfinite(data)):
+        bad = int(np.count_nonzero(~np.isfinite(data)))
+        raise HbError(f"{where} holds {bad} of {data.size} values that are NaN or infinite; the metrics compare "
+                      f"with the float model, which needs real numbers: regenerate that sample or leave it out")
     try:
         return np.ascontiguousarray(convert_feed(data, spec.dtype.type, IMAGE_OFFSET, spec.name))
     except HbError as exc:

@@ -11,6 +11,7 @@ samples of the metric, itself the mean over the observed tensors.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,13 +21,17 @@ import numpy as np
 from hbtools.debug import batching
 from hbtools.debug.data import Sample
 from hbtools.debug.switchboard import Switchboard
+from hbtools.errors import HbError
 from hbtools.metrics import METRICS, CosineTo, average
 from hbtools.runs.progress import Progress
-from hbtools.runtime.session import release_shared_arena
+from hbtools.runtime.session import RUN_ERRORS, release_shared_arena
+
+log = logging.getLogger("hbtools")
 
 Config = frozenset[str]
 COSINE = "cosine-similarity"
 BELOW_STEP = "below-step"  # next to the metrics in the scored cache: per sample, an output rounded to all zeros
+UNSCORED = (frozenset(), "unscored")  # in the scored cache: the samples whose float outputs are not all finite
 # Called with (sample index, configuration index, float values, quantized values) of the
 # observed tensors; calls are serialized, in no particular sample order.
 Visitor = Callable[[int, int, list[np.ndarray], list[np.ndarray]], None]
@@ -41,7 +46,11 @@ def sweep(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence
 
     def one_batch(indices: range) -> None:
         sample = batching.stack([samples[i] for i in indices])
-        cache = switchboard.float_pass(sample)
+        try:
+            cache = switchboard.float_pass(sample)
+        except RUN_ERRORS:
+            _name_the_sample_float_fails_on(switchboard, samples, indices)
+            raise
         reference = batching.unstack([cache[t] for t in switchboard.observe], len(indices))
         for k, config in enumerate(configs):
             got = batching.unstack(switchboard.run(sample, cache, config), len(indices))
@@ -59,6 +68,18 @@ def sweep(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence
             list(pool.map(one_batch, batches))  # list(): re-raise a worker's exception
     bar.close()
     release_shared_arena()  # the runs' memory, kept between runs, goes back once the sweep is done
+
+
+def _name_the_sample_float_fails_on(switchboard: Switchboard, samples: Sequence[Sample], indices: range) -> None:
+    """Raise the ERROR naming the first of ``indices`` the float model cannot run (one run each: they were stacked)."""
+    for i in indices:
+        try:
+            switchboard.float_pass(samples[i])
+        except RUN_ERRORS as exc:
+            raise HbError(f"the float model cannot run sample {i + 1} of calibrated_data "
+                          f"({str(exc).splitlines()[0][:300]})",
+                          hint="give every input data the model accepts: its values, not only its shape, matter "
+                               "for index and size inputs") from None
 
 
 def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequence[Config], metrics: Sequence[str],
@@ -79,9 +100,19 @@ def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequenc
     references: dict[int, _Reference] = {}
     visited = np.zeros(len(samples), np.int64)
 
+    unscored: set[int] = known.setdefault(UNSCORED, set())
+
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
+        if index in unscored:
+            return
         if index not in references:
             references[index] = _Reference(reference, metrics)
+            if not references[index].finite:  # a metric against NaN is NaN: one sample would void every score
+                unscored.add(index)
+                del references[index]
+                log.warning("the float model's outputs on sample %d of calibrated_data are NaN or infinite: that "
+                            "sample is left out of the metrics", index + 1)
+                return
         ref = references[index]
         for j, m in enumerate(metrics):
             values[k, j, index] = average(m, ref.metric(m, got))
@@ -95,7 +126,11 @@ def scores(switchboard: Switchboard, samples: Sequence[Sample], configs: Sequenc
     for c, per_metric, flags in zip(todo, values, below, strict=True):
         known.update(((c, m), v) for m, v in zip(metrics, per_metric, strict=True))
         known[(c, BELOW_STEP)] = flags
-    return [{m: float(average(m, known[(c, m)])) for m in metrics} for c in configs]
+    kept = [i for i in range(len(samples)) if i not in unscored]
+    if not kept:
+        raise HbError("the float model's outputs are NaN or infinite on every sample of calibrated_data: there is "
+                      "nothing to compare with; check the samples and the model's float outputs on them")
+    return [{m: float(average(m, known[(c, m)][kept])) for m in metrics} for c in configs]
 
 
 class _Reference:
@@ -110,6 +145,7 @@ class _Reference:
         self.outputs = outputs
         self.cosines = [CosineTo(r) for r in outputs] if COSINE in metrics else []
         self.nonzero = [bool(np.any(r)) for r in outputs]
+        self.finite = all(not np.issubdtype(r.dtype, np.floating) or bool(np.all(np.isfinite(r))) for r in outputs)
 
     def metric(self, metric: str, got: list[np.ndarray]) -> list[float]:
         """``metric`` per output, between the float one and ``got``'s."""
