@@ -73,7 +73,8 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
 
     Anything raised inside the block (KeyboardInterrupt included) deletes the staging
     folder and leaves ``working_dir`` as it was. ``set_name`` names the set (its previous
-    entries that this one does not make are removed); ``inputs`` are the run's input files
+    entries that this one does not make are removed, and a file inside one of its folders that no
+    set wrote is kept: it is carried into the new folder); ``inputs`` are the run's input files
     and folders, which the commit never replaces or removes. ``committed`` runs once the new set is in
     place, before a Ctrl-C held back meanwhile is acted on (with a WARNING that the set was replaced).
     ``folder``: how messages name ``working_dir`` (another tool's result folder).
@@ -94,13 +95,18 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
             stale = [n for n in _stale(working_dir, set_name, entries, inputs)
                      if not any(n in listed for listed in others.values())]
             if set_name is not None:
-                (staging / _MANIFEST.format(set_name)).write_text(json.dumps(entries), encoding="utf-8")
+                # The files inside its folders too: a file in them that no run wrote is carried over (below).
+                written = entries + _files_inside(staging, entries)
+                (staging / _MANIFEST.format(set_name)).write_text(json.dumps(written), encoding="utf-8")
                 # An entry another set listed (the calibration_data dump of two prefixes in one working_dir) is
                 # this set's now: that set's next run must not remove it, nor its model be paired with it.
                 for manifest, listed in others.items():
                     if any(n in entries for n in listed):
                         (staging / manifest).write_text(json.dumps([n for n in listed if n not in entries]),
                                                         encoding="utf-8")
+            if set_name is not None:  # without a manifest nothing tells the tool's files from the user's
+                folders = [n for n in entries if (staging / n).is_dir()]
+                _carry_over(working_dir, staging, _foreign_files(working_dir, folders))
             with signals_deferred(str(working_dir)):  # Ctrl-C amid the moves would leave a mixed set
                 _commit(staging, stale)
                 _roll_forward(staging, working_dir)
@@ -186,6 +192,49 @@ def check_inputs_outside(working_dir: Path, names: Sequence[str], inputs: Sequen
                                                               f"{folder.elsewhere}{renamed}")
 
 
+def _files_inside(root: Path, names: Sequence[str]) -> list[str]:
+    """The files under the folders ``names`` of ``root``, as paths relative to it with '/'."""
+    return sorted(p.relative_to(root).as_posix() for name in names if (root / name).is_dir() and
+                  not (root / name).is_symlink() for p in (root / name).rglob("*") if not p.is_dir())
+
+
+def _foreign_files(working_dir: Path, names: Sequence[str]) -> list[str]:
+    """The files inside the folders ``names`` of ``working_dir`` that no run of a set there wrote (the user's
+    notes beside runall's tables, a figure of another debugger call), as paths relative to it with '/'."""
+    known = {n for manifest in working_dir.glob(_MANIFEST.format("*")) for n in _listed(manifest)}
+    foreign: list[str] = []
+    for name in names:
+        if not (working_dir / name).is_dir() or (working_dir / name).is_symlink():
+            continue
+        if name in known and not any(n.startswith(f"{name}/") for n in known):
+            continue  # listed by a version that recorded no files inside: all of it its own
+        foreign += [f for f in _files_inside(working_dir, [name]) if f not in known]
+    return foreign
+
+
+def _carry_over(working_dir: Path, staging: Path, foreign: list[str]) -> None:
+    """Copy ``foreign`` files into the staged folders that replace theirs (a staged file of the same name wins):
+    a commit replaces a folder whole, and they are not this run's to remove. Copies, not moves: a run stopped
+    before its commit point leaves the originals where they were."""
+    for rel in foreign:
+        source, target = working_dir / rel, staging / rel
+        if target.exists() or target.is_symlink():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target, follow_symlinks=False)
+
+
+def _listed(manifest: Path) -> list[str]:
+    try:
+        listed = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else []
+
+
 def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inputs: Sequence[Path],
                        folder: Destination) -> None:
     """Refuse, before the commit, a move that would fail half-way through or destroy an input."""
@@ -225,7 +274,7 @@ def _stale(working_dir: Path, set_name: str | None, entries: list[str], inputs: 
         return []  # no manifest (a set of an older version, or none): nothing known to remove
     if not isinstance(previous, list):
         return []
-    return [n for n in previous if isinstance(n, str) and n not in entries and n and os.sep not in n
+    return [n for n in previous if isinstance(n, str) and n not in entries and n and "/" not in n and os.sep not in n
             and n not in (".", "..") and (working_dir / n).exists() and _holds(working_dir / n, inputs) is None]
 
 

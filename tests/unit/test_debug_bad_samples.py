@@ -104,3 +104,20 @@ def test_a_sample_whose_float_outputs_are_not_finite_is_left_out(converted: Path
     assert all(np.isfinite(float(v["cosine-similarity"])) for v in got.values()), got
     with pytest.raises(HbError, match="NaN or infinite on every sample"):
         _sensitivity(converted, huge[1:2])
+
+
+def test_an_int32_index_is_taken_for_an_int64_input(converted: Path) -> None:
+    """numpy's int32 on Windows, torch's .int(): refused as 'cannot convert int32 data without loss', though
+    widening is exact (hunt 13 D7). Values that do not fit the input's type are still refused, saying so."""
+    from hbtools.runtime import HB_ONNXRuntime
+    from hbtools.runtime.session import FeedError
+
+    samples = _samples(converted)
+    as_int32 = [{**s, "idx": s["idx"].astype(np.int32)} for s in samples]
+    assert _sensitivity(converted, as_int32) == _sensitivity(converted, samples)
+    session = HB_ONNXRuntime(model_file=str(converted / "m_quantized_model.onnx"))
+    feed = {"f": samples[0]["f"], "idx": samples[0]["idx"]}
+    want = session.run(None, feed)[0]
+    np.testing.assert_array_equal(session.run(None, {**feed, "idx": feed["idx"].astype(np.int32)})[0], want)
+    with pytest.raises(FeedError, match=r"input 'idx' takes int64; float32 data cannot be converted to it exactly"):
+        session.run(None, {**feed, "idx": feed["idx"].astype(np.float32)})

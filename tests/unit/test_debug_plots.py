@@ -192,6 +192,21 @@ def test_runall_replaces_its_results_as_one_set(dumped: Dumped, tmp_path: Path,
                                                                             "sensitivity_of_node.txt"]
 
 
+def test_runall_keeps_the_users_files_in_its_step_folders(dumped: Dumped, tmp_path: Path) -> None:
+    """Seed 002's workflow writes figures with the single functions under debug_result/ before runall: runall
+    replaced its step folders whole, deleting them and the user's notes without a word (hunt 13 D1)."""
+    save = tmp_path / "debug_result"
+    dbg.plot_acc_error(save_dir=str(save / "accumulate_error"), calibrated_data=str(dumped.data),
+                       model_or_file=str(dumped.calibrated), non_quantize_node=["weight"])
+    figures = sorted(p.name for p in (save / "accumulate_error").iterdir())
+    (save / "node_sensitivity").mkdir()
+    (save / "node_sensitivity" / "my_notes.txt").write_text("Conv_2 looks bad")
+    dbg.runall(str(dumped.calibrated), str(dumped.data), save_dir=str(save), data_num=1)
+    assert (save / "node_sensitivity" / "my_notes.txt").read_text() == "Conv_2 looks bad"
+    assert set(figures) <= {p.name for p in (save / "accumulate_error").iterdir()}, figures
+    assert (save / "node_sensitivity" / "sensitivity_of_weight.txt").exists()
+
+
 def test_channelwise_rows_of_a_grouped_conv_transpose_weight_are_its_output_channels() -> None:
     """A ConvTranspose weight [C_in, C_out/group, k, k] lists only C_out/group channels on axis 1; the plot
     used to draw that many boxes, each mixing the groups."""

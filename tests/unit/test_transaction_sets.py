@@ -158,3 +158,22 @@ def test_reading_an_artefact_beside_an_unfinished_commit_warns(tmp_path: Path) -
     result = invoke(hb_model_info.main, [built.bin])
     assert "WARNING" in result.output and "killed while it moved its results into place" in result.output, \
         result.output[-2000:]
+
+
+def test_a_file_no_run_wrote_in_a_folder_the_set_replaces_is_kept(tmp_path: Path) -> None:
+    """runall replaced its step folders whole: a user's notes in debug_result/node_sensitivity/ and a figure of an
+    earlier plot_acc_error call in debug_result/accumulate_error/ were deleted without a word (hunt 13 D1). Files a
+    run wrote are still replaced or removed as before; the others are carried into the new folder."""
+    _write(tmp_path, {"tables/notes.txt": "mine", "plots/earlier.png": "figure", "plots/a.png": "user's a"})
+    _run(tmp_path, {"tables/t.txt": "1", "tables/old.txt": "1", "plots/a.png": "run a"})
+    assert _tree(tmp_path / "tables") == {"notes.txt": "mine", "t.txt": "1", "old.txt": "1"}
+    assert _tree(tmp_path / "plots") == {"earlier.png": "figure", "a.png": "run a"}  # a file of the run's name: its
+    _write(tmp_path, {"tables/later.txt": "added after the run"})
+    _run(tmp_path, {"tables/t.txt": "2", "plots/a.png": "run a 2"})
+    assert _tree(tmp_path / "tables") == {"notes.txt": "mine", "later.txt": "added after the run", "t.txt": "2"}
+    assert _tree(tmp_path / "plots") == {"earlier.png": "figure", "a.png": "run a 2"}
+    with pytest.raises(RuntimeError):  # a run that fails leaves everything where it was
+        with transaction.artefact_transaction(tmp_path, set_name="m") as staging:
+            _write(staging, {"tables/t.txt": "3"})
+            raise RuntimeError("stopped")
+    assert _tree(tmp_path / "tables")["notes.txt"] == "mine" and _tree(tmp_path / "tables")["t.txt"] == "2"
