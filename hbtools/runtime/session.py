@@ -30,6 +30,8 @@ _NUMPY_OF_ORT = {
     "tensor(float)": np.float32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
     "tensor(int16)": np.int16, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
     "tensor(double)": np.float64, "tensor(bool)": np.bool_, "tensor(float16)": np.float16,
+    "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64,
+    "tensor(string)": np.object_,
 }
 
 # What onnxruntime raises when a model cannot run on given inputs (its errors share no base class).
@@ -433,8 +435,9 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
             raise FeedError(f"missing input(s) {sorted(missing)}")
         feeds = {}
         for arg in self._inputs:
-            data = convert_feed(np.asarray(feed_dict[arg.name]), _NUMPY_OF_ORT.get(arg.type, np.float32), input_offset,
-                                arg.name)
+            target = _NUMPY_OF_ORT.get(arg.type)  # None: a type numpy has no name for here, passed on as given
+            data = np.asarray(feed_dict[arg.name])
+            data = convert_feed(data, target, input_offset, arg.name) if target is not None else data
             _check_shape(arg.name, data.shape, arg.shape)
             feeds[arg.name] = data
         # A single name is one output, not a sequence of one-letter names.
@@ -562,6 +565,8 @@ def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.n
     """Lossless conversions between the feed's dtype and the input's dtype (seed 001 §6.2.11)."""
     if data.dtype == target:
         return data
+    if target == np.object_ and data.dtype.kind in "UO":  # strings
+        return data.astype(np.object_)
     if target in (np.int8, np.uint8) and np.issubdtype(data.dtype, np.integer):
         # Image values go to an int8 input shifted down by the offset, whatever integer type holds
         # them (uint8 pictures; int64 from a Python list); int8 data to a uint8 input shifted up.

@@ -176,3 +176,26 @@ def test_the_toolkit_version_is_importable() -> None:
     from horizon_tc_ui import __version__
 
     assert isinstance(__version__, str) and __version__[0].isdigit()
+
+
+@pytest.mark.parametrize("elem, dtype", [(onnx.TensorProto.UINT16, np.uint16), (onnx.TensorProto.UINT32, np.uint32),
+                                         (onnx.TensorProto.UINT64, np.uint64)])
+def test_unsigned_inputs_take_their_own_type(tmp_path: Path, elem: int, dtype: type) -> None:
+    """makertbin converts a model with uint16/32/64 inputs (on the CPU), but HB_ONNXRuntime and hb_verifier
+    refused uint16 data for a uint16 input: 'expects float32; cannot convert uint16 data without loss'."""
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "y"], ["z"])], "g",
+                              [helper.make_tensor_value_info(n, elem, [2, 3]) for n in ("x", "y")],
+                              [helper.make_tensor_value_info("z", elem, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "u.onnx")
+    sess = HB_ONNXRuntime(model_file=str(tmp_path / "u.onnx"))
+    x, y = np.arange(6, dtype=dtype).reshape(2, 3), np.full((2, 3), 7, dtype)
+    (z,) = sess.run(None, {"x": x, "y": y})
+    assert z.dtype == dtype and z.tolist() == (x + y).tolist()
+    (z,) = sess.run(None, {"x": x.astype(np.int64), "y": y})  # other integers that fit are widened exactly
+    assert z.tolist() == (x + y).tolist()
+    with pytest.raises(FeedError, match=f"input 'x' takes {np.dtype(dtype).name}, and int64 data holds values"):
+        sess.run(None, {"x": x.astype(np.int64) - 1, "y": y})
