@@ -57,6 +57,16 @@ def model_inputs(model: ModelProto) -> dict[str, list[int | None]]:
     return out
 
 
+def _empty_inputs(model: ModelProto) -> dict[str, list[str]]:
+    """The graph inputs declaring a dimension of size 0, with their dims as written ('?' for unknown ones)."""
+    found = {}
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if any(d.HasField("dim_value") and d.dim_value == 0 for d in dims):
+            found[vi.name] = [str(d.dim_value) if d.HasField("dim_value") else "?" for d in dims]
+    return found
+
+
 def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one: bool,
                    option: str = "--input-shape") -> dict[str, list[int]]:
     """Every input's static shape: from ``given`` (NAME SHAPE pairs), else from the model.
@@ -83,6 +93,11 @@ def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one
             log.info("input '%s': dynamic first dimension set to 1", name)
             dims = [1, *dims[1:]]
         if None in dims:
+            if name in _empty_inputs(model):
+                text = "x".join(_empty_inputs(model)[name])
+                raise HbError(f"input '{name}' has shape {text}, with a dimension of size 0: it holds no values, and "
+                              f"hbtools converts inputs that hold some; if that size is only a placeholder, give the "
+                              f"real shape with {option} {name} <shape>, else export the model without this input")
             text = "x".join("?" if d is None else str(d) for d in dims)
             example = shape_example(dims)
             raise HbError(f"input '{name}' has a dynamic shape {text}; give a static one with {option} {name} "
