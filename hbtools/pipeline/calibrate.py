@@ -431,8 +431,13 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
                 refs.update({o: values[o] for o in outputs if o in values})
                 del values
         except RUN_ERRORS as exc:
-            raise HbError(f"the float model cannot run calibration sample {index + 1} "
-                          f"({str(exc).splitlines()[0][:300]})",
+            reason = str(exc).splitlines()[0][:300]
+            if generated:  # the checker (or calibration_type skip) made the values up
+                raise HbError(f"the float model cannot run on the random values given to its inputs ({reason})",
+                              hint="an input holding shapes, sizes or indices takes values random data does not "
+                                   "match, so neither hb_mapper checker nor calibration_type skip can run this "
+                                   "model; makertbin with calibration data (cal_data_dir) converts it") from None
+            raise HbError(f"the float model cannot run calibration sample {index + 1} ({reason})",
                           hint="give every input calibration data the model accepts: its values, not only its "
                                "shape, matter for shape, size and index inputs") from None
         broken = [o for o in outputs if o in refs and not np.all(np.isfinite(refs[o]))]

@@ -261,17 +261,31 @@ def _empty_axes() -> onnx.ModelProto:
     return model
 
 
+def _shape_input() -> onnx.ModelProto:
+    """ONNX's test_reshape_*: the target shape is a model input, which random values cannot fill."""
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+                               helper.make_tensor_value_info("shape", TensorProto.INT64, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 @pytest.mark.parametrize(("model", "extra", "expected"), [
     (_dynamic, [], r"input 'data' has a dynamic shape 1x3x\?x16; give a static one with --input-shape data"),
     # a static 0 was called 'a dynamic shape ?', and the suggested --input-shape axes 1 changes what it computes
     (_empty_axes, [], r"input 'axes' has shape 0, with a dimension of size 0: it holds no values"),
+    # it told the user to give calibration data, which the checker cannot take
+    (_shape_input, [], r"cannot run on the random values given to its inputs.*neither hb_mapper checker nor "
+                       r"calibration_type skip.*makertbin with calibration data"),
     (_outputs33, [], r"33 outputs; at most 32"),
     (_custom_op, [], r"Not support layer name=accuracy type=Accuracy"),
     (lambda: MODELS["resnet_like"]().model, ["--input-shape", "image", "1x3x16x16"], r"'image'.*not an input"),
     (lambda: MODELS["resnet_like"]().model, ["--input-shape", "data", "1x3xAx16"], r"not a shape"),
     (_per_channel_qdq_opset11, [], r"Unrecognized attribute: axis for operator DequantizeLinear.*need opset 13.*"
                                    r"opset 11.*convert_version\(model, 13\)\) before quantize_static"),
-], ids=["dynamic_input", "empty_input", "33_outputs", "custom_domain_op", "unknown_input", "bad_shape",
+], ids=["dynamic_input", "empty_input", "shape_input", "33_outputs", "custom_domain_op", "unknown_input", "bad_shape",
         "per_channel_qdq_opset11"])
 def test_checker_errors_are_one_line(model, extra: list[str], expected: str) -> None:
     path = _save(model())
