@@ -22,6 +22,7 @@ from hbtools.debug.evaluate import scores
 from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.sensitivity import measure
 from hbtools.debug.switchboard import shared_switchboard
+from hbtools.errors import HbError
 
 log = logging.getLogger("hbtools")
 METRIC = "cosine-similarity"
@@ -35,6 +36,9 @@ def sensitivity_analysis(model_or_file: str | onnx.ModelProto | None = None, cal
     cm = load_calibrated(model_or_file)
     threshold = options.number(pick_threshold, "pick_threshold")
     given = options.names(sensitive_nodes, "sensitive_nodes")
+    if given == []:
+        raise HbError("sensitive_nodes is an empty list: give the nodes to analyse, or leave it out to pick those "
+                      "below pick_threshold")
     if given is not None:
         cm.check(given, "sensitive_nodes")
     samples = load_samples(calibrated_data, cm, data_num)

@@ -21,6 +21,7 @@ from hbtools.debug.evaluate import below_step, scores
 from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.debug.tables import console_table, csv_text
+from hbtools.errors import HbError
 from hbtools.metrics import HIGHER_IS_BETTER
 from hbtools.outputs import write_file
 
@@ -90,6 +91,9 @@ def get_sensitivity_of_nodes(model_or_file: str | onnx.ModelProto | None = None,
     metric_names = options.metric_list(metrics, "metrics")
     node_type = options.node_type(node_type, "node_type")
     interested = options.names(interested_nodes, "interested_nodes")
+    if interested == []:
+        raise HbError("interested_nodes is an empty list: give the nodes to rank, or leave it out to rank every "
+                      f"{node_type} node")
     samples = load_samples(calibrated_data, cm, data_num)
     result = measure(cm, samples, metric_names, node_type, output_node, interested)
     if verbose:
@@ -114,6 +118,11 @@ def measure(cm: CalibratedModel, samples: Sequence[Sample], metrics: list[str], 
         if interested is None:  # a node downstream of output_node cannot change it: not ranked
             upstream = _upstream(cm, observe)
             nodes = [n for n in nodes if _affects(cm, n, upstream)]
+            if not nodes:
+                which = "node" if kind == "node" else f"{kind} node"
+                raise HbError(f"no {which} that quantizes anything lies before output_node '{output_node}', so "
+                              "nothing can change its outputs: choose an output_node after the model's quantized "
+                              "nodes, or leave it out to measure at the model outputs")
     switchboard = shared_switchboard(cm, observe)
     configs = [frozenset(cm.switches_of(n)) for n in nodes]
     values = scores(switchboard, samples, configs, metrics, f"sensitivity of {kind} nodes")

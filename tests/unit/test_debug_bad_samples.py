@@ -121,3 +121,14 @@ def test_an_int32_index_is_taken_for_an_int64_input(converted: Path) -> None:
     np.testing.assert_array_equal(session.run(None, {**feed, "idx": feed["idx"].astype(np.int32)})[0], want)
     with pytest.raises(FeedError, match=r"input 'idx' takes int64; float32 data cannot be converted to it exactly"):
         session.run(None, {**feed, "idx": feed["idx"].astype(np.float32)})
+
+
+def test_nothing_to_rank_or_analyse_is_an_error(converted: Path) -> None:
+    """An output_node that no quantized node lies before (a Gather reading only the int64 input) and an empty
+    sensitive_nodes printed an empty table or chart with exit code 0 and no word (hunt 13 D6)."""
+    model, samples = str(converted / "m_calibrated_model.onnx"), _samples(converted)
+    with pytest.raises(HbError, match="no node that quantizes anything lies before output_node 'gather'"):
+        dbg.get_sensitivity_of_nodes(model, calibrated_data=samples, output_node="gather")
+    assert dbg.get_sensitivity_of_nodes(model, calibrated_data=samples, output_node="add")  # the conv lies before
+    with pytest.raises(HbError, match="sensitive_nodes is an empty list"):
+        dbg.sensitivity_analysis(model, calibrated_data=samples, sensitive_nodes=[], save_dir=str(converted / "sa"))

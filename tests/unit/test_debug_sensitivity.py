@@ -106,6 +106,7 @@ def test_data_num_and_dataset_objects(dumped: Dumped) -> None:
     ({"output_node": "data_hz_preprocessed_HzCalibration"},
      ["activation calibration node", "output_node takes", "Conv_0"]),
     ({"output_node": "Relu_9"}, ["no node named 'Relu_9'", "Relu_0"]),
+    ({"interested_nodes": []}, ["interested_nodes is an empty list"]),  # was an empty table, exit code 0
     ({"data_num": 0}, ["data_num", "from 1 to 4"]),
     ({"data_num": 5}, ["data_num", "from 1 to 4"]),
     ({"node_type": "layer"}, ["'layer'", "'node', 'weight', 'activation'"]),
