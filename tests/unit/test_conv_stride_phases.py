@@ -85,6 +85,27 @@ def test_a_keras_conv1d_over_one_row_runs_on_the_bpu(tmp_path: Path) -> None:
     assert min(outcome.cosine) >= 0.99, outcome.cosine
 
 
+@pytest.mark.parametrize("kernel, stride, phases", [(512, 4, True), (512, 1, False), (64, 4, False)])
+def test_a_kernel_too_long_for_pieces_runs_over_the_phases_within_the_stride_limit(kernel, stride, phases) -> None:
+    """CREPE's first layer on RDK X3: kernel [512, 1], stride [4, 1] (X3 takes 7 taps and stride 4) stayed on the
+    CPU, 'kernel exceeds 7': 74 pieces of 7 are more than the pieces go to, and the phases were only for strides
+    beyond the limit. Over the stride's 4 phases it is 128 taps, 19 pieces, with the same values. A stride of 1
+    has no phases, and a kernel that pieces take alone stays in pieces."""
+    model = _conv1d([1, 1, 1024], 8, kernel, stride, [0, 0], True, row=3)
+    profile = get_profile("bernoulli2")
+    optimized = optimize.run(model, profile)
+    ops = [n.op_type for n in optimized.graph.node]
+    assert ("Transpose" in ops) == phases, ops
+    convs = [n for n in optimized.graph.node if n.op_type == "Conv"]
+    rule = profile.rule("Conv")
+    kernels = [helper.get_attribute_value(a) for n in convs for a in n.attribute if a.name == "kernel_shape"]
+    fits = all(max(k) <= rule.kernel for k in kernels)
+    assert fits == (kernel * stride != 512), kernels  # 512 taps at stride 1 stay one Conv: the CPU's
+    x = np.random.default_rng(1).standard_normal([1, 1, 1024, 1]).astype(np.float32)
+    ref = _run(model, x)
+    np.testing.assert_allclose(_run(optimized, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
 def test_a_conv_over_rows_of_more_than_one_pixel_is_left_as_it_is() -> None:
     """Only a single row or column is a 1-D signal: a [1, 256] kernel over two rows keeps its Conv."""
     model = _conv1d([1, 1, 2048], 4, 256, 128, [0, 0], False, row=2)

@@ -204,6 +204,10 @@ def _phase_factor(node: NodeProto, view: GraphView, limit: int) -> int | None:
     return None
 
 
+# More pieces than this and the CPU is the better place for the Conv.
+MAX_PIECES = 64
+
+
 def convs_in_kernel_pieces(model: ModelProto, profile: MarchProfile, placed: Mapping[str, str] | None = None) -> int:
     """A Conv whose kernel is longer than the BPU takes along an axis (an FSMN memory block's 20 taps over
     time, a conv over 96 frequency bins) or dilated beyond its limit where the phases do not apply (a TCN's
@@ -269,7 +273,10 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
             return None
         s = int(strides[axis - 2])
         c = shape[1]
-        if s <= rule.stride or (rule.channels is not None and c * s > rule.channels):
+        # Within the stride limit too where only the phases' shorter kernel makes few enough pieces (CREPE's
+        # first layer: 512 taps at stride 4 on X3 are 74 pieces of 7, over the phases 4 channels of 19 pieces).
+        if (s <= rule.stride and not _pieces_only_over_phases(w.shape[axis], s, rule.kernel)) \
+                or (rule.channels is not None and c * s > rule.channels):
             return None
         taps = -(-w.shape[axis] // s)
         frames = out[axis] - 1 + taps
@@ -382,9 +389,18 @@ def _kernel_pieces(node: NodeProto, view: GraphView, kernel_limit: int | None, d
         if step < taps:
             split = True
         pieces.append([(t, min(t + step, taps)) for t in range(0, taps, step)])
-    if not split or int(np.prod([len(p) for p in pieces])) > 64:
+    if not split or int(np.prod([len(p) for p in pieces])) > MAX_PIECES:
         return None  # nothing to split, or so many pieces that the CPU is the better place
     return pieces
+
+
+def _pieces_only_over_phases(taps: int, stride: int, kernel_limit: int | None) -> bool:
+    """Whether a kernel of ``taps`` at ``stride`` needs more than ``MAX_PIECES`` pieces, but not over the
+    stride's phases (``strided_convs_over_phases``: ceil(taps / stride) taps)."""
+    if kernel_limit is None or stride < 2:
+        return False
+    phase_taps = -(-taps // stride)
+    return -(-taps // kernel_limit) > MAX_PIECES >= -(-phase_taps // kernel_limit)
 
 
 def _conv_pieces(node: NodeProto, view: GraphView, plan: list[list[tuple[int, int]]], opset: int,
