@@ -12,7 +12,9 @@ NODE_TYPES = ("node", "weight", "activation")
 
 def metric_list(metrics: str | Sequence[str], param: str) -> list[str]:
     """One metric name or a list of them; the first decides the ranking."""
-    names = [metrics] if isinstance(metrics, str) else list(metrics or [])
+    # 'cosine-similarity,mse' as typed on a command line: no metric name holds a comma
+    names = [m.strip() for m in metrics.split(",") if m.strip()] if isinstance(metrics, str) \
+        else list(metrics or [])
     if not names:
         raise HbError(f"{param} is empty; choose from {', '.join(METRICS)}")
     for name in names:

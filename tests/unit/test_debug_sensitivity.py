@@ -57,6 +57,8 @@ def test_table_layout_and_return_value(dumped: Dumped, node_type: str, capsys: p
 
 def test_ranking_follows_the_first_metric(dumped: Dumped) -> None:
     result = sens(dumped, metrics=["mse", "cosine-similarity"])
+    # as typed on a command line ('-m mse,cosine-similarity'): refused as one unknown metric name
+    assert sens(dumped, metrics="mse, cosine-similarity") == result
     errors = [float(v["mse"]) for v in result.values()]
     assert errors == sorted(errors, reverse=True), "higher error first"
     sqnr = [float(v["sqnr"]) for v in sens(dumped, metrics="sqnr").values()]
