@@ -8,13 +8,18 @@ model does not have, with nothing pointing at the user's node.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
-from builders import FloatModel, _Graph
+import yaml
+from builders import FloatModel, _Graph, make_project
+from click.testing import CliRunner, Result
 from debug_support import Dumped, convert_with_dump
 
 import horizon_nn.debug as dbg
+from hbtools.cli.hb_mapper import main
 
 
 def _resize_and_linear() -> FloatModel:
@@ -73,4 +78,25 @@ def test_a_users_node_written_as_several_is_measured_as_a_whole(dumped: Dumped) 
     assert float(node_rows["Resize_0"]["cosine-similarity"]) < 1 - 1e-9, "not a free ConvTranspose any more"
     assert dbg.get_sensitivity_of_nodes(model_or_file=str(dumped.calibrated), calibrated_data=str(dumped.data),
                                         interested_nodes=["Resize_0_edges"]), "an older table's name still taken"
+
+
+def _makertbin_with_run_on_cpu(root: Path, names: list[str]) -> Result:
+    project = make_project(root, _resize_and_linear())
+    config = yaml.safe_load(project.config_path.read_text())
+    config["calibration_parameters"]["run_on_cpu"] = names
+    project.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+
+
+def test_run_on_cpu_with_a_name_hbtools_wrote_names_the_users_node(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = _makertbin_with_run_on_cpu(tmp_path, ["Resize_0_edges", "gemm_input_reshape"])
+    assert result.exit_code != 0
+    errors = [line for line in result.output.splitlines() if " ERROR " in line]
+    assert "run_on_cpu names 2 node(s) (of 2) that the model does not have" in errors[0], result.output
+    assert "'Resize_0_edges' (a node hbtools writes for the model's node 'Resize_0'" in errors[0], errors
+    assert "give 'Resize_0'" in errors[0] and "give 'MatMul_0'" in errors[0], errors
+    assert "Traceback" not in result.output and not list(tmp_path.glob("model_output/*.bin"))
 
