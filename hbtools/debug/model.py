@@ -188,7 +188,7 @@ class CalibratedModel:
         for name in names:
             if not isinstance(name, str):
                 raise HbError(f"{param}: expected node names, got {name!r} ({type(name).__name__})")
-            if name in valid:
+            if name in valid or ("node" in allowed and self._optimizers(name, quantizable_only)):
                 continue
             raise HbError(self._unknown(name, param, allowed, quantizable_only, valid))
         return list(names)
@@ -196,12 +196,16 @@ class CalibratedModel:
     def _valid(self, allowed: tuple[str, ...], quantizable_only: bool) -> list[str]:
         out: list[str] = []
         if "node" in allowed:
-            ours = [n for n in self.nodes if n not in self.members and (self.feeding[n] or not quantizable_only)]
-            out += (self.quantizable if quantizable_only else list(self.members)) + ours
+            out += self.quantizable if quantizable_only else list(self.members)
         for kind in KINDS:
             if kind in allowed:
                 out += self.of_kind(kind)
         return out
+
+    def _optimizers(self, name: str, quantizable_only: bool) -> bool:
+        """Whether ``name`` is a node the optimize stage wrote for a user's node (older tables named them): taken
+        as that node alone, though no longer offered."""
+        return name in self.nodes and name not in self.members and (bool(self.feeding[name]) or not quantizable_only)
 
     def _unknown(self, name: str, param: str, allowed: tuple[str, ...], quantizable_only: bool,
                  valid: list[str]) -> str:
