@@ -205,7 +205,8 @@ def _check_node_names(config: Config, model: onnx.ModelProto, profile: MarchProf
     """Every node a config names must be in the model: a typo would otherwise change nothing.
 
     All the missing names are said at once, under the parameter that gave them; a name of a node the
-    optimize stage writes for a user's node (the debugger's tables named them) is told that node's name.
+    optimize stage writes for a user's node (the node table and older debugger tables name them) is told
+    that node's name.
     """
     names = {n.name for n in model.graph.node}
     missing: dict[str, list[str]] = {}
@@ -238,8 +239,7 @@ def _written_for(model: onnx.ModelProto, profile: MarchProfile) -> dict[str, str
 
 def _not_the_users(name: str, names: set[str], written_for: dict[str, str]) -> str:
     if name in written_for:
-        return (f" (a node hbtools writes for the model's node '{written_for[name]}', as older debugger tables "
-                f"named it: give '{written_for[name]}')")
+        return f" (a node hbtools writes for the model's node '{written_for[name]}': give '{written_for[name]}')"
     return closest_names(name, names)
 
 
