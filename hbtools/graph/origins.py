@@ -43,7 +43,7 @@ class OriginTrace:
         found: dict[str, str] = {}
         for node in (n for n in model.graph.node if n.name):  # the unnamed are named before the next step
             writers = [fused.get(p, p) for o in node.output if (p := self._producers.get(o)) in self.origins]
-            origin = self._by_name(node.name) or next((self.origins[w] for w in writers), None)
+            origin = self._by_name(node.name) or next((self.origins[w] for w in writers if w in self.origins), None)
             if origin is not None:
                 found[node.name] = origin
         _from_neighbours(model, found)
@@ -54,7 +54,7 @@ class OriginTrace:
         """Nodes gone from ``model`` -> the node they went into: the one node they read from that is still there
         but of another op (onnxruntime's Gemm in place of a MatMul and the Add after it). A node writing a gone
         node's output then belongs to the fused node."""
-        now = {n.name: n.op_type for n in model.graph.node}
+        now = {n.name: n.op_type for n in model.graph.node if n.name}
         out = {}
         for name, node in self._nodes.items():
             if name in now:
