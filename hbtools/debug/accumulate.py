@@ -72,7 +72,7 @@ def curves_for(cm: CalibratedModel, quantize: list | None, non_quantize: list | 
 def accumulate(cm: CalibratedModel, samples: Sequence[Sample], curves: list[Curve], metric: str,
                average_mode: bool, folder: Path, mode: str) -> tuple[dict[str, dict[str, float]], Path]:
     nodes = _traced_nodes(cm)
-    switchboard = shared_switchboard(cm, [cm.nodes[n].output[0] for n in nodes])
+    switchboard = shared_switchboard(cm, [cm.nodes[cm.standing_for(n)].output[0] for n in nodes])
     per_sample = np.zeros((len(curves), len(samples), len(nodes)))
 
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
@@ -99,10 +99,10 @@ def accumulate(cm: CalibratedModel, samples: Sequence[Sample], curves: list[Curv
 
 
 def _traced_nodes(cm: CalibratedModel) -> list[str]:
-    """Ordinary nodes with a float first output, in graph order (the curve's x axis)."""
+    """User nodes with a float first output, in graph order (the curve's x axis)."""
     types = cm.tensor_types
-    return [n for n, node in cm.nodes.items()
-            if node.output and types.get(node.output[0], TensorProto.FLOAT) == TensorProto.FLOAT]
+    outputs = {user: cm.nodes[cm.standing_for(user)].output for user in cm.members}
+    return [user for user, out in outputs.items() if out and types.get(out[0], TensorProto.FLOAT) == TensorProto.FLOAT]
 
 
 def curve_mode(quantize_node: Groups, non_quantize_node: Groups) -> str:

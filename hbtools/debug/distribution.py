@@ -105,7 +105,7 @@ def _tensor_of(cm: CalibratedModel, name: str) -> str | None:
     if kind != "node":
         t = cm.calibration[name].input
         return None if t in cm.constants else t
-    return cm.nodes[name].output[0]
+    return cm.nodes[cm.standing_for(name)].output[0]
 
 
 def _threshold_of_output(cm: CalibratedModel, tensor: str) -> float | None:

@@ -5,6 +5,11 @@ A calibrated model holds ``HzCalibration`` nodes of two kinds: ``weight`` nodes
 computed at run time). Every other node is an *ordinary* node. An ordinary node is
 quantized when all calibration nodes feeding it are enabled, so its sensitivity is
 measured by enabling exactly those.
+
+The optimize stage may have written one node of the user's model as several (a bilinear Resize as a Pad
+and a ConvTranspose, a Gemm over a 3-D tensor with a Reshape on each side); the model records whose
+each is (``hbtools.graph.origins``). The debugger ranks and takes the user's names: a user node stands
+for all of its nodes, quantized together.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from onnx import ModelProto, NodeProto, numpy_helper
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes
 from hbtools.graph.model_io import load_model
+from hbtools.graph.origins import recorded_origins, user_node
 from hbtools.ops.base import attrs_of
 from hbtools.ops.calibration import HzBiasCalibration
 from hbtools.quant.calibrated import without_integer_emulation
@@ -103,6 +109,11 @@ class CalibratedModel:
             for name, n in self.nodes.items()
         }
         self.producers = producers
+        self.origins = recorded_origins(model)
+        # user node -> its nodes in graph order; a node no rewrite renamed is its own user node
+        self.members: dict[str, list[str]] = {}
+        for name in self.nodes:
+            self.members.setdefault(self.user_node(name), []).append(name)
         inits = {t.name for t in graph.initializer}
         self.inputs = [_graph_input(vi) for vi in graph.input if vi.name not in inits]
         # What the analyses compare; an output the optimizer folded to a constant (a length the input
@@ -134,10 +145,19 @@ class CalibratedModel:
 
     # ------------------------------------------------------------------ node sets
 
+    def user_node(self, name: str) -> str:
+        """The user's node that ordinary node ``name`` is (part of)."""
+        return user_node(self.origins, name)
+
+    def standing_for(self, name: str) -> str:
+        """The node whose output is the output of ordinary node ``name`` (a user's node or one of ours):
+        the last of a user node's nodes."""
+        return self.members[name][-1] if name in self.members else name
+
     @cached_property
     def quantizable(self) -> list[str]:
-        """Ordinary nodes fed by at least one calibration node, in graph order."""
-        return [n for n, cal in self.feeding.items() if cal]
+        """User nodes of which at least one calibration node feeds a part, in graph order."""
+        return [user for user, parts in self.members.items() if any(self.feeding[p] for p in parts)]
 
     def of_kind(self, kind: str) -> list[str]:
         return [c.name for c in self.calibration.values() if c.kind == kind]
@@ -150,7 +170,8 @@ class CalibratedModel:
         """The calibration nodes that quantize ``name`` (itself for a calibration node)."""
         if name in self.calibration:
             return {name}
-        return set(self.feeding[name])
+        parts = self.members.get(name, [name])
+        return {c for part in parts for c in self.feeding[part]}
 
     def switches_of_group(self, item: str) -> set[str]:
         """Like ``switches_of`` but also 'weight' / 'activation' for all nodes of that kind."""
@@ -167,7 +188,7 @@ class CalibratedModel:
         for name in names:
             if not isinstance(name, str):
                 raise HbError(f"{param}: expected node names, got {name!r} ({type(name).__name__})")
-            if name in valid:
+            if name in valid or ("node" in allowed and self._optimizers(name, quantizable_only)):
                 continue
             raise HbError(self._unknown(name, param, allowed, quantizable_only, valid))
         return list(names)
@@ -175,11 +196,16 @@ class CalibratedModel:
     def _valid(self, allowed: tuple[str, ...], quantizable_only: bool) -> list[str]:
         out: list[str] = []
         if "node" in allowed:
-            out += self.quantizable if quantizable_only else list(self.nodes)
+            out += self.quantizable if quantizable_only else list(self.members)
         for kind in KINDS:
             if kind in allowed:
                 out += self.of_kind(kind)
         return out
+
+    def _optimizers(self, name: str, quantizable_only: bool) -> bool:
+        """Whether ``name`` is a node the optimize stage wrote for a user's node (older tables named them): taken
+        as that node alone, though no longer offered."""
+        return name in self.nodes and name not in self.members and (bool(self.feeding[name]) or not quantizable_only)
 
     def _unknown(self, name: str, param: str, allowed: tuple[str, ...], quantizable_only: bool,
                  valid: list[str]) -> str:
@@ -187,7 +213,7 @@ class CalibratedModel:
         if name in self.bias_nodes:
             problem = (f"'{name}' is a bias calibration node (a bias on its int32 accumulator grid, which "
                        f"belongs to no switch), but {param} takes {what}")
-        elif name in self.calibration or name in self.nodes:
+        elif name in self.calibration or name in self.nodes or name in self.members:
             kind = self.kind_of(name)
             problem = (f"'{name}' is an ordinary node that no calibration node feeds, so it has nothing to quantize"
                        if kind == "node" and "node" in allowed else

@@ -118,5 +118,5 @@ def _top_calibration_nodes(cm: CalibratedModel, ranked: list[Sensitivity]) -> li
     out: list[str] = []
     for result in ranked:
         for name in result.names[:TOP]:
-            out.extend(sorted(cm.switches_of(name)) if name in cm.nodes else [name])
+            out.extend(sorted(cm.switches_of(name)) if cm.kind_of(name) == "node" else [name])
     return list(dict.fromkeys(out))

@@ -54,7 +54,8 @@ class Sensitivity:
             lead = [name]
             if self.kind != "node":
                 c = self.cm.calibration[name]
-                lead.append(",".join(c.consumers) or "--")  # a model output no node reads
+                readers = dict.fromkeys(self.cm.user_node(r) for r in c.consumers)
+                lead.append(",".join(readers) or "--")  # a model output no node reads
                 if self.kind == "activation":
                     lead += [str(c.threshold), str(c.bits)]
             star = "*" if marked and name in self.below_step else ""
@@ -114,7 +115,7 @@ def measure(cm: CalibratedModel, samples: Sequence[Sample], metrics: list[str], 
     if output_node is not None:
         # Where the error is measured: any ordinary node, the one making a model output included.
         (output_node,) = cm.check([output_node], "output_node", allowed=("node",), quantizable_only=False)
-        observe = [o for o in cm.nodes[output_node].output if o]
+        observe = [o for o in cm.nodes[cm.standing_for(output_node)].output if o]
         if interested is None:  # a node downstream of output_node cannot change it: not ranked
             upstream = _upstream(cm, observe)
             nodes = [n for n in nodes if _affects(cm, n, upstream)]

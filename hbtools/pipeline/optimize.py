@@ -43,6 +43,7 @@ from hbtools.graph.graph import (
 from hbtools.graph.layer_norm import fuse_layer_norms
 from hbtools.graph.masks import MASKED_LOGIT, constant_masks, masked_logits_clamped
 from hbtools.graph.model_io import with_horizon_domain
+from hbtools.graph.origins import OriginTrace, record_origins
 from hbtools.graph.recurrent import RECURRENT_OPS, unroll_recurrences
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import custom
@@ -61,6 +62,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     ``placed``: node name -> "BPU" / "CPU" as the config's node_info puts them, ``all_bpu``: every
     node on the BPU (--fast-perf); long recurrent layers are unrolled only where put on the BPU."""
     pre_nodes = [n for n in model.graph.node if n.domain == DOMAIN]  # only read: the body below is a copy
+    trace = OriginTrace(model)
     original_inputs = list(model.graph.input)
     body = _without_preprocess(model, pre_nodes)
     cut = _cut_custom_nodes(body)
@@ -77,6 +79,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         log.info("%d ConcatFromSequence of a SequenceConstruct written as Concat", sequences)
     einsums = bpu_forms.einsums_as_matmuls(body)
     expandable = _function_ops(body)
+    trace.follow(body)  # onnxruntime's fusions name their nodes after no user node (gemm_input_reshape)
     body = _onnxruntime_basic(body)
     einsums += bpu_forms.einsums_as_matmuls(body)
     if einsums:
@@ -89,6 +92,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     # onnxruntime inlines function ops (HardSwish from opset 14, ...) into unnamed nodes;
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
+    trace.follow(body)
     undone = bpu_forms.splits_undoing_concats(body)
     if undone:
         log.info("%d Splits at the seams of a Concat (behind a Reshape or Transpose) read the joined tensors instead",
@@ -212,6 +216,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     _restore_custom_nodes(body, cut)
     out = _with_preprocess(body, pre_nodes, original_inputs, model)
     topological_sort(out)
+    trace.follow(out)
+    record_origins(out, trace.differing())
     log.info("Optimized model: %d nodes (from %d)", len(out.graph.node), len(model.graph.node))
     return compact(out)  # the rewrites above replaced weights in place: their old values are still held
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -20,6 +22,7 @@ from hbtools.data.calibration import (
 )
 from hbtools.errors import HbError
 from hbtools.graph.model_io import save_model
+from hbtools.graph.origins import recorded_origins
 from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, optimize, parse, quantize
@@ -69,7 +72,7 @@ def convert(config: Config) -> dict[str, Path]:
     custom.register_from_config(config.custom_op.op_register_files)  # before parse checks the ops
     parsed = parse.run(config)
     config = dataclasses.replace(config, inputs=parsed.inputs)
-    _check_node_names(config, parsed.model)
+    _check_node_names(config, parsed.model, profile)
     check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     source = _calibration_source(config)  # checks every data file before anything is written
     final = artefact_paths(config)
@@ -178,23 +181,32 @@ def _finer_weights(config: Config, profile: MarchProfile, optimized: onnx.ModelP
                    source: CalibrationSource) -> tuple[onnx.ModelProto, float | None]:
     """``optimized`` with the convolutions int8 weights spoil split in two (``weight_precision``), and the
     output cosine int8 weights alone give."""
-    hbtools_log = logging.getLogger("hbtools")
-    level = hbtools_log.level
-    hbtools_log.setLevel(logging.ERROR)  # the plan made below says its lines once, for the model kept
-    try:
+    with _quiet():  # the plan made below says its lines once, for the model kept
         plan = make_plan(optimized, model_partition(optimized, profile, config), config, profile)
-    finally:
-        hbtools_log.setLevel(level)
     chosen = calibrate.spread(len(source), SPLIT_SAMPLES)
     feeds = [feed for index, feed in enumerate(source) if index in chosen]
     split, weights_only = weight_precision.finer_weights(optimized, plan, lambda: iter(source), feeds)
     return split or optimized, weights_only
 
 
-def _check_node_names(config: Config, model: onnx.ModelProto) -> None:
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """hbtools' INFO and WARNING lines held back (a step run again, or run only to explain an error)."""
+    hbtools_log = logging.getLogger("hbtools")
+    level = hbtools_log.level
+    hbtools_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hbtools_log.setLevel(level)
+
+
+def _check_node_names(config: Config, model: onnx.ModelProto, profile: MarchProfile) -> None:
     """Every node a config names must be in the model: a typo would otherwise change nothing.
 
-    All the missing names are said at once, under the parameter that gave them.
+    All the missing names are said at once, under the parameter that gave them; a name of a node the
+    optimize stage writes for a user's node (the node table and older debugger tables name them) is told
+    that node's name.
     """
     names = {n.name for n in model.graph.node}
     missing: dict[str, list[str]] = {}
@@ -203,16 +215,32 @@ def _check_node_names(config: Config, model: onnx.ModelProto) -> None:
             missing.setdefault(info.given_by, []).append(name)
     if not missing:
         return
+    written_for = _written_for(model, profile)
     shown = 10
     parts = []
     for given_by, absent in missing.items():
-        listed = ", ".join(f"'{name}'{closest_names(name, names)}" for name in absent[:shown])
+        listed = ", ".join(f"'{name}'{_not_the_users(name, names, written_for)}" for name in absent[:shown])
         more = f" and {len(absent) - shown} more" if len(absent) > shown else ""
         total = sum(info.given_by == given_by for info in config.model.node_info.values())
         parts.append(f"{given_by} names {len(absent)} node(s) (of {total}) that the model does not have: "
                      f"{listed}{more}{_names_split_apart(given_by, absent, names)}")
     raise HbError(f"{'; '.join(parts)} (model {config.model.onnx_model or config.model.caffe_model}); "
                   f"use the model's node names (hb_mapper checker lists them)")
+
+
+def _written_for(model: onnx.ModelProto, profile: MarchProfile) -> dict[str, str]:
+    """node of the optimized model -> the user's node it is written for (``graph.origins``)."""
+    with _quiet():
+        try:
+            return recorded_origins(optimize.run(model, profile))
+        except HbError:  # the build would say it; here it only explains a name
+            return {}
+
+
+def _not_the_users(name: str, names: set[str], written_for: dict[str, str]) -> str:
+    if name in written_for:
+        return f" (a node hbtools writes for the model's node '{written_for[name]}': give '{written_for[name]}')"
+    return closest_names(name, names)
 
 
 def _names_split_apart(given_by: str, absent: list[str], names: set[str]) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView, is_static
+from hbtools.graph.origins import record_origins, recorded_origins, user_node
 from hbtools.metrics import cosine_of_chunks
 from hbtools.ops.names import SPLIT_DOC
 from hbtools.quant.grids import WEIGHT_BITS, fake_quantize, output_channel_rows, qmax_for
@@ -274,6 +275,7 @@ def split_weights(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProto:
     out = ModelProto()
     out.CopyFrom(model)
     by_node = {c.node: c for c in convs}
+    origins = recorded_origins(out)
     inits = {t.name: t for t in out.graph.initializer}
     nodes = list(out.graph.node)
     del out.graph.node[:]
@@ -293,6 +295,8 @@ def split_weights(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProto:
         out.graph.node.extend([node, residual,
                                helper.make_node("Add", [c.output + "_grid", c.output + RESIDUAL], [c.output],
                                                 name=c.node + SUM)])
+        origins[residual.name] = origins[c.node + SUM] = user_node(origins, c.node)
+    record_origins(out, origins)
     return out
 
 

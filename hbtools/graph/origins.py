@@ -1,0 +1,120 @@
+"""Which node of the user's model each node of a rewritten graph stands for.
+
+The optimize stage writes many nodes in place of, or around, a user's node (a bilinear Resize becomes
+``/Resize_edges`` and a ConvTranspose; onnxruntime wraps a Gemm over a 3-D tensor in
+``gemm_input_reshape`` / ``gemm_output_reshape``). The user knows only their own names: run_on_cpu,
+node_info and the debugger's tables speak in them. ``OriginTrace`` follows a graph through its
+rewrites and finds, for each new node, the user's node it came from; the artefacts carry the result
+as metadata (``record_origins``), only for the nodes whose name is not their user node's.
+
+A new node takes the origin of, in this order: the node of the same name before the rewrite; the
+node whose name its name extends (``/Resize`` for ``/Resize_edges``, as the rewrites name their
+pieces); the node that wrote the tensor it now writes (a rewrite keeps its node's output names);
+the node that reads its output (an adapter inserted before a node), else the node it reads from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from onnx import ModelProto
+
+from hbtools.graph.model_io import read_json_metadata, write_json_metadata
+
+ORIGINS_KEY = "hbtools.node_origins"
+_NAME_SEPARATORS = "_/.:"  # what a rewrite puts between its node's name and the piece's
+
+
+class OriginTrace:
+    """The user's node behind every node of a graph being rewritten; ``follow`` after each rewrite."""
+
+    def __init__(self, model: ModelProto) -> None:
+        self.origins: dict[str, str] = {n.name: n.name for n in model.graph.node if n.name}
+        self._users = set(self.origins)  # a node taken out for a while (the input preprocessing) keeps its name
+        self._seen(model)
+
+    def _seen(self, model: ModelProto) -> None:
+        self._producers = _producers(model)
+        self._nodes = {n.name: n for n in model.graph.node if n.name}
+
+    def follow(self, model: ModelProto) -> None:
+        """Take ``model``, a rewrite of the graph last seen, as the graph now traced."""
+        fused = self._fused(model)
+        found: dict[str, str] = {}
+        for node in (n for n in model.graph.node if n.name):  # the unnamed are named before the next step
+            writers = [fused.get(p, p) for o in node.output if (p := self._producers.get(o)) in self.origins]
+            origin = self._by_name(node.name) or next((self.origins[w] for w in writers if w in self.origins), None)
+            if origin is not None:
+                found[node.name] = origin
+        _from_neighbours(model, found)
+        self.origins = found
+        self._seen(model)
+
+    def _fused(self, model: ModelProto) -> dict[str, str]:
+        """Nodes gone from ``model`` -> the node they went into: the one node they read from that is still there
+        but of another op (onnxruntime's Gemm in place of a MatMul and the Add after it). A node writing a gone
+        node's output then belongs to the fused node."""
+        now = {n.name: n.op_type for n in model.graph.node if n.name}
+        out = {}
+        for name, node in self._nodes.items():
+            if name in now:
+                continue
+            into = {p for i in node.input if (p := self._producers.get(i)) in now and now[p] != self._nodes[p].op_type}
+            if len(into) == 1:
+                out[name] = into.pop()
+        return out
+
+    def _by_name(self, name: str) -> str | None:
+        if name in self.origins:
+            return self.origins[name]
+        if name in self._users:
+            return name
+        for end in range(len(name) - 1, 0, -1):  # the longest stem: user names hold separators themselves
+            if name[end] in _NAME_SEPARATORS and name[:end] in self.origins:
+                return self.origins[name[:end]]
+        return None
+
+    def differing(self) -> dict[str, str]:
+        """node -> user node, for the nodes not named as their user node."""
+        return {name: origin for name, origin in self.origins.items() if name != origin}
+
+
+def _producers(model: ModelProto) -> dict[str, str]:
+    return {o: n.name for n in model.graph.node for o in n.output if o}
+
+
+def _from_neighbours(model: ModelProto, found: dict[str, str]) -> None:
+    """Give the nodes no rule placed the origin of their reader, else of their producer (repeated, so that a
+    chain of new nodes between two user nodes takes it)."""
+    readers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n.name)
+    producers = _producers(model)
+    open_nodes = [n for n in model.graph.node if n.name and n.name not in found]
+    while open_nodes:
+        placed = []
+        for n in open_nodes:
+            after = [found[r] for o in n.output for r in readers.get(o, []) if r in found]
+            before = [found[p] for i in n.input if (p := producers.get(i)) in found]
+            if after or before:
+                found[n.name] = (after or before)[0]
+                placed.append(n)
+        if not placed:
+            return
+        open_nodes = [n for n in open_nodes if n.name not in found]
+
+
+def record_origins(model: ModelProto, origins: Mapping[str, str]) -> None:
+    """Record in ``model``'s metadata the user's node of each node ``origins`` names."""
+    write_json_metadata(model, ORIGINS_KEY, dict(origins))
+
+
+def recorded_origins(model: ModelProto) -> dict[str, str]:
+    """node -> user node as ``record_origins`` recorded it (none for a model without the record)."""
+    return dict(read_json_metadata(model, ORIGINS_KEY) or {})
+
+
+def user_node(origins: Mapping[str, str], name: str) -> str:
+    """The user's node that node ``name`` stands for (itself where no rewrite renamed it)."""
+    return origins.get(name, name)

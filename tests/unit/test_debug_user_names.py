@@ -1,0 +1,102 @@
+"""The debugger speaks in the user's node names, and makertbin takes them back (hunt 13 D4).
+
+The optimize stage writes a bilinear Resize as a Pad 'Resize_0_edges' and a ConvTranspose, and onnxruntime wraps
+the Gemm it makes of a MatMul and an Add over a 3-D tensor in 'gemm_input_reshape' / 'gemm_output_reshape'. The
+node ranking listed those names (the Resize's cost booked on the Pad), and run_on_cpu refused them as names the
+model does not have, with nothing pointing at the user's node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from builders import FloatModel, _Graph, make_project
+from click.testing import CliRunner, Result
+from debug_support import Dumped, convert_with_dump
+
+import horizon_nn.debug as dbg
+from hbtools.cli.hb_mapper import main
+
+
+def _resize_and_linear() -> FloatModel:
+    """Conv -> Relu -> bilinear Resize x2 -> Conv -> [1, 4, 256] -> Transpose -> MatMul + Add (a Linear on 3-D)."""
+    g = _Graph(3)
+    a = g.op("Relu", [g.conv("data", 3, 8)])
+    r = g.op("Resize", [a, "", g.const(np.array([1, 1, 2, 2], np.float32), "scales")], mode="linear",
+             coordinate_transformation_mode="half_pixel")
+    c = g.conv(r, 8, 4)
+    t = g.op("Transpose", [g.op("Reshape", [c, g.const(np.array([1, 4, -1], np.int64), "shape")])], perm=[0, 2, 1])
+    w = g.const((g.rng.standard_normal((4, 6)) * 0.5).astype(np.float32), "w")
+    b = g.const((g.rng.standard_normal(6) * 0.1).astype(np.float32), "b")
+    return g.model({"data": [1, 3, 8, 8]}, [g.op("Add", [g.op("MatMul", [t, w]), b])])
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory: pytest.TempPathFactory) -> Dumped:
+    return convert_with_dump(tmp_path_factory.mktemp("user_names"), _resize_and_linear())
+
+
+def _user_names(dumped: Dumped) -> set[str]:
+    """The names run_on_cpu takes: the model's nodes and the input preprocessing makertbin puts before them."""
+    return {n.name for n in onnx.load(str(dumped.paths["original"])).graph.node}
+
+
+def _sens(dumped: Dumped, node_type: str) -> dict[str, dict[str, str]]:
+    return dbg.get_sensitivity_of_nodes(model_or_file=str(dumped.calibrated), calibrated_data=str(dumped.data),
+                                        node_type=node_type, verbose=True)
+
+
+def test_the_rankings_name_only_the_users_nodes(dumped: Dumped, capsys: pytest.CaptureFixture) -> None:
+    users = _user_names(dumped)
+    ours = {n.name for n in dumped.model().graph.node} - users
+    assert {"Resize_0_edges", "gemm_input_reshape"} <= ours, "the model these names come from"
+    node_rows = _sens(dumped, "node")
+    assert set(node_rows) <= users, node_rows
+    assert {"Resize_0", "MatMul_0", "Conv_0", "Conv_1"} <= set(node_rows)
+    capsys.readouterr()
+    _sens(dumped, "activation")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:4] == ["Activation", "Node", "Threshold", "Bit"], "the seed's columns kept"
+    for row in lines[3:]:
+        assert set(row.split()[1].split(",")) <= users, row
+    curves = dbg.plot_acc_error(save_dir=str(dumped.data.parent / "acc"), model_or_file=str(dumped.calibrated),
+                                calibrated_data=str(dumped.data), quantize_node=["weight"])
+    assert set(curves["weight"]) <= users and "Resize_0" in curves["weight"]
+
+
+def test_a_users_node_written_as_several_is_measured_as_a_whole(dumped: Dumped) -> None:
+    """Resize_0's row quantizes the Pad's input too: the cost the Pad row used to carry, under the user's name."""
+    node_rows = _sens(dumped, "node")
+    activation_rows = _sens(dumped, "activation")
+    resize_input = next(n for n in activation_rows if n.startswith("Relu_0"))
+    assert float(node_rows["Resize_0"]["cosine-similarity"]) == pytest.approx(
+        float(activation_rows[resize_input]["cosine-similarity"]), abs=1e-8)  # and its exact kernel
+    assert float(node_rows["Resize_0"]["cosine-similarity"]) < 1 - 1e-9, "not a free ConvTranspose any more"
+    assert dbg.get_sensitivity_of_nodes(model_or_file=str(dumped.calibrated), calibrated_data=str(dumped.data),
+                                        interested_nodes=["Resize_0_edges"]), "an older table's name still taken"
+
+
+def _makertbin_with_run_on_cpu(root: Path, names: list[str]) -> Result:
+    project = make_project(root, _resize_and_linear())
+    config = yaml.safe_load(project.config_path.read_text())
+    config["calibration_parameters"]["run_on_cpu"] = names
+    project.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+
+
+def test_run_on_cpu_with_a_name_hbtools_wrote_names_the_users_node(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = _makertbin_with_run_on_cpu(tmp_path, ["Resize_0_edges", "gemm_input_reshape"])
+    assert result.exit_code != 0
+    errors = [line for line in result.output.splitlines() if " ERROR " in line]
+    assert "run_on_cpu names 2 node(s) (of 2) that the model does not have" in errors[0], result.output
+    assert "'Resize_0_edges' (a node hbtools writes for the model's node 'Resize_0'" in errors[0], errors
+    assert "give 'Resize_0'" in errors[0] and "give 'MatMul_0'" in errors[0], errors
+    assert "Traceback" not in result.output and not list(tmp_path.glob("model_output/*.bin"))
+
