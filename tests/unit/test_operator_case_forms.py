@@ -1,0 +1,66 @@
+"""Forms of ONNX's own operator test cases (onnx.backend.test) that stopped the checker or makertbin with an
+internal error or blamed a file hbtools wrote (hunt 11): each converts, or is one ERROR in the model's terms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from conformance import INTERNAL, _cli, convert_featuremaps
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.runtime import HB_ONNXRuntime
+from hbtools.runtime.binfile import read_bin
+
+F = TensorProto.FLOAT
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: list[tuple[str, int, list[int]]],
+           outputs: list[tuple[str, int, list[int]]], initializers: list[onnx.TensorProto],
+           opset: int = 17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "case", [helper.make_tensor_value_info(*i) for i in inputs],
+                              [helper.make_tensor_value_info(*o) for o in outputs], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _checker(root: Path, model: onnx.ModelProto, march: str = "bayes-e") -> tuple[int, str]:
+    path = root / "checked.onnx"
+    onnx.save(model, path)
+    return _cli(["checker", "--model-type", "onnx", "--march", march, "--model", str(path)], root)
+
+
+def _noisy(value: np.ndarray, rng: np.random.Generator, copies: int = 4) -> list[np.ndarray]:
+    return [(value + 0.01 * rng.standard_normal(value.shape)).astype(value.dtype) for _ in range(copies)]
+
+
+def _cpu_reasons(bin_path: Path) -> dict[str, str]:
+    return {c["name"]: c["reason"] for c in read_bin(bin_path).models[0].partition["cpu_nodes"]}
+
+
+def test_bidirectional_lstm_with_constant_weights_converts_for_x3(tmp_path: Path) -> None:
+    """A CRNN recogniser's bidirectional LSTM on RDK X3: the two directions' input projections are small BPU
+    subgraphs of equal work, one of which stays on the BPU. The quantize stage re-derives the partition on the
+    calibrated model, whose nodes come in another order, and kept the other one: 'internal error: KeyError:
+    LSTM_0_d0_w_3' (a weight the calibration plan never calibrated), in the checker and in makertbin."""
+    steps, channels, hidden = 20, 32, 16
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+             for name, shape, scale in (("W", (2, 4 * hidden, channels), channels ** -0.5),
+                                        ("R", (2, 4 * hidden, hidden), hidden ** -0.5),
+                                        ("B", (2, 8 * hidden), 0.1))]
+    lstm = helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y"], name="LSTM_0", hidden_size=hidden,
+                            direction="bidirectional")
+    model = _model([lstm], [("X", F, [steps, 1, channels])], [("Y", F, [steps, 2, 1, hidden])], inits, opset=11)
+    model.ir_version = 6
+    code, out = _checker(tmp_path, model, march="bernoulli2")
+    assert INTERNAL not in out and code == 0, out[-3000:]
+    x = rng.standard_normal((steps, 1, channels)).astype(np.float32)
+    convert_featuremaps(tmp_path, model, {"X": [x, *_noisy(x, rng)]}, f"{steps}x1x{channels}", "float32", "m",
+                        calibration_type="max", march="bernoulli2")
+    want = HB_ONNXRuntime(onnx_model=model).run(None, {"X": x})[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, {"X": x})[0]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()  # a few int8 steps of the state's range
