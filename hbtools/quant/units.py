@@ -55,6 +55,11 @@ class Unit:
     activation: NodeProto | None = None  # fused Relu/Clip of a conv unit
     output_join: bool = False  # a join of results into a model output, kept in float (``_join_outputs_in_float``)
 
+    def __post_init__(self) -> None:
+        # An omitted optional output ('' : an RNN's Y, a LayerNormalization's Mean) is no tensor: the node
+        # tables, the calibration plan and the similarity report must not ask for one by that name.
+        self.outputs = [t for t in self.outputs if t]
+
     @property
     def name(self) -> str:
         return self.nodes[0].name

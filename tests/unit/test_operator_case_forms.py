@@ -64,3 +64,22 @@ def test_bidirectional_lstm_with_constant_weights_converts_for_x3(tmp_path: Path
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, {"X": x})[0]
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()  # a few int8 steps of the state's range
+
+
+def test_cpu_node_with_an_omitted_output_converts(tmp_path: Path) -> None:
+    """An RNN exported without its Y (outputs ['', 'Y_h'], ONNX's test_simple_rnn_defaults) runs on the CPU. The
+    node-similarity report asked onnxruntime for a tensor named '' and makertbin ended in 'internal error: ...
+    GetMLDataType ... nullptr != type_proto'."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array((rng.standard_normal((1, 3, 2)) * 0.3).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((1, 3, 3)) * 0.3).astype(np.float32), "R")]
+    rnn = helper.make_node("RNN", ["X", "W", "R"], ["", "Y_h"], name="rnn", hidden_size=3)
+    model = _model([rnn], [("X", F, [4, 1, 2])], [("Y_h", F, [1, 1, 3])], inits)
+    x = rng.standard_normal((4, 1, 2)).astype(np.float32)
+    out = convert_featuremaps(tmp_path, model, {"X": [x, *_noisy(x, rng)]}, "4x1x2", "float32", "m",
+                              calibration_type="max")
+    assert "rnn" in out  # the node table lists it
+    assert "rnn" in _cpu_reasons(tmp_path / "out" / "m.bin")
+    want = HB_ONNXRuntime(onnx_model=model).run(None, {"X": x})[0]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, {"X": x})[0]
+    np.testing.assert_allclose(got, want, atol=1e-5)
