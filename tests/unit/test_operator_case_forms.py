@@ -83,3 +83,19 @@ def test_cpu_node_with_an_omitted_output_converts(tmp_path: Path) -> None:
     want = HB_ONNXRuntime(onnx_model=model).run(None, {"X": x})[0]
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, {"X": x})[0]
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_reduce_max_over_bool_stays_on_the_cpu(tmp_path: Path) -> None:
+    """ReduceMax over a bool mask with constant axes (ONNX's test_reduce_max_bool_inputs, torch.any): it went to
+    the BPU, which put a quantization (a Div) on the bool tensor: 'internal error: InvalidGraph'. It stays on the
+    CPU with its reason, and the result is exact."""
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [helper.make_node("ReduceMax", ["data", "axes"], ["r"], name="reduce", keepdims=1)]
+    model = _model(nodes, [("data", TensorProto.BOOL, [4, 3])], [("r", TensorProto.BOOL, [4, 1])], [axes],
+                   opset=20)
+    model.ir_version = 9
+    data = np.array([[1, 1, 1], [1, 0, 1], [0, 1, 0], [0, 0, 0]], bool)
+    convert_featuremaps(tmp_path, model, {"data": [data, ~data]}, "4x3", "float32", "m", calibration_type="max")
+    assert "bool values" in _cpu_reasons(tmp_path / "out" / "m.bin")["reduce"]
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, {"data": data})[0]
+    np.testing.assert_array_equal(got, data.max(axis=1, keepdims=True))
