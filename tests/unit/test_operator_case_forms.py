@@ -99,3 +99,25 @@ def test_reduce_max_over_bool_stays_on_the_cpu(tmp_path: Path) -> None:
     assert "bool values" in _cpu_reasons(tmp_path / "out" / "m.bin")["reduce"]
     got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, {"data": data})[0]
     np.testing.assert_array_equal(got, data.max(axis=1, keepdims=True))
+
+
+def test_model_folding_to_constants_is_refused_in_its_own_terms(tmp_path: Path) -> None:
+    """A model whose only output is Shape(x) (ONNX's test_shape) folds to no node once its input shape is fixed.
+    The checker passed it and makertbin said its own optimized model 'is not a readable ONNX model'; both now
+    say the model computes nothing at run time."""
+    model = _model([helper.make_node("Shape", ["x"], ["y"], name="shape")], [("x", F, [1, 3, 8, 8])],
+                   [("y", TensorProto.INT64, [4])], [])
+    code, out = _checker(tmp_path, model)
+    assert code != 0 and "computes nothing at run time" in out and "'y'" in out, out[-3000:]
+    onnx.save(model, tmp_path / "m.onnx")
+    (tmp_path / "cal").mkdir()
+    np.save(tmp_path / "cal" / "0.npy", np.zeros((1, 3, 8, 8), np.float32))
+    (tmp_path / "config.yaml").write_text(
+        "model_parameters: {onnx_model: m.onnx, march: bayes-e, working_dir: out, output_model_file_prefix: m}\n"
+        "input_parameters: {input_type_train: featuremap, input_type_rt: featuremap, input_layout_train: NCHW, "
+        "norm_type: no_preprocess}\n"
+        "calibration_parameters: {cal_data_dir: cal, cal_data_type: float32, calibration_type: max}\n"
+        "compiler_parameters: {optimize_level: O3}\n")
+    code, out = _cli(["makertbin", "--config", "config.yaml", "--model-type", "onnx"], tmp_path)
+    assert code != 0 and "computes nothing at run time" in out, out[-3000:]
+    assert "optimized_float_model" not in out and "not a readable" not in out
