@@ -121,3 +121,33 @@ def test_model_folding_to_constants_is_refused_in_its_own_terms(tmp_path: Path) 
     code, out = _cli(["makertbin", "--config", "config.yaml", "--model-type", "onnx"], tmp_path)
     assert code != 0 and "computes nothing at run time" in out, out[-3000:]
     assert "optimized_float_model" not in out and "not a readable" not in out
+
+
+def test_string_input_is_one_error_in_the_checker(tmp_path: Path) -> None:
+    """StringConcat of two string inputs (ONNX's test_string_concat): the checker ended in 'internal error:
+    TypeError: ufunc isfinite not supported'. Both tools now refuse the string input by name."""
+    nodes = [helper.make_node("StringConcat", ["x", "y"], ["z"], name="concat")]
+    strings = TensorProto.STRING
+    model = _model(nodes, [("x", strings, [2]), ("y", strings, [2])], [("z", strings, [2])], [], opset=20)
+    model.ir_version = 9
+    code, out = _checker(tmp_path, model)
+    assert code != 0 and INTERNAL not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "input 'x' is a string tensor" in errors[0], out[-3000:]
+
+
+def test_string_output_beside_a_float_one_converts(tmp_path: Path) -> None:
+    """A float model with a second output cast to strings: the calibration stage tested every output for NaN and
+    ended in the same 'internal error: TypeError' (checker and makertbin); strings are not checked for NaN."""
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.2).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Cast", ["c"], ["s"], name="as_text", to=TensorProto.STRING)]
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("c", F, [1, 4, 8, 8]), ("s", TensorProto.STRING, [1, 4, 8, 8])],
+                   [w])
+    code, out = _checker(tmp_path, model)
+    assert INTERNAL not in out and code == 0, out[-3000:]
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    convert_featuremaps(tmp_path, model, {"x": [x, *_noisy(x, rng)]}, "1x3x8x8", "float32", "m",
+                        calibration_type="max")
+    assert (tmp_path / "out" / "m.bin").is_file()
