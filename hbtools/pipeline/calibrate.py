@@ -444,7 +444,7 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
             raise HbError(f"the float model cannot run calibration sample {index + 1} ({reason})",
                           hint="give every input calibration data the model accepts: its values, not only its "
                                "shape, matter for shape, size and index inputs") from None
-        broken = [o for o in outputs if o in refs and not np.all(np.isfinite(refs[o]))]
+        broken = [o for o in outputs if o in refs and refs[o].dtype.kind in "fc" and not np.all(np.isfinite(refs[o]))]
         if broken:
             non_finite.append((index, broken[0]))
         elif index in scored:

@@ -214,12 +214,29 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
                  profile.label)
     remove_dead_nodes(body)
     _restore_custom_nodes(body, cut)
+    if not body.graph.node:
+        _refuse_computing_nothing(body)
     out = _with_preprocess(body, pre_nodes, original_inputs, model)
     topological_sort(out)
     trace.follow(out)
     record_origins(out, trace.differing())
     log.info("Optimized model: %d nodes (from %d)", len(out.graph.node), len(model.graph.node))
     return compact(out)  # the rewrites above replaced weights in place: their old values are still held
+
+
+def _refuse_computing_nothing(body: ModelProto) -> None:
+    """A model onnxruntime folds to no node at all (only ``Shape(x)``) has nothing to run on the BPU or the
+    CPU; said in the model's terms, before a later stage reads the empty optimized model back as unreadable."""
+    inputs = {i.name for i in body.graph.input}
+    outputs = [o.name for o in body.graph.output]
+    passed = [o for o in outputs if o in inputs]
+    what = "constants" if not passed else "inputs passed through" if len(passed) == len(outputs) else \
+        "constants or inputs passed through"
+    names = ", ".join(f"'{o}'" for o in outputs)
+    raise HbError(f"the model computes nothing at run time: with its input shapes fixed, its outputs ({names}) are "
+                  f"{what}", hint="they do not depend on the input values (a Shape of an input is a constant once "
+                                  "the shape is fixed): use them as they are, or convert a model that computes on its "
+                                  "inputs")
 
 
 def _without_preprocess(model: ModelProto, pre_nodes: list) -> ModelProto:

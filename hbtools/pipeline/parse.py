@@ -207,6 +207,11 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
         if name not in graph_inputs:
             raise HbError(f"input_name '{name}' is not an input of the model{closest_names(name, names)}; "
                           f"its inputs are {names}")
+        if graph_inputs[name].type.tensor_type.elem_type == TensorProto.STRING:
+            raise HbError(f"input '{name}' is a string tensor; hbtools converts models that compute on numbers (the "
+                          "BPU and the .bin take numeric tensors only)",
+                          hint="keep the string handling (tokenizing, lookups) outside the model and give it the "
+                               "numbers it computes on")
         model_shape = _dims(graph_inputs[name])
         if spec.shape:
             spec = dataclasses.replace(spec, shape=fit_scalar(spec.shape, model_shape))

@@ -38,8 +38,9 @@ SMALL_SUBGRAPH_MACS = 1 << 18
 BUILTIN_KINDS = (*FORMS, "cpu")
 # Kinds whose integer result is an int32 accumulator (dequantized directly when no BPU op reads it).
 ACCUMULATOR_KINDS = ("conv", "matmul")
-INTEGER_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32,
-                 TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64)
+# Element types the BPU does not quantize: lengths, indices, sizes and masks are exact values, not feature maps.
+NON_FLOAT_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32,
+                   TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64, TensorProto.BOOL)
 
 
 @dataclass(eq=False)
@@ -54,6 +55,11 @@ class Unit:
     subgraph: int | None = None
     activation: NodeProto | None = None  # fused Relu/Clip of a conv unit
     output_join: bool = False  # a join of results into a model output, kept in float (``_join_outputs_in_float``)
+
+    def __post_init__(self) -> None:
+        # An omitted optional output ('' : an RNN's Y, a LayerNormalization's Mean) is no tensor: the node
+        # tables, the calibration plan and the similarity report must not ask for one by that name.
+        self.outputs = [t for t in self.outputs if t]
 
     @property
     def name(self) -> str:
@@ -186,10 +192,10 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         # an op the optimize stage wrote (a layer norm for an InstanceNormalization or a spelled-out pattern)
         written = f" (the optimize stage wrote {node.name} as one)" if node.domain == DOMAIN else ""
         return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}{written}")
-    integer = next((t for t in acts if view.elem_types.get(t) in INTEGER_TYPES), None)
-    if integer is not None:  # lengths, indices, sizes: the BPU quantizes float feature maps
-        kind = helper.tensor_dtype_to_np_dtype(view.elem_types[integer]).name
-        return _cpu(node, acts, f"{op} computes on {kind} values ('{integer}'); the BPU takes float feature maps")
+    exact = next((t for t in acts if view.elem_types.get(t) in NON_FLOAT_TYPES), None)
+    if exact is not None:
+        kind = helper.tensor_dtype_to_np_dtype(view.elem_types[exact]).name
+        return _cpu(node, acts, f"{op} computes on {kind} values ('{exact}'); the BPU takes float feature maps")
     if not rule.forms:
         return _cpu(node, acts, f"{op} runs on the BPU of {profile.label}, but hbtools has no integer kernel "
                                 f"for it yet")
@@ -482,7 +488,10 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
     if len(groups) < 2:
         return False
     work = [sum(_unit_macs(u, view) for u in group) for group in groups]
-    largest = max(range(len(groups)), key=work.__getitem__)
+    # Ties go to the group with the first node name: the quantize stage rebuilds the partition from a graph
+    # whose nodes may come in another order, and it must keep the same group on the BPU.
+    first_names = [min(n.name for u in group for n in u.nodes) for group in groups]
+    largest = min(range(len(groups)), key=lambda k: (-work[k], first_names[k]))
     moved = False
     for k, group in enumerate(groups):
         if k == largest or work[k] > SMALL_SUBGRAPH_MACS or any(id(u) in forced for u in group):
