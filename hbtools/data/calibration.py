@@ -231,8 +231,11 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> 
         finite = np.isfinite(data)
         if not finite.all():
             bad = int(data.size - np.count_nonzero(finite))
+            # An attention mask given as an input holds -inf at masked positions: -1e4 masks the same
+            mask = " (an attention mask: write -1e4 where it holds -inf, which masks the same)" \
+                if not np.isnan(data).any() and np.all(data[~finite] < 0) else ""
             raise HbError(f"calibration file {path} for input '{spec.name}' holds {bad} of {data.size} values "
-                          f"that are NaN or infinite; calibration needs real numbers, regenerate the file")
+                          f"that are NaN or infinite; calibration needs real numbers, regenerate the file{mask}")
         if not spec.is_featuremap and data.size:
             lo, hi = float(data.min()), float(data.max())
             if lo < PIXEL_RANGE[0] or hi > PIXEL_RANGE[1]:
