@@ -308,6 +308,11 @@ def _conv_unit(node: NodeProto, acts: list[str], view: GraphView, rule: OpRule, 
         return _cpu(node, acts, "Gemm with transA has no BPU form")
     if op == "MatMul" and weight.ndim != 2:
         return _cpu(node, acts, f"MatMul with a batched constant weight {list(weight.shape)} has no BPU form")
+    # The optimize stage writes output_shape as pads where onnxruntime confirms them; the integer op reads
+    # only pads, so one left over would give the natural output shape instead.
+    if op == "ConvTranspose" and "output_shape" in a:
+        return _cpu(node, acts, f"ConvTranspose with output_shape {list(a['output_shape'])} that no pads and "
+                                f"output_padding express has no BPU form; kept in float")
     terms = weight.shape[0] // max(int(a.get("group", 1)), 1) * int(np.prod(weight.shape[2:]))  # per group
     # The lowering splits an ungrouped ConvTranspose along its input channels to stay exact; a grouped
     # one would need that within every group.
