@@ -84,6 +84,23 @@ def test_a_conv_transpose_with_an_output_shape_beyond_its_natural_output_gives_t
     assert [list(v.shape) for v in sim.run(feeds).values()] == [[1, 8, size, size]]
 
 
+def test_a_gemm_with_a_bias_per_row_and_column_stays_on_the_cpu_with_its_reason(tmp_path: Path) -> None:
+    """Gemm's C may be a whole [M, N] matrix (ONNX's test_gemm_default_matrix_bias, a broadcast-materialised
+    addmm bias); the BPU adds one bias per output column, and the conversion ended in "internal error"
+    (the M * N values given as N per-column biases). The Gemm after it, with a per-column bias, stays on
+    the BPU."""
+    g = _Graph(3)
+    b = (g.rng.standard_normal((6, 4)) / 3).astype(np.float32)
+    c = (0.5 * g.rng.standard_normal((3, 4))).astype(np.float32)
+    rows = g.op("Gemm", ["x", g.const(b, "b"), g.const(c, "c")])
+    out = g.gemm(g.op("Relu", [rows]), 4, 4)
+    outcome = convert_and_check(g.model({"x": [3, 6]}, [out], featuremap={"x"}), tmp_path, "max")
+    assert min(outcome.cosine) > COSINE
+    reasons = {c["name"]: c["reason"] for c in outcome.cpu}
+    assert "Gemm_0" in reasons and "[3, 4]" in reasons["Gemm_0"] and "row to row" in reasons["Gemm_0"], reasons
+    assert "Gemm_1" in outcome.bpu_nodes
+
+
 def _input_bits(calibrated: onnx.ModelProto, op_types: tuple[str, ...]) -> list[tuple[str, int | None]]:
     """Per node of ``op_types``, the bits of the grid its input has (through data movement back to the
     HzCalibration that makes it)."""
