@@ -496,7 +496,10 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
     if len(groups) < 2:
         return False
     work = [sum(_unit_macs(u, view) for u in group) for group in groups]
-    largest = max(range(len(groups)), key=work.__getitem__)
+    # Ties go to the group with the first node name: the quantize stage rebuilds the partition from a graph
+    # whose nodes may come in another order, and it must keep the same group on the BPU.
+    first_names = [min(n.name for u in group for n in u.nodes) for group in groups]
+    largest = min(range(len(groups)), key=lambda k: (-work[k], first_names[k]))
     moved = False
     for k, group in enumerate(groups):
         if k == largest or work[k] > SMALL_SUBGRAPH_MACS or any(id(u) in forced for u in group):
