@@ -66,7 +66,8 @@ def _standard(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list
     """A LayerNormalization op with constant scale (and bias). Where its Mean / InvStdDev outputs are read
     (training-style exports, ONNX's own test cases), a copy of the op computes them in float beside the
     HzLayerNorm, whose kernel gives Y only; the copy's Y goes to a tensor nobody reads."""
-    if len(node.input) < 2 or not all(view.is_const(i) for i in node.input[1:] if i) or not _read(node.output[0], view):
+    if len(node.input) < 2 or not all(view.is_const(i) for i in node.input[1:] if i) \
+            or not view.is_read(node.output[0]):
         return None
     a = view.attrs(node)
     shape = view.shapes.get(node.input[0])
@@ -81,7 +82,7 @@ def _standard(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list
     names = _constants(model, node.name, *params)
     new = HzLayerNorm.make_node([node.input[0], *names], [node.output[0]], node.name,
                                 axes=list(range(axis - len(shape), 0)), epsilon=float(a.get("epsilon", 1e-5)))
-    statistics = [o for o in node.output[1:] if _read(o, view)]
+    statistics = [o for o in node.output[1:] if view.is_read(o)]
     if not statistics:
         return [node], [new]
     # Every output of the copy is named: a CPU node's omitted ("") output has no type to compare it by.
@@ -89,11 +90,6 @@ def _standard(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list
     copy = helper.make_node(node.op_type, list(node.input), outputs, name=f"{node.name}_statistics")
     copy.attribute.extend(node.attribute)
     return [node], [new, copy]
-
-
-def _read(tensor: str, view: GraphView) -> bool:
-    return bool(tensor) and (bool(view.consumers.get(tensor)) or tensor in view.graph_outputs)
-
 
 def _instance(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list[NodeProto], list[NodeProto]] | None:
     """InstanceNormalization: a normalization over the spatial axes, with a scale and bias per channel."""

@@ -55,7 +55,6 @@ def resolve_pads(
     for size, k, s, d in zip(in_shape, kernel, strides, dilations, strict=True):
         out = -(-size // s)
         total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
-        total = max(0, total)
         small, large = total // 2, total - total // 2
         begin.append(small if auto_pad == "SAME_UPPER" else large)
         end.append(large if auto_pad == "SAME_UPPER" else small)

@@ -208,10 +208,7 @@ class HzLayerNorm(HzOp):
 
 def _statistics_only(node: NodeProto, view) -> bool:  # noqa: ANN001 - GraphView lives above ops/
     """Whether nothing reads ``node``'s Y and something reads its Mean or InvStdDev."""
-    def read(tensor: str) -> bool:
-        return bool(tensor) and (bool(view.consumers.get(tensor)) or tensor in view.graph_outputs)
-
-    return not read(node.output[0]) and any(read(o) for o in node.output[1:])
+    return not view.is_read(node.output[0]) and any(view.is_read(o) for o in node.output[1:])
 
 
 @register

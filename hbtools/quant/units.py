@@ -273,8 +273,7 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
 
 def _indices_read(node: NodeProto, view: GraphView) -> bool:
     """Whether a MaxPool's second output (Indices) is read by a node or is a graph output."""
-    idx = node.output[1] if len(node.output) > 1 else ""
-    return bool(idx) and (bool(view.consumers.get(idx)) or idx in view.graph_outputs)
+    return len(node.output) > 1 and view.is_read(node.output[1])
 
 
 def _constant_broadcast_violation(node: NodeProto, act: str, view: GraphView, rule: OpRule,
