@@ -39,6 +39,10 @@ class GraphView:
                 out.setdefault(i, []).append(n)
         return out
 
+    def is_read(self, tensor: str) -> bool:
+        """Whether a node or the graph's outputs read ``tensor`` (an omitted optional output, "", is not)."""
+        return bool(tensor) and (tensor in self.consumers or tensor in self.graph_outputs)
+
     @cached_property
     def initializers(self) -> Mapping[str, np.ndarray]:
         return _Constants(self.graph.initializer)

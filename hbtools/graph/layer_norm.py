@@ -63,8 +63,11 @@ def fuse_layer_norms(model: ModelProto) -> int:
 
 
 def _standard(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list[NodeProto], list[NodeProto]] | None:
-    """A LayerNormalization op with constant scale (and bias) whose mean / inverse deviation nobody reads."""
-    if any(o for o in node.output[1:]) or len(node.input) < 2 or not all(view.is_const(i) for i in node.input[1:] if i):
+    """A LayerNormalization op with constant scale (and bias). Where its Mean / InvStdDev outputs are read
+    (training-style exports, ONNX's own test cases), a copy of the op computes them in float beside the
+    HzLayerNorm, whose kernel gives Y only; the copy's Y goes to a tensor nobody reads."""
+    if len(node.input) < 2 or not all(view.is_const(i) for i in node.input[1:] if i) \
+            or not view.is_read(node.output[0]):
         return None
     a = view.attrs(node)
     shape = view.shapes.get(node.input[0])
@@ -79,8 +82,14 @@ def _standard(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list
     names = _constants(model, node.name, *params)
     new = HzLayerNorm.make_node([node.input[0], *names], [node.output[0]], node.name,
                                 axes=list(range(axis - len(shape), 0)), epsilon=float(a.get("epsilon", 1e-5)))
-    return [node], [new]
-
+    statistics = [o for o in node.output[1:] if view.is_read(o)]
+    if not statistics:
+        return [node], [new]
+    # Every output of the copy is named: a CPU node's omitted ("") output has no type to compare it by.
+    outputs = [o if o in statistics else f"{node.output[0]}_{node.name}_unread{k}" for k, o in enumerate(node.output)]
+    copy = helper.make_node(node.op_type, list(node.input), outputs, name=f"{node.name}_statistics")
+    copy.attribute.extend(node.attribute)
+    return [node], [new, copy]
 
 def _instance(node: NodeProto, view: GraphView, model: ModelProto) -> tuple[list[NodeProto], list[NodeProto]] | None:
     """InstanceNormalization: a normalization over the spatial axes, with a scale and bias per channel."""

@@ -110,9 +110,10 @@ def conv_transpose(
     n, cin, *size = x.shape
     _, og, *kernel = w.shape
     cg = cin // group
+    # A negative end pad grows the output (conv_transpose_pads): the scatter target holds those rows too.
     full = [
-        st * (s - 1) + d * (k - 1) + 1 + op
-        for s, st, d, k, op in zip(size, strides, dilations, kernel, output_padding, strict=True)
+        st * (s - 1) + d * (k - 1) + 1 + op + max(0, -e)
+        for s, st, d, k, op, e in zip(size, strides, dilations, kernel, output_padding, pads_end, strict=True)
     ]
     out = np.zeros([n, group, og, *full], dtype=acc)
     xs = x.astype(acc).reshape(n, group, cg, -1)
@@ -124,7 +125,7 @@ def conv_transpose(
         out[(slice(None), slice(None), slice(None), *_tap_slices(offsets, strides, size))] += contrib.reshape(
             n, group, og, *size
         )
-    crop = tuple(slice(b, f - e) for b, e, f in zip(pads_begin, pads_end, full, strict=True))
+    crop = tuple(slice(b, f - max(0, e)) for b, e, f in zip(pads_begin, pads_end, full, strict=True))
     out = out[(slice(None), slice(None), slice(None), *crop)]
     if min(out.shape[3:], default=1) <= 0:
         raise ValueError(f"transposed convolution output would be empty: input {x.shape}, kernel {kernel}")
@@ -135,16 +136,24 @@ def conv_transpose_pads(
     auto_pad: str, in_shape: list[int], kernel: list[int], strides: list[int], dilations: list[int],
     output_padding: list[int], pads: list[int] | None, output_shape: list[int] | None,
 ) -> tuple[list[int], list[int]]:
-    """Begin/end cropping of ConvTranspose, from ``pads`` or derived from ``output_shape``/``auto_pad``."""
+    """Begin/end cropping of ConvTranspose, from ``pads`` or derived from ``output_shape``/``auto_pad``.
+
+    An ``output_shape`` larger than the natural output gives a negative end: that many zero rows (columns)
+    follow the natural output, as onnxruntime adds them. Under ``auto_pad`` onnxruntime gives the natural
+    output instead of a larger one, so the padding stays at least 0 there."""
     n = len(kernel)
     if output_shape is None and auto_pad in ("", "NOTSET", "VALID"):
         p = list(pads) if pads and auto_pad != "VALID" else [0] * (2 * n)
         return p[:n], p[n:]
     begin, end = [], []
     for i in range(n):
-        target = output_shape[i] if output_shape else in_shape[i] * strides[i]
-        total = max(0, strides[i] * (in_shape[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1
-                    - target)
+        target = output_shape[-n:][i] if output_shape else in_shape[i] * strides[i]
+        total = strides[i] * (in_shape[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1 - target
+        if total < 0 and output_shape:
+            begin.append(0)
+            end.append(total)
+            continue
+        total = max(0, total)
         small, large = total // 2, total - total // 2
         begin.append(small if auto_pad == "SAME_UPPER" else large)
         end.append(large if auto_pad == "SAME_UPPER" else small)

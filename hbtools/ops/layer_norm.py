@@ -206,6 +206,11 @@ class HzLayerNorm(HzOp):
         return [y.astype(np.float32)]
 
 
+def _statistics_only(node: NodeProto, view) -> bool:  # noqa: ANN001 - GraphView lives above ops/
+    """Whether nothing reads ``node``'s Y and something reads its Mean or InvStdDev."""
+    return not view.is_read(node.output[0]) and any(view.is_read(o) for o in node.output[1:])
+
+
 @register
 class HzSQuantizedLayerNorm(HzOp):
     op_type = "HzSQuantizedLayerNorm"
@@ -225,6 +230,9 @@ class HzSQuantizedLayerNorm(HzOp):
                 return f"{node.op_type} with a scale or bias computed at run time has no BPU form in hbtools"
             if view.shapes.get(node.input[0]) is None:  # after an op shape inference does not know
                 return f"{node.op_type} of a tensor of unknown shape has no BPU form in hbtools"
+            if _statistics_only(node, view):  # the copy the optimize stage keeps beside the HzLayerNorm
+                return (f"{node.op_type} giving its Mean / InvStdDev outputs has no BPU form (the BPU kernel gives "
+                        f"Y only); they are computed in float, beside the BPU's normalization of Y where it has one")
             return f"{node.op_type} over these axes, or with a scale or bias of this shape, has no BPU form in hbtools"
         a = HzLayerNorm.read(node)
         n = group_size(view.shapes.get(node.input[0]), a["axes"])

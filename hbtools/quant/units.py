@@ -279,8 +279,7 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
 
 def _indices_read(node: NodeProto, view: GraphView) -> bool:
     """Whether a MaxPool's second output (Indices) is read by a node or is a graph output."""
-    idx = node.output[1] if len(node.output) > 1 else ""
-    return bool(idx) and (bool(view.consumers.get(idx)) or idx in view.graph_outputs)
+    return len(node.output) > 1 and view.is_read(node.output[1])
 
 
 def _constant_broadcast_violation(node: NodeProto, act: str, view: GraphView, rule: OpRule,
@@ -298,6 +297,12 @@ def _constant_broadcast_violation(node: NodeProto, act: str, view: GraphView, ru
     return ""
 
 
+def _per_column(bias: np.ndarray, weight: np.ndarray, attrs: dict) -> bool:
+    """Whether Gemm bias C is one value per output column (shape [N], [1, N] or a scalar), as a conv's bias is."""
+    columns = weight.shape[0] if attrs.get("transB", 0) else weight.shape[1]
+    return bias.size in (1, columns) and (bias.ndim < 2 or bias.shape[0] == 1)
+
+
 def _cpu(node: NodeProto, acts: list[str], reason: str) -> Unit:
     return Unit("cpu", [node], acts, list(node.output), on="CPU", table_type=node.op_type, reason=reason)
 
@@ -312,8 +317,16 @@ def _conv_unit(node: NodeProto, acts: list[str], view: GraphView, rule: OpRule, 
     a = view.attrs(node)
     if op == "Gemm" and (a.get("transA", 0) or weight.ndim != 2):
         return _cpu(node, acts, "Gemm with transA has no BPU form")
+    if op == "Gemm" and len(node.input) > 2 and node.input[2] and not _per_column(view.const(node.input[2]), weight, a):
+        return _cpu(node, acts, f"Gemm with a bias C of shape {list(view.const(node.input[2]).shape)} that differs "
+                                f"from row to row has no BPU form (the BPU adds one bias per output column)")
     if op == "MatMul" and weight.ndim != 2:
         return _cpu(node, acts, f"MatMul with a batched constant weight {list(weight.shape)} has no BPU form")
+    # The optimize stage writes output_shape as pads where onnxruntime confirms them; the integer op reads
+    # only pads, so one left over would give the natural output shape instead.
+    if op == "ConvTranspose" and "output_shape" in a:
+        return _cpu(node, acts, f"ConvTranspose with output_shape {list(a['output_shape'])} that no pads and "
+                                f"output_padding express has no BPU form; kept in float")
     terms = weight.shape[0] // max(int(a.get("group", 1)), 1) * int(np.prod(weight.shape[2:]))  # per group
     # The lowering splits an ungrouped ConvTranspose along its input channels to stay exact; a grouped
     # one would need that within every group.

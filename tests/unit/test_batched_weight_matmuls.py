@@ -53,3 +53,19 @@ def test_a_weight_per_head_runs_on_the_bpu(case: str, opset: int, tmp_path: Path
     assert "1 MatMuls of a constant batched along one axis" in out
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     _agrees_with_source(model, tmp_path / "out", tuple(shape), rng, optimized=True)
+
+
+def test_a_weight_per_batch_index_on_rdk_x3_stays_whole_on_the_cpu(tmp_path: Path) -> None:
+    """ONNX's test_matmul_3d with its second operand a constant: RDK X3's BPU takes no 3-D Split or Concat, so
+    the per-batch products would each sit between CPU nodes. The conversion ended in "internal error: tensor
+    ... reaches the BPU without calibration" (the calibrate and quantize stages kept different products on
+    the BPU); the MatMul now stays whole on the CPU, with its reason."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((2, 4, 3)).astype(np.float32), "b")]
+    model = _model([helper.make_node("MatMul", ["x", "b"], ["y"], name="batched")], [("x", F, [2, 3, 4])],
+                   [("y", F, [2, 3, 3])], inits, opset=11)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [2, 3, 4])}, "2x3x4", "float32", "m", "max",
+                        march="bernoulli2")
+    reasons = {c["name"]: c["reason"] for c in _cpu_nodes(tmp_path / "out" / "m.bin")}
+    assert reasons == {"batched": "MatMul with a batched constant weight [2, 4, 3] has no BPU form"}, reasons
+    _agrees_with_source(model, tmp_path / "out", (2, 3, 4), rng, optimized=True)

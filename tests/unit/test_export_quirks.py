@@ -15,6 +15,9 @@ from conformance import convert_and_check
 from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.ops.base import attrs_of
+from hbtools.runtime.rt_input import random_rt_input
+from hbtools.runtime.runtime_model import open_model
+from hbtools.runtime.simulator import Simulator
 
 COSINE = 0.99
 
@@ -60,6 +63,42 @@ def test_a_conv_transpose_with_an_output_shape_keeps_it(added: bool, tmp_path: P
     out = g.conv(g.op("Add", [up, g.conv("data", 3, 16, k=1)]) if added else up, 16, 8, k=1)
     outcome = convert_and_check(g.model({"data": [1, 3, 64, 64]}, [out]), tmp_path, "max", checker=False)
     assert min(outcome.cosine) > COSINE
+
+
+@pytest.mark.parametrize("size", [66])
+def test_a_conv_transpose_with_an_output_shape_beyond_its_natural_output_gives_that_shape(size: int,
+                                                                                        tmp_path: Path) -> None:
+    """``output_shape`` may ask for more than the natural 65 x 65 (ONNX's test_convtranspose_output_shape):
+    ONNX adds the rows and columns at the end, as output_padding does. The quantized model and the .bin
+    gave the natural 65 x 65 silently (the verifier passed: both were wrong alike)."""
+    g = _Graph(5)
+    a = g.op("Relu", [g.conv("data", 3, 16, stride=2)])
+    wt = (g.rng.standard_normal((16, 8, 3, 3)) / 12).astype(np.float32)
+    out = g.op("ConvTranspose", [a, g.const(wt, "wt")], kernel_shape=[3, 3], strides=[2, 2],
+               output_shape=[size, size])
+    fm = g.model({"data": [1, 3, 64, 64]}, [out])
+    outcome = convert_and_check(fm, tmp_path, "max", checker=False)
+    assert min(outcome.cosine) > COSINE
+    sim = Simulator(open_model(outcome.project.artefact("bin")))
+    feeds = {d.name: random_rt_input(d, np.random.default_rng(0)) for d in sim.model.inputs}
+    assert [list(v.shape) for v in sim.run(feeds).values()] == [[1, 8, size, size]]
+
+
+def test_a_gemm_with_a_bias_per_row_and_column_stays_on_the_cpu_with_its_reason(tmp_path: Path) -> None:
+    """Gemm's C may be a whole [M, N] matrix (ONNX's test_gemm_default_matrix_bias, a broadcast-materialised
+    addmm bias); the BPU adds one bias per output column, and the conversion ended in "internal error"
+    (the M * N values given as N per-column biases). The Gemm after it, with a per-column bias, stays on
+    the BPU."""
+    g = _Graph(3)
+    b = (g.rng.standard_normal((6, 4)) / 3).astype(np.float32)
+    c = (0.5 * g.rng.standard_normal((3, 4))).astype(np.float32)
+    rows = g.op("Gemm", ["x", g.const(b, "b"), g.const(c, "c")])
+    out = g.gemm(g.op("Relu", [rows]), 4, 4)
+    outcome = convert_and_check(g.model({"x": [3, 6]}, [out], featuremap={"x"}), tmp_path, "max")
+    assert min(outcome.cosine) > COSINE
+    reasons = {c["name"]: c["reason"] for c in outcome.cpu}
+    assert "Gemm_0" in reasons and "[3, 4]" in reasons["Gemm_0"] and "row to row" in reasons["Gemm_0"], reasons
+    assert "Gemm_1" in outcome.bpu_nodes
 
 
 def _input_bits(calibrated: onnx.ModelProto, op_types: tuple[str, ...]) -> list[tuple[str, int | None]]:

@@ -364,3 +364,18 @@ def test_conv_reason_names_every_limit_it_breaks() -> None:
     assert _placement(part)["stft"][0] == "CPU"
     reason = _reason(part, "stft")
     assert "kernel [40] exceeds 15" in reason and "stride [20] exceeds 8" in reason, reason
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [0, 2, 1, 3]])
+def test_equal_small_subgraphs_keep_the_same_one_on_the_bpu_whatever_the_node_order(order: list[int]) -> None:
+    """Two BPU products of equal work between CPU nodes (a 3-D Split and Concat on RDK X3): one stays on the BPU.
+    Which one followed the node order, and the quantize stage rebuilds the partition from a graph whose nodes
+    may come in another order than the calibrate stage's: a product then reached the BPU uncalibrated."""
+    g = _Graph(1)
+    halves = g.op("Split", ["x"], n_out=2, axis=0)
+    products = [g.op("MatMul", [h, g.const(g.rng.standard_normal((4, 3)).astype(np.float32), "w")])
+                for h in (halves, halves.replace("out0", "out1"))]
+    out = g.op("Concat", products, axis=0)
+    g.nodes = [g.nodes[k] for k in order]
+    part = _partition(g.model({"x": [2, 3, 4]}, [out], opset=11).model, "bernoulli2")
+    assert [n for n, (on, _) in _placement(part).items() if on == "BPU"] == ["MatMul_0"]

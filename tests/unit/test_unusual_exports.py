@@ -186,6 +186,39 @@ def test_a_layer_norm_with_a_computed_scale_runs_on_the_cpu(tmp_path: Path) -> N
     assert "LayerNormalization with a scale or bias computed at run time" in out
 
 
+@pytest.mark.parametrize(("outputs", "read"), [(["y", "mean", "inv"], ["y", "mean", "inv"]),
+                                               (["y", "", "inv"], ["y", "inv"]), (["y", "mean", ""], ["y"])])
+def test_a_layer_norm_that_also_gives_its_statistics_normalizes_on_the_bpu(outputs: list[str], read: list[str],
+                                                                           tmp_path: Path) -> None:
+    """ONNX's LayerNormalization may also give Mean and InvStdDev (training-style exports, every ONNX test
+    case). The whole op stayed on the CPU with a reason about its axes and scale, which were fine. Now Y is
+    normalized on the BPU and a float copy beside it gives the statistics that are read: graph outputs here,
+    except a named Mean nothing reads, which needs no copy."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 6).astype(np.float32), "scale"),
+             numpy_helper.from_array(rng.uniform(-0.5, 0.5, 6).astype(np.float32), "bias")]
+    shapes = {"y": [1, 4, 6], "mean": [1, 4, 1], "inv": [1, 4, 1]}
+    graph = helper.make_graph([helper.make_node("LayerNormalization", ["x", "scale", "bias"], outputs, axis=-1)],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, shapes[o]) for o in read], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    out = convert_featuremaps(tmp_path, model, {"x": _samples(rng, [1, 4, 6])}, "1x4x6", "float32", "m", "max")
+    assert "over these axes" not in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("LayerNormalization_0")]
+    placed = {r[0]: r[1] for r in rows if r[1] in ("BPU", "CPU")}
+    statistics = {"LayerNormalization_0_statistics": "CPU"} if read != ["y"] else {}
+    assert placed == {"LayerNormalization_0": "BPU", **statistics}, out[-2000:]
+    if statistics:
+        assert "Mean / InvStdDev outputs has no BPU form (the BPU kernel gives Y only)" in out
+    feed = {"x": rng.uniform(-1, 1, (1, 4, 6)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    got = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx")).run(None, feed)
+    assert [g.shape for g in got] == [w.shape for w in want]
+    assert min(cosine_similarity(w.astype(np.float64), g.astype(np.float64)) for w, g in zip(want, got, strict=True)) \
+        >= COSINE
+
+
 def test_verifier_counts_nan_on_one_side_only() -> None:
     """A CPU op that gives NaN (Pow of a negative base) gives it in both models: agreement."""
     a = np.array([1.0, np.nan, np.inf, 2.0], np.float32)

@@ -49,8 +49,8 @@ def matmuls_of_batched_weights(model: ModelProto, profile: MarchProfile) -> int:
     MatMul takes a [K, N] weight, and the batched one ran on the CPU. The activation is split along the
     axis where it has the constant's size there, and read whole by every product where it has one. A
     constant first operand is written as ``(X^T @ A^T)^T`` as ``matmuls_with_the_weight_second`` does,
-    where ``profile``'s BPU has that Transpose. At most ``MAX_WEIGHT_BATCH`` products. The count
-    rewritten."""
+    where ``profile``'s BPU has that Transpose. At most ``MAX_WEIGHT_BATCH`` products, and only where
+    ``profile``'s BPU takes the Split and the Concat (RDK X3: 4-D only). The count rewritten."""
     view = GraphView(model)
     return rewrite_nodes(model, lambda node: _per_batch(node, view, model, profile))
 
@@ -70,6 +70,8 @@ def _per_batch(node: NodeProto, view: GraphView, model: ModelProto, profile: Mar
     if len(axes) != 1 or not 1 < batch[axes[0]] <= MAX_WEIGHT_BATCH or shape[axes[0]] not in (1, batch[axes[0]]):
         return None
     axis, count = axes[0], batch[axes[0]]
+    if not _joins_on_bpu(profile, rank, axis, split=shape[axis] == count):
+        return None  # the products would each cross to the CPU: one batched MatMul there is simpler
     matrices = weight.reshape(count, *weight.shape[-2:])
     opset = _opset(model)
     nodes = []
@@ -115,6 +117,14 @@ def _swap_on_bpu(profile: MarchProfile, rank: int) -> bool:
     rule = profile.rule("Transpose")
     perm = (*range(rank - 2), rank - 1, rank - 2)
     return rule is not None and (rule.perms is None or perm in rule.perms)
+
+
+def _joins_on_bpu(profile: MarchProfile, rank: int, axis: int, *, split: bool) -> bool:
+    """Whether ``profile``'s BPU runs a Concat of rank-``rank`` tensors along ``axis`` (and, ``split``, the Split
+    before the products)."""
+    rules = [profile.rule("Concat"), *([profile.rule("Split")] if split else [])]
+    return all(rule is not None and rule.ranks[0] <= rank <= rule.ranks[1]
+               and (rule.axes is None or axis in rule.axes) for rule in rules)
 
 
 def _weight_second(node: NodeProto, view: GraphView, model: ModelProto,

@@ -59,8 +59,9 @@ def auto_pads_as_pads(model: ModelProto) -> int:
 
 def conv_transpose_output_shapes_as_pads(model: ModelProto) -> int:
     """A ConvTranspose's ``output_shape`` (tf2onnx writes it for Keras' Conv2DTranspose) as the explicit
-    ``pads`` (and ``output_padding``) that give the same output, so the quantized op, which reads those,
-    computes what the float model computes. The count of nodes rewritten.
+    ``pads`` (and ``output_padding``, for an output larger than the natural one) that give the same output,
+    so the quantized op, which reads those, computes what the float model computes. The count of nodes
+    rewritten.
 
     onnxruntime and the ONNX text disagree on which side takes an odd padding: the candidates are
     checked against onnxruntime on the node's own weight, and a node none of them matches stays as it is.
@@ -84,9 +85,13 @@ def conv_transpose_output_shapes_as_pads(model: ModelProto) -> int:
         wanted = list(a["output_shape"])[-spatial:]
         total = [s * (n - 1) + e + (k - 1) * d + 1 - o
                  for n, s, e, k, d, o in zip(shape[2:], strides, extra, kernel, dilations, wanted, strict=True)]
-        if any(t < 0 for t in total):
-            continue
-        kept = [x for x in node.attribute if x.name not in ("output_shape", "pads", "auto_pad")]
+        # A negative total padding asks for more than the natural output: ONNX adds those rows and columns
+        # at the end, as output_padding does.
+        grown = [e + max(0, -t) for e, t in zip(extra, total, strict=True)]
+        total = [max(0, t) for t in total]
+        kept = [x for x in node.attribute if x.name not in ("output_shape", "pads", "auto_pad", "output_padding")]
+        if any(grown):
+            kept.append(helper.make_attribute("output_padding", grown))
         for first in (lambda t: t // 2, lambda t: t - t // 2):
             pads = [*(first(t) for t in total), *(t - first(t) for t in total)]
             candidate = [*kept, helper.make_attribute("pads", pads)]
