@@ -5,8 +5,10 @@ is evaluated), then every configuration on it. The models here have a fixed batc
 of 1 (their shape constants are folded for it), so instead of batching, samples run
 on parallel workers sharing the switchboard's sessions, each run single-threaded
 (``switchboard.WORKERS``): the small convolutions of a batch-1 model split badly over
-threads, and whole runs side by side keep every core busy. A score is the mean over
-samples of the metric, itself the mean over the observed tensors.
+threads, and whole runs side by side keep every core busy. The configurations of the
+last samples (as many as there are workers) are shared out among the workers, so that
+they finish together (``_tasks``). A score is the mean over samples of the metric,
+itself the mean over the observed tensors.
 """
 
 from __future__ import annotations
