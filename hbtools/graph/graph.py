@@ -280,8 +280,9 @@ def shape_probe(model: ModelProto) -> ModelProto:
     only with the whole message."""
     large = large_constants(model)
     probe = copy_model(model, lambda t: t.name not in large)
+    declared = _declared(model, large)  # once: per initializer it made the model's inputs a set again each time
     probe.graph.input.extend(reversed([onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                                       for t in model.graph.initializer if t.name in _declared(model, large)]))
+                                       for t in model.graph.initializer if t.name in declared]))
     return probe
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +103,31 @@ def test_data_num_and_dataset_objects(dumped: Dumped) -> None:
     from_list = dbg.get_sensitivity_of_nodes(str(dumped.calibrated), calibrated_data=[{"data": sample}])
     assert from_mapping == one == from_list
     assert len(sens(dumped, data_num=None)) == len(cm.quantizable)
+
+
+def test_one_samples_configurations_spread_over_the_workers(dumped: Dumped, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With fewer samples left than workers, their configurations are shared out: no worker waits for the
+    others' last sample, and one sample no longer runs on one worker alone. The values are those of one worker."""
+    from hbtools.debug import switchboard
+
+    threads: set[int] = set()
+    run = switchboard.Switchboard.run
+
+    def recording(self: switchboard.Switchboard, *args: object) -> list[np.ndarray]:
+        threads.add(threading.get_ident())
+        time.sleep(0.01)  # as long as a real model's run: one worker cannot finish its piece before the other starts
+        return run(self, *args)
+
+    monkeypatch.setattr(switchboard.Switchboard, "run", recording)
+    monkeypatch.setattr(switchboard, "WORKERS", 1)
+    alone = sens(dumped, data_num=1, metrics=["cosine-similarity", "mse"])
+    assert len(threads) == 1
+    threads.clear()
+    monkeypatch.setattr(switchboard, "WORKERS", 2)
+    shared = sens(dumped, data_num=1, metrics=["cosine-similarity", "mse"])
+    # The main thread may run a few itself, checking whether stacking samples pays.
+    assert len(threads - {threading.main_thread().ident}) == 2, "both workers ran configurations"
+    assert shared == alone and list(shared) == list(alone)
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [
