@@ -20,6 +20,7 @@ from hbtools.config.model import Config, NodeInfo
 from hbtools.graph.constant_terms import MOVES
 from hbtools.graph.contrib import why_kept
 from hbtools.graph.graph import GraphView, elements, is_static, outer_references
+from hbtools.graph.origins import recorded_origins
 from hbtools.graph.recurrent import RECURRENT_OPS
 from hbtools.march.constraints import constant_operand_shape, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
@@ -145,7 +146,7 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
         units.append(unit)
     part = Partition(units)
     part.index()
-    forced = _apply_overrides(part, node_info, warn)
+    forced = _apply_overrides(part, node_info, warn, _written_as(model))
     if not all_bpu:
         if not integer_outputs:
             _join_outputs_in_float(part, view, forced)
@@ -399,35 +400,50 @@ def _placed(unit: Unit, name: str) -> str:
     return f"placed on the CPU by run_on_cpu / node_info: {name}, and the nodes fused with it into one BPU op"
 
 
-def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool) -> set[int]:
-    """run_on_cpu / run_on_bpu / node_info ON; returns the ids of units the user put on the BPU."""
+def _written_as(model: ModelProto) -> dict[str, list[str]]:
+    """user's node -> the nodes the optimize stage wrote for it (``graph.origins``), in graph order."""
+    written: dict[str, list[str]] = {}
+    for node, user in recorded_origins(model).items():
+        written.setdefault(user, []).append(node)
+    return written
+
+
+def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool,
+                     written_as: dict[str, list[str]]) -> set[int]:
+    """run_on_cpu / run_on_bpu / node_info ON; returns the ids of units the user put on the BPU.
+
+    A user's node the optimize stage wrote as other nodes (a HardSwish as a HardSigmoid and a Mul, a
+    LayerNorm pattern as one node) is placed through them."""
     forced: set[int] = set()
-    for name, info in node_info.items():
+    for given, info in node_info.items():
         if info.on is None:
             continue
-        unit = part.unit_of_node.get(name)
-        if unit is None:
-            if warn:
-                log.warning("node_info / run_on_%s names node %s, which is not in the optimized model (removed or "
-                            "fused by optimization?); ignored", info.on.lower(), name)
-            continue
-        if info.on == "CPU" and unit.on == "BPU":
-            if unit.kind == "preprocess":
-                if warn:
-                    log.warning("node %s is the input preprocessing; it stays on the BPU", name)
-                continue
-            unit.on, unit.reason = "CPU", _placed(unit, name)
-        elif info.on == "CPU":
-            # The placement is the reason given: a reason found without it can be wrong (a Div of two tensors the
-            # optimize stage would have written in a BPU form, which it leaves alone where the user placed it).
-            unit.reason = _placed(unit, name)
-        elif info.on == "BPU":
-            if unit.on == "CPU":
-                if warn:
-                    log.warning("node %s cannot run on the BPU (%s); it stays on the CPU", name, unit.reason)
-            else:
-                forced.add(id(unit))
+        names = [n for n in [given, *written_as.get(given, [])] if n in part.unit_of_node]
+        if not names and warn:
+            log.warning("node_info / run_on_%s names node %s, which is not in the optimized model (removed or "
+                        "fused by optimization?); ignored", info.on.lower(), given)
+        for name in dict.fromkeys(names):  # reasons name the node as the user gave it
+            _place(part.unit_of_node[name], given, info, warn, forced)
     return forced
+
+
+def _place(unit: Unit, name: str, info: NodeInfo, warn: bool, forced: set[int]) -> None:
+    if info.on == "CPU" and unit.on == "BPU":
+        if unit.kind == "preprocess":
+            if warn:
+                log.warning("node %s is the input preprocessing; it stays on the BPU", name)
+            return
+        unit.on, unit.reason = "CPU", _placed(unit, name)
+    elif info.on == "CPU":
+        # The placement is the reason given: a reason found without it can be wrong (a Div of two tensors the
+        # optimize stage would have written in a BPU form, which it leaves alone where the user placed it).
+        unit.reason = _placed(unit, name)
+    elif info.on == "BPU":
+        if unit.on == "CPU":
+            if warn:
+                log.warning("node %s cannot run on the BPU (%s); it stays on the CPU", name, unit.reason)
+        else:
+            forced.add(id(unit))
 
 
 def _join_outputs_in_float(part: Partition, view: GraphView, forced: set[int]) -> None:

@@ -100,3 +100,23 @@ def test_run_on_cpu_with_a_name_hbtools_wrote_names_the_users_node(tmp_path: Pat
     assert "give 'Resize_0'" in errors[0] and "give 'MatMul_0'" in errors[0], errors
     assert "Traceback" not in result.output and not list(tmp_path.glob("model_output/*.bin"))
 
+
+
+def test_run_on_cpu_with_the_users_name_places_the_nodes_written_for_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A HardSwish (opset 14) is written as a HardSigmoid and a Mul: run_on_cpu with its name was 'ignored' with
+    a WARNING and the node stayed on the BPU, while the parts' names were refused as 'give the HardSwish's'."""
+    g = _Graph(4)
+    y = g.conv(g.op("HardSwish", [g.conv("data", 3, 8)]), 8, 4)
+    fm = g.model({"data": [1, 3, 8, 8]}, [y], opset=17)
+    [hard_swish] = [n.name for n in fm.model.graph.node if n.op_type == "HardSwish"]
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    project.write(calibration_parameters={"calibration_type": "max", "run_on_cpu": [hard_swish]})
+    result = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "ignored" not in result.output, result.output
+    cpu = [line for line in result.output.splitlines() if f"placed on the CPU by run_on_cpu / node_info: {hard_swish}"
+           in line]
+    assert {line.split()[1] for line in cpu} == {"HardSigmoid", "Mul"}, result.output[-3000:]
