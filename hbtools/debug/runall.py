@@ -67,7 +67,7 @@ def runall(model_or_file: str | onnx.ModelProto | None = None, calibrated_data: 
     # One set under save_dir: a run that fails or is interrupted after minutes of work leaves the previous
     # results as they were, never a mix of two runs' tables and plots.
     save_dir_folder = Destination("save_dir", "choose another save_dir")
-    with artefact_transaction(root, set_name="runall", folder=save_dir_folder) as staging:
+    with artefact_transaction(root, set_name="runall", folder=save_dir_folder, keep_others=True) as staging:
         written: dict[str, list[Path]] = {}
 
         # Steps 1-2: sensitivity tables.

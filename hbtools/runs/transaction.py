@@ -68,13 +68,15 @@ WORKING_DIR = Destination("working_dir", "choose another working_dir", "output_m
 @contextlib.contextmanager
 def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inputs: Sequence[Path] = (),
                          committed: Callable[[], None] | None = None,
-                         folder: Destination = WORKING_DIR) -> Iterator[Path]:
+                         folder: Destination = WORKING_DIR, keep_others: bool = False) -> Iterator[Path]:
     """Yield an empty staging folder; on success move everything in it into ``working_dir``.
 
     Anything raised inside the block (KeyboardInterrupt included) deletes the staging
     folder and leaves ``working_dir`` as it was. ``set_name`` names the set (its previous
-    entries that this one does not make are removed, and a file inside one of its folders that no
-    set wrote is kept: it is carried into the new folder); ``inputs`` are the run's input files
+    entries that this one does not make are removed); ``keep_others``: a file inside one of its
+    folders that no set wrote is kept, carried into the new folder (runall's step folders, where users
+    keep figures of single debugger calls; a tool's own dump folder is replaced whole, since files an
+    older version wrote there cannot be told from a user's); ``inputs`` are the run's input files
     and folders, which the commit never replaces or removes. ``committed`` runs once the new set is in
     place, before a Ctrl-C held back meanwhile is acted on (with a WARNING that the set was replaced).
     ``folder``: how messages name ``working_dir`` (another tool's result folder).
@@ -104,9 +106,9 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
                     if any(n in entries for n in listed):
                         (staging / manifest).write_text(json.dumps([n for n in listed if n not in entries]),
                                                         encoding="utf-8")
-            if set_name is not None:  # without a manifest nothing tells the tool's files from the user's
+            if keep_others and set_name is not None:  # without a manifest nothing tells ours from the user's
                 folders = [n for n in entries if (staging / n).is_dir()]
-                _carry_over(working_dir, staging, _foreign_files(working_dir, folders))
+                _carry_over(working_dir, staging, _foreign_files(working_dir, folders), folder)
             with signals_deferred(str(working_dir)):  # Ctrl-C amid the moves would leave a mixed set
                 _commit(staging, stale)
                 _roll_forward(staging, working_dir)
@@ -193,9 +195,20 @@ def check_inputs_outside(working_dir: Path, names: Sequence[str], inputs: Sequen
 
 
 def _files_inside(root: Path, names: Sequence[str]) -> list[str]:
-    """The files under the folders ``names`` of ``root``, as paths relative to it with '/'."""
-    return sorted(p.relative_to(root).as_posix() for name in names if (root / name).is_dir() and
-                  not (root / name).is_symlink() for p in (root / name).rglob("*") if not p.is_dir())
+    """The files, symbolic links and empty folders under the folders ``names`` of ``root`` (links not
+    followed), as paths relative to it with '/'."""
+    found: list[str] = []
+    for name in names:
+        top = root / name
+        if top.is_symlink() or not top.is_dir():
+            continue
+        for folder, dirs, files in os.walk(top):
+            here = Path(folder)
+            links = [d for d in dirs if (here / d).is_symlink()]
+            found += [(here / f).relative_to(root).as_posix() for f in [*files, *links]]
+            if not dirs and not files and here != top:
+                found.append(here.relative_to(root).as_posix())
+    return sorted(found)
 
 
 def _foreign_files(working_dir: Path, names: Sequence[str]) -> list[str]:
@@ -212,19 +225,31 @@ def _foreign_files(working_dir: Path, names: Sequence[str]) -> list[str]:
     return foreign
 
 
-def _carry_over(working_dir: Path, staging: Path, foreign: list[str]) -> None:
+def _carry_over(working_dir: Path, staging: Path, foreign: list[str], folder: Destination) -> None:
     """Copy ``foreign`` files into the staged folders that replace theirs (a staged file of the same name wins):
     a commit replaces a folder whole, and they are not this run's to remove. Copies, not moves: a run stopped
     before its commit point leaves the originals where they were."""
+    for rel in foreign:
+        blocked = next((p for p in (staging / rel).parents if p != staging and p.is_relative_to(staging)
+                        and p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            raise ResourceError(f"{folder.option} holds '{working_dir / rel}', inside a folder where this run writes "
+                                f"its file '{final_path(blocked)}'; nothing was replaced",
+                                hint=f"move '{working_dir / rel}' elsewhere, or {folder.elsewhere}")
     for rel in foreign:
         source, target = working_dir / rel, staging / rel
         if target.exists() or target.is_symlink():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copy2(source, target, follow_symlinks=False)
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target)
+        elif source.is_dir():  # an empty folder
+            target.mkdir()
+        else:
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copy2(source, target)
 
 
 def _listed(manifest: Path) -> list[str]:

@@ -162,18 +162,35 @@ def test_reading_an_artefact_beside_an_unfinished_commit_warns(tmp_path: Path) -
 
 def test_a_file_no_run_wrote_in_a_folder_the_set_replaces_is_kept(tmp_path: Path) -> None:
     """runall replaced its step folders whole: a user's notes in debug_result/node_sensitivity/ and a figure of an
-    earlier plot_acc_error call in debug_result/accumulate_error/ were deleted without a word (hunt 13 D1). Files a
-    run wrote are still replaced or removed as before; the others are carried into the new folder."""
+    earlier plot_acc_error call in debug_result/accumulate_error/ were deleted without a word (hunt 13 D1). With
+    ``keep_others`` (runall's folders), files a run wrote are still replaced or removed as before; the others, links
+    and empty folders among them, are carried into the new folder."""
     _write(tmp_path, {"tables/notes.txt": "mine", "plots/earlier.png": "figure", "plots/a.png": "user's a"})
-    _run(tmp_path, {"tables/t.txt": "1", "tables/old.txt": "1", "plots/a.png": "run a"})
+    (tmp_path / "tables" / "empty").mkdir()
+    (tmp_path / "tables" / "link").symlink_to(tmp_path / "plots")
+    _run(tmp_path, {"tables/t.txt": "1", "tables/old.txt": "1", "plots/a.png": "run a"}, keep_others=True)
     assert _tree(tmp_path / "tables") == {"notes.txt": "mine", "t.txt": "1", "old.txt": "1"}
+    assert (tmp_path / "tables" / "empty").is_dir() and (tmp_path / "tables" / "link").is_symlink()
     assert _tree(tmp_path / "plots") == {"earlier.png": "figure", "a.png": "run a"}  # a file of the run's name: its
     _write(tmp_path, {"tables/later.txt": "added after the run"})
-    _run(tmp_path, {"tables/t.txt": "2", "plots/a.png": "run a 2"})
+    _run(tmp_path, {"tables/t.txt": "2", "plots/a.png": "run a 2"}, keep_others=True)
     assert _tree(tmp_path / "tables") == {"notes.txt": "mine", "later.txt": "added after the run", "t.txt": "2"}
     assert _tree(tmp_path / "plots") == {"earlier.png": "figure", "a.png": "run a 2"}
     with pytest.raises(RuntimeError):  # a run that fails leaves everything where it was
-        with transaction.artefact_transaction(tmp_path, set_name="m") as staging:
+        with transaction.artefact_transaction(tmp_path, set_name="m", keep_others=True) as staging:
             _write(staging, {"tables/t.txt": "3"})
             raise RuntimeError("stopped")
     assert _tree(tmp_path / "tables")["notes.txt"] == "mine" and _tree(tmp_path / "tables")["t.txt"] == "2"
+    _write(tmp_path, {"tables/t.txt.d/mine.txt": "in a folder named like nothing the run writes"})
+    with pytest.raises(ResourceError, match=r"inside a folder where this run writes its file"):
+        _run(tmp_path, {"tables/t.txt.d": "a file where the user has a folder"}, keep_others=True)
+    assert _tree(tmp_path / "tables")["t.txt.d/mine.txt"].startswith("in a folder")
+
+
+def test_a_dump_folder_is_replaced_whole(tmp_path: Path) -> None:
+    """A calibration_data or hb_verifier dump written without a manifest (an older version, the vendor's tool)
+    cannot be told from a user's files: carried over, the old samples stayed beside the new ones forever and the
+    debugger read them (hunt 14b D1). Without ``keep_others`` a set's folders are its own."""
+    _write(tmp_path, {"calibration_data/x/0.npy": "old", "calibration_data/x/7.npy": "old"})
+    _run(tmp_path, {"calibration_data/x/0.npy": "new"})
+    assert _tree(tmp_path / "calibration_data") == {"x/0.npy": "new"}
