@@ -3,8 +3,8 @@
 A power spectrum (|STFT|², a mel filterbank of it) holds values from about 1e-10 to 1e4: even a 16-bit grid
 over that range puts the quiet bins on 0, and their log or reciprocal is then off by tens of dB. When the
 int16 search finds that no grid reaches the float model, these chains are what the WARNING names for
-``run_on_cpu``: each log / reciprocal / division reading a calibrated tensor, and what computes that tensor
-back to the squaring that spreads its range (a convolution ends a chain: it is the feature extractor).
+``run_on_cpu``: each log / reciprocal / division of a tensor computed from a square (through at most one
+convolution: a mel filterbank), and the nodes between, by the user's names.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Collection
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, numpy_helper
 
+from hbtools.graph.origins import recorded_origins, user_node
+
 # Ops that move data without computing: on the CPU between CPU nodes they follow by themselves.
 _MOVES = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Concat", "Split",
           "Gather", "Expand", "Tile", "Pad", "Cast"}
@@ -22,10 +24,12 @@ MOST = 10  # names in the WARNING at most
 
 
 def fragile_nodes(model: ModelProto, calibrated: Collection[str]) -> list[str]:
-    """Names of the nodes of ``model`` in such chains whose log / division input is in ``calibrated``.
+    """The user's names (``graph.origins``) of the nodes on the ways from a log / division whose input
+    holds ``calibrated`` tensors back to a squaring.
 
-    A log's chain always counts; a division's only where it reaches a squaring (dividing by the range of a
-    log spectrum, or by a norm that ``eps`` keeps away from 0, is no such case)."""
+    Only such chains: a log of anything else (of a probability, or with a floor the optimize stage
+    folded into a bias where no squaring precedes) is no case for the CPU, and moving the log alone
+    there can make it read exact zeros."""
     producers = {o: n for n in model.graph.node for o in n.output if o}
     constants = _constants(model)
     order = {n.name: k for k, n in enumerate(model.graph.node)}
@@ -34,38 +38,34 @@ def fragile_nodes(model: ModelProto, calibrated: Collection[str]) -> list[str]:
         tensor = _fragile_input(node, constants)
         if tensor is None:
             continue
-        chain, tensors, squared = _chain(tensor, producers, constants)
-        # On a grid somewhere: the input itself, or a tensor the chain computes it from (a log on the CPU
-        # reading a float BPU result still gets what the grids before it lost).
-        gridded = any(t in calibrated for t in [tensor, *tensors])
-        if gridded and (node.op_type == "Log" or squared):
-            found.update(dict.fromkeys([node.name, *chain]))
-    return sorted(found, key=lambda name: order.get(name, 0))[:MOST]
+        chain = _to_squares(tensor, producers, constants, 0, 0, set())
+        if chain and any(o in calibrated for n in [node, *chain] for o in [*n.input, *n.output]):
+            found.update(dict.fromkeys(n.name for n in sorted([node, *chain], key=lambda n: order[n.name])
+                                       if n.op_type not in _MOVES))
+    origins = recorded_origins(model)
+    return list(dict.fromkeys(user_node(origins, name) for name in found))[:MOST]
 
 
-def _chain(tensor: str, producers: dict[str, NodeProto],
-           constants: dict[str, TensorProto]) -> tuple[list[str], list[str], bool]:
-    """The computing nodes from ``tensor`` up to a squaring, a convolution or another log / division, the
-    tensors they read, and whether a squaring was reached."""
-    chain: list[str] = []
-    read: list[str] = []
-    squared = False
-    stack, seen = [tensor], set()
-    while stack and len(chain) < 4 * MOST:
-        producer = producers.get(stack.pop())
-        if producer is None or producer.name in seen or producer.op_type in _ENDS \
-                or _fragile_input(producer, constants) is not None:
-            continue
-        seen.add(producer.name)
-        if producer.op_type not in _MOVES:
-            chain.append(producer.name)
-        inputs = [i for i in producer.input if i and i not in constants]
-        read += inputs
-        if _squares(producer, constants):
-            squared = True
-        else:
-            stack.extend(inputs)
-    return chain, read, squared
+def _to_squares(tensor: str, producers: dict[str, NodeProto], constants: dict[str, TensorProto], depth: int,
+                convs: int, seen: set[str]) -> list[NodeProto] | None:
+    """The nodes on the ways from ``tensor`` up to a squaring, through at most one convolution (a mel
+    filterbank between the power and its log) and ``MOST`` nodes; None where no squaring is reached
+    (another log / division, a model input, a second convolution)."""
+    producer = producers.get(tensor)
+    if producer is None or depth > MOST or producer.name in seen or _fragile_input(producer, constants) is not None:
+        return None
+    seen.add(producer.name)
+    if _squares(producer, constants):
+        return [producer]
+    if producer.op_type in _ENDS:
+        if convs:
+            return None
+        convs += 1
+    found: list[NodeProto] = []
+    for i in producer.input:
+        if i and i not in constants:
+            found += _to_squares(i, producers, constants, depth + 1, convs, seen) or []
+    return [producer, *found] if found else None
 
 
 def _constants(model: ModelProto) -> dict[str, TensorProto]:

@@ -59,3 +59,35 @@ def test_the_warning_names_the_chain_as_a_yaml_list(tmp_path: Path) -> None:
     warnings = [line for line in out.splitlines() if "WARNING even with every activation int16" in line]
     assert warnings, out[-3000:]
     assert "keep it in float with run_on_cpu: ['square', 'floor', 'log']" in warnings[0], warnings[0]
+
+
+def test_a_log_mel_chain_takes_the_filterbank_and_the_users_names(tmp_path: Path) -> None:
+    """A mel filterbank (a 1x1 Conv whose bias holds the 1e-10 floor) between the power and its log: the chain
+    stopped at that Conv and named the log alone, and the log on the CPU then read exact zeros (-inf in half the
+    output). A division the optimize stage writes as a Reciprocal and a Mul was named 'divide_reciprocal', a
+    name run_on_cpu refuses (hunt 14a D1, D2)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 1, 8, 1)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((np.abs(rng.standard_normal((8, 16, 1, 1))) * 0.2).astype(np.float32), "mel_w"),
+             numpy_helper.from_array(np.full(8, 1e-10, np.float32), "floor"),
+             numpy_helper.from_array(np.array(1e-10, np.float32), "eps")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["stft"], name="stft", strides=[4, 1]),
+             helper.make_node("Mul", ["stft", "stft"], ["power"], name="square"),
+             helper.make_node("Conv", ["power", "mel_w", "floor"], ["mel"], name="mel"),
+             helper.make_node("Log", ["mel"], ["db"], name="log"),
+             helper.make_node("Add", ["power", "eps"], ["p"], name="add_eps"),
+             helper.make_node("Div", ["stft", "p"], ["ratio"], name="divide")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 256, 1])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("db", "ratio")],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    every = {o for n in model.graph.node for o in n.output}
+    assert fragile_nodes(model, every) == ["square", "mel", "log", "add_eps", "divide"]
+    samples = []
+    for _ in range(4):
+        quiet = rng.standard_normal((1, 1, 128, 1)) * 10.0 ** rng.uniform(-6, -2, (1, 1, 128, 1))
+        samples.append(np.concatenate([rng.standard_normal((1, 1, 128, 1)) * 10.0, quiet], axis=2).astype(np.float32))
+    out = convert_featuremaps(tmp_path, model, {"x": samples}, "1x1x256x1", "float32", "m")
+    [warning] = [line for line in out.splitlines() if "WARNING even with every activation int16" in line]
+    assert "run_on_cpu: ['square', 'mel', 'log', 'add_eps', 'divide']" in warning, warning
