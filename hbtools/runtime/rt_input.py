@@ -35,10 +35,20 @@ def rt_shape(desc: InputDesc) -> tuple[int, ...]:
     return (desc.shape[0], h * 3 // 2, w)
 
 
+def _fits(data: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether integer ``data`` converts to integer ``dtype`` exactly."""
+    if not (np.issubdtype(data.dtype, np.integer) and np.issubdtype(dtype, np.integer)):
+        return False
+    info = np.iinfo(dtype)
+    return not data.size or (info.min <= data.min() and data.max() <= info.max)
+
+
 def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
     """Check one input's runtime data and convert it to the model input tensor."""
     data = np.asarray(data)
     want_dtype, want_shape = rt_dtype(desc), rt_shape(desc)
+    if data.dtype != want_dtype and not desc.is_image and _fits(data, want_dtype):
+        data = data.astype(want_dtype)  # indices in another integer type, as HB_ONNXRuntime takes them
     if data.dtype != want_dtype:
         raise HbError(f"input '{desc.name}' ({desc.type_rt}) takes {want_dtype} data, got {data.dtype}")
     if data.size != int(np.prod(want_shape)):

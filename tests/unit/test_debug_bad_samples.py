@@ -106,7 +106,8 @@ def test_a_sample_whose_float_outputs_are_not_finite_is_left_out(converted: Path
         _sensitivity(converted, huge[1:2])
 
 
-def test_an_int32_index_is_taken_for_an_int64_input(converted: Path) -> None:
+def test_an_int32_index_is_taken_for_an_int64_input(converted: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """numpy's int32 on Windows, torch's .int(): refused as 'cannot convert int32 data without loss', though
     widening is exact (hunt 13 D7). Values that do not fit the input's type are still refused, saying so."""
     from hbtools.runtime import HB_ONNXRuntime
@@ -121,6 +122,17 @@ def test_an_int32_index_is_taken_for_an_int64_input(converted: Path) -> None:
     np.testing.assert_array_equal(session.run(None, {**feed, "idx": feed["idx"].astype(np.int32)})[0], want)
     with pytest.raises(FeedError, match=r"input 'idx' takes int64; float32 data cannot be converted to it exactly"):
         session.run(None, {**feed, "idx": feed["idx"].astype(np.float32)})
+    # hb_verifier and hrt_model_exec take it too (they refused it while HB_ONNXRuntime widened it: hunt 14a D6)
+    from click.testing import CliRunner
+
+    from hbtools.cli import hb_verifier
+
+    monkeypatch.chdir(tmp_path)  # the tool's log and dump go here
+    np.save("f.npy", feed["f"])
+    np.save("idx32.npy", feed["idx"].astype(np.int32))
+    models = f"{converted / 'm_quantized_model.onnx'},{converted / 'm.bin'}"
+    result = CliRunner().invoke(hb_verifier.main, ["-m", models, "-i", "f:f.npy,idx:idx32.npy"])
+    assert result.exit_code == 0 and "PASSED" in result.output, result.output
 
 
 def test_nothing_to_rank_or_analyse_is_an_error(converted: Path) -> None:
