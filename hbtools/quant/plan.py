@@ -534,7 +534,11 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         for node in unit.nodes:
             info = node_info.get(node.name)
             kind = node.op_type
-            if all16 or (info and info.output_type == "int16") or kind in opts.int16_outputs:
+            wants16 = (info and info.output_type == "int16") or kind in opts.int16_outputs
+            if wants16 and unit.gives_indices:
+                log.warning("node %s (%s) gives int64 indices: an int16 output does not apply to it", node.name,
+                            kind)
+            elif all16 or wants16:
                 option = None if info and info.output_type == "int16" else \
                     "set_all_nodes_int16" if all16 else f"set_{kind}_output_int16"
                 for t in unit.outputs:
@@ -545,10 +549,15 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                 for t in unit.inputs:
                     request(t, f"node {node.name} input", "set_all_nodes_int16" if all16 else f"set_{kind}_input_int16")
             if info:
+                if info.output_type == "int8":  # as set_{Op}_output_int8, for this node
+                    int8.update(grid_of(t) for t in unit.outputs)
                 for idx, dtype in info.input_types.items():
+                    targets = unit.inputs if idx is None else unit.inputs[idx: idx + 1]
+                    if dtype == "int8":  # as set_{Op}_input_int8: over the op's own int16 reading
+                        int8.update(grid_of(t) for t in targets)
+                        continue
                     if dtype != "int16":
                         continue
-                    targets = unit.inputs if idx is None else unit.inputs[idx: idx + 1]
                     for t in targets:
                         request(t, f"node {node.name} input {idx if idx is not None else 'all'}")
                         per_node.add(grid_of(t))

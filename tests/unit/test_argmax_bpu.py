@@ -182,6 +182,27 @@ def test_per_channel_steps_stop_before_the_logits_an_argmax_reads(tmp_path: Path
         np.testing.assert_array_equal(integer.run(None, {"data": x})[0], calibrated.run(None, {"data": x})[0])
 
 
+def test_node_info_int8_and_int16_outputs_of_an_argmax(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """node_info InputType int8 was dropped without a word (only int16 was read), so the ArgMax's own int16
+    reading of its logits stayed; OutputType int16 on its int64 indices was taken without a word (hunt 14a D4, D5)."""
+    import logging
+
+    setup(None)
+    fm = _segmenter()
+    project = make_project(tmp_path, fm, cal_count=CAL_COUNT)
+    project.write(model_parameters={"node_info": {"label": {"InputType": "int8", "OutputType": "int16"}}},
+                  calibration_parameters={"calibration_type": "max"})
+    logging.getLogger("hbtools").addHandler(caplog.handler)
+    try:
+        paths = makertbin(project.config_path, "onnx")
+    finally:
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    bits = {n.name: HzCalibration.read(n)["bits"] for n in onnx.load(str(paths["calibrated"])).graph.node
+            if n.op_type == "HzCalibration"}
+    assert bits["logits_HzCalibration"] == 8, bits
+    assert "node label (ArgMax) gives int64 indices: an int16 output does not apply to it" in caplog.text
+
+
 def _segmenter_between(before: str | None, after: str | None) -> onnx.ModelProto:
     """The segmenter with a CPU-only op (Sin) on its logits ``before`` the ArgMax, or a Cast of its label map
     to uint8 ``after`` it."""
