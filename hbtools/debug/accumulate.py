@@ -10,6 +10,7 @@ mean from the model input instead.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from hbtools.debug.model import KINDS, CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
 from hbtools.metrics import METRICS, average, running_average
+
+log = logging.getLogger("hbtools")
 
 Groups = str | Sequence[str | Sequence[str]] | None
 
@@ -74,12 +77,21 @@ def accumulate(cm: CalibratedModel, samples: Sequence[Sample], curves: list[Curv
     nodes = _traced_nodes(cm)
     switchboard = shared_switchboard(cm, [cm.nodes[cm.standing_for(n)].output[0] for n in nodes])
     per_sample = np.zeros((len(curves), len(samples), len(nodes)))
+    # per sample and node, whether the float output is finite: a metric against NaN would void the node's mean
+    finite = np.ones((len(samples), len(nodes)), bool)
 
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
-        per_sample[k, index] = [METRICS[metric](r, g) for r, g in zip(reference, got, strict=True)]
+        finite[index] = [bool(np.all(np.isfinite(r))) for r in reference]
+        per_sample[k, index] = [METRICS[metric](r, g) if ok else np.nan
+                                for r, g, ok in zip(reference, got, finite[index], strict=True)]
 
     sweep(switchboard, samples, [c.config for c in curves], visit, "accumulated error")
-    values = average(metric, per_sample, axis=1)
+    unscored = [i + 1 for i in range(len(samples)) if not finite[i].all()]
+    if unscored:
+        log.warning("the float model's outputs of some nodes are NaN or infinite on sample(s) %s of calibrated_data: "
+                    "those samples are left out of those nodes' points", ", ".join(map(str, unscored)))
+    values = np.stack([average(metric, per_sample[:, finite[:, j], j], axis=1) if finite[:, j].any()
+                       else np.full(len(curves), np.nan) for j in range(len(nodes))], axis=1)
     if average_mode:
         values = running_average(metric, values)
     fig, (ax,) = plots.figure(max(10.0, len(nodes) * 0.08), 6.0, bottom=0.3)

@@ -42,8 +42,9 @@ def load_samples(calibrated_data: object, cm: CalibratedModel, data_num: int | N
                 for i in range(take)]
     samples = _dataset(calibrated_data, cm)
     take = _count(data_num, len(samples), param, "the dataset")
+    # numbered from 1, as every other message about a sample
     return [{i.name: _checked(np.asarray(s[i.name]), i, f"sample {k} of input '{i.name}'") for i in cm.inputs}
-            for k, s in enumerate(samples[:take])]
+            for k, s in enumerate(samples[:take], start=1)]
 
 
 def _load_npy(path: Path) -> np.ndarray:
@@ -134,6 +135,11 @@ def _checked(data: np.ndarray, spec: GraphInput, where: str) -> np.ndarray:
         raise HbError(f"{where} holds {bad} of {data.size} values that are NaN or infinite; the metrics compare "
                       f"with the float model, which needs real numbers: regenerate that sample or leave it out")
     try:
-        return np.ascontiguousarray(convert_feed(data, spec.dtype.type, IMAGE_OFFSET, spec.name))
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf: said below, in words
+            converted = np.ascontiguousarray(convert_feed(data, spec.dtype.type, IMAGE_OFFSET, spec.name))
     except HbError as exc:
         raise HbError(f"{where}: {exc}") from exc
+    if converted.dtype.kind == "f" and not np.all(np.isfinite(converted)):  # float64 beyond float32's range
+        raise HbError(f"{where} holds {data.dtype} values beyond the range of the model's {converted.dtype} input "
+                      f"(largest magnitude {float(np.max(np.abs(data))):g}); scale the sample into that range")
+    return converted

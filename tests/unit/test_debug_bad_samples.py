@@ -85,7 +85,12 @@ def test_nan_in_a_sample_is_one_error_naming_it(converted: Path) -> None:
     samples = _samples(converted)
     samples[1]["f"] = samples[1]["f"].copy()
     samples[1]["f"][0, 0, 0, 0] = np.nan
-    with pytest.raises(HbError, match=r"sample 1 of input 'f' holds 1 of 256 values that are NaN or infinite"):
+    # the second sample, numbered from 1 as the other messages number them (it said 'sample 1': hunt 14b D6)
+    with pytest.raises(HbError, match=r"sample 2 of input 'f' holds 1 of 256 values that are NaN or infinite"):
+        _sensitivity(converted, samples)
+    samples[1]["f"] = np.full((1, 4, 8, 8), 1e39)  # float64 beyond float32: it was blamed on the model (D8)
+    with pytest.raises(HbError, match=r"sample 2 of input 'f' holds float64 values beyond the range of the model's "
+                                      r"float32 input"):
         _sensitivity(converted, samples)
 
 
@@ -104,6 +109,16 @@ def test_a_sample_whose_float_outputs_are_not_finite_is_left_out(converted: Path
     assert all(np.isfinite(float(v["cosine-similarity"])) for v in got.values()), got
     with pytest.raises(HbError, match="NaN or infinite on every sample"):
         _sensitivity(converted, huge[1:2])
+    # plot_acc_error's curves too (hunt 14b D3): the sample is left out of the points it would make NaN
+    logging.getLogger("hbtools").addHandler(caplog.handler)
+    try:
+        curves = dbg.plot_acc_error(save_dir=str(converted / "acc"), calibrated_data=huge,
+                                    model_or_file=str(converted / "m_calibrated_model.onnx"), quantize_node=["weight"])
+    finally:
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    assert "sample(s) 2 of calibrated_data" in caplog.text, caplog.text
+    values = [v for curve in curves.values() for v in curve.values()] if isinstance(curves, dict) else []
+    assert values and all(np.isfinite(values)), curves
 
 
 def test_an_int32_index_is_taken_for_an_int64_input(converted: Path, tmp_path: Path,
