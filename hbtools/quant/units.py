@@ -196,6 +196,9 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
     exact = next((t for t in acts if view.elem_types.get(t) in NON_FLOAT_TYPES), None)
     if exact is not None:
         kind = helper.tensor_dtype_to_np_dtype(view.elem_types[exact]).name
+        if exact != node.input[0] and view.elem_types.get(node.input[0]) not in NON_FLOAT_TYPES:
+            # a shape, size or index computed at run time, beside float data (a Resize's sizes from an input)
+            return _cpu(node, acts, f"{op} takes its {kind} input '{exact}' at run time; the BPU needs it constant")
         return _cpu(node, acts, f"{op} computes on {kind} values ('{exact}'); the BPU takes float feature maps")
     if not rule.forms:
         return _cpu(node, acts, f"{op} runs on the BPU of {profile.label}, but hbtools has no integer kernel "

@@ -151,3 +151,16 @@ def test_string_output_beside_a_float_one_converts(tmp_path: Path) -> None:
     convert_featuremaps(tmp_path, model, {"x": [x, *_noisy(x, rng)]}, "1x3x8x8", "float32", "m",
                         calibration_type="max")
     assert (tmp_path / "out" / "m.bin").is_file()
+
+
+def test_a_resize_to_sizes_given_at_run_time_says_so(tmp_path: Path) -> None:
+    """A Resize whose sizes come from a model input stays on the CPU; its reason said it 'computes on int64
+    values', though it resizes float data (hunt 14a D8)."""
+    nodes = [helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="resize", mode="nearest")]
+    model = _model(nodes, [("x", F, [1, 2, 4, 4]), ("sizes", TensorProto.INT64, [4])], [("y", F, None)], [],
+                   opset=13)
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    convert_featuremaps(tmp_path, model, {"x": [x, x * 2], "sizes": [np.array([1, 2, 8, 8], np.int64)] * 2},
+                        "1x2x4x4;4", "float32;int64", "m", calibration_type="max")
+    reason = _cpu_reasons(tmp_path / "out" / "m.bin")["resize"]
+    assert reason == "Resize takes its int64 input 'sizes' at run time; the BPU needs it constant", reason
