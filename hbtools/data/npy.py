@@ -1,4 +1,4 @@
-"""Reading ``.npy`` files the tools are given: arrays only, never pickles."""
+"""Reading ``.npy`` files the tools are given (arrays only, never pickles), and exact integer conversions."""
 
 from __future__ import annotations
 
@@ -19,3 +19,12 @@ def load_npy(path: str | Path) -> np.ndarray:
         if "pickle" in str(exc):
             raise ValueError("not a valid .npy file (pickled object data is refused)") from None
         raise
+
+
+def integers_fit(data: np.ndarray, dtype: np.dtype | type) -> bool:
+    """Whether integer ``data`` converts to the integer ``dtype`` exactly (every value within its range):
+    indices and sizes given as int32 (numpy on Windows, torch's ``.int()``) for an int64 input."""
+    if not (np.issubdtype(data.dtype, np.integer) and np.issubdtype(dtype, np.integer)):
+        return False
+    info = np.iinfo(dtype)
+    return not data.size or bool(info.min <= data.min() and data.max() <= info.max)

@@ -79,9 +79,12 @@ def accumulate(cm: CalibratedModel, samples: Sequence[Sample], curves: list[Curv
     per_sample = np.zeros((len(curves), len(samples), len(nodes)))
     # per sample and node, whether the float output is finite: a metric against NaN would void the node's mean
     finite = np.ones((len(samples), len(nodes)), bool)
+    checked = np.zeros(len(samples), bool)  # the float outputs are the same for every curve: checked once
 
     def visit(index: int, k: int, reference: list[np.ndarray], got: list[np.ndarray]) -> None:
-        finite[index] = [bool(np.all(np.isfinite(r))) for r in reference]
+        if not checked[index]:
+            finite[index] = [bool(np.all(np.isfinite(r))) for r in reference]
+            checked[index] = True
         per_sample[k, index] = [METRICS[metric](r, g) if ok else np.nan
                                 for r, g, ok in zip(reference, got, finite[index], strict=True)]
 

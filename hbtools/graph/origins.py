@@ -118,3 +118,11 @@ def recorded_origins(model: ModelProto) -> dict[str, str]:
 def user_node(origins: Mapping[str, str], name: str) -> str:
     """The user's node that node ``name`` stands for (itself where no rewrite renamed it)."""
     return origins.get(name, name)
+
+
+def written_as(model: ModelProto) -> dict[str, list[str]]:
+    """user's node -> the nodes of ``model`` written for it under other names, in graph order."""
+    written: dict[str, list[str]] = {}
+    for node, user in recorded_origins(model).items():
+        written.setdefault(user, []).append(node)
+    return written

@@ -14,13 +14,14 @@ from collections.abc import Collection
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, numpy_helper
 
+from hbtools.graph.constant_terms import CARRIES
 from hbtools.graph.origins import recorded_origins, user_node
 
 # Ops that move data without computing: on the CPU between CPU nodes they follow by themselves.
-_MOVES = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Concat", "Split",
-          "Gather", "Expand", "Tile", "Pad", "Cast"}
+_MOVES = {*CARRIES, "Pad", "Cast"}
 _ENDS = {"Conv", "ConvTranspose"}
 MOST = 10  # names in the WARNING at most
+DEEPEST = 10  # nodes between a log / division and its squaring at most
 
 
 def fragile_nodes(model: ModelProto, calibrated: Collection[str]) -> list[str]:
@@ -49,10 +50,10 @@ def fragile_nodes(model: ModelProto, calibrated: Collection[str]) -> list[str]:
 def _to_squares(tensor: str, producers: dict[str, NodeProto], constants: dict[str, TensorProto], depth: int,
                 convs: int, seen: set[str]) -> list[NodeProto] | None:
     """The nodes on the ways from ``tensor`` up to a squaring, through at most one convolution (a mel
-    filterbank between the power and its log) and ``MOST`` nodes; None where no squaring is reached
+    filterbank between the power and its log) and ``DEEPEST`` nodes; None where no squaring is reached
     (another log / division, a model input, a second convolution)."""
     producer = producers.get(tensor)
-    if producer is None or depth > MOST or producer.name in seen or _fragile_input(producer, constants) is not None:
+    if producer is None or depth > DEEPEST or producer.name in seen or _fragile_input(producer, constants) is not None:
         return None
     seen.add(producer.name)
     if _squares(producer, constants):

@@ -20,7 +20,7 @@ from hbtools.config.model import Config, NodeInfo
 from hbtools.graph.constant_terms import MOVES
 from hbtools.graph.contrib import why_kept
 from hbtools.graph.graph import GraphView, elements, is_static, outer_references
-from hbtools.graph.origins import recorded_origins
+from hbtools.graph.origins import written_as
 from hbtools.graph.recurrent import RECURRENT_OPS
 from hbtools.march.constraints import constant_operand_shape, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
@@ -146,7 +146,7 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
         units.append(unit)
     part = Partition(units)
     part.index()
-    forced = _apply_overrides(part, node_info, warn, _written_as(model))
+    forced = _apply_overrides(part, node_info, warn, written_as(model))
     if not all_bpu:
         if not integer_outputs:
             _join_outputs_in_float(part, view, forced)
@@ -401,14 +401,6 @@ def _placed(unit: Unit, name: str) -> str:
     if len(unit.nodes) == 1:
         return "placed on the CPU by run_on_cpu / node_info"
     return f"placed on the CPU by run_on_cpu / node_info: {name}, and the nodes fused with it into one BPU op"
-
-
-def _written_as(model: ModelProto) -> dict[str, list[str]]:
-    """user's node -> the nodes the optimize stage wrote for it (``graph.origins``), in graph order."""
-    written: dict[str, list[str]] = {}
-    for node, user in recorded_origins(model).items():
-        written.setdefault(user, []).append(node)
-    return written
 
 
 def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool,

@@ -97,8 +97,9 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
             stale = [n for n in _stale(working_dir, set_name, entries, inputs)
                      if not any(n in listed for listed in others.values())]
             if set_name is not None:
-                # The files inside its folders too: a file in them that no run wrote is carried over (below).
-                written = entries + _files_inside(staging, entries)
+                # With keep_others, the files inside its folders too: a file there that no run wrote is carried
+                # over (below).
+                written = entries + (_files_inside(staging, entries) if keep_others else [])
                 (staging / _MANIFEST.format(set_name)).write_text(json.dumps(written), encoding="utf-8")
                 # An entry another set listed (the calibration_data dump of two prefixes in one working_dir) is
                 # this set's now: that set's next run must not remove it, nor its model be paired with it.
@@ -278,28 +279,18 @@ def _check_replaceable(staging: Path, working_dir: Path, entries: list[str], inp
 def _other_sets(working_dir: Path, set_name: str | None) -> dict[str, list[str]]:
     """The entries of the other sets in ``working_dir``, by the file name of their manifest."""
     own = _MANIFEST.format(set_name) if set_name is not None else None
-    found = {}
-    for path in working_dir.glob(_MANIFEST.format("*")):
-        try:
-            listed = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if path.name != own and isinstance(listed, list):
-            found[path.name] = [n for n in listed if isinstance(n, str)]
-    return found
+    return {path.name: _listed(path) for path in working_dir.glob(_MANIFEST.format("*")) if path.name != own}
 
 
 def _stale(working_dir: Path, set_name: str | None, entries: list[str], inputs: Sequence[Path]) -> list[str]:
-    """Entries of the previous set of ``set_name`` that this one does not make (inputs of the run stay)."""
+    """Entries of the previous set of ``set_name`` that this one does not make (inputs of the run stay).
+
+    Without a manifest (a set of an older version, or none) nothing is known to remove; the paths of files
+    inside the set's folders (``keep_others``) are no entries."""
     if set_name is None:
         return []
-    try:
-        previous = json.loads((working_dir / _MANIFEST.format(set_name)).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []  # no manifest (a set of an older version, or none): nothing known to remove
-    if not isinstance(previous, list):
-        return []
-    return [n for n in previous if isinstance(n, str) and n not in entries and n and "/" not in n and os.sep not in n
+    previous = _listed(working_dir / _MANIFEST.format(set_name))
+    return [n for n in previous if n not in entries and n and "/" not in n and os.sep not in n
             and n not in (".", "..") and (working_dir / n).exists() and _holds(working_dir / n, inputs) is None]
 
 

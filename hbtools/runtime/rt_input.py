@@ -17,7 +17,7 @@ import numpy as np
 
 from hbtools.data import colour
 from hbtools.data.intermediate import from_channels_last
-from hbtools.data.npy import load_npy
+from hbtools.data.npy import integers_fit, load_npy
 from hbtools.errors import HbError, ResourceError
 from hbtools.graph.graph import GraphView
 from hbtools.runtime.runtime_model import InputDesc, RuntimeModel
@@ -35,19 +35,11 @@ def rt_shape(desc: InputDesc) -> tuple[int, ...]:
     return (desc.shape[0], h * 3 // 2, w)
 
 
-def _fits(data: np.ndarray, dtype: np.dtype) -> bool:
-    """Whether integer ``data`` converts to integer ``dtype`` exactly."""
-    if not (np.issubdtype(data.dtype, np.integer) and np.issubdtype(dtype, np.integer)):
-        return False
-    info = np.iinfo(dtype)
-    return not data.size or (info.min <= data.min() and data.max() <= info.max)
-
-
 def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
     """Check one input's runtime data and convert it to the model input tensor."""
     data = np.asarray(data)
     want_dtype, want_shape = rt_dtype(desc), rt_shape(desc)
-    if data.dtype != want_dtype and not desc.is_image and _fits(data, want_dtype):
+    if data.dtype != want_dtype and not desc.is_image and integers_fit(data, want_dtype):
         data = data.astype(want_dtype)  # indices in another integer type, as HB_ONNXRuntime takes them
     if data.dtype != want_dtype:
         raise HbError(f"input '{desc.name}' ({desc.type_rt}) takes {want_dtype} data, got {data.dtype}")

@@ -15,6 +15,7 @@ import onnxruntime as ort
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.values import closest_names
+from hbtools.data.npy import integers_fit
 from hbtools.errors import HbError
 from hbtools.graph import model_io
 from hbtools.graph.graph import copy_model, is_large
@@ -580,12 +581,10 @@ def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.n
         return shifted.astype(target)
     if target == np.float32 and data.dtype in (np.uint8, np.int8, np.float64, np.float16):
         return data.astype(np.float32)
+    if integers_fit(data, target):  # indices and sizes in another integer type
+        return data.astype(target)
     if np.issubdtype(target, np.integer) and np.issubdtype(data.dtype, np.integer):
-        # Indices and sizes given in another integer type (numpy's int32 on Windows, torch's .int()): exact
-        # when every value fits.
         info = np.iinfo(target)
-        if not data.size or (info.min <= data.min() and data.max() <= info.max):
-            return data.astype(target)
         raise FeedError(f"input '{name}' takes {np.dtype(target).name}, and {data.dtype} data holds values outside "
                         f"its range {info.min}..{info.max}")
     raise FeedError(f"input '{name}' takes {np.dtype(target).name}; {data.dtype} data cannot be converted to it "
