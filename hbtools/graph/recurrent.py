@@ -24,6 +24,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView
 from hbtools.graph.model_io import default_opset
+from hbtools.march.profiles import MarchProfile
 
 log = logging.getLogger("hbtools")
 
@@ -40,13 +41,15 @@ _DIRECTIONS = {"forward": ["forward"], "reverse": ["reverse"], "bidirectional": 
 
 
 def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = None, everything: bool = False,
-                       explain: bool = True) -> int:
+                       explain: bool = True, profile: MarchProfile | None = None) -> int:
     """Rewrite the LSTM / GRU nodes of ``model`` that can be unrolled and are short enough
     (``AUTO_STEPS``), or that ``placed`` (node name -> "BPU" / "CPU", the config's node_info)
     puts on the BPU, or all with ``everything``, but none it puts on the CPU; returns how many were.
+    Unasked, none where the BPU of ``profile`` cannot compute the gates (``gates_fit``).
     The node writing the first output takes the layer's name, which node_info may give. ``explain``
     logs why each layer left whole was."""
     placed = placed or {}
+    fits = profile is None or gates_fit(profile)
     view = GraphView(model)
     opset = default_opset(model)
     nodes: list[NodeProto] = []
@@ -58,7 +61,13 @@ def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = Non
         if node.op_type not in _GATES or node.domain not in ("", "ai.onnx"):
             nodes.append(node)
             continue
-        spec, reason = _spec(node, view, MAX_STEPS if everything or placed.get(node.name) == "BPU" else AUTO_STEPS)
+        asked = everything or placed.get(node.name) == "BPU"
+        spec, reason = _spec(node, view, MAX_STEPS if asked else AUTO_STEPS)
+        # Batch-first layers are unrolled whatever the march: onnxruntime has no kernel for them.
+        if spec is not None and not asked and not fits and spec.layout == 0:
+            spec, reason = None, (f"the BPU of {profile.label} takes no 2-D tensors, which the gates of each time "
+                                  "step are: unrolled, every step would cross to the CPU and back (node_info ON: BPU "
+                                  "unrolls it anyway)")
         if placed.get(node.name) == "CPU":
             spec, reason = None, "node_info puts it on the CPU"
         if spec is None:
@@ -77,6 +86,12 @@ def unroll_recurrences(model: ModelProto, placed: Mapping[str, str] | None = Non
         del g.node[:]
         g.node.extend(nodes)
     return done
+
+
+def gates_fit(profile: MarchProfile) -> bool:
+    """Whether the BPU of ``profile`` computes an unrolled step's gates, element-wise ops on [batch, hidden]."""
+    rules = [profile.rule(op) for op in ("Mul", "Add", "Sigmoid", "Tanh")]
+    return all(rule is not None and rule.ranks[0] <= 2 <= rule.ranks[1] for rule in rules)
 
 
 @dataclass

@@ -68,7 +68,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     cut = _cut_custom_nodes(body)
     recurrent = _recurrent_nodes(body)
     # Before onnxruntime loads the graph too: it has no kernel for batch-first (layout 1) layers.
-    unroll_recurrences(body, placed, everything=all_bpu, explain=False)
+    unroll_recurrences(body, placed, everything=all_bpu, explain=False, profile=profile)
     contrib = expand_contrib_ops(body)
     if contrib:
         log.info("%d onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse", contrib)
@@ -114,7 +114,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if indexed:
         log.info("%d region%s of index arithmetic over a map's H and W (an adaptive pool torch's exporter wrote as "
                  "gathers and sums) written as a matrix product per axis", indexed, "" if indexed == 1 else "s")
-    unroll_recurrences(body, placed, everything=all_bpu)  # those whose weights onnxruntime has folded now
+    unroll_recurrences(body, placed, everything=all_bpu, profile=profile)  # those whose weights onnxruntime has folded now
     unrolled = recurrent - _recurrent_nodes(body)
     if unrolled:
         log.info("%d recurrent layers (LSTM / GRU) unrolled over their time steps", unrolled)

@@ -799,3 +799,46 @@ def test_exporter_layer_norms_run_on_the_bpu_under_max(form: str, tmp_path) -> N
     assert cosine_similarity(_run(model, x), HB_ONNXRuntime(model_file=str(quantized)).run(None, {"x": x})[0]) >= 0.99
     verdict = verify(quantized, tmp_path / "out" / "m.bin", None, 5)
     assert all(o.passed for o in verdict.outputs), "hb_verifier: the .bin and the quantized model differ"
+
+
+def test_recurrent_layers_stay_whole_where_the_bpu_cannot_compute_their_gates(tmp_path) -> None:
+    """RDK X3's BPU takes 4-D tensors only, and an unrolled step's gates are [batch, hidden]: ddddocr's OCR model
+    (a 32-step bidirectional LSTM behind a CNN) became 66 BPU subgraphs, each step's product on the BPU and its
+    gates on the CPU, converting in 3 minutes instead of 40 s, with 2.5x the modelled latency. There the layer
+    stays one CPU node and says why; on X5 it is unrolled, and on X3 node_info ON: BPU still unrolls it."""
+    import onnx
+    from conformance import INTERNAL, _cli
+
+    from hbtools.graph.recurrent import unroll_recurrences
+    from hbtools.march.profiles import get_profile
+
+    steps, channels, hidden = 8, 16, 8
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+             for name, shape, scale in (("w", (channels, 3, 3, 3), 0.3),
+                                        ("W", (2, 4 * hidden, channels), channels ** -0.5),
+                                        ("R", (2, 4 * hidden, hidden), hidden ** -0.5))]
+    inits.append(numpy_helper.from_array(np.array([1, channels, steps], np.int64), "shape"))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[4, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["seq"], name="flat"),
+             helper.make_node("Transpose", ["seq"], ["t"], perm=[2, 0, 1], name="time_major"),
+             helper.make_node("LSTM", ["t", "W", "R"], ["y"], name="rnn", hidden_size=hidden,
+                              direction="bidirectional")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, steps])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 2, 1, hidden])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    code, out = _cli(["checker", "--model-type", "onnx", "--march", "bernoulli2", "--model", str(tmp_path / "m.onnx")],
+                     tmp_path)
+    assert code == 0 and INTERNAL not in out, out[-3000:]
+    assert "LSTM rnn stays one node (on the CPU): the BPU of bernoulli2 (RDK X3) takes no 2-D tensors" in out, out
+    assert "The model has 1 BPU subgraph(s)" in out, out[-3000:]
+    x3 = get_profile("bernoulli2")
+    assert unroll_recurrences(copy.deepcopy(model), profile=get_profile("bayes-e")) == 1
+    assert unroll_recurrences(copy.deepcopy(model), {"rnn": "BPU"}, profile=x3) == 1
+    assert unroll_recurrences(copy.deepcopy(model), profile=x3) == 0
+    # Batch-first layers are unrolled there all the same: onnxruntime has no kernel to run them whole.
+    batch_first = _recurrent_model("GRU", "forward", 1, 14, bias=True, initial=False)
+    assert unroll_recurrences(batch_first, profile=x3) == 1
