@@ -114,7 +114,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if indexed:
         log.info("%d region%s of index arithmetic over a map's H and W (an adaptive pool torch's exporter wrote as "
                  "gathers and sums) written as a matrix product per axis", indexed, "" if indexed == 1 else "s")
-    unroll_recurrences(body, placed, everything=all_bpu, profile=profile)  # those whose weights onnxruntime has folded now
+    # those whose weights onnxruntime has folded now
+    unroll_recurrences(body, placed, everything=all_bpu, profile=profile)
     unrolled = recurrent - _recurrent_nodes(body)
     if unrolled:
         log.info("%d recurrent layers (LSTM / GRU) unrolled over their time steps", unrolled)
