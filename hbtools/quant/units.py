@@ -99,6 +99,29 @@ class Partition:
     def bpu_consumers(self, tensor: str) -> list[Unit]:
         return [u for u in self.consumers.get(tensor, []) if u.on == "BPU"]
 
+    def grid_of(self, tensor: str) -> str:
+        """The tensor whose grid ``tensor`` has: through BPU data movement (Reshape, Transpose, Split, ...),
+        whose outputs keep their input's grid and get no calibration of their own."""
+        seen = set()
+        producer = self.producer.get(tensor)
+        while producer is not None and producer.on == "BPU" and producer.kind == "passive" and producer.inputs \
+                and tensor not in seen:
+            seen.add(tensor)
+            tensor = producer.inputs[0]
+            producer = self.producer.get(tensor)
+        return tensor
+
+    def int16_blocker(self, tensor: str, profile: MarchProfile) -> Unit | None:
+        """The BPU unit writing or reading ``tensor``'s grid that has no int16 form on ``profile``'s march (a
+        ConvTranspose), which keeps the grid int8; None where every one has."""
+        grid = self.grid_of(tensor)
+        for unit in [self.producer.get(grid), *self.bpu_consumers(grid)]:
+            if unit is not None and unit.on == "BPU":
+                rule = profile.rule(unit.main.op_type)
+                if rule is not None and not rule.int16:
+                    return unit
+        return None
+
     def rows(self) -> list[tuple[str, str, str, str]]:
         """(node, ON, subgraph, type) for every node, in graph order."""
         out = []
