@@ -48,7 +48,7 @@ from hbtools.quant.grids import (
 )
 from hbtools.quant.statistics import ChannelStats, StatsCollector, TensorStats
 from hbtools.quant.thresholds import int16_threshold
-from hbtools.quant.units import Partition, Unit
+from hbtools.quant.units import Partition, Unit, int8_logits
 
 log = logging.getLogger("hbtools")
 
@@ -570,9 +570,15 @@ def _request_int16_input(part: Partition, unit: Unit, profile: MarchProfile,
     kernel = registry.op_for_unit_kind(unit.kind) if unit.on == "BPU" else None
     if kernel is None or not kernel.int16_input:
         return
+    node = unit.main
+    why = int8_logits(part, unit, profile)
+    if why:  # placed on the BPU by the user: the CPU would read the float logits (units.int8_logits)
+        log.info("node %s (%s) compares int8 logits on the BPU (%s), where close logits share a level: "
+                 "run_on_cpu: ['%s'] keeps it on node %s's float output", node.name, node.op_type, why, node.name,
+                 part.producer[unit.inputs[0]].main.name)
+        return
     if not profile.int16:
         return
-    node = unit.main
     # A Concat puts its inputs on its output's grid: int16 for it alone would cost int16's time for int8 levels.
     wanted = [grid for t in unit.inputs for grid in _through_concats(part, t)]
     blocker = next((b for grid in wanted if (b := part.int16_blocker(grid, profile)) is not None), None)
