@@ -48,7 +48,7 @@ from hbtools.quant.grids import (
 )
 from hbtools.quant.statistics import ChannelStats, StatsCollector, TensorStats
 from hbtools.quant.thresholds import int16_threshold
-from hbtools.quant.units import Partition, Unit
+from hbtools.quant.units import Partition, Unit, int8_logits
 
 log = logging.getLogger("hbtools")
 
@@ -385,24 +385,11 @@ def _reciprocal_numerators(part: Partition, view: GraphView, calibrated: set[str
     return found
 
 
-def _grid_of(part: Partition, tensor: str) -> str:
-    """The tensor whose grid ``tensor`` has: through BPU data movement (Reshape, Transpose, Split, ...),
-    whose outputs keep their input's grid and get no calibration of their own."""
-    seen = set()
-    producer = part.producer.get(tensor)
-    while producer is not None and producer.on == "BPU" and producer.kind == "passive" and producer.inputs \
-            and tensor not in seen:
-        seen.add(tensor)
-        tensor = producer.inputs[0]
-        producer = part.producer.get(tensor)
-    return tensor
-
-
 def _squares_and_their_sums(part: Partition, const: Callable[[str], np.ndarray | None]) -> list[str]:
     """Outputs of BPU squares (``_is_square``) and of the BPU reductions summing or averaging them."""
     squares = [u.outputs[0] for u in part.units if u.on == "BPU" and u.outputs and _is_square(u.main, const)]
     sums = [u.outputs[0] for u in part.units if u.on == "BPU" and u.outputs
-            and u.main.op_type in ("ReduceSum", "ReduceMean") and any(_grid_of(part, t) in squares for t in u.inputs)]
+            and u.main.op_type in ("ReduceSum", "ReduceMean") and any(part.grid_of(t) in squares for t in u.inputs)]
     return [*squares, *sums]
 
 
@@ -418,7 +405,7 @@ def _headroom(part: Partition, const: Callable[[str], np.ndarray | None]) -> dic
     beyond the calibrated range is clipped, and every quotient with it) and outputs, squares and their sums."""
     tables = [u for u in part.units
               if u.on == "BPU" and u.kind == "lut" and any(n.op_type == "Reciprocal" for n in u.nodes)]
-    reciprocals = [_grid_of(part, t) for u in tables for t in [*u.inputs, *u.outputs]]
+    reciprocals = [part.grid_of(t) for u in tables for t in [*u.inputs, *u.outputs]]
     return dict.fromkeys([*reciprocals, *_squares_and_their_sums(part, const)], HEADROOM)
 
 
@@ -445,8 +432,7 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     # set_Conv_output_int16) would print a warning per tensor: one per option says it all.
     dropped: dict[str, list[str]] = {}
 
-    def grid_of(tensor: str) -> str:
-        return _grid_of(part, tensor)
+    grid_of = part.grid_of
 
     def request(tensor: str, what: str, option: str | None = None, asked: bool = True) -> None:
         """int16 for ``tensor``; ``asked``: by the config (a fallback to int8 is a WARNING), else by a rule of
@@ -461,14 +447,11 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             return
         # An int16 tensor needs its producer and every BPU reader to take int16 (seed: the
         # request updates the op's context; unsupported combinations fall back to int8).
-        producer = part.producer.get(tensor)
-        touching = [u for u in [producer, *part.bpu_consumers(tensor)] if u is not None and u.on == "BPU"]
-        for unit in touching:
-            rule = profile.rule(unit.main.op_type)
-            if rule is not None and not rule.int16:
-                say("%s: %s node %s has no int16 form on %s; falling back to int8", what, unit.main.op_type,
-                    unit.main.name, profile.label)
-                return
+        blocker = part.int16_blocker(tensor, profile)
+        if blocker is not None:
+            say("%s: %s node %s has no int16 form on %s; falling back to int8", what, blocker.main.op_type,
+                blocker.main.name, profile.label)
+            return
         bits[tensor] = 16
 
     for unit in part.units:
@@ -485,14 +468,8 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             bits[t] = output_bits
     if opts.output_bits == 16 and not profile.int16:
         log.warning("set_model_output_int16: int16 is not available on %s; falling back to int8", profile.label)
-    # An integer Softmax or LayerNorm reads int16 where it can (``HzOp.int16_input``): on an int8 grid
-    # close logits share a level, and the largest one (an argmax, a decoded character) is lost; a
-    # residual stream's outliers leave the other values few levels (set_Softmax_input_int8 keeps int8).
     for unit in part.units:
-        kernel = registry.op_for_unit_kind(unit.kind) if unit.on == "BPU" else None
-        if kernel is not None and kernel.int16_input and profile.int16:
-            for t in unit.inputs:
-                request(t, f"node {unit.main.name} input", asked=False)
+        _request_int16_input(part, unit, profile, request)
     # A reciprocal table (a Div of two tensors, ``bpu_forms.divisions_as_reciprocal_products``) maps a
     # divisor over orders of magnitude to its inverse: on int8 grids the small divisors share a few levels
     # and the large ones' inverses round to zero, so both sides are int16 where the march has it.
@@ -582,6 +559,44 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             log.warning("node_info names node %s, which is not in the optimized model (removed or fused by "
                         "optimization?); its InputType / OutputType is ignored", name)
     return bits
+
+
+def _request_int16_input(part: Partition, unit: Unit, profile: MarchProfile,
+                         request: Callable[..., None]) -> None:
+    """An integer Softmax, LayerNorm or ArgMax reads int16 where it can (``HzOp.int16_input``): on an int8 grid
+    close logits share a level, and the largest one (an argmax, a decoded character) is lost; a residual
+    stream's outliers leave the other values few levels (set_Softmax_input_int8 keeps int8). Where a node by
+    the input has no int16 form, one line says that it reads int8."""
+    kernel = registry.op_for_unit_kind(unit.kind) if unit.on == "BPU" else None
+    if kernel is None or not kernel.int16_input:
+        return
+    node = unit.main
+    why = int8_logits(part, unit, profile)
+    if why:  # placed on the BPU by the user: the CPU would read the float logits (units.int8_logits)
+        log.info("node %s (%s) compares int8 logits on the BPU (%s), where close logits share a level: "
+                 "run_on_cpu: ['%s'] keeps it on node %s's float output", node.name, node.op_type, why, node.name,
+                 part.producer[unit.inputs[0]].main.name)
+        return
+    if not profile.int16:
+        return
+    # A Concat puts its inputs on its output's grid: int16 for it alone would cost int16's time for int8 levels.
+    wanted = [grid for t in unit.inputs for grid in _through_concats(part, t)]
+    blocker = next((b for grid in wanted if (b := part.int16_blocker(grid, profile)) is not None), None)
+    if blocker is not None:
+        log.info("node %s reads its input as int8, not int16: %s node %s, next to it, has no int16 form on %s",
+                 node.name, blocker.main.op_type, blocker.main.name, profile.label)
+        return
+    for grid in wanted:
+        request(grid, f"node {node.name} input", asked=False)
+
+
+def _through_concats(part: Partition, tensor: str) -> list[str]:
+    """``tensor``'s grid and, where a BPU Concat writes it, the grids of what the Concat joins (recursively)."""
+    grid = part.grid_of(tensor)
+    producer = part.producer.get(grid)
+    if producer is None or producer.on != "BPU" or producer.kind != "concat":
+        return [grid]
+    return [grid, *(g for t in producer.inputs for g in _through_concats(part, t))]
 
 
 def weight_thresholds(model: ModelProto, plan: CalibrationPlan) -> dict[str, np.ndarray]:

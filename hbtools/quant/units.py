@@ -99,6 +99,29 @@ class Partition:
     def bpu_consumers(self, tensor: str) -> list[Unit]:
         return [u for u in self.consumers.get(tensor, []) if u.on == "BPU"]
 
+    def grid_of(self, tensor: str) -> str:
+        """The tensor whose grid ``tensor`` has: through BPU data movement (Reshape, Transpose, Split, ...),
+        whose outputs keep their input's grid and get no calibration of their own."""
+        seen = set()
+        producer = self.producer.get(tensor)
+        while producer is not None and producer.on == "BPU" and producer.kind == "passive" and producer.inputs \
+                and tensor not in seen:
+            seen.add(tensor)
+            tensor = producer.inputs[0]
+            producer = self.producer.get(tensor)
+        return tensor
+
+    def int16_blocker(self, tensor: str, profile: MarchProfile) -> Unit | None:
+        """The BPU unit writing or reading ``tensor``'s grid that has no int16 form on ``profile``'s march (a
+        ConvTranspose), which keeps the grid int8; None where every one has."""
+        grid = self.grid_of(tensor)
+        for unit in [self.producer.get(grid), *self.bpu_consumers(grid)]:
+            if unit is not None and unit.on == "BPU":
+                rule = profile.rule(unit.main.op_type)
+                if rule is not None and not rule.int16:
+                    return unit
+        return None
+
     def rows(self) -> list[tuple[str, str, str, str]]:
         """(node, ON, subgraph, type) for every node, in graph order."""
         out = []
@@ -148,6 +171,7 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
     part.index()
     forced = _apply_overrides(part, node_info, warn, written_as(model))
     if not all_bpu:
+        _keep_index_ops_on_float_logits(part, profile, forced)
         if not integer_outputs:
             _join_outputs_in_float(part, view, forced)
         _keep_isolated_ops_in_float(part, view, forced)
@@ -461,6 +485,37 @@ def _join_outputs_in_float(part: Partition, view: GraphView, forced: set[int]) -
             u.on, u.output_join = "CPU", True
             u.reason = ("joins several results into a model output: in float each keeps its own scale, where on "
                         "the BPU all would share the output's (run_on_bpu moves it)")
+
+
+def int8_logits(part: Partition, unit: Unit, profile: MarchProfile) -> str | None:
+    """Why the BPU index op ``unit`` (an ArgMax) would compare int8 levels of logits that on the CPU it reads as
+    a convolution's float output: the march has no int16, or a BPU node writing or reading them has no int16
+    form. None where the logits can be int16 or reach the CPU as int8 anyway."""
+    if unit.on != "BPU" or not unit.gives_indices or not unit.inputs:
+        return None
+    producer = part.producer.get(unit.inputs[0])
+    if producer is None or producer.on != "BPU" or not producer.is_accumulator:
+        return None
+    if not profile.int16:
+        return f"int16 is not available on {profile.label}"
+    blocker = part.int16_blocker(unit.inputs[0], profile)
+    if blocker is None:
+        return None
+    return f"{blocker.main.op_type} node {blocker.main.name} has no int16 form on {profile.label}"
+
+
+def _keep_index_ops_on_float_logits(part: Partition, profile: MarchProfile, forced: set[int]) -> None:
+    """An ArgMax whose logits would be int8 on the BPU (``int8_logits``) runs in float on the CPU, reading the
+    convolution's float output: on int8 levels close logits tie and the first wins. Label pixels differing from
+    the float model's over 64 pictures: RDK X3 segmenter head 153 of 4096 on the BPU, 46 on the CPU (kl: 146, 79);
+    RDK X5 after a bilinear Resize (a ConvTranspose) 2040 and 1201 of 65536. run_on_bpu takes the speed instead."""
+    for unit in part.units:
+        why = None if id(unit) in forced else int8_logits(part, unit, profile)
+        if why:
+            logits = unit.inputs[0]
+            unit.on, unit.reason = "CPU", (
+                f"its logits {logits} would be int8 on the BPU ({why}), where close logits share a level; in float "
+                f"it reads node {part.producer[logits].main.name}'s float output (run_on_bpu moves it, faster)")
 
 
 def _keep_isolated_ops_in_float(part: Partition, view: GraphView, forced: set[int]) -> None:
