@@ -105,6 +105,8 @@ class CalibrationPlan:
     # node -> the Hz op standing for it in the calibrated model (``HzOp.calibrated_op``)
     emulated: dict[str, str] = field(default_factory=dict)
     cpu_nodes: list[str] = field(default_factory=list)  # nodes the quantized model runs in float on the CPU
+    # tensors a BPU node writing or reading them keeps int8 (a ConvTranspose: no int16 form on the march)
+    int8_only: set[str] = field(default_factory=set)
     # reciprocal table output -> the numerator it multiplies: its statistics count only the elements where
     # that numerator is not zero (``_reciprocal_numerators``)
     counted_where: dict[str, str] = field(default_factory=dict)
@@ -214,6 +216,8 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
         if op_class is not None and op_class.calibrated_op:
             plan.emulated[unit.main.name] = op_class.calibrated_op
     plan.cpu_nodes = [n.name for unit in part.units if unit.on != "BPU" for n in unit.nodes]
+    if profile.int16:
+        plan.int8_only = {p.tensor for p in plan.activations if part.int16_blocker(p.tensor, profile) is not None}
     calibrated = {p.tensor for p in plan.activations}
     plan.counted_where = _reciprocal_numerators(part, view, calibrated)
     plan.bounds = _bounded_outputs(part, calibrated, view)

@@ -854,8 +854,10 @@ class Evaluator:
         return sorted(candidates, key=lambda t: (cost.get(t, -np.inf), noise[t]), reverse=True)
 
     def _int8_candidates(self, noise: dict[str, float]) -> list[str]:
-        """The tensors the int16 search decides on: those of ``noise`` planned int8, noisiest first."""
-        return sorted((t for t in noise if self.plan.activation(t).bits == 8), key=noise.get, reverse=True)
+        """The tensors the int16 search decides on: those of ``noise`` planned int8 that may be int16, noisiest
+        first."""
+        return sorted((t for t in noise if self.plan.activation(t).bits == 8 and t not in self.plan.int8_only),
+                      key=noise.get, reverse=True)
 
     def _sensitivity_samples(self, slack: np.ndarray) -> list[int]:
         """The samples the sensitivity is measured on: the largest share of the output energy first (it

@@ -115,7 +115,13 @@ class Partition:
         """The BPU unit writing or reading ``tensor``'s grid that has no int16 form on ``profile``'s march (a
         ConvTranspose), which keeps the grid int8; None where every one has."""
         grid = self.grid_of(tensor)
-        for unit in [self.producer.get(grid), *self.bpu_consumers(grid)]:
+        sharing, touching = [grid], [self.producer.get(grid)]
+        for t in sharing:  # the grid and what BPU data movement (a Pad before a ConvTranspose) makes of it
+            for unit in self.bpu_consumers(t):
+                touching.append(unit)
+                if unit.kind == "passive":
+                    sharing.extend(o for o in unit.outputs if o not in sharing)
+        for unit in touching:
             if unit is not None and unit.on == "BPU":
                 rule = profile.rule(unit.main.op_type)
                 if rule is not None and not rule.int16:

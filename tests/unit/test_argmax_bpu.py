@@ -364,3 +364,17 @@ def test_an_argmax_over_a_concat_reads_int16_inputs(tmp_path: Path) -> None:
     assert [n.op_type for n in onnx.load(str(paths["quantized"])).graph.node if n.name == "label"] == \
         ["HzSQuantizedArgMax"]
     _flipped_labels(fm, paths, "bayes-e", held_out(fm, CAL_COUNT, seed=CAL_SEED))
+
+
+def test_the_int16_search_leaves_a_grid_without_an_int16_form_int8(tmp_path: Path) -> None:
+    """The int16 search of calibration_type default made a bilinear upsampling's input and output int16 although
+    the ConvTranspose it is written as has no int16 form on RDK X5: the .bin held a node the BPU cannot run. The
+    search decides only on tensors that may be int16; the others in front of the upsampling still may."""
+    setup(None)
+    project = make_project(tmp_path, _upsampled("Softmax"), cal_count=CAL_COUNT)
+    project.write(calibration_parameters={"calibration_type": "default"})
+    paths = makertbin(project.config_path, "onnx")
+    bits = {n.name: HzCalibration.read(n)["bits"] for n in onnx.load(str(paths["calibrated"])).graph.node
+            if n.op_type == "HzCalibration"}
+    assert bits["logits_HzCalibration"] == bits["up_HzCalibration"] == 8, bits
+    assert 16 in bits.values(), bits  # the search ran and kept int16 elsewhere
