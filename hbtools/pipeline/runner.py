@@ -169,7 +169,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     first = next(iter(source))
     layouts = {spec.name: spec.layout_train for spec in parsed.inputs}
     report.log_node_table(result, report.node_similarity(paths["optimized"], result, first, layouts))
-    report.log_cpu_reasons(result.partition)
+    report.log_cpu_reasons(result.partition, result.origins)
     with times.step("compile"):
         compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=summary)
     log.info("runtime model written: %s", final["bin"])

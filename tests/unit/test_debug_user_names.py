@@ -8,6 +8,7 @@ model does not have, with nothing pointing at the user's node.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +158,37 @@ def test_a_transpose_onnxruntime_moved_is_the_users_transpose(tmp_path: Path) ->
     assert moved, "onnxruntime moved no Transpose: the model no longer shows the case"
     for name in moved:
         assert users.get(origins.get(name, name)) == "Transpose", (name, origins.get(name))
+
+
+TABLE_ROW = re.compile(r"^(\S+)\s+(BPU|CPU)\s+(id\(\d+\)|--)\s+(\S+)")
+
+
+def _table(output: str) -> list[tuple[str, ...]]:
+    start = output.index("The converted model node information")
+    end = output.index("\n20", start)  # the next log line
+    return [m.groups() for line in output[start:end].splitlines() if (m := TABLE_ROW.match(line))]
+
+
+def test_the_node_tables_name_the_users_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """makertbin's and the checker's node tables listed the optimizer's names ('Resize_0_edges',
+    'gemm_input_reshape', 'gemm_output_reshape'), which the user's model does not have. Now a node written as
+    several is one row under the user's name, typed by the part that computes."""
+    monkeypatch.chdir(tmp_path)
+    fm = _resize_and_linear()
+    users = {n.name for n in fm.model.graph.node} | {"HZ_PREPROCESS_FOR_data"}
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    made = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+    assert made.exit_code == 0, made.output[-3000:]
+    checked = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                                        str(tmp_path / "p" / "model.onnx")], catch_exceptions=False)
+    assert checked.exit_code == 0, checked.output[-3000:]
+    for output in (made.output, checked.output):
+        rows = _table(output)
+        names = [r[0] for r in rows]
+        assert set(names) <= users and len(names) == len(set(names)), rows
+        by_name = {r[0]: r for r in rows}
+        assert by_name["Resize_0"][3] == "HzSQuantizedConvTranspose", rows
+        assert by_name["MatMul_0"][3] != "Reshape", rows
+    optimized = onnx.load(str(next((tmp_path / "p").glob("model_output/*_optimized_float_model.onnx"))))
+    assert {"Resize_0_edges", "gemm_input_reshape"} <= {n.name for n in optimized.graph.node}, "the model's own names"
