@@ -82,6 +82,12 @@ def setup(log_file: str | Path | None, *, console_level: int = logging.INFO,
     return logger
 
 
+def first_of(names: Sequence[str], shown: int = 3) -> str:
+    """``names`` for a message: the first ``shown`` joined by commas, then how many more there are."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def printable(text: str) -> str:
     """``text`` with the bytes of a file name that is not UTF-8 (a GBK folder from a Windows zip: Python holds
     them as lone surrogates, which no UTF-8 stream takes) written as ``\\xNN``; other text as it is."""

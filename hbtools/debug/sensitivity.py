@@ -23,6 +23,7 @@ from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.debug.tables import console_table, csv_text
 from hbtools.errors import HbError
+from hbtools.log import first_of
 from hbtools.log import logger as log
 from hbtools.metrics import HIGHER_IS_BETTER
 from hbtools.ops.base import attrs_of
@@ -153,7 +154,7 @@ def _warn_of_quantized_weights(cm: CalibratedModel, nodes: list[str]) -> None:
                     "weights are already int8 values times their scales, as in a QDQ model converted with "
                     "calibration_type load. Their weight sensitivity is about 1 and does not rank them; the node "
                     "and activation sensitivities still rank the model", len(unchanged), len(nodes),
-                    ", ".join(unchanged[:3]) + (f" and {len(unchanged) - 3} more" if len(unchanged) > 3 else ""))
+                    first_of(unchanged))
 
 
 def _quantizing_leaves_unchanged(cm: CalibratedModel, name: str) -> bool:
