@@ -11,8 +11,11 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import secrets
+import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,14 +28,24 @@ FORMAT = "%(asctime)s %(levelname)s %(message)s"
 PROBE_BYTES = 64 * 1024
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 _FIX = "run the tool from a folder you may write (the log goes to the current folder)"
+# A log that keeps its earlier calls is cut back to its last calls once it outgrows this: a debugger traceback is a
+# few KB, so the calls of a working day stay while a script calling the debugger in a loop cannot fill the disk.
+KEPT_LOG_LIMIT = 1024 * 1024
+KEPT_LOG_TAIL = 256 * 1024
+CALL_HEADER = "====="
 _FIX_NO_ROOM = ("the disk is full; free some space, or run the tool from a folder on another disk (the log goes "
                 "to the current folder)")
 
 logger = logging.getLogger(LOGGER_NAME)
 
 
-def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> logging.Logger:
-    """Configure the ``hbtools`` logger for one tool run (idempotent)."""
+def setup(log_file: str | Path | None, *, console_level: int = logging.INFO,
+          call: Sequence[str] | None = None) -> logging.Logger:
+    """Configure the ``hbtools`` logger for one tool run (idempotent).
+
+    ``call``: the command line of a tool whose calls are separate questions (the debugger): its log keeps the
+    earlier calls, each after a header line naming the call, instead of starting afresh as the seed's tools do.
+    """
     for h in list(logger.handlers):
         logger.removeHandler(h)
         h.close()
@@ -55,13 +68,24 @@ def setup(log_file: str | Path | None, *, console_level: int = logging.INFO) -> 
         try:
             _probe_room(path)
             fh = _LogFile(path, mode="a", encoding="utf-8")
-            _start_fresh_unless_shared(fh)
+            if call is None:
+                _start_fresh_unless_shared(fh)
+            else:
+                _keep_recent_calls(fh)
         except OSError as exc:
             raise _log_error(exc, path) from None
         fh.setLevel(logging.DEBUG)
         fh.setFormatter(fmt)
         logger.addHandler(fh)
+        if call is not None:  # DEBUG: the log file only
+            logger.debug("%s %s %s", CALL_HEADER, shlex.join(call), CALL_HEADER)
     return logger
+
+
+def first_of(names: Sequence[str], shown: int = 3) -> str:
+    """``names`` for a message: the first ``shown`` joined by commas, then how many more there are."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def printable(text: str) -> str:
@@ -92,6 +116,24 @@ def _start_fresh_unless_shared(handler: logging.FileHandler) -> None:
     with contextlib.suppress(OSError):
         fcntl.flock(handler.stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         handler.stream.truncate(0)
+
+
+def _keep_recent_calls(handler: logging.FileHandler) -> None:
+    """Cut a log that keeps its calls back to the calls in its last ``KEPT_LOG_TAIL`` bytes once it is over
+    ``KEPT_LOG_LIMIT``; left alone while another call in this folder is writing to it."""
+    path = Path(handler.baseFilename)
+    with contextlib.suppress(OSError):
+        fcntl.flock(handler.stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if path.stat().st_size <= KEPT_LOG_LIMIT:
+            return
+        with path.open("rb") as fh:
+            fh.seek(-KEPT_LOG_TAIL, os.SEEK_END)
+            tail = fh.read()
+        header = re.search(rb"^\S+ \S+ DEBUG " + re.escape(CALL_HEADER.encode()) + rb" ", tail, re.MULTILINE)
+        handler.stream.truncate(0)
+        if header is not None:
+            handler.stream.write(tail[header.start():].decode("utf-8", "replace"))
+            handler.stream.flush()
 
 
 def _log_error(exc: OSError, path: Path, what: str = "cannot write the log file") -> HbError:

@@ -132,6 +132,7 @@ class _ToolMixin:
     """
 
     log_file: str | None
+    call: list[str] | None = None  # set by a tool whose log keeps its earlier calls (log.setup)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
@@ -144,7 +145,7 @@ class _ToolMixin:
             sys.exit(0)
         except (Exception, KeyboardInterrupt) as exc:
             if isinstance(exc, click.ClickException):  # raised before the command set up its log
-                _setup_quietly(self._log_name(exc))
+                _setup_quietly(self._log_name(exc), self.call)
             exit_with_error(exc)
         if standalone_mode and isinstance(result, int) and result:
             sys.exit(result)  # click's --help / --version return their exit code
@@ -170,11 +171,11 @@ def _terminate_like_ctrl_c() -> None:
         signal.signal(signal.SIGTERM, _raise_terminated)
 
 
-def _setup_quietly(log_file: str | None) -> None:
+def _setup_quietly(log_file: str | None, call: list[str] | None = None) -> None:
     from hbtools.log import setup
 
     try:
-        setup(log_file)
+        setup(log_file, call=call)
     except HbError:  # the log file itself cannot be written: report on the console only
         setup(None)
 

@@ -59,12 +59,19 @@ class DebuggerCommand(click.Command):
     """Opens the log file when it runs: ``--help`` (handled while click parses) leaves no empty log behind."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        setup(LOG_FILE)
+        setup(LOG_FILE, call=ctx.find_root().command.call)  # type: ignore[attr-defined]
         return super().invoke(ctx)
 
 
 class DebuggerGroup(ToolGroup):
+    """Its log keeps every call's lines after a header naming the call: each call asks its own question, and the
+    next one in the folder replaced a failing call's traceback."""
+
     command_class = DebuggerCommand
+
+    def main(self, args: Sequence[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
+        self.call = ["hmct-debugger", *(sys.argv[1:] if args is None else args)]
+        return super().main(args, *rest, **kwargs)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return super().get_command(ctx, cmd_name.replace("_", "-"))

@@ -13,7 +13,7 @@ from typing import Any
 
 from hbtools.config.model import ALLOWED_RT_FOR_TRAIN, InputSpec
 from hbtools.config.schema import LAYOUTS
-from hbtools.config.values import group_error
+from hbtools.config.values import group_error, trailing_separator_dropped
 from hbtools.log import logger
 
 IN = "input_parameters"
@@ -38,8 +38,9 @@ def _per_input(
 ) -> list[Any]:
     if values is None:
         return [None] * n
-    if len(values) == n:
-        return values
+    if len(fitted := trailing_separator_dropped(values, n)) == n:
+        return fitted
+    values = trailing_separator_dropped(values)
     if trailing_optional and len(values) < n:  # the inputs left out take the model's own (static) shape
         return [*values, *([None] * (n - len(values)))]
     if broadcast and len(values) == 1:
@@ -267,8 +268,11 @@ def build_inputs(
 ) -> list[InputSpec]:
     """``ip``/``cal``: validated input/calibration groups; ``cal_dirs``: resolved cal_data_dir."""
     names = ip.get("input_name")
+    names = trailing_separator_dropped(names) if names else names
     n, ref = (
-        (len(names), "input_name") if names else (len(ip["input_type_train"]), "input_type_train")
+        (len(names), "input_name")
+        if names
+        else (len(trailing_separator_dropped(ip["input_type_train"])), "input_type_train")
     )
     if names is None and n > 1:
         raise group_error(

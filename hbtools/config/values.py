@@ -66,17 +66,19 @@ def inline_mapping(value: Any) -> Any:
     return value
 
 
-def split_multi(key: str, value: Any, separators: str = ";,") -> list[Any]:
+def split_multi(key: str, value: Any, separators: str = ";,", *, keep_trailing_blank: bool = False) -> list[Any]:
     """``'a; b; c'``, ``'a,b,c'`` or a YAML list -> items; any other scalar is one item.
 
     Real configs separate values with ``;`` (the vendor documents) or ``,``: both split unless
     ``separators`` says otherwise (one input's per-channel numbers may be written with commas).
     Blank items stay in place (their position matters for per-input values),
-    except one left by a trailing separator.
+    except one left by a trailing separator. Per-input values keep that one too
+    (``keep_trailing_blank``): only the input count tells whether ``'a;;'`` is three fields or two
+    and a trailing separator (``trailing_separator_dropped``).
     """
     if isinstance(value, str):
         items: list[Any] = [part.strip() for part in re.split(f"[{re.escape(separators)}]", value)]
-        if len(items) > 1 and items[-1] == "":
+        if len(items) > 1 and items[-1] == "" and not keep_trailing_blank:
             items.pop()
         return items
     if isinstance(value, list):
@@ -84,6 +86,16 @@ def split_multi(key: str, value: Any, separators: str = ";,") -> list[Any]:
     if isinstance(value, dict):
         fail(f"'{key}' must be a string (several values separated by ';') or a list, not a mapping")
     return [value]
+
+
+def trailing_separator_dropped(values: list[Any], count: int | None = None) -> list[Any]:
+    """Per-input ``values`` without the blank a trailing separator left (``'a;b;'``).
+
+    With ``count`` (the number of inputs) the blank goes only when the values are one too many, so
+    ``'a;;'`` for three inputs stays three fields (the last two unset) and a wrong count is told as written.
+    """
+    extra = len(values) > 1 and values[-1] is None and (count is None or len(values) == count + 1)
+    return values[:-1] if extra else values
 
 
 def as_text(key: str) -> Parser:
@@ -194,7 +206,8 @@ def as_per_input(key: str, item: Callable[[str, Any], Any], separators: str = ";
     """One value per model input; a blank item becomes None (for that input: unset)."""
 
     def parse(value: Any) -> list[Any]:
-        return [None if is_unset(v) else item(key, v) for v in split_multi(key, value, separators)]
+        items = split_multi(key, value, separators, keep_trailing_blank=True)
+        return [None if is_unset(v) else item(key, v) for v in items]
 
     return parse
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from hbtools.debug import options
@@ -22,8 +23,15 @@ from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.debug.tables import console_table, csv_text
 from hbtools.errors import HbError
+from hbtools.log import first_of
+from hbtools.log import logger as log
 from hbtools.metrics import HIGHER_IS_BETTER
+from hbtools.ops.base import attrs_of
+from hbtools.ops.calibration import HzCalibration
 from hbtools.outputs import write_file
+
+# A weight that quantizing moves by less than this part of its largest value is taken as already quantized.
+UNCHANGED_WEIGHT = 1e-6
 
 
 @dataclass
@@ -124,11 +132,39 @@ def measure(cm: CalibratedModel, samples: Sequence[Sample], metrics: list[str], 
                 raise HbError(f"no {which} that quantizes anything lies before output_node '{output_node}', so "
                               "nothing can change its outputs: choose an output_node after the model's quantized "
                               "nodes, or leave it out to measure at the model outputs")
+    if kind == "weight":
+        _warn_of_quantized_weights(cm, nodes)
     switchboard = shared_switchboard(cm, observe)
     configs = [frozenset(cm.switches_of(n)) for n in nodes]
     values = scores(switchboard, samples, configs, metrics, f"sensitivity of {kind} nodes")
     flagged = {n for n, b in zip(nodes, below_step(switchboard, samples, configs), strict=True) if b}
     return Sensitivity(kind, metrics, rank(list(zip(nodes, values, strict=True)), metrics[0]), cm, flagged)
+
+
+def _warn_of_quantized_weights(cm: CalibratedModel, nodes: list[str]) -> None:
+    """Say when weights are already on their grid: a QDQ model converted with calibration_type load keeps the
+    dequantized weights as its float ones, so its weight table reads about 1 everywhere and ranks nothing."""
+    loaded = any(n.op_type == HzCalibration.op_type and attrs_of(n).get("method") == "load"
+                 for n in cm.model.graph.node)
+    if not loaded:  # a bilinear Resize's weights, which hbtools writes, are on their grid too
+        return
+    unchanged = [n for n in nodes if _quantizing_leaves_unchanged(cm, n)]
+    if unchanged:
+        log.warning("quantizing leaves the weights of %d of %d weight node(s) as they are (%s): the model's float "
+                    "weights are already int8 values times their scales, as in a QDQ model converted with "
+                    "calibration_type load. Their weight sensitivity is about 1 and does not rank them; the node "
+                    "and activation sensitivities still rank the model", len(unchanged), len(nodes),
+                    first_of(unchanged))
+
+
+def _quantizing_leaves_unchanged(cm: CalibratedModel, name: str) -> bool:
+    node = cm.calibration_proto(name)
+    if any(i and i not in cm.constants for i in node.input):  # a weight computed at run time
+        return False
+    values = [cm.constants[i] for i in node.input if i]  # the weight, its rounding offsets
+    weight = values[0].astype(np.float64)
+    moved = np.abs(HzCalibration.reference(node, values)[0] - weight).max(initial=0.0)
+    return bool(moved <= UNCHANGED_WEIGHT * np.abs(weight).max(initial=0.0))
 
 
 def _upstream(cm: CalibratedModel, tensors: list[str]) -> set[str]:

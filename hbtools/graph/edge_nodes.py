@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
+from hbtools.log import first_of
 from hbtools.runtime.binfile import BinModel
 from hbtools.tools import modifier
 
@@ -45,9 +46,8 @@ def _warn_type_kept(model: BinModel, node_type: str) -> None:
         log.warning("remove_node_type: the model has no %s node; nothing removed", node_type)
     else:
         # Types go in the order listed: a node another type would expose later is not at the edge yet.
-        shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
         log.warning("remove_node_type: no %s node is next to a model input or output when its turn comes "
-                    "(%s kept); nothing removed", node_type, shown)
+                    "(%s kept); nothing removed", node_type, first_of(kept))
 
 
 def _remove_name(model: BinModel, name: str) -> BinModel:

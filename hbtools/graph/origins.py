@@ -9,8 +9,10 @@ as metadata (``record_origins``), only for the nodes whose name is not their use
 
 A new node takes the origin of, in this order: the node of the same name before the rewrite; the
 node whose name its name extends (``/Resize`` for ``/Resize_edges``, as the rewrites name their
-pieces); the node that wrote the tensor it now writes (a rewrite keeps its node's output names);
-the node that reads its output (an adapter inserted before a node), else the node it reads from.
+pieces); for a Transpose writing the old output of a node still there, the Transpose before that node
+(onnxruntime moved it down past the node); the node that wrote the tensor it now writes (a rewrite
+keeps its node's output names); the node that reads its output (an adapter inserted before a node),
+else the node it reads from.
 """
 
 from __future__ import annotations
@@ -41,14 +43,37 @@ class OriginTrace:
         """Take ``model``, a rewrite of the graph last seen, as the graph now traced."""
         fused = self._fused(model)
         found: dict[str, str] = {}
+        now = {n.name for n in model.graph.node}
         for node in (n for n in model.graph.node if n.name):  # the unnamed are named before the next step
             writers = [fused.get(p, p) for o in node.output if (p := self._producers.get(o)) in self.origins]
-            origin = self._by_name(node.name) or next((self.origins[w] for w in writers if w in self.origins), None)
+            origin = self._by_name(node.name)
+            if origin is None and node.op_type == "Transpose" and writers and writers[0] in now:
+                origin = self._transpose_before(writers[0])
+            if origin is None:
+                origin = next((self.origins[w] for w in writers if w in self.origins), None)
             if origin is not None:
                 found[node.name] = origin
         _from_neighbours(model, found)
         self.origins = found
         self._seen(model)
+
+    def _transpose_before(self, name: str, reach: int = 8) -> str | None:
+        """The origin of the Transpose nearest before node ``name`` (within ``reach`` nodes) in the graph last seen.
+
+        A new Transpose writing the old output of a node that is still there was moved down past that node:
+        onnxruntime's transpose optimizer pushes a Transpose through the nodes after it (a LayerNorm's Sub)."""
+        queue, seen = [name], {name}
+        while queue and len(seen) <= reach:
+            node = self._nodes.get(queue.pop(0))
+            if node is None:
+                continue
+            if node.name != name and node.op_type == "Transpose":
+                return self.origins.get(node.name)
+            for p in (self._producers.get(i) for i in node.input):
+                if p is not None and p not in seen:
+                    seen.add(p)
+                    queue.append(p)
+        return None
 
     def _fused(self, model: ModelProto) -> dict[str, str]:
         """Nodes gone from ``model`` -> the node they went into: the one node they read from that is still there

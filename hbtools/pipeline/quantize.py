@@ -13,6 +13,7 @@ from onnx import ModelProto, TensorProto, helper
 from hbtools.config.model import Config
 from hbtools.graph.graph import add_initializers, references
 from hbtools.graph.model_io import with_horizon_domain
+from hbtools.graph.origins import recorded_origins
 from hbtools.march.profiles import MarchProfile
 from hbtools.quant.calibrated import read_calibrated
 from hbtools.quant.emitters import EmitState, QTensor, QuantizedResult, emitter_for
@@ -29,7 +30,8 @@ def run(calibrated: ModelProto, config: Config, profile: MarchProfile) -> Quanti
         emitter_for(unit)(state, unit)
     model = _finish(state)
     part.detach()  # the result outlives the float copy ``graph`` holds
-    return QuantizedResult(model, part, state.q, {t: g.threshold for t, g in graph.activations.items()})
+    return QuantizedResult(model, part, state.q, {t: g.threshold for t, g in graph.activations.items()},
+                           recorded_origins(calibrated))
 
 
 def _finish(state: EmitState) -> ModelProto:

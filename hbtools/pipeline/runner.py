@@ -23,6 +23,7 @@ from hbtools.data.calibration import (
 from hbtools.errors import HbError
 from hbtools.graph.model_io import save_model
 from hbtools.graph.origins import recorded_origins
+from hbtools.log import first_of
 from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
 from hbtools.pipeline import calibrate, compile, optimize, parse, quantize
@@ -169,7 +170,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
     first = next(iter(source))
     layouts = {spec.name: spec.layout_train for spec in parsed.inputs}
     report.log_node_table(result, report.node_similarity(paths["optimized"], result, first, layouts))
-    report.log_cpu_reasons(result.partition)
+    report.log_cpu_reasons(result.partition, result.origins)
     with times.step("compile"):
         compile.run(result, config, parsed.inputs, profile, paths["bin"], calibration=summary)
     log.info("runtime model written: %s", final["bin"])
@@ -216,14 +217,12 @@ def _check_node_names(config: Config, model: onnx.ModelProto, profile: MarchProf
     if not missing:
         return
     written_for = _written_for(model, profile)
-    shown = 10
     parts = []
     for given_by, absent in missing.items():
-        listed = ", ".join(f"'{name}'{_not_the_users(name, names, written_for)}" for name in absent[:shown])
-        more = f" and {len(absent) - shown} more" if len(absent) > shown else ""
+        listed = first_of([f"'{name}'{_not_the_users(name, names, written_for)}" for name in absent], 10)
         total = sum(info.given_by == given_by for info in config.model.node_info.values())
         parts.append(f"{given_by} names {len(absent)} node(s) (of {total}) that the model does not have: "
-                     f"{listed}{more}{_names_split_apart(given_by, absent, names)}")
+                     f"{listed}{_names_split_apart(given_by, absent, names)}")
     raise HbError(f"{'; '.join(parts)} (model {config.model.onnx_model or config.model.caffe_model}); "
                   f"use the model's node names (hb_mapper checker lists them)")
 

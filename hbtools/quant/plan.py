@@ -29,6 +29,7 @@ from hbtools.graph.constant_terms import Tails
 from hbtools.graph.graph import GraphView, topological_sort
 from hbtools.graph.masks import MASKED_LOGIT, logit_carriers
 from hbtools.graph.model_io import default_opset, with_horizon_domain
+from hbtools.log import first_of
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import registry
 from hbtools.ops.base import DOMAIN, attrs_of
@@ -498,7 +499,7 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     if decoded:
         log.info("%d tensors add a constant that differs over their elements (positions around a grid) and are "
                  "int16: %s", len(decoded),
-                 ", ".join(decoded[:6]) + (f" and {len(decoded) - 6} more" if len(decoded) > 6 else ""))
+                 first_of(decoded, 6))
     # The two halves of a split convolution (``weight_precision.split_weights``) each carry the input's
     # level times the rounding remainder of the weight, which cancel only in their sum: their range
     # follows the picture, not the layer's output, and an int8 grid fitted on the calibration set
@@ -554,8 +555,8 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         if option.startswith("set_all_nodes"):  # every tensor: a list would name hbtools' own nodes too
             log.warning("%s: int16 is not available on %s; every tensor stays int8", option, profile.label)
             continue
-        shown = ", ".join(whats[:3]) + (f" and {len(whats) - 3} more" if len(whats) > 3 else "")
-        log.warning("%s: int16 is not available on %s; falling back to int8 (%s)", option, profile.label, shown)
+        log.warning("%s: int16 is not available on %s; falling back to int8 (%s)", option, profile.label,
+                    first_of(whats))
     present = {node.name for unit in part.units for node in unit.nodes}
     for name, info in node_info.items():
         # An ON request for a missing node is reported where placement is applied (units._apply_overrides).

@@ -11,6 +11,8 @@ from onnx import ModelProto, helper
 
 from hbtools.graph.graph import GraphView, elements
 from hbtools.graph.model_io import load_model
+from hbtools.graph.origins import user_node
+from hbtools.march.profiles import PASSIVE_OPS
 from hbtools.metrics import CHUNK, cosine_of_chunks, cosine_similarity
 from hbtools.pipeline.quantize import QTensor, QuantizedResult
 from hbtools.quant.units import Partition
@@ -120,45 +122,92 @@ def _fetch_groups(optimized: ModelProto, pairs: dict[str, tuple[str, QTensor | N
     return segments.byte_groups(list(pairs), sizes, segments.SEGMENT_BYTES)
 
 
+@dataclass
+class _Row:
+    """One row of the node table: a node of the quantized graph, or a user's node merged from its parts."""
+
+    name: str
+    on: str
+    subgraph: str
+    kind: str
+    cosine: str = "--"
+    threshold: str = "--"
+
+
 def log_node_table(result: QuantizedResult, similarity: NodeSimilarity | None = None) -> None:
-    """The node table; a ``*`` marks the cosines of outputs below one step, explained under the table."""
-    sims = similarity.cosines if similarity is not None else None
-    below_step = similarity.below_step if similarity is not None else set()
-    marked = False
-    rows = result.partition.rows()
-    width = max([len("Node"), *(len(r[0]) for r in rows)]) + 2
+    """The node table in the user's node names; a ``*`` marks the cosines of outputs below one step, explained
+    under the table."""
+    rows = _users_rows(result, _node_rows(result, similarity))
+    width = max([len("Node"), *(len(r.name) for r in rows)]) + 2
     header = f"{'Node':<{width}}{'ON':<5}{'Subgraph':<10}{'Type':<30}"
-    if sims is not None:
+    if similarity is not None:
         header += f"{'Cosine Similarity':<19}Threshold"
     lines = ["=" * len(header), header, "-" * len(header)]
-    out_of = {n.name: u for u in result.partition.units for n in u.nodes}
-    for name, on, sub, kind in rows:
-        line = f"{name:<{width}}{on:<5}{sub:<10}{kind:<30}"
-        if sims is not None:
-            unit = out_of[name]
-            last = unit.nodes[-1].name == name
-            tensor = unit.outputs[0] if unit.outputs else None
-            cos = f"{sims[tensor]:.6f}" if last and tensor in sims else "--"
-            if cos != "--" and tensor in below_step:
-                cos += "*"
-                marked = True
-            th = result.thresholds.get(tensor) if last else None
-            line += f"{cos:<19}{th:.6f}" if th is not None else f"{cos:<19}--"
-        lines.append(line)
-    if marked:  # a 0 with no word of why reads as a broken conversion
+    for row in rows:
+        line = f"{row.name:<{width}}{row.on:<5}{row.subgraph:<10}{row.kind:<30}"
+        lines.append(line + f"{row.cosine:<19}{row.threshold}" if similarity is not None else line)
+    if any(r.cosine.endswith("*") for r in rows):  # a 0 with no word of why reads as a broken conversion
         lines.append("* all float values below half a quantization step on this sample: every quantized value is 0")
     log.info("The converted model node information:\n%s", "\n".join(lines))
-    if sims is not None:  # read as accuracy, one picture's cosines mislead (0.999 here, 0.7 on held-out data)
+    if similarity is not None:  # read as accuracy, one picture's cosines mislead (0.999 here, 0.7 on held-out data)
         log.info("Cosine Similarity: float against quantized output of each node on the first calibration sample "
                  "only; it is no accuracy measure: evaluate the quantized model on held-out data (hb_mapper infer, "
                  "HB_ONNXRuntime), and find the nodes that lose accuracy with hmct-debugger")
 
 
-def log_cpu_reasons(partition: Partition) -> None:
-    """Each CPU node with the reason it is not on the BPU, after the node table."""
+def _node_rows(result: QuantizedResult, similarity: NodeSimilarity | None) -> list[_Row]:
+    """A row per node of the quantized graph; a unit's cosine and threshold on its last node's row."""
+    out_of = {n.name: u for u in result.partition.units for n in u.nodes}
+    rows = []
+    for name, on, sub, kind in result.partition.rows():
+        row = _Row(name, on, sub, kind)
+        unit = out_of[name]
+        tensor = unit.outputs[0] if unit.outputs else None
+        if similarity is not None and unit.nodes[-1].name == name:
+            if tensor in similarity.cosines:
+                row.cosine = f"{similarity.cosines[tensor]:.6f}" + ("*" if tensor in similarity.below_step else "")
+            if result.thresholds.get(tensor) is not None:
+                row.threshold = f"{result.thresholds[tensor]:.6f}"
+        rows.append(row)
+    return rows
+
+
+def _users_rows(result: QuantizedResult, rows: list[_Row]) -> list[_Row]:
+    """The rows in the user's node names, as the debugger names them: the rows of consecutive parts of one user's
+    node on one placement become one.
+
+    The optimize stage writes some of the user's nodes as several (a bilinear Resize as a Pad and a ConvTranspose,
+    a Linear over 3-D as a Gemm between two Reshapes). The merged row's type is that of the part keeping the user's
+    name, else of the first part that computes (not only moves values); its cosine and threshold are the last
+    part's that has them (the user's node's output). Parts placed apart (some on the CPU) or apart in the graph (a
+    flatten copied into each head) keep a row each, under the user's name, so each placement and each output
+    keeps its cosine."""
+    op_of = {n.name: n.op_type for u in result.partition.units for n in u.nodes}
+    runs: list[tuple[tuple[str, str, str], list[_Row]]] = []
+    for row in rows:
+        key = (user_node(result.origins, row.name), row.on, row.subgraph)
+        if runs and runs[-1][0] == key:
+            runs[-1][1].append(row)
+        else:
+            runs.append((key, [row]))
+    merged = []
+    for (user, on, sub), parts in runs:
+        typed = next((p for p in parts if p.name == user), None) or next(
+            (p for p in parts if op_of[p.name] not in PASSIVE_OPS), parts[0])
+        cosine = next((p.cosine for p in reversed(parts) if p.cosine != "--"), "--")
+        threshold = next((p.threshold for p in reversed(parts) if p.threshold != "--"), "--")
+        merged.append(_Row(user, on, sub, typed.kind, cosine, threshold))
+    return merged
+
+
+def log_cpu_reasons(partition: Partition, origins: dict[str, str] | None = None) -> None:
+    """Each CPU node with the reason it is not on the BPU, after the node table; in the user's node names
+    (``origins``), a node written as several parts once per type and reason of its parts."""
     subgraphs = len({u.subgraph for u in partition.units if u.on == "BPU"})
-    cpu = [(n.name, n.op_type, u.reason) for u in partition.units if u.on == "CPU" for n in u.nodes]
-    log.info("The model has %d BPU subgraph(s) and %d CPU node(s)", subgraphs, len(cpu))
+    parts = [(user_node(origins or {}, n.name), n.op_type, u.reason)
+             for u in partition.units if u.on == "CPU" for n in u.nodes]
+    cpu = list(dict.fromkeys(parts))
+    log.info("The model has %d BPU subgraph(s) and %d CPU node(s)", subgraphs, len({c[0] for c in cpu}))
     if not cpu:
         return
     if all(u.on == "CPU" or u.kind == "preprocess" for u in partition.units):

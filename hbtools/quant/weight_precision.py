@@ -26,6 +26,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView, is_static
 from hbtools.graph.origins import record_origins, recorded_origins, user_node
+from hbtools.log import first_of
 from hbtools.metrics import cosine_of_chunks
 from hbtools.ops.names import SPLIT_DOC
 from hbtools.quant.grids import WEIGHT_BITS, fake_quantize, output_channel_rows, qmax_for
@@ -316,7 +317,7 @@ def finer_weights(model: ModelProto, plan: CalibrationPlan, samples: Samples,
                  "too little (%.4f)", choice.base, len(feeds), 100 * MAX_EXTRA_MACS, choice.reached)
         return None, choice.base
     names = [c.node for c in choice.split]
-    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    shown = first_of(names, 6)
     log.info("int8 weights alone bring the output cosine to %.4f on %d samples; %d convolutions keep their "
              "weights' remainder as a second int8 convolution beside them (%.4f, +%.0f%% multiply-accumulates "
              "of the convolutions): %s", choice.base, len(feeds), len(names), choice.reached,

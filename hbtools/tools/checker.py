@@ -55,6 +55,6 @@ def check(model_path: str | Path, model_type: str, march: str, input_shapes: lis
     del cal, optimized, plan, partition  # the node table reads the result only
     log.info("Model quantization done")
     report.log_node_table(result)
-    report.log_cpu_reasons(result.partition)
+    report.log_cpu_reasons(result.partition, result.origins)
     log.info("End Model Check")
     return result

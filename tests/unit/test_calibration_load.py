@@ -10,6 +10,7 @@ import onnxruntime as ort
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from hbtools.debug import get_sensitivity_of_nodes
 from hbtools.log import setup
 from hbtools.pipeline.runner import makertbin
 from hbtools.quant.qdq import strip_qdq
@@ -237,3 +238,32 @@ def test_load_calibrates_the_tensors_without_a_pair_on_the_given_data(tmp_path: 
     qat = _run_qdq(model, {"raw": x})
     quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(None, {"raw": x})[0]
     assert np.abs(qat - quant).max() <= 0.03 * np.abs(qat).max(), np.abs(qat - quant).max() / np.abs(qat).max()
+
+
+def test_debugger_says_the_weights_of_a_loaded_qdq_model_are_already_quantized(tmp_path: Path, monkeypatch,
+                                                                               capsys) -> None:
+    """calibration_type load: the float reference already holds the dequantized weights, so every weight
+    sensitivity is about 1 - 1e-14 and nothing said why (hunt 13 N9). A float model's weights are not named."""
+    monkeypatch.chdir(tmp_path)
+    setup(None)
+    onnx.save(_qdq_model(), str(tmp_path / "qat.onnx"))
+    paths = makertbin(_config(tmp_path), "onnx")
+    rng = np.random.default_rng(2)
+    samples = {"feat": [rng.standard_normal((1, 2, 8, 8)).astype(np.float32) for _ in range(2)]}
+    capsys.readouterr()
+    table = get_sensitivity_of_nodes(str(paths["calibrated"]), calibrated_data=samples, node_type="weight")
+    out = capsys.readouterr().out
+    assert all(float(v["cosine-similarity"]) > 1 - 1e-6 for v in table.values()), table
+    [warning] = [line for line in out.splitlines() if " WARNING " in line]
+    assert "1 of 1 weight node(s)" in warning and "already int8 values times their scales" in warning, warning
+    assert "calibration_type load" in warning, warning
+
+    floats = _qdq_model()
+    strip_qdq(floats)  # the same model in float, with weights on no grid
+    floats.graph.initializer[0].CopyFrom(numpy_helper.from_array(
+        rng.standard_normal((4, 2, 3, 3)).astype(np.float32) * 0.3, "w"))
+    onnx.save(floats, str(tmp_path / "qat.onnx"))
+    paths = makertbin(_config(tmp_path, "skip"), "onnx")
+    capsys.readouterr()
+    get_sensitivity_of_nodes(str(paths["calibrated"]), calibrated_data=samples, node_type="weight")
+    assert " WARNING " not in capsys.readouterr().out

@@ -473,10 +473,11 @@ def test_classifier_head_stays_on_bernoulli2s_bpu(flatten: str, tmp_path: Path) 
     project = make_project(tmp_path / "p", fm, march="bernoulli2", cal_count=4)
     result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
     assert result.exit_code == 0, result.output
-    table = {r[0]: r[1:3] for r in rows(result.output)}
-    cpu = [n for n, (on, _) in table.items() if on == "CPU"]
-    assert len(cpu) == 1 and cpu[0] == list(table)[-1], table  # the flatten, at the end
-    assert {sub for on, sub in table.values() if on == "BPU"} == {"id(0)"}
+    # a list: a user's node with a part on each side (BatchNorm1d's flatten) has a row for each
+    table = rows(result.output)
+    cpu = [r for r in table if r[1] == "CPU"]
+    assert cpu == [table[-1]], table  # the flatten, at the end
+    assert {sub for _, on, sub, _ in table if on == "BPU"} == {"id(0)"}
     x = {"data": random_sample(fm, "data", np.random.default_rng(5))}
     want = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))[0]
     nhwc = {"data": x["data"].transpose(0, 2, 3, 1)}
@@ -519,12 +520,12 @@ def test_wide_flatten_head_runs_on_the_bpu(keras: bool, march: str, channels: in
     project = make_project(tmp_path / "p", fm, march=march, cal_count=4)
     result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
     assert result.exit_code == 0, result.output
-    table = {r[0]: r[1:3] for r in rows(result.output)}
+    table = rows(result.output)  # a list: the dense layer's flatten on the CPU has its name
     assert "exceeds" not in result.output, result.output
-    cpu = [n for n, (on, _) in table.items() if on == "CPU"]
+    cpu = [r for r in table if r[1] == "CPU"]
     # bernoulli2 has no BPU flatten: the one that gives the Gemm its [N, M] is the last node, on the CPU
-    assert cpu == ([] if march == "bayes-e" else [list(table)[-1]]), table
-    assert {sub for on, sub in table.values() if on == "BPU"} == {"id(0)"}, table
+    assert cpu == ([] if march == "bayes-e" else [table[-1]]), table
+    assert {sub for _, on, sub, _ in table if on == "BPU"} == {"id(0)"}, table
     # the ReLU after the dense layer fuses into its Conv (a lookup table of its own before)
     relu = next(n.name for n in fm.model.graph.node if n.op_type == "Relu" and n.name != "Relu_0")
     assert {r[0]: r[3] for r in rows(result.output)}[relu] == "HzSQuantizedConv", result.output
@@ -564,10 +565,10 @@ def test_flattened_map_head_stays_on_bernoulli2s_bpu(keras: bool, tmp_path: Path
     project = make_project(tmp_path / "p", fm, march="bernoulli2", cal_count=4)
     result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
     assert result.exit_code == 0, result.output
-    table = {r[0]: r[1:4] for r in rows(result.output)}
-    cpu = [kind for on, _, kind in table.values() if on == "CPU"]
+    table = rows(result.output)  # a list: both flattens are the dense layer's, by name
+    cpu = [kind for _, on, _, kind in table if on == "CPU"]
     assert cpu == ["Flatten", "Flatten"], table  # a flatten per head, writing the outputs
-    assert {sub for on, sub, _ in table.values() if on == "BPU"} == {"id(0)"}, table
+    assert {sub for _, on, sub, _ in table if on == "BPU"} == {"id(0)"}, table
     x = {"data": random_sample(fm, "data", np.random.default_rng(5))}
     wants = HB_ONNXRuntime(onnx_model=fm.model).run(None, _source_feed(fm, x, EXACT_MEAN, EXACT_SCALE))
     gots = HB_ONNXRuntime(model_file=str(project.artefact("quantized"))).run(

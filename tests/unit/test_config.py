@@ -1306,6 +1306,34 @@ def test_mean_left_out_for_a_featuremap_says_how_to_skip_it(workdir: Path) -> No
     )
 
 
+THREE_INPUTS = {
+    "input_name": "img; fm; idx",
+    "input_type_train": "rgb; featuremap; featuremap",
+    "input_layout_train": "NCHW; NCHW; NCHW",
+    "input_type_rt": "nv12; featuremap; featuremap",
+    "input_shape": "1x3x8x8; 1x4x8x8; 1x2",
+    "norm_type": "data_mean_and_scale; no_preprocess; no_preprocess",
+    "scale_value": "0.017;;",
+}
+
+
+def test_blank_fields_of_per_input_values_are_counted_as_written(workdir: Path) -> None:
+    """'mean_value: 123.675 116.28 103.53;;' for three inputs (hunt 13 N4) is three fields, the image's mean and
+    two left blank: it was refused as '2 value(s)', the last blank taken for a trailing separator."""
+    params = {**THREE_INPUTS, "mean_value": "123.675 116.28 103.53;;"}
+    cfg = load(workdir, {"input_parameters": params, "calibration_parameters": {"cal_data_dir": "cal; cal2; cal_f32"}})
+    assert [spec.mean for spec in cfg.inputs] == [[123.675, 116.28, 103.53], None, None]
+    assert [spec.scale for spec in cfg.inputs] == [[0.017], None, None]
+    # One field too many is told as the user wrote them, a trailing ';' left aside.
+    two_inputs = {"input_parameters": {"input_name": "a; b", "input_type_train": "rgb; rgb",
+                                       "input_layout_train": "NCHW; NCHW", "input_type_rt": "nv12; nv12",
+                                       "input_shape": DROP, "norm_type": DROP, "scale_value": DROP,
+                                       "mean_value": "1;2;3;"},
+                  "calibration_parameters": {"cal_data_dir": "cal; cal2"}}
+    assert_error(error_lines(workdir, two_inputs), "input_parameters",
+                 "'mean_value' has 3 value(s) but 'input_name' has 2")
+
+
 def test_cal_data_dir_count_mismatch(workdir: Path) -> None:
     assert_error(
         error_lines(workdir, {"calibration_parameters": {"cal_data_dir": "cal; cal2"}}),

@@ -194,3 +194,28 @@ def test_console_script_through_the_shell(dumped: Dumped, tmp_path: Path) -> Non
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and bad.stdout.count(" ERROR ") == 1 and "Traceback" not in bad.stdout + bad.stderr
     assert "Traceback" in (tmp_path / "hmct_debugger.log").read_text(), "the log keeps the details"
+
+
+def test_the_log_keeps_every_call(dumped: Dumped, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """hmct_debugger.log was replaced by every call in the folder: a failing call's traceback was gone after the
+    next call (hunt 13 N6). Each call now adds its lines below a header naming it; a log grown past its limit is
+    cut back to its last calls."""
+    log = tmp_path / "hmct_debugger.log"
+    code, _ = run("hmct-debugger plot-distribution calibrated_model.onnx calibration_data -n [x]", dumped, capsys)
+    assert code == 1
+    code, _ = run("hmct-debugger get-sensitivity-of-nodes calibrated_model.onnx calibration_data -n weight -d 1",
+                  dumped, capsys)
+    assert code == 0
+    text = log.read_text()
+    headers = [line for line in text.splitlines() if " DEBUG ===== hmct-debugger " in line]
+    assert len(headers) == 2 and "plot-distribution" in headers[0] and "-n '[x]'" in headers[0], headers
+    assert "get-sensitivity-of-nodes" in headers[1], headers
+    assert text.index("Traceback") < text.index(headers[1]), "the failing call's details stay"
+
+    old_call = "2026-01-01 00:00:00,000 DEBUG ===== hmct-debugger an old call =====\n"
+    log.write_text(old_call + "x\n" * 600_000 + old_call.replace("an old", "a recent") + "y\n")
+    code, _ = run("hmct-debugger get-sensitivity-of-nodes calibrated_model.onnx calibration_data -n weight -d 1",
+                  dumped, capsys)
+    text = log.read_text()
+    assert code == 0 and len(text) < 300_000 and "an old call" not in text, "cut back to its last calls"
+    assert text.startswith(old_call.replace("an old", "a recent")) and "get-sensitivity-of-nodes" in text

@@ -8,6 +8,7 @@ model does not have, with nothing pointing at the user's node.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from debug_support import Dumped, convert_with_dump
 
 import horizon_nn.debug as dbg
 from hbtools.cli.hb_mapper import main
+from hbtools.graph.origins import recorded_origins
 
 
 def _resize_and_linear() -> FloatModel:
@@ -120,3 +122,73 @@ def test_run_on_cpu_with_the_users_name_places_the_nodes_written_for_it(tmp_path
     cpu = [line for line in result.output.splitlines() if f"placed on the CPU by run_on_cpu / node_info: {hard_swish}"
            in line]
     assert {line.split()[1] for line in cpu} == {"HardSigmoid", "Mul"}, result.output[-3000:]
+
+
+def _transpose_before_layer_norm() -> FloatModel:
+    """Conv -> [1, 8, 16] -> Transpose -> LayerNorm as opset 11 writes it (ReduceMean, Sub, Pow, ...) -> MatMul ->
+    Transpose back -> Reshape -> Conv: the block of a torch model exported at opset 11 (hunt 14b D7)."""
+    g = _Graph(5)
+    c = g.op("Relu", [g.conv("data", 3, 8)])
+    t = g.op("Transpose", [g.op("Reshape", [c, g.const(np.array([1, 8, -1], np.int64), "shape")])], perm=[0, 2, 1])
+    mean = g.op("ReduceMean", [t], axes=[-1])
+    centred = g.op("Sub", [t, mean])
+    var = g.op("ReduceMean", [g.op("Pow", [centred, g.const(np.array(2.0, np.float32), "two")])], axes=[-1])
+    std = g.op("Sqrt", [g.op("Add", [var, g.const(np.array(1e-5, np.float32), "eps")])])
+    normed = g.op("Div", [centred, std])
+    scaled = g.op("Add", [g.op("Mul", [normed, g.const(np.ones(8, np.float32), "gamma")]),
+                          g.const(np.zeros(8, np.float32), "beta")])
+    w = g.const((g.rng.standard_normal((8, 8)) * 0.3).astype(np.float32), "w")
+    back = g.op("Transpose", [g.op("Add", [t, g.op("MatMul", [scaled, w])])], perm=[0, 2, 1])
+    y = g.conv(g.op("Reshape", [back, g.const(np.array([1, 8, 4, 4], np.int64), "shape")]), 8, 4)
+    return g.model({"data": [1, 3, 4, 4]}, [y], opset=11)
+
+
+def test_a_transpose_onnxruntime_moved_is_the_users_transpose(tmp_path: Path) -> None:
+    """onnxruntime pushes the Transpose before a LayerNorm past its Sub; the moved Transpose was recorded as
+    written for 'Sub_0', a node inside the LayerNorm (and then its name went to run_on_cpu's ERROR)."""
+    fm = _transpose_before_layer_norm()
+    users = {n.name: n.op_type for n in fm.model.graph.node}
+    project = make_project(tmp_path, fm, cal_count=2)
+    result = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output[-3000:]
+    optimized = onnx.load(str(next(tmp_path.glob("model_output/*_optimized_float_model.onnx"))))
+    origins = recorded_origins(optimized)
+    moved = [n.name for n in optimized.graph.node if n.op_type == "Transpose" and n.name not in users]
+    assert moved, "onnxruntime moved no Transpose: the model no longer shows the case"
+    for name in moved:
+        assert users.get(origins.get(name, name)) == "Transpose", (name, origins.get(name))
+
+
+TABLE_ROW = re.compile(r"^(\S+)\s+(BPU|CPU)\s+(id\(\d+\)|--)\s+(\S+)")
+
+
+def _table(output: str) -> list[tuple[str, ...]]:
+    start = output.index("The converted model node information")
+    end = output.index("\n20", start)  # the next log line
+    return [m.groups() for line in output[start:end].splitlines() if (m := TABLE_ROW.match(line))]
+
+
+def test_the_node_tables_name_the_users_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """makertbin's and the checker's node tables listed the optimizer's names ('Resize_0_edges',
+    'gemm_input_reshape', 'gemm_output_reshape'), which the user's model does not have. Now a node written as
+    several is one row under the user's name, typed by the part that computes."""
+    monkeypatch.chdir(tmp_path)
+    fm = _resize_and_linear()
+    users = {n.name for n in fm.model.graph.node} | {"HZ_PREPROCESS_FOR_data"}
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    made = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+    assert made.exit_code == 0, made.output[-3000:]
+    checked = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                                        str(tmp_path / "p" / "model.onnx")], catch_exceptions=False)
+    assert checked.exit_code == 0, checked.output[-3000:]
+    for output in (made.output, checked.output):
+        rows = _table(output)
+        names = [r[0] for r in rows]
+        assert set(names) <= users and len(names) == len(set(names)), rows
+        by_name = {r[0]: r for r in rows}
+        assert by_name["Resize_0"][3] == "HzSQuantizedConvTranspose", rows
+        assert by_name["MatMul_0"][3] != "Reshape", rows
+    optimized = onnx.load(str(next((tmp_path / "p").glob("model_output/*_optimized_float_model.onnx"))))
+    assert {"Resize_0_edges", "gemm_input_reshape"} <= {n.name for n in optimized.graph.node}, "the model's own names"

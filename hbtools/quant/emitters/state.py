@@ -58,6 +58,7 @@ class QuantizedResult:
     partition: Partition
     tensors: dict[str, QTensor] = field(default_factory=dict)  # float tensor name -> its integer form
     thresholds: dict[str, float] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)  # node -> the user's node it was written for
 
 
 class EmitState:
