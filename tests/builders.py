@@ -343,3 +343,15 @@ def make_project(root: Path, fm: FloatModel, *, march: str = "bayes-e", cal_coun
     project = Project(root, fm, config)
     project.write()
     return project
+
+
+def without_int16(monkeypatch: Any, op: str, march: str = "bayes-e") -> None:
+    """Make ``op`` an op without an int16 form on ``march`` for one test: no op of the shipped profiles lacks it
+    where the march has int16, but the plan and the search must keep such an op's grids int8."""
+    from dataclasses import replace
+
+    from hbtools.march import profiles
+
+    profile = profiles.PROFILES[march]
+    ops = {**profile.ops, op: replace(profile.ops[op], int16=False)}
+    monkeypatch.setitem(profiles.PROFILES, march, replace(profile, ops=ops))

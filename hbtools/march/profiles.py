@@ -96,9 +96,8 @@ _NOT_BATCH = (1, 2, 3, 4)
 _BAYES_OPS: dict[str, OpRule] = {
     "HzPreprocess": OpRule("HzPreprocess", ("preprocess",), ranks=(4, 4)),
     "Conv": OpRule("HzSQuantizedConv", ("conv",), ranks=(3, 5), kernel=15, stride=8, dilation=16, channels=8192),
-    # A float32 kernel over integers is exact only while sums stay below 2**24: int8 only.
     "ConvTranspose": OpRule("HzSQuantizedConvTranspose", ("conv",), ranks=(3, 5), kernel=14, stride=8,
-                            dilation=1, channels=8192, int16=False),
+                            dilation=1, channels=8192),
     "Gemm": OpRule("HzSQuantizedConv", ("conv",), ranks=(2, 2), channels=8192),
     "MatMul": OpRule("HzSQuantizedMatMul", ("conv", "matmul"), ranks=(2, 5)),
     "Add": OpRule("HzSQuantizedAdd", ("eltwise", "constant_eltwise", "lut")),
