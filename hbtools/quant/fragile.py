@@ -32,6 +32,10 @@ def fragile_nodes(model: ModelProto, calibrated: Collection[str]) -> list[str]:
     folded into a bias where no squaring precedes) is no case for the CPU, and moving the log alone
     there can make it read exact zeros."""
     producers = {o: n for n in model.graph.node for o in n.output if o}
+    readers: dict[str, list[NodeProto]] = {}
+    for n in model.graph.node:
+        for i in set(n.input):
+            readers.setdefault(i, []).append(n)
     constants = _constants(model)
     order = {n.name: k for k, n in enumerate(model.graph.node)}
     found: dict[str, None] = {}
@@ -40,6 +44,8 @@ def fragile_nodes(model: ModelProto, calibrated: Collection[str]) -> list[str]:
         if tensor is None:
             continue
         chain = _to_squares(tensor, producers, constants, 0, 0, set())
+        if chain and _normalises(node, chain, readers, constants):
+            continue
         if chain and any(o in calibrated for n in [node, *chain] for o in [*n.input, *n.output]):
             found.update(dict.fromkeys(n.name for n in sorted([node, *chain], key=lambda n: order[n.name])
                                        if n.op_type not in _MOVES))
@@ -67,6 +73,27 @@ def _to_squares(tensor: str, producers: dict[str, NodeProto], constants: dict[st
         if i and i not in constants:
             found += _to_squares(i, producers, constants, depth + 1, convs, seen) or []
     return [producer, *found] if found else None
+
+
+def _normalises(node: NodeProto, chain: list[NodeProto], readers: dict[str, list[NodeProto]],
+                constants: dict[str, TensorProto]) -> bool:
+    """Whether ``node`` divides a tensor by a root of the sum of its own squares (an L2 or RMS normalisation,
+    ``x / sqrt(mean(x * x))``): the quotient keeps the scale of neither, so a grid serves it. ``x / (x * x)``,
+    with no root between, is 1 / x, and stays such a chain."""
+    if not any(_root(n, constants) for n in chain):
+        return False
+    squared = {n.input[0] for n in chain if _squares(n, constants)}
+    if node.op_type == "Div":
+        numerators = [node.input[0]]
+    else:  # a reciprocal, read by products (the optimize stage writes a division so)
+        numerators = [i for r in readers.get(node.output[0], []) if r.op_type == "Mul" for i in r.input
+                      if i != node.output[0]]
+    return bool(numerators) and all(n in squared for n in numerators)
+
+
+def _root(node: NodeProto, constants: dict[str, TensorProto]) -> bool:
+    exponent = _exponent(node, constants)
+    return node.op_type == "Sqrt" or (exponent is not None and bool(np.all((exponent > 0) & (exponent < 1))))
 
 
 def _constants(model: ModelProto) -> dict[str, TensorProto]:

@@ -91,3 +91,26 @@ def test_a_log_mel_chain_takes_the_filterbank_and_the_users_names(tmp_path: Path
     out = convert_featuremaps(tmp_path, model, {"x": samples}, "1x1x256x1", "float32", "m")
     [warning] = [line for line in out.splitlines() if "WARNING even with every activation int16" in line]
     assert "run_on_cpu: ['square', 'mel', 'log', 'add_eps', 'divide']" in warning, warning
+
+
+def test_a_normalisation_is_no_such_chain() -> None:
+    """An L2 normalisation of an embedding (x / sqrt(sum(x * x)), F.normalize written as ONNX ops, and the same as
+    a reciprocal and a product) divides by a root of its own squares: the quotient is bounded. The WARNING named
+    it (Resemblyzer's speaker encoder: run_on_cpu: ['/ReduceL2', '/Div'], which changed nothing; hunt 15 D1)."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 4, 1, 1)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([1], np.int64), "axes"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    for form in ("div", "reciprocal", "pow"):
+        root = helper.make_node("Pow", ["sum", "half"], ["norm"], name="norm") if form == "pow" else \
+            helper.make_node("Sqrt", ["sum"], ["norm"], name="norm")
+        tail = [helper.make_node("Reciprocal", ["norm"], ["inv"], name="inverse"),
+                helper.make_node("Mul", ["emb", "inv"], ["y"], name="divide")] if form == "reciprocal" else \
+            [helper.make_node("Div", ["emb", "norm"], ["y"], name="divide")]
+        nodes = [helper.make_node("Conv", ["x", "w"], ["emb"], name="embed"),
+                 helper.make_node("Mul", ["emb", "emb"], ["sq"], name="square"),
+                 helper.make_node("ReduceSum", ["sq", "axes"], ["sum"], name="sum", keepdims=1), root, *tail]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 1, 1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        assert fragile_nodes(model, {o for n in model.graph.node for o in n.output}) == [], form
