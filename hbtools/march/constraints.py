@@ -12,6 +12,7 @@ import math
 import numpy as np
 from onnx import NodeProto
 
+from hbtools.graph.bpu_forms.convs import MAX_PIECES
 from hbtools.graph.graph import GraphView
 from hbtools.march.profiles import MarchProfile, OpRule
 
@@ -115,6 +116,21 @@ def _kernel(node: NodeProto, view: GraphView) -> list[int]:
     return list(w.shape[2:]) if w is not None else []
 
 
+def _too_many_pieces(node: NodeProto, rule: OpRule, view: GraphView) -> str:
+    """Why a Conv whose kernel alone is too long was not cut into pieces the BPU takes (``convs_in_kernel_pieces``):
+    it would take more than ``MAX_PIECES`` (PESTO's 1040 taps: 70). Empty where that is not the reason."""
+    a = view.attrs(node)
+    taps = _kernel(node, view)
+    if node.op_type != "Conv" or rule.kernel is None or not taps or any(
+            limit is not None and values and max(values) > limit
+            for limit, values in ((rule.stride, a.get("strides", [])), (rule.dilation, a.get("dilations", [])))):
+        return ""
+    pieces = math.prod(-(-t // rule.kernel) for t in taps)
+    if pieces <= MAX_PIECES:
+        return ""
+    return f" (cut into pieces it takes, it would be {pieces} convolutions, more than the {MAX_PIECES} hbtools makes)"
+
+
 def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProfile) -> str | None:
     """The first constraint of ``rule`` that ``node`` breaks on ``profile``, as a sentence."""
     op, where = node.op_type, f"the BPU of {profile.label}"
@@ -141,7 +157,7 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
                                          ("dilation", rule.dilation, a.get("dilations", [])))
               if limit is not None and values and max(values) > limit]
     if broken:
-        return f"{op} {' and '.join(broken)}, the largest {where} takes"
+        return f"{op} {' and '.join(broken)}, the largest {where} takes{_too_many_pieces(node, rule, view)}"
     if rule.channels is not None:
         ch = _channels(node, view)
         # More output channels than the limit run as several convolutions (``output_parts``).

@@ -142,3 +142,19 @@ def test_the_pieces_of_a_long_conv_behind_a_cpu_node_share_one_crossing(tmp_path
     got = HB_ONNXRuntime(model_file=str(path)).run(None, {"x": x})[0]
     cos = float(np.dot(ref.ravel(), got.ravel()) / np.linalg.norm(ref) / np.linalg.norm(got))
     assert cos >= 0.99, cos
+
+
+def test_a_kernel_too_long_for_pieces_says_so() -> None:
+    """PESTO's pitch estimator opens with a 1040-tap Conv: 70 pieces of 15 taps, more than are made, so it stays
+    on the CPU; the reason said only 'kernel [1040] exceeds 15' while the same log told of longer kernels cut
+    into pieces (hunt 15 D4)."""
+    from onnx import shape_inference
+
+    from hbtools.quant.units import build_partition
+
+    model = shape_inference.infer_shapes(_conv_model([1, 1, 1, 2048], 4, [1, 1040], [1, 1], [0, 0, 0, 0]))
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    unit = build_partition(optimized, get_profile("bayes-e"), {}).unit_of_node["conv"]
+    assert unit.on == "CPU"
+    assert unit.reason == ("Conv kernel [1, 1040] exceeds 15, the largest the BPU of bayes-e (RDK X5) takes (cut "
+                           "into pieces it takes, it would be 70 convolutions, more than the 64 hbtools makes)")
