@@ -23,7 +23,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView
-from hbtools.graph.model_io import default_opset
+from hbtools.graph.model_io import default_opset, read_json_metadata, write_json_metadata
 from hbtools.march.profiles import MarchProfile
 
 log = logging.getLogger("hbtools")
@@ -92,6 +92,20 @@ def gates_fit(profile: MarchProfile) -> bool:
     """Whether the BPU of ``profile`` computes an unrolled step's gates, element-wise ops on [batch, hidden]."""
     rules = [profile.rule(op) for op in ("Mul", "Add", "Sigmoid", "Tanh")]
     return all(rule is not None and rule.ranks[0] <= 2 <= rule.ranks[1] for rule in rules)
+
+
+UNROLLED_KEY = "hbtools.unrolled_layers"
+
+
+def record_unrolled(model: ModelProto, names: list[str]) -> None:
+    """Keep in ``model`` the names of the recurrent layers the optimize stage unrolled (``unrolled_layers``)."""
+    if names:
+        write_json_metadata(model, UNROLLED_KEY, sorted(names))
+
+
+def unrolled_layers(model: ModelProto) -> list[str]:
+    """The recurrent layers (LSTM / GRU, by the user's names) the optimize stage unrolled over their time steps."""
+    return list(read_json_metadata(model, UNROLLED_KEY) or [])
 
 
 @dataclass

@@ -20,7 +20,7 @@ from hbtools.graph.constant_terms import Tails
 from hbtools.graph.graph import GraphView
 from hbtools.quant import weight_rounding
 from hbtools.quant.bias_correction import CORRECTABLE, correct_biases
-from hbtools.quant.fragile import fragile_nodes, run_on_cpu_text
+from hbtools.quant.fragile import float_advice
 from hbtools.quant.plan import (
     ActivationPoint,
     CalibrationPlan,
@@ -137,19 +137,19 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
             with times.step("method search"):
                 thresholds, methods = evaluator.refine(thresholds, candidates, best)
                 best = evaluator.score(thresholds)
-        def fragile() -> list[str]:  # only when a WARNING names them
-            return fragile_nodes(optimized, {p.tensor for p in plan.activations})
+        def advice(weights: bool) -> str:  # only when a WARNING names them
+            return float_advice(optimized, {p.tensor for p in plan.activations}, weights)
 
         if not allow_int16 and best < ALL_INT16_FLOOR:  # (with int16, the int16 search says what it finds)
             log.warning("with every activation on an int8 grid (this BPU has no int16) the output cosine on the "
                         "calibration samples is only %.4f; hmct-debugger's node sensitivity names the nodes that "
-                        "lose most, and run_on_cpu keeps them in float.%s", best, run_on_cpu_text(fragile()))
+                        "lose most, and run_on_cpu keeps them in float.%s", best, advice(False))
         if allow_int16:
             noise = {p.tensor: relative_noise(collector.stats[p.tensor], thresholds[p.tensor], p.bits)
                      for p in plan.activations}
             with times.step("int16 search"):
                 int16, thresholds = evaluator.promote_to_int16(thresholds, candidates["max"], best, noise,
-                                                               weights_only=weights_only, fragile=fragile)
+                                                               weights_only=weights_only, advice=advice)
             plan = plan.with_bits(int16)
             methods.update({t: "max" for t in int16})
     else:

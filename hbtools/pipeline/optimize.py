@@ -44,7 +44,7 @@ from hbtools.graph.layer_norm import fuse_layer_norms
 from hbtools.graph.masks import MASKED_LOGIT, constant_masks, masked_logits_clamped
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.graph.origins import OriginTrace, record_origins
-from hbtools.graph.recurrent import RECURRENT_OPS, unroll_recurrences
+from hbtools.graph.recurrent import RECURRENT_OPS, record_unrolled, unroll_recurrences
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
@@ -116,9 +116,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
                  "gathers and sums) written as a matrix product per axis", indexed, "" if indexed == 1 else "s")
     # those whose weights onnxruntime has folded now
     unroll_recurrences(body, placed, everything=all_bpu, profile=profile)
-    unrolled = recurrent - _recurrent_nodes(body)
-    if unrolled:
-        log.info("%d recurrent layers (LSTM / GRU) unrolled over their time steps", unrolled)
+    left = _recurrent_nodes(body)
+    if len(left) < len(recurrent):
+        log.info("%d recurrent layers (LSTM / GRU) unrolled over their time steps", len(recurrent) - len(left))
+        record_unrolled(body, [name for name in recurrent if name and name not in left])
     fused = fuse_layer_norms(body)
     if fused:
         log.info("%d layer normalizations written as one HzLayerNorm node each", fused)
@@ -338,8 +339,9 @@ def _with_preprocess(body: ModelProto, pre_nodes: list, inputs: list, source: Mo
     return out
 
 
-def _recurrent_nodes(model: ModelProto) -> int:
-    return sum(n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node)
+def _recurrent_nodes(model: ModelProto) -> list[str]:
+    """The names of the model's LSTM / GRU nodes (one per node: unnamed ones count too)."""
+    return [n.name for n in model.graph.node if n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx")]
 
 
 def _function_ops(model: ModelProto) -> set[str]:

@@ -1,4 +1,5 @@
-"""The nodes an integer grid typically cannot serve: a log or division of values spanning many decades.
+"""The nodes an integer grid typically cannot serve: a log or division of values spanning many decades, and
+recurrent layers unrolled over their time steps.
 
 A power spectrum (|STFT|², a mel filterbank of it) holds values from about 1e-10 to 1e4: even a 16-bit grid
 over that range puts the quiet bins on 0, and their log or reciprocal is then off by tens of dB. When the
@@ -16,6 +17,7 @@ from onnx import ModelProto, NodeProto, TensorProto, numpy_helper
 
 from hbtools.graph.constant_terms import CARRIES
 from hbtools.graph.origins import recorded_origins, user_node
+from hbtools.graph.recurrent import unrolled_layers
 
 # Ops that move data without computing: on the CPU between CPU nodes they follow by themselves.
 _MOVES = {*CARRIES, "Pad", "Cast"}
@@ -127,6 +129,21 @@ def _squares(node: NodeProto, constants: dict[str, TensorProto]) -> bool:
         return True
     exponent = _exponent(node, constants)
     return exponent is not None and bool(np.all(exponent >= 2))
+
+
+def float_advice(model: ModelProto, calibrated: Collection[str], weights: bool = False) -> str:
+    """The WARNING's suggestion of nodes to keep in float, when no grid brings the output near float: a log /
+    division chain (``fragile_nodes``), and the recurrent layers unrolled over their time steps, whose int8
+    weights' error comes back at every step (Resemblyzer's 64-step LSTM: embeddings at cosine 0.911 on the BPU,
+    0.988 with the layer on the CPU). ``weights``: the loss is known to be in the weights' grids, where the
+    layers come first and the chain only may add to it."""
+    chain = fragile_nodes(model, calibrated)
+    layers = unrolled_layers(model)
+    recurrent = run_on_cpu_text(layers, "Here that is most likely the recurrence unrolled over its time steps "
+                                        "(its int8 weights' error comes back at every step)")
+    if weights:
+        return recurrent + run_on_cpu_text(chain, "A log / division chain may lose accuracy too")
+    return run_on_cpu_text(chain) if chain else recurrent
 
 
 def run_on_cpu_text(names: list[str], lead: str = "Here that is most likely this log / division chain") -> str:

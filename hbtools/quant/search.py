@@ -27,7 +27,6 @@ from hbtools.errors import HbError
 from hbtools.graph.constant_terms import MOVES, Tails
 from hbtools.graph.graph import GraphView, elements, is_static, itemsize, outer_references
 from hbtools.metrics import cosine_of_products, products
-from hbtools.quant.fragile import run_on_cpu_text
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
 from hbtools.runs.progress import progress
 from hbtools.runtime.custom_session import CustomOpSession
@@ -699,7 +698,7 @@ class Evaluator:
     def promote_to_int16(self, thresholds: dict[str, float], max_thresholds: dict[str, float], score: float,
                          noise: dict[str, float], *, target: float = PROMOTE_TARGET,
                          weights_only: float | None = None,
-                         fragile: Callable[[], list[str]] | None = None) -> tuple[dict[str, int], dict[str, float]]:
+                         advice: Callable[[bool], str] | None = None) -> tuple[dict[str, int], dict[str, float]]:
         """Mixed precision: int16 only where the int8 grid costs the output.
 
         Start from every tensor at int16, then move tensors back to int8, least sensitive
@@ -739,14 +738,13 @@ class Evaluator:
                         "weights' int8 grids (GPTQ and bias correction kept what they could); hmct-debugger's "
                         "weight sensitivity (node_type weight) names the layers, and a model trained for "
                         "quantization (QAT, calibration_type load) keeps its accuracy.%s", best16, weights_only,
-                        run_on_cpu_text(fragile() if fragile else [], "A log / division chain may lose accuracy "
-                                                                       "too"))
+                        advice(True) if advice else "")
         elif best16 < ALL_INT16_FLOOR:
             log.warning("even with every activation int16 the output cosine on the calibration samples is only %.4f: "
                         "the BPU's integer grids cannot hold some of this model's values (typically a Log, Pow or "
                         "division of values spanning many decades, such as a log-power spectrum computed in the "
                         "model); hmct-debugger's node sensitivity names the nodes, and run_on_cpu keeps them in "
-                        "float.%s", best16, run_on_cpu_text(fragile() if fragile else []))
+                        "float.%s", best16, advice(False) if advice else "")
         gain = self.units - int8
         if np.all(gain <= 0):
             return {}, dict(thresholds)
