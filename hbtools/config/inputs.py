@@ -38,9 +38,12 @@ def _per_input(
 ) -> list[Any]:
     if values is None:
         return [None] * n
+    values_once = trailing_separator_dropped(values)
+    if broadcast and len(values_once) == 1:  # 'NHWC;': one value for every input, as without the ';'
+        return values_once * n
     if len(fitted := trailing_separator_dropped(values, n)) == n:
         return fitted
-    values = trailing_separator_dropped(values)
+    values = values_once
     if trailing_optional and len(values) < n:  # the inputs left out take the model's own (static) shape
         return [*values, *([None] * (n - len(values)))]
     if broadcast and len(values) == 1:

@@ -21,7 +21,7 @@ from hbtools.graph.constant_terms import MOVES
 from hbtools.graph.contrib import why_kept
 from hbtools.graph.graph import GraphView, elements, is_static, outer_references
 from hbtools.graph.origins import written_as
-from hbtools.graph.recurrent import RECURRENT_OPS
+from hbtools.graph.recurrent import RECURRENT_OPS, gates_fit
 from hbtools.march.constraints import constant_operand_shape, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
 from hbtools.ops import custom, registry
@@ -217,6 +217,9 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         return _cpu(node, acts, why_kept(node, view.model))
     rule = profile.rule(op) if node.domain in ("", "ai.onnx", DOMAIN) else None
     if rule is None and op in RECURRENT_OPS and node.domain in ("", "ai.onnx"):
+        if not gates_fit(profile):  # unrolling would not help: node_info ON: BPU is no advice here
+            return _cpu(node, acts, f"{op} stays one node: unrolled over its time steps, the gates of each step "
+                                    f"would be 2-D tensors, which the BPU of {profile.label} does not take")
         return _cpu(node, acts, f"{op} stays one node unless unrolled over its time steps (the log of the optimize "
                                 "stage says why it was not; node_info ON: BPU unrolls a long one)")
     if rule is None:

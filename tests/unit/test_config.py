@@ -1334,6 +1334,19 @@ def test_blank_fields_of_per_input_values_are_counted_as_written(workdir: Path) 
                  "'mean_value' has 3 value(s) but 'input_name' has 2")
 
 
+def test_a_single_value_with_a_trailing_separator_is_every_inputs(workdir: Path) -> None:
+    """'NHWC;' for two inputs is one value for both, as without the ';': keeping the blank as a second field left
+    the second input's layout unset (NCHW in the .bin), and 'float32;' refused a config that converted before."""
+    two_inputs = {"input_parameters": {"input_name": "a; b", "input_type_train": "rgb; rgb",
+                                       "input_layout_train": "NCHW; NCHW", "input_type_rt": "rgb; rgb",
+                                       "input_layout_rt": "NHWC;", "input_shape": DROP, "norm_type": DROP,
+                                       "scale_value": DROP, "mean_value": DROP},
+                  "calibration_parameters": {"cal_data_dir": "cal; cal2", "cal_data_type": "float32;"}}
+    cfg = load(workdir, two_inputs)
+    assert [spec.layout_rt for spec in cfg.inputs] == ["NHWC", "NHWC"]
+    assert [spec.cal_data_type for spec in cfg.inputs] == ["float32", "float32"]
+
+
 def test_cal_data_dir_count_mismatch(workdir: Path) -> None:
     assert_error(
         error_lines(workdir, {"calibration_parameters": {"cal_data_dir": "cal; cal2"}}),
