@@ -22,6 +22,7 @@ from hbtools.graph.contrib import why_kept
 from hbtools.graph.graph import GraphView, elements, is_static, outer_references
 from hbtools.graph.origins import written_as
 from hbtools.graph.recurrent import RECURRENT_OPS, gates_fit
+from hbtools.log import first_of
 from hbtools.march.constraints import constant_operand_shape, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
 from hbtools.ops import custom, registry
@@ -450,8 +451,17 @@ def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool
         if not names and warn:
             log.warning("node_info / run_on_%s names node %s, which is not in the optimized model (removed or "
                         "fused by optimization?); ignored", info.on.lower(), given)
-        for name in dict.fromkeys(names):  # reasons name the node as the user gave it
-            _place(part.unit_of_node[name], given, info, warn, forced)
+        units = list({id(u): u for u in (part.unit_of_node[name] for name in names)}.values())
+        for unit in units:  # reasons name the node as the user gave it
+            _place(unit, given, info, warn, forced)
+        staying = [u for u in units if info.on == "BPU" and u.on == "CPU"]
+        if staying and warn:  # one line per name: an unrolled LSTM put on X3's BPU has hundreds of parts
+            reasons = first_of(list(dict.fromkeys(u.reason for u in staying)), 2)
+            if len(units) == 1:
+                log.warning("node %s cannot run on the BPU (%s); it stays on the CPU", given, reasons)
+            else:
+                log.warning("node %s cannot run on the BPU in %d of the %d parts the optimize stage wrote for it "
+                            "(%s); they stay on the CPU", given, len(staying), len(units), reasons)
     return forced
 
 
@@ -466,12 +476,8 @@ def _place(unit: Unit, name: str, info: NodeInfo, warn: bool, forced: set[int]) 
         # The placement is the reason given: a reason found without it can be wrong (a Div of two tensors the
         # optimize stage would have written in a BPU form, which it leaves alone where the user placed it).
         unit.reason = _placed(unit, name)
-    elif info.on == "BPU":
-        if unit.on == "CPU":
-            if warn:
-                log.warning("node %s cannot run on the BPU (%s); it stays on the CPU", name, unit.reason)
-        else:
-            forced.add(id(unit))
+    elif info.on == "BPU" and unit.on == "BPU":  # one that cannot is said once per name (_apply_overrides)
+        forced.add(id(unit))
 
 
 def _join_outputs_in_float(part: Partition, view: GraphView, forced: set[int]) -> None:

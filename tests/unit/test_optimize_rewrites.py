@@ -843,6 +843,21 @@ def test_recurrent_layers_stay_whole_where_the_bpu_cannot_compute_their_gates(tm
     assert unroll_recurrences(copy.deepcopy(model), profile=get_profile("bayes-e")) == 1
     assert unroll_recurrences(copy.deepcopy(model), {"rnn": "BPU"}, profile=x3) == 1
     assert unroll_recurrences(copy.deepcopy(model), profile=x3) == 0
+    # Put on the BPU, the layer is unrolled; the gates still cannot go there, and that is said once, not per part.
+    from hbtools.config.model import NodeInfo
+    from hbtools.quant.units import build_partition
+
+    placed = optimize.run(onnx.shape_inference.infer_shapes(model), x3, placed={"rnn": "BPU"})
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("hbtools").addHandler(handler)
+    try:
+        build_partition(placed, x3, {"rnn": NodeInfo(on="BPU")})
+    finally:
+        logging.getLogger("hbtools").removeHandler(handler)
+    said = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and said[0].startswith("node rnn cannot run on the BPU in "), said
     # Batch-first layers are unrolled there all the same: onnxruntime has no kernel to run them whole.
     batch_first = _recurrent_model("GRU", "forward", 1, 14, bias=True, initial=False)
     assert unroll_recurrences(batch_first, profile=x3) == 1
