@@ -38,6 +38,19 @@ EXACT = (*ARITHMETIC, *CARRIES, "Resize", "Upsample", "Pad", "Cast")
 _EXACT_HZ = ("HzPreprocess", "HzCalibration")
 
 
+def constant_tensors(model: ModelProto) -> set[str]:
+    """The tensors computed from initializers alone, a weight's HzCalibration included: a calibrated model
+    has the same constants as the float model it was built from (and their grids)."""
+    constant = {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        ins = [i for i in node.input if i]
+        standard = node.domain in _STANDARD
+        if (standard and node.op_type == "Constant") or (ins and all(i in constant for i in ins) and (
+                standard or node.op_type == "HzCalibration")):
+            constant.update(node.output)
+    return constant
+
+
 class Tails:
     """The arithmetic tails of a model's tensors (see the module's text)."""
 
@@ -45,13 +58,7 @@ class Tails:
         self.model = model
         self.producer = {o: n for n in model.graph.node for o in n.output}
         self.inits = {t.name: t for t in model.graph.initializer}
-        self.constant = set(self.inits)  # tensors computed from initializers alone
-        for node in model.graph.node:
-            ins = [i for i in node.input if i]
-            standard = node.domain in _STANDARD
-            if (standard and node.op_type == "Constant") or (ins and all(i in self.constant for i in ins) and (
-                    standard or node.op_type == "HzCalibration")):
-                self.constant.update(node.output)
+        self.constant = constant_tensors(model)
         self._view: GraphView | None = None
         # Tensors computed from the model inputs (and constants) by weight-free ops alone.
         self.exact = {i.name for i in model.graph.input if i.name not in self.inits}

@@ -24,7 +24,7 @@ import numpy as np
 from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.errors import HbError
-from hbtools.graph.constant_terms import MOVES, Tails
+from hbtools.graph.constant_terms import MOVES, Tails, constant_tensors
 from hbtools.graph.graph import GraphView, elements, is_static, itemsize, outer_references
 from hbtools.metrics import cosine_of_products, products
 from hbtools.quant.fragile import run_on_cpu_text
@@ -150,9 +150,11 @@ def scored_outputs(model: ModelProto) -> list[str]:
     the quantized one: where two candidates score alike (the many near-zero scores of a detector)
     the order flips, and the cosine compares unrelated boxes. A YOLO26 head's top-300 list scored
     0.34 for every calibration method, so the search chose by noise. The tensors it picks from keep
-    their places. Found the same way in a float and in a calibrated model (through HzCalibration)."""
+    their places. Found the same way in a float and in a calibrated model (through HzCalibration): a
+    weight read after the pick is no source in either (its grid made it look computed in the calibrated
+    one). Each tensor is listed once (a DETR's scores and boxes pick from the same tensors)."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    types = None
+    types = constant = None
 
     def upstream(test: Callable[[NodeProto], bool]) -> Callable[[str], bool]:
         """Whether a node passing ``test`` makes a tensor or anything it is computed from."""
@@ -197,13 +199,14 @@ def scored_outputs(model: ModelProto) -> list[str]:
             seen.add(t)
             reads = [i for i in dict.fromkeys([*producer[t].input, *outer_references(producer[t])]) if i]
             for i in reads:
-                if not has_pick(i) and i in producer and producer[i].op_type != "Constant" and i not in sources:
+                if not has_pick(i) and i in producer:
                     types = types if types is not None else GraphView(model).elem_types
-                    if types.get(i, TensorProto.FLOAT) in _FLOATS:
+                    constant = constant if constant is not None else constant_tensors(model)
+                    if i not in constant and types.get(i, TensorProto.FLOAT) in _FLOATS:
                         sources.append(i)
             stack.extend(i for i in reversed(reads) if has_pick(i))
         names.extend(sources or [out.name])
-    return names
+    return list(dict.fromkeys(names))
 
 
 def _decides_inside(node: NodeProto) -> bool:
