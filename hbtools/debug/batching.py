@@ -70,14 +70,21 @@ def _unique(name: str, taken: dict) -> str:
 
 
 def batch_shape(shape: list[int | None] | None) -> list[int | str | None] | None:
-    """A stage input's declared shape: the leading dimension is left free.
+    """A stage input's declared shape: the leading dimension is left free, named by its size in one sample.
 
     It holds the batch, or the batch times some rows where the model folded the batch
-    into them (``Reshape`` to rows x features).
+    into them (``Reshape`` to rows x features): stacked, equal sizes stay equal and unequal ones
+    unequal. onnxruntime takes tensors of one dimension name for tensors of one size and may hand
+    one's buffer to the other: a cross-attention's 100 query rows and 1600 memory rows, both named
+    "batch", stopped every run ("Shape mismatch attempting to re-use buffer"). A leading size not
+    known gets no name.
     """
     if not shape:
         return shape
-    return [BATCH_DIM, *shape[1:]]
+    lead = shape[0]
+    if not isinstance(lead, int):
+        return [None, *shape[1:]]
+    return [BATCH_DIM if lead == 1 else f"{BATCH_DIM}x{lead}", *shape[1:]]
 
 
 def stack(samples: Sequence[Sample]) -> Sample:

@@ -36,6 +36,20 @@ _STANDARD = ("", "ai.onnx")
 # preprocessing and resizes of it): what the tail reads of the input through them needs no weights.
 EXACT = (*ARITHMETIC, *CARRIES, "Resize", "Upsample", "Pad", "Cast")
 _EXACT_HZ = ("HzPreprocess", "HzCalibration")
+_CONSTANT_GRIDS = ("HzCalibration", "HzBiasCalibration")  # a constant's grid is a constant
+
+
+def constant_tensors(model: ModelProto) -> set[str]:
+    """The tensors computed from initializers alone, a weight's HzCalibration and a bias's HzBiasCalibration
+    included: a calibrated model has the same constants as the float model it was built from (and their grids)."""
+    constant = {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        ins = [i for i in node.input if i]
+        standard = node.domain in _STANDARD
+        if (standard and node.op_type == "Constant") or (ins and all(i in constant for i in ins) and (
+                standard or node.op_type in _CONSTANT_GRIDS)):
+            constant.update(node.output)
+    return constant
 
 
 class Tails:
@@ -45,13 +59,7 @@ class Tails:
         self.model = model
         self.producer = {o: n for n in model.graph.node for o in n.output}
         self.inits = {t.name: t for t in model.graph.initializer}
-        self.constant = set(self.inits)  # tensors computed from initializers alone
-        for node in model.graph.node:
-            ins = [i for i in node.input if i]
-            standard = node.domain in _STANDARD
-            if (standard and node.op_type == "Constant") or (ins and all(i in self.constant for i in ins) and (
-                    standard or node.op_type == "HzCalibration")):
-                self.constant.update(node.output)
+        self.constant = constant_tensors(model)
         self._view: GraphView | None = None
         # Tensors computed from the model inputs (and constants) by weight-free ops alone.
         self.exact = {i.name for i in model.graph.input if i.name not in self.inits}

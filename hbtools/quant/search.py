@@ -24,7 +24,7 @@ import numpy as np
 from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.errors import HbError
-from hbtools.graph.constant_terms import MOVES, Tails
+from hbtools.graph.constant_terms import MOVES, Tails, constant_tensors
 from hbtools.graph.graph import GraphView, elements, is_static, itemsize, outer_references
 from hbtools.metrics import cosine_of_products, products
 from hbtools.quant.plan import CalibrationPlan, build_calibrated_model
@@ -149,9 +149,15 @@ def scored_outputs(model: ModelProto) -> list[str]:
     the quantized one: where two candidates score alike (the many near-zero scores of a detector)
     the order flips, and the cosine compares unrelated boxes. A YOLO26 head's top-300 list scored
     0.34 for every calibration method, so the search chose by noise. The tensors it picks from keep
-    their places. Found the same way in a float and in a calibrated model (through HzCalibration)."""
+    their places.
+
+    A calibrated model gives as many tensors as its float model, in the same order (the searches score
+    the one against the other's values): a weight or bias read after the pick is no source in either
+    (its grid made it look computed in the calibrated one), and a tensor the pick reads through its
+    HzCalibration stands there as that node's output, the value the pick reads. Each tensor is listed
+    once (a DETR's scores and boxes pick from the same tensors)."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    types = None
+    types = constant = None
 
     def upstream(test: Callable[[NodeProto], bool]) -> Callable[[str], bool]:
         """Whether a node passing ``test`` makes a tensor or anything it is computed from."""
@@ -180,10 +186,11 @@ def scored_outputs(model: ModelProto) -> list[str]:
     has_pick = upstream(lambda n: n.domain in ("", "ai.onnx") and (
         n.op_type in _SELECTIONS or (n.op_type in _GATHERS and decided(n.input[1])) or _decides_inside(n)))
 
-    names: list[str] = []
+    outputs = {o.name for o in model.graph.output}  # a calibrated model's outputs keep the float model's names
+    names: dict[str, str] = {}  # by the float model's name
     for out in model.graph.output:
         if not has_pick(out.name):
-            names.append(out.name)
+            names.setdefault(out.name, out.name)
             continue
         # Walk up through the tensors made by picks; the tensors they read that no pick made are
         # what the output holds values of (the int ones only say where).
@@ -196,13 +203,21 @@ def scored_outputs(model: ModelProto) -> list[str]:
             seen.add(t)
             reads = [i for i in dict.fromkeys([*producer[t].input, *outer_references(producer[t])]) if i]
             for i in reads:
-                if not has_pick(i) and i in producer and producer[i].op_type != "Constant" and i not in sources:
+                if not has_pick(i) and i in producer:
                     types = types if types is not None else GraphView(model).elem_types
-                    if types.get(i, TensorProto.FLOAT) in _FLOATS:
+                    constant = constant if constant is not None else constant_tensors(model)
+                    if i not in constant and types.get(i, TensorProto.FLOAT) in _FLOATS:
                         sources.append(i)
             stack.extend(i for i in reversed(reads) if has_pick(i))
-        names.extend(sources or [out.name])
-    return names
+        for name in sources or [out.name]:
+            names.setdefault(name if name in outputs else _uncalibrated(producer, name), name)
+    return list(names.values())
+
+
+def _uncalibrated(producer: dict[str, NodeProto], name: str) -> str:
+    """What the HzCalibration making ``name`` calibrates, else ``name``: a tensor's name in the float model."""
+    node = producer.get(name)
+    return node.input[0] if node is not None and node.op_type == "HzCalibration" else name
 
 
 def _decides_inside(node: NodeProto) -> bool:
@@ -243,8 +258,7 @@ def _maker_of(model: ModelProto) -> Callable[[str], NodeProto | None]:
     producer = {o: n for n in model.graph.node for o in n.output}
 
     def maker(name: str) -> NodeProto | None:
-        node = producer.get(name)
-        return producer.get(node.input[0]) if node is not None and node.op_type == "HzCalibration" else node
+        return producer.get(_uncalibrated(producer, name))
 
     return maker
 
@@ -280,9 +294,8 @@ def output_pieces(model: ModelProto) -> list[Pieces | None]:
     producer = {o: n for n in model.graph.node for o in n.output}
     inits = {t.name: t for t in model.graph.initializer}
 
-    def source(name: str) -> str:  # what an HzCalibration node calibrates, else the name itself
-        node = producer.get(name)
-        return node.input[0] if node is not None and node.op_type == "HzCalibration" else name
+    def source(name: str) -> str:
+        return _uncalibrated(producer, name)
 
     shapes: dict | None = None
     found: list[Pieces | None] = []

@@ -10,12 +10,17 @@ made every tensor int16.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
+import pytest
+from builders import FloatModel, make_project
 from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline import optimize
+from hbtools.pipeline.runner import makertbin
 from hbtools.quant.plan import make_plan, weight_thresholds
 from hbtools.quant.search import Evaluator, scored_tensors
 from hbtools.quant.units import build_partition
@@ -154,3 +159,61 @@ def test_an_argmax_output_is_scored_on_the_logits_it_reads() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     assert set(scored_tensors(optimize.run(model))) == {"logits"}  # both outputs: the index map, its decoding
+
+
+def _query_selection() -> FloatModel:
+    """An RT-DETR's query selection: the 10 tokens (a Linear's output) of the best class score (TopK,
+    GatherElements at its indices), then a Linear on the picked queries (the box head) beside their scores."""
+    rng = np.random.default_rng(2)
+
+    def ints(values: list[int], name: str) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.array(values, np.int64), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2],
+                              name="backbone"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "flat"], ["rows"], name="flatten"),
+             helper.make_node("Transpose", ["rows"], ["pixels"], perm=[0, 2, 1], name="pixels"),
+             helper.make_node("MatMul", ["pixels", "w_embed"], ["embedded"], name="embed"),
+             helper.make_node("LayerNormalization", ["embedded", "ln_scale", "ln_bias"], ["tokens"], axis=-1,
+                              name="norm"),
+             helper.make_node("ReduceMax", ["tokens"], ["best"], axes=[2], keepdims=0, name="best"),
+             helper.make_node("TopK", ["best", "k"], ["top", "idx"], axis=1, name="topk"),
+             helper.make_node("Unsqueeze", ["idx", "last"], ["idx3"], name="idx3"),
+             helper.make_node("Tile", ["idx3", "reps"], ["idx8"], name="idx8"),
+             helper.make_node("GatherElements", ["tokens", "idx8"], ["queries"], axis=1, name="queries"),
+             helper.make_node("Sigmoid", ["queries"], ["scores"], name="scores"),
+             helper.make_node("MatMul", ["queries", "w_box"], ["box_rows"], name="box_head"),
+             helper.make_node("Add", ["box_rows", "b_box"], ["boxes"], name="box_bias")]
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (8, 8)).astype(np.float32), "w_embed"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w_box"),
+             numpy_helper.from_array(rng.normal(0, 0.3, 4).astype(np.float32), "b_box"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "ln_scale"),
+             numpy_helper.from_array(rng.normal(0, 0.2, 8).astype(np.float32), "ln_bias"),
+             ints([1, 8, 64], "flat"), ints([10], "k"), ints([2], "last"), ints([1, 1, 8], "reps")]
+    graph = helper.make_graph(nodes, "query_selection",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 10, 8]),
+                               helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 10, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return FloatModel(onnx.shape_inference.infer_shapes(model), {"x": [1, 3, 16, 16]})
+
+
+@pytest.mark.parametrize("calibration_type", ["default", "mix"])
+def test_a_learned_layer_after_a_top_k_pick_is_calibrated_by_the_search(tmp_path: Path,
+                                                                         calibration_type: str) -> None:
+    """The box head's weight and bias reach its output through their calibration nodes in the calibrated
+    model: they were taken there for tensors the output is picked from, the calibrated model's scored tensors
+    outnumbered the float model's, and the search stopped with an internal IndexError (RT-DETR, hunt 16 D1).
+    The tensors both outputs pick from are scored once each, in the calibrated model as the pick reads them
+    (the tokens on their grid)."""
+    project = make_project(tmp_path, _query_selection(), cal_count=4, calibration_type=calibration_type)
+    paths = makertbin(project.config_path, "onnx")
+    assert paths["bin"].is_file()
+    assert scored_tensors(onnx.load(str(paths["optimized"]))) == ["tokens", "best"]
+    calibrated = onnx.load(str(paths["calibrated"]))
+    made_by = {o: n for n in calibrated.graph.node for o in n.output}
+    assert made_by["tokens_calibrated"].op_type == "HzCalibration"
+    assert scored_tensors(calibrated) == ["tokens_calibrated", "best"]
