@@ -157,6 +157,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     shuffles = bpu_forms.channel_shuffles_as_gathers(body, placed)
     if shuffles:
         log.info("%d channel shuffles (Reshape, Transpose, Reshape) written as Gathers of channels", shuffles)
+    unshuffles = bpu_forms.pixel_unshuffles_as_space_to_depth(body, placed)
+    if unshuffles:
+        log.info("%d pixel unshuffles (Reshape, Transpose, Reshape) written as SpaceToDepth and a Gather of channels",
+                 unshuffles)
     gathers = bpu_forms.channel_gathers_into_convs(body)
     if gathers:
         log.info("%d Gathers of channels (a Focus layer's reordering) folded into the Convs that read them", gathers)
