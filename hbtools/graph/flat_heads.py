@@ -21,6 +21,7 @@ FLATTENS = ("Flatten", "Reshape", "Squeeze")
 _SHAPELESS = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Clip",
               "Gelu", "Mish", "Softplus", "Abs", "Neg", "Exp", "Erf")
 _ROUNDS = 64  # a head of more layers than this keeps the rest of its flatten where it is
+_TWO_TENSOR_OPS = ("Add", "Sub", "Mul", "Max", "Min")
 _SHAPE_ONLY = ("Unsqueeze", "Reshape", "Squeeze", "Flatten", "Identity")
 _CHAIN_LIMIT = 8  # shape-only nodes followed from a flatten to the one giving its map back
 
@@ -68,15 +69,15 @@ def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProt
     if reader.op_type in ("Gemm", "MatMul"):  # MatMul: a Gemm of defaults, no bias
         return _gemm_as_conv(reader, x, out, view, model)
     others = [i for i in reader.input[1:] if i]
-    per_channel = _per_channel_map_constant(reader, x, view, model)
-    if per_channel is None and (reader.op_type not in _SHAPELESS or
-                                any(not view.is_const(i) or view.const(i).size != 1 for i in others)):
+    second = _per_channel_map_constant(reader, x, view, model) or _other_flattened_map(reader, x, view)
+    if second is None and (reader.op_type not in _SHAPELESS or
+                           any(not view.is_const(i) or view.const(i).size != 1 for i in others)):
         return None
     moved = NodeProto()
     moved.CopyFrom(reader)
     moved.input[0] = x
-    if per_channel is not None:
-        moved.input[1] = per_channel
+    if second is not None:
+        moved.input[1] = second
     del moved.output[:]
     moved.output.append(out)
     return moved
@@ -96,6 +97,19 @@ def _per_channel_map_constant(reader: NodeProto, x: str, view: GraphView, model:
     name = f"{reader.name}_map_constant"
     model.graph.initializer.append(numpy_helper.from_array(c.reshape(-1, 1, 1), name))
     return name
+
+
+def _other_flattened_map(reader: NodeProto, x: str, view: GraphView) -> str | None:
+    """The map of the same shape as ``x`` whose flatten is the second operand of ``reader``, an element-wise op of
+    two tensors (CBAM's gate: the sum of one MLP over the average- and the max-pooled map): on the maps it
+    combines them as it did their flattened columns. None otherwise."""
+    if reader.op_type not in _TWO_TENSOR_OPS or len(reader.input) != 2:
+        return None
+    flatten = view.producer.get(reader.input[1])
+    if flatten is None or flatten.op_type not in FLATTENS or flatten.domain not in ("", "ai.onnx") or \
+            not _flat_of_pooled(flatten, view) or view.shapes.get(flatten.input[0]) != view.shapes.get(x):
+        return None
+    return flatten.input[0]
 
 
 def _restoring_chain(flatten: NodeProto, view: GraphView) -> list[NodeProto]:

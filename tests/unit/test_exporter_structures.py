@@ -961,3 +961,40 @@ def test_a_linear_squeeze_excitation_gate_restored_in_steps_runs_on_the_bpu_of_x
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     assert len(read_bin(tmp_path / "out" / "m.bin").models[0].partition["subgraphs"]) == 1
     _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 12), rng, optimized=True)
+
+
+def test_cbams_channel_gate_runs_on_the_bpu_of_x3(tmp_path: Path) -> None:
+    """CBAM's ChannelGate: one MLP (Flatten, Linear, ReLU, Linear) over the average- and the max-pooled map, their
+    sum, Sigmoid, ``unsqueeze(2).unsqueeze(3).expand_as(x)``, times x. On RDK X3 (no BPU flatten, no Tile) both
+    flattens, the sum, the Sigmoid, both Unsqueezes and the Expand ran on the CPU between two BPU subgraphs."""
+    rng = np.random.default_rng(53)
+    channels = 16
+    inits = [_init("w1", (rng.standard_normal((channels, 3, 3, 3)) * 0.3).astype(np.float32)),
+             _init("f1", (rng.standard_normal((4, channels)) * 0.4).astype(np.float32)),
+             _init("b1", np.full(4, 0.1, np.float32)),
+             _init("f2", (rng.standard_normal((channels, 4)) * 0.4).astype(np.float32)),
+             _init("b2", np.zeros(channels, np.float32)), _init("ax2", np.array([2])), _init("ax3", np.array([3])),
+             _init("like_x", np.array([1, channels, 12, 12])),
+             _init("w2", (rng.standard_normal((8, channels, 3, 3)) * 0.2).astype(np.float32))]
+
+    def mlp(pool: str) -> list[NodeProto]:
+        return [helper.make_node(pool, ["r1"], [f"{pool}_map"]), helper.make_node("Flatten", [f"{pool}_map"], [pool]),
+                helper.make_node("Gemm", [pool, "f1", "b1"], [f"{pool}_h"], transB=1),
+                helper.make_node("Relu", [f"{pool}_h"], [f"{pool}_hr"]),
+                helper.make_node("Gemm", [f"{pool}_hr", "f2", "b2"], [f"{pool}_att"], transB=1)]
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             *mlp("GlobalAveragePool"), *mlp("GlobalMaxPool"),
+             helper.make_node("Add", ["GlobalAveragePool_att", "GlobalMaxPool_att"], ["att"]),
+             helper.make_node("Sigmoid", ["att"], ["s"]), helper.make_node("Unsqueeze", ["s", "ax2"], ["s3"]),
+             helper.make_node("Unsqueeze", ["s3", "ax3"], ["s4"]), helper.make_node("Expand", ["s4", "like_x"], ["g"]),
+             helper.make_node("Mul", ["r1", "g"], ["m"]),
+             helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    model = _model(nodes, [("x", F, [1, 3, 12, 12])], [("y", F, [1, 8, 12, 12])], inits, opset=13)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 12, 12])}, "1x3x12x12", "float32", "m",
+                        march="bernoulli2")
+    from hbtools.runtime.binfile import read_bin
+
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    assert len(read_bin(tmp_path / "out" / "m.bin").models[0].partition["subgraphs"]) == 1
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 12), rng, optimized=True)

@@ -18,6 +18,7 @@ from hbtools.graph.bpu_forms.elementwise import (
     batch_squeezes_around_elementwise,
     divisions_as_reciprocal_products,
     expands_as_tiles,
+    expands_into_broadcasts,
 )
 from hbtools.graph.bpu_forms.layout import (
     channel_gathers_into_convs,
@@ -71,6 +72,7 @@ __all__ = [
     "divisions_as_reciprocal_products",
     "einsums_as_matmuls",
     "expands_as_tiles",
+    "expands_into_broadcasts",
     "interpolations_as_matmuls",
     "large_average_pools_in_steps",
     "large_max_pools_in_steps",
