@@ -21,6 +21,9 @@ FLATTENS = ("Flatten", "Reshape", "Squeeze")
 _SHAPELESS = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Clip",
               "Gelu", "Mish", "Softplus", "Abs", "Neg", "Exp", "Erf")
 _ROUNDS = 64  # a head of more layers than this keeps the rest of its flatten where it is
+_TWO_TENSOR_OPS = ("Add", "Sub", "Mul", "Max", "Min")
+_SHAPE_ONLY = ("Unsqueeze", "Reshape", "Squeeze", "Flatten", "Identity")
+_CHAIN_LIMIT = 8  # shape-only nodes followed from a flatten to the one giving its map back
 
 
 def _flat_of_pooled(node: NodeProto, view: GraphView) -> bool:
@@ -66,15 +69,15 @@ def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProt
     if reader.op_type in ("Gemm", "MatMul"):  # MatMul: a Gemm of defaults, no bias
         return _gemm_as_conv(reader, x, out, view, model)
     others = [i for i in reader.input[1:] if i]
-    per_channel = _per_channel_map_constant(reader, x, view, model)
-    if per_channel is None and (reader.op_type not in _SHAPELESS or
-                                any(not view.is_const(i) or view.const(i).size != 1 for i in others)):
+    second = _per_channel_map_constant(reader, x, view, model) or _other_flattened_map(reader, x, view)
+    if second is None and (reader.op_type not in _SHAPELESS or
+                           any(not view.is_const(i) or view.const(i).size != 1 for i in others)):
         return None
     moved = NodeProto()
     moved.CopyFrom(reader)
     moved.input[0] = x
-    if per_channel is not None:
-        moved.input[1] = per_channel
+    if second is not None:
+        moved.input[1] = second
     del moved.output[:]
     moved.output.append(out)
     return moved
@@ -96,11 +99,40 @@ def _per_channel_map_constant(reader: NodeProto, x: str, view: GraphView, model:
     return name
 
 
-def _restores(reader: NodeProto, flatten: NodeProto, view: GraphView) -> bool:
-    """Whether ``reader`` (an Unsqueeze or Reshape) gives back the map ``flatten`` flattened."""
-    return reader.op_type in ("Unsqueeze", "Reshape") and reader.domain in ("", "ai.onnx") and \
-        reader.output[0] not in view.graph_outputs and \
-        view.shapes.get(reader.output[0]) == view.shapes.get(flatten.input[0])
+def _other_flattened_map(reader: NodeProto, x: str, view: GraphView) -> str | None:
+    """The map of the same shape as ``x`` whose flatten is the second operand of ``reader``, an element-wise op of
+    two tensors (CBAM's gate: the sum of one MLP over the average- and the max-pooled map): on the maps it
+    combines them as it did their flattened columns. None otherwise."""
+    if reader.op_type not in _TWO_TENSOR_OPS or len(reader.input) != 2:
+        return None
+    flatten = view.producer.get(reader.input[1])
+    if flatten is None or flatten.op_type not in FLATTENS or flatten.domain not in ("", "ai.onnx") or \
+            not _flat_of_pooled(flatten, view) or view.shapes.get(flatten.input[0]) != view.shapes.get(x):
+        return None
+    return flatten.input[0]
+
+
+def _restoring_chain(flatten: NodeProto, view: GraphView) -> list[NodeProto]:
+    """The shape-only nodes after ``flatten``, each the only reader of the one before, up to the first that gives
+    back the map ``flatten`` flattened ([N, C, 1, 1]): a BatchNorm1d's Unsqueeze, a squeeze-excitation gate
+    restored as ``y[:, :, None, None]`` (two Unsqueezes) or ``view(b, c, 1, 1)``. They reorder no value, so the
+    map itself is what the last one writes. [] where no such chain follows."""
+    target = view.shapes.get(flatten.input[0])
+    chain: list[NodeProto] = []
+    tensor = flatten.output[0]
+    for _ in range(_CHAIN_LIMIT):
+        readers = view.consumers.get(tensor, [])
+        if len(readers) != 1 or tensor in view.graph_outputs:
+            return []
+        reader = readers[0]
+        if reader.op_type not in _SHAPE_ONLY or reader.domain not in ("", "ai.onnx") or \
+                reader.input[0] != tensor or tensor in reader.input[1:]:
+            return []
+        chain.append(reader)
+        tensor = reader.output[0]
+        if view.shapes.get(tensor) == target:
+            return [] if tensor in view.graph_outputs else chain
+    return []
 
 
 def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
@@ -119,9 +151,11 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
             readers = view.consumers.get(node.output[0], [])
             if not readers or node.output[0] in view.graph_outputs or any(r.name in changes for r in readers):
                 continue
-            if len(readers) == 1 and _restores(readers[0], node, view):  # the flatten undone (BatchNorm1d as a
-                renamed[readers[0].output[0]] = node.input[0]            # depthwise conv): both go
-                changes[node.name] = changes[readers[0].name] = []
+            restoring = _restoring_chain(node, view)
+            if restoring and not any(n.name in changes for n in restoring):  # the flatten undone: all of it goes
+                renamed[restoring[-1].output[0]] = node.input[0]
+                for gone in (node, *restoring):
+                    changes[gone.name] = []
                 handled += 1
                 continue
             # the flattened tensor must be each reader's first input (a Gemm's A, an activation's X); several

@@ -158,11 +158,17 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     shuffles = bpu_forms.channel_shuffles_as_gathers(body, placed)
     if shuffles:
         log.info("%d channel shuffles (Reshape, Transpose, Reshape) written as Gathers of channels", shuffles)
+    unshuffles = bpu_forms.pixel_unshuffles_as_space_to_depth(body, placed)
+    if unshuffles:
+        log.info("%d pixel unshuffles (Reshape, Transpose, Reshape) written as SpaceToDepth and a Gather of channels",
+                 unshuffles)
     gathers = bpu_forms.channel_gathers_into_convs(body)
     if gathers:
         log.info("%d Gathers of channels (a Focus layer's reordering) folded into the Convs that read them", gathers)
     rewritten = {"auto_pad attributes written as explicit pads": padded,
-                 # where the BPU has no Tile either (RDK X3) the Expand stays, and its CPU reason names it
+                 "Expands left to the broadcasting of the element-wise ops reading them":
+                     bpu_forms.expands_into_broadcasts(body, profile) if profile is not None else 0,
+                 # where the BPU has no Tile either (RDK X3) the other Expands stay, and their CPU reason names them
                  "Expands of a tensor written as Tiles": bpu_forms.expands_as_tiles(body)
                  if profile is None or profile.rule("Tile") is not None else 0,
                  "constant Pads written as Concats of constant blocks": bpu_forms.constant_pads_as_concats(body)}

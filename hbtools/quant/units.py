@@ -20,7 +20,7 @@ from hbtools.config.model import Config, NodeInfo
 from hbtools.graph.constant_terms import MOVES
 from hbtools.graph.contrib import why_kept
 from hbtools.graph.graph import GraphView, elements, is_static, outer_references
-from hbtools.graph.origins import written_as
+from hbtools.graph.origins import recorded_origins, written_as
 from hbtools.graph.recurrent import RECURRENT_OPS, gates_fit
 from hbtools.log import first_of
 from hbtools.march.constraints import constant_operand_shape, violation
@@ -168,10 +168,11 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
     view = GraphView(model)
     taken: set[str] = set()
     units: list[Unit] = []
+    origins = recorded_origins(model)
     for node in model.graph.node:
         if node.name in taken:
             continue
-        unit = _make_unit(node, view, profile, taken)
+        unit = _make_unit(node, view, profile, taken, origins.get(node.name))
         taken.update(n.name for n in unit.nodes)
         units.append(unit)
     part = Partition(units)
@@ -202,7 +203,8 @@ def _const_shapes(node: NodeProto, view: GraphView) -> str:
     return ", ".join(str(list(view.const(i).shape)) for i in node.input if i and view.is_const(i))
 
 
-def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: set[str]) -> Unit:
+def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: set[str], user: str | None) -> Unit:
+    """``node``'s unit; ``user``: the user's node the optimize stage wrote it for, where it is another."""
     op = node.op_type
     acts = _activation_inputs(node, view)
     if node.domain == DOMAIN:
@@ -224,8 +226,10 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         return _cpu(node, acts, f"{op} stays one node unless unrolled over its time steps (the log of the optimize "
                                 "stage says why it was not; node_info ON: BPU unrolls a long one)")
     if rule is None:
-        # an op the optimize stage wrote (a layer norm for an InstanceNormalization or a spelled-out pattern)
-        written = f" (the optimize stage wrote {node.name} as one)" if node.domain == DOMAIN else ""
+        # an op the optimize stage wrote (a layer norm for an InstanceNormalization or a spelled-out pattern;
+        # a Flatten after the pool it wrote for a ReduceMean): the user's model may have no such op
+        written = f" (the optimize stage wrote {user or node.name} as one)" if node.domain == DOMAIN else \
+            f" (the optimize stage wrote this {op} for {user})" if user else ""
         return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}{written}")
     exact = next((t for t in acts if view.elem_types.get(t) in NON_FLOAT_TYPES), None)
     if exact is not None:

@@ -279,6 +279,31 @@ def test_a_channel_shuffle_stays_on_the_bpu_of_rdk_x3(split: list[int], tmp_path
     assert [n.op_type for n in onnx.load(paths["optimized"]).graph.node].count("Gather") == 1
 
 
+@pytest.mark.parametrize("perm", [[0, 1, 3, 5, 2, 4], [0, 3, 5, 1, 2, 4]], ids=["pixel_unshuffle", "depth_order"])
+def test_a_pixel_unshuffle_at_the_input_stays_on_the_bpu_of_rdk_x3(perm: list[int], tmp_path: Path) -> None:
+    """``F.pixel_unshuffle(x, 2)`` as torch exports it (Reshape to [N, C, H/2, 2, W/2, 2], Transpose, Reshape to
+    [N, 4C, H/2, W/2]), Real-ESRGAN's input, and the same chain in SpaceToDepth's channel order: the 5-D Transpose
+    ran on RDK X3's CPU between the input's preprocessing and the first conv, 2 BPU subgraphs. It is a
+    SpaceToDepth and a channel order the conv takes into its weights: the same values, all on the BPU."""
+    from hbtools.march.profiles import get_profile
+    from hbtools.pipeline import optimize
+    from hbtools.runtime import HB_ONNXRuntime
+
+    g = _Graph(21)
+    blocks = g.op("Reshape", ["data", g.const(_i64([1, 3, 8, 2, 8, 2]), "blocks")])
+    unshuffled = g.op("Reshape", [g.op("Transpose", [blocks], perm=perm), g.const(_i64([1, 12, 8, 8]), "channels")])
+    out = g.conv(g.op("Relu", [g.conv(unshuffled, 12, 16)]), 16, 8, k=1)
+    fm = g.model({"data": [1, 3, 16, 16]}, [out])
+    x = {"data": g.rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    want = HB_ONNXRuntime(onnx_model=fm.model).run(None, x)[0]
+    for march in ("bernoulli2", "bayes-e"):
+        optimized = optimize.run(fm.model, get_profile(march))
+        assert "Transpose" not in {n.op_type for n in optimized.graph.node}, march
+        got = HB_ONNXRuntime(onnx_model=optimized).run(None, x)[0]
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), march
+    _all_on_the_bpu("bernoulli2", fm, tmp_path)
+
+
 @pytest.mark.parametrize(("march", "size", "kernel", "view"), [("bayes-e", 60, 30, False), ("bayes-e", 60, 20, False),
                                                            ("bernoulli2", 14, 14, True), ("bayes-e", 16, 16, False)],
                          ids=["psp 2x2", "psp 3x3", "se on x3", "16x16 map"])

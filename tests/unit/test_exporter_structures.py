@@ -915,3 +915,86 @@ def test_lprnets_channel_pool_and_global_context_run_on_the_bpu(tmp_path: Path, 
     assert "over a 5-D view of a map one channel at a time" in log and "keep its rank (keepdims)" in log
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 24), rng, optimized=True)
+
+
+def _restored_gate(form: str, s: str, channels: int) -> tuple[list[NodeProto], list[TensorProto], str]:
+    """Nodes giving the [1, C] gate ``s`` its two unit axes back as ``form`` writes it, their constants, the
+    [1, C, 1, 1] tensor."""
+    if form == "two_unsqueezes":  # y[:, :, None, None] (MODNet's SE block)
+        return ([helper.make_node("Unsqueeze", [s, "ax2"], ["s3"]),
+                 helper.make_node("Unsqueeze", ["s3", "ax3"], ["g"])],
+                [_init("ax2", np.array([2])), _init("ax3", np.array([3]))], "g")
+    if form == "unsqueeze_last_twice":  # y.unsqueeze(-1).unsqueeze(-1) (CBAM's ChannelGate)
+        return ([helper.make_node("Unsqueeze", [s, "last"], ["s3"]),
+                 helper.make_node("Unsqueeze", ["s3", "last"], ["g"])],
+                [_init("last", np.array([-1]))], "g")
+    # y.unsqueeze(-1).view(b, c, 1, 1)
+    return ([helper.make_node("Unsqueeze", [s, "last"], ["s3"]), helper.make_node("Reshape", ["s3", "map"], ["g"])],
+            [_init("last", np.array([-1])), _init("map", np.array([1, channels, 1, 1]))], "g")
+
+
+@pytest.mark.parametrize("form", ["two_unsqueezes", "unsqueeze_last_twice", "unsqueeze_then_reshape"])
+def test_a_linear_squeeze_excitation_gate_restored_in_steps_runs_on_the_bpu_of_x3(tmp_path: Path, form: str) -> None:
+    """A squeeze-excitation written with Linear layers (mean over H and W, Linear, ReLU, Linear, Sigmoid) whose [1, C]
+    gate gets its two unit axes back in two steps: on RDK X3 (no BPU flatten) the pool's flatten, the gate's
+    Sigmoid and both steps ran on the CPU between two BPU subgraphs; one Unsqueeze(axes=[2, 3]) stayed on the BPU."""
+    rng = np.random.default_rng(47)
+    channels = 16
+    steps, constants, gate = _restored_gate(form, "s", channels)
+    inits = [_init("w1", (rng.standard_normal((channels, 3, 3, 3)) * 0.3).astype(np.float32)),
+             _init("f1", (rng.standard_normal((4, channels)) * 0.4).astype(np.float32)),
+             _init("b1", np.full(4, 0.1, np.float32)),
+             _init("f2", (rng.standard_normal((channels, 4)) * 0.4).astype(np.float32)),
+             _init("b2", np.zeros(channels, np.float32)),
+             _init("w2", (rng.standard_normal((8, channels, 3, 3)) * 0.2).astype(np.float32)), *constants]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("ReduceMean", ["r1"], ["pooled"], axes=[2, 3], keepdims=0),
+             helper.make_node("Gemm", ["pooled", "f1", "b1"], ["h1"], transB=1),
+             helper.make_node("Relu", ["h1"], ["h1r"]), helper.make_node("Gemm", ["h1r", "f2", "b2"], ["h2"], transB=1),
+             helper.make_node("Sigmoid", ["h2"], ["s"]), *steps, helper.make_node("Mul", ["r1", gate], ["m"]),
+             helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    model = _model(nodes, [("x", F, [1, 3, 12, 12])], [("y", F, [1, 8, 12, 12])], inits, opset=13)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 12, 12])}, "1x3x12x12", "float32", "m",
+                        march="bernoulli2")
+    from hbtools.runtime.binfile import read_bin
+
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    assert len(read_bin(tmp_path / "out" / "m.bin").models[0].partition["subgraphs"]) == 1
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 12), rng, optimized=True)
+
+
+def test_cbams_channel_gate_runs_on_the_bpu_of_x3(tmp_path: Path) -> None:
+    """CBAM's ChannelGate: one MLP (Flatten, Linear, ReLU, Linear) over the average- and the max-pooled map, their
+    sum, Sigmoid, ``unsqueeze(2).unsqueeze(3).expand_as(x)``, times x. On RDK X3 (no BPU flatten, no Tile) both
+    flattens, the sum, the Sigmoid, both Unsqueezes and the Expand ran on the CPU between two BPU subgraphs."""
+    rng = np.random.default_rng(53)
+    channels = 16
+    inits = [_init("w1", (rng.standard_normal((channels, 3, 3, 3)) * 0.3).astype(np.float32)),
+             _init("f1", (rng.standard_normal((4, channels)) * 0.4).astype(np.float32)),
+             _init("b1", np.full(4, 0.1, np.float32)),
+             _init("f2", (rng.standard_normal((channels, 4)) * 0.4).astype(np.float32)),
+             _init("b2", np.zeros(channels, np.float32)), _init("ax2", np.array([2])), _init("ax3", np.array([3])),
+             _init("like_x", np.array([1, channels, 12, 12])),
+             _init("w2", (rng.standard_normal((8, channels, 3, 3)) * 0.2).astype(np.float32))]
+
+    def mlp(pool: str) -> list[NodeProto]:
+        return [helper.make_node(pool, ["r1"], [f"{pool}_map"]), helper.make_node("Flatten", [f"{pool}_map"], [pool]),
+                helper.make_node("Gemm", [pool, "f1", "b1"], [f"{pool}_h"], transB=1),
+                helper.make_node("Relu", [f"{pool}_h"], [f"{pool}_hr"]),
+                helper.make_node("Gemm", [f"{pool}_hr", "f2", "b2"], [f"{pool}_att"], transB=1)]
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             *mlp("GlobalAveragePool"), *mlp("GlobalMaxPool"),
+             helper.make_node("Add", ["GlobalAveragePool_att", "GlobalMaxPool_att"], ["att"]),
+             helper.make_node("Sigmoid", ["att"], ["s"]), helper.make_node("Unsqueeze", ["s", "ax2"], ["s3"]),
+             helper.make_node("Unsqueeze", ["s3", "ax3"], ["s4"]), helper.make_node("Expand", ["s4", "like_x"], ["g"]),
+             helper.make_node("Mul", ["r1", "g"], ["m"]),
+             helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    model = _model(nodes, [("x", F, [1, 3, 12, 12])], [("y", F, [1, 8, 12, 12])], inits, opset=13)
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 12, 12])}, "1x3x12x12", "float32", "m",
+                        march="bernoulli2")
+    from hbtools.runtime.binfile import read_bin
+
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    assert len(read_bin(tmp_path / "out" / "m.bin").models[0].partition["subgraphs"]) == 1
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 12), rng, optimized=True)

@@ -181,6 +181,20 @@ def test_an_instance_norm_on_x3_is_named_as_the_op_hbtools_wrote_for_it() -> Non
     assert f"the optimize stage wrote {norm} as one" in _reason(x3, norm), _reason(x3, norm)
 
 
+def test_the_flatten_written_for_a_reduce_mean_on_x3_says_whose_it_is() -> None:
+    """``x.mean((2, 3))`` is written as a global pool and a Flatten; where the Flatten stays on RDK X3's CPU (before
+    a graph output), its row bore the ReduceMean's name with the reason 'Flatten is not supported', an op the
+    user's model does not have."""
+    g = _Graph(13)
+    pooled = g.op("ReduceMean", [g.conv("data", 3, 8)], axes=[2, 3], keepdims=0)
+    model = g.model({"data": [1, 3, 8, 8]}, [g.gemm(pooled, 8, 4)]).model
+    x3 = _partition(optimize.run(model, get_profile("bernoulli2")), "bernoulli2")
+    flatten = next(u for u in x3.units if u.on == "CPU")
+    assert flatten.main.op_type == "Flatten" and flatten.main.name != "ReduceMean_0", flatten.main.name
+    assert "(the optimize stage wrote this Flatten for ReduceMean_0)" in flatten.reason, flatten.reason
+    assert _placement(x3)["ReduceMean_0"] == ("BPU", "id(0)")
+
+
 def test_overrides_and_isolated_ops() -> None:
     """A Transpose between two CPU ops stays in float unless run_on_bpu or fast-perf (all_bpu) says otherwise."""
     g = _Graph(11)

@@ -18,10 +18,12 @@ from hbtools.graph.bpu_forms.elementwise import (
     batch_squeezes_around_elementwise,
     divisions_as_reciprocal_products,
     expands_as_tiles,
+    expands_into_broadcasts,
 )
 from hbtools.graph.bpu_forms.layout import (
     channel_gathers_into_convs,
     channel_shuffles_as_gathers,
+    pixel_unshuffles_as_space_to_depth,
     sequences_as_concats,
     splits_undoing_concats,
     transposes_in_fewer_axes,
@@ -70,6 +72,7 @@ __all__ = [
     "divisions_as_reciprocal_products",
     "einsums_as_matmuls",
     "expands_as_tiles",
+    "expands_into_broadcasts",
     "interpolations_as_matmuls",
     "large_average_pools_in_steps",
     "large_max_pools_in_steps",
@@ -79,6 +82,7 @@ __all__ = [
     "matmuls_read_in_slices",
     "matmuls_with_the_weight_second",
     "norms_as_sums",
+    "pixel_unshuffles_as_space_to_depth",
     "pools_over_one_axis_as_2d",
     "reductions_over_the_first_axis",
     "scalar_reductions_kept_as_maps",

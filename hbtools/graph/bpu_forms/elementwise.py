@@ -1,4 +1,5 @@
-"""Element-wise work: divisions as reciprocal products, Expand as Tile, batch axes squeezed around element-wise chains.
+"""Element-wise work: divisions as reciprocal products, Expand as Tile or left to broadcasting, batch axes squeezed
+around element-wise chains.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView, rewrite_nodes
+from hbtools.graph.graph import GraphView, is_static, rewrite_nodes
+from hbtools.march.profiles import MarchProfile
 
 
 def divisions_as_reciprocal_products(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
@@ -67,6 +69,52 @@ def expands_as_tiles(model: ModelProto) -> int:
         return [*nodes, helper.make_node("Tile", [x, reps], [node.output[0]], name=node.name)]
 
     return rewrite_nodes(model, rewrite)
+
+
+_BROADCASTING = ("Add", "Sub", "Mul", "Div", "Max", "Min")  # those with a BPU form of two tensors qualify
+
+
+def expands_into_broadcasts(model: ModelProto, profile: MarchProfile) -> int:
+    """An Expand read only by element-wise ops of two tensors whose other operand has the expanded shape already
+    (CBAM's ``gate.unsqueeze(2).unsqueeze(3).expand_as(x) * x``) is left to their broadcasting, where ``profile``'s
+    BPU has no Tile to write the Expand with (RDK X3) and broadcasts the Expand's input for each of them itself:
+    they read that input, the same values, and the Expand no longer holds them on the CPU. The count removed."""
+    if profile.rule("Tile") is not None:
+        return 0  # the Expand becomes a Tile on the BPU (``expands_as_tiles``)
+    view = GraphView(model)
+    kept: list[NodeProto] = []
+    count = 0
+    for node in model.graph.node:
+        readers = view.consumers.get(node.output[0], []) if node.op_type == "Expand" and \
+            node.domain in ("", "ai.onnx") and node.output[0] not in view.graph_outputs else []
+        if not readers or not all(_broadcasts_itself(r, node, view, profile) for r in readers):
+            kept.append(node)
+            continue
+        for reader in readers:
+            for k, name in enumerate(reader.input):
+                if name == node.output[0]:
+                    reader.input[k] = node.input[0]
+        count += 1
+    if count:
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return count
+
+
+def _broadcasts_itself(reader: NodeProto, expand: NodeProto, view: GraphView, profile: MarchProfile) -> bool:
+    """Whether ``reader`` of ``expand``'s output is an element-wise op of two tensors whose other operand has that
+    output's shape, and which the BPU runs on two tensors with the Expand's input broadcast against it (a division
+    of two tensors it does not run: F.normalize's Expand stays, named in the reasons)."""
+    if reader.op_type not in _BROADCASTING or reader.domain not in ("", "ai.onnx") or len(reader.input) != 2 or \
+            list(reader.input).count(expand.output[0]) != 1:
+        return False
+    from hbtools.march.constraints import classify_broadcast  # it imports bpu_forms: a cycle at import time
+
+    other = reader.input[1] if reader.input[0] == expand.output[0] else reader.input[0]
+    shape, source = view.shapes.get(expand.output[0]), view.shapes.get(expand.input[0])
+    rule = profile.rule(reader.op_type)
+    return is_static(shape) and is_static(source) and view.shapes.get(other) == shape and rule is not None and \
+        "eltwise" in rule.forms and classify_broadcast(shape, source) in rule.broadcast
 
 
 _BATCHLESS_UNARY = ("Relu", "Elu", "Selu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Softplus",

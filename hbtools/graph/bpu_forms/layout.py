@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
@@ -22,6 +23,68 @@ def channel_shuffles_as_gathers(model: ModelProto, placed: Mapping[str, str] | N
     (``channel_gathers_into_convs``). The chain is probed on the element indices, so any axis split that
     permutes channels alone qualifies. Chains that ``placed`` (node_info) names are left as they are.
     The count of chains rewritten."""
+
+    def as_gather(chain: _MovingChain, model: ModelProto) -> list[NodeProto] | None:
+        shape = list(chain.source.shape)
+        if list(chain.moved.shape) != shape or shape[1] < 2:
+            return None
+        plane = shape[2] * shape[3]
+        index = chain.moved[0, :, 0, 0] // plane % shape[1]
+        if not np.array_equal(chain.moved, chain.source[:, index]):
+            return None
+        return [_channel_gather(model, chain.first.input[0], chain.out, index, chain.name)]
+
+    return _rewrite_moving_chains(model, placed, as_gather)
+
+
+def pixel_unshuffles_as_space_to_depth(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
+    """A Reshape -> Transpose -> Reshape chain that takes [N, C, H, W] to [N, C*b*b, H/b, W/b] as a SpaceToDepth
+    by ``b`` does, up to the order of the channels (torch's ``F.pixel_unshuffle``, Real-ESRGAN's input, puts
+    channel c's offset (i, j) at c*b*b + i*b + j, SpaceToDepth at (i*b + j)*C + c), becomes SpaceToDepth, named
+    as the Transpose, and a Gather of its channels (none where the order is SpaceToDepth's), which Convs reading
+    it take into their weights (``channel_gathers_into_convs``). The same values: both only move them. The
+    chain's 5-D Transpose put it on the CPU of bernoulli2 (RDK X3), between the input and the first conv.
+    Chains that ``placed`` (node_info) names are left as they are. The count of chains rewritten."""
+
+    def as_space_to_depth(chain: _MovingChain, model: ModelProto) -> list[NodeProto] | None:
+        n, c, h, w = chain.source.shape
+        out = chain.moved.shape
+        block = math.isqrt(out[1] // c) if out[1] % c == 0 else 0
+        if block < 2 or block * block * c != out[1] or list(out) != [n, out[1], h // block, w // block] \
+                or h % block or w % block:
+            return None
+        blocks = chain.source.reshape(n, c, h // block, block, w // block, block).transpose(0, 3, 5, 1, 2, 4)
+        blocks = blocks.reshape(out)  # SpaceToDepth's order
+        channel_of = {int(v): k for k, v in enumerate(blocks[0, :, 0, 0])}
+        index = np.array([channel_of.get(int(v), -1) for v in chain.moved[0, :, 0, 0]], np.int64)
+        if (index < 0).any() or not np.array_equal(chain.moved, blocks[:, index]):
+            return None
+        if np.array_equal(index, np.arange(out[1])):
+            return [helper.make_node("SpaceToDepth", [chain.first.input[0]], [chain.out], name=chain.name,
+                                     blocksize=block)]
+        moved = f"{chain.out}_space_to_depth"
+        return [helper.make_node("SpaceToDepth", [chain.first.input[0]], [moved], name=chain.name, blocksize=block),
+                _channel_gather(model, moved, chain.out, index, f"{chain.name}_channels")]
+
+    return _rewrite_moving_chains(model, placed, as_space_to_depth)
+
+
+@dataclass
+class _MovingChain:
+    """A Reshape -> Transpose -> Reshape chain between static 4-D tensors: ``source`` numbers the input's elements,
+    ``moved`` holds in each output element the number of the input element it takes."""
+
+    first: NodeProto
+    name: str  # the Transpose's: the node the rewrite is named as
+    out: str
+    source: np.ndarray
+    moved: np.ndarray
+
+
+def _rewrite_moving_chains(model: ModelProto, placed: Mapping[str, str] | None,
+                           form: Callable[[_MovingChain, ModelProto], list[NodeProto] | None]) -> int:
+    """Put ``form``'s nodes in place of each Reshape -> Transpose -> Reshape chain it writes in other terms
+    (None: the chain stays); chains ``placed`` names, or whose inner tensors others read, stay too."""
     view = GraphView(model)
     outputs = set(view.graph_outputs)
     named = set(placed or ())
@@ -38,22 +101,18 @@ def channel_shuffles_as_gathers(model: ModelProto, placed: Mapping[str, str] | N
             return None
         shape, split, out_shape = (view.shapes.get(t) for t in (first.input[0], first.output[0], node.output[0]))
         if any(s is None or any(not isinstance(d, int) or d <= 0 for d in s) for s in (shape, split, out_shape)) \
-                or len(shape) != 4 or list(out_shape) != list(shape) or shape[1] < 2:
+                or len(shape) != 4 or len(out_shape) != 4:
             return None
         for inner in (first.output[0], transpose.output[0]):
             if inner in outputs or len(view.consumers.get(inner, [])) != 1:
                 return None
         perm = list(view.attrs(transpose).get("perm", range(len(split) - 1, -1, -1)))
-        probe = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
-        moved = probe.reshape(split).transpose(perm).reshape(shape)
-        plane = shape[2] * shape[3]
-        index = moved[0, :, 0, 0] // plane % shape[1]
-        if not np.array_equal(moved, probe[:, index]):
-            return None
-        name = f"{transpose.name}_channels"
-        model.graph.initializer.append(numpy_helper.from_array(index.astype(np.int64), name))
-        gone.update((first.output[0], transpose.output[0]))
-        return [helper.make_node("Gather", [first.input[0], name], [node.output[0]], name=transpose.name, axis=1)]
+        source = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+        moved = source.reshape(split).transpose(perm).reshape(out_shape)
+        new = form(_MovingChain(first, transpose.name, node.output[0], source, moved), model)
+        if new is not None:
+            gone.update((first.output[0], transpose.output[0]))
+        return new
 
     count = rewrite_nodes(model, rewrite)
     if count:
@@ -61,6 +120,13 @@ def channel_shuffles_as_gathers(model: ModelProto, placed: Mapping[str, str] | N
         del model.graph.node[:]
         model.graph.node.extend(kept)
     return count
+
+
+def _channel_gather(model: ModelProto, x: str, out: str, index: np.ndarray, name: str) -> NodeProto:
+    """A Gather of ``x``'s channels by the constant ``index``, named ``name``."""
+    indices = f"{name}_indices"
+    model.graph.initializer.append(numpy_helper.from_array(index.astype(np.int64), indices))
+    return helper.make_node("Gather", [x, indices], [out], name=name, axis=1)
 
 
 def channel_gathers_into_convs(model: ModelProto) -> int:

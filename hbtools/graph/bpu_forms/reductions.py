@@ -71,9 +71,11 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
         if view.attrs(node).get("keepdims", 1):
             nodes.append(helper.make_node(pool, [node.input[0]], [node.output[0]], name=node.name))
             continue
+        # the pool keeps the name: the Flatten is a part written for the user's node, and said to be where it
+        # stays on the CPU (it was the ReduceMean's name typed Flatten, an op the user's model does not have)
         pooled = f"{node.output[0]}_pooled"
-        nodes.append(helper.make_node(pool, [node.input[0]], [pooled], name=f"{node.name}_pool"))
-        nodes.append(helper.make_node("Flatten", [pooled], [node.output[0]], name=node.name, axis=1))
+        nodes.append(helper.make_node(pool, [node.input[0]], [pooled], name=node.name))
+        nodes.append(helper.make_node("Flatten", [pooled], [node.output[0]], name=f"{node.name}_flatten", axis=1))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
 
