@@ -192,3 +192,26 @@ def test_the_node_tables_name_the_users_nodes(tmp_path: Path, monkeypatch: pytes
         assert by_name["MatMul_0"][3] != "Reshape", rows
     optimized = onnx.load(str(next((tmp_path / "p").glob("model_output/*_optimized_float_model.onnx"))))
     assert {"Resize_0_edges", "gemm_input_reshape"} <= {n.name for n in optimized.graph.node}, "the model's own names"
+
+
+@pytest.mark.parametrize("key", ["InputType", "OutputType"])
+def test_node_info_int16_with_the_users_name_types_its_tensors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                key: str) -> None:
+    """The node tables name a HardSwish written as a HardSigmoid and a Mul by the user's name, which ON took but
+    InputType / OutputType dropped: 'not in the optimized model', and nothing became int16 (hunt 17 D1)."""
+    g = _Graph(4)
+    y = g.conv(g.op("HardSwish", [g.conv("data", 3, 8)]), 8, 4)
+    fm = g.model({"data": [1, 3, 8, 8]}, [y], opset=17)
+    [hard_swish] = [n for n in fm.model.graph.node if n.op_type == "HardSwish"]
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    project.write(calibration_parameters={"calibration_type": "max"},
+                  model_parameters={"node_info": {hard_swish.name: {key: "int16"}}})
+    result = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0 and "not in the optimized model" not in result.output, result.output[-3000:]
+    calibrated = onnx.load(str(project.artefact("calibrated")))
+    bits = {n.input[0]: next(a.i for a in n.attribute if a.name == "bits") for n in calibrated.graph.node
+            if n.op_type == "HzCalibration" and n.input[0] in (*hard_swish.input, *hard_swish.output)}
+    typed = hard_swish.input[0] if key == "InputType" else hard_swish.output[0]
+    assert bits == {t: 16 if t == typed else 8 for t in (hard_swish.input[0], hard_swish.output[0])}, bits
