@@ -608,9 +608,9 @@ def _node_info_targets(part: Partition, node_info: dict[str, NodeInfo],
 def _tensors_from_outside(nodes: list[NodeProto], part: Partition) -> tuple[list[str], list[str]]:
     """The activations ``nodes`` read from other nodes or the model's inputs, and those they write that none of
     them reads (the others' inputs, the model's outputs), each with a grid."""
-    written = {t for n in nodes for t in n.output}
+    made = {t for n in nodes for t in n.output}
     read = {t for n in nodes for t in n.input}
-    inputs = [t for n in nodes for t in n.input if t not in written and t in part.consumers]
+    inputs = [t for n in nodes for t in n.input if t not in made and t in part.consumers]
     outputs = [t for n in nodes for t in n.output if t not in read and t in part.producer]
     return list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))
 
