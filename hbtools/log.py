@@ -120,20 +120,34 @@ def _start_fresh_unless_shared(handler: logging.FileHandler) -> None:
 
 def _keep_recent_calls(handler: logging.FileHandler) -> None:
     """Cut a log that keeps its calls back to the calls in its last ``KEPT_LOG_TAIL`` bytes once it is over
-    ``KEPT_LOG_LIMIT``; left alone while another call in this folder is writing to it."""
+    ``KEPT_LOG_LIMIT``, and to the whole last call where that call alone is longer (its ERROR is at its end);
+    left alone while another call in this folder is writing to it."""
     path = Path(handler.baseFilename)
     with contextlib.suppress(OSError):
         fcntl.flock(handler.stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         if path.stat().st_size <= KEPT_LOG_LIMIT:
             return
-        with path.open("rb") as fh:
-            fh.seek(-KEPT_LOG_TAIL, os.SEEK_END)
-            tail = fh.read()
-        header = re.search(rb"^\S+ \S+ DEBUG " + re.escape(CALL_HEADER.encode()) + rb" ", tail, re.MULTILINE)
+        text = path.read_bytes()
+        kept = text[_recent_calls_start(text):]
         handler.stream.truncate(0)
-        if header is not None:
-            handler.stream.write(tail[header.start():].decode("utf-8", "replace"))
-            handler.stream.flush()
+        handler.stream.write(kept.decode("utf-8", "replace"))
+        handler.stream.flush()
+
+
+def _recent_calls_start(text: bytes) -> int:
+    """Where the kept part of a log over its limit begins: the first call header in its last ``KEPT_LOG_TAIL``
+    bytes, else the last header (one call longer than that), else the first whole line of that tail (a log
+    written before calls had headers)."""
+    cut = len(text) - KEPT_LOG_TAIL
+    header = re.compile(rb"^\S+ \S+ DEBUG " + re.escape(CALL_HEADER.encode()) + rb" ", re.MULTILINE)
+    starts = [match.start() for match in header.finditer(text)]
+    recent = [start for start in starts if start >= cut]
+    if recent:
+        return recent[0]
+    if starts:
+        return starts[-1]
+    newline = text.find(b"\n", cut - 1)
+    return len(text) if newline < 0 else newline + 1
 
 
 def _log_error(exc: OSError, path: Path, what: str = "cannot write the log file") -> HbError:

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from hbtools.config.model import Config, OptimizationOptions
+from hbtools.config.model import Config, NodeInfo, OptimizationOptions
 from hbtools.graph.constant_terms import Tails
 from hbtools.graph.graph import GraphView, topological_sort
 from hbtools.graph.masks import MASKED_LOGIT, logit_carriers
 from hbtools.graph.model_io import default_opset, with_horizon_domain
+from hbtools.graph.origins import written_as
 from hbtools.log import first_of
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import registry
@@ -187,7 +188,8 @@ def weight_groups(node: NodeProto, view: GraphView) -> int:
 def make_plan(model: ModelProto, part: Partition, config: Config | None, profile: MarchProfile) -> CalibrationPlan:
     view = GraphView(model)
     bits_of = _requested_bits(part, config, profile, set(view.graph_outputs),
-                              Tails(model).grids(view.graph_outputs) if profile.int16 else [], view.const)
+                              Tails(model).grids(view.graph_outputs) if profile.int16 else [], view.const,
+                              written_as(model))
     plan = CalibrationPlan()
     int_outputs = wants_int_outputs(config)
     integer_inputs = {i.name for i in model.graph.input
@@ -426,9 +428,10 @@ def _is_square(node: NodeProto, const: Callable[[str], np.ndarray | None]) -> bo
 
 def _requested_bits(part: Partition, config: Config | None, profile: MarchProfile,
                     graph_outputs: set[str], grids: list[str],
-                    const: Callable[[str], np.ndarray | None]) -> dict[str, int]:
+                    const: Callable[[str], np.ndarray | None], written: dict[str, list[str]]) -> dict[str, int]:
     """int16 requests (node_info, optimization, the rules below) per tensor; int8 where the march has no
-    int16. ``grids``: tensors decoding positions around a constant grid (``Tails.grids``)."""
+    int16. ``grids``: tensors decoding positions around a constant grid (``Tails.grids``); ``written``: the
+    user's nodes the optimize stage wrote as others (``origins.written_as``), which node_info may name."""
     bits: dict[str, int] = {}
     opts = config.calibration.options if config else OptimizationOptions()
     output_bits = 8 if opts.output_bits == 8 else (16 if profile.int16 else 8)
@@ -516,37 +519,41 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         for node in unit.nodes:
             info = node_info.get(node.name)
             kind = node.op_type
-            wants16 = (info and info.output_type == "int16") or kind in opts.int16_outputs
-            if wants16 and unit.gives_indices:
+            asked16 = info is not None and info.output_type == "int16"  # by name: below, with its own messages
+            if kind in opts.int16_outputs and unit.gives_indices and not asked16:
                 log.warning("node %s (%s) gives int64 indices: an int16 output does not apply to it", node.name,
                             kind)
-            elif all16 or wants16:
-                option = None if info and info.output_type == "int16" else \
-                    "set_all_nodes_int16" if all16 else f"set_{kind}_output_int16"
+            elif (all16 or kind in opts.int16_outputs) and not asked16:
                 for t in unit.outputs:
-                    request(t, f"node {node.name} output", option)
-                    if option is None:
-                        per_node.add(grid_of(t))
+                    request(t, f"node {node.name} output",
+                            "set_all_nodes_int16" if all16 else f"set_{kind}_output_int16")
             if all16 or kind in opts.int16_inputs:
                 for t in unit.inputs:
                     request(t, f"node {node.name} input", "set_all_nodes_int16" if all16 else f"set_{kind}_input_int16")
-            if info:
-                if info.output_type == "int8":  # as set_{Op}_output_int8, for this node
-                    int8.update(grid_of(t) for t in unit.outputs)
-                for idx, dtype in info.input_types.items():
-                    targets = unit.inputs if idx is None else unit.inputs[idx: idx + 1]
-                    if dtype == "int8":  # as set_{Op}_input_int8: over the op's own int16 reading
-                        int8.update(grid_of(t) for t in targets)
-                        continue
-                    if dtype != "int16":
-                        continue
-                    for t in targets:
-                        request(t, f"node {node.name} input {idx if idx is not None else 'all'}")
-                        per_node.add(grid_of(t))
             if kind in opts.int8_inputs:
                 int8.update(grid_of(t) for t in unit.inputs)
             if kind in opts.int8_outputs:
                 int8.update(grid_of(t) for t in unit.outputs)
+    for target in _node_info_targets(part, node_info, written):
+        info = target.info
+        if info.output_type == "int16":
+            if target.gives_indices:
+                log.warning("node %s (%s) gives int64 indices: an int16 output does not apply to it", target.name,
+                            target.op_type)
+            else:
+                for t in target.outputs:
+                    request(t, f"node {target.name} output")
+                    per_node.add(grid_of(t))
+        if info.output_type == "int8":  # as set_{Op}_output_int8, for this node
+            int8.update(grid_of(t) for t in target.outputs)
+        for idx, dtype in info.input_types.items():
+            targets = target.inputs if idx is None else target.inputs[idx: idx + 1]
+            if dtype == "int8":  # as set_{Op}_input_int8: over the op's own int16 reading
+                int8.update(grid_of(t) for t in targets)
+            elif dtype == "int16":
+                for t in targets:
+                    request(t, f"node {target.name} input {idx if idx is not None else 'all'}")
+                    per_node.add(grid_of(t))
     # An op kind's int8 wins over the model-wide int16 options (set_all_nodes_int16;set_Conv_input_int8 keeps
     # every Conv's input int8, though it is also the input or output of the nodes around it).
     for t in int8 - per_node:
@@ -557,13 +564,55 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             continue
         log.warning("%s: int16 is not available on %s; falling back to int8 (%s)", option, profile.label,
                     first_of(whats))
-    present = {node.name for unit in part.units for node in unit.nodes}
     for name, info in node_info.items():
         # An ON request for a missing node is reported where placement is applied (units._apply_overrides).
-        if info.on is None and (info.output_type or info.input_types) and name not in present:
+        if info.on is None and (info.output_type or info.input_types) and name not in part.unit_of_node \
+                and name not in written:
             log.warning("node_info names node %s, which is not in the optimized model (removed or fused by "
                         "optimization?); its InputType / OutputType is ignored", name)
     return bits
+
+
+@dataclass
+class _NodeInfoTarget:
+    """What node_info's InputType / OutputType of one named node apply to."""
+
+    name: str
+    info: NodeInfo
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    gives_indices: bool
+
+
+def _node_info_targets(part: Partition, node_info: dict[str, NodeInfo],
+                       written: dict[str, list[str]]) -> list[_NodeInfoTarget]:
+    """The nodes node_info gives a type, in graph order: a node of the optimized model by its unit's inputs and
+    outputs; a user's node the optimize stage wrote as others (a HardSwish as HardSigmoid + Mul) by what those
+    read from outside them and what they write for the rest of the graph, the user's node's own tensors."""
+    typed = {name: info for name, info in node_info.items() if info.output_type or info.input_types}
+    targets = [_NodeInfoTarget(node.name, typed[node.name], node.op_type, unit.inputs, unit.outputs,
+                               unit.gives_indices)
+               for unit in part.units for node in unit.nodes if node.name in typed]
+    for name, info in typed.items():
+        parts = [part.unit_of_node[n] for n in written.get(name, []) if n in part.unit_of_node]
+        if name in part.unit_of_node or not parts:
+            continue
+        nodes = [n for unit in dict.fromkeys(parts) for n in unit.nodes if n.name in written[name]]
+        inputs, outputs = _tensors_from_outside(nodes, part)
+        targets.append(_NodeInfoTarget(name, info, nodes[-1].op_type, inputs, outputs,
+                                       any(part.producer[t].gives_indices for t in outputs)))
+    return targets
+
+
+def _tensors_from_outside(nodes: list[NodeProto], part: Partition) -> tuple[list[str], list[str]]:
+    """The activations ``nodes`` read from other nodes or the model's inputs, and those they write that none of
+    them reads (the others' inputs, the model's outputs), each with a grid."""
+    made = {t for n in nodes for t in n.output}
+    read = {t for n in nodes for t in n.input}
+    inputs = [t for n in nodes for t in n.input if t not in made and t in part.consumers]
+    outputs = [t for n in nodes for t in n.output if t not in read and t in part.producer]
+    return list(dict.fromkeys(inputs)), list(dict.fromkeys(outputs))
 
 
 def _request_int16_input(part: Partition, unit: Unit, profile: MarchProfile,

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from onnx import ModelProto, helper
+from onnx import ModelProto, NodeProto, helper
 
 from hbtools.graph.graph import GraphView, elements
 from hbtools.graph.model_io import load_model
 from hbtools.graph.origins import user_node
+from hbtools.log import first_of
 from hbtools.march.profiles import PASSIVE_OPS
 from hbtools.metrics import CHUNK, cosine_of_chunks, cosine_similarity
 from hbtools.pipeline.quantize import QTensor, QuantizedResult
@@ -172,6 +173,22 @@ def _node_rows(result: QuantizedResult, similarity: NodeSimilarity | None) -> li
     return rows
 
 
+def _part_note(node: NodeProto, user: str, user_on_bpu: bool) -> str:
+    """For the CPU reasons: where ``node`` is one the optimize stage wrote for the user's node ``user``, so."""
+    if node.name == user:
+        return ""
+    rest = "; its other parts run on the BPU" if user_on_bpu else ""
+    return f" (part of {user} as the optimize stage wrote it{rest})"
+
+
+def _counted_parts(users: list[str], on_bpu: set[str], written: int) -> str:
+    """What the count of CPU nodes leaves out: which of them run on the CPU only in part, and how many nodes run
+    there as the optimize stage wrote them, where that differs."""
+    split = [user for user in users if user in on_bpu]
+    text = f", {len(split)} of them only in part: {first_of(split)}" if split else ""
+    return text + (f" ({written} nodes of the optimized model)" if written != len(users) else "")
+
+
 def _users_rows(result: QuantizedResult, rows: list[_Row]) -> list[_Row]:
     """The rows in the user's node names, as the debugger names them: the rows of consecutive parts of one user's
     node on one placement become one.
@@ -202,12 +219,20 @@ def _users_rows(result: QuantizedResult, rows: list[_Row]) -> list[_Row]:
 
 def log_cpu_reasons(partition: Partition, origins: dict[str, str] | None = None) -> None:
     """Each CPU node with the reason it is not on the BPU, after the node table; in the user's node names
-    (``origins``), a node written as several parts once per type and reason of its parts."""
+    (``origins``), a node written as several parts once per type and reason of its parts, a part under another
+    name said to be one (a Reshape around a MatMul whose product runs on the BPU is no CPU MatMul)."""
+    origins = origins or {}
     subgraphs = len({u.subgraph for u in partition.units if u.on == "BPU"})
-    parts = [(user_node(origins or {}, n.name), n.op_type, u.reason)
-             for u in partition.units if u.on == "CPU" for n in u.nodes]
-    cpu = list(dict.fromkeys(parts))
-    log.info("The model has %d BPU subgraph(s) and %d CPU node(s)", subgraphs, len({c[0] for c in cpu}))
+    on_bpu = {user_node(origins, n.name) for u in partition.units if u.on == "BPU" for n in u.nodes}
+    rows = []  # (user's node, type, reason) per node on the CPU
+    for unit in (u for u in partition.units if u.on == "CPU"):
+        for node in unit.nodes:
+            user = user_node(origins, node.name)
+            rows.append((user, node.op_type, unit.reason + _part_note(node, user, user in on_bpu)))
+    cpu = list(dict.fromkeys(rows))
+    users = list(dict.fromkeys(c[0] for c in cpu))
+    log.info("The model has %d BPU subgraph(s) and %d CPU node(s)%s", subgraphs, len(users),
+             _counted_parts(users, on_bpu, len(rows)))
     if not cpu:
         return
     if all(u.on == "CPU" or u.kind == "preprocess" for u in partition.units):

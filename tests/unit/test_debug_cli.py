@@ -219,3 +219,19 @@ def test_the_log_keeps_every_call(dumped: Dumped, tmp_path: Path, capsys: pytest
     text = log.read_text()
     assert code == 0 and len(text) < 300_000 and "an old call" not in text, "cut back to its last calls"
     assert text.startswith(old_call.replace("an old", "a recent")) and "get-sensitivity-of-nodes" in text
+
+
+def test_a_long_last_call_is_kept_whole(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Cutting the log back kept the calls that begin in its last 256 KiB: a last call longer than that was cut
+    away whole, its ERROR with it (hunt 17 D5)."""
+    log = tmp_path / "hmct_debugger.log"
+    old_call = "2026-01-01 00:00:00,000 DEBUG ===== hmct-debugger an old call =====\n"
+    long_call = (old_call.replace("an old", "a long") + "2026-01-01 00:00:01,000 INFO per node\n" * 8000
+                 + "2026-01-01 00:00:02,000 ERROR the long call failed\n")
+    log.write_text(old_call + "x\n" * 600_000 + long_call)
+    with pytest.raises(SystemExit):
+        main(["no-such-command"])
+    capsys.readouterr()
+    text = log.read_text()
+    assert text.startswith(long_call) and "an old call" not in text, "the last call stays whole, its ERROR too"
+    assert "===== hmct-debugger no-such-command =====" in text

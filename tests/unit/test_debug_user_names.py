@@ -192,3 +192,66 @@ def test_the_node_tables_name_the_users_nodes(tmp_path: Path, monkeypatch: pytes
         assert by_name["MatMul_0"][3] != "Reshape", rows
     optimized = onnx.load(str(next((tmp_path / "p").glob("model_output/*_optimized_float_model.onnx"))))
     assert {"Resize_0_edges", "gemm_input_reshape"} <= {n.name for n in optimized.graph.node}, "the model's own names"
+
+
+@pytest.mark.parametrize("key", ["InputType", "OutputType"])
+def test_node_info_int16_with_the_users_name_types_its_tensors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                key: str) -> None:
+    """The node tables name a HardSwish written as a HardSigmoid and a Mul by the user's name, which ON took but
+    InputType / OutputType dropped: 'not in the optimized model', and nothing became int16 (hunt 17 D1)."""
+    g = _Graph(4)
+    y = g.conv(g.op("HardSwish", [g.conv("data", 3, 8)]), 8, 4)
+    fm = g.model({"data": [1, 3, 8, 8]}, [y], opset=17)
+    [hard_swish] = [n for n in fm.model.graph.node if n.op_type == "HardSwish"]
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    project.write(calibration_parameters={"calibration_type": "max"},
+                  model_parameters={"node_info": {hard_swish.name: {key: "int16"}}})
+    result = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0 and "not in the optimized model" not in result.output, result.output[-3000:]
+    calibrated = onnx.load(str(project.artefact("calibrated")))
+    bits = {n.input[0]: next(a.i for a in n.attribute if a.name == "bits") for n in calibrated.graph.node
+            if n.op_type == "HzCalibration" and n.input[0] in (*hard_swish.input, *hard_swish.output)}
+    typed = hard_swish.input[0] if key == "InputType" else hard_swish.output[0]
+    assert bits == {t: 16 if t == typed else 8 for t in (hard_swish.input[0], hard_swish.output[0])}, bits
+
+
+def _cpu_reasons(output: str) -> list[tuple[str, str, str]]:
+    """(node, type, reason) rows of the table of CPU nodes and their reasons."""
+    start = output.index("The nodes running on the CPU and why")
+    end = output.index("\n20", start)
+    return [(line[:line.index(" ")], *line.split(None, 2)[1:]) for line in output[start:end].splitlines()[3:]]
+
+
+def test_the_cpu_reasons_say_which_parts_of_a_users_node_run_on_the_cpu(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Linear over 3-D put on X3's BPU runs its Gemm there and the Reshapes written around it on the CPU: the CPU
+    reasons listed 'MatMul_0  Reshape  Reshape is not supported' as if the MatMul ran on the CPU, and the count
+    line counted it as a CPU node, with nothing saying that only parts run there (hunt 17 D4)."""
+    g = _Graph(5)
+    c = g.conv("data", 3, 16)
+    t = g.op("Transpose", [g.op("Reshape", [c, g.const(np.array([1, 16, -1], np.int64), "s3")])], perm=[0, 2, 1])
+    w = g.const((g.rng.standard_normal((16, 64)) * 0.3).astype(np.float32), "w")
+    lin = g.op("Add", [g.op("MatMul", [t, w]), g.const((g.rng.standard_normal(64) * 0.1).astype(np.float32), "b")])
+    back = g.op("Reshape", [g.op("Transpose", [lin], perm=[0, 2, 1]),
+                            g.const(np.array([1, 64, 16, 16], np.int64), "s4")])
+    fm = g.model({"data": [1, 3, 16, 16]}, [g.conv(back, 64, 8)])
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", fm, march="bernoulli2", cal_count=2)
+    project.write(calibration_parameters={"calibration_type": "max", "run_on_bpu": ["MatMul_0"]})
+    made = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+    assert made.exit_code == 0, made.output[-3000:]
+    assert ("MatMul_0", "BPU", "id(1)", "HzSQuantizedConv") in _table(made.output), made.output[-3000:]
+    matmul = [r for r in _cpu_reasons(made.output) if r[0] == "MatMul_0"]
+    assert matmul and all(kind == "Reshape" and reason.endswith(
+        "(part of MatMul_0 as the optimize stage wrote it; its other parts run on the BPU)")
+        for _, kind, reason in matmul), matmul
+    cpu = {r[0] for r in _cpu_reasons(made.output)}
+    count = re.search(r"(\d+) CPU node\(s\), 1 of them only in part: MatMul_0 \((\d+) nodes of the optimized model\)",
+                      made.output)
+    assert count and int(count[1]) == len(cpu), made.output[-3000:]
+    quantized = onnx.load(str(project.artefact("quantized")))
+    in_float = [n.name for n in quantized.graph.node if n.domain != "horizon" and n.name != "data_nchw_Transpose"]
+    assert int(count[2]) == len(in_float), (count[0], in_float)  # the CPU nodes, but the input's layout Transpose
