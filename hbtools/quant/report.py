@@ -173,12 +173,15 @@ def _node_rows(result: QuantizedResult, similarity: NodeSimilarity | None) -> li
     return rows
 
 
-def _part_note(node: NodeProto, user: str, user_on_bpu: bool) -> str:
-    """For the CPU reasons: where ``node`` is one the optimize stage wrote for the user's node ``user``, so."""
+def _with_part_note(reason: str, node: NodeProto, user: str, user_on_bpu: bool) -> str:
+    """A CPU reason saying, where ``node`` is one the optimize stage wrote for the user's node ``user``, so, and
+    whether that node's other parts run on the BPU (once: a reason may name the user's node already)."""
     if node.name == user:
-        return ""
+        return reason
     rest = "; its other parts run on the BPU" if user_on_bpu else ""
-    return f" (part of {user} as the optimize stage wrote it{rest})"
+    if "the optimize stage wrote" in reason and reason.endswith(")"):
+        return reason[:-1] + rest + ")"
+    return f"{reason} (part of {user} as the optimize stage wrote it{rest})"
 
 
 def _counted_parts(users: list[str], on_bpu: set[str], written: int) -> str:
@@ -228,7 +231,7 @@ def log_cpu_reasons(partition: Partition, origins: dict[str, str] | None = None)
     for unit in (u for u in partition.units if u.on == "CPU"):
         for node in unit.nodes:
             user = user_node(origins, node.name)
-            rows.append((user, node.op_type, unit.reason + _part_note(node, user, user in on_bpu)))
+            rows.append((user, node.op_type, _with_part_note(unit.reason, node, user, user in on_bpu)))
     cpu = list(dict.fromkeys(rows))
     users = list(dict.fromkeys(c[0] for c in cpu))
     log.info("The model has %d BPU subgraph(s) and %d CPU node(s)%s", subgraphs, len(users),

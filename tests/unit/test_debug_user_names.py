@@ -246,7 +246,7 @@ def test_the_cpu_reasons_say_which_parts_of_a_users_node_run_on_the_cpu(tmp_path
     assert ("MatMul_0", "BPU", "id(1)", "HzSQuantizedConv") in _table(made.output), made.output[-3000:]
     matmul = [r for r in _cpu_reasons(made.output) if r[0] == "MatMul_0"]
     assert matmul and all(kind == "Reshape" and reason.endswith(
-        "(part of MatMul_0 as the optimize stage wrote it; its other parts run on the BPU)")
+        "(the optimize stage wrote this Reshape for MatMul_0; its other parts run on the BPU)")
         for _, kind, reason in matmul), matmul
     cpu = {r[0] for r in _cpu_reasons(made.output)}
     count = re.search(r"(\d+) CPU node\(s\), 1 of them only in part: MatMul_0 \((\d+) nodes of the optimized model\)",
