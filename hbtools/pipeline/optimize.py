@@ -140,6 +140,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if profile is not None and bpu_forms.reductions_over_the_first_axis(body):
         log.info("reductions over the first axis of a tensor without a batch axis moved behind a batch of one")
     if profile is not None:
+        sums = bpu_forms.cumsums_as_matmuls(body)
+        if sums:
+            log.info("%d CumSums written as MatMuls by a triangle of ones", sums)
         vectors = bpu_forms.matmuls_of_vectors(body)
         if vectors:
             log.info("%d MatMuls of a 1-D tensor written as MatMuls of its 2-D form", vectors)

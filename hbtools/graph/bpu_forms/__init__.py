@@ -28,7 +28,7 @@ from hbtools.graph.bpu_forms.layout import (
     splits_undoing_concats,
     transposes_in_fewer_axes,
 )
-from hbtools.graph.bpu_forms.linear_maps import spatial_index_maps_as_matmuls
+from hbtools.graph.bpu_forms.linear_maps import cumsums_as_matmuls, spatial_index_maps_as_matmuls
 from hbtools.graph.bpu_forms.matmuls import (
     einsums_as_matmuls,
     matmuls_of_batched_weights,
@@ -68,6 +68,7 @@ __all__ = [
     "convs_in_kernel_pieces",
     "convs_without_dead_taps",
     "crops_as_slices",
+    "cumsums_as_matmuls",
     "dilated_convs_by_phases",
     "divisions_as_reciprocal_products",
     "einsums_as_matmuls",
@@ -86,9 +87,9 @@ __all__ = [
     "pools_over_one_axis_as_2d",
     "reductions_over_the_first_axis",
     "scalar_reductions_kept_as_maps",
+    "sequences_as_concats",
     "spatial_index_maps_as_matmuls",
     "spatial_reductions_as_global_pools",
-    "sequences_as_concats",
     "splits_undoing_concats",
     "strided_convs_over_phases",
     "transposes_in_fewer_axes",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from onnx import ModelProto, NodeProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.errors import HbError
-from hbtools.graph.graph import GraphView, is_static, part_model
+from hbtools.graph.graph import GraphView, is_static, part_model, rewrite_nodes
 from hbtools.runtime.session import RUN_ERRORS, ort_session
 
 log = logging.getLogger("hbtools")
@@ -174,3 +174,55 @@ def _replace(model: ModelProto, source: str, out: str, a: np.ndarray, b: np.ndar
 
 def _identity(matrix: np.ndarray) -> bool:
     return matrix.shape[0] == matrix.shape[1] and bool(np.allclose(matrix, np.eye(matrix.shape[0]), atol=1e-6))
+
+
+MAX_CUMSUM_LENGTH = 2048  # the [L, L] matrix of ones: 16 MB at this length
+
+
+def cumsums_as_matmuls(model: ModelProto) -> int:
+    """A float ``CumSum`` over an axis of a static shape as a ``MatMul`` by the constant triangle of ones it
+    sums with (``exclusive`` and ``reverse`` choose the triangle): over the last axis ``x @ T``, over another
+    ``T^T @ x`` with the axes after it merged into one by a Reshape (a constant first operand, which
+    ``matmuls_with_the_weight_second`` writes in the BPU's form). No BPU takes CumSum: Mamba's selective scan
+    in its parallel form (two CumSums over the tokens per block) split a 4-block model into 13 BPU subgraphs.
+    Returns how many it wrote."""
+    view = GraphView(model)
+    return rewrite_nodes(model, lambda node: _cumsum_as_matmul(node, view, model))
+
+
+def _cumsum_as_matmul(node: NodeProto, view: GraphView, model: ModelProto) -> list[NodeProto] | None:
+    if node.op_type != "CumSum" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    shape, axis = view.shapes.get(node.input[0]), view.const(node.input[1])
+    if not is_static(shape) or not shape or axis is None or np.asarray(axis).size != 1 or \
+            view.elem_types.get(node.input[0]) != TensorProto.FLOAT:
+        return None
+    axis = int(np.asarray(axis).reshape(-1)[0]) % len(shape)
+    length = shape[axis]
+    if length > MAX_CUMSUM_LENGTH:
+        return None
+    a = view.attrs(node)
+    i, j = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")  # output j sums inputs i
+    reverse, exclusive = bool(a.get("reverse", 0)), bool(a.get("exclusive", 0))
+    summed = (i > j if exclusive else i >= j) if reverse else (i < j if exclusive else i <= j)
+    base = node.name or node.output[0]
+
+    def constant(value: np.ndarray, hint: str) -> str:
+        name = f"{base}_{hint}"
+        model.graph.initializer.append(numpy_helper.from_array(value, name))
+        return name
+
+    triangle = summed.astype(np.float32)
+    if axis == len(shape) - 1:
+        return [helper.make_node("MatMul", [node.input[0], constant(triangle, "triangle")], [node.output[0]],
+                                 name=node.name)]
+    rows = [int(np.prod(shape[:axis], dtype=np.int64)), length, int(np.prod(shape[axis + 1:], dtype=np.int64))]
+    if axis == len(shape) - 2:
+        return [helper.make_node("MatMul", [constant(triangle.T, "triangle"), node.input[0]], [node.output[0]],
+                                 name=node.name)]
+    merged, summed_rows = f"{base}_rows", f"{base}_summed"
+    return [helper.make_node("Reshape", [node.input[0], constant(np.array(rows, np.int64), "rows_shape")], [merged],
+                             name=f"{base}_rows"),
+            helper.make_node("MatMul", [constant(triangle.T, "triangle"), merged], [summed_rows], name=node.name),
+            helper.make_node("Reshape", [summed_rows, constant(np.array(shape, np.int64), "shape")],
+                             [node.output[0]], name=f"{base}_shape")]
