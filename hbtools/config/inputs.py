@@ -314,7 +314,8 @@ def build_inputs(
     )
     dirs = _per_input(cal_dirs, "cal_data_dir", n, ref, group="calibration_parameters")
     # One input_layout_rt for several inputs is meant for the pictures among them; the featuremaps need no warning.
-    layout_rt_shared = n > 1 and isinstance(ip.get("input_layout_rt"), list) and len(ip["input_layout_rt"]) == 1
+    given = ip.get("input_layout_rt")
+    layout_rt_shared = n > 1 and isinstance(given, list) and len(trailing_separator_dropped(given)) == 1  # 'NHWC;'
     specs: list[InputSpec] = []
     for i in range(n):
         for key in ("input_type_train", "input_layout_train", "input_type_rt"):

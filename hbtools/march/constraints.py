@@ -32,7 +32,8 @@ def classify_broadcast(a: list[int | None], b: list[int | None]) -> str | None:
         return "same"
     if math.prod(a) == 1 or math.prod(b) == 1:
         return "scalar"
-    big, small = (a, b) if len(a) >= len(b) else (b, a)
+    # The operand order says nothing: SqueezeExcitation writes its gate first (scale * x).
+    big, small = (a, b) if (len(a), math.prod(a)) >= (len(b), math.prod(b)) else (b, a)
     if _is_channel(big, [1] * (len(big) - len(small)) + list(small)):
         return "channel"
     try:

@@ -176,9 +176,9 @@ def _node_rows(result: QuantizedResult, similarity: NodeSimilarity | None) -> li
 def _with_part_note(reason: str, node: NodeProto, user: str, user_on_bpu: bool) -> str:
     """A CPU reason saying, where ``node`` is one the optimize stage wrote for the user's node ``user``, so, and
     whether that node's other parts run on the BPU (once: a reason may name the user's node already)."""
-    if node.name == user:
-        return reason
     rest = "; its other parts run on the BPU" if user_on_bpu else ""
+    if node.name == user:  # the part that kept the user's name
+        return f"{reason} ({rest[2:]})" if rest else reason
     if "the optimize stage wrote" in reason and reason.endswith(")"):
         return reason[:-1] + rest + ")"
     return f"{reason} (part of {user} as the optimize stage wrote it{rest})"

@@ -998,3 +998,30 @@ def test_cbams_channel_gate_runs_on_the_bpu_of_x3(tmp_path: Path) -> None:
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     assert len(read_bin(tmp_path / "out" / "m.bin").models[0].partition["subgraphs"]) == 1
     _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 12), rng, optimized=True)
+
+
+@pytest.mark.parametrize("march", ["bernoulli2", "bayes-e"])
+def test_a_squeeze_excitation_gate_written_first_runs_on_the_bpu(tmp_path: Path, march: str) -> None:
+    """torchvision's SqueezeExcitation (MobileNetV3, EfficientNet) returns ``scale * x``: the per-channel gate is
+    the Mul's first operand. The broadcast was classified by operand order, so on RDK X3, which takes a channel
+    operand but no general broadcast, the Mul and the gate ran on the CPU (2 BPU subgraphs); ``x * scale`` ran
+    on the BPU (hunt 18 D1)."""
+    rng = np.random.default_rng(47)
+    inits = [_init("w", (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)),
+             _init("w1", (rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32)),
+             _init("w2", (rng.standard_normal((8, 4, 1, 1)) * 0.3).astype(np.float32)),
+             _init("w3", (rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["f"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["f"], ["p"], name="pool"),
+             helper.make_node("Conv", ["p", "w1"], ["s1"], name="fc1"),
+             helper.make_node("Relu", ["s1"], ["s2"], name="relu1"),
+             helper.make_node("Conv", ["s2", "w2"], ["s3"], name="fc2"),
+             helper.make_node("HardSigmoid", ["s3"], ["scale"], alpha=1 / 6, name="gate"),
+             helper.make_node("Mul", ["scale", "f"], ["g"], name="excite"),
+             helper.make_node("Conv", ["g", "w3"], ["y"], name="head")]
+    model = _model(nodes, [("x", F, [1, 3, 16, 16])], [("y", F, [1, 4, 16, 16])], inits)
+    log = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 16, 16])}, "1x3x16x16", "float32", "m",
+                              march=march)
+    assert "The model has 1 BPU subgraph(s) and 0 CPU node(s)" in log, log[-3000:]
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 16, 16), rng)
