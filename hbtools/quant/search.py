@@ -761,12 +761,6 @@ class Evaluator:
         gain = self.units - int8
         if np.all(gain <= 0):
             return {}, dict(thresholds)
-        if np.all(gain < 1.0 - target):
-            # int16 could only win back less than the target leaves (a Whisper-style encoder block at 1500
-            # frames: int8 0.99988, all int16 0.99992, and 217 s of search for +40 % modelled latency).
-            log.info("mixed precision: every activation int16 would raise the output cosine by less than %.0e "
-                     "(%.6f, all int16 %.6f); every tensor stays int8", 1.0 - target, score, best16)
-            return {}, dict(thresholds)
         goals = np.where(gain > 0, np.minimum(target, int8 + KEEP_GAIN * gain), -np.inf)
         # Each sample keeps a share of its own gain too: the pooled score weighs the samples by their
         # output energy, and a picture with a little text (a few percent of the mean energy, or less)
