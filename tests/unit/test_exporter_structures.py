@@ -933,6 +933,29 @@ def _restored_gate(form: str, s: str, channels: int) -> tuple[list[NodeProto], l
             [_init("last", np.array([-1])), _init("map", np.array([1, channels, 1, 1]))], "g")
 
 
+def _gate_weights(rng: np.random.Generator, channels: int) -> list[TensorProto]:
+    """A conv to ``channels``, the gate's two Linear layers (to 4 and back) and a conv after: the weights the
+    squeeze-excitation tests share."""
+    return [_init("w1", (rng.standard_normal((channels, 3, 3, 3)) * 0.3).astype(np.float32)),
+            _init("f1", (rng.standard_normal((4, channels)) * 0.4).astype(np.float32)),
+            _init("b1", np.full(4, 0.1, np.float32)),
+            _init("f2", (rng.standard_normal((channels, 4)) * 0.4).astype(np.float32)),
+            _init("b2", np.zeros(channels, np.float32)),
+            _init("w2", (rng.standard_normal((8, channels, 3, 3)) * 0.2).astype(np.float32))]
+
+
+def _converts_whole_on_x3(model: ModelProto, tmp_path: Path, rng: np.random.Generator) -> None:
+    """``model`` (input x [1, 3, 12, 12]) converted for RDK X3 is one BPU subgraph with no CPU node, and its
+    artefacts agree with it."""
+    from hbtools.runtime.binfile import read_bin
+
+    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 12, 12])}, "1x3x12x12", "float32", "m",
+                        march="bernoulli2")
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    assert len(read_bin(tmp_path / "out" / "m.bin").models[0].partition["subgraphs"]) == 1
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 12), rng, optimized=True)
+
+
 @pytest.mark.parametrize("form", ["two_unsqueezes", "unsqueeze_last_twice", "unsqueeze_then_reshape"])
 def test_a_linear_squeeze_excitation_gate_restored_in_steps_runs_on_the_bpu_of_x3(tmp_path: Path, form: str) -> None:
     """A squeeze-excitation written with Linear layers (mean over H and W, Linear, ReLU, Linear, Sigmoid) whose [1, C]
@@ -941,26 +964,15 @@ def test_a_linear_squeeze_excitation_gate_restored_in_steps_runs_on_the_bpu_of_x
     rng = np.random.default_rng(47)
     channels = 16
     steps, constants, gate = _restored_gate(form, "s", channels)
-    inits = [_init("w1", (rng.standard_normal((channels, 3, 3, 3)) * 0.3).astype(np.float32)),
-             _init("f1", (rng.standard_normal((4, channels)) * 0.4).astype(np.float32)),
-             _init("b1", np.full(4, 0.1, np.float32)),
-             _init("f2", (rng.standard_normal((channels, 4)) * 0.4).astype(np.float32)),
-             _init("b2", np.zeros(channels, np.float32)),
-             _init("w2", (rng.standard_normal((8, channels, 3, 3)) * 0.2).astype(np.float32)), *constants]
+    inits = [*_gate_weights(rng, channels), *constants]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("ReduceMean", ["r1"], ["pooled"], axes=[2, 3], keepdims=0),
              helper.make_node("Gemm", ["pooled", "f1", "b1"], ["h1"], transB=1),
              helper.make_node("Relu", ["h1"], ["h1r"]), helper.make_node("Gemm", ["h1r", "f2", "b2"], ["h2"], transB=1),
              helper.make_node("Sigmoid", ["h2"], ["s"]), *steps, helper.make_node("Mul", ["r1", gate], ["m"]),
              helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1])]
-    model = _model(nodes, [("x", F, [1, 3, 12, 12])], [("y", F, [1, 8, 12, 12])], inits, opset=13)
-    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 12, 12])}, "1x3x12x12", "float32", "m",
-                        march="bernoulli2")
-    from hbtools.runtime.binfile import read_bin
-
-    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
-    assert len(read_bin(tmp_path / "out" / "m.bin").models[0].partition["subgraphs"]) == 1
-    _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 12), rng, optimized=True)
+    _converts_whole_on_x3(_model(nodes, [("x", F, [1, 3, 12, 12])], [("y", F, [1, 8, 12, 12])], inits, opset=13),
+                          tmp_path, rng)
 
 
 def test_cbams_channel_gate_runs_on_the_bpu_of_x3(tmp_path: Path) -> None:
@@ -969,13 +981,8 @@ def test_cbams_channel_gate_runs_on_the_bpu_of_x3(tmp_path: Path) -> None:
     flattens, the sum, the Sigmoid, both Unsqueezes and the Expand ran on the CPU between two BPU subgraphs."""
     rng = np.random.default_rng(53)
     channels = 16
-    inits = [_init("w1", (rng.standard_normal((channels, 3, 3, 3)) * 0.3).astype(np.float32)),
-             _init("f1", (rng.standard_normal((4, channels)) * 0.4).astype(np.float32)),
-             _init("b1", np.full(4, 0.1, np.float32)),
-             _init("f2", (rng.standard_normal((channels, 4)) * 0.4).astype(np.float32)),
-             _init("b2", np.zeros(channels, np.float32)), _init("ax2", np.array([2])), _init("ax3", np.array([3])),
-             _init("like_x", np.array([1, channels, 12, 12])),
-             _init("w2", (rng.standard_normal((8, channels, 3, 3)) * 0.2).astype(np.float32))]
+    inits = [*_gate_weights(rng, channels), _init("ax2", np.array([2])), _init("ax3", np.array([3])),
+             _init("like_x", np.array([1, channels, 12, 12]))]
 
     def mlp(pool: str) -> list[NodeProto]:
         return [helper.make_node(pool, ["r1"], [f"{pool}_map"]), helper.make_node("Flatten", [f"{pool}_map"], [pool]),
@@ -990,14 +997,8 @@ def test_cbams_channel_gate_runs_on_the_bpu_of_x3(tmp_path: Path) -> None:
              helper.make_node("Unsqueeze", ["s3", "ax3"], ["s4"]), helper.make_node("Expand", ["s4", "like_x"], ["g"]),
              helper.make_node("Mul", ["r1", "g"], ["m"]),
              helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1])]
-    model = _model(nodes, [("x", F, [1, 3, 12, 12])], [("y", F, [1, 8, 12, 12])], inits, opset=13)
-    convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 12, 12])}, "1x3x12x12", "float32", "m",
-                        march="bernoulli2")
-    from hbtools.runtime.binfile import read_bin
-
-    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
-    assert len(read_bin(tmp_path / "out" / "m.bin").models[0].partition["subgraphs"]) == 1
-    _agrees_with_source(model, tmp_path / "out", (1, 3, 12, 12), rng, optimized=True)
+    _converts_whole_on_x3(_model(nodes, [("x", F, [1, 3, 12, 12])], [("y", F, [1, 8, 12, 12])], inits, opset=13),
+                          tmp_path, rng)
 
 
 @pytest.mark.parametrize("march", ["bernoulli2", "bayes-e"])
