@@ -13,17 +13,24 @@ pieces); for a Transpose writing the old output of a node still there, the Trans
 (onnxruntime moved it down past the node); the node that wrote the tensor it now writes (a rewrite
 keeps its node's output names); the node that reads its output (an adapter inserted before a node),
 else the node it reads from.
+
+A user's node with no node left after a rewrite was fused into another (a BatchNormalization into its
+Conv, a LayerNorm pattern's Div into the one node that computes it): ``fused_into`` names that node,
+and whether it writes the user node's own output (the pattern's last node) or only computes it inside.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from onnx import ModelProto
 
 from hbtools.graph.model_io import read_json_metadata, write_json_metadata
 
 ORIGINS_KEY = "hbtools.node_origins"
+FUSED_KEY = "hbtools.fused_nodes"
+_FUSION_REACH = 32  # gone nodes followed forward to the tensor a fused node now writes
 _NAME_SEPARATORS = "_/.:"  # what a rewrite puts between its node's name and the piece's
 
 
@@ -33,10 +40,12 @@ class OriginTrace:
     def __init__(self, model: ModelProto) -> None:
         self.origins: dict[str, str] = {n.name: n.name for n in model.graph.node if n.name}
         self._users = set(self.origins)  # a node taken out for a while (the input preprocessing) keeps its name
+        self.fused_into: dict[str, Fusion] = {}
         self._seen(model)
 
     def _seen(self, model: ModelProto) -> None:
         self._producers = _producers(model)
+        self._readers = _readers(model)
         self._nodes = {n.name: n for n in model.graph.node if n.name}
 
     def follow(self, model: ModelProto) -> None:
@@ -54,8 +63,51 @@ class OriginTrace:
             if origin is not None:
                 found[node.name] = origin
         _from_neighbours(model, found)
+        self._follow_fusions(model, set(found.values()))
         self.origins = found
         self._seen(model)
+
+    def _follow_fusions(self, model: ModelProto, users_left: set[str]) -> None:
+        """Update ``fused_into`` for the user's nodes that have no node left in ``model``."""
+        now = {n.name for n in model.graph.node}
+        into = self._gone_into(model, now)
+        fused: dict[str, Fusion] = {}
+        for user, fusion in self.fused_into.items():  # a node fused before may be fused again
+            if user in users_left:  # back (the input preprocessing is taken out for a while)
+                continue
+            if fusion.node in now:
+                fused[user] = fusion
+            elif fusion.node in into:
+                fused[user] = Fusion(into[fusion.node].node, fusion.at_output and into[fusion.node].at_output)
+        for gone, fusion in into.items():
+            user = self.origins.get(gone)
+            if user is None or user in users_left:
+                continue
+            if user not in fused or (fusion.at_output and not fused[user].at_output):
+                fused[user] = fusion
+        self.fused_into = fused
+
+    def _gone_into(self, model: ModelProto, now: set[str]) -> dict[str, Fusion]:
+        """Nodes gone from ``model`` -> the node now writing a tensor they wrote, or failing that, a tensor that
+        gone nodes after them wrote: the pattern's output. A node removed outright (an Identity, a folded
+        constant) leads to no such tensor."""
+        writers = _producers(model)
+        out: dict[str, Fusion] = {}
+        for name in self._nodes:
+            if name in now:
+                continue
+            queue, seen = [name], {name}
+            while queue and len(seen) <= _FUSION_REACH:
+                node = self._nodes[queue.pop(0)]
+                written = [writers[t] for t in node.output if t in writers]
+                if written:
+                    out[name] = Fusion(written[0], node.name == name)
+                    break
+                for reader in (r for t in node.output for r in self._readers.get(t, [])):
+                    if reader not in now and reader in self._nodes and reader not in seen:
+                        seen.add(reader)
+                        queue.append(reader)
+        return out
 
     def _transpose_before(self, name: str, reach: int = 8) -> str | None:
         """The origin of the Transpose nearest before node ``name`` (within ``reach`` nodes) in the graph last seen.
@@ -104,17 +156,30 @@ class OriginTrace:
         return {name: origin for name, origin in self.origins.items() if name != origin}
 
 
+@dataclass(frozen=True)
+class Fusion:
+    """The node a user's node went into; ``at_output``: that node writes the user node's output."""
+
+    node: str
+    at_output: bool
+
+
 def _producers(model: ModelProto) -> dict[str, str]:
     return {o: n.name for n in model.graph.node for o in n.output if o}
+
+
+def _readers(model: ModelProto) -> dict[str, list[str]]:
+    readers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n.name)
+    return readers
 
 
 def _from_neighbours(model: ModelProto, found: dict[str, str]) -> None:
     """Give the nodes no rule placed the origin of their reader, else of their producer (repeated, so that a
     chain of new nodes between two user nodes takes it)."""
-    readers: dict[str, list[str]] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n.name)
+    readers = _readers(model)
     producers = _producers(model)
     open_nodes = [n for n in model.graph.node if n.name and n.name not in found]
     while open_nodes:
@@ -145,9 +210,24 @@ def user_node(origins: Mapping[str, str], name: str) -> str:
     return origins.get(name, name)
 
 
+def record_fusions(model: ModelProto, fused_into: Mapping[str, Fusion]) -> None:
+    """Record in ``model``'s metadata the node each fused user's node went into."""
+    write_json_metadata(model, FUSED_KEY, {user: [f.node, f.at_output] for user, f in fused_into.items()})
+
+
+def recorded_fusions(model: ModelProto) -> dict[str, Fusion]:
+    """user's node -> the node of ``model`` it was fused into, as ``record_fusions`` recorded it."""
+    return {user: Fusion(node, bool(at_output))
+            for user, (node, at_output) in (read_json_metadata(model, FUSED_KEY) or {}).items()}
+
+
 def written_as(model: ModelProto) -> dict[str, list[str]]:
-    """user's node -> the nodes of ``model`` written for it under other names, in graph order."""
+    """user's node -> the nodes of ``model`` written for it under other names, in graph order; a user's node
+    fused into another that writes its output (a LayerNorm pattern's last Add) is written as that node."""
     written: dict[str, list[str]] = {}
     for node, user in recorded_origins(model).items():
         written.setdefault(user, []).append(node)
+    for user, fusion in recorded_fusions(model).items():
+        if fusion.at_output and user not in written:
+            written[user] = [fusion.node]
     return written

@@ -43,7 +43,7 @@ from hbtools.graph.graph import (
 from hbtools.graph.layer_norm import fuse_layer_norms
 from hbtools.graph.masks import MASKED_LOGIT, constant_masks, masked_logits_clamped
 from hbtools.graph.model_io import with_horizon_domain
-from hbtools.graph.origins import OriginTrace, record_origins
+from hbtools.graph.origins import OriginTrace, record_fusions, record_origins
 from hbtools.graph.recurrent import RECURRENT_OPS, record_unrolled, unroll_recurrences
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import custom
@@ -231,6 +231,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     topological_sort(out)
     trace.follow(out)
     record_origins(out, trace.differing())
+    record_fusions(out, trace.fused_into)
     log.info("Optimized model: %d nodes (from %d)", len(out.graph.node), len(model.graph.node))
     return compact(out)  # the rewrites above replaced weights in place: their old values are still held
 

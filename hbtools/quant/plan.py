@@ -29,7 +29,7 @@ from hbtools.graph.constant_terms import Tails
 from hbtools.graph.graph import GraphView, topological_sort
 from hbtools.graph.masks import MASKED_LOGIT, logit_carriers
 from hbtools.graph.model_io import default_opset, with_horizon_domain
-from hbtools.graph.origins import written_as
+from hbtools.graph.origins import Fusion, recorded_fusions, written_as
 from hbtools.log import first_of
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import registry
@@ -189,7 +189,7 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     view = GraphView(model)
     bits_of = _requested_bits(part, config, profile, set(view.graph_outputs),
                               Tails(model).grids(view.graph_outputs) if profile.int16 else [], view.const,
-                              written_as(model))
+                              written_as(model), recorded_fusions(model))
     plan = CalibrationPlan()
     int_outputs = wants_int_outputs(config)
     integer_inputs = {i.name for i in model.graph.input
@@ -428,10 +428,12 @@ def _is_square(node: NodeProto, const: Callable[[str], np.ndarray | None]) -> bo
 
 def _requested_bits(part: Partition, config: Config | None, profile: MarchProfile,
                     graph_outputs: set[str], grids: list[str],
-                    const: Callable[[str], np.ndarray | None], written: dict[str, list[str]]) -> dict[str, int]:
+                    const: Callable[[str], np.ndarray | None], written: dict[str, list[str]],
+                    fusions: dict[str, Fusion]) -> dict[str, int]:
     """int16 requests (node_info, optimization, the rules below) per tensor; int8 where the march has no
     int16. ``grids``: tensors decoding positions around a constant grid (``Tails.grids``); ``written``: the
-    user's nodes the optimize stage wrote as others (``origins.written_as``), which node_info may name."""
+    user's nodes the optimize stage wrote as others (``origins.written_as``), which node_info may name;
+    ``fusions``: those it fused into others (``origins.recorded_fusions``)."""
     bits: dict[str, int] = {}
     opts = config.calibration.options if config else OptimizationOptions()
     output_bits = 8 if opts.output_bits == 8 else (16 if profile.int16 else 8)
@@ -568,8 +570,14 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         # An ON request for a missing node is reported where placement is applied (units._apply_overrides).
         if info.on is None and (info.output_type or info.input_types) and name not in part.unit_of_node \
                 and name not in written:
-            log.warning("node_info names node %s, which is not in the optimized model (removed or fused by "
-                        "optimization?); its InputType / OutputType is ignored", name)
+            if name in fusions and fusions[name].node in part.unit_of_node:
+                into = fusions[name].node
+                log.warning("node_info names node %s, which the optimize stage fused into node %s (%s) and which "
+                            "writes no tensor of its own there; its InputType / OutputType is ignored: name %s "
+                            "to type that node", name, into, part.unit_of_node[into].main.op_type, into)
+            else:
+                log.warning("node_info names node %s, which is not in the optimized model (removed or fused by "
+                            "optimization?); its InputType / OutputType is ignored", name)
     return bits
 
 

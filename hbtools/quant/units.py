@@ -20,7 +20,7 @@ from hbtools.config.model import Config, NodeInfo
 from hbtools.graph.constant_terms import MOVES
 from hbtools.graph.contrib import why_kept
 from hbtools.graph.graph import GraphView, elements, is_static, outer_references
-from hbtools.graph.origins import recorded_origins, written_as
+from hbtools.graph.origins import Fusion, recorded_fusions, recorded_origins, written_as
 from hbtools.graph.recurrent import RECURRENT_OPS, gates_fit
 from hbtools.log import first_of
 from hbtools.march.constraints import constant_operand_shape, violation
@@ -177,7 +177,7 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
         units.append(unit)
     part = Partition(units)
     part.index()
-    forced = _apply_overrides(part, node_info, warn, written_as(model))
+    forced = _apply_overrides(part, node_info, warn, written_as(model), recorded_fusions(model))
     if not all_bpu:
         _keep_index_ops_on_float_logits(part, profile, forced)
         if not integer_outputs:
@@ -442,16 +442,19 @@ def _placed(unit: Unit, name: str) -> str:
 
 
 def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool,
-                     written_as: dict[str, list[str]]) -> set[int]:
+                     written_as: dict[str, list[str]], fusions: dict[str, Fusion]) -> set[int]:
     """run_on_cpu / run_on_bpu / node_info ON; returns the ids of units the user put on the BPU.
 
-    A user's node the optimize stage wrote as other nodes (a HardSwish as a HardSigmoid and a Mul, a
-    LayerNorm pattern as one node) is placed through them."""
+    A user's node the optimize stage wrote as other nodes (a HardSwish as a HardSigmoid and a Mul) is placed
+    through them; one it fused into another (a LayerNorm pattern's Div into the one node computing it), through
+    that node."""
     forced: set[int] = set()
     for given, info in node_info.items():
         if info.on is None:
             continue
         names = [n for n in [given, *written_as.get(given, [])] if n in part.unit_of_node]
+        if not names and given in fusions and fusions[given].node in part.unit_of_node:
+            names = [fusions[given].node]
         if not names and warn:
             log.warning("node_info / run_on_%s names node %s, which is not in the optimized model (removed or "
                         "fused by optimization?); ignored", info.on.lower(), given)

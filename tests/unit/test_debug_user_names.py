@@ -255,3 +255,54 @@ def test_the_cpu_reasons_say_which_parts_of_a_users_node_run_on_the_cpu(tmp_path
     quantized = onnx.load(str(project.artefact("quantized")))
     in_float = [n.name for n in quantized.graph.node if n.domain != "horizon" and n.name != "data_nchw_Transpose"]
     assert int(count[2]) == len(in_float), (count[0], in_float)  # the CPU nodes, but the input's layout Transpose
+
+
+def _spelled_out_layer_norm() -> FloatModel:
+    """MatMul -> ReduceMean / Sub / Pow / ReduceMean / Add / Sqrt / Div / Mul / Add -> MatMul: the optimize stage
+    fuses the LayerNorm pattern into one node, which keeps the first ReduceMean's name."""
+    g = _Graph(6)
+    a = g.op("MatMul", ["feat", g.const((g.rng.standard_normal((32, 32)) * 0.3).astype(np.float32), "w1")])
+    d = g.op("Sub", [a, g.op("ReduceMean", [a], axes=[-1])])
+    var = g.op("ReduceMean", [g.op("Pow", [d, g.const(np.float32(2), "two")])], axes=[-1])
+    sd = g.op("Sqrt", [g.op("Add", [var, g.const(np.float32(1e-5), "eps")])])
+    gamma = g.const((g.rng.standard_normal(32) * 0.3 + 1).astype(np.float32), "gamma")
+    beta = g.const((g.rng.standard_normal(32) * 0.3).astype(np.float32), "beta")
+    out = g.op("Add", [g.op("Mul", [g.op("Div", [d, sd]), gamma]), beta])
+    w2 = g.const((g.rng.standard_normal((32, 8)) * 0.3).astype(np.float32), "w2")
+    return g.model({"feat": [1, 16, 32]}, [g.op("MatMul", [out, w2])], opset=13, featuremap={"feat"})
+
+
+def _node_named(fm: FloatModel, op_type: str, last: bool = False) -> onnx.NodeProto:
+    nodes = [n for n in fm.model.graph.node if n.op_type == op_type]
+    return nodes[-1] if last else nodes[0]
+
+
+@pytest.mark.parametrize("named", ["output", "inside", "cpu"])
+def test_node_info_on_a_node_of_a_fused_layer_norm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   named: str) -> None:
+    """node_info on a spelled-out LayerNorm's last Add or its Div was ignored as 'not in the optimized model': the
+    fused node keeps only the first ReduceMean's name (hunt 18 D3). The last Add's OutputType types the fused
+    node's output, which is the Add's; the Div writes nothing the fused node writes, so its OutputType is ignored
+    with a WARNING naming the fused node; run_on_cpu on it puts the fused node on the CPU."""
+    fm = _spelled_out_layer_norm()
+    first_mean, div = _node_named(fm, "ReduceMean"), _node_named(fm, "Div")
+    last_add = _node_named(fm, "Add", last=True)
+    node_info = {"output": {last_add.name: {"OutputType": "int16"}}, "inside": {div.name: {"OutputType": "int16"}},
+                 "cpu": {div.name: {"ON": "CPU"}}}[named]
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    project.write(calibration_parameters={"calibration_type": "max"}, model_parameters={"node_info": node_info})
+    result = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0 and "not in the optimized model" not in result.output, result.output[-3000:]
+    calibrated = onnx.load(str(project.artefact("calibrated")))
+    bits = {n.input[0]: next(a.i for a in n.attribute if a.name == "bits") for n in calibrated.graph.node
+            if n.op_type == "HzCalibration"}
+    if named == "output":
+        assert bits.get(last_add.output[0]) == 16, bits
+    elif named == "inside":
+        assert bits.get(last_add.output[0]) == 8, bits
+        assert (f"node_info names node {div.name}, which the optimize stage fused into node {first_mean.name} "
+                f"(HzLayerNorm)") in result.output, result.output[-3000:]
+    else:
+        assert (first_mean.name, "CPU") in [row[:2] for row in _table(result.output)], result.output[-3000:]
