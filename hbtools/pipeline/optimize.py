@@ -28,6 +28,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.errors import HbError, last_line
 from hbtools.graph import bpu_forms
+from hbtools.graph.bpu_forms._common import per_channel_const
 from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.flat_heads import flattens_after_heads, wide_flattens_as_convs
 from hbtools.graph.graph import (
@@ -211,6 +212,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
             log.info("%d MaxPools of stride 1 with a kernel larger than the BPU takes written as a cascade of smaller "
                      "ones (an SPP block)", cascaded)
     _fold_affine_into_conv(body)
+    shifted = bpu_forms.shifts_into_next_convs(body)
+    if shifted:
+        log.info("%d Add%s of a constant per channel before convolutions without padding folded into their biases",
+                 shifted, "" if shifted == 1 else "s")
     _fold_batchnorm_into_gemm(body)
     _batchnorm_to_depthwise_conv(body)
     if _affine_to_depthwise_conv(body):
@@ -509,16 +514,6 @@ def _sums_as_adds(model: ModelProto) -> None:
     model.graph.node.extend(nodes)
 
 
-def _per_channel_const(value: np.ndarray, channels: int) -> np.ndarray | None:
-    """A constant that broadcasts as one value per channel of an NCHW tensor, as a [C] vector."""
-    if value.size == 1:
-        return np.full(channels, float(value.reshape(-1)[0]))
-    squeezed = value.reshape(-1)
-    if squeezed.size == channels and value.ndim >= 3 and value.shape[-1] == 1 and value.shape[-2] == 1:
-        return squeezed.astype(np.float64)
-    return None
-
-
 _MOVEMENTS = ("Transpose", "Squeeze")
 
 
@@ -586,7 +581,7 @@ def _fold_affine_into_conv(model: ModelProto) -> None:
             value = view.const(const_name).astype(np.float64)
             if moved is not None:
                 value = _before_movement(value, moved, view)
-            c = None if value is None else _per_channel_const(value, channels)
+            c = None if value is None else per_channel_const(value, channels)
             if c is None:
                 continue
             bias = view.const(conv.input[2]).astype(np.float64) if len(conv.input) > 2 and conv.input[2] \
@@ -646,7 +641,7 @@ def _affine_to_depthwise_conv(model: ModelProto) -> bool:
         if node.op_type == "Sub" and node.input[1] != const_name:
             continue  # c - x
         value = view.const(const_name).astype(np.float64)
-        c = _per_channel_const(value, shape[1]) if value.ndim in (3, 4) and value.size == shape[1] else None
+        c = per_channel_const(value, shape[1]) if value.ndim in (3, 4) and value.size == shape[1] else None
         if c is None:
             continue  # scalars stay lookup tables; other shapes are no per-channel affine
         weight = c if node.op_type == "Mul" else np.ones(shape[1])

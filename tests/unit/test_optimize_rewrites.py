@@ -861,3 +861,51 @@ def test_recurrent_layers_stay_whole_where_the_bpu_cannot_compute_their_gates(tm
     # Batch-first layers are unrolled there all the same: onnxruntime has no kernel to run them whole.
     batch_first = _recurrent_model("GRU", "forward", 1, 14, bias=True, initial=False)
     assert unroll_recurrences(batch_first, profile=x3) == 1
+
+
+def _shift_before_convs_model(op: str, const_shape: list[int], group: int, pads: int, bias: bool,
+                              readers: int = 1):
+    """Relu -> Add/Sub of a constant -> ``readers`` Convs (YOLOv7's ImplicitA before its detect convs)."""
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.standard_normal(const_shape).astype(np.float32), "a")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node(op, ["r", "a"], ["s"], name="shift")]
+    outs = []
+    for k in range(readers):
+        inits.append(numpy_helper.from_array(rng.standard_normal((8, 8 // group, 1 + 2 * k, 3)).astype(np.float32),
+                                             f"w{k}"))
+        inputs = ["s", f"w{k}"]
+        if bias:
+            inits.append(numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), f"b{k}"))
+            inputs.append(f"b{k}")
+        nodes.append(helper.make_node("Conv", inputs, [f"y{k}"], name=f"conv{k}", group=group, pads=[pads] * 4))
+        outs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 7, 9])], outs,
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("op", "const_shape", "group", "bias", "readers"), [
+    ("Add", [1, 8, 1, 1], 1, True, 1), ("Sub", [8, 1, 1], 2, False, 1), ("Add", [1], 1, False, 2),
+    ("Add", [1, 8, 1, 1], 8, True, 2)])
+def test_a_shift_before_unpadded_convs_folds_into_their_biases(op: str, const_shape: list[int], group: int,
+                                                               bias: bool, readers: int) -> None:
+    """An Add of a constant per channel before a 1x1 detect conv (YOLOv7's ImplicitA) stayed one more rounding on
+    the BPU (hunt 16 N5): without padding it folds exactly into the bias of every conv reading it."""
+    model = _shift_before_convs_model(op, const_shape, group, 0, bias, readers)
+    x = np.random.default_rng(0).standard_normal((1, 8, 7, 9)).astype(np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})
+    optimized = optimize.run(model)
+    got = ort.InferenceSession(optimized.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+    kinds = [n.op_type for n in optimized.graph.node]
+    assert kinds.count("Conv") == readers and "Add" not in kinds and "Sub" not in kinds, kinds
+
+
+def test_a_shift_before_a_padded_conv_stays() -> None:
+    """A padded conv reads zeros at its edge, not the shift: folding it would be wrong there."""
+    optimized = optimize.run(_shift_before_convs_model("Add", [1, 8, 1, 1], 1, 1, True))
+    assert any(n.name == "shift" for n in optimized.graph.node), [n.name for n in optimized.graph.node]

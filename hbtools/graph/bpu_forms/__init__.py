@@ -12,6 +12,7 @@ from hbtools.graph.bpu_forms.convs import (
     convs_without_dead_taps,
     dilated_convs_by_phases,
     large_patch_convs_as_space_to_depth,
+    shifts_into_next_convs,
     strided_convs_over_phases,
 )
 from hbtools.graph.bpu_forms.elementwise import (
@@ -78,6 +79,7 @@ __all__ = [
     "large_average_pools_in_steps",
     "large_max_pools_in_steps",
     "large_patch_convs_as_space_to_depth",
+    "shifts_into_next_convs",
     "matmuls_of_batched_weights",
     "matmuls_of_vectors",
     "matmuls_read_in_slices",

@@ -20,3 +20,13 @@ def _axes_node(model: ModelProto, opset: int, op_type: str, src: str, dst: str, 
 
 def _opset(model: ModelProto) -> int:
     return default_opset(model) or 13
+
+
+def per_channel_const(value: np.ndarray, channels: int) -> np.ndarray | None:
+    """A constant that broadcasts as one value per channel of an NCHW tensor, as a [C] vector (None: it does not)."""
+    if value.size == 1:
+        return np.full(channels, float(value.reshape(-1)[0]))
+    squeezed = value.reshape(-1)
+    if squeezed.size == channels and value.ndim >= 3 and value.shape[-1] == 1 and value.shape[-2] == 1:
+        return squeezed.astype(np.float64)
+    return None

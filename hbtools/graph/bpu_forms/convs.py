@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.bpu_forms._common import _opset
+from hbtools.graph.bpu_forms._common import _opset, per_channel_const
 from hbtools.graph.graph import GraphView, rewrite_nodes
 from hbtools.march.profiles import MarchProfile
 
@@ -51,6 +51,70 @@ def large_patch_convs_as_space_to_depth(model: ModelProto, profile: MarchProfile
                                       kernel_shape=[1, 1]))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+def shifts_into_next_convs(model: ModelProto) -> int:
+    """An Add (or Sub) of a constant per channel whose result only convolutions without padding read (YOLOv7's
+    ImplicitA before each detect conv): ``conv(x + a) = conv(x) + sum of W * a`` over each output channel's taps,
+    exactly, so the shift goes into their biases and the Add, one more rounding on the BPU, goes. A padded conv
+    would add the shift at its edge taps too, where it reads zeros: those stay."""
+    view = GraphView(model)
+    folded = 0
+    for node in list(model.graph.node):
+        if node.op_type not in ("Add", "Sub") or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            continue
+        act = [i for i in node.input if not view.is_const(i)]
+        readers = view.consumers.get(node.output[0], [])
+        if len(act) != 1 or not readers or node.output[0] in view.graph_outputs \
+                or (node.op_type == "Sub" and node.input[0] != act[0]):
+            continue  # c - x is no shift of x
+        weights = [_unpadded_conv_weight(r, node.output[0], view) for r in readers]
+        if any(w is None for w in weights):
+            continue
+        groups = [int(view.attrs(r).get("group", 1)) for r in readers]
+        channels = {w.shape[1] * g for w, g in zip(weights, groups, strict=True)}
+        const = view.const(next(i for i in node.input if i != act[0])).astype(np.float64)
+        shift = per_channel_const(const, channels.pop()) if len(channels) == 1 and const.ndim != 2 else None
+        if shift is None:
+            continue
+        shift = -shift if node.op_type == "Sub" else shift
+        for reader, weight, group in zip(readers, weights, groups, strict=True):
+            _add_to_bias(model, reader, view, _shift_through(weight.astype(np.float64), group, shift))
+            reader.input[0] = act[0]
+        model.graph.node.remove(node)
+        folded += 1
+    return folded
+
+
+def _unpadded_conv_weight(node: NodeProto, data: str, view: GraphView) -> np.ndarray | None:
+    """The constant weight of a Conv that reads ``data`` as its input without padding (None: another node)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
+            or node.input[0] != data or data in node.input[1:]:
+        return None
+    weight = view.const(node.input[1])
+    bias_const = len(node.input) < 3 or not node.input[2] or view.is_const(node.input[2])
+    a = view.attrs(node)
+    unpadded = not any(a.get("pads", [0])) and a.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET", "VALID", b"VALID")
+    return weight if weight is not None and bias_const and unpadded else None
+
+
+def _shift_through(weight: np.ndarray, group: int, shift: np.ndarray) -> np.ndarray:
+    """What a conv of ``weight`` [O, C/group, k...] adds to each output channel when every input channel c is
+    shifted by ``shift[c]``."""
+    per_group = shift.reshape(group, -1)  # [group, C/group]
+    taps = weight.reshape(weight.shape[0], weight.shape[1], -1).sum(axis=2)  # [O, C/group]
+    return (taps * np.repeat(per_group, weight.shape[0] // group, axis=0)).sum(axis=1)
+
+
+def _add_to_bias(model: ModelProto, conv: NodeProto, view: GraphView, extra: np.ndarray) -> None:
+    has_bias = len(conv.input) > 2 and conv.input[2]
+    bias = view.const(conv.input[2]).astype(np.float64) if has_bias else np.zeros(extra.shape[0])
+    name = f"{conv.name}_bias_shifted"
+    model.graph.initializer.extend([numpy_helper.from_array((bias + extra).astype(np.float32), name)])
+    if len(conv.input) > 2:
+        conv.input[2] = name
+    else:
+        conv.input.append(name)
 
 
 def convs_without_dead_taps(model: ModelProto, profile: MarchProfile | None = None) -> int:
