@@ -257,6 +257,12 @@ def test_small_subgraphs_between_cpu_nodes_stay_in_float() -> None:
     assert "run_on_bpu" in _reason(part, "Conv_1")
     assert _placement(_partition(model, "bayes-e", {"Conv_1": NodeInfo(on="BPU")}))["Conv_1"][0] == "BPU"
     assert _placement(_partition(model, "bayes-e", all_bpu=True))["Conv_1"][0] == "BPU"
+    # after CPU nodes at the model's output (PESTO's final Softmax after a CPU Conv, hunt 15 D4) too
+    g = _Graph(15)
+    tail = g.op("Softmax", [g.op("Hardmax", [g.conv("data", 3, 16)], axis=1)], axis=1)
+    part = _partition(g.model({"data": [1, 3, 32, 32]}, [tail]).model, "bayes-e")
+    assert _placement(part)["Softmax_0"] == ("CPU", "--")
+    assert "a BPU subgraph of 0 MACs after CPU nodes at the model's output" in _reason(part, "Softmax_0")
     # alone between CPU nodes, a small subgraph is the model's BPU part and stays
     g = _Graph(14)
     alone = g.op("Hardmax", [g.conv(g.op("Hardmax", ["data"], axis=1), 3, 4, k=1)], axis=1)
