@@ -864,11 +864,15 @@ def test_recurrent_layers_stay_whole_where_the_bpu_cannot_compute_their_gates(tm
 
 
 def _shift_before_convs_model(op: str, const_shape: list[int], group: int, pads: int, bias: bool,
-                              readers: int = 1):
-    """Relu -> Add/Sub of a constant -> ``readers`` Convs (YOLOv7's ImplicitA before its detect convs)."""
+                              readers: int = 1, scaled: bool = False):
+    """Relu (-> Mul by a constant, with ``scaled``) -> Add/Sub of a constant -> ``readers`` Convs (YOLOv7's
+    ImplicitA before its detect convs; scaled: PP-LCNetV3's learnable affine block)."""
     rng = np.random.default_rng(11)
-    inits = [numpy_helper.from_array(rng.standard_normal(const_shape).astype(np.float32), "a")]
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node(op, ["r", "a"], ["s"], name="shift")]
+    inits = [numpy_helper.from_array(rng.standard_normal(const_shape).astype(np.float32), "a"),
+             numpy_helper.from_array(rng.uniform(0.5, 2, [1, 8, 1, 1]).astype(np.float32), "k")]
+    nodes = [helper.make_node("Relu", ["x"], ["r0"], name="relu"),
+             helper.make_node("Mul" if scaled else "Identity", ["r0", "k"] if scaled else ["r0"], ["r"], name="scale"),
+             helper.make_node(op, ["r", "a"], ["s"], name="shift")]
     outs = []
     for k in range(readers):
         inits.append(numpy_helper.from_array(rng.standard_normal((8, 8 // group, 1 + 2 * k, 3)).astype(np.float32),
@@ -905,7 +909,12 @@ def test_a_shift_before_unpadded_convs_folds_into_their_biases(op: str, const_sh
     assert kinds.count("Conv") == readers and "Add" not in kinds and "Sub" not in kinds, kinds
 
 
-def test_a_shift_before_a_padded_conv_stays() -> None:
-    """A padded conv reads zeros at its edge, not the shift: folding it would be wrong there."""
-    optimized = optimize.run(_shift_before_convs_model("Add", [1, 8, 1, 1], 1, 1, True))
-    assert any(n.name == "shift" for n in optimized.graph.node), [n.name for n in optimized.graph.node]
+@pytest.mark.parametrize(("pads", "scaled"), [(1, False), (0, True)])
+def test_a_shift_before_a_padded_conv_or_after_a_scale_stays(pads: int, scaled: bool) -> None:
+    """A padded conv reads zeros at its edge, not the shift: folding it would be wrong there. After a Mul by a
+    constant, the pair is one depthwise conv (PP-LCNetV3's learnable affine block), which the fold leaves as it
+    is: it would take no op away."""
+    optimized = optimize.run(_shift_before_convs_model("Add", [1, 8, 1, 1], 1, pads, True, scaled=scaled))
+    shift = [n for n in optimized.graph.node if n.name in ("shift", "scale")]
+    assert shift and not any(n.name.endswith("_bias_shifted") for n in optimized.graph.initializer), \
+        [n.name for n in optimized.graph.node]

@@ -57,7 +57,8 @@ def shifts_into_next_convs(model: ModelProto) -> int:
     """An Add (or Sub) of a constant per channel whose result only convolutions without padding read (YOLOv7's
     ImplicitA before each detect conv): ``conv(x + a) = conv(x) + sum of W * a`` over each output channel's taps,
     exactly, so the shift goes into their biases and the Add, one more rounding on the BPU, goes. A padded conv
-    would add the shift at its edge taps too, where it reads zeros: those stay."""
+    would add the shift at its edge taps too, where it reads zeros: those stay, and so does the Add of a
+    ``scale * x + shift`` pair, which the optimize stage makes one depthwise conv."""
     view = GraphView(model)
     folded = 0
     for node in list(model.graph.node):
@@ -68,6 +69,9 @@ def shifts_into_next_convs(model: ModelProto) -> int:
         if len(act) != 1 or not readers or node.output[0] in view.graph_outputs \
                 or (node.op_type == "Sub" and node.input[0] != act[0]):
             continue  # c - x is no shift of x
+        feeder = view.producer.get(act[0])
+        if feeder is not None and feeder.op_type in ("Mul", "Div") and any(view.is_const(i) for i in feeder.input):
+            continue  # with the Mul before it, an affine map of its own: one depthwise conv (PP-LCNetV3's LAB)
         weights = [_unpadded_conv_weight(r, node.output[0], view) for r in readers]
         if any(w is None for w in weights):
             continue
