@@ -72,9 +72,12 @@ class Suffixes:
             whole = make_session(extended, spinning=False, memory_pattern=False, threads=threads)
         self._whole = whole
         self._made_after = {c: [o for o in self.outputs if made_at.get(o, -1) >= c] for c in self.cuts}
+        # A cut after every output changes none of them (a tensor read only after a pick a model's scored outputs
+        # come before): a rerun from there hands back the earlier run's values, with no session.
         self._parts = {c: make_session(part_model(model, nodes[c:], self._made_after[c], {}, types, f"suffix{c}"),
-                                       spinning=False, memory_pattern=False, threads=threads) for c in self.cuts}
-        self._inputs = {c: [i.name for i in self._parts[c].get_inputs()] for c in self.cuts}
+                                       spinning=False, memory_pattern=False, threads=threads)
+                       for c in self.cuts if self._made_after[c]}
+        self._inputs = {c: [i.name for i in part.get_inputs()] for c, part in self._parts.items()}
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The whole model: ``outputs`` and every cut's crossing values, by name."""
@@ -87,6 +90,8 @@ class Suffixes:
         if cut is None:
             values = self.run(feed)
             return [values[o] for o in self.outputs]
+        if cut not in self._parts:
+            return [earlier[o] for o in self.outputs]
         given = {**earlier, **feed}
         got = dict(zip(self._made_after[cut], self._parts[cut].run(self._made_after[cut],
                                                                    {i: given[i] for i in self._inputs[cut]}),
@@ -96,7 +101,7 @@ class Suffixes:
     def session_of(self, start: int) -> ort.InferenceSession | CustomOpSession:
         """The session a ``rerun`` from ``start`` runs on."""
         cut = max((c for c in self.cuts if c <= start), default=None)
-        return self._whole if cut is None else self._parts[cut]
+        return self._parts.get(cut, self._whole)
 
 
 def _within_weights(model: ModelProto, nodes: list, cuts: Sequence[int], budget: int) -> list[int]:

@@ -81,3 +81,18 @@ def test_cuts_keep_their_sessions_weights_within_the_budget() -> None:
     assert tight.cuts == [6]
     earlier = tight.run(feed)
     np.testing.assert_array_equal(tight.rerun(6, feed, earlier)[0], make_session(model).run([x], feed)[0])
+
+
+def test_a_rerun_after_every_output_hands_back_the_earlier_values() -> None:
+    """A search scoring the tensors a pick reads (DGCNN's TopK over pairwise distances) measures a tensor read
+    only after all of them: its cut's suffix makes no output, and running it stopped makertbin with "internal
+    error: ... At least one output should be requested" (hunt 20)."""
+    model = _chain()
+    suffixes = Suffixes(model, ["r"], [3])  # r is made by n1, before the cut
+    assert suffixes.cuts == [3]
+    rng = np.random.default_rng(1)
+    feed = {k: rng.normal(size=(2, 3)).astype(np.float32) for k in ("x", "a", "b")}
+    earlier = suffixes.run(feed)
+    got = suffixes.rerun(3, {**feed, "b": feed["b"] + 1.0}, earlier)
+    np.testing.assert_array_equal(got[0], earlier["r"])
+    assert suffixes.session_of(3) is not None
