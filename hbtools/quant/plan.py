@@ -400,6 +400,31 @@ def _squares_and_their_sums(part: Partition, const: Callable[[str], np.ndarray |
     return [*squares, *sums]
 
 
+_PICKS = ("TopK", "ArgMax", "ArgMin")
+_LINEAR = ("Add", "Sub", "Neg", "Mul", "Div", "Sum")
+
+
+def _ranked_values(part: Partition, const: Callable[[str], np.ndarray | None]) -> list[tuple[str, str]]:
+    """(tensor, picking node) for the BPU tensors a TopK / ArgMax / ArgMin ranks, and, back through BPU sums
+    and differences of them (and their products with constants), the terms they are made of."""
+    found: dict[str, str] = {}
+    for unit in part.units:
+        if unit.main.op_type not in _PICKS or not unit.inputs:
+            continue
+        stack = [part.grid_of(unit.inputs[0])]
+        while stack:
+            t = stack.pop()
+            producer = part.producer.get(t)
+            if t in found or producer is None or producer.on != "BPU":
+                continue
+            found[t] = unit.main.name
+            node = producer.main
+            if len(producer.nodes) == 1 and node.op_type in _LINEAR and (
+                    node.op_type not in ("Mul", "Div") or any(const(i) is not None for i in node.input)):
+                stack.extend(part.grid_of(i) for i in producer.inputs)
+    return list(found.items())
+
+
 # What an int16 grid of a tensor that grows fastest outside the calibration pictures' range covers beyond their max
 # (2 of its 16 bits): a reciprocal grows without bound as its divisor shrinks (a darker picture, a face of lower
 # quality, whose features are smaller: an embedding normalised to 0.52 instead of 1), a square four times for
@@ -494,6 +519,13 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     # not see a per-sample scale, so the squares and what sums them are int16 where the march has it.
     for t in _squares_and_their_sums(part, const):
         request(t, f"node {part.producer[t].main.name} (a square, or a sum of squares)", asked=False)
+    # A TopK / ArgMax picks by the order of close values (a kNN's smallest distances, the classes near the top):
+    # an int8 grid puts them on one or two levels and the pick is near random, while the cosine the searches
+    # score over the whole tensor hardly moves (a DGCNN distance matrix: 0.9999, half of the neighbours lost).
+    # A difference of large terms (|x_i|^2 + |x_j|^2 - 2 x_i.x_j) carries every term's rounding, so the terms
+    # are int16 too.
+    for t, picker in _ranked_values(part, const):
+        request(t, f"tensor {t} (values node {picker} ranks)", asked=False)
     # Positions decoded around a grid of constants (anchor points, strides): an int8 grid spends its
     # levels on the positions and rounds what the model predicts to a few pixels (2.5 at 320x320). These
     # tensors are a head's few small ones, so int16 costs little, and with every calibration_type: a
