@@ -615,10 +615,18 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
 
 
 def _subgraph_units(part: Partition) -> list[list[Unit]]:
+    """BPU units in subgraphs (``structure.components``). A model input no unit makes stands as a CPU node of its
+    own, as its quantization is in the quantized model: the BPU units reading it start together."""
     index = {id(u): k for k, u in enumerate(part.units)}
-    preds = [[index[id(part.producer[t])] for t in u.inputs if t in part.producer and part.producer[t] is not u]
-             for u in part.units]
-    return [[part.units[i] for i in members] for members in components(preds, [u.on for u in part.units])]
+    inputs: dict[str, int] = {}
+    preds = []
+    for u in part.units:
+        preds.append([index[id(part.producer[t])] if t in part.producer else
+                      inputs.setdefault(t, len(part.units) + len(inputs))
+                      for t in u.inputs if part.producer.get(t) is not u])
+    on = [u.on for u in part.units] + ["CPU"] * len(inputs)
+    groups = components(preds + [[] for _ in inputs], on)
+    return [[part.units[i] for i in members] for members in groups]
 
 
 def _unit_macs(unit: Unit, view: GraphView) -> float:

@@ -202,7 +202,8 @@ def components(preds: list[list[int]], on: list[str]) -> list[list[int]]:
 
     A node's stage counts the CPU-to-BPU crossings on the longest path reaching it;
     BPU nodes join a subgraph only with linked BPU nodes of the same stage, so each
-    subgraph can start once its inputs exist (the subgraph graph has no cycles).
+    subgraph can start once its inputs exist (the subgraph graph has no cycles). BPU nodes
+    reading the same CPU node's result are linked too (at the same stage, so the same holds).
     The checker, makertbin (on units) and the .bin tools (on nodes) all use this.
     """
     stage = [0] * len(preds)
@@ -221,6 +222,14 @@ def components(preds: list[list[int]], on: list[str]) -> list[list[int]]:
         for j in preds[i]:
             if on[i] == on[j] == "BPU" and stage[i] == stage[j]:
                 parent[root(i)] = root(j)
+    # BPU nodes reading the same CPU result (a featuremap input's quantization, a CPU op feeding two
+    # branches) start together: one call takes that input once.
+    readers: dict[int, int] = {}
+    for i in range(len(preds)):
+        for j in set(preds[i]):
+            if on[j] == "CPU" and on[i] == "BPU":
+                first = readers.setdefault(j * len(preds) + stage[i], i)
+                parent[root(i)] = root(first)
     groups: dict[int, list[int]] = {}
     for i in range(len(preds)):
         if on[i] == "BPU":

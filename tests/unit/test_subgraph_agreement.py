@@ -43,3 +43,21 @@ def test_all_tools_agree_on_bpu_cpu_bpu(tmp_path, monkeypatch) -> None:
     nodes = list(rm.graph.graph.node)
     by_name = {n.name: structure.subgraph_of.get(i) for i, n in enumerate(nodes)}
     assert (by_name["Conv_1"], by_name["Conv_2"], by_name["Concat_0"]) == (0, 1, 1)
+
+
+def test_branches_reading_one_featuremap_input_are_one_subgraph(tmp_path, monkeypatch) -> None:
+    """Two convolutions reading a featuremap input (a StyleGAN-like generator's input conv beside its encoder) were
+    two BPU subgraphs in makertbin and the .bin, where the checker said one: the input's quantization is a CPU node
+    of the quantized model, and the BPU nodes after it were linked to nothing (hunt 20 D5). One call takes both."""
+    from builders import _Graph
+
+    g = _Graph(3)
+    fm = g.model({"data": [1, 3, 16, 16]}, [g.conv("data", 3, 8), g.conv("data", 3, 4)], featuremap={"data"})
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    assert made.exit_code == 0, made.output
+    assert "The model has 1 BPU subgraph(s)" in made.output, made.output[-2000:]
+    assert set(table(made.output).values()) == {"id(0)"}, table(made.output)
+    counts = subgraph_counts(project.artefact("bin"), tmp_path)
+    assert set(counts.values()) == {1}, counts
