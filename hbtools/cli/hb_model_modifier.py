@@ -59,7 +59,9 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
         log.info("Nodes that can be deleted: %s", names)
         return
     # Checked before any node is deleted: a refused -o must not follow "Node ... is removed" lines.
-    target = output_file(output or f"{Path(model_file).stem}_modified.bin", "-o", [model_file])
+    # Beside the model given, as the vendor's tool writes it (D-Robotics' batch_mapper.py copies it from there).
+    default = Path(model_file).with_name(f"{Path(model_file).stem}_modified.bin")
+    target = output_file(output or str(default), "-o", [model_file])
     deleted = 0
     for node_type in types:
         wanted = node_type.lower().removeprefix("hz")

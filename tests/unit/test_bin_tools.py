@@ -161,6 +161,13 @@ def test_pack_refuses_models_of_different_boards(small, tmp_path) -> None:
 # ---------------------------------------------------------------- hb_model_modifier
 
 
+def _here(path) -> str:
+    """A copy of the model ``path`` in the current folder, where hb_model_modifier then writes its result."""
+    name = os.path.basename(path)
+    shutil.copy(path, name)
+    return name
+
+
 def _deletable(path) -> list[str]:
     listing = invoke(hb_model_modifier.main, [path])
     return ast.literal_eval(re.search(r"Nodes that can be deleted: (\[.*\])", listing.output).group(1))
@@ -169,7 +176,7 @@ def _deletable(path) -> list[str]:
 def test_modifier_lists_and_removes_output_nodes(small, in_tmp) -> None:
     transpose, softmax = _deletable(small[0].bin)
     assert transpose == "data_nchw_Transpose"  # nv12 arrives NHWC; the graph transposes it for the convs
-    result = invoke(hb_model_modifier.main, [small[0].bin, "-r", softmax])
+    result = invoke(hb_model_modifier.main, [_here(small[0].bin), "-r", softmax])
     assert result.exit_code == 0, result.output
     assert f"Node '{softmax}' found, its OP type is 'Softmax'" in result.output
     assert f"Node '{softmax}' is removed" in result.output
@@ -184,8 +191,20 @@ def test_modifier_lists_and_removes_output_nodes(small, in_tmp) -> None:
     assert len(lines) == 1 and lines[0].startswith(f"{dequantize} type=Dequantize") and "scales=[" in lines[0]
 
 
+def test_the_modified_model_is_written_beside_the_model_given(small, in_tmp) -> None:
+    """The result went to the current folder; the vendor's tool writes it beside the model, and D-Robotics'
+    batch_mapper.py copies it from there (hunt 19 D2)."""
+    os.mkdir("ws")
+    shutil.copy(small[0].bin, "ws/resnet.bin")
+    softmax = _deletable("ws/resnet.bin")[1]
+    result = invoke(hb_model_modifier.main, ["ws/resnet.bin", "-r", softmax])
+    assert result.exit_code == 0, result.output
+    assert "modified model saved as ws/resnet_modified.bin" in result.output
+    assert os.path.exists("ws/resnet_modified.bin") and not os.path.exists("resnet_modified.bin")
+
+
 def test_modified_model_equals_quantized_onnx_before_the_dequantize(small, in_tmp) -> None:
-    result = invoke(hb_model_modifier.main, [small[0].bin, "-a", "Softmax", "-a", "Dequantize"])
+    result = invoke(hb_model_modifier.main, [_here(small[0].bin), "-a", "Softmax", "-a", "Dequantize"])
     assert result.exit_code == 0, result.output
     model = open_model("resnet_modified.bin")
     record = read_bin("resnet_modified.bin").model().deleted_nodes[-1]
@@ -209,7 +228,7 @@ def test_modified_model_equals_quantized_onnx_before_the_dequantize(small, in_tm
 
 
 def test_modifier_input_quantize_of_a_featuremap(small, in_tmp) -> None:
-    result = invoke(hb_model_modifier.main, [small[1].bin, "-a", "Quantize"])
+    result = invoke(hb_model_modifier.main, [_here(small[1].bin), "-a", "Quantize"])
     assert result.exit_code == 0, result.output
     model = open_model("mlp_modified.bin")
     assert model.inputs[0].dtype == np.int8 and model.inputs[0].raw["scale"]
@@ -235,7 +254,7 @@ def test_modifier_deletes_the_types_present_and_warns_of_the_others(small, in_tm
     """The PTQ chapter's example deletes several types at once (-a Reshape -a Cast -a Dequantize) and spells the
     model as --model_file: a type the model lacks stopped the whole command with an ERROR and nothing deleted
     (the config's remove_node_type warns and goes on), and --model_file was refused."""
-    result = invoke(hb_model_modifier.main, ["--model_file", small[0].bin, "-a", "Reshape", "-a", "Cast",
+    result = invoke(hb_model_modifier.main, ["--model_file", _here(small[0].bin), "-a", "Reshape", "-a", "Cast",
                                              "-a", "Softmax"])
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if " WARNING " in line]
@@ -247,7 +266,7 @@ def test_modifier_deletes_the_types_present_and_warns_of_the_others(small, in_tm
 def test_modifier_with_nothing_deletable_writes_nothing(small, in_tmp) -> None:
     """'-a Reshape' on a model with no deletable Reshape wrote <model>_modified.bin, an unchanged copy that
     passes for a modified model; it is one ERROR naming what can be deleted, and no file."""
-    result = invoke(hb_model_modifier.main, [small[0].bin, "-a", "Reshape", "-a", "Cast"])
+    result = invoke(hb_model_modifier.main, [_here(small[0].bin), "-a", "Reshape", "-a", "Cast"])
     assert result.exit_code == 1, result.output
     errors = [line for line in result.output.splitlines() if " ERROR " in line]
     assert "-a Reshape -a Cast: no node of these types can be deleted" in errors[0], errors
