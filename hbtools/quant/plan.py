@@ -107,7 +107,8 @@ class CalibrationPlan:
     # node -> the Hz op standing for it in the calibrated model (``HzOp.calibrated_op``)
     emulated: dict[str, str] = field(default_factory=dict)
     cpu_nodes: list[str] = field(default_factory=list)  # nodes the quantized model runs in float on the CPU
-    # tensors a BPU node writing or reading them keeps int8 (a ConvTranspose: no int16 form on the march)
+    # tensors a BPU node writing or reading them keeps int8 (a ConvTranspose: no int16 form on the march), or the
+    # config does (set_{Op}_input_int8 / _output_int8, node_info int8): the int16 search leaves them int8
     int8_only: set[str] = field(default_factory=set)
     # reciprocal table output -> the numerator it multiplies: its statistics count only the elements where
     # that numerator is not zero (``_reciprocal_numerators``)
@@ -187,9 +188,9 @@ def weight_groups(node: NodeProto, view: GraphView) -> int:
 
 def make_plan(model: ModelProto, part: Partition, config: Config | None, profile: MarchProfile) -> CalibrationPlan:
     view = GraphView(model)
-    bits_of = _requested_bits(part, config, profile, set(view.graph_outputs),
-                              Tails(model).grids(view.graph_outputs) if profile.int16 else [], view.const,
-                              written_as(model), recorded_fusions(model))
+    bits_of, pinned = _requested_bits(part, config, profile, set(view.graph_outputs),
+                                      Tails(model).grids(view.graph_outputs) if profile.int16 else [], view.const,
+                                      written_as(model), recorded_fusions(model))
     plan = CalibrationPlan()
     int_outputs = wants_int_outputs(config)
     integer_inputs = {i.name for i in model.graph.input
@@ -220,7 +221,8 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
             plan.emulated[unit.main.name] = op_class.calibrated_op
     plan.cpu_nodes = [n.name for unit in part.units if unit.on != "BPU" for n in unit.nodes]
     if profile.int16:
-        plan.int8_only = {p.tensor for p in plan.activations if part.int16_blocker(p.tensor, profile) is not None}
+        plan.int8_only = {p.tensor for p in plan.activations
+                          if p.tensor in pinned or part.int16_blocker(p.tensor, profile) is not None}
     calibrated = {p.tensor for p in plan.activations}
     plan.counted_where = _reciprocal_numerators(part, view, calibrated)
     plan.bounds = _bounded_outputs(part, calibrated, view)
@@ -454,10 +456,11 @@ def _is_square(node: NodeProto, const: Callable[[str], np.ndarray | None]) -> bo
 def _requested_bits(part: Partition, config: Config | None, profile: MarchProfile,
                     graph_outputs: set[str], grids: list[str],
                     const: Callable[[str], np.ndarray | None], written: dict[str, list[str]],
-                    fusions: dict[str, Fusion]) -> dict[str, int]:
+                    fusions: dict[str, Fusion]) -> tuple[dict[str, int], set[str]]:
     """int16 requests (node_info, optimization, the rules below) per tensor; int8 where the march has no
-    int16. ``grids``: tensors decoding positions around a constant grid (``Tails.grids``); ``written``: the
-    user's nodes the optimize stage wrote as others (``origins.written_as``), which node_info may name;
+    int16. Also returns the tensors the config pins to int8 (set_{Op}_input_int8 / _output_int8, node_info).
+    ``grids``: tensors decoding positions around a constant grid (``Tails.grids``); ``written``: the user's
+    nodes the optimize stage wrote as others (``origins.written_as``), which node_info may name;
     ``fusions``: those it fused into others (``origins.recorded_fusions``)."""
     bits: dict[str, int] = {}
     opts = config.calibration.options if config else OptimizationOptions()
@@ -590,7 +593,8 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                     per_node.add(grid_of(t))
     # An op kind's int8 wins over the model-wide int16 options (set_all_nodes_int16;set_Conv_input_int8 keeps
     # every Conv's input int8, though it is also the input or output of the nodes around it).
-    for t in int8 - per_node:
+    pinned = int8 - per_node
+    for t in pinned:
         bits[t] = 8
     for option, whats in dropped.items():
         if option.startswith("set_all_nodes"):  # every tensor: a list would name hbtools' own nodes too
@@ -610,7 +614,7 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             else:
                 log.warning("node_info names node %s, which is not in the optimized model (removed or fused by "
                             "optimization?); its InputType / OutputType is ignored", name)
-    return bits
+    return bits, pinned
 
 
 @dataclass

@@ -38,3 +38,19 @@ def test_an_op_kind_int8_wins_over_all_nodes_int16(tmp_path: Path) -> None:
     assert at_convs & set(bits) and at_convs & set(bits) <= int8, bits
     assert {t for t, b in bits.items() if t not in at_convs} and all(
         b == 16 for t, b in bits.items() if t not in at_convs), bits
+
+
+def test_set_softmax_int8_holds_through_the_int16_search(tmp_path: Path) -> None:
+    """D-Robotics' mapper.py writes set_Softmax_input_int8,set_Softmax_output_int8 with calibration_type default:
+    the int16 search made the Softmax's input int16 anyway, without a word (hunt 19 D3). A grid the config pins to
+    int8 is no candidate of the search."""
+    setup(None)
+    g = _Graph(32)
+    s = g.op("Softmax", [g.conv("data", 3, 8, k=1)], axis=1)
+    fm = g.model({"data": [1, 3, 16, 16]}, [g.conv(s, 8, 4, k=1)], featuremap={"data"})
+    [softmax] = [n for n in fm.model.graph.node if n.op_type == "Softmax"]
+    project = make_project(tmp_path, fm, cal_count=8)
+    project.write(calibration_parameters={
+        "calibration_type": "default", "optimization": "set_Softmax_input_int8,set_Softmax_output_int8"})
+    bits = _activation_bits(makertbin(project.config_path, "onnx")["calibrated"])
+    assert bits[softmax.input[0]] == 8 and bits[softmax.output[0]] == 8, bits
