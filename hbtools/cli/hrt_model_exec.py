@@ -15,6 +15,9 @@ from hbtools.errors import HbError
 from hbtools.log import setup
 from hbtools.outputs import output_dir
 
+DEFAULT_FRAMES = 200  # the board tool's --frame_count
+UNASKED_BUDGET_S = 20.0  # seconds of simulator frames when --frame_count is not given
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -118,13 +121,14 @@ def _infer(model_file: str, model_name: str | None, input_file: str, frame_count
 @main.command("perf")
 @_model_options
 @_input_option
-@click.option("--frame_count", type=click.IntRange(min=1), default=200, show_default=True,
-              help="Frames to run when --perf_time is 0.")
+@click.option("--frame_count", type=click.IntRange(min=1), default=None,
+              help=f"Frames to run when --perf_time is 0 [default: {DEFAULT_FRAMES}, or as many as "
+                   f"{UNASKED_BUDGET_S:.0f} s of the simulator run].")
 @click.option("--perf_time", type=click.FloatRange(min=0), default=0, show_default=True,
               help="Minutes to run (0: run --frame_count frames).")
 @click.option("--thread_num", type=click.IntRange(1, 8), default=1, show_default=True, help="Running threads.")
 @click.option("--profile_path", default="", help="Folder for profiler.log and profiler.csv (off when empty).")
-def perf(model_file: str, model_name: str, core_id: int, input_file: str, frame_count: int, perf_time: float,
+def perf(model_file: str, model_name: str, core_id: int, input_file: str, frame_count: int | None, perf_time: float,
          thread_num: int, profile_path: str) -> None:
     """Measure latency and frame rate of the simulated model."""
     setup("hrt_model_exec.log")
@@ -132,14 +136,20 @@ def perf(model_file: str, model_name: str, core_id: int, input_file: str, frame_
 
 
 @reports_errors("perf")
-def _perf(model_file: str, model_name: str | None, core_id: int, input_file: str, frame_count: int,
+def _perf(model_file: str, model_name: str | None, core_id: int, input_file: str, frame_count: int | None,
           perf_time: float, thread_num: int, profile_path: str) -> None:
     from hbtools.tools.hrt_exec import perf as run_perf
     from hbtools.tools.hrt_exec import perf_report, write_profile
 
     sim, feeds = _simulator(model_file, model_name, input_file)
     log.warning("times below are of the x86 simulator on this host, not of the board; hb_perf estimates the board")
-    run = run_perf(sim, feeds, frame_count, thread_num, perf_time)
+    # The board tool's 200 frames take minutes in the simulator (a 640x640 YOLO: 2.8 s a frame); unasked, a
+    # time budget bounds them.
+    budget = UNASKED_BUDGET_S if frame_count is None and not perf_time else None
+    run = run_perf(sim, feeds, frame_count or DEFAULT_FRAMES, thread_num, perf_time, budget_s=budget)
+    if budget is not None and run.frames < DEFAULT_FRAMES:
+        log.info("perf: %d of the default %d frames run, in the %.0f s the simulator gets when --frame_count is not "
+                 "given; --frame_count %d runs them all", run.frames, DEFAULT_FRAMES, budget, DEFAULT_FRAMES)
     core_num = sim.model.config_group("compiler_parameters").get("core_num", 1)
     click.echo("\n".join(perf_report(run, core_num if isinstance(core_num, int) else 1)))
     if profile_path:

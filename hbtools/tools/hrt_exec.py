@@ -158,18 +158,22 @@ class PerfRun:
 
 
 def perf(sim: Simulator, feeds: dict[str, np.ndarray], frame_count: int, thread_num: int,
-         perf_time_min: float = 0.0) -> PerfRun:
-    """Run frames on ``thread_num`` threads: ``frame_count`` in all, or for ``perf_time_min`` minutes."""
+         perf_time_min: float = 0.0, budget_s: float | None = None) -> PerfRun:
+    """Run frames on ``thread_num`` threads: ``frame_count`` in all, or for ``perf_time_min`` minutes; with
+    ``budget_s``, no frame starts after that many seconds (at least one runs)."""
     prepared = sim.prepare(feeds)
     lock = threading.Lock()
     claimed = [0]
     results: list[tuple[float, dict[str, list[float]]]] = []
     deadline = time.perf_counter() + perf_time_min * 60.0 if perf_time_min > 0 else None
+    cutoff = time.perf_counter() + budget_s if budget_s is not None else None
     stop = threading.Event()  # Ctrl-C: the workers finish their frame and take no more
 
     def more() -> bool:
         with lock:
             if stop.is_set() or deadline is None and claimed[0] >= frame_count:
+                return False
+            if cutoff is not None and claimed[0] > 0 and time.perf_counter() >= cutoff:
                 return False
             claimed[0] += 1
             return deadline is None or time.perf_counter() < deadline

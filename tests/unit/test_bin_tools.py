@@ -551,6 +551,20 @@ def test_hrt_model_exec_perf_and_profile(small, in_tmp) -> None:
     assert rows[0] == "name,avg_time(ms),max_time(ms),min_time(ms)" and len(rows) > 2
 
 
+def test_hrt_model_exec_perf_unasked_runs_within_a_time_budget(small, in_tmp, monkeypatch) -> None:
+    """D-Robotics' README line `hrt_model_exec perf --thread_num 2 --model_file X.bin` ran the board tool's 200
+    frames in the simulator: 4 min 40 s for a 640x640 YOLO11n (hunt 19 D4). Without --frame_count the frames stop
+    at a time budget (shrunk here to none: one frame per thread runs) and the log says how to run all 200."""
+    monkeypatch.setattr(hrt_model_exec, "UNASKED_BUDGET_S", 0.0)
+    result = invoke(hrt_model_exec.main, ["perf", f"--model_file={small[0].bin}", "--thread_num=2"])
+    assert result.exit_code == 0, result.output
+    frames = int(re.search(r"Frame count   is: (\d+)", result.output).group(1))
+    assert 1 <= frames <= 2, result.output
+    assert f"{frames} of the default 200 frames run" in result.output and "--frame_count 200" in result.output
+    asked = invoke(hrt_model_exec.main, ["perf", f"--model_file={small[0].bin}", "--frame_count=3"])
+    assert "Frame count   is: 3" in asked.output, asked.output
+
+
 def test_hrt_model_exec_perf_stops_at_ctrl_c(small, ctrl_c) -> None:
     """Ctrl-C while the frames run: the workers take no more frames and the interrupt is raised. The pool
     used to wait for every remaining frame (minutes after the Ctrl-C, or until a second one)."""
