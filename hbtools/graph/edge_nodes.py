@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.log import first_of
+from hbtools.ops.names import ROUND_TRIP_DOC
 from hbtools.runtime.binfile import BinModel
 from hbtools.tools import modifier
 
@@ -41,7 +42,8 @@ def _remove_type(model: BinModel, node_type: str) -> BinModel:
 def _warn_type_kept(model: BinModel, node_type: str) -> None:
     """Say why ``node_type`` removed nothing (``model``: as it was at that type's turn)."""
     wanted = node_type.lower()
-    kept = [n.name for n in model.load_graph().graph.node if modifier.display_type(n).lower() == wanted]
+    kept = [n.name for n in model.load_graph().graph.node
+            if modifier.display_type(n).lower() == wanted and n.doc_string != ROUND_TRIP_DOC]
     if not kept:
         log.warning("remove_node_type: the model has no %s node; nothing removed", node_type)
     else:

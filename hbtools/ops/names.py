@@ -27,6 +27,9 @@ CPU_NODES_KEY = "hbtools.cpu_nodes"
 # doc_string of the two convolutions a layer is split into (``quant.weight_precision``); the plan keeps
 # their outputs int16.
 SPLIT_DOC = "hbtools: half of a convolution whose weight is split in two (weight precision)"
+# doc_string of the Casts around an op whose integer kernel onnxruntime lacks (the quantized model runs it on the
+# integers in float32): no node of the user's model, so no message names them as one.
+ROUND_TRIP_DOC = "hbtools: integers through a float32 kernel"
 
 
 def calibration_node(tensor: str) -> str:

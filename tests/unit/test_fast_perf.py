@@ -127,6 +127,21 @@ def test_remove_node_type_that_removes_nothing_warns(project: Project) -> None:
     assert _deleted(project) == []
 
 
+def test_remove_node_type_names_no_cast_the_users_model_lacks(tmp_path: Path) -> None:
+    """D-Robotics' classifier configs list Cast in remove_node_type: the WARNING named the Casts the quantized model
+    puts around an int8 MaxPool at opset 11 (onnxruntime has no integer kernel there), nodes the user's model
+    never had (hunt 19 D5)."""
+    g = _Graph(7)
+    pooled = g.op("MaxPool", [g.op("Relu", [g.conv("data", 3, 8)])], kernel_shape=[2, 2], strides=[2, 2])
+    fm = g.model({"data": [1, 3, 16, 16]}, [g.conv(pooled, 8, 4)], opset=11)
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    project.write(calibration_parameters={"calibration_type": "max"}, model_parameters={"remove_node_type": "Cast"})
+    out = _build(project).output
+    quantized = onnx.load(str(project.artefact("quantized")))
+    assert any(n.op_type == "Cast" for n in quantized.graph.node), "the round trip this test is about"
+    assert re.search(r"WARNING remove_node_type: the model has no Cast node; nothing removed", out), out[-2000:]
+
+
 def test_remove_node_name(project: Project) -> None:
     project.write(model_parameters={"remove_node_name": "Conv_0; Reshape_0_out_HzDequantise"})
     failed = _build(project, expect_ok=False)

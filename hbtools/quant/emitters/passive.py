@@ -5,7 +5,7 @@ from __future__ import annotations
 from onnx import TensorProto, helper
 
 from hbtools.graph.model_io import default_opset
-from hbtools.ops.names import quantized_tensor
+from hbtools.ops.names import ROUND_TRIP_DOC, quantized_tensor
 from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState, QTensor
 from hbtools.quant.units import Unit
@@ -31,12 +31,14 @@ def emit(state: EmitState, unit: Unit) -> None:
         # Integers survive a float32 round trip. The casts are named after this node: two readers
         # of one tensor each get their own.
         xf = f"{node.name}_{xq.name}_as_float"
-        state.nodes.append(helper.make_node("Cast", [xq.name], [xf], name=f"{xf}_Cast", to=TensorProto.FLOAT))
+        state.nodes.append(helper.make_node("Cast", [xq.name], [xf], name=f"{xf}_Cast", to=TensorProto.FLOAT,
+                                            doc_string=ROUND_TRIP_DOC))
         copy.input[0] = xf
         copy.output[0] = f"{node.name}_{node.output[0]}_float"
         state.nodes.append(copy)
         state.nodes.append(helper.make_node("Cast", [copy.output[0]], [outs[0]], name=f"{outs[0]}_Cast",
-                                            to=TensorProto.INT16 if xq.dtype == "int16" else TensorProto.INT8))
+                                            to=TensorProto.INT16 if xq.dtype == "int16" else TensorProto.INT8,
+                                            doc_string=ROUND_TRIP_DOC))
     else:
         state.nodes.append(copy)
     for o, qo in zip(floats, outs, strict=True):
