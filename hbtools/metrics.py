@@ -134,6 +134,18 @@ def chebyshev(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
+def l1_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean absolute difference (the vendor's makertbin output table: ``||a - b||_1 / n``)."""
+    a, b = _flat(a, b)
+    return float(np.mean(np.abs(a - b))) if a.size else 0.0
+
+
+def l2_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Euclidean norm of the difference over the element count (the vendor's table: ``||a - b||_2 / n``)."""
+    a, b = _flat(a, b)
+    return float(np.linalg.norm(a - b) / a.size) if a.size else 0.0
+
+
 def relative_euclidean_distance(a: np.ndarray, b: np.ndarray) -> float:
     a, b = _flat(a, b)
     na = np.linalg.norm(a)

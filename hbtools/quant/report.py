@@ -14,7 +14,7 @@ from hbtools.graph.model_io import load_model
 from hbtools.graph.origins import user_node
 from hbtools.log import first_of
 from hbtools.march.profiles import PASSIVE_OPS
-from hbtools.metrics import CHUNK, cosine_of_chunks, cosine_similarity
+from hbtools.metrics import CHUNK, chebyshev, cosine_of_chunks, cosine_similarity, l1_distance, l2_distance
 from hbtools.pipeline.quantize import QTensor, QuantizedResult
 from hbtools.quant.units import Partition
 from hbtools.runtime import segments
@@ -41,6 +41,8 @@ class NodeSimilarity:
 
     cosines: dict[str, float] = field(default_factory=dict)
     below_step: set[str] = field(default_factory=set)
+    # per model output: cosine, L1, L2 and Chebyshev distance (the vendor's "quantized model output" table)
+    outputs: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
 
 
 def node_similarity(optimized: ModelProto | Path, result: QuantizedResult, feed: dict[str, np.ndarray],
@@ -90,6 +92,7 @@ def node_similarity(optimized: ModelProto | Path, result: QuantizedResult, feed:
         q_feed[i.name] = x if list(x.shape) == list(i.shape) else np.transpose(x, to_other)
     found = NodeSimilarity()
     sims = found.cosines
+    model_outputs = [o.name for o in q_model.graph.output]
     for tensors in groups:
         # Quantized first: its outputs are mostly 8/16-bit, so they cost little while the float run happens.
         q_out = dict(zip(tensors, q_sess.run([pairs[t][0] for t in tensors], q_feed), strict=True))
@@ -99,6 +102,8 @@ def node_similarity(optimized: ModelProto | Path, result: QuantizedResult, feed:
             f, q = f_out.pop(t), q_out.pop(t)  # each released once compared
             if not isinstance(f, np.ndarray) or not isinstance(q, np.ndarray):  # a sequence or map: no cosine
                 continue
+            if t in model_outputs:
+                found.outputs[t] = _distances(f, q if qt is None else qt.to_float(q))
             if qt is None:
                 sims[t] = cosine_similarity(f, q)
                 continue
@@ -110,7 +115,12 @@ def node_similarity(optimized: ModelProto | Path, result: QuantizedResult, feed:
                                            for s in range(0, q.size, CHUNK))
             else:
                 sims[t] = cosine_similarity(f, qt.to_float(q))
+    found.outputs = {o: found.outputs[o] for o in model_outputs if o in found.outputs}  # in the model's order
     return found
+
+
+def _distances(f: np.ndarray, q: np.ndarray) -> tuple[float, float, float, float]:
+    return cosine_similarity(f, q), l1_distance(f, q), l2_distance(f, q), chebyshev(f, q)
 
 
 def _fetch_groups(optimized: ModelProto, pairs: dict[str, tuple[str, QTensor | None]]) -> list[list[str]]:
@@ -150,10 +160,22 @@ def log_node_table(result: QuantizedResult, similarity: NodeSimilarity | None = 
     if any(r.cosine.endswith("*") for r in rows):  # a 0 with no word of why reads as a broken conversion
         lines.append("* all float values below half a quantization step on this sample: every quantized value is 0")
     log.info("The converted model node information:\n%s", "\n".join(lines))
+    if similarity is not None and similarity.outputs:
+        _log_output_table(similarity)
     if similarity is not None:  # read as accuracy, one picture's cosines mislead (0.999 here, 0.7 on held-out data)
         log.info("Cosine Similarity: float against quantized output of each node on the first calibration sample "
                  "only; it is no accuracy measure: evaluate the quantized model on held-out data (hb_mapper infer, "
                  "HB_ONNXRuntime), and find the nodes that lose accuracy with hmct-debugger")
+
+
+def _log_output_table(similarity: NodeSimilarity) -> None:
+    """Each model output against the float model's, on the same sample, as the vendor's makertbin prints it."""
+    width = max(len("Output"), *(len(name) for name in similarity.outputs)) + 2
+    header = f"{'Output':<{width}}{'Cosine Similarity':<19}{'L1 Distance':<13}{'L2 Distance':<13}Chebyshev Distance"
+    lines = ["=" * len(header), header, "-" * len(header)]
+    for name, (cos, l1, l2, cheb) in similarity.outputs.items():
+        lines.append(f"{name:<{width}}{cos:<19.6f}{l1:<13.6f}{l2:<13.6f}{cheb:.6f}")
+    log.info("The quantized model output:\n%s", "\n".join(lines))
 
 
 def _node_rows(result: QuantizedResult, similarity: NodeSimilarity | None) -> list[_Row]:

@@ -307,6 +307,13 @@ def test_node_table_and_similarity_logged(tmp_path: Path) -> None:
     assert re.search(r"^Softmax_0\s+BPU\s+id\(0\)\s+HzSQuantizedSoftmax", text, re.M)
     # which data the cosines come from, so that one picture's 0.999 is not read as the model's accuracy
     assert "Cosine Similarity: float against quantized output of each node on the first calibration sample" in text
+    # each model output with the vendor's distances, where D-Robotics' READMEs send users for the output names
+    outputs = [o.name for o in onnx.load(str(conv.paths["original"])).graph.output]
+    table = re.search(r"The quantized model output:\n=+\nOutput\s+Cosine Similarity\s+L1 Distance\s+L2 Distance\s+"
+                      r"Chebyshev Distance\n-+\n((?:\S+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\n)+)", text)
+    assert table, text[-3000:]
+    rows = [line.split() for line in table.group(1).splitlines()]
+    assert [r[0] for r in rows] == outputs and all(0.9 < float(r[1]) <= 1.0 for r in rows), rows
     assert text.rstrip().endswith("End Model Convert")
 
 
