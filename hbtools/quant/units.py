@@ -581,10 +581,10 @@ def _shrinks(unit: Unit, view: GraphView) -> bool:
 
 
 def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set[int]) -> bool:
-    """A BPU subgraph between CPU nodes, or after them at the model's output, with less work than a BPU call
-    costs to set up runs in float (an unrolled recurrence's per-step products, where the state stays on the CPU,
-    become one call each otherwise). The subgraph with the most work stays, so a model keeps its BPU part.
-    Returns whether any unit moved."""
+    """A BPU subgraph between CPU nodes, or one without a product after them at the model's output, with less
+    work than a BPU call costs to set up runs in float (an unrolled recurrence's per-step products, where the
+    state stays on the CPU, become one call each otherwise). The subgraph with the most work stays, so a model
+    keeps its BPU part. Returns whether any unit moved."""
     groups = _subgraph_units(part)
     if len(groups) < 2:
         return False
@@ -602,9 +602,11 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
         outputs = [t for u in group for t in u.outputs]
         users = [c for t in outputs for c in part.consumers.get(t, []) if id(c) not in members]
         from_cpu = all(t in part.producer and part.producer[t].on == "CPU" for t in inputs)
-        # A trailing one (PESTO's final Softmax after its CPU Conv) is a BPU call for as little work.
-        at_output = bool(set(outputs) & set(view.graph_outputs))
-        to_cpu = (bool(users) or at_output) and all(c.on == "CPU" for c in users)
+        # A trailing one without a product (PESTO's final Softmax after its CPU Conv) is a BPU call for as little
+        # work; a small trailing conv head stays where the user expects it.
+        at_output = bool(set(outputs) & set(view.graph_outputs)) and work[k] == 0
+        to_cpu = (bool(users) or at_output) and all(c.on == "CPU" for c in users) \
+            and (at_output or not set(outputs) & set(view.graph_outputs))
         if inputs and from_cpu and to_cpu:
             where = "after CPU nodes at the model's output" if at_output else "between CPU nodes"
             for u in group:
