@@ -179,6 +179,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if profile is not None and profile.int16:  # the reciprocal table needs int16 (quant.plan)
         rewritten["Divs of two tensors written as a product with an int16 reciprocal table"] = \
             bpu_forms.divisions_as_reciprocal_products(body, placed)
+    if profile is not None and bpu_forms.resizes_of_one_axis_as_2d(body, profile):
+        log.info("Resizes of the length of a 3-D tensor written as Resizes of a 4-D tensor of one row")
     bpu_forms.upsampling_by_whole_factors(body, profile)
     bpu_forms.interpolations_as_matmuls(body)
     if profile is not None:

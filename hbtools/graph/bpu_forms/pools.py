@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.bpu_forms._common import _axes_node, _opset
+from hbtools.graph.bpu_forms._common import _axes_node, _opset, around_one_row
 from hbtools.graph.graph import GraphView, rewrite_nodes
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import attrs_of
@@ -75,11 +75,9 @@ def _pool_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProto)
     if "pads" in a:
         attrs["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
     others = [x for x in node.attribute if x.name not in attrs]
-    wide, pooled = f"{node.input[0]}_{node.name}_2d", f"{node.output[0]}_{node.name}_2d"
-    pool = helper.make_node(node.op_type, [wide], [pooled], name=node.name, **attrs)
+    pool = helper.make_node(node.op_type, [node.input[0]], [node.output[0]], name=node.name, **attrs)
     pool.attribute.extend(others)
-    return [_axes_node(model, opset, "Unsqueeze", node.input[0], wide, [2], f"{node.name}_to_2d"), pool,
-            _axes_node(model, opset, "Squeeze", pooled, node.output[0], [2], f"{node.name}_from_2d")]
+    return around_one_row(model, opset, node, pool)
 
 
 def large_average_pools_in_steps(model: ModelProto, profile: MarchProfile,
