@@ -135,9 +135,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if bpu_forms.scalar_reductions_kept_as_maps(body):
         log.info("reductions of a whole tensor to a scalar that only element-wise ops read keep its rank (keepdims)")
     bpu_forms.spatial_reductions_as_global_pools(body)
-    if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body):
-        log.info("pools over the one axis of a 3-D tensor, or over a 5-D view of a map one channel at a time, "
-                 "written as pools over a 4-D tensor")
+    if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body, profile):
+        log.info("pools over the one axis of a 3-D tensor, or over a 5-D view of a map one channel at a time, or "
+                 "over other 5-D tensors, written as pools over 4-D tensors")
     if profile is not None and bpu_forms.reductions_over_the_first_axis(body):
         log.info("reductions over the first axis of a tensor without a batch axis moved behind a batch of one")
     if profile is not None:
