@@ -62,7 +62,8 @@ class MarchProfile:
     ddr_gbps: float
     ops: Mapping[str, OpRule] = field(default_factory=dict, hash=False, compare=False)
     # The ranks of the tensors the BPU computes on at all (element-wise ops, convolutions); an op whose rule takes
-    # fewer has no form of the others, which a rewrite to a view of a rank it takes may give it.
+    # fewer has no form of the others (which its CPU reason says, not that the BPU cannot take them), and a
+    # rewrite to a view of a rank it takes may give it one.
     tensor_ranks: tuple[int, int] = (1, 5)
     bpu_ops: frozenset[str] = field(default=frozenset(), init=False)  # op types with a rule
 

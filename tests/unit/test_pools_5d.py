@@ -10,12 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from builders import _Graph
+from click.testing import CliRunner
 from conformance import convert_and_check
 from onnx import TensorProto, helper
 
+from hbtools.cli.hb_mapper import main
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline import optimize
 
@@ -70,3 +73,21 @@ def test_conv3d_stem_with_a_spatial_and_a_temporal_pool_runs_on_the_bpu(tmp_path
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) >= 0.995, outcome.cosine
 
+def test_a_5d_op_without_a_5d_form_says_so_where_the_bpu_takes_5d_tensors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nearest Resize of a video map (3-D U-Nets) stays on the CPU; on the bayes marches the Conv3d before it
+    runs on the BPU, so 'the BPU takes 4-D tensors only' was not true there: its Resize has no 5-D form. RDK X3's
+    BPU takes 4-D tensors only, and says so."""
+    g = _Graph(10)
+    y = g.op("Conv", ["clip", g.const(g.rng.standard_normal((8, 3, 1, 3, 3)).astype(np.float32))],
+             kernel_shape=[1, 3, 3], pads=[0, 1, 1, 0, 1, 1])
+    y = g.op("Resize", [y, "", g.const(np.array([1, 1, 2, 2, 2], np.float32))], mode="nearest")
+    monkeypatch.chdir(tmp_path)
+    onnx.save(g.model({"clip": [1, 3, 4, 16, 16]}, [y]).model, "model.onnx")
+    shape = "Resize on a 5-D tensor [1, 8, 4, 16, 16]"
+    for march, reason in (("bayes-e", f"{shape}: the BPU of bayes-e (RDK X5) has no 5-D Resize (its Resize takes "
+                                      f"4-D tensors only)"),
+                          ("bernoulli2", f"{shape}: the BPU of bernoulli2 (RDK X3) takes 4-D tensors only")):
+        out = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", march, "--model", "model.onnx"],
+                                 catch_exceptions=False).output
+        assert reason in out, (march, out[-2000:])
