@@ -148,6 +148,9 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
             what = f"{op} reads a {len(shape)}-D tensor '{t}' (input {list(node.input).index(t)}, computed at run " \
                    f"time)" if side else f"{op} of {_shape_text(data)} gives a {len(shape)}-D tensor" \
                 if data is not None and len(data) != len(shape) else f"{op} on a {len(shape)}-D tensor"
+            if profile.takes_rank(len(shape)):
+                return f"{what} {_shape_text(shape)}: {where} has no {len(shape)}-D {op} (its {op} takes {allowed} " \
+                       f"tensors only)"
             return f"{what} {_shape_text(shape)}: {where} takes {allowed} tensors only"
     a = view.attrs(node)
     # Every limit broken is named: a kernel too long for the BPU is split into pieces unless the stride

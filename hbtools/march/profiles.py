@@ -61,6 +61,10 @@ class MarchProfile:
     peak_int8_tops: float
     ddr_gbps: float
     ops: Mapping[str, OpRule] = field(default_factory=dict, hash=False, compare=False)
+    # The ranks of the tensors the BPU computes on at all (element-wise ops, convolutions); an op whose rule takes
+    # fewer has no form of the others (which its CPU reason says, not that the BPU cannot take them), and a
+    # rewrite to a view of a rank it takes may give it one.
+    tensor_ranks: tuple[int, int] = (1, 5)
     bpu_ops: frozenset[str] = field(default=frozenset(), init=False)  # op types with a rule
 
     def __post_init__(self) -> None:
@@ -74,6 +78,10 @@ class MarchProfile:
 
     def rule(self, op_type: str) -> OpRule | None:
         return self.ops.get(op_type)
+
+    def takes_rank(self, rank: int) -> bool:
+        """Whether the BPU computes on tensors of ``rank`` dimensions at all (``tensor_ranks``)."""
+        return self.tensor_ranks[0] <= rank <= self.tensor_ranks[1]
 
 
 def _each(names: Iterable[str], rule: OpRule) -> dict[str, OpRule]:
@@ -154,7 +162,7 @@ PROFILES: dict[str, MarchProfile] = {
     p.name: p
     for p in (
         MarchProfile("bernoulli2", "RDK X3", int16=False, core_num=(1, 2), quantized_input_layout="NHWC",
-                     peak_int8_tops=5.0, ddr_gbps=12.8, ops=_BERNOULLI2_OPS),
+                     peak_int8_tops=5.0, ddr_gbps=12.8, ops=_BERNOULLI2_OPS, tensor_ranks=(4, 4)),
         MarchProfile("bayes", "RDK Ultra", int16=True, core_num=(1,), quantized_input_layout=None,
                      peak_int8_tops=96.0, ddr_gbps=51.2, ops=_BAYES_OPS),
         MarchProfile("bayes-e", "RDK X5", int16=True, core_num=(1,), quantized_input_layout=None,

@@ -135,9 +135,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if bpu_forms.scalar_reductions_kept_as_maps(body):
         log.info("reductions of a whole tensor to a scalar that only element-wise ops read keep its rank (keepdims)")
     bpu_forms.spatial_reductions_as_global_pools(body)
-    if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body):
-        log.info("pools over the one axis of a 3-D tensor, or over a 5-D view of a map one channel at a time, "
-                 "written as pools over a 4-D tensor")
+    if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body, profile):
+        log.info("pools over the one axis of a 3-D tensor, or over a 5-D view of a map one channel at a time, or "
+                 "over other 5-D tensors, written as pools over 4-D tensors")
     if profile is not None and bpu_forms.reductions_over_the_first_axis(body):
         log.info("reductions over the first axis of a tensor without a batch axis moved behind a batch of one")
     if profile is not None:
@@ -179,6 +179,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if profile is not None and profile.int16:  # the reciprocal table needs int16 (quant.plan)
         rewritten["Divs of two tensors written as a product with an int16 reciprocal table"] = \
             bpu_forms.divisions_as_reciprocal_products(body, placed)
+    if profile is not None and bpu_forms.resizes_of_one_axis_as_2d(body, profile):
+        log.info("Resizes of the length of a 3-D tensor written as Resizes of a 4-D tensor of one row")
     bpu_forms.upsampling_by_whole_factors(body, profile)
     bpu_forms.interpolations_as_matmuls(body)
     if profile is not None:

@@ -56,7 +56,11 @@ from hbtools.graph.bpu_forms.reductions import (
     scalar_reductions_kept_as_maps,
     spatial_reductions_as_global_pools,
 )
-from hbtools.graph.bpu_forms.resizes import interpolations_as_matmuls, upsampling_by_whole_factors
+from hbtools.graph.bpu_forms.resizes import (
+    interpolations_as_matmuls,
+    resizes_of_one_axis_as_2d,
+    upsampling_by_whole_factors,
+)
 
 __all__ = [
     "auto_pads_as_pads",
@@ -88,6 +92,7 @@ __all__ = [
     "pixel_unshuffles_as_space_to_depth",
     "pools_over_one_axis_as_2d",
     "reductions_over_the_first_axis",
+    "resizes_of_one_axis_as_2d",
     "scalar_reductions_kept_as_maps",
     "sequences_as_concats",
     "spatial_index_maps_as_matmuls",

@@ -7,23 +7,68 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.bpu_forms._common import _axes_node, _opset
-from hbtools.graph.graph import GraphView, rewrite_nodes
+from hbtools.graph.bpu_forms._common import _axes_node, _opset, around_one_row, reshape_node
+from hbtools.graph.graph import GraphView, is_static, rewrite_nodes
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import attrs_of
 
 
-def pools_over_one_axis_as_2d(model: ModelProto) -> int:
+def pools_over_one_axis_as_2d(model: ModelProto, profile: MarchProfile) -> int:
     """A MaxPool / AveragePool over the one axis of a 3-D [N, C, L] tensor (PyTorch's MaxPool1d after Conv1d
     layers: atspm-detector's traffic-signal net) as the same pool over [N, C, 1, L] between an Unsqueeze and
     a Squeeze of that axis: kernel, stride, dilation and pads of the length axis, one row on the other; and
-    a pool of a 5-D view of a map that takes one channel at a time (``_channel_pool_as_2d``). The BPU's pools
-    take 4-D tensors only, so the pool, and the activation before it that fed only it, ran on the CPU.
+    a pool of a 5-D view of a map that takes one channel at a time (``_channel_pool_as_2d``); and, where the BPU
+    takes 5-D tensors, any pool of a 5-D tensor (``_video_pool_as_2d``). The BPU's pools take 4-D tensors only,
+    so the pool, and the activation before it that fed only it, ran on the CPU.
     Returns how many it rewrote."""
     view = GraphView(model)
     opset = _opset(model)
+    # where the BPU takes no 5-D tensor (RDK X3) the views would be CPU Reshapes around a pool in float
+    videos = profile.takes_rank(5)
     return rewrite_nodes(model, lambda node: _pool_as_2d(node, view, opset, model)
-                         or _channel_pool_as_2d(node, view, opset, model))
+                         or _channel_pool_as_2d(node, view, opset, model)
+                         or (_video_pool_as_2d(node, view, model) if videos else None))
+
+
+def _video_pool_as_2d(node: NodeProto, view: GraphView, model: ModelProto) -> list[NodeProto] | None:
+    """A pool of a 5-D [N, C, T, H, W] tensor (MaxPool3d / AvgPool3d of video nets: X3D, R(2+1)D, C3D) as 2-D
+    pools of views of it: over T, a pool of [N, C, T, H*W] with a kernel of one along H*W; over H and W, a pool
+    of [N, C*T, H, W]. A window is a box, so its max, and its mean (the count of a box a product of counts per
+    axis, padding counted or not), is the pool over T of the pools over H and W; each axis keeps its kernel,
+    stride, pads, dilation and ceil_mode. The BPU's pools take 4-D tensors only."""
+    shape = view.shapes.get(node.input[0]) if node.op_type in ("MaxPool", "AveragePool") \
+        and node.domain in ("", "ai.onnx") else None
+    out_shape = view.shapes.get(node.output[0])
+    a = view.attrs(node)
+    if shape is None or out_shape is None or len(shape) != 5 or not is_static([*shape, *out_shape]) \
+            or len([o for o in node.output if o]) != 1 or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return None
+    window = {"kernel_shape": list(a["kernel_shape"]), "strides": list(a.get("strides", [1] * 3))}
+    if "dilations" in a:  # an AveragePool takes them from opset 19 only
+        window["dilations"] = list(a["dilations"])
+    pads = list(a.get("pads", [0] * 6))
+    over_t = any(v[0] != 1 for v in window.values()) or pads[0] or pads[3]
+    over_hw = any(v[1:] != [1, 1] for v in window.values()) or any(pads[1:3] + pads[4:])
+    if not (over_t or over_hw):
+        return None
+    n, c, t, h, w = shape
+    others = [x for x in node.attribute if x.name not in (*window, "pads")]
+    steps = []  # (tag, the 4-D view pooled, the 2-D pool's attributes)
+    if over_t:
+        steps.append(("t", [n, c, t, h * w], {"pads": [pads[0], 0, pads[3], 0],
+                                             **{key: [v[0], 1] for key, v in window.items()}}))
+    if over_hw:
+        steps.append(("hw", [n, c * out_shape[2], h, w], {"pads": [*pads[1:3], *pads[4:]],
+                                                         **{key: v[1:] for key, v in window.items()}}))
+    nodes, x = [], node.input[0]
+    for tag, view_shape, attrs in steps:
+        name = node.name if tag == steps[-1][0] else f"{node.name}_{tag}"  # the last pool keeps the name
+        flat, pooled = f"{x}_{node.name}_{tag}_4d", f"{node.output[0]}_{tag}"
+        pool = helper.make_node(node.op_type, [flat], [pooled], name=name, **attrs)
+        pool.attribute.extend(others)
+        nodes += [reshape_node(model, x, flat, view_shape, f"{node.name}_{tag}_4d"), pool]
+        x = pooled
+    return [*nodes, reshape_node(model, x, node.output[0], list(out_shape), f"{node.name}_5d")]
 
 
 def _channel_pool_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
@@ -75,11 +120,9 @@ def _pool_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProto)
     if "pads" in a:
         attrs["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
     others = [x for x in node.attribute if x.name not in attrs]
-    wide, pooled = f"{node.input[0]}_{node.name}_2d", f"{node.output[0]}_{node.name}_2d"
-    pool = helper.make_node(node.op_type, [wide], [pooled], name=node.name, **attrs)
+    pool = helper.make_node(node.op_type, [node.input[0]], [node.output[0]], name=node.name, **attrs)
     pool.attribute.extend(others)
-    return [_axes_node(model, opset, "Unsqueeze", node.input[0], wide, [2], f"{node.name}_to_2d"), pool,
-            _axes_node(model, opset, "Squeeze", pooled, node.output[0], [2], f"{node.name}_from_2d")]
+    return around_one_row(model, opset, node, pool)
 
 
 def large_average_pools_in_steps(model: ModelProto, profile: MarchProfile,

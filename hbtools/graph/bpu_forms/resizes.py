@@ -6,10 +6,50 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView, is_static
+from hbtools.graph.bpu_forms._common import _opset, around_one_row
+from hbtools.graph.graph import GraphView, is_static, rewrite_nodes
 from hbtools.graph.model_io import default_opset
 from hbtools.march.profiles import MarchProfile
 from hbtools.runtime.session import ort_session
+
+
+def resizes_of_one_axis_as_2d(model: ModelProto, profile: MarchProfile) -> int:
+    """A Resize of the length of a 3-D [N, C, L] tensor (``F.interpolate(mode='linear')`` in audio U-Nets such
+    as Wave-U-Net, or nearest) as the same Resize of [N, C, 1, L] between an Unsqueeze and a Squeeze of that
+    row, for the 4-D forms after it to take (the interpolation matrix along W, the BPU's nearest Resize): the
+    BPU's Resize takes 4-D tensors only, and each upsampling of a Wave-U-Net ran on the CPU between two BPU
+    subgraphs. Not where the BPU takes no 3-D tensor (RDK X3): the layers around it run on the CPU there.
+    Returns how many it rewrote."""
+    if not profile.takes_rank(3):
+        return 0
+    view = GraphView(model)
+    opset = _opset(model)
+    return rewrite_nodes(model, lambda node: _resize_as_2d(node, view, opset, model))
+
+
+def _resize_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
+    if node.op_type != "Resize" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
+        return None
+    shape, out_shape = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in view.attrs(node).items()}
+    # tf_crop_and_resize reads a 3-D roi, and a policy or axes would take the added row into their sizes
+    if shape is None or out_shape is None or len(shape) != 3 or len(out_shape) != 3 \
+            or not is_static([*shape, *out_shape]) or shape[:2] != out_shape[:2] or shape == out_shape \
+            or text.get("coordinate_transformation_mode") == "tf_crop_and_resize" or "axes" in text \
+            or text.get("keep_aspect_ratio_policy", "stretch") != "stretch" \
+            or any(i and not view.is_const(i) for i in node.input[1:]):
+        return None
+    scales = view.const(node.input[2]) if node.input[2] else None
+    empty, row = f"{node.name}_none_2d", f"{node.name}_row_2d"  # empty: roi, and scales where sizes are given
+    if scales is not None and scales.size == 3:
+        inputs, values = [node.input[0], empty, row], np.array([*scales[:2], 1, scales[2]], np.float32)
+    else:
+        inputs, values = [node.input[0], empty, empty, row], np.array([*out_shape[:2], 1, out_shape[2]], np.int64)
+    model.graph.initializer.extend([numpy_helper.from_array(np.zeros(0, np.float32), empty),
+                                    numpy_helper.from_array(values, row)])
+    resize = helper.make_node("Resize", inputs, [node.output[0]], name=node.name)
+    resize.attribute.extend(node.attribute)
+    return around_one_row(model, opset, node, resize)
 
 
 def upsampling_by_whole_factors(model: ModelProto, profile: MarchProfile | None = None) -> None:
