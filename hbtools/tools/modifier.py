@@ -122,9 +122,13 @@ def delete(model: BinModel, name: str) -> BinModel:
 
 def _record(node: NodeProto, cand: Candidate) -> dict:
     attrs = {k: v for k, v in attrs_of(node).items() if isinstance(v, (int, float, str, list))}
+    params = quant_params(node)
+    if "axis" in attrs and params:
+        # One scale has no axis: the node's unused attribute would contradict the descriptor's quantizeAxis.
+        attrs["axis"] = params["quantize_axis"]
     record = {"name": node.name, "type": cand.type, "op_type": node.op_type, "domain": node.domain,
               "side": cand.side, "inputs": list(node.input), "outputs": list(node.output), "attributes": attrs}
-    return {**record, **quant_params(node)}
+    return {**record, **params}
 
 
 def quant_params(node: NodeProto) -> dict:

@@ -140,6 +140,15 @@ def test_rdk_zoo_command_leaves_the_box_convs_int32_accumulators(rdk_head, in_tm
     assert PASSED in verified.output, verified.output
 
 
+def test_a_single_scale_output_is_described_with_one_axis(rdk_head, in_tmp) -> None:
+    """The class output (a Sigmoid's, one scale) after removing its Dequantize: deleted_nodes_info.txt gives the
+    axis hrt_model_exec model_info does, not the Dequantize node's unused attribute."""
+    line = _removed(rdk_head.bin, "Transpose_1_out_HzDequantize", "cls.bin")
+    cls = _block(_model_info("cls.bin"), "output", 1)
+    assert cls["tensor type"] in ("HB_DNN_TENSOR_TYPE_S8", "HB_DNN_TENSOR_TYPE_S16") and cls["quantizeAxis"] == "0"
+    assert " axis=0 " in line
+
+
 def test_permuted_box_output_is_not_requantized(rdk_head) -> None:
     """The box conv's output is dequantized from its accumulators, not from 256 int8 levels (calibration max),
     and the calibrated model computes exactly what the quantized one does."""
