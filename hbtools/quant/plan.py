@@ -51,7 +51,7 @@ from hbtools.quant.grids import (
 )
 from hbtools.quant.statistics import ChannelStats, StatsCollector, TensorStats
 from hbtools.quant.thresholds import int16_threshold
-from hbtools.quant.units import Partition, Unit, int8_logits, int32_tails
+from hbtools.quant.units import Partition, Unit, accumulator_axis, int8_logits, int32_tails
 
 log = logging.getLogger("hbtools")
 
@@ -323,11 +323,7 @@ def _channel_axis(tensor: str, part: Partition, view: GraphView, readers_of: dic
     if producer is None or producer.on == "CPU":
         return axis
     if producer.kind == "conv":
-        shape = view.shapes.get(tensor)
-        if not shape:
-            return None
-        out_axis = 1 if producer.main.op_type in ("Conv", "ConvTranspose") else len(shape) - 1
-        return axis if out_axis == axis else None
+        return axis if accumulator_axis(producer, view) == axis else None
     if producer.kind == "preprocess" and attrs_of(producer.main).get("layout", "NCHW") == "NCHW":
         return axis if axis == 1 else None
     return None
