@@ -140,6 +140,20 @@ def test_rdk_zoo_command_leaves_the_box_convs_int32_accumulators(rdk_head, in_tm
     assert PASSED in verified.output, verified.output
 
 
+def test_the_outputs_name_reaches_the_box_dequantize_too(rdk_head, tmp_path, in_tmp) -> None:
+    """``<model output>_HzDequantize`` (the box Dequantize's name in earlier hbtools, and the form the vendor's
+    YOLO-seg list uses for outputs it does not fold) removes the same node, from the command line and from the
+    YAML: the output is the conv's int32 accumulators."""
+    result = invoke(hb_model_modifier.main, [rdk_head.bin, "-r", "Transpose_0_out_HzDequantize", "-o", "alias.bin"])
+    assert result.exit_code == 0, result.output
+    by_yaml = build_bin(tmp_path / "yaml", rdk_yolo_head(), prefix="head", input_parameters={"input_type_rt": "nv12"},
+                        model_parameters={"remove_node_name": "Transpose_0_out_HzDequantize"})
+    for path in ("alias.bin", by_yaml.bin):
+        model = read_bin(path).model()
+        assert [r["name"] for r in model.deleted_nodes] == [f"{BOX_CONV}_output_0_HzDequantize"]
+        assert model.outputs[0]["name"] == "Transpose_0_out" and model.outputs[0]["dtype"] == "int32"
+
+
 def test_a_single_scale_output_is_described_with_one_axis(rdk_head, in_tmp) -> None:
     """The class output (a Sigmoid's, one scale) after removing its Dequantize: deleted_nodes_info.txt gives the
     axis hrt_model_exec model_info does, not the Dequantize node's unused attribute."""
