@@ -169,6 +169,26 @@ def yolo_like(h: int = 16, channels: int = 3, opset: int = OPSET) -> FloatModel:
     return g.model({"data": [1, channels, h, h]}, list(heads.values()), opset)
 
 
+BOX_CONV = "/model.23/cv2.0/cv2.0.2/Conv"  # ultralytics' name of YOLO11's first box conv
+
+
+def rdk_yolo_head(h: int = 16) -> FloatModel:
+    """A detector head as D-Robotics' rdk_model_zoo exports YOLO: each last conv's output permuted to NHWC
+    (``permute(0, 2, 3, 1)``) before it leaves, the box conv (16 channels) under ultralytics' node and tensor
+    names; the class conv goes through a Sigmoid first."""
+    g = _Graph(8)
+    x = g.op("Relu", [g.conv("data", 3, 8, stride=2)])
+    box, cls = g.conv(x, 8, 16, k=1), g.op("Sigmoid", [g.conv(x, 8, 4, k=1)])
+    names = {box: f"{BOX_CONV}_output_0"}
+    outputs = [g.op("Transpose", [t], perm=[0, 2, 3, 1]) for t in (box, cls)]
+    for node in g.nodes:
+        if node.output[0] == box:
+            node.name = BOX_CONV
+        node.output[:] = [names.get(o, o) for o in node.output]
+        node.input[:] = [names.get(i, i) for i in node.input]
+    return g.model({"data": [1, 3, h, h]}, outputs)
+
+
 def fpn_like(h: int = 16, opset: int = OPSET) -> FloatModel:
     """A segmentation neck: two scales, the coarse one upsampled (Resize nearest and ConvTranspose),
     added to and multiplied with the fine one, Concat of branches of different ranges, Sigmoid map."""

@@ -54,9 +54,9 @@ def _warn_type_kept(model: BinModel, node_type: str) -> None:
 
 def _remove_name(model: BinModel, name: str) -> BinModel:
     graph = model.load_graph()
-    candidate = next((c for c in modifier.candidates(graph) if c.name == name), None)
+    node = modifier.node_named(graph, name)
+    candidate = next((c for c in modifier.candidates(graph) if node is not None and c.name == node.name), None)
     if candidate is None:
-        node = next((n for n in graph.graph.node if n.name == name), None)
         if node is None:  # SPEC §10: a node name the model does not have is an error
             names = dict.fromkeys([*(c.name for c in modifier.candidates(graph)), *(n.name for n in graph.graph.node)])
             raise HbError(f"remove_node_name: the model has no node '{name}'{closest_names(name, names)}",

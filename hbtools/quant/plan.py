@@ -6,7 +6,8 @@ by all its BPU consumers (SPEC §7):
   preprocess): always materialised, so every consumer reads the calibrated value;
 - the output of a Conv/MatMul, or a CPU/float tensor, read by a BPU op;
 - data-movement ops (Reshape, MaxPool, …) keep their input's grid: no node.
-Conv/MatMul outputs read only by the CPU or the user stay int32 (no node).
+Conv/MatMul outputs read only by the CPU or the user stay int32 (no node), also where
+BPU layout moves (a detector head's output permute) carry them to float model outputs.
 
 ``calibration_parameters.per_channel`` gives a tensor one threshold per channel
 when every reader is a BPU conv-like unit (its integer kernel folds the input
@@ -50,7 +51,7 @@ from hbtools.quant.grids import (
 )
 from hbtools.quant.statistics import ChannelStats, StatsCollector, TensorStats
 from hbtools.quant.thresholds import int16_threshold
-from hbtools.quant.units import Partition, Unit, int8_logits
+from hbtools.quant.units import Partition, Unit, accumulator_axis, int8_logits, int32_tails
 
 log = logging.getLogger("hbtools")
 
@@ -196,8 +197,9 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     integer_inputs = {i.name for i in model.graph.input
                       if i.type.tensor_type.elem_type in (TensorProto.INT8, TensorProto.UINT8)}
     tensors = [*view.graph_inputs, *(t for u in part.units for t in u.outputs)]
+    int32_moved = int32_tails(part, view, int_outputs)
     for tensor in dict.fromkeys(tensors):
-        if tensor in integer_inputs:
+        if tensor in integer_inputs or tensor in int32_moved:
             continue
         producer = part.producer.get(tensor)
         bpu_users = part.bpu_consumers(tensor)
@@ -323,11 +325,7 @@ def _channel_axis(tensor: str, part: Partition, view: GraphView, readers_of: dic
     if producer is None or producer.on == "CPU":
         return axis
     if producer.kind == "conv":
-        shape = view.shapes.get(tensor)
-        if not shape:
-            return None
-        out_axis = 1 if producer.main.op_type in ("Conv", "ConvTranspose") else len(shape) - 1
-        return axis if out_axis == axis else None
+        return axis if accumulator_axis(producer, view) == axis else None
     if producer.kind == "preprocess" and attrs_of(producer.main).get("layout", "NCHW") == "NCHW":
         return axis if axis == 1 else None
     return None

@@ -658,3 +658,70 @@ def _number_subgraphs(part: Partition) -> None:
     for k, group in enumerate(_subgraph_units(part)):
         for u in group:
             u.subgraph = k
+
+
+# Layout moves onnxruntime runs on int32 too: an accumulator's int32 result can pass through them unchanged.
+INT32_MOVES = ("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+def int32_tails(part: Partition, view: GraphView, integer_outputs: bool) -> dict[str, str]:
+    """Tensors that carry a BPU accumulator's int32 result to float model outputs through layout moves only
+    (an exported detector head's ``permute(0, 2, 3, 1)`` after its last convs), each mapped to that
+    accumulator's output. The BPU writes the accumulator in the moved layout, so nothing requantizes it: the
+    outputs are dequantized exactly, per channel, as where the conv itself is the output. Chains of at least
+    one move only; none where the outputs are asked as integers (set_model_output_int8/int16)."""
+    if integer_outputs:
+        return {}
+    tails: dict[str, str] = {}
+    for unit in part.units:
+        if unit.on != "BPU" or not unit.is_accumulator or unit.activation is not None:
+            continue
+        axis = accumulator_axis(unit, view)
+        chain = _int32_chain(part, view, unit.outputs[0], axis) if axis is not None else None
+        if chain is not None and len(chain) > 1:
+            tails.update(dict.fromkeys(chain, unit.outputs[0]))
+    return tails
+
+
+def accumulator_axis(unit: Unit, view: GraphView) -> int | None:
+    """The output-channel axis of an accumulator unit's result (None where its rank is unknown)."""
+    if unit.main.op_type in ("Conv", "ConvTranspose"):
+        return 1
+    shape = view.shapes.get(unit.outputs[0])
+    return len(shape) - 1 if shape else None
+
+
+def _int32_chain(part: Partition, view: GraphView, tensor: str, axis: int) -> list[str] | None:
+    """``tensor`` and what BPU int32 moves make of it, if every end is a model output and the channel axis
+    can be followed through every move; None otherwise."""
+    chain, axes = [tensor], {tensor: axis}
+    for t in chain:
+        users = part.consumers.get(t, [])
+        if not users and t not in view.graph_outputs:
+            return None
+        for u in users:
+            if u.on != "BPU" or u.kind != "passive" or u.main.op_type not in INT32_MOVES or len(u.outputs) != 1 \
+                    or u.inputs[:1] != [t]:
+                return None
+            moved = moved_axis(u.main, axes[t], view)
+            if moved is None:
+                return None
+            axes[u.outputs[0]] = moved
+            chain.append(u.outputs[0])
+    return chain
+
+
+def moved_axis(node: NodeProto, axis: int, view: GraphView) -> int | None:
+    """Where a layout move (Transpose, or a reshape of any spelling) puts its input's ``axis``; None where a
+    reshape splits or merges that axis, or a shape is unknown."""
+    in_shape, out_shape = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    if not in_shape or not out_shape or not is_static(in_shape) or not is_static(out_shape):
+        return None
+    if node.op_type == "Transpose":
+        perm = list(view.attrs(node).get("perm") or reversed(range(len(in_shape))))
+        return perm.index(axis)
+    before = elements(in_shape[:axis])
+    for j, size in enumerate(out_shape):
+        if size == in_shape[axis] and elements(out_shape[:j]) == before:
+            return j
+    return None

@@ -75,11 +75,32 @@ def candidates(graph: ModelProto) -> list[Candidate]:
     return out
 
 
-def find(graph: ModelProto, name: str, deleted: Sequence[dict] = ()) -> NodeProto:
-    """Node ``name`` of ``graph``; ``deleted``: the model's deleted-node records (named in the error)."""
+DEQUANTIZE_SUFFIX = "_HzDequantize"
+
+
+def node_named(graph: ModelProto, name: str) -> NodeProto | None:
+    """Node ``name`` of ``graph``, or the Dequantize writing model output ``X`` for ``X_HzDequantize``.
+
+    An output Dequantize fed by a conv's int32 accumulators through layout moves is named after the conv's
+    tensor, as the vendor's is; the output's name (hbtools' earlier name for it, and the vendor's where it
+    keeps the moves, as rdk_model_zoo's YOLO-seg list has it) reaches it too."""
     for n in graph.graph.node:
         if n.name == name:
             return n
+    if not name.endswith(DEQUANTIZE_SUFFIX):
+        return None
+    output = name[:-len(DEQUANTIZE_SUFFIX)]
+    if output not in {o.name for o in graph.graph.output}:
+        return None
+    return next((n for n in graph.graph.node if n.op_type == "HzDequantize" and list(n.output) == [output]), None)
+
+
+def find(graph: ModelProto, name: str, deleted: Sequence[dict] = ()) -> NodeProto:
+    """Node ``name`` of ``graph`` (``node_named``); ``deleted``: the model's deleted-node records (named in the
+    error)."""
+    node = node_named(graph, name)
+    if node is not None:
+        return node
     if any(record.get("name") == name for record in deleted):
         raise HbError(f"node '{name}' was already deleted from this model", hint="hb_model_info lists deleted nodes")
     # The deletable nodes first: those are the names a user means to type.
@@ -92,7 +113,7 @@ def delete(model: BinModel, name: str) -> BinModel:
     """A copy of ``model`` without node ``name``, which must be a current candidate."""
     graph = model.load_graph()
     node = find(graph, name, model.deleted_nodes)
-    cand = next((c for c in candidates(graph) if c.name == name), None)
+    cand = next((c for c in candidates(graph) if c.name == node.name), None)
     if cand is None:
         listing = [c.name for c in candidates(graph)]
         raise HbError(f"node '{name}' ({display_type(node)}) cannot be deleted: only Quantize/Transpose/Cast/"
@@ -122,9 +143,13 @@ def delete(model: BinModel, name: str) -> BinModel:
 
 def _record(node: NodeProto, cand: Candidate) -> dict:
     attrs = {k: v for k, v in attrs_of(node).items() if isinstance(v, (int, float, str, list))}
+    params = quant_params(node)
+    if "axis" in attrs and params:
+        # One scale has no axis: the node's unused attribute would contradict the descriptor's quantizeAxis.
+        attrs["axis"] = params["quantize_axis"]
     record = {"name": node.name, "type": cand.type, "op_type": node.op_type, "domain": node.domain,
               "side": cand.side, "inputs": list(node.input), "outputs": list(node.output), "attributes": attrs}
-    return {**record, **quant_params(node)}
+    return {**record, **params}
 
 
 def quant_params(node: NodeProto) -> dict:

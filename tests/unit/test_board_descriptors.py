@@ -8,11 +8,12 @@ import re
 import numpy as np
 import pytest
 from bin_fixtures import build_bin, invoke
-from builders import make_project, yolo_like
+from builders import BOX_CONV, held_out, make_project, rdk_yolo_head, yolo_like
 
 from hbtools.cli import hb_model_info, hb_model_modifier, hb_verifier, hrt_model_exec
 from hbtools.errors import HbError
 from hbtools.march.profiles import get_profile
+from hbtools.runtime import HB_ONNXRuntime
 from hbtools.runtime.binfile import read_bin
 from hbtools.runtime.rt_input import random_rt_input
 from hbtools.runtime.runtime_model import open_model
@@ -98,6 +99,81 @@ def test_integer_output_times_scale_is_the_unmodified_output(yolo, in_tmp) -> No
         np.testing.assert_allclose(got[out.name] * scale, expected[out.name], rtol=1e-6, atol=1e-12)
     verified = invoke(hb_verifier.main, ["-m", f"{yaml_route.quantized},{yaml_route.bin}", "-s", "True"])
     assert PASSED in verified.output, verified.output
+
+
+# ---------------------------------------------------------------- NHWC detector heads (D-Robotics' rdk_model_zoo)
+
+
+@pytest.fixture(scope="module")
+def rdk_head(tmp_path_factory):
+    return build_bin(tmp_path_factory.mktemp("rdk_head"), rdk_yolo_head(), prefix="head",
+                     input_parameters={"input_type_rt": "nv12"})
+
+
+def _removed(bin_path, node: str, out: str) -> str:
+    """``hb_model_modifier BIN -r NODE``, then hb_model_info on the result: the line deleted_nodes_info.txt has."""
+    result = invoke(hb_model_modifier.main, [bin_path, "-r", node, "-o", out])
+    assert result.exit_code == 0, result.output
+    assert invoke(hb_model_info.main, [out]).exit_code == 0
+    (line,) = open("deleted_nodes_info.txt").read().splitlines()
+    return line
+
+
+def test_rdk_zoo_command_leaves_the_box_convs_int32_accumulators(rdk_head, in_tmp) -> None:
+    """The rdk_model_zoo removes the box outputs' Dequantize by the vendor's name, the box conv's tensor + _HzDequantize
+    (the vendor folds the output permute into the conv): board code then reads the conv's int32 accumulators in
+    NHWC, one scale per channel on axis 3, and the integers times those scales are the unmodified output."""
+    line = _removed(rdk_head.bin, f"{BOX_CONV}_output_0_HzDequantize", "box.bin")
+    box = _block(_model_info("box.bin"), "output", 0)
+    assert (box["tensor type"], box["tensor layout"], box["valid shape"]) == \
+        ("HB_DNN_TENSOR_TYPE_S32", "HB_DNN_LAYOUT_NHWC", "(1,8,8,16,)")
+    assert box["quanti type"] == "SCALE" and box["quantizeAxis"] == "3"
+    assert len(box["scale data"].rstrip(",").split(",")) == 16
+    assert " axis=3 " in line
+    before, after = open_model(rdk_head.bin), open_model("box.bin")
+    feeds = {d.name: random_rt_input(d, np.random.default_rng(3)) for d in before.inputs}
+    expected, got = Simulator(before).run(feeds), Simulator(after).run(feeds)
+    name = after.outputs[0].name
+    assert got[name].dtype == np.int32
+    np.testing.assert_allclose(got[name] * np.asarray(after.outputs[0].scale), expected[name], rtol=1e-6, atol=1e-12)
+    verified = invoke(hb_verifier.main, ["-m", f"{rdk_head.quantized},box.bin", "-s", "True"])
+    assert PASSED in verified.output, verified.output
+
+
+def test_the_outputs_name_reaches_the_box_dequantize_too(rdk_head, tmp_path, in_tmp) -> None:
+    """``<model output>_HzDequantize`` (the box Dequantize's name in earlier hbtools, and the form the vendor's
+    YOLO-seg list uses for outputs it does not fold) removes the same node, from the command line and from the
+    YAML: the output is the conv's int32 accumulators."""
+    result = invoke(hb_model_modifier.main, [rdk_head.bin, "-r", "Transpose_0_out_HzDequantize", "-o", "alias.bin"])
+    assert result.exit_code == 0, result.output
+    by_yaml = build_bin(tmp_path / "yaml", rdk_yolo_head(), prefix="head", input_parameters={"input_type_rt": "nv12"},
+                        model_parameters={"remove_node_name": "Transpose_0_out_HzDequantize"})
+    for path in ("alias.bin", by_yaml.bin):
+        model = read_bin(path).model()
+        assert [r["name"] for r in model.deleted_nodes] == [f"{BOX_CONV}_output_0_HzDequantize"]
+        assert model.outputs[0]["name"] == "Transpose_0_out" and model.outputs[0]["dtype"] == "int32"
+
+
+def test_a_single_scale_output_is_described_with_one_axis(rdk_head, in_tmp) -> None:
+    """The class output (a Sigmoid's, one scale) after removing its Dequantize: deleted_nodes_info.txt gives the
+    axis hrt_model_exec model_info does, not the Dequantize node's unused attribute."""
+    line = _removed(rdk_head.bin, "Transpose_1_out_HzDequantize", "cls.bin")
+    cls = _block(_model_info("cls.bin"), "output", 1)
+    assert cls["tensor type"] in ("HB_DNN_TENSOR_TYPE_S8", "HB_DNN_TENSOR_TYPE_S16") and cls["quantizeAxis"] == "0"
+    assert " axis=0 " in line
+
+
+def test_permuted_box_output_is_not_requantized(rdk_head) -> None:
+    """The box conv's output is dequantized from its accumulators, not from 256 int8 levels (calibration max),
+    and the calibrated model computes exactly what the quantized one does."""
+    samples = held_out(rdk_yolo_head(), count=3)
+    calibrated, quantized = (HB_ONNXRuntime(model_file=str(p)) for p in
+                             (rdk_head.quantized.with_name("head_calibrated_model.onnx"), rdk_head.quantized))
+    for x in samples:
+        # the quantized model takes the picture as an nv12 model does, in NHWC
+        c, q = calibrated.run(None, {"data": x})[0], quantized.run(None, {"data": x.transpose(0, 2, 3, 1)})[0]
+        assert len(np.unique(q)) > 256
+        np.testing.assert_allclose(c, q, rtol=1e-6, atol=1e-9)
 
 
 # ---------------------------------------------------------------- descriptors per input_type_rt

@@ -59,7 +59,8 @@ def test_fast_perf_builds_with_everything_on_the_bpu() -> None:
     assert model.config["calibration_parameters"]["calibration_type"] == "skip"
     # The output Dequantize goes, then the Reshape it exposed: removed until none is left.
     assert [d["type"] for d in model.deleted_nodes] == ["Dequantize", "Reshape"]
-    assert model.outputs[0]["dtype"] in ("int8", "int16") and model.outputs[0]["scale"]
+    # The last conv's int32 accumulators, which the Reshape carried to the output: a scale per channel.
+    assert model.outputs[0]["dtype"] == "int32" and len(model.outputs[0]["scale"]) == 4
     open_model(wd / "net.bin")  # still a valid runtime model
     assert Path("hb_mapper_makertbin.log").is_file()
 
@@ -143,18 +144,19 @@ def test_remove_node_type_names_no_cast_the_users_model_lacks(tmp_path: Path) ->
 
 
 def test_remove_node_name(project: Project) -> None:
-    project.write(model_parameters={"remove_node_name": "Conv_0; Reshape_0_out_HzDequantise"})
+    project.write(model_parameters={"remove_node_name": "Conv_0; Conv_2_out_HzDequantise"})
     failed = _build(project, expect_ok=False)
-    # SPEC §10: a node name the model does not have is an ERROR offering the closest names; nothing is written
+    # SPEC §10: a node name the model does not have is an ERROR offering the closest names; nothing is written.
+    # The output Dequantize is named after the conv whose int32 accumulators the Reshape carries to it.
     assert failed.exit_code == 1, failed.output
-    assert re.search(r"ERROR remove_node_name: the model has no node 'Reshape_0_out_HzDequantise'.*"
-                     r"Reshape_0_out_HzDequantize", failed.output)
+    assert re.search(r"ERROR remove_node_name: the model has no node 'Conv_2_out_HzDequantise'.*"
+                     r"Conv_2_out_HzDequantize", failed.output)
     assert not project.artefact("bin").exists()
-    project.write(model_parameters={"remove_node_name": "Conv_0; Reshape_0_out_HzDequantize"})
+    project.write(model_parameters={"remove_node_name": "Conv_0; Conv_2_out_HzDequantize"})
     out = _build(project).output
     assert re.search(r"WARNING remove_node_name: node Conv_0 \(HzSQuantizedConv\) is not a removable node", out)
     model = read_bin(project.artefact("bin")).models[0]
-    assert [d["name"] for d in model.deleted_nodes] == ["Reshape_0_out_HzDequantize"]
+    assert [d["name"] for d in model.deleted_nodes] == ["Conv_2_out_HzDequantize"]
     # The quantized ONNX artefact keeps the node; only the .bin loses it.
     names = {n.name for n in onnx.load(str(project.artefact("quantized"))).graph.node}
-    assert "Reshape_0_out_HzDequantize" in names
+    assert "Conv_2_out_HzDequantize" in names

@@ -105,7 +105,8 @@ def emit_accumulator(state: EmitState, unit: Unit, op: type, pieces: list[tuple[
                   {**oa, **common}, out, qt.dtype)
         state.record(out, qt)
         return
-    # int32 accumulator: dequantized exactly for CPU users / outputs, requantized for BPU users.
+    # int32 accumulator: dequantized exactly for CPU users / outputs (also at the end of layout moves that carry
+    # it there), requantized for BPU users.
     # With int16 operands the sum can exceed int32: drop low bits (a power-of-two multiplier) so
     # it never saturates; the result keeps ~31 significant bits.
     shift = 0
@@ -119,7 +120,7 @@ def emit_accumulator(state: EmitState, unit: Unit, op: type, pieces: list[tuple[
               {"out_type": "int32", "out_min": float(grids.INT32_MIN), "out_max": float(grids.INT32_MAX), **common},
               acc_tensor, "int32")
     state.record(acc_tensor, acc)
-    state.need_float(acc_tensor)
+    state.int32_read_as_float(acc_tensor)
     if unit.activation is not None:
         state.nodes.append(unit.activation)
         state.floats.update(unit.activation.output)

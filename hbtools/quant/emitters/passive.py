@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from onnx import TensorProto, helper
+from onnx import NodeProto, TensorProto, helper
 
 from hbtools.graph.model_io import default_opset
 from hbtools.ops.names import ROUND_TRIP_DOC, quantized_tensor
 from hbtools.quant.emitters import emits
 from hbtools.quant.emitters.state import EmitState, QTensor
-from hbtools.quant.units import Unit
+from hbtools.quant.units import INT32_MOVES, Unit, moved_axis
 
 # onnxruntime has no int16 kernels for these (nor int8 ones before opset 12/13).
 _FLOAT_KERNEL_ONLY = ("MaxPool", "Resize", "ReduceMax", "ReduceMin")
@@ -19,7 +19,8 @@ _FLOAT_KERNEL_ALWAYS = ("GlobalMaxPool", "DepthToSpace", "SpaceToDepth", "Pad")
 @emits("passive")
 def emit(state: EmitState, unit: Unit) -> None:
     node = unit.main
-    xq = state.need_q(unit.inputs[0])
+    carries_int32 = unit.inputs[0] in state.int32_tails
+    xq = state.q[unit.inputs[0]] if carries_int32 else state.need_q(unit.inputs[0])
     # A MaxPool on the BPU has no reader of its int64 Indices (the partition puts one whose Indices are
     # read on the CPU): the integer copy leaves them out rather than give them the values' type.
     floats = node.output[:1] if node.op_type == "MaxPool" else node.output
@@ -41,5 +42,18 @@ def emit(state: EmitState, unit: Unit) -> None:
                                             doc_string=ROUND_TRIP_DOC))
     else:
         state.nodes.append(copy)
+    axis = _scale_axis_after(state, node, xq)
     for o, qo in zip(floats, outs, strict=True):
-        state.record(o, QTensor(qo, xq.dtype, xq.scale, xq.axis, xq.zero_point))
+        state.record(o, QTensor(qo, xq.dtype, xq.scale, axis, xq.zero_point))
+        if carries_int32:
+            state.int32_read_as_float(o)
+
+
+def _scale_axis_after(state: EmitState, node: NodeProto, xq: QTensor) -> int:
+    """The axis of ``xq``'s scales in ``node``'s output: per-channel scales follow their channels through a
+    layout move (a Transpose to NHWC puts them on axis 3)."""
+    shape = state.view.shapes.get(node.input[0])
+    if xq.scale.size == 1 or node.op_type not in INT32_MOVES or not shape:
+        return xq.axis
+    moved = moved_axis(node, xq.axis % len(shape), state.view)
+    return xq.axis if moved is None else moved

@@ -22,7 +22,7 @@ from hbtools.ops.names import quantized_tensor
 from hbtools.ops.quantized import HzDequantize, HzQuantize
 from hbtools.quant import grids
 from hbtools.quant.calibrated import ActGrid, CalibratedGraph
-from hbtools.quant.units import Partition
+from hbtools.quant.units import Partition, int32_tails
 
 ELEM_TYPES = {"int8": TensorProto.INT8, "int16": TensorProto.INT16, "int32": TensorProto.INT32}
 
@@ -79,6 +79,8 @@ class EmitState:
         self.floats: set[str] = set(self.view.graph_inputs) | set(self.view.initializers)
         self.value_info: list = []
         self.inputs = [copy.deepcopy(i) for i in self.src.graph.input]
+        self.int32_tails = int32_tails(part, self.view, config.calibration.options.int_outputs)
+        self._dequantized_as = _vendor_dequantize_names(self.int32_tails, set(self.view.graph_outputs))
 
     # ---- tensors -------------------------------------------------------------------------
     def init(self, name: str, value: np.ndarray) -> str:
@@ -128,11 +130,18 @@ class EmitState:
         if tensor in self.floats:
             return tensor
         qt = self.q[tensor]
-        self.nodes.append(HzDequantize.make_node([qt.name], [tensor], f"{tensor}_HzDequantize",
+        name = f"{self._dequantized_as.get(tensor, tensor)}_HzDequantize"
+        self.nodes.append(HzDequantize.make_node([qt.name], [tensor], name,
                                                  scales=[float(s) for s in qt.scale.reshape(-1)], axis=qt.axis,
                                                  zero_point=qt.zero_point or None))
         self.floats.add(tensor)
         return tensor
+
+    def int32_read_as_float(self, tensor: str) -> None:
+        """Dequantize int32 ``tensor`` unless BPU layout moves carry it on as int32 (``int32_tails``); of
+        those, the model outputs only."""
+        if tensor not in self.int32_tails or tensor in self.view.graph_outputs:
+            self.need_float(tensor)
 
     def cpu_needs(self, tensor: str) -> bool:
         """Whether a CPU node or the user (a float model output) reads ``tensor``."""
@@ -176,6 +185,18 @@ class EmitState:
                 for d in shape:
                     dims.dim.add().dim_value = d
         return self.transpose(x, permutation(rt, train_layout), f"{x}_{train_layout.lower()}")
+
+
+def _vendor_dequantize_names(tails: dict[str, str], graph_outputs: set[str]) -> dict[str, str]:
+    """The model output of each int32 chain with one, mapped to the accumulator output the chain starts at:
+    the vendor's toolchain folds the moves into the conv and names the output Dequantize after the conv's
+    tensor (``/model.23/cv2.0/cv2.0.2/Conv_output_0_HzDequantize``), the name D-Robotics' hb_model_modifier
+    commands remove."""
+    ends: dict[str, list[str]] = {}
+    for tensor, accumulator in tails.items():
+        if tensor in graph_outputs:
+            ends.setdefault(accumulator, []).append(tensor)
+    return {outputs[0]: accumulator for accumulator, outputs in ends.items() if len(outputs) == 1}
 
 
 def per_tensor(qt: QTensor, what: str) -> QTensor:
