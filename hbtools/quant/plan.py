@@ -642,6 +642,8 @@ def _node_info_targets(part: Partition, node_info: dict[str, NodeInfo],
             continue
         nodes = [n for unit in dict.fromkeys(parts) for n in unit.nodes if n.name in written[name]]
         inputs, outputs = _tensors_from_outside(nodes, part)
+        if not outputs:  # inside a unit (a BatchNorm folded into a conv that runs with its Relu): what it writes
+            outputs = list(dict.fromkeys(t for unit in dict.fromkeys(parts) for t in unit.outputs))
         targets.append(_NodeInfoTarget(name, info, nodes[-1].op_type, inputs, outputs,
                                        any(part.producer[t].gives_indices for t in outputs)))
     return targets

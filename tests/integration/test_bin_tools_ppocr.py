@@ -143,7 +143,8 @@ def test_removed_output_dequantize_keeps_the_integer_result(build, in_tmp) -> No
     listing = invoke(hb_model_modifier.main, [det.bin]).output
     deletable = ast.literal_eval(re.search(r"Nodes that can be deleted: (\[.*\])", listing).group(1))
     dequantize = next(n for n in deletable if n.endswith("_HzDequantize"))
-    result = invoke(hb_model_modifier.main, [det.bin, "-r", dequantize])
+    # -o: by default the result goes beside the model, in the folder the other tests share
+    result = invoke(hb_model_modifier.main, [det.bin, "-r", dequantize, "-o", "ppocr_det_modified.bin"])
     assert result.exit_code == 0 and "modified model saved as ppocr_det_modified.bin" in result.output
     info = invoke(hb_model_info.main, ["ppocr_det_modified.bin"])
     assert f"deleted nodes: {dequantize}" in info.output

@@ -4,6 +4,7 @@ Dequantize removal (hb_model_modifier -r and YAML remove_node_type) keeping name
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -211,7 +212,7 @@ def test_featuremap_inputs_in_board_terms(tmp_path, in_tmp) -> None:
     assert "scale data" not in block
     result = invoke(hb_model_modifier.main, [built.bin, "-a", "Quantize"])
     assert result.exit_code == 0, result.output
-    block = _block(_model_info("mlp_modified.bin"), "input", 0)
+    block = _block(_model_info(str(Path(built.bin).with_name("mlp_modified.bin"))), "input", 0)  # beside the model
     assert block["name"] == "feat"  # the input keeps its name
     assert (block["tensor type"], block["aligned byte size"], block["stride"], block["quanti type"],
             block["quantizeAxis"]) == ("HB_DNN_TENSOR_TYPE_S8", "60", "(60,12,1,)", "SCALE", "0")

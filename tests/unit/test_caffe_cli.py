@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 from builders import EXACT_MEAN, EXACT_SCALE, image_input_params
@@ -179,16 +180,23 @@ def test_checker_needs_the_prototxt() -> None:
     assert "--proto" in error_lines(result)[0]
 
 
-def test_node_info_on_a_folded_scale_layer_is_reported() -> None:
-    """BatchNorm + Scale fold into the convolution: a node_info entry for either names no node any more,
-    and the user is told so instead of the request vanishing."""
+def test_node_info_on_a_folded_scale_layer_types_the_convolution() -> None:
+    """BatchNorm + Scale fold into the convolution, which then writes the Scale's output: a node_info entry for
+    the Scale types what the convolution's BPU op writes (with the Relu it runs with); it was 'not in the
+    optimized model' and dropped."""
     write_project(mobilenet_like(SIZE), "m", node_info={"scale4": {"OutputType": "int16"},
                                                          "convolution6": {"OutputType": "int16"}})
     result = invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe")
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if " WARNING " in line]
-    assert any("scale4" in line and "not in the optimized model" in line for line in warnings), result.output
-    assert not any("convolution6" in line and "not in the optimized model" in line for line in warnings)
+    assert not any("not in the optimized model" in line for line in warnings), warnings
+    calibrated = onnx.load(str(next(Path(".").glob("**/m_calibrated_model.onnx"))))
+    original = onnx.load(str(next(Path(".").glob("**/m_original_float_model.onnx"))))
+    [scale] = [n for n in original.graph.node if n.name == "scale4"]
+    [relu] = [n for n in original.graph.node if list(n.input) == list(scale.output)]  # runs with the conv
+    bits = {n.input[0]: next(a.i for a in n.attribute if a.name == "bits") for n in calibrated.graph.node
+            if n.op_type == "HzCalibration"}
+    assert bits.get(relu.output[0]) == 16, bits
 
 
 def test_deploy_prototxt_with_batch_10() -> None:
