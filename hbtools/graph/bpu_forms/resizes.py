@@ -12,14 +12,20 @@ from hbtools.graph.model_io import default_opset
 from hbtools.march.profiles import MarchProfile
 from hbtools.runtime.session import ort_session
 
+# A linear or cubic Resize becomes a dense [in, out] interpolation matrix (``interpolations_as_matmuls``): over a
+# signal of thousands of samples that is millions of weights and in * out MACs per channel (Wave-U-Net at 16384
+# samples: a 5-minute checker run and 3.8 GB), where the CPU's Resize reads two samples per output.
+MAX_INTERPOLATION_ELEMENTS = 1 << 20
+
 
 def resizes_of_one_axis_as_2d(model: ModelProto, profile: MarchProfile) -> int:
     """A Resize of the length of a 3-D [N, C, L] tensor (``F.interpolate(mode='linear')`` in audio U-Nets such
     as Wave-U-Net, or nearest) as the same Resize of [N, C, 1, L] between an Unsqueeze and a Squeeze of that
     row, for the 4-D forms after it to take (the interpolation matrix along W, the BPU's nearest Resize): the
     BPU's Resize takes 4-D tensors only, and each upsampling of a Wave-U-Net ran on the CPU between two BPU
-    subgraphs. Not where the BPU takes no 3-D tensor (RDK X3): the layers around it run on the CPU there.
-    Returns how many it rewrote."""
+    subgraphs. Not where the BPU takes no 3-D tensor (RDK X3): the layers around it run on the CPU there, and not
+    a linear or cubic one whose interpolation matrix would pass ``MAX_INTERPOLATION_ELEMENTS``. Returns how many
+    it rewrote."""
     if not profile.takes_rank(3):
         return 0
     view = GraphView(model)
@@ -39,6 +45,9 @@ def _resize_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProt
             or text.get("keep_aspect_ratio_policy", "stretch") != "stretch" \
             or any(i and not view.is_const(i) for i in node.input[1:]):
         return None
+    mode = text.get("mode", "nearest")
+    if mode != "nearest" and shape[2] * out_shape[2] > MAX_INTERPOLATION_ELEMENTS:
+        return None  # as a dense interpolation matrix it would cost more than the CPU's Resize
     scales = view.const(node.input[2]) if node.input[2] else None
     empty, row = f"{node.name}_none_2d", f"{node.name}_row_2d"  # empty: roi, and scales where sizes are given
     if scales is not None and scales.size == 3:
