@@ -78,7 +78,11 @@ def shifts_into_next_convs(model: ModelProto) -> int:
         groups = [int(view.attrs(r).get("group", 1)) for r in readers]
         channels = {w.shape[1] * g for w, g in zip(weights, groups, strict=True)}
         const = view.const(next(i for i in node.input if i != act[0])).astype(np.float64)
-        shift = per_channel_const(const, channels.pop()) if len(channels) == 1 and const.ndim != 2 else None
+        shape = view.shapes.get(act[0])
+        if len(channels) != 1 or not shape or shape != view.shapes.get(node.output[0]) \
+                or not _along_channels(const.shape, len(shape)):
+            continue  # the Add broadcasts its input up (1 channel to C) or adds along another axis
+        shift = per_channel_const(const, channels.pop())
         if shift is None:
             continue
         shift = -shift if node.op_type == "Sub" else shift
@@ -88,6 +92,14 @@ def shifts_into_next_convs(model: ModelProto) -> int:
         model.graph.node.remove(node)
         folded += 1
     return folded
+
+
+def _along_channels(const_shape: tuple[int, ...], rank: int) -> bool:
+    """Whether a constant of ``const_shape`` broadcast against a rank-``rank`` tensor varies only along axis 1."""
+    if len(const_shape) > rank:
+        return False
+    aligned = (1,) * (rank - len(const_shape)) + tuple(const_shape)
+    return all(d == 1 for k, d in enumerate(aligned) if k != 1)
 
 
 def _unpadded_conv_weight(node: NodeProto, data: str, view: GraphView) -> np.ndarray | None:
