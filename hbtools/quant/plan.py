@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -401,15 +401,20 @@ def _squares_and_their_sums(part: Partition, const: Callable[[str], np.ndarray |
 
 
 _PICKS = ("TopK", "ArgMax", "ArgMin")
-_LINEAR = ("Add", "Sub", "Neg", "Mul", "Div", "Sum")
+# What the terms of a difference go through: not Add, which a residual stream is made of (a segmenter's logits
+# summed with a skip branch pulled the whole stream into int16, and its labels came out worse).
+_DIFFERENCES = ("Sub", "Neg", "Mul", "Div")
 
 
-def _ranked_values(part: Partition, const: Callable[[str], np.ndarray | None]) -> list[tuple[str, str]]:
-    """(tensor, picking node) for the BPU tensors a TopK / ArgMax / ArgMin ranks, and, back through BPU sums
-    and differences of them (and their products with constants), the terms they are made of."""
+def _ranked_values(part: Partition, const: Callable[[str], np.ndarray | None], int8_inputs: Collection[str],
+                   kept8: Collection[str]) -> list[tuple[str, str]]:
+    """(tensor, picking node) for the BPU tensors a TopK / ArgMax / ArgMin ranks, and, back through BPU
+    differences (and products with constants), the terms they are made of; none for a picker whose input the
+    config keeps int8 (its op kind in ``int8_inputs``, its name in ``kept8``)."""
     found: dict[str, str] = {}
     for unit in part.units:
-        if unit.main.op_type not in _PICKS or not unit.inputs:
+        if unit.main.op_type not in _PICKS or not unit.inputs or unit.main.op_type in int8_inputs \
+                or unit.main.name in kept8:
             continue
         stack = [part.grid_of(unit.inputs[0])]
         while stack:
@@ -419,7 +424,7 @@ def _ranked_values(part: Partition, const: Callable[[str], np.ndarray | None]) -
                 continue
             found[t] = unit.main.name
             node = producer.main
-            if len(producer.nodes) == 1 and node.op_type in _LINEAR and (
+            if len(producer.nodes) == 1 and node.op_type in _DIFFERENCES and (
                     node.op_type not in ("Mul", "Div") or any(const(i) is not None for i in node.input)):
                 stack.extend(part.grid_of(i) for i in producer.inputs)
     return list(found.items())
@@ -524,8 +529,10 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
     # an int8 grid puts them on one or two levels and the pick is near random, while the cosine the searches
     # score over the whole tensor hardly moves (a DGCNN distance matrix: 0.9999, half of the neighbours lost).
     # A difference of large terms (|x_i|^2 + |x_j|^2 - 2 x_i.x_j) carries every term's rounding, so the terms
-    # are int16 too.
-    for t, picker in _ranked_values(part, const):
+    # are int16 too. Not where the config keeps the picker's input int8 (set_ArgMax_input_int8, node_info).
+    node_info = config.model.node_info if config else {}
+    kept8 = {name for name, info in node_info.items() if "int8" in info.input_types.values()}
+    for t, picker in _ranked_values(part, const, opts.int8_inputs, kept8):
         request(t, f"tensor {t} (values node {picker} ranks)", asked=False)
     # Positions decoded around a grid of constants (anchor points, strides): an int8 grid spends its
     # levels on the positions and rounds what the model predicts to a few pixels (2.5 at 320x320). These
@@ -546,7 +553,6 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
               if node.doc_string == SPLIT_DOC for t in node.output if t in part.producer]
     for t in halves:
         request(t, f"tensor {t} (half of a split convolution)", asked=False)
-    node_info = config.model.node_info if config else {}
     all16 = opts.all_int16
     int8: set[str] = set()  # grids of set_{Op}_input_int8 / output_int8: applied after every int16 request
     per_node: set[str] = set()  # int16 asked of a node by name (node_info), which no op-kind option overrides

@@ -78,3 +78,25 @@ def test_the_neighbours_a_knn_picks_survive_quantization(tmp_path: Path) -> None
         kept.append(np.mean([len(set(a) & set(b)) / K for a, b in zip(want.reshape(-1, K), got.reshape(-1, K),
                                                                          strict=True)]))
     assert min(kept) > 0.95, kept
+
+
+def test_the_terms_of_a_residual_sum_an_argmax_ranks_stay_as_the_search_leaves_them(tmp_path: Path) -> None:
+    """Walked back through Adds, the rule made a segmenter's whole residual stream int16 before the search, which
+    then had nothing left to choose, and its labels came out worse (hunt 21 D3): only differences are walked."""
+    rng = np.random.default_rng(2)
+    w = [numpy_helper.from_array((rng.standard_normal(s) * 0.4).astype(np.float32), f"w{k}")
+         for k, s in enumerate([(8, 3, 3, 3), (5, 8, 1, 1), (5, 8, 3, 3)])]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1] * 4), helper.make_node("Relu", ["c0"], ["r"]),
+             helper.make_node("Conv", ["r", "w1"], ["a"]), helper.make_node("Conv", ["r", "w2"], ["b"], pads=[1] * 4),
+             helper.make_node("Add", ["a", "b"], ["logits"]),
+             helper.make_node("ArgMax", ["logits"], ["labels"], axis=1, keepdims=1)]
+    graph = helper.make_graph(nodes, "seg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("labels", TensorProto.INT64, [1, 1, 16, 16])], w)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    samples = [rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(2)]
+    convert_featuremaps(tmp_path, model, {"x": samples}, "1x3x16x16", "float32", "m", calibration_type="max")
+    calibrated = onnx.load(str(tmp_path / "out" / "m_calibrated_model.onnx"))
+    bits = {n.input[0]: next(a.i for a in n.attribute if a.name == "bits") for n in calibrated.graph.node
+            if n.op_type == "HzCalibration"}
+    assert bits.get("logits") == 16 and bits.get("a", 8) == 8 and bits.get("b", 8) == 8, bits
