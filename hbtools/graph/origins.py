@@ -63,28 +63,29 @@ class OriginTrace:
             if origin is not None:
                 found[node.name] = origin
         _from_neighbours(model, found)
-        self._follow_fusions(model, set(found.values()))
+        self._follow_fusions(model, found)
         self.origins = found
         self._seen(model)
 
-    def _follow_fusions(self, model: ModelProto, users_left: set[str]) -> None:
-        """Update ``fused_into`` for the user's nodes that have no node left in ``model``."""
-        now = {n.name for n in model.graph.node}
-        into = self._gone_into(model, now)
-        fused: dict[str, Fusion] = {}
-        for user, fusion in self.fused_into.items():  # a node fused before may be fused again
-            if user in users_left:  # back (the input preprocessing is taken out for a while)
-                continue
-            if fusion.node in now:
-                fused[user] = fusion
-            elif fusion.node in into:
-                fused[user] = Fusion(into[fusion.node].node, fusion.at_output and into[fusion.node].at_output)
-        for gone, fusion in into.items():
+    def _follow_fusions(self, model: ModelProto, found: dict[str, str]) -> None:
+        """Update ``fused_into`` for the user's nodes that have no node left in ``model`` (``found``: the origins
+        of its nodes). A user's node goes into the user's node the absorbing node stands for (a Linear's bias
+        Add into its MatMul, whose Gemm onnxruntime wraps in reshapes: all its parts, not the last reshape)."""
+        users_left = set(found.values())
+        fused: dict[str, Fusion] = {user: f for user, f in self.fused_into.items() if user not in users_left}
+        for gone, fusion in self._gone_into(model, {n.name for n in model.graph.node}).items():
             user = self.origins.get(gone)
             if user is None or user in users_left:
                 continue
-            if user not in fused or (fusion.at_output and not fused[user].at_output):
-                fused[user] = fusion
+            into = Fusion(found.get(fusion.node, fusion.node), fusion.at_output)
+            if user not in fused or (into.at_output and not fused[user].at_output):
+                fused[user] = into
+        for user in list(fused):  # one fused into a node fused in turn goes where that one went
+            fusion, hops = fused[user], 0
+            while fusion.node in fused and fusion.node != user and hops < len(fused):
+                step = fused[fusion.node]
+                fusion, hops = Fusion(step.node, fusion.at_output and step.at_output), hops + 1
+            fused[user] = fusion
         self.fused_into = fused
 
     def _gone_into(self, model: ModelProto, now: set[str]) -> dict[str, Fusion]:
@@ -158,7 +159,8 @@ class OriginTrace:
 
 @dataclass(frozen=True)
 class Fusion:
-    """The node a user's node went into; ``at_output``: that node writes the user node's output."""
+    """The user's node a user's node went into (the node of a graph it went into stands for it); ``at_output``:
+    it writes the user node's output."""
 
     node: str
     at_output: bool
@@ -229,5 +231,5 @@ def written_as(model: ModelProto) -> dict[str, list[str]]:
         written.setdefault(user, []).append(node)
     for user, fusion in recorded_fusions(model).items():
         if fusion.at_output and user not in written:
-            written[user] = [fusion.node]
+            written[user] = [fusion.node, *written.get(fusion.node, [])]
     return written

@@ -610,11 +610,12 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
         # An ON request for a missing node is reported where placement is applied (units._apply_overrides).
         if info.on is None and (info.output_type or info.input_types) and name not in part.unit_of_node \
                 and name not in written:
-            if name in fusions and fusions[name].node in part.unit_of_node:
-                into = fusions[name].node
+            into = fusions[name].node if name in fusions else None
+            parts = [n for n in [into, *written.get(into, [])] if n in part.unit_of_node] if into else []
+            if parts:
                 log.warning("node_info names node %s, which the optimize stage fused into node %s (%s) and which "
                             "writes no tensor of its own there; its InputType / OutputType is ignored: name %s "
-                            "to type that node", name, into, part.unit_of_node[into].main.op_type, into)
+                            "to type that node", name, into, part.unit_of_node[parts[0]].main.op_type, into)
             else:
                 log.warning("node_info names node %s, which is not in the optimized model (removed or fused by "
                             "optimization?); its InputType / OutputType is ignored", name)

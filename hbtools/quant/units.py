@@ -453,8 +453,9 @@ def _apply_overrides(part: Partition, node_info: dict[str, NodeInfo], warn: bool
         if info.on is None:
             continue
         names = [n for n in [given, *written_as.get(given, [])] if n in part.unit_of_node]
-        if not names and given in fusions and fusions[given].node in part.unit_of_node:
-            names = [fusions[given].node]
+        if not names and given in fusions:
+            into = fusions[given].node
+            names = [n for n in [into, *written_as.get(into, [])] if n in part.unit_of_node]
         if not names and warn:
             log.warning("node_info / run_on_%s names node %s, which is not in the optimized model (removed or "
                         "fused by optimization?); ignored", info.on.lower(), given)
@@ -585,7 +586,9 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
     work than a BPU call costs to set up runs in float (an unrolled recurrence's per-step products, where the
     state stays on the CPU, become one call each otherwise). The subgraph with the most work stays, so a model
     keeps its BPU part. Returns whether any unit moved."""
-    groups = _subgraph_units(part)
+    # Judged on units linked by data: joined with another reader of the CPU result it reads, a small product
+    # between CPU nodes would stay a BPU call of its own after all (its partner's stage differs further on).
+    groups = _subgraph_units(part, join_readers=False)
     if len(groups) < 2:
         return False
     work = [sum(_unit_macs(u, view) for u in group) for group in groups]
@@ -616,9 +619,10 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
     return moved
 
 
-def _subgraph_units(part: Partition) -> list[list[Unit]]:
+def _subgraph_units(part: Partition, join_readers: bool = True) -> list[list[Unit]]:
     """BPU units in subgraphs (``structure.components``). A model input no unit makes stands as a CPU node of its
-    own, as its quantization is in the quantized model: the BPU units reading it start together."""
+    own, as its quantization is in the quantized model: the BPU units reading it start together (not with
+    ``join_readers`` False: units linked by data alone)."""
     index = {id(u): k for k, u in enumerate(part.units)}
     inputs: dict[str, int] = {}
     preds = []
@@ -627,7 +631,7 @@ def _subgraph_units(part: Partition) -> list[list[Unit]]:
                       inputs.setdefault(t, len(part.units) + len(inputs))
                       for t in u.inputs if part.producer.get(t) is not u])
     on = [u.on for u in part.units] + ["CPU"] * len(inputs)
-    groups = components(preds + [[] for _ in inputs], on)
+    groups = components(preds + [[] for _ in inputs], on, join_readers)
     return [[part.units[i] for i in members] for members in groups]
 
 

@@ -196,14 +196,15 @@ def _preds(nodes: list[NodeProto]) -> list[list[int]]:
     return [[producer[t] for t in references(n) if t in producer and producer[t] != i] for i, n in enumerate(nodes)]
 
 
-def components(preds: list[list[int]], on: list[str]) -> list[list[int]]:
+def components(preds: list[list[int]], on: list[str], join_readers: bool = True) -> list[list[int]]:
     """BPU subgraphs of a graph given as predecessor lists: linked BPU nodes, split wherever a path
     leaves through the CPU and comes back; numbered by first member (graph order is topological).
 
     A node's stage counts the CPU-to-BPU crossings on the longest path reaching it;
     BPU nodes join a subgraph only with linked BPU nodes of the same stage, so each
     subgraph can start once its inputs exist (the subgraph graph has no cycles). BPU nodes
-    reading the same CPU node's result are linked too (at the same stage, so the same holds).
+    reading the same CPU node's result are linked too (at the same stage, so the same holds),
+    unless ``join_readers`` is False.
     The checker, makertbin (on units) and the .bin tools (on nodes) all use this.
     """
     stage = [0] * len(preds)
@@ -225,7 +226,7 @@ def components(preds: list[list[int]], on: list[str]) -> list[list[int]]:
     # BPU nodes reading the same CPU result (a featuremap input's quantization, a CPU op feeding two
     # branches) start together: one call takes that input once.
     readers: dict[int, int] = {}
-    for i in range(len(preds)):
+    for i in range(len(preds) if join_readers else 0):
         for j in set(preds[i]):
             if on[j] == "CPU" and on[i] == "BPU":
                 first = readers.setdefault(j * len(preds) + stage[i], i)

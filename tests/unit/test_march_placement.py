@@ -246,8 +246,7 @@ def test_small_subgraphs_between_cpu_nodes_stay_in_float() -> None:
     per-step product) runs in float; a large one, one run_on_bpu names, and the model's largest stay."""
     g = _Graph(13)
     x = g.op("Hardmax", [g.conv("data", 3, 16)], axis=1)  # 442368 MACs: the largest subgraph
-    # 65536 MACs; behind a CPU node of its own: BPU nodes reading one CPU result start together (structure.components)
-    small = g.op("Hardmax", [g.conv(g.op("Hardmax", [x], axis=1), 16, 4, k=1)], axis=1)
+    small = g.op("Hardmax", [g.conv(x, 16, 4, k=1)], axis=1)  # 65536 MACs
     large = g.op("Hardmax", [g.conv(x, 16, 16)], axis=1)  # 2359296 MACs
     model = g.model({"data": [1, 3, 32, 32]}, [small, large]).model
     part = _partition(model, "bayes-e")
@@ -393,11 +392,10 @@ def test_equal_small_subgraphs_keep_the_same_one_on_the_bpu_whatever_the_node_or
     Which one followed the node order, and the quantize stage rebuilds the partition from a graph whose nodes
     may come in another order than the calibrate stage's: a product then reached the BPU uncalibrated."""
     g = _Graph(1)
-    a, b = g.op("Split", ["x"], n_out=2, axis=0), g.op("Split", ["x"], n_out=2, axis=0)
-    # from two CPU nodes: BPU nodes reading one CPU node's results start together (structure.components)
+    halves = g.op("Split", ["x"], n_out=2, axis=0)
     products = [g.op("MatMul", [h, g.const(g.rng.standard_normal((4, 3)).astype(np.float32), "w")])
-                for h in (a, b.replace("out0", "out1"))]
+                for h in (halves, halves.replace("out0", "out1"))]
     out = g.op("Concat", products, axis=0)
-    g.nodes = [g.nodes[k] for k in [order[0], *(k + 1 for k in order)]]
+    g.nodes = [g.nodes[k] for k in order]
     part = _partition(g.model({"x": [2, 3, 4]}, [out], opset=11).model, "bernoulli2")
     assert [n for n, (on, _) in _placement(part).items() if on == "BPU"] == ["MatMul_0"]
