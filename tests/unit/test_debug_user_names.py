@@ -306,3 +306,17 @@ def test_node_info_on_a_node_of_a_fused_layer_norm(tmp_path: Path, monkeypatch: 
                 f"(HzLayerNorm)") in result.output, result.output[-3000:]
     else:
         assert (first_mean.name, "CPU") in [row[:2] for row in _table(result.output)], result.output[-3000:]
+
+
+def test_run_on_cpu_of_a_linears_bias_add_moves_the_whole_gemm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime fuses a Linear's MatMul and bias Add over a 3-D tensor into a Gemm between two Reshapes, all
+    written for the MatMul. run_on_cpu naming the Add moved only the last Reshape, which now writes the Add's
+    output, to the CPU, and the Gemm computing the Add stayed on the BPU (hunt 21 D4)."""
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", _resize_and_linear(), cal_count=2)
+    project.write(calibration_parameters={"calibration_type": "max", "run_on_cpu": ["Add_0"]})
+    made = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+    assert made.exit_code == 0, made.output[-3000:]
+    matmul = [row for row in _table(made.output) if row[0] == "MatMul_0"]
+    assert matmul and all(row[1] == "CPU" for row in matmul), matmul
