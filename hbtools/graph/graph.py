@@ -512,6 +512,16 @@ def elements(dims: Iterable[int | None] | None) -> int:
     return int(np.prod(dims, dtype=np.int64)) if all(d is not None for d in dims) else 1
 
 
+def axis_through_reshape(in_shape: list[int], out_shape: list[int], axis: int) -> int | None:
+    """The axis of a reshape's output (static shapes) holding its input's ``axis`` unchanged; None where the
+    reshape splits or merges that axis."""
+    before = elements(in_shape[:axis])
+    for j, size in enumerate(out_shape):
+        if size == in_shape[axis] and elements(out_shape[:j]) == before:
+            return j
+    return None
+
+
 def itemsize(elem_type: int) -> int:
     """Bytes of one element of an ONNX tensor type."""
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize

@@ -19,7 +19,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 from hbtools.config.model import Config, NodeInfo
 from hbtools.graph.constant_terms import MOVES
 from hbtools.graph.contrib import why_kept
-from hbtools.graph.graph import GraphView, elements, is_static, outer_references
+from hbtools.graph.graph import GraphView, axis_through_reshape, elements, is_static, outer_references
 from hbtools.graph.origins import Fusion, recorded_fusions, recorded_origins, written_as
 from hbtools.graph.recurrent import RECURRENT_OPS, gates_fit
 from hbtools.log import first_of
@@ -724,8 +724,4 @@ def moved_axis(node: NodeProto, axis: int, view: GraphView) -> int | None:
     if node.op_type == "Transpose":
         perm = list(view.attrs(node).get("perm") or reversed(range(len(in_shape))))
         return perm.index(axis)
-    before = elements(in_shape[:axis])
-    for j, size in enumerate(out_shape):
-        if size == in_shape[axis] and elements(out_shape[:j]) == before:
-            return j
-    return None
+    return axis_through_reshape(in_shape, out_shape, axis)

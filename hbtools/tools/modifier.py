@@ -22,7 +22,7 @@ from onnx import ModelProto, NodeProto, helper
 
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
-from hbtools.graph.graph import dtype_name, references
+from hbtools.graph.graph import axis_through_reshape, dtype_name, references
 from hbtools.ops.base import DOMAIN, attrs_of
 from hbtools.runtime.binfile import BinFormatError, BinModel
 from hbtools.runtime.runtime_model import load
@@ -265,14 +265,24 @@ def _delete_output_side(graph: ModelProto, node: NodeProto, info: dict[str, Tens
         if desc.get("name") == old:
             if node.op_type != "HzDequantize":  # moving or casting integers keeps their step
                 replaced.update({key: desc[key] for key in ("scale", "quantize_axis", "zero_point") if key in desc})
-                perm = attrs_of(node).get("perm")
-                if node.op_type == "Transpose" and len(replaced.get("scale", [])) > 1 and perm:
-                    replaced["quantize_axis"] = int(perm[int(replaced["quantize_axis"])])
+                if len(replaced.get("scale", [])) > 1 and "quantize_axis" in replaced:
+                    replaced["quantize_axis"] = _axis_before(node, int(replaced["quantize_axis"]), info)
             out[k] = replaced
             break
     else:
         out.append(replaced)
     return out
+
+
+def _axis_before(node: NodeProto, axis: int, info: dict[str, TensorInfo]) -> int:
+    """The axis of a deleted output-side move's input that held its output's ``axis`` (per-channel scales
+    follow the channels back): through a Transpose's perm, or a reshape that keeps that axis whole."""
+    if node.op_type == "Transpose":
+        perm = attrs_of(node).get("perm") or list(reversed(range(len(info[node.input[0]].shape))))
+        return int(perm[axis])
+    before = axis_through_reshape(list(info[node.output[0]].shape), list(info[node.input[0]].shape), axis) \
+        if node.output[0] in info and node.input[0] in info else None
+    return axis if before is None else before
 
 
 def _drop_unused_initializers(graph: ModelProto) -> None:

@@ -282,3 +282,20 @@ def test_a_per_channel_scale_along_the_last_axis_is_counted_from_the_front() -> 
     assert descriptor_scale({"scale": scale, "quantize_axis": -1, "shape": [1, 5]}) == (tuple(scale), 1)
     assert descriptor_scale({"scale": scale, "quantize_axis": 1, "shape": [1, 5, 4, 4]}) == (tuple(scale), 1)
     assert descriptor_scale({"scale": [0.5], "quantize_axis": 0, "shape": [1, 5]}) == ((0.5,), 0)
+
+
+def test_removing_an_output_reshape_moves_the_scale_axis_back(tmp_path) -> None:
+    """A conv's int32 output permuted to NHWC and flattened ([1, 4, 4, 9] -> [1, 16, 9]): removing the Dequantize
+    and then the Reshape (remove_node_type 'Dequantize;Reshape') left the scales on axis 2 of the [1, 4, 4, 9]
+    output, where the channels are on axis 3: dequantized as described, errors of half the output's range (hunt 22
+    D2). The axis follows the channels back through the Reshape, as through a Transpose."""
+    from builders import _Graph
+
+    g = _Graph(9)
+    moved = g.op("Transpose", [g.conv("data", 3, 9, k=1)], perm=[0, 2, 3, 1])
+    out = g.op("Reshape", [moved, g.const(np.array([1, 16, 9], np.int64), "rows")])
+    fm = g.model({"data": [1, 3, 4, 4]}, [out], featuremap={"data"})
+    built = build_bin(tmp_path / "p", fm, prefix="rows", calibration_parameters={"calibration_type": "max"},
+                      model_parameters={"remove_node_type": "Dequantize;Reshape"})
+    [desc] = read_bin(built.bin).model().outputs
+    assert desc["shape"] == [1, 4, 4, 9] and len(desc["scale"]) == 9 and desc["quantize_axis"] == 3, desc
