@@ -401,16 +401,20 @@ def _squares_and_their_sums(part: Partition, const: Callable[[str], np.ndarray |
 
 
 _PICKS = ("TopK", "ArgMax", "ArgMin")
-# What the terms of a difference go through: not Add, which a residual stream is made of (a segmenter's logits
-# summed with a skip branch pulled the whole stream into int16, and its labels came out worse).
+# What the terms of the values a pick ranks go through: differences and products by constants, and for a pick
+# of the smallest or nearest (TopK, ArgMin: a kNN, a codebook lookup) sums too, as a distance is written
+# |a|^2 - 2ab + |b|^2 as often as with Subs. Not for an ArgMax over class logits, which a residual stream
+# sums (a segmenter's logits summed with a skip branch pulled the whole stream into int16, and its labels came
+# out worse).
 _DIFFERENCES = ("Sub", "Neg", "Mul", "Div")
+_SUMS = ("Add", "Sum")
 
 
 def _ranked_values(part: Partition, const: Callable[[str], np.ndarray | None], int8_inputs: Collection[str],
                    kept8: Collection[str]) -> list[tuple[str, str]]:
     """(tensor, picking node) for the BPU tensors a TopK / ArgMax / ArgMin ranks, and, back through BPU
-    differences (and products with constants), the terms they are made of; none for a picker whose input the
-    config keeps int8 (its op kind in ``int8_inputs``, its name in ``kept8``)."""
+    differences (and products with constants; sums too for a TopK or ArgMin), the terms they are made of; none
+    for a picker whose input the config keeps int8 (its op kind in ``int8_inputs``, its name in ``kept8``)."""
     found: dict[str, str] = {}
     for unit in part.units:
         if unit.main.op_type not in _PICKS or not unit.inputs or unit.main.op_type in int8_inputs \
@@ -424,7 +428,8 @@ def _ranked_values(part: Partition, const: Callable[[str], np.ndarray | None], i
                 continue
             found[t] = unit.main.name
             node = producer.main
-            if len(producer.nodes) == 1 and node.op_type in _DIFFERENCES and (
+            walked = _DIFFERENCES + (_SUMS if unit.main.op_type != "ArgMax" else ())
+            if len(producer.nodes) == 1 and node.op_type in walked and (
                     node.op_type not in ("Mul", "Div") or any(const(i) is not None for i in node.input)):
                 stack.extend(part.grid_of(i) for i in producer.inputs)
     return list(found.items())

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from conformance import convert_featuremaps
 from onnx import TensorProto, helper, numpy_helper
 
@@ -15,9 +16,10 @@ from hbtools.runtime import HB_ONNXRuntime
 POINTS, K = 256, 8
 
 
-def _knn_model() -> onnx.ModelProto:
+def _knn_model(form: str = "sub") -> onnx.ModelProto:
     """DGCNN's knn as torch exports it: ``-(|x_i|^2 - 2 x_i.x_j + |x_j|^2)`` from a MatMul, a Pow, a ReduceSum
-    and Subs, TopK of the K largest, a Gather of the neighbours, their mean minus the point, a 1x1 conv."""
+    and Subs, TopK of the K largest, a Gather of the neighbours, their mean minus the point, a 1x1 conv; with
+    ``form`` "add", PointNet++'s ``-2ab + |a|^2 + |b|^2`` with Adds and TopK of the K smallest."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.array(-2.0, np.float32), "m2"),
              numpy_helper.from_array(np.array(2.0, np.float32), "two"),
@@ -32,9 +34,13 @@ def _knn_model() -> onnx.ModelProto:
              helper.make_node("Pow", ["x", "two"], ["sq"]),
              helper.make_node("ReduceSum", ["sq", "ax1"], ["xx"], keepdims=1),  # [1, 1, N]
              helper.make_node("Transpose", ["xx"], ["xxt"], perm=[0, 2, 1]),
-             helper.make_node("Sub", ["inner2", "xx"], ["d1"]),
-             helper.make_node("Sub", ["d1", "xxt"], ["negdist"]),  # the larger, the nearer
-             helper.make_node("TopK", ["negdist", "k"], ["vals", "idx"], axis=-1),
+             *([helper.make_node("Sub", ["inner2", "xx"], ["d1"]),
+                helper.make_node("Sub", ["d1", "xxt"], ["negdist"]),  # the larger, the nearer
+                helper.make_node("TopK", ["negdist", "k"], ["vals", "idx"], axis=-1)] if form == "sub" else
+               [helper.make_node("Mul", ["inner", "m2"], ["inner_m2"]),
+                helper.make_node("Add", ["inner_m2", "xx"], ["d1"]),
+                helper.make_node("Add", ["d1", "xxt"], ["dist"]),
+                helper.make_node("TopK", ["dist", "k"], ["vals", "idx"], axis=-1, largest=0)]),
              helper.make_node("Reshape", ["idx", "flat"], ["idx_flat"]),
              helper.make_node("Reshape", ["xt", "flat3"], ["pts"]),
              helper.make_node("Gather", ["pts", "idx_flat"], ["nb"], axis=0),
@@ -57,11 +63,13 @@ def _cloud(rng: np.random.Generator) -> np.ndarray:
     return (p / np.linalg.norm(p, axis=0) * rng.uniform(0, 1, POINTS) ** (1 / 3)).astype(np.float32)[None]
 
 
-def test_the_neighbours_a_knn_picks_survive_quantization(tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["sub", "add"])
+def test_the_neighbours_a_knn_picks_survive_quantization(tmp_path: Path, form: str) -> None:
     """The distance matrix TopK ranks was int8 on the BPU (a step of 0.03 over [-4, 0], where neighbours are 0.01
     to 0.05 apart) and so were the terms whose difference it is; its cosine stayed at 0.9999, so no search moved
-    it, and the picks kept 76 % of the float model's neighbours (hunt 20 D2). Now those tensors are int16."""
-    model = _knn_model()
+    it, and the picks kept 76 % of the float model's neighbours (hunt 20 D2). Now those tensors are int16, also
+    where the distance is written with Adds (hunt 22 D1)."""
+    model = _knn_model(form)
     rng = np.random.default_rng(1)
     convert_featuremaps(tmp_path, model, {"x": [_cloud(rng) for _ in range(4)]}, f"1x3x{POINTS}", "float32", "m",
                         calibration_type="max")
