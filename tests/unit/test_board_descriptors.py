@@ -299,3 +299,22 @@ def test_removing_an_output_reshape_moves_the_scale_axis_back(tmp_path) -> None:
                       model_parameters={"remove_node_type": "Dequantize;Reshape"})
     [desc] = read_bin(built.bin).model().outputs
     assert desc["shape"] == [1, 4, 4, 9] and len(desc["scale"]) == 9 and desc["quantize_axis"] == 3, desc
+
+
+def test_a_linear_heads_dequantize_is_named_after_its_own_output(tmp_path) -> None:
+    """A Linear over tokens (MatMul + bias Add) permuted at the output: onnxruntime makes it a Gemm between two
+    Reshapes, and the Dequantize was named after the Gemm's helper tensor (gemm_output_reshape_arg_token_4), which
+    a user's -r cannot know (hunt 22 D3). It is named after the Linear's own output, the Add's tensor."""
+    from builders import _Graph
+
+    g = _Graph(10)
+    tokens = g.op("Transpose", [g.op("Reshape", [g.op("Relu", [g.conv("data", 3, 8)]),
+                                                 g.const(np.array([1, 8, 16], np.int64), "tok")])], perm=[0, 2, 1])
+    linear = g.op("Add", [g.op("MatMul", [tokens, g.const(g.rng.standard_normal((8, 6)).astype(np.float32), "w")]),
+                          g.const(g.rng.standard_normal(6).astype(np.float32), "b")])
+    fm = g.model({"data": [1, 3, 4, 4]}, [g.op("Transpose", [linear], perm=[0, 2, 1])], featuremap={"data"})
+    built = build_bin(tmp_path / "p", fm, prefix="lin", calibration_parameters={"calibration_type": "max"})
+    result = invoke(hb_model_modifier.main, [built.bin, "-r", f"{linear}_HzDequantize", "-o", str(tmp_path / "o.bin")])
+    assert result.exit_code == 0, result.output
+    [desc] = read_bin(str(tmp_path / "o.bin")).model().outputs
+    assert desc["dtype"] == "int32" and len(desc["scale"]) == 6, desc

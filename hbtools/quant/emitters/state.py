@@ -8,6 +8,7 @@ HzQuantize / HzDequantize pairs at BPU/CPU boundaries on demand.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.model import Config
 from hbtools.graph.graph import GraphView
+from hbtools.graph.origins import recorded_origins
 from hbtools.march.layout import permutation, quantized_layout, to_layout
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops.base import content_key
@@ -80,7 +82,16 @@ class EmitState:
         self.value_info: list = []
         self.inputs = [copy.deepcopy(i) for i in self.src.graph.input]
         self.int32_tails = int32_tails(part, self.view, config.calibration.options.int_outputs)
-        self._dequantized_as = _vendor_dequantize_names(self.int32_tails, set(self.view.graph_outputs))
+        self._dequantized_as = _vendor_dequantize_names(self.int32_tails, set(self.view.graph_outputs),
+                                                        self._users_moves(),
+                                                        lambda t: self.view.producer[t].input[0])
+
+    def _users_moves(self) -> set[str]:
+        """The int32 chain tensors a node of the user's model moves: not one the optimize stage or onnxruntime
+        wrote for another node (the Reshapes wrapped around a Linear over 3-D, ``gemm_output_reshape``)."""
+        written_for = recorded_origins(self.src)
+        return {t for t, accumulator in self.int32_tails.items() if t != accumulator
+                and (p := self.view.producer.get(t)) is not None and written_for.get(p.name, p.name) == p.name}
 
     # ---- tensors -------------------------------------------------------------------------
     def init(self, name: str, value: np.ndarray) -> str:
@@ -187,16 +198,24 @@ class EmitState:
         return self.transpose(x, permutation(rt, train_layout), f"{x}_{train_layout.lower()}")
 
 
-def _vendor_dequantize_names(tails: dict[str, str], graph_outputs: set[str]) -> dict[str, str]:
-    """The model output of each int32 chain with one, mapped to the accumulator output the chain starts at:
-    the vendor's toolchain folds the moves into the conv and names the output Dequantize after the conv's
+def _vendor_dequantize_names(tails: dict[str, str], graph_outputs: set[str], users_moves: set[str],
+                             moved_from: Callable[[str], str]) -> dict[str, str]:
+    """The model output of each int32 chain with one, mapped to the tensor the vendor names its Dequantize
+    after: its toolchain folds the user's moves into the conv and names the output Dequantize after the conv's
     tensor (``/model.23/cv2.0/cv2.0.2/Conv_output_0_HzDequantize``), the name D-Robotics' hb_model_modifier
-    commands remove."""
-    ends: dict[str, list[str]] = {}
+    commands remove. Back from the output through the user's moves (``users_moves``; ``moved_from``: what a move
+    reads): a Linear over 3-D ends in onnxruntime's reshape, which writes the Linear's own output tensor
+    (``/fc/Add_output_0``), not the Gemm's helper tensor."""
+    ends: dict[str, list[tuple[str, str]]] = {}
     for tensor, accumulator in tails.items():
-        if tensor in graph_outputs:
-            ends.setdefault(accumulator, []).append(tensor)
-    return {outputs[0]: accumulator for accumulator, outputs in ends.items() if len(outputs) == 1}
+        if tensor not in graph_outputs:
+            continue
+        source = tensor
+        while source in users_moves:
+            source = moved_from(source)
+        if source != tensor:
+            ends.setdefault(accumulator, []).append((tensor, source))
+    return {out: source for pairs in ends.values() if len(pairs) == 1 for out, source in pairs}
 
 
 def per_tensor(qt: QTensor, what: str) -> QTensor:
