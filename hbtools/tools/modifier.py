@@ -101,7 +101,9 @@ def find(graph: ModelProto, name: str, deleted: Sequence[dict] = ()) -> NodeProt
     node = node_named(graph, name)
     if node is not None:
         return node
-    if any(record.get("name") == name for record in deleted):
+    output = name[:-len(DEQUANTIZE_SUFFIX)] if name.endswith(DEQUANTIZE_SUFFIX) else None
+    if any(record.get("name") == name or (output is not None and record.get("type") == "Dequantize"
+                                          and record.get("outputs") == [output]) for record in deleted):
         raise HbError(f"node '{name}' was already deleted from this model", hint="hb_model_info lists deleted nodes")
     # The deletable nodes first: those are the names a user means to type.
     names = [c.name for c in candidates(graph)] + [n.name for n in graph.graph.node if n.name]

@@ -318,3 +318,12 @@ def test_a_linear_heads_dequantize_is_named_after_its_own_output(tmp_path) -> No
     assert result.exit_code == 0, result.output
     [desc] = read_bin(str(tmp_path / "o.bin")).model().outputs
     assert desc["dtype"] == "int32" and len(desc["scale"]) == 6, desc
+
+
+def test_a_dequantize_named_twice_is_said_to_be_deleted_already(rdk_head, in_tmp) -> None:
+    """The box Dequantize by the vendor's name and again by its output's alias: the second said 'not in the
+    model', as if the name were wrong (hunt 22 D5)."""
+    result = invoke(hb_model_modifier.main, [rdk_head.bin, "-r", f"{BOX_CONV}_output_0_HzDequantize",
+                                             "-r", "Transpose_0_out_HzDequantize", "-o", "twice.bin"])
+    assert result.exit_code == 1 and "node 'Transpose_0_out_HzDequantize' was already deleted" in result.output, \
+        result.output
