@@ -15,8 +15,9 @@ keeps its node's output names); the node that reads its output (an adapter inser
 else the node it reads from.
 
 A user's node with no node left after a rewrite was fused into another (a BatchNormalization into its
-Conv, a LayerNorm pattern's Div into the one node that computes it): ``fused_into`` names that node,
-and whether it writes the user node's own output (the pattern's last node) or only computes it inside.
+Conv, a LayerNorm pattern's Div into the one node that computes it): ``fused_into`` names the user's node
+that node stands for, and whether it writes the user node's own output (the pattern's last node) or only
+computes it inside.
 """
 
 from __future__ import annotations
@@ -213,12 +214,12 @@ def user_node(origins: Mapping[str, str], name: str) -> str:
 
 
 def record_fusions(model: ModelProto, fused_into: Mapping[str, Fusion]) -> None:
-    """Record in ``model``'s metadata the node each fused user's node went into."""
+    """Record in ``model``'s metadata the user's node each fused user's node went into."""
     write_json_metadata(model, FUSED_KEY, {user: [f.node, f.at_output] for user, f in fused_into.items()})
 
 
 def recorded_fusions(model: ModelProto) -> dict[str, Fusion]:
-    """user's node -> the node of ``model`` it was fused into, as ``record_fusions`` recorded it."""
+    """user's node -> the user's node it was fused into, as ``record_fusions`` recorded it."""
     return {user: Fusion(node, bool(at_output))
             for user, (node, at_output) in (read_json_metadata(model, FUSED_KEY) or {}).items()}
 

@@ -93,6 +93,7 @@ def node_similarity(optimized: ModelProto | Path, result: QuantizedResult, feed:
     found = NodeSimilarity()
     sims = found.cosines
     model_outputs = [o.name for o in q_model.graph.output]
+    output_set = set(model_outputs)
     for tensors in groups:
         # Quantized first: its outputs are mostly 8/16-bit, so they cost little while the float run happens.
         q_out = dict(zip(tensors, q_sess.run([pairs[t][0] for t in tensors], q_feed), strict=True))
@@ -102,7 +103,7 @@ def node_similarity(optimized: ModelProto | Path, result: QuantizedResult, feed:
             f, q = f_out.pop(t), q_out.pop(t)  # each released once compared
             if not isinstance(f, np.ndarray) or not isinstance(q, np.ndarray):  # a sequence or map: no cosine
                 continue
-            if t in model_outputs:
+            if t in output_set:
                 found.outputs[t] = _distances(f, q if qt is None else qt.to_float(q))
             if qt is None:
                 sims[t] = cosine_similarity(f, q)

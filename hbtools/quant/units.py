@@ -597,6 +597,7 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
     first_names = [min(n.name for u in group for n in u.nodes) for group in groups]
     largest = min(range(len(groups)), key=lambda k: (-work[k], first_names[k]))
     moved = False
+    graph_outputs = set(view.graph_outputs)
     for k, group in enumerate(groups):
         if k == largest or work[k] > SMALL_SUBGRAPH_MACS or any(id(u) in forced for u in group):
             continue
@@ -607,9 +608,9 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
         from_cpu = all(t in part.producer and part.producer[t].on == "CPU" for t in inputs)
         # A trailing one without a product (PESTO's final Softmax after its CPU Conv) is a BPU call for as little
         # work; a small trailing conv head stays where the user expects it.
-        at_output = bool(set(outputs) & set(view.graph_outputs)) and work[k] == 0
-        to_cpu = (bool(users) or at_output) and all(c.on == "CPU" for c in users) \
-            and (at_output or not set(outputs) & set(view.graph_outputs))
+        reaches_output = bool(graph_outputs.intersection(outputs))
+        at_output = reaches_output and work[k] == 0
+        to_cpu = all(c.on == "CPU" for c in users) and (at_output or (bool(users) and not reaches_output))
         if inputs and from_cpu and to_cpu:
             where = "after CPU nodes at the model's output" if at_output else "between CPU nodes"
             for u in group:

@@ -87,12 +87,15 @@ def node_named(graph: ModelProto, name: str) -> NodeProto | None:
     for n in graph.graph.node:
         if n.name == name:
             return n
-    if not name.endswith(DEQUANTIZE_SUFFIX):
-        return None
-    output = name[:-len(DEQUANTIZE_SUFFIX)]
-    if output not in {o.name for o in graph.graph.output}:
+    output = _aliased_output(name)
+    if output is None or output not in {o.name for o in graph.graph.output}:
         return None
     return next((n for n in graph.graph.node if n.op_type == "HzDequantize" and list(n.output) == [output]), None)
+
+
+def _aliased_output(name: str) -> str | None:
+    """The model output ``X`` a name ``X_HzDequantize`` may stand for the Dequantize of (None: no such name)."""
+    return name[:-len(DEQUANTIZE_SUFFIX)] if name.endswith(DEQUANTIZE_SUFFIX) else None
 
 
 def find(graph: ModelProto, name: str, deleted: Sequence[dict] = ()) -> NodeProto:
@@ -101,7 +104,7 @@ def find(graph: ModelProto, name: str, deleted: Sequence[dict] = ()) -> NodeProt
     node = node_named(graph, name)
     if node is not None:
         return node
-    output = name[:-len(DEQUANTIZE_SUFFIX)] if name.endswith(DEQUANTIZE_SUFFIX) else None
+    output = _aliased_output(name)
     if any(record.get("name") == name or (output is not None and record.get("type") == "Dequantize"
                                           and record.get("outputs") == [output]) for record in deleted):
         raise HbError(f"node '{name}' was already deleted from this model", hint="hb_model_info lists deleted nodes")
