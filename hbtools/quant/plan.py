@@ -68,6 +68,7 @@ class ActivationPoint:
     graph_output: bool = False
     axis: int | None = None  # channel axis of a per-channel tensor
     asymmetric: bool = False  # zero point wanted (applies to int8 grids)
+    zero_point_ok: bool = False  # every integer reader takes a zero point (``_zero_point_ok``)
     low: float | np.ndarray | None = None  # observed minimum (per channel along axis), see observe
     high: float | np.ndarray | None = None
 
@@ -162,6 +163,15 @@ class CalibrationPlan:
             p.bits = bits.get(p.tensor, p.bits)
         return plan
 
+    def with_zero_points(self) -> CalibrationPlan | None:
+        """A copy whose int8 tensors that may take a zero point do (None: none may, or they already do)."""
+        if not any(p.zero_point_ok and not p.asymmetric and p.bits == 8 for p in self.activations):
+            return None
+        plan = copy.deepcopy(self)
+        for p in plan.activations:
+            p.asymmetric = p.asymmetric or p.zero_point_ok
+        return plan
+
     def with_rounding(self, rounding: dict[str, np.ndarray]) -> CalibrationPlan:
         """A copy whose weights take GPTQ's offsets from nearest rounding."""
         plan = copy.deepcopy(self)
@@ -244,9 +254,11 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
             p.axis = _channel_axis(p.tensor, part, view, readers)
         log.info("per_channel: %d of %d calibrated tensors (those read only by convolutions) get per-channel "
                  "thresholds", sum(p.axis is not None for p in plan.activations), len(plan.activations))
+    for p in plan.activations:
+        p.zero_point_ok = _zero_point_ok(p.tensor, part, view, int_outputs)
     if asymmetric_wanted(config):
         for p in plan.activations:
-            p.asymmetric = _zero_point_ok(p.tensor, part, view, int_outputs)
+            p.asymmetric = p.zero_point_ok
         log.info("asymmetric: %d of %d calibrated tensors may get a zero point (int8 ones)",
                  sum(p.asymmetric for p in plan.activations), len(plan.activations))
     return plan
