@@ -148,8 +148,10 @@ class CalibrationPlan:
         return StatsCollector([p.tensor for p in self.activations], axes, self.counted_where, self.logit_carriers)
 
     def observed(self, collector: StatsCollector) -> CalibrationPlan:
-        """A copy with the observed ranges recorded (asymmetric grids are fitted to them)."""
-        plan = copy.deepcopy(self)
+        """A copy with the observed ranges recorded (asymmetric grids are fitted to them); it shares all but its
+        activation points with this plan."""
+        plan = copy.copy(self)
+        plan.activations = [copy.copy(p) for p in self.activations]
         for p in plan.activations:
             stats = collector.stats.get(p.tensor)
             if stats is not None and stats.count:

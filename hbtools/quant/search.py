@@ -524,10 +524,12 @@ class Evaluator:
         return [self.known.without(tensors[k], k, sample) if cut is None
                 else self.known.without(tensors[k], k, sample).reshape(-1)[cut] for k, cut in self._pieces]
 
-    def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-        """The fed grids: each activation's at its threshold, with its bits unless ``bits`` gives others."""
+    def _extra(self, thresholds: dict[str, float], bits: dict[str, int] | None = None,
+               plan: CalibrationPlan | None = None) -> dict[str, np.ndarray]:
+        """The fed grids: each activation's at its threshold, with its bits unless ``bits`` gives others (an
+        asymmetric grid over the observed range of ``plan``, a copy of this evaluator's, if given)."""
         extra: dict[str, np.ndarray] = {}
-        for p in self.plan.activations:
+        for p in (plan or self.plan).activations:
             extra.update(p.fed(thresholds[p.tensor], (bits or {}).get(p.tensor, p.bits)))
         return extra
 
@@ -652,10 +654,13 @@ class Evaluator:
         """The score from the summed ``_products`` of the samples run."""
         return self._combined(lambda k: cosine_of_products(sums[1, k], sums[0, k], sums[2, k]), logits)
 
-    def cross_score(self, fold_thresholds: list[dict[str, float]]) -> float:
+    def cross_score(self, fold_thresholds: list[dict[str, float]],
+                    fold_plans: list[CalibrationPlan] | None = None) -> float:
         """``score`` with sample ``j`` run at ``fold_thresholds[j % len(fold_thresholds)]`` (thresholds fitted
-        without that sample's fold: ``calibrate._cross_validated``)."""
-        extras = [self._extra(th, None) for th in fold_thresholds]
+        without that sample's fold: ``calibrate._cross_validated``), and the asymmetric grids at the ranges
+        observed without it if ``fold_plans`` (copies of this evaluator's plan) give them."""
+        plans = fold_plans or [None] * len(fold_thresholds)
+        extras = [self._extra(th, None, plan) for th, plan in zip(fold_thresholds, plans, strict=True)]
         session = self.session
 
         def run(i: int) -> list[np.ndarray]:
