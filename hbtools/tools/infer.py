@@ -9,6 +9,7 @@ Which layers: see ``hbtools.quant.layer_dump``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,7 +51,15 @@ def layer_files(layers: Sequence[Layer]) -> dict[str, str]:
 
 def _specs(config: Config, model: ModelProto) -> list[InputSpec]:
     """Input names and shapes: from the config, else from the float model the config names (ONNX, or Caffe's
-    prototxt and caffemodel), else from ``model``."""
+    prototxt and caffemodel), else from ``model``; a featuremap's data type from ``model``, which the data
+    goes to (token or category ids stay int64, as calibration feeds them)."""
+    specs = _named_specs(config, model)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
+    return [dataclasses.replace(s, model_dtype=np.dtype(onnx.helper.tensor_dtype_to_np_dtype(types[s.name])).name)
+            if s.is_featuremap and types.get(s.name) else s for s in specs]
+
+
+def _named_specs(config: Config, model: ModelProto) -> list[InputSpec]:
     if all(s.name and s.shape for s in config.inputs):
         return config.inputs
     m = config.model

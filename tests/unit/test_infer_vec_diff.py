@@ -317,3 +317,39 @@ def test_infer_takes_one_input_layout_per_input(tmp_path: Path) -> None:
                                             "--image-file", "b", str(files["b"]), "--input-layout", "NCHW;NHWC;NCHW",
                                             "--output-dir", "three"])
     assert result.exit_code == 1 and "--input-layout has 3 values but the config has 2 inputs (a, b)" in result.output
+
+
+def test_infer_feeds_integer_ids_as_calibration_does(tmp_path: Path) -> None:
+    """A token-id input (int64, read by a Gather) was refused by infer ("float32 data cannot be converted to it
+    exactly: give it as int64") even with the config's own int64 calibration files: infer read every featuremap
+    as float32. It feeds them in the input's own type, as calibration does, for every artefact."""
+    from builders import FloatModel
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    table = numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "table")
+    w = numpy_helper.from_array((rng.standard_normal((8, 6)) / 3).astype(np.float32), "w")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+             helper.make_node("MatMul", ["emb", "w"], ["proj"], name="proj"),
+             helper.make_node("Relu", ["proj"], ["out"], name="relu")]
+    graph = helper.make_graph(nodes, "ids", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 12])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 12, 6])], [table, w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    project = make_project(tmp_path / "p", FloatModel(model, {"ids": [1, 12]}, {"ids"}), cal_count=3)
+    for f in sorted((project.root / "cal_ids").iterdir()):
+        rng.integers(0, 50, (1, 12), dtype=np.int64).tofile(f)
+    project.write(calibration_parameters={"cal_data_type": "int64"})
+    made = CliRunner().invoke(hb_mapper, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"],
+                              catch_exceptions=False)
+    assert made.exit_code == 0, made.output
+    sample = project.root / "cal_ids" / "000.bin"
+    ids = np.fromfile(sample, np.int64).reshape(1, 12)
+    for kind in ("original", "quantized"):
+        result = CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
+                                                str(project.artefact(kind)), "--image-file", "ids", str(sample),
+                                                "--output-dir", kind], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        (dump,) = sample_files(Path(kind))
+        want = HB_ONNXRuntime(model_file=str(project.artefact(kind))).run(None, {"ids": ids})[0]
+        np.testing.assert_array_equal(np.fromfile(dump, np.float32).reshape(want.shape), want)
