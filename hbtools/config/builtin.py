@@ -99,9 +99,11 @@ def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one
                               f"hbtools converts inputs that hold some; if that size is only a placeholder, give the "
                               f"real shape with {option} {name} <shape>, else export the model without this input")
             text = "x".join("?" if d is None else str(d) for d in dims)
-            example = shape_example(dims)
-            raise HbError(f"input '{name}' has a dynamic shape {text}; give a static one with {option} {name} "
-                          f"{example}")
+            # every dynamic input at once: one run of the command to fix them all
+            dynamic = [(n, d) for n, d in declared.items() if n not in shapes and n != name and None in (
+                d[1:] if batch_one and d and d[0] is None else d)]
+            options = " ".join(f"{option} {n} {shape_example(d)}" for n, d in [(name, dims), *dynamic])
+            raise HbError(f"input '{name}' has a dynamic shape {text}; give a static one with {options}")
         shapes[name] = [int(d) for d in dims]
     return shapes
 

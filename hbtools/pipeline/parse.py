@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper
+from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from hbtools.config.inputs import check_even_size, check_input_channels, check_input_source, check_layout_fits
 from hbtools.config.model import Config, InputSpec
@@ -179,6 +179,22 @@ def shape_example(dims: list[int | None]) -> str:
     return "x".join(str(d) if d is not None else ("1" if k == 0 else "<size>") for k, d in enumerate(dims))
 
 
+def _input_shape_hint(specs: list[InputSpec], graph_inputs: dict[str, ValueInfoProto], k: int) -> str:
+    """How to set input_shape for input ``k``: with several inputs the whole value, one shape per input in
+    input_name order (the given ones kept), since a single shape goes to the first input."""
+    def example(spec: InputSpec) -> str:
+        vi = graph_inputs.get(spec.name or "")
+        return shape_example(_dims(vi)) if vi is not None else "<shape>"
+
+    own = example(specs[k])
+    if len(specs) == 1:
+        return f"set input_shape in input_parameters, in the model's own layout: input_shape: '{own}'"
+    shapes = ["x".join(map(str, s.shape)) if s.shape else example(s) for s in specs]
+    shapes[k] = own
+    return (f"set input_shape in input_parameters, one shape per input in input_name order, each in the model's "
+            f"own layout: input_shape: '{';'.join(shapes)}'")
+
+
 def fit_scalar(shape: list[int], model_shape: list[int | None]) -> list[int]:
     """A shape given for a 0-D model input (a scalar such as a sample rate): '1' is the scalar.
 
@@ -228,8 +244,7 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
                     break
         if shape is None or any(d is None for d in shape):
             raise HbError(f"input '{name}' has a dynamic shape {['?' if d is None else d for d in model_shape]}",
-                          hint=f"set input_shape in input_parameters, in the model's own layout: "
-                               f"input_shape: '{shape_example(model_shape)}'")
+                          hint=_input_shape_hint(specs, graph_inputs, k))
         elem = graph_inputs[name].type.tensor_type.elem_type
         r = dataclasses.replace(spec, name=name, shape=[int(d) for d in shape],
                                 model_dtype=np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name)

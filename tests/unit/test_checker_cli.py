@@ -687,3 +687,18 @@ def test_the_checker_checks_a_model_with_a_uint8_picture_input(tmp_path: Path) -
     checked = checker(_save(model))
     assert checked.exit_code == 0, checked.output
     assert "input 'picture': shape 1x8x8x3, treated as featuremap" in checked.output
+
+
+def test_dynamic_inputs_are_named_together(tmp_path: Path) -> None:
+    """Each run named one dynamic input; the message gives the options for all of them."""
+    g = _Graph(2)
+    out = g.op("Concat", ["cat", "dense"], axis=1)
+    fm = g.model({"cat": [1, 8], "dense": [1, 13]}, [out], featuremap={"cat", "dense"})
+    for vi in fm.model.graph.input:
+        vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = tmp_path / "two.onnx"
+    onnx.save(fm.model, str(path))
+    result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model",
+                                       str(path)])
+    assert result.exit_code != 0
+    assert "--input-shape cat 1x8 --input-shape dense 1x13" in result.output, result.output

@@ -239,3 +239,26 @@ def test_user_mistake(project: Project, name: str, break_it: Callable[[Project],
     assert not wd.exists() or not any(wd.iterdir()), f"working_dir not empty: {list(wd.iterdir())}"
     log = Path("hb_mapper_makertbin.log")
     assert log.is_file() and "ERROR" in log.read_text()
+
+
+def test_dynamic_shape_hint_gives_every_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several inputs the hint gave one input's shape ('1x13'), which a config applies to the first input:
+    following it looped on the same ERROR. It gives the whole value, one shape per input in input_name order."""
+    from builders import _Graph
+
+    g = _Graph(2)
+    joined = g.op("Concat", ["cat", "dense"], axis=1)
+    out = g.op("MatMul", [joined, g.const(np.ones((21, 4), np.float32), "w")])
+    fm = g.model({"cat": [1, 8], "dense": [1, 13]}, [out], featuremap={"cat", "dense"})
+    for vi in fm.model.graph.input:
+        vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", fm, cal_count=2)
+    hints = []
+    for given in (None, "1x8"):
+        project.write(input_parameters={"input_shape": given})
+        result = CliRunner().invoke(main, ["makertbin", "--config", str(project.config_path), "--model-type", "onnx"])
+        assert result.exit_code != 0
+        hints.append(result.output)
+    assert "input 'cat' has a dynamic shape" in hints[0] and "input_shape: '1x8;1x13'" in hints[0], hints[0]
+    assert "input 'dense' has a dynamic shape" in hints[1] and "input_shape: '1x8;1x13'" in hints[1], hints[1]
