@@ -26,12 +26,11 @@ from hbtools.runtime.binfile import BinFile
 from hbtools.runtime.rt_input import rt_dtype, rt_shape
 from hbtools.runtime.runtime_model import InputDesc, OutputDesc, RuntimeModel, load
 from hbtools.runtime.simulator import Simulator
+from hbtools.tools.model_info import TENSOR_TYPES
 from hbtools.tools.modifier import descriptor_scale, scale_lines
 
 _IMG_TYPE = {"nv12": "HB_DNN_IMG_TYPE_NV12", "yuv444": "HB_DNN_IMG_TYPE_YUV444", "rgb": "HB_DNN_IMG_TYPE_RGB",
              "bgr": "HB_DNN_IMG_TYPE_BGR", "gray": "HB_DNN_IMG_TYPE_Y"}
-_TENSOR_TYPE = {"int8": "S8", "uint8": "U8", "int16": "S16", "uint16": "U16", "int32": "S32", "uint32": "U32",
-                "float32": "F32", "float16": "F16", "float64": "F64", "int64": "S64"}
 
 
 def _shape_text(shape: tuple) -> str:
@@ -83,7 +82,7 @@ def board_input(d: InputDesc) -> BoardTensor:
     if d.is_image:
         return BoardTensor(d.shape, _layout(d.shape, d.layout), _IMG_TYPE[d.type_rt], size, stride)
     scale, axis = descriptor_scale(d.raw) if np.issubdtype(dtype, np.integer) else ((), 0)
-    tensor = f"HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(dtype), 'F32')}"
+    tensor = f"HB_DNN_TENSOR_TYPE_{TENSOR_TYPES.get(str(dtype), 'F32')}"
     return BoardTensor(d.shape, _layout(d.shape, d.layout), tensor, size, stride, scale, axis)
 
 
@@ -91,7 +90,7 @@ def board_output(o: OutputDesc, raw: dict, layout: str | None = None) -> BoardTe
     size = int(np.prod([d or 0 for d in o.shape])) * o.dtype.itemsize
     scale, axis = descriptor_scale(raw) if np.issubdtype(o.dtype, np.integer) else ((), 0)
     return BoardTensor(o.shape, _layout(o.shape, layout),
-                       f"HB_DNN_TENSOR_TYPE_{_TENSOR_TYPE.get(str(o.dtype), 'F32')}", size,
+                       f"HB_DNN_TENSOR_TYPE_{TENSOR_TYPES.get(str(o.dtype), 'F32')}", size,
                        _strides(o.shape, o.dtype.itemsize), scale, axis)
 
 

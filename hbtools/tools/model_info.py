@@ -14,7 +14,8 @@ from hbtools.tools.modifier import INFO_TYPES, descriptor_scale, info_line, scal
 DATA_TYPES = {"S8": 0, "U8": 1, "S16": 2, "U16": 3, "S32": 4, "F32": 5, "F16": 6, "NV12": 7, "YUV444": 8,
               "RGB": 9, "BGR": 10, "GRAY": 11, "U32": 12, "S64": 13, "U64": 14, "F64": 15, "BOOL": 16}
 _RT_TYPE = {"nv12": "NV12", "yuv444": "YUV444", "rgb": "RGB", "bgr": "BGR", "gray": "GRAY", "featuremap": "F32"}
-_TENSOR_TYPE = {"int8": "S8", "uint8": "U8", "int16": "S16", "uint16": "U16", "int32": "S32", "float32": "F32",
+# a descriptor's element type by numpy dtype name (hrt_model_exec's HB_DNN_TENSOR_TYPE_* too)
+TENSOR_TYPES = {"int8": "S8", "uint8": "U8", "int16": "S16", "uint16": "U16", "int32": "S32", "float32": "F32",
                 "float16": "F16", "uint32": "U32", "int64": "S64", "uint64": "U64", "float64": "F64", "bool": "BOOL"}
 _MODEL_KEYS = [("onnx_model", "onnx_model"), ("prototxt", "prototxt"), ("caffe_model", "caffe_model"),
                ("march", "BPU march"), ("layer_out_dump", "layer_out_dump"), ("working_dir", "working dir"),
@@ -96,7 +97,7 @@ def _scales(model: BinModel) -> list[str]:
         for k, desc in enumerate(descriptors):
             scale, axis = descriptor_scale(desc)
             if scale:
-                lines += [f"{side}[{k}] {desc.get('name')}: {_TENSOR_TYPE.get(str(desc.get('dtype')), 'F32')}",
+                lines += [f"{side}[{k}] {desc.get('name')}: {TENSOR_TYPES.get(str(desc.get('dtype')), 'F32')}",
                           *scale_lines(scale, axis)]
     return ["--------- integer input/output scales -------------------", *lines] if lines else []
 
@@ -149,9 +150,9 @@ def _types(descriptors: list[dict], input_side: bool) -> str:
     for d in descriptors:
         dtype = str(d.get("dtype", "float32"))
         rt = str(d.get("input_type_rt"))
-        key = _RT_TYPE.get(rt, "F32") if input_side and dtype == "uint8" else _TENSOR_TYPE.get(dtype, "F32")
+        key = _RT_TYPE.get(rt, "F32") if input_side and dtype == "uint8" else TENSOR_TYPES.get(dtype, "F32")
         if input_side and rt == "featuremap":
-            key = _TENSOR_TYPE.get(dtype, "F32")
+            key = TENSOR_TYPES.get(dtype, "F32")
         out.append(f"<InputDataType.{key}: {DATA_TYPES[key]}>")
     return "[" + ", ".join(out) + "]"
 

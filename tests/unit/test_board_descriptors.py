@@ -11,7 +11,7 @@ import pytest
 from bin_fixtures import build_bin, invoke
 from builders import BOX_CONV, held_out, make_project, rdk_yolo_head, yolo_like
 
-from hbtools.cli import hb_model_info, hb_model_modifier, hb_verifier, hrt_model_exec
+from hbtools.cli import hb_mapper, hb_model_info, hb_model_modifier, hb_verifier, hrt_model_exec
 from hbtools.errors import HbError
 from hbtools.march.profiles import get_profile
 from hbtools.runtime import HB_ONNXRuntime
@@ -327,3 +327,30 @@ def test_a_dequantize_named_twice_is_said_to_be_deleted_already(rdk_head, in_tmp
                                              "-r", "Transpose_0_out_HzDequantize", "-o", "twice.bin"])
     assert result.exit_code == 1 and "node 'Transpose_0_out_HzDequantize' was already deleted" in result.output, \
         result.output
+
+
+def test_a_bool_input_is_described_as_bool(tmp_path, in_tmp) -> None:
+    """An attention mask given as bool: hrt_model_exec described it as HB_DNN_TENSOR_TYPE_F32 with a 1-byte stride
+    (its own table had no bool), so board code sizing buffers by the type would have written floats."""
+    from builders import FloatModel
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "w")
+    nodes = [helper.make_node("Cast", ["mask"], ["keep"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("Mul", ["x", "keep"], ["kept"], name="mul"),
+             helper.make_node("MatMul", ["kept", "w"], ["out"], name="proj")]
+    graph = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+                                                helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 8])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    project = make_project(tmp_path / "p", FloatModel(model, {"x": [1, 8], "mask": [1, 8]}, {"x", "mask"}))
+    for k, f in enumerate(sorted((project.root / "cal_mask").iterdir())):
+        (np.arange(8) < 3 + k % 5).astype(np.uint8).reshape(1, 8).tofile(f)
+    project.write(calibration_parameters={"cal_data_type": "float32;uint8"},
+                  model_parameters={"output_model_file_prefix": "masked"})
+    made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    assert made.exit_code == 0, made.output
+    block = _block(_model_info(project.artefact("bin")), "input", 1)
+    assert (block["name"], block["tensor type"], block["aligned byte size"]) == \
+        ("mask", "HB_DNN_TENSOR_TYPE_BOOL", "8")
