@@ -58,7 +58,9 @@ class Simulator:
         info = tensor_info(graph)
         self.structure = analyse(graph, self.model.bin.partition, info)
         self._constants = _constants(graph)
-        order = _schedule(graph, self.structure.on, set(self._constants))
+        # a step never spans two subgraphs: its time is booked to one (hrt_model_exec's profile)
+        places = [f"{on}:{self.structure.subgraph_of.get(i)}" for i, on in enumerate(self.structure.on)]
+        order = _schedule(graph, places, set(self._constants))
         self.steps = self._build_steps(order, info)
 
     # ---- construction ---------------------------------------------------------------------
@@ -199,8 +201,9 @@ def _constants(graph: ModelProto) -> dict[str, np.ndarray]:
     return out
 
 
-def _schedule(graph: ModelProto, on: list[str], constants: set[str]) -> list[list[int]]:
-    """Topological order grouped into steps: each Hz node alone, standard nodes in same-kind runs."""
+def _schedule(graph: ModelProto, places: list[str], constants: set[str]) -> list[list[int]]:
+    """Topological order grouped into steps: each Hz node alone, standard nodes in runs of the same place (a
+    BPU subgraph, the CPU)."""
     nodes = list(graph.graph.node)
     producer: dict[str, int] = {}
     for i, n in enumerate(nodes):
@@ -228,9 +231,9 @@ def _schedule(graph: ModelProto, on: list[str], constants: set[str]) -> list[lis
     groups: list[list[int]] = []
     kind = None
     while ready:
-        pick = next((i for i in ready if _kind(nodes[i], on[i]) == kind and kind is not None), ready[0])
+        pick = next((i for i in ready if _kind(nodes[i], places[i]) == kind and kind is not None), ready[0])
         ready.remove(pick)
-        this = _kind(nodes[pick], on[pick])
+        this = _kind(nodes[pick], places[pick])
         if this is not None and this == kind:
             groups[-1].append(pick)
         else:
@@ -246,9 +249,9 @@ def _schedule(graph: ModelProto, on: list[str], constants: set[str]) -> list[lis
     return groups
 
 
-def _kind(node: NodeProto, on: str) -> str | None:
+def _kind(node: NodeProto, place: str) -> str | None:
     """Standard nodes group by where they run; Hz nodes never group (None)."""
-    return None if node.domain == DOMAIN else on
+    return None if node.domain == DOMAIN else place
 
 
 def _consumers_after(order: list[list[int]], nodes: list[NodeProto], outputs: list[str]) -> list[set[str]]:

@@ -354,3 +354,18 @@ def test_a_bool_input_is_described_as_bool(tmp_path, in_tmp) -> None:
     block = _block(_model_info(project.artefact("bin")), "input", 1)
     assert (block["name"], block["tensor type"], block["aligned byte size"]) == \
         ("mask", "HB_DNN_TENSOR_TYPE_BOOL", "8")
+
+
+def test_each_simulator_step_belongs_to_one_subgraph(tmp_path, in_tmp) -> None:
+    """Two nv12 inputs each open their own BPU subgraph with a layout Transpose; the simulator ran both Transposes
+    as one step labelled 'BPU_x_subgraph_0 + BPU_x_subgraph_1', a fourth row in hrt_model_exec's profile."""
+    from builders import _Graph
+
+    g = _Graph(4)
+    outs = [g.op("Relu", [g.conv(name, 3, 4)]) for name in ("left", "right")]
+    fm = g.model({"left": [1, 3, 16, 16], "right": [1, 3, 16, 16]}, outs)
+    built = build_bin(tmp_path / "two", fm, prefix="two", input_parameters={"input_type_rt": "nv12; nv12"})
+    simulator = Simulator(open_model(built.bin))
+    labels = [step.label for step in simulator.steps]
+    assert not any(" + " in label for label in labels), labels
+    assert {label for label in labels if label.startswith("BPU_")} == {"BPU_two_subgraph_0", "BPU_two_subgraph_1"}
