@@ -586,9 +586,10 @@ def test_hrt_model_exec_perf_stops_at_ctrl_c(small, ctrl_c) -> None:
     sim = Counting(open_model(small[0].bin))
     feeds = {d.name: random_rt_input(d, np.random.default_rng(0)) for d in sim.model.inputs}
     with pytest.raises(KeyboardInterrupt):
-        hrt_exec.perf(sim, feeds, frame_count=3000, thread_num=2)
-    # Each worker finishes the frame it is in, then stops: a handful of frames, not all 3000.
-    assert Counting.frames < 100, Counting.frames
+        hrt_exec.perf(sim, feeds, frame_count=20000, thread_num=2)
+    # Each worker finishes the frame it is in, then stops: far fewer frames than the 20000 asked (a tenth leaves
+    # the signal a second or more to arrive on a loaded machine, where 100 frames were too few).
+    assert Counting.frames < 2000, Counting.frames
 
 
 def test_hrt_model_exec_says_which_option_to_fix(small, in_tmp) -> None:
