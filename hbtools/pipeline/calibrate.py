@@ -113,6 +113,9 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         with times.step("method search"):
             widest = {t: max(c[t] for c in candidates.values()) for t in next(iter(candidates.values()))}
             evaluator = Evaluator(optimized, plan, weight_th, eval_feeds, eval_refs, widest)
+            for out in evaluator.known.offsets:
+                log.info("output '%s' is scored without its mean on each sample: the mean is most of its values, and "
+                         "the cosine of the whole would hide the errors in what varies", out)
             scores = _method_scores(evaluator, candidates, None, "")
             if not allow_int16:
                 plan, evaluator, scores = _zero_points(optimized, plan, weight_th, candidates, evaluator, scores,
