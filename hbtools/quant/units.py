@@ -605,7 +605,10 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
         inputs = [t for u in group for t in u.inputs if id(part.producer.get(t)) not in members]
         outputs = [t for u in group for t in u.outputs]
         users = [c for t in outputs for c in part.consumers.get(t, []) if id(c) not in members]
-        from_cpu = all(t in part.producer and part.producer[t].on == "CPU" for t in inputs)
+        # A BPU result the CPU reads too is there in float already (CenterNet's heatmap, read by the CPU MaxPool of its
+        # peak test and by the Mul keeping the peaks).
+        from_cpu = all(t in part.producer and (part.producer[t].on == "CPU" or any(
+            c.on == "CPU" for c in part.consumers.get(t, []))) for t in inputs)
         # A trailing one without a product (PESTO's final Softmax after its CPU Conv) is a BPU call for as little
         # work; a small trailing conv head stays where the user expects it.
         reaches_output = bool(graph_outputs.intersection(outputs))

@@ -263,6 +263,15 @@ def test_small_subgraphs_between_cpu_nodes_stay_in_float() -> None:
     part = _partition(g.model({"data": [1, 3, 32, 32]}, [tail]).model, "bayes-e")
     assert _placement(part)["Softmax_0"] == ("CPU", "--")
     assert "a BPU subgraph of 0 MACs after CPU nodes at the model's output" in _reason(part, "Softmax_0")
+    # reading a BPU result the CPU reads as well (CenterNet's peaks: hm * (maxpool(hm) == hm), hunt 23 D5), it is
+    # between CPU nodes too: that result is in float already
+    g = _Graph(17)
+    hm = g.op("Sigmoid", [g.conv("data", 3, 8)])
+    keep = g.op("Cast", [g.op("Equal", [g.op("MaxPool", [hm], kernel_shape=[3, 3], pads=[1] * 4), hm])], to=1)
+    part = _partition(g.model({"data": [1, 3, 16, 16]}, [g.op("Mul", [hm, keep])]).model, "bayes-e")
+    placed = _placement(part)
+    assert placed["Conv_0"] == ("BPU", "id(0)") and placed["Mul_0"] == ("CPU", "--"), placed
+    assert {sub for on, sub in placed.values() if on == "BPU"} == {"id(0)"}
     # alone between CPU nodes, a small subgraph is the model's BPU part and stays
     g = _Graph(14)
     alone = g.op("Hardmax", [g.conv(g.op("Hardmax", ["data"], axis=1), 3, 4, k=1)], axis=1)
