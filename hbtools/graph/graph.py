@@ -482,10 +482,17 @@ def references(node: NodeProto) -> Iterable[str]:
 
 def part_model(whole: ModelProto, nodes: Sequence[NodeProto], outputs: Sequence[str],
                shapes: dict[str, list[int | None]], types: dict[str, int], name: str) -> ModelProto:
-    """``nodes`` of ``whole`` as a model; what they read from elsewhere becomes inputs, constants come along."""
+    """``nodes`` of ``whole`` as a model; what they read from elsewhere becomes inputs, constants come along.
+
+    An output none of ``nodes`` makes (a graph input of ``whole`` asked for as it is) is read from elsewhere
+    too: the part hands its input on. Declared only as an output, onnxruntime refused the part ("Graph output
+    (x) does not exist in the graph"): the debugger observing a calibration node on a model input, whose
+    float model part held no reader of that input (hunt 24 D1).
+    """
     inits = {t.name: t for t in whole.graph.initializer}
     made = {o for n in nodes for o in n.output}
-    reads = list(dict.fromkeys(r for n in nodes for r in references(n) if r not in made))
+    reads = list(dict.fromkeys(r for r in [*(r for n in nodes for r in references(n)), *outputs]
+                               if r and r not in made))
 
     def info(t: str) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(t, types.get(t, TensorProto.FLOAT), shapes.get(t))
