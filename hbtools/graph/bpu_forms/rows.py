@@ -81,8 +81,8 @@ class _Rows:
         del self.model.graph.node[:]
         self.model.graph.node.extend(self.nodes)
         remove_dead_nodes(self.model)
-        produced = {o for n in self.model.graph.node for o in n.output}
-        stale = [v for v in self.model.graph.value_info if v.name not in produced]
+        gone = {*self.renamed, *self.rows} - {o for n in self.model.graph.node for o in n.output}
+        stale = [v for v in self.model.graph.value_info if v.name in gone]
         for v in stale:
             self.model.graph.value_info.remove(v)
         return count
