@@ -181,6 +181,15 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
             bpu_forms.divisions_as_reciprocal_products(body, placed)
     if profile is not None and bpu_forms.resizes_of_one_axis_as_2d(body, profile):
         log.info("Resizes of the length of a 3-D tensor written as Resizes of a 4-D tensor of one row")
+    rows = bpu_forms.one_row_chains_as_4d(body, profile, placed) if profile is not None else 0
+    if rows:
+        log.info("%d nodes of 1-D layers (Conv1d and the nodes between) written over [N, C, 1, L], one Unsqueeze "
+                 "and one Squeeze of the row around each chain: %s takes 4-D tensors only", rows, profile.label)
+        bpu_forms.spatial_reductions_as_global_pools(body)  # a mean over the length is one over the row too
+    channel_means = bpu_forms.channel_reductions_as_convs(body, profile, placed) if profile is not None else 0
+    if channel_means:
+        log.info("%d ReduceMean / ReduceSum over the channels of a map written as 1x1 Convs to one channel with "
+                 "constant weights: %s has no BPU reduction", channel_means, profile.label)
     bpu_forms.upsampling_by_whole_factors(body, profile)
     bpu_forms.interpolations_as_matmuls(body)
     if profile is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,6 +244,13 @@ def _users_rows(result: QuantizedResult, rows: list[_Row]) -> list[_Row]:
     return merged
 
 
+def _main_reason(reasons: list[str]) -> tuple[str, int]:
+    """The reason most CPU nodes share and how many share it: a reason's general part, after the node's own
+    ("Conv on a 3-D tensor [1, 8, 256]: the BPU of bernoulli2 (RDK X3) takes 4-D tensors only"), else all of it."""
+    general = Counter(r.split(": ", 1)[1] if ": " in r else r for r in reasons)
+    return general.most_common(1)[0]
+
+
 def log_cpu_reasons(partition: Partition, origins: dict[str, str] | None = None) -> None:
     """Each CPU node with the reason it is not on the BPU, after the node table; in the user's node names
     (``origins``), a node written as several parts once per type and reason of its parts, a part under another
@@ -263,8 +271,12 @@ def log_cpu_reasons(partition: Partition, origins: dict[str, str] | None = None)
         return
     if all(u.on == "CPU" or u.kind == "preprocess" for u in partition.units):
         # converts, but runs in float on the board's CPU: almost always a march the model's ops do not suit
-        log.warning("no node of the model runs on the BPU%s: it runs in float on the CPU; the reasons each node "
-                    "stays there follow (check the march)", " (only the input preprocessing does)" if subgraphs else "")
+        reasons = [u.reason for u in partition.units if u.on == "CPU" for _ in u.nodes]
+        reason, count = _main_reason(reasons)
+        log.warning("no node of the model runs on the BPU%s: it runs in float on the CPU (%s: %s); the reasons "
+                    "each node stays there follow (check the march)", " (only the input preprocessing does)"
+                    if subgraphs else "", f"{count} of its {len(reasons)} CPU nodes" if count < len(reasons)
+                    else "every CPU node", reason)
     name_w = max(len("Node"), *(len(c[0]) for c in cpu)) + 2
     type_w = max(len("Type"), *(len(c[1]) for c in cpu)) + 2
     header = f"{'Node':<{name_w}}{'Type':<{type_w}}Reason"

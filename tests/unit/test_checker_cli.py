@@ -605,14 +605,15 @@ def test_flattened_map_head_stays_on_bernoulli2s_bpu(keras: bool, tmp_path: Path
 
 def test_a_model_wholly_on_the_cpu_is_warned_about(tmp_path: Path) -> None:
     """A featuremap model of 3-D ops converts for bernoulli2 (a 4-D-only BPU) with every node on the CPU:
-    the conversion says so in a WARNING, not only in INFO lines."""
+    the conversion says so in a WARNING, not only in INFO lines, with the reason most of its nodes share."""
     g = _Graph(17)
-    out = g.op("Tanh", [g.op("Softmax", ["feat"], axis=-1)])
+    out = g.op("Sigmoid", [g.op("Tanh", [g.op("Softmax", ["feat"], axis=-1)])])
     fm = g.model({"feat": [1, 4, 8]}, [out], featuremap={"feat"})
     project = make_project(tmp_path / "p", fm, march="bernoulli2", cal_count=2)
     result = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
     assert result.exit_code == 0, result.output
-    assert re.search(r"WARNING no node of the model runs on the BPU: it runs in float on the CPU", result.output)
+    assert re.search(r"WARNING no node of the model runs on the BPU: it runs in float on the CPU \(2 of its 3 CPU "
+                     r"nodes: the BPU of bernoulli2 \(RDK X3\) takes 4-D tensors only\)", result.output), result.output
     made = invoke("makertbin", "--config", str(make_project(tmp_path / "q", MODELS["resnet_like"](),
                                                             march="bernoulli2", cal_count=2).config_path),
                   "--model-type", "onnx")

@@ -51,6 +51,7 @@ from hbtools.graph.bpu_forms.pools import (
     pools_over_one_axis_as_2d,
 )
 from hbtools.graph.bpu_forms.reductions import (
+    channel_reductions_as_convs,
     norms_as_sums,
     reductions_over_the_first_axis,
     scalar_reductions_kept_as_maps,
@@ -61,12 +62,14 @@ from hbtools.graph.bpu_forms.resizes import (
     resizes_of_one_axis_as_2d,
     upsampling_by_whole_factors,
 )
+from hbtools.graph.bpu_forms.rows import one_row_chains_as_4d
 
 __all__ = [
     "auto_pads_as_pads",
     "average_pools_over_whole_windows",
     "batch_squeezes_around_elementwise",
     "channel_gathers_into_convs",
+    "channel_reductions_as_convs",
     "channel_shuffles_as_gathers",
     "constant_pads_as_concats",
     "conv_transpose_output_shapes_as_pads",
@@ -89,6 +92,7 @@ __all__ = [
     "matmuls_read_in_slices",
     "matmuls_with_the_weight_second",
     "norms_as_sums",
+    "one_row_chains_as_4d",
     "pixel_unshuffles_as_space_to_depth",
     "pools_over_one_axis_as_2d",
     "reductions_over_the_first_axis",

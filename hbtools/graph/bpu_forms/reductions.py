@@ -4,6 +4,8 @@ first axis.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
@@ -167,3 +169,34 @@ def _global_pool_as_reduction(node: NodeProto, view: GraphView, opset: int, mode
     axes_name = f"{node.name}_axes"
     model.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name))
     return [helper.make_node(reduction, [node.input[0], axes_name], list(node.output), name=node.name, keepdims=1)]
+
+
+def channel_reductions_as_convs(model: ModelProto, profile: MarchProfile,
+                                placed: Mapping[str, str] | None = None) -> int:
+    """A ReduceMean / ReduceSum over the channels of a 4-D map with keepdims (a stereo net's correlation
+    ``(left * shifted_right).mean(1, keepdim=True)``) as the 1x1 Conv to one channel with the constant weight
+    1/C (1 for a sum): the same sum, in an op the BPU has, where ``profile``'s BPU has no such reduction
+    (bernoulli2) and its Conv takes the C channels. The weights are all one value, exact on their int8 grid.
+    Not where node_info puts the reduction on the CPU. Returns how many it rewrote."""
+    conv = profile.rule("Conv")
+    kinds = [op for op in ("ReduceMean", "ReduceSum") if profile.rule(op) is None]
+    if conv is None or not kinds or not conv.ranks[0] <= 4 <= conv.ranks[1]:
+        return 0
+    view = GraphView(model)
+    named = placed or {}
+
+    def as_conv(node: NodeProto) -> list[NodeProto] | None:
+        shape = view.shapes.get(node.input[0]) if node.op_type in kinds and node.domain in ("", "ai.onnx") \
+            and named.get(node.name) != "CPU" and view.elem_types.get(node.input[0]) == onnx.TensorProto.FLOAT \
+            else None
+        if shape is None or len(shape) != 4 or not isinstance(shape[1], int) or view.reduced_axes(node) != [1] \
+                or not view.attrs(node).get("keepdims", 1) or (conv.channels is not None and shape[1] > conv.channels):
+            return None
+        weight = f"{node.name}_channel_weights"
+        value = 1 / shape[1] if node.op_type == "ReduceMean" else 1.0
+        model.graph.initializer.append(numpy_helper.from_array(np.full((1, shape[1], 1, 1), value, np.float32),
+                                                               weight))
+        return [helper.make_node("Conv", [node.input[0], weight], [node.output[0]], name=node.name,
+                                 kernel_shape=[1, 1])]
+
+    return rewrite_nodes(model, as_conv)

@@ -34,6 +34,14 @@ def resizes_of_one_axis_as_2d(model: ModelProto, profile: MarchProfile) -> int:
 
 
 def _resize_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProto) -> list[NodeProto] | None:
+    resize = resize_of_the_row(node, view, model)
+    return None if resize is None else around_one_row(model, opset, node, resize)
+
+
+def resize_of_the_row(node: NodeProto, view: GraphView, model: ModelProto) -> NodeProto | None:
+    """The Resize of [N, C, 1, L] that resizes the length of ``node``'s 3-D input as ``node`` does (its scales or
+    sizes constants added to ``model``; it reads and writes ``node``'s tensors until its caller sets others);
+    None where ``node`` is no such Resize (``resizes_of_one_axis_as_2d``)."""
     if node.op_type != "Resize" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
         return None
     shape, out_shape = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
@@ -58,7 +66,7 @@ def _resize_as_2d(node: NodeProto, view: GraphView, opset: int, model: ModelProt
                                     numpy_helper.from_array(values, row)])
     resize = helper.make_node("Resize", inputs, [node.output[0]], name=node.name)
     resize.attribute.extend(node.attribute)
-    return around_one_row(model, opset, node, resize)
+    return resize
 
 
 def upsampling_by_whole_factors(model: ModelProto, profile: MarchProfile | None = None) -> None:
