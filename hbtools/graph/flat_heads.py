@@ -4,8 +4,9 @@ A pooled map [N, C, 1, 1] is flattened to [N, C] (Flatten, Reshape or Squeeze) a
 perhaps through activations. On a march whose BPU has no form for the flatten (bernoulli2 takes
 4-D tensors only) the flatten goes to the CPU, and with it everything between the last conv and
 the head: the pool, the residual sum, its ReLU. A Gemm over [N, C] is a 1x1 Conv over [N, C, 1, 1],
-and an element-wise activation of scalar constants does not care about the shape, so the flatten
-moves past them to the end of the head: the same values, and the head on the BPU.
+an element-wise activation of scalar constants does not care about the shape, and a Concat of flattened
+maps along their columns is the Concat of the maps along their channels, so the flatten moves past them
+to the end of the head: the same values, and the head on the BPU.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProt
         return None
     if reader.op_type in ("Gemm", "MatMul"):  # MatMul: a Gemm of defaults, no bias
         return _gemm_as_conv(reader, x, out, view, model)
+    if reader.op_type == "Concat":
+        return _concat_of_maps(reader, out, view)
     others = [i for i in reader.input[1:] if i]
     second = _per_channel_map_constant(reader, x, view, model) or _other_flattened_map(reader, x, view)
     if second is None and (reader.op_type not in _SHAPELESS or
@@ -110,6 +113,22 @@ def _other_flattened_map(reader: NodeProto, x: str, view: GraphView) -> str | No
             not _flat_of_pooled(flatten, view) or view.shapes.get(flatten.input[0]) != view.shapes.get(x):
         return None
     return flatten.input[0]
+
+
+def _concat_of_maps(concat: NodeProto, out: str, view: GraphView) -> NodeProto | None:
+    """``concat`` of flattened pooled maps along their columns (PFLD's multi-scale head: each scale's global pool
+    flattened, joined, into one dense layer) as the Concat of the maps along their channels: the same columns in
+    the same order. None where an input is no such flatten (a constant, a wider map) or the axis is another."""
+    if view.attrs(concat).get("axis") not in (1, -1):
+        return None
+    maps = []
+    for name in concat.input:
+        flatten = view.producer.get(name)
+        if flatten is None or flatten.op_type not in FLATTENS or flatten.domain not in ("", "ai.onnx") or \
+                not _flat_of_pooled(flatten, view):
+            return None
+        maps.append(flatten.input[0])
+    return helper.make_node("Concat", maps, [out], name=concat.name, axis=1)
 
 
 def _restoring_chain(flatten: NodeProto, view: GraphView) -> list[NodeProto]:
@@ -158,10 +177,10 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
                     changes[gone.name] = []
                 handled += 1
                 continue
-            # the flattened tensor must be each reader's first input (a Gemm's A, an activation's X); several
-            # readers (MTCNN's box, landmark and score heads) each get a flatten of their own
-            new = [_past(r, node.input[0], f"{r.output[0]}_map", view, model) if r.input[0] == node.output[0]
-                   and node.output[0] not in r.input[1:] else None for r in readers]
+            # the flattened tensor must be each reader's first input (a Gemm's A, an activation's X), or any of a
+            # Concat's; several readers (MTCNN's box, landmark and score heads) each get a flatten of their own
+            new = [_past(r, node.input[0], f"{r.output[0]}_map", view, model) if r.op_type == "Concat" or
+                   (r.input[0] == node.output[0] and node.output[0] not in r.input[1:]) else None for r in readers]
             if any(n is None for n in new):
                 continue
             changes[node.name] = []

@@ -63,6 +63,7 @@ from hbtools.graph.bpu_forms.resizes import (
     upsampling_by_whole_factors,
 )
 from hbtools.graph.bpu_forms.rows import one_row_chains_as_4d
+from hbtools.graph.bpu_forms.tokens import token_mlps_as_4d
 
 __all__ = [
     "auto_pads_as_pads",
@@ -103,6 +104,7 @@ __all__ = [
     "spatial_reductions_as_global_pools",
     "splits_undoing_concats",
     "strided_convs_over_phases",
+    "token_mlps_as_4d",
     "transposes_in_fewer_axes",
     "upsampling_by_whole_factors",
     "zero_pads_into_convs",

@@ -53,6 +53,8 @@ def _row_shape(shape: list | None) -> list | None:
 class _Rows:
     """One pass over the nodes in order, knowing for each 3-D tensor met its row form (``rows``)."""
 
+    into, out_of = "to_2d", "from_2d"  # the names of the nodes writing and undoing a row end so
+
     def __init__(self, model: ModelProto, placed: Mapping[str, str]) -> None:
         self.model = model
         self.view = GraphView(model)
@@ -121,11 +123,22 @@ class _Rows:
         """The row form of the 3-D ``tensor``: an Unsqueeze where it has none yet."""
         if tensor not in self.rows:
             row = f"{tensor}_row"
-            self.nodes.append(_axes_node(self.model, self.opset, "Unsqueeze", tensor, row, [ROW],
-                                         f"{reader.name}_to_2d"))
+            self.nodes.append(self._to_view(tensor, row, f"{reader.name}_{self.into}"))
             self.rows[tensor] = row
-            self.shapes[row] = _row_shape(self.shapes.get(tensor))
+            self.shapes[row] = self._view_shape(self.shapes.get(tensor))
         return self.rows[tensor]
+
+    def _view_shape(self, shape: list | None) -> list | None:
+        """The shape of the 4-D form of a tensor of ``shape``."""
+        return _row_shape(shape)
+
+    def _to_view(self, tensor: str, view: str, name: str) -> NodeProto:
+        """The node writing ``view``, the 4-D form of ``tensor``."""
+        return _axes_node(self.model, self.opset, "Unsqueeze", tensor, view, [ROW], name)
+
+    def _from_view(self, view: str, tensor: str, name: str) -> NodeProto:
+        """The node giving ``tensor`` back from ``view``, its 4-D form."""
+        return _axes_node(self.model, self.opset, "Squeeze", view, tensor, [ROW], name)
 
     def _constant(self, name: str, reader: NodeProto) -> str:
         """A constant operand broadcast against [N, C, L], given the row axis (one of fewer than 2 axes
@@ -138,11 +151,13 @@ class _Rows:
         self.model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(shaped[:, :, None]), row))
         return row
 
-    def _emit(self, node: NodeProto, inputs: list[str], attrs: dict, keep_outputs: bool = False) -> None:
-        """``node`` over rows, named as ``node``: its ``inputs`` and ``attrs`` (None: the attribute goes); a
-        Squeeze of each output's row gives its 3-D form (unless ``keep_outputs``: it writes them itself)."""
+    def _emit(self, node: NodeProto, inputs: list[str], attrs: dict, keep_outputs: bool = False,
+              op_type: str | None = None) -> None:
+        """``node`` over rows (as ``op_type`` if given), named as ``node``: its ``inputs`` and ``attrs`` (None: the
+        attribute goes); a Squeeze of each output's row gives its 3-D form (unless ``keep_outputs``: it writes
+        them itself)."""
         outputs = list(node.output) if keep_outputs else [f"{o}_row" if o else "" for o in node.output]
-        new = helper.make_node(node.op_type, inputs, outputs, name=node.name, domain=node.domain)
+        new = helper.make_node(op_type or node.op_type, inputs, outputs, name=node.name, domain=node.domain)
         new.attribute.extend(a for a in node.attribute if a.name not in attrs)
         new.attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items() if v is not None)
         self.nodes.append(new)
@@ -151,9 +166,8 @@ class _Rows:
         for k, (flat, row) in enumerate(zip(node.output, outputs, strict=True)):
             if flat:
                 self.rows[flat] = row
-                self.shapes[row] = _row_shape(self.shapes.get(flat))
-                self.nodes.append(_axes_node(self.model, self.opset, "Squeeze", row, flat, [ROW],
-                                             f"{node.name}_from_2d" + (f"_{k}" if k else "")))
+                self.shapes[row] = self._view_shape(self.shapes.get(flat))
+                self.nodes.append(self._from_view(row, flat, f"{node.name}_{self.out_of}" + (f"_{k}" if k else "")))
 
     def _conv(self, node: NodeProto) -> bool:
         """A Conv / ConvTranspose of a 3-D tensor by a constant weight as the one of its row."""

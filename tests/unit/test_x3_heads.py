@@ -1,0 +1,119 @@
+"""Pooled-vector heads and MLPs over tokens on RDK X3 (bernoulli2), whose BPU takes 4-D tensors only.
+
+A PFLD head (global pools of two maps and a 1x1 map, each flattened, joined by a Concat into one Linear) ran its
+pools, Flattens and Concat on the CPU between two BPU subgraphs ('Concat on a 2-D tensor [1, 16]'). A token MLP
+(Linear, ReLU, Linear, residual Add) ran each Linear as a BPU subgraph of its own and the ReLU and Add between
+them on the CPU ('Relu on a 3-D tensor [1, 196, 64]') (hunt 23 D2, D3).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from builders import _Graph
+
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline import optimize
+from hbtools.quant.units import build_partition
+
+LAYOUT = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
+
+
+def _weight(g: _Graph, *shape: int) -> str:
+    return g.const((g.rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32), "w")
+
+
+def _relu_conv(g: _Graph, x: str, cin: int, cout: int, k: int, **attrs) -> str:
+    bias = g.const((0.1 * g.rng.standard_normal(cout)).astype(np.float32), "b")
+    return g.op("Relu", [g.op("Conv", [x, _weight(g, cout, cin, k, k), bias], kernel_shape=[k, k], **attrs)])
+
+
+def _multiscale_head(flatten: str):
+    """PFLD's head: two ReLU maps globally pooled, a conv down to a 1x1 map, each flattened, joined, one Linear."""
+    g = _Graph(4)
+    x1 = _relu_conv(g, "img", 3, 8, 3, strides=[2, 2], pads=[1, 1, 1, 1])
+    x2 = _relu_conv(g, x1, 8, 16, 3, strides=[2, 2], pads=[1, 1, 1, 1])
+    x3 = _relu_conv(g, x2, 16, 24, 4)
+
+    def flat(x: str, c: int) -> str:
+        if flatten == "Flatten":
+            return g.op("Flatten", [x], axis=1)
+        return g.op("Reshape", [x, g.const(np.array([1, c], np.int64), "shape")])
+
+    joined = g.op("Concat", [flat(g.op("GlobalAveragePool", [x1]), 8), flat(g.op("GlobalAveragePool", [x2]), 16),
+                             flat(x3, 24)], axis=1)
+    return g.model({"img": [1, 3, 16, 16]}, [g.gemm(joined, 48, 10)])
+
+
+def _token_mlp(opset: int):
+    """A conv stem to tokens [1, 16, 8], then ``t + fc2(gelu(fc1(t)))``, a layer scale per channel, a Linear
+    without bias and a mean over the tokens."""
+    g = _Graph(6)
+    stem = g.op("Conv", ["img", _weight(g, 8, 3, 4, 4)], kernel_shape=[4, 4], strides=[4, 4])
+    tokens = g.op("Transpose", [g.op("Reshape", [stem, g.const(np.array([1, 8, 16], np.int64), "shape")])],
+                  perm=[0, 2, 1])
+
+    def linear(x: str, cin: int, cout: int, bias: bool = True) -> str:
+        y = g.op("MatMul", [x, _weight(g, cin, cout)])
+        return g.op("Add", [y, g.const((0.1 * g.rng.standard_normal(cout)).astype(np.float32), "b")]) if bias else y
+
+    h = linear(tokens, 8, 32)
+    erf = g.op("Erf", [g.op("Div", [h, g.const(np.float32(np.sqrt(2)), "c")])])
+    gelu = g.op("Mul", [g.op("Mul", [h, g.op("Add", [erf, g.const(np.float32(1), "c")])]), g.const(np.float32(0.5))])
+    mixed = g.op("Add", [tokens, linear(gelu, 32, 8)])
+    scaled = g.op("Mul", [mixed, g.const(g.rng.uniform(0.5, 1.5, 8).astype(np.float32), "gamma")])
+    out = g.op("Relu", [linear(scaled, 8, 12, bias=False)])
+    axes = {"axes": [1]} if opset < 18 else {}
+    mean_in = [out] if opset < 18 else [out, g.const(np.array([1], np.int64), "axes")]
+    return g.model({"img": [1, 3, 16, 16]}, [g.op("ReduceMean", mean_in, keepdims=0, **axes)], opset=opset)
+
+
+def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+def _placed(model: onnx.ModelProto, march: str):
+    """The optimized model and its partition's units."""
+    profile = get_profile(march)
+    optimized = optimize.run(model, profile)
+    return optimized, build_partition(optimized, profile, {}).units
+
+
+def _same_values(optimized: onnx.ModelProto, fm) -> None:
+    feed = {"img": np.random.default_rng(7).standard_normal(fm.inputs["img"]).astype(np.float32)}
+    for got, want in zip(_run(optimized, feed), _run(fm.model, feed), strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("flatten", ["Flatten", "Reshape"])
+def test_a_concat_of_pooled_vectors_into_a_linear_is_one_bpu_subgraph_on_x3(flatten: str) -> None:
+    fm = _multiscale_head(flatten)
+    optimized, units = _placed(fm.model, "bernoulli2")
+    cpu = [(n.op_type, u.reason) for u in units if u.on == "CPU" for n in u.nodes]
+    assert len({u.subgraph for u in units if u.on == "BPU"}) == 1, cpu
+    assert [kind for kind, _ in cpu] == ["Flatten"], cpu  # the head's output, flattened at the end
+    _same_values(optimized, fm)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+def test_a_token_mlp_is_one_bpu_subgraph_on_x3(opset: int) -> None:
+    fm = _token_mlp(opset)
+    optimized, units = _placed(fm.model, "bernoulli2")
+    cpu = [(n.op_type, u.reason) for u in units if u.on == "CPU" for n in u.nodes]
+    computing = [u for u in units if not all(n.op_type in (*LAYOUT, "ReduceMean") for n in u.nodes)]
+    assert all(u.on == "BPU" for u in computing), cpu
+    mlp = {u.subgraph for u in computing if u.nodes[0].op_type != "HzPreprocess" and u.nodes[0].input[0] != "img"}
+    assert len(mlp) == 1, cpu  # every Linear, the GELU, the residual Add and the scale in one BPU call
+    _same_values(optimized, fm)
+
+
+@pytest.mark.parametrize("build", [lambda: _multiscale_head("Flatten"), lambda: _token_mlp(13)])
+def test_marches_that_take_2d_tensors_keep_the_layers_as_they_are(build) -> None:
+    fm = build()
+    optimized, units = _placed(fm.model, "bayes-e")
+    assert all(u.on == "BPU" for u in units), [(n.op_type, u.reason) for u in units if u.on == "CPU" for n in u.nodes]
+    kinds = {n.op_type for n in optimized.graph.node}
+    assert "Conv" in kinds and ("Gemm" in kinds or "MatMul" in kinds)  # the Linears stay Linears
