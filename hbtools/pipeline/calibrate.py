@@ -260,9 +260,9 @@ def _zero_points(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[s
     trial_best = max(trial_scores, key=trial_scores.get)
     after = crossed(trial, trial_best, [variant.observed(other) for other in folds])
     keep = after > before
-    log.info("zero points on %d of %d tensors: output cosine %.6f -> %.6f with the best method on samples its "
-             "grids were not fitted to (%s)", count, len(plan.activations), before, after,
-             "kept" if keep else "not kept")
+    log.info("zero points on %d of %d tensors: output cosine %.6f -> %.6f with the best method%s (%s)", count,
+             len(plan.activations), before, after,
+             " on samples its grids were not fitted to" if fold_candidates else "", "kept" if keep else "not kept")
     if keep:
         return variant, trial, trial_scores
     del trial
@@ -515,4 +515,8 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     if non_finite:
         _non_finite_outputs(non_finite, collector.samples, keep and not eval_feeds, generated)
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(collector.stats))
+    if any(other.samples == 0 for other in without):
+        # one calibration sample: a fold fitted to no sample at all would decide (every method scored alike, and
+        # zero points that helped the sample were dropped); the searches judge on the samples themselves
+        without = []
     return collector, eval_feeds, eval_refs, bc_feeds, without

@@ -273,10 +273,12 @@ def log_cpu_reasons(partition: Partition, origins: dict[str, str] | None = None)
         # converts, but runs in float on the board's CPU: almost always a march the model's ops do not suit
         reasons = [u.reason for u in partition.units if u.on == "CPU" for _ in u.nodes]
         reason, count = _main_reason(reasons)
-        log.warning("no node of the model runs on the BPU%s: it runs in float on the CPU (%s: %s); the reasons "
-                    "each node stays there follow (check the march)", " (only the input preprocessing does)"
-                    if subgraphs else "", f"{count} of its {len(reasons)} CPU nodes" if count < len(reasons)
-                    else "every CPU node", reason)
+        # a reason shared by several nodes is the main one; one node's of several different ones is not
+        main = "" if count == 1 < len(reasons) else f" ({count} of its {len(reasons)} CPU nodes: {reason})" \
+            if count < len(reasons) else f" (every CPU node: {reason})"
+        log.warning("no node of the model runs on the BPU%s: it runs in float on the CPU%s; the reasons each node "
+                    "stays there follow (check the march)", " (only the input preprocessing does)" if subgraphs
+                    else "", main)
     name_w = max(len("Node"), *(len(c[0]) for c in cpu)) + 2
     type_w = max(len("Type"), *(len(c[1]) for c in cpu)) + 2
     header = f"{'Node':<{name_w}}{'Type':<{type_w}}Reason"

@@ -27,7 +27,7 @@ from hbtools.runtime.rt_input import rt_dtype, rt_shape
 from hbtools.runtime.runtime_model import InputDesc, OutputDesc, RuntimeModel, load
 from hbtools.runtime.simulator import Simulator
 from hbtools.tools.model_info import TENSOR_TYPES
-from hbtools.tools.modifier import descriptor_scale, scale_lines
+from hbtools.tools.modifier import descriptor_scale, descriptor_zero_point, scale_lines
 
 _IMG_TYPE = {"nv12": "HB_DNN_IMG_TYPE_NV12", "yuv444": "HB_DNN_IMG_TYPE_YUV444", "rgb": "HB_DNN_IMG_TYPE_RGB",
              "bgr": "HB_DNN_IMG_TYPE_BGR", "gray": "HB_DNN_IMG_TYPE_Y"}
@@ -54,6 +54,7 @@ class BoardTensor:
     stride: tuple
     scale: tuple[float, ...] = ()
     quantize_axis: int = 0
+    zero_point: int = 0
 
     def lines(self) -> list[str]:
         # hbtools lays tensors out without padding, so the aligned shape is the valid shape.
@@ -61,7 +62,7 @@ class BoardTensor:
                f"aligned byte size: {self.byte_size}", f"tensor type: {self.tensor_type}",
                f"tensor layout: HB_DNN_LAYOUT_{self.layout}", f"quanti type: {'SCALE' if self.scale else 'NONE'}",
                f"stride: {_shape_text(self.stride)}"]
-        return out + (scale_lines(self.scale, self.quantize_axis) if self.scale else [])
+        return out + (scale_lines(self.scale, self.quantize_axis, self.zero_point) if self.scale else [])
 
 
 def _layout(shape: tuple, layout: str | None = None) -> str:
@@ -83,7 +84,8 @@ def board_input(d: InputDesc) -> BoardTensor:
         return BoardTensor(d.shape, _layout(d.shape, d.layout), _IMG_TYPE[d.type_rt], size, stride)
     scale, axis = descriptor_scale(d.raw) if np.issubdtype(dtype, np.integer) else ((), 0)
     tensor = f"HB_DNN_TENSOR_TYPE_{TENSOR_TYPES.get(str(dtype), 'F32')}"
-    return BoardTensor(d.shape, _layout(d.shape, d.layout), tensor, size, stride, scale, axis)
+    return BoardTensor(d.shape, _layout(d.shape, d.layout), tensor, size, stride, scale, axis,
+                       descriptor_zero_point(d.raw) if scale else 0)
 
 
 def board_output(o: OutputDesc, raw: dict, layout: str | None = None) -> BoardTensor:
@@ -91,7 +93,7 @@ def board_output(o: OutputDesc, raw: dict, layout: str | None = None) -> BoardTe
     scale, axis = descriptor_scale(raw) if np.issubdtype(o.dtype, np.integer) else ((), 0)
     return BoardTensor(o.shape, _layout(o.shape, layout),
                        f"HB_DNN_TENSOR_TYPE_{TENSOR_TYPES.get(str(o.dtype), 'F32')}", size,
-                       _strides(o.shape, o.dtype.itemsize), scale, axis)
+                       _strides(o.shape, o.dtype.itemsize), scale, axis, descriptor_zero_point(raw) if scale else 0)
 
 
 def output_layouts(graph: ModelProto) -> dict[str, str]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from hbtools.march.layout import to_layout
 from hbtools.runtime.binfile import BinModel
-from hbtools.tools.modifier import INFO_TYPES, descriptor_scale, info_line, scale_lines
+from hbtools.tools.modifier import INFO_TYPES, descriptor_scale, descriptor_zero_point, info_line, scale_lines
 
 # Numbering of the vendor's InputDataType enum; the seed shows F32 = 5 and NV12 = 7. The 64-bit and other
 # wider types (an ArgMax output, Gather indices fed as a featuremap) follow GRAY, numbered by us: printed as
@@ -91,14 +91,15 @@ def report(model: BinModel, tool_version: str) -> list[str]:
 
 
 def _scales(model: BinModel) -> list[str]:
-    """``scale data`` / ``quantizeAxis`` of every integer input and output, as the board prints them."""
+    """``scale data`` (``zero point data``) / ``quantizeAxis`` of every integer input and output, as the board
+    prints them."""
     lines = []
     for side, descriptors in (("input", model.inputs), ("output", model.outputs)):
         for k, desc in enumerate(descriptors):
             scale, axis = descriptor_scale(desc)
             if scale:
                 lines += [f"{side}[{k}] {desc.get('name')}: {TENSOR_TYPES.get(str(desc.get('dtype')), 'F32')}",
-                          *scale_lines(scale, axis)]
+                          *scale_lines(scale, axis, descriptor_zero_point(desc))]
     return ["--------- integer input/output scales -------------------", *lines] if lines else []
 
 

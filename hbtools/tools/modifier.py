@@ -184,9 +184,18 @@ def descriptor_scale(desc: dict) -> tuple[tuple[float, ...], int]:
     return tuple(float(v) for v in scale), axis
 
 
-def scale_lines(scale: tuple[float, ...], axis: int) -> list[str]:
+def descriptor_zero_point(desc: dict) -> int:
+    """The zero point an input/output descriptor carries (0: none, as on a symmetric grid)."""
+    zero_point = desc.get("zero_point", 0)
+    return zero_point if type(zero_point) is int else 0
+
+
+def scale_lines(scale: tuple[float, ...], axis: int, zero_point: int = 0) -> list[str]:
+    """How the board prints a quantized tensor's grid (hbDNNQuantiScale): its scales, a zero point that is not 0
+    (an asymmetric grid: the value is ``(q - zero_point) * scale``), and the axis."""
     # the board prints floats with C++ stream defaults: 6 significant digits
-    return ["scale data: " + "".join(f"{v:g}," for v in scale), f"quantizeAxis: {axis}"]
+    zero = [f"zero point data: {zero_point},"] if zero_point else []
+    return ["scale data: " + "".join(f"{v:g}," for v in scale), *zero, f"quantizeAxis: {axis}"]
 
 
 def without_input_side(quantized: ModelProto, records: Sequence[dict]) -> ModelProto:

@@ -369,3 +369,20 @@ def test_each_simulator_step_belongs_to_one_subgraph(tmp_path, in_tmp) -> None:
     labels = [step.label for step in simulator.steps]
     assert not any(" + " in label for label in labels), labels
     assert {label for label in labels if label.startswith("BPU_")} == {"BPU_two_subgraph_0", "BPU_two_subgraph_1"}
+
+
+def test_a_zero_point_is_printed_with_the_scale(tmp_path, in_tmp) -> None:
+    """An output on an asymmetric grid (a Sigmoid's, with zero points: RDK X3's default keeps them where they help)
+    whose Dequantize is removed: hb_model_info and hrt_model_exec printed its scale only, and board code
+    dequantizing ``q * scale`` was off by 128 levels. They print the zero point too."""
+    from builders import _Graph
+
+    g = _Graph(8)
+    fm = g.model({"data": [1, 3, 8, 8]}, [g.op("Sigmoid", [g.conv("data", 3, 4)])])
+    built = build_bin(tmp_path / "zp", fm, march="bernoulli2", prefix="zp",
+                      calibration_parameters={"optimization": "asymmetric"},
+                      model_parameters={"remove_node_type": "Dequantize"})
+    block = _block(_model_info(built.bin), "output", 0)
+    assert block["tensor type"] == "HB_DNN_TENSOR_TYPE_S8" and block["zero point data"] == "-128,", block
+    info = invoke(hb_model_info.main, [built.bin]).output
+    assert "zero point data: -128," in info.split("integer input/output scales", 1)[1], info

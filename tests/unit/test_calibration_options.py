@@ -556,3 +556,17 @@ def test_zero_point_models_run_as_their_quantized_model(tmp_path: Path, march: s
     case = run_case(tmp_path, fm, march=march, optimization="asymmetric")
     assert any("zero_points" in a for a in calibration_nodes(case.model("calibrated")).values())
     np.testing.assert_array_equal(case.outputs("calibrated"), case.outputs("quantized"))
+
+
+def test_one_calibration_sample_is_judged_on_itself(tmp_path: Path) -> None:
+    """With one sample, one cross-validation fold was fitted to no sample: every method scored alike there, and on
+    RDK X3 zero points that brought the sample from 0.925 to 0.9996 were dropped for a meaningless 0.537."""
+    fm = conv_act_conv("Sigmoid")
+    project = make_project(tmp_path / "p", fm, calibration_type="default", cal_count=1, march="bernoulli2")
+    for f in (project.root / "cal_x").iterdir():
+        samples(np.random.default_rng(100), 1, None)[0].tofile(f)
+    log = convert(project).log
+    assert not any("not fitted to" in line for line in log), [line for line in log if "fitted" in line]
+    decision = next(line for line in log if line.startswith("INFO zero points on"))
+    before, after = map(float, decision.split("output cosine ")[1].split(" with")[0].split(" -> "))
+    assert ("(kept)" in decision) == (after > before), decision

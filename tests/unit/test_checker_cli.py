@@ -618,6 +618,15 @@ def test_a_model_wholly_on_the_cpu_is_warned_about(tmp_path: Path) -> None:
                                                             march="bernoulli2", cal_count=2).config_path),
                   "--model-type", "onnx")
     assert made.exit_code == 0 and "no node of the model runs on the BPU" not in made.output
+    # each CPU node with a reason of its own: none of them is the main one (hunt 25 D4)
+    g = _Graph(18)
+    fm = g.model({"feat": [1, 4, 8]}, [g.op("Softmax", ["feat"], axis=-1), g.op("Sigmoid", ["feat"])],
+                 featuremap={"feat"})
+    result = invoke("makertbin", "--config", str(make_project(tmp_path / "r", fm, march="bernoulli2",
+                                                              cal_count=2).config_path), "--model-type", "onnx")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"WARNING no node of the model runs on the BPU: it runs in float on the CPU; the reasons",
+                     result.output), result.output
 
 
 def test_node_info_follows_a_node_onnxruntime_fuses(tmp_path: Path) -> None:
