@@ -51,6 +51,7 @@ BIAS_CORRECTION_SAMPLES = 16  # samples (after the evaluation ones) measuring th
 ROUNDING_SAMPLES = 8  # of those, the samples whose conv inputs drive the GPTQ weight rounding
 DEFAULT_CANDIDATES = (("max", None), ("percentile", 0.99995), ("percentile", 0.9999), ("kl", None))
 FOLDS = 2  # the scoring samples' folds for the methods' cross-validated scores (``_cross_validated``)
+ZERO_POINT_GAIN = 1e-6  # below the scores' printed digits: no gain to change every grid for
 CROSS_MARGIN = 0.05  # share of the best cross-validated loss within which methods count as equal
 
 Samples = Callable[[], Iterable[dict[str, np.ndarray]]]
@@ -259,7 +260,7 @@ def _zero_points(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[s
     trial_scores = _method_scores(trial, candidates, best, " with zero points")
     trial_best = max(trial_scores, key=trial_scores.get)
     after = crossed(trial, trial_best, [variant.observed(other) for other in folds])
-    keep = after > before
+    keep = after > before + ZERO_POINT_GAIN
     log.info("zero points on %d of %d tensors: output cosine %.6f -> %.6f with the best method%s (%s)", count,
              len(plan.activations), before, after,
              " on samples its grids were not fitted to" if fold_candidates else "", "kept" if keep else "not kept")

@@ -376,6 +376,7 @@ class KnownParts:
         tails = Tails(model)
         self.parts: list[np.ndarray | list[np.ndarray] | None] = []
         self.offsets: list[str] = []  # scored outputs left without their float mean (``_dominant_offsets``)
+        joined = output_pieces(model)
         for k, out in enumerate(scored_outputs(model)):
             probe = tails.known_model(out)
             part: np.ndarray | list[np.ndarray] | None = None
@@ -388,7 +389,9 @@ class KnownParts:
             if isinstance(self.parts[-1], np.ndarray) and any(r[k].size != self.parts[-1].size for r in refs):
                 self.parts[-1] = None
             if self.parts[-1] is None and all(r[k].dtype.kind == "f" for r in refs):
-                self.parts[-1] = _dominant_offsets([r[k] for r in refs])
+                pieces = joined[k] if joined[k] is not None and all(r[k].size == joined[k].labels.size
+                                                                    for r in refs) else None
+                self.parts[-1] = _dominant_offsets([r[k] for r in refs], pieces)
                 if self.parts[-1] is not None:
                     self.offsets.append(out)
 
@@ -404,8 +407,11 @@ class KnownParts:
 OFFSET_DOMINATES = 10.0  # an output's mean energy this many times its spread's: its cosine hides the errors
 
 
-def _dominant_offsets(values: list[np.ndarray]) -> list[np.ndarray] | None:
+def _dominant_offsets(values: list[np.ndarray], pieces: Pieces | None = None) -> list[np.ndarray] | None:
     """Per sample, the float output's mean, where the means dominate its energy (``OFFSET_DOMINATES``); else None.
+    An output joining ``pieces`` (each scored on its own, ``Evaluator._scored_pieces``) takes each piece's own
+    mean where it dominates that piece, and nothing elsewhere: the whole output's mean (polygon corners in pixels
+    beside class scores) left the scores as values far from zero, their cosine 1 whatever their error.
 
     A forecast in physical units (N-BEATS: values near 50 varying by 3) has a cosine of 0.999996 whatever
     its quantization does: the offset is nearly all of it. Every calibration method tied there, and the
@@ -414,12 +420,23 @@ def _dominant_offsets(values: list[np.ndarray]) -> list[np.ndarray] | None:
     outputs, the float mean leaves the error as it is and the scores see it against the deviation.
     """
     flat = [v.reshape(-1).astype(np.float64) for v in values]
+    parts = [np.zeros(f.size, dtype=np.float32) for f in flat]
+    found = False
+    for where in pieces.indices() if pieces is not None else [slice(None)]:
+        means = _dominant_means([f[where] for f in flat])
+        if means is not None:
+            found = True
+            for part, mean in zip(parts, means, strict=True):
+                part[where] = mean
+    return parts if found else None
+
+
+def _dominant_means(flat: list[np.ndarray]) -> list[float] | None:
+    """Per sample, the mean of its values where the means dominate their energy (``OFFSET_DOMINATES``); else None."""
     means = [float(f.mean()) if f.size else 0.0 for f in flat]
     offset = sum(m * m * f.size for m, f in zip(means, flat, strict=True))
     spread = sum(float(np.sum((f - m) ** 2)) for m, f in zip(means, flat, strict=True))
-    if spread <= 0 or offset < OFFSET_DOMINATES * spread:
-        return None
-    return [np.full(f.size, m, dtype=np.float32) for m, f in zip(means, flat, strict=True)]
+    return None if spread <= 0 or offset < OFFSET_DOMINATES * spread else means
 
 
 def _known_values(probe: ModelProto, out: str, feeds: list[dict]) -> list[np.ndarray] | None:

@@ -57,3 +57,23 @@ def test_forecast_error_is_scored_against_its_deviation(tmp_path: Path) -> None:
     # Measured: 0.104 when the whole output's cosine (0.99999 for every method) scored it, the mean int8;
     # 0.010 now (the mean int16).
     assert relative < 0.03, relative
+
+
+def test_an_offset_piece_of_a_joined_output_leaves_the_other_pieces_as_they_are() -> None:
+    """An output joining polygon corners in pixels (near 500) and class scores is scored piece by piece. The whole
+    output's mean (about 455) was taken from every piece: the scores' cosine then read 1 whatever their error, and
+    on RDK X3 zero points that raised their error from 0.014 to 0.19 were kept (hunt 25). Each piece's own mean
+    goes, where it dominates that piece."""
+    from hbtools.quant.search import Pieces, _dominant_offsets
+
+    rng = np.random.default_rng(0)
+    outputs = [np.concatenate([500 + 3 * rng.standard_normal(100), rng.dirichlet(np.ones(10))]).astype(np.float32)
+               for _ in range(4)]
+    pieces = Pieces(["polygon", "scores"], np.repeat([0, 1], [100, 10]))
+    parts = _dominant_offsets(outputs, pieces)
+    assert parts is not None
+    for out, part in zip(outputs, parts, strict=True):
+        np.testing.assert_allclose(part[:100], out[:100].mean(), rtol=1e-6)
+        assert not part[100:].any(), "the scores keep their values"
+    whole = _dominant_offsets(outputs)  # read as one output, its mean goes from all of it
+    assert whole is not None and np.all(whole[0] > 400)
