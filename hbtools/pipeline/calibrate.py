@@ -218,9 +218,9 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
                  "Hessian)", len(readers) - len(offsets), len(readers))
     rounded_plan = plan.with_rounding(offsets)
     kept = _if_closer(f"weight rounding (GPTQ) of {len(offsets)} weights", nearest,
-                            lambda: Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs,
-                                              nearest.built),
-                            candidates, "rounded weights", nearest_scores, int16_follows)
+                      lambda: Evaluator(optimized, rounded_plan, weight_th, nearest.feeds, nearest.refs,
+                                        nearest.built),
+                      candidates, "rounded weights", nearest_scores, int16_follows)
     if kept is None:
         return plan, nearest, nearest_scores
     return rounded_plan, *kept
@@ -352,9 +352,8 @@ def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
         return optimized, evaluator, scores
     release_freed_memory()  # the correction's sessions and runs, before the candidate's evaluator is built
     kept = _if_closer("bias correction", evaluator,
-                            lambda: Evaluator(corrected, plan, weight_th, evaluator.feeds, evaluator.refs,
-                                              evaluator.built),
-                            candidates, "corrected biases", scores, int16_follows, forced)
+                      lambda: Evaluator(corrected, plan, weight_th, evaluator.feeds, evaluator.refs, evaluator.built),
+                      candidates, "corrected biases", scores, int16_follows, forced)
     if kept is None:
         return optimized, evaluator, scores
     return corrected, *kept

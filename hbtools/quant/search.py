@@ -409,6 +409,7 @@ OFFSET_DOMINATES = 10.0  # an output's mean energy this many times its spread's:
 
 def _dominant_offsets(values: list[np.ndarray], pieces: Pieces | None = None) -> list[np.ndarray] | None:
     """Per sample, the float output's mean, where the means dominate its energy (``OFFSET_DOMINATES``); else None.
+
     An output joining ``pieces`` (each scored on its own, ``Evaluator._scored_pieces``) takes each piece's own
     mean where it dominates that piece, and nothing elsewhere: the whole output's mean (polygon corners in pixels
     beside class scores) left the scores as values far from zero, their cosine 1 whatever their error.
