@@ -54,6 +54,20 @@ ACCUMULATOR_BITS = 32  # a twin holding an integer product's exact sum
 
 
 @dataclass
+class Int32Sum:
+    """A product's int32 accumulator and its bias, where their sum fits int32."""
+    acc: str  # int32 sum without the bias
+    zero: str | None  # int32 zero point = minus the bias levels, per channel (None: ``fed_bias``)
+    channels: int
+    axis: int  # the channels' axis
+    last: bool  # whether that axis is the last
+    # Bias levels fed at run time (a threshold search): float64 per channel, the same shaped to add onto
+    # the accumulator, and the bound of the sum's magnitude; whether the biased sum fits int32 is known
+    # at run time only.
+    fed_bias: tuple[str, str, float] | None = None
+
+
+@dataclass
 class Twin:
     value: str | None  # float64 tensor: the exact value (None: levels * step, made when first read)
     levels: str | None = None  # float64 integer levels (zero point removed), when value = levels * step
@@ -76,10 +90,8 @@ class Twin:
     product_of: tuple | None = None
     # Concat of int8-level twins: (axis, [(input, its twin), ...]), requantized part by part
     parts: tuple | None = None
-    # A product's accumulator as the integer kernels leave it: (int32 sum without the bias, int32 zero point
-    # = minus the bias levels, per channel, channels, their axis, whether that axis is the last), where their
-    # sum is known to fit int32
-    int32_sum: tuple[str, str, int, int, bool] | None = None
+    # A product's accumulator as the integer kernels leave it (``Int32Sum``)
+    int32_sum: Int32Sum | None = None
     # A grouped ConvTranspose weight: its float32 steps per output channel, which ``step`` (spread
     # over the weight's two channel axes to broadcast) does not list along one axis
     channel_step: str | None = None
@@ -256,16 +268,50 @@ def _requantized(ctx: LoweringContext, src: Twin, s: str, base: str, nodes: list
     same bits as casting the float64 sum plus bias, without three passes over the map in float64."""
     multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
     m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
-    if src.int32_sum is not None and scalar:
-        acc, zero, channels, axis, last = src.int32_sum
+    total = src.int32_sum
+    if total is not None and scalar:
         flat = _node(ctx, "Reshape", [m32, ctx.constant(f"{base}_flat", np.array([-1], np.int64))],
                      f"{base}_multiplier_flat", nodes)
-        per_channel = _node(ctx, "Expand", [flat, ctx.constant(f"{base}_channels", np.array([channels], np.int64))],
-                            f"{base}_multiplier_channels", nodes)
+        channels = ctx.constant(f"{base}_channels", np.array([total.channels], np.int64))
+        per_channel = _node(ctx, "Expand", [flat, channels], f"{base}_multiplier_channels", nodes)
         out = ctx.unique(f"{base}_requant_f32")
-        uint8_kernels.dequantize_int32(ctx, acc, per_channel, zero, axis, last, out, nodes)
+        if total.fed_bias is None:
+            uint8_kernels.dequantize_int32(ctx, total.acc, per_channel, total.zero, total.axis, total.last, out,
+                                           nodes)
+            return out
+        _fed_bias_requantized(ctx, total, (per_channel, m32), channels, out, nodes)
         return out
     return _node(ctx, "Mul", [levels32_of(ctx, src, base, nodes), m32], f"{base}_requant_f32", nodes)
+
+
+def _fed_bias_requantized(ctx: LoweringContext, total: Int32Sum, multipliers: tuple[str, str], channels: str,
+                          out: str, nodes: list[NodeProto]) -> None:
+    """``_requantized`` of an int32 accumulator whose bias levels are fed (a threshold search): one
+    DequantizeLinear with minus the bias as its int32 zero point where the biased sum fits int32 (known at
+    run time: a fed int16 grid's bias levels can be large), else the float64 sum, cast to float32 and
+    multiplied. Both give float32(acc + bias) * m: the one rounding of the same whole number, then the same
+    product; the first in one pass over the map instead of a cast to float64, an add and a cast back."""
+    bias, bias_add, bound = total.fed_bias
+    per_channel, m32 = multipliers
+    largest = _node(ctx, "ReduceMax", [_node(ctx, "Abs", [bias], f"{out}_bias_abs", nodes)], f"{out}_bias_max",
+                    nodes, keepdims=0)
+    fits = _node(ctx, "Less", [largest, ctx.constant(f"{out}_int32_room", np.array(2.0**31 - bound))],
+                 f"{out}_fits_int32", nodes)
+    fast, wide = ctx.unique(f"{out}_int32"), ctx.unique(f"{out}_f64")
+    then_nodes: list[NodeProto] = []
+    flat = _node(ctx, "Reshape", [bias, ctx.constant(f"{out}_flat", np.array([-1], np.int64))], f"{out}_bias_flat",
+                 then_nodes)
+    spread = _node(ctx, "Expand", [_node(ctx, "Neg", [flat], f"{out}_bias_neg", then_nodes), channels],
+                   f"{out}_bias_channels", then_nodes)
+    zero = _node(ctx, "Cast", [spread], f"{out}_zero", then_nodes, to=TensorProto.INT32)
+    uint8_kernels.dequantize_int32(ctx, total.acc, per_channel, zero, total.axis, total.last, fast, then_nodes)
+    acc64, sum64, sum32 = (ctx.unique(f"{out}_{k}") for k in ("acc_f64", "sum_f64", "sum_f32"))
+    else_nodes = [helper.make_node("Cast", [total.acc], [acc64], name=acc64, to=TensorProto.DOUBLE),
+                  helper.make_node("Add", [acc64, bias_add], [sum64], name=sum64),
+                  helper.make_node("Cast", [sum64], [sum32], name=sum32, to=TensorProto.FLOAT),
+                  helper.make_node("Mul", [sum32, m32], [wide], name=wide)]
+    nodes.append(helper.make_node("If", [fits], [out], name=ctx.unique(f"{out}_if"),
+                                  then_branch=_branch(then_nodes, fast), else_branch=_branch(else_nodes, wide)))
 
 
 def _concat_fake_quant(ctx: LoweringContext, src: Twin, y: str, s: str, bounds: tuple[str, str], base: str,
@@ -731,7 +777,8 @@ def _gemm_accumulator(node: NodeProto, ctx: LoweringContext, a: Twin, b: Twin,
     integer = _integer_product(node, ctx, a, b, float(np.sign(alpha)), nodes)
     acc = integer[0] if integer else _node(ctx, "Gemm", [a.levels, b.levels], f"{out}_acc_f64", nodes,
                                            alpha=float(np.sign(alpha)), transB=int(attrs.get("transB", 0)))
-    int32_sum = _int32_sum(ctx, integer, c.levels if c is not None else None, node.name, 1, last=True)
+    int32_sum = _int32_sum(ctx, integer, c.levels if c is not None else None, node.name, 1, last=True,
+                           bias_add=c.levels if c is not None else None)
     if c is not None:
         acc = _node(ctx, "Add", [acc, c.levels], f"{out}_acc_bias", nodes)
     column_steps = _node(ctx, "Reshape", [b.step, ctx.constant(f"{out}_columns", np.array([-1], dtype=np.int64))],
@@ -755,11 +802,12 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
         return False
     integer = _integer_conv(node, ctx, x, w, nodes)
     acc, acc32 = (integer[0], None) if integer else _float_conv(node, ctx, x, w, nodes)
-    int32_sum = _int32_sum(ctx, integer, ctx.twins[bias].levels if bias else None, node.name, 1,
-                           last=False)  # a map: its channels on axis 1
     channel_shape = ctx.constant(f"{node.name}_channels", np.array([-1] + [1] * (rank - 2), dtype=np.int64))
+    b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes) \
+        if bias else None
+    int32_sum = _int32_sum(ctx, integer, ctx.twins[bias].levels if bias else None, node.name, 1,
+                           last=False, bias_add=b)  # a map: its channels on axis 1
     if bias:
-        b = _node(ctx, "Reshape", [ctx.twins[bias].levels, channel_shape], f"{node.name}_bias_levels", nodes)
         acc = _node(ctx, "Add", [acc, b], f"{node.name}_acc_bias", nodes)
         if acc32 is not None:
             # onnxruntime may fuse a constant bias into the Conv, whose kernel adds it with the partial sums:
@@ -843,18 +891,21 @@ def _plus_bias32(ctx: LoweringContext, acc32: str, levels: str, bias: str, chann
 
 
 def _int32_sum(ctx: LoweringContext, integer: tuple[str, str | None, float, int] | None, bias_levels: str | None,
-               hint: str, axis: int | None, *, last: bool) -> tuple[str, str, int, int, bool] | None:
+               hint: str, axis: int | None, *, last: bool, bias_add: str | None = None) -> Int32Sum | None:
     """``Twin.int32_sum`` of a product whose integer accumulator is int32 (``_integer_conv``,
     ``_integer_product``; channels along ``axis``, ``last`` if that is the last axis) and whose bias
-    levels are constants that keep every biased sum within int32 (else None)."""
+    levels are constants that keep every biased sum within int32, or are fed (``bias_add``: the same
+    shaped to add onto the accumulator); else None."""
     if integer is None or integer[1] is None or axis is None:
         return None
     _, acc, bound, channels = integer
     bias = np.zeros(channels) if bias_levels is None else ctx.known(bias_levels)
+    if bias is None and bias_add is not None:
+        return Int32Sum(acc, None, channels, axis, last, fed_bias=(bias_levels, bias_add, bound))
     if bias is None or bias.size not in (1, channels) or bound + float(np.max(np.abs(bias))) >= 2.0**31:
         return None
     zero = np.broadcast_to(-np.asarray(bias, np.float64).reshape(-1), (channels,)).astype(np.int32)
-    return acc, ctx.constant(f"{hint}_acc_zero", zero), channels, axis, last
+    return Int32Sum(acc, ctx.constant(f"{hint}_acc_zero", zero), channels, axis, last)
 
 
 def _integer_conv(node: NodeProto, ctx: LoweringContext, x: Twin, w: Twin,

@@ -471,6 +471,79 @@ def test_fed_conv_biases_are_added_in_float32_with_the_same_bits(build) -> None:
     assert picks, "conv1's biased sum is picked at run time"
 
 
+def _biased_conv_chain(dead: bool) -> onnx.ModelProto:
+    """Three convolutions, the middle one biased and read from int8 / int16 levels, so that its integer
+    sum goes on to a fake quant; ``dead``: one of its channels has all-but-zero weights beside a bias (its
+    bias levels are huge on fine grids)."""
+    rng = np.random.default_rng(9)
+    w1, w2, w3 = (rng.normal(0, 0.3, shape).astype(np.float32) for shape in ((8, 3, 3, 3), (8, 8, 3, 3),
+                                                                             (2, 8, 1, 1)))
+    b2 = rng.normal(0, 0.5, 8).astype(np.float32)
+    if dead:
+        w2[3] *= 1e-9
+        b2[3] = 3.0
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("Conv", ["r2", "w3"], ["y"], name="conv3")]
+    graph = helper.make_graph(nodes, "biased_chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])],
+                              [numpy_helper.from_array(v, k) for k, v in
+                               (("w1", w1), ("w2", w2), ("b2", b2), ("w3", w3))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("dead", [False, True], ids=["biases", "dead_channel"])
+def test_fed_integer_sums_take_their_bias_in_int32(dead: bool) -> None:
+    """A conv's int32 sum with fed bias levels (a session planned with int16 activations, fed 8- or 16-bit
+    grids) is requantized by one DequantizeLinear, minus the bias as its zero point, where the biased sum
+    fits int32, else through float64, chosen at run time: the same outputs as the calibrated model built
+    with those grids, and no float64 copy of the sum outside the fallback (three passes over the map, most
+    of a search session's time on a detector)."""
+    optimized, plan = _planned(_biased_conv_chain(dead))
+    plan = plan.with_bits({p.tensor: 16 for p in plan.activations})
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.normal(0, s, (1, 3, 8, 8)).astype(np.float32)} for s in (30.0, 1.0, 0.05)]
+    widest, refs = _float_run(optimized, plan, feeds)
+    weight_th = weight_thresholds(optimized, plan)
+    evaluator = Evaluator(optimized, plan, weight_th, feeds, refs, widest)
+    # A fine int16 grid on conv2's input makes its bias levels so large that the biased sum may leave int32.
+    fine = {**widest, "r1": widest["r1"] * 1e-5}
+    for bits, thresholds in ((8, widest), (16, widest), (16, fine)):
+        grids = {p.tensor: bits for p in plan.activations}
+        built = build_calibrated_model(optimized, plan.with_bits(grids), thresholds, weight_th, {})
+        direct = make_session(lower_model(built))
+        for feed in feeds:
+            fed = evaluator.session.run(["y"], {**feed, **evaluator._extra(thresholds, grids)})[0]
+            np.testing.assert_array_equal(fed, direct.run(["y"], feed)[0])
+    lowered = lower_model(evaluator.calibrated, feed_calibration=True)
+    producer = {o: n for n in lowered.graph.node for o in n.output}
+
+    def from_conv2(name: str) -> bool:
+        """Whether ``name`` is conv2's integer sum (or a part of it)."""
+        node = producer.get(name)
+        return node is not None and ((node.op_type == "ConvInteger" and node.name.startswith("conv2")) or (
+            node.op_type in ("Add", "Mul") and any(from_conv2(i) for i in node.input)))
+
+    assert any(n.op_type == "ConvInteger" and n.name.startswith("conv2") for n in lowered.graph.node), \
+        "conv2 runs on onnxruntime's integer conv"
+    # (conv3's sum is the model's float output: its value is computed in float64)
+    widened = [n.name for n in lowered.graph.node if n.op_type == "Cast" and from_conv2(n.input[0])
+               and n.attribute[0].i == TensorProto.DOUBLE]
+    assert not widened, f"conv2's integer sum cast to float64 outside the fallback: {widened}"
+    (pick,) = [n for n in lowered.graph.node if n.op_type == "If"
+               and any(m.op_type == "DequantizeLinear" for a in n.attribute for m in a.g.node)]
+    lowered.graph.output.append(helper.make_tensor_value_info(pick.input[0], TensorProto.BOOL, []))
+    picked = make_session(lowered)
+    grids = {p.tensor: 16 for p in plan.activations}
+    assert [bool(picked.run([pick.input[0]], {**feeds[0], **evaluator._extra(t, grids)})[0]) for t in (widest, fine)] \
+        == [True, False], "the int32 requantization where the biased sum fits, the float64 one where it may not"
+
+
 def test_int16_activations_score_the_weights_alone() -> None:
     """Every activation on a 16-bit grid over its widest range (how the GPTQ and bias-correction checks
     judge weights alone) leaves only the weights' and biases' grids: far closer to the float model than
