@@ -30,6 +30,7 @@ from hbtools.graph.model_io import load_model
 from hbtools.graph.origins import recorded_origins, user_node
 from hbtools.ops.base import attrs_of
 from hbtools.ops.calibration import HzBiasCalibration
+from hbtools.ops.preprocess import HzPreprocess
 from hbtools.quant.calibrated import without_integer_emulation
 
 CALIBRATION_OP = "HzCalibration"
@@ -74,6 +75,15 @@ class CalibratedModel:
         # Taken out below, but plot_distribution shows what each does to its bias.
         self.bias_nodes: dict[str, NodeProto] = {n.name: n for n in model.graph.node
                                                  if n.op_type == HzBiasCalibration.op_type and n.name}
+        # The integer emulation taken out, for the switches to put back where they quantize: per reader of a
+        # rounded bias, the bias's HzBiasCalibration (its weight's switch rounds it); per output of an integer
+        # preprocessing, that HzPreprocess (its fake quant computes on its integer affine map).
+        bias_of = {n.output[0]: n for n in model.graph.node if n.op_type == HzBiasCalibration.op_type}
+        self.rounded_bias: dict[str, NodeProto] = {r.name: bias_of[i] for r in model.graph.node for i in r.input
+                                                   if i in bias_of and r.name}
+        self.integer_preprocess: dict[str, NodeProto] = {
+            n.output[0]: n for n in model.graph.node
+            if n.op_type == HzPreprocess.op_type and attrs_of(n).get("integer", 0)}
         model = without_integer_emulation(model)
         if any(not n.name for n in model.graph.node):
             name_unnamed_nodes(model)  # tables and arguments refer to nodes by name

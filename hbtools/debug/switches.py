@@ -11,6 +11,7 @@ every convolution several times slower.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import onnx
@@ -19,8 +20,9 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 from hbtools.debug.model import CalibratedModel
 from hbtools.graph.model_io import default_opset
 from hbtools.ops.base import LoweringContext
-from hbtools.ops.calibration import HzCalibration
+from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.names import enable_input
+from hbtools.ops.preprocess import HzPreprocess
 from hbtools.runtime.lowering import lower_model
 
 
@@ -43,7 +45,7 @@ def switchable_model(cm: CalibratedModel) -> Switched:
     taken = {o for n in graph.node for o in n.output} | {n.name for n in graph.node} | set(inits)
     taken |= {i.name for i in graph.input}
     ctx = LoweringContext(default_opset(model), taken, cm.shapes)
-    ctx.exact = False  # switched piecewise: no float64 twins across the If branches
+    ctx.exact = False  # switched piecewise: no float64 twins across the If branches (but see ``_exactly``)
     wrapped = _wrappable_weights(cm, set(inits))
     quantized_weight: dict[str, tuple[str, str, str]] = {}  # calibrated name -> (switch, quantized, float)
     holders: dict[str, list[str]] = {}
@@ -56,11 +58,11 @@ def switchable_model(cm: CalibratedModel) -> Switched:
             q = ctx.constant(f"{node.name}_quantized", HzCalibration.reference(node, values)[0])
             quantized_weight[node.output[0]] = (node.name, q, node.input[0])
         elif node.op_type == HzCalibration.op_type:
-            nodes.append(_switched_fake_quant(node, ctx))
+            nodes.append(_switched_fake_quant(node, ctx, cm.integer_preprocess.get(node.input[0])))
             holders[node.name] = [node.name]
         elif any(i in quantized_weight for i in node.input):
             switch = next(quantized_weight[i][0] for i in node.input if i in quantized_weight)
-            nodes.append(_switched_reader(node, quantized_weight, ctx))
+            nodes.append(_switched_reader(node, quantized_weight, _rounded_bias(cm, node, inits, ctx), ctx))
             holders.setdefault(switch, []).append(nodes[-1].name)
         else:
             nodes.append(node)
@@ -98,20 +100,54 @@ def _wrappable_weights(cm: CalibratedModel, constants: set[str]) -> set[str]:
     return {n for n in candidates if wrappable(n)}
 
 
-def _switched_fake_quant(node: NodeProto, ctx: LoweringContext) -> NodeProto:
-    """If(enable) then fake-quant (the op's own lowering) else the float input."""
+def _exactly(lower: Callable[[], list[NodeProto]], ctx: LoweringContext) -> list[NodeProto]:
+    """``lower()`` with the calibrated model's float64 twins (kept inside the one switch that lowers it)."""
+    ctx.exact = True
+    try:
+        return lower()
+    finally:
+        ctx.exact = False
+
+
+def _switched_fake_quant(node: NodeProto, ctx: LoweringContext, preprocess: NodeProto | None = None) -> NodeProto:
+    """If(enable) then fake-quant (the op's own lowering) else the float input.
+
+    ``preprocess``: the integer HzPreprocess making the input in the calibrated model. Enabled, the fake
+    quant reads what it computes, the BPU's integer affine map, exactly as the calibrated model does;
+    disabled, the input is the float preprocessing's. With the float one under the fake quant, PP-OCR
+    cls (mean 127.5: most pixels on a rounding tie) had 10 % of its input levels one off the calibrated
+    model's, and a class flipped between the debugger's all-quantized model and the user's."""
     x, y = node.input[0], node.output[0]
     inner = copy.deepcopy(node)
     inner.output[0] = ctx.unique(f"{y}__quantized")
-    then = branch(HzCalibration.lower(inner, ctx), [inner.output[0]], f"{node.name}_on")
+    if preprocess is not None:
+        integer = copy.deepcopy(preprocess)
+        integer.name = ctx.unique(f"{preprocess.name}__integer")
+        integer.output[0] = inner.input[0] = ctx.unique(f"{x}__integer")
+        quantized = _exactly(lambda: [*HzPreprocess.lower(integer, ctx), *HzCalibration.lower(inner, ctx)], ctx)
+    else:
+        quantized = HzCalibration.lower(inner, ctx)
+    then = branch(quantized, [inner.output[0]], f"{node.name}_on")
     passed = ctx.unique(f"{y}__float")
     other = branch([helper.make_node("Identity", [x], [passed])], [passed], f"{node.name}_off")
     return helper.make_node("If", [enable_input(node.name)], [y], name=node.name, then_branch=then,
                             else_branch=other)
 
 
-def _switched_reader(node: NodeProto, weights: dict[str, tuple[str, str, str]], ctx: LoweringContext) -> NodeProto:
-    """If(enable) then the node on the quantized weight else the node on the float weight."""
+def _rounded_bias(cm: CalibratedModel, reader: NodeProto, inits: dict[str, TensorProto],
+                  ctx: LoweringContext) -> tuple[str, str] | None:
+    """(float bias, the calibrated model's rounded bias as a constant) of ``reader``, where it has one."""
+    bias = cm.rounded_bias.get(reader.name)
+    if bias is None or bias.input[0] not in inits:
+        return None
+    rounded = HzBiasCalibration.reference(bias, [numpy_helper.to_array(inits[bias.input[0]])])[0]
+    return bias.input[0], ctx.constant(f"{bias.name}_rounded", rounded)
+
+
+def _switched_reader(node: NodeProto, weights: dict[str, tuple[str, str, str]], bias: tuple[str, str] | None,
+                     ctx: LoweringContext) -> NodeProto:
+    """If(enable) then the node on the quantized weight (and its rounded bias, ``bias``: float and rounded)
+    else the node on the float weight and bias."""
     calibrated = next(i for i in node.input if i in weights)
     switch, quantized, original = weights[calibrated]
 
@@ -119,6 +155,8 @@ def _switched_reader(node: NodeProto, weights: dict[str, tuple[str, str, str]], 
         inner = copy.deepcopy(node)
         inner.name = ctx.unique(f"{node.name}__{tag}")
         inner.input[:] = [weight if i == calibrated else i for i in node.input]
+        if bias is not None and weight == quantized:
+            inner.input[:] = [bias[1] if i == bias[0] else i for i in inner.input]
         inner.output[:] = [ctx.unique(f"{o}__{tag}") for o in node.output]
         return branch([inner], list(inner.output), inner.name)
 

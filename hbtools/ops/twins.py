@@ -626,7 +626,7 @@ def _split(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> boo
     split.attribute.extend(node.attribute)
     nodes.append(split)
     for out, part in zip(node.output, parts, strict=True):
-        twin = Twin(None, part, src.step, src.bits, int8_levels=src.int8_levels) if by_levels else \
+        twin = Twin(None, part, src.step, src.bits, int8_levels=src.int8_levels, bounds=src.bounds) if by_levels else \
             Twin(part, scalar_step=src.scalar_step)
         to_float(ctx, value_of(ctx, twin, nodes), out, nodes)
         ctx.twins[out] = twin
@@ -638,6 +638,8 @@ def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     # Reshape and the like may move the channel axis a per-channel step lies along: move the value.
     if src.levels is None or (not src.scalar_step and node.op_type in _DOUBLE_MOVES):
         return _same_op(node, ctx, nodes) if node.op_type in _DOUBLE_MOVES else False
+    if src.bounds is not None and node.op_type == "Pad":  # a pad value outside a fused Relu's bounds
+        return False
     # Move the levels (as float32, exact, for ops without a float64 kernel); the step stays.
     double = node.op_type in _DOUBLE_MOVES
     levels = src.levels if double else levels32_of(ctx, src, node.name, nodes)
@@ -645,8 +647,10 @@ def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     copy = helper.make_node(node.op_type, [levels, *node.input[1:]], [moved], name=moved)
     copy.attribute.extend(node.attribute)
     nodes.append(copy)
+    # A fused Relu / Clip goes with the levels: element-wise bounds commute with picking and moving elements.
     twin = Twin(None, moved if double else to_double(ctx, moved, moved, nodes), src.step, src.bits,
-                scalar_step=src.scalar_step, levels32=None if double else moved, int8_levels=src.int8_levels)
+                scalar_step=src.scalar_step, levels32=None if double else moved, int8_levels=src.int8_levels,
+                bounds=src.bounds)
     _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
     return True
 

@@ -8,6 +8,7 @@ on the calibrated model.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,11 @@ from hbtools.debug import tails
 from hbtools.debug.data import load_samples
 from hbtools.debug.model import load_calibrated
 from hbtools.debug.switchboard import Switchboard
+from hbtools.ops.base import attrs_of
 from hbtools.quant.calibrated import without_integer_emulation
 from hbtools.runtime import HB_ONNXRuntime
+from hbtools.runtime.lowering import lower_model
+from hbtools.runtime.session import make_session
 
 CASES = {**{name: build for name, build in MODELS.items()}, "two_inputs": two_inputs}
 
@@ -35,14 +39,37 @@ def dumped(request, tmp_path_factory: pytest.TempPathFactory) -> Dumped:
 def without(model: onnx.ModelProto, removed: set[str]) -> onnx.ModelProto:
     """The calibrated model with some calibration nodes deleted (their readers take the float input).
 
-    Like the debugger, it leaves out the bias and preprocessing emulation, which belong to no switch.
+    The integer emulation goes with the switch that quantizes it: a conv's rounded bias with its
+    weight's calibration node, the integer preprocessing with the input's; with all of them removed
+    the model is the float one.
     """
-    model = without_integer_emulation(model)
+    model = copy.deepcopy(model)
+    made_by = {n.output[0]: n for n in model.graph.node}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    float_emulation = set()
+    for n in model.graph.node:
+        if n.op_type == "HzBiasCalibration":
+            weights = {made_by[i].name for r in readers[n.output[0]] for i in r.input
+                       if i in made_by and made_by[i].op_type == "HzCalibration" and made_by[i].name != n.name
+                       and attrs_of(made_by[i]).get("kind") == "weight"}
+            if weights & removed or not weights:
+                float_emulation.add(n.name)
+        elif n.op_type == "HzPreprocess" and {r.name for r in readers[n.output[0]]} <= removed:
+            float_emulation.add(n.name)
+    floated = without_integer_emulation(model)  # the float preprocessing and biases, node for node
+    floats = {n.name: n for n in floated.graph.node}
+    bypass = {n.output[0]: n.input[0] for n in model.graph.node
+              if n.name in float_emulation and n.op_type == "HzBiasCalibration"}
+    nodes = [floats[n.name] if n.name in float_emulation else n for n in model.graph.node
+             if not (n.name in float_emulation and n.op_type == "HzBiasCalibration")]
     outputs = {o.name for o in model.graph.output}
-    bypass = {n.output[0]: n.input[0] for n in model.graph.node if n.name in removed and n.output[0] not in outputs}
+    bypass.update({n.output[0]: n.input[0] for n in nodes if n.name in removed and n.output[0] not in outputs})
     kept = [n if n.name not in removed or n.output[0] not in outputs else
             helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name)  # keep the output's name
-            for n in model.graph.node if n.name not in removed or n.output[0] in outputs]
+            for n in nodes if n.name not in removed or n.output[0] in outputs]
     for n in kept:
         n.input[:] = [bypass.get(i, i) for i in n.input]
     del model.graph.node[:]
@@ -61,6 +88,7 @@ def test_configurations_match_the_model_without_the_other_nodes(dumped: Dumped, 
     switchboard = Switchboard(cm, max_stages=max_stages)
     if max_stages == 1:
         assert switchboard.stage_count == 1
+    calibrated = onnx.load(dumped.calibrated)
     rng = np.random.default_rng(0)
     names = sorted(cm.calibration)
     configs = [set(), set(names), *({n} for n in names),
@@ -69,7 +97,7 @@ def test_configurations_match_the_model_without_the_other_nodes(dumped: Dumped, 
         cache = switchboard.float_pass(sample)
         for enabled in configs:
             got = switchboard.run(sample, cache, enabled)
-            expected = reference(without(cm.model, set(names) - enabled), sample)
+            expected = reference(without(calibrated, set(names) - enabled), sample)
             for g, e in zip(got, expected, strict=True):
                 # Float noise may move a value at a rounding tie of the output's int16 grid one level: at
                 # most 1 / 32767 for a probability output (its grid spans 0..1, thresholds.int16_threshold).
@@ -152,3 +180,20 @@ def test_staged_runs_match_the_whole_switchable_model(deep_dumped: Dumped, limit
             got, expected = staged.run(sample, cache, enabled), whole.run(sample, reference, enabled)
             for t, g, e in zip(staged.observe, got, expected, strict=True):
                 np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=f"{name}: {t}")
+
+
+def test_a_fused_relu_goes_with_its_levels_through_a_pool(tmp_path: Path) -> None:
+    """In the exact lowering, a conv's Relu is fused into its integer accumulator; a MaxPool reading that
+    accumulator before any calibration node pools the levels, and the Relu must still apply to the result
+    (it commutes with picking elements). It did not: windows with only negative sums came out negative."""
+    dumped = convert_with_dump(tmp_path, MODELS["data_movement"]())
+    calibrated = onnx.load(dumped.calibrated)
+    pooled = next(n for n in calibrated.graph.node if n.op_type == "MaxPool")
+    cut = next(n.name for n in calibrated.graph.node if n.op_type == "HzCalibration" and n.output[0] == pooled.input[0])
+    model = without(calibrated, {cut})  # the conv's Relu output goes to the pool without a fake quant
+    model.graph.output.append(helper.make_tensor_value_info(pooled.output[0], onnx.TensorProto.FLOAT, None))
+    sample = load_samples(dumped.data, load_calibrated(dumped.calibrated), 1)[0]
+    exact = HB_ONNXRuntime(onnx_model=model).run([pooled.output[0]], sample)[0]
+    assert exact.min() >= 0, "the pooled Relu output has negative values"
+    plain = make_session(lower_model(model, exact=False)).run([pooled.output[0]], sample)[0]
+    np.testing.assert_allclose(exact, plain, rtol=1e-5, atol=1e-5)
