@@ -95,6 +95,10 @@ class Twin:
     # A grouped ConvTranspose weight: its float32 steps per output channel, which ``step`` (spread
     # over the weight's two channel axes to broadcast) does not list along one axis
     channel_step: str | None = None
+    # An accumulator requantized by the float32 rule, float32(acc) * float32(step / s), as onnxruntime's
+    # integer kernels compute it; False: by the float64 rule, round(acc * (step / s)), which the quantized
+    # conv keeps where its weight carries its input's per-channel steps (no integer kernel takes those)
+    requantize_f32: bool = True
 
 
 def value_of(ctx: LoweringContext, twin: Twin, nodes: list[NodeProto]) -> str:
@@ -267,6 +271,10 @@ def _requantized(ctx: LoweringContext, src: Twin, s: str, base: str, nodes: list
     ``float32(sum - zero_point) * m`` in int32 then float32, as the quantized model requantizes: the
     same bits as casting the float64 sum plus bias, without three passes over the map in float64."""
     multiplier = _node(ctx, "Div", [src.step, s], f"{base}_multiplier", nodes)
+    if not src.requantize_f32:  # rounded in float64: the whole numbers it gives are exact in float32
+        rounded = _node(ctx, "Round", [_node(ctx, "Mul", [src.levels, multiplier], f"{base}_requant_f64", nodes)],
+                        f"{base}_round_f64", nodes)
+        return _node(ctx, "Cast", [rounded], f"{base}_requant_f32", nodes, to=TensorProto.FLOAT)
     m32 = _node(ctx, "Cast", [multiplier], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
     total = src.int32_sum
     if total is not None and scalar:
@@ -591,7 +599,7 @@ def _fused_activation(node: NodeProto, ctx: LoweringContext, nodes: list[NodePro
         bounds = tuple(to_double(ctx, i, f"{node.name}_bound", nodes) if i else ""
                        for i in [*node.input[1:3], "", ""][:2])
     twin = Twin(None, src.levels, src.step, ACCUMULATOR_BITS, scalar_step=src.scalar_step, levels32=src.levels32,
-                bounds=bounds, int32_sum=src.int32_sum)
+                bounds=bounds, int32_sum=src.int32_sum, requantize_f32=src.requantize_f32)
     _replace_output_by_accumulator(node, ctx, twin, nodes)
     return True
 
@@ -626,7 +634,8 @@ def _split(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> boo
     split.attribute.extend(node.attribute)
     nodes.append(split)
     for out, part in zip(node.output, parts, strict=True):
-        twin = Twin(None, part, src.step, src.bits, int8_levels=src.int8_levels, bounds=src.bounds) if by_levels else \
+        twin = Twin(None, part, src.step, src.bits, int8_levels=src.int8_levels, bounds=src.bounds,
+                    requantize_f32=src.requantize_f32) if by_levels else \
             Twin(part, scalar_step=src.scalar_step)
         to_float(ctx, value_of(ctx, twin, nodes), out, nodes)
         ctx.twins[out] = twin
@@ -650,7 +659,7 @@ def _move(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     # A fused Relu / Clip goes with the levels: element-wise bounds commute with picking and moving elements.
     twin = Twin(None, moved if double else to_double(ctx, moved, moved, nodes), src.step, src.bits,
                 scalar_step=src.scalar_step, levels32=None if double else moved, int8_levels=src.int8_levels,
-                bounds=src.bounds)
+                bounds=src.bounds, requantize_f32=src.requantize_f32)
     _replace_output(node, ctx, value_of(ctx, twin, nodes), nodes, twin)
     return True
 
@@ -821,7 +830,10 @@ def _conv(node: NodeProto, ctx: LoweringContext, nodes: list[NodeProto]) -> bool
     step = _node(ctx, "Reshape", [w.channel_step or w.step, channel_shape], f"{node.name}_w_step", nodes)
     if not w.folded:
         step = _node(ctx, "Mul", [step, x.step], f"{node.name}_acc_step", nodes)
-    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False, levels32=acc32, int32_sum=int32_sum)
+    # A weight carrying its input's per-channel steps: the quantized conv requantizes by the float64 rule
+    # (``quant.emitters.conv``).
+    twin = Twin(None, acc, step, ACCUMULATOR_BITS, scalar_step=False, levels32=acc32, int32_sum=int32_sum,
+                requantize_f32=not w.folded)
     _replace_output_by_accumulator(node, ctx, twin, nodes)
     return True
 
