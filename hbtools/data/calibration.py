@@ -243,6 +243,17 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> 
                               f"{lo:g} to {hi:g}, outside the pixel range 0..255; give the image before "
                               f"mean/scale (the model's preprocessing applies them), or declare the input "
                               f"as featuremap")
+    elif not spec.is_featuremap and data.size and data.dtype.kind in "iu":
+        # Whole numbers have no resampling overshoot to forgive: one outside 0..255 is not a pixel, and
+        # clipping it made most of an int8 picture black, so the thresholds came from black pictures.
+        lo, hi = int(data.min()), int(data.max())
+        if lo < 0 or hi > 255:
+            dumped = ("; int8 data is what debug_mode: dump_calibration_data writes, the calibrated model's own "
+                      "input (pixel - 128 in the intermediate colour space), not data for cal_data_dir: point "
+                      "cal_data_dir at the pixel files the dump was made from") if data.dtype == np.int8 else ""
+            raise HbError(f"calibration file {path} for image input '{spec.name}' holds {data.dtype} values "
+                          f"from {lo} to {hi}; an image input takes input_type_train pixels 0..255 (before "
+                          f"mean/scale){dumped}")
     return data
 
 

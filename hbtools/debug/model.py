@@ -32,6 +32,7 @@ from hbtools.ops.base import attrs_of
 from hbtools.ops.calibration import HzBiasCalibration
 from hbtools.ops.preprocess import HzPreprocess
 from hbtools.quant.calibrated import without_integer_emulation
+from hbtools.quant.grids import grid_bounds
 
 CALIBRATION_OP = "HzCalibration"
 KINDS = ("weight", "activation")
@@ -49,11 +50,23 @@ class CalibrationNode:
     axis: int
     consumers: tuple[str, ...]  # ordinary nodes that read the calibrated value
     groups: int = 1  # a grouped ConvTranspose weight: output channels spread over axes 0 and 1
+    scales: tuple[float, ...] = ()
+    zero_points: tuple[int, ...] = ()  # an asymmetric grid's (one per scale); none on a symmetric one
 
     @property
     def threshold(self) -> float:
         """The largest threshold (weights have one per channel)."""
         return max(self.thresholds) if self.thresholds else 0.0
+
+    def value_range(self) -> tuple[float, float]:
+        """The lowest and highest value the grid holds (over its channels): ``±threshold`` on a symmetric grid,
+        from the zero point's offset on an asymmetric one (int8 zero point -128: ``0..threshold``)."""
+        if not self.scales:
+            return -self.threshold, self.threshold
+        lo, hi = grid_bounds(self.bits, bool(self.zero_points))
+        scales = np.asarray(self.scales, np.float64)
+        zeros = np.asarray(self.zero_points or [0], np.float64)
+        return float(np.min((lo - zeros) * scales)), float(np.max((hi - zeros) * scales))
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,8 @@ class CalibratedModel:
                 consumers=tuple(dict.fromkeys(r.name for r in readers.get(n.output[0], [])
                                               if r.op_type != CALIBRATION_OP)),
                 groups=int(a.get("groups") or 1),
+                scales=tuple(float(x) for x in a.get("scales", [])),
+                zero_points=tuple(int(z) for z in a.get("zero_points") or []),
             )
         if not self.calibration:
             raise HbError(f"{source} has no HzCalibration nodes, so it is not a calibrated model; pass the "

@@ -49,15 +49,22 @@ class Sensitivity:
     def names(self) -> list[str]:
         return [name for name, _ in self.rows]
 
+    @property
+    def asymmetric(self) -> bool:
+        """Whether an activation row has a zero point: Threshold and Bit then do not say where its grid lies
+        (an int8 zero point of -128 holds 0..threshold, not ±threshold), so a Range column follows the seed's."""
+        return self.kind == "activation" and any(self.cm.calibration[name].zero_points for name, _ in self.rows)
+
     def headers(self) -> list[str]:
         lead = {"node": ["Node"], "weight": ["Weight", "Node"],
                 "activation": ["Activation", "Node", "Threshold", "Bit"]}[self.kind]
-        return [*lead, *self.metrics]
+        return [*lead, *self.metrics, *(["Range"] if self.asymmetric else [])]
 
     def cells(self, marked: bool = False) -> list[list[str]]:
         """The rows as text; ``marked``: a ``*`` after the cosine of the ``below_step`` rows (the table's
         footnote says why), kept out of the CSV so its numbers stay numbers."""
         out = []
+        asymmetric = self.asymmetric
         for name, values in self.rows:
             lead = [name]
             if self.kind != "node":
@@ -67,8 +74,12 @@ class Sensitivity:
                 if self.kind == "activation":
                     lead += [str(c.threshold), str(c.bits)]
             star = "*" if marked and name in self.below_step else ""
+            grid = []
+            if asymmetric:
+                low, high = self.cm.calibration[name].value_range()
+                grid = [f"{low:.6g}..{high:.6g}"]
             out.append([*lead, *(str(values[m]) + (star if m == "cosine-similarity" else "")
-                                 for m in self.metrics)])
+                                 for m in self.metrics), *grid])
         return out
 
     def table(self) -> str:

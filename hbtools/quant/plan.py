@@ -181,6 +181,32 @@ class CalibrationPlan:
         return plan
 
 
+def _warn_int8_not_applied(model: ModelProto, part: Partition, opts: OptimizationOptions) -> None:
+    """Integer options that a node computing in float on the CPU cannot honour, one WARNING per output or
+    option: set_model_output_int8/16 for an output a CPU node makes (an X3 classifier's final Softmax),
+    set_{Op}_input_int8 / _output_int8 for nodes of that kind on the CPU. They were silently no-ops."""
+    def where(unit: Unit) -> str:
+        return f"node {unit.main.name} ({unit.main.op_type}) runs on the CPU" + \
+            (f" ({unit.reason})" if unit.reason else "")
+
+    if opts.output_bits is not None:
+        for out in model.graph.output:
+            producer = part.producer.get(out.name)
+            if producer is None or producer.on == "BPU" or out.type.tensor_type.elem_type != TensorProto.FLOAT:
+                continue  # an int64 result (indices, a length) is no float to turn into integers
+            log.warning("set_model_output_int%d: output '%s' stays float32: %s and computes in float",
+                        opts.output_bits, out.name, where(producer))
+    for kinds, side in ((opts.int8_inputs, "input"), (opts.int8_outputs, "output")):
+        for kind in sorted(kinds):
+            cpu = [u for u in part.units if u.on != "BPU" and any(n.op_type == kind for n in u.nodes)]
+            for unit in cpu[:3]:
+                log.warning("set_%s_%s_int8: %s and computes in float; its %s stays float", kind, side, where(unit),
+                            side)
+            if len(cpu) > 3:
+                log.warning("set_%s_%s_int8: %d more %s nodes run on the CPU in float", kind, side, len(cpu) - 3,
+                            kind)
+
+
 def weight_axis(node: NodeProto, view: GraphView) -> int:
     """The output-channel axis of a conv-like node's weight."""
     if node.op_type == "ConvTranspose":
@@ -204,6 +230,8 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     bits_of, pinned = _requested_bits(part, config, profile, set(view.graph_outputs),
                                       Tails(model).grids(view.graph_outputs) if profile.int16 else [], view.const,
                                       written_as(model), recorded_fusions(model))
+    if config is not None:
+        _warn_int8_not_applied(model, part, config.calibration.options)
     plan = CalibrationPlan()
     int_outputs = wants_int_outputs(config)
     integer_inputs = {i.name for i in model.graph.input

@@ -131,6 +131,7 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
         # HB_ONNXRuntime does; a raw file has no dtype to go by, so only .npy gets this
         if not desc.is_image and desc.dtype == np.float32 and data.dtype in (np.float64, np.float16):
             data = data.astype(np.float32)
+        _check_npy_shape(desc, path, data.shape)
         return data
     if suffix in IMAGE_EXTENSIONS:
         return image_to_rt(desc, path)
@@ -146,6 +147,25 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
         raise HbError(f"'{path}' holds {raw.size} {rt_dtype(desc)} values; input '{desc.name}' "
                       f"({desc.type_rt}) takes {expected} ({expected * rt_dtype(desc).itemsize} bytes){frames}")
     return raw.reshape(rt_shape(desc))
+
+
+def _check_npy_shape(desc: InputDesc, path: Path, shape: tuple[int, ...]) -> None:
+    """A .npy carries its shape, so it must be the input's: the element count alone takes NCHW data for an
+    NHWC input (an RDK X3 .bin takes NHWC whatever input_layout_rt says) and runs on scrambled pixels.
+    nv12 is a byte buffer of two planes with no array shape of its own: its size is checked later."""
+    want = rt_shape(desc)
+    if desc.type_rt == "nv12" or tuple(shape) == tuple(want):
+        return
+    layout = f" {desc.layout}" if len(want) == 4 and desc.layout in ("NCHW", "NHWC") else ""
+    hint = ""
+    if layout:
+        other, perm = ("NHWC", (0, 2, 3, 1)) if desc.layout == "NCHW" else ("NCHW", (0, 3, 1, 2))
+        back = (0, 3, 1, 2) if desc.layout == "NCHW" else (0, 2, 3, 1)
+        if tuple(shape) == tuple(want[k] for k in perm):
+            hint = (f"; it looks like the same data in {other}: transpose it to {desc.layout} "
+                    f"(np.transpose(a, {back}))")
+    raise HbError(f"'{path}' holds an array of shape {tuple(shape)}; input '{desc.name}' ({desc.type_rt}) takes "
+                  f"shape {tuple(want)}{layout}{hint}")
 
 
 def image_to_rt(desc: InputDesc, path: Path) -> np.ndarray:

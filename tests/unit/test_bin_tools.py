@@ -658,6 +658,36 @@ def test_model_info_shows_the_layout_a_featuremap_is_taken_in(tmp_path, in_tmp) 
     assert "HB_DNN_LAYOUT_NCHW" in board, board
 
 
+def test_npy_must_have_the_input_shape(tmp_path, in_tmp) -> None:
+    """A .npy of NCHW pixels for an RDK X3 .bin (which takes NHWC) had only its element count checked: infer and
+    hb_verifier ran on scrambled pixels and reported success. A .npy carries its shape, so it must be the
+    input's; a raw file has none and keeps the size check."""
+    built = build_bin(tmp_path / "x3", "resnet_like", march="bernoulli2", prefix="m",
+                      input_parameters={"input_type_rt": "rgb", "input_layout_rt": "NCHW"})
+    desc = open_model(built.bin).inputs[0]
+    assert desc.shape == (1, 16, 16, 3) and desc.layout == "NHWC"
+    nchw = np.random.default_rng(3).integers(0, 256, (1, 3, 16, 16), dtype=np.uint8)
+    np.save(in_tmp / "nchw.npy", nchw)
+    np.save(in_tmp / "nhwc.npy", nchw.transpose(0, 2, 3, 1))
+    np.save(in_tmp / "odd.npy", nchw.transpose(0, 2, 1, 3))
+    nchw.tofile(in_tmp / "raw.bin")
+    for tool, args in ((hrt_model_exec.main, ["infer", f"--model_file={built.bin}", "--input_file={}"]),
+                       (hb_verifier.main, ["-m", f"{built.quantized},{built.bin}", "-i", "{}"])):
+        for good in ("nhwc.npy", "raw.bin"):
+            ran = invoke(tool, [a.format(good) for a in args])
+            assert ran.exit_code == 0, ran.output
+        ran = invoke(tool, [a.format("nchw.npy") for a in args])
+        assert ran.exit_code == 1
+        errors = [line for line in ran.output.splitlines() if " ERROR " in line]
+        assert errors[0].endswith("'nchw.npy' holds an array of shape (1, 3, 16, 16); input 'data' (rgb) takes "
+                                  "shape (1, 16, 16, 3) NHWC; it looks like the same data in NCHW: transpose it "
+                                  "to NHWC (np.transpose(a, (0, 2, 3, 1)))"), ran.output
+        ran = invoke(tool, [a.format("odd.npy") for a in args])
+        assert ran.exit_code == 1
+        assert "'odd.npy' holds an array of shape (1, 16, 3, 16); input 'data' (rgb) takes shape (1, 16, 16, 3) " \
+               "NHWC\n" in ran.output, ran.output
+
+
 def test_float64_npy_feeds_a_float32_featuremap(small, in_tmp) -> None:
     """np.save of numpy's default float64 for a float32 featuremap was refused by hrt_model_exec and
     hb_verifier ('takes float32 data, got float64'); HB_ONNXRuntime converts it, so do they now."""

@@ -277,6 +277,34 @@ def test_dump_layout(tmp_path):
         assert loaded.dtype == np.float32 and loaded[0, 0] == i
 
 
+def test_image_data_outside_0_255_is_refused_not_clipped(tmp_path):
+    """int8 image calibration data (cal_data_type: int8, or the folder debug_mode: dump_calibration_data writes)
+    was clipped to 0..255, so most pixels became black and the thresholds came from black pictures."""
+    s = spec(tmp_path / "cal")
+    pixels = samples(2, s.shape)
+    write(tmp_path / "cal", {f"{i}": p for i, p in enumerate(pixels)})
+    dumped = dump_calibration_data(FolderCalibrationSource([s]), tmp_path / "work") / "data"
+    with pytest.raises(HbError) as e:
+        FolderCalibrationSource([spec(dumped)]).check_all()
+    first = (np.asarray(pixels[0], np.int16) - 128).astype(np.int8)
+    assert str(e.value).startswith(f"calibration file {dumped / '0.npy'} for image input 'data' holds int8 values "
+                                   f"from {first.min()} to {first.max()}; an image input takes input_type_train "
+                                   "pixels 0..255 (before mean/scale); int8 data is what debug_mode: "
+                                   "dump_calibration_data writes"), str(e.value)
+    assert "not data for cal_data_dir" in str(e.value)
+    write(tmp_path / "i8", {"0": first})
+    with pytest.raises(HbError, match=r"0 for image input 'data' holds int8 values from -\d+ to \d+"):
+        list(FolderCalibrationSource([spec(tmp_path / "i8", cal_data_type="int8")]))
+    write(tmp_path / "i16", {"0": np.full(s.shape, 300, np.int16)})
+    with pytest.raises(HbError, match="holds int16 values from 300 to 300; an image input takes") as e:
+        list(FolderCalibrationSource([spec(tmp_path / "i16", cal_data_type="int16")]))
+    assert "dump_calibration_data" not in str(e.value)
+    # int8 pixels within 0..127 are pixels
+    write(tmp_path / "dark", {"0": (pixels[1] // 2).astype(np.int8)})
+    (got,) = [d["data"] for d in FolderCalibrationSource([spec(tmp_path / "dark", cal_data_type="int8")])]
+    np.testing.assert_array_equal(got.astype(int), pixels[1].astype(int) // 2 - 128)
+
+
 def test_folder_names_distinct():
     assert folder_names(["a/b", "a:b", "..", "x"]) == {
         "a/b": "a_b",

@@ -213,3 +213,39 @@ def test_hand_overs_of_different_row_counts(tmp_path: Path) -> None:
     assert sorted(result) == sorted(load_calibrated(dumped.calibrated).quantizable)
     cosines = [float(v["cosine-similarity"]) for v in result.values()]
     assert all(0.9 < c <= 1.0 for c in cosines), cosines
+
+
+def test_activation_table_shows_where_an_asymmetric_grid_lies(dumped: Dumped, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """An int8 grid with zero point -128 holds 0..threshold, but the table showed only Threshold and Bit, so it read
+    as a symmetric ±threshold grid of twice the step (RDK X3 default puts zero points on most tensors). With a zero
+    point on some row, a Range column follows the seed's columns, in the console table and the CSV."""
+    from onnx import helper
+
+    from hbtools.debug.data import load_samples
+    from hbtools.debug.sensitivity import measure
+    from hbtools.ops.base import attrs_of
+
+    model = dumped.model()
+    node = next(n for n in model.graph.node if n.op_type == "HzCalibration" and attrs_of(n)["kind"] == "activation")
+    threshold = attrs_of(node)["thresholds"][0]
+    scale = next(a for a in node.attribute if a.name == "scales")
+    scale.floats[:] = [threshold / 255]
+    node.attribute.append(helper.make_attribute("zero_points", [-128]))
+    path = tmp_path / "asymmetric.onnx"
+    onnx.save(model, str(path))
+    result = sens(dumped, model=str(path), node_type="activation", verbose=True)
+    lines = capsys.readouterr().out.rstrip("\n").splitlines()
+    assert lines[1].split() == [*HEADERS["activation"], "cosine-similarity", "Range"]
+    cm = load_calibrated(path)
+    rows = {r.split()[0]: r.split() for r in lines[3:]}
+    assert rows[node.name][-1] == f"0..{threshold:.6g}", rows[node.name]
+    for name in result:
+        if name != node.name:
+            t = cm.calibration[name].threshold
+            assert rows[name][-1] == f"{-t:.6g}..{t:.6g}", rows[name]
+    table = measure(cm, load_samples(str(dumped.data), cm, 1), ["cosine-similarity"], "activation")
+    _, csv = table.write(tmp_path / "out", "activation")
+    header, *cells = csv.read_text().splitlines()
+    assert header.split(",")[-1] == "Range"
+    assert any(c.startswith(node.name + ",") and c.endswith(f",0..{threshold:.6g}") for c in cells), cells

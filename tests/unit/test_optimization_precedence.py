@@ -54,3 +54,32 @@ def test_set_softmax_int8_holds_through_the_int16_search(tmp_path: Path) -> None
         "calibration_type": "default", "optimization": "set_Softmax_input_int8,set_Softmax_output_int8"})
     bits = _activation_bits(makertbin(project.config_path, "onnx")["calibrated"])
     assert bits[softmax.input[0]] == 8 and bits[softmax.output[0]] == 8, bits
+
+
+def test_int8_requests_a_cpu_node_cannot_honour_are_named(tmp_path: Path, caplog) -> None:
+    """set_model_output_int8 with an output made by a CPU node (an RDK X3 classifier's final Softmax, which the
+    BPU of bernoulli2 does not run) left that output float32 without a word, and so did set_Softmax_input_int8
+    for the CPU Softmax; each now gets a WARNING naming the output or node. A BPU output gives none."""
+    import logging
+
+    setup(None)
+    g = _Graph(33)
+    feat = g.op("Relu", [g.conv("data", 3, 8)])
+    probs = g.op("Softmax", [g.conv(feat, 8, 4, k=1)], axis=1)
+    boxes = g.conv(feat, 8, 2, k=1)
+    fm = g.model({"data": [1, 3, 16, 16]}, [probs, boxes])
+    [softmax] = [n for n in fm.model.graph.node if n.op_type == "Softmax"]
+    project = make_project(tmp_path, fm, march="bernoulli2", cal_count=4)
+    project.write(calibration_parameters={"calibration_type": "max",
+                                          "optimization": "set_model_output_int8;set_Softmax_input_int8"})
+    caplog.clear()
+    logging.getLogger("hbtools").addHandler(caplog.handler)
+    try:
+        makertbin(project.config_path, "onnx")
+    finally:
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    cpu = f"node {softmax.name} (Softmax) runs on the CPU (Softmax is not supported on the BPU of bernoulli2 (RDK X3))"
+    assert f"set_model_output_int8: output '{probs}' stays float32: {cpu} and computes in float" in warnings, warnings
+    assert f"set_Softmax_input_int8: {cpu} and computes in float; its input stays float" in warnings, warnings
+    assert not [w for w in warnings if boxes in w], warnings
