@@ -246,6 +246,11 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if profile is not None and flattens_after_heads(body, profile):
         log.info("flattens of pooled maps moved after the Gemms reading them (1x1 Convs): %s has no BPU flatten",
                  profile.label)
+    # last: the 4-D views above make the tensors whose broadcast over the channels this copies
+    copied = bpu_forms.channel_broadcasts_as_convs(body, profile, placed) if profile is not None else 0
+    if copied:
+        log.info("%d element-wise ops of a map and a one-channel tensor read that channel copied to the map's "
+                 "channels by a 1x1 Conv: %s does not broadcast over the channels", copied, profile.label)
     remove_dead_nodes(body)
     _restore_custom_nodes(body, cut)
     if not body.graph.node:

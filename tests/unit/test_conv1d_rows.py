@@ -3,7 +3,8 @@
 Every Conv1d of a TC-ResNet keyword spotter, and every Add and Relu between them, ran on the CPU in float there
 ('Conv on a 3-D tensor [1, 40, 98]: the BPU of bernoulli2 (RDK X3) takes 4-D tensors only'); a TCN ran with no
 BPU subgraph at all, while the same nets written with Conv2d over [N, C, 1, T] ran on the BPU. A stereo net's
-channel-mean correlation put each ReduceMean on the CPU (bernoulli2 has no BPU reduction) (hunt 24 D4).
+channel-mean correlation put each ReduceMean on the CPU (bernoulli2 has no BPU reduction) (hunt 24 D4), and a
+channel sum written ``x.sum(1).unsqueeze(1)`` stayed a CPU ReduceSum and Unsqueeze (hunt 27 D6).
 """
 
 from __future__ import annotations
@@ -161,6 +162,50 @@ def test_a_channel_mean_wider_than_x3s_convs_stays_a_reduction() -> None:
     optimized, _, cpu = _placed(fm.model, "bernoulli2")
     assert [n.op_type for n in optimized.graph.node].count("ReduceMean") == 1
     assert ("ReduceMean", "ReduceMean is not supported on the BPU of bernoulli2 (RDK X3)") in cpu
+
+
+def _same_outputs(optimized: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    feed = {"x": np.random.default_rng(5).standard_normal((1, 3, 12, 16)).astype(np.float32)}
+    for got, want in zip(_run(optimized, feed), _run(model, feed), strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _restored_sum(op: str, restore: str, opset: int):
+    """``x.sum(1).unsqueeze(1)`` (or the mean; or a Reshape to [N, 1, H, W]) into a conv."""
+    g = _Graph(9)
+    x = g.op("Relu", [g.conv("x", 3, 8)])
+    reduced = _axes(g, op, x, [1], opset, keepdims=0)
+    if restore == "Unsqueeze":
+        back = _axes(g, "Unsqueeze", reduced, [1], opset)
+    else:
+        back = g.op("Reshape", [reduced, g.const(np.array([1, 1, 12, 16], np.int64), "shape")])
+    return g.model({"x": [1, 3, 12, 16]}, [g.conv(back, 1, 4)], opset=opset)
+
+
+@pytest.mark.parametrize(("op", "restore", "opset"), [
+    ("ReduceSum", "Unsqueeze", 11), ("ReduceSum", "Unsqueeze", 13), ("ReduceMean", "Unsqueeze", 18),
+    ("ReduceMean", "Reshape", 13),
+])
+def test_a_channel_sum_without_keepdims_runs_on_the_bpu_of_x3(op: str, restore: str, opset: int) -> None:
+    fm = _restored_sum(op, restore, opset)
+    optimized, subgraphs, cpu = _placed(fm.model, "bernoulli2")
+    assert (subgraphs, cpu) == (1, [])
+    kinds = [n.op_type for n in optimized.graph.node]
+    assert op not in kinds and restore not in kinds
+    _same_outputs(optimized, fm.model)
+    assert op in [n.op_type for n in _placed(fm.model, "bayes-e")[0].graph.node]  # bayes-e reduces on the BPU
+
+
+def test_a_channel_sum_without_keepdims_read_otherwise_stays() -> None:
+    """Read also as a 3-D graph output, the [N, H, W] sum is needed as it is."""
+    g = _Graph(10)
+    x = g.op("Relu", [g.conv("x", 3, 8)])
+    reduced = _axes(g, "ReduceSum", x, [1], 13, keepdims=0)
+    fm = g.model({"x": [1, 3, 12, 16]}, [g.conv(_axes(g, "Unsqueeze", reduced, [1], 13), 1, 4), reduced])
+    optimized, _, _ = _placed(fm.model, "bernoulli2")
+    assert "ReduceSum" in [n.op_type for n in optimized.graph.node]
+    _same_outputs(optimized, fm.model)
 
 
 def test_a_1d_conv_net_converts_for_x3(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from hbtools.graph.bpu_forms.convs import (
 )
 from hbtools.graph.bpu_forms.elementwise import (
     batch_squeezes_around_elementwise,
+    channel_broadcasts_as_convs,
     divisions_as_reciprocal_products,
     expands_as_tiles,
     expands_into_broadcasts,
@@ -69,6 +70,7 @@ __all__ = [
     "auto_pads_as_pads",
     "average_pools_over_whole_windows",
     "batch_squeezes_around_elementwise",
+    "channel_broadcasts_as_convs",
     "channel_gathers_into_convs",
     "channel_reductions_as_convs",
     "channel_shuffles_as_gathers",

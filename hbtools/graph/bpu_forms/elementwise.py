@@ -11,7 +11,7 @@ import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView, is_static, rewrite_nodes
-from hbtools.march.profiles import MarchProfile
+from hbtools.march.profiles import MarchProfile, OpRule
 
 
 def divisions_as_reciprocal_products(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
@@ -114,7 +114,61 @@ def _broadcasts_itself(reader: NodeProto, expand: NodeProto, view: GraphView, pr
     shape, source = view.shapes.get(expand.output[0]), view.shapes.get(expand.input[0])
     rule = profile.rule(reader.op_type)
     return is_static(shape) and is_static(source) and view.shapes.get(other) == shape and rule is not None and \
-        "eltwise" in rule.forms and classify_broadcast(shape, source) in rule.broadcast
+        "eltwise" in rule.forms and (classify_broadcast(shape, source) in rule.broadcast or
+                                     (not view.is_const(other) and _copies_over_channels(shape, source, rule, profile)))
+
+
+def _copies_over_channels(big: list[int], small: list[int], rule: OpRule, profile: MarchProfile) -> bool:
+    """Whether ``channel_broadcasts_as_convs`` writes the broadcast of ``small`` [N, 1, H, W] to ``big``
+    [N, C, H, W] as a 1x1 Conv that copies the channel, for an op of ``rule``."""
+    conv = profile.rule("Conv")
+    return conv is not None and conv.ranks[0] <= 4 <= conv.ranks[1] and "same" in rule.broadcast and \
+        len(big) == len(small) == 4 and small[1] == 1 and big[1] > 1 and \
+        (conv.channels is None or big[1] <= conv.channels) and [small[0], *small[2:]] == [big[0], *big[2:]]
+
+
+def channel_broadcasts_as_convs(model: ModelProto, profile: MarchProfile,
+                                placed: Mapping[str, str] | None = None) -> int:
+    """An element-wise op of a map [N, C, H, W] and a computed [N, 1, H, W] (CBAM's spatial attention
+    ``x * sigmoid(conv(x.mean(1, keepdim=True)))``) with the one channel first copied to the C channels by a 1x1
+    Conv of weight 1, where ``profile``'s BPU runs the op on equal shapes but does not broadcast over the channels
+    (bernoulli2): the same values, and the op no longer goes to the CPU with the whole map. The copy is exact in
+    float and on the int8 grid (a weight of 1, no bias); readers broadcasting the same tensor to the same channels
+    share one. Not where node_info puts the op on the CPU. The count of ops that read a copy."""
+    conv = profile.rule("Conv")
+    if conv is None or not conv.ranks[0] <= 4 <= conv.ranks[1]:
+        return 0
+    from hbtools.march.constraints import classify_broadcast  # it imports bpu_forms: a cycle at import time
+
+    view = GraphView(model)
+    copies: dict[tuple[str, int], str] = {}
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        rule = profile.rule(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if rule is None or "eltwise" not in rule.forms or "same" not in rule.broadcast or \
+                "general" in rule.broadcast or len(node.input) != 2 or node.input[0] == node.input[1] or \
+                (placed or {}).get(node.name) == "CPU" or any(view.is_const(i) for i in node.input) or \
+                any(view.elem_types.get(i) != onnx.TensorProto.FLOAT for i in node.input):
+            return None
+        shapes = [view.shapes.get(i) for i in node.input]
+        if not all(is_static(s) and len(s) == 4 for s in shapes) or classify_broadcast(*shapes) != "general":
+            return None
+        small = next((k for k in (0, 1) if _copies_over_channels(shapes[1 - k], shapes[k], rule, profile)), None)
+        if small is None:
+            return None
+        channels = shapes[1 - small][1]
+        key = (node.input[small], channels)
+        nodes = []
+        if key not in copies:
+            copies[key] = f"{node.input[small]}_over_{channels}_channels"
+            weight = f"{copies[key]}_ones"
+            model.graph.initializer.append(numpy_helper.from_array(np.ones((channels, 1, 1, 1), np.float32), weight))
+            nodes.append(helper.make_node("Conv", [node.input[small], weight], [copies[key]],
+                                          name=f"{node.name}_channel_copy", kernel_shape=[1, 1]))
+        node.input[small] = copies[key]
+        return [*nodes, node]
+
+    return rewrite_nodes(model, rewrite)
 
 
 _BATCHLESS_UNARY = ("Relu", "Elu", "Selu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Softplus",

@@ -177,6 +177,8 @@ def channel_reductions_as_convs(model: ModelProto, profile: MarchProfile,
     ``(left * shifted_right).mean(1, keepdim=True)``) as the 1x1 Conv to one channel with the constant weight
     1/C (1 for a sum): the same sum, in an op the BPU has, where ``profile``'s BPU has no such reduction
     (bernoulli2) and its Conv takes the C channels. The weights are all one value, exact on their int8 grid.
+    Without keepdims too where the one reader is an Unsqueeze or Reshape back to [N, 1, H, W]
+    (``x.sum(1).unsqueeze(1)``): the Conv writes that reader's output, the same values in the same order.
     Not where node_info puts the reduction on the CPU. Returns how many it rewrote."""
     conv = profile.rule("Conv")
     kinds = [op for op in ("ReduceMean", "ReduceSum") if profile.rule(op) is None]
@@ -184,19 +186,50 @@ def channel_reductions_as_convs(model: ModelProto, profile: MarchProfile,
         return 0
     view = GraphView(model)
     named = placed or {}
+    restored: dict[str, NodeProto] = {}  # a reduction's output -> the reader that gives its axis back
+    dropped: set[str] = set()  # those readers' outputs
 
-    def as_conv(node: NodeProto) -> list[NodeProto] | None:
+    def restoring_reader(node: NodeProto, shape: list[int | None]) -> NodeProto | None:
+        """The Unsqueeze / Reshape that alone reads ``node``'s output and writes the keepdims shape."""
+        readers = view.consumers.get(node.output[0], [])
+        if len(readers) != 1 or node.output[0] in view.graph_outputs:
+            return None
+        reader = readers[0]
+        kept = [shape[0], 1, *shape[2:]]
+        if reader.op_type not in ("Unsqueeze", "Reshape") or reader.domain not in ("", "ai.onnx") or \
+                reader.input[0] != node.output[0] or named.get(reader.name) == "CPU" or \
+                view.shapes.get(reader.output[0]) != kept or not all(isinstance(d, int) for d in kept):
+            return None
+        return reader
+
+    def reducible(node: NodeProto) -> list[int | None] | None:
         shape = view.shapes.get(node.input[0]) if node.op_type in kinds and node.domain in ("", "ai.onnx") \
             and named.get(node.name) != "CPU" and view.elem_types.get(node.input[0]) == onnx.TensorProto.FLOAT \
             else None
         if shape is None or len(shape) != 4 or not isinstance(shape[1], int) or view.reduced_axes(node) != [1] \
-                or not view.attrs(node).get("keepdims", 1) or (conv.channels is not None and shape[1] > conv.channels):
+                or (conv.channels is not None and shape[1] > conv.channels):
+            return None
+        return shape
+
+    for node in model.graph.node:
+        shape = reducible(node)
+        reader = restoring_reader(node, shape) if shape is not None and not view.attrs(node).get("keepdims", 1) \
+            else None
+        if reader is not None:
+            restored[node.output[0]] = reader
+            dropped.add(reader.output[0])
+
+    def as_conv(node: NodeProto) -> list[NodeProto] | None:
+        if node.output and node.output[0] in dropped:
+            return []
+        shape = reducible(node)
+        if shape is None or not (view.attrs(node).get("keepdims", 1) or node.output[0] in restored):
             return None
         weight = f"{node.name}_channel_weights"
         value = 1 / shape[1] if node.op_type == "ReduceMean" else 1.0
         model.graph.initializer.append(numpy_helper.from_array(np.full((1, shape[1], 1, 1), value, np.float32),
                                                                weight))
-        return [helper.make_node("Conv", [node.input[0], weight], [node.output[0]], name=node.name,
-                                 kernel_shape=[1, 1])]
+        out = restored[node.output[0]].output[0] if node.output[0] in restored else node.output[0]
+        return [helper.make_node("Conv", [node.input[0], weight], [out], name=node.name, kernel_shape=[1, 1])]
 
-    return rewrite_nodes(model, as_conv)
+    return rewrite_nodes(model, as_conv) - len(dropped)
