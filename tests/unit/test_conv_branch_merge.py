@@ -70,6 +70,15 @@ def test_repvgg_block_is_one_conv() -> None:
     assert fused["Add_1"].at_output
 
 
+def test_repvit_token_mixer_with_its_batchnorm_after_the_sum() -> None:
+    """RepViT's RepVGGDW: ``bn(conv3x3_bn(x) + conv1x1(x) + x)``, depthwise."""
+    g = _Graph(9)
+    y = g.bn(_sum(g, [g.bn(_conv(g, "feat", 3, groups=C), C), _conv(g, "feat", 1, groups=C), "feat"]), C)
+    optimized, ops = _optimize(g.model({"feat": [1, C, H, W]}, [g.op("Relu", [y])], featuremap={"feat"}))
+    assert ops == ["Conv", "Relu"], ops
+    assert recorded_fusions(optimized)["BatchNormalization_1"].at_output
+
+
 def test_mobileone_blocks_depthwise_and_pointwise() -> None:
     g = _Graph(2)
     x = "feat"

@@ -75,9 +75,12 @@ def _merge_once(model: ModelProto) -> int:
             chosen = _compatible([terms[k] for k in members], view)
             if chosen is None or len(chosen) < 2 or not any(t.conv is not None for t in chosen):
                 continue
-            conv = _merged_conv(model, chosen, view)
             left = [leaf for k, leaf in enumerate(leaves) if not any(terms[k] is t for t in chosen)]
-            new_nodes = [conv] + _sum_chain(root, conv, left)
+            norm = None if left else _batchnorm_after(root, view)
+            conv = _merged_conv(model, chosen, view, norm)
+            new_nodes = [conv] + _sum_chain(norm[3][0] if norm is not None else root, conv, left)
+            if norm is not None:
+                removed.update(id(n) for n in norm[3])
             added.append((root, new_nodes))
             removed.update(id(n) for n in adds)
             removed.update(id(n) for t in chosen for n in t.nodes)
@@ -285,7 +288,17 @@ def _placement(terms: list[_Branch]) -> tuple[list[int], list[list[int]], list[i
     return size, offsets, pads
 
 
-def _merged_conv(model: ModelProto, terms: list[_Branch], view: GraphView) -> NodeProto:
+def _batchnorm_after(root: NodeProto, view: GraphView) -> tuple[str, np.ndarray, np.ndarray, list[NodeProto]] | None:
+    """The BatchNormalization that alone reads the sum (RepViT's ``bn(conv(x) + conv1(x) + x)``): onnxruntime
+    folded the BatchNorms after Convs before the sum was one, so this one goes into the merged Conv here."""
+    reader = _only_reader(root.output[0], view)
+    if reader is None or reader.op_type != "BatchNormalization" or reader.domain not in ("", "ai.onnx"):
+        return None
+    return _affine(reader.output[0], view)
+
+
+def _merged_conv(model: ModelProto, terms: list[_Branch], view: GraphView,
+                 norm: tuple[str, np.ndarray, np.ndarray, list[NodeProto]] | None) -> NodeProto:
     size, offsets, pads = _placement(terms)
     groups = min(t.groups for t in terms)
     out_channels = terms[0].weight.shape[0]
@@ -301,6 +314,9 @@ def _merged_conv(model: ModelProto, terms: list[_Branch], view: GraphView) -> No
             start = (o // fine_out) * fine_in - (o // per_group_out) * per_group_in
             weight[(o, slice(start, start + fine_in), *window)] += term.weight[o]
         bias += term.bias
+    if norm is not None:
+        weight *= norm[1].reshape((-1,) + (1,) * (weight.ndim - 1))
+        bias = bias * norm[1] + norm[2]
     largest = max((t for t in terms if t.conv is not None), key=lambda t: int(np.prod(t.weight.shape[2:])))
     name = largest.conv.name
     w_name, b_name = f"{name}_weight_merged", f"{name}_bias_merged"
