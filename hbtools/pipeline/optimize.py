@@ -134,7 +134,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         log.info("%d ConvTranspose output_shape attributes written as the pads they stand for", shaped)
     # before the rewrites for the march's limits, which then see the one Conv; after onnxruntime folded each
     # branch's BatchNorm into its Conv
-    merged = bpu_forms.parallel_convs_merged(body)
+    merged = bpu_forms.parallel_convs_merged(body, placed)
     if merged:
         log.info("%d sums of parallel Conv branches reading one tensor (RepVGG / MobileOne blocks in training form) "
                  "written as one Conv each, its kernel the sum of theirs", merged)

@@ -147,3 +147,11 @@ def test_kernels_that_do_not_nest_stay() -> None:
     b = g.op("Conv", ["feat", g.const(w3.astype(np.float32))], kernel_shape=[3, 3], pads=[2, 1, 3, 1])
     _, ops = _optimize(g.model({"feat": [1, C, H, W]}, [g.op("Relu", [_sum(g, [a, b])])], featuremap={"feat"}))
     assert ops.count("Conv") == 2, ops
+
+
+def test_a_branch_the_user_puts_on_the_cpu_stays() -> None:
+    g = _Graph(10)
+    y = _repvgg_block(g, "feat")
+    fm = g.model({"feat": [1, C, H, W]}, [y], featuremap={"feat"})
+    ops = [n.op_type for n in optimize.run(fm.model, get_profile("bernoulli2"), placed={"Conv_1": "CPU"}).graph.node]
+    assert ops.count("Conv") == 3 and ops.count("Add") == 2, ops

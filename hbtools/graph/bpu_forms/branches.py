@@ -10,6 +10,7 @@ Left apart, every branch output and every partial sum would be rounded to the in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,19 +34,20 @@ class _Branch:
     conv: NodeProto | None = None
 
 
-def parallel_convs_merged(model: ModelProto) -> int:
+def parallel_convs_merged(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
     """Sums (Adds, chains of Adds) of Convs reading the same tensor, and of that tensor itself or of a per-channel
     affine map of it (BatchNormalization, Mul / Add by a per-channel constant), become one Conv where the kernels
-    line up over the map. The number of sums so written."""
+    line up over the map. The number of sums so written. A sum with a node ``placed`` on the CPU (node name ->
+    "BPU" / "CPU", as node_info puts them) stays as it is: the user wants that node apart."""
     merged = 0
     while True:
-        step = _merge_once(model)
+        step = _merge_once(model, placed or {})
         if not step:
             return merged
         merged += step
 
 
-def _merge_once(model: ModelProto) -> int:
+def _merge_once(model: ModelProto, placed: Mapping[str, str]) -> int:
     view = GraphView(model)
     removed: set[int] = set()  # id() of the nodes taken out
     added: list[tuple[NodeProto, list[NodeProto]]] = []  # (node placed before, new nodes)
@@ -62,7 +64,6 @@ def _merge_once(model: ModelProto) -> int:
         for k, term in enumerate(terms):
             if term is not None and term.conv is not None:
                 groups.setdefault(term.source, []).append(k)
-        done = False
         for source, members in groups.items():
             for k, leaf in enumerate(leaves):  # the tensor or its affine map joins the convs of that tensor
                 term = terms[k]
@@ -77,18 +78,15 @@ def _merge_once(model: ModelProto) -> int:
                 continue
             left = [leaf for k, leaf in enumerate(leaves) if not any(terms[k] is t for t in chosen)]
             norm = None if left else _batchnorm_after(root, view)
+            taken = [*adds, *(n for t in chosen for n in t.nodes), *(norm[3] if norm is not None else [])]
+            if any(placed.get(n.name) == "CPU" for n in taken):
+                continue
             conv = _merged_conv(model, chosen, view, norm)
             new_nodes = [conv] + _sum_chain(norm[3][0] if norm is not None else root, conv, left)
-            if norm is not None:
-                removed.update(id(n) for n in norm[3])
             added.append((root, new_nodes))
-            removed.update(id(n) for n in adds)
-            removed.update(id(n) for t in chosen for n in t.nodes)
+            removed.update(id(n) for n in taken)
             merged += 1
-            done = True
             break  # the other tensors of this sum wait for the next pass, over the rewritten graph
-        if done:
-            continue
     if not added:
         return 0
     before = {id(root): new for root, new in added}
@@ -319,13 +317,22 @@ def _merged_conv(model: ModelProto, terms: list[_Branch], view: GraphView,
         bias = bias * norm[1] + norm[2]
     largest = max((t for t in terms if t.conv is not None), key=lambda t: int(np.prod(t.weight.shape[2:])))
     name = largest.conv.name
-    w_name, b_name = f"{name}_weight_merged", f"{name}_bias_merged"
+    held = {t.name for t in model.graph.initializer}
+    w_name, b_name = (_unused(f"{name}_{what}_merged", held) for what in ("weight", "bias"))
     model.graph.initializer.extend([numpy_helper.from_array(weight.astype(np.float32), w_name),
                                     numpy_helper.from_array(bias.astype(np.float32), b_name)])
     spatial = len(size)
     dilations = [next((t.dilations[a] for t in terms if t.weight.shape[2 + a] > 1), 1) for a in range(spatial)]
-    return helper.make_node("Conv", [terms[0].source, w_name, b_name], [f"{name}_merged"], name=name,
+    out = _unused(f"{name}_merged", {o for n in model.graph.node for o in n.output})
+    return helper.make_node("Conv", [terms[0].source, w_name, b_name], [out], name=name,
                             group=groups, kernel_shape=size, strides=largest.strides, pads=pads, dilations=dilations)
+
+
+def _unused(name: str, held: set[str]) -> str:
+    k, out = 0, name
+    while out in held:
+        k, out = k + 1, f"{name}{k + 1}"
+    return out
 
 
 def _sum_chain(root: NodeProto, conv: NodeProto, left: list[str]) -> list[NodeProto]:
