@@ -96,9 +96,10 @@ def test_mobileone_blocks_depthwise_and_pointwise() -> None:
 
 
 def test_input_itself_and_affine_map_join() -> None:
-    """A conditional position encoding (x + dwconv(x)) and a BatchNorm written as Mul and Add."""
+    """RepViT's RepVGGDW without its BatchNorm (x + dwconv3x3(x) + dwconv1x1(x)) and a BatchNorm written as Mul
+    and Add."""
     g = _Graph(3)
-    y = _sum(g, ["feat", _conv(g, "feat", 3, groups=C)])
+    y = _sum(g, ["feat", _conv(g, "feat", 3, groups=C), _conv(g, "feat", 1, groups=C)])
     scale = g.const(g.rng.uniform(0.5, 2, (1, C, 1, 1)).astype(np.float32))
     shift = g.const(g.rng.standard_normal((C, 1, 1)).astype(np.float32))
     affine = g.op("Add", [g.op("Mul", [y, scale]), shift])
@@ -155,3 +156,11 @@ def test_a_branch_the_user_puts_on_the_cpu_stays() -> None:
     fm = g.model({"feat": [1, C, H, W]}, [y], featuremap={"feat"})
     ops = [n.op_type for n in optimize.run(fm.model, get_profile("bernoulli2"), placed={"Conv_1": "CPU"}).graph.node]
     assert ops.count("Conv") == 3 and ops.count("Add") == 2, ops
+
+
+def test_a_residual_around_one_conv_stays() -> None:
+    """x + conv(x): the deploy form already; the identity tap would widen the kernel's int8 weight range."""
+    g = _Graph(11)
+    y = g.op("Relu", [_sum(g, [_conv(g, "feat", 3), "feat"])])
+    _, ops = _optimize(g.model({"feat": [1, C, H, W]}, [y], featuremap={"feat"}))
+    assert ops.count("Conv") == 1 and ops.count("Add") == 1, ops

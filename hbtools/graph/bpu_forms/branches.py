@@ -74,7 +74,9 @@ def _merge_once(model: ModelProto, placed: Mapping[str, str]) -> int:
                     terms[k] = _identity(source, view)
             members[:] = [k for k in members if terms[k] is not None]
             chosen = _compatible([terms[k] for k in members], view)
-            if chosen is None or len(chosen) < 2 or not any(t.conv is not None for t in chosen):
+            # a residual around one conv (x + conv(x)) is in its deploy form already: a unit tap in the kernel
+            # would only widen each channel's int8 weight range
+            if chosen is None or sum(bool(t.nodes) for t in chosen) < 2 or not any(t.conv is not None for t in chosen):
                 continue
             left = [leaf for k, leaf in enumerate(leaves) if not any(terms[k] is t for t in chosen)]
             norm = None if left else _batchnorm_after(root, view)
