@@ -132,6 +132,13 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     shaped = bpu_forms.conv_transpose_output_shapes_as_pads(body)
     if shaped:
         log.info("%d ConvTranspose output_shape attributes written as the pads they stand for", shaped)
+    # before the rewrites for the march's limits, which then see the one Conv; after onnxruntime folded each
+    # branch's BatchNorm into its Conv
+    merged = bpu_forms.parallel_convs_merged(body, placed)
+    if merged:
+        log.info("%d sums of parallel Conv branches reading one tensor (RepVGG / MobileOne blocks in training form) "
+                 "written as one Conv each, its kernel the sum of theirs", merged)
+        trace.follow(body)
     if bpu_forms.scalar_reductions_kept_as_maps(body):
         log.info("reductions of a whole tensor to a scalar that only element-wise ops read keep its rank (keepdims)")
     bpu_forms.spatial_reductions_as_global_pools(body)

@@ -140,7 +140,8 @@ def test_convs_reading_the_same_samples_share_one_phase_chain() -> None:
     inits = [numpy_helper.from_array(rng.standard_normal((6, 1, 112)).astype(np.float32), w) for w in ("re", "im")]
     nodes = [helper.make_node("Conv", ["x", w], [f"y_{w}"], name=f"conv_{w}", kernel_shape=[112], strides=[40],
                               pads=[8, 8]) for w in ("re", "im")]
-    nodes.append(helper.make_node("Add", ["y_re", "y_im"], ["y"], name="add"))
+    # a product: a sum of the two would be one conv of the summed kernels (RepVGG-style branch merging)
+    nodes.append(helper.make_node("Mul", ["y_re", "y_im"], ["y"], name="mul"))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 1130])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])

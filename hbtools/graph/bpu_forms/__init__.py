@@ -7,6 +7,7 @@ moved another way. docs/checker.md lists them with the exports they come from.
 The rewrites live in modules by the kind of node they rewrite; every one is importable from here.
 """
 
+from hbtools.graph.bpu_forms.branches import parallel_convs_merged
 from hbtools.graph.bpu_forms.convs import (
     convs_in_kernel_pieces,
     convs_without_dead_taps,
@@ -96,6 +97,7 @@ __all__ = [
     "matmuls_with_the_weight_second",
     "norms_as_sums",
     "one_row_chains_as_4d",
+    "parallel_convs_merged",
     "pixel_unshuffles_as_space_to_depth",
     "pools_over_one_axis_as_2d",
     "reductions_over_the_first_axis",
