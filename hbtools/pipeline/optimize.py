@@ -124,6 +124,10 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     fused = fuse_layer_norms(body)
     if fused:
         log.info("%d layer normalizations written as one HzLayerNorm node each", fused)
+    # Before the L2 norms are written as sums, which they are only over axes other than the batch axis.
+    kept = bpu_forms.scalar_reductions_kept_as_maps(body)
+    if kept:
+        log.info("%d reductions of a whole tensor keep its rank (keepdims) and leave out a batch axis of one", kept)
     # First: the rewrites and integer kernels after this read a node's padding from its pads.
     normed = bpu_forms.norms_as_sums(body, profile) if profile is not None else 0
     if normed:
@@ -139,8 +143,6 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         log.info("%d sums of parallel Conv branches reading one tensor (RepVGG / MobileOne blocks in training form) "
                  "written as one Conv each, its kernel the sum of theirs", merged)
         trace.follow(body)
-    if bpu_forms.scalar_reductions_kept_as_maps(body):
-        log.info("reductions of a whole tensor to a scalar that only element-wise ops read keep its rank (keepdims)")
     bpu_forms.spatial_reductions_as_global_pools(body)
     if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body, profile):
         log.info("pools over the one axis of a 3-D tensor, or over a 5-D view of a map one channel at a time, or "

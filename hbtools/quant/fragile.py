@@ -131,19 +131,55 @@ def _squares(node: NodeProto, constants: dict[str, TensorProto]) -> bool:
     return exponent is not None and bool(np.all(exponent >= 2))
 
 
+def reciprocal_tables(model: ModelProto, calibrated: Collection[str]) -> list[str]:
+    """The user's names of the nodes computed through a reciprocal lookup table of a ``calibrated`` tensor: the
+    Divs of two tensors the optimize stage wrote as a product with a reciprocal (``bpu_forms``), and Reciprocals.
+    A table over a divisor spanning several decades across the samples (EfficientViT's linear attention divides
+    by sums from 0.1 to 4000) holds neither end: its cosine stays low with every activation int16, and the same
+    Divs in float take it from 0.965 to 0.995."""
+    producers = {o: n for n in model.graph.node for o in n.output if o}
+    readers: dict[str, list[NodeProto]] = {}
+    for n in model.graph.node:
+        for i in set(n.input):
+            readers.setdefault(i, []).append(n)
+    constants = _constants(model)
+    origins = recorded_origins(model)
+    found: dict[str, None] = {}
+    for node in model.graph.node:
+        # the table may read an earlier tensor (a + eps folds into it): its output is the one on a grid then
+        if node.op_type != "Reciprocal" or node.domain not in ("", "ai.onnx") or not node.input \
+                or not any(t in calibrated for t in [*node.input, *node.output]):
+            continue
+        chain = _to_squares(node.input[0], producers, constants, 0, 0, set())
+        if not (chain and _normalises(node, chain, readers, constants)):  # as fragile_nodes: a grid serves those
+            found[user_node(origins, node.name)] = None
+    return list(found)[:MOST]
+
+
 def float_advice(model: ModelProto, calibrated: Collection[str], weights: bool = False) -> str:
     """The WARNING's suggestion of nodes to keep in float, when no grid brings the output near float: a log /
-    division chain (``fragile_nodes``), and the recurrent layers unrolled over their time steps, whose int8
-    weights' error comes back at every step (Resemblyzer's 64-step LSTM: embeddings at cosine 0.911 on the BPU,
-    0.988 with the layer on the CPU). ``weights``: the loss is known to be in the weights' grids, where the
-    layers come first and the chain only may add to it."""
+    division chain (``fragile_nodes``) and the divisions through a reciprocal table (``reciprocal_tables``), and
+    the recurrent layers unrolled over their time steps, whose int8 weights' error comes back at every step
+    (Resemblyzer's 64-step LSTM: embeddings at cosine 0.911 on the BPU, 0.988 with the layer on the CPU).
+    ``weights``: the loss is known to be in the weights' grids, where the layers come first and the divisions
+    only may add to it."""
     chain = fragile_nodes(model, calibrated)
+    tables = [name for name in reciprocal_tables(model, calibrated) if name not in chain]
+    divisions = [*chain, *tables][:MOST]
     layers = unrolled_layers(model)
     recurrent = run_on_cpu_text(layers, "Here that is most likely the recurrence unrolled over its time steps "
                                         "(its int8 weights' error comes back at every step)")
     if weights:
-        return recurrent + run_on_cpu_text(chain, "A log / division chain may lose accuracy too")
-    return run_on_cpu_text(chain) if chain else recurrent
+        return recurrent + run_on_cpu_text(divisions, "A log / division chain or a division through a reciprocal "
+                                                      "table may lose accuracy too")
+    if not divisions:
+        return recurrent
+    if not tables:
+        return run_on_cpu_text(chain)
+    what = ("these divisions, each" if len(divisions) > 1 else "this division,") + " computed through a " \
+        "reciprocal lookup table, which cannot hold a divisor spanning several decades across the samples"
+    return run_on_cpu_text(divisions, f"Here that is most likely {'this log / division chain or ' if chain else ''}"
+                                      f"{what}")
 
 
 def run_on_cpu_text(names: list[str], lead: str = "Here that is most likely this log / division chain") -> str:

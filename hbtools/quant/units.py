@@ -285,8 +285,14 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         axes = view.reduced_axes(node)
         if axes is None:
             return _cpu(node, acts, f"{op} over axes computed at run time (or an unknown rank) has no BPU form")
-        if not axes or 0 in axes:
-            return _cpu(node, acts, f"{op} over the batch axis (or over no axis) has no BPU form")
+        if not axes:  # noop_with_empty_axes: no reduction at all
+            return _cpu(node, acts, f"{op} over no axis (noop_with_empty_axes) has no BPU form")
+        if 0 in axes:
+            # without axes (and noop_with_empty_axes=0) a reduction is over all axes; the optimize stage leaves
+            # out a batch axis of one where the output shape allows
+            what = "all axes, the batch axis among them," if len(axes) == len(view.shapes.get(node.input[0]) or []) \
+                else "the batch axis"
+            return _cpu(node, acts, f"{op} over {what} has no BPU form (the BPU's reductions keep the batch axis)")
         return Unit("pool", [node], acts, list(node.output), table_type=rule.table_type)
     if "pool" in forms:
         a = view.attrs(node)

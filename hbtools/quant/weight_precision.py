@@ -304,7 +304,9 @@ def split_weights(model: ModelProto, convs: Sequence[ConvWeight]) -> ModelProto:
 def finer_weights(model: ModelProto, plan: CalibrationPlan, samples: Samples,
                   feeds: Sequence[dict]) -> tuple[ModelProto | None, float | None]:
     """``model`` with the layers ``choose`` picks split (``split_weights``), or None where none is; and the
-    output cosine with every weight int8 and float activations (None where not measured)."""
+    output cosine with every weight int8 and float activations (None where not measured), of the weights as the
+    model keeps them: with the split layers' remainders. The int16 search compares it with its own cosine to say
+    whether the weights or the activations lose the accuracy."""
     try:
         choice = choose(model, plan, samples, feeds)
     except RUN_ERRORS:
@@ -322,4 +324,4 @@ def finer_weights(model: ModelProto, plan: CalibrationPlan, samples: Samples,
              "weights' remainder as a second int8 convolution beside them (%.4f, +%.0f%% multiply-accumulates "
              "of the convolutions): %s", choice.base, len(feeds), len(names), choice.reached,
              100 * choice.extra_macs, shown)
-    return split_weights(model, choice.split), choice.base
+    return split_weights(model, choice.split), choice.reached

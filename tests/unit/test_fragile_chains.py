@@ -143,3 +143,54 @@ def test_the_advice_names_an_unrolled_recurrence() -> None:
     assert float_advice(optimize.run(_log_power()), {"db"}) == (" Here that is most likely this log / division "
                                                                 "chain; keep it in float with run_on_cpu: "
                                                                 "['square', 'floor', 'log']")
+
+
+def _linear_attention() -> onnx.ModelProto:
+    """EfficientViT's LiteMLA normalisation in small: ReLU(q) divided by a sum of ReLU(k) over the channels + eps
+    (k's weights come in opposite pairs, so the sum is one of absolute values, never 0), a ratio that keeps no
+    scale of the input, as a Div of two tensors the optimize stage writes as a product with a reciprocal table;
+    a Conv after."""
+    rng = np.random.default_rng(5)
+    wk = rng.standard_normal((8, 3, 3, 3)) * 0.3
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "wq"),
+             numpy_helper.from_array(np.concatenate([wk, -wk]).astype(np.float32), "wk"),
+             numpy_helper.from_array(np.array([1], np.int64), "channels"),
+             numpy_helper.from_array(np.array(1e-15, np.float32), "eps"),
+             numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "wo")]
+    nodes = [helper.make_node("Conv", ["x", "wq"], ["q0"], name="/attn/q", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["q0"], ["q"], name="/attn/q_relu"),
+             helper.make_node("Conv", ["x", "wk"], ["k0"], name="/attn/k", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["k0"], ["k"], name="/attn/k_relu"),
+             helper.make_node("ReduceSum", ["k", "channels"], ["total"], name="/attn/sum", keepdims=1),
+             helper.make_node("Add", ["total", "eps"], ["den"], name="/attn/Add"),
+             helper.make_node("Div", ["q", "den"], ["ratio"], name="/attn/Div"),
+             helper.make_node("Conv", ["ratio", "wo"], ["y"], name="/proj")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_warning_names_the_divisions_through_a_reciprocal_table(tmp_path: Path) -> None:
+    """EfficientViT's linear attention divides by sums spanning 0.1 to 4000 across the samples, which no int16
+    reciprocal table holds: every activation int16 left the output at cosine 0.965, and the WARNING sent the user
+    to hmct-debugger, though the optimize stage knew which Divs it wrote with a reciprocal table (keeping those 4
+    in float gave 0.995; hunt 26 D3). No squaring precedes the divisor: no log / division chain. Here the sum
+    spans 0.2 to 3800, and the input 0.05 to 200, which int16 holds. The weights are not to blame: the int8
+    weights' cosine the WARNING compares with is the one of the weights as kept (a split conv's remainder with
+    them), not the 0.979 before the split."""
+    rng = np.random.default_rng(6)
+    samples = [(rng.standard_normal((1, 3, 8, 8)) * scale).astype(np.float32) for scale in np.geomspace(0.05, 200, 8)]
+    model = _linear_attention()
+    for folder in ("bpu", "cpu"):
+        (tmp_path / folder).mkdir()
+    out = convert_featuremaps(tmp_path / "bpu", model, {"x": samples}, "1x3x8x8", "float32", "m")
+    assert "1 Divs of two tensors written as a product with an int16 reciprocal table" in out, out[-3000:]
+    [warning] = [line for line in out.splitlines() if "WARNING even with every activation int16" in line]
+    assert "this division, computed through a reciprocal lookup table" in warning, warning
+    assert warning.endswith("keep it in float with run_on_cpu: ['/attn/Div']"), warning
+    # the advice holds: with that Div in float the output is near float
+    out = convert_featuremaps(tmp_path / "cpu", model, {"x": samples}, "1x3x8x8", "float32", "m",
+                              calibration={"run_on_cpu": "/attn/Div"})
+    assert "WARNING even with every activation int16" not in out, out[-3000:]

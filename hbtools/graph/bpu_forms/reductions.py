@@ -11,7 +11,7 @@ import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.bpu_forms._common import _axes_node, _opset
-from hbtools.graph.graph import GraphView, rewrite_nodes
+from hbtools.graph.graph import GraphView, references, rewrite_nodes
 from hbtools.march.profiles import MarchProfile
 
 _GLOBAL_POOL_OF = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
@@ -87,39 +87,91 @@ _BROADCASTS = ("Add", "Sub", "Mul", "Div")
 
 
 def scalar_reductions_kept_as_maps(model: ModelProto) -> int:
-    """A reduction of a tensor over all its axes to a scalar (``keepdims=0``: LPRNet's global context
-    ``f / torch.mean(f ** 2)``) that only element-wise ops read against tensors of at least its input's rank,
-    as the same reduction with ``keepdims=1``: [1, 1, 1, 1] broadcasts as the scalar does, and the BPU takes no
-    0-D tensor, so the reduction and the division ran on the CPU. Returns how many it rewrote."""
+    """A reduction of a tensor over all its axes to a scalar, in the forms exporters write it, as the same
+    reduction with ``keepdims=1`` over all but the batch axis where the batch is one: [1, 1, 1, 1] broadcasts as
+    the scalar does, the batch of one needs no reducing, and the BPU's reductions keep the batch axis and take no
+    0-D tensor, so the reduction and the division ran on the CPU. The forms: ``keepdims=0`` (TorchScript's
+    ``f / torch.mean(f ** 2)``: LPRNet's global context) where only element-wise ops read the scalar against
+    tensors of at least its input's rank; ``keepdims=1`` over all axes (``f.mean(dim=(0, 1, 2, 3), keepdim=True)``);
+    and ``keepdims=1`` then a Squeeze to 0-D (the dynamo exporter's ``torch.mean``), whose Squeeze is left out
+    where only such element-wise ops read it (``unit_squeezes_into_broadcasts``). Also any other reduction with
+    ``keepdims=1`` over the batch axis of one and more axes (``x.mean((0, 2, 3), keepdim=True)``) is taken over
+    the other axes alone. Every Reduce* op: a reduction over an axis of one element leaves each value as it is.
+    Returns how many reductions it rewrote."""
+    unit_squeezes_into_broadcasts(model)
     view = GraphView(model)
     count = 0
     for node in model.graph.node:
         shape = view.shapes.get(node.input[0]) if node.op_type.startswith("Reduce") and \
             node.domain in ("", "ai.onnx") and node.input else None
-        if shape is None or len(shape) < 2 or view.attrs(node).get("keepdims", 1) or \
-                view.reduced_axes(node) != list(range(len(shape))) or node.output[0] in view.graph_outputs:
+        axes = view.reduced_axes(node) if shape is not None and len(shape) >= 2 else None
+        if not axes or 0 not in axes:
             continue
-        readers = view.consumers.get(node.output[0], [])
-        if not readers or any(r.op_type not in _BROADCASTS or r.domain not in ("", "ai.onnx") or any(
-                len(view.shapes.get(i) or []) < len(shape) for i in r.input if i != node.output[0]) for r in readers):
+        kept = view.attrs(node).get("keepdims", 1)
+        # a batch of more than one (or unknown) needs reducing; over a batch of one alone the reduction copies
+        if kept and (shape[0] != 1 or len(axes) == 1):
+            continue
+        if not kept and (len(axes) < len(shape) or node.output[0] in view.graph_outputs
+                         or not _read_only_by_broadcasts(node.output[0], len(shape), view)):
             continue
         for attr in node.attribute:
             if attr.name == "keepdims":
                 attr.i = 1
         if shape[0] == 1:  # the batch of one needs no reducing, and the BPU's reductions keep the batch axis
-            axes = list(range(1, len(shape)))
-            opset = _opset(model)
-            if opset >= 18 or (node.op_type == "ReduceSum" and opset >= 13):  # axes as an input
-                name = f"{node.name or node.output[0]}_all_but_batch"
-                model.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), name))
-                del node.input[1:]
-                node.input.append(name)
-            else:
-                kept = [a for a in node.attribute if a.name != "axes"]
-                del node.attribute[:]
-                node.attribute.extend([*kept, helper.make_attribute("axes", axes)])
+            _set_axes(model, node, [a for a in axes if a])
         count += 1
     return count
+
+
+def unit_squeezes_into_broadcasts(model: ModelProto) -> int:
+    """Leave out each Squeeze of a tensor of one element ([1, 1, 1, 1] to the 0-D scalar: the dynamo exporter's
+    ``torch.mean(x)`` is a ReduceMean with ``keepdims=1`` and this Squeeze) that only element-wise ops (Add, Sub,
+    Mul, Div) read against tensors of at least its input's rank: they broadcast the unsqueezed value to the same
+    shape and values, and the BPU takes no 0-D tensor. Not where the Squeeze makes a graph output. Returns how
+    many it left out."""
+    view = GraphView(model)
+    dropped = []
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type == "Squeeze" and node.domain in ("", "ai.onnx") \
+            and node.input else None
+        if not shape or any(d != 1 for d in shape) or node.output[0] in view.graph_outputs \
+                or not _read_only_by_broadcasts(node.output[0], len(shape), view):
+            continue
+        for reader in view.consumers[node.output[0]]:
+            reader.input[:] = [node.input[0] if name == node.output[0] else name for name in reader.input]
+        dropped.append(node)
+    for node in dropped:
+        model.graph.node.remove(node)
+    return len(dropped)
+
+
+def _read_only_by_broadcasts(name: str, rank: int, view: GraphView) -> bool:
+    """Whether element-wise ops (Add, Sub, Mul, Div) alone read ``name``, each against a tensor of rank ``rank``
+    or more: then a ``rank``-D tensor of one element in its place gives them the same output shape. Not where a
+    sub-graph reads it by name."""
+    readers = view.consumers.get(name, [])
+    return bool(readers) and all(
+        r.op_type in _BROADCASTS and r.domain in ("", "ai.onnx")
+        and any(i != name and len(view.shapes.get(i) or []) >= rank for i in r.input) for r in readers) \
+        and not any(name in references(n) for n in view.model.graph.node if _has_subgraph(n))
+
+
+def _has_subgraph(node: NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _set_axes(model: ModelProto, node: NodeProto, axes: list[int]) -> None:
+    """Set a Reduce* node's axes: its input from opset 18 (ReduceSum's from 13), its attribute before."""
+    opset = _opset(model)
+    if opset >= 18 or (node.op_type == "ReduceSum" and opset >= 13):  # axes as an input
+        name = f"{node.name or node.output[0]}_all_but_batch"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), name))
+        del node.input[1:]
+        node.input.append(name)
+    else:
+        kept = [a for a in node.attribute if a.name != "axes"]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("axes", axes)])
 
 
 def reductions_over_the_first_axis(model: ModelProto) -> int:
