@@ -146,3 +146,34 @@ def test_tokens_of_no_map_are_not_transposed_to_one() -> None:
     optimized, _, _ = _placed(fm.model, "bernoulli2")
     assert not [n.name for n in optimized.graph.node if n.name.endswith("_to_map")]
     _same_outputs(optimized, fm.model, fm.inputs)
+
+
+@pytest.mark.parametrize("back", ["Reshape", "Unsqueeze"])
+def test_tokens_turned_back_into_their_map_are_that_map(back: str) -> None:
+    """A token MLP between convs (``t.transpose(1, 2).reshape(N, C, H, W)``, or ``.unsqueeze(2)`` for the frames
+    of a row) reads and writes the map: no Transpose or Reshape of the tokens is left."""
+    g = _Graph(10)
+    if back == "Reshape":
+        x = g.conv("x", 3, 8)
+        flat = g.op("Reshape", [x, g.const(np.array([1, 8, -1], np.int64), "shape")])
+        inputs, shape = {"x": [1, 3, 4, 6]}, np.array([1, 8, 4, 6], np.int64)
+    else:
+        w = (g.rng.standard_normal((8, 3, 1, 3)) / 4).astype(np.float32)
+        row = g.op("Conv", [_axes(g, "Unsqueeze", "x", [2], 13), g.const(w, "w")], kernel_shape=[1, 3],
+                   pads=[0, 1, 0, 1])
+        flat = _axes(g, "Squeeze", row, [2], 13)
+        inputs = {"x": [1, 3, 10]}
+    t = g.op("Transpose", [flat], perm=[0, 2, 1])
+    h = g.op("Add", [t, _linear(g, g.op("Relu", [_linear(g, t, 8, 16)]), 16, 8)])
+    channels_first = g.op("Transpose", [h], perm=[0, 2, 1])
+    if back == "Reshape":
+        y = g.conv(g.op("Reshape", [channels_first, g.const(shape, "shape")]), 8, 4)
+    else:
+        y = g.op("Conv", [_axes(g, "Unsqueeze", channels_first, [2], 13),
+                          g.const((g.rng.standard_normal((4, 8, 1, 3)) / 4).astype(np.float32), "w")],
+                 kernel_shape=[1, 3], pads=[0, 1, 0, 1])
+    fm = g.model(inputs, [y])
+    optimized, subgraphs, cpu = _placed(fm.model, "bernoulli2")
+    assert subgraphs == 1 and cpu == (["Unsqueeze"] if back == "Unsqueeze" else []), cpu
+    assert "Transpose" not in [n.op_type for n in optimized.graph.node]
+    _same_outputs(optimized, fm.model, fm.inputs)

@@ -168,6 +168,7 @@ class _MapTokens(_Tokens):
         super().__init__(model, placed)
         found: dict[int, set[tuple[int, int, int]]] = {}
         self.seeds: dict[str, str] = {}  # the output of each Transpose making tokens -> the map it reads
+        self.back: dict[str, str] = {}  # tokens of a view transposed back to [N, C, L] -> that view
         for node in model.graph.node:
             seed = self._seed(node)
             if seed is not None:
@@ -214,12 +215,34 @@ class _MapTokens(_Tokens):
         return reshape_node(self.model, tokens, tensor, list(self.shapes[tensor]), name)
 
     def _layout(self, node: NodeProto) -> bool:
-        """A Transpose making tokens of a map: their view is that map (the Transpose stays for other readers)."""
+        """A Transpose making tokens of a map: their view is that map (the Transpose stays for other readers).
+        The tokens of a view transposed back to channels first and shaped as the view (``t.transpose(1, 2)
+        .reshape(N, C, H, W)`` after the MLP, or ``.unsqueeze(2)`` to the row): that view, read in its place."""
         if node.output and node.output[0] in self.seeds:
             self.rows[node.output[0]] = self.seeds[node.output[0]]
             self.nodes.append(node)
             return True
+        rank = len(self._static(node.input[0]) or []) if node.input else 0
+        if node.op_type == "Transpose" and node.input[0] in self.rows and rank > 2 and \
+                list(self.view.attrs(node).get("perm", [])) == [0, rank - 1, *range(1, rank - 1)]:
+            self.back[node.output[0]] = self.rows[node.input[0]]  # channels first, the tokens in their order
+            if self._is_the_view(node.output[0]):
+                return True
+        elif node.op_type in ("Reshape", "Unsqueeze") and node.input[0] in self.back and \
+                self._is_the_view(node.output[0], self.back[node.input[0]]):
+            return True
         return super()._layout(node)
+
+    def _is_the_view(self, tensor: str, view: str | None = None) -> bool:
+        """Whether channels-first tokens ``tensor`` (of ``view``, or of their own entry in ``back``) have the
+        view's shape: then the view is read in their place (``renamed``)."""
+        view = view or self.back[tensor]
+        readers = self.view.consumers.get(tensor, [])
+        if self._static(tensor) != self.shapes.get(view) or tensor in self.view.graph_outputs or \
+                not all(tensor in r.input for r in readers):  # a Loop / If body names it otherwise
+            return False
+        self.renamed[tensor] = view
+        return True
 
     def _joins_a_chain(self, node: NodeProto, tokens: str) -> bool:
         return tokens in self.rows  # tokens of no map have no grid to view them on
