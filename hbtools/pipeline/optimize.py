@@ -244,8 +244,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     tokens = bpu_forms.token_mlps_as_4d(body, profile, placed) if profile is not None else 0
     if tokens:
         log.info("%d Linear layers over tokens and element-wise ops between them written over the tokens viewed as "
-                 "[tokens, C, 1, 1], one Reshape to that view and one back around each chain: %s takes 4-D "
-                 "tensors only", tokens, profile.label)
+                 "[tokens, C, 1, 1] or as the map a Transpose made them of, one Reshape to that view and one back "
+                 "around each chain: %s takes 4-D tensors only", tokens, profile.label)
         _fold_affine_into_conv(body)  # a layer scale per channel after a Linear, now a Conv
     widened = wide_flattens_as_convs(body, profile) if profile is not None else 0
     if widened:

@@ -254,3 +254,17 @@ def test_node_info_keeps_a_cpu_conv1d_as_it_is() -> None:
     kept = next(n for n in optimized.graph.node if n.name == name)
     assert next(a for a in kept.attribute if a.name == "kernel_shape").ints == [3]
     assert helper.get_attribute_value(next(a for a in kept.attribute if a.name == "pads")) == [1, 1]
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_a_squeezed_pool_of_a_row_feeds_the_head_on_the_bpu_of_x3(opset: int) -> None:
+    """``linear(adaptive_avg_pool1d(y, 1).squeeze(-1))``: the pool's Squeeze of the row and the squeeze(-1) after
+    it kept the pool and the head on the CPU (hunt 27 D5); one Squeeze of the row lets the head read the pool."""
+    g = _Graph(6)
+    y = g.op("Relu", [_conv(g, "x", 6, 12, 3, pads=[1, 1])])
+    pooled = _axes(g, "Squeeze", g.op("GlobalAveragePool", [y]), [-1], opset)
+    fm = g.model({"x": [1, 6, 20]}, [g.gemm(pooled, 12, 4)], opset=opset)
+    optimized, subgraphs, cpu = _placed(fm.model, "bernoulli2")
+    assert subgraphs == 1 and all(kind in LAYOUT for kind, _ in cpu) and len(cpu) <= 2, cpu
+    feed = {"x": np.random.default_rng(2).standard_normal((1, 6, 20)).astype(np.float32)}
+    np.testing.assert_allclose(_run(optimized, feed)[0], _run(fm.model, feed)[0], rtol=1e-5, atol=1e-5)

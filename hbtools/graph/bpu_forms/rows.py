@@ -103,6 +103,8 @@ class _Rows:
             return False
         shape, axes = self.shapes.get(node.input[0]), self._axes(node)
         if node.op_type == "Squeeze":
+            if node.input[0] in self.rows and shape is not None and len(shape) == 3:
+                return self._squeezed_row(node, shape, axes)
             if shape is None or len(shape) != 4 or shape[ROW] != 1 or axes is None or [a % 4 for a in axes] != [ROW]:
                 return False
             self.rows[node.output[0]] = node.input[0]
@@ -117,6 +119,22 @@ class _Rows:
             return True
         self.rows.setdefault(node.input[0], node.output[0])
         self.nodes.append(node)
+        return True
+
+    def _squeezed_row(self, node: NodeProto, shape: list, axes: list[int] | None) -> bool:
+        """A Squeeze of a [N, C, L] tensor that has a row (``adaptive_avg_pool1d(y, 1).squeeze(-1)``) as one
+        Squeeze of that row, its axes moved and the row among them: the pooled map [N, C, 1, 1] flattened once,
+        which a Gemm head reads on the BPU (``flattens_after_heads``), where two Squeezes in a row kept the pool
+        and the head apart on the CPU."""
+        if axes is None and self.view.attrs(node).get("axes") is None and len(node.input) < 2:
+            axes = [k for k, d in enumerate(shape) if d == 1]
+        if not axes or any(shape[a % 3] != 1 for a in axes):
+            return False
+        moved = sorted({*(_row_axis(a) for a in axes), ROW})
+        squeeze = _axes_node(self.model, self.opset, "Squeeze", self.rows[node.input[0]], node.output[0], moved,
+                             f"{node.name}_of_row")
+        squeeze.name = node.name
+        self.nodes.append(squeeze)
         return True
 
     def _row_of(self, tensor: str, reader: NodeProto) -> str:
