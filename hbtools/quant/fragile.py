@@ -26,6 +26,16 @@ MOST = 10  # names in the WARNING at most
 DEEPEST = 10  # nodes between a log / division and its squaring at most
 
 
+def _index(model: ModelProto) -> tuple[dict[str, NodeProto], dict[str, list[NodeProto]], dict[str, TensorProto]]:
+    """Each tensor's producer, each tensor's readers, and the constants of ``model``."""
+    producers = {o: n for n in model.graph.node for o in n.output if o}
+    readers: dict[str, list[NodeProto]] = {}
+    for n in model.graph.node:
+        for i in set(n.input):
+            readers.setdefault(i, []).append(n)
+    return producers, readers, _constants(model)
+
+
 def fragile_nodes(model: ModelProto, calibrated: Collection[str]) -> list[str]:
     """The user's names (``graph.origins``) of the nodes on the ways from a log / division whose input
     holds ``calibrated`` tensors back to a squaring.
@@ -33,12 +43,7 @@ def fragile_nodes(model: ModelProto, calibrated: Collection[str]) -> list[str]:
     Only such chains: a log of anything else (of a probability, or with a floor the optimize stage
     folded into a bias where no squaring precedes) is no case for the CPU, and moving the log alone
     there can make it read exact zeros."""
-    producers = {o: n for n in model.graph.node for o in n.output if o}
-    readers: dict[str, list[NodeProto]] = {}
-    for n in model.graph.node:
-        for i in set(n.input):
-            readers.setdefault(i, []).append(n)
-    constants = _constants(model)
+    producers, readers, constants = _index(model)
     order = {n.name: k for k, n in enumerate(model.graph.node)}
     found: dict[str, None] = {}
     for node in model.graph.node:
@@ -137,12 +142,7 @@ def reciprocal_tables(model: ModelProto, calibrated: Collection[str]) -> list[st
     A table over a divisor spanning several decades across the samples (EfficientViT's linear attention divides
     by sums from 0.1 to 4000) holds neither end: its cosine stays low with every activation int16, and the same
     Divs in float take it from 0.965 to 0.995."""
-    producers = {o: n for n in model.graph.node for o in n.output if o}
-    readers: dict[str, list[NodeProto]] = {}
-    for n in model.graph.node:
-        for i in set(n.input):
-            readers.setdefault(i, []).append(n)
-    constants = _constants(model)
+    producers, readers, constants = _index(model)
     origins = recorded_origins(model)
     found: dict[str, None] = {}
     for node in model.graph.node:
