@@ -308,7 +308,10 @@ def test_degraded_weight_ranks_first_and_unquantizing_top_nodes_helps(cls: Cls, 
     cosines = [c[output] for c in curves.values()]  # at the model output
     noise = 0.01  # a 2-way softmax near its decision boundary moves this much when weights re-round
     assert cosines[1] > cosines[0] + noise, f"leaving the degraded weight float is a clear gain: {cosines}"
-    assert all(b >= a - noise for a, b in zip(cosines[1:], cosines[2:], strict=False)), cosines
+    # Not every larger set is better: with the degraded weight float, the errors of the other layers partly
+    # cancel on a sample near the boundary (leaving the third-ranked expand conv float alone moved it from 0.25
+    # to 0.41 against float's 0.075, in the calibrated model with that node deleted too). The five together help.
+    assert cosines[-1] > cosines[0] + noise, cosines
 
 
 def test_runall_with_defaults(cls: Cls, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
