@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from builders import _Graph
 
 from hbtools.graph.origins import recorded_fusions
@@ -150,11 +151,14 @@ def test_kernels_that_do_not_nest_stay() -> None:
     assert ops.count("Conv") == 2, ops
 
 
-def test_a_branch_the_user_puts_on_the_cpu_stays() -> None:
+@pytest.mark.parametrize("on", ["CPU", "BPU"])
+def test_a_branch_the_user_places_stays(on: str) -> None:
+    """node_info naming a branch (on the CPU, or on the BPU with an int16 InputType) keeps the sum as written:
+    merged, the entry's InputType was dropped without a word (hunt 28)."""
     g = _Graph(10)
     y = _repvgg_block(g, "feat")
     fm = g.model({"feat": [1, C, H, W]}, [y], featuremap={"feat"})
-    ops = [n.op_type for n in optimize.run(fm.model, get_profile("bernoulli2"), placed={"Conv_1": "CPU"}).graph.node]
+    ops = [n.op_type for n in optimize.run(fm.model, get_profile("bernoulli2"), placed={"Conv_1": on}).graph.node]
     assert ops.count("Conv") == 3 and ops.count("Add") == 2, ops
 
 

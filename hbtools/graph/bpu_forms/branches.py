@@ -37,7 +37,7 @@ class _Branch:
 def parallel_convs_merged(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
     """Sums (Adds, chains of Adds) of Convs reading the same tensor, and of that tensor itself or of a per-channel
     affine map of it (BatchNormalization, Mul / Add by a per-channel constant), become one Conv where the kernels
-    line up over the map. The number of sums so written. A sum with a node ``placed`` on the CPU (node name ->
+    line up over the map. The number of sums so written. A sum with a node ``placed`` by node_info (node name ->
     "BPU" / "CPU", as node_info puts them) stays as it is: the user wants that node apart."""
     merged = 0
     while True:
@@ -81,7 +81,8 @@ def _merge_once(model: ModelProto, placed: Mapping[str, str]) -> int:
             left = [leaf for k, leaf in enumerate(leaves) if not any(terms[k] is t for t in chosen)]
             norm = None if left else _batchnorm_after(root, view)
             taken = [*adds, *(n for t in chosen for n in t.nodes), *(norm[3] if norm is not None else [])]
-            if any(placed.get(n.name) == "CPU" for n in taken):
+            # A node node_info places (with InputType / OutputType, say) is the user's to keep as written.
+            if any(n.name in placed for n in taken):
                 continue
             conv = _merged_conv(model, chosen, view, norm)
             new_nodes = [conv] + _sum_chain(norm[3][0] if norm is not None else root, conv, left)
