@@ -11,7 +11,6 @@ every convolution several times slower.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import onnx
@@ -45,7 +44,7 @@ def switchable_model(cm: CalibratedModel) -> Switched:
     taken = {o for n in graph.node for o in n.output} | {n.name for n in graph.node} | set(inits)
     taken |= {i.name for i in graph.input}
     ctx = LoweringContext(default_opset(model), taken, cm.shapes)
-    ctx.exact = False  # switched piecewise: no float64 twins across the If branches (but see ``_exactly``)
+    ctx.exact = False  # switched piecewise: no float64 twins across the If branches (but see ``_switched_fake_quant``)
     wrapped = _wrappable_weights(cm, set(inits))
     quantized_weight: dict[str, tuple[str, str, str]] = {}  # calibrated name -> (switch, quantized, float)
     holders: dict[str, list[str]] = {}
@@ -100,15 +99,6 @@ def _wrappable_weights(cm: CalibratedModel, constants: set[str]) -> set[str]:
     return {n for n in candidates if wrappable(n)}
 
 
-def _exactly(lower: Callable[[], list[NodeProto]], ctx: LoweringContext) -> list[NodeProto]:
-    """``lower()`` with the calibrated model's float64 twins (kept inside the one switch that lowers it)."""
-    ctx.exact = True
-    try:
-        return lower()
-    finally:
-        ctx.exact = False
-
-
 def _switched_fake_quant(node: NodeProto, ctx: LoweringContext, preprocess: NodeProto | None = None) -> NodeProto:
     """If(enable) then fake-quant (the op's own lowering) else the float input.
 
@@ -124,7 +114,11 @@ def _switched_fake_quant(node: NodeProto, ctx: LoweringContext, preprocess: Node
         integer = copy.deepcopy(preprocess)
         integer.name = ctx.unique(f"{preprocess.name}__integer")
         integer.output[0] = inner.input[0] = ctx.unique(f"{x}__integer")
-        quantized = _exactly(lambda: [*HzPreprocess.lower(integer, ctx), *HzCalibration.lower(inner, ctx)], ctx)
+        ctx.exact = True  # the calibrated model's float64 twins, kept inside this one switch
+        try:
+            quantized = [*HzPreprocess.lower(integer, ctx), *HzCalibration.lower(inner, ctx)]
+        finally:
+            ctx.exact = False
     else:
         quantized = HzCalibration.lower(inner, ctx)
     then = branch(quantized, [inner.output[0]], f"{node.name}_on")
