@@ -29,6 +29,7 @@ from hbtools.debug.switchboard import shared_switchboard
 from hbtools.errors import HbError
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.outputs import file_names
+from hbtools.quant.calibrated import float_bias_input
 
 BINS = 200
 
@@ -81,11 +82,11 @@ def distributions(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[st
 
 def _bias(cm: CalibratedModel, name: str, path: Path) -> Path:
     node = cm.bias_nodes[name]
-    bias = cm.constants.get(node.input[0])
+    bias = cm.constants.get(float_bias_input(node))  # before bias correction, where it changed it
     if bias is None:
         raise HbError(f"nodes_list: the bias of bias calibration node '{name}' ('{node.input[0]}') is computed in "
                       "the model, not a constant, so there is no one float bias to plot")
-    on_grid = HzBiasCalibration.reference(node, [bias])[0]
+    on_grid = HzBiasCalibration.reference(node, [cm.constants[node.input[0]]])[0]
     fig, axes = plots.figure(9.0, 5.0, 1)
     _histograms(axes[0], {"float bias": bias, "calibrated bias (int32 grid)": on_grid}, None)
     error = float(np.abs(on_grid.astype(np.float64) - bias).max()) if np.size(bias) else 0.0

@@ -22,6 +22,7 @@ from hbtools.ops.base import LoweringContext
 from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.names import enable_input
 from hbtools.ops.preprocess import HzPreprocess
+from hbtools.quant.calibrated import float_bias_input
 from hbtools.runtime.lowering import lower_model
 
 
@@ -135,7 +136,7 @@ def _rounded_bias(cm: CalibratedModel, reader: NodeProto, inits: dict[str, Tenso
     if bias is None or bias.input[0] not in inits:
         return None
     rounded = HzBiasCalibration.reference(bias, [numpy_helper.to_array(inits[bias.input[0]])])[0]
-    return bias.input[0], ctx.constant(f"{bias.name}_rounded", rounded)
+    return float_bias_input(bias), ctx.constant(f"{bias.name}_rounded", rounded)
 
 
 def _switched_reader(node: NodeProto, weights: dict[str, tuple[str, str, str]], bias: tuple[str, str] | None,

@@ -246,11 +246,14 @@ class HzBiasCalibration(HzOp):
     Attributes: ``weight_scales`` (floats), ``input_scale`` (float), ``gain`` (float, default
     1), ``input_calibration`` (str: the activation calibration node whose step the input
     carries; with ``feed_calibration`` its fed scale is used, so a threshold search scores
-    the bias its candidate implies), ``axis`` (int, the bias's channel axis, default -1).
+    the bias its candidate implies), ``axis`` (int, the bias's channel axis, default -1),
+    ``float_bias`` (floats: the bias before bias correction changed it, for the debugger's
+    float model; not read here).
     """
 
     op_type = "HzBiasCalibration"
-    attributes = {"weight_scales": REQUIRED, "input_scale": REQUIRED, "gain": 1.0, "input_calibration": ""}
+    attributes = {"weight_scales": REQUIRED, "input_scale": REQUIRED, "gain": 1.0, "input_calibration": "",
+                  "float_bias": None}
     shape_preserving = True
     float_output = True
 

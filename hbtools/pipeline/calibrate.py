@@ -19,7 +19,7 @@ from hbtools.errors import HbError
 from hbtools.graph.constant_terms import Tails
 from hbtools.graph.graph import GraphView
 from hbtools.quant import weight_rounding
-from hbtools.quant.bias_correction import CORRECTABLE, correct_biases
+from hbtools.quant.bias_correction import CORRECTABLE, correct_biases, with_float_biases
 from hbtools.quant.fragile import float_advice
 from hbtools.quant.plan import (
     ActivationPoint,
@@ -81,6 +81,7 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     ``times`` gets the seconds of each step; ``generated``: the samples are random data, not the user's.
     """
     times = times or StepTimes()
+    uncorrected = optimized  # bias correction replaces ``optimized``; the debugger reads the biases before
     # Samples are kept only for what scores candidates; skip/max/load with bias correction off
     # keep none, so memory stays at one sample's activations.
     methods_tried = _methods(calibration_type, max_percentile)
@@ -177,6 +178,8 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
             log.info("bias correction applied")
             optimized = corrected
     model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
+    if optimized is not uncorrected:
+        model = with_float_biases(model, uncorrected)
     return CalibrationResult(model, plan, thresholds, method, scores, summary)
 
 

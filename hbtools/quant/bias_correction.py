@@ -14,9 +14,10 @@ import copy
 from collections.abc import Iterable
 
 import numpy as np
-from onnx import ModelProto, NodeProto, numpy_helper
+from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView
+from hbtools.ops.calibration import HzBiasCalibration
 from hbtools.quant import grids
 from hbtools.runtime.session import fetching_session
 
@@ -91,4 +92,33 @@ def correct_biases(optimized: ModelProto, convs: list[NodeProto], weight_thresho
             else:
                 node.input[2] = name
         model.graph.initializer.append(numpy_helper.from_array((bias + shift).astype(np.float32), name))
+    return model
+
+
+def with_float_biases(calibrated: ModelProto, uncorrected: ModelProto) -> ModelProto:
+    """A copy of ``calibrated`` (built from corrected biases) whose HzBiasCalibration nodes hold, where the
+    correction changed their bias, the bias of ``uncorrected`` (attribute ``float_bias``).
+
+    The calibrated model runs the corrected biases; the debugger's float model (every node off) reads
+    the ones before, so that it is the float model the user exported.
+    """
+    model = copy.deepcopy(calibrated)
+    before = GraphView(uncorrected)
+    convs = {n.name: n for n in uncorrected.graph.node if n.op_type in CORRECTABLE and n.name}
+    inits = {t.name: t for t in model.graph.initializer}
+    reader_of = {i: n for n in model.graph.node for i in n.input if i}
+    for node in model.graph.node:
+        if node.op_type != HzBiasCalibration.op_type or node.input[0] not in inits:
+            continue
+        reader = reader_of.get(node.output[0])
+        conv = convs.get(reader.name) if reader is not None else None
+        if conv is None:
+            continue
+        corrected = numpy_helper.to_array(inits[node.input[0]]).reshape(-1)
+        old = before.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+        if old is not None and old.size not in (1, corrected.size):
+            continue
+        value = np.zeros_like(corrected) if old is None else np.broadcast_to(old.reshape(-1), corrected.shape)
+        if not np.array_equal(value, corrected):
+            node.attribute.append(helper.make_attribute("float_bias", value.astype(np.float32).tolist()))
     return model

@@ -99,15 +99,21 @@ def without_integer_emulation(calibrated: ModelProto) -> ModelProto:
 
     The debugger switches calibration nodes on and off one by one; with every switch
     off it must be the float model, so the bias rounding (HzBiasCalibration) and the
-    integer preprocessing coefficients, which belong to no switch, are taken out.
+    integer preprocessing coefficients, which belong to no switch, are taken out. A bias
+    that bias correction changed is read as it was before (``float_bias_input``).
     """
     model = ModelProto()
     model.CopyFrom(calibrated)
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
     rename = {}
     keep = []
     for node in model.graph.node:
         if node.domain == DOMAIN and node.op_type == HzBiasCalibration.op_type:
-            rename[node.output[0]] = node.input[0]
+            rename[node.output[0]] = float_bias_input(node)
+            before = HzBiasCalibration.read(node).get("float_bias")
+            if before is not None and node.input[0] in shapes:
+                value = np.asarray(before, dtype=np.float32).reshape(shapes[node.input[0]])
+                model.graph.initializer.append(numpy_helper.from_array(value, rename[node.output[0]]))
             continue
         if node.domain == DOMAIN and node.op_type == HzPreprocess.op_type:
             kept = [a for a in node.attribute if a.name != "integer"]
@@ -121,3 +127,11 @@ def without_integer_emulation(calibrated: ModelProto) -> ModelProto:
     del model.graph.node[:]
     model.graph.node.extend(keep)
     return model
+
+
+def float_bias_input(bias_node: NodeProto) -> str:
+    """The tensor holding a HzBiasCalibration's float bias in ``without_integer_emulation``'s model: its
+    input, or where bias correction changed it, a tensor of the bias before (``float_bias``)."""
+    if any(a.name == "float_bias" for a in bias_node.attribute):
+        return f"{bias_node.output[0]}_float"
+    return bias_node.input[0]

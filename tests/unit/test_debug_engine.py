@@ -14,16 +14,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from builders import MODELS, FloatModel, _Graph
+from builders import MODELS, FloatModel, _Graph, make_project
 from debug_support import Dumped, convert_with_dump, two_inputs
 from onnx import helper
 
+import hbtools.log
 from hbtools.debug import tails
 from hbtools.debug.data import load_samples
 from hbtools.debug.model import load_calibrated
 from hbtools.debug.switchboard import Switchboard
 from hbtools.ops.base import attrs_of
-from hbtools.quant.calibrated import without_integer_emulation
+from hbtools.pipeline.runner import makertbin
+from hbtools.quant.calibrated import float_bias_input, without_integer_emulation
 from hbtools.runtime import HB_ONNXRuntime
 from hbtools.runtime.lowering import lower_model
 from hbtools.runtime.session import make_session
@@ -61,8 +63,10 @@ def without(model: onnx.ModelProto, removed: set[str]) -> onnx.ModelProto:
             float_emulation.add(n.name)
     floated = without_integer_emulation(model)  # the float preprocessing and biases, node for node
     floats = {n.name: n for n in floated.graph.node}
-    bypass = {n.output[0]: n.input[0] for n in model.graph.node
+    bypass = {n.output[0]: float_bias_input(n) for n in model.graph.node
               if n.name in float_emulation and n.op_type == "HzBiasCalibration"}
+    model.graph.initializer.extend(t for t in floated.graph.initializer if t.name.endswith("_float")
+                                   and t.name in bypass.values())
     nodes = [floats[n.name] if n.name in float_emulation else n for n in model.graph.node
              if not (n.name in float_emulation and n.op_type == "HzBiasCalibration")]
     outputs = {o.name for o in model.graph.output}
@@ -114,6 +118,30 @@ def test_float_pass_is_the_float_model_and_stages_are_used(dumped: Dumped) -> No
     for name, f in zip(cm.outputs, floats, strict=True):
         np.testing.assert_allclose(cache[name], f, rtol=1e-5, atol=1e-6)
     assert switchboard.stage_count > 1, "small models are still cut into stages"
+
+
+def test_with_every_node_off_corrected_biases_are_the_float_ones(tmp_path: Path) -> None:
+    """Bias correction changes the calibrated model's conv biases; with every node off the debugger
+    runs the float model the user exported, with every node on the calibrated model."""
+    project = make_project(tmp_path, MODELS["resnet_like"](), cal_count=4)
+    project.write(model_parameters={"debug_mode": "dump_calibration_data"},
+                  calibration_parameters={"optimization": "bias_correction"})
+    hbtools.log.setup(None)
+    paths = makertbin(project.config_path, "onnx")
+    changed = [n.name for n in onnx.load(str(paths["calibrated"])).graph.node
+               if n.op_type == "HzBiasCalibration" and "float_bias" in attrs_of(n)]
+    assert changed, "bias correction changed a bias"
+    cm = load_calibrated(paths["calibrated"])
+    switchboard = Switchboard(cm)
+    for sample in load_samples(project.working_dir / "calibration_data", cm, 2):
+        cache = switchboard.float_pass(sample)
+        floats = HB_ONNXRuntime(model_file=paths["optimized"]).run(None, sample)
+        calibrated = HB_ONNXRuntime(model_file=paths["calibrated"]).run(None, sample)
+        for got, want in zip(switchboard.run(sample, cache, set()), floats, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        for got, want in zip(switchboard.run(sample, cache, set(cm.calibration)), calibrated, strict=True):
+            # up to one level of the probability output's int16 grid (see the test above)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 + 1 / 32767)
 
 
 def test_a_run_computes_its_own_stages_then_one_tail(dumped: Dumped) -> None:
