@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,16 +47,31 @@ def _thread_calls() -> tuple[Callable[[], int], Callable[[int], None]] | None:
 _CALLS = _thread_calls()
 
 
+_LOCK = threading.Lock()
+_held = 0  # blocks inside one_blas_thread, over all threads
+_before = 0  # the thread count to restore when the last one leaves
+
+
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
-    """numpy's matrix products on one thread inside the block, as many as before after it."""
+    """numpy's matrix products on one thread inside the block, as many as before after it.
+
+    Blocks may overlap in several threads (hrt_model_exec perf's workers): the count is set by
+    the first to enter and restored by the last to leave."""
+    global _held, _before
     if _CALLS is None:
         yield
         return
     get, put = _CALLS
-    before = get()
-    put(1)
+    with _LOCK:
+        if _held == 0:
+            _before = get()
+            put(1)
+        _held += 1
     try:
         yield
     finally:
-        put(before)
+        with _LOCK:
+            _held -= 1
+            if _held == 0:
+                put(_before)
