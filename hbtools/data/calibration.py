@@ -243,6 +243,12 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> 
                               f"{lo:g} to {hi:g}, outside the pixel range 0..255; give the image before "
                               f"mean/scale (the model's preprocessing applies them), or declare the input "
                               f"as featuremap")
+    elif not spec.is_featuremap and data.dtype.kind == "b":
+        # True/False would be read as pixels 1/0: a black picture, whose thresholds fit no real image
+        raise HbError(f"calibration file {path} for image input '{spec.name}' holds bool values (True/False), "
+                      f"not pixels; an image input takes input_type_train pixels 0..255 (before mean/scale): "
+                      f"save the pictures as uint8 or float32 arrays, or declare the input as featuremap if it "
+                      f"is a mask rather than an image")
     elif not spec.is_featuremap and data.size and data.dtype.kind in "iu":
         # Whole numbers have no resampling overshoot to forgive: one outside 0..255 is not a pixel, and
         # clipping it made most of an int8 picture black, so the thresholds came from black pictures.

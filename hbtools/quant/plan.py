@@ -622,7 +622,9 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                 int8.update(grid_of(t) for t in unit.inputs)
             if kind in opts.int8_outputs:
                 int8.update(grid_of(t) for t in unit.outputs)
-    for target in _node_info_targets(part, node_info, written):
+    targets = _node_info_targets(part, node_info, written)
+    _warn_types_on_cpu(part, targets)
+    for target in targets:
         info = target.info
         if info.output_type == "int16":
             if target.gives_indices:
@@ -679,6 +681,38 @@ class _NodeInfoTarget:
     inputs: list[str]
     outputs: list[str]
     gives_indices: bool
+    units: list[Unit] = field(default_factory=list)  # where the node runs: one, or the parts it was written as
+
+
+def _warn_types_on_cpu(part: Partition, targets: list[_NodeInfoTarget]) -> None:
+    """node_info InputType / OutputType of a node that runs on the CPU, one WARNING per node: the node computes
+    in float whatever the type, which only reaches the tensors it exchanges with BPU nodes (their side of the
+    crossing). Without a word the user believed the node computed in int8 or int16."""
+    for target in targets:
+        if not target.units or any(u.on == "BPU" for u in target.units):
+            continue
+        info = target.info
+        options = [f"InputType{'' if idx is None else idx} {dtype}" for idx, dtype in info.input_types.items()]
+        tensors = [t for idx in info.input_types
+                   for t in (target.inputs if idx is None else target.inputs[idx:idx + 1])]
+        if info.output_type and not target.gives_indices:  # indices: said where the int16 request is refused
+            options.append(f"OutputType {info.output_type}")
+            tensors += target.outputs
+        if not options:
+            continue
+        crossing = [t for t in dict.fromkeys(tensors)
+                    if getattr(part.producer.get(t), "on", None) == "BPU" or part.bpu_consumers(t)]
+        unit = target.units[0]
+        if unit.kind == "cpu":  # no BPU form: no placement changes where it runs
+            how = "it cannot run on the BPU, so no setting makes it compute in integers"
+        elif unit.reason.startswith("placed on the CPU"):
+            how = "take it out of run_on_cpu / node_info ON: CPU to have it computed in integers on the BPU"
+        else:
+            how = "node_info ON: BPU (or run_on_bpu) puts it on the BPU, where it computes in integers"
+        applies = (f"the type reaches only the tensors it exchanges with BPU nodes ({first_of(crossing, 3)})"
+                   if crossing else "the type does not apply")
+        log.warning("node_info %s of node %s: the node runs on the CPU (%s) and computes in float; %s; %s",
+                    " / ".join(options), target.name, unit.reason or "not on the BPU", applies, how)
 
 
 def _node_info_targets(part: Partition, node_info: dict[str, NodeInfo],
@@ -688,7 +722,7 @@ def _node_info_targets(part: Partition, node_info: dict[str, NodeInfo],
     read from outside them and what they write for the rest of the graph, the user's node's own tensors."""
     typed = {name: info for name, info in node_info.items() if info.output_type or info.input_types}
     targets = [_NodeInfoTarget(node.name, typed[node.name], node.op_type, unit.inputs, unit.outputs,
-                               unit.gives_indices)
+                               unit.gives_indices, [unit])
                for unit in part.units for node in unit.nodes if node.name in typed]
     for name, info in typed.items():
         parts = [part.unit_of_node[n] for n in written.get(name, []) if n in part.unit_of_node]
@@ -699,7 +733,8 @@ def _node_info_targets(part: Partition, node_info: dict[str, NodeInfo],
         if not outputs:  # inside a unit (a BatchNorm folded into a conv that runs with its Relu): what it writes
             outputs = list(dict.fromkeys(t for unit in dict.fromkeys(parts) for t in unit.outputs))
         targets.append(_NodeInfoTarget(name, info, nodes[-1].op_type, inputs, outputs,
-                                       any(part.producer[t].gives_indices for t in outputs)))
+                                       any(part.producer[t].gives_indices for t in outputs),
+                                       list(dict.fromkeys(parts))))
     return targets
 
 

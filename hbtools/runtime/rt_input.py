@@ -11,6 +11,8 @@ conversion and normalisation are in the graph (the preprocess convolution).
 
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,8 @@ from hbtools.data.npy import integers_fit, load_npy
 from hbtools.errors import HbError, ResourceError
 from hbtools.graph.graph import GraphView
 from hbtools.runtime.runtime_model import InputDesc, RuntimeModel
+
+log = logging.getLogger(__name__)
 
 
 def rt_dtype(desc: InputDesc) -> np.dtype:
@@ -45,7 +49,8 @@ def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
         raise HbError(f"input '{desc.name}' ({desc.type_rt}) takes {want_dtype} data, got {data.dtype}")
     if data.size != int(np.prod(want_shape)):
         raise HbError(f"input '{desc.name}' ({desc.type_rt}) takes {int(np.prod(want_shape))} values "
-                      f"(shape {list(want_shape)}), got {data.size} (shape {list(data.shape)})")
+                      f"(shape {list(want_shape)}), got {data.size} (shape {list(data.shape)})"
+                      f"{_frames_hint(desc, data.shape)}")
     data = data.reshape(want_shape)
     if not desc.is_image:
         return np.require(data, requirements="C")  # keeps a scalar 0-d (ascontiguousarray makes it [1])
@@ -149,6 +154,28 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
     return raw.reshape(rt_shape(desc))
 
 
+def _batch_of(desc: InputDesc) -> int:
+    """The frames a run of the ``.bin`` takes at once (``input_batch``), 1 without one."""
+    batch = desc.raw.get("batch")
+    return batch if isinstance(batch, int) and batch > 1 else 1
+
+
+def _frames_hint(desc: InputDesc, shape: tuple[int, ...]) -> str:
+    """What to say of an array holding one frame for an ``input_batch`` N model (N > 1), else ''. One frame
+    of the right size got the plain shape error, which does not say that the model takes N of them."""
+    batch, want = _batch_of(desc), rt_shape(desc)
+    if batch == 1 or math.prod(shape) * batch != math.prod(want):
+        return ""
+    if len(shape) == len(want) - 1:  # a frame without the batch axis
+        how = f"numpy.stack of {batch} such frames, or numpy.repeat(a[None], {batch}, axis=0) to use this one for all"
+    else:
+        how = (f"numpy.concatenate of {batch} arrays like this one, or numpy.repeat(a, {batch}, axis=0) to use this "
+               "one for all")
+    picture = "; or give a picture, used for every frame" if desc.is_image else ""
+    return (f"; the model takes {batch} frames at once (input_batch {batch}): give an array of shape "
+            f"{tuple(want)} with the {batch} frames along the first axis ({how}){picture}")
+
+
 def _check_npy_shape(desc: InputDesc, path: Path, shape: tuple[int, ...]) -> None:
     """A .npy carries its shape, so it must be the input's: the element count alone takes NCHW data for an
     NHWC input (an RDK X3 .bin takes NHWC whatever input_layout_rt says) and runs on scrambled pixels.
@@ -161,11 +188,13 @@ def _check_npy_shape(desc: InputDesc, path: Path, shape: tuple[int, ...]) -> Non
     if layout:
         other, perm = ("NHWC", (0, 2, 3, 1)) if desc.layout == "NCHW" else ("NCHW", (0, 3, 1, 2))
         back = (0, 3, 1, 2) if desc.layout == "NCHW" else (0, 2, 3, 1)
-        if tuple(shape) == tuple(want[k] for k in perm):
+        # one frame of a batch-N model in the other layout: both hints
+        frame = (want[0], *shape[1:]) if len(shape) == 4 and shape[0] * _batch_of(desc) == want[0] else shape
+        if tuple(frame) == tuple(want[k] for k in perm):
             hint = (f"; it looks like the same data in {other}: transpose it to {desc.layout} "
                     f"(np.transpose(a, {back}))")
     raise HbError(f"'{path}' holds an array of shape {tuple(shape)}; input '{desc.name}' ({desc.type_rt}) takes "
-                  f"shape {tuple(want)}{layout}{hint}")
+                  f"shape {tuple(want)}{layout}{hint}{_frames_hint(desc, shape)}")
 
 
 def image_to_rt(desc: InputDesc, path: Path) -> np.ndarray:
@@ -181,6 +210,10 @@ def image_to_rt(desc: InputDesc, path: Path) -> np.ndarray:
         img = np.repeat(img[..., None], 3, axis=-1)
     rgb = skimage.transform.resize(img[..., :3].astype(np.float64), desc.hw, preserve_range=True)
     frame = _rgb_to_rt(rgb, desc)
+    batch = _batch_of(desc)
+    if batch > 1:  # not an error, but the user may have meant different frames
+        log.info("input '%s' takes %d frames at once (input_batch %d): picture %s is used for every frame; for "
+                 "different frames give a .npy of shape %s", desc.name, batch, batch, path, tuple(rt_shape(desc)))
     return np.repeat(frame[None], desc.shape[0], axis=0).reshape(rt_shape(desc))
 
 

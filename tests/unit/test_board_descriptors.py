@@ -262,6 +262,38 @@ def test_one_frame_for_a_batch_4_model_is_said_to_be_one_of_four(tmp_path, in_tm
         assert re.search(said, error), error
 
 
+def test_one_frame_array_for_a_batch_4_model_is_told_how_to_give_four(tmp_path, in_tmp) -> None:
+    """A .npy (or an array given to the simulator) holding one frame of the right shape for an input_batch 4
+    model got the plain shape error; a picture is used for every frame, now said in an INFO line."""
+    from skimage import data as pictures
+    from skimage.io import imsave
+
+    batched = build_bin(tmp_path / "b4", yolo_like(), prefix="m",
+                        input_parameters={"input_type_rt": "rgb", "input_batch": 4})
+    frame = np.random.default_rng(3).integers(0, 256, (1, 3, 16, 16), dtype=np.uint8)
+    np.save("one.npy", frame)
+    np.save("bare.npy", frame[0])
+    np.save("nhwc.npy", frame.transpose(0, 2, 3, 1))
+    frames = r"the model takes 4 frames at once \(input_batch 4\): give an array of shape \(4, 3, 16, 16\) with " \
+             r"the 4 frames along the first axis \("
+    for name, how in (("one", r"numpy.concatenate of 4 arrays like this one, or numpy.repeat\(a, 4, axis=0\)"),
+                      ("bare", r"numpy.stack of 4 such frames, or numpy.repeat\(a\[None\], 4, axis=0\)"),
+                      ("nhwc", r"numpy.concatenate")):
+        result = invoke(hrt_model_exec.main, ["infer", f"--model_file={batched.bin}", f"--input_file={name}.npy"])
+        assert result.exit_code == 1, result.output
+        [error] = [line for line in result.output.splitlines() if " ERROR " in line and "exception in" not in line]
+        said = f"holds an array of shape .*takes shape \\(4, 3, 16, 16\\) NCHW.*; {frames}{how}"
+        assert re.search(said, error), error
+        assert ("transpose it to NCHW" in error) == (name == "nhwc"), error
+    with pytest.raises(HbError, match=f"takes 3072 values .*got 768 .*; {frames}numpy.concatenate"):
+        Simulator(open_model(batched.bin)).run({"data": frame})
+    imsave("pic.jpg", pictures.astronaut()[:64, :64])
+    result = invoke(hrt_model_exec.main, ["infer", f"--model_file={batched.bin}", "--input_file=pic.jpg"])
+    assert result.exit_code == 0, result.output
+    assert "input 'data' takes 4 frames at once (input_batch 4): picture pic.jpg is used for every frame; for " \
+           "different frames give a .npy of shape (4, 3, 16, 16)" in result.output, result.output
+
+
 def test_separate_batch_is_refused_with_the_reason(tmp_path) -> None:
     from hbtools.config.loader import load_config
 

@@ -305,6 +305,21 @@ def test_image_data_outside_0_255_is_refused_not_clipped(tmp_path):
     np.testing.assert_array_equal(got.astype(int), pixels[1].astype(int) // 2 - 128)
 
 
+def test_bool_image_data_is_refused_not_read_as_black_pixels(tmp_path):
+    """A bool .npy (a mask saved by mistake) was read as pixels 0/1 and calibrated on black pictures."""
+    s = spec(tmp_path / "cal")
+    write(tmp_path / "cal", {f"{i}.npy": p > 128 for i, p in enumerate(samples(2, s.shape))})
+    with pytest.raises(HbError) as e:
+        FolderCalibrationSource([s]).check_all()
+    assert str(e.value).startswith(f"calibration file {tmp_path / 'cal' / '0.npy'} for image input 'data' holds "
+                                   "bool values (True/False), not pixels; an image input takes input_type_train "
+                                   "pixels 0..255"), str(e.value)
+    assert "uint8 or float32" in str(e.value)
+    # a featuremap may be a mask: its 0/1 values are data
+    got = next(iter(FolderCalibrationSource([spec(tmp_path / "cal", train="featuremap", rt="featuremap")])))["data"]
+    assert got.dtype == np.float32 and set(np.unique(got)) <= {0.0, 1.0}
+
+
 def test_folder_names_distinct():
     assert folder_names(["a/b", "a:b", "..", "x"]) == {
         "a/b": "a_b",

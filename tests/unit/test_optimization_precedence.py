@@ -83,3 +83,47 @@ def test_int8_requests_a_cpu_node_cannot_honour_are_named(tmp_path: Path, caplog
     assert f"set_model_output_int8: output '{probs}' stays float32: {cpu} and computes in float" in warnings, warnings
     assert f"set_Softmax_input_int8: {cpu} and computes in float; its input stays float" in warnings, warnings
     assert not [w for w in warnings if boxes in w], warnings
+
+
+def _warnings_of_makertbin(project, caplog) -> list[str]:
+    import logging
+
+    caplog.clear()
+    logging.getLogger("hbtools").addHandler(caplog.handler)
+    try:
+        makertbin(project.config_path, "onnx")
+    finally:
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_node_info_types_of_a_cpu_node_are_named(tmp_path: Path, caplog) -> None:
+    """node_info InputType / OutputType on a node that runs on the CPU was silently ignored (the node computes in
+    float): one WARNING per node now names the node, the option, why it is on the CPU and what would move it, and
+    the tensors the type still reaches where they cross to BPU nodes. A BPU node's type gives none."""
+    setup(None)
+    g = _Graph(34)
+    feat = g.op("Relu", [g.conv("data", 3, 8)])
+    probs = g.op("Softmax", [g.conv(feat, 8, 4, k=1)], axis=1)
+    gate = g.op("Sigmoid", [g.conv(feat, 8, 2, k=1)])
+    boxes = g.conv(gate, 2, 2, k=1)
+    fm = g.model({"data": [1, 3, 16, 16]}, [probs, boxes])
+    nodes = {n.op_type: n for n in fm.model.graph.node}
+    softmax, sigmoid, relu = nodes["Softmax"].name, nodes["Sigmoid"].name, nodes["Relu"].name
+    # RDK X3: the Softmax has no BPU form; its output is the model's, so the type reaches nothing
+    project = make_project(tmp_path / "x3", fm, march="bernoulli2", cal_count=4)
+    project.write(model_parameters={"node_info": {softmax: {"OutputType": "int8"}, relu: {"OutputType": "int8"}}})
+    warnings = _warnings_of_makertbin(project, caplog)
+    assert (f"node_info OutputType int8 of node {softmax}: the node runs on the CPU (Softmax is not supported on the "
+            "BPU of bernoulli2 (RDK X3)) and computes in float; the type does not apply; it cannot run on the BPU, "
+            "so no setting makes it compute in integers") in warnings, warnings
+    assert not [w for w in warnings if relu in w], warnings
+    # RDK X5: a Sigmoid the config puts on the CPU, between BPU convs: the type reaches both crossings
+    project = make_project(tmp_path / "x5", fm, cal_count=4)
+    project.write(model_parameters={"node_info": {sigmoid: {"ON": "CPU", "InputType0": "int16",
+                                                            "OutputType": "int16"}}})
+    warnings = _warnings_of_makertbin(project, caplog)
+    [line] = [w for w in warnings if w.startswith(f"node_info InputType0 int16 / OutputType int16 of node {sigmoid}")]
+    assert "the node runs on the CPU (placed on the CPU by run_on_cpu / node_info) and computes in float; the " \
+           f"type reaches only the tensors it exchanges with BPU nodes ({nodes['Sigmoid'].input[0]}, {gate}); take " \
+           "it out of run_on_cpu / node_info ON: CPU" in line, line

@@ -134,3 +134,73 @@ def test_a_reduction_without_axes_over_a_batch_of_two_is_said_to_be_over_all_axe
     reason = build_partition(model, get_profile("bayes-e"), {}).unit_of_node["reduce"].reason
     assert f"{op} over all axes, the batch axis among them, has no BPU form" in reason, reason
     assert "no axis" not in reason
+
+
+def _normalised_by_global_level(form: str, end: str = "Div") -> ModelProto:
+    """Conv, Relu f, ``f / sqrt(mean(|f|) + eps)``: the mean in ``form`` (``scalar``: keepdims=0, TorchScript;
+    ``squeezed``: keepdims=1 then a Squeeze to 0-D, dynamo), then a chain of element-wise ops with scalar
+    constants before ``end`` reads it with f. Every tensor's shape declared, as the dynamo exporter does (0-D
+    along the chain)."""
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32), "w2"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+             numpy_helper.from_array(np.array([2.0], np.float32), "two")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["f"], name="relu"),
+             helper.make_node("Abs", ["f"], ["magnitudes"], name="abs"),
+             helper.make_node("ReduceMean", ["magnitudes"], ["level"], name="mean", keepdims=int(form != "scalar"))]
+    level = "level"
+    if form == "squeezed":
+        nodes.append(helper.make_node("Squeeze", ["level"], ["scalar"], name="squeeze"))
+        level = "scalar"
+    nodes += [helper.make_node("Add", [level, "eps"], ["guarded"], name="add_eps"),
+              helper.make_node("Sqrt", ["guarded"], ["root"], name="sqrt"),
+              helper.make_node("Mul", ["two", "root"], ["denominator"], name="twice"),
+              helper.make_node(end, ["f", "denominator"], ["g"], name="end"),
+              helper.make_node("Conv", ["g", "w2"], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, SHAPE)],
+                              [helper.make_tensor_value_info("y", F, [1, 4, 8, 8])], inits)
+    graph.value_info.extend(helper.make_tensor_value_info(t, F, []) for t in
+                            ["guarded", "root", *(["scalar"] if form == "squeezed" else ["level"])])
+    graph.value_info.append(helper.make_tensor_value_info("denominator", F, [1]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("form", ["scalar", "squeezed"])
+def test_a_whole_tensor_mean_reaches_its_division_through_scalar_ops(form: str) -> None:
+    """``x / (x.abs().mean() + 1e-6)`` (dynamo: mean, Squeeze to 0-D, Add, Div): the Squeeze was left out only
+    where the broadcasting op read it directly, so the 0-D sum sent the chain and the division to the CPU (2 BPU
+    subgraphs). Element-wise ops with scalars between them (+ eps, a square root, a constant factor) carry the
+    [1, 1, 1, 1] value along; the optimized float model computes the same values."""
+    profile = get_profile("bayes-e")
+    model = _normalised_by_global_level(form)
+    optimized = optimize.run(model, profile)
+    assert _placement(optimized) == (1, [])
+    assert "Squeeze" not in [n.op_type for n in optimized.graph.node]
+    _same_values(model, optimized)
+
+
+@pytest.mark.parametrize("case", ["Pow", "output"])
+def test_a_scalar_chain_ending_elsewhere_keeps_its_squeeze(case: str) -> None:
+    """A chain whose value ends elsewhere keeps the Squeeze: in Pow (not among the ops taken at an end), or in a
+    graph output, whose shape would change."""
+    from hbtools.graph.bpu_forms.reductions import unit_squeezes_into_broadcasts
+
+    model = _normalised_by_global_level("squeezed", "Pow" if case == "Pow" else "Div")
+    if case == "output":
+        model.graph.output.append(helper.make_tensor_value_info("root", F, []))
+    assert unit_squeezes_into_broadcasts(model) == 0
+
+
+def test_the_scalar_chain_forgets_its_declared_0d_shapes() -> None:
+    """The tensors of the chain become [1, 1, 1, 1]: their declared 0-D shapes would have stayed."""
+    from hbtools.graph.bpu_forms.reductions import unit_squeezes_into_broadcasts
+    from hbtools.graph.graph import GraphView
+
+    model = _normalised_by_global_level("squeezed")
+    assert unit_squeezes_into_broadcasts(model) == 1
+    shapes = GraphView(model).shapes
+    assert [shapes[t] for t in ("guarded", "root", "denominator", "g")] == [[1, 1, 1, 1]] * 3 + [[1, 8, 8, 8]]

@@ -11,6 +11,7 @@ import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.bpu_forms._common import _axes_node, _opset
+from hbtools.graph.bpu_forms.rows import _UNARY
 from hbtools.graph.graph import GraphView, references, rewrite_nodes
 from hbtools.march.profiles import MarchProfile
 
@@ -84,6 +85,8 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
 
 _REDUCTION_OF = {pool: reduction for reduction, pool in _GLOBAL_POOL_OF.items()}
 _BROADCASTS = ("Add", "Sub", "Mul", "Div")
+# Element-wise ops of two inputs that broadcast: between values of one element, the result has one element too
+_SCALAR_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min")
 
 
 def scalar_reductions_kept_as_maps(model: ModelProto) -> int:
@@ -111,9 +114,10 @@ def scalar_reductions_kept_as_maps(model: ModelProto) -> int:
         # a batch of more than one (or unknown) needs reducing; over a batch of one alone the reduction copies
         if kept and (shape[0] != 1 or len(axes) == 1):
             continue
-        if not kept and (len(axes) < len(shape) or node.output[0] in view.graph_outputs
-                         or not _read_only_by_broadcasts(node.output[0], len(shape), view)):
+        chain = None if kept or len(axes) < len(shape) else _broadcast_chain(node.output[0], len(shape), view)
+        if not kept and chain is None:
             continue
+        _forget_shapes(model, [node.output[0], *(chain or [])])
         for attr in node.attribute:
             if attr.name == "keepdims":
                 attr.i = 1
@@ -125,35 +129,72 @@ def scalar_reductions_kept_as_maps(model: ModelProto) -> int:
 
 def unit_squeezes_into_broadcasts(model: ModelProto) -> int:
     """Leave out each Squeeze of a tensor of one element ([1, 1, 1, 1] to the 0-D scalar: the dynamo exporter's
-    ``torch.mean(x)`` is a ReduceMean with ``keepdims=1`` and this Squeeze) that only element-wise ops (Add, Sub,
-    Mul, Div) read against tensors of at least its input's rank: they broadcast the unsqueezed value to the same
-    shape and values, and the BPU takes no 0-D tensor. Not where the Squeeze makes a graph output. Returns how
-    many it left out."""
+    ``torch.mean(x)`` is a ReduceMean with ``keepdims=1`` and this Squeeze) whose value reaches, through
+    element-wise ops with other scalars (``+ eps``, a square root), only element-wise ops (Add, Sub, Mul, Div)
+    against tensors of at least its input's rank (``_broadcast_chain``): they broadcast the unsqueezed value to
+    the same shape and values, and the BPU takes no 0-D tensor. Not where the Squeeze or a tensor of the chain is
+    a graph output. Returns how many it left out."""
     view = GraphView(model)
     dropped = []
     for node in model.graph.node:
         shape = view.shapes.get(node.input[0]) if node.op_type == "Squeeze" and node.domain in ("", "ai.onnx") \
             and node.input else None
-        if not shape or any(d != 1 for d in shape) or node.output[0] in view.graph_outputs \
-                or not _read_only_by_broadcasts(node.output[0], len(shape), view):
+        chain = None if not shape or any(d != 1 for d in shape) \
+            else _broadcast_chain(node.output[0], len(shape), view)
+        if chain is None:
             continue
         for reader in view.consumers[node.output[0]]:
             reader.input[:] = [node.input[0] if name == node.output[0] else name for name in reader.input]
+        _forget_shapes(model, chain)
         dropped.append(node)
     for node in dropped:
         model.graph.node.remove(node)
     return len(dropped)
 
 
-def _read_only_by_broadcasts(name: str, rank: int, view: GraphView) -> bool:
-    """Whether element-wise ops (Add, Sub, Mul, Div) alone read ``name``, each against a tensor of rank ``rank``
-    or more: then a ``rank``-D tensor of one element in its place gives them the same output shape. Not where a
-    sub-graph reads it by name."""
-    readers = view.consumers.get(name, [])
-    return bool(readers) and all(
-        r.op_type in _BROADCASTS and r.domain in ("", "ai.onnx")
-        and any(i != name and len(view.shapes.get(i) or []) >= rank for i in r.input) for r in readers) \
-        and not any(name in references(n) for n in view.model.graph.node if _has_subgraph(n))
+def _broadcast_chain(name: str, rank: int, view: GraphView) -> list[str] | None:
+    """The tensors element-wise ops compute from ``name`` (a value of one element) with other values of one
+    element and at most ``rank`` axes (``x.abs().mean() + 1e-6``, a square root of that), where every path ends
+    in an Add, Sub, Mul or Div against a tensor of ``rank`` axes or more. Then a ``rank``-D ``name`` of one
+    element makes each tensor of the chain ``rank``-D of one element, and the ops at the ends give the same
+    output shapes and values. None where a path ends anywhere else: another op, a graph output, a sub-graph
+    reading a tensor by name. An empty list: ``name`` is read by such ends alone."""
+    outputs = set(view.graph_outputs)
+    by_name = {t for n in view.model.graph.node if _has_subgraph(n) for t in references(n)}
+
+    def one_element(t: str) -> bool:
+        shape = view.shapes.get(t)
+        return shape is not None and len(shape) <= rank and all(d == 1 for d in shape)
+
+    chain: list[str] = []
+    todo = [name]
+    while todo:
+        t = todo.pop()
+        readers = view.consumers.get(t, [])
+        if not readers or t in outputs or t in by_name:
+            return None
+        for r in readers:
+            others = [i for i in r.input if i and i != t]
+            if r.domain not in ("", "ai.onnx"):
+                return None
+            if r.op_type in _BROADCASTS and any(len(view.shapes.get(i) or []) >= rank for i in others):
+                continue  # an end: the output has the other operand's shape either way
+            if r.op_type not in (*_UNARY, *_SCALAR_BINARY) or not all(one_element(i) for i in others):
+                return None
+            fresh = [o for o in r.output if o and o not in chain]
+            chain.extend(fresh)
+            todo.extend(fresh)
+    return chain
+
+
+def _forget_shapes(model: ModelProto, names: list[str]) -> None:
+    """Drop the declared shapes of tensors a rewrite gave more axes (the dynamo exporter declares every one):
+    inference would otherwise start from the old ones."""
+    stale = set(names)
+    kept = [vi for vi in model.graph.value_info if vi.name not in stale]
+    if len(kept) < len(model.graph.value_info):
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(kept)
 
 
 def _has_subgraph(node: NodeProto) -> bool:
