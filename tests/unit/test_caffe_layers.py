@@ -561,3 +561,18 @@ def test_ssd_prior_boxes_are_constants_and_the_net_ends_before_detection_output(
     with pytest.raises(HbError, match="reads 'detection_out', the output of layer 'detection' "
                                       r"\(DetectionOutput\), which the conversion ends before"):
         load_caffe(*n.write(tmp_path / "after"))
+
+
+def test_outputs_end_with_the_cut_layers_bottoms_in_its_order(tmp_path: Path) -> None:
+    """Outputs follow the layers that write them, but the bottoms of the DetectionOutput the network ends
+    before come last in its bottom order (loc, conf, prior: what its WARNING lists and host-side decoding
+    reads), even where the prior boxes are written first (chuanqi305's MobileNet-SSD writes them per scale)."""
+    n = CaffeNet(seed=16)
+    x = n.input("data", [1, 3, 12, 16])
+    n.conv(x, 2, 1, top="extra")  # read by no layer: an output of its own
+    f = n.conv(x, 4, 3, stride=2, pad=1)
+    n.layer("PriorBox", [f, x], ["prior"], "prior_box_param { min_size: 8 variance: 0.1 }")
+    loc, conf = n.conv(f, 4, 1, top="loc"), n.conv(f, 3, 1, top="conf")
+    n.layer("DetectionOutput", [loc, conf, "prior"], ["detection_out"], "", name="detection")
+    model = load_caffe(*n.write(tmp_path))
+    assert [o.name for o in model.graph.output] == ["extra", "loc", "conf", "prior"]

@@ -136,6 +136,7 @@ def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: S
         if shape and shape != used:
             changed.append(f"'{blob}' {'x'.join(map(str, used))} (the prototxt says {'x'.join(map(str, shape))})")
         net.add_input(blob, used)
+    cut = []
     for param in layers:
         if param.type in INPUT_LAYERS:
             continue
@@ -143,6 +144,7 @@ def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: S
             warn_once(Path(prototxt), "caffe layer '%s' (%s: %s) is left out: the network ends before it, and its "
                       "bottoms %s are the outputs; decode and filter on the host", param.name, param.type,
                       layers_ssd.CUT_LAYERS[param.type], ", ".join(f"'{b}'" for b in param.bottom))
+            cut.append(param)
             continue
         layer = Layer(net, param, weights.get(param.name))
         try:
@@ -154,6 +156,10 @@ def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: S
                 exc.hint = (f"input_shape sets {', '.join(changed)}; the network's weights may only fit the "
                             "shape it was trained with" + (f". Otherwise: {exc.hint}" if exc.hint else ""))
             raise
+    for param in cut:  # its bottoms are the outputs in its own order, as the host-side decoding reads them
+        for blob in param.bottom:
+            if blob in net.available:
+                net.available[blob] = net.available.pop(blob)
     model = net.model()
     log.debug("caffe model converted to ONNX: %d layers -> %d nodes, inputs %s, outputs %s", len(layers),
              len(model.graph.node), [i.name for i in model.graph.input], [o.name for o in model.graph.output])
