@@ -97,6 +97,8 @@ class OptimizationOptions:
 
     output_bits: int | None = None  # set_model_output_int8 / int16: BPU outputs stay integers
     all_int16: bool = False  # set_all_nodes_int16
+    # set_all_nodes_int8: default's int16 search promotes nothing (int16 only where node_info or an option says)
+    all_int8: bool = False
     int16_inputs: frozenset[str] = frozenset()  # op types of set_{Op}_input_int16
     int16_outputs: frozenset[str] = frozenset()  # op types of set_{Op}_output_int16
     int8_inputs: frozenset[str] = frozenset()  # op types of set_{Op}_input_int8
@@ -116,7 +118,8 @@ class OptimizationOptions:
                              if v.startswith("set_") and v.endswith(suffix) and not v.startswith("set_model_"))
 
         output_bits = 8 if "set_model_output_int8" in values else 16 if "set_model_output_int16" in values else None
-        return cls(output_bits, "set_all_nodes_int16" in values, kinds("_input_int16"), kinds("_output_int16"),
+        return cls(output_bits, "set_all_nodes_int16" in values, "set_all_nodes_int8" in values,
+                   kinds("_input_int16"), kinds("_output_int16"),
                    kinds("_input_int8"), kinds("_output_int8"), "asymmetric" in values,
                    "bias_correction" in values, "lstm_batch_last" in values)
 

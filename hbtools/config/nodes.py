@@ -165,6 +165,7 @@ FIXED_OPTIMIZATIONS = (
     "set_model_output_int8",
     "set_model_output_int16",
     "set_all_nodes_int16",
+    "set_all_nodes_int8",
     "set_Softmax_input_int8",
     "set_Softmax_output_int8",
     "asymmetric",
@@ -220,4 +221,6 @@ def parse_optimization(value: Any) -> list[str]:
                 items.append(text)
     if "set_model_output_int8" in items and "set_model_output_int16" in items:
         fail("'optimization' has both set_model_output_int8 and set_model_output_int16; keep one")
+    if "set_all_nodes_int8" in items and "set_all_nodes_int16" in items:
+        fail("'optimization' has both set_all_nodes_int8 and set_all_nodes_int16; keep one")
     return items

@@ -70,17 +70,19 @@ class CalibrationResult:
 def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: int, *,
         calibration_type: str, max_percentile: float | None = None,
         loaded_thresholds: dict[str, float] | None = None, loaded_int16: set[str] | None = None,
-        allow_int16: bool = False,
+        allow_int16: bool = False, march_int16: bool | None = None,
         bias_correction: str = "auto", weights_only: float | None = None,
         times: StepTimes | None = None, generated: bool = False) -> CalibrationResult:
     """Calibrate.
 
-    ``allow_int16`` lets default/mix give int16 to the most sensitive tensors;
+    ``allow_int16`` lets default/mix give int16 to the most sensitive tensors; ``march_int16``: the march
+    has int16 (default: ``allow_int16``; True without it: ``set_all_nodes_int8`` turned the search off);
     ``bias_correction`` is "on", "off" or "auto" (kept only if the output improves);
     ``weights_only``: the output cosine int8 weights alone give (float activations), if measured;
     ``times`` gets the seconds of each step; ``generated``: the samples are random data, not the user's.
     """
     times = times or StepTimes()
+    march_int16 = allow_int16 if march_int16 is None else march_int16
     uncorrected = optimized  # bias correction replaces ``optimized``; the debugger reads the biases before
     # Samples are kept only for what scores candidates; skip/max/load with bias correction off
     # keep none, so memory stays at one sample's activations.
@@ -105,7 +107,7 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
                         ", ".join(missing[:3]))
         candidates = {"load": {t: (loaded_thresholds or {}).get(t, v) for t, v in base.items()}}
         sixteen = {t: 16 for t in (loaded_int16 or set()) if t in base}
-        if sixteen and allow_int16:
+        if sixteen and march_int16:  # configured by the QAT model, as node_info would
             plan = plan.with_bits(sixteen)
         elif sixteen:
             log.warning("calibration_type load: %d QuantizeLinear -> DequantizeLinear pair(s) quantize to int16, "
@@ -151,9 +153,11 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
             return float_advice(optimized, {p.tensor for p in plan.activations}, weights)
 
         if not allow_int16 and best < ALL_INT16_FLOOR:  # (with int16, the int16 search says what it finds)
-            log.warning("with every activation on an int8 grid (this BPU has no int16) the output cosine on the "
+            log.warning("with every activation on an int8 grid (%s) the output cosine on the "
                         "calibration samples is only %.4f; hmct-debugger's node sensitivity names the nodes that "
-                        "lose most, and run_on_cpu keeps them in float.%s", best, advice(False))
+                        "lose most, and run_on_cpu keeps them in float.%s",
+                        "optimization set_all_nodes_int8: without it, default gives int16 to the tensors that need "
+                        "it" if march_int16 else "this BPU has no int16", best, advice(False))
         if allow_int16:
             noise = {p.tensor: relative_noise(collector.stats[p.tensor], thresholds[p.tensor], p.bits)
                      for p in plan.activations}

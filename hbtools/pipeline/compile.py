@@ -135,7 +135,11 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
     if calibration:  # what mixed precision costs, next to what calibration chose (hb_model_info shows it)
         fast, chosen = (perf_model.estimate(rm, profile, as_int8=as_int8).latency_ms for as_int8 in (True, False))
         latencies = f"modelled BPU latency {fast:.4g} ms all-int8, {chosen:.4g} ms as chosen"
-        log.info("calibration summary: %s", latencies)
+        searched = profile.int16 and not config.calibration.options.all_int8 and \
+            config.calibration.calibration_type in ("default", "mix")
+        hint = " (optimization set_all_nodes_int8 keeps every activation int8 that node_info and the " \
+            "options leave to the search)" if searched and chosen > fast * 1.05 else ""
+        log.info("calibration summary: %s%s", latencies, hint)
         model.meta["calibration_summary"] = f"{calibration}; {latencies}"
     if config.compiler.debug:  # the static analysis travels in the .bin (hb_perf shows its layer details)
         cost = perf_model.estimate(rm, profile)

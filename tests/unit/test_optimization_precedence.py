@@ -3,11 +3,14 @@ as vendor X5 configs write it: every Conv's inputs and outputs int8, every other
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import onnx
-from builders import _Graph, make_project
+import pytest
+from builders import MODELS, _Graph, make_project
 
+from hbtools.errors import HbError
 from hbtools.log import setup
 from hbtools.ops.base import attrs_of
 from hbtools.pipeline.runner import makertbin
@@ -54,6 +57,38 @@ def test_set_softmax_int8_holds_through_the_int16_search(tmp_path: Path) -> None
         "calibration_type": "default", "optimization": "set_Softmax_input_int8,set_Softmax_output_int8"})
     bits = _activation_bits(makertbin(project.config_path, "onnx")["calibrated"])
     assert bits[softmax.input[0]] == 8 and bits[softmax.output[0]] == 8, bits
+
+
+def test_all_nodes_int8_turns_the_int16_search_off_but_keeps_node_info_int16(tmp_path: Path, caplog) -> None:
+    """The rdk_model_zoo's X5 configs ask for `default` and get int8 from the vendor's tool; hbtools' int16 search
+    made most tensors int16 (YOLO11n: 174 of 198, modelled latency 1.44 -> 2.05 ms; hunt 29 D1).
+    set_all_nodes_int8 keeps every tensor int8 except those the config asks for."""
+    setup(None)
+    fm = MODELS["activations"]()  # default gives most of its tensors int16
+    searched = make_project(tmp_path / "searched", fm, cal_count=8)
+    searched.write(calibration_parameters={"calibration_type": "default"})
+    assert list(_activation_bits(makertbin(searched.config_path, "onnx")["calibrated"]).values()).count(16) >= 2
+    conv = next(n for n in fm.model.graph.node if n.op_type == "Conv")
+    project = make_project(tmp_path / "int8", fm, cal_count=8)
+    project.write(calibration_parameters={"calibration_type": "default", "optimization": "set_all_nodes_int8"},
+                  model_parameters={"node_info": {conv.name: {"OutputType": "int16"}}})
+    caplog.clear()
+    logging.getLogger("hbtools").addHandler(caplog.handler)
+    try:
+        bits = _activation_bits(makertbin(project.config_path, "onnx")["calibrated"])
+    finally:
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    assert {t for t, b in bits.items() if b == 16} == {conv.output[0]}, bits
+    assert "int16 search" not in caplog.text and "mixed precision" not in caplog.text, caplog.text
+
+
+def test_all_nodes_int8_and_int16_together_is_a_config_error(tmp_path: Path) -> None:
+    g = _Graph(34)
+    fm = g.model({"data": [1, 3, 8, 8]}, [g.conv("data", 3, 4)])
+    project = make_project(tmp_path, fm, cal_count=2)
+    project.write(calibration_parameters={"optimization": "set_all_nodes_int8;set_all_nodes_int16"})
+    with pytest.raises(HbError, match="both set_all_nodes_int8 and set_all_nodes_int16"):
+        makertbin(project.config_path, "onnx")
 
 
 def test_int8_requests_a_cpu_node_cannot_honour_are_named(tmp_path: Path, caplog) -> None:
