@@ -576,3 +576,19 @@ def test_outputs_end_with_the_cut_layers_bottoms_in_its_order(tmp_path: Path) ->
     n.layer("DetectionOutput", [loc, conf, "prior"], ["detection_out"], "", name="detection")
     model = load_caffe(*n.write(tmp_path))
     assert [o.name for o in model.graph.output] == ["extra", "loc", "conf", "prior"]
+
+
+def test_an_output_blob_an_identity_layer_wrote_keeps_its_caffe_name(tmp_path: Path) -> None:
+    """A Dropout (or a Split) top that is a network output while its bottom is not was output under the bottom's
+    name ('fc'), so pycaffe-style code reading 'fc_drop' and output_nodes: 'fc_drop' found nothing (hunt 30 D8)."""
+    n = CaffeNet(seed=17)
+    x = n.input("data", [1, 3, 8, 8])
+    f = n.conv(x, 4, 3, top="fc")
+    n.layer("Dropout", [f], ["fc_drop"], "dropout_param { dropout_ratio: 0.5 }", name="drop",
+            step=lambda v: v.__setitem__("fc_drop", v["fc"]))
+    g = n.conv(x, 2, 1, top="g")
+    n.layer("Split", [g], ["g_a", "g_b"], "", name="split",
+            step=lambda v: (v.__setitem__("g_a", v["g"]), v.__setitem__("g_b", v["g"])))
+    n.layer("ReLU", ["g_a"], ["r"], "", name="relu", step=lambda v: v.__setitem__("r", np.maximum(v["g_a"], 0)))
+    model = check(n, tmp_path, ["fc_drop", "g_b", "r"])
+    assert [o.name for o in model.graph.output] == ["fc_drop", "g_b", "r"]

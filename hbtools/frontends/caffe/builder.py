@@ -150,9 +150,10 @@ class Net:
             tensor = self.blobs[blob]
             if tensor in graph_inputs:
                 continue
-            if tensor in outs:
-                # Identity layers (Split, Dropout) alias tensors: two unread blobs can be one tensor.
-                # Caffe outputs both, and ONNX outputs need distinct names: the copy is an Identity.
+            if tensor in outs or (tensor != blob and blob not in self.used):
+                # Identity layers (Split, Dropout) alias tensors: two unread blobs can be one tensor, and an
+                # output blob can be another blob's tensor. Caffe outputs each by its blob name (pycaffe's
+                # net.blobs['fc_drop']), and ONNX outputs need distinct names: the copy is an Identity.
                 copy = self.unique(blob)
                 self.nodes.append(helper.make_node("Identity", [tensor], [copy],
                                                    name=self.unique(f"{blob}_output", self.node_names)))
