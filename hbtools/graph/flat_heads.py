@@ -141,7 +141,8 @@ def _restoring_chain(flatten: NodeProto, view: GraphView) -> list[NodeProto]:
     tensor = flatten.output[0]
     for _ in range(_CHAIN_LIMIT):
         readers = view.consumers.get(tensor, [])
-        if len(readers) != 1 or tensor in view.graph_outputs:
+        # the flatten's own output may be a graph output: the flatten then stays for it (``flattens_after_heads``)
+        if len(readers) != 1 or (tensor != flatten.output[0] and tensor in view.graph_outputs):
             return []
         reader = readers[0]
         if reader.op_type not in _SHAPE_ONLY or reader.domain not in ("", "ai.onnx") or \
@@ -168,12 +169,16 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
                     profile.rule(node.op_type) is not None or not _flat_of_pooled(node, view):
                 continue
             readers = view.consumers.get(node.output[0], [])
-            if not readers or node.output[0] in view.graph_outputs or any(r.name in changes for r in readers):
+            if not readers or any(r.name in changes for r in readers):
                 continue
+            # A flattened vector asked for as a graph output (an MTCNN feature tapped by ``output_nodes``) keeps its
+            # flatten, a branch to that output; the layers reading it still move onto the map, or the flatten would
+            # stay on the main path and take them to the CPU.
+            kept = node.output[0] in view.graph_outputs
             restoring = _restoring_chain(node, view)
             if restoring and not any(n.name in changes for n in restoring):  # the flatten undone: all of it goes
                 renamed[restoring[-1].output[0]] = node.input[0]
-                for gone in (node, *restoring):
+                for gone in restoring if kept else (node, *restoring):
                     changes[gone.name] = []
                 handled += 1
                 continue
@@ -183,10 +188,11 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
                    (r.input[0] == node.output[0] and node.output[0] not in r.input[1:]) else None for r in readers]
             if any(n is None for n in new):
                 continue
-            changes[node.name] = []
+            if not kept:
+                changes[node.name] = []
             handled += 1
             for r, moved_reader in zip(readers, new, strict=True):
-                name = node.name if len(readers) == 1 else f"{node.name}_{r.name}"
+                name = node.name if len(readers) == 1 and not kept else f"{node.name}_{r.name}"
                 changes[r.name] = [moved_reader, helper.make_node("Flatten", [f"{r.output[0]}_map"], [r.output[0]],
                                                                   name=name, axis=1)]
         if not changes:
@@ -237,9 +243,10 @@ def wide_flattens_as_convs(model: ModelProto, profile: MarchProfile) -> int:
             continue
         flatten = view.producer.get(node.input[0])
         b = view.const(node.input[1])
-        if flatten is None or b is None or b.ndim != 2 or flatten.name in changes or \
-                node.input[0] in view.graph_outputs or len(view.consumers.get(node.input[0], [])) != 1:
+        if flatten is None or b is None or b.ndim != 2:
             continue
+        # a flattened map that is also a graph output or read by other layers keeps its flatten for them
+        shared = node.input[0] in view.graph_outputs or len(view.consumers.get(node.input[0], [])) != 1
         k = b.shape[0] if not view.attrs(node).get("transB", 0) else b.shape[1]
         found = _flattened_map(flatten, view)
         # also where the BPU cannot flatten (bernoulli2): the flatten would take the head to the CPU
@@ -251,7 +258,8 @@ def wide_flattens_as_convs(model: ModelProto, profile: MarchProfile) -> int:
         conv = _gemm_as_conv(node, x, f"{node.output[0]}_map", view, model, (h, w), channels_last)
         if conv is None:
             continue
-        changes[flatten.name] = []
+        if not shared:
+            changes[flatten.name] = []
         # An activation reading the dense layer alone moves before the new Flatten, onto the map, where it fuses
         # into the Conv (VGG's Relu after its first dense layer was a lookup table of its own).
         readers = view.consumers.get(node.output[0], [])

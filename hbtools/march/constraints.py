@@ -132,6 +132,18 @@ def _too_many_pieces(node: NodeProto, rule: OpRule, view: GraphView) -> str:
     return f" (cut into pieces it takes, it would be {pieces} convolutions, more than the {MAX_PIECES} hbtools makes)"
 
 
+def _kept_whole(node: NodeProto, view: GraphView, profile: MarchProfile, wide_input: bool) -> str:
+    """Why a Conv with too many input channels was not cut into pieces over them
+    (``wide_convs_in_channel_pieces``) when the cut alone would fit. Empty otherwise."""
+    from hbtools.graph.bpu_forms.convs import result_leaves_the_bpu  # the rewrite's own test; a lazy import
+
+    if not wide_input or node.op_type != "Conv" or int(view.attrs(node).get("group", 1)) != 1 or \
+            not result_leaves_the_bpu(node, view, profile):
+        return ""
+    return " (cut over its input channels it would fit, but its result leaves the BPU: a sum of pieces would " \
+           "give it as int8 where this Conv on the CPU gives it in float)"
+
+
 def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProfile) -> str | None:
     """The first constraint of ``rule`` that ``node`` breaks on ``profile``, as a sentence."""
     op, where = node.op_type, f"the BPU of {profile.label}"
@@ -167,7 +179,8 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
         # More output channels than the limit run as several convolutions (``output_parts``).
         inputs_only = ch is not None and output_parts(node, view, rule.channels) is not None
         if ch is not None and (ch[0] if inputs_only else max(ch)) > rule.channels:
-            return f"{op} with {ch[0]} input / {ch[1]} output channels exceeds {where}'s limit of {rule.channels}"
+            return f"{op} with {ch[0]} input / {ch[1]} output channels exceeds {where}'s limit of " \
+                   f"{rule.channels}{_kept_whole(node, view, profile, ch[0] > rule.channels)}"
     if rule.axes is not None and acts:
         shape = view.shapes.get(acts[0])
         axis = a.get("axis", 0)

@@ -255,6 +255,12 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if profile is not None and flattens_after_heads(body, profile):
         log.info("flattens of pooled maps moved after the Gemms reading them (1x1 Convs): %s has no BPU flatten",
                  profile.label)
+    # after the dense layers became Convs above (VGG's 4096-wide fc7 and fc8 on RDK X3)
+    pieces = bpu_forms.wide_convs_in_channel_pieces(body, profile, placed) if profile is not None else 0
+    if pieces:
+        log.info("%d Conv%s with more channels than the BPU's limit of %s written as Convs over pieces of their "
+                 "channels (summed by Adds, or joined by a Concat for whole groups)", pieces,
+                 "" if pieces == 1 else "s", profile.rule("Conv").channels)
     # last: the 4-D views above make the tensors whose broadcast over the channels this copies
     copied = bpu_forms.channel_broadcasts_as_convs(body, profile, placed) if profile is not None else 0
     if copied:

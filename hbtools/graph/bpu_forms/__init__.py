@@ -15,6 +15,7 @@ from hbtools.graph.bpu_forms.convs import (
     large_patch_convs_as_space_to_depth,
     shifts_into_next_convs,
     strided_convs_over_phases,
+    wide_convs_in_channel_pieces,
 )
 from hbtools.graph.bpu_forms.elementwise import (
     batch_squeezes_around_elementwise,
@@ -108,6 +109,7 @@ __all__ = [
     "spatial_reductions_as_global_pools",
     "splits_undoing_concats",
     "strided_convs_over_phases",
+    "wide_convs_in_channel_pieces",
     "token_mlps_as_4d",
     "transposes_in_fewer_axes",
     "upsampling_by_whole_factors",

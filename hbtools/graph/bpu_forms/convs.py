@@ -540,3 +540,127 @@ def _conv_pieces(node: NodeProto, view: GraphView, plan: list[list[tuple[int, in
         nodes.append(helper.make_node("Add", [total, y], [target], name=f"{node.name}_sum{j}"))
         total = target
     return nodes
+
+
+def _even_ranges(total: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
+    """``parts`` ranges covering ``total`` (a multiple of ``unit``) as evenly as whole units allow."""
+    units = total // unit
+    bounds = [unit * (units * k // parts) for k in range(parts + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+_ENDING = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Relu", "Clip")
+
+
+def result_leaves_the_bpu(node: NodeProto, view: GraphView, profile: MarchProfile) -> bool:
+    """Whether ``node``'s result goes only to model outputs or to ops ``profile``'s BPU has no form for, through
+    layout ops and the activations a conv takes in (VGG's fc8 -> Flatten -> Softmax on RDK X3): a whole
+    convolution's result leaves the BPU at its accumulator's precision, a sum of pieces only as int8."""
+    tensors, seen = list(node.output), 0
+    while seen < len(tensors):
+        tensor = tensors[seen]
+        seen += 1
+        for reader in view.consumers.get(tensor, []):
+            if reader.domain not in ("", "ai.onnx") or profile.rule(reader.op_type) is None:
+                continue
+            if reader.op_type not in _ENDING or len(tensors) > 64:
+                return False
+            tensors.extend(o for o in reader.output if o and o not in tensors)
+    return True
+
+
+def wide_convs_in_channel_pieces(model: ModelProto, profile: MarchProfile,
+                                 placed: Mapping[str, str] | None = None) -> int:
+    """A Conv with more input channels than the BPU takes (VGG's 4096-wide fc7 / fc8 written as 1x1 Convs on
+    RDK X3, a 4096-channel map into a 1x1 Conv) as Convs over pieces of its input channels, a Split giving them
+    their channels and a chain of Adds summing them (the bias on the first piece): the same sums, grouped
+    differently. More output channels than the limit need nothing more: each piece runs as several
+    convolutions (``output_parts``). A grouped Conv wider than the limit on either side (a depthwise Conv over
+    4096 channels) as Convs over runs of whole groups joined by a Concat: no sum at all. Not where node_info puts
+    the Conv on the CPU, nor a grouped Conv whose single group is already too wide. Returns how many Convs it
+    rewrote."""
+    rule = profile.rule("Conv")
+    split_rule = profile.rule("Split")
+    if rule is None or rule.channels is None or split_rule is None:
+        return 0
+    limit = rule.channels
+    opset = _opset(model)
+    view = GraphView(model)
+
+    def split(node: NodeProto, ranges: list[tuple[int, int]]) -> tuple[NodeProto, list[str]]:
+        outs = [f"{node.input[0]}_{node.name}_channels{lo}_{hi}" for lo, hi in ranges]
+        sizes = [hi - lo for lo, hi in ranges]
+        if opset >= 13:
+            name = f"{node.name}_split_sizes"
+            model.graph.initializer.append(numpy_helper.from_array(np.array(sizes, np.int64), name))
+            return helper.make_node("Split", [node.input[0], name], outs, name=f"{node.name}_split", axis=1), outs
+        return helper.make_node("Split", [node.input[0]], outs, name=f"{node.name}_split", axis=1, split=sizes), outs
+
+    def in_pieces(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
+                or (placed or {}).get(node.name) == "CPU":
+            return None
+        w = view.const(node.input[1])
+        b = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        shape = view.shapes.get(node.input[0])
+        if w is None or w.ndim < 3 or shape is None or len(shape) != w.ndim \
+                or not split_rule.ranks[0] <= len(shape) <= split_rule.ranks[1] \
+                or (len(node.input) > 2 and node.input[2] and b is None):
+            return None
+        group = int(view.attrs(node).get("group", 1))
+        cout, per_group = int(w.shape[0]), int(w.shape[1])
+        cin = per_group * group
+        others = [x for x in node.attribute if x.name != "group"]
+        nodes: list[NodeProto] = []
+        if group == 1:
+            # The sum of pieces would leave the BPU as int8 where the whole Conv (in float on the CPU) gave the
+            # model its full-precision result: VGG's fc8 split lost 0.2 of its softmax's cosine (fc7 none).
+            if cin <= limit or result_leaves_the_bpu(node, view, profile):
+                return None
+            ranges = _even_ranges(cin, -(-cin // limit))
+            splitter, parts = split(node, ranges)
+            nodes.append(splitter)
+            sums = []
+            for j, ((lo, hi), x) in enumerate(zip(ranges, parts, strict=True)):
+                tag = f"{node.name}_in{j}"
+                weight = f"{node.input[1]}_{tag}"
+                model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w[:, lo:hi]), weight))
+                y = f"{node.output[0]}_{tag}"
+                nodes.append(helper.make_node("Conv", [x, weight, *([node.input[2]] if j == 0 and b is not None
+                                                                      else [])], [y], name=tag if j else node.name))
+                nodes[-1].attribute.extend(others)
+                sums.append(y)
+            total = sums[0]
+            for j, y in enumerate(sums[1:], 1):
+                target = node.output[0] if j == len(sums) - 1 else f"{node.output[0]}_{node.name}_sum{j}"
+                nodes.append(helper.make_node("Add", [total, y], [target], name=f"{node.name}_sum{j}"))
+                total = target
+            return nodes
+        out_group = cout // group
+        if max(cin, cout) <= limit or per_group > limit or out_group > limit:
+            return None
+        per_piece = min(limit // per_group, limit // out_group)  # whole groups a piece takes on both sides
+        pieces = -(-group // per_piece)
+        ranges = [(lo * per_group, hi * per_group) for lo, hi in _even_ranges(group, pieces)]
+        splitter, parts = split(node, ranges)
+        nodes.append(splitter)
+        outs = []
+        for j, ((lo, hi), x) in enumerate(zip(ranges, parts, strict=True)):
+            tag = f"{node.name}_groups{j}"
+            first, last = lo // per_group * out_group, hi // per_group * out_group
+            weight = f"{node.input[1]}_{tag}"
+            model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w[first:last]), weight))
+            inputs = [x, weight]
+            if b is not None:
+                bias = f"{node.input[2]}_{tag}"
+                model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(b[first:last]), bias))
+                inputs.append(bias)
+            y = f"{node.output[0]}_{tag}"
+            nodes.append(helper.make_node("Conv", inputs, [y], name=tag if j else node.name,
+                                          group=(hi - lo) // per_group))
+            nodes[-1].attribute.extend(others)
+            outs.append(y)
+        nodes.append(helper.make_node("Concat", outs, [node.output[0]], name=f"{node.name}_concat", axis=1))
+        return nodes
+
+    return rewrite_nodes(model, in_pieces)
