@@ -114,6 +114,21 @@ def find(graph: ModelProto, name: str, deleted: Sequence[dict] = ()) -> NodeProt
                   hint="run hb_model_modifier MODEL.bin to list deletable nodes")
 
 
+def refusal(graph: ModelProto, name: str, deleted: Sequence[dict], deletable: Sequence[str]) -> str | None:
+    """Why node ``name`` cannot be deleted from ``graph`` now (None: it can), in words; ``deleted``: the model's
+    deleted-node records, ``deletable``: the names to offer as closest for a name the model does not have."""
+    try:
+        node = find(graph, name, deleted)
+    except HbError as e:
+        if "already deleted" in str(e):
+            return str(e)
+        return f"node '{name}' is not in the model{closest_names(name, dict.fromkeys(deletable))}"
+    if any(c.name == node.name for c in candidates(graph)):
+        return None
+    return (f"node '{name}' ({display_type(node)}) cannot be deleted: it is not a Quantize/Transpose/Cast/Reshape "
+            f"right after a model input nor a Transpose/Dequantize/Cast/Reshape/Softmax right before a model output")
+
+
 def delete(model: BinModel, name: str) -> BinModel:
     """A copy of ``model`` without node ``name``, which must be a current candidate."""
     graph = model.load_graph()
