@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hbtools")
 
+MAX_LISTED = 12  # deletable nodes named in a refusal; more are left to the listing command
+
 
 @click.command(cls=ToolCommand, log_file='hb_model_modifier.log',
                context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,19 +64,26 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
     # Beside the model given, as the vendor's tool writes it (D-Robotics' batch_mapper.py copies it from there).
     default = Path(model_file).with_name(f"{Path(model_file).stem}_modified.bin")
     target = output_file(output or str(default), "-o", [model_file])
+    known = dict.fromkeys((*modifier.INPUT_SIDE, *modifier.OUTPUT_SIDE))
+    unknown = [t for t in dict.fromkeys(types) if t.lower().removeprefix("hz") not in {k.lower() for k in known}]
+    if unknown:  # all of them, before anything is deleted
+        raise HbError(f"{', '.join(f'-a {t}' for t in unknown)}: hb_model_modifier does not delete "
+                      f"{' or '.join(unknown)} nodes in any model"
+                      f"{''.join(closest_names(t, known) for t in unknown)}; the deletable types are "
+                      f"{', '.join(modifier.INPUT_SIDE)} right after a model input and "
+                      f"{', '.join(modifier.OUTPUT_SIDE)} right before a model output")
+    first = modifier.candidates(model.load_graph())
+    # Names a mistyped -r is compared with: every node deletable at some point of the run.
+    deletable = dict.fromkeys(c.name for c in first)
+    # Printed only once every deletion succeeded and the file is written: a run that fails announces nothing.
+    lines: list[str] = []
     deleted = 0
     for node_type in types:
         wanted = node_type.lower().removeprefix("hz")
-        known = dict.fromkeys((*modifier.INPUT_SIDE, *modifier.OUTPUT_SIDE))
-        if wanted not in {k.lower() for k in known}:
-            raise HbError(f"-a {node_type}: hb_model_modifier does not delete {node_type} nodes in any model"
-                          f"{closest_names(node_type, known)}; the deletable types are "
-                          f"{', '.join(modifier.INPUT_SIDE)} right after a model input and "
-                          f"{', '.join(modifier.OUTPUT_SIDE)} right before a model output")
-        first = modifier.candidates(model.load_graph())
-        if not any(c.type.lower() == wanted for c in first):
+        now = modifier.candidates(model.load_graph())
+        if not any(c.type.lower() == wanted for c in now):
             # as remove_node_type in a config: the other types given are still deleted
-            kinds = sorted({c.type for c in first})
+            kinds = sorted({c.type for c in now})
             log.warning("-a %s: no deletable node of that type in %s; deletable types: %s (nodes next to the "
                         "model's inputs and outputs)", node_type, model_file, ", ".join(kinds) or "none")
             continue
@@ -84,25 +93,47 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
             if not batch:
                 break
             for name in batch:
-                model = _delete(model, name)
+                model = _delete(model, name, lines)
                 deleted += 1
+        deletable.update(dict.fromkeys(c.name for c in modifier.candidates(model.load_graph())))
+    refused = []
     for name in dict.fromkeys(remove):  # a name given twice means that node, deleted once
-        model = _delete(model, name)
-        deleted += 1
+        reason = modifier.refusal(model.load_graph(), name, model.deleted_nodes, list(deletable))
+        if reason is None:
+            try:
+                model = _delete(model, name, lines)
+            except HbError as e:  # the deletion would leave a model the tools cannot load
+                reason = str(e)
+            else:
+                deleted += 1
+                deletable.update(dict.fromkeys(c.name for c in modifier.candidates(model.load_graph())))
+        if reason is not None:
+            refused.append(reason)  # the later names are still checked, so one ERROR names every bad one
+    if refused:
+        listing = list(deletable)
+        known_names = (f"deletable nodes (in the model given, or once the nodes before them are deleted): {listing}"
+                       if len(listing) <= MAX_LISTED else
+                       f"run hb_model_modifier {model_file} to list the {len(listing)} deletable nodes")
+        raise HbError(f"{'; '.join(refused)}. Nothing was deleted and no file was written: correct "
+                      f"{'this -r name' if len(refused) == 1 else f'these {len(refused)} -r names'} (nodes are "
+                      f"deleted in the order given, each from the model the previous deletion left); {known_names}")
     if not deleted:  # a copy with no change would pass for a modified model
         names = [c.name for c in modifier.candidates(model.load_graph())]
         raise HbError(f"-a {' -a '.join(types)}: no node of {'that type' if len(types) == 1 else 'these types'} "
                       f"can be deleted in {model_file}, so nothing was written; deletable now: {names}")
     write_bin(target, [model])
+    for line in lines:
+        click.echo(line)
     click.echo(f"modified model saved as {target}")
 
 
-def _delete(model: BinModel, name: str) -> BinModel:
+def _delete(model: BinModel, name: str, lines: list[str]) -> BinModel:
+    """``model`` without node ``name``; the vendor's three lines about it are appended to ``lines``."""
     from hbtools.tools import modifier
 
     node = modifier.find(model.load_graph(), name, model.deleted_nodes)
-    click.echo(f"Node '{name}' found, its OP type is '{modifier.display_type(node)}'")
     result = modifier.delete(model, name)
-    click.echo(f"Node info: {modifier.info_line(result.deleted_nodes[-1])}")
-    click.echo(f"Node '{name}' is removed")
+    lines += [f"Node '{name}' found, its OP type is '{modifier.display_type(node)}'",
+              f"Node info: {modifier.info_line(result.deleted_nodes[-1])}",
+              f"Node '{name}' is removed"]
     return result

@@ -45,8 +45,28 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def closest_names(word: str, choices: Iterable[str], n: int = 3) -> str:
     """`` (closest: 'a', 'b')`` for the names most like ``word``, or '' if none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.5)
+    pool = list(choices)
+    close = difflib.get_close_matches(word, pool, n=n, cutoff=0.5) or _holding(word, pool, n)
     return f" (closest: {', '.join(repr(c) for c in close)})" if close else ""
+
+
+def _holding(word: str, choices: list[str], n: int) -> list[str]:
+    """The longer names that hold most of ``word`` in runs of 3+ characters, best first.
+
+    difflib's ratio counts the whole length of both names, so a short name never comes close to an
+    exporter's long one ('720_HzDequantize' to '/model.23/cv2.0/cv2.0.2/Conv_output_0_HzDequantize'
+    scores 0.44), though the long one holds nearly all of it."""
+    if len(word) < 4:
+        return []
+    scored = []
+    for choice in choices:
+        if len(choice) <= len(word):
+            continue  # as long or shorter: the ratio above already judged it
+        matcher = difflib.SequenceMatcher(None, word, choice, autojunk=False)
+        held = sum(b.size for b in matcher.get_matching_blocks() if b.size >= 3) / len(word)
+        if held >= 0.75:
+            scored.append((-held, -matcher.ratio(), choice))
+    return [c for *_, c in sorted(scored)[:n]]
 
 
 def _is_number(value: Any) -> bool:

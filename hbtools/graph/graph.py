@@ -220,12 +220,13 @@ def _float_shape_preserving(op_type: str) -> bool:
     return has_fact(op_type, "shape_preserving") and has_fact(op_type, "float_output")
 
 
-def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProto:
+def infer_shapes(model: ModelProto, *, keep_declared: bool = False, output_sizes: bool = False) -> ModelProto:
     """onnx shape inference that also passes shapes through HzPreprocess / HzCalibration.
 
     The float shape-preserving Hz nodes stand in as Casts to float while onnx infers,
     so one pass reaches through any number of them. ``keep_declared`` starts from the
-    model's own value_info (integer Hz ops declare their outputs there).
+    model's own value_info (integer Hz ops declare their outputs there). ``output_sizes``: the
+    model outputs' unknown sizes become the ones inferred (onnx infers them, but only on its copy).
     """
     if not keep_declared:
         # onnx knows no shape of an op outside its domains: what was declared for one (``typed_by_running``)
@@ -258,6 +259,8 @@ def infer_shapes(model: ModelProto, *, keep_declared: bool = False) -> ModelProt
             break
     del model.graph.value_info[:]
     model.graph.value_info.extend(probe.graph.value_info)
+    if output_sizes:
+        _size_outputs(model, probe)
     _type_outputs(model, probe)
     typed = [vi for vi in model.graph.value_info if vi.type.tensor_type.HasField("shape")]
     del model.graph.value_info[:]
@@ -441,6 +444,20 @@ def _apply_value_infos(model: ModelProto, infos: list[onnx.ValueInfoProto]) -> b
             model.graph.value_info.remove(old)
         model.graph.value_info.append(vi)
     return bool(infos)
+
+
+def _size_outputs(model: ModelProto, inferred: ModelProto) -> None:
+    """Each unknown size of ``model``'s outputs that ``inferred`` (the model as shape inference left it) knows."""
+    known = {o.name: o.type.tensor_type.shape for o in inferred.graph.output if o.type.tensor_type.HasField("shape")}
+    for out in model.graph.output:
+        shape = known.get(out.name)
+        own = out.type.tensor_type
+        if shape is None or not own.HasField("shape") or len(own.shape.dim) != len(shape.dim):
+            continue
+        for mine, theirs in zip(own.shape.dim, shape.dim, strict=True):
+            if not mine.HasField("dim_value") and not mine.HasField("dim_param") and \
+                    (theirs.HasField("dim_value") or theirs.HasField("dim_param")):
+                mine.CopyFrom(theirs)
 
 
 def _type_outputs(model: ModelProto, inferred: ModelProto) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -91,6 +92,9 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
         check_input_source(spec, config.compiler.input_source.get(spec.name),
                            f"the model's input shape {'x'.join(map(str, spec.shape))}")
     declared = {vi.name: _dims(vi) for vi in model.graph.input}
+    # Where input_shape changes nothing, the model's own output sizes stand for those inference cannot tell.
+    stated = {o.name: [copy.deepcopy(d) for d in o.type.tensor_type.shape.dim] for o in model.graph.output} \
+        if all(declared.get(s.name) == s.shape for s in inputs) else {}
     _fix_input_shapes(model, inputs)
     if config.input_batch > 1:
         for spec in inputs:
@@ -113,7 +117,8 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     if any(declared.get(s.name) != s.shape for s in inputs):  # input_shape overrides what the model says
         shape_trial.dry_run(model, inputs, declared)
     _insert_preprocess(model, inputs)
-    model = _infer(model)
+    model = infer_shapes(model, output_sizes=True)
+    _restore_output_sizes(model, stated)
     check_model(model)
     # The repairs above edit the model in place; every stage after this one holds it or a copy of it.
     return ParseResult(compact(model), inputs, loaded, loaded_int16)
@@ -292,9 +297,22 @@ def _fix_input_shapes(model: ModelProto, inputs: list[InputSpec]) -> None:
                 dims.dim.add().dim_value = d
     del model.graph.value_info[:]
     for out in model.graph.output:
-        # Keep the rank (the checker needs a shape) but forget stale sizes.
+        # Keep the rank (the checker needs a shape) but forget sizes the new input shapes may change:
+        # the last shape inference of ``run`` writes them again.
         for d in out.type.tensor_type.shape.dim:
             d.Clear()
+
+
+def _restore_output_sizes(model: ModelProto, stated: dict[str, list]) -> None:
+    """The output sizes shape inference left unknown, as the source model ``stated`` them."""
+    for out in model.graph.output:
+        dims = out.type.tensor_type.shape.dim
+        source = stated.get(out.name)
+        if source is None or len(source) != len(dims):
+            continue
+        for mine, theirs in zip(dims, source, strict=True):
+            if not mine.HasField("dim_value") and not mine.HasField("dim_param"):
+                mine.CopyFrom(theirs)
 
 
 def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:

@@ -104,14 +104,32 @@ def find(graph: ModelProto, name: str, deleted: Sequence[dict] = ()) -> NodeProt
     node = node_named(graph, name)
     if node is not None:
         return node
-    output = _aliased_output(name)
-    if any(record.get("name") == name or (output is not None and record.get("type") == "Dequantize"
-                                          and record.get("outputs") == [output]) for record in deleted):
+    if _deleted_before(name, deleted):
         raise HbError(f"node '{name}' was already deleted from this model", hint="hb_model_info lists deleted nodes")
     # The deletable nodes first: those are the names a user means to type.
     names = [c.name for c in candidates(graph)] + [n.name for n in graph.graph.node if n.name]
     raise HbError(f"node '{name}' is not in the model{closest_names(name, dict.fromkeys(names))}",
                   hint="run hb_model_modifier MODEL.bin to list deletable nodes")
+
+
+def _deleted_before(name: str, deleted: Sequence[dict]) -> bool:
+    output = _aliased_output(name)
+    return any(record.get("name") == name or (output is not None and record.get("type") == "Dequantize"
+                                              and record.get("outputs") == [output]) for record in deleted)
+
+
+def refusal(graph: ModelProto, name: str, deleted: Sequence[dict], deletable: Sequence[str]) -> str | None:
+    """Why node ``name`` cannot be deleted from ``graph`` now (None: it can), in words; ``deleted``: the model's
+    deleted-node records, ``deletable``: the names to offer as closest for a name the model does not have."""
+    node = node_named(graph, name)
+    if node is None:
+        if _deleted_before(name, deleted):
+            return f"node '{name}' was already deleted from this model (hb_model_info lists deleted nodes)"
+        return f"node '{name}' is not in the model{closest_names(name, dict.fromkeys(deletable))}"
+    if any(c.name == node.name for c in candidates(graph)):
+        return None
+    return (f"node '{name}' ({display_type(node)}) cannot be deleted: it is not a Quantize/Transpose/Cast/Reshape "
+            f"right after a model input nor a Transpose/Dequantize/Cast/Reshape/Softmax right before a model output")
 
 
 def delete(model: BinModel, name: str) -> BinModel:

@@ -120,7 +120,7 @@ def test_the_newer_toolkits_hbruntime_runs_the_onnx_artefacts(nhwc_model: dict[s
     assert isinstance(sess.sess, onnxruntime.InferenceSession)
     with pytest.raises(HbError, match="is a compiled model"):
         HBRuntime(str(nhwc_model["quantized"].with_suffix(".bin")))
-    assert sorted(imagenet_val) == list(range(1000)) and imagenet_val[np.int64(0)].startswith("tench")
+    assert sorted(imagenet_val) == list(range(1000)) and imagenet_val[np.int64(0)][0].startswith("tench")
 
 
 def test_input_offset_given_as_text_is_the_number(nhwc_model: dict[str, Path]) -> None:
