@@ -115,6 +115,8 @@ def _switched_fake_quant(node: NodeProto, ctx: LoweringContext, preprocess: Node
         integer = copy.deepcopy(preprocess)
         integer.name = ctx.unique(f"{preprocess.name}__integer")
         integer.output[0] = inner.input[0] = ctx.unique(f"{x}__integer")
+        if x in ctx.shapes:  # a per-channel fake quant (per_channel: True) needs its input's rank
+            ctx.shapes[inner.input[0]] = ctx.shapes[x]
         ctx.exact = True  # the calibrated model's float64 twins, kept inside this one switch
         try:
             quantized = [*HzPreprocess.lower(integer, ctx), *HzCalibration.lower(inner, ctx)]

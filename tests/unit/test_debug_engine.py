@@ -144,6 +144,28 @@ def test_with_every_node_off_corrected_biases_are_the_float_ones(tmp_path: Path)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 + 1 / 32767)
 
 
+def test_per_channel_image_input_switches(tmp_path: Path) -> None:
+    """per_channel: True puts per-channel scales on the image input's calibration node; the switch that
+    computes it from the integer preprocessing lost the input's rank and the debugger stopped with an internal
+    error on every such model (hunt 31 D1). All on is the calibrated model, all off the float one."""
+    project = make_project(tmp_path, MODELS["resnet_like"](), cal_count=3)
+    project.write(model_parameters={"debug_mode": "dump_calibration_data"},
+                  calibration_parameters={"calibration_type": "max", "per_channel": True})
+    hbtools.log.setup(None)
+    paths = makertbin(project.config_path, "onnx")
+    cm = load_calibrated(paths["calibrated"])
+    assert any(len(c.scales) > 1 for c in cm.calibration.values() if c.kind == "activation"), "per-channel input"
+    switchboard = Switchboard(cm)
+    sample = load_samples(project.working_dir / "calibration_data", cm, 1)[0]
+    cache = switchboard.float_pass(sample)
+    floats = HB_ONNXRuntime(model_file=paths["optimized"]).run(None, sample)
+    calibrated = HB_ONNXRuntime(model_file=paths["calibrated"]).run(None, sample)
+    for got, want in zip(switchboard.run(sample, cache, set()), floats, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for got, want in zip(switchboard.run(sample, cache, set(cm.calibration)), calibrated, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 + 1 / 32767)
+
+
 def test_a_run_computes_its_own_stages_then_one_tail(dumped: Dumped) -> None:
     cm = load_calibrated(dumped.calibrated)
     switchboard = Switchboard(cm)
