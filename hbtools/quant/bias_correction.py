@@ -47,11 +47,14 @@ def _fake_quant(w: np.ndarray, thresholds: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _weight_shift(node: NodeProto, w: np.ndarray, wq: np.ndarray, mean_x: np.ndarray, trans_b: bool) -> np.ndarray:
+    """What to add to the bias to give back the output mean the rounded weights move."""
     err = w - wq
     if node.op_type == "Gemm":
         alpha = next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
+        beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)
         err = err.T if trans_b else err  # -> [K, N]
-        return alpha * (mean_x @ err)
+        # The output takes beta times the bias (C): 2x over-corrected at beta 2 before. Without beta, no bias counts.
+        return alpha * (mean_x @ err) / beta if beta else np.zeros(err.shape[-1])
     group = next((a.i for a in node.attribute if a.name == "group"), 1)
     per_in = err.sum(axis=tuple(range(2, err.ndim)))  # [O, I/group]
     out_per_group = per_in.shape[0] // group

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from builders import make_project, resnet_like, write_calibration
 from onnx import TensorProto, helper
 
@@ -84,3 +85,34 @@ def test_bias_correction_of_a_1d_conv_takes_channel_means_on_axis_1() -> None:
     # No padding: the corrected bias moves every output channel's mean back onto the float one.
     np.testing.assert_allclose(mean_quant, mean_float, atol=2e-3)
     assert not np.allclose(got, b, atol=1e-3), "rounding these weights shifts the channel means"
+
+
+@pytest.mark.parametrize("beta", [2.0, 0.5])
+def test_bias_correction_of_a_gemm_divides_by_beta(beta: float) -> None:
+    """A Gemm adds beta times its bias C: the correction wrote the whole shift into C, so the output moved by
+    beta times the shift (2x over-corrected at beta 2; hunt 31 D4). The quantized Gemm's output means are the
+    float ones again."""
+    from hbtools.quant.bias_correction import _fake_quant, correct_biases
+
+    rng = np.random.default_rng(4)
+    k, n = 16, 6
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="fc", transB=1, alpha=0.5, beta=beta)], "fc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(c, "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    feeds = [{"x": (rng.standard_normal((1, k)) + 3.0).astype(np.float32)} for _ in range(16)]
+    thresholds = {"w": np.abs(w).max(axis=1) * 1.7}  # a coarse grid: a large rounding shift
+    corrected = correct_biases(model, [model.graph.node[0]], thresholds, {"w": 0}, feeds)
+
+    wq = _fake_quant(w.astype(np.float64), thresholds["w"], 0).astype(np.float32)
+    got = {i.name: onnx.numpy_helper.to_array(i) for i in corrected.graph.initializer}[corrected.graph.node[0].input[2]]
+    model_q = onnx.load_from_string(model.SerializeToString())
+    model_q.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(wq, "w"))
+    model_q.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(got, "c"))
+    mean_float = np.mean([make_session(model).run(None, f)[0] for f in feeds], axis=0)
+    mean_quant = np.mean([make_session(model_q).run(None, f)[0] for f in feeds], axis=0)
+    np.testing.assert_allclose(mean_quant, mean_float, atol=1e-4)
