@@ -592,3 +592,25 @@ def test_an_output_blob_an_identity_layer_wrote_keeps_its_caffe_name(tmp_path: P
     n.layer("ReLU", ["g_a"], ["r"], "", name="relu", step=lambda v: v.__setitem__("r", np.maximum(v["g_a"], 0)))
     model = check(n, tmp_path, ["fc_drop", "g_b", "r"])
     assert [o.name for o in model.graph.output] == ["fc_drop", "g_b", "r"]
+
+
+def test_the_cut_layers_bottoms_are_outputs_even_where_another_layer_reads_one(tmp_path: Path,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """A bottom of the left-out DetectionOutput that another layer also reads (a Softmax of the confidences) was
+    dropped from the outputs although the WARNING listed it; a bottom that is a network input (prior boxes fed
+    from the host) is no output, and the WARNING no longer lists it (hunt 31 D6)."""
+    n = CaffeNet(seed=18)
+    x = n.input("data", [1, 3, 12, 16])
+    priors = n.input("priors", [1, 2, 48])  # fed from the host
+    f = n.conv(x, 4, 3, stride=2, pad=1)
+    loc, conf = n.conv(f, 4, 1, top="loc"), n.conv(f, 3, 1, top="conf")
+    n.layer("Softmax", [conf], ["conf_sm"], "", name="sm")
+    n.layer("DetectionOutput", [loc, conf, priors], ["detection_out"], "", name="detection")
+    logger = logging.getLogger("hbtools")
+    logger.addHandler(caplog.handler)
+    try:
+        model = load_caffe(*n.write(tmp_path))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert [o.name for o in model.graph.output] == ["conf_sm", "loc", "conf"]
+    assert "its bottoms 'loc', 'conf' are the outputs" in caplog.text, caplog.text

@@ -141,10 +141,12 @@ def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: S
         if param.type in INPUT_LAYERS:
             continue
         if param.type in layers_ssd.CUT_LAYERS:
+            inputs = {vi.name for vi in net.inputs}
+            kept = [b for b in param.bottom if b in net.blobs and net.blobs[b] not in inputs]  # an input is no output
             warn_once(Path(prototxt), "caffe layer '%s' (%s: %s) is left out: the network ends before it, and its "
                       "bottoms %s are the outputs; decode and filter on the host", param.name, param.type,
-                      layers_ssd.CUT_LAYERS[param.type], ", ".join(f"'{b}'" for b in param.bottom))
-            cut.append(param)
+                      layers_ssd.CUT_LAYERS[param.type], ", ".join(f"'{b}'" for b in kept))
+            cut.append(kept)
             continue
         layer = Layer(net, param, weights.get(param.name))
         try:
@@ -156,10 +158,10 @@ def caffe_to_onnx(prototxt: str | Path, caffe_model: str | Path, input_shapes: S
                 exc.hint = (f"input_shape sets {', '.join(changed)}; the network's weights may only fit the "
                             "shape it was trained with" + (f". Otherwise: {exc.hint}" if exc.hint else ""))
             raise
-    for param in cut:  # its bottoms are the outputs in its own order, as the host-side decoding reads them
-        for blob in param.bottom:
-            if blob in net.available:
-                net.available[blob] = net.available.pop(blob)
+    for bottoms in cut:  # the outputs in its own order, as the host-side decoding reads them, read elsewhere or not
+        for blob in bottoms:
+            net.available.pop(blob, None)
+            net.available[blob] = None
     model = net.model()
     log.debug("caffe model converted to ONNX: %d layers -> %d nodes, inputs %s, outputs %s", len(layers),
              len(model.graph.node), [i.name for i in model.graph.input], [o.name for o in model.graph.output])
