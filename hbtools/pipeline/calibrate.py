@@ -121,7 +121,7 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
                 log.info("output '%s' is scored without its mean on each sample: the mean is most of its values, and "
                          "the cosine of the whole would hide the errors in what varies", out)
             scores = _method_scores(evaluator, candidates, None, "")
-            if not march_int16:  # (set_all_nodes_int8 on a march with int16 keeps SPEC's symmetric grids)
+            if not allow_int16:
                 plan, evaluator, scores = _zero_points(optimized, plan, weight_th, candidates, evaluator, scores,
                                                        fold_candidates, without)
         with times.step("GPTQ"):
