@@ -11,6 +11,7 @@ weights.
 from __future__ import annotations
 
 import tracemalloc
+import weakref
 
 import numpy as np
 import onnx
@@ -73,3 +74,39 @@ def test_constants_no_node_reads_are_not_made_into_initializers() -> None:
     assert ctx.cast_constant("again", read, np.float64) == unread  # one per source and type
     assert [t.name for t in ctx.made_constants({read})] == [read]
     assert [t.name for t in ctx.initializers] == [read, unread]
+
+
+def test_the_searches_hold_no_evaluator_session_while_a_step_runs_its_own(tmp_path, monkeypatch) -> None:
+    """GPTQ's Hessians and bias correction run sessions of their own over the whole model, then build a
+    candidate evaluator: the current evaluator's session (onnxruntime's copy of every weight) is let go
+    first, as ``_if_closer`` does for the candidate."""
+    from builders import make_project, resnet_like
+
+    from hbtools.log import setup
+    from hbtools.pipeline import calibrate
+    from hbtools.pipeline.runner import makertbin
+    from hbtools.quant import search, weight_rounding
+
+    evaluators: weakref.WeakSet[search.Evaluator] = weakref.WeakSet()  # those the searches let go of go
+    made = search.Evaluator.__init__
+
+    def tracked(self: search.Evaluator, *args: object, **kwargs: object) -> None:
+        made(self, *args, **kwargs)
+        evaluators.add(self)
+
+    held: dict[str, list[int]] = {}
+
+    def counting(step: str, run):  # noqa: ANN001, ANN202 - wraps the step's function as it is
+        def wrapped(*args: object, **kwargs: object) -> object:
+            held.setdefault(step, []).append(sum(e.session is not None for e in evaluators))
+            return run(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(search.Evaluator, "__init__", tracked)
+    monkeypatch.setattr(weight_rounding, "input_hessians", counting("GPTQ", weight_rounding.input_hessians))
+    monkeypatch.setattr(calibrate, "_corrected_biases", counting("bias correction", calibrate._corrected_biases))
+    setup(None)
+    project = make_project(tmp_path, resnet_like(), march="bernoulli2", cal_count=8, calibration_type="default")
+    makertbin(project.config_path, "onnx")
+    assert set(held) == {"GPTQ", "bias correction"}, held
+    assert held == {"GPTQ": [0], "bias correction": [0]}, f"evaluator sessions alive during the step: {held}"
