@@ -9,7 +9,7 @@ independent numpy implementation used by tests and the ``.bin`` simulator.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 from onnx import NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
@@ -17,6 +17,9 @@ from onnx import NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
 # Constants at least this large are stored once however many nodes read them: an unrolled recurrence
 # reads one weight at every step (a 20-step LSTM's copies were 57 of its 69 MB).
 SHARED_BYTES = 1024
+# A constant cast to another type is kept once computed below this size, and computed again on each read
+# above it (a fully connected layer's float64 levels: 0.8 GB for VGG-16's fc6).
+KEPT_CAST_BYTES = 16 << 20
 
 
 def content_key(value: np.ndarray) -> tuple | None:
@@ -74,7 +77,10 @@ class LoweringContext:
         # When set, activation calibration grids become graph inputs so one session can
         # evaluate any threshold and bit width assignment (the searches).
         self.feed_calibration = feed_calibration
-        self.initializers: list[TensorProto] = []
+        # Constants a lowering made, by name in the order made: arrays until a caller takes them as
+        # initializers (``initializers`` / ``made_constants``), so that those no node ends up reading (a large
+        # weight's float64 levels, when its product runs on another form) never become a TensorProto copy.
+        self._made: list[str] = []
         self.inputs: list[ValueInfoProto] = []
         # Float64 twins of a calibrated model's tensors (``hbtools.ops.twins``), and the
         # model's constants, which need no twin.
@@ -97,6 +103,9 @@ class LoweringContext:
         self.float_copies: dict[str, tuple[str, int]] = {}
         self._arrays: dict[str, np.ndarray] = {}
         self._stored: dict[tuple, str] = {}  # content_key -> the constant holding it
+        # Constants that are another constant in another type (``cast_constant``): name -> (source, dtype).
+        # Their values are made when read, so a large weight is not held in float64 beside its float32 form.
+        self._casts: dict[str, tuple[str, np.dtype]] = {}
         self.fused: dict[str, object] = {}  # calibrated-model patterns lowered as one kernel (hbtools.ops.fused)
 
     def unique(self, hint: str) -> str:
@@ -109,17 +118,51 @@ class LoweringContext:
         if key is not None and key in self._stored:
             return self._stored[key]
         name = self.unique(hint)
-        self.initializers.append(numpy_helper.from_array(value, name))
+        self._made.append(name)
         self._arrays[name] = value
         if key is not None:
             self._stored[key] = name
         return name
 
+    def cast_constant(self, hint: str, source: str, dtype: type) -> str:
+        """A constant holding constant ``source`` in ``dtype`` (exact conversions only), made once per pair.
+
+        Its value is computed when read (``known``, ``made_constants``), and not kept when large."""
+        key = ("cast", source, np.dtype(dtype).str)
+        if key in self._stored:
+            return self._stored[key]
+        name = self.unique(hint)
+        self._made.append(name)
+        self._casts[name] = (source, np.dtype(dtype))
+        self._stored[key] = name
+        return name
+
     def known(self, name: str) -> np.ndarray | None:
         """The value of constant ``name`` (the model's or one a lowering made), else None."""
+        if name in self._casts:
+            source, dtype = self._casts[name]
+            value = self.known(source).astype(dtype)
+            if value.nbytes < KEPT_CAST_BYTES:
+                self._arrays[name] = value
+                del self._casts[name]
+            return value
         if name not in self._arrays and name in self.constant_values:
             self._arrays[name] = numpy_helper.to_array(self.constant_values[name])
         return self._arrays.get(name)
+
+    @property
+    def made(self) -> list[str]:
+        """The names of the constants a lowering made, in the order made."""
+        return list(self._made)
+
+    def made_constants(self, names: Collection[str] | None = None) -> list[TensorProto]:
+        """The constants the lowerings made (those named in ``names`` only, if given), as initializers."""
+        return [numpy_helper.from_array(self.known(n), n) for n in self._made if names is None or n in names]
+
+    @property
+    def initializers(self) -> list[TensorProto]:
+        """Every constant the lowerings made, as initializers (a new list on each call)."""
+        return self.made_constants()
 
     def graph_input(self, name: str, elem_type: int, shape: list[int]) -> str:
         self._taken.add(name)

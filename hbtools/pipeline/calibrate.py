@@ -213,12 +213,14 @@ def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     if not readers:
         return plan, nearest, nearest_scores
     weight_of = {n.name: w for w, n in readers.items()}
+    _set_aside(nearest, int16_follows)
     offsets = {}
     for layer, hessian in weight_rounding.input_hessians(optimized, list(readers.values()), feeds[:ROUNDING_SAMPLES]):
         w = weight_of[layer]
         offsets[w] = weight_rounding.weight_offsets(readers[w], view, weight_th[w], hessian)
     release_freed_memory()  # the Hessians' sessions, patches and factors, before another evaluator is built
     if not offsets:
+        nearest.reopen()
         return plan, nearest, nearest_scores
     if len(offsets) < len(readers):
         log.info("weight rounding (GPTQ): %d of %d weights keep nearest rounding (too few positions for their "
@@ -277,6 +279,16 @@ def _zero_points(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[s
     release_freed_memory()
     evaluator.reopen()
     return plan, evaluator, scores
+
+
+def _set_aside(evaluator: Evaluator, int16_follows: bool) -> None:
+    """Let go of ``evaluator``'s session while a step runs sessions of its own (the Hessians', the bias
+    correction's) and builds a candidate: with both, a VGG-16-style classifier held its fully connected
+    weights four more times. What ``_if_closer`` compares the candidate with is scored first."""
+    if int16_follows:
+        evaluator.weights_alone()
+    evaluator.close()
+    release_freed_memory()
 
 
 def _if_closer(step: str, current: Evaluator, make_candidate: Callable[[], Evaluator],
@@ -354,8 +366,10 @@ def _bias_correction(optimized: ModelProto, plan: CalibrationPlan, weight_th: di
     """
     best = max(scores, key=scores.get)
     th = candidates[best]
+    _set_aside(evaluator, int16_follows)
     corrected = _corrected_biases(optimized, plan, th, weight_th, {t: best for t in th}, feeds)
     if corrected is None:
+        evaluator.reopen()
         return optimized, evaluator, scores
     release_freed_memory()  # the correction's sessions and runs, before the candidate's evaluator is built
     kept = _if_closer("bias correction", evaluator,

@@ -85,8 +85,10 @@ def lowered_parts(model: ModelProto, *, feed_calibration: bool = False, keep: Co
         # on), and the other initializers copies of their own (one of its parts kept would keep it all).
         passed = {t.name: t for t in source.graph.initializer if t.name in large_constants(source)}
         own = [passed[t.name] if t.name in passed else copy.deepcopy(t) for t in own]
-    constants = [*own, *ctx.initializers]
-    gone = {t.name for t in constants if t.name not in read}
+    # Only the constants some node reads become initializers: one a lowering made and then replaced (a
+    # weight's float64 levels where its product runs on float32 levels) is never serialized.
+    constants = [*own, *ctx.made_constants(read)]
+    gone = {t.name for t in own if t.name not in read} | {n for n in ctx.made if n not in read}
     lowered = ModelProto()
     copy_fields(model, lowered, skip=("graph",))
     # no value_info: intermediate dtypes changed; let onnxruntime infer
