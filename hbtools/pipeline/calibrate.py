@@ -19,7 +19,7 @@ from hbtools.errors import HbError
 from hbtools.graph.constant_terms import Tails
 from hbtools.graph.graph import GraphView
 from hbtools.quant import weight_rounding
-from hbtools.quant.bias_correction import CORRECTABLE, correct_biases, with_float_biases
+from hbtools.quant.bias_correction import CORRECTABLE, correct_biases, record_float_biases
 from hbtools.quant.fragile import float_advice
 from hbtools.quant.plan import (
     ActivationPoint,
@@ -183,7 +183,7 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
             optimized = corrected
     model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
     if optimized is not uncorrected:
-        model = with_float_biases(model, uncorrected)
+        record_float_biases(model, uncorrected)
     return CalibrationResult(model, plan, thresholds, method, scores, summary)
 
 

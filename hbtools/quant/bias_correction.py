@@ -98,19 +98,19 @@ def correct_biases(optimized: ModelProto, convs: list[NodeProto], weight_thresho
     return model
 
 
-def with_float_biases(calibrated: ModelProto, uncorrected: ModelProto) -> ModelProto:
-    """A copy of ``calibrated`` (built from corrected biases) whose HzBiasCalibration nodes hold, where the
-    correction changed their bias, the bias of ``uncorrected`` (attribute ``float_bias``).
+def record_float_biases(calibrated: ModelProto, uncorrected: ModelProto) -> None:
+    """Tell each HzBiasCalibration of ``calibrated`` (a calibrated model being built from corrected biases)
+    whose bias the correction changed the bias of ``uncorrected`` (attribute ``float_bias``).
 
     The calibrated model runs the corrected biases; the debugger's float model (every node off) reads
-    the ones before, so that it is the float model the user exported.
+    the ones before, so that it is the float model the user exported. Only attributes are added: no copy
+    of either model (their weights can be hundreds of MB).
     """
-    model = copy.deepcopy(calibrated)
-    before = GraphView(uncorrected)
     convs = {n.name: n for n in uncorrected.graph.node if n.op_type in CORRECTABLE and n.name}
-    inits = {t.name: t for t in model.graph.initializer}
-    reader_of = {i: n for n in model.graph.node for i in n.input if i}
-    for node in model.graph.node:
+    old_inits = {t.name: t for t in uncorrected.graph.initializer}
+    inits = {t.name: t for t in calibrated.graph.initializer}
+    reader_of = {i: n for n in calibrated.graph.node for i in n.input if i}
+    for node in calibrated.graph.node:
         if node.op_type != HzBiasCalibration.op_type or node.input[0] not in inits:
             continue
         reader = reader_of.get(node.output[0])
@@ -118,10 +118,12 @@ def with_float_biases(calibrated: ModelProto, uncorrected: ModelProto) -> ModelP
         if conv is None:
             continue
         corrected = numpy_helper.to_array(inits[node.input[0]]).reshape(-1)
-        old = before.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+        bias = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+        if bias is not None and bias not in old_inits:
+            continue
+        old = numpy_helper.to_array(old_inits[bias]) if bias is not None else None
         if old is not None and old.size not in (1, corrected.size):
             continue
         value = np.zeros_like(corrected) if old is None else np.broadcast_to(old.reshape(-1), corrected.shape)
         if not np.array_equal(value, corrected):
             node.attribute.append(helper.make_attribute("float_bias", value.astype(np.float32).tolist()))
-    return model

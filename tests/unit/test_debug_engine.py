@@ -120,6 +120,20 @@ def test_float_pass_is_the_float_model_and_stages_are_used(dumped: Dumped) -> No
     assert switchboard.stage_count > 1, "small models are still cut into stages"
 
 
+def assert_ends_are_float_and_calibrated(cm, paths: dict[str, Path], samples: list[dict]) -> None:  # noqa: ANN001
+    """Every node off gives the optimized float model, every node on the calibrated model."""
+    switchboard = Switchboard(cm)
+    for sample in samples:
+        cache = switchboard.float_pass(sample)
+        floats = HB_ONNXRuntime(model_file=paths["optimized"]).run(None, sample)
+        calibrated = HB_ONNXRuntime(model_file=paths["calibrated"]).run(None, sample)
+        for got, want in zip(switchboard.run(sample, cache, set()), floats, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        for got, want in zip(switchboard.run(sample, cache, set(cm.calibration)), calibrated, strict=True):
+            # up to one level of the probability output's int16 grid (see the test above)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 + 1 / 32767)
+
+
 def test_with_every_node_off_corrected_biases_are_the_float_ones(tmp_path: Path) -> None:
     """Bias correction changes the calibrated model's conv biases; with every node off the debugger
     runs the float model the user exported, with every node on the calibrated model."""
@@ -132,16 +146,7 @@ def test_with_every_node_off_corrected_biases_are_the_float_ones(tmp_path: Path)
                if n.op_type == "HzBiasCalibration" and "float_bias" in attrs_of(n)]
     assert changed, "bias correction changed a bias"
     cm = load_calibrated(paths["calibrated"])
-    switchboard = Switchboard(cm)
-    for sample in load_samples(project.working_dir / "calibration_data", cm, 2):
-        cache = switchboard.float_pass(sample)
-        floats = HB_ONNXRuntime(model_file=paths["optimized"]).run(None, sample)
-        calibrated = HB_ONNXRuntime(model_file=paths["calibrated"]).run(None, sample)
-        for got, want in zip(switchboard.run(sample, cache, set()), floats, strict=True):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        for got, want in zip(switchboard.run(sample, cache, set(cm.calibration)), calibrated, strict=True):
-            # up to one level of the probability output's int16 grid (see the test above)
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 + 1 / 32767)
+    assert_ends_are_float_and_calibrated(cm, paths, load_samples(project.working_dir / "calibration_data", cm, 2))
 
 
 def test_per_channel_image_input_switches(tmp_path: Path) -> None:
@@ -155,15 +160,7 @@ def test_per_channel_image_input_switches(tmp_path: Path) -> None:
     paths = makertbin(project.config_path, "onnx")
     cm = load_calibrated(paths["calibrated"])
     assert any(len(c.scales) > 1 for c in cm.calibration.values() if c.kind == "activation"), "per-channel input"
-    switchboard = Switchboard(cm)
-    sample = load_samples(project.working_dir / "calibration_data", cm, 1)[0]
-    cache = switchboard.float_pass(sample)
-    floats = HB_ONNXRuntime(model_file=paths["optimized"]).run(None, sample)
-    calibrated = HB_ONNXRuntime(model_file=paths["calibrated"]).run(None, sample)
-    for got, want in zip(switchboard.run(sample, cache, set()), floats, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    for got, want in zip(switchboard.run(sample, cache, set(cm.calibration)), calibrated, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 + 1 / 32767)
+    assert_ends_are_float_and_calibrated(cm, paths, load_samples(project.working_dir / "calibration_data", cm, 1))
 
 
 def test_a_run_computes_its_own_stages_then_one_tail(dumped: Dumped) -> None:

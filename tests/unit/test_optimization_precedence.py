@@ -24,6 +24,16 @@ def _activation_bits(path: Path) -> dict[str, int]:
             if n.op_type == "HzCalibration" and n.input[0] not in weights}
 
 
+def _logged_makertbin(project, caplog) -> dict[str, Path]:  # noqa: ANN001
+    """makertbin with hbtools' log records in ``caplog`` (the logger may not propagate once set up)."""
+    caplog.clear()
+    logging.getLogger("hbtools").addHandler(caplog.handler)
+    try:
+        return makertbin(project.config_path, "onnx")
+    finally:
+        logging.getLogger("hbtools").removeHandler(caplog.handler)
+
+
 def test_an_op_kind_int8_wins_over_all_nodes_int16(tmp_path: Path) -> None:
     setup(None)
     g = _Graph(31)
@@ -72,12 +82,7 @@ def test_all_nodes_int8_turns_the_int16_search_off_but_keeps_node_info_int16(tmp
     project = make_project(tmp_path / "int8", fm, cal_count=8)
     project.write(calibration_parameters={"calibration_type": "default", "optimization": "set_all_nodes_int8"},
                   model_parameters={"node_info": {conv.name: {"OutputType": "int16"}}})
-    caplog.clear()
-    logging.getLogger("hbtools").addHandler(caplog.handler)
-    try:
-        bits = _activation_bits(makertbin(project.config_path, "onnx")["calibrated"])
-    finally:
-        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    bits = _activation_bits(_logged_makertbin(project, caplog)["calibrated"])
     assert {t for t, b in bits.items() if b == 16} == {conv.output[0]}, bits
     assert "int16 search" not in caplog.text and "mixed precision" not in caplog.text, caplog.text
 
@@ -95,7 +100,6 @@ def test_int8_requests_a_cpu_node_cannot_honour_are_named(tmp_path: Path, caplog
     """set_model_output_int8 with an output made by a CPU node (an RDK X3 classifier's final Softmax, which the
     BPU of bernoulli2 does not run) left that output float32 without a word, and so did set_Softmax_input_int8
     for the CPU Softmax; each now gets a WARNING naming the output or node. A BPU output gives none."""
-    import logging
 
     setup(None)
     g = _Graph(33)
@@ -107,13 +111,7 @@ def test_int8_requests_a_cpu_node_cannot_honour_are_named(tmp_path: Path, caplog
     project = make_project(tmp_path, fm, march="bernoulli2", cal_count=4)
     project.write(calibration_parameters={"calibration_type": "max",
                                           "optimization": "set_model_output_int8;set_Softmax_input_int8"})
-    caplog.clear()
-    logging.getLogger("hbtools").addHandler(caplog.handler)
-    try:
-        makertbin(project.config_path, "onnx")
-    finally:
-        logging.getLogger("hbtools").removeHandler(caplog.handler)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = _warnings_of_makertbin(project, caplog)
     cpu = f"node {softmax.name} (Softmax) runs on the CPU (Softmax is not supported on the BPU of bernoulli2 (RDK X3))"
     assert f"set_model_output_int8: output '{probs}' stays float32: {cpu} and computes in float" in warnings, warnings
     assert f"set_Softmax_input_int8: {cpu} and computes in float; its input stays float" in warnings, warnings
@@ -121,14 +119,7 @@ def test_int8_requests_a_cpu_node_cannot_honour_are_named(tmp_path: Path, caplog
 
 
 def _warnings_of_makertbin(project, caplog) -> list[str]:
-    import logging
-
-    caplog.clear()
-    logging.getLogger("hbtools").addHandler(caplog.handler)
-    try:
-        makertbin(project.config_path, "onnx")
-    finally:
-        logging.getLogger("hbtools").removeHandler(caplog.handler)
+    _logged_makertbin(project, caplog)
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 

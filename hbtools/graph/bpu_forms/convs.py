@@ -534,12 +534,17 @@ def _conv_pieces(node: NodeProto, view: GraphView, plan: list[list[tuple[int, in
                                       pads=begin + end, dilations=dil))
         nodes[-1].attribute.extend(others)
         sums.append(y)
-    total = sums[0]
-    for j, y in enumerate(sums[1:], 1):
-        target = node.output[0] if j == len(sums) - 1 else f"{node.output[0]}_{node.name}_sum{j}"
-        nodes.append(helper.make_node("Add", [total, y], [target], name=f"{node.name}_sum{j}"))
+    return [*nodes, *_summed(node, sums)]
+
+
+def _summed(node: NodeProto, parts: list[str]) -> list[NodeProto]:
+    """Adds chaining ``parts`` (partial results of ``node``) into its output."""
+    adds, total = [], parts[0]
+    for j, y in enumerate(parts[1:], 1):
+        target = node.output[0] if j == len(parts) - 1 else f"{node.output[0]}_{node.name}_sum{j}"
+        adds.append(helper.make_node("Add", [total, y], [target], name=f"{node.name}_sum{j}"))
         total = target
-    return nodes
+    return adds
 
 
 def _even_ranges(total: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
@@ -630,12 +635,7 @@ def wide_convs_in_channel_pieces(model: ModelProto, profile: MarchProfile,
                                                                       else [])], [y], name=tag if j else node.name))
                 nodes[-1].attribute.extend(others)
                 sums.append(y)
-            total = sums[0]
-            for j, y in enumerate(sums[1:], 1):
-                target = node.output[0] if j == len(sums) - 1 else f"{node.output[0]}_{node.name}_sum{j}"
-                nodes.append(helper.make_node("Add", [total, y], [target], name=f"{node.name}_sum{j}"))
-                total = target
-            return nodes
+            return [*nodes, *_summed(node, sums)]
         out_group = cout // group
         if max(cin, cout) <= limit or per_group > limit or out_group > limit:
             return None
