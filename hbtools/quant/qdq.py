@@ -183,7 +183,7 @@ def _per_axis(values: np.ndarray, node: NodeProto, w: np.ndarray) -> np.ndarray:
 
 def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, float]:
     """Remove Q/DQ nodes in place; return activation thresholds by float tensor name, and add to ``int16`` the
-    tensors of symmetric 16-bit pairs."""
+    tensors of 16-bit pairs (signed or not, with or without a zero point)."""
     view = GraphView(model)
     thresholds: dict[str, float] = {}
     rename: dict[str, str] = {}  # a pair's output -> the tensor it quantized
@@ -219,10 +219,12 @@ def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, flo
             out = node.output[0]
             if zero.dtype.name.startswith("float8"):
                 eight_bit_floats += 1
-            elif not _symmetric(zero):
-                widened += 1
-            elif zero.dtype == np.int16 and int16 is not None:
-                int16.update({tensor, out})
+            else:
+                widened += not _symmetric(zero)
+                if zero.dtype in (np.int16, np.uint16) and int16 is not None:
+                    # a 16-bit pair asks for an int16 grid whatever its zero point (onnxruntime's QInt16 and
+                    # QUInt16 activations are asymmetric by default): an int8 one would lose 8 of its bits
+                    int16.update({tensor, out})
             if low > -threshold * (1 - 1e-6) or high < threshold * (1 - 1e-6):
                 # The pair clips one end of the range short of the threshold: onnxruntime's quantizer drops a
                 # Relu (or Clip) before a uint8 pair with zero point 0, which then does its work. A Clip keeps it.
@@ -247,7 +249,7 @@ def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, flo
     if widened:
         log.warning("calibration_type load: %d QuantizeLinear -> DequantizeLinear pair(s) quantize to an asymmetric "
                     "or unsigned grid (a zero point, or uint8 as onnxruntime's quantize_static writes); the BPU's "
-                    "int8 grid is symmetric: each takes the threshold of the larger end of the range it clips to, "
+                    "int8 and int16 grids are symmetric: each takes the threshold of the larger end of the range it clips to, "
                     "and a Clip to that range (up to twice the pair's step); where the float model the QDQ model was "
                     "made from is at hand, converting it (calibration_type default) fits the BPU's grids instead",
                     widened)

@@ -15,7 +15,8 @@ from hbtools.log import setup
 from hbtools.pipeline.runner import makertbin
 from hbtools.runtime import HB_ONNXRuntime
 
-FORMS = ["constant_nodes", "computed_scale", "blocked", "contrib", "int16", "float8", "weights_only"]
+FORMS = ["constant_nodes", "computed_scale", "blocked", "contrib", "int16", "int16_zero_point", "uint16", "float8",
+         "weights_only"]
 
 
 def _exported(form: str) -> onnx.ModelProto:
@@ -24,14 +25,15 @@ def _exported(form: str) -> onnx.ModelProto:
     ``computed_scale``: the float weight quantized by a QuantizeLinear whose scale is computed from it (Abs,
     ReduceMax, Div: torch's dynamo export); ``blocked``: a scale per block of 9 weight inputs (opset 21
     ``block_size``); ``contrib``: every Q/DQ in onnxruntime's com.microsoft domain; ``int16``: 16-bit pairs with
-    zero point 0 (opset 21); ``float8``: pairs on a float8 e4m3 grid (FP8 exports, opset 19); ``weights_only``: no
+    zero point 0 (opset 21); ``int16_zero_point`` / ``uint16``: 16-bit pairs with a zero point (onnxruntime's
+    QInt16 / QUInt16 activations, asymmetric by default); ``float8``: pairs on a float8 e4m3 grid (FP8 exports, opset 19); ``weights_only``: no
     activation pair (weight-only quantization). A zero point is shared through an Identity, as torch.ao's export
     does."""
     rng = np.random.default_rng(0)
     w_float = rng.normal(0, 0.5, (4, 2, 3, 3)).astype(np.float32)
     w_scale = (np.abs(w_float).reshape(4, -1).max(axis=1) / 127).astype(np.float32)
     w_q = np.clip(np.round(w_float / w_scale[:, None, None, None]), -127, 127).astype(np.int8)
-    int16 = form == "int16"
+    int16 = form.startswith(("int16", "uint16"))
     domain = "com.microsoft" if form == "contrib" else ""
     inits, nodes = [], []
 
@@ -46,7 +48,8 @@ def _exported(form: str) -> onnx.ModelProto:
     if float8:
         inits.append(helper.make_tensor("zp_source", TensorProto.FLOAT8E4M3FN, [], [0.0]))
     else:
-        constant("zp_source", np.array(0, np.int16 if int16 else np.int8))
+        zero = {"int16": np.int16(0), "int16_zero_point": np.int16(1000), "uint16": np.uint16(32768)}
+        constant("zp_source", np.array(zero.get(form, np.int8(0))))
     constant("w_zp", np.zeros(4, np.int8))
     nodes.append(helper.make_node("Identity", ["zp_source"], ["zp"]))
     x = "feat"
@@ -80,7 +83,7 @@ def _exported(form: str) -> onnx.ModelProto:
                   helper.make_node("DequantizeLinear", ["r_q", "s", "zp"], ["y"], name="dq1", domain=domain)]
     graph = helper.make_graph(nodes, "qat", [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 2, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
-    opset = 21 if form in ("blocked", "int16") else 19 if float8 else 13
+    opset = 21 if form == "blocked" or int16 else 19 if float8 else 13
     imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("com.microsoft", 1)] if domain else [])
     model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 10 if opset == 21 else 9 if opset == 19 else 8
@@ -104,7 +107,8 @@ def _without_the_output_pair(model: onnx.ModelProto) -> onnx.ModelProto:
 def test_quantized_exports_convert_with_their_own_grids(form: str, tmp_path: Path, monkeypatch) -> None:
     """Each stopped before: an ERROR that a Constant-node scale was not constant, an internal error on the
     blocked scale and on the float8 pairs, every node on the CPU for the contrib-domain pairs and the weight-only
-    model (which nothing told to use load), the int16 pairs calibrated int8 behind a Clip. Now every one runs on
+    model (which nothing told to use load), the int16 pairs calibrated int8 behind a Clip (with a zero point, as
+    onnxruntime's QInt16 / QUInt16 write them, until session 52). Now every one runs on
     the BPU and agrees with the QDQ model (which rounds as the quantized model does), the int16 pairs on int16
     grids."""
     monkeypatch.chdir(tmp_path)
@@ -113,17 +117,19 @@ def test_quantized_exports_convert_with_their_own_grids(form: str, tmp_path: Pat
     onnx.save(model, str(tmp_path / "qat.onnx"))
     paths = makertbin(_config(tmp_path, "skip" if form == "weights_only" else "load"), "onnx")
     calibrated = onnx.load(str(paths["calibrated"]))
+    sixteen_bits = form.startswith(("int16", "uint16"))
     assert not {n.op_type for n in calibrated.graph.node} & {"QuantizeLinear", "DequantizeLinear"}
     assert not _cpu_nodes(paths["bin"])
     bits = {n.input[0]: helper.get_attribute_value(next(a for a in n.attribute if a.name == "bits"))
             for n in calibrated.graph.node if n.op_type == "HzCalibration" and n.input[0] in ("feat", "r", "y")}
-    if form == "int16":
+    if sixteen_bits:
         assert bits["feat"] == 16, bits
     x = (np.random.default_rng(1).standard_normal((1, 2, 8, 8)) * 2).astype(np.float32)
-    want = _run_qdq(_without_the_output_pair(model), {"feat": x})
+    # a pair with a zero point clips to its range (a Clip keeps it), the output's included
+    want = _run_qdq(model if form in ("int16_zero_point", "uint16") else _without_the_output_pair(model), {"feat": x})
     # weight-only: a float model whose weights are the integers times their scales (calibrated on random data)
     artefact = "original" if form == "weights_only" else "quantized"
     got = HB_ONNXRuntime(model_file=paths[artefact]).run_feature(None, {"feat": x})[0]
     # float8 rounds relative to each value, the BPU's grid uniformly over the pair's range
-    bound = 1e-5 if form == "weights_only" else 0.002 if form == "int16" else 0.05 if form == "float8" else 0.02
+    bound = 1e-5 if form == "weights_only" else 0.002 if sixteen_bits else 0.05 if form == "float8" else 0.02
     assert np.abs(want - got).max() <= bound * np.abs(want).max(), (form, np.abs(want - got).max())
