@@ -250,8 +250,9 @@ def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, flo
         log.warning("calibration_type load: %d QuantizeLinear -> DequantizeLinear pair(s) quantize to an asymmetric "
                     "or unsigned grid (a zero point, or uint8 as onnxruntime's quantize_static writes); the BPU's "
                     "int8 and int16 grids are symmetric: each takes the threshold of the larger end of the range it "
-                    "clips to, and a Clip to that range (up to twice the pair's step); where the float model the QDQ model was "
-                    "made from is at hand, converting it (calibration_type default) fits the BPU's grids instead",
+                    "clips to, and a Clip to that range (up to twice the pair's step); where the float model the QDQ "
+                    "model was made from is at hand, converting it (calibration_type default) fits the BPU's grids "
+                    "instead",
                     widened)
     if eight_bit_floats:
         log.warning("calibration_type load: %d QuantizeLinear -> DequantizeLinear pair(s) quantize to a float8 grid, "

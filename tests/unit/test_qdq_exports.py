@@ -26,9 +26,9 @@ def _exported(form: str) -> onnx.ModelProto:
     ReduceMax, Div: torch's dynamo export); ``blocked``: a scale per block of 9 weight inputs (opset 21
     ``block_size``); ``contrib``: every Q/DQ in onnxruntime's com.microsoft domain; ``int16``: 16-bit pairs with
     zero point 0 (opset 21); ``int16_zero_point`` / ``uint16``: 16-bit pairs with a zero point (onnxruntime's
-    QInt16 / QUInt16 activations, asymmetric by default); ``float8``: pairs on a float8 e4m3 grid (FP8 exports, opset 19); ``weights_only``: no
-    activation pair (weight-only quantization). A zero point is shared through an Identity, as torch.ao's export
-    does."""
+    QInt16 / QUInt16 activations, asymmetric by default); ``float8``: pairs on a float8 e4m3 grid (FP8 exports,
+    opset 19); ``weights_only``: no activation pair (weight-only quantization). A zero point is shared through an
+    Identity, as torch.ao's export does."""
     rng = np.random.default_rng(0)
     w_float = rng.normal(0, 0.5, (4, 2, 3, 3)).astype(np.float32)
     w_scale = (np.abs(w_float).reshape(4, -1).max(axis=1) / 127).astype(np.float32)
