@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -317,6 +318,7 @@ def _restore_output_sizes(model: ModelProto, stated: dict[str, list]) -> None:
 
 def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:
     view = GraphView(model)
+    aliases = _blob_aliases(model)
     outputs = []
     for name in output_nodes:
         node = view.node_by_name.get(name)
@@ -324,12 +326,24 @@ def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:
             outputs.extend(o for o in node.output if o)
         elif name in view.producer:
             outputs.append(name)
+        elif name in aliases:  # a Caffe blob an Identity layer (Dropout, Split) wrote: a copy under its name
+            copy_name = fresh_name(f"{name}_output", set(view.node_by_name))
+            model.graph.node.append(helper.make_node("Identity", [aliases[name]], [name], name=copy_name))
+            outputs.append(name)
         else:
-            known = [*view.node_by_name, *view.producer]  # node names first: those are what users usually give
+            known = [*view.node_by_name, *view.producer, *aliases]  # node names first: what users usually give
             raise HbError(f"output_nodes: '{name}' is neither a node nor a tensor of the model"
                           f"{closest_names(name, dict.fromkeys(known))}")
     del model.graph.output[:]
     model.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs)
+
+
+def _blob_aliases(model: ModelProto) -> dict[str, str]:
+    """The Caffe reader's blobs that have no tensor of their own name (``BLOB_ALIASES``): blob -> tensor."""
+    from hbtools.frontends.caffe.builder import BLOB_ALIASES
+
+    prop = next((p.value for p in model.metadata_props if p.key == BLOB_ALIASES), None)
+    return json.loads(prop) if prop else {}
 
 
 def _insert_preprocess(model: ModelProto, inputs: list[InputSpec]) -> None:

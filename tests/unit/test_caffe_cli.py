@@ -293,3 +293,27 @@ def test_an_ssd_deploy_prototxt_gets_one_warning_for_its_detection_output() -> N
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and "caffe layer 'detection' (DetectionOutput" in warnings[0], result.output
+
+
+def test_output_nodes_names_a_dropout_blob_another_dropout_reads() -> None:
+    """output_nodes: 'fc_drop', a blob a Dropout wrote and another Dropout reads, was refused ("neither a node nor a
+    tensor"): the Dropout passes its bottom on under the blob's name, which no ONNX tensor kept (hunt 31 D7). pycaffe's
+    net.blobs['fc_drop'] is the inner product's (in-place ReLU'd) output; the .bin outputs it by that name."""
+    n = CaffeNet("drops", seed=43)
+    x = n.input("data", [1, 3, SIZE, SIZE])
+    fc = n.relu(n.inner_product(n.pool(n.conv(x, 8, 3, stride=2), "MAX", 3, 2), 6))
+    n.layer("Dropout", [fc], ["fc_drop"], "dropout_param { dropout_ratio: 0.5 }", name="drop1",
+            step=lambda v: v.__setitem__("fc_drop", v[fc]))
+    n.layer("Dropout", ["fc_drop"], ["fc_drop2"], "dropout_param { dropout_ratio: 0.5 }", name="drop2",
+            step=lambda v: v.__setitem__("fc_drop2", v["fc_drop"]))
+    n.softmax("fc_drop2")
+    write_project(n, "d", output_nodes="fc_drop")
+    result = invoke("makertbin", "--config", "config.yaml", "--model-type", "caffe")
+    assert result.exit_code == 0 and SUCCESS in result.output, result.output
+    quantized = HB_ONNXRuntime(model_file="model_output/d_quantized_model.onnx")
+    assert [o.name for o in quantized.get_outputs()] == ["fc_drop"]
+    image = np.random.default_rng(5).integers(0, 256, (1, 3, SIZE, SIZE), dtype=np.uint8)
+    mean, scale = (np.array(v, np.float64).reshape(1, 3, 1, 1) for v in (EXACT_MEAN, EXACT_SCALE))
+    want = n.forward({"data": (image - mean) * scale})["fc_drop"].reshape(1, -1)
+    (got,) = quantized.run(None, {"data": image}, input_offset=128)
+    assert np.abs(got.reshape(1, -1) - want).max() <= 0.05 * np.abs(want).max()

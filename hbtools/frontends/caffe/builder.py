@@ -10,6 +10,7 @@ is reported by name.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from hbtools.graph.graph import shape_probe
 
 OPSET = 13  # Softmax over one axis (Caffe's meaning) needs opset 13
 IR_VERSION = 7
+BLOB_ALIASES = "hbtools.caffe_blob_aliases"  # model property: blob -> tensor, for blobs with no tensor of their name
 _SMALL_CONST = 64  # constants this small go into per-layer shape inference by value
 
 
@@ -173,6 +175,12 @@ class Net:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                   producer_name="hbtools.frontends.caffe")
         model.ir_version = IR_VERSION
+        # Blobs an Identity layer (Dropout, Split) or an in-place layer left under another tensor's name: output_nodes
+        # may name them as pycaffe's net.blobs does.
+        tensors = {o for n in self.nodes for o in n.output} | {vi.name for vi in self.inputs}
+        aliases = {b: t for b, t in self.blobs.items() if b != t and b not in tensors}
+        if aliases:
+            helper.set_model_props(model, {BLOB_ALIASES: json.dumps(aliases)})
         # Both serialize what they are given: the structure, with the weights as typed inputs (``shape_probe``).
         probe = shape_probe(model)
         onnx.checker.check_model(probe)
