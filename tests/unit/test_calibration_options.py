@@ -30,7 +30,7 @@ from hbtools.ops import registry
 from hbtools.ops.base import attrs_of
 from hbtools.ops.calibration import HzCalibration
 from hbtools.ops.quantized import table_of
-from hbtools.pipeline.calibrate import ZERO_POINT_GAIN
+from hbtools.pipeline.calibrate import zero_point_margin
 from hbtools.quant.statistics import ChannelStats, TensorStats
 from hbtools.quant.thresholds import threshold_for
 from hbtools.runtime import HB_ONNXRuntime
@@ -590,4 +590,4 @@ def test_one_calibration_sample_is_judged_on_itself(tmp_path: Path) -> None:
     assert not any("not fitted to" in line for line in log), [line for line in log if "fitted" in line]
     decision = next(line for line in log if line.startswith("INFO zero points on"))
     before, after = map(float, decision.split("output cosine ")[1].split(" with")[0].split(" -> "))
-    assert ("(kept)" in decision) == (after > before + ZERO_POINT_GAIN), decision
+    assert ("(kept)" in decision) == (after > before + zero_point_margin(before)), decision
