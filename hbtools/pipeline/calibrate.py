@@ -497,6 +497,29 @@ def _non_finite_outputs(found: list[tuple[int, str]], count: int, none_left: boo
     log.warning("%s; those samples are left out of the scores that choose the calibration. %s", what, why)
 
 
+def _note_unvaried(first: dict[str, np.ndarray], feed: dict[str, np.ndarray], index: int) -> None:
+    """Keep in ``first`` the inputs whose every sample so far equals the first one."""
+    for name, value in feed.items():
+        if index == 0:
+            first[name] = np.array(value, copy=True)
+        elif name in first and not np.array_equal(first[name], value):
+            del first[name]
+
+
+def _warn_unvaried(first: dict[str, np.ndarray], count: int) -> None:
+    """One WARNING per input that has the same values in every calibration sample: its grid (and those of
+    what it feeds alone) fits those values only, and other values are clipped on the board. PaddleDetection
+    exports take a scale_factor input that calibration sets often fill with [1, 1]: boxes of pictures scaled
+    otherwise came out 27 px off; a prompt input left at zeros gave a zero range, and the input was wiped."""
+    for name, value in first.items():
+        shown = ", ".join(f"{float(v):g}" for v in value.ravel()[:4])
+        more = "" if value.size <= 4 else f", ... ({value.size} values)"
+        log.warning("input '%s' has the same values in all %d calibration samples (%s%s): its grid fits those "
+                    "values only, and other values are clipped on the board; give calibration files with the "
+                    "values the model will see in use (for a scale or size input, those of real pictures)",
+                    name, count, shown, more)
+
+
 def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:
     """``n`` sample indices spread evenly over ``count`` (outside ``exclude``).
 
@@ -521,9 +544,11 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     eval_feeds, eval_refs, bc_feeds = [], [], []
     non_finite: list[tuple[int, str]] = []  # (sample, output) where the float model gives NaN or inf
     bar = progress(samples(), "calibration", "sample", total=count)
+    first: dict[str, np.ndarray] = {}  # each input's first sample, while no later one differs from it
     scored = spread(count, EVAL_SAMPLES) if keep else set()
     measured = spread(count, BIAS_CORRECTION_SAMPLES, exclude=scored) if keep else set()
     for index, feed in enumerate(bar):
+        _note_unvaried(first, feed, index)
         refs: dict[str, np.ndarray] = {}
         masks: dict[str, np.ndarray] = {}
         try:
@@ -559,6 +584,8 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
     if non_finite:
         _non_finite_outputs(non_finite, collector.samples, keep and not eval_feeds, generated)
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(collector.stats))
+    if collector.samples > 1 and not generated:
+        _warn_unvaried(first, collector.samples)
     if any(other.samples == 0 for other in without):
         # one calibration sample: a fold fitted to no sample at all would decide (every method scored alike, and
         # zero points that helped the sample were dropped); the searches judge on the samples themselves
