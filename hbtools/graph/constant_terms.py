@@ -31,6 +31,8 @@ ARITHMETIC = ("Add", "Sub", "Mul", "Neg", "Div")
 # Ops that only move values: what comes out is, element by element, a value of what goes in.
 MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Concat")
 CARRIES = (*MOVES, "Split", "Slice", "Gather", "Expand", "Tile")  # those whose extra inputs say where
+# Element-wise selections between values (boxes clipped to the picture): ``Tails.grids`` walks through them.
+SELECTIONS = ("Clip", "Min", "Max", "Relu")
 _STANDARD = ("", "ai.onnx")
 # Weight-free ops that keep a value known exactly when their data inputs are (the model input, its
 # preprocessing and resizes of it): what the tail reads of the input through them needs no weights.
@@ -84,17 +86,19 @@ class Tails:
         weight = numpy_helper.to_array(self.inits[name])
         return weight.ndim == 2 and weight.dtype.kind == "f" and bool(np.allclose(weight.sum(axis=0), 1, atol=1e-5))
 
-    def _in_tail(self, node: NodeProto, name: str) -> bool:
+    def _in_tail(self, node: NodeProto, name: str, selections: bool = False) -> bool:
         op = node.op_type if node.domain in _STANDARD else None
         if name in self.constant or node.op_type == "HzCalibration":
+            return True
+        if selections and op in SELECTIONS:
             return True
         if op in CARRIES:  # what it moves is its first input (any of a Concat's); the rest say where
             return op == "Concat" or all(not i or i in self.constant for i in node.input[1:])
         return op in ARITHMETIC and (op != "Div" or node.input[1] in self.constant)
 
-    def tail(self, out: str) -> tuple[list[NodeProto], list[str]]:
+    def tail(self, out: str, selections: bool = False) -> tuple[list[NodeProto], list[str]]:
         """The nodes of ``out``'s tail in model order, and the tensors it reads that it does not compute
-        (initializers aside)."""
+        (initializers aside); with ``selections``, through element-wise selections (``SELECTIONS``) too."""
         members: set[int] = set()
         leaves: list[str] = []
         stack, seen = [out], set()
@@ -104,7 +108,7 @@ class Tails:
                 continue
             seen.add(name)
             node = self.producer.get(name)
-            if node is not None and self._in_tail(node, name):
+            if node is not None and self._in_tail(node, name, selections):
                 members.add(id(node))
                 stack.extend(node.input[:1] if node.op_type == "HzCalibration" else node.input)
             else:
@@ -156,10 +160,11 @@ class Tails:
         return any(n.op_type in ("Add", "Sub") and any(i in self.constant for i in n.input)
                    and not all(i in self.constant for i in n.input) for n in nodes)
 
-    def at_zero(self, out: str) -> dict[str, np.ndarray] | None:
+    def at_zero(self, out: str, selections: bool = False) -> dict[str, np.ndarray] | None:
         """Every tensor of ``out``'s tail (``out`` too) at zero data, flat float32; None where the tail
-        adds no constant, or cannot be evaluated (an unknown shape, an op the reference lacks)."""
-        nodes, leaves = self.tail(out)
+        adds no constant, or cannot be evaluated (an unknown shape, an op the reference lacks). With
+        ``selections`` the tail goes on through them, and what follows one holds no constant part."""
+        nodes, leaves = self.tail(out, selections)
         if not self.adds_constant(nodes):
             return None
         if self._view is None:
@@ -206,8 +211,16 @@ class Tails:
         2.5 pixels."""
         found: list[str] = []
         for out in outputs:
-            for name, value in (self.at_zero(out) or {}).items():
+            # through the clips of boxes to the picture (Clip, Min with its size) to the decoding before them;
+            # past a selection, values at zero data are no constant part, but these are upstream of it
+            values = {**(self.at_zero(out, selections=True) or {}), **(self.at_zero(out) or {})}
+            for name, value in values.items():
                 if name not in self.constant and name not in found and value.size > 1 and \
                         np.all(np.isfinite(value)) and np.ptp(value) > 0:
                     found.append(name)
+        # what selects among positions (a box's corner against the picture's size) holds positions too
+        for node in self.model.graph.node:
+            if node.domain in _STANDARD and node.op_type in SELECTIONS and node.output[0] not in found and \
+                    any(i in found for i in node.input):
+                found.append(node.output[0])
         return found
