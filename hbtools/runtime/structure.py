@@ -200,17 +200,29 @@ def components(preds: list[list[int]], on: list[str], join_readers: bool = True)
     """BPU subgraphs of a graph given as predecessor lists: linked BPU nodes, split wherever a path
     leaves through the CPU and comes back; numbered by first member (graph order is topological).
 
-    A node's stage counts the CPU-to-BPU crossings on the longest path reaching it;
-    BPU nodes join a subgraph only with linked BPU nodes of the same stage, so each
+    A node's stage counts the CPU-to-BPU crossings on the longest path reaching it (a BPU node only BPU
+    nodes read: the earliest of their stages); BPU nodes join a subgraph only with linked BPU nodes of the
+    same stage, so each
     subgraph can start once its inputs exist (the subgraph graph has no cycles). BPU nodes
     reading the same CPU node's result are linked too (at the same stage, so the same holds),
     unless ``join_readers`` is False.
     The checker, makertbin (on units) and the .bin tools (on nodes) all use this.
     """
     stage = [0] * len(preds)
-    for i in _topological(preds):
+    order = _topological(preds)
+    for i in order:
         crossings = [stage[j] + (on[j] == "CPU" and on[i] == "BPU") for j in preds[i]]
         stage[i] = max(crossings, default=0)
+    # A BPU node whose results only BPU nodes read runs at the latest stage that still serves them all: a side
+    # input's few ops (a scale factor's reciprocal) then join the subgraph that reads them after a CPU node,
+    # where they made a BPU call of their own.
+    users: list[list[int]] = [[] for _ in preds]
+    for i, p in enumerate(preds):
+        for j in set(p):
+            users[j].append(i)
+    for i in reversed(order):
+        if on[i] == "BPU" and users[i] and all(on[u] == "BPU" for u in users[i]):
+            stage[i] = max(stage[i], min(stage[u] for u in users[i]))
     parent = list(range(len(preds)))
 
     def root(i: int) -> int:

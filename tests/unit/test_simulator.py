@@ -156,3 +156,20 @@ def test_bpu_subgraphs_split_where_a_path_returns_from_the_cpu() -> None:
     # a -> cpu -> b and a -> b: b must not share a's subgraph (it waits for the CPU)
     nodes = [node("a", ["x"]), node("cpu", ["a"]), node("b", ["a", "cpu"]), node("c", ["b"])]
     assert components(_preds(nodes), ["BPU", "CPU", "BPU", "BPU"]) == [[0], [2, 3]]
+
+
+def test_a_side_path_only_bpu_nodes_read_joins_the_subgraph_reading_it() -> None:
+    """A side input's few ops (a scale factor's Slices, Concat and reciprocal) that only a BPU node after a CPU node
+    reads ran as a BPU call of their own at the start (hunt 33 D3: 4 BPU subgraphs for a PP-YOLOE-style head)."""
+    from hbtools.runtime.structure import _preds, components
+
+    def node(name: str, ins: list[str]) -> onnx.NodeProto:
+        return helper.make_node("Relu", ins, [name], name=name)
+
+    nodes = [node("conv", ["image"]), node("cpu", ["conv"]), node("side", ["scale"]), node("recip", ["side"]),
+             node("div", ["cpu", "recip"]), node("early", ["scale"]), node("both", ["early"]), node("c2", ["conv"])]
+    on = ["BPU", "CPU", "BPU", "BPU", "BPU", "BPU", "BPU", "BPU"]
+    nodes[6].input.append("cpu")  # 'early' feeds a BPU node after the CPU; 'c2' only what is there from the start
+    groups = components(_preds(nodes), on)
+    assert [0, 7] in groups  # the conv part keeps what reads only it
+    assert [2, 3, 4, 5, 6] in groups and len(groups) == 2, groups
