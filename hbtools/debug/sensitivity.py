@@ -18,7 +18,7 @@ import onnx
 
 from hbtools.debug import options
 from hbtools.debug.data import Sample, load_samples
-from hbtools.debug.evaluate import below_step, scores
+from hbtools.debug.evaluate import COSINE, below_step, scores
 from hbtools.debug.model import CalibratedModel, load_calibrated
 from hbtools.debug.switchboard import shared_switchboard
 from hbtools.debug.tables import console_table, csv_text
@@ -145,11 +145,24 @@ def measure(cm: CalibratedModel, samples: Sequence[Sample], metrics: list[str], 
                               "nodes, or leave it out to measure at the model outputs")
     if kind == "weight":
         _warn_of_quantized_weights(cm, nodes)
+    _warn_of_single_values(cm, observe or cm.outputs, metrics[0])
     switchboard = shared_switchboard(cm, observe)
     configs = [frozenset(cm.switches_of(n)) for n in nodes]
     values = scores(switchboard, samples, configs, metrics, f"sensitivity of {kind} nodes")
     flagged = {n for n, b in zip(nodes, below_step(switchboard, samples, configs), strict=True) if b}
     return Sensitivity(kind, metrics, rank(list(zip(nodes, values, strict=True)), metrics[0]), cm, flagged)
+
+
+def _warn_of_single_values(cm: CalibratedModel, observed: list[str], metric: str) -> None:
+    """A cosine similarity per sample of outputs holding one value each is 1 whatever the error (a hand
+    landmark model's handedness score): ranked by it, every node ties and the order means nothing."""
+    sizes = [cm.shapes.get(t) for t in observed]
+    if metric != COSINE or not sizes or not all(s is not None and None not in s and math.prod(s) == 1
+                                                 for s in sizes):
+        return
+    log.warning("%s hold%s one value per sample, whose cosine similarity is 1 whatever the error: ranked by it, "
+                "every node ties; give metrics='mse' (or 'mre', 'l1') to rank by the size of the error",
+                ", ".join(f"'{t}'" for t in observed), "s" if len(observed) == 1 else "")
 
 
 def _warn_of_quantized_weights(cm: CalibratedModel, nodes: list[str]) -> None:

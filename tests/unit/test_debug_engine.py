@@ -9,6 +9,7 @@ on the calibrated model.
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -244,3 +245,25 @@ def test_a_fused_relu_goes_with_its_levels_through_a_pool(tmp_path: Path) -> Non
     assert exact.min() >= 0, "the pooled Relu output has negative values"
     plain = make_session(lower_model(model, exact=False)).run([pooled.output[0]], sample)[0]
     np.testing.assert_allclose(exact, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_single_value_output_ranked_by_cosine_is_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Per sample, the cosine of an output of one value (a handedness score) is 1 whatever the error: every node
+    tied at 1.0 and the ranking meant nothing, without a word (hunt 32 D4)."""
+    from hbtools.debug import get_sensitivity_of_nodes
+
+    g = _Graph(3)
+    pooled = g.op("Flatten", [g.op("GlobalAveragePool", [g.op("Relu", [g.conv("data", 3, 8)])])])
+    score = g.op("Sigmoid", [g.gemm(pooled, 8, 1)])
+    dumped = convert_with_dump(tmp_path, g.model({"data": [1, 3, 16, 16]}, [score]))
+    logger = logging.getLogger("hbtools")
+    logger.addHandler(caplog.handler)
+    try:
+        get_sensitivity_of_nodes(model_or_file=str(dumped.calibrated), calibrated_data=str(dumped.data))
+        named = [r.getMessage() for r in caplog.records if "one value per sample" in r.getMessage()]
+        assert len(named) == 1 and f"'{score}' holds one value per sample" in named[0], named
+        caplog.clear()
+        get_sensitivity_of_nodes(model_or_file=str(dumped.calibrated), calibrated_data=str(dumped.data), metrics="mse")
+        assert not [r for r in caplog.records if "one value per sample" in r.getMessage()]
+    finally:
+        logger.removeHandler(caplog.handler)
