@@ -500,7 +500,8 @@ def _non_finite_outputs(found: list[tuple[int, str]], count: int, none_left: boo
 def _note_unvaried(first: dict[str, np.ndarray], feed: dict[str, np.ndarray], index: int) -> None:
     """Keep in ``first`` the inputs whose every sample so far equals the first one."""
     for name, value in feed.items():
-        if index == 0:
+        kind = np.asarray(value).dtype
+        if index == 0 and (kind.kind == "f" or kind.itemsize == 1):  # data, not an int64 size or rate to compute with
             first[name] = np.array(value, copy=True)
         elif name in first and not np.array_equal(first[name], value):
             del first[name]
