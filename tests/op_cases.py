@@ -92,6 +92,9 @@ def activations(opset: int) -> FloatModel:
             g.op("Exp", [g.op("Mul", [x, g.const(_f32(0.5))])]), g.op("Abs", [x]), g.op("Neg", [x]),
             g.op("Sqrt", [g.op("Add", [g.op("Abs", [x]), g.const(_f32(0.1))])]),
             g.op("Log", [g.op("Add", [g.op("Abs", [x]), g.const(_f32(1.0))])])]
+    outs.append(g.op("Softsign", [x]))
+    if opset >= 12:
+        outs.append(g.op("Celu", [x], alpha=0.5))
     if opset >= 14:
         outs.append(g.op("HardSwish", [x]))
     if opset >= 18:

@@ -91,7 +91,7 @@ def _each(names: Iterable[str], rule: OpRule) -> dict[str, OpRule]:
 # Element-wise functions of one tensor (with scalar constants): a run of them becomes one HzLut.
 LUT_OPS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "LeakyRelu", "Elu", "Selu",
            "Softplus", "Exp", "Log", "Sqrt", "Pow", "Abs", "Neg", "Erf", "Reciprocal", "Div", "Min", "Max",
-           "Gelu", "Mish", "ThresholdedRelu", "PRelu")
+           "Gelu", "Mish", "ThresholdedRelu", "PRelu", "Celu", "Softsign")
 # Ops that move or select int8 values without changing them (output scale = input scale).
 PASSIVE_OPS = ("MaxPool", "GlobalMaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
                "Slice", "Split", "Resize", "Identity", "DepthToSpace", "SpaceToDepth", "Tile", "Gather",

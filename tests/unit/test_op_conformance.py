@@ -64,3 +64,26 @@ def test_dilated_same_average_pool_runs_on_the_cpu_with_its_reason(tmp_path: Pat
     outcome = convert_and_check(fm, tmp_path, "max", checker=False)
     assert [(c["type"], "auto_pad SAME" in c["reason"]) for c in outcome.cpu] == [("AveragePool", True)]
     assert outcome.cosine[0] > 0.999
+
+
+@pytest.mark.parametrize("op", ["Celu", "Softsign"])
+def test_a_unary_function_the_table_computes_runs_on_the_bpu(op: str) -> None:
+    """Celu (torch's F.celu) and Softsign went to the CPU on every march while Elu and Selu ran as lookup tables,
+    splitting the BPU graph around them (hunt 33 D4)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hbtools.march.profiles import get_profile
+    from hbtools.pipeline import optimize
+    from hbtools.quant.units import build_partition
+
+    w = numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv1"), helper.make_node(op, ["c"], ["a"], name="act"),
+             helper.make_node("Conv", ["a", "w"], ["y"], name="conv2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    model = optimize.run(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8))
+    for march in ("bayes-e", "bernoulli2"):
+        part = build_partition(model, get_profile(march), {})
+        assert {u.main.name: u.on for u in part.units}.get("act") == "BPU", (march, [(u.main.name, u.on, u.reason)
+                                                                                    for u in part.units])
