@@ -162,11 +162,16 @@ def _check_shape(spec: InputSpec, label: str, batch: int) -> None:
         c = shape[1] if spec.layout_train == "NCHW" else shape[3]
         want = channels_of(spec)
         if c != want:
+            # given in the other layout: name the shape meant (input_shape is in the model's own layout)
+            nchw = spec.layout_train == "NCHW"
+            meant = [shape[0], shape[3], shape[1], shape[2]] if nchw else [shape[0], shape[2], shape[3], shape[1]]
+            fix = (f"; in {spec.layout_train} that shape is '{'x'.join(map(str, meant))}'"
+                   if (shape[3] if nchw else shape[1]) == want else "; check input_shape and input_layout_train")
             raise group_error(
                 IN,
                 f"{label}: input_shape '{text}' has {c} channel(s) in layout "
                 f"{spec.layout_train} but input_type_train {spec.type_train} has "
-                f"{want}; check input_shape and input_layout_train",
+                f"{want}{fix}",
             )
     check_even_size(spec, f"input_shape '{text}'")
     if batch > 1 and shape[0] != 1:

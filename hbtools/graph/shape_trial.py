@@ -32,7 +32,8 @@ def dry_run(model: ModelProto, inputs: list[InputSpec], declared: dict[str, list
     except HbError:
         raise
     except Exception as e:  # onnxruntime's exception types are not importable
-        if _loads_with_declared_shapes(model, declared):
+        # where input_shape changed a size the model fixes, that is the first thing to undo
+        if not _changed_fixed_sizes(inputs, declared) and _loads_with_declared_shapes(model, declared):
             raise HbError(f"onnxruntime takes the model only while the input sizes it leaves open stay open; with "
                           f"them fixed ({shapes}), as conversion needs, it refuses it: {last_line(e)}",
                           hint="the model changes its own structure with its input sizes (e.g. an If that "
@@ -47,11 +48,17 @@ def dry_run(model: ModelProto, inputs: list[InputSpec], declared: dict[str, list
         _cannot_run(e, inputs, declared, shapes)
 
 
+def _changed_fixed_sizes(inputs: list[InputSpec], declared: dict[str, list[int | None]]) -> list[str]:
+    """The inputs whose sizes the model fixes and input_shape changes, as "'name' is 1x2" (the model's)."""
+    return [f"'{s.name}' is {'x'.join('?' if d is None else str(d) for d in declared[s.name])}"
+            for s in inputs if s.name in declared and s.shape is not None and (
+                len(declared[s.name]) != len(s.shape) or any(
+                    d is not None and d != g for d, g in zip(declared[s.name], s.shape, strict=False)))]
+
+
 def _cannot_run(error: Exception, inputs: list[InputSpec], declared: dict[str, list[int | None]],
                 shapes: str) -> NoReturn:
-    changed = [f"'{s.name}' is {'x'.join('?' if d is None else str(d) for d in declared[s.name])}"
-               for s in inputs if s.name in declared and any(
-                   d is not None and d != g for d, g in zip(declared[s.name], s.shape, strict=False))]
+    changed = _changed_fixed_sizes(inputs, declared)
     hint = "check input_shape (it is in the model's own layout and must fit its layers)"
     if changed:
         hint = (f"input_shape changes sizes the model fixes ({'; '.join(changed)} in the model): give those "

@@ -1203,10 +1203,11 @@ def test_odd_size_fine_with_rgb(workdir: Path) -> None:
 
 
 def test_shape_channels_disagree_with_layout(workdir: Path) -> None:
+    """Given in the other layout, the message names the shape meant (hunt 33 D8: it only said to check)."""
     assert_error(
         error_lines(workdir, {"input_parameters": {"input_shape": "1x224x224x3"}}),
         "input_parameters",
-        "224 channel(s) in layout NCHW",
+        "224 channel(s) in layout NCHW but input_type_train rgb has 3; in NCHW that shape is '1x3x224x224'",
     )
 
 

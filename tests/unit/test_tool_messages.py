@@ -177,3 +177,24 @@ def test_transposed_input_shape_of_a_model_with_open_sizes_is_a_clear_error(tmp_
            "model takes NCHW" in result.output
     assert "give 1x3x24x32" in result.output
     assert invoke(hb_mapper.main, [*base, "data", "1x3x24x32"]).exit_code == 0
+
+
+def test_a_fixed_side_input_given_another_shape_names_input_shape(tmp_path, monkeypatch) -> None:
+    """A 1x2 side input given input_shape 2x1: onnxruntime refuses the model at load, and the ERROR blamed an
+    export with open sizes (re-export it traced) where input_shape had changed a size the model fixes (hunt 33
+    D8)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    monkeypatch.chdir(tmp_path)
+    nodes = [helper.make_node("Concat", ["scale", "scale"], ["scale4"], axis=1),
+             helper.make_node("Add", ["x", "scale4"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                                           helper.make_tensor_value_info("scale", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), "m.onnx")
+    result = invoke(hb_mapper.main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", "m.onnx",
+                                     "--input-shape", "x", "1x4", "--input-shape", "scale", "2x1"])
+    assert result.exit_code == 1 and "internal error" not in result.output
+    assert "input_shape changes sizes the model fixes ('scale' is 1x2 in the model)" in result.output, result.output
+    assert "export it with fixed input sizes" not in result.output
