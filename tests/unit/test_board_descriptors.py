@@ -214,8 +214,9 @@ def test_featuremap_inputs_in_board_terms(tmp_path, in_tmp) -> None:
     assert result.exit_code == 0, result.output
     block = _block(_model_info(str(Path(built.bin).with_name("mlp_modified.bin"))), "input", 0)  # beside the model
     assert block["name"] == "feat"  # the input keeps its name
+    # int16: 60 values (a tensor of at most 64 is int16 on bayes-e)
     assert (block["tensor type"], block["aligned byte size"], block["stride"], block["quanti type"],
-            block["quantizeAxis"]) == ("HB_DNN_TENSOR_TYPE_S8", "60", "(60,12,1,)", "SCALE", "0")
+            block["quantizeAxis"]) == ("HB_DNN_TENSOR_TYPE_S16", "120", "(120,24,2,)", "SCALE", "0")
     assert float(block["scale data"].rstrip(",")) > 0
 
 
