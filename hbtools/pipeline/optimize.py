@@ -94,6 +94,12 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
     trace.follow(body)
+    # after onnxruntime folded the threshold and beta to constants
+    softplus = bpu_forms.softplus_thresholds_dropped(body, placed)
+    if softplus:
+        log.info("%d softplus thresholds (Where(x > threshold, x, Softplus(x)) of torch's exporter) left out: above "
+                 "them softplus(x) is x to float32 rounding", softplus)
+        trace.follow(body)
     undone = bpu_forms.splits_undoing_concats(body)
     if undone:
         log.info("%d Splits at the seams of a Concat (behind a Reshape or Transpose) read the joined tensors instead",

@@ -12,7 +12,14 @@ from pathlib import Path
 import numpy as np
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
-from hbtools.config.inputs import check_even_size, check_input_channels, check_input_source, check_layout_fits
+from hbtools.config.inputs import (
+    FEATUREMAP_NORM_REFUSED,
+    check_even_size,
+    check_input_channels,
+    check_input_source,
+    check_layout_fits,
+    featuremap_norm_refused,
+)
 from hbtools.config.model import Config, InputSpec
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
@@ -254,6 +261,9 @@ def resolve_inputs(model: ModelProto, specs: list[InputSpec]) -> list[InputSpec]
         elem = graph_inputs[name].type.tensor_type.elem_type
         r = dataclasses.replace(spec, name=name, shape=[int(d) for d in shape],
                                 model_dtype=np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name)
+        if featuremap_norm_refused(r):  # the config could check only a shape it gives itself
+            raise HbError(f"input '{name}' (shape {'x'.join(map(str, r.shape))} in the model): "
+                          f"{FEATUREMAP_NORM_REFUSED}")
         if r.type_train != "featuremap" and r.model_dtype != "float32":
             raise HbError(f"input '{name}' is {r.model_dtype} in the model; only float inputs can be images",
                           hint="use input_type_train/input_type_rt 'featuremap' for this input")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -433,6 +433,11 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
 
     def _run(self, output_names: Sequence[str] | None, feed_dict: dict, input_offset: object) -> list[np.ndarray]:
         input_offset = _offset(input_offset)
+        if not isinstance(feed_dict, Mapping):
+            # The vendor's API documents the feed as a dict only; arrays by position could silently go to the
+            # wrong inputs of a model whose input order differs from the user's.
+            raise FeedError(f"the inputs are given as {type(feed_dict).__name__}; give a dict {{input name: array}} "
+                            f"(the model's inputs, in order: {self.input_names})")
         unknown = set(feed_dict) - set(self.input_names)
         if unknown:
             raise FeedError(f"unknown input name(s) {sorted(unknown)}; the model's inputs are {self.input_names}")

@@ -7,6 +7,7 @@ moved another way. docs/checker.md lists them with the exports they come from.
 The rewrites live in modules by the kind of node they rewrite; every one is importable from here.
 """
 
+from hbtools.graph.bpu_forms.activations import softplus_thresholds_dropped
 from hbtools.graph.bpu_forms.branches import parallel_convs_merged
 from hbtools.graph.bpu_forms.convs import (
     convs_in_kernel_pieces,
@@ -105,6 +106,7 @@ __all__ = [
     "resizes_of_one_axis_as_2d",
     "scalar_reductions_kept_as_maps",
     "sequences_as_concats",
+    "softplus_thresholds_dropped",
     "spatial_index_maps_as_matmuls",
     "spatial_reductions_as_global_pools",
     "splits_undoing_concats",

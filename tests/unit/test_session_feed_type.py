@@ -1,0 +1,47 @@
+"""``HB_ONNXRuntime.run`` takes its inputs as a dict {input name: array} (seed 001 §6.2.11.2: "配置格式要求为字典形式").
+Arrays given by position (``sess.run(None, [a, b])``) ended in a bare ``TypeError: unhashable type`` (hunt 33 D6);
+they are refused with a FeedError that says to give a dict and lists the input names in order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import ModelProto, TensorProto, helper
+
+from hbtools.runtime.session import FeedError
+from horizon_tc_ui import HB_ONNXRuntime
+
+
+def _two_inputs() -> ModelProto:
+    graph = helper.make_graph([helper.make_node("Mul", ["scale", "image"], ["y"])], "g",
+                              [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 4, 4]),
+                               helper.make_tensor_value_info("scale", TensorProto.FLOAT, [1, 3, 1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _feeds() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((1, 3, 4, 4)).astype(np.float32), rng.standard_normal((1, 3, 1, 1)).astype(np.float32)
+
+
+@pytest.mark.parametrize("form", [list, tuple, "array"])
+@pytest.mark.parametrize("method", ["run", "run_feature"])
+def test_inputs_given_by_position_are_refused_with_the_names_to_use(form: object, method: str) -> None:
+    sess = HB_ONNXRuntime(onnx_model=_two_inputs())
+    image, scale = _feeds()
+    feed = image if form == "array" else form([image, scale])
+    with pytest.raises(FeedError) as info:
+        getattr(sess, method)(None, feed, input_offset=0)
+    message = str(info.value)
+    assert "give a dict {input name: array}" in message and "['image', 'scale']" in message, message
+    assert "\n" not in message
+
+
+def test_a_dict_in_any_order_runs() -> None:
+    sess = HB_ONNXRuntime(onnx_model=_two_inputs())
+    image, scale = _feeds()
+    (y,) = sess.run_feature(None, {"scale": scale, "image": image})
+    np.testing.assert_array_equal(y, image * scale)
