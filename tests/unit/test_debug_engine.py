@@ -98,15 +98,31 @@ def test_configurations_match_the_model_without_the_other_nodes(dumped: Dumped, 
     names = sorted(cm.calibration)
     configs = [set(), set(names), *({n} for n in names),
                *(set(rng.choice(names, size=max(1, len(names) // 2), replace=False)) for _ in range(3))]
+    steps = _output_steps(calibrated)
     for sample in samples:
         cache = switchboard.float_pass(sample)
         for enabled in configs:
             got = switchboard.run(sample, cache, enabled)
             expected = reference(without(calibrated, set(names) - enabled), sample)
-            for g, e in zip(got, expected, strict=True):
-                # Float noise may move a value at a rounding tie of the output's int16 grid one level: at
-                # most 1 / 32767 for a probability output (its grid spans 0..1, thresholds.int16_threshold).
-                np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5 + 1 / 32767, err_msg=f"enabled={sorted(enabled)}")
+            for g, e, step in zip(got, expected, steps, strict=True):
+                # Float noise may move a value at a rounding tie of an int16 grid one level; one of an int16
+                # tensor before the output (the MLP's MatMul, step 7e-5) moves it by up to a few of its own
+                # levels (1 / 32767 for a probability output: its grid spans 0..1).
+                np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5 + 3 * step,
+                                           err_msg=f"enabled={sorted(enabled)}")
+
+
+def _output_steps(model: onnx.ModelProto) -> list[float]:
+    """Per model output, one level of the int16 grid it is calibrated on (1 / 32767 where none is found)."""
+    made = {o: n for n in model.graph.node for o in n.output}
+    steps = []
+    for out in model.graph.output:
+        node = made.get(out.name)
+        while node is not None and node.op_type != "HzCalibration" and node.input and node.input[0] in made:
+            node = made[node.input[0]]
+        a = attrs_of(node) if node is not None and node.op_type == "HzCalibration" else {}
+        steps.append(max(a["thresholds"]) / 32767 if a.get("bits") == 16 else 1 / 32767)
+    return steps
 
 
 def test_float_pass_is_the_float_model_and_stages_are_used(dumped: Dumped) -> None:
@@ -196,7 +212,7 @@ def deep_dumped(tmp_path_factory: pytest.TempPathFactory) -> Dumped:
     return convert_with_dump(tmp_path_factory.mktemp("deep"), deep(), cal_count=2)
 
 
-LIMITS = {"all tails": {}, "some tails": {"MAX_TAILS": 3}, "no tails": {"MAX_TAIL_BYTES": 0}}
+LIMITS = {"all tails": {"MAX_TAILS": 1000}, "some tails": {"MAX_TAILS": 3}, "no tails": {"MAX_TAIL_BYTES": 0}}
 
 
 @pytest.mark.parametrize("limits", sorted(LIMITS))
@@ -216,7 +232,7 @@ def test_staged_runs_match_the_whole_switchable_model(deep_dumped: Dumped, limit
     assert len(staged.stages_run({early})) < staged.stage_count
     ends = {staged.stages_run({c})[-1]: staged.tail_run({c}) for c in order}
     if limits == "all tails":
-        assert all(tail == end + 1 for end, tail in ends.items() if tail is not None) and ends[0] == 1
+        assert all(tail == end + 1 for end, tail in ends.items() if tail is not None) and ends[0] == 1, ends
     elif limits == "some tails":
         assert any(tail is not None and tail > end + 1 for end, tail in ends.items()), ends
     else:
