@@ -58,7 +58,7 @@ log = logging.getLogger("hbtools")
 # How far below the scores a masked position of a Softmax input saturates: its probability is then at most
 # exp(-20) = 2e-9 of the row's largest.
 MASK_MARGIN = 20.0
-TINY_TENSOR = 64  # values of a tensor int16 costs nothing measurable for (``_tiny_tensors``)
+TINY_TENSOR = 64  # values of a side input's tensor int16 costs nothing measurable for (``_tiny_side_paths``)
 
 
 @dataclass
@@ -238,7 +238,8 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     view = GraphView(model)
     bits_of, pinned = _requested_bits(part, config, profile, set(view.graph_outputs),
                                       Tails(model).grids(view.graph_outputs) if profile.int16 else [], view.const,
-                                      written_as(model), recorded_fusions(model), lambda t: _size(view, t))
+                                      written_as(model), recorded_fusions(model), lambda t: _size(view, t),
+                                      list(view.graph_inputs))
     if config is not None:
         _warn_int8_not_applied(model, part, config.calibration.options)
     plan = CalibrationPlan()
@@ -512,28 +513,31 @@ def _is_square(node: NodeProto, const: Callable[[str], np.ndarray | None]) -> bo
     return False
 
 
-def _tiny_tensors(part: Partition, sizes: Callable[[str], int | None]) -> list[str]:
-    """The grids of at most ``TINY_TENSOR`` values that BPU units exchange (model inputs included)."""
-    found = []
-    for t in dict.fromkeys(part.grid_of(t) for u in part.units if u.on == "BPU" for t in [*u.inputs, *u.outputs]):
-        producer = part.producer.get(t)
-        computed = producer is None or (producer.on == "BPU" and not producer.gives_indices)
-        size = sizes(t)
-        if computed and size is not None and 0 < size <= TINY_TENSOR and (producer or part.bpu_consumers(t)):
-            found.append(t)
-    return found
+def _tiny_side_paths(part: Partition, inputs: list[str], sizes: Callable[[str], int | None]) -> list[str]:
+    """The model inputs of at most ``TINY_TENSOR`` values, and what BPU units other than tables compute from them
+    alone (their Concats, sums, products) with as few values: a side input's own arithmetic."""
+    def tiny(t: str) -> bool:
+        return 0 < (sizes(t) or 0) <= TINY_TENSOR
+
+    side = {t for t in inputs if t not in part.producer and part.bpu_consumers(t) and tiny(t)}
+    for unit in part.units:  # in graph order
+        if unit.on == "BPU" and unit.kind not in ("lut", "passive") and unit.inputs and \
+                all(part.grid_of(t) in side for t in unit.inputs) and all(tiny(t) for t in unit.outputs):
+            side.update(unit.outputs)
+    return [t for t in side if not (part.producer.get(t) and part.producer[t].gives_indices)]
 
 
 def _requested_bits(part: Partition, config: Config | None, profile: MarchProfile,
                     graph_outputs: set[str], grids: list[str],
                     const: Callable[[str], np.ndarray | None], written: dict[str, list[str]],
-                    fusions: dict[str, Fusion], sizes: Callable[[str], int | None]) -> tuple[dict[str, int], set[str]]:
+                    fusions: dict[str, Fusion], sizes: Callable[[str], int | None],
+                    model_inputs: list[str]) -> tuple[dict[str, int], set[str]]:
     """int16 requests (node_info, optimization, the rules below) per tensor; int8 where the march has no
     int16. Also returns the tensors the config pins to int8 (set_{Op}_input_int8 / _output_int8, node_info).
     ``grids``: tensors decoding positions around a constant grid (``Tails.grids``); ``written``: the user's
     nodes the optimize stage wrote as others (``origins.written_as``), which node_info may name;
     ``fusions``: those it fused into others (``origins.recorded_fusions``); ``sizes``: a tensor's number of
-    values, where its shape is known."""
+    values, where its shape is known; ``model_inputs``: the graph's inputs."""
     bits: dict[str, int] = {}
     opts = config.calibration.options if config else OptimizationOptions()
     output_bits = 8 if opts.output_bits == 8 else (16 if profile.int16 else 8)
@@ -622,14 +626,16 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
               if node.doc_string == SPLIT_DOC for t in node.output if t in part.producer]
     for t in halves:
         request(t, f"tensor {t} (half of a split convolution)", asked=False)
-    # A tensor of a few values (a scale_factor or image-size input, a pooled vector, a scalar statistic) costs
-    # the BPU next to nothing at 16 bits, and each of its values counts: a PaddleDetection scale_factor input
-    # of two values on an int8 grid put 1 % on every box coordinate, which the output cosine the int16 search
-    # scores cannot see (0.99998). Not with set_all_nodes_int8, which asks for int8 wherever the config does
-    # not ask otherwise.
+    # A model input of a few values (a scale_factor or image-size input, a camera's intrinsics), and what is
+    # computed from it alone, costs the BPU next to nothing at 16 bits, and each of its values counts: a
+    # PaddleDetection scale_factor input of two values on an int8 grid put 1 % on every box coordinate, which
+    # the output cosine the int16 search scores cannot see (0.99998). Not other small tensors: a
+    # squeeze-and-excitation gate's table would take 65536 entries. Not with set_all_nodes_int8, which asks for
+    # int8 wherever the config does not ask otherwise.
     if not opts.all_int8:
-        for t in _tiny_tensors(part, sizes):
-            request(t, f"tensor {t} (a tensor of at most {TINY_TENSOR} values)", asked=False)
+        for t in _tiny_side_paths(part, model_inputs, sizes):
+            if t not in graph_outputs:  # an output keeps the output bits (set_model_output_int8)
+                request(t, f"tensor {t} (a side input's, at most {TINY_TENSOR} values)", asked=False)
     all16 = opts.all_int16
     int8: set[str] = set()  # grids of set_{Op}_input_int8 / output_int8: applied after every int16 request
     per_node: set[str] = set()  # int16 asked of a node by name (node_info), which no op-kind option overrides
