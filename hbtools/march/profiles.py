@@ -88,10 +88,16 @@ def _each(names: Iterable[str], rule: OpRule) -> dict[str, OpRule]:
     return {n: rule for n in names}
 
 
+# Ops of a run whose own values are no grid's (a bool mask, and the Where or Cast reading it): BPU tables only
+# inside a run of element-wise functions that ends in a float tensor.
+SELECTING_OPS = ("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Where", "Cast")
 # Element-wise functions of one tensor (with scalar constants): a run of them becomes one HzLut.
 LUT_OPS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "LeakyRelu", "Elu", "Selu",
            "Softplus", "Exp", "Log", "Sqrt", "Pow", "Abs", "Neg", "Erf", "Reciprocal", "Div", "Min", "Max",
-           "Gelu", "Mish", "ThresholdedRelu", "PRelu", "Celu", "Softsign")
+           "Gelu", "Mish", "ThresholdedRelu", "PRelu", "Celu", "Softsign",
+           # a comparison with a constant and what selects or casts by it (torch's F.threshold, Caffe's
+           # Threshold): within a run that ends in a float value of the one tensor (``units._lut_unit``)
+           *SELECTING_OPS)
 # Ops that move or select int8 values without changing them (output scale = input scale).
 PASSIVE_OPS = ("MaxPool", "GlobalMaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
                "Slice", "Split", "Resize", "Identity", "DepthToSpace", "SpaceToDepth", "Tile", "Gather",

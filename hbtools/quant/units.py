@@ -272,7 +272,13 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
             return Unit(form, [node], acts, list(node.output), table_type=rule.table_type)
     if "lut" in forms and len(set(acts)) == 1:
         if _scalar_consts(node, view):
-            return _lut_unit(node, acts[0], view, profile, taken)
+            unit = _lut_unit(node, acts[0], view, profile, taken)
+            if view.elem_types.get(unit.outputs[0], TensorProto.FLOAT) == TensorProto.FLOAT and \
+                    view.elem_types.get(acts[0], TensorProto.FLOAT) == TensorProto.FLOAT:
+                return unit
+            return _cpu(node, acts, f"{op} gives no float values of its input here (a bool mask, or a cast): "
+                                    "the BPU computes a comparison or cast only inside a function of one tensor "
+                                    "that ends in a float value (a Where or Cast of the mask)")
         return _cpu(node, acts, f"{op} with a constant of shape {_const_shapes(node, view)}: only scalar "
                                 f"constants fold into a BPU lookup table")
     if "lut" in forms and len(acts) > 1:
