@@ -1,4 +1,4 @@
-"""Of the calibration methods that generalise equally well, the one clipping least is kept.
+"""Of the calibration methods that generalise equally well, one clipping less is kept where it generalises as well.
 
 The cross-validated scores (thresholds fitted without a sample's fold) cannot tell a slight clip from none
 when the calibration pictures are alike; pictures beyond them (brighter, more saturated) then run into the
@@ -46,13 +46,19 @@ def test_of_methods_equal_on_unseen_samples_the_widest_is_kept() -> None:
     runs = [dict(zip([*tensors, "y"], session.run([*tensors, "y"], f), strict=False)) for f in feeds]
     refs = [[r["y"]] for r in runs]
     widest = {t: float(max(np.abs(r[t]).max() for r in runs)) for t in tensors}
-    clipped = {t: v * 0.95 for t, v in widest.items()}
-    candidates = {"max": widest, "max-percentile 0.99995": clipped}
+    candidates = {"max": widest, "max-percentile 0.99995": {t: v * 0.95 for t, v in widest.items()}}
+    # fitted without a fold, the percentile clips a little more (fewer samples reach as far)
+    folds = {"max": widest, "max-percentile 0.99995": {t: v * 0.97 for t, v in widest.items()}}
     evaluator = Evaluator(optimized, plan, weight_thresholds(optimized, plan), feeds, refs, widest)
     scores = {label: evaluator.score(th) for label, th in candidates.items()}
-    crossed = {label: evaluator.cross_score([th, th]) for label, th in candidates.items()}
+    crossed = {label: evaluator.cross_score([folds[label], folds[label]]) for label in folds}
     best = max(crossed.values())
-    # the case: the clip wins on the samples, and the two are within the margin on unseen ones
+    # the case: the clip wins on the samples, the max on unseen ones, the two within the margin there
     assert scores["max-percentile 0.99995"] > scores["max"], scores
-    assert min(crossed.values()) >= best - CROSS_MARGIN * (1 - best), crossed
-    assert _cross_validated(evaluator, scores, [candidates, candidates]) == "max"
+    assert crossed["max"] >= crossed["max-percentile 0.99995"] >= best - CROSS_MARGIN * (1 - best), crossed
+    assert _cross_validated(evaluator, scores, [folds, folds]) == "max"
+    # a clip that is better on unseen samples too stays (hunt 34 D2: the widest alone lost a little held out)
+    better = {"max": widest, "max-percentile 0.99995": candidates["max-percentile 0.99995"]}
+    crossed = {label: evaluator.cross_score([better[label], better[label]]) for label in better}
+    assert crossed["max-percentile 0.99995"] > crossed["max"], crossed
+    assert _cross_validated(evaluator, scores, [better, better]) == "max-percentile 0.99995"
