@@ -425,7 +425,7 @@ def _cross_validated(evaluator: Evaluator, scores: dict[str, float],
     if method != max(scores, key=scores.get):
         log.info("calibration method %s kept: it scores %.6f on all samples against %.6f for %s, but generalises "
                  "%s", method, scores[method], max(scores.values()), max(scores, key=scores.get),
-                 "as well or better and clips less" if wider else "better")
+                 "as well or better with wider thresholds overall" if wider else "better")
     return method
 
 
@@ -523,9 +523,9 @@ def _warn_unvaried(first: dict[str, np.ndarray], count: int) -> None:
         shown = ", ".join(f"{float(v):g}" for v in value.ravel()[:4])
         more = "" if value.size <= 4 else f", ... ({value.size} values)"
         log.warning("input '%s' has the same values in all %d calibration samples (%s%s): its grid fits those "
-                    "values only, and other values are clipped on the board; give calibration files with the "
-                    "values the model will see in use (for a scale or size input, those of real pictures)",
-                    name, count, shown, more)
+                    "values only, and any other value it takes in use is clipped on the board; if it varies in "
+                    "use, give calibration files with the values the model will see (for a scale factor, those "
+                    "of real pictures)", name, count, shown, more)
 
 
 def spread(count: int, n: int, exclude: set[int] = frozenset()) -> set[int]:

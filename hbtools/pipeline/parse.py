@@ -344,8 +344,13 @@ def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:
             known = [*view.node_by_name, *view.producer, *aliases]  # node names first: what users usually give
             raise HbError(f"output_nodes: '{name}' is neither a node nor a tensor of the model"
                           f"{closest_names(name, dict.fromkeys(known))}")
+    repeated = [o for o in dict.fromkeys(outputs) if outputs.count(o) > 1]
+    if repeated:  # ONNX outputs need distinct names; a .bin with two of one name gave one of them
+        log.warning("output_nodes: %s named more than once (a node's name and the tensor it writes, or a name "
+                    "that is both a layer and another layer's blob); each is output once",
+                    ", ".join(f"tensor '{o}' is" for o in repeated))
     del model.graph.output[:]
-    model.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs)
+    model.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in dict.fromkeys(outputs))
 
 
 def _blob_aliases(model: ModelProto) -> dict[str, str]:

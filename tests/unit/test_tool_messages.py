@@ -198,3 +198,20 @@ def test_a_fixed_side_input_given_another_shape_names_input_shape(tmp_path, monk
     assert result.exit_code == 1 and "internal error" not in result.output
     assert "input_shape changes sizes the model fixes ('scale' is 1x2 in the model)" in result.output, result.output
     assert "export it with fixed input sizes" not in result.output
+
+
+def test_output_nodes_naming_one_tensor_twice_output_it_once(tmp_path, monkeypatch) -> None:
+    """A node's name and the tensor it writes (or a Caffe name that is both a layer and another layer's blob) gave
+    two model outputs of one name; the .bin tools then saw one of them (hunt 34 D3)."""
+    import onnx
+
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), cal_count=2)
+    model = onnx.load(str(project.model_path))
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    project.write(model_parameters={"output_nodes": f"{conv.name};{conv.output[0]}"})
+    made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    assert made.exit_code == 0, made.output
+    assert f"output_nodes: tensor '{conv.output[0]}' is named more than once" in made.output
+    outputs = [o.name for o in onnx.load(str(project.artefact("quantized"))).graph.output]
+    assert len(outputs) == len(set(outputs)) == 1, outputs
