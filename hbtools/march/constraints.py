@@ -149,7 +149,9 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
     op, where = node.op_type, f"the BPU of {profile.label}"
     acts = [i for i in node.input if i and not view.is_const(i)]
     lo, hi = rule.ranks
-    for t in [*acts, *(o for o in node.output if o)]:
+    outs = [o for o in node.output if o]
+    # a Concat is named by what it makes (its first input is only a part of it)
+    for t in [*outs, *acts] if op == "Concat" else [*acts, *outs]:
         shape = view.shapes.get(t)
         if shape is not None and not lo <= len(shape) <= hi:
             allowed = f"{lo}-D" if lo == hi else f"{lo}-D to {hi}-D"

@@ -408,3 +408,16 @@ def test_equal_small_subgraphs_keep_the_same_one_on_the_bpu_whatever_the_node_or
     g.nodes = [g.nodes[k] for k in order]
     part = _partition(g.model({"x": [2, 3, 4]}, [out], opset=11).model, "bernoulli2")
     assert [n for n, (on, _) in _placement(part).items() if on == "BPU"] == ["MatMul_0"]
+
+
+def test_a_concat_the_march_refuses_is_named_by_what_it_makes() -> None:
+    """RDK X3's reason for an output Concat of 3-D heads named its first input's shape ('Concat on a 3-D tensor
+    [1, 1152, 1]' for a [1, 2016, 1] output; hunt 32): true, but it reads as the wrong tensor."""
+    g = _Graph(13)
+    c = g.conv("data", 3, 8)
+    heads = [g.op("Reshape", [g.conv(c, 8, k, k=1), g.const(np.array([1, -1, 1], np.int64), "shape")])
+             for k in (2, 3)]
+    out = g.op("Concat", heads, axis=1)
+    part = _partition(g.model({"data": [1, 3, 4, 4]}, [out]).model, "bernoulli2")
+    reason = _reason(part, "Concat_0")
+    assert "Concat on a 3-D tensor [1, 80, 1]" in reason, reason
