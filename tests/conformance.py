@@ -132,3 +132,13 @@ def convert_and_check(fm: FloatModel, root: Path, calibration_type: str = "max",
     part = read_bin(project.artefact("bin")).models[0].partition
     bpu = [n for s in part["subgraphs"] for n in s["nodes"]]
     return Outcome(cos, part["cpu_nodes"], bpu, "\n".join(logs), project)
+
+
+def bayes_e_placement(model) -> tuple[int, list[str]]:
+    """The number of BPU subgraphs and the CPU nodes' op types of an optimized ``model`` on bayes-e."""
+    from hbtools.march.profiles import get_profile
+    from hbtools.quant.units import build_partition
+
+    part = build_partition(model, get_profile("bayes-e"), {})
+    subgraphs = {sub for _, on, sub, _ in part.rows() if on == "BPU"}
+    return len(subgraphs), sorted(u.main.op_type for u in part.units if u.on == "CPU")

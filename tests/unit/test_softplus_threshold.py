@@ -13,13 +13,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conformance import INTERNAL, _cli
+from conformance import INTERNAL, _cli, bayes_e_placement
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from hbtools.graph.bpu_forms.activations import neutral_softplus_threshold
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline import optimize
-from hbtools.quant.units import build_partition
 
 F = TensorProto.FLOAT
 SHAPE = [1, 3, 8, 8]
@@ -70,13 +69,6 @@ def _model(form: str, threshold: float = 20.0, gain: float = 8.0) -> ModelProto:
     return model
 
 
-def _placement(model: ModelProto) -> tuple[int, list[str]]:
-    """The number of BPU subgraphs and the CPU nodes' op types of an optimized model on bayes-e."""
-    part = build_partition(model, get_profile("bayes-e"), {})
-    subgraphs = {sub for _, on, sub, _ in part.rows() if on == "BPU"}
-    return len(subgraphs), sorted(u.main.op_type for u in part.units if u.on == "CPU")
-
-
 def _outputs(model: ModelProto, x: np.ndarray, names: list[str] | None = None) -> list[np.ndarray]:
     if names:
         model = onnx.ModelProto.FromString(model.SerializeToString())
@@ -93,7 +85,7 @@ def _inputs() -> list[np.ndarray]:
 def test_a_softplus_with_torchs_threshold_runs_on_the_bpu_with_the_same_float_numbers(form: str) -> None:
     model = _model(form)
     optimized = optimize.run(model, get_profile("bayes-e"))
-    assert _placement(optimized) == (1, [])
+    assert bayes_e_placement(optimized) == (1, [])
     ops = [n.op_type for n in optimized.graph.node]
     assert "Where" not in ops and "Greater" not in ops and "LessOrEqual" not in ops and ops.count("Softplus") == 2
     above = 0

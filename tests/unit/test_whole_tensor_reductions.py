@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from conformance import bayes_e_placement
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from hbtools.march.profiles import get_profile
@@ -60,13 +61,6 @@ def _model(op: str, form: str, opset: int) -> ModelProto:
     return model
 
 
-def _placement(model: ModelProto) -> tuple[int, list[str]]:
-    """The number of BPU subgraphs and the CPU nodes' op types of ``model`` optimized for bayes-e."""
-    part = build_partition(model, get_profile("bayes-e"), {})
-    subgraphs = {sub for _, on, sub, _ in part.rows() if on == "BPU"}
-    return len(subgraphs), sorted(u.main.op_type for u in part.units if u.on == "CPU")
-
-
 def _same_values(model: ModelProto, optimized: ModelProto) -> None:
     for seed in range(3):
         x = np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
@@ -82,10 +76,10 @@ def test_a_whole_tensor_reduction_is_placed_as_its_scalar_form(op: str, form: st
     squares once it no longer reads the batch axis), the Squeeze is left out, no reduction still reads the batch
     axis of one, and the optimized float model computes the same values."""
     profile = get_profile("bayes-e")
-    expected = _placement(optimize.run(_model(op, "scalar", opset), profile))
+    expected = bayes_e_placement(optimize.run(_model(op, "scalar", opset), profile))
     model = _model(op, form, opset)
     optimized = optimize.run(model, profile)
-    assert _placement(optimized) == expected == (1, [])
+    assert bayes_e_placement(optimized) == expected == (1, [])
     assert "Squeeze" not in [n.op_type for n in optimized.graph.node]
     reduction = next(n for n in optimized.graph.node if n.op_type.startswith("Reduce"))  # ReduceL2's ReduceSum
     axes = [a.ints for a in reduction.attribute if a.name == "axes"] or \
@@ -178,7 +172,7 @@ def test_a_whole_tensor_mean_reaches_its_division_through_scalar_ops(form: str) 
     profile = get_profile("bayes-e")
     model = _normalised_by_global_level(form)
     optimized = optimize.run(model, profile)
-    assert _placement(optimized) == (1, [])
+    assert bayes_e_placement(optimized) == (1, [])
     assert "Squeeze" not in [n.op_type for n in optimized.graph.node]
     _same_values(model, optimized)
 

@@ -102,6 +102,19 @@ def _along_channels(const_shape: tuple[int, ...], rank: int) -> bool:
     return all(d == 1 for k, d in enumerate(aligned) if k != 1)
 
 
+def _constant_conv(node: NodeProto, view: GraphView,
+                   placed: Mapping[str, str] | None) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """(weight, bias or None) of a standard Conv whose weight and bias are constants and that the config
+    (``placed``, node_info) does not put on the CPU; None for any other node."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
+            or (placed or {}).get(node.name) == "CPU":
+        return None
+    w = view.const(node.input[1])
+    has_bias = len(node.input) > 2 and bool(node.input[2])
+    b = view.const(node.input[2]) if has_bias else None
+    return None if w is None or (has_bias and b is None) else (w, b)
+
+
 def _unpadded_conv_weight(node: NodeProto, data: str, view: GraphView) -> np.ndarray | None:
     """The constant weight of a Conv that reads ``data`` as its input without padding (None: another node)."""
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
@@ -331,15 +344,13 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
     chains: dict[tuple[str, int, int, int, int], str] = {}
 
     def over_phases(node: NodeProto) -> list[NodeProto] | None:
-        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
-                or (placed or {}).get(node.name) == "CPU":
+        weights = _constant_conv(node, view, placed)
+        if weights is None:
             return None
-        w = view.const(node.input[1])
-        b = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        w, b = weights
         shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
         a = view.attrs(node)
-        if w is None or w.ndim not in (3, 4) or (len(node.input) > 2 and node.input[2] and b is None) \
-                or shape is None or out is None or len(shape) != w.ndim or len(out) != w.ndim \
+        if w.ndim not in (3, 4) or shape is None or out is None or len(shape) != w.ndim or len(out) != w.ndim \
                 or not rule.ranks[0] <= w.ndim <= rule.ranks[1] \
                 or any(not isinstance(d, int) or d <= 0 for d in [*shape, *out]) \
                 or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or int(a.get("group", 1)) != 1:
@@ -602,15 +613,13 @@ def wide_convs_in_channel_pieces(model: ModelProto, profile: MarchProfile,
         return helper.make_node("Split", [node.input[0]], outs, name=f"{node.name}_split", axis=1, split=sizes), outs
 
     def in_pieces(node: NodeProto) -> list[NodeProto] | None:
-        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
-                or (placed or {}).get(node.name) == "CPU":
+        weights = _constant_conv(node, view, placed)
+        if weights is None:
             return None
-        w = view.const(node.input[1])
-        b = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        w, b = weights
         shape = view.shapes.get(node.input[0])
-        if w is None or w.ndim < 3 or shape is None or len(shape) != w.ndim \
-                or not split_rule.ranks[0] <= len(shape) <= split_rule.ranks[1] \
-                or (len(node.input) > 2 and node.input[2] and b is None):
+        if w.ndim < 3 or shape is None or len(shape) != w.ndim \
+                or not split_rule.ranks[0] <= len(shape) <= split_rule.ranks[1]:
             return None
         group = int(view.attrs(node).get("group", 1))
         cout, per_group = int(w.shape[0]), int(w.shape[1])
