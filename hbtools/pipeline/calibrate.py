@@ -36,7 +36,7 @@ from hbtools.quant.search import (
     scored_outputs,
     scored_tensors,
 )
-from hbtools.quant.statistics import StatsCollector
+from hbtools.quant.statistics import StatsCollector, update_together
 from hbtools.quant.thresholds import relative_noise, threshold_for
 from hbtools.runs.progress import progress
 from hbtools.runs.timing import StepTimes
@@ -562,10 +562,10 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
         try:
             for k, values in enumerate(runs.run(feed)):  # one part at a time (runtime.segments)
                 masks.update({t: v for t, v in values.items() if t in extra})
-                collector.update(values, masks=masks, new_sample=k == 0)
-                for f, other in enumerate(without):  # a scoring sample's fold: its place among them (appended below)
-                    if not (index in scored and len(eval_feeds) % len(without) == f):
-                        other.update(values, masks=masks, new_sample=k == 0)
+                # a scoring sample's fold (its place among them, appended below) leaves it out
+                update_together([collector, *(other for f, other in enumerate(without)
+                                              if not (index in scored and len(eval_feeds) % len(without) == f))],
+                                values, masks=masks, new_sample=k == 0)
                 refs.update({o: values[o] for o in outputs if o in values})
                 del values
         except RUN_ERRORS as exc:

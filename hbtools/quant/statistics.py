@@ -33,9 +33,57 @@ def abs_histogram(flat: np.ndarray, bins: int, top: float) -> np.ndarray:
     one closed. Bin k holds k <= |x| * bins / top < k + 1, the product taken in float32: a value
     within a rounding of an edge may land in the neighbouring bin. Three passes over the data and a
     bincount (np.histogram's general algorithm makes about a dozen, in float64)."""
+    return _closed(_abs_counts(flat, bins, top))
+
+
+def abs_histograms(flat: np.ndarray, bins: int, tops: list[float]) -> list[np.ndarray]:
+    """``abs_histogram`` of ``flat`` for each of ``tops`` (each at least max |x|), binning the data once for
+    tops that are a power of two apart: bin k at ``top`` is bin k >> d at ``top * 2**d`` exactly (the
+    float32 product scales by the power of two, and the floor of a half is the half of the floor), so the
+    coarser counts are sums of the finer ones, identical to binning again."""
+    counts: dict[float, np.ndarray] = {}
+    for top in sorted(set(tops)):
+        finer = next(((f, c) for f, c in counts.items() if _octaves(f, top) is not None), None)
+        if finer is None or _wide(bins, finer[0]):
+            counts[top] = _abs_counts(flat, bins, top)
+        else:
+            counts[top] = _coarser(finer[1], _octaves(finer[0], top))
+    return [_closed(counts[top]) for top in tops]
+
+
+def _wide(bins: int, top: float) -> bool:
+    """A range of subnormal size (an all-but-zero map) has bins / top beyond float32: the product in float64."""
+    return bins / top > float(np.finfo(np.float32).max)
+
+
+def _octaves(fine: float, coarse: float) -> int | None:
+    """d where ``coarse`` is exactly ``fine * 2**d`` (d >= 0), else None."""
+    mantissa, exponent = np.frexp(coarse / fine)
+    return int(exponent) - 1 if mantissa == 0.5 and coarse / fine * fine == coarse else None
+
+
+def _coarser(counts: np.ndarray, octaves: int) -> np.ndarray:
+    """``_abs_counts`` at a range 2**octaves times wider, from the counts at the narrower one."""
+    if octaves == 0:
+        return counts.copy()
+    starts = np.arange(0, counts.size, 1 << min(octaves, 62))
+    out = np.zeros_like(counts)
+    out[:starts.size] = np.add.reduceat(counts, starts)
+    return out
+
+
+def _closed(counts: np.ndarray) -> np.ndarray:
+    """The ``bins`` counts with the last bin closed: top itself belongs to it."""
+    bins = counts.size - 1
+    hist = counts[:bins].copy()
+    hist[bins - 1] += counts[bins]
+    return hist
+
+
+def _abs_counts(flat: np.ndarray, bins: int, top: float) -> np.ndarray:
+    """bins + 1 counts of floor(|x| * bins / top): the last one holds |x| == top (up to a rounding)."""
     scale = bins / top
-    # A range of subnormal size (an all-but-zero map) has bins / top beyond float32: the product in float64.
-    wide = scale > float(np.finfo(np.float32).max)
+    wide = _wide(bins, top)
     scale = np.float64(scale) if wide else np.float32(scale)
     counts = np.zeros(bins + 1, dtype=np.int64)
     for start in range(0, flat.size, CHUNK):
@@ -43,8 +91,7 @@ def abs_histogram(flat: np.ndarray, bins: int, top: float) -> np.ndarray:
         np.multiply(position, scale, out=position)
         # |x| <= top puts |x| * bins / top at most a rounding above ``bins``: its floor is ``bins``.
         counts += np.bincount(position.astype(np.intp), minlength=bins + 1)
-    counts[bins - 1] += counts[bins]  # the last bin is closed: top itself belongs to it
-    return counts[:bins]
+    return counts
 
 
 class TensorStats:
@@ -61,14 +108,30 @@ class TensorStats:
         self.masked = 0  # values left out as masked positions of a Softmax input (``StatsCollector.masked``)
 
     def update(self, x: np.ndarray) -> None:
+        TensorStats.update_all([self], x)
+
+    @staticmethod
+    def update_all(stats: list[TensorStats], x: np.ndarray) -> None:
+        """``update`` of each of ``stats`` (of one bin count) with the same values, binned once where their
+        ranges allow (``abs_histograms``)."""
         x = np.asarray(x, dtype=np.float32).reshape(-1)
         if x.size == 0:
             return
         x, lo, hi = _finite(x)
         if x.size == 0:
             return
-        self.min, self.max = min(self.min, lo), max(self.max, hi)
         peak = max(abs(lo), abs(hi))
+        for one in stats:
+            one._widen(lo, hi, peak)
+        zeros = x.size - int(np.count_nonzero(x))
+        for one, hist in zip(stats, abs_histograms(x, stats[0].hist.size, [one.range for one in stats]),
+                             strict=True):
+            one.hist += hist
+            one.count += x.size
+            one.zeros += zeros
+
+    def _widen(self, lo: float, hi: float, peak: float) -> None:
+        self.min, self.max = min(self.min, lo), max(self.max, hi)
         self.max_abs = max(self.max_abs, peak)
         if self.range == 0.0:
             self.range = peak if peak > 0 else 1e-8
@@ -77,9 +140,6 @@ class TensorStats:
             # Halve the resolution: merge neighbouring bins and double the covered range.
             self.hist = np.concatenate([self.hist.reshape(-1, 2).sum(axis=1), np.zeros(bins // 2, np.int64)])
             self.range *= 2.0
-        self.hist += abs_histogram(x, bins, self.range)
-        self.count += x.size
-        self.zeros += x.size - int(np.count_nonzero(x))
 
     @property
     def bin_width(self) -> float:
@@ -170,22 +230,45 @@ class StatsCollector:
         """Add ``values`` (of one sample, or of part of one: ``new_sample`` False for the other parts).
         ``masks``: the ``extra_tensors`` known so far, where ``values`` may lack them; a tensor whose
         mask is in neither counts all its elements."""
-        masks = values if masks is None else {**masks, **values}
-        for name, value in values.items():
-            if name in self.stats:
-                mask = self.counted_where.get(name)
-                if mask is not None and mask in masks:
-                    where = nonzero_where(masks[mask], np.shape(value))
-                    value = np.asarray(value)[where] if where is not None else value
-                if name in self.masked:
-                    value = np.asarray(value, dtype=np.float32).reshape(-1)
-                    scores = ~(value <= MASKED_BELOW)
-                    masked = value.size - int(np.count_nonzero(scores))
-                    if masked:  # the scores alone (most tensors on the way to a Softmax hold no mask)
-                        self.stats[name].masked += masked
-                        value = value[scores]
-                self.stats[name].update(value)
-        self.samples += int(new_sample)
+        update_together([self], values, masks=masks, new_sample=new_sample)
+
+    def _counted(self, name: str, value: np.ndarray, masks: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
+        """The values of ``name`` its statistics count, and how many masked positions were left out."""
+        mask = self.counted_where.get(name)
+        if mask is not None and mask in masks:
+            where = nonzero_where(masks[mask], np.shape(value))
+            value = np.asarray(value)[where] if where is not None else value
+        if name not in self.masked:
+            return value, 0
+        value = np.asarray(value, dtype=np.float32).reshape(-1)
+        scores = ~(value <= MASKED_BELOW)
+        masked = value.size - int(np.count_nonzero(scores))
+        # the scores alone (most tensors on the way to a Softmax hold no mask)
+        return (value[scores] if masked else value), masked
+
+
+def update_together(collectors: list[StatsCollector], values: dict[str, np.ndarray], *,
+                    masks: dict[str, np.ndarray] | None = None, new_sample: bool = True) -> None:
+    """``StatsCollector.update`` of each of ``collectors`` (made alike, by one ``plan.collector``) with the same
+    values. Each tensor's values are binned once where the collectors' ranges are a power of two apart, as
+    they are when all saw the same first sample (the cross-validation folds' collectors and the main one
+    bin every sample alike; binning each separately made calibration bin most samples three times)."""
+    first = collectors[0]
+    masks = values if masks is None else {**masks, **values}
+    for name, value in values.items():
+        if name not in first.stats:
+            continue
+        value, masked = first._counted(name, value, masks)
+        stats = [c.stats[name] for c in collectors]
+        for one in stats:
+            one.masked += masked if isinstance(one, TensorStats) else 0
+        if isinstance(stats[0], TensorStats):
+            TensorStats.update_all(stats, value)
+        else:
+            for one in stats:
+                one.update(value)
+    for c in collectors:
+        c.samples += int(new_sample)
 
 
 def nonzero_where(other: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:

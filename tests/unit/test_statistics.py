@@ -73,3 +73,57 @@ def test_a_map_of_subnormal_values_gets_a_histogram(recwarn) -> None:
     assert stats.count == 5 and stats.hist.sum() == 5
     assert stats.hist[-1] == 1 and stats.hist[0] == 2  # the top value in the last bin; 0 and 1e-45 in the first
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def _stream(seed: int) -> list[np.ndarray]:
+    """Samples whose peaks grow and shrink (ranges double at different samples for different subsets), with
+    values exactly at a peak, zeros, exact powers of two and bin edges."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for k in range(12):
+        x = rng.standard_t(3, 3000) * float(rng.choice([0.25, 1.0, 3.0, 17.0]))
+        x[:40] = 0.0
+        x[40:60] = np.float32(2.0) ** rng.integers(-6, 4, 20)
+        x[60] = -np.abs(x).max() if k % 3 else np.abs(x).max()
+        parts.append(x.astype(np.float32))
+    return parts
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_statistics_binned_together_equal_statistics_binned_alone(seed: int) -> None:
+    """The main collector and the cross-validation folds' ones (each leaving out its own samples) bin every
+    sample once together: the histograms equal those each collector gets alone, count for count."""
+    from hbtools.quant.statistics import StatsCollector, update_together
+
+    parts = _stream(seed)
+    parts[5] = parts[5] * np.float32(300.0)  # left out of fold 1 only: its range stays narrower to the end
+    together = [StatsCollector(["t"]) for _ in range(3)]
+    alone = [StatsCollector(["t"]) for _ in range(3)]
+    for index, x in enumerate(parts):
+        # sample 0 is everyone's (the folds' ranges then differ from the main one by powers of two); a later
+        # sample is left out of fold 1 or 2 in turn, as calibration's scoring samples are
+        chosen = [0, *(f for f in (1, 2) if not (index and index % 4 == f))]
+        update_together([together[c] for c in chosen], {"t": x})
+        for c in chosen:
+            alone[c].update({"t": x})
+    ranges = {c.stats["t"].range for c in together}
+    assert len(ranges) > 1  # the folds' ranges did differ, so coarsened counts were used
+    for a, b in zip(together, alone, strict=True):
+        sa, sb = a.stats["t"], b.stats["t"]
+        np.testing.assert_array_equal(sa.hist, sb.hist)
+        assert (sa.range, sa.count, sa.zeros, sa.min, sa.max, a.samples) == (
+            sb.range, sb.count, sb.zeros, sb.min, sb.max, b.samples)
+
+
+def test_statistics_of_unrelated_ranges_are_binned_each_at_its_own() -> None:
+    """Collectors whose first samples differ have ranges no power of two apart: each is binned at its own."""
+    from hbtools.quant.statistics import StatsCollector, update_together
+
+    parts = _stream(5)
+    a, b, a_alone = StatsCollector(["t"]), StatsCollector(["t"]), StatsCollector(["t"])
+    b.update({"t": parts[0] * np.float32(1.37)})
+    for x in parts[1:]:
+        update_together([a, b], {"t": x})
+        a_alone.update({"t": x})
+    np.testing.assert_array_equal(a.stats["t"].hist, a_alone.stats["t"].hist)
+    assert b.stats["t"].hist.sum() == sum(x.size for x in parts)
