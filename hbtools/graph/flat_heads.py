@@ -63,25 +63,34 @@ def _gemm_as_conv(gemm: NodeProto, x: str, out: str, view: GraphView, model: Mod
     return helper.make_node("Conv", inputs, [out], name=gemm.name, kernel_shape=[h, w])
 
 
-def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProto) -> NodeProto | None:
-    """``reader`` of the flattened tensor rewritten to read the map ``x`` and write the map ``out``."""
+def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProto,
+          siblings: dict[str, str] | None = None) -> NodeProto | None:
+    """``reader`` of the flattened tensor rewritten to read the map ``x`` and write the map ``out``. ``siblings``: the
+    flattened tensor and what the other readers of its flatten write (moved with it) -> the maps read instead, so
+    that an element-wise op of two of them (a hard-swish or swish after a dense layer, ``h * hardsigmoid(h)``,
+    either operand first) combines the maps as it did the columns."""
     if reader.domain not in ("", "ai.onnx"):
         return None
     if reader.op_type in ("Gemm", "MatMul"):  # MatMul: a Gemm of defaults, no bias
         return _gemm_as_conv(reader, x, out, view, model)
     if reader.op_type == "Concat":
         return _concat_of_maps(reader, out, view)
+    siblings = siblings or {}
+    if reader.op_type in _TWO_TENSOR_OPS and len(reader.input) == 2 and all(i in siblings for i in reader.input):
+        return _moved(reader, [siblings[i] for i in reader.input], out)
     others = [i for i in reader.input[1:] if i]
     second = _per_channel_map_constant(reader, x, view, model) or _other_flattened_map(reader, x, view)
     if second is None and (reader.op_type not in _SHAPELESS or
                            any(not view.is_const(i) or view.const(i).size != 1 for i in others)):
         return None
+    return _moved(reader, [x, *([second] if second is not None else reader.input[1:])], out)
+
+
+def _moved(reader: NodeProto, inputs: list[str], out: str) -> NodeProto:
     moved = NodeProto()
     moved.CopyFrom(reader)
-    moved.input[0] = x
-    if second is not None:
-        moved.input[1] = second
-    del moved.output[:]
+    del moved.input[:], moved.output[:]
+    moved.input.extend(inputs)
     moved.output.append(out)
     return moved
 
@@ -184,8 +193,10 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
                 continue
             # the flattened tensor must be each reader's first input (a Gemm's A, an activation's X), or any of a
             # Concat's; several readers (MTCNN's box, landmark and score heads) each get a flatten of their own
-            new = [_past(r, node.input[0], f"{r.output[0]}_map", view, model) if r.op_type == "Concat" or
-                   (r.input[0] == node.output[0] and node.output[0] not in r.input[1:]) else None for r in readers]
+            siblings = {node.output[0]: node.input[0], **{r.output[0]: f"{r.output[0]}_map" for r in readers}}
+            new = [_past(r, node.input[0], f"{r.output[0]}_map", view, model, siblings) if r.op_type == "Concat" or
+                   (r.input[0] == node.output[0] and node.output[0] not in r.input[1:]) or
+                   (r.op_type in _TWO_TENSOR_OPS and all(i in siblings for i in r.input)) else None for r in readers]
             if any(n is None for n in new):
                 continue
             if not kept:

@@ -120,3 +120,27 @@ def test_marches_that_take_2d_tensors_keep_the_layers_as_they_are(build) -> None
     assert all(u.on == "BPU" for u in units), [(n.op_type, u.reason) for u in units if u.on == "CPU" for n in u.nodes]
     kinds = {n.op_type for n in optimized.graph.node}
     assert "Conv" in kinds and ("Gemm" in kinds or "MatMul" in kinds)  # the Linears stay Linears
+
+
+def _activated_head(activation: str, order: str):
+    """MobileNetV3's classifier: a pooled map flattened, Linear, hard-swish ``h * hardsigmoid(h)`` (or swish
+    ``h * sigmoid(h)``; the product's operands in either order), Linear."""
+    g = _Graph(9)
+    pooled = g.op("GlobalAveragePool", [_relu_conv(g, "img", 3, 16, 3, strides=[2, 2], pads=[1, 1, 1, 1])])
+    h = g.gemm(g.op("Flatten", [pooled], axis=1), 16, 24)
+    gate = g.op("HardSigmoid", [h], alpha=1 / 6, beta=0.5) if activation == "hardswish" else g.op("Sigmoid", [h])
+    return g.model({"img": [1, 3, 16, 16]}, [g.gemm(g.op("Mul", [h, gate] if order == "x_first" else [gate, h]),
+                                                     24, 10)])
+
+
+@pytest.mark.parametrize("activation", ["hardswish", "swish"])
+@pytest.mark.parametrize("order", ["x_first", "gate_first"])
+def test_a_hard_swish_between_two_linears_after_a_pool_is_one_bpu_subgraph_on_x3(activation: str, order: str) -> None:
+    """hunt 35: MobileNetV3 on RDK X3 ran its Flatten, HardSigmoid and Mul on the CPU between two BPU subgraphs
+    ('Mul on a 2-D tensor [1, 1024]')."""
+    fm = _activated_head(activation, order)
+    optimized, units = _placed(fm.model, "bernoulli2")
+    cpu = [(n.op_type, u.reason) for u in units if u.on == "CPU" for n in u.nodes]
+    assert len({u.subgraph for u in units if u.on == "BPU"}) == 1, cpu
+    assert [kind for kind, _ in cpu] == ["Flatten"], cpu  # the head's output, flattened at the end
+    _same_values(optimized, fm)
