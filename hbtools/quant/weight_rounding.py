@@ -123,8 +123,10 @@ def patches(x: np.ndarray, geo: ConvGeometry, rng: np.random.Generator, position
     step = max(1, CHUNK_BYTES // (8 * c * kh * kw))
     for start in range(0, chosen.size, step):
         rows, cols = np.divmod(chosen[start:start + step], wo)
-        picked = windows[:, rows, cols].astype(np.float64)  # C, P, kh, kw
-        yield picked.reshape(g, c // g, rows.size, kh * kw).transpose(0, 1, 3, 2).reshape(g, -1, rows.size)
+        picked = windows[:, rows, cols]  # C, P, kh, kw (float32)
+        # one float64 copy, already in the [group, C/group·kh·kw, P] order (a transposed copy and a cast were two)
+        yield picked.reshape(g, c // g, rows.size, kh * kw).transpose(0, 1, 3, 2).astype(
+            np.float64, order="C").reshape(g, -1, rows.size)
 
 
 def input_hessians(optimized: ModelProto, layers: list[NodeProto], feeds: Sequence[dict],
