@@ -191,6 +191,12 @@ def topological_sort(model: ModelProto) -> None:
     g = model.graph
     available = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
     nodes = list(g.node)
+    written: set[str] = set()
+    for n in nodes:  # a name written twice would order its readers after either writer (and loop walks upstream)
+        twice = written.intersection(o for o in n.output if o)
+        if twice:
+            raise ValueError(f"graph is not in SSA form: '{twice.pop()}' is written by two nodes, {n.name} one")
+        written.update(o for o in n.output if o)
     missing = [0] * len(nodes)
     waiting: dict[str, list[int]] = {}
     for k, n in enumerate(nodes):

@@ -144,3 +144,38 @@ def test_a_hard_swish_between_two_linears_after_a_pool_is_one_bpu_subgraph_on_x3
     assert len({u.subgraph for u in units if u.on == "BPU"}) == 1, cpu
     assert [kind for kind, _ in cpu] == ["Flatten"], cpu  # the head's output, flattened at the end
     _same_values(optimized, fm)
+
+
+def _scaled_token_mixer():
+    """A CAFormer block's shape: a conv stem to tokens [1, 16, 8], ``t * s + fc2(softmax(fc1(layernorm(t))))`` (a
+    residual scale per channel), tokens back to the map."""
+    g = _Graph(11)
+    stem = g.op("Conv", ["img", _weight(g, 8, 3, 4, 4)], kernel_shape=[4, 4], strides=[4, 4])
+    tokens = g.op("Transpose", [g.op("Reshape", [stem, g.const(np.array([1, 8, 16], np.int64), "shape")])],
+                  perm=[0, 2, 1])
+    normed = g.op("LayerNormalization", [tokens, g.const(np.ones(8, np.float32), "gamma"),
+                                         g.const(np.zeros(8, np.float32), "beta")], axis=-1)
+    fc1 = g.op("Add", [g.op("MatMul", [normed, _weight(g, 8, 8)]), g.const(np.full(8, 0.1, np.float32), "b")])
+    fc2 = g.op("Add", [g.op("MatMul", [g.op("Softmax", [fc1], axis=-1), _weight(g, 8, 8)]),
+                       g.const(np.full(8, -0.1, np.float32), "b")])
+    scaled = g.op("Mul", [tokens, g.const(g.rng.uniform(0.5, 1.5, 8).astype(np.float32), "scale")])
+    mixed = g.op("Add", [scaled, fc2])
+    back = g.op("Reshape", [g.op("Transpose", [mixed], perm=[0, 2, 1]), g.const(np.array([1, 8, 4, 4], np.int64))])
+    return g.model({"img": [1, 3, 16, 16]}, [back], opset=17)
+
+
+def test_a_residual_scale_of_tokens_beside_a_token_mlp_gives_a_valid_graph_on_x3() -> None:
+    """hunt 36 D1: the pass over the tokens' map wrote the scale's Mul as '<tensor>_row', and the pass over tokens
+    wrote a Reshape of the same name for the residual Add: two writers of one tensor, a cycle upstream, and the
+    checker and makertbin walked it forever (CAFormer, timm caformer_s18, on RDK X3)."""
+    fm = _scaled_token_mixer()
+    optimized, units = _placed(fm.model, "bernoulli2")
+    written = [o for n in optimized.graph.node for o in n.output]
+    assert len(written) == len(set(written))
+    onnx.checker.check_model(optimized)
+    assert any(u.on == "BPU" for u in units)
+    from hbtools.runtime.session import fetching_session  # the optimized model holds an HzLayerNorm
+
+    feed = {"img": np.random.default_rng(7).standard_normal(fm.inputs["img"]).astype(np.float32)}
+    got = fetching_session(optimized, []).run(None, feed)[0]
+    np.testing.assert_allclose(got, _run(fm.model, feed)[0], rtol=1e-4, atol=1e-5)

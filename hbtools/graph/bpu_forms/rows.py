@@ -11,6 +11,7 @@ from hbtools.graph.bpu_forms._common import _axes_node, _opset
 from hbtools.graph.bpu_forms.resizes import resize_of_the_row
 from hbtools.graph.graph import GraphView, remove_dead_nodes
 from hbtools.march.profiles import MarchProfile
+from hbtools.ops.base import fresh_name
 
 ROW = 2  # the axis a [N, C, L] tensor gains: [N, C, 1, L]
 
@@ -64,6 +65,22 @@ class _Rows:
         self.rows: dict[str, str] = {}
         self.renamed: dict[str, str] = {}  # outputs of dropped Unsqueezes -> the rows they made again
         self.nodes: list[NodeProto] = []
+        # every name in the model: the names this pass writes are kept apart from them (a pass before this one,
+        # ``token_mlps_as_4d``'s over maps before its over tokens, may have written '<tensor>_row' already)
+        self.taken = {*(i.name for i in model.graph.input), *(t.name for t in model.graph.initializer),
+                      *(name for n in model.graph.node for name in (n.name, *n.input, *n.output))}
+
+    def _fresh(self, hint: str) -> str:
+        """``hint`` or, where the model has that name already, ``hint_1``, ``hint_2``, ... ."""
+        return fresh_name(hint, self.taken)
+
+    def _fresh_node(self, hint: str) -> str:
+        """A node name free for the constants named after it too (``reshape_node``'s, ``_axes_node``'s)."""
+        name = self._fresh(hint)
+        while {f"{name}_shape", f"{name}_axes"} & self.taken:
+            name = self._fresh(hint)
+        self.taken.update((f"{name}_shape", f"{name}_axes"))
+        return name
 
     def run(self) -> int:
         count = 0
@@ -132,7 +149,7 @@ class _Rows:
             return False
         moved = sorted({*(_row_axis(a) for a in axes), ROW})
         squeeze = _axes_node(self.model, self.opset, "Squeeze", self.rows[node.input[0]], node.output[0], moved,
-                             f"{node.name}_of_row")
+                             self._fresh_node(f"{node.name}_of_row"))
         squeeze.name = node.name
         self.nodes.append(squeeze)
         return True
@@ -140,8 +157,8 @@ class _Rows:
     def _row_of(self, tensor: str, reader: NodeProto) -> str:
         """The row form of the 3-D ``tensor``: an Unsqueeze where it has none yet."""
         if tensor not in self.rows:
-            row = f"{tensor}_row"
-            self.nodes.append(self._to_view(tensor, row, f"{reader.name}_{self.into}"))
+            row = self._fresh(f"{tensor}_row")
+            self.nodes.append(self._to_view(tensor, row, self._fresh_node(f"{reader.name}_{self.into}")))
             self.rows[tensor] = row
             self.shapes[row] = self._view_shape(self.shapes.get(tensor))
         return self.rows[tensor]
@@ -164,7 +181,7 @@ class _Rows:
         value = self.view.const(name)
         if value.ndim < 2:
             return name
-        row = f"{name}_{reader.name}_row"
+        row = self._fresh(f"{name}_{reader.name}_row")
         shaped = value.reshape((1,) * (3 - value.ndim) + value.shape)
         self.model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(shaped[:, :, None]), row))
         return row
@@ -174,7 +191,7 @@ class _Rows:
         """``node`` over rows (as ``op_type`` if given), named as ``node``: its ``inputs`` and ``attrs`` (None: the
         attribute goes); a Squeeze of each output's row gives its 3-D form (unless ``keep_outputs``: it writes
         them itself)."""
-        outputs = list(node.output) if keep_outputs else [f"{o}_row" if o else "" for o in node.output]
+        outputs = list(node.output) if keep_outputs else [self._fresh(f"{o}_row") if o else "" for o in node.output]
         new = helper.make_node(op_type or node.op_type, inputs, outputs, name=node.name, domain=node.domain)
         new.attribute.extend(a for a in node.attribute if a.name not in attrs)
         new.attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items() if v is not None)
@@ -185,7 +202,8 @@ class _Rows:
             if flat:
                 self.rows[flat] = row
                 self.shapes[row] = self._view_shape(self.shapes.get(flat))
-                self.nodes.append(self._from_view(row, flat, f"{node.name}_{self.out_of}" + (f"_{k}" if k else "")))
+                self.nodes.append(self._from_view(row, flat, self._fresh_node(f"{node.name}_{self.out_of}"
+                                                                              + (f"_{k}" if k else ""))))
 
     def _conv(self, node: NodeProto) -> bool:
         """A Conv / ConvTranspose of a 3-D tensor by a constant weight as the one of its row."""
@@ -200,7 +218,7 @@ class _Rows:
                                                         ("output_padding", 0), ("output_shape", 1)) if key in a}
         if "pads" in a:
             attrs["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
-        weight = f"{node.input[1]}_{node.name}_row"
+        weight = self._fresh(f"{node.input[1]}_{node.name}_row")
         self.model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w[:, :, None]), weight))
         self._emit(node, [self._row_of(node.input[0], node), weight, *node.input[2:]], attrs)
         return True
@@ -269,7 +287,7 @@ class _Rows:
         axes = self.view.const(node.input[3]) if given else None if starts is None else np.arange(starts.size)
         if axes is None:
             return None
-        name = f"{node.name}_axes_row"
+        name = self._fresh(f"{node.name}_axes_row")
         self.model.graph.initializer.append(numpy_helper.from_array(
             np.array([_row_axis(int(x)) for x in np.ravel(axes)], np.int64), name))
         rest = list(node.input[1:])
@@ -287,14 +305,14 @@ class _Rows:
             axes = self.view.const(rest[2])
             if axes is None:
                 return None
-            rest[2] = f"{node.name}_axes_row"
+            rest[2] = self._fresh(f"{node.name}_axes_row")
             self.model.graph.initializer.append(numpy_helper.from_array(
                 np.array([_row_axis(int(x)) for x in np.ravel(axes)], np.int64), rest[2]))
             return {}, rest
         pads = self.view.const(rest[0])
         if pads is None or pads.size != 6:
             return None
-        rest[0] = f"{node.name}_pads_row"
+        rest[0] = self._fresh(f"{node.name}_pads_row")
         self.model.graph.initializer.append(numpy_helper.from_array(
             np.array([*pads[:ROW], 0, *pads[ROW:3 + ROW], 0, *pads[3 + ROW:]], np.int64), rest[0]))
         return {}, rest
@@ -314,7 +332,7 @@ class _Rows:
         if self.opset < _REDUCTIONS[node.op_type]:
             attrs["axes"] = moved
         else:
-            name = f"{node.name}_axes_row"
+            name = self._fresh(f"{node.name}_axes_row")
             self.model.graph.initializer.append(numpy_helper.from_array(np.array(moved, np.int64), name))
             inputs.append(name)
         self._emit(node, inputs, attrs, keep_outputs=not keep)

@@ -111,13 +111,13 @@ class _Tokens(_Rows):
         if a.get("transA", 0) or b is None or b.ndim != 2 or tokens is None or not self._joins_a_chain(node, tokens):
             return False
         weight = (b if a.get("transB", 0) else b.T) * np.float32(a.get("alpha", 1.0))  # [N, K]
-        inputs = [self._row_of(tokens, node), f"{node.name}_tokens_weight"]
+        inputs = [self._row_of(tokens, node), self._fresh(f"{node.name}_tokens_weight")]
         if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
             c = self.view.const(node.input[2])
             if c is None or c.size not in (1, weight.shape[0]) or (c.ndim == 2 and c.shape[0] != 1):
                 return False  # a bias per token is not a conv's
             bias = np.broadcast_to(c.reshape(-1), weight.shape[:1]) * np.float32(a.get("beta", 1.0))
-            inputs.append(f"{node.name}_tokens_bias")
+            inputs.append(self._fresh(f"{node.name}_tokens_bias"))
             self.model.graph.initializer.append(numpy_helper.from_array(bias.astype(b.dtype), inputs[2]))
         self.model.graph.initializer.append(numpy_helper.from_array(
             np.ascontiguousarray(weight[:, :, None, None]).astype(b.dtype), inputs[1]))
@@ -137,7 +137,7 @@ class _Tokens(_Rows):
         value = self.view.const(name)
         if value.size == 1:
             return name
-        per_channel = f"{name}_{reader.name}_tokens"
+        per_channel = self._fresh(f"{name}_{reader.name}_tokens")
         self.model.graph.initializer.append(numpy_helper.from_array(value.reshape(-1, 1, 1), per_channel))
         return per_channel
 
@@ -199,19 +199,20 @@ class _MapTokens(_Tokens):
 
     def _to_view(self, tensor: str, view: str, name: str) -> NodeProto:
         n, c, h, w = self._view_shape(self.shapes[tensor])
-        tokens, channels_first = f"{view}_tokens", f"{view}_channels_first"
-        self.nodes.append(reshape_node(self.model, tensor, tokens, [n, h * w, c], f"{name}_tokens"))
-        self.nodes.append(helper.make_node("Transpose", [tokens], [channels_first], name=f"{name}_transpose",
-                                           perm=[0, 2, 1]))
+        tokens, channels_first = self._fresh(f"{view}_tokens"), self._fresh(f"{view}_channels_first")
+        self.nodes.append(reshape_node(self.model, tensor, tokens, [n, h * w, c], self._fresh_node(f"{name}_tokens")))
+        self.nodes.append(helper.make_node("Transpose", [tokens], [channels_first],
+                                           name=self._fresh(f"{name}_transpose"), perm=[0, 2, 1]))
         return reshape_node(self.model, channels_first, view, [n, c, h, w], name)
 
     def _from_view(self, view: str, tensor: str, name: str) -> NodeProto:
         n, c, h, w = self.shapes[view]
-        flat, tokens = f"{view}_{name}_flat", f"{view}_{name}_tokens"
-        self.nodes.append(reshape_node(self.model, view, flat, [n, c, h * w], f"{name}_flat"))
+        flat, tokens = self._fresh(f"{view}_{name}_flat"), self._fresh(f"{view}_{name}_tokens")
+        self.nodes.append(reshape_node(self.model, view, flat, [n, c, h * w], self._fresh_node(f"{name}_flat")))
         if list(self.shapes[tensor]) == [n, h * w, c]:
             return helper.make_node("Transpose", [flat], [tensor], name=name, perm=[0, 2, 1])
-        self.nodes.append(helper.make_node("Transpose", [flat], [tokens], name=f"{name}_transpose", perm=[0, 2, 1]))
+        self.nodes.append(helper.make_node("Transpose", [flat], [tokens], name=self._fresh(f"{name}_transpose"),
+                                           perm=[0, 2, 1]))
         return reshape_node(self.model, tokens, tensor, list(self.shapes[tensor]), name)
 
     def _layout(self, node: NodeProto) -> bool:
@@ -266,8 +267,9 @@ class _MapTokens(_Tokens):
         axes = self.view.reduced_axes(node)
         if shape is None or out is None or len(shape) < 3 or axes != list(range(1, len(shape) - 1)):
             return False
-        pooled = f"{node.output[0]}_pooled"
+        pooled = self._fresh(f"{node.output[0]}_pooled")
         self.nodes.append(helper.make_node("GlobalAveragePool", [self.rows[node.input[0]]], [pooled], name=node.name))
         self.shapes[pooled] = [shape[0], shape[-1], 1, 1]
-        self.nodes.append(reshape_node(self.model, pooled, node.output[0], out, f"{node.name}_{self.out_of}"))
+        self.nodes.append(reshape_node(self.model, pooled, node.output[0], out,
+                                       self._fresh_node(f"{node.name}_{self.out_of}")))
         return True
