@@ -108,6 +108,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if sliced:
         log.info("%d MatMuls of two activations read only in row or column slices written as a MatMul per slice",
                  sliced)
+    _single_picks_as_squeezes(body)
     _no_ops_removed(body)
     _sums_as_adds(body)
     masks = constant_masks(body)  # after onnxruntime folded the mask (torch.triu of ones, ...) to a constant
@@ -494,6 +495,31 @@ def _no_ops_removed(model: ModelProto) -> None:
             return
 
 
+def _single_picks_as_squeezes(model: ModelProto) -> None:
+    """A Gather of one constant index (a scalar) along an axis of size 1 drops that axis and keeps every value: a
+    Squeeze of it. torchvision's detection models pick ``images[0]`` of a batch of one so; on RDK X3 a Gather along
+    the batch went to the CPU, where the Squeeze and the Unsqueeze after it go away
+    (``bpu_forms.batch_squeezes_around_elementwise``)."""
+    view = GraphView(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    for k, node in enumerate(model.graph.node):
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        index, shape = view.const(node.input[1]), view.shapes.get(node.input[0])
+        axis = int(view.attrs(node).get("axis", 0))
+        if index is None or index.ndim != 0 or not is_static(shape) or not -len(shape) <= axis < len(shape) or \
+                shape[axis] != 1 or int(index) not in (0, -1):
+            continue
+        axis %= len(shape)
+        if opset < 13:
+            squeeze = helper.make_node("Squeeze", [node.input[0]], [node.output[0]], name=node.name, axes=[axis])
+        else:
+            axes = f"{node.name}_axes"
+            model.graph.initializer.append(numpy_helper.from_array(np.array([axis], np.int64), axes))
+            squeeze = helper.make_node("Squeeze", [node.input[0], axes], [node.output[0]], name=node.name)
+        model.graph.node[k].CopyFrom(squeeze)
+
+
 def _has_subgraph(node: NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
@@ -502,6 +528,17 @@ def _hands_on(node: NodeProto, view: GraphView) -> bool:
     """Whether ``node`` outputs its first input unchanged (see ``_no_ops_removed``)."""
     if node.op_type == "Identity":
         return True
+    if node.op_type in ("Split", "Concat"):
+        # into one piece, of one input: torchvision's detection models take ``list(images)`` of a batch of one and
+        # join it again, which on RDK X3 put the input's normalisation on the CPU between two BPU subgraphs
+        pieces = node.output if node.op_type == "Split" else [i for i in node.input if i]
+        return len(node.output) == 1 and len(pieces) == 1 and _keeps_its_shape(node, view)
+    if node.op_type == "Gather":
+        # of the one index an axis of size 1 has, kept as an axis ([0]: ``x[[0]]``)
+        index, shape = (view.const(node.input[1]) if len(node.input) > 1 else None), view.shapes.get(node.input[0])
+        axis = int(view.attrs(node).get("axis", 0))
+        return index is not None and index.size == 1 and index.ndim > 0 and _keeps_its_shape(node, view) and \
+            -len(shape) <= axis < len(shape) and shape[axis] == 1
     if node.op_type == "Slice":
         # of everything, forwards: GhostNet's cat([x1, x2], 1)[:, :oup], where the halves make oup channels
         steps = view.const(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(1)
