@@ -57,6 +57,12 @@ class GraphView:
         return [o.name for o in self.graph.output]
 
     @cached_property
+    def position(self) -> dict[int, int]:
+        """Each node's place in the graph, by ``id`` (the nodes are held here, so their ids stay theirs)."""
+        self._nodes = list(self.graph.node)
+        return {id(n): k for k, n in enumerate(self._nodes)}
+
+    @cached_property
     def node_by_name(self) -> dict[str, NodeProto]:
         return {n.name: n for n in self.graph.node}
 

@@ -424,8 +424,7 @@ def _lut_unit(start: NodeProto, root: str, view: GraphView, profile: MarchProfil
     outputs = _external_outputs(cluster, view)
     if len(outputs) != 1:  # cannot happen for a single node; keep the start node alone
         cluster, outputs = [start], list(start.output)
-    order = {id(n): k for k, n in enumerate(view.graph.node)}
-    cluster.sort(key=lambda n: order[id(n)])
+    cluster.sort(key=lambda n: view.position[id(n)])  # built once per view: per unit it was quadratic
     return Unit("lut", cluster, [root], outputs, table_type="HzLut")
 
 
