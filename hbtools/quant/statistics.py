@@ -260,8 +260,8 @@ def update_together(collectors: list[StatsCollector], values: dict[str, np.ndarr
             continue
         value, masked = first._counted(name, value, masks)
         stats = [c.stats[name] for c in collectors]
-        for one in stats:
-            one.masked += masked if isinstance(one, TensorStats) else 0
+        for one in stats if masked else ():  # non-zero only for per-tensor statistics (``masked`` has no others)
+            one.masked += masked
         if isinstance(stats[0], TensorStats):
             TensorStats.update_all(stats, value)
         else:
