@@ -28,7 +28,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.errors import HbError, last_line
 from hbtools.graph import bpu_forms
-from hbtools.graph.bpu_forms._common import per_channel_const
+from hbtools.graph.bpu_forms._common import _axes_node, _opset, per_channel_const
 from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.flat_heads import flattens_after_heads, wide_flattens_as_convs
 from hbtools.graph.graph import (
@@ -501,23 +501,18 @@ def _single_picks_as_squeezes(model: ModelProto) -> None:
     the batch went to the CPU, where the Squeeze and the Unsqueeze after it go away
     (``bpu_forms.batch_squeezes_around_elementwise``)."""
     view = GraphView(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     for k, node in enumerate(model.graph.node):
         if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
             continue
-        index, shape = view.const(node.input[1]), view.shapes.get(node.input[0])
-        axis = int(view.attrs(node).get("axis", 0))
-        if index is None or index.ndim != 0 or not is_static(shape) or not -len(shape) <= axis < len(shape) or \
-                shape[axis] != 1 or int(index) not in (0, -1):
+        index = view.const(node.input[1])
+        if index is None or index.ndim != 0 or int(index) not in (0, -1):
             continue
-        axis %= len(shape)
-        if opset < 13:
-            squeeze = helper.make_node("Squeeze", [node.input[0]], [node.output[0]], name=node.name, axes=[axis])
-        else:
-            axes = f"{node.name}_axes"
-            model.graph.initializer.append(numpy_helper.from_array(np.array([axis], np.int64), axes))
-            squeeze = helper.make_node("Squeeze", [node.input[0], axes], [node.output[0]], name=node.name)
-        model.graph.node[k].CopyFrom(squeeze)
+        shape = view.shapes.get(node.input[0])  # shape inference only for a model with such a pick
+        axis = int(view.attrs(node).get("axis", 0))
+        if not is_static(shape) or not -len(shape) <= axis < len(shape) or shape[axis] != 1:
+            continue
+        model.graph.node[k].CopyFrom(_axes_node(model, _opset(model), "Squeeze", node.input[0], node.output[0],
+                                                [axis % len(shape)], node.name))
 
 
 def _has_subgraph(node: NodeProto) -> bool:
@@ -894,23 +889,14 @@ def _batchnorm_to_depthwise_conv(model: ModelProto) -> None:
         axes = list(range(rank, 4))  # the axes that make the tensor 4-D
         if axes:
             x, y = f"{node.input[0]}_{node.name}_4d", f"{node.output[0]}_4d"
-            nodes.append(_axes_node("Unsqueeze", node.input[0], x, f"{node.name}_unsqueeze", opset, model, axes))
+            nodes.append(_axes_node(model, opset, "Unsqueeze", node.input[0], x, axes, f"{node.name}_unsqueeze"))
         kernel = [1] * (max(rank, 4) - 2)
         nodes.append(helper.make_node("Conv", [x, "", ""], [y], name=node.name, group=channels, kernel_shape=kernel))
         if axes:
-            nodes.append(_axes_node("Squeeze", y, node.output[0], f"{node.name}_squeeze", opset, model, axes))
+            nodes.append(_axes_node(model, opset, "Squeeze", y, node.output[0], axes, f"{node.name}_squeeze"))
         index = list(model.graph.node).index(node)
         model.graph.node.remove(node)
         for k_node, new in enumerate(nodes):
             model.graph.node.insert(index + k_node, new)
         conv = model.graph.node[index + (1 if axes else 0)]  # protobuf inserted a copy; edit that one
         _set_conv_params(model, conv, k.reshape(-1, 1, *kernel), shift, y)
-
-
-def _axes_node(op: str, x: str, y: str, name: str, opset: int, model: ModelProto, axes: list[int]) -> NodeProto:
-    """Unsqueeze / Squeeze of the trailing ``axes`` of a tensor and its 4-D form (axes an input from opset 13)."""
-    if opset < 13:
-        return helper.make_node(op, [x], [y], name=name, axes=axes)
-    axes_name = f"{name}_axes"
-    model.graph.initializer.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name))
-    return helper.make_node(op, [x, axes_name], [y], name=name)
