@@ -21,8 +21,11 @@ FLATTENS = ("Flatten", "Reshape", "Squeeze")
 # Functions of one tensor whose other inputs, if any, are scalar constants: any shape will do.
 _SHAPELESS = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu", "Clip",
               "Gelu", "Mish", "Softplus", "Abs", "Neg", "Exp", "Erf")
+# Ops of two tensors that do not care about the shape when the second is one number (a GELU's Div by sqrt(2)).
+_SCALAR_OPERAND = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min")
 _ROUNDS = 64  # a head of more layers than this keeps the rest of its flatten where it is
 _TWO_TENSOR_OPS = ("Add", "Sub", "Mul", "Max", "Min")
+_REGION_DEPTH = 16  # nodes followed back from an element-wise op to the flatten it waits for
 _SHAPE_ONLY = ("Unsqueeze", "Reshape", "Squeeze", "Flatten", "Identity")
 _CHAIN_LIMIT = 8  # shape-only nodes followed from a flatten to the one giving its map back
 
@@ -75,6 +78,9 @@ def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProt
         return _gemm_as_conv(reader, x, out, view, model)
     if reader.op_type == "Concat":
         return _concat_of_maps(reader, out, view)
+    constant = _scalar_operand(reader, view)
+    if constant is not None:  # either operand (``0.5 * h``, ``1 - h``)
+        return _moved(reader, [i if i == constant else x for i in reader.input], out)
     siblings = siblings or {}
     if reader.op_type in _TWO_TENSOR_OPS and len(reader.input) == 2 and all(i in siblings for i in reader.input):
         return _moved(reader, [siblings[i] for i in reader.input], out)
@@ -84,6 +90,14 @@ def _past(reader: NodeProto, x: str, out: str, view: GraphView, model: ModelProt
                            any(not view.is_const(i) or view.const(i).size != 1 for i in others)):
         return None
     return _moved(reader, [x, *([second] if second is not None else reader.input[1:])], out)
+
+
+def _scalar_operand(reader: NodeProto, view: GraphView) -> str | None:
+    """The one-number constant operand of ``reader`` (an op of ``_SCALAR_OPERAND`` of it and one tensor), else None."""
+    if reader.op_type not in _SCALAR_OPERAND or len(reader.input) != 2 or reader.domain not in ("", "ai.onnx"):
+        return None
+    constants = [i for i in reader.input if view.is_const(i) and view.const(i).size == 1 and view.const(i).ndim <= 2]
+    return constants[0] if len(constants) == 1 else None
 
 
 def _moved(reader: NodeProto, inputs: list[str], out: str) -> NodeProto:
@@ -196,13 +210,21 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
             siblings = {node.output[0]: node.input[0], **{r.output[0]: f"{r.output[0]}_map" for r in readers}}
             new = [_past(r, node.input[0], f"{r.output[0]}_map", view, model, siblings) if r.op_type == "Concat" or
                    (r.input[0] == node.output[0] and node.output[0] not in r.input[1:]) or
+                   _scalar_operand(r, view) is not None or
                    (r.op_type in _TWO_TENSOR_OPS and all(i in siblings for i in r.input)) else None for r in readers]
             if any(n is None for n in new):
-                continue
+                # Readers that combine the flattened tensor with a chain computed from it (a GELU's product) follow
+                # once that chain has moved: the others move now, and the flatten stays for those until then.
+                if all(n is None for n in new) or not all(
+                        _waits_for(r, node, view) for r, n in zip(readers, new, strict=True) if n is None):
+                    continue
+                kept = True
             if not kept:
                 changes[node.name] = []
             handled += 1
             for r, moved_reader in zip(readers, new, strict=True):
+                if moved_reader is None:
+                    continue
                 name = node.name if len(readers) == 1 and not kept else f"{node.name}_{r.name}"
                 changes[r.name] = [moved_reader, helper.make_node("Flatten", [f"{r.output[0]}_map"], [r.output[0]],
                                                                   name=name, axis=1)]
@@ -216,6 +238,29 @@ def flattens_after_heads(model: ModelProto, profile: MarchProfile) -> int:
         model.graph.node.extend(nodes)
         moved += handled
     return moved
+
+
+def _waits_for(reader: NodeProto, flatten: NodeProto, view: GraphView) -> bool:
+    """Whether ``reader``, an element-wise op of the tensor ``flatten`` writes and another, gets that other from the
+    same map through element-wise ops and flattens of pooled maps only: once those have moved onto the map, it
+    combines two flattened maps and moves too (``_other_flattened_map``)."""
+    if reader.op_type not in _TWO_TENSOR_OPS or len(reader.input) != 2 or reader.domain not in ("", "ai.onnx"):
+        return False
+    sources = {flatten.output[0], flatten.input[0]}
+    pending, seen = [i for i in reader.input if i != flatten.output[0]], set()
+    while pending:
+        tensor = pending.pop()
+        if tensor in sources or tensor in seen or view.is_const(tensor):
+            continue
+        seen.add(tensor)
+        node = view.producer.get(tensor)
+        if len(seen) > _REGION_DEPTH or node is None or node.domain not in ("", "ai.onnx") or \
+                node.op_type not in (*_SHAPELESS, *_SCALAR_OPERAND, *FLATTENS):
+            return False
+        if node.op_type in FLATTENS and not _flat_of_pooled(node, view):
+            return False
+        pending.extend(i for i in node.input[:1 if node.op_type in FLATTENS else None] if i)
+    return True
 
 
 def _flattened_map(flatten: NodeProto, view: GraphView) -> tuple[str, list[int], bool] | None:

@@ -146,6 +146,43 @@ def test_a_hard_swish_between_two_linears_after_a_pool_is_one_bpu_subgraph_on_x3
     _same_values(optimized, fm)
 
 
+def _gelu_head(form: str):
+    """A pooled map flattened, Linear, GELU, Linear: the GELU as ``0.5 * h * (1 + erf(h / sqrt(2)))`` (torch's exact
+    GELU exported before opset 20), its tanh approximation ``0.5 * h * (1 + tanh(0.798 * (h + 0.0447 * h ** 3)))``, or
+    a scaled swish ``h * sigmoid(1.702 * h)``: element-wise regions whose products read the dense layer's output and a
+    chain computed from it."""
+    g = _Graph(11)
+    pooled = g.op("GlobalAveragePool", [_relu_conv(g, "img", 3, 16, 3, strides=[2, 2], pads=[1, 1, 1, 1])])
+    h = g.gemm(g.op("Flatten", [pooled], axis=1), 16, 24)
+
+    def scalar(v: float) -> str:
+        return g.const(np.array(v, dtype=np.float32))
+
+    if form == "erf":
+        gate = g.op("Add", [g.op("Erf", [g.op("Div", [h, scalar(np.sqrt(2.0))])]), scalar(1.0)])
+        y = g.op("Mul", [g.op("Mul", [h, gate]), scalar(0.5)])
+    elif form == "tanh":
+        inner = g.op("Add", [h, g.op("Mul", [g.op("Pow", [h, scalar(3.0)]), scalar(0.044715)])])
+        gate = g.op("Add", [g.op("Tanh", [g.op("Mul", [inner, scalar(0.7978846)])]), scalar(1.0)])
+        y = g.op("Mul", [g.op("Mul", [scalar(0.5), h]), gate])
+    else:
+        y = g.op("Mul", [h, g.op("Sigmoid", [g.op("Mul", [h, scalar(1.702)])])])
+    return g.model({"img": [1, 3, 16, 16]}, [g.gemm(y, 24, 10)])
+
+
+@pytest.mark.parametrize("form", ["erf", "tanh", "scaled_swish"])
+def test_a_gelu_between_two_linears_after_a_pool_is_one_bpu_subgraph_on_x3(form: str) -> None:
+    """hunt 36 D2: on RDK X3 an exact GELU between the two Linears of a pooled head stayed on the CPU (its Div by
+    a constant and the product of the dense layer's output with a chain computed from it kept the flatten where it
+    was), the second Linear a BPU subgraph of its own."""
+    fm = _gelu_head(form)
+    optimized, units = _placed(fm.model, "bernoulli2")
+    cpu = [(n.op_type, u.reason) for u in units if u.on == "CPU" for n in u.nodes]
+    assert len({u.subgraph for u in units if u.on == "BPU"}) == 1, cpu
+    assert [kind for kind, _ in cpu] == ["Flatten"], cpu  # the head's output, flattened at the end
+    _same_values(optimized, fm)
+
+
 def _scaled_token_mixer():
     """A CAFormer block's shape: a conv stem to tokens [1, 16, 8], ``t * s + fc2(softmax(fc1(layernorm(t))))`` (a
     residual scale per channel), tokens back to the map."""
