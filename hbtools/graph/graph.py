@@ -48,6 +48,10 @@ class GraphView:
         return _Constants(self.graph.initializer)
 
     @cached_property
+    def initializer_protos(self) -> dict[str, TensorProto]:
+        return {t.name: t for t in self.graph.initializer}
+
+    @cached_property
     def graph_inputs(self) -> list[str]:
         inits = {t.name for t in self.graph.initializer}
         return [i.name for i in self.graph.input if i.name not in inits]

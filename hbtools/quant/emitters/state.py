@@ -77,6 +77,7 @@ class EmitState:
         self.nodes: list[NodeProto] = []
         self.inits: list[TensorProto] = []
         self._stored: dict[tuple, str] = {}  # (dtype, shape, digest of the bytes) -> initializer name
+        self.function_sessions: dict[bytes, object] = {}  # lookup tables' functions, by content (``emitters.lut``)
         self.q: dict[str, QTensor] = {}
         self.floats: set[str] = set(self.view.graph_inputs) | set(self.view.initializers)
         self.value_info: list = []
