@@ -72,3 +72,27 @@ def test_a_session_fed_thousands_of_inputs_still_checks_them() -> None:
     with pytest.raises(ValueError, match="x7"):
         session.run(None, feed)
     assert isinstance(session, ort.InferenceSession)
+
+
+def test_a_view_of_an_edited_model_infers_its_new_shapes() -> None:
+    """Views of an unchanged model share one shape inference; an edit anywhere inference reads (a node, a small
+    constant such as a Reshape's target, a large constant's dims) gives the new shapes, not the remembered ones."""
+    from onnx import numpy_helper
+
+    from hbtools.graph.graph import GraphView
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+             helper.make_node("Reshape", ["m", "shape"], ["y"], name="r")]
+    model = _model(nodes, [x], [y])
+    model.graph.initializer.extend([numpy_helper.from_array(np.ones((4, 2048), np.float32), "w"),
+                                    numpy_helper.from_array(np.array([6, -1], np.int64), "shape")])
+    assert GraphView(model).shapes["y"] == [6, 2048]
+    assert GraphView(model).shapes["y"] == [6, 2048]  # the same model again
+    model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array([3, -1], np.int64), "shape"))
+    assert GraphView(model).shapes["y"] == [3, 4096]
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.ones((4, 1024), np.float32), "w"))
+    assert GraphView(model).shapes["y"] == [3, 2048]
+    model.graph.node[1].CopyFrom(helper.make_node("Relu", ["m"], ["y"], name="r"))
+    assert GraphView(model).shapes["y"] == [2, 3, 1024]
