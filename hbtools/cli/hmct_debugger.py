@@ -38,9 +38,13 @@ class PyValue(click.ParamType):
             return value
         text = value.strip()
         try:
-            return ast.literal_eval(text)
+            parsed = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             pass
+        else:
+            # Every such option takes names: a bare number is a node's name (PyTorch and Caffe exports name
+            # nodes 103, 104, ...), as in a list.
+            return _named(parsed) if isinstance(parsed, list | tuple) else parsed if isinstance(parsed, str) else text
         if text.startswith("[") and text.count("[") > text.count("]"):
             self.fail(f"{value!r} is an unterminated list (no closing ']'); write it as \"['name1','name2']\"",
                       param, ctx)
@@ -50,6 +54,13 @@ class PyValue(click.ParamType):
             except (ValueError, SyntaxError):
                 self.fail(f"{value!r} is not a list; write it as \"['name1','name2']\"", param, ctx)
         return text
+
+
+def _named(value: Any) -> Any:
+    """Numbers in a (nested) list of names as the names they spell."""
+    if isinstance(value, list | tuple):
+        return [_named(v) for v in value]
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
 
 
 VALUE = PyValue()

@@ -39,24 +39,36 @@ def names(value: str | Sequence[str] | None, param: str) -> list[str] | None:
     """A node name or a flat list of names (None stays None)."""
     if value is None:
         return None
-    items = [value] if isinstance(value, str) else list(value)
+    items = [_name(item) for item in _listed(value, param)]
     for item in items:
         if not isinstance(item, str):
             raise HbError(f"{param} takes node names, got {item!r}")
     return items
 
 
+def _name(value: object) -> object:
+    """A whole number as the node name it spells (a model's nodes named 103, 104, ...)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _listed(value: object, param: str) -> list:
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        return [value]
+    if not isinstance(value, Sequence):
+        raise HbError(f"{param} takes a node name or a list of node names, got {value!r}")
+    return list(value)
+
+
 def groups(value: str | Sequence[str | Sequence[str]] | None, param: str) -> list[str | list[str]] | None:
     """quantize_node / non_quantize_node: names (one curve each) and lists of names (one curve per list)."""
     if value is None:
         return None
-    items = [value] if isinstance(value, str) else list(value)
     out: list[str | list[str]] = []
-    for item in items:
+    for item in map(_name, _listed(value, param)):
         if isinstance(item, str):
             out.append(item)
-        elif isinstance(item, Sequence) and all(isinstance(x, str) for x in item):
-            out.append(list(item))
+        elif isinstance(item, Sequence) and all(isinstance(_name(x), str) for x in item):
+            out.append([_name(x) for x in item])
         else:
             raise HbError(f"{param} takes node names or lists of node names, got {item!r}")
     if not out:

@@ -107,6 +107,11 @@ def test_long_options_take_hyphens_as_the_other_tools_do(dumped: Dumped, capsys:
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -n layer", ["'layer'", "'weight'"]),
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -i ['Conv_9']",
      ["no node named 'Conv_9'", "Conv_0"]),
+    # a bare number or boolean is a node's name (PyTorch and Caffe exports name nodes 103, 104, ...): hunt 38 D1
+    ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -i 103", ["no node named '103'", "Conv_0"]),
+    ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -i 1.5", ["no node named '1.5'"]),
+    ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -i [103,104]", ["no node named '103'"]),
+    ("runall calibrated_model.onnx calibration_data -cn 1", ["no node named '1'"]),
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -d 9", ["from 1 to 4"]),
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -d many", ["'many' is not a valid integer"]),
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -m [cosine,mse]", ["'cosine'", "sqnr"]),
