@@ -26,7 +26,7 @@ from onnx import ModelProto, NodeProto, numpy_helper
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import GraphView, infer_shapes, name_unnamed_nodes
-from hbtools.graph.model_io import load_model
+from hbtools.graph.model_io import check_model, load_model
 from hbtools.graph.origins import recorded_origins, user_node
 from hbtools.ops.base import attrs_of
 from hbtools.ops.calibration import HzBiasCalibration
@@ -85,6 +85,7 @@ class CalibratedModel:
     """
 
     def __init__(self, model: ModelProto, source: str) -> None:
+        _check_whole(model, source)
         # Taken out below, but plot_distribution shows what each does to its bias.
         self.bias_nodes: dict[str, NodeProto] = {n.name: n for n in model.graph.node
                                                  if n.op_type == HzBiasCalibration.op_type and n.name}
@@ -261,6 +262,18 @@ def load_calibrated(model_or_file: str | Path | ModelProto | None) -> Calibrated
     if isinstance(model_or_file, str | Path):
         return CalibratedModel(load_model(model_or_file), f"'{model_or_file}'")
     raise HbError(f"model_or_file must be a file path or an onnx.ModelProto, not {type(model_or_file).__name__}")
+
+
+def _check_whole(model: ModelProto, source: str) -> None:
+    """onnx's checker on the model, as the other tools check theirs: an edited model (a node deleted by hand) is
+    refused here, not found out by a lookup half-way through an analysis."""
+    try:
+        check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
+        raise HbError(f"{source} fails the ONNX checker: {first}",
+                      hint="give the debugger the *_calibrated_model.onnx makertbin wrote, as it was written "
+                           "(run makertbin again for a changed model)") from exc
 
 
 def _graph_input(vi: onnx.ValueInfoProto) -> GraphInput:

@@ -240,3 +240,19 @@ def test_a_long_last_call_is_kept_whole(tmp_path: Path, capsys: pytest.CaptureFi
     text = log.read_text()
     assert text.startswith(long_call) and "an old call" not in text, "the last call stays whole, its ERROR too"
     assert "===== hmct-debugger no-such-command =====" in text
+
+
+def test_an_edited_calibrated_model_gives_one_error_line(dumped: Dumped, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """hunt 38 D2: a calibrated model with a node deleted by hand stopped with 'internal error: KeyError'."""
+    import onnx
+
+    model = onnx.load(dumped.calibrated)
+    weight = next(n for n in model.graph.node if n.op_type == "HzCalibration" and n.name.startswith("w"))
+    model.graph.node.remove(weight)
+    broken = tmp_path / "edited.onnx"
+    onnx.save(model, broken)
+    code, out = run(f"hmct-debugger get-sensitivity-of-nodes {broken} calibration_data", dumped, capsys)
+    errors = [line for line in out.splitlines() if " ERROR " in line]
+    assert code == 1 and len(errors) == 1 and ERROR_LINE.match(errors[0]), out
+    assert "fails the ONNX checker" in errors[0] and "internal error" not in out and "Traceback" not in out
