@@ -215,6 +215,12 @@ def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, flo
             drop.add(node.name)
         elif q is not None and _is_q(q):
             tensor = q.input[0]
+            if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+                bad = next(float(v) for v in scale.reshape(-1) if not np.isfinite(v) or v <= 0)
+                raise HbError(f"calibration_type load: the QuantizeLinear -> DequantizeLinear pair on '{tensor}' "
+                              f"({node.name}) has scale {bad:g}; an activation's scale must be a positive, finite "
+                              "number", hint="quantize the float model again (the tool that wrote the QDQ model "
+                              "calibrates the scale), or convert it with another calibration_type")
             low, high, threshold = _pair_grid(scale, zero, node)
             out = node.output[0]
             if zero.dtype.name.startswith("float8"):

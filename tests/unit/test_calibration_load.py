@@ -7,10 +7,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.debug import get_sensitivity_of_nodes
+from hbtools.errors import HbError
 from hbtools.log import setup
 from hbtools.pipeline.runner import makertbin
 from hbtools.quant.qdq import strip_qdq
@@ -105,6 +107,20 @@ def test_load_keeps_the_name_of_an_output_a_last_pair_ends_in(tmp_path: Path, mo
     qat = _run_qdq(_qdq_model(), {"feat": x})
     quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(["y"], {"feat": x})[0]
     assert np.abs(qat - quant).max() <= 0.02 * np.abs(qat).max()
+
+
+@pytest.mark.parametrize("scale", [-0.01, 0.0, float("nan"), float("inf")])
+def test_load_refuses_an_activation_scale_that_is_no_positive_number(scale: float, tmp_path: Path, monkeypatch) -> None:
+    """hunt 38 D3: a negative scale stopped with 'internal error: OverflowError'; zero, NaN and infinity converted with
+    a made-up grid (SPEC §10: a zero scale is an ERROR of its own)."""
+    monkeypatch.chdir(tmp_path)
+    setup(None)
+    model = _qdq_model()
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(scale, np.float32), "s"))
+    onnx.save(model, str(tmp_path / "qat.onnx"))
+    with pytest.raises(HbError, match=r"pair on 'feat' \(dq0\) has scale .*positive, finite number"):
+        makertbin(_config(tmp_path), "onnx")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.onnx"))
 
 
 def test_a_qdq_model_converted_without_load_is_told_to_use_load(tmp_path: Path, monkeypatch, capsys) -> None:
