@@ -25,6 +25,9 @@ from hbtools.errors import ResourceError, UsageError, os_error
 log = logging.getLogger("hbtools")
 
 NAME_MAX = 255  # bytes in one file name on Linux file systems (ext4, xfs, btrfs, tmpfs)
+# An artefact a run replaces waits under this prefix in the staging folder until the commit's moves are done
+# (``runs.transaction``): no artefact of a run may be named so.
+REPLACED_PREFIX = ".old-"
 _HASH_LENGTH = 8  # hex digits of the hash that ends a cut name
 
 

@@ -18,6 +18,7 @@ import yaml
 from schema import SchemaError
 
 from hbtools.errors import ConfigError
+from hbtools.outputs import REPLACED_PREFIX
 
 Parser = Callable[[Any], Any]
 
@@ -253,6 +254,9 @@ def as_file_name(key: str) -> Parser:
                  f"'..' or NUL (the artefacts are written into working_dir), e.g. 'mobilenet'")
         if len(text.encode()) > 200:
             fail(f"'{key}' is {len(text.encode())} bytes long; use a name under 200 bytes")
+        if text.startswith(REPLACED_PREFIX):
+            fail(f"'{key}' value {value!r} starts with '{REPLACED_PREFIX}', which names the files a run replaces "
+                 f"while it commits its artefacts; use another name, e.g. {text[len(REPLACED_PREFIX):] or 'model'!r}")
         return text
 
     return parse

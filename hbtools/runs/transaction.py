@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hbtools.errors import ConfigError, HbError, ResourceError, os_error
-from hbtools.outputs import create_dir
+from hbtools.outputs import REPLACED_PREFIX, create_dir
 from hbtools.runs.signals import signals_deferred
 
 log = logging.getLogger("hbtools")
@@ -41,7 +41,7 @@ log = logging.getLogger("hbtools")
 LOCK_NAME = ".hbtools.lock"
 STAGING_NAME = ".hbtools_staging"
 _COMMITTED = ".committed"  # inside the staging folder: the entries to move in and to remove
-_OLD = ".old-"  # a replaced or removed entry waits here until the moves are done
+_OLD = REPLACED_PREFIX  # a replaced or removed entry waits here until the moves are done
 _MANIFEST = ".hbtools_set_{}.json"  # in working_dir: the entries of the set of that name
 
 

@@ -938,6 +938,8 @@ def test_group_not_a_mapping(workdir: Path) -> None:
         ("model_parameters", "remove_node_type", "Conv", ("'remove_node_type'", "Quantize")),
         ("model_parameters", "debug_mode", "dump", ("'debug_mode'", "dump_calibration_data")),
         ("model_parameters", "output_model_file_prefix", ["a"], ("'output_model_file_prefix'",)),
+        # the staging folder's name for what a run replaces: artefacts so named were never committed (hunt 38 D4)
+        ("model_parameters", "output_model_file_prefix", ".old-m", ("'.old-m'", "starts with '.old-'", "'m'")),
         ("input_parameters", "input_batch", 0, ("'input_batch'", "1-4096")),
         ("input_parameters", "input_batch", 4097, ("'input_batch'", "1-4096")),
         ("input_parameters", "input_batch", "abc", ("'input_batch'", "integer")),
