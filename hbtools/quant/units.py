@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -183,7 +184,9 @@ def build_partition(model: ModelProto, profile: MarchProfile, node_info: dict[st
         if not integer_outputs:
             _join_outputs_in_float(part, view, forced)
         _keep_isolated_ops_in_float(part, view, forced)
-        if _keep_small_subgraphs_in_float(part, view, forced):
+        # Each may leave the other more to do (a bias Add whose SiLU went to float is then a subgraph alone);
+        # both only ever move units to the CPU.
+        while _keep_small_subgraphs_in_float(part, view, forced):
             _keep_isolated_ops_in_float(part, view, forced)
     _number_subgraphs(part)
     return part
@@ -610,11 +613,20 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
     moved = False
     graph_outputs = set(view.graph_outputs)
     for k, group in enumerate(groups):
-        if k == largest or work[k] > SMALL_SUBGRAPH_MACS or any(id(u) in forced for u in group):
+        if k == largest or any(id(u) in forced for u in group):
             continue
         members = {id(u) for u in group}
         inputs = [t for u in group for t in u.inputs if id(part.producer.get(t)) not in members]
         outputs = [t for u in group for t in u.outputs]
+        # Its inputs are quantized and its outputs dequantized on the CPU: where that is as many values as
+        # it has multiply-accumulates (a per-channel scale and shift between CPU nodes, one per value), the
+        # float op costs the CPU no more than the crossing does (rapid-table's quantize_dynamic detector: each
+        # bias Add between two CPU ConvIntegers was a BPU subgraph of its own, 127 of them).
+        leaving = [t for t in outputs if t in graph_outputs or any(
+            id(c) not in members for c in part.consumers.get(t, []))]
+        crossing = _elements_of(dict.fromkeys(inputs + leaving), view)
+        if work[k] > max(SMALL_SUBGRAPH_MACS, crossing):
+            continue
         users = [c for t in outputs for c in part.consumers.get(t, []) if id(c) not in members]
         # A BPU result the CPU reads too is there in float already (CenterNet's heatmap, read by the CPU MaxPool of its
         # peak test and by the Mul keeping the peaks).
@@ -627,11 +639,19 @@ def _keep_small_subgraphs_in_float(part: Partition, view: GraphView, forced: set
         to_cpu = all(c.on == "CPU" for c in users) and (at_output or (bool(users) and not reaches_output))
         if inputs and from_cpu and to_cpu:
             where = "after CPU nodes at the model's output" if at_output else "between CPU nodes"
+            per_value = f" (no more than the {crossing:.0f} values the CPU would quantize and dequantize for it)" \
+                if work[k] > SMALL_SUBGRAPH_MACS else ""
             for u in group:
-                u.on, u.reason = "CPU", (f"a BPU subgraph of {work[k]:.0f} MACs {where} costs more as a "
-                                         "BPU call than in float; kept in float (run_on_bpu moves it)")
+                u.on, u.reason = "CPU", (f"a BPU subgraph of {work[k]:.0f} MACs {where}{per_value} costs more as "
+                                         "a BPU call than in float; kept in float (run_on_bpu moves it)")
             moved = True
     return moved
+
+
+def _elements_of(tensors: Iterable[str], view: GraphView) -> float:
+    """The number of values of ``tensors`` together (0 where a shape is unknown: no saving is claimed for them)."""
+    shapes = [view.shapes.get(t) for t in tensors]
+    return float(sum(elements(s) for s in shapes if is_static(s)))
 
 
 def _subgraph_units(part: Partition, join_readers: bool = True) -> list[list[Unit]]:
