@@ -10,7 +10,9 @@ from itertools import accumulate
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx import ModelProto
 
 from hbtools.errors import HbError, os_error
@@ -123,6 +125,33 @@ def check_source_model(model: ModelProto, path: str | Path) -> None:
         raise HbError(f"'{path}' fails the ONNX checker: {first}", hint=_checker_hint(model, first)) from exc
     finally:
         stand_down(model)
+
+
+# Ops whose constant inputs are learned parameters: a NaN or an infinity there reaches every value they write.
+_WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "InstanceNormalization",
+             "LayerNormalization", "GroupNormalization", "PRelu", "LSTM", "GRU", "RNN")
+
+
+def check_finite_weights(model: ModelProto, path: str | Path) -> None:
+    """Refuse a float weight holding NaN or infinity (a checkpoint damaged in training or export): every
+    calibration sample then gives NaN, and a calibration type without a search would write a model of NaN.
+    Constants of other ops may hold an infinity on purpose (an attention mask's -inf)."""
+    floats = {t.name: t for t in model.graph.initializer
+              if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)}
+    for node in model.graph.node:
+        if node.op_type not in _WEIGHTED or node.domain not in ("", "ai.onnx"):
+            continue
+        for name in node.input[1:]:
+            if name not in floats:
+                continue
+            values = onnx.numpy_helper.to_array(floats[name])
+            nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+            if nan or inf:
+                what = " and ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
+                raise HbError(f"'{path}': the weight '{name}' of {node.op_type} node '{node.name}' holds {what} "
+                              f"value(s) of {values.size}: every value the node writes would be NaN or infinite",
+                              hint="export the model again from a checkpoint whose weights are finite numbers")
+            del floats[name]  # checked once however many nodes read it
 
 
 # QuantizeLinear/DequantizeLinear take an axis (per-channel scales) from opset 13 on.

@@ -27,6 +27,7 @@ from hbtools.graph import precision, shape_trial, source_repairs
 from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.graph import GraphView, compact, infer_shapes, name_unnamed_nodes, remove_dead_nodes
 from hbtools.graph.model_io import (
+    check_finite_weights,
     check_model,
     check_source_model,
     load_model,
@@ -73,6 +74,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     source_repairs.deprecated_ops(model)
     source_repairs.experimental_ops(model)
     check_source_model(model, path)
+    check_finite_weights(model, path)
     others = precision.other_floats(model)
     if others:
         log.info("the model computes in %s; converting it to float32 (calibration measures float32 values)",

@@ -32,6 +32,7 @@ from builders import MODELS, make_project
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from onnx import numpy_helper
 
 from hbtools.cli import (
     hb_custom_op,
@@ -253,6 +254,18 @@ def exit_op(env: Env) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+def nan_weight(env: Env) -> None:
+    """The first convolution's weight with one NaN."""
+    path = env.root / "img" / "model.onnx"
+    model = onnx.load(path)
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    weight = next(t for t in model.graph.initializer if t.name == conv.input[1])
+    values = numpy_helper.to_array(weight).copy()
+    values.reshape(-1)[0] = np.nan
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    onnx.save(model, path)
+
+
 def empty_cal_copy(env: Env) -> None:
     (env.root / "emptycal").mkdir()
 
@@ -394,6 +407,10 @@ CASES: list[Case] = [
     C("img_float_far_below", 2, "hb_mapper", MK, IN, "pixel range", setup=float_images(-500.0)),
     C("img_float_nan", 2, "hb_mapper", MK, IN, "NaN", setup=float_images(np.nan)),
     C("img_broken_symlink", 2, "hb_mapper", MK, IN, "002.bin", "broken symbolic link", setup=broken_link),
+    # a NaN weight: every sample gave NaN, and a calibration type without a search wrote a model of NaN (hunt 38 D5)
+    C("weight_nan_max", 2, "hb_mapper", MK, IN, "holds 1 NaN", "Conv node", setup=nan_weight),
+    C("weight_nan_checker", 2, "hb_mapper", "checker --model-type onnx --march bayes-e --model {model}", IN,
+      "holds 1 NaN", setup=nan_weight),
     # SPEC §10: no tool overwrites one of its own inputs; refused before any work, not found at the commit
     C("cal_data_in_the_dump", 0, "hb_mapper", MK, IN, "is an input of this run", "calibration_data",
       setup=both(copy_of("img/cal_data", "img/model_output/calibration_data/mine"),
