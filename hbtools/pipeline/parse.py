@@ -33,7 +33,7 @@ from hbtools.graph.model_io import (
     load_model,
     with_horizon_domain,
 )
-from hbtools.ops.base import fresh_name
+from hbtools.ops.base import DOMAIN, fresh_name
 from hbtools.ops.preprocess import featuremap_normalisation, make_preprocess_node
 from hbtools.quant.qdq import (
     activation_pairs,
@@ -61,6 +61,28 @@ class ParseResult:
         return model
 
 
+# The nodes only makertbin writes, and which of its artefacts holds them.
+_ARTEFACT_KINDS = (({"HzCalibration", "HzBiasCalibration"}, "calibrated model (*_calibrated_model.onnx)"),
+                   ({"HzQuantize", "HzDequantize", "HzRequantize", "HzLut"},
+                    "quantized model (*_quantized_model.onnx)"),
+                   ({"HzPreprocess"}, "float model with its input preprocessing in it (*_original_float_model.onnx or "
+                                      "*_optimized_float_model.onnx)"))
+
+
+def _refuse_artefacts(model: ModelProto, path: Path) -> None:
+    """A model makertbin wrote, given back as the model to convert: its inputs are already preprocessed or
+    integers, and what the later stages said of it (an int8 input, nothing computed at run time) sent the
+    user the wrong way."""
+    ops = {n.op_type for n in model.graph.node if n.domain == DOMAIN}
+    for marks, kind in _ARTEFACT_KINDS:
+        found = sorted(ops & marks) or (sorted(o for o in ops if o.startswith("HzSQuantized")) if "quantized" in kind
+                                        else [])
+        if found:
+            raise HbError(f"'{path}' is a {kind} that makertbin wrote (it holds {found[0]} nodes), not a float model "
+                          "to convert", hint="give the float model it was made from as onnx_model (--model for "
+                                             "the checker)")
+
+
 def preprocess_node_name(input_name: str) -> str:
     return f"HZ_PREPROCESS_FOR_{input_name}"
 
@@ -68,6 +90,7 @@ def preprocess_node_name(input_name: str) -> str:
 def run(config: Config, *, checking: bool = False) -> ParseResult:
     """``checking`` (hb_mapper checker): a QDQ model is parsed as calibration_type load would parse it."""
     model, path = load_source_model(config)
+    _refuse_artefacts(model, path)
     source_repairs.ordered_and_typed(model)
     # onnx's checker refuses onnxruntime's ops in the ONNX domain (its SimplifiedLayerNormalization)
     expand_contrib_ops(model, onnx_domain_only=True)

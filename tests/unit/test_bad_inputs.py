@@ -565,6 +565,14 @@ CASES: list[Case] = [
     C("infer_missing_image", 0, "hb_mapper", "infer -c {cfg} --model-file {q} --model-type onnx --image-file data "
       "{root}/none.bin --output-dir {root}/o", IN, "none.bin"),
     C("checker_missing_model", 0, "hb_mapper", "checker --model {root}/none.onnx", IN, "none.onnx"),
+    # makertbin's own artefacts given back: 'computes nothing at run time', 'use featuremap' (hunt 38 D6)
+    C("checker_calibrated_artefact", 1, "hb_mapper", "checker --model-type onnx --march bayes-e --model {calq}", IN,
+      "is a calibrated model", "that makertbin wrote"),
+    C("checker_quantized_artefact", 1, "hb_mapper", "checker --model-type onnx --march bayes-e --model {q}", IN,
+      "is a quantized model"),
+    C("makertbin_calibrated_artefact", 1, "hb_mapper", MK, IN, "is a calibrated model", setup=both(
+        copy_of("img/model_output/small_calibrated_model.onnx", "img/mine.onnx"),
+        config(model_parameters={"onnx_model": "mine.onnx"}))),
     C("eval_preprocess_bad_model", 0, "hb_eval_preprocess", "-m resnet999 -i {root} -o {root}/pre", IN, "resnet999"),
 ]
 
