@@ -308,8 +308,7 @@ def _commit(staging: Path, stale: list[str] | None = None) -> None:
 
 def _roll_forward(staging: Path, working_dir: Path) -> None:
     """Move the committed entries into place and the stale ones out; safe to repeat after an interruption."""
-    plan = json.loads((staging / _COMMITTED).read_text(encoding="utf-8"))
-    moves, removals = (plan, []) if isinstance(plan, list) else (plan["move"], plan["remove"])
+    moves, removals = _commit_plan(staging, working_dir)
     for name in moves:
         new, target, old = staging / name, working_dir / name, staging / f"{_OLD}{name}"
         if not new.exists() and not new.is_symlink():
@@ -324,6 +323,25 @@ def _roll_forward(staging: Path, working_dir: Path) -> None:
             os.replace(target, staging / f"{_OLD}{name}")  # deleted with the staging folder
     _fsync(working_dir)
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _commit_plan(staging: Path, working_dir: Path) -> tuple[list[str], list[str]]:
+    """The names a committed run moves into ``working_dir`` and out of it, from its record. A record damaged
+    from outside (written atomically, it is whole or absent otherwise) is an ERROR saying what to do, not a
+    traceback on every later run in that folder."""
+    record = staging / _COMMITTED
+    try:
+        plan = json.loads(record.read_text(encoding="utf-8"))
+        moves, removals = (plan, []) if isinstance(plan, list) else (plan["move"], plan["remove"])
+        names = [*moves, *removals]
+        if not all(isinstance(n, str) and n and n not in (".", "..") and "/" not in n and "\0" not in n
+                   for n in names):
+            raise ValueError("it names something other than files of the folder")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HbError(f"the commit record '{record}' of an interrupted run is damaged ({exc}), so its artefacts "
+                      f"cannot be put in place", hint=f"keep what you need from '{staging}' and '{working_dir}', "
+                      f"then delete the folder '{staging}' and run again") from exc
+    return moves, removals
 
 
 def _fsync(path: Path) -> None:

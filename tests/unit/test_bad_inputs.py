@@ -288,6 +288,7 @@ def file_named(name: str) -> Callable[[Env], None]:
 
 def text_file(name: str, text: str) -> Callable[[Env], None]:
     def apply(env: Env) -> None:
+        (env.root / name).parent.mkdir(parents=True, exist_ok=True)
         (env.root / name).write_text(text)
 
     return apply
@@ -565,6 +566,11 @@ CASES: list[Case] = [
     C("infer_missing_image", 0, "hb_mapper", "infer -c {cfg} --model-file {q} --model-type onnx --image-file data "
       "{root}/none.bin --output-dir {root}/o", IN, "none.bin"),
     C("checker_missing_model", 0, "hb_mapper", "checker --model {root}/none.onnx", IN, "none.onnx"),
+    # a commit record damaged from outside stopped every later run in the folder with an internal error (hunt 38 D8)
+    C("damaged_commit_record", 5, "hb_mapper", MK, IN, "commit record", "is damaged",
+      setup=text_file("img/model_output/.hbtools_staging/.committed", "")),
+    C("commit_record_leaving_the_folder", 5, "hb_mapper", MK, IN, "commit record", "other than files",
+      setup=text_file("img/model_output/.hbtools_staging/.committed", '["../../elsewhere"]')),
     # makertbin's own artefacts given back: 'computes nothing at run time', 'use featuremap' (hunt 38 D6)
     C("checker_calibrated_artefact", 1, "hb_mapper", "checker --model-type onnx --march bayes-e --model {calq}", IN,
       "is a calibrated model", "that makertbin wrote"),
