@@ -250,6 +250,14 @@ def strip_qdq(model: ModelProto, int16: set[str] | None = None) -> dict[str, flo
                 renamed_output[tensor] = out
             drop.update({node.name, q.name})
     if not drop:
+        counts = integer_ops(model)
+        if counts:  # onnxruntime's quantize_dynamic or QOperator format: integer operators, no pairs to read
+            listed = ", ".join(f"{n} {op}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+            raise HbError(f"calibration_type load reads QDQ models (QuantizeLinear/DequantizeLinear pairs); this one "
+                          f"was quantized into onnxruntime's integer operators instead ({listed})",
+                          hint="convert the float model it was made from (before quantize_dynamic / quantize_static) "
+                               "with calibration_type default; another calibration_type converts this one with those "
+                               "operators on the CPU")
         raise HbError("calibration_type load needs a QDQ model (QuantizeLinear/DequantizeLinear pairs); none found",
                       hint="use another calibration_type for a float model")
     if widened:

@@ -164,6 +164,11 @@ def test_a_model_quantized_by_onnxruntime_converts_on_the_cpu_and_is_told_to_sta
     source = HB_ONNXRuntime(model_file=str(tmp_path / "qat.onnx")).run_feature(None, {"feat": x})[0]
     quant = HB_ONNXRuntime(model_file=paths["quantized"]).run_feature(None, {"feat": x})[0]
     assert np.allclose(quant, source, atol=1e-5), np.abs(quant - source).max()
+    # load reads QDQ pairs: it names what this model holds instead, not 'use another calibration_type for a float
+    # model' (hunt 37 D2)
+    with pytest.raises(HbError, match=r"integer operators instead \(.*ConvInteger") as refused:
+        makertbin(_config(tmp_path, "load"), "onnx")
+    assert "before quantize_dynamic" in refused.value.hint
 
 
 def _uint8_qdq_model() -> onnx.ModelProto:
