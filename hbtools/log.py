@@ -229,6 +229,15 @@ class _Console(logging.StreamHandler):
         if not self.broken:
             super().emit(record)
 
+    def format(self, record: logging.LogRecord) -> str:
+        """The line, with what the console's encoding cannot show escaped: an ASCII or Latin-1 console printed
+        logging's traceback instead of an ERROR naming a non-ASCII path."""
+        text = super().format(record)
+        encoding = getattr(self.stream, "encoding", None)
+        if encoding and encoding.lower().replace("-", "") != "utf8":
+            text = text.encode(encoding, "backslashreplace").decode(encoding)
+        return text
+
     def handleError(self, record: logging.LogRecord) -> None:
         if isinstance(sys.exc_info()[1], OSError):
             self.broken = True
