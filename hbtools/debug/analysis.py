@@ -34,7 +34,7 @@ def sensitivity_analysis(model_or_file: str | onnx.ModelProto | None = None, cal
                          save_dir: str | Path | None = None) -> dict[str, dict[str, float]]:
     """Chart in ``save_dir``; returns ``{"single": {node: cosine}, "partial": {"none" | node: cosine}}``."""
     cm = load_calibrated(model_or_file)
-    threshold = options.number(pick_threshold, "pick_threshold")
+    threshold = options.cosine_threshold(pick_threshold, "pick_threshold")
     given = options.names(sensitive_nodes, "sensitive_nodes")
     if given == []:
         raise HbError("sensitive_nodes is an empty list: give the nodes to analyse, or leave it out to pick those "

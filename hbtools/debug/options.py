@@ -82,6 +82,15 @@ def number(value: object, param: str) -> float:
     return float(value)
 
 
+def cosine_threshold(value: object, param: str) -> float:
+    """A cosine similarity to compare nodes' output cosines with: a number in (0, 1]."""
+    threshold = number(value, param)
+    if not 0 < threshold <= 1:  # NaN too
+        raise HbError(f"{param} is {value!r}: nodes are picked where the output cosine similarity is below it, so it "
+                      "must be a number above 0 and at most 1 (0.999 by default)")
+    return threshold
+
+
 def integer_or_none(value: object, param: str) -> int | None:
     if value is None:
         return None

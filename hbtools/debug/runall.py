@@ -58,7 +58,7 @@ def runall(model_or_file: str | onnx.ModelProto | None = None, calibrated_data: 
         quantize = ["weight", "activation"]
     curves = curves_for(cm, quantize, non_quantize)
     axis = options.integer_or_none(axis, "axis")
-    threshold = options.number(pick_threshold, "pick_threshold")
+    threshold = options.cosine_threshold(pick_threshold, "pick_threshold")
     sensitive = options.names(sensitive_nodes, "sensitive_nodes")
     if sensitive is not None:
         cm.check(sensitive, "sensitive_nodes")

@@ -112,6 +112,8 @@ def test_long_options_take_hyphens_as_the_other_tools_do(dumped: Dumped, capsys:
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -i 1.5", ["no node named '1.5'"]),
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -i [103,104]", ["no node named '103'"]),
     ("runall calibrated_model.onnx calibration_data -cn 1", ["no node named '1'"]),
+    ("sensitivity-analysis calibrated_model.onnx calibration_data -p 2.0", ["pick_threshold is 2.0", "at most 1"]),
+    ("runall calibrated_model.onnx calibration_data -pt nan", ["pick_threshold is nan", "above 0"]),
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -d 9", ["from 1 to 4"]),
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -d many", ["'many' is not a valid integer"]),
     ("get-sensitivity-of-nodes calibrated_model.onnx calibration_data -m [cosine,mse]", ["'cosine'", "sqnr"]),
