@@ -288,11 +288,19 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         if onnx_model is None and isinstance(model_file, ModelProto | bytes):
             model_file, onnx_model = None, model_file
         if isinstance(onnx_model, bytes):
-            onnx_model = onnx.load_from_string(onnx_model)
+            try:
+                onnx_model = onnx.load_from_string(onnx_model)
+            except Exception as exc:  # protobuf's DecodeError and kin: not an ONNX model's bytes
+                raise HbError(f"the {len(onnx_model)} bytes given are not a readable ONNX model ({exc})",
+                              hint="give the bytes of an .onnx file, a ModelProto, or the file's path") from None
         if onnx_model is None:
             if model_file is None:
                 raise HbError("HB_ONNXRuntime needs model_file or onnx_model")
+            if not isinstance(model_file, str | Path):
+                raise HbError(f"model_file must be a file path, a ModelProto or bytes, not {type(model_file).__name__}")
             onnx_model = load_model(model_file)
+        elif not isinstance(onnx_model, ModelProto):
+            raise HbError(f"onnx_model must be a ModelProto or its bytes, not {type(onnx_model).__name__}")
         self.model = onnx_model
         self._threads = threads
         self._build()
@@ -447,12 +455,19 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         feeds = {}
         for arg in self._inputs:
             target = _NUMPY_OF_ORT.get(arg.type)  # None: a type numpy has no name for here, passed on as given
-            data = np.asarray(feed_dict[arg.name])
+            try:
+                data = np.asarray(feed_dict[arg.name])
+            except (ValueError, TypeError) as exc:  # ragged nested lists
+                raise FeedError(f"input '{arg.name}' is not an array ({exc}); give a numpy array of shape "
+                                f"{arg.shape}") from None
             data = convert_feed(data, target, input_offset, arg.name) if target is not None else data
             _check_shape(arg.name, data.shape, arg.shape)
             feeds[arg.name] = data
         # A single name is one output, not a sequence of one-letter names.
         names = [output_names] if isinstance(output_names, str) else list(output_names or self.output_names)
+        if not all(isinstance(n, str) for n in names):
+            raise FeedError(f"output_names takes tensor names (a name, a list of names, or None for all the outputs), "
+                            f"got {output_names!r}; the model's outputs are {self.output_names}")
         fetchable = self._fetchable
         wrong = [n for n in names if n not in fetchable]
         if wrong:

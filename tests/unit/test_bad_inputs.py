@@ -656,6 +656,11 @@ def _api_cases() -> list[tuple[str, Callable[[Env], Any], tuple[str, ...]]]:
         ("offset_out_of_range", lambda e: sess(e).run(None, feed(), input_offset=1000), ("input_offset", "1000")),
         ("offset_negative", lambda e: sess(e).run(None, {"data": np.full((1, 3, 16, 16), 200, np.uint8)},
                                                   input_offset=-100), ("input_offset", "-100")),
+        # raw Python exceptions before (hunt 38 D13)
+        ("model_bytes_garbage", lambda e: HB_ONNXRuntime(b"garbage"), ("7 bytes", "not a readable ONNX model")),
+        ("model_file_number", lambda e: HB_ONNXRuntime(model_file=5), ("model_file", "not int")),
+        ("output_name_number", lambda e: sess(e).run([0], feed()), ("output_names takes tensor names", "[0]")),
+        ("ragged_feed", lambda e: sess(e).run(None, {"data": [[1, 2], [3]]}), ("'data'", "not an array")),
         ("debugger_empty_dataset", lambda e: get_sensitivity_of_nodes(
             model_or_file=e.paths()["calq"], calibrated_data={"data": []}), ("no samples",)),
         ("debugger_empty_list", lambda e: get_sensitivity_of_nodes(
@@ -670,7 +675,7 @@ API_CASES = _api_cases()
 def test_api_bad_input(name: str, call: Callable[[Env], Any], words: tuple[str, ...], env: Env) -> None:
     from hbtools.errors import HbError
 
-    expected = ValueError if not name.startswith("debugger") else HbError
+    expected = HbError if name.startswith(("debugger", "model_")) else ValueError  # FeedError: a ValueError
     with pytest.raises(expected) as info:
         call(env)
     message = str(info.value)
