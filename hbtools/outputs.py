@@ -228,6 +228,11 @@ def file_names(names: Iterable[str], *, prefix: str = "", suffix: str = "", fall
     return files
 
 
+def file_stem(name: str) -> str:
+    """What ``file_names`` makes of ``name`` before any cut: the stem of the files named after it."""
+    return _mapped(name)
+
+
 def _mapped(name: str) -> str:
     """``name`` with what a file name should not hold as '_' ('/', ':', spaces) and no '.' at either end."""
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name).strip(".")

@@ -18,7 +18,7 @@ import yaml
 from schema import SchemaError
 
 from hbtools.errors import ConfigError
-from hbtools.outputs import REPLACED_PREFIX
+from hbtools.outputs import REPLACED_PREFIX, file_stem
 
 Parser = Callable[[Any], Any]
 
@@ -257,6 +257,12 @@ def as_file_name(key: str) -> Parser:
         if text.startswith(REPLACED_PREFIX):
             fail(f"'{key}' value {value!r} starts with '{REPLACED_PREFIX}', which names the files a run replaces "
                  f"while it commits its artefacts; use another name, e.g. {text[len(REPLACED_PREFIX):] or 'model'!r}")
+        if file_stem(text) != text:
+            # the pages describing the model (html, png) are named after it as a file stem: they would not share
+            # the model's name
+            fail(f"'{key}' value {value!r} holds characters a file name of the artefacts should not (spaces, "
+                 f"'*', line breaks, ...) or starts or ends with '.'; use letters, digits, '.', '_' and '-', e.g. "
+                 f"{file_stem(text) or 'model'!r}")
         return text
 
     return parse

@@ -940,6 +940,11 @@ def test_group_not_a_mapping(workdir: Path) -> None:
         ("model_parameters", "output_model_file_prefix", ["a"], ("'output_model_file_prefix'",)),
         # the staging folder's name for what a run replaces: artefacts so named were never committed (hunt 38 D4)
         ("model_parameters", "output_model_file_prefix", ".old-m", ("'.old-m'", "starts with '.old-'", "'m'")),
+        # the pages of the model (html, png) are named after its file stem: 'my model.bin' beside 'my_model.html'
+        # (hunt 38 D14)
+        ("model_parameters", "output_model_file_prefix", "my model", ("'my model'", "spaces", "'my_model'")),
+        ("model_parameters", "output_model_file_prefix", "a*b", ("'a*b'", "'a_b'")),
+        ("model_parameters", "output_model_file_prefix", ".hidden", ("'.hidden'", "starts or ends with '.'")),
         ("input_parameters", "input_batch", 0, ("'input_batch'", "1-4096")),
         ("input_parameters", "input_batch", 4097, ("'input_batch'", "1-4096")),
         ("input_parameters", "input_batch", "abc", ("'input_batch'", "integer")),
