@@ -85,6 +85,9 @@ def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one
         if len(shape) != len(declared[name]):
             raise HbError(f"{option} {name} {text} has rank {len(shape)} but the model input has rank "
                           f"{len(declared[name])}")
+        if name in shapes and shapes[name] != shape:  # as a YAML key given twice with different values
+            raise HbError(f"{option} gives input '{name}' twice with different shapes "
+                          f"({'x'.join(map(str, shapes[name]))} and {text}); give each input once")
         shapes[name] = shape
     for name, dims in declared.items():
         if name in shapes:

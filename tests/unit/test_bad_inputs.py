@@ -566,6 +566,9 @@ CASES: list[Case] = [
     C("infer_missing_image", 0, "hb_mapper", "infer -c {cfg} --model-file {q} --model-type onnx --image-file data "
       "{root}/none.bin --output-dir {root}/o", IN, "none.bin"),
     C("checker_missing_model", 0, "hb_mapper", "checker --model {root}/none.onnx", IN, "none.onnx"),
+    # the last one won silently (hunt 38 D15)
+    C("checker_input_shape_twice", 7, "hb_mapper", "checker --model-type onnx --march bayes-e --model {model} "
+      "--input-shape data 1x3x16x16 --input-shape data 1x3x32x32", IN, "'data' twice", "1x3x16x16 and 1x3x32x32"),
     # a commit record damaged from outside stopped every later run in the folder with an internal error (hunt 38 D8)
     C("damaged_commit_record", 5, "hb_mapper", MK, IN, "commit record", "is damaged",
       setup=text_file("img/model_output/.hbtools_staging/.committed", "")),
