@@ -5,13 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-
-from hbtools import outputs  # noqa: E402
-from hbtools.runs.transaction import final_path  # noqa: E402
+from hbtools import outputs
+from hbtools.plotting import plt
+from hbtools.runs.transaction import final_path
 
 log = logging.getLogger("hbtools")
 

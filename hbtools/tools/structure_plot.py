@@ -11,15 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+from matplotlib.patches import FancyBboxPatch
+from onnx import ModelProto
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyBboxPatch  # noqa: E402
-from onnx import ModelProto  # noqa: E402
-
-from hbtools.outputs import replace_atomically  # noqa: E402
-from hbtools.runtime.structure import Structure  # noqa: E402
+from hbtools.outputs import replace_atomically
+from hbtools.plotting import plt
+from hbtools.runtime.structure import Structure
 
 BPU_COLOUR = "#008b8b"  # dark cyan, as in the vendor's pictures
 CPU_COLOUR = "#a9a9a9"
