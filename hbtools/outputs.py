@@ -102,8 +102,19 @@ def output_file(path: str | Path, option: str, inputs: Iterable[str | Path] = ()
     if len(path.name.encode()) > 255:
         raise ResourceError(f"{option} '{path.name[:40]}...' is too long a file name; use a shorter one")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        if _read_only(parent):  # os.access says no there too, but no permission would help
+            raise ResourceError(f"{option} '{path}' cannot be written: '{parent}' is on a read-only file system; "
+                                "choose a path on a writable one")
         raise ResourceError(f"{option} '{path}' cannot be written (no permission); choose another path")
     return path
+
+
+def _read_only(folder: Path) -> bool:
+    """Whether ``folder`` lies on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _same_file(a: Path, b: Path) -> bool:
