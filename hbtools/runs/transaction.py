@@ -81,7 +81,29 @@ def artefact_transaction(working_dir: Path, *, set_name: str | None = None, inpu
     place, before a Ctrl-C held back meanwhile is acted on (with a WARNING that the set was replaced).
     ``folder``: how messages name ``working_dir`` (another tool's result folder).
     """
+    made = [p for p in (working_dir, *working_dir.parents) if not p.exists() and not p.is_symlink()]
     create_dir(working_dir, folder.option, f"{folder.elsewhere} in a folder you can write")
+    try:
+        with _transaction(working_dir, set_name, inputs, committed, folder, keep_others) as staging:
+            yield staging
+    except BaseException:
+        _remove_made(made)
+        raise
+
+
+def _remove_made(made: list[Path]) -> None:
+    """The folders a failed run created for its results, deepest first, if they hold nothing but its lock file:
+    a failed run into a new folder leaves no folder behind."""
+    for made_folder in made:
+        with contextlib.suppress(OSError):
+            if {p.name for p in made_folder.iterdir()} <= {LOCK_NAME}:
+                (made_folder / LOCK_NAME).unlink(missing_ok=True)
+            made_folder.rmdir()  # fails, and stays, when something else is in it
+
+
+@contextlib.contextmanager
+def _transaction(working_dir: Path, set_name: str | None, inputs: Sequence[Path],
+                 committed: Callable[[], None] | None, folder: Destination, keep_others: bool) -> Iterator[Path]:
     with _lock(working_dir, folder):
         recover(working_dir)
         staging = working_dir / STAGING_NAME
@@ -372,8 +394,11 @@ def _lock(working_dir: Path, folder: Destination) -> Iterator[None]:
                 f"{folder.option} '{working_dir}' is in use by another run (pid {owner}, lock {path}); wait for it "
                 f"to finish or {folder.elsewhere}"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:  # a full disk: named with the file, as every other write's failure is
+            raise os_error(exc, f"cannot write the lock file '{path}'") from None
         try:
             yield
         finally:
