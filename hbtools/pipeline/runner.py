@@ -26,6 +26,7 @@ from hbtools.graph.origins import recorded_origins
 from hbtools.log import first_of
 from hbtools.march.profiles import MarchProfile, get_profile
 from hbtools.ops import custom
+from hbtools.outputs import file_stem
 from hbtools.pipeline import calibrate, compile, optimize, parse, quantize
 from hbtools.quant import layer_dump, report, weight_precision
 from hbtools.quant.plan import asymmetric_wanted, make_plan, per_channel_wanted
@@ -61,7 +62,8 @@ def makertbin_fast_perf(model: str | Path, model_type: str, march: str, input_sh
                         proto: str | Path | None = None) -> dict[str, Path]:
     """``makertbin --fast-perf``: the built-in performance config (SPEC §6), artefacts in ./model_output."""
     config = builtin_config(model, model_type, march, input_shapes, fast_perf=True,
-                            working_dir=Path("model_output"), prefix=Path(model).stem, option="--input-shape",
+                            working_dir=Path("model_output"), prefix=file_stem(Path(model).stem) or "model",
+                            option="--input-shape",
                             proto=proto)
     return convert(config)
 

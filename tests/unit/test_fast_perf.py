@@ -160,3 +160,13 @@ def test_remove_node_name(project: Project) -> None:
     # The quantized ONNX artefact keeps the node; only the .bin loses it.
     names = {n.name for n in onnx.load(str(project.artefact("quantized"))).graph.node}
     assert "Conv_2_out_HzDequantize" in names
+
+
+def test_a_model_file_name_with_a_space_names_the_artefacts_by_its_stem() -> None:
+    """The artefacts take the model file's name: 'my net.onnx' gives my_net.bin and my_net.html alike (a prefix
+    must be a file stem since hunt 38 D14)."""
+    onnx.save(_softmax_sandwich(), "my net.onnx")
+    result = invoke("makertbin", "--fast-perf", "--model", "my net.onnx", "--model-type", "onnx", "--march",
+                    "bayes-e", "-i", "data", "1x3x8x8")
+    assert result.exit_code == 0, result.output
+    assert (Path("model_output") / "my_net.bin").is_file() and (Path("model_output") / "my_net.html").is_file()
