@@ -16,6 +16,8 @@ from hbtools.quant.emitters.state import EmitState, per_tensor
 from hbtools.quant.units import Unit
 from hbtools.runtime.session import make_session
 
+KEPT_SESSIONS = 32  # functions whose sessions are kept for the tables that follow
+
 
 @emits("lut")
 def emit(state: EmitState, unit: Unit) -> None:
@@ -58,9 +60,11 @@ def _evaluate_cluster(state: EmitState, unit: Unit, x: np.ndarray) -> np.ndarray
     7,058 sessions, 87 s of its checker run)."""
     model, root, out = _function_model(state, unit)
     key = model.SerializeToString(deterministic=True)
-    session = state.function_sessions.get(key)
-    if session is None:
-        session = state.function_sessions[key] = make_session(model)
+    sessions = state.function_sessions
+    session = sessions.pop(key, None) or make_session(model)
+    sessions[key] = session  # the most recent last; the oldest go beyond a bound (every table its own function)
+    while len(sessions) > KEPT_SESSIONS:
+        del sessions[next(iter(sessions))]
     return session.run([out], {root: x})[0].reshape(-1)
 
 
