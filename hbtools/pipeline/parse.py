@@ -365,6 +365,9 @@ def _set_outputs(model: ModelProto, output_nodes: list[str]) -> None:
             copy_name = fresh_name(f"{name}_output", set(view.node_by_name))
             model.graph.node.append(helper.make_node("Identity", [aliases[name]], [name], name=copy_name))
             outputs.append(name)
+        elif name in view.graph_inputs:
+            raise HbError(f"output_nodes: '{name}' is an input of the model, which no node computes; name the nodes "
+                          "(or the tensors they write) whose results the model should also output")
         else:
             known = [*view.node_by_name, *view.producer, *aliases]  # node names first: what users usually give
             raise HbError(f"output_nodes: '{name}' is neither a node nor a tensor of the model"

@@ -350,6 +350,8 @@ def _config_cases() -> list[Case]:
         ("node_info_unknown", 8, {mp: {"node_info": {"Conv_9": {"ON": "CPU"}}}}, "Conv_9", "closest"),
         ("run_on_cpu_unknown", 8, {cp: {"run_on_cpu": "Conv_7"}}, "Conv_7", "closest"),
         ("output_nodes_unknown", 8, {mp: {"output_nodes": "Conv_77"}}, "Conv_77", "closest", "Conv_"),
+        # it is a tensor of the model, but no node computes it (hunt 38 D16)
+        ("output_nodes_model_input", 8, {mp: {"output_nodes": "data"}}, "'data' is an input of the model"),
         ("run_on_bpu_unknown", 8, {cp: {"run_on_bpu": "Relu_9"}}, "Relu_9", "does not have"),
         ("node_info_typo", 8, {mp: {"node_info": {"conv_0": {"ON": "CPU"}}}}, "conv_0", "Conv_0"),
         ("node_info_input_type_unknown", 8, {mp: {"node_info": {"Softmax_9": {"InputType": "int16"}}}},
