@@ -212,8 +212,10 @@ def preflight(specs: Sequence[InputSpec], preprocess_on: bool = False) -> int:
 PIXEL_RANGE = (-128.0, 383.0)
 
 
-def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> np.ndarray:
-    """One sample as stored, checked: readable, complete, finite, pixels in 0..255."""
+def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool,
+              what: str = "calibration file") -> np.ndarray:
+    """One sample as stored, checked: readable, complete, finite, pixels in 0..255 (``what``: the file's role, as
+    messages name it)."""
     if preprocess_on and not spec.is_featuremap:
         return load_images(paths, spec)
     (path,) = paths
@@ -223,9 +225,9 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> 
         data = data.reshape(spec.shape)
     except (OSError, ValueError, EOFError) as e:
         if isinstance(e, PermissionError):  # the file is fine, the machine refuses: not "rewrite it"
-            raise os_error(e, f"cannot read calibration file for input '{spec.name}'") from None
+            raise os_error(e, f"cannot read {what} for input '{spec.name}'") from None
         reason = getattr(e, "strerror", None) or e
-        raise HbError(f"cannot read calibration file {path} for input '{spec.name}': {reason}; "
+        raise HbError(f"cannot read {what} {path} for input '{spec.name}': {reason}; "
                       f"rewrite it (numpy.save or ndarray.tofile of shape {spec.shape})") from None
     if data.dtype.kind == "f":
         finite = np.isfinite(data)
@@ -234,18 +236,18 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> 
             # An attention mask given as an input holds -inf at masked positions: -1e4 masks the same
             mask = " (an attention mask: write -1e4 where it holds -inf, which masks the same)" \
                 if not np.isnan(data).any() and np.all(data[~finite] < 0) else ""
-            raise HbError(f"calibration file {path} for input '{spec.name}' holds {bad} of {data.size} values "
-                          f"that are NaN or infinite; calibration needs real numbers, regenerate the file{mask}")
+            raise HbError(f"{what} {path} for input '{spec.name}' holds {bad} of {data.size} values "
+                          f"that are NaN or infinite; the model needs real numbers, regenerate the file{mask}")
         if not spec.is_featuremap and data.size:
             lo, hi = float(data.min()), float(data.max())
             if lo < PIXEL_RANGE[0] or hi > PIXEL_RANGE[1]:
-                raise HbError(f"calibration file {path} for image input '{spec.name}' holds values from "
+                raise HbError(f"{what} {path} for image input '{spec.name}' holds values from "
                               f"{lo:g} to {hi:g}, outside the pixel range 0..255; give the image before "
                               f"mean/scale (the model's preprocessing applies them), or declare the input "
                               f"as featuremap")
     elif not spec.is_featuremap and data.dtype.kind == "b":
         # True/False would be read as pixels 1/0: a black picture, whose thresholds fit no real image
-        raise HbError(f"calibration file {path} for image input '{spec.name}' holds bool values (True/False), "
+        raise HbError(f"{what} {path} for image input '{spec.name}' holds bool values (True/False), "
                       f"not pixels; an image input takes input_type_train pixels 0..255 (before mean/scale): "
                       f"save the pictures as uint8 or float32 arrays, or declare the input as featuremap if it "
                       f"is a mask rather than an image")
@@ -257,14 +259,15 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> 
             dumped = ("; int8 data is what debug_mode: dump_calibration_data writes, the calibrated model's own "
                       "input (pixel - 128 in the intermediate colour space), not data for cal_data_dir: point "
                       "cal_data_dir at the pixel files the dump was made from") if data.dtype == np.int8 else ""
-            raise HbError(f"calibration file {path} for image input '{spec.name}' holds {data.dtype} values "
+            raise HbError(f"{what} {path} for image input '{spec.name}' holds {data.dtype} values "
                           f"from {lo} to {hi}; an image input takes input_type_train pixels 0..255 (before "
                           f"mean/scale){dumped}")
     return data
 
 
-def _read_sample(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool) -> np.ndarray:
-    return to_intermediate(_load_raw(paths, spec, preprocess_on), spec)
+def _read_sample(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool,
+                 what: str = "calibration file") -> np.ndarray:
+    return to_intermediate(_load_raw(paths, spec, preprocess_on, what), spec)
 
 
 def read_sample_file(path: Path, spec: InputSpec, preprocess_on: bool = False) -> np.ndarray:
@@ -282,7 +285,7 @@ def read_sample_file(path: Path, spec: InputSpec, preprocess_on: bool = False) -
         _check_raw(path, spec, "input file")
     elif spec.shape[0] != 1:
         raise HbError(f"input '{spec.name}' has batch {spec.shape[0]}; give a raw or .npy sample, not one image")
-    return _read_sample((path,), spec, image)
+    return _read_sample((path,), spec, image, "input file")
 
 
 class FolderCalibrationSource(CalibrationSource):

@@ -254,6 +254,13 @@ def exit_op(env: Env) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+def npy_file(name: str, values: np.ndarray) -> Callable[[Env], None]:
+    def apply(env: Env) -> None:
+        np.save(env.root / name, values)
+
+    return apply
+
+
 def nan_weight(env: Env) -> None:
     """The first convolution's weight with one NaN."""
     path = env.root / "img" / "model.onnx"
@@ -485,6 +492,11 @@ CASES: list[Case] = [
         ("hmct-debugger", "plot-acc-error {calq} {cal} -a maybe -q ['Conv_0']", "maybe")])],
     # class 7: output paths, inputs overwritten, empty comparisons
     C("infer_outdir_is_file", 7, "hb_mapper", INFER + " {afile}", S, "--output-dir", "is a file"),
+    # the file is an input of infer, not calibration data (hunt 38 D16 a)
+    C("infer_nan_input", 2, "hb_mapper", "infer -c {fmcfg} --model-file "
+      "{root}/fm/model_output/small_quantized_model.onnx --model-type onnx --image-file feat {root}/nan.npy "
+      "--output-dir {root}/o", IN, "input file", "NaN",
+      setup=npy_file("nan.npy", np.full((1, 5, 12), np.nan, np.float32))),
     C("infer_outdir_parent_file", 7, "hb_mapper", INFER + " {afile}/sub", S, "--output-dir"),
     C("infer_outdir_no_permission", 7, "hb_mapper", INFER + " /sys/hbtools_out", S, "--output-dir"),
     C("infer_outdir_too_long", 7, "hb_mapper", INFER + " {root}/" + LONG, S, "too long"),
