@@ -102,8 +102,9 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> N
                     shape, _, dtype = np.lib.format.read_array_header_1_0(f)
                 else:
                     shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-            except ValueError as e:
-                raise HbError(f"{what} {path} is not a valid .npy file: {e}") from e
+            except (ValueError, EOFError) as e:  # a damaged or cut header
+                raise HbError(f"{what} {path} is not a valid .npy file: {e}",
+                              hint=f"write it again with numpy.save (an array of shape {spec.shape})") from e
         if math.prod(shape) != count or dtype.kind not in "biuf":
             raise HbError(
                 f"{what} {path} holds {dtype} {list(shape)}, "

@@ -211,6 +211,12 @@ def truncated_npy(env: Env) -> None:
     (folder / "1.npy").write_bytes(data[: len(data) - 40])
 
 
+def cut_npy_header(env: Env) -> None:
+    """The second sample cut inside its header (the magic and version alone)."""
+    truncated_npy(env)
+    (env.root / "fm" / "cal_feat" / "1.npy").write_bytes(b"\x93NUMPY\x01\x00")
+
+
 def text_npy(folder: str) -> Callable[[Env], None]:
     """The first .npy under ``folder`` replaced by text: numpy's answer is to unpickle it, which we refuse."""
 
@@ -403,6 +409,8 @@ CASES: list[Case] = [
       setup=fm_sample(lambda d: d.__setitem__(0, -np.inf))),
     C("fm_one_nan", 1, "hb_mapper", MKFM, IN, "001.bin", "NaN", setup=fm_sample(lambda d: d.__setitem__(5, np.nan))),
     C("fm_truncated_npy", 1, "hb_mapper", MKFM, IN, "1.npy", setup=truncated_npy),
+    # the fix on its own line, as for the truncated one (hunt 38 D16 c)
+    C("fm_npy_header_cut", 1, "hb_mapper", MKFM, IN, "write it again with numpy.save", setup=cut_npy_header),
     C("fm_truncated_raw", 1, "hb_mapper", MKFM, IN, "000.bin", "bytes",
       setup=lambda env: (env.root / "fm" / "cal_feat" / "000.bin").write_bytes(b"\0" * 100)),
     C("odd_nv12_size_from_model", 1, "hb_mapper", "makertbin --config {oddcfg} --model-type onnx", IN,
