@@ -88,14 +88,19 @@ def _same_values(optimized: onnx.ModelProto, fm) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("flatten", ["Flatten", "Reshape"])
-def test_a_concat_of_pooled_vectors_into_a_linear_is_one_bpu_subgraph_on_x3(flatten: str) -> None:
-    fm = _multiscale_head(flatten)
+def _assert_one_subgraph_and_the_final_flatten(fm) -> None:
+    """On RDK X3 the whole head is one BPU subgraph; only the output's Flatten runs on the CPU; same values."""
     optimized, units = _placed(fm.model, "bernoulli2")
     cpu = [(n.op_type, u.reason) for u in units if u.on == "CPU" for n in u.nodes]
     assert len({u.subgraph for u in units if u.on == "BPU"}) == 1, cpu
     assert [kind for kind, _ in cpu] == ["Flatten"], cpu  # the head's output, flattened at the end
     _same_values(optimized, fm)
+
+
+@pytest.mark.parametrize("flatten", ["Flatten", "Reshape"])
+def test_a_concat_of_pooled_vectors_into_a_linear_is_one_bpu_subgraph_on_x3(flatten: str) -> None:
+    fm = _multiscale_head(flatten)
+    _assert_one_subgraph_and_the_final_flatten(fm)
 
 
 @pytest.mark.parametrize("opset", [11, 13, 18])
@@ -139,11 +144,7 @@ def test_a_hard_swish_between_two_linears_after_a_pool_is_one_bpu_subgraph_on_x3
     """hunt 35: MobileNetV3 on RDK X3 ran its Flatten, HardSigmoid and Mul on the CPU between two BPU subgraphs
     ('Mul on a 2-D tensor [1, 1024]')."""
     fm = _activated_head(activation, order)
-    optimized, units = _placed(fm.model, "bernoulli2")
-    cpu = [(n.op_type, u.reason) for u in units if u.on == "CPU" for n in u.nodes]
-    assert len({u.subgraph for u in units if u.on == "BPU"}) == 1, cpu
-    assert [kind for kind, _ in cpu] == ["Flatten"], cpu  # the head's output, flattened at the end
-    _same_values(optimized, fm)
+    _assert_one_subgraph_and_the_final_flatten(fm)
 
 
 def _gelu_head(form: str):
@@ -176,11 +177,7 @@ def test_a_gelu_between_two_linears_after_a_pool_is_one_bpu_subgraph_on_x3(form:
     a constant and the product of the dense layer's output with a chain computed from it kept the flatten where it
     was), the second Linear a BPU subgraph of its own."""
     fm = _gelu_head(form)
-    optimized, units = _placed(fm.model, "bernoulli2")
-    cpu = [(n.op_type, u.reason) for u in units if u.on == "CPU" for n in u.nodes]
-    assert len({u.subgraph for u in units if u.on == "BPU"}) == 1, cpu
-    assert [kind for kind, _ in cpu] == ["Flatten"], cpu  # the head's output, flattened at the end
-    _same_values(optimized, fm)
+    _assert_one_subgraph_and_the_final_flatten(fm)
 
 
 def _scaled_token_mixer():
