@@ -92,6 +92,14 @@ def affine_to_intermediate(
     return linear(type_train, intermediate_space(type_rt, space_and_range))
 
 
+def reordering(src: str, dst: str) -> slice | None:
+    """The channel order taking ``src`` pixels to ``dst`` when the conversion only reorders channels (RGB <-> BGR,
+    or none), else None: whole-number pixels then convert exactly without the float64 matrix products."""
+    if src == dst:
+        return slice(None)
+    return slice(None, None, -1) if {src, dst} == {"rgb", "bgr"} else None
+
+
 def apply(x: np.ndarray, m: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Apply ``M @ pixel + b`` to every pixel of a channel-last array."""
     return np.asarray(x, dtype=np.float64) @ m.T + b

@@ -203,3 +203,19 @@ def test_reference_independent_of_affine_numbers():
     (ref,) = HzPreprocess.reference(node_for(spec), [x])
     expected = colour.rgb_to_yuv444(colour.yuv444_to_rgb(x + 128.0, "bt601_video"))
     np.testing.assert_allclose(ref, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize(("train", "rt"), PAIRS)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_whole_pixels_take_the_same_values_as_float_ones(train: str, rt: str, layout: str) -> None:
+    """uint8 samples (the usual calibration file) reordered without the float conversion: the values of the same
+    pixels given as float64, which take the general conversion."""
+    spec = make_spec(train, rt, layout=layout)
+    data = np.random.default_rng(3).integers(0, 256, spec.shape).astype(np.uint8)
+    if rt == "nv12":  # chroma shared by 2x2 blocks
+        hw = (2, 3) if layout == "NCHW" else (1, 2)
+        data = data.take(range(0, spec.shape[hw[0]], 2), hw[0]).take(range(0, spec.shape[hw[1]], 2), hw[1])
+        data = data.repeat(2, axis=hw[0]).repeat(2, axis=hw[1])
+    got, want = to_intermediate(data, spec), to_intermediate(data.astype(np.float64), spec)
+    assert got.dtype == want.dtype == np.int8 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
