@@ -43,6 +43,10 @@ class CalibrationSource:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         raise NotImplementedError
 
+    def picked(self, indices: set[int]) -> list[dict[str, np.ndarray]]:
+        """The samples at ``indices``, in order."""
+        return [sample for index, sample in enumerate(self) if index in indices]
+
 
 def raw_dtype(spec: InputSpec, path: Path | None = None) -> np.dtype:
     """The element type of the raw calibration file ``path`` (or of the files in general) of one input."""
@@ -308,10 +312,13 @@ class FolderCalibrationSource(CalibrationSource):
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(len(self)):
-            yield {
-                s.name: _read_sample(p[i], s, self.preprocess_on)
-                for s, p in zip(self.specs, self._plans, strict=True)
-            }
+            yield self._sample(i)
+
+    def picked(self, indices: set[int]) -> list[dict[str, np.ndarray]]:
+        return [self._sample(i) for i in sorted(indices) if 0 <= i < len(self)]  # only these files read
+
+    def _sample(self, i: int) -> dict[str, np.ndarray]:
+        return {s.name: _read_sample(p[i], s, self.preprocess_on) for s, p in zip(self.specs, self._plans, strict=True)}
 
 
 class RandomCalibrationSource(CalibrationSource):

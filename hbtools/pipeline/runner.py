@@ -189,7 +189,7 @@ def _finer_weights(config: Config, profile: MarchProfile, optimized: onnx.ModelP
     with _quiet():  # the plan made below says its lines once, for the model kept
         plan = make_plan(optimized, model_partition(optimized, profile, config), config, profile)
     chosen = calibrate.spread(len(source), SPLIT_SAMPLES)
-    feeds = [feed for index, feed in enumerate(source) if index in chosen]
+    feeds = source.picked(chosen)
     split, weights_only = weight_precision.finer_weights(optimized, plan, lambda: iter(source), feeds)
     return split or optimized, weights_only
 

@@ -56,6 +56,21 @@ def test_uint8_tofile_identity_in_sorted_order(tmp_path):
         np.testing.assert_array_equal(g.astype(int), want.astype(int) - 128)
 
 
+def test_picked_samples_are_those_of_a_full_pass_and_only_their_files_are_read(tmp_path):
+    s = spec(tmp_path / "cal")
+    files = {f"{k}.rgb": x for k, x in enumerate(samples(5, s.shape))}
+    write(tmp_path / "cal", files)
+    src = FolderCalibrationSource([s])
+    everything = [d["data"] for d in src]
+    (tmp_path / "cal" / "0.rgb").write_bytes(b"")  # a file not picked is not read (a read would fail its size)
+    picked = src.picked({3, 1})
+    assert len(picked) == 2
+    for got, k in zip(picked, [1, 3], strict=True):
+        np.testing.assert_array_equal(got["data"], everything[k])
+    generated = RandomCalibrationSource([spec(None)], num_samples=4)
+    np.testing.assert_array_equal(generated.picked({2})[0]["data"], list(generated)[2]["data"])
+
+
 def test_float32_by_cal_data_type_rounds_and_clips(tmp_path):
     s = spec(tmp_path / "cal", cal_data_type="float32")
     data = np.full(s.shape, 100.4, np.float32)
