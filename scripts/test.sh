@@ -5,4 +5,6 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 python -m pip install -q -e ".[test]"
-python -m pytest -q "$@"
+# Two workers (pytest-xdist) keep the suite within 20 minutes on 2 cores; tests/conftest.py keeps the
+# integration tests together in one of them (they share the fetched models and working_dirs).
+python -m pytest -q -n auto --maxprocesses 2 --dist loadgroup "$@"

@@ -37,6 +37,16 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Work shares for ``pytest -n 2 --dist loadgroup`` (scripts/test.sh): the integration tests share the
+    fetched models, their generated data and the configs' working_dirs, so they run one after another in one
+    worker; a unit test module keeps its module-scoped conversions in one worker."""
+    for item in items:
+        group = "integration" if item.get_closest_marker("integration") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def ppocr_sample_data() -> PpocrSampleData:
     fetched = _run(str(SCRIPTS / "fetch_models.py"))
