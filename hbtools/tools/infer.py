@@ -171,7 +171,8 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
     session = HB_ONNXRuntime(onnx_model=model)
     tensors = list(dict.fromkeys(layer.tensor for layer in layers))
     values = dict(zip(tensors, session.run(tensors, feeds), strict=True))
-    out_dir = outputs.output_dir(output_dir, "--output-dir")
+    # made by the transaction, which removes the folders it made when the run fails
+    out_dir = outputs.output_dir(output_dir, "--output-dir", create=False)
     # One set, as vec_diff compares it: a failed or interrupted run leaves the previous results, and results
     # of layers the last run here had and this model has not are removed (not compared as if current).
     files = layer_files(layers)

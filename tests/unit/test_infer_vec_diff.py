@@ -353,3 +353,22 @@ def test_infer_feeds_integer_ids_as_calibration_does(tmp_path: Path) -> None:
         (dump,) = sample_files(Path(kind))
         want = HB_ONNXRuntime(model_file=str(project.artefact(kind))).run(None, {"ids": ids})[0]
         np.testing.assert_array_equal(np.fromfile(dump, np.float32).reshape(want.shape), want)
+
+
+def test_infer_that_cannot_write_its_results_leaves_no_new_output_folder(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run into a new --output-dir that fails while writing (a full disk) left the empty folder it had made
+    before its transaction, as the other tools do not."""
+    import errno
+
+    from hbtools import outputs
+
+    project = _converted(tmp_path / "p", "bayes-e")
+
+    def full_disk(path: Path, values: np.ndarray) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(outputs, "write_array", full_disk)
+    failed = infer(project, "quantized", "new/q")
+    assert failed.exit_code != 0 and "No space left on device" in failed.output, failed.output
+    assert not Path("new").exists()
