@@ -31,6 +31,7 @@ from hbtools.errors import (
     memory_error,
     os_error,
 )
+from hbtools.runs.signals import signals_ignored
 
 log = logging.getLogger("hbtools")
 
@@ -94,11 +95,12 @@ def _emit(lines: list[str], command: str, single_line: bool) -> None:
 
 def exit_with_error(exc: BaseException, command: str = "", *, single_line: bool = True) -> None:
     """Report ``exc`` as ERROR line(s) and exit with its class's code (a console is set up if needed)."""
-    if not log.handlers:
-        _setup_quietly(None)
-    log.debug("traceback", exc_info=exc)
-    code, lines = describe(exc)
-    _emit(lines, command, single_line)
+    with signals_ignored():  # the run is stopping: Ctrl-C again must not cut its report short
+        if not log.handlers:
+            _setup_quietly(None)
+        log.debug("traceback", exc_info=exc)
+        code, lines = describe(exc)
+        _emit(lines, command, single_line)
     sys.exit(code)
 
 

@@ -29,7 +29,13 @@ def loaded_quietly(module: str, function: str = "main") -> Callable[[], Any]:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        return tool()
+        try:
+            return tool()
+        finally:
+            # The tool has ended or reported why it stops: Ctrl-C again (the first one's clean-up is quick) would
+            # only turn its exit status into the signal's (-2 to a caller instead of 130).
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
 
     run.tool = (module, function)  # type: ignore[attr-defined]  # what it runs, for tests and readers
     return run

@@ -38,3 +38,18 @@ def signals_deferred(where: str) -> Iterator[None]:
         log.warning("%s arrived while the new results were moved into place; the move was completed first, so "
                     "%s holds the complete new set", signal.Signals(sig).name, where)
         signal.raise_signal(sig)  # the original handler: KeyboardInterrupt, or SIGTERM's Terminated
+
+
+@contextlib.contextmanager
+def signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM dropped while a run that is stopping already cleans up or reports: a second Ctrl-C
+    would stop the clean-up half way (a staging folder left) or the report (Python's traceback)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from hbtools.errors import ConfigError, HbError, ResourceError, os_error
 from hbtools.outputs import REPLACED_PREFIX, create_dir
-from hbtools.runs.signals import signals_deferred
+from hbtools.runs.signals import signals_deferred, signals_ignored
 
 log = logging.getLogger("hbtools")
 
@@ -139,7 +139,8 @@ def _transaction(working_dir: Path, set_name: str | None, inputs: Sequence[Path]
                     committed()
         except BaseException as exc:
             if not (staging / _COMMITTED).exists():
-                shutil.rmtree(staging, ignore_errors=True)
+                with signals_ignored():
+                    shutil.rmtree(staging, ignore_errors=True)
             if isinstance(exc, OSError) and _is_staging_write(exc, staging):
                 raise _staging_error(exc, working_dir, folder) from None
             if isinstance(exc, HbError) and f"{staging}{os.sep}" in str(exc):  # a tool's write error: where it goes

@@ -35,3 +35,18 @@ def test_a_signal_while_a_tool_loads_ends_it_quietly(tmp_path: Path, signal_name
                           "loaded_quietly('slow_tool')()"], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"})
     assert run.returncode == code and "Traceback" not in run.stderr and "ran" not in run.stdout, run.stderr
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_once_a_tool_has_ended_changes_nothing(tmp_path: Path, signal_name: str) -> None:
+    """Ctrl-C pressed twice: the second one arrived as the interrupted tool exited and turned its exit into
+    Python's own (a KeyboardInterrupt printed at shutdown; status -2 instead of 130 to a caller; hunt 38)."""
+    (tmp_path / "late_signal.py").write_text(
+        "import atexit, signal, sys\n"
+        "def main():\n"
+        f"    atexit.register(signal.raise_signal, signal.{signal_name})  # as the process ends\n"
+        "    sys.exit(130)\n")
+    run = subprocess.run([sys.executable, "-c", "from hbtools.cli.entry import loaded_quietly; "
+                          "loaded_quietly('late_signal')()"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"})
+    assert run.returncode == 130 and not run.stderr, run.stderr

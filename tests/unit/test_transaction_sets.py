@@ -194,3 +194,27 @@ def test_a_dump_folder_is_replaced_whole(tmp_path: Path) -> None:
     _write(tmp_path, {"calibration_data/x/0.npy": "old", "calibration_data/x/7.npy": "old"})
     _run(tmp_path, {"calibration_data/x/0.npy": "new"})
     assert _tree(tmp_path / "calibration_data") == {"x/0.npy": "new"}
+
+
+def test_a_second_ctrl_c_during_the_clean_up_still_removes_the_staging_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ctrl_c: object) -> None:
+    """Ctrl-C pressed again while a stopped run removes its half-written results stopped that removal: the
+    staging folder stayed until the next run (hunt 38). The run is stopping anyway: the second one waits."""
+    import shutil
+    import signal
+
+    removing = shutil.rmtree
+
+    def pressed_again(path: object, *args: object, **kwargs: object) -> None:
+        signal.raise_signal(signal.SIGINT)
+        removing(path, *args, **kwargs)
+
+    (tmp_path / "m.bin").write_text("old")
+    monkeypatch.setattr(shutil, "rmtree", pressed_again)
+    with pytest.raises(KeyboardInterrupt):
+        with transaction.artefact_transaction(tmp_path, set_name="m") as staging:
+            (staging / "m.bin").write_text("half")
+            raise KeyboardInterrupt
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != transaction.LOCK_NAME) == ["m.bin"]
+    assert (tmp_path / "m.bin").read_text() == "old"
