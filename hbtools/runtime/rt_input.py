@@ -46,11 +46,14 @@ def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
     if data.dtype != want_dtype and not desc.is_image and integers_fit(data, want_dtype):
         data = data.astype(want_dtype)  # indices in another integer type, as HB_ONNXRuntime takes them
     if data.dtype != want_dtype:
-        raise HbError(f"input '{desc.name}' ({desc.type_rt}) takes {want_dtype} data, got {data.dtype}")
+        shifted = ("; int8 data is the calibrated model's own input (pixel - 128, as the calibration_data dump "
+                   "holds it)") if desc.is_image and data.dtype == np.int8 else ""
+        raise HbError(f"input '{desc.name}' ({desc.type_rt}) takes {want_dtype} data, got {data.dtype}{shifted}"
+                      f"{_image_hint(desc)}")
     if data.size != int(np.prod(want_shape)):
         raise HbError(f"input '{desc.name}' ({desc.type_rt}) takes {int(np.prod(want_shape))} values "
                       f"(shape {list(want_shape)}), got {data.size} (shape {list(data.shape)})"
-                      f"{_frames_hint(desc, data.shape)}")
+                      f"{_frames_hint(desc, data.shape) or _image_hint(desc)}")
     data = data.reshape(want_shape)
     if not desc.is_image:
         return np.require(data, requirements="C")  # keeps a scalar 0-d (ascontiguousarray makes it [1])
@@ -150,8 +153,21 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
             frames = (f"; the model takes {batch} frames at once (input_batch {batch}), so the file must hold all "
                       f"{batch}, one after another{picture}")
         raise HbError(f"'{path}' holds {raw.size} {rt_dtype(desc)} values; input '{desc.name}' "
-                      f"({desc.type_rt}) takes {expected} ({expected * rt_dtype(desc).itemsize} bytes){frames}")
+                      f"({desc.type_rt}) takes {expected} ({expected * rt_dtype(desc).itemsize} bytes)"
+                      f"{frames or _image_hint(desc)}")
     return raw.reshape(rt_shape(desc))
+
+
+def _image_hint(desc: InputDesc) -> str:
+    """How to give an image input its runtime data (nv12 is two planes, which no picture file holds)."""
+    if desc.type_rt == "nv12":
+        h, w = desc.hw
+        return (f"; nv12 data is the Y plane ({h}x{w} bytes) followed by the interleaved UV plane "
+                f"({h // 2}x{w} bytes): give a picture file (.jpg, .png, ...), which is converted to nv12, or "
+                f"such bytes")
+    if desc.is_image:
+        return f"; give a picture file (.jpg, .png, ...) or {desc.type_rt} pixels 0..255 as uint8"
+    return ""
 
 
 def _batch_of(desc: InputDesc) -> int:

@@ -535,6 +535,12 @@ def test_hrt_model_exec_model_info_and_infer(small, in_tmp) -> None:
     wrong.tofile(in_tmp / "short.bin")
     result = invoke(hrt_model_exec.main, ["infer", "--model_file", small[0].bin, "--input_file", "short.bin"])
     assert result.exit_code == 1 and "holds 10 uint8 values; input 'data' (nv12) takes 384" in result.output
+    # how to make nv12 data: a picture, or the two planes
+    assert "Y plane (16x16 bytes) followed by the interleaved UV plane (8x16 bytes): give a picture" in result.output
+    np.save(in_tmp / "dumped.npy", np.zeros((1, 3, 16, 16), np.int8))  # the debugger's calibration_data dump
+    result = invoke(hrt_model_exec.main, ["infer", "--model_file", small[0].bin, "--input_file", "dumped.npy"])
+    assert result.exit_code == 1 and "int8 data is the calibrated model's own input (pixel - 128" in result.output
+    assert "give a picture file" in result.output
 
 
 def test_hrt_model_exec_perf_and_profile(small, in_tmp) -> None:
