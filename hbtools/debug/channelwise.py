@@ -51,14 +51,19 @@ def channel_boxes(cm: CalibratedModel, samples: Sequence[Sample], nodes: list[st
     out = {}
     for name in nodes:
         c = cm.calibration[name]
-        data = cm.constants[c.input] if c.input in cm.constants else np.concatenate(quants[c.input], axis=0)
-        channels, ax_ = channel_rows(c, data, axis, name)
+        if c.input in cm.constants:
+            data, one = cm.constants[c.input], cm.constants[c.input].shape
+        else:  # the samples one after another along the first axis; a message shows one sample's shape
+            data, one = np.concatenate(quants[c.input], axis=0), quants[c.input][0].shape
+        channels, ax_ = channel_rows(c, data, axis, name, one)
         out[name] = _plot(name, channels, ax_, c.threshold, folder / files[name])
     return out
 
 
-def channel_rows(c: CalibrationNode, data: np.ndarray, axis: int | None, name: str) -> tuple[np.ndarray, int]:
-    """The values of ``data`` (what calibration node ``c`` reads) as one row per channel, and the axis.
+def channel_rows(c: CalibrationNode, data: np.ndarray, axis: int | None, name: str,
+                 shape: tuple[int, ...] | None = None) -> tuple[np.ndarray, int]:
+    """The values of ``data`` (what calibration node ``c`` reads) as one row per channel, and the axis
+    (``shape``: the tensor's own, which messages show; ``data``'s by default).
 
     Without an ``axis``: a weight's output channels (a grouped ConvTranspose's spread over its first two
     axes, one row per output channel of the layer), an activation's axis 1.
@@ -69,7 +74,7 @@ def channel_rows(c: CalibrationNode, data: np.ndarray, axis: int | None, name: s
         ax_ = (c.axis if c.axis >= 0 else 0) if c.kind == "weight" else 1
     if not -data.ndim <= ax_ < data.ndim:
         raise HbError(f"axis {ax_} is out of range for {name}: its input has {data.ndim} dimensions "
-                      f"{list(data.shape)}; choose 0 to {data.ndim - 1}")
+                      f"{list(data.shape if shape is None else shape)}; choose 0 to {data.ndim - 1}")
     values = np.asarray(data, dtype=np.float64)
     if axis is None and c.kind == "weight" and c.groups > 1:
         return grids.output_channel_rows(values, ax_, c.groups), ax_
