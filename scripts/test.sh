@@ -7,4 +7,4 @@ cd "$repo"
 python -m pip install -q -e ".[test]"
 # Two workers (pytest-xdist) keep the suite within 20 minutes on 2 cores; tests/conftest.py keeps the
 # integration tests together in one of them (they share the fetched models and working_dirs).
-python -m pytest -q -n auto --maxprocesses 2 --dist loadgroup "$@"
+python -m pytest -q -n auto --maxprocesses 2 "$@"

@@ -37,14 +37,20 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Work shares for ``pytest -n 2 --dist loadgroup`` (scripts/test.sh): the integration tests share the
-    fetched models, their generated data and the configs' working_dirs, so they run one after another in one
-    worker; a unit test module keeps its module-scoped conversions in one worker."""
-    for item in items:
-        group = "integration" if item.get_closest_marker("integration") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Work shares for ``pytest -n 2`` (scripts/test.sh): the integration tests share the fetched models, their
+    generated data and the configs' working_dirs, so they run one after another in one worker; each unit test
+    module runs in one worker, which keeps its module-scoped conversions to one. (Grouping by scope name, not
+    by xdist_group marks: with pytest 9.2, --dist loadgroup sent marked tests to both workers.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Shares(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "integration" if path.startswith("tests/integration/") else path
+
+    return Shares(config, log)
 
 
 @pytest.fixture(scope="session")
