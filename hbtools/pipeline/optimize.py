@@ -49,7 +49,7 @@ from hbtools.graph.recurrent import RECURRENT_OPS, record_unrolled, unroll_recur
 from hbtools.march.profiles import MarchProfile
 from hbtools.ops import custom
 from hbtools.ops.base import DOMAIN
-from hbtools.runtime.session import RUN_ERRORS, ort_session
+from hbtools.runtime.session import LOAD_ERRORS, RUN_ERRORS, ort_session
 
 log = logging.getLogger("hbtools")
 
@@ -427,9 +427,10 @@ def _onnxruntime_basic(model: ModelProto) -> ModelProto:
         path = str(Path(tmp) / "optimized.onnx")
         try:
             ort_session(model, optimized_model_path=path, per_node=True, rounding_fusions=True)
-        except RUN_ERRORS as e:
+        except (*RUN_ERRORS, *LOAD_ERRORS) as e:  # the user's model: what onnxruntime cannot load is theirs to change
             raise HbError(f"onnxruntime cannot load the model, and hbtools computes with it: {last_line(e)}",
-                          hint="export the model with ops and attributes onnxruntime's CPU kernels take") from None
+                          hint="export the model with ops, attributes and element types onnxruntime's CPU kernels "
+                               "take (float32 for bfloat16)") from None
         optimized = onnx.load(path)
     optimized.ir_version = model.ir_version
     _fused_nodes_named_as_before(model, optimized)

@@ -38,6 +38,8 @@ _NUMPY_OF_ORT = {
 # What onnxruntime raises when a model cannot run on given inputs (its errors share no base class).
 RUN_ERRORS = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidArgument,
               ort.capi.onnxruntime_pybind11_state.RuntimeException)
+# ... and when it cannot build a session for a model at all (an element type no kernel takes, an op it does not have)
+LOAD_ERRORS = (ort.capi.onnxruntime_pybind11_state.InvalidGraph, ort.capi.onnxruntime_pybind11_state.NotImplemented)
 
 
 def make_session(model: ModelProto, *, threads: int = 0, per_node: bool = False, spinning: bool = True,

@@ -712,3 +712,22 @@ def test_dynamic_inputs_are_named_together(tmp_path: Path) -> None:
                                        str(path)])
     assert result.exit_code != 0
     assert "--input-shape cat 1x8 --input-shape dense 1x13" in result.output, result.output
+
+
+def test_a_model_onnxruntime_refuses_for_its_element_types_gets_one_error_not_an_internal_one() -> None:
+    """A Conv computing in bfloat16 (onnxruntime has no such kernel) stopped the checker with 'internal error:
+    InvalidGraph' (hunt 39 D3)."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], np.ones(108, np.float32).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["data"], ["x16"], to=TensorProto.BFLOAT16),
+         helper.make_node("Cast", ["w"], ["w16"], to=TensorProto.BFLOAT16),
+         helper.make_node("Conv", ["x16", "w16"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+         helper.make_node("Cast", ["c"], ["out"], to=TensorProto.FLOAT)],
+        "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    result = checker(_save(model))
+    errors = [line for line in result.output.splitlines() if " ERROR " in line]
+    assert result.exit_code not in (0, 4) and len(errors) == 1, result.output
+    assert "internal error" not in result.output and "bfloat16" in errors[0] and "onnxruntime cannot load" in errors[0]
