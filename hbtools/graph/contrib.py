@@ -62,6 +62,8 @@ class Writer:
 
 def _activation(w: Writer, x: str, name: str, params: list[float], out: str) -> str | None:
     """``x`` through the activation FusedConv / FusedGemm name (None: one this module does not know)."""
+    if name == "":  # no activation attribute: onnxruntime's fused op is then the conv or Gemm alone
+        return w.op("Identity", [x], out)
     if name == "Relu":
         return w.op("Relu", [x], out)
     if name in ("Sigmoid", "Tanh"):

@@ -240,7 +240,7 @@ def test_onnxruntimes_layer_norm_in_an_opset_13_model_converts(tmp_path: Path) -
 
 def _contrib_model() -> ModelProto:
     """What onnxruntime's saved extended optimization makes of a small conv net and MLP: FusedConv with
-    Relu, LeakyRelu, Clip and a residual, QuickGelu (SiLU), FusedGemm, FusedMatMul (transposed, scaled)
+    Relu, LeakyRelu, Clip, none and a residual, QuickGelu (SiLU), FusedGemm, FusedMatMul (transposed, scaled)
     and the GELU family."""
     rng = np.random.default_rng(18)
     ms = "com.microsoft"
@@ -249,7 +249,7 @@ def _contrib_model() -> ModelProto:
         return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
 
     inits = [_init("w1", w(8, 3, 3, 3)), _init("b1", np.full(8, 0.1, np.float32)), _init("w2", w(8, 8, 3, 3)),
-             _init("w3", w(8, 8, 3, 3)), _init("g", w(16, 8)), _init("gb", np.zeros(16, np.float32)),
+             _init("w3", w(8, 8, 3, 3)), _init("w4", w(8, 8, 1, 1)), _init("g", w(16, 8)), _init("gb", np.zeros(16, np.float32)),
              _init("m", w(16, 16)), _init("bias", np.full(16, 0.05, np.float32))]
     conv = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
     nodes = [helper.make_node("FusedConv", ["x", "w1", "b1"], ["c1"], domain=ms, activation="Relu", **conv),
@@ -257,7 +257,9 @@ def _contrib_model() -> ModelProto:
                               activation_params=[0.1], **conv),
              helper.make_node("FusedConv", ["c2", "w3"], ["c3"], domain=ms, activation="Clip",
                               activation_params=[0.0, 6.0], strides=[2, 2], **conv),
-             helper.make_node("QuickGelu", ["c3"], ["q"], domain=ms, alpha=1.0),
+             # no activation: the conv alone (a hand-made or third-party form; onnxruntime always writes one)
+             helper.make_node("FusedConv", ["c3", "w4"], ["c4"], domain=ms, kernel_shape=[1, 1]),
+             helper.make_node("QuickGelu", ["c4"], ["q"], domain=ms, alpha=1.0),
              helper.make_node("GlobalAveragePool", ["q"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
              helper.make_node("FusedGemm", ["f", "g", "gb"], ["h"], domain=ms, transB=1, activation="Relu"),
              helper.make_node("FastGelu", ["h", "bias"], ["fg"], domain=ms),
@@ -275,7 +277,7 @@ def test_onnxruntime_fused_contrib_ops_run_on_the_bpu(tmp_path: Path) -> None:
     model = _contrib_model()
     rng = np.random.default_rng(19)
     out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
-    assert "9 onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse" in out
+    assert "10 onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse" in out
     assert not _cpu_nodes(tmp_path / "out" / "m.bin")
     _agrees_with_source(model, tmp_path / "out", (1, 3, 8, 8), rng, optimized=True)
 
