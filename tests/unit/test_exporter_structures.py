@@ -249,8 +249,8 @@ def _contrib_model() -> ModelProto:
         return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
 
     inits = [_init("w1", w(8, 3, 3, 3)), _init("b1", np.full(8, 0.1, np.float32)), _init("w2", w(8, 8, 3, 3)),
-             _init("w3", w(8, 8, 3, 3)), _init("w4", w(8, 8, 1, 1)), _init("g", w(16, 8)), _init("gb", np.zeros(16, np.float32)),
-             _init("m", w(16, 16)), _init("bias", np.full(16, 0.05, np.float32))]
+             _init("w3", w(8, 8, 3, 3)), _init("w4", w(8, 8, 1, 1)), _init("g", w(16, 8)),
+             _init("gb", np.zeros(16, np.float32)), _init("m", w(16, 16)), _init("bias", np.full(16, 0.05, np.float32))]
     conv = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
     nodes = [helper.make_node("FusedConv", ["x", "w1", "b1"], ["c1"], domain=ms, activation="Relu", **conv),
              helper.make_node("FusedConv", ["c1", "w2", "", "c1"], ["c2"], domain=ms, activation="LeakyRelu",
