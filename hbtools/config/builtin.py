@@ -25,7 +25,7 @@ from hbtools.config.model import Config
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.graph.model_io import load_model
-from hbtools.graph.source_repairs import check_inputs_to_feed
+from hbtools.graph.source_repairs import check_inputs_to_feed, shape_inputs, shapeless_inputs
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline.parse import MAX_OUTPUTS, fit_scalar, shape_example
 
@@ -74,6 +74,11 @@ def resolve_shapes(model: ModelProto, given: list[tuple[str, str]], *, batch_one
     ``batch_one`` (fast-perf) sets a dynamic first dimension to 1; any other
     dynamic dimension is an error naming the option that fixes it.
     """
+    shape_inputs(model, {name: parse_shape(text, name, option) for name, text in given})
+    unknown = shapeless_inputs(model)
+    if unknown:
+        raise HbError(f"input '{unknown[0]}' is declared without a shape in the model",
+                      hint=f"give its shape with {option} {unknown[0]} <shape> (e.g. 1x3x224x224)")
     declared = model_inputs(model)
     shapes: dict[str, list[int]] = {}
     for name, text in given:

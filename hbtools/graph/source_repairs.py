@@ -47,6 +47,24 @@ def ordered_and_typed(model: ModelProto) -> None:
     shaped_outputs(model)
 
 
+def shapeless_inputs(model: ModelProto) -> list[str]:
+    """Graph inputs (not initializers) declared with an element type only, no shape at all (some converters and
+    hand-edited graphs write them): onnxruntime runs such a model for whatever shape it is fed."""
+    inits = {t.name for t in model.graph.initializer}
+    return [vi.name for vi in model.graph.input if vi.name not in inits and vi.type.HasField("tensor_type")
+            and not vi.type.tensor_type.HasField("shape")]
+
+
+def shape_inputs(model: ModelProto, given: dict[str, list[int]]) -> None:
+    """``shapeless_inputs`` take the shape the config gives them (input_shape, --input-shape)."""
+    declared = {vi.name: vi for vi in model.graph.input}
+    for name in shapeless_inputs(model):
+        if given.get(name):
+            dims = declared[name].type.tensor_type.shape.dim
+            for size in given[name]:
+                dims.add().dim_value = size
+
+
 def shaped_outputs(model: ModelProto) -> None:
     """Graph outputs declared without a shape (an added output, output_nodes) get the shape inference gives
     them, or the rank one onnxruntime run gives them: onnx's checker refuses an output without a shape."""

@@ -731,3 +731,35 @@ def test_a_model_onnxruntime_refuses_for_its_element_types_gets_one_error_not_an
     errors = [line for line in result.output.splitlines() if " ERROR " in line]
     assert result.exit_code not in (0, 4) and len(errors) == 1, result.output
     assert "internal error" not in result.output and "bfloat16" in errors[0] and "onnxruntime cannot load" in errors[0]
+
+
+def _shapeless_input_model() -> onnx.ModelProto:
+    """Conv -> Relu whose input is declared with its element type only (no shape): onnxruntime runs it for
+    any fed shape."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 3, 3, 3],
+                           np.random.default_rng(4).normal(0, 0.2, 216).astype(np.float32).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["data", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["out"])],
+        "g", [helper.make_tensor_value_info("data", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 8, "H", "W"])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_an_input_declared_without_a_shape_takes_the_one_given(tmp_path: Path) -> None:
+    """Such an input was refused with input_shape given ('has rank 4 but the model input has rank 0', then 'fails
+    the ONNX checker ... export it with its output shapes'; hunt 39 D1): it takes the given shape, and without
+    one the ERROR says to give it."""
+    model = _shapeless_input_model()
+    placed = checker(_save(model), "bayes-e", "--input-shape", "data", "1x3x16x16")
+    assert placed.exit_code == 0 and "1 BPU subgraph(s) and 0 CPU node(s)" in placed.output, placed.output
+    refused = checker(_save(model))
+    assert refused.exit_code != 0 and "ERROR input 'data' is declared without a shape in the model; give its " \
+        "shape with --input-shape data" in refused.output, refused.output
+    project = make_project(tmp_path / "p", FloatModel(model, {"data": [1, 3, 16, 16]}))
+    made = invoke("makertbin", "--config", str(project.config_path), "--model-type", "onnx")
+    assert made.exit_code == 0, made.output
+    quantized = onnx.load(str(next((project.root / "model_output").glob("*_quantized_model.onnx"))))
+    dims = [d.dim_value for d in quantized.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 3, 16, 16]
