@@ -219,6 +219,41 @@ def deprecated_ops(model: ModelProto) -> None:
     model.graph.node.extend(nodes)
 
 
+def per_activation_batch_norms(model: ModelProto) -> None:
+    """BatchNormalization with ``spatial=0`` (opsets 7 and 8: statistics per activation, not per channel), which
+    opset 9 dropped and onnx's version converter refuses. With per-channel parameters it computes what
+    ``spatial=1`` does; with per-activation ones it is ``x * a + b`` with constants of the parameters' shape."""
+    if default_opset(model) >= 9:
+        return
+    consts = {t.name: t for t in model.graph.initializer}
+    nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        nodes.append(node)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "BatchNormalization" or attrs.get("spatial", 1) != 0:
+            continue
+        label = node.name or node.output[0]
+        if any(name not in consts for name in node.input[1:5]):
+            raise HbError(f"BatchNormalization '{label}' has spatial=0 and parameters computed in the model; "
+                          "opset 9 and later cannot express that", hint="export it with spatial=1 (per-channel "
+                                                                        "statistics)")
+        scale, bias, mean, var = (onnx.numpy_helper.to_array(consts[n]).astype(np.float64) for n in node.input[1:5])
+        if all(p.ndim == 1 for p in (scale, bias, mean, var)):
+            next(a for a in node.attribute if a.name == "spatial").i = 1  # per-channel parameters: the same
+            continue
+        a = scale / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+        multiplier, shift, scaled = (f"{node.output[0]}_bn_{k}" for k in ("multiplier", "shift", "scaled"))
+        model.graph.initializer.extend([onnx.numpy_helper.from_array(a.astype(np.float32), multiplier),
+                                        onnx.numpy_helper.from_array((bias - mean * a).astype(np.float32), shift)])
+        model.ir_version = max(model.ir_version, 4)  # IR 3 wants every initializer among the inputs
+        nodes[-1] = helper.make_node("Mul", [node.input[0], multiplier], [scaled], name=node.name or None)
+        nodes.append(helper.make_node("Add", [scaled, shift], [node.output[0]], name=f"{label}_shift"))
+        log.info("BatchNormalization '%s' with spatial=0 and per-activation statistics is written as Mul -> Add",
+                 label)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
 # ONNX 1.x experimental ops, dropped from the standard later, that onnxruntime still runs (the ONNX model zoo's
 # tiny-YOLOv2 scales its input with ImageScaler; CoreML and Keras converters wrote the others)
 EXPERIMENTAL_OPS = ("ImageScaler", "Scale", "Affine", "ScaledTanh", "ParametricSoftplus", "Crop")

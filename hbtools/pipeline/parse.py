@@ -96,6 +96,7 @@ def run(config: Config, *, checking: bool = False) -> ParseResult:
     expand_contrib_ops(model, onnx_domain_only=True)
     source_repairs.deprecated_ops(model)
     source_repairs.experimental_ops(model)
+    source_repairs.per_activation_batch_norms(model)
     source_repairs.shape_inputs(model, {s.name: s.shape for s in config.inputs if s.name and s.shape})
     check_source_model(model, path)
     check_finite_weights(model, path)

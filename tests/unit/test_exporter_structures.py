@@ -1028,3 +1028,26 @@ def test_a_squeeze_excitation_gate_written_first_runs_on_the_bpu(tmp_path: Path,
                               march=march)
     assert "The model has 1 BPU subgraph(s) and 0 CPU node(s)" in log, log[-3000:]
     _agrees_with_source(model, tmp_path / "out", (1, 3, 16, 16), rng)
+
+
+@pytest.mark.parametrize("per_activation", [False, True], ids=["per_channel", "per_activation"])
+def test_an_opset7_batch_norm_with_spatial_0_converts(tmp_path: Path, per_activation: bool) -> None:
+    """BatchNormalization of opset 7 with spatial=0, which onnxruntime runs: onnx's version converter stopped
+    with its assertion text ('Attribute spatial must have value 1'; hunt 39 D6). Per-channel parameters compute
+    what spatial=1 does; per-activation ones are a Mul and an Add of constants."""
+    rng = np.random.default_rng(22)
+    shape = (4, 6, 6) if per_activation else (4,)
+    inits = [_init("w", (rng.standard_normal((4, 3, 3, 3)) / 5).astype(np.float32)),
+             _init("s", rng.uniform(0.5, 1.5, shape).astype(np.float32)),
+             _init("b", rng.normal(0, 0.1, shape).astype(np.float32)),
+             _init("m", rng.normal(0, 0.1, shape).astype(np.float32)),
+             _init("v", rng.uniform(0.5, 1.5, shape).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], spatial=0, name="bn"),
+             helper.make_node("Relu", ["n"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 6, 6])], [("y", F, [1, 4, 6, 6])], inits, opset=7)
+    model.ir_version = 3
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in inits)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 6, 6])}, "1x3x6x6", "float32", "m")
+    assert "ERROR" not in out
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 6, 6), rng, optimized=True)
