@@ -543,9 +543,15 @@ class Evaluator:
         (their cosine means nothing)."""
         pieces: list[tuple[int, object]] = []
         views = []
-        logit_index = iter(range(len(scored_outputs(self.calibrated)), len(self.fetched)))
+        outputs = len(scored_outputs(self.calibrated))
+        logit_index = iter(range(outputs, len(self.fetched)))
+        fixed = _fixed_outputs(refs, outputs)
         for k, (logit, joined) in enumerate(zip(final_logits(self.calibrated), output_pieces(self.calibrated),
                                                 strict=True)):
+            if k in fixed:
+                if logit:
+                    next(logit_index)
+                continue
             own = []
             if joined is not None and all(r[k].size == joined.labels.size for r in refs):
                 for where in joined.indices():
@@ -944,6 +950,17 @@ class Evaluator:
         """Per sample of ``samples`` (rows) and scored piece, the squared error of its run in ``runs``."""
         rows = [self._products(i, out) for i, out in zip(samples, runs, strict=True)]
         return np.array([r[0] - 2 * r[1] + r[2] for r in rows])
+
+
+def _fixed_outputs(refs: list[list[np.ndarray]], outputs: int) -> set[int]:
+    """The scored outputs whose float value is the same on every scoring sample (anchors or priors a model gives
+    as an output, a Constant): no grid changes them, and a score averaging their cosine of 1 with the others'
+    hid half of a classifier's error from the int16 search (the first ``outputs`` of each sample's tensors are the
+    outputs). None when every output is so, or with one sample."""
+    if len(refs) < 2:
+        return set()
+    fixed = {k for k in range(outputs) if all(np.array_equal(refs[0][k], r[k]) for r in refs[1:])}
+    return fixed if len(fixed) < outputs else set()
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
