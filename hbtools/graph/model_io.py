@@ -51,7 +51,34 @@ def load_model(path: str | Path) -> ModelProto:
         raise HbError(f"'{path}' is not a readable ONNX model (the graph has no nodes)",
                       hint="it is a Caffe file: give --model-type caffe, with the .prototxt as --proto and the "
                            ".caffemodel as --model" if caffe else None)
+    dense_constants(model)
     return model
+
+
+def dense_constants(model: ModelProto) -> None:
+    """Weights stored sparse (``graph.sparse_initializer``, a ``Constant``'s ``sparse_value``: a pruned model) as the
+    dense tensors they stand for, as onnxruntime makes them when it loads the model: the graph passes and the
+    quantizer read dense initializers."""
+    graph = model.graph
+    graph.initializer.extend(_dense(sparse) for sparse in graph.sparse_initializer)
+    del graph.sparse_initializer[:]
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "sparse_value":
+                    dense = _dense(attr.sparse_tensor)
+                    attr.Clear()
+                    attr.CopyFrom(onnx.helper.make_attribute("value", dense))
+
+
+def _dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
+    values = onnx.numpy_helper.to_array(sparse.values)
+    indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dims = tuple(int(d) for d in sparse.dims)
+    dense = np.zeros(int(np.prod(dims)), dtype=values.dtype)
+    # indices: linear positions [NNZ], or coordinates [NNZ, rank]
+    dense[indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)] = values
+    return onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name)
 
 
 def _missing_external_data(path: Path) -> list[str]:

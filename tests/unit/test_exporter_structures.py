@@ -1051,3 +1051,26 @@ def test_an_opset7_batch_norm_with_spatial_0_converts(tmp_path: Path, per_activa
     out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 6, 6])}, "1x3x6x6", "float32", "m")
     assert "ERROR" not in out
     _agrees_with_source(model, tmp_path / "out", (1, 3, 6, 6), rng, optimized=True)
+
+
+def test_weights_stored_sparse_convert(tmp_path: Path) -> None:
+    """A pruned model keeps its weights as sparse tensors (graph.sparse_initializer with linear indices, a
+    Constant's sparse_value with coordinates), which onnxruntime densifies when it loads them: makertbin stopped
+    with an internal error (hunt 39, final D1)."""
+    rng = np.random.default_rng(23)
+    w1 = (rng.standard_normal((4, 3, 3, 3)) / 5).astype(np.float32)
+    w1[np.abs(w1) < 0.15] = 0.0  # pruned
+    w2 = (rng.standard_normal((4, 4, 1, 1)) / 2).astype(np.float32)
+    w2[0] = 0.0
+    linear = np.flatnonzero(w1)
+    sparse1 = helper.make_sparse_tensor(_init("w1", w1.reshape(-1)[linear]), _init("w1_indices", linear), w1.shape)
+    coords = np.argwhere(w2)
+    sparse2 = helper.make_sparse_tensor(_init("w2", w2[tuple(coords.T)]), _init("w2_indices", coords), w2.shape)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Constant", [], ["w2"], sparse_value=sparse2),
+             helper.make_node("Conv", ["r", "w2"], ["y"])]
+    model = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 4, 8, 8])])
+    model.graph.sparse_initializer.append(sparse1)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 8, 8])}, "1x3x8x8", "float32", "m")
+    assert "ERROR" not in out
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 8, 8), rng, optimized=True)
