@@ -66,10 +66,11 @@ def shape_inputs(model: ModelProto, given: dict[str, list[int]]) -> None:
 
 
 def shaped_outputs(model: ModelProto) -> None:
-    """Graph outputs declared without a shape (an added output, output_nodes) get the shape inference gives
-    them, or the rank one onnxruntime run gives them: onnx's checker refuses an output without a shape."""
-    bare = [o for o in model.graph.output
-            if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
+    """Graph outputs declared without a shape or a type (an added output, output_nodes) get the type and shape
+    inference gives them, or the rank one onnxruntime run gives them: onnx's checker refuses an output without."""
+    # ... or without a type at all (``onnx.ValueInfoProto(name=...)``, the usual way to expose a tensor)
+    bare = [o for o in model.graph.output if o.type.WhichOneof("value") is None or
+            (o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape"))]
     if not bare:
         return
     try:
@@ -79,7 +80,7 @@ def shaped_outputs(model: ModelProto) -> None:
     for o in bare:
         if o.name in typed and typed[o.name].tensor_type.HasField("shape"):
             o.type.CopyFrom(typed[o.name])
-    still = [o for o in bare if not o.type.tensor_type.HasField("shape")]
+    still = [o for o in bare if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape")]
     ranks = _ranks_by_running(model, [o.name for o in still]) if still else {}
     for o in still:
         if o.name in ranks:  # sizes stay names: the run used stand-in sizes for any free input dimension
