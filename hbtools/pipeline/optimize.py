@@ -151,6 +151,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
                  "written as one Conv each, its kernel the sum of theirs", merged)
         trace.follow(body)
     bpu_forms.spatial_reductions_as_global_pools(body)
+    if profile is not None and bpu_forms.axis_means_as_pools(body, profile):
+        log.info("means over one spatial axis of a map written as AveragePools over whole columns or rows: %s has "
+                 "no BPU reduction", profile.label)
     if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body, profile):
         log.info("pools over the one axis of a 3-D tensor, or over a 5-D view of a map one channel at a time, or "
                  "over other 5-D tensors, written as pools over 4-D tensors")

@@ -55,6 +55,7 @@ from hbtools.graph.bpu_forms.pools import (
     pools_over_one_axis_as_2d,
 )
 from hbtools.graph.bpu_forms.reductions import (
+    axis_means_as_pools,
     channel_reductions_as_convs,
     norms_as_sums,
     reductions_over_the_first_axis,
@@ -109,6 +110,7 @@ __all__ = [
     "softplus_thresholds_dropped",
     "spatial_index_maps_as_matmuls",
     "spatial_reductions_as_global_pools",
+    "axis_means_as_pools",
     "splits_undoing_concats",
     "strided_convs_over_phases",
     "wide_convs_in_channel_pieces",

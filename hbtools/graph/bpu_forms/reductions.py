@@ -83,6 +83,37 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
     model.graph.node.extend(nodes)
 
 
+def axis_means_as_pools(model: ModelProto, profile: MarchProfile) -> int:
+    """A mean over one spatial axis of a 4-D map (a CRNN's height collapse, ``x.mean(2)``) as an AveragePool over
+    whole columns (or rows), where the BPU pools but has no reduction (RDK X3): it went to the CPU and split the
+    model in two. Without ``keepdims`` a Squeeze of that axis follows. The same values up to float rounding; a
+    pool larger than the march takes is cut in steps later (``large_average_pools_in_steps``). The count."""
+    if profile.rule("ReduceMean") is not None or profile.rule("AveragePool") is None:
+        return 0
+    view = GraphView(model)
+    nodes = []
+    count = 0
+    for node in model.graph.node:
+        shape = view.shapes.get(node.input[0]) if node.op_type == "ReduceMean" and \
+            node.domain in ("", "ai.onnx") else None
+        axes = view.reduced_axes(node) if shape is not None and len(shape) == 4 else None
+        if axes not in ([2], [3]) or not isinstance(shape[axes[0]], int) or shape[axes[0]] < 1:
+            nodes.append(node)
+            continue
+        kernel = [shape[2], 1] if axes == [2] else [1, shape[3]]
+        keep = view.attrs(node).get("keepdims", 1)
+        pooled = node.output[0] if keep else f"{node.output[0]}_pooled"
+        nodes.append(helper.make_node("AveragePool", [node.input[0]], [pooled], name=node.name, kernel_shape=kernel,
+                                      strides=kernel))
+        if not keep:
+            nodes.append(_axes_node(model, _opset(model), "Squeeze", pooled, node.output[0], axes,
+                                    f"{node.name or node.output[0]}_squeeze"))
+        count += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return count
+
+
 _REDUCTION_OF = {pool: reduction for reduction, pool in _GLOBAL_POOL_OF.items()}
 _BROADCASTS = ("Add", "Sub", "Mul", "Div")
 # Element-wise ops of two inputs that broadcast: between values of one element, the result has one element too

@@ -1,0 +1,50 @@
+"""A mean over one spatial axis of a map (a CRNN's height collapse, ``x.mean(2, keepdim=True)``) where the BPU pools
+but has no reduction (RDK X3): an AveragePool over whole columns, on the BPU (it ran on the CPU and split the model
+in two; hunt 39 D10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.cli.hb_mapper import main
+from hbtools.march.profiles import get_profile
+from hbtools.pipeline import optimize
+
+
+def _model(axis: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(6)
+    w1 = rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("ReduceMean", ["r"], ["m"], name="mean", axes=[axis], keepdims=1),
+             helper.make_node("Conv", ["m", "w2"], ["y"], name="conv2")]
+    out = [1, 4, 1, 12] if axis == 2 else [1, 4, 6, 1]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.mark.parametrize("axis", [2, 3], ids=["height", "width"])
+def test_a_mean_over_one_axis_runs_on_the_bpu_of_rdk_x3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         axis: int) -> None:
+    model = _model(axis)
+    optimized = optimize.run(model, get_profile("bernoulli2"))
+    assert "ReduceMean" not in {n.op_type for n in optimized.graph.node}
+    x = {"x": np.random.default_rng(7).normal(0, 1, (1, 3, 6, 12)).astype(np.float32)}
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
+                 for m in (model, optimized))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    monkeypatch.chdir(tmp_path)
+    onnx.save(model, "model.onnx")
+    result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bernoulli2", "--model",
+                                       "model.onnx"], catch_exceptions=False)
+    assert result.exit_code == 0 and "1 BPU subgraph(s) and 0 CPU node(s)" in result.output, result.output
