@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from builders import _Graph
 from click.testing import CliRunner
-from onnx import TensorProto, helper, numpy_helper
 
 from hbtools.cli.hb_mapper import main
 from hbtools.march.profiles import get_profile
@@ -19,18 +19,9 @@ from hbtools.pipeline import optimize
 
 
 def _model(axis: int) -> onnx.ModelProto:
-    rng = np.random.default_rng(6)
-    w1 = rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32)
-    w2 = rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("ReduceMean", ["r"], ["m"], name="mean", axes=[axis], keepdims=1),
-             helper.make_node("Conv", ["m", "w2"], ["y"], name="conv2")]
-    out = [1, 4, 1, 12] if axis == 2 else [1, 4, 6, 1]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 12])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
-                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    g = _Graph(6)
+    mean = g.op("ReduceMean", [g.op("Relu", [g.conv("x", 3, 8)])], axes=[axis], keepdims=1)
+    return g.model({"x": [1, 3, 6, 12]}, [g.conv(mean, 8, 4, k=1)]).model
 
 
 @pytest.mark.parametrize("axis", [2, 3], ids=["height", "width"])

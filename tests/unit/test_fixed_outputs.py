@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from builders import _Graph
+from onnx import numpy_helper
 
 from hbtools.march.profiles import get_profile
 from hbtools.pipeline import optimize
@@ -17,20 +18,12 @@ from hbtools.runtime.session import fetching_session
 
 
 def _model(with_anchors: bool) -> onnx.ModelProto:
-    rng = np.random.default_rng(5)
-    w1 = rng.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32)
-    w2 = rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-             helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2")]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])]
+    g = _Graph(5)
+    outputs = [g.conv(g.op("Relu", [g.conv("x", 3, 8)]), 8, 4, k=1)]
     if with_anchors:
         anchors = numpy_helper.from_array(np.linspace(0, 15, 32, dtype=np.float32).reshape(16, 2), "a")
-        nodes.append(helper.make_node("Constant", [], ["anchors"], value=anchors, name="anchors"))
-        outputs.append(helper.make_tensor_value_info("anchors", TensorProto.FLOAT, [16, 2]))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              outputs, [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+        outputs.append(g.op("Constant", [], value=anchors))
+    return g.model({"x": [1, 3, 16, 16]}, outputs).model
 
 
 def _score(with_anchors: bool) -> float:
