@@ -66,9 +66,7 @@ def dense_constants(model: ModelProto) -> None:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for attr in node.attribute:
                 if attr.name == "sparse_value":
-                    dense = _dense(attr.sparse_tensor)
-                    attr.Clear()
-                    attr.CopyFrom(onnx.helper.make_attribute("value", dense))
+                    attr.CopyFrom(onnx.helper.make_attribute("value", _dense(attr.sparse_tensor)))
 
 
 def _dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:

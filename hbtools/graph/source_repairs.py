@@ -66,9 +66,9 @@ def shape_inputs(model: ModelProto, given: dict[str, list[int]]) -> None:
 
 
 def shaped_outputs(model: ModelProto) -> None:
-    """Graph outputs declared without a shape or a type (an added output, output_nodes) get the type and shape
-    inference gives them, or the rank one onnxruntime run gives them: onnx's checker refuses an output without."""
-    # ... or without a type at all (``onnx.ValueInfoProto(name=...)``, the usual way to expose a tensor)
+    """Graph outputs declared without a shape or a type (an added output, output_nodes, an
+    ``onnx.ValueInfoProto(name=...)``) get the type and shape inference gives them, or the rank one onnxruntime
+    run gives them: onnx's checker refuses an output without."""
     bare = [o for o in model.graph.output if o.type.WhichOneof("value") is None or
             (o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape"))]
     if not bare:

@@ -17,39 +17,39 @@ from collections.abc import Iterator
 log = logging.getLogger("hbtools")
 
 
+STOPPING = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _handled_by(handler: object) -> Iterator[None]:
+    """SIGINT and SIGTERM go to ``handler`` in the block (only the main thread gets signals: elsewhere as they are)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in STOPPING}
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
+
+
 @contextlib.contextmanager
 def signals_deferred(where: str) -> Iterator[None]:
     """Hold SIGINT and SIGTERM until the block is done, then act on the first one as usual.
 
     ``where``: the folder the block completes, named in the WARNING.
     """
-    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
-        yield
-        return
     caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda number, frame: caught.append(number))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with _handled_by(lambda number, frame: caught.append(number)):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     for sig in caught[:1]:
         log.warning("%s arrived while the new results were moved into place; the move was completed first, so "
                     "%s holds the complete new set", signal.Signals(sig).name, where)
         signal.raise_signal(sig)  # the original handler: KeyboardInterrupt, or SIGTERM's Terminated
 
 
-@contextlib.contextmanager
-def signals_ignored() -> Iterator[None]:
+def signals_ignored() -> contextlib.AbstractContextManager[None]:
     """SIGINT and SIGTERM dropped while a run that is stopping already cleans up or reports: a second Ctrl-C
     would stop the clean-up half way (a staging folder left) or the report (Python's traceback)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return _handled_by(signal.SIG_IGN)
