@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from onnx import ModelProto
+
 from hbtools.config.values import closest_names
 from hbtools.errors import HbError
 from hbtools.log import first_of
@@ -50,6 +52,28 @@ def _warn_type_kept(model: BinModel, node_type: str) -> None:
         # Types go in the order listed: a node another type would expose later is not at the edge yet.
         log.warning("remove_node_type: no %s node is next to a model input or output when its turn comes "
                     "(%s kept); nothing removed", node_type, first_of(kept))
+
+
+# Nodes the quantize stage adds: a Quantize / Dequantize is named after a tensor of the optimized model; layout
+# Transposes, Casts and output copies after tensors it makes itself, which only compile knows.
+TENSOR_SUFFIXES = ("_HzQuantize", modifier.DEQUANTIZE_SUFFIX)
+ADDED_SUFFIXES = ("_Transpose", "_Cast", "_output")
+
+
+def check_names(model: ModelProto, names: Sequence[str]) -> None:
+    """Refuses, before calibration, a ``remove_node_name`` that no compiled form of ``model`` (the optimized model)
+    can have: neither one of its nodes nor the Quantize / Dequantize of one of its tensors. A name that only the
+    quantize stage can make (``ADDED_SUFFIXES``) is left to compile, as is whether a node is at an edge."""
+    nodes = {n.name for n in model.graph.node if n.name}
+    tensors = {*(o for n in model.graph.node for o in n.output), *(v.name for v in model.graph.input)}
+    for name in names:
+        if name in nodes or name.endswith(ADDED_SUFFIXES):
+            continue
+        if any(name.endswith(s) and name[:-len(s)] in tensors for s in TENSOR_SUFFIXES):
+            continue
+        made = [f"{t}{s}" for t in tensors for s in TENSOR_SUFFIXES]
+        raise HbError(f"remove_node_name: the model has no node '{name}'{closest_names(name, [*nodes, *made])}",
+                      hint="hb_model_modifier <model>.bin lists the nodes next to the model's inputs and outputs")
 
 
 def _remove_name(model: BinModel, name: str) -> BinModel:

@@ -10,7 +10,7 @@ from onnx import ModelProto, TensorProto
 from hbtools.config.model import Config, InputSpec
 from hbtools.errors import HbError
 from hbtools.graph import model_io
-from hbtools.graph.edge_nodes import remove_edge_nodes
+from hbtools.graph.edge_nodes import check_names, remove_edge_nodes
 from hbtools.graph.graph import GraphView, dtype_name, elements
 from hbtools.march.layout import quantized_layout, to_layout
 from hbtools.march.profiles import MarchProfile
@@ -81,6 +81,13 @@ def partition_record(result: QuantizedResult) -> dict:
     types = {name: kind for name, _, _, kind in result.partition.rows()}
     return {"subgraphs": [{"id": k, "nodes": v} for k, v in sorted(subgraphs.items())], "cpu_nodes": cpu,
             "node_types": types}
+
+
+def check_before_calibration(model: ModelProto, partition: Partition, config: Config) -> None:
+    """What compile would refuse that the optimized ``model`` already shows: a quantized model too large for a .bin
+    (``check_fits_a_bin``), a ``remove_node_name`` no compiled model can have (``check_names``)."""
+    check_fits_a_bin(model, partition)
+    check_names(model, config.model.remove_node_name)
 
 
 def check_fits_a_bin(model: ModelProto, partition: Partition) -> None:

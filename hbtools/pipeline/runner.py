@@ -139,7 +139,7 @@ def _build(config: Config, parsed: parse.ParseResult, source: CalibrationSource,
             optimized, weights_only = _finer_weights(config, profile, optimized, source)
     partition = model_partition(optimized, profile, config)
     plan = make_plan(optimized, partition, config, profile)
-    compile.check_fits_a_bin(optimized, partition)
+    compile.check_before_calibration(optimized, partition, config)
     save_model(optimized, paths["optimized"])
     log.info("Model optimization done: %s", final["optimized"])
     if "dump_calibration_data" in config.model.debug_mode:

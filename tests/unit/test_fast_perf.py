@@ -162,6 +162,23 @@ def test_remove_node_name(project: Project) -> None:
     assert "Conv_2_out_HzDequantize" in names
 
 
+def test_a_remove_node_name_no_compiled_model_can_have_is_refused_before_calibration(project: Project) -> None:
+    """Hunt 38 D7: a misspelt name stopped the run at compile, after the whole calibration; the optimized model
+    already tells which names a compiled model can have (its nodes, the Quantize / Dequantize of its tensors)."""
+    project.write(calibration_parameters={"calibration_type": "default"},
+                  model_parameters={"remove_node_name": "Conv_2_out_HzDequantize; Conv_O"})
+    failed = _build(project, expect_ok=False)
+    assert failed.exit_code == 1, failed.output
+    assert re.search(r"ERROR remove_node_name: the model has no node 'Conv_O' \(closest: .*'Conv_0'", failed.output)
+    assert "calibration method" not in failed.output and "Model optimization done" not in failed.output
+    assert not project.artefact("bin").exists() and not project.artefact("calibrated").exists()
+    # a name only the quantize stage makes (a layout Transpose) is left to compile, which keeps it with a WARNING
+    project.write(calibration_parameters={"calibration_type": "max"},
+                  model_parameters={"remove_node_name": "data_nhwc_Transpose"})
+    out = _build(project, expect_ok=False).output
+    assert "Model optimization done" in out, out[-2000:]
+
+
 def test_a_model_file_name_with_a_space_names_the_artefacts_by_its_stem() -> None:
     """The artefacts take the model file's name: 'my net.onnx' gives my_net.bin and my_net.html alike (a prefix
     must be a file stem since hunt 38 D14)."""
