@@ -75,6 +75,7 @@ def convert(config: Config) -> dict[str, Path]:
     custom.register_from_config(config.custom_op.op_register_files)  # before parse checks the ops
     parsed = parse.run(config)
     config = dataclasses.replace(config, inputs=parsed.inputs)
+    config = _vendor_node_names(config, parsed.model)
     _check_node_names(config, parsed.model, profile)
     check_memory(parsed.model, [spec.shape for spec in parsed.inputs if spec.shape])
     source = _calibration_source(config)  # checks every data file before anything is written
@@ -204,6 +205,30 @@ def _quiet() -> Iterator[None]:
         yield
     finally:
         hbtools_log.setLevel(level)
+
+
+# The vendor's optimizer writes a Div by a constant as a Mul named ``<Div's name>_mul``, and rdk_model_zoo's
+# configs (ConvNeXt, EdgeNeXt) give node_info under that name.
+VENDOR_MUL_OF_DIV = "_mul"
+
+
+def _vendor_node_names(config: Config, model: onnx.ModelProto) -> Config:
+    """``config`` with each node name the model lacks but that is the vendor's name for one of its nodes (the Mul
+    the vendor writes for Div ``X``: ``X_mul``) given as that node's name."""
+    kinds = {n.name: n.op_type for n in model.graph.node}
+    renamed = {}
+    for name in config.model.node_info:
+        base = name[:-len(VENDOR_MUL_OF_DIV)]
+        if name not in kinds and name.endswith(VENDOR_MUL_OF_DIV) and kinds.get(base) == "Div" \
+                and base not in config.model.node_info:
+            renamed[name] = base
+    if not renamed:
+        return config
+    for name, base in renamed.items():
+        log.info("%s: '%s' is the vendor toolkit's name for the Mul it writes for Div node '%s'; applied to '%s'",
+                 config.model.node_info[name].given_by, name, base, base)
+    node_info = {renamed.get(name, name): info for name, info in config.model.node_info.items()}
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, node_info=node_info))
 
 
 def _check_node_names(config: Config, model: onnx.ModelProto, profile: MarchProfile) -> None:

@@ -75,3 +75,33 @@ def test_a_name_holding_a_separator_is_said_to_need_a_yaml_list(tmp_path: Path) 
     (tmp_path / "list").mkdir()
     makertbin(_project(tmp_path / "list", {}, {"run_on_cpu": [name]}, relu=name), "onnx")  # a list names it
     assert (tmp_path / "list" / "out" / "m.bin").exists()
+
+
+def test_the_vendors_name_for_the_mul_it_writes_for_a_div_names_that_div(tmp_path: Path) -> None:
+    """Hunt 40 D2: rdk_model_zoo's ConvNeXt / EdgeNeXt configs give node_info to '<Div>_mul', the Mul the vendor's
+    optimizer writes for a Div by a constant; they were refused as naming a node the model lacks."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(scale=0.1, size=(4, 3, 3, 3)).astype(np.float32), "w")
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="Conv_0", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"], name="Relu_0"),
+         helper.make_node("Div", ["r", "two"], ["y"], name="/ds/Div")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weight, two])
+    path = _project(tmp_path, {"node_info": {"/ds/Div_mul": {"ON": "CPU"}}}, {})
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    makertbin(path, "onnx")
+    quantized = onnx.load(str(tmp_path / "out" / "m_quantized_model.onnx"))
+    div = [n.op_type for n in quantized.graph.node if n.name.startswith("/ds/Div")]
+    assert div and all(op in ("Div", "Mul") for op in div), [(n.name, n.op_type) for n in quantized.graph.node]
+    # without the config's name the Div goes to the BPU: the name above is what put it on the CPU
+    (tmp_path / "plain").mkdir()
+    onnx.save(model, str(tmp_path / "plain" / "m.onnx"))
+    path = _project(tmp_path / "plain", {}, {})
+    onnx.save(model, str(tmp_path / "plain" / "m.onnx"))
+    makertbin(path, "onnx")
+    quantized = onnx.load(str(tmp_path / "plain" / "out" / "m_quantized_model.onnx"))
+    assert not any(n.op_type in ("Div", "Mul") for n in quantized.graph.node), quantized.graph.node
