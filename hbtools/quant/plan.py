@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
@@ -659,9 +659,12 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
             if kind in opts.int8_outputs:
                 int8.update(grid_of(t) for t in unit.outputs)
     targets = _node_info_targets(part, node_info, written)
-    _warn_types_on_cpu(part, targets)
+    _warn_types_on_cpu(part, targets, profile)
     for target in targets:
         info = target.info
+        if not profile.int16 and _on_cpu(target):  # said once by _warn_types_on_cpu: no int16 to fall back from
+            info = replace(info, output_type=info.output_type if info.output_type != "int16" else None,
+                           input_types={k: v for k, v in info.input_types.items() if v != "int16"})
         if info.output_type == "int16":
             if target.gives_indices:
                 log.warning("node %s (%s) gives int64 indices: an int16 output does not apply to it", target.name,
@@ -720,12 +723,17 @@ class _NodeInfoTarget:
     units: list[Unit] = field(default_factory=list)  # where the node runs: one, or the parts it was written as
 
 
-def _warn_types_on_cpu(part: Partition, targets: list[_NodeInfoTarget]) -> None:
+def _on_cpu(target: _NodeInfoTarget) -> bool:
+    return bool(target.units) and not any(u.on == "BPU" for u in target.units)
+
+
+def _warn_types_on_cpu(part: Partition, targets: list[_NodeInfoTarget], profile: MarchProfile) -> None:
     """node_info InputType / OutputType of a node that runs on the CPU, one WARNING per node: the node computes
     in float whatever the type, which only reaches the tensors it exchanges with BPU nodes (their side of the
-    crossing). Without a word the user believed the node computed in int8 or int16."""
+    crossing; int8 on a march without int16). Without a word the user believed the node computed in int8 or
+    int16."""
     for target in targets:
-        if not target.units or any(u.on == "BPU" for u in target.units):
+        if not _on_cpu(target):
             continue
         info = target.info
         options = [f"InputType{'' if idx is None else idx} {dtype}" for idx, dtype in info.input_types.items()]
@@ -745,8 +753,14 @@ def _warn_types_on_cpu(part: Partition, targets: list[_NodeInfoTarget]) -> None:
             how = "take it out of run_on_cpu / node_info ON: CPU to have it computed in integers on the BPU"
         else:
             how = "node_info ON: BPU (or run_on_bpu) puts it on the BPU, where it computes in integers"
-        applies = (f"the type reaches only the tensors it exchanges with BPU nodes ({first_of(crossing, 3)})"
-                   if crossing else "the type does not apply")
+        types = {*info.input_types.values(), *([info.output_type] if info.output_type else [])}
+        if crossing and (profile.int16 or "int8" in types):
+            applies = f"the type reaches only the tensors it exchanges with BPU nodes ({first_of(crossing, 3)})"
+        elif crossing:
+            applies = (f"the tensors it exchanges with BPU nodes ({first_of(crossing, 3)}) stay int8: int16 is not "
+                       f"available on {profile.label}")
+        else:
+            applies = "the type does not apply"
         log.warning("node_info %s of node %s: the node runs on the CPU (%s) and computes in float; %s; %s",
                     " / ".join(options), target.name, unit.reason or "not on the BPU", applies, how)
 

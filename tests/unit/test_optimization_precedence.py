@@ -153,3 +153,12 @@ def test_node_info_types_of_a_cpu_node_are_named(tmp_path: Path, caplog) -> None
     assert "the node runs on the CPU (placed on the CPU by run_on_cpu / node_info) and computes in float; the " \
            f"type reaches only the tensors it exchanges with BPU nodes ({nodes['Sigmoid'].input[0]}, {gate}); take " \
            "it out of run_on_cpu / node_info ON: CPU" in line, line
+    # RDK X3, int16 asked of the same CPU Sigmoid (hunt 40 D4): one WARNING, not two more saying its tensors "fall
+    # back to int8", as if the node were computed in integers
+    project = make_project(tmp_path / "x3_16", fm, march="bernoulli2", cal_count=4)
+    project.write(model_parameters={"node_info": {sigmoid: {"ON": "CPU", "InputType0": "int16",
+                                                            "OutputType": "int16"}}})
+    warnings = [w for w in _warnings_of_makertbin(project, caplog) if sigmoid in w]
+    assert len(warnings) == 1, warnings
+    assert f"the tensors it exchanges with BPU nodes ({nodes['Sigmoid'].input[0]}, {gate}) stay int8: int16 is not " \
+           "available on bernoulli2 (RDK X3)" in warnings[0], warnings
