@@ -142,7 +142,9 @@ def run(result: QuantizedResult, config: Config, inputs: list[InputSpec], profil
     if calibration:  # what mixed precision costs, next to what calibration chose (hb_model_info shows it)
         fast, chosen = (perf_model.estimate(rm, profile, as_int8=as_int8).latency_ms for as_int8 in (True, False))
         latencies = f"modelled BPU latency {fast:.4g} ms all-int8, {chosen:.4g} ms as chosen"
-        searched = profile.int16 and not config.calibration.options.all_int8 and \
+        options = config.calibration.options
+        # set_all_nodes_int16 leaves the search nothing to choose: every tensor is int16 as asked
+        searched = profile.int16 and not options.all_int8 and not options.all_int16 and \
             config.calibration.calibration_type in ("default", "mix")
         hint = " (optimization set_all_nodes_int8 keeps every activation int8 that node_info and the " \
             "options leave to the search)" if searched and chosen > fast * 1.05 else ""

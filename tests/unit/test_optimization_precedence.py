@@ -4,6 +4,7 @@ as vendor X5 configs write it: every Conv's inputs and outputs int8, every other
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import onnx
@@ -85,6 +86,25 @@ def test_all_nodes_int8_turns_the_int16_search_off_but_keeps_node_info_int16(tmp
     bits = _activation_bits(_logged_makertbin(project, caplog)["calibrated"])
     assert {t for t, b in bits.items() if b == 16} == {conv.output[0]}, bits
     assert "int16 search" not in caplog.text and "mixed precision" not in caplog.text, caplog.text
+
+
+def test_the_int8_hint_is_not_offered_where_the_config_asks_every_tensor_int16(tmp_path: Path, caplog) -> None:
+    """The calibration summary offers set_all_nodes_int8 where the int16 search's choice costs latency; with
+    set_all_nodes_int16 the search chose nothing, and the hint contradicted the user's own option (hunt 40 D5)."""
+    setup(None)
+    g = _Graph(35)
+    x = g.op("Sigmoid", [g.conv("data", 3, 16)])
+    fm = g.model({"data": [1, 3, 96, 96]}, [g.conv(g.op("Tanh", [g.conv(x, 16, 16)]), 16, 4)])
+    hint = "optimization set_all_nodes_int8 keeps every activation int8"
+    lines = {}
+    project = make_project(tmp_path, fm, cal_count=8)
+    project.write(calibration_parameters={"calibration_type": "default", "optimization": "set_all_nodes_int16"})
+    _logged_makertbin(project, caplog)
+    [lines["set_all_nodes_int16"]] = [r.getMessage() for r in caplog.records
+                                      if r.getMessage().startswith("calibration summary: modelled BPU latency")]
+    fast, chosen = map(float, re.findall(r"([\d.]+) ms", lines["set_all_nodes_int16"]))
+    assert chosen > 1.05 * fast, lines  # int16 costs latency here: before, the hint was offered
+    assert hint not in lines["set_all_nodes_int16"], lines
 
 
 def test_all_nodes_int8_and_int16_together_is_a_config_error(tmp_path: Path) -> None:
