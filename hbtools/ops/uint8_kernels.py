@@ -115,7 +115,7 @@ def conv(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs: dict, nodes
     z_x, z_y = int(a.get("x_zero_point", 0)), int(a.get("zero_point", 0))
     if (a["kind"] != "Conv" or a.get("x_bits", 8) != 8 or a["out_type"] != "int8" or weight is None
             or len(weight.dims) not in (3, 4) or not a.get("requantize_f32") or not -128 <= out_min <= out_max <= 127
-            or abs(z_x) > 127 or abs(z_y) > 127 or ctx.opset < 10):
+            or not -128 <= z_x <= 127 or not -128 <= z_y <= 127 or ctx.opset < 10):
         return False
     w = numpy_helper.to_array(weight)
     channels = w.shape[0]
@@ -164,7 +164,7 @@ def conv_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, conv_attrs:
     up to ``bias_max``, fits int32; otherwise float64)."""
     w = ctx.known(node.input[1])
     bits, z = int(a.get("x_bits", 8)), int(a.get("x_zero_point", 0))
-    if a["kind"] != "Conv" or w is None or bits not in (8, 16) or (bits == 16 and z) or abs(z) > 127 \
+    if a["kind"] != "Conv" or w is None or bits not in (8, 16) or (bits == 16 and z) or not -128 <= z <= 127 \
             or ctx.opset < 10:
         return None
     x = node.input[0]
@@ -366,7 +366,7 @@ def matmul_accumulator(ctx: LoweringContext, node: NodeProto, a: dict, nodes: li
     w = ctx.known(node.input[1])
     bits, z = int(a.get("x_bits", 8)), int(a.get("x_zero_point", 0))
     if a["kind"] != "MatMul" or w is None or w.ndim != 2 or bits not in (8, 16) or (bits == 16 and z) \
-            or abs(z) > 127 or ctx.opset < 10:
+            or not -128 <= z <= 127 or ctx.opset < 10:
         return None
     x = node.input[0]
     weight_sum = float(np.abs(w.astype(np.int64)).sum(axis=0).max(initial=0))  # per output column
@@ -399,7 +399,7 @@ def activations_product(ctx: LoweringContext, node: NodeProto, a: dict, nodes: l
     bits = int(a.get("a_bits", 8)), int(a.get("b_bits", 8))
     zps = int(a.get("a_zero_point", 0)), int(a.get("b_zero_point", 0))
     if any(b not in (8, 16) for b in bits) or any(z and b != 8 for z, b in zip(zps, bits, strict=True)) \
-            or any(abs(z) > 127 for z in zps) or ctx.opset < 10:
+            or any(not -128 <= z <= 127 for z in zps) or ctx.opset < 10:
         return None
 
     def parts(x: str, b: int, z: int, signed: bool, hint: str) -> list[tuple[str, str, float]]:
@@ -455,7 +455,8 @@ def matmul(ctx: LoweringContext, node: NodeProto, a: dict, nodes: list[NodeProto
         fits = a["kind"] == "MatMul" and a.get("x_bits", 8) == 8
     out_min, out_max = int(a["out_min"]), int(a["out_max"])
     if (not fits or a["out_type"] != "int8" or not a.get("requantize_f32") or not -128 <= out_min <= out_max <= 127
-            or any(abs(z) > 127 for z in zero_points) or abs(int(a.get("zero_point", 0))) > 127 or ctx.opset < 10):
+            or any(not -128 <= z <= 127 for z in zero_points) or not -128 <= int(a.get("zero_point", 0)) <= 127
+            or ctx.opset < 10):
         return False
     b_name = node.input[1]
     m = np.asarray(a["multiplier"], dtype=np.float64).astype(np.float32)

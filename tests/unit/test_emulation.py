@@ -273,3 +273,30 @@ def test_float_convs_between_dequantize_and_quantize_keep_their_float_weights() 
         None, {"q": q})[0]
     got = HB_ONNXRuntime(onnx_model=model).run(None, {"q": q})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_inputs_with_zero_point_minus_128_take_the_fast_integer_kernels(tmp_path) -> None:
+    """RDK X3 gives a tensor after a Relu the zero point -128 (its levels 0..255); the lowering sent every conv
+    reading one to onnxruntime's generic int8 x int8 ConvInteger, about 5x slower than the uint8 kernels, which
+    take such levels as they are (hunt 41 D1: the quantized model 11-15x float). Same values either way."""
+    fm = resnet_like()
+    project = make_project(tmp_path, fm, march="bernoulli2", cal_count=8)
+    project.write(calibration_parameters={"calibration_type": "max", "optimization": "asymmetric"})
+    paths = makertbin(project.config_path, "onnx")
+    quantized = onnx.load(str(paths["quantized"]))
+    zero_points = [attrs_of(n).get("x_zero_point", 0) for n in quantized.graph.node if n.op_type == "HzSQuantizedConv"]
+    assert -128 in zero_points, zero_points
+    lowered = lower_model(quantized)
+    inits = {t.name: t.data_type for t in lowered.graph.initializer}
+    slow = [n.name for n in lowered.graph.node
+            if n.op_type == "ConvInteger" and inits.get(n.input[1]) != TensorProto.UINT8]
+    assert not slow, f"convs on int8 x int8 ConvInteger: {slow}"
+    samples = held_out(fm, count=4, seed=7)
+    runs = []
+    for kind in ("calibrated", "quantized"):
+        sess = HB_ONNXRuntime(model_file=str(paths[kind]))
+        nhwc = sess.layout[0] == "NHWC"  # RDK X3 takes pictures channels last
+        runs.append([sess.run(None, {sess.input_names[0]: x.transpose(0, 2, 3, 1) if nhwc else x})[0]
+                     for x in samples])
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)
