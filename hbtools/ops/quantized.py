@@ -24,7 +24,7 @@ Absent zero-point attributes mean 0.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import numpy as np
@@ -328,6 +328,16 @@ def remembered(node: NodeProto, compute: Callable[[NodeProto], T]) -> T:
         _cache.clear()
     _cache[id(node)] = (node, value)
     return value
+
+
+def forget(nodes: Iterable[NodeProto]) -> None:
+    """Drop what ``remembered`` holds for ``nodes``: a node kept in the cache keeps its whole model alive
+    (a protobuf sub-message holds its parent), so whoever is done with a model's nodes lets them go (a
+    session per picture over a quantized model grew by its size each time: hunt 41 D2)."""
+    for node in nodes:
+        hit = _cache.get(id(node))
+        if hit is not None and hit[0] is node:
+            del _cache[id(node)]
 
 
 def _decoded_attrs(node: NodeProto) -> dict:

@@ -10,7 +10,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto,
 
 from hbtools.graph.graph import GraphView, convert_opset, copy_fields, copy_model, large_constants
 from hbtools.graph.model_io import default_opset, with_horizon_domain
-from hbtools.ops import fused, registry, twins, uint8_kernels
+from hbtools.ops import fused, quantized, registry, twins, uint8_kernels
 from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN, LoweringContext
 from hbtools.ops.names import recorded_cpu_nodes
 
@@ -75,6 +75,7 @@ def lowered_parts(model: ModelProto, *, feed_calibration: bool = False, keep: Co
         twin = twins.lower_standard(node, ctx)
         own = uint8_kernels.on_float_kernel(node, elem_types.get(node.input[0]) if node.input else None, ctx)
         nodes.extend(twin or [*(own or [node]), *uint8_kernels.mirror(node, ctx)])
+    quantized.forget(model.graph.node)  # their decoded tables were for this lowering only
     nodes = _live(_pools_before_dequantization(nodes, ctx), keep)
     # Constants a lowering replaced (an int8 weight re-laid out for an integer kernel) would make
     # onnxruntime warn about unused initializers on the console.

@@ -22,7 +22,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.errors import HbError
 from hbtools.graph.graph import references
-from hbtools.ops import custom, registry
+from hbtools.ops import custom, quantized, registry
 from hbtools.ops.base import DOMAIN
 from hbtools.runtime.binfile import BinFormatError
 from hbtools.runtime.blas import one_blas_thread
@@ -63,6 +63,10 @@ class Simulator:
         places = [f"{on}:{self.structure.subgraph_of.get(i)}" for i, on in enumerate(self.structure.on)]
         order = _schedule(graph, places, set(self._constants))
         self.steps = self._build_steps(order, info)
+
+    def __del__(self) -> None:
+        # The references' decoded tables hold the nodes, and through them the whole model.
+        quantized.forget(self.model.graph.graph.node)
 
     # ---- construction ---------------------------------------------------------------------
     def _label(self, index: int, node: NodeProto) -> str:
