@@ -47,7 +47,7 @@ def plot_acc_error(save_dir: str | Path | None = None, calibrated_data: object =
     metric = options.one_metric(metric, "metric")
     curves = curves_for(cm, options.groups(quantize_node, "quantize_node"),
                         options.groups(non_quantize_node, "non_quantize_node"))
-    samples = load_samples(calibrated_data, cm)[:PLOT_SAMPLES]
+    samples = load_samples(calibrated_data, cm, at_most=PLOT_SAMPLES)
     values, _ = accumulate(cm, samples, curves, metric, bool(average_mode), plots.output_dir(save_dir),
                            curve_mode(quantize_node, non_quantize_node))
     return values

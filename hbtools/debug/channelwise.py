@@ -37,7 +37,7 @@ def get_channelwise_data_distribution(save_dir: str | Path | None = None,
         raise HbError("nodes_list is required: the calibration nodes whose input to plot per channel")
     cm.check(nodes, "nodes_list", allowed=KINDS)
     axis = options.integer_or_none(axis, "axis")
-    samples = load_samples(calibrated_data, cm)[:PLOT_SAMPLES]
+    samples = load_samples(calibrated_data, cm, at_most=PLOT_SAMPLES)
     return channel_boxes(cm, samples, nodes, axis, plots.output_dir(save_dir))
 
 

@@ -28,20 +28,21 @@ PLOT_SAMPLES = 8
 
 
 def load_samples(calibrated_data: object, cm: CalibratedModel, data_num: int | None = None,
-                 *, param: str = "data_num") -> list[Sample]:
-    """The first ``data_num`` samples (all when None), checked against the model's inputs."""
+                 *, param: str = "data_num", at_most: int | None = None) -> list[Sample]:
+    """The first ``data_num`` samples (all when None; no more than ``at_most``), checked against the model's
+    inputs. Only those are read."""
     if calibrated_data is None:
         raise HbError("calibrated_data is required: the calibration_data folder written with "
                       "debug_mode: 'dump_calibration_data', or a dataset object")
     if isinstance(calibrated_data, str | Path):
         files = _folder_files(Path(calibrated_data), cm)
         count = len(next(iter(files.values())))
-        take = _count(data_num, count, param, f"'{calibrated_data}'")
+        take = min(_count(data_num, count, param, f"'{calibrated_data}'"), at_most or count)
         return [{name: _checked(_load_npy(paths[i]), cm_input, str(paths[i]))
                  for (name, paths), cm_input in zip(files.items(), cm.inputs, strict=True)}
                 for i in range(take)]
     samples = _dataset(calibrated_data, cm)
-    take = _count(data_num, len(samples), param, "the dataset")
+    take = min(_count(data_num, len(samples), param, "the dataset"), at_most or len(samples))
     # numbered from 1, as every other message about a sample
     return [{i.name: _checked(np.asarray(s[i.name]), i, f"sample {k} of input '{i.name}'") for i in cm.inputs}
             for k, s in enumerate(samples[:take], start=1)]

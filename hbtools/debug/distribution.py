@@ -41,7 +41,7 @@ def plot_distribution(save_dir: str | Path | None = None, model_or_file: str | o
     cm = load_calibrated(model_or_file)
     nodes = _required(options.names(nodes_list, "nodes_list"), "nodes_list")
     cm.check([n for n in nodes if n not in cm.bias_nodes], "nodes_list", quantizable_only=False)
-    samples = load_samples(calibrated_data, cm)[:PLOT_SAMPLES]
+    samples = load_samples(calibrated_data, cm, at_most=PLOT_SAMPLES)
     return distributions(cm, samples, nodes, plots.output_dir(save_dir))
 
 

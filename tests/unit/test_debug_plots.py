@@ -54,6 +54,27 @@ def test_acc_error_curves(dumped: Dumped, tmp_path: Path) -> None:
     assert len(cm.nodes) == len(curve), "one point per ordinary node with a float output"
 
 
+def test_plots_read_only_the_samples_they_plot(dumped: Dumped, tmp_path: Path) -> None:
+    """plot_acc_error plots 8 samples but read and checked every file of a calibration_data folder first (a
+    folder of 2000 640x640 samples held in memory): a damaged file beyond the eighth now goes unread
+    (hunt 41 D5)."""
+    import shutil
+
+    data = tmp_path / "calibration_data"
+    shutil.copytree(dumped.data, data)
+    files = sorted(p for p in data.rglob("*.npy"))
+    folder = files[0].parent
+    for k in range(8):  # samples 1..8 copies of the first, then a damaged ninth
+        shutil.copy(files[0], folder / f"zz_{k:02d}.npy")
+    (folder / "zz_99.npy").write_bytes(b"not a numpy file")
+    for path in files:
+        path.unlink()
+    values = dbg.plot_acc_error(save_dir=str(tmp_path / "plots"), model_or_file=str(dumped.calibrated),
+                                calibrated_data=str(data), quantize_node=["Conv_0"])
+    assert values["Conv_0"]["Conv_0"] < 1.0
+    dbg.plot_distribution(str(tmp_path / "plots"), str(dumped.calibrated), str(data), nodes_list=["Conv_0"])
+
+
 def test_unquantizing_the_most_sensitive_weights_helps_step_by_step(dumped: Dumped, tmp_path: Path) -> None:
     """The seed's workflow: rank the weights, then leave the top 1, 2, 3 float."""
     cm = load_calibrated(dumped.calibrated)
