@@ -222,7 +222,7 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool,
     """One sample as stored, checked: readable, complete, finite, pixels in 0..255 (``what``: the file's role, as
     messages name it)."""
     if preprocess_on and not spec.is_featuremap:
-        return load_images(paths, spec)
+        return load_images(paths, spec, what.replace("file", "image"))
     (path,) = paths
     try:
         data = load_npy(path) if path.suffix.lower() == ".npy" \

@@ -70,14 +70,15 @@ def _to_train_type(img: np.ndarray, type_train: str) -> np.ndarray:
     return colour.convert(rgb, "rgb", type_train)
 
 
-def load_image(path: Path, spec: InputSpec) -> np.ndarray:
-    """One image resized to the input's HxW, in the train colour space, HWC, 0..255 float."""
-    img = read_rgb_or_gray(path)
+def load_image(path: Path, spec: InputSpec, what: str = "calibration image") -> np.ndarray:
+    """One image resized to the input's HxW, in the train colour space, HWC, 0..255 float (``what``: the
+    file's role, as messages name it)."""
+    img = read_rgb_or_gray(path, what)
     resized = skimage.transform.resize(img.astype(np.float64), image_hw(spec), preserve_range=True)
     return _to_train_type(resized, spec.type_train)
 
 
-def load_images(paths: Sequence[Path], spec: InputSpec) -> np.ndarray:
+def load_images(paths: Sequence[Path], spec: InputSpec, what: str = "calibration image") -> np.ndarray:
     """One sample (``len(paths)`` = batch) as uint8 in ``layout_train``."""
-    batch = np.stack([colour.round_to_uint8(load_image(p, spec)) for p in paths])
+    batch = np.stack([colour.round_to_uint8(load_image(p, spec, what)) for p in paths])
     return np.ascontiguousarray(from_channels_last(batch, spec.layout_train))

@@ -596,6 +596,8 @@ def _offset(value: object) -> int:
 
 def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.ndarray:
     """Lossless conversions between the feed's dtype and the input's dtype (seed 001 §6.2.11)."""
+    if not data.dtype.isnative:  # big-endian data (read with '>f4'): the same values in the machine's order
+        data = data.astype(data.dtype.newbyteorder("="))
     if data.dtype == target:
         return data
     if target == np.object_ and data.dtype.kind in "UO":  # strings

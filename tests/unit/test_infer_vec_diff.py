@@ -106,8 +106,11 @@ def test_infer_mistakes(tmp_path: Path) -> None:
     project = _converted(tmp_path / "p", "bayes-e", layer_out_dump=False)
     wrong = project.root / "wrong.bin"
     wrong.write_bytes(b"\x00" * 10)
+    damaged = project.root / "damaged.png"
+    damaged.write_bytes(b"\x89PNG\r\n\x1a\n not really")
     bad = [
         (["--image-file", "image", "x.bin"], r"'image'"),
+        (["--image-file", "data", str(damaged)], r"cannot read input image .*damaged\.png"),  # hunt 41 D7
         (["--image-file", "data", str(wrong)], r"input file .*wrong\.bin.*10 bytes.*768"),
         (["--image-file", "data", str(wrong), "--image-file", "data", "x.bin"], r"'data' more than once"),
     ]
@@ -120,6 +123,7 @@ def test_infer_mistakes(tmp_path: Path) -> None:
         assert "Traceback" not in result.output
         # the file is the user's --image-file, not a file of the calibration folder
         assert "calibration file" not in result.output and "keep only calibration" not in result.output
+        assert "calibration image" not in result.output
     result = CliRunner().invoke(hb_mapper, ["infer", "-c", str(project.config_path), "--model-file",
                                             str(project.model_path), "--image-file", "data",
                                             str(project.root / "cal_data" / "000.bin"), "--output-dir", "o"])

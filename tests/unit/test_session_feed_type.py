@@ -45,3 +45,13 @@ def test_a_dict_in_any_order_runs() -> None:
     image, scale = _feeds()
     (y,) = sess.run_feature(None, {"scale": scale, "image": image})
     np.testing.assert_array_equal(y, image * scale)
+
+
+def test_big_endian_data_is_taken_with_its_values() -> None:
+    """float32 read from a file written on a big-endian machine ('>f4') was refused as 'cannot be converted to it
+    exactly' (hunt 41 D6); it is the same numbers."""
+    sess = HB_ONNXRuntime(onnx_model=_two_inputs())
+    image, scale = _feeds()
+    native = sess.run(None, {"image": image, "scale": scale})[0]
+    swapped = sess.run(None, {"image": image.astype(">f4"), "scale": scale.astype(">f4")})[0]
+    np.testing.assert_array_equal(native, swapped)
