@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from builders import featuremap_mlp, make_project, resnet_like
+from builders import _Graph, featuremap_mlp, make_project, resnet_like
 
 from hbtools.errors import HbError
 from hbtools.pipeline.runner import makertbin
@@ -175,13 +175,17 @@ def test_input_offset_given_as_text_is_the_number(nhwc_model: dict[str, Path]) -
 
 
 def test_a_batch_the_model_cannot_take_says_which_shape_it_was_built_for(tmp_path: Path) -> None:
-    project = make_project(tmp_path, featuremap_mlp())
+    g = _Graph(5)  # the model's own Reshape holds its batch of one
+    flat = g.op("Reshape", ["feat", g.const(np.array([1, 60], np.int64), "flat")])
+    fm = g.model({"feat": [1, 5, 12]}, [g.op("MatMul", [flat, g.const(np.ones((60, 8), np.float32), "w")])],
+                 featuremap={"feat"})
+    project = make_project(tmp_path, fm)
     sess = HB_ONNXRuntime(model_file=makertbin(project.config_path, "onnx")["quantized"])
     sess.set_dim_param(0, 0, "?")
     batch = np.random.default_rng(0).standard_normal((3, 5, 12)).astype(np.float32)
     with pytest.raises(FeedError, match="built for input shape 'feat' 1x5x12: feed that shape"):
         sess.run_feature(None, {"feat": batch})
-    assert sess.run_feature(None, {"feat": batch[:1]})[0].shape == (1, 5, 8)
+    assert sess.run_feature(None, {"feat": batch[:1]})[0].shape == (1, 8)
 
 
 def test_sample_script_helpers_get_hw_input_type_and_providers(nhwc_model: dict[str, Path]) -> None:
