@@ -24,10 +24,6 @@ def batch_free_gemm_reshapes(model: ModelProto) -> int:
     view = GraphView(model)
     shapes = view.shapes
     taken = {t.name for t in model.graph.initializer}
-    readers: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
     changed = 0
     for node in model.graph.node:
         if node.op_type != "Reshape" or not node.name.startswith(FUSION_NAMES) or len(node.input) < 2:
