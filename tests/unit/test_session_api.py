@@ -95,6 +95,11 @@ def test_layers_fetched_one_at_a_time_share_one_session(nhwc_model: dict[str, Pa
     """A layer-by-layer comparison asks for one intermediate tensor per call: each set of names built and kept a
     session of its own, a copy of the weights each (35 MB a layer on a 22 MB model: hunt 41 D3). One session
     now fetches every tensor asked for so far; the values are those of one call asking for them all."""
+    def sessions() -> set[int]:
+        gc.collect()
+        return {id(o) for o in gc.get_objects() if isinstance(o, ort.InferenceSession)}
+
+    before = sessions()  # other tests' sessions not yet collected are not this one's
     sess = HB_ONNXRuntime(model_file=nhwc_model["original"])
     model = onnx.load(str(nhwc_model["original"]))
     layers = [n.output[0] for n in model.graph.node][:-1][:6]
@@ -102,8 +107,7 @@ def test_layers_fetched_one_at_a_time_share_one_session(nhwc_model: dict[str, Pa
     one_by_one = [sess.run([name], feed)[0] for name in layers]
     again = [sess.run([name], feed)[0] for name in layers]
     together = sess.run(layers, feed)
-    gc.collect()
-    held = [o for o in gc.get_objects() if isinstance(o, ort.InferenceSession)]
+    held = sessions() - before
     assert len(held) <= 2, f"{len(held)} onnxruntime sessions held for one model"  # its own and one fetching
     for a, b, c in zip(one_by_one, again, together, strict=True):
         # onnxruntime may fuse other nodes when other tensors are outputs: the last bits may differ
