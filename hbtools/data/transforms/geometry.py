@@ -171,8 +171,13 @@ def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linea
     (``kind`` linear, nearest, cubic): sample points at half-pixel centres, edge pixels repeated.
 
     ``factors`` = (fy, fx) is for ``cv2.resize(image, None, fx=fx, fy=fy)``: OpenCV then maps
-    output pixels back with ``1 / f``, not with the ratio of the rounded sizes."""
+    output pixels back with ``1 / f``, not with the ratio of the rounded sizes.
+
+    A uint8 image with ``linear`` is computed in OpenCV's fixed point (``_opencv_linear_uint8``), so it
+    gives OpenCV's bytes; other types and kinds are computed in float (uint8 rounded)."""
     check_image(image, "resize")
+    if image.dtype == np.uint8 and kind == "linear":
+        return _opencv_linear_uint8(image, height, width, factors)
     src = image.astype(np.float32 if image.dtype == np.uint8 else float_dtype(image))
     for axis, size in ((0, height), (1, width)):
         n = src.shape[axis]
@@ -194,6 +199,45 @@ def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linea
         shape[axis] = size
         src = sum(np.take(src, index, axis=axis) * w.reshape(shape).astype(src.dtype) for index, w in taps)
     return like(src, image)
+
+
+# cv2.resize's uint8 bilinear fixed point: weights in 1/2048 (INTER_RESIZE_COEF_BITS = 11).
+_RESIZE_COEF_BITS = 11
+
+
+def _opencv_linear_taps(n: int, size: int, factor: float | None, clamp: bool) -> tuple[np.ndarray, ...]:
+    """Source indices and fixed-point weights of the two taps per output pixel along an axis of ``n``
+    pixels resized to ``size``, as OpenCV computes them: position ``(d + 0.5) * scale - 0.5`` rounded to
+    float32, weights ``1 - f`` and ``f`` rounded to 1/2048. Along x (``clamp``) a position past an edge is
+    put on the edge pixel; along y OpenCV keeps the weights and repeats the edge row."""
+    scale = 1.0 / (size / n if factor is None else factor)
+    pos = ((np.arange(size) + 0.5) * scale - 0.5).astype(np.float32)
+    lo = np.floor(pos).astype(np.int64)
+    frac = (pos - lo.astype(np.float32)).astype(np.float32)
+    if clamp:
+        frac[lo < 0], lo[lo < 0] = 0, 0
+        past = lo >= n - 1
+        frac[past], lo[past] = 0, n - 1
+    one = np.float32(1 << _RESIZE_COEF_BITS)
+    w0 = np.rint((np.float32(1) - frac) * one).astype(np.int64)
+    w1 = np.rint(frac * one).astype(np.int64)
+    return np.clip(lo, 0, n - 1), np.clip(lo + 1, 0, n - 1), w0, w1
+
+
+def _opencv_linear_uint8(image: np.ndarray, height: int, width: int,
+                         factors: tuple[float, float] | None) -> np.ndarray:
+    """``cv2.resize`` INTER_LINEAR of a uint8 image, bit for bit: a horizontal pass in integers (weights in
+    1/2048), then the vertical pass as OpenCV's SIMD code does it, each row's product with its 1/2048
+    weight taken >> 4 and >> 16 before the two are added, rounded and >> 2."""
+    src = (image if image.ndim == 3 else image[..., None]).astype(np.int64)
+    fy, fx = (None, None) if factors is None else factors
+    x0, x1, a0, a1 = _opencv_linear_taps(src.shape[1], width, fx, clamp=True)
+    rows = src[:, x0] * a0[None, :, None] + src[:, x1] * a1[None, :, None]
+    y0, y1, b0, b1 = _opencv_linear_taps(src.shape[0], height, fy, clamp=False)
+    b0, b1 = b0[:, None, None], b1[:, None, None]
+    out = (((b0 * (rows[y0] >> 4)) >> 16) + ((b1 * (rows[y1] >> 4)) >> 16) + 2) >> 2
+    out = np.clip(out, 0, 255).astype(np.uint8)
+    return out if image.ndim == 3 else out[..., 0]
 
 
 def _cubic_weights(x: np.ndarray) -> list[np.ndarray]:
