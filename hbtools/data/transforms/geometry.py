@@ -99,7 +99,8 @@ class ResizeTransformer(Transformer):
     ``'opencv'`` computes what ``cv2.resize`` does, without OpenCV (``opencv_resize``): sample points at
     half-pixel centres, edges clamped, no anti-aliasing when shrinking, ``interpolation`` ``''`` /
     ``'INTER_LINEAR'`` (the default), ``'INTER_NEAREST'`` or ``'INTER_CUBIC'``. A uint8 image is
-    resampled in float and rounded, where OpenCV's fixed-point arithmetic may differ by 1.
+    resampled linearly in OpenCV's fixed point (its bytes); INTER_CUBIC in float and rounded (OpenCV's
+    may differ by 1).
 
     ``data_type`` ``'float'`` (the default) gives float32, ``'uint8'`` uint8 (truncated, as the
     vendor's ``astype``); ``None`` keeps the image's type (uint8 rounded).
