@@ -38,7 +38,8 @@ import numpy as np
 from hbtools.data import colour
 from hbtools.data.pictures import NATURAL_GREY, NATURAL_RGB, page_lines
 from hbtools.data.pictures import bundled as _load
-from hbtools.data.transforms import ResizeTransformer, TextLineResizeTransformer
+from hbtools.data.transforms import TextLineResizeTransformer
+from hbtools.data.transforms.geometry import resize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "build"
@@ -59,7 +60,7 @@ PAD_VALUE = 128
 def _resize(img: np.ndarray, height: int, width: int) -> np.ndarray:
     """Bilinear resize to (height, width); anti-aliased only when shrinking, so that
     downscaled natural images do not alias into patterns a camera would not produce."""
-    return ResizeTransformer((height, width), interpolation="bilinear")(img)
+    return resize(img, height, width, "bilinear")  # skimage's, in the image's type (not the vendor's float32)
 
 
 def _to_bgr(img: np.ndarray) -> np.ndarray:

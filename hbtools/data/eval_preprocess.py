@@ -74,11 +74,13 @@ def _text_line(width: int) -> Callable[[], list[Transformer]]:
 
 
 def _det() -> list[Transformer]:
-    from hbtools.data.transforms import HWC2CHWTransformer, PadResizeTransformer
+    from hbtools.data.transforms import F32ToU8Transformer, HWC2CHWTransformer, PadResizeTransformer
 
     # Letterbox into the fixed 640x640 input; the image stays in the top-left corner so
     # boxes map back by one scale factor. Black padding holds no text for DB-Net to find.
-    return [PadResizeTransformer(640, pad_value=0, pad_position="bottom_right"), HWC2CHWTransformer()]
+    # Resampled by scikit-image ('bilinear'); PadResize gives float32 (as the vendor's), of whole values here.
+    return [PadResizeTransformer(640, pad_value=0, pad_position="bottom_right", interpolation="bilinear"),
+            F32ToU8Transformer(), HWC2CHWTransformer()]
 
 
 def _imagenet() -> list[Transformer]:
@@ -91,18 +93,25 @@ def _imagenet() -> list[Transformer]:
     )
 
     # torchvision's evaluation transform without ToTensor/Normalize: the mean/std belong in
-    # the config (norm_type data_mean_and_scale), so the file holds the uint8 RGB crop.
-    return [ShortSideResizeTransformer(256), CenterCropTransformer(224), ScaleTransformer(scale_value=255),
+    # the config (norm_type data_mean_and_scale), so the file holds the uint8 RGB crop. Resampled by
+    # scikit-image ('bilinear', anti-aliased as torchvision's), in the picture's float64 (data_type None).
+    return [ShortSideResizeTransformer(256, data_type=None, interpolation="bilinear"),
+            CenterCropTransformer(224, data_type=None), ScaleTransformer(scale_value=255),
             F32ToU8Transformer(), HWC2CHWTransformer()]
 
 
 def _yolo(size: int) -> Callable[[], list[Transformer]]:
     # Ultralytics' letterbox: centred, padding 114 gray, then BGR -> RGB; /255 goes in the config.
     def transformers() -> list[Transformer]:
-        from hbtools.data.transforms import BGR2RGBTransformer, HWC2CHWTransformer, PadResizeTransformer
+        from hbtools.data.transforms import (
+            BGR2RGBTransformer,
+            F32ToU8Transformer,
+            HWC2CHWTransformer,
+            PadResizeTransformer,
+        )
 
-        return [PadResizeTransformer(size, pad_value=114, pad_position="boundary"),
-                BGR2RGBTransformer(data_format="HWC"), HWC2CHWTransformer()]
+        return [PadResizeTransformer(size, pad_value=114, pad_position="boundary", interpolation="bilinear"),
+                F32ToU8Transformer(), BGR2RGBTransformer(data_format="HWC"), HWC2CHWTransformer()]
 
     return transformers
 

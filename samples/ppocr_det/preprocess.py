@@ -23,13 +23,14 @@ import numpy as np
 from hbtools.data.pictures import NATURAL_GREY, NATURAL_RGB, bundled
 from hbtools.data.transforms import (
     Compose,
+    F32ToU8Transformer,
     HWC2CHWTransformer,
     PadResizeTransformer,
-    Resize,
     Transformer,
     opencv_like,
     read_image,
 )
+from hbtools.data.transforms.geometry import resize
 from hbtools.eval import samples
 
 SIZE = 640  # input_shape 1x3x640x640 in ppocr_det.yaml
@@ -37,14 +38,15 @@ SIZE = 640  # input_shape 1x3x640x640 in ppocr_det.yaml
 
 def letterbox() -> PadResizeTransformer:
     """Scale the picture to fit 640x640 and pad with black on the right and bottom, so
-    a point on the input maps back to the picture by dividing by one scale factor."""
-    return PadResizeTransformer(target_size=SIZE, pad_value=0, pad_position="bottom_right")
+    a point on the input maps back to the picture by dividing by one scale factor.
+    Resampled by scikit-image ('bilinear'); the canvas is float32, as the vendor's."""
+    return PadResizeTransformer(target_size=SIZE, pad_value=0, pad_position="bottom_right", interpolation="bilinear")
 
 
 def transformers(read_mode: str) -> list[Transformer]:
     """A picture as read -> uint8 BGR 3x640x640, the input before normalisation."""
     # PaddleOCR trained on pictures read by OpenCV: uint8 BGR.
-    return [*opencv_like(read_mode), letterbox(), HWC2CHWTransformer()]
+    return [*opencv_like(read_mode), letterbox(), F32ToU8Transformer(), HWC2CHWTransformer()]
 
 
 def prepare(path: Path, read_mode: str = "skimage") -> np.ndarray:
@@ -69,7 +71,7 @@ def source_pictures() -> Iterator[tuple[str, np.ndarray]]:
     yield "text_part", text[:, : text.shape[1] // 2]
     for i, name in enumerate(NATURAL_RGB[:3]):  # a page lying on a photo
         photo = _rgb(bundled(name)).copy()
-        small = Resize(_rgb(page), (photo.shape[0] // 3, photo.shape[1] // 2))
+        small = resize(_rgb(page), photo.shape[0] // 3, photo.shape[1] // 2)
         y, x = (photo.shape[0] - small.shape[0]) // (i + 2), (photo.shape[1] - small.shape[1]) // 2
         photo[y : y + small.shape[0], x : x + small.shape[1]] = small
         yield f"page_on_{name}", photo

@@ -28,7 +28,7 @@ def chain() -> list:
 def test_single_image_loader_gives_one_transformed_picture_with_a_batch_axis(tmp_path: Path):
     rgb = write_png(tmp_path / "cat.png")
     data = SingleImageDataLoader(chain(), tmp_path / "cat.png", imread_mode="opencv")
-    assert data.shape == (1, 3, 8, 8) and data.dtype == np.uint8
+    assert data.shape == (1, 3, 8, 8) and data.dtype == np.float32  # CenterCrop's data_type='float', as the vendor's
     bgr = rgb[..., ::-1]  # what cv2.imread gives for a PNG
     np.testing.assert_array_equal(data[0], bgr[1:9, 2:10].transpose(2, 0, 1))
 
@@ -36,7 +36,7 @@ def test_single_image_loader_gives_one_transformed_picture_with_a_batch_axis(tmp
 def test_single_image_loader_in_skimage_mode_is_read_image_then_the_transformers(tmp_path: Path):
     write_png(tmp_path / "cat.png")
     data = SingleImageDataLoader(chain(), str(tmp_path / "cat.png"), imread_mode="skimage")
-    expected = read_image(tmp_path / "cat.png", "skimage")[1:9, 2:10].transpose(2, 0, 1)
+    expected = read_image(tmp_path / "cat.png", "skimage")[1:9, 2:10].transpose(2, 0, 1).astype(np.float32)
     np.testing.assert_array_equal(data, expected[None])
 
 

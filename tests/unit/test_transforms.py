@@ -6,12 +6,15 @@ import math
 
 import numpy as np
 import pytest
+import scipy.ndimage
 import skimage.data
 import skimage.io
+import skimage.transform
 import skimage.util
 
 from hbtools.data import colour
 from hbtools.data import transforms as T
+from hbtools.data.transforms.geometry import opencv_resize, resize
 from hbtools.errors import HbError
 from horizon_tc_ui.data import transformer
 
@@ -39,12 +42,12 @@ def test_vendor_import_path_is_the_same_code():
 )
 def test_short_side_resize_keeps_aspect_ratio(hw, expected):
     out = T.ShortSideResizeTransformer(short_size=256)(np.zeros((*hw, 3), np.uint8))
-    assert out.shape == (*expected, 3) and out.dtype == np.uint8
+    assert out.shape == (*expected, 3) and out.dtype == np.float32  # the vendor's data_type='float'
 
 
 def test_bilinear_upscale_of_a_ramp_is_the_ramp_at_the_pixel_centres():
     ramp = np.tile(np.arange(8, dtype=np.float64), (4, 1))
-    out = T.ResizeTransformer((4, 16), interpolation="bilinear")(ramp)
+    out = resize(ramp, 4, 16, "bilinear")  # hbtools' skimage resampling, edges repeated
     # Output pixel i samples input position (i + 0.5) * 8 / 16 - 0.5, clamped at the edges.
     expected = np.clip((np.arange(16) + 0.5) * 8 / 16 - 0.5, 0, 7)
     np.testing.assert_allclose(out, np.tile(expected, (4, 1)), atol=1e-12)
@@ -58,14 +61,16 @@ def test_nearest_upscale_repeats_pixels_and_interpolation_matters():
     assert not np.array_equal(T.Resize(img, (6, 8), interpolation="bicubic"), nearest)
 
 
-def test_uint8_stays_uint8_and_float_stays_float():
+def test_resize_gives_float32_by_default_and_data_type_none_keeps_the_type():
     img = rgb_uint8(10, 12)
-    assert T.Resize(img, 5).dtype == np.uint8
+    assert T.Resize(img, 5).dtype == np.float32  # the vendor's data_type='float'
+    assert T.Resize(img, 5, data_type=None).dtype == np.uint8
+    np.testing.assert_array_equal(T.Resize(img, 5, data_type=None), colour.round_to_uint8(T.Resize(img, 5)))
     as_float = skimage.util.img_as_float(img)
-    out = T.Resize(as_float, 5)
+    out = T.Resize(as_float, 5, data_type=None)
     assert out.dtype == np.float64 and 0 <= out.min() and out.max() <= 1
-    np.testing.assert_allclose(out * 255, T.Resize(img, 5), atol=0.51)
-    assert T.Resize(img.astype(np.float32), 5).dtype == np.float32
+    np.testing.assert_allclose(out * 255, T.Resize(img, 5), atol=1e-4)
+    assert resize(img, 5, 5).dtype == np.uint8  # the plain function keeps the type
 
 
 def test_bad_parameters_fail_when_the_transformer_is_made():
@@ -80,7 +85,10 @@ def test_bad_parameters_fail_when_the_transformer_is_made():
 def test_center_crop_is_the_central_slice():
     img = np.arange(7 * 10 * 3).reshape(7, 10, 3)
     np.testing.assert_array_equal(T.CenterCrop(img, crop_size=(4, 6)), img[1:5, 2:8])
-    np.testing.assert_array_equal(T.CenterCrop(img, crop_size=7), img[:, 1:8])
+    # The vendor's corner W // 2 - 7 // 2 = 2 (not (W - 7) // 2 = 1: the parities differ).
+    np.testing.assert_array_equal(T.CenterCrop(img, crop_size=7), img[:, 2:9])
+    assert T.CenterCrop(img, crop_size=7).dtype == np.float32
+    assert T.CenterCrop(img.astype(np.uint8), crop_size=7, data_type="uint8").dtype == np.uint8
     with pytest.raises(ValueError, match="larger than the image"):
         T.CenterCrop(img, crop_size=8)
 
@@ -94,8 +102,8 @@ def test_seed_calibration_pipeline_matches_step_by_step_numpy():
         T.ScaleTransformer(scale_value=255),
     ])  # fmt: skip
     out = pipeline(img)
-    resized = T.Resize(img, (256, 384))
-    top, left = (256 - 224) // 2, (384 - 224) // 2
+    resized = opencv_resize(img, 256, 384)  # cv2.resize's bilinear, as the vendor's ShortSideResize
+    top, left = 256 // 2 - 224 // 2, 384 // 2 - 224 // 2
     expected = resized[top : top + 224, left : left + 224].transpose(2, 0, 1)[::-1] * 255
     assert out.shape == (3, 224, 224)
     np.testing.assert_allclose(out, expected, atol=1e-9)
@@ -109,10 +117,11 @@ def test_pad_resize_letterboxes(position):
     p = t.placement(100, 200)
     assert (p.scale, p.height, p.width) == (0.32, 32, 64)
     assert (p.top, p.left) == ((16, 0) if position == "boundary" else (0, 0))
-    assert out.shape == (64, 64, 3) and out.dtype == np.uint8
+    assert out.shape == (64, 64, 3) and out.dtype == np.float32  # always float32, as the vendor's
     inside = np.zeros((64, 64), bool)
     inside[p.top : p.top + 32, :] = True
-    np.testing.assert_array_equal(out[inside].reshape(32, 64, 3), T.Resize(img, (32, 64)))
+    # cv2.resize's bilinear resampling (the vendor's), not skimage's
+    np.testing.assert_array_equal(out[inside].reshape(32, 64, 3), opencv_resize(img, 32, 64))
     assert (out[~inside] == 7).all()
 
 
@@ -121,7 +130,7 @@ def test_text_line_resize_scales_to_the_height_and_pads_right(w, resized_w):
     img = rgb_uint8(20, w)
     out = T.TextLineResize(img, (48, 192))
     assert resized_w == min(192, math.ceil(48 * w / 20))
-    np.testing.assert_array_equal(out[:, :resized_w], T.Resize(img, (48, resized_w)))
+    np.testing.assert_array_equal(out[:, :resized_w], resize(img, 48, resized_w))
     assert (out[:, resized_w:] == 128).all()
 
 
@@ -150,20 +159,30 @@ def test_rgb_bgr_swap_in_either_layout():
         T.RGB2BGR(np.zeros((4, 5, 1)), data_format="HWC")
 
 
-def test_rgb2nv12_matches_bt601_by_hand_and_colour_py():
-    img = rgb_uint8(4, 6).astype(np.float64)
-    nv12 = T.RGB2NV12Transformer()(img)
+def _vendor_yuv_planes(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Y, U, V of channel-last RGB by the vendor's formula (horizon_tc_ui rgb2bt601_full_range), float64."""
+    r, g, b = (rgb[..., i].astype(np.float64) for i in range(3))
+    return (0.299 * r + 0.587 * g + 0.114 * b, -0.169 * r - 0.331 * g + 0.5 * b + 128,
+            0.5 * r - 0.419 * g - 0.081 * b + 128)
+
+
+def test_rgb2nv12_is_the_vendors_truncated_calc_with_top_left_chroma():
+    """cvt_mode 'rgb_calc' (the default) as the vendor's rgb2nv12_calc: Y, U, V truncated (astype uint8), each
+    chroma sample from the top-left pixel of its 2x2 block (hbtools rounded and averaged the block)."""
+    img = rgb_uint8(4, 6)
+    nv12 = T.RGB2NV12Transformer()(img.astype(np.float64))
     assert nv12.shape == (6, 6) and nv12.dtype == np.uint8
-    r, g, b = img[..., 0], img[..., 1], img[..., 2]
-    y = 0.299 * r + 0.587 * g + 0.114 * b
-    u = 128 + (b - y) / 1.772
-    v = 128 + (r - y) / 1.402
-    mean2x2 = lambda c: c.reshape(2, 2, 3, 2).mean(axis=(1, 3))  # noqa: E731
-    assert np.abs(nv12[:4].astype(int) - np.rint(y)).max() <= 1
-    uv = nv12[4:].reshape(2, 3, 2).astype(int)
-    assert np.abs(uv[..., 0] - np.rint(mean2x2(u))).max() <= 1
-    assert np.abs(uv[..., 1] - np.rint(mean2x2(v))).max() <= 1
-    np.testing.assert_array_equal(nv12, colour.rgb_to_nv12(img))
+    y, u, v = _vendor_yuv_planes(img)
+    np.testing.assert_array_equal(nv12[:4], np.floor(y))
+    uv = nv12[4:].reshape(2, 3, 2)
+    np.testing.assert_array_equal(uv[..., 0], np.floor(u[::2, ::2]))
+    np.testing.assert_array_equal(uv[..., 1], np.floor(v[::2, ::2]))
+    np.testing.assert_array_equal(T.RGB2NV12Transformer()(img), nv12)  # uint8 in: the same numbers
+    # By hand: R, G, B = 10, 200, 30 -> Y 123.81 -> 123 (rounded: 124), U 75.11 -> 75, V 46.77 -> 46 (rounded:
+    # 47); the block's other, black pixels (Y 0, U and V 128) do not enter U and V (the block mean would).
+    block = np.zeros((2, 2, 3), np.uint8)
+    block[0, 0] = 10, 200, 30
+    np.testing.assert_array_equal(T.RGB2NV12(block), [[123, 0], [0, 0], [75, 46]])
 
 
 def test_bgr2nv12_and_chw_input_agree_with_rgb2nv12():
@@ -183,21 +202,44 @@ def test_nv12_to_yuv444_repeats_chroma_over_2x2_blocks():
     nv12 = T.RGB2NV12(img)
     yuv = T.NV12ToYUV444(nv12)
     assert yuv.shape == (4, 6, 3) and yuv.dtype == np.uint8
-    np.testing.assert_array_equal(yuv, colour.round_to_uint8(colour.rgb_to_yuv444(img)))
+    np.testing.assert_array_equal(yuv, np.floor(np.stack(_vendor_yuv_planes(img), axis=-1)))
     flat = T.NV12ToYUV444Transformer(target_size=(4, 6), yuv444_output_layout="CHW")(nv12.ravel())
     np.testing.assert_array_equal(flat, yuv.transpose(2, 0, 1))
     with pytest.raises(ValueError, match="bytes"):
         T.NV12ToYUV444(nv12.ravel()[:-1], target_size=(4, 6))
 
 
-def test_yuv444_and_gray_conversions_use_colour_py():
+@pytest.mark.parametrize("layout", ["", "HWC", "hwc", "NHWC"])
+def test_nv12_to_yuv444_takes_any_layout_but_chw_as_hwc(layout):
+    """OE cls_inference.py passes yuv444_output_layout="" (its -y option's default); the vendor gives HWC
+    for anything but "CHW" (hunt 40 D3: hbtools raised)."""
+    nv12 = T.RGB2NV12(rgb_uint8(4, 6))
+    out = T.NV12ToYUV444Transformer((4, 6), yuv444_output_layout=layout)(nv12.ravel())
+    np.testing.assert_array_equal(out, T.NV12ToYUV444(nv12))
+    assert T.NV12ToYUV444Transformer((4, 6), yuv444_output_layout="chw")(nv12).shape == (3, 4, 6)
+
+
+def test_yuv444_and_gray_are_the_vendors_formula_unrounded_in_float32():
+    """The vendor's RGB2YUV444Transformer: ``image + 0.``, rgb2bt601_full_range's three-decimal coefficients,
+    float32 out (hbtools returned uint8, rounded, from the exact BT.601 matrix)."""
     img = rgb_uint8(4, 6)
-    np.testing.assert_array_equal(T.RGB2YUV444(img), colour.round_to_uint8(colour.rgb_to_yuv444(img)))
-    np.testing.assert_array_equal(T.BGR2YUV444(img[..., ::-1]), T.RGB2YUV444(img))
+    y, u, v = _vendor_yuv_planes(img)
+    yuv = T.RGB2YUV444(img, "HWC")
+    assert yuv.dtype == np.float32
+    np.testing.assert_array_equal(yuv, np.stack([y, u, v], axis=-1).astype(np.float32))
+    np.testing.assert_array_equal(T.RGB2YUV444(img.transpose(2, 0, 1), "CHW"), yuv.transpose(2, 0, 1))
+    np.testing.assert_array_equal(T.BGR2YUV444(img[..., ::-1]), yuv)
+    # R, G, B = 200, 100, 50 -> U = -33.8 - 33.1 + 25 + 128 = 86.1 (the exact BT.601 matrix: 86.13)
+    np.testing.assert_allclose(T.RGB2YUV444(np.array([[[200, 100, 50]]], np.uint8), "HWC")[0, 0],
+                               [124.2, 86.1, 182.05], rtol=0, atol=1e-5)
     gray = T.RGB2GRAY(img)
-    assert gray.shape == (4, 6, 1)
-    np.testing.assert_array_equal(gray[..., 0], colour.round_to_uint8(img @ [0.299, 0.587, 0.114]))
+    assert gray.shape == (4, 6, 1) and gray.dtype == np.float32
+    np.testing.assert_array_equal(gray[..., 0], y.astype(np.float32))
     np.testing.assert_array_equal(T.BGR2GRAY(img[..., ::-1]), gray)
+    # hbtools.data.colour, which converts model inputs, is unchanged: exact BT.601
+    np.testing.assert_allclose(colour.rgb_to_yuv444(np.array([[200.0, 100, 50]]))[0, 1], 128 + (50 - 124.2) / 1.772)
+    # YUVTransformer stays hbtools' (colour.py, the image's type)
+    np.testing.assert_array_equal(T.YUVTransformer("RGB")(img), colour.round_to_uint8(colour.rgb_to_yuv444(img)))
 
 
 # --------------------------------------------------------------------------- values
@@ -354,9 +396,14 @@ def test_resize_mode_opencv_is_opencvs_linear_and_nearest(size: tuple[int, int])
         out = T.ResizeTransformer(size, mode="opencv", interpolation=interpolation)(img)
         assert out.dtype == np.float32
         np.testing.assert_allclose(out, _opencv_reference(img, *size, nearest), atol=1e-6)
-    as_uint8 = T.ResizeTransformer(size, mode="opencv")(pixels)
+    as_uint8 = T.ResizeTransformer(size, mode="opencv", data_type=None)(pixels)
     assert as_uint8.dtype == np.uint8
-    assert np.abs(as_uint8 - _opencv_reference(pixels, *size, False)).max() <= 0.5 + 1e-3  # rounded
+    # OpenCV's fixed point (weights in 1/2048, truncating shifts): within 1 of the exact interpolation
+    assert np.abs(as_uint8 - _opencv_reference(pixels, *size, False)).max() < 1
+    # by default float32 of the uint8 result, as the vendor's cv2.resize(...).astype(np.float32)
+    default = T.ResizeTransformer(size, mode="opencv")(pixels)
+    assert default.dtype == np.float32
+    np.testing.assert_array_equal(default, as_uint8)
 
 
 def test_resize_mode_skimage_takes_the_vendors_method_and_data_type() -> None:
@@ -424,3 +471,103 @@ def test_a_vendor_calibration_chain_with_opencv_names_and_data_type() -> None:
     assert len(images) == 1 and images[0].shape == (300, 300, 3) and images[0].dtype == np.uint8
     with pytest.raises(ValueError, match="data_type 'int8' is not one of"):
         transformer.CenterCropTransformer(crop_size=224, data_type="int8")
+
+
+# --------------------------------------------------------------------------- the vendor's numbers (hunt 40 D1)
+# What horizon_tc_ui's transformer.py computes, written from its formulas: cv2.resize(image, (w, h)) is
+# _opencv_reference (bilinear at half-pixel centres, no anti-aliasing), then astype(np.float32).
+
+
+@pytest.mark.parametrize(("hw", "expected"), [((7, 61), (7, 60)), ((61, 7), (60, 7)), ((12, 20), (7, 11))])
+def test_short_side_resize_long_side_is_the_vendors_int_of_short_times_ratio(hw, expected):
+    """The vendor: ``int(short_size * (W / H))`` (7 * (61 / 7) = 60.99...: 60), not ``int(W * short_size / H)`` (61)."""
+    t = T.ShortSideResizeTransformer(short_size=7)
+    assert t(np.zeros((*hw, 3), np.uint8)).shape == (*expected, 3)
+
+
+def test_short_side_resize_resamples_as_cv2_resize_and_gives_float32():
+    """Default: cv2.resize's bilinear (the vendor's call), not skimage's anti-aliased resize; float32 out."""
+    pixels = rgb_uint8(12, 20)
+    img = pixels.astype(np.float32) / 255
+    out = T.ShortSideResizeTransformer(short_size=5)(img)
+    assert out.shape == (5, 8, 3) and out.dtype == np.float32  # int(5 * (20 / 12)) = 8
+    np.testing.assert_allclose(out, _opencv_reference(img, 5, 8, nearest=False), atol=1e-6)
+    as_uint8 = T.ShortSideResizeTransformer(5)(pixels)  # cv2.resize of uint8 is uint8, then astype(float32)
+    assert as_uint8.dtype == np.float32
+    np.testing.assert_array_equal(as_uint8, opencv_resize(pixels, 5, 8))
+    assert np.abs(as_uint8 - _opencv_reference(pixels, 5, 8, nearest=False)).max() < 1  # OpenCV's fixed point
+    truncated = T.ShortSideResizeTransformer(5, data_type="uint8")(pixels)
+    np.testing.assert_array_equal(truncated, opencv_resize(pixels, 5, 8))
+    # a scikit-image name still asks for skimage's resampling
+    np.testing.assert_array_equal(T.ShortSideResizeTransformer(5, interpolation="bilinear")(img), resize(img, 5, 8))
+
+
+@pytest.mark.parametrize("position", ["boundary", "bottom_right"])
+def test_pad_resize_resamples_as_cv2_resize_into_a_float32_canvas(position):
+    pixels = rgb_uint8(12, 20)
+    img = pixels.astype(np.float64) / 255
+    out = T.PadResizeTransformer(8, pad_value=0.5, pad_position=position)(img)
+    # scale min(8 / 20, 8 / 12) = 0.4: int(0.4 * 12) x int(0.4 * 20) = 4 x 8, top (8 - 4) // 2 = 2 when centred
+    top = 2 if position == "boundary" else 0
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out[top : top + 4], _opencv_reference(img, 4, 8, nearest=False), atol=1e-6)
+    rest = np.ones(8, bool)
+    rest[top : top + 4] = False
+    assert (out[rest] == 0.5).all()
+    as_uint8 = T.PadResizeTransformer(8, pad_value=127.0, pad_position=position)(pixels)
+    assert as_uint8.dtype == np.float32
+    np.testing.assert_array_equal(as_uint8[top : top + 4], opencv_resize(pixels, 4, 8))
+
+
+def _vendor_skimage_resize(image: np.ndarray, size: tuple[int, int], order: int = 1) -> np.ndarray:
+    """The vendor's ResizeTransformer.skimage_resize for 1 or 3 channels: 0..1 by the image's min/max,
+    skimage.transform.resize with its defaults (mode 'reflect', anti-aliasing when shrinking), scaled back."""
+    low, high = image.min(), image.max()
+    unit = (image - low) / (high - low)
+    return (skimage.transform.resize(unit, size, order=order) * (high - low) + low).astype(np.float32)
+
+
+def test_resize_skimage_mode_is_the_vendors_normalised_skimage_call():
+    pixels = rgb_uint8(12, 20)
+    for size, order in (((5, 7), 1), ((9, 30), 1), ((5, 7), 3)):
+        out = T.ResizeTransformer(size, mode="skimage", method=order)(pixels)
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(out, _vendor_skimage_resize(pixels, size, order))
+    np.testing.assert_array_equal(T.ResizeTransformer((5, 7))(pixels), _vendor_skimage_resize(pixels, (5, 7)))
+    truncated = T.ResizeTransformer((5, 7), data_type="uint8")(pixels)
+    np.testing.assert_array_equal(truncated, np.floor(_vendor_skimage_resize(pixels, (5, 7))).astype(np.uint8))
+    # a constant picture: that value, float32
+    constant = T.ResizeTransformer((3, 4))(np.full((6, 8, 3), 9, np.uint8))
+    assert constant.dtype == np.float32 and constant.shape == (3, 4, 3) and (constant == 9).all()
+    # other channel counts: scipy.ndimage.zoom, order 1
+    four = RNG.integers(0, 256, size=(6, 8, 4)).astype(np.uint8)
+    zoomed = scipy.ndimage.zoom(four, (3 / 6, 4 / 8, 1), order=1).astype(np.float32)
+    np.testing.assert_array_equal(T.ResizeTransformer((3, 4))(four), zoomed)
+
+
+# cv2.resize(np.uint8(np.arange(20).reshape(4, 5) ** 1.8), (w, h)) (INTER_LINEAR) with OpenCV 5.0.0 (not a dependency;
+# run once to write these down). Rounding the exact interpolation is 1 off in places: OpenCV's uint8 path works in
+# fixed point.
+CV2_LINEAR_UINT8 = {
+    (3, 7): [[3, 4, 6, 8, 11, 15, 19], [41, 45, 52, 60, 68, 77, 84], [119, 128, 139, 150, 163, 175, 186]],
+    (7, 3): [[0, 3, 10], [7, 14, 24], [19, 31, 46], [43, 60, 79], [71, 92, 116], [111, 136, 164], [136, 163, 194]],
+    (9, 11): [[0, 0, 0, 1, 2, 3, 5, 7, 9, 11, 12], [3, 3, 4, 5, 6, 8, 10, 12, 15, 17, 19],
+              [11, 12, 14, 16, 19, 21, 24, 28, 31, 35, 36], [20, 22, 25, 28, 32, 36, 40, 44, 49, 54, 55],
+              [41, 42, 46, 50, 55, 60, 65, 70, 76, 81, 84], [60, 62, 67, 72, 78, 84, 90, 96, 103, 109, 111],
+              [89, 91, 97, 103, 110, 116, 124, 130, 138, 145, 148],
+              [119, 122, 129, 136, 143, 150, 158, 166, 174, 182, 186],
+              [130, 133, 141, 148, 156, 163, 171, 179, 188, 196, 200]],
+}
+
+
+@pytest.mark.parametrize("size", sorted(CV2_LINEAR_UINT8))
+def test_opencv_linear_resize_of_uint8_gives_opencvs_bytes(size: tuple[int, int]) -> None:
+    """ShortSideResize / PadResize / Resize(mode='opencv') of a uint8 picture: OpenCV's own bytes (its fixed
+    point), not the exact interpolation rounded, which differs by 1 on about one pixel in nine."""
+    img = (np.arange(20, dtype=np.float64).reshape(4, 5) ** 1.8).astype(np.uint8)
+    want = np.array(CV2_LINEAR_UINT8[size], np.uint8)
+    np.testing.assert_array_equal(opencv_resize(img, *size), want)
+    np.testing.assert_array_equal(T.ResizeTransformer(size, mode="opencv")(img), want.astype(np.float32))
+    rgb = np.stack([img, img[::-1], 255 - img], axis=-1)
+    np.testing.assert_array_equal(opencv_resize(rgb, *size)[..., 0], want)
+    assert np.abs(np.rint(_opencv_reference(img, *size, nearest=False)) - want).max() <= 1

@@ -37,7 +37,7 @@ def test_padded_center_crop_cuts_efficientnets_square(image_size, side, top, lef
     # side = int(image_size / (image_size + 32) * min(300, 400)); corner = (margin + 1) // 2
     image = rgb_uint8(300, 400)
     out = T.PaddedCenterCropTransformer(image_size=image_size, crop_pad=32)(image)
-    assert out.shape == (side, side, 3) and out.dtype == np.uint8
+    assert out.shape == (side, side, 3) and out.dtype == np.float32  # always float32, as the vendor's
     np.testing.assert_array_equal(out, image[top : top + side, left : left + side])
 
 
@@ -163,28 +163,38 @@ def test_add_gives_floats_so_uint8_does_not_wrap():
 # --------------------------------------------------------------------------- colour variants
 
 
-def test_the_128_variants_are_the_conversion_minus_128_in_int8():
+def test_the_128_variants_are_the_conversion_minus_128_in_float32():
+    """The vendor's *_128 transformers add -128. to the float conversion and return float32 (hbtools gave
+    int8 of the rounded conversion)."""
     image = rgb_uint8(4, 6)
     gray = T.RGB2GRAYTransformer(data_format="HWC")(image)
     gray128 = transformer.RGB2GRAY_128Transformer(data_format="HWC")(image)
-    assert gray128.dtype == np.int8
-    np.testing.assert_array_equal(gray128.astype(int), gray.astype(int) - 128)
+    assert gray128.dtype == np.float32
+    np.testing.assert_allclose(gray128, gray - 128, atol=1e-4)
     yuv = T.BGR2YUV444Transformer(data_format="HWC")(image)
     yuv128 = transformer.BGR2YUV444_128Transformer("HWC")(image)
-    np.testing.assert_array_equal(yuv128.astype(int), yuv.astype(int) - 128)
+    assert yuv128.dtype == np.float32
+    np.testing.assert_allclose(yuv128, yuv - 128, atol=1e-4)
     chw = np.ascontiguousarray(image.transpose(2, 0, 1)).astype(np.float32)
     np.testing.assert_allclose(transformer.RGB2YUV444_128Transformer("CHW")(chw),
-                               T.RGB2YUV444Transformer("CHW")(chw) - 128)
+                               T.RGB2YUV444Transformer("CHW")(chw) - 128, atol=1e-4)
 
 
 def test_video_range_and_yuv_by_colour_sequence():
     image = rgb_uint8(4, 6)
     video = transformer.RGB2YUVBT601VIDEOTransformer(data_format="HWC")(image)
     np.testing.assert_array_equal(video, T.RGB2YUV444Transformer("HWC", space_and_range="bt601_video")(image))
+    assert video.dtype == np.float32
+    # the vendor's rgb2bt601_video_range
+    r, g, b = (image[..., i].astype(np.float64) for i in range(3))
+    want = np.stack([0.257 * r + 0.504 * g + 0.098 * b + 16, -0.148 * r - 0.291 * g + 0.439 * b + 128,
+                     0.439 * r - 0.368 * g - 0.071 * b + 128], axis=-1).astype(np.float32)
+    np.testing.assert_array_equal(video, want)
     assert 16 <= video[..., 0].min() and video[..., 0].max() <= 235
     np.testing.assert_array_equal(transformer.BGR2YUVBT601VIDEOTransformer("HWC")(image[..., ::-1]), video)
-    np.testing.assert_array_equal(transformer.YUVTransformer(color_sequence="BGR")(image[..., ::-1]),
-                                  T.RGB2YUV444Transformer("HWC")(image))
+    yuv = transformer.YUVTransformer(color_sequence="BGR")(image[..., ::-1])  # hbtools' own: colour.py, uint8
+    assert yuv.dtype == np.uint8
+    assert np.abs(yuv - T.RGB2YUV444Transformer("HWC")(image)).max() < 1
     with pytest.raises(ValueError, match="color_sequence"):
         transformer.YUVTransformer(color_sequence="YUV")
 

@@ -4,9 +4,12 @@ A transformer is a small callable object, configured once and applied to one ima
 at a time (``image = t(image)``). Subclasses implement ``run_transform`` (the
 method name the vendor's transformer classes use, so their subclasses port over).
 
-Dtype rule: uint8 in, uint8 out (rounded half to even and saturated); float in,
-float out. Only ``Scale``/``Mean``/``Normalize`` always return floats, and the
-``F32To*`` transformers return integers.
+Dtype rule: the transformers named as the vendor's return what the vendor's do
+(float32 from ``Resize``/``ShortSideResize``/``CenterCrop`` by default, from
+``PadResize``/``PaddedCenterCrop`` and the YUV/gray conversions always; NV12 bytes).
+The others keep the input's type: uint8 in, uint8 out (rounded half to even and
+saturated), float in, float out (``like``). ``Scale``/``Add``/``Mean``/``Normalize``
+always return floats, and the ``F32To*`` transformers return integers.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
-"""Resizing, cropping and padding of HW / HWC images (scikit-image does the resampling).
+"""Resizing, cropping and padding of HW / HWC images.
 
-Sizes are ``(height, width)`` (an ``int`` means a square). Resampling computes in
-float32 for uint8 images and in the image's own float type otherwise, with edge
-padding at the borders and skimage's anti-aliasing when shrinking (not for
-``nearest``).
+Sizes are ``(height, width)`` (an ``int`` means a square). The classes named as the
+vendor's (``Resize``, ``ShortSideResize``, ``PadResize``, ``CenterCrop``,
+``PaddedCenterCrop``) compute what the vendor's compute by default: OpenCV's
+``cv2.resize`` bilinear resampling (``opencv_resize``, no OpenCV needed) where the
+vendor calls it, its scikit-image normalisation in ``ResizeTransformer``'s
+``'skimage'`` mode, its crop corners, and float32 results (``data_type='float'``).
+A scikit-image interpolation name or order (``'bilinear'``, 3, ...) asks for
+``resize`` instead: skimage's spline resampling with edge padding and anti-aliasing
+when shrinking (not for ``nearest``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import scipy.ndimage
 import skimage.transform
 
 from hbtools.data.transforms.base import Transformer, check_image, float_dtype, like, size_hw
@@ -60,20 +66,48 @@ CUBIC_A = -0.75  # OpenCV's bicubic kernel parameter
 DATA_TYPES = ("float", "uint8")
 
 
-class ResizeTransformer(Transformer):
-    """Resize to ``target_size`` = (height, width), ignoring the aspect ratio.
+def _opencv_kind(interpolation: str | int) -> str | None:
+    """The ``opencv_resize`` kind for the vendor's interpolation argument (``''``, the default, or an
+    OpenCV name ``INTER_*``); None for a scikit-image name or order, which ``resize`` takes."""
+    if isinstance(interpolation, str) and (interpolation == "" or interpolation.lower().startswith("inter_")):
+        kind = OPENCV_INTERPOLATIONS.get(interpolation.lower())
+        if kind is None:
+            raise ValueError(f"interpolation {interpolation!r} is not one OpenCV's resampling here takes: "
+                             "INTER_LINEAR, INTER_NEAREST, INTER_CUBIC")
+        return kind
+    _order(interpolation)  # fail at construction, not on the first image
+    return None
 
-    ``mode`` (the vendor's parameter): ``'skimage'`` resamples with scikit-image, the spline order given
-    by ``method`` (0..5, the vendor's name) or ``interpolation`` (a name or an order); ``'opencv'``
-    computes what ``cv2.resize`` does, without OpenCV: sample points at half-pixel centres, edges
-    clamped, no anti-aliasing when shrinking, ``interpolation`` ``''`` / ``'INTER_LINEAR'`` (the
-    default), ``'INTER_NEAREST'`` or ``'INTER_CUBIC'``. A uint8 image is computed in float and rounded, where OpenCV's
-    fixed-point arithmetic may differ by 1. ``data_type`` ``'float'`` gives float32 and ``'uint8'``
-    uint8 (truncated, as the vendor's ``astype``); by default the output keeps the image's type.
+
+def _resample(image: np.ndarray, height: int, width: int, interpolation: str | int) -> np.ndarray:
+    """``image`` resized as ``cv2.resize`` (``''`` / ``INTER_*``) or as skimage (a name or order)."""
+    kind = _opencv_kind(interpolation)
+    return opencv_resize(image, height, width, kind) if kind else resize(image, height, width, interpolation)
+
+
+class ResizeTransformer(Transformer):
+    """Resize to ``target_size`` = (height, width), ignoring the aspect ratio; float32 out by default.
+
+    ``mode`` (the vendor's parameter) ``'skimage'``, the default, does what the vendor's does: an image
+    whose last axis has 1 or 3 entries (or an HW image) is scaled to 0..1 by its own minimum and
+    maximum, resized by ``skimage.transform.resize`` with skimage's defaults (reflecting borders,
+    anti-aliasing when shrinking) and the spline order ``method`` (0..5, default 1; or, without
+    ``method``, ``interpolation`` as a name or order), then scaled back; a constant image gives that
+    constant. Other channel counts are resampled by ``scipy.ndimage.zoom`` with order 1. ``anti_aliasing``
+    overrides skimage's choice.
+
+    ``'opencv'`` computes what ``cv2.resize`` does, without OpenCV (``opencv_resize``): sample points at
+    half-pixel centres, edges clamped, no anti-aliasing when shrinking, ``interpolation`` ``''`` /
+    ``'INTER_LINEAR'`` (the default), ``'INTER_NEAREST'`` or ``'INTER_CUBIC'``. A uint8 image is
+    resampled linearly in OpenCV's fixed point (its bytes); INTER_CUBIC in float and rounded (OpenCV's
+    may differ by 1).
+
+    ``data_type`` ``'float'`` (the default) gives float32, ``'uint8'`` uint8 (truncated, as the
+    vendor's ``astype``); ``None`` keeps the image's type (uint8 rounded).
     """
 
     def __init__(self, target_size: int | Sequence[int], mode: str = "skimage", method: int | None = None,
-                 data_type: str | None = None, interpolation: str | int = "bilinear",
+                 data_type: str | None = "float", interpolation: str | int = "",
                  anti_aliasing: bool | None = None) -> None:
         self.target_size = size_hw(target_size, "target_size")
         if mode not in RESIZE_MODES:
@@ -83,20 +117,38 @@ class ResizeTransformer(Transformer):
             if not isinstance(interpolation, str) or interpolation.lower() not in OPENCV_INTERPOLATIONS:
                 raise ValueError(f"interpolation {interpolation!r} is not one mode 'opencv' takes: "
                                  f"{sorted(OPENCV_INTERPOLATIONS)} (any case)")
-        else:
-            _order(interpolation if method is None else method)  # fail at construction, not on the first image
         self.mode, self.method, self.data_type = mode, method, data_type
         self.interpolation = interpolation
         self.anti_aliasing = anti_aliasing
+        if mode == "skimage":
+            self._skimage_order()  # fail at construction, not on the first image
+
+    def _skimage_order(self) -> int:
+        if self.method is not None:
+            return _order(self.method)
+        return 1 if self.interpolation == "" else _order(self.interpolation)
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         if self.mode == "opencv":
             kind = OPENCV_INTERPOLATIONS[str(self.interpolation).lower()]
             out = opencv_resize(image, *self.target_size, kind)
         else:
-            order = self.interpolation if self.method is None else self.method
-            out = resize(image, *self.target_size, order, self.anti_aliasing)
-        return _as_data_type(out, self.data_type)
+            out = self._skimage_resize(image)
+        return _as_data_type(out, self.data_type, image)
+
+    def _skimage_resize(self, image: np.ndarray) -> np.ndarray:
+        check_image(image, "resize")
+        height, width = self.target_size
+        if image.ndim == 3 and image.shape[-1] not in (1, 3):
+            zoom = (height / image.shape[0], width / image.shape[1], 1)
+            return scipy.ndimage.zoom(image, zoom, order=1)
+        low, high = image.min(), image.max()
+        if not high > low:
+            return np.full((height, width, *image.shape[2:]), low, dtype=np.float32)
+        unit = (image - low) / (high - low)
+        resized = skimage.transform.resize(unit, (height, width), order=self._skimage_order(),
+                                           anti_aliasing=self.anti_aliasing)
+        return resized * (high - low) + low
 
 
 def _check_data_type(data_type: str | None) -> None:
@@ -104,14 +156,14 @@ def _check_data_type(data_type: str | None) -> None:
         raise ValueError(f"data_type {data_type!r} is not one of {DATA_TYPES}")
 
 
-def _as_data_type(image: np.ndarray, data_type: str | None) -> np.ndarray:
+def _as_data_type(image: np.ndarray, data_type: str | None, source: np.ndarray) -> np.ndarray:
     """The vendor transformers' ``data_type``: ``'float'`` gives float32, ``'uint8'`` uint8 (clipped to
-    0..255), None leaves the type as it is."""
+    0..255 and truncated), None the type of ``source`` (uint8 rounded)."""
     if data_type == "float":
         return image.astype(np.float32)
     if data_type == "uint8":
         return np.clip(image, 0, 255).astype(np.uint8)
-    return image
+    return like(image, source)
 
 
 def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linear",
@@ -120,8 +172,13 @@ def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linea
     (``kind`` linear, nearest, cubic): sample points at half-pixel centres, edge pixels repeated.
 
     ``factors`` = (fy, fx) is for ``cv2.resize(image, None, fx=fx, fy=fy)``: OpenCV then maps
-    output pixels back with ``1 / f``, not with the ratio of the rounded sizes."""
+    output pixels back with ``1 / f``, not with the ratio of the rounded sizes.
+
+    A uint8 image with ``linear`` is computed in OpenCV's fixed point (``_opencv_linear_uint8``), so it
+    gives OpenCV's bytes; other types and kinds are computed in float (uint8 rounded)."""
     check_image(image, "resize")
+    if image.dtype == np.uint8 and kind == "linear":
+        return _opencv_linear_uint8(image, height, width, factors)
     src = image.astype(np.float32 if image.dtype == np.uint8 else float_dtype(image))
     for axis, size in ((0, height), (1, width)):
         n = src.shape[axis]
@@ -145,6 +202,45 @@ def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linea
     return like(src, image)
 
 
+# cv2.resize's uint8 bilinear fixed point: weights in 1/2048 (INTER_RESIZE_COEF_BITS = 11).
+_RESIZE_COEF_BITS = 11
+
+
+def _opencv_linear_taps(n: int, size: int, factor: float | None, clamp: bool) -> tuple[np.ndarray, ...]:
+    """Source indices and fixed-point weights of the two taps per output pixel along an axis of ``n``
+    pixels resized to ``size``, as OpenCV computes them: position ``(d + 0.5) * scale - 0.5`` rounded to
+    float32, weights ``1 - f`` and ``f`` rounded to 1/2048. Along x (``clamp``) a position past an edge is
+    put on the edge pixel; along y OpenCV keeps the weights and repeats the edge row."""
+    scale = 1.0 / (size / n if factor is None else factor)
+    pos = ((np.arange(size) + 0.5) * scale - 0.5).astype(np.float32)
+    lo = np.floor(pos).astype(np.int64)
+    frac = (pos - lo.astype(np.float32)).astype(np.float32)
+    if clamp:
+        frac[lo < 0], lo[lo < 0] = 0, 0
+        past = lo >= n - 1
+        frac[past], lo[past] = 0, n - 1
+    one = np.float32(1 << _RESIZE_COEF_BITS)
+    w0 = np.rint((np.float32(1) - frac) * one).astype(np.int64)
+    w1 = np.rint(frac * one).astype(np.int64)
+    return np.clip(lo, 0, n - 1), np.clip(lo + 1, 0, n - 1), w0, w1
+
+
+def _opencv_linear_uint8(image: np.ndarray, height: int, width: int,
+                         factors: tuple[float, float] | None) -> np.ndarray:
+    """``cv2.resize`` INTER_LINEAR of a uint8 image, bit for bit: a horizontal pass in integers (weights in
+    1/2048), then the vertical pass as OpenCV's SIMD code does it, each row's product with its 1/2048
+    weight taken >> 4 and >> 16 before the two are added, rounded and >> 2."""
+    src = (image if image.ndim == 3 else image[..., None]).astype(np.int64)
+    fy, fx = (None, None) if factors is None else factors
+    x0, x1, a0, a1 = _opencv_linear_taps(src.shape[1], width, fx, clamp=True)
+    rows = src[:, x0] * a0[None, :, None] + src[:, x1] * a1[None, :, None]
+    y0, y1, b0, b1 = _opencv_linear_taps(src.shape[0], height, fy, clamp=False)
+    b0, b1 = b0[:, None, None], b1[:, None, None]
+    out = (((b0 * (rows[y0] >> 4)) >> 16) + ((b1 * (rows[y1] >> 4)) >> 16) + 2) >> 2
+    out = np.clip(out, 0, 255).astype(np.uint8)
+    return out if image.ndim == 3 else out[..., 0]
+
+
 def _cubic_weights(x: np.ndarray) -> list[np.ndarray]:
     """OpenCV's four bicubic tap weights at offsets -1, 0, 1, 2 for fractional positions ``x``."""
     a = CUBIC_A
@@ -155,42 +251,41 @@ def _cubic_weights(x: np.ndarray) -> list[np.ndarray]:
 
 
 class ShortSideResizeTransformer(Transformer):
-    """Scale so the shorter side is ``short_size``, keeping the aspect ratio.
+    """Scale so the shorter side is ``short_size``, keeping the aspect ratio (the vendor's arithmetic).
 
-    The longer side becomes ``int(long * short_size / short)`` (rounded down, as
-    torchvision's ``Resize(int)`` does). ``interpolation`` is a scikit-image order or name, or an
-    OpenCV name (``INTER_LINEAR``, ``INTER_NEAREST``, ``INTER_CUBIC``) for OpenCV's resampling
-    (``opencv_resize``); ``data_type`` as ``ResizeTransformer``'s.
+    An image wider than high becomes ``short_size`` x ``int(short_size * (W / H))``, any other
+    ``int(short_size * (H / W))`` x ``short_size``. ``interpolation`` ``''`` (the default) resamples as
+    ``cv2.resize`` does (bilinear, ``opencv_resize``), as do the OpenCV names ``INTER_LINEAR``,
+    ``INTER_NEAREST``, ``INTER_CUBIC``; a scikit-image name or order (``'bilinear'``, 3, ...) resamples
+    with skimage (``resize``, anti-aliased when shrinking). ``data_type`` as ``ResizeTransformer``'s
+    (float32 by default).
     """
 
-    def __init__(self, short_size: int, interpolation: str | int = "bilinear", data_type: str | None = None) -> None:
+    def __init__(self, short_size: int, data_type: str | None = "float", interpolation: str | int = "") -> None:
         self.short_size = size_hw(short_size, "short_size")[0]
-        # An OpenCV name (INTER_LINEAR, INTER_CUBIC, ...), as the vendor's scripts pass: OpenCV's resampling.
-        self._opencv = OPENCV_INTERPOLATIONS.get(interpolation.lower()) \
-            if isinstance(interpolation, str) and interpolation.lower().startswith("inter_") else None
-        if self._opencv is None:
-            _order(interpolation)
+        _opencv_kind(interpolation)
         _check_data_type(data_type)
-        self.interpolation, self.data_type = interpolation, data_type
+        self.data_type, self.interpolation = data_type, interpolation
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) an image of ``height`` x ``width`` is resized to."""
+        s = self.short_size
+        if height < width:
+            return s, max(1, int(s * (width / height)))
+        return max(1, int(s * (height / width))), s
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         check_image(image, "ShortSideResize")
-        h, w = image.shape[:2]
-        s = self.short_size
-        if h <= w:
-            new_h, new_w = s, max(1, int(w * s / h))
-        else:
-            new_h, new_w = max(1, int(h * s / w)), s
-        out = opencv_resize(image, new_h, new_w, self._opencv) if self._opencv else \
-            resize(image, new_h, new_w, self.interpolation)
-        return _as_data_type(out, self.data_type)
+        out = _resample(image, *self.output_size(*image.shape[:2]), self.interpolation)
+        return _as_data_type(out, self.data_type, image)
 
 
 class CenterCropTransformer(Transformer):
-    """Cut the central ``crop_size`` = (height, width) window; the top-left corner is
-    at ``((H - height) // 2, (W - width) // 2)``. ``data_type`` as ``ResizeTransformer``'s."""
+    """Cut the central ``crop_size`` = (height, width) window (an int: a square); the top-left corner is
+    at ``(H // 2 - height // 2, W // 2 - width // 2)``, as the vendor's. ``data_type`` as
+    ``ResizeTransformer``'s (float32 by default)."""
 
-    def __init__(self, crop_size: int | Sequence[int], data_type: str | None = None) -> None:
+    def __init__(self, crop_size: int | Sequence[int], data_type: str | None = "float") -> None:
         self.crop_size = size_hw(crop_size, "crop_size")
         _check_data_type(data_type)
         self.data_type = data_type
@@ -200,8 +295,8 @@ class CenterCropTransformer(Transformer):
         (h, w), (ch, cw) = image.shape[:2], self.crop_size
         if ch > h or cw > w:
             raise ValueError(f"CenterCrop: crop {ch}x{cw} is larger than the image {h}x{w}")
-        top, left = (h - ch) // 2, (w - cw) // 2
-        return _as_data_type(image[top : top + ch, left : left + cw], self.data_type)
+        top, left = h // 2 - ch // 2, w // 2 - cw // 2
+        return _as_data_type(image[top : top + ch, left : left + cw], self.data_type, image)
 
 
 class Placement(NamedTuple):
@@ -222,15 +317,17 @@ class PadResizeTransformer(Transformer):
 
     ``pad_position='boundary'`` centres the image (padding on all sides);
     ``'bottom_right'`` keeps it in the top-left corner, so a point maps back to the
-    source by dividing by ``placement(...).scale`` alone.
+    source by dividing by ``placement(...).scale`` alone. The scaled size is
+    ``int(scale * side)``; the result is float32, as the vendor's. ``interpolation``
+    as ``ShortSideResizeTransformer``'s: ``''`` (the default) resamples as ``cv2.resize``.
     """
 
     def __init__(self, target_size: int | Sequence[int], pad_value: float = 127.0,
-                 pad_position: str = "boundary", interpolation: str | int = "bilinear") -> None:
+                 pad_position: str = "boundary", interpolation: str | int = "") -> None:
         self.target_size = size_hw(target_size, "target_size")
         if pad_position not in PAD_POSITIONS:
             raise ValueError(f"pad_position {pad_position!r} is not one of {PAD_POSITIONS}")
-        _order(interpolation)
+        _opencv_kind(interpolation)
         self.pad_value = pad_value
         self.pad_position = pad_position
         self.interpolation = interpolation
@@ -247,8 +344,8 @@ class PadResizeTransformer(Transformer):
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         check_image(image, "PadResize")
         p = self.placement(*image.shape[:2])
-        scaled = resize(image, p.height, p.width, self.interpolation)
-        canvas = like(np.full((*self.target_size, *image.shape[2:]), self.pad_value), image)
+        scaled = _resample(image, p.height, p.width, self.interpolation)
+        canvas = np.full((*self.target_size, *image.shape[2:]), self.pad_value, dtype=np.float32)
         canvas[p.top : p.top + p.height, p.left : p.left + p.width] = scaled
         return canvas
 
@@ -288,7 +385,7 @@ class PaddedCenterCropTransformer(Transformer):
 
     The crop is then resized to ``image_size`` by the next transformer. The corner is
     ``((H - side + 1) // 2, (W - side + 1) // 2)``, as in the EfficientNet reference code
-    this reproduces (an odd margin leaves the extra row at the top).
+    this reproduces (an odd margin leaves the extra row at the top). float32 out, as the vendor's.
     """
 
     def __init__(self, image_size: int = 224, crop_pad: int = 32) -> None:
@@ -305,7 +402,7 @@ class PaddedCenterCropTransformer(Transformer):
         check_image(image, "PaddedCenterCrop")
         h, w = image.shape[:2]
         side = self.crop_side(h, w)
-        return _crop(image, (h - side + 1) // 2, (w - side + 1) // 2, side, side)
+        return _crop(image, (h - side + 1) // 2, (w - side + 1) // 2, side, side).astype(np.float32)
 
 
 class LongSideCropTransformer(Transformer):

@@ -1,8 +1,10 @@
 """Layout, colour and value transformers.
 
-Colour conversions go through ``hbtools.data.colour`` (the toolchain's one colour
-implementation), in the uint8 value domain: scale a skimage float image (0..1)
-by 255 first. ``data_format`` says where the channels are (``'HWC'``, ``'CHW'``,
+Colour conversions work in the uint8 value domain: scale a skimage float image (0..1)
+by 255 first. The YUV, gray and ``*2NV12`` transformers compute what the vendor's
+transformers compute (its three-decimal BT.601 coefficients, ``vendor_yuv``; float32
+results, NV12 truncated); ``hbtools.data.colour`` stays the toolchain's conversion of
+model inputs. ``data_format`` says where the channels are (``'HWC'``, ``'CHW'``,
 ``'NHWC'``, ``'NCHW'``); ``None`` tells a 3-D image's layout from its shape.
 """
 
@@ -84,92 +86,124 @@ class BGR2RGBTransformer(_ColourTransformer):
         return colour.bgr_to_rgb(hwc)
 
 
+# The vendor's BT.601 coefficients (three decimals), rows Y, U, V over R, G, B, and offsets.
+VENDOR_YUV = {
+    "regular": (((0.299, 0.587, 0.114), (-0.169, -0.331, 0.5), (0.5, -0.419, -0.081)), (0.0, 128.0, 128.0)),
+    "bt601_video": (((0.257, 0.504, 0.098), (-0.148, -0.291, 0.439), (0.439, -0.368, -0.071)), (16.0, 128.0, 128.0)),
+}
+
+
+def vendor_yuv(r: np.ndarray, g: np.ndarray, b: np.ndarray, space_and_range: str = "regular",
+               planes: int = 3) -> list[np.ndarray]:
+    """The first ``planes`` of Y, U, V of R, G, B planes as the vendor's transformers compute them:
+    ``kr * r + kg * g + kb * b + offset`` in that order, in the planes' own float type (float64 for
+    integers), unrounded."""
+    rows, offsets = VENDOR_YUV[space_and_range]
+    r, g, b = (np.asarray(x) + 0.0 for x in (r, g, b))
+    out = []
+    for (kr, kg, kb), offset in list(zip(rows, offsets, strict=True))[:planes]:
+        plane = kr * r + kg * g + kb * b
+        out.append(plane + offset if offset else plane)
+    return out
+
+
 class _SpaceTransformer(_ColourTransformer):
-    """A conversion between colour spaces, with ``space_and_range`` for YUV."""
+    """A conversion between colour spaces as the vendor's: ``vendor_yuv`` on the channels in
+    ``order`` (R, G, B), ``planes`` planes out, float32, minus ``shift`` (128 for ``*_128``).
+    ``space_and_range`` ``'regular'`` (full range) or ``'bt601_video'``."""
+
+    order = (0, 1, 2)
+    planes = 3
+    shift = 0.0
 
     def __init__(self, data_format: str | None = None, space_and_range: str = "regular") -> None:
         super().__init__(data_format)
         colour.intermediate_space("yuv444", space_and_range)  # validates the name
         self.space_and_range = space_and_range
 
+    def convert(self, hwc: np.ndarray) -> np.ndarray:
+        r, g, b = (hwc[..., i] for i in self.order)
+        out = np.stack(vendor_yuv(r, g, b, self.space_and_range, self.planes), axis=-1)
+        if self.shift:
+            out = out - self.shift
+        return out.astype(np.float32)
+
 
 class RGB2YUV444Transformer(_SpaceTransformer):
-    """RGB -> YUV444 (BT.601; full range, or video range with ``'bt601_video'``)."""
-
-    def convert(self, hwc: np.ndarray) -> np.ndarray:
-        return like(colour.rgb_to_yuv444(hwc, self.space_and_range), hwc)
+    """RGB -> YUV444 float32, unrounded (the vendor's BT.601 full range; video range with
+    ``space_and_range='bt601_video'``)."""
 
 
 class BGR2YUV444Transformer(_SpaceTransformer):
-    """BGR -> YUV444 (BT.601; full range, or video range with ``'bt601_video'``)."""
+    """BGR -> YUV444 float32, unrounded (the vendor's BT.601 full range; video range with
+    ``space_and_range='bt601_video'``)."""
 
-    def convert(self, hwc: np.ndarray) -> np.ndarray:
-        return like(colour.bgr_to_yuv444(hwc, self.space_and_range), hwc)
-
-
-class RGB2GRAYTransformer(_ColourTransformer):
-    """RGB -> one luma channel (BT.601 weights)."""
-
-    def convert(self, hwc: np.ndarray) -> np.ndarray:
-        return like(colour.rgb_to_gray(hwc), hwc)
+    order = (2, 1, 0)
 
 
-class BGR2GRAYTransformer(_ColourTransformer):
-    """BGR -> one luma channel (BT.601 weights)."""
+class RGB2GRAYTransformer(_SpaceTransformer):
+    """RGB -> one luma channel, float32 (the vendor's BT.601 weights)."""
 
-    def convert(self, hwc: np.ndarray) -> np.ndarray:
-        return like(colour.rgb_to_gray(colour.bgr_to_rgb(hwc)), hwc)
+    planes = 1
 
-
-class _Minus128:
-    """Mixin: the conversion's 0..255 result shifted to -128..127 (the ``*_128`` input types). uint8
-    comes out int8 (exact); floats stay floats."""
-
-    def run_transform(self, image: np.ndarray) -> np.ndarray:
-        out = super().run_transform(image)  # type: ignore[misc]
-        if out.dtype == np.uint8:
-            return (out.astype(np.int16) - 128).astype(np.int8)
-        return out - out.dtype.type(128)
+    def __init__(self, data_format: str | None = None) -> None:
+        super().__init__(data_format)
 
 
-class RGB2GRAY_128Transformer(_Minus128, RGB2GRAYTransformer):  # noqa: N801 - vendor name
-    """RGB -> luma minus 128 (-128..127)."""
+class BGR2GRAYTransformer(RGB2GRAYTransformer):
+    """BGR -> one luma channel, float32 (the vendor's BT.601 weights)."""
+
+    order = (2, 1, 0)
 
 
-class RGB2YUV444_128Transformer(_Minus128, RGB2YUV444Transformer):  # noqa: N801 - vendor name
-    """RGB -> YUV444 minus 128 (-128..127)."""
+class RGB2GRAY_128Transformer(RGB2GRAYTransformer):  # noqa: N801 - vendor name
+    """RGB -> luma minus 128 (-128..127), float32."""
+
+    shift = 128.0
 
 
-class BGR2YUV444_128Transformer(_Minus128, BGR2YUV444Transformer):  # noqa: N801 - vendor name
-    """BGR -> YUV444 minus 128 (-128..127)."""
+class RGB2YUV444_128Transformer(RGB2YUV444Transformer):  # noqa: N801 - vendor name
+    """RGB -> YUV444 minus 128 (-128..127), float32."""
+
+    shift = 128.0
+
+
+class BGR2YUV444_128Transformer(BGR2YUV444Transformer):  # noqa: N801 - vendor name
+    """BGR -> YUV444 minus 128 (-128..127), float32."""
+
+    shift = 128.0
 
 
 class RGB2YUVBT601VIDEOTransformer(RGB2YUV444Transformer):
-    """RGB -> YUV444 in BT.601 video range (Y 16..235), as some cameras deliver."""
+    """RGB -> YUV444 in BT.601 video range (Y 16..235), as some cameras deliver; float32."""
 
     def __init__(self, data_format: str | None = None) -> None:
         super().__init__(data_format, space_and_range="bt601_video")
 
 
 class BGR2YUVBT601VIDEOTransformer(BGR2YUV444Transformer):
-    """BGR -> YUV444 in BT.601 video range (Y 16..235), as some cameras deliver."""
+    """BGR -> YUV444 in BT.601 video range (Y 16..235), as some cameras deliver; float32."""
 
     def __init__(self, data_format: str | None = None) -> None:
         super().__init__(data_format, space_and_range="bt601_video")
 
 
 class YUVTransformer(Transformer):
-    """``color_sequence`` (``'RGB'`` or ``'BGR'``, how the picture was read) -> YUV444."""
+    """``color_sequence`` (``'RGB'`` or ``'BGR'``, how the picture was read) -> YUV444 by
+    ``hbtools.data.colour`` (exact BT.601 full range), in the image's type (uint8 rounded)."""
 
     def __init__(self, color_sequence: str, data_format: str | None = None) -> None:
-        sources = {"RGB": RGB2YUV444Transformer, "BGR": BGR2YUV444Transformer}
+        sources = {"RGB": colour.rgb_to_yuv444, "BGR": colour.bgr_to_yuv444}
         if str(color_sequence).upper() not in sources:
             raise ValueError(f"color_sequence {color_sequence!r} is not 'RGB' or 'BGR'")
         self.color_sequence, self.data_format = color_sequence, data_format
-        self._convert = sources[color_sequence.upper()](data_format)
+        self._convert = sources[color_sequence.upper()]
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
-        return self._convert.run_transform(image)
+        last, axis = channels_last(image, self.data_format)
+        if last.shape[-1] != 3:
+            raise ValueError(f"YUVTransformer needs 3 channels, got shape {image.shape}")
+        return np.ascontiguousarray(np.moveaxis(like(self._convert(last), last), -1, axis))
 
 
 class ReduceChannelTransformer(Transformer):
@@ -187,10 +221,11 @@ class ReduceChannelTransformer(Transformer):
 class _NV12Transformer(_SpaceTransformer):
     """RGB/BGR (0..255, even height and width) -> NV12 bytes, shape (H * 3 // 2, W).
 
-    ``cvt_mode``: ``'rgb_calc'`` / ``'bgr_calc'`` (the default: BT.601 as ``space_and_range`` says, each
-    chroma sample the mean of its 2x2 block) or ``'opencv'`` (OpenCV's own I420 conversion, which the
-    vendor's scripts call: video range in fixed point, chroma of each block's top-left pixel, the
-    image cast to uint8 first)."""
+    ``cvt_mode``: ``'rgb_calc'`` / ``'bgr_calc'`` (the default: the vendor's arithmetic, ``vendor_yuv``
+    in the range ``space_and_range`` says, each chroma sample from the top-left pixel of its 2x2 block,
+    Y, U and V truncated to uint8 as its ``astype``) or ``'opencv'`` (OpenCV's own I420 conversion,
+    which the vendor's scripts call: video range in fixed point, chroma of each block's top-left
+    pixel, the image cast to uint8 first)."""
 
     source = "rgb"
     CVT_MODES = ("rgb_calc", "bgr_calc", "opencv")
@@ -209,7 +244,20 @@ class _NV12Transformer(_SpaceTransformer):
         rgb = last if self.source == "rgb" else colour.bgr_to_rgb(last)
         if self.cvt_mode == "opencv":
             return colour.rgb_to_nv12_opencv(np.asarray(rgb).astype(np.uint8))
-        return colour.rgb_to_nv12(rgb, self.space_and_range)
+        return vendor_nv12(rgb, self.space_and_range)
+
+
+def vendor_nv12(rgb: np.ndarray, space_and_range: str = "regular") -> np.ndarray:
+    """RGB ``(H, W, 3)`` (0..255, H and W even) -> NV12 bytes ``(H * 3 // 2, W)`` as the vendor's
+    ``rgb2nv12_calc``: ``vendor_yuv`` of every pixel for Y, of each 2x2 block's top-left pixel for U
+    and V, truncated toward zero (values outside 0..255 saturate)."""
+    h, w, _ = rgb.shape
+    if h % 2 or w % 2:
+        raise ValueError(f"nv12 needs an even height and width, got {h}x{w}")
+    y, u, v = vendor_yuv(rgb[..., 0], rgb[..., 1], rgb[..., 2], space_and_range)
+    uv = np.stack([u[::2, ::2], v[::2, ::2]], axis=-1).reshape(h // 2, w)
+    planes = np.concatenate([y, uv], axis=0).astype(np.float64)
+    return np.clip(planes, 0, 255).astype(np.uint8)
 
 
 class RGB2NV12Transformer(_NV12Transformer):
@@ -227,15 +275,14 @@ class NV12ToYUV444Transformer(Transformer):
 
     Takes the (H * 3 // 2, W) array the ``*2NV12`` transformers make, or a flat
     buffer when ``target_size`` = (H, W) is given. Output layout
-    ``yuv444_output_layout``: ``'HWC'`` or ``'CHW'``.
+    ``yuv444_output_layout``: ``'CHW'`` (any case) gives CHW; anything else, ``''`` included (what
+    the vendor's ``cls_inference.py`` passes by default), gives HWC, as the vendor's.
     """
 
     def __init__(self, target_size: int | Sequence[int] | None = None,
                  yuv444_output_layout: str = "HWC") -> None:
         self.target_size = None if target_size is None else size_hw(target_size, "target_size")
-        if yuv444_output_layout.upper() not in ("HWC", "CHW"):
-            raise ValueError(f"yuv444_output_layout {yuv444_output_layout!r} is not HWC or CHW")
-        self.yuv444_output_layout = yuv444_output_layout.upper()
+        self.yuv444_output_layout = "CHW" if str(yuv444_output_layout).upper() == "CHW" else "HWC"
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         if self.target_size is not None:
