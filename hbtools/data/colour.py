@@ -10,6 +10,10 @@ Colour spaces (``Space``):
 - ``yuv444``: BT.601 full range (JFIF): Y 0..255, U/V centred on 128.
 - ``yuv444_video``: BT.601 video range: Y 16..235, U/V 16..240.
 
+Two more variants, for the preprocessing transformers that reproduce other tools' own arithmetic
+and are not used on model inputs: the vendor sample package's (``vendor_yuv``, ``vendor_nv12``: its
+three-decimal coefficients, unrounded or truncated) and OpenCV's (``rgb_to_nv12_opencv``).
+
 ``input_space_and_range`` only describes the data the device is fed, so it
 selects the intermediate YUV space; a ``yuv444`` train type is always full range.
 """
@@ -187,6 +191,38 @@ def nv12_decode(nv12: np.ndarray) -> np.ndarray:
 
 def rgb_to_nv12(rgb: np.ndarray, space_and_range: str = "regular") -> np.ndarray:
     return nv12_encode(rgb_to_yuv444(rgb, space_and_range))
+
+
+# The vendor's BT.601 coefficients (three decimals), rows Y, U, V over R, G, B, and offsets.
+VENDOR_YUV = {
+    "regular": (((0.299, 0.587, 0.114), (-0.169, -0.331, 0.5), (0.5, -0.419, -0.081)), (0.0, 128.0, 128.0)),
+    "bt601_video": (((0.257, 0.504, 0.098), (-0.148, -0.291, 0.439), (0.439, -0.368, -0.071)), (16.0, 128.0, 128.0)),
+}
+
+
+def vendor_yuv(r: np.ndarray, g: np.ndarray, b: np.ndarray, space_and_range: str = "regular",
+               planes: int = 3) -> list[np.ndarray]:
+    """The first ``planes`` of Y, U, V of R, G, B planes as the vendor's transformers compute them:
+    ``kr * r + kg * g + kb * b + offset`` in that order, in the planes' own float type (float64 for
+    integers), unrounded."""
+    rows, offsets = VENDOR_YUV[space_and_range]
+    r, g, b = (np.asarray(x) + 0.0 for x in (r, g, b))
+    out = []
+    for (kr, kg, kb), offset in list(zip(rows, offsets, strict=True))[:planes]:
+        plane = kr * r + kg * g + kb * b
+        out.append(plane + offset if offset else plane)
+    return out
+
+
+def vendor_nv12(rgb: np.ndarray, space_and_range: str = "regular") -> np.ndarray:
+    """RGB ``(H, W, 3)`` (0..255, H and W even) -> NV12 bytes ``(H * 3 // 2, W)`` as the vendor's
+    ``rgb2nv12_calc``: ``vendor_yuv`` of every pixel for Y, of each 2x2 block's top-left pixel for U
+    and V, truncated toward zero (values outside 0..255 saturate)."""
+    h, w, _ = rgb.shape
+    _check_even(h, w)
+    y, u, v = vendor_yuv(rgb[..., 0], rgb[..., 1], rgb[..., 2], space_and_range)
+    uv = np.stack([u[::2, ::2], v[::2, ::2]], axis=-1).reshape(h // 2, w)
+    return np.clip(np.concatenate([y, uv], axis=0), 0, 255).astype(np.uint8)
 
 
 # OpenCV's RGB -> YUV 4:2:0 (BT.601 video range) in 20-bit fixed point: rows R, G, B -> Y, U, V.

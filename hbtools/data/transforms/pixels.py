@@ -2,7 +2,7 @@
 
 Colour conversions work in the uint8 value domain: scale a skimage float image (0..1)
 by 255 first. The YUV, gray and ``*2NV12`` transformers compute what the vendor's
-transformers compute (its three-decimal BT.601 coefficients, ``vendor_yuv``; float32
+transformers compute (its three-decimal BT.601 coefficients, ``colour.vendor_yuv``; float32
 results, NV12 truncated); ``hbtools.data.colour`` stays the toolchain's conversion of
 model inputs. ``data_format`` says where the channels are (``'HWC'``, ``'CHW'``,
 ``'NHWC'``, ``'NCHW'``); ``None`` tells a 3-D image's layout from its shape.
@@ -86,29 +86,8 @@ class BGR2RGBTransformer(_ColourTransformer):
         return colour.bgr_to_rgb(hwc)
 
 
-# The vendor's BT.601 coefficients (three decimals), rows Y, U, V over R, G, B, and offsets.
-VENDOR_YUV = {
-    "regular": (((0.299, 0.587, 0.114), (-0.169, -0.331, 0.5), (0.5, -0.419, -0.081)), (0.0, 128.0, 128.0)),
-    "bt601_video": (((0.257, 0.504, 0.098), (-0.148, -0.291, 0.439), (0.439, -0.368, -0.071)), (16.0, 128.0, 128.0)),
-}
-
-
-def vendor_yuv(r: np.ndarray, g: np.ndarray, b: np.ndarray, space_and_range: str = "regular",
-               planes: int = 3) -> list[np.ndarray]:
-    """The first ``planes`` of Y, U, V of R, G, B planes as the vendor's transformers compute them:
-    ``kr * r + kg * g + kb * b + offset`` in that order, in the planes' own float type (float64 for
-    integers), unrounded."""
-    rows, offsets = VENDOR_YUV[space_and_range]
-    r, g, b = (np.asarray(x) + 0.0 for x in (r, g, b))
-    out = []
-    for (kr, kg, kb), offset in list(zip(rows, offsets, strict=True))[:planes]:
-        plane = kr * r + kg * g + kb * b
-        out.append(plane + offset if offset else plane)
-    return out
-
-
 class _SpaceTransformer(_ColourTransformer):
-    """A conversion between colour spaces as the vendor's: ``vendor_yuv`` on the channels in
+    """A conversion between colour spaces as the vendor's: ``colour.vendor_yuv`` on the channels in
     ``order`` (R, G, B), ``planes`` planes out, float32, minus ``shift`` (128 for ``*_128``).
     ``space_and_range`` ``'regular'`` (full range) or ``'bt601_video'``."""
 
@@ -123,7 +102,7 @@ class _SpaceTransformer(_ColourTransformer):
 
     def convert(self, hwc: np.ndarray) -> np.ndarray:
         r, g, b = (hwc[..., i] for i in self.order)
-        out = np.stack(vendor_yuv(r, g, b, self.space_and_range, self.planes), axis=-1)
+        out = np.stack(colour.vendor_yuv(r, g, b, self.space_and_range, self.planes), axis=-1)
         if self.shift:
             out = out - self.shift
         return out.astype(np.float32)
@@ -221,7 +200,7 @@ class ReduceChannelTransformer(Transformer):
 class _NV12Transformer(_SpaceTransformer):
     """RGB/BGR (0..255, even height and width) -> NV12 bytes, shape (H * 3 // 2, W).
 
-    ``cvt_mode``: ``'rgb_calc'`` / ``'bgr_calc'`` (the default: the vendor's arithmetic, ``vendor_yuv``
+    ``cvt_mode``: ``'rgb_calc'`` / ``'bgr_calc'`` (the default: the vendor's arithmetic, ``colour.vendor_yuv``
     in the range ``space_and_range`` says, each chroma sample from the top-left pixel of its 2x2 block,
     Y, U and V truncated to uint8 as its ``astype``) or ``'opencv'`` (OpenCV's own I420 conversion,
     which the vendor's scripts call: video range in fixed point, chroma of each block's top-left
@@ -244,20 +223,7 @@ class _NV12Transformer(_SpaceTransformer):
         rgb = last if self.source == "rgb" else colour.bgr_to_rgb(last)
         if self.cvt_mode == "opencv":
             return colour.rgb_to_nv12_opencv(np.asarray(rgb).astype(np.uint8))
-        return vendor_nv12(rgb, self.space_and_range)
-
-
-def vendor_nv12(rgb: np.ndarray, space_and_range: str = "regular") -> np.ndarray:
-    """RGB ``(H, W, 3)`` (0..255, H and W even) -> NV12 bytes ``(H * 3 // 2, W)`` as the vendor's
-    ``rgb2nv12_calc``: ``vendor_yuv`` of every pixel for Y, of each 2x2 block's top-left pixel for U
-    and V, truncated toward zero (values outside 0..255 saturate)."""
-    h, w, _ = rgb.shape
-    if h % 2 or w % 2:
-        raise ValueError(f"nv12 needs an even height and width, got {h}x{w}")
-    y, u, v = vendor_yuv(rgb[..., 0], rgb[..., 1], rgb[..., 2], space_and_range)
-    uv = np.stack([u[::2, ::2], v[::2, ::2]], axis=-1).reshape(h // 2, w)
-    planes = np.concatenate([y, uv], axis=0).astype(np.float64)
-    return np.clip(planes, 0, 255).astype(np.uint8)
+        return colour.vendor_nv12(rgb, self.space_and_range)
 
 
 class RGB2NV12Transformer(_NV12Transformer):
