@@ -4,7 +4,7 @@ A calibrated model has a fixed batch of 1 and its shape constants are folded for
 so every run of the debugger used to carry one sample. On small models most of a run
 is fixed cost (a session run, the ``If`` of each switch, small convolutions that use
 a core badly), paid once per run however many samples it carries. ``free_batch``
-rewrites the folded ``Reshape`` targets so that the batch can grow (the same model at
+(``hbtools.graph.batch_reshapes``) rewrites the folded ``Reshape`` targets so that the batch can grow (the same model at
 batch 1), the stages declare a symbolic batch, and ``Switchboard`` checks once, on
 real samples, that a batched float pass and a batched switchable run give exactly
 (bit for bit) what the samples give one by one; only then are samples stacked.
@@ -15,58 +15,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from onnx import ModelProto, numpy_helper
 
 from hbtools.debug.data import Sample
+from hbtools.graph.batch_reshapes import BATCH_DIM
 
-BATCH_DIM = "batch"
 # Per worker, the float values a batch keeps (what the stages hand on) stay under this. Models
 # with larger hand-overs do enough work per run that its fixed costs are a small share, and
 # stacking only adds memory traffic: the text detectors (55-130 MB per sample at 480-640 px)
 # ran 20-50% slower per sample with 4 stacked. Small models gained 10-35% at 4, nothing more at 8.
 MAX_BATCH_BYTES = 32_000_000
 MAX_BATCH = 4
-
-
-def free_batch(model: ModelProto, shapes: dict[str, list[int | None]]) -> None:
-    """Let the batch through the ``Reshape`` nodes of ``model`` (unchanged at batch 1).
-
-    A target without -1 gets -1 in front (the leading dimension takes whatever the
-    batch multiplies); a target [1, ..., -1] on an input of batch 1 gets 0 (copy the
-    batch). Other targets stay; ``Switchboard`` then finds the batched runs differ
-    and keeps one sample per run.
-    """
-    inits = {t.name: t for t in model.graph.initializer}
-    made: dict[str, str] = {}
-    for node in model.graph.node:
-        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in inits:
-            continue
-        if any(a.name == "allowzero" and a.i for a in node.attribute):
-            continue
-        target = numpy_helper.to_array(inits[node.input[1]]).astype(np.int64)
-        if target.ndim != 1 or not target.size:
-            continue
-        source = shapes.get(node.input[0])
-        if -1 not in target:
-            target[0] = -1
-        elif target[0] == 1 and source and source[0] == 1:
-            target[0] = 0
-        else:
-            continue
-        key = f"{node.input[1]}:{target.tolist()}"
-        if key not in made:
-            made[key] = _unique(f"{node.input[1]}__batched", inits)
-            inits[made[key]] = numpy_helper.from_array(target, made[key])
-            model.graph.initializer.append(inits[made[key]])
-        node.input[1] = made[key]
-
-
-def _unique(name: str, taken: dict) -> str:
-    k, out = 0, name
-    while out in taken:
-        k += 1
-        out = f"{name}{k}"
-    return out
 
 
 def batch_shape(shape: list[int | None] | None) -> list[int | str | None] | None:

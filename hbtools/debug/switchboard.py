@@ -28,6 +28,7 @@ from hbtools.debug import stages as staging
 from hbtools.debug.data import Sample
 from hbtools.debug.model import CalibratedModel
 from hbtools.debug.switches import switchable_model
+from hbtools.graph.batch_reshapes import free_batch
 from hbtools.graph.graph import elements, itemsize
 from hbtools.ops import custom
 from hbtools.ops.names import enable_input
@@ -54,7 +55,7 @@ class Switchboard:
         self.observe = list(dict.fromkeys(observe or cm.outputs))
         switched = switchable_model(cm)
         shapes, types = staging.tensor_info(switched, cm)
-        batching.free_batch(switched.model, shapes)
+        free_batch(switched.model, shapes)
         declared = {t: batching.batch_shape(s) for t, s in shapes.items()}  # the stages take any batch
         self._source = (switched, declared, types)
         self._itemsizes = {t: (elements(shapes.get(t)), itemsize(e)) for t, e in types.items()}

@@ -28,6 +28,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.errors import HbError, last_line
 from hbtools.graph import bpu_forms
+from hbtools.graph.batch_reshapes import batch_free_reshapes
 from hbtools.graph.bpu_forms._common import _axes_node, _opset, per_channel_const
 from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.flat_heads import flattens_after_heads, wide_flattens_as_convs
@@ -287,6 +288,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     trace.follow(out)
     record_origins(out, trace.differing())
     record_fusions(out, trace.fused_into)
+    # last: the rewrites above read the folded targets as they were
+    out = batch_free_reshapes(out)
     log.info("Optimized model: %d nodes (from %d)", len(out.graph.node), len(model.graph.node))
     return compact(out)  # the rewrites above replaced weights in place: their old values are still held
 

@@ -20,6 +20,7 @@ from hbtools.debug import switchboard as board
 from hbtools.debug.data import load_samples
 from hbtools.debug.evaluate import scores
 from hbtools.debug.model import load_calibrated
+from hbtools.graph.batch_reshapes import free_batch
 from hbtools.runtime.session import ort_session
 
 
@@ -72,7 +73,7 @@ def test_free_batch_keeps_batch_one_and_lets_the_batch_through() -> None:
                                                 inits), opset_imports=[helper.make_opsetid("", 17)])
     before = onnx.ModelProto()
     before.CopyFrom(model)
-    batching.free_batch(model, shapes)
+    free_batch(model, shapes)
     targets = {t.name: numpy_helper.to_array(t).tolist() for t in model.graph.initializer}
     assert [targets[n.input[1]] for n in model.graph.node] == [[-1, 24], [0, 6, -1]]
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = batching.BATCH_DIM

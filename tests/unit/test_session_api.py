@@ -178,9 +178,34 @@ def test_input_offset_given_as_text_is_the_number(nhwc_model: dict[str, Path]) -
         sess.run(None, {"data": _image()}, input_offset="x128")
 
 
+def test_every_artefact_of_a_view_by_the_batch_size_takes_a_batch(tmp_path: Path) -> None:
+    """torch's ``x.view(x.size(0), -1)`` before a Linear: Shape -> Gather -> Concat -> Reshape, which the optimize
+    stage folds to the constant [1, 256] once the input shape is fixed. The float model took a batch after
+    set_dim_param; the optimized, calibrated and quantized models stopped at that Reshape."""
+    g = _Graph(4)
+    maps = g.op("Relu", [g.conv("data", 3, 4)])
+    size = g.op("Unsqueeze", [g.op("Gather", [g.op("Shape", ["data"]), g.const(np.array(0, np.int64), "i")], axis=0),
+                              g.const(np.array([0], np.int64), "axes")])
+    target = g.op("Concat", [size, g.const(np.array([-1], np.int64), "rest")], axis=0)
+    fm = g.model({"data": [1, 3, 8, 8]}, [g.gemm(g.op("Reshape", [maps, target]), 256, 10)])
+    del fm.model.graph.value_info[:]
+    fm.model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"  # exported with a dynamic batch
+    paths = makertbin(make_project(tmp_path, fm, cal_count=4).config_path, "onnx")
+    images = np.random.default_rng(6).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
+    for kind in ("original", "optimized", "calibrated", "quantized"):
+        sess = HB_ONNXRuntime(model_file=paths[kind])
+        feeds = images if sess.layout == ["NHWC"] else images.transpose(0, 3, 1, 2)
+        singles = np.concatenate([sess.run(None, {"data": feeds[i:i + 1]})[0] for i in range(3)])
+        sess.set_dim_param(0, 0, "?")
+        got = sess.run(None, {"data": feeds})[0]
+        assert got.shape == (3, 10), kind
+        np.testing.assert_allclose(got, singles, rtol=1e-5, atol=1e-6, err_msg=kind)
+
+
 def test_a_batch_the_model_cannot_take_says_which_shape_it_was_built_for(tmp_path: Path) -> None:
-    g = _Graph(5)  # the model's own Reshape holds its batch of one
-    flat = g.op("Reshape", ["feat", g.const(np.array([1, 60], np.int64), "flat")])
+    g = _Graph(5)  # the model's own Reshapes drop its batch of one and mix the samples of a batch
+    rows = g.op("Transpose", [g.op("Reshape", ["feat", g.const(np.array([5, 12], np.int64), "rows")])], perm=[1, 0])
+    flat = g.op("Reshape", [rows, g.const(np.array([1, 60], np.int64), "flat")])
     fm = g.model({"feat": [1, 5, 12]}, [g.op("MatMul", [flat, g.const(np.ones((60, 8), np.float32), "w")])],
                  featuremap={"feat"})
     project = make_project(tmp_path, fm)
