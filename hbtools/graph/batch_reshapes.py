@@ -106,7 +106,7 @@ def _takes_a_batch(model: ModelProto, inputs: dict[str, tuple[list[int], int]]) 
     except Exception as e:  # noqa: BLE001 - onnxruntime's exception types are not importable; any failure: no batch
         log.debug("a batch of samples does not run: %s", e)
         return False
-    return all(_same(got, np.concatenate([a[k] for a in alone]))
+    return all(same_outputs(got, np.concatenate([a[k] for a in alone]))
                for k, got in enumerate(together))
 
 
@@ -120,7 +120,8 @@ def _random(rng: np.random.Generator, shape: list[int], elem: int) -> np.ndarray
     return np.zeros(shape, dtype=dtype)  # indices, masks: zeros are valid everywhere
 
 
-def _same(got: np.ndarray, want: np.ndarray) -> bool:
+def same_outputs(got: np.ndarray, want: np.ndarray) -> bool:
+    """Whether a batched run's output ``got`` is the samples' own outputs ``want`` (floats: to float rounding)."""
     if got.shape != want.shape:
         return False
     if got.dtype.kind != "f":

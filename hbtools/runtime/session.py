@@ -18,6 +18,7 @@ from hbtools.config.values import closest_names
 from hbtools.data.npy import integers_fit
 from hbtools.errors import HbError
 from hbtools.graph import model_io
+from hbtools.graph.batch_reshapes import same_outputs
 from hbtools.graph.graph import copy_model, is_large
 from hbtools.graph.model_io import load_model, serialized
 from hbtools.log import logger
@@ -317,6 +318,8 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         self._outputs = self._session.get_outputs()
         # the intermediate tensors asked for so far, and the one session that fetches them all
         self._fetching: tuple[frozenset[str], ort.InferenceSession | CustomOpSession] | None = None
+        # per set of tensors fetched: whether a batch runs whole (``_batch_run``; None: not tried yet)
+        self._batch_apart: dict[tuple[str, ...], bool] = {}
         self._lock = threading.Lock()
 
     # onnxruntime's session cannot be pickled; a copy (copy.deepcopy, multiprocessing) rebuilds
@@ -482,7 +485,7 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
             raise FeedError(f"the model has no output or intermediate tensor '{wrong[0]}'{near}; its outputs are "
                             f"{self.output_names}")
         try:
-            return self._session_for(names).run(names, feeds)
+            return self._batch_run(names, feeds)
         except RUN_ERRORS as exc:
             message = f"onnxruntime cannot run the model on these inputs: {str(exc).splitlines()[0]}"
             resized = [n for n, d in feeds.items() if list(d.shape) != self._fixed_shapes.get(n, list(d.shape))]
@@ -491,8 +494,39 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
                 # (a Reshape's target shape), which onnxruntime reports without naming the cause.
                 shapes = ", ".join(f"'{n}' {'x'.join(map(str, self._fixed_shapes[n]))}" for n in resized)
                 message += (f"; the model's own shapes (Reshape targets, ...) were built for input shape {shapes}: "
-                            "feed that shape (one sample at a time for a batch)")
+                            "feed that shape (a batch of them takes any size along the first axis)")
             raise FeedError(message) from None
+
+    def _batch_run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The run of ``feeds``; a batch fed to a model built for one sample (after ``set_dim_param``) gives
+        each sample's own outputs, stacked.
+
+        Such a model may hold the batch of one in its own shapes (a ``Resize`` to fixed sizes, a ``Reshape``
+        the optimize stage could not write without it): the batch then fails or, worse, mixes or drops
+        samples. The first batch asking for ``names`` runs whole and sample by sample; the batch runs
+        whole from then on only if both gave the same, else sample by sample."""
+        session = self._session_for(names)
+        count = self._stacked_samples(feeds)
+        apart = self._batch_apart.get(tuple(names)) if count else True
+        if apart:
+            return session.run(names, feeds)
+        singles = [session.run(names, {n: d[i:i + 1] for n, d in feeds.items()}) for i in range(count)]
+        stacked = [np.concatenate(parts) if parts[0].ndim else np.stack(parts) for parts in zip(*singles, strict=True)]
+        if apart is None:
+            try:
+                whole = session.run(names, feeds)
+                self._batch_apart[tuple(names)] = all(
+                    same_outputs(w, s) for w, s in zip(whole, stacked, strict=True))
+            except RUN_ERRORS:
+                self._batch_apart[tuple(names)] = False
+        return stacked
+
+    def _stacked_samples(self, feeds: dict[str, np.ndarray]) -> int | None:
+        """How many samples ``feeds`` stack along the first axis of inputs built for one (None: not such a batch)."""
+        counts = {d.shape[0] if d.ndim and self._fixed_shapes.get(n, [None])[:1] == [1] else None
+                  for n, d in feeds.items()}
+        count = counts.pop() if len(counts) == 1 else None
+        return count if count is not None and count > 1 else None
 
     def _session_for(self, names: list[str]) -> ort.InferenceSession | CustomOpSession:
         """The session that can fetch ``names``: the model's own, or (intermediate tensors asked
