@@ -215,6 +215,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     bpu_forms.upsampling_by_whole_factors(body, profile)
     bpu_forms.interpolations_as_matmuls(body)
     if profile is not None:
+        rewritten["ConvTransposes with a kernel or stride beyond the BPU's limits written as a Conv over the "
+                  "stride's phases, the phases then put in place"] = \
+            bpu_forms.conv_transposes_over_phases(body, profile, placed)
         rewritten["Conv kernels cut to the taps that read the map (the others read only padding)"] = \
             bpu_forms.convs_without_dead_taps(body, profile)
         bpu_forms.large_patch_convs_as_space_to_depth(body, profile)

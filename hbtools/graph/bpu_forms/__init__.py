@@ -10,6 +10,7 @@ The rewrites live in modules by the kind of node they rewrite; every one is impo
 from hbtools.graph.bpu_forms.activations import softplus_thresholds_dropped
 from hbtools.graph.bpu_forms.branches import parallel_convs_merged
 from hbtools.graph.bpu_forms.convs import (
+    conv_transposes_over_phases,
     convs_in_kernel_pieces,
     convs_without_dead_taps,
     dilated_convs_by_phases,
@@ -80,6 +81,7 @@ __all__ = [
     "channel_shuffles_as_gathers",
     "constant_pads_as_concats",
     "conv_transpose_output_shapes_as_pads",
+    "conv_transposes_over_phases",
     "convs_in_kernel_pieces",
     "convs_without_dead_taps",
     "crops_as_slices",

@@ -393,6 +393,111 @@ def strided_convs_over_phases(model: ModelProto, profile: MarchProfile,
     return rewrite_nodes(model, over_phases)
 
 
+def conv_transposes_over_phases(model: ModelProto, profile: MarchProfile,
+                                placed: Mapping[str, str] | None = None) -> int:
+    """A ConvTranspose whose kernel or stride is larger than the BPU takes (HiFi-GAN's k16 s8 upsamplers,
+    FCN-8s' k16 s8 head) as a stride-1 Conv over the stride's phases, then the phases interleaved: output
+    sample ``q*s + r`` of the transposed conv sums ``x[q - j] * w[r + j*s]``, so the Conv's channel
+    ``o*s + r`` holds phase ``r`` of output channel ``o`` with ceil(k / s) taps (zero past the kernel),
+    ``Reshape`` / ``Transpose`` / ``Reshape`` (1-D, or a single row) or ``DepthToSpace`` (2-D, equal
+    strides) put the phases in place and a ``Slice`` keeps what the pads keep. The same sums; the bias on
+    every phase. A Conv kernel still too long is then cut into pieces. Not where node_info puts the
+    ConvTranspose on the CPU, nor with dilations. Returns how many it rewrote."""
+    rule, conv = profile.rule("ConvTranspose"), profile.rule("Conv")
+    if rule is None or conv is None or (rule.kernel is None and rule.stride is None):
+        return 0
+    opset = _opset(model)
+    view = GraphView(model)
+
+    def over_phases(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "ConvTranspose" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 \
+                or (placed or {}).get(node.name) == "CPU":
+            return None
+        w = view.const(node.input[1])
+        b = view.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+        a = view.attrs(node)
+        if w is None or (len(node.input) > 2 and node.input[2] and b is None) or w.ndim not in (3, 4) \
+                or shape is None or out is None or len(shape) != w.ndim or len(out) != w.ndim \
+                or any(not isinstance(d, int) or d <= 0 for d in [*shape, *out]) \
+                or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or "output_shape" in a \
+                or any(d != 1 for d in a.get("dilations") or []):
+            return None
+        spatial = w.ndim - 2
+        kernel = list(w.shape[2:])
+        strides = [int(v) for v in a.get("strides") or [1] * spatial]
+        pads = [int(v) for v in a.get("pads") or [0] * 2 * spatial]
+        if not any((rule.kernel is not None and k > rule.kernel) or (rule.stride is not None and st > rule.stride)
+                   for k, st in zip(kernel, strides, strict=True)):
+            return None
+        group = int(a.get("group", 1))
+        c_in, c_out = w.shape[0], w.shape[1] * group
+        phases = int(np.prod(strides))
+        taps = [-(-k // st) for k, st in zip(kernel, strides, strict=True)]
+        # the Conv's frames per axis: enough for the last output sample the pads keep
+        frames = [max(-(-(pads[k] + out[k + 2]) // strides[k]), shape[k + 2]) for k in range(spatial)]
+        if (conv.channels is not None and max(c_out * phases, c_in) > conv.channels) \
+                or not conv.ranks[0] <= w.ndim <= conv.ranks[1]:
+            return None
+        moved = [k for k in range(spatial) if strides[k] > 1]
+        if spatial == 2 and len(moved) == 2 and (strides[0] != strides[1] or opset < 11
+                                                 or profile.rule("DepthToSpace") is None):
+            return None
+        if spatial == 2 and len(moved) == 1 and frames[1 - moved[0]] != 1:
+            return None  # phases along one axis of a map: a 5-D view the BPU may not take
+        weight = np.zeros((c_out * phases, c_in // group, *taps), w.dtype)
+        per_group_in, per_group_out = c_in // group, c_out // group
+        for r in np.ndindex(*strides):
+            flat_r = int(np.ravel_multi_index(r, strides)) if phases > 1 else 0
+            for u in np.ndindex(*taps):
+                src = [r[k] + (taps[k] - 1 - u[k]) * strides[k] for k in range(spatial)]
+                if any(src[k] >= kernel[k] for k in range(spatial)):
+                    continue
+                for g in range(group):
+                    block = w[(slice(g * per_group_in, (g + 1) * per_group_in), slice(None), *src)]  # [C_in/g, C_out/g]
+                    rows = (g * per_group_out + np.arange(per_group_out)) * phases + flat_r
+                    weight[(rows, slice(None), *u)] = block.T
+        tag = f"{node.name}_phases"
+        nodes: list[NodeProto] = []
+        inputs = [node.input[0], f"{node.input[1]}_{tag}"]
+        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), inputs[1]))
+        if b is not None:
+            inputs.append(f"{node.input[2]}_{tag}")
+            model.graph.initializer.append(numpy_helper.from_array(np.repeat(b, phases), inputs[2]))
+        extra = [frames[k] - shape[k + 2] for k in range(spatial)]
+        y = f"{node.output[0]}_{tag}"
+        nodes.append(helper.make_node("Conv", inputs, [y], name=node.name, kernel_shape=taps, group=group,
+                                      pads=[t - 1 for t in taps] + extra))
+        if phases > 1 and spatial == 2 and len(moved) == 2:
+            nodes.append(helper.make_node("DepthToSpace", [y], [f"{y}_placed"], name=f"{tag}_placed",
+                                          blocksize=strides[0], mode="CRD"))
+            y = f"{y}_placed"
+        elif phases > 1:  # one axis of phases: [N, C_out * s, F] (or a single row / column) -> [N, C_out, F * s]
+            spread = [shape[0], c_out, *[frames[k] * strides[k] for k in range(spatial)]]
+            for what, dims in (("split", [shape[0], c_out, phases, frames[moved[0]]]), ("placed", spread)):
+                model.graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), f"{tag}_{what}"))
+            nodes.append(helper.make_node("Reshape", [y, f"{tag}_split"], [f"{y}_split"], name=f"{tag}_split"))
+            nodes.append(helper.make_node("Transpose", [f"{y}_split"], [f"{y}_interleaved"],
+                                          name=f"{tag}_interleave", perm=[0, 1, 3, 2]))
+            nodes.append(helper.make_node("Reshape", [f"{y}_interleaved", f"{tag}_placed"], [f"{y}_placed"],
+                                          name=f"{tag}_placed"))
+            y = f"{y}_placed"
+        starts = [pads[k] for k in range(spatial)]
+        ends = [pads[k] + out[k + 2] for k in range(spatial)]
+        consts = []
+        for what, values in (("starts", starts), ("ends", ends), ("axes", [k + 2 for k in range(spatial)])):
+            model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), f"{tag}_{what}"))
+            consts.append(f"{tag}_{what}")
+        if opset >= 10:
+            nodes.append(helper.make_node("Slice", [y, *consts], list(node.output), name=f"{tag}_kept"))
+        else:
+            nodes.append(helper.make_node("Slice", [y], list(node.output), name=f"{tag}_kept", starts=starts,
+                                          ends=ends, axes=[k + 2 for k in range(spatial)]))
+        return nodes
+
+    return rewrite_nodes(model, over_phases)
+
+
 def _signal_axis(shape: list[int], kernel: tuple[int, ...], strides: list[int], dilations: list[int],
                  pads: list[int]) -> int | None:
     """The axis of ``shape`` a Conv slides along as a 1-D Conv (``strided_convs_over_phases``): the only
