@@ -268,3 +268,42 @@ def test_a_squeezed_pool_of_a_row_feeds_the_head_on_the_bpu_of_x3(opset: int) ->
     assert subgraphs == 1 and all(kind in LAYOUT for kind, _ in cpu) and len(cpu) <= 2, cpu
     feed = {"x": np.random.default_rng(2).standard_normal((1, 6, 20)).astype(np.float32)}
     np.testing.assert_allclose(_run(optimized, feed)[0], _run(fm.model, feed)[0], rtol=1e-5, atol=1e-5)
+
+
+def _keras_conv1d(opset: int, through_transpose: bool):
+    """Keras' Conv1D as tf2onnx / jax2tf write it: a Conv2d of kernel [5, 1] over the column [N, C, L, 1] (an
+    Unsqueeze of the last axis; in magika a Transpose of [N, L, C, 1] first), a Squeeze of the column, then a
+    tanh-GELU and the max over the length before a Dense (hunt 42 D2: the Squeeze put the GELU and the max on
+    the CPU of RDK X3 in float, and split the BPU graph)."""
+    g = _Graph(8)
+    if through_transpose:
+        column = g.op("Transpose", [_axes(g, "Unsqueeze", "x", [3], opset)], perm=[0, 2, 1, 3])
+        shape = [1, 40, 16]
+    else:
+        column = _axes(g, "Unsqueeze", "x", [-1], opset)
+        shape = [1, 16, 40]
+    conv = g.op("Conv", [column, g.const((g.rng.standard_normal((24, 16, 5, 1)) / 9).astype(np.float32), "w"),
+                         g.const((0.1 * g.rng.standard_normal(24)).astype(np.float32), "b")],
+                kernel_shape=[5, 1], pads=[2, 0, 2, 0])
+    y = _axes(g, "Squeeze", conv, [-1], opset)
+    cube = g.op("Mul", [g.op("Mul", [y, y]), y])
+    inner = g.op("Mul", [g.op("Add", [y, g.op("Mul", [cube, g.const(np.array(0.044715, np.float32), "c")])]),
+                         g.const(np.array(0.7978846, np.float32), "c")])
+    gelu = g.op("Mul", [g.op("Mul", [y, g.const(np.array(0.5, np.float32), "c")]),
+                        g.op("Add", [g.op("Tanh", [inner]), g.const(np.array(1.0, np.float32), "c")])])
+    pooled = _axes(g, "ReduceMax", gelu, [2], opset, keepdims=0)
+    return g.model({"x": shape}, [g.gemm(pooled, 24, 6)], opset=opset)
+
+
+@pytest.mark.parametrize("through_transpose", [False, True], ids=["unsqueezed", "transposed"])
+@pytest.mark.parametrize("opset", [11, 13])
+def test_a_keras_conv1d_over_a_column_keeps_its_layers_on_the_bpu_of_x3(opset: int, through_transpose: bool) -> None:
+    fm = _keras_conv1d(opset, through_transpose)
+    optimized, subgraphs, cpu = _placed(fm.model, "bernoulli2")
+    assert subgraphs == 1, cpu
+    assert all(kind in (*LAYOUT, "Transpose") for kind, _ in cpu), cpu  # the input's view and the head's flatten
+    name, shape = next(iter(fm.inputs.items()))
+    feed = {name: np.random.default_rng(7).standard_normal(shape).astype(np.float32)}
+    for got, want in zip(_run(optimized, feed), _run(fm.model, feed), strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

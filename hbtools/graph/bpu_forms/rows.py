@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.bpu_forms._common import _axes_node, _opset
+from hbtools.graph.bpu_forms._common import _axes_node, _opset, reshape_node
 from hbtools.graph.bpu_forms.resizes import resize_of_the_row
 from hbtools.graph.graph import GraphView, remove_dead_nodes
 from hbtools.march.profiles import MarchProfile
@@ -38,7 +38,87 @@ def one_row_chains_as_4d(model: ModelProto, profile: MarchProfile, placed: Mappi
     conv = profile.rule("Conv")
     if profile.takes_rank(3) or conv is None or not conv.ranks[0] <= 4 <= conv.ranks[1]:
         return 0
-    return _Rows(model, placed or {}).run()
+    columns = _column_convs_as_rows(model, placed or {})
+    return _Rows(model, placed or {}).run() + columns
+
+
+def _column_convs_as_rows(model: ModelProto, placed: Mapping[str, str]) -> int:
+    """A 2-D Conv over a single column, [N, C, L, 1] with kernel [k, 1] and nothing across the column, read only by
+    a Squeeze of that column (tf2onnx / jax2tf write Keras' Conv1D so: magika's byte classifier) as the same Conv
+    over the row [N, C, 1, L] (its input an Unsqueeze of the row where it was an Unsqueeze of the column, else a
+    Reshape to the row), the Squeeze then of the row: ``_Rows`` carries the layers after it over the row, where
+    the Squeeze left them 3-D on the CPU. Returns how many Convs it turned."""
+    view = GraphView(model)
+    opset = _opset(model)
+    taken = {*(i.name for i in model.graph.input), *(t.name for t in model.graph.initializer),
+             *(name for n in model.graph.node for name in (n.name, *n.input, *n.output))}
+    turned: dict[str, NodeProto] = {}  # Squeeze name -> its new form
+    nodes: list[NodeProto] = []
+    for node in model.graph.node:
+        if node.name in turned:
+            nodes.append(turned[node.name])
+            continue
+        readers = view.consumers.get(node.output[0], []) if node.output else []
+        squeeze = readers[0] if len(readers) == 1 else None
+        found = _column_conv(node, squeeze, view, placed)
+        if found is None:
+            nodes.append(node)
+            continue
+        shape, w, a = found
+        row_in = fresh_name(f"{node.input[0]}_row", taken)
+        producer = view.producer.get(node.input[0])
+        if producer is not None and producer.op_type == "Unsqueeze" and _unit_axes(producer, view) == [3]:
+            nodes.append(_axes_node(model, opset, "Unsqueeze", producer.input[0], row_in, [ROW],
+                                    fresh_name(f"{node.name}_row_input", taken)))
+        else:
+            nodes.append(reshape_node(model, node.input[0], row_in, [shape[0], shape[1], 1, shape[2]],
+                                      fresh_name(f"{node.name}_row_input", taken)))
+        weight = fresh_name(f"{node.input[1]}_row", taken)
+        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w.transpose(0, 1, 3, 2)), weight))
+        pads = [int(v) for v in a.get("pads") or [0, 0, 0, 0]]
+        row_out = fresh_name(f"{node.output[0]}_row", taken)
+        conv = helper.make_node("Conv", [row_in, weight, *node.input[2:]], [row_out], name=node.name,
+                                kernel_shape=[1, w.shape[2]], pads=[0, pads[0], 0, pads[2]],
+                                strides=[1, int((a.get("strides") or [1, 1])[0])],
+                                dilations=[1, int((a.get("dilations") or [1, 1])[0])], group=int(a.get("group", 1)))
+        nodes.append(conv)
+        turned[squeeze.name] = _axes_node(model, opset, "Squeeze", row_out, squeeze.output[0], [ROW],
+                                          fresh_name(f"{squeeze.name}_of_row", taken))
+        turned[squeeze.name].name = squeeze.name
+    if turned:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        remove_dead_nodes(model)
+    return len(turned)
+
+
+def _column_conv(node: NodeProto, squeeze: NodeProto | None, view: GraphView,
+                 placed: Mapping[str, str]) -> tuple[list[int], np.ndarray, dict] | None:
+    """(input shape, weight, attributes) of a Conv over a single column read only by a Squeeze of it, else None."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or placed.get(node.name) == "CPU" \
+            or squeeze is None or squeeze.op_type != "Squeeze" or node.output[0] in view.graph_outputs \
+            or _unit_axes(squeeze, view) != [3]:
+        return None
+    w = view.const(node.input[1])
+    shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+    a = view.attrs(node)
+    if w is None or w.ndim != 4 or w.shape[3] != 1 or shape is None or out is None or len(shape) != 4 \
+            or shape[3] != 1 or out[3] != 1 or not all(isinstance(d, int) for d in shape) \
+            or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    pads = [int(v) for v in a.get("pads") or [0, 0, 0, 0]]
+    if pads[1] or pads[3] or int((a.get("strides") or [1, 1])[1]) != 1:
+        return None
+    return shape, w, a
+
+
+def _unit_axes(node: NodeProto, view: GraphView) -> list[int] | None:
+    """The axes (of a 4-D tensor, non-negative) a Squeeze takes or an Unsqueeze gives, where constant."""
+    a = view.attrs(node)
+    given = a.get("axes")
+    if given is None and len(node.input) > 1 and node.input[1]:
+        given = view.const(node.input[1])
+    return None if given is None else [int(v) % 4 for v in np.ravel(given)]
 
 
 def _row_axis(axis: int) -> int:
