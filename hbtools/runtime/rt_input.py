@@ -42,9 +42,13 @@ def rt_shape(desc: InputDesc) -> tuple[int, ...]:
 def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
     """Check one input's runtime data and convert it to the model input tensor."""
     data = np.asarray(data)
+    if not data.dtype.isnative:  # a big-endian file ('>f4'): the same values in the machine's order
+        data = data.astype(data.dtype.newbyteorder("="))
     want_dtype, want_shape = rt_dtype(desc), rt_shape(desc)
     if data.dtype != want_dtype and not desc.is_image and integers_fit(data, want_dtype):
         data = data.astype(want_dtype)  # indices in another integer type, as HB_ONNXRuntime takes them
+    if want_dtype == np.float32 and not desc.is_image and data.dtype in (np.float64, np.float16):
+        data = data.astype(np.float32)  # numpy's default float64 (np.save of a float array), as HB_ONNXRuntime takes
     if data.dtype != want_dtype:
         shifted = ("; int8 data is the calibrated model's own input (pixel - 128, as the calibration_data dump "
                    "holds it)") if desc.is_image and data.dtype == np.int8 else ""
@@ -135,10 +139,6 @@ def load_rt_file(desc: InputDesc, path: str | Path) -> np.ndarray:
             data = load_npy(path)
         except (ValueError, OSError) as e:
             raise HbError(f"'{path}' is not a readable .npy file: {e}") from None
-        # numpy's default float64 (np.ones, np.random.rand) for a float32 featuremap: converted, as
-        # HB_ONNXRuntime does; a raw file has no dtype to go by, so only .npy gets this
-        if not desc.is_image and desc.dtype == np.float32 and data.dtype in (np.float64, np.float16):
-            data = data.astype(np.float32)
         _check_npy_shape(desc, path, data.shape)
         return data
     if suffix in IMAGE_EXTENSIONS:
