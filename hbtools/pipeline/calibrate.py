@@ -173,28 +173,31 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     if method != "load":  # int16 tensors take the max with every method (``threshold_for``)
         methods.update({p.tensor: "max" for p in plan.activations if p.bits == 16})
     log.info("Select %s method", method)  # the seed's line, as it is
-    summary = _summary(method, plan)
-    log.info("calibration summary: %s", summary)
     if bias_correction == "on" and not scores:  # no search: corrected unconditionally, as asked
         with times.step("bias correction"):
             corrected = _corrected_biases(optimized, plan, thresholds, weight_th, methods, bc_feeds or eval_feeds)
         if corrected is not None:
             log.info("bias correction applied")
             optimized = corrected
+    summary = _summary(method, plan, optimized is not uncorrected)
+    log.info("calibration summary: %s", summary)
     model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
     if optimized is not uncorrected:
         record_float_biases(model, uncorrected)
     return CalibrationResult(model, plan, thresholds, method, scores, summary)
 
 
-def _summary(method: str, plan: CalibrationPlan) -> str:
-    """The method and what else the search chose: GPTQ rounding kept or not, int16 tensors (hb_model_info too)."""
+def _summary(method: str, plan: CalibrationPlan, corrected: bool) -> str:
+    """The method and what else the search chose: GPTQ rounding kept or not, int16 tensors, zero points, corrected
+    biases (hb_model_info too)."""
     int16 = sum(p.bits == 16 for p in plan.activations)
     gptq = f"GPTQ weight rounding kept on {len(plan.rounding)} weights" if plan.rounding else \
         "weights rounded to nearest (no GPTQ)"
     zero_points = sum(p.asymmetric and p.bits == 8 for p in plan.activations)
     asymmetric = f"; zero points on {zero_points} int8 tensors" if zero_points else ""
-    return f"method {method}; {gptq}; {int16} of {len(plan.activations)} activation tensors int16{asymmetric}"
+    biases = "; biases corrected (bias correction kept)" if corrected else ""
+    return (f"method {method}; {gptq}; {int16} of {len(plan.activations)} activation tensors int16{asymmetric}"
+            f"{biases}")
 
 
 def _weight_rounding(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[str, np.ndarray],

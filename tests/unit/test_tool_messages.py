@@ -87,12 +87,31 @@ def test_default_calibration_says_what_it_chose(tmp_path, monkeypatch) -> None:
     made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
     assert made.exit_code == 0, made.output
     found = re.search(r"INFO calibration summary: (method \S+.*; (GPTQ weight rounding kept on \d+ weights|weights "
-                      r"rounded to nearest \(no GPTQ\)); (\d+) of (\d+) activation tensors int16)$", made.output, re.M)
+                      r"rounded to nearest \(no GPTQ\)); (\d+) of (\d+) activation tensors int16"
+                      r"(; zero points on \d+ int8 tensors)?(; biases corrected \(bias correction kept\))?)$",
+                      made.output, re.M)
     assert found, made.output
     assert re.search(r"INFO Select \S+ method$", made.output, re.M)  # the seed's line stays as it is
     assert 0 <= int(found.group(3)) <= int(found.group(4)) > 0
     info = invoke(hb_model_info.main, [project.artefact("bin")]).output
     assert f"calibration result  : {found.group(1)}" in info
+
+
+def test_calibration_summary_says_the_biases_were_corrected(tmp_path, monkeypatch) -> None:
+    """Bias correction kept changed the calibrated model (a layer whose float output is all zero then shows
+    cosine 0 in the node table), but the summary and hb_model_info's calibration result named every other choice
+    and not that one (hunt 42 D4)."""
+    from hbtools.cli import hb_model_info
+
+    monkeypatch.chdir(tmp_path)
+    project = make_project(tmp_path / "p", MODELS["resnet_like"](), calibration_type="max")
+    project.write(calibration_parameters={"optimization": ["bias_correction"]})
+    made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
+    assert made.exit_code == 0, made.output
+    assert re.search(r"INFO calibration summary: method max; .*; biases corrected \(bias correction kept\)$",
+                     made.output, re.M), made.output
+    info = invoke(hb_model_info.main, [project.artefact("bin")]).output
+    assert re.search(r"calibration result  : method max; .*; biases corrected \(bias correction kept\)", info), info
 
 
 def test_calibration_summary_states_modelled_latencies(tmp_path, monkeypatch) -> None:
