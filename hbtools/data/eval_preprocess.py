@@ -144,6 +144,10 @@ def _vendor_recipes() -> list[Recipe]:
         return [t.ShortSideResizeTransformer(short_size=256), t.CenterCropTransformer(crop_size=224),
                 t.HWC2CHWTransformer(), t.ScaleTransformer(255), t.RGB2NV12Transformer(data_format="CHW")]
 
+    def vargconvnet() -> list:
+        return [t.ResizeTransformer(target_size=(256, 256)), t.CenterCropTransformer(crop_size=224),
+                t.HWC2CHWTransformer(), t.RGB2NV12Transformer(data_format="CHW")]
+
     def googlenet() -> list:
         return [t.ShortSideResizeTransformer(short_size=256), t.CenterCropTransformer(crop_size=224),
                 t.BGR2NV12Transformer(data_format="HWC")]
@@ -204,6 +208,7 @@ def _vendor_recipes() -> list[Recipe]:
              "mobilenetv2", "resnet18"),
         nv12("mobilenet_onnx", "skimage", (224, 224), imagenet_rgb, "short side 256, centre crop 224 (RGB)"),
         nv12("googlenet", "opencv", (224, 224), googlenet, "short side 256, centre crop 224"),
+        nv12("vargconvnet", "skimage", (224, 224), vargconvnet, "resize to 256x256, centre crop 224"),
         *lites,
         nv12("yolov2", "opencv", (608, 608), yolo(608), "letterbox 608", "yolov2_darknet19"),
         nv12("yolov3", "opencv", (416, 416), yolo(416), "letterbox 416", "yolov3_darknet53"),

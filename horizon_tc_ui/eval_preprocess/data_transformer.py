@@ -20,6 +20,17 @@ def _function(recipe: Recipe, name: str) -> Callable[[], tuple[list, tuple[int, 
 for _name, _recipe in RECIPES.items():
     if _recipe.vendor_size is not None:
         globals()[f"{_name}_data_transformer"] = _function(_recipe, _name)
+# the vendor's own names for functions shared by several models
+for _alias, _name in (("mobilenet", "mobilenetv1"), ("deeplabv3plus_efficientnet", "deeplabv3plus_efficientnetm1"),
+                      ("fcos_efficientnetb1", "preq_qat_fcos_efficientnetb1"),
+                      ("fcos_efficientnetb2", "preq_qat_fcos_efficientnetb2"),
+                      ("fcos_efficientnetb3", "preq_qat_fcos_efficientnetb3")):
+    globals()[f"{_alias}_data_transformer"] = _function(RECIPES[_name], _alias)
+
+# model name -> (transformers, (height, width)), as the vendor's module holds it
+data_transformer_info: dict[str, tuple[list, tuple[int, int]]] = {
+    _name: globals()[f"{_name}_data_transformer"]() for _name, _recipe in RECIPES.items()
+    if _recipe.vendor_size is not None}
 
 
 def get_data_transformer_info(model_name: str) -> tuple[list, tuple[int, int]]:

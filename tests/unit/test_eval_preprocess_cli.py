@@ -316,3 +316,36 @@ def test_the_vendors_eval_preprocess_modules_give_the_same_bytes(model, tmp_path
     image = SingleImageDataLoader(transformers, str(folder / "cat.png"), imread_mode=MODEL_DICT[model]["read_mode"])[0]
     assert written.name == f"cat.png_300_451_{h}_{w}.bin"
     assert image.tobytes() == written.read_bytes()
+
+
+VENDOR_MODELS = (
+    "mobilenetv1 mobilenetv2 googlenet resnet18 efficientnet_lite0 efficientnet_lite1 efficientnet_lite2 "
+    "efficientnet_lite3 efficientnet_lite4 vargconvnet yolov2 yolov2_darknet19 yolov3 yolov3_darknet53 "
+    "yolov3_vargdarknet yolov4_efficientnetb0 yolov5 yolov5s yolov5x mobilenet_ssd ssd_mobilenetv1 efficientdetd0 "
+    "efficient_det mobilenet_unet unet_mobilenet mobilenet_onnx centernet centernet_resnet50 centernet_resnet101 "
+    "fcos_efficientnetb0 fcos fcos_resnet50 fcos_resnext deeplabv3plus_efficientnetb0 fastscnn_efficientnetb0 "
+    "efficientnasnet_m efficientnasnet_s deeplabv3plus_dilation1248 deeplabv3plus_efficientnetm1 "
+    "deeplabv3plus_efficientnetm2 community_qat_fcos_efficientnetb0 community_qat_fcos_efficientnetb2 "
+    "community_qat_fcos_efficientnetb3 preq_qat_fcos_efficientnetb0 preq_qat_fcos_efficientnetb1 "
+    "preq_qat_fcos_efficientnetb2 preq_qat_fcos_efficientnetb3").split()
+# the vendor module's functions whose names are not a model's
+VENDOR_FUNCTIONS = {"mobilenet": "mobilenetv1", "deeplabv3plus_efficientnet": "deeplabv3plus_efficientnetm1",
+                    "fcos_efficientnetb1": "preq_qat_fcos_efficientnetb1",
+                    "fcos_efficientnetb2": "preq_qat_fcos_efficientnetb2",
+                    "fcos_efficientnetb3": "preq_qat_fcos_efficientnetb3"}
+
+
+def test_every_name_of_the_vendors_eval_preprocess_module_is_there():
+    """Scripts import the vendor module's functions and its data_transformer_info dict, and pass any of its model
+    names to hb_eval_preprocess: vargconvnet was an unknown model, mobilenet_data_transformer and the other
+    functions named apart from a model, and the dict, were missing (hunt 43 D13)."""
+    from horizon_tc_ui.eval_preprocess import data_transformer
+
+    info = data_transformer.data_transformer_info
+    assert set(VENDOR_MODELS) <= set(info), sorted(set(VENDOR_MODELS) - set(info))
+    for model in VENDOR_MODELS:
+        transformers, size = info[model]
+        assert transformers and size == data_transformer.get_data_transformer_info(model)[1], model
+    for function, model in VENDOR_FUNCTIONS.items():
+        transformers, size = getattr(data_transformer, f"{function}_data_transformer")()
+        assert size == info[model][1] and [type(t) for t in transformers] == [type(t) for t in info[model][0]]
