@@ -225,6 +225,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
             bpu_forms.dilated_convs_by_phases(body, profile, placed)
         rewritten["1-D convs strided beyond the BPU's limit, or too long for pieces otherwise, run over the stride's "
                   "phases"] = bpu_forms.strided_convs_over_phases(body, profile, placed)
+        rewritten["Convs over a single row with a kernel longer than the BPU takes written as one Conv over copies "
+                  "of the row stacked along the row axis"] = bpu_forms.row_convs_as_stacked_rows(body, profile, placed)
         # after the phases, which keep a dilated Conv whole where the map divides
         rewritten["Convs whose kernel is longer or more dilated than the BPU takes written as sums of pieces"] = \
             bpu_forms.convs_in_kernel_pieces(body, profile, placed)

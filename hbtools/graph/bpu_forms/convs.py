@@ -498,6 +498,93 @@ def conv_transposes_over_phases(model: ModelProto, profile: MarchProfile,
     return rewrite_nodes(model, over_phases)
 
 
+def row_convs_as_stacked_rows(model: ModelProto, profile: MarchProfile,
+                              placed: Mapping[str, str] | None = None) -> int:
+    """A Conv over a single row [N, C, 1, L] whose kernel [1, k] is longer than the BPU takes (a 1-D conv on
+    RDK X3, which runs over rows: an ECG ResNet's k15, a keyword spotter's depthwise k9) as one Conv of kernel
+    [R, ceil(k / R)] over R copies of the signal stacked along the row axis, copy r shifted by r * ceil(k / R)
+    taps: the signal padded as the Conv pads it (``Concat`` with zeros; more zeros where the last copy reads
+    past it, against zero taps), ``Slice`` per copy, ``Concat`` on axis 2. The same sum in one accumulator with
+    the activation after it fused, where kernel pieces round every partial sum to the int8 grid (hunt 42 D1:
+    held out behind the int8 peer with pieces, level with it stacked). Only where R fits the kernel limit too,
+    stride and dilation do, and node_info does not put the Conv on the CPU. Returns how many Convs it wrote."""
+    rule = profile.rule("Conv")
+    if rule is None or rule.kernel is None:
+        return 0
+    limit = rule.kernel
+    view = GraphView(model)
+    opset = _opset(model)
+
+    def stacked(node: NodeProto) -> list[NodeProto] | None:
+        weights = _constant_conv(node, view, placed)
+        if weights is None:
+            return None
+        w, _ = weights
+        shape, out = view.shapes.get(node.input[0]), view.shapes.get(node.output[0])
+        a = view.attrs(node)
+        if w.ndim != 4 or w.shape[2] != 1 or w.shape[3] <= limit or shape is None or out is None \
+                or len(shape) != 4 or len(out) != 4 or shape[2] != 1 \
+                or any(not isinstance(v, int) or v <= 0 for v in [*shape, *out]) \
+                or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            return None
+        strides = [int(v) for v in a.get("strides") or [1, 1]]
+        dilations = [int(v) for v in a.get("dilations") or [1, 1]]
+        pads = [int(v) for v in a.get("pads") or [0, 0, 0, 0]]
+        if strides[0] != 1 or pads[0] or pads[2] or (rule.stride is not None and strides[1] > rule.stride) \
+                or (rule.dilation is not None and dilations[1] > rule.dilation):
+            return None
+        k = w.shape[3]
+        rows = -(-k // limit)
+        taps = -(-k // rows)
+        if rows > limit:
+            return None
+        s, d, front = strides[1], dilations[1], pads[1]
+        width = (out[3] - 1) * s + (taps - 1) * d + 1
+        tail = max((rows - 1) * taps * d + width - front - shape[3], 0)
+        tag = f"{node.name}_rows"
+        nodes: list[NodeProto] = []
+        x = node.input[0]
+        if front or tail:
+            parts = []
+            for where, size in (("front", front), ("x", 0), ("tail", tail)):
+                if where == "x":
+                    parts.append(x)
+                elif size:
+                    block = f"{tag}_{where}"
+                    model.graph.initializer.append(numpy_helper.from_array(
+                        np.zeros([shape[0], shape[1], 1, size], np.float32), block))
+                    parts.append(block)
+            nodes.append(helper.make_node("Concat", parts, [f"{x}_{tag}_padded"], name=f"{tag}_pad", axis=3))
+            x = f"{x}_{tag}_padded"
+        copies = []
+        for r in range(rows):
+            start = r * taps * d
+            copies.append(f"{x}_{tag}_{r}")
+            if opset < 10:
+                nodes.append(helper.make_node("Slice", [x], [copies[-1]], name=f"{tag}_{r}", starts=[start],
+                                              ends=[start + width], axes=[3]))
+                continue
+            consts = []
+            for what, values in (("starts", [start]), ("ends", [start + width]), ("axes", [3])):
+                name = f"{tag}_{r}_{what}"
+                model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+                consts.append(name)
+            nodes.append(helper.make_node("Slice", [x, *consts], [copies[-1]], name=f"{tag}_{r}"))
+        nodes.append(helper.make_node("Concat", copies, [f"{x}_{tag}"], name=f"{tag}_stacked", axis=2))
+        weight = np.zeros((w.shape[0], w.shape[1], rows * taps), w.dtype)
+        weight[:, :, :k] = w[:, :, 0, :]
+        weight = weight.reshape(w.shape[0], w.shape[1], rows, taps)
+        model.graph.initializer.append(numpy_helper.from_array(weight, f"{node.input[1]}_{tag}"))
+        others = [x for x in node.attribute if x.name not in ("kernel_shape", "pads", "dilations", "strides")]
+        conv = helper.make_node("Conv", [f"{x}_{tag}", f"{node.input[1]}_{tag}", *node.input[2:]], list(node.output),
+                                name=node.name, kernel_shape=[rows, taps], strides=[1, s], dilations=[1, d],
+                                pads=[0, 0, 0, 0])
+        conv.attribute.extend(others)
+        return [*nodes, conv]
+
+    return rewrite_nodes(model, stacked)
+
+
 def _signal_axis(shape: list[int], kernel: tuple[int, ...], strides: list[int], dilations: list[int],
                  pads: list[int]) -> int | None:
     """The axis of ``shape`` a Conv slides along as a 1-D Conv (``strided_convs_over_phases``): the only
