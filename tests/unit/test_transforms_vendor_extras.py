@@ -98,18 +98,45 @@ def test_short_long_resize_at_factor_one_is_the_identity():
 
 
 def test_pad_scales_the_long_side_to_target_and_pads_bottom_right_to_the_divisor():
-    image = RNG.random((8, 16, 3))
+    image = RNG.random((8, 16, 3)) * 255
     out = T.PadTransformer(size_divisor=3, target_size=8)(image)  # factor 0.5 -> 4 x 8 -> canvas 6 x 9
-    assert out.shape == (6, 9, 3)
-    np.testing.assert_allclose(out[:4, :8], block_means(image), atol=1e-12)
+    assert out.shape == (6, 9, 3) and out.dtype == np.float32
+    # the vendor truncates the resized picture to uint8 (astype) before it goes on the canvas
+    np.testing.assert_array_equal(out[:4, :8], np.floor(block_means(image) + 1e-9))
     assert not out[4:].any() and not out[:, 8:].any()
 
 
-def test_pad_defaults_give_a_canvas_in_multiples_of_128():
-    out = T.PadTransformer()(rgb_uint8(300, 400))  # 512 / 400 -> 384 x 512
-    assert out.shape == (384, 512, 3) and out.dtype == np.uint8
+def test_pad_defaults_give_a_float32_canvas_in_multiples_of_128():
+    image = rgb_uint8(300, 400)
+    out = T.PadTransformer()(image)  # 512 / 400 -> 384 x 512
+    assert out.shape == (384, 512, 3) and out.dtype == np.float32  # the vendor's ends in astype(np.float32)
+    assert T.Pad(image).dtype == np.float32
     with pytest.raises(ValueError, match="size_divisor"):
         T.PadTransformer(size_divisor=0)
+
+
+# The vendor's PadTransformer: cv2.resize(img, (int(round(w * f)), int(round(h * f))), interpolation=INTER_LINEAR)
+# with f = 13 / 8, of the 5x8 picture below (channel 0), from OpenCV 5.0 and 4.10 (the same bytes; run once to
+# write them down). cv2.resize(img, None, fx=f, fy=f) samples the rows with 1 / f instead of 5 / 8: 225 of
+# the 312 values differ.
+CV2_PAD_13 = [[0, 0, 1, 2, 3, 5, 6, 8, 10, 12, 14, 16, 18], [10, 11, 12, 14, 16, 18, 20, 23, 25, 28, 30, 33, 35],
+              [25, 27, 30, 32, 35, 38, 41, 44, 48, 51, 55, 58, 61],
+              [51, 53, 57, 60, 63, 67, 71, 74, 78, 83, 87, 91, 94],
+              [81, 83, 87, 91, 95, 99, 104, 108, 113, 117, 122, 126, 129],
+              [114, 117, 122, 126, 131, 135, 140, 145, 150, 155, 160, 165, 168],
+              [153, 156, 161, 166, 171, 177, 182, 187, 192, 198, 203, 208, 212],
+              [181, 184, 189, 195, 200, 206, 211, 217, 222, 228, 234, 239, 243]]
+
+
+def test_pad_resizes_to_the_rounded_size_as_the_vendors_cv2_resize_call():
+    """hunt 43 D9: hbtools sampled as cv2.resize(fx=f, fy=f); the vendor passes the explicit rounded size, so a
+    side whose length times f is not whole (5 * 13 / 8 = 8.125) was sampled with another ratio."""
+    img = (np.arange(40, dtype=np.float64).reshape(5, 8) ** 1.5).astype(np.uint8)
+    img3 = np.stack([img, img[::-1], 255 - img], axis=-1)
+    out = transformer.PadTransformer(size_divisor=4, target_size=13)([img3])[0]
+    assert out.shape == (8, 16, 3) and out.dtype == np.float32
+    np.testing.assert_array_equal(out[:8, :13, 0], np.array(CV2_PAD_13, np.float32))
+    assert not out[:, 13:].any()
 
 
 # --------------------------------------------------------------------------- Pillow

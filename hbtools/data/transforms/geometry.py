@@ -21,6 +21,7 @@ import numpy as np
 import scipy.ndimage
 import skimage.transform
 
+from hbtools.data import colour
 from hbtools.data.transforms.base import Transformer, check_image, float_dtype, like, size_hw
 
 # Interpolation name -> spline order of skimage.transform.resize.
@@ -458,9 +459,12 @@ class ShortLongResizeTransformer(Transformer):
 
 
 class PadTransformer(Transformer):
-    """Scale so the longer side is ``target_size`` (aspect ratio kept, ``cv2.resize``-style
-    bilinear), then pad with zeros on the bottom and right up to the next multiples of
-    ``size_divisor``. ``factor(h, w)`` maps boxes back: divide by it.
+    """Scale so the longer side is ``target_size`` (aspect ratio kept), then pad with zeros on the bottom
+    and right up to the next multiples of ``size_divisor``; float32 out, as the vendor's.
+
+    As the vendor's, the picture is resized to the explicit size ``round(W * f)`` x ``round(H * f)``
+    (``cv2.resize`` bilinear, sampled with the ratio of the two sizes) and truncated to uint8 (its
+    ``astype``) before it goes on the canvas. ``factor(h, w)`` maps boxes back: divide by it.
     """
 
     def __init__(self, size_divisor: int = 128, target_size: int = 512) -> None:
@@ -472,10 +476,14 @@ class PadTransformer(Transformer):
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         check_image(image, "Pad")
-        scaled = resize_by_factor(image, self.factor(*image.shape[:2]))
-        h, w = scaled.shape[:2]
+        h, w = image.shape[:2]
+        f = self.factor(h, w)
+        # The vendor passes cv2.resize the rounded size, not fx/fy: OpenCV then maps output pixels back with
+        # the ratio of the sizes, which differs from 1 / f wherever a side times f is not a whole number.
+        h, w = max(1, round(h * f)), max(1, round(w * f))
+        scaled = colour.astype_wrapped(opencv_resize(image, h, w, "linear"), np.uint8)
         d = self.size_divisor
-        canvas = np.zeros((-(-h // d) * d, -(-w // d) * d, *scaled.shape[2:]), dtype=scaled.dtype)
+        canvas = np.zeros((-(-h // d) * d, -(-w // d) * d, *scaled.shape[2:]), dtype=np.float32)
         canvas[:h, :w] = scaled
         return canvas
 
