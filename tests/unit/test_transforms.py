@@ -303,11 +303,20 @@ def test_nv12_cvt_mode_opencv_is_opencvs_conversion() -> None:
         T.BGR2NV12Transformer(cvt_mode="cv2")
 
 
-def test_float_to_integer_rounds_instead_of_truncating():
-    x = np.array([127.9999, -3.0, 300.0, 0.5, 1.5])
-    np.testing.assert_array_equal(T.F32ToU8(x), [128, 0, 255, 0, 2])
-    np.testing.assert_array_equal(T.F32ToS8(x), [0, -128, 127, -128, -126])
-    assert T.F32ToS8(x).dtype == np.int8
+def test_float_to_integer_is_the_vendors_astype_and_rounds_when_asked():
+    """hunt 43 D2: the vendor's F32ToU8 / F32ToS8 are ``astype(np.uint8)`` / ``astype(np.int8)``; hbtools rounded,
+    and F32ToS8 clipped to 0..255 before subtracting 128, so data already on the signed scale lost every
+    value under 0.5."""
+    x = np.array([127.9999, -3.0, 300.0, 0.5, 1.5, -0.7, 200.2, -129.5])
+    np.testing.assert_array_equal(T.F32ToU8(x), [127, 253, 44, 0, 1, 0, 200, 127])  # truncated, wrapped
+    np.testing.assert_array_equal(T.F32ToS8(x), [127, -3, 44, 0, 1, 0, -56, 127])
+    assert T.F32ToS8(x).dtype == np.int8 and T.F32ToU8(x).dtype == np.uint8
+    np.testing.assert_array_equal(T.F32ToU8(x, rounding=True), [128, 0, 255, 0, 2, 0, 200, 0])
+    np.testing.assert_array_equal(T.F32ToS8(x, rounding=True), [127, -3, 127, 0, 2, -1, 127, -128])
+    # the seed's recipe written with the vendor's transformers: image - 128, then int8
+    picture = skimage.data.astronaut().astype(np.float32)
+    signed = transformer.F32ToS8Transformer()([transformer.AddTransformer(-128)([picture])[0]])[0]
+    np.testing.assert_array_equal(signed, (picture.astype(np.int16) - 128).astype(np.int8))
 
 
 def test_function_forms_equal_the_classes():

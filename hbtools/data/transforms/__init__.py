@@ -6,7 +6,7 @@ each has a function twin without the suffix taking the image first::
     pipeline = Compose([ShortSideResizeTransformer(short_size=256),
                         CenterCropTransformer(crop_size=224),
                         HWC2CHWTransformer(), RGB2BGRTransformer(data_format="CHW"),
-                        ScaleTransformer(scale_value=255), F32ToU8Transformer()])
+                        ScaleTransformer(scale_value=255), F32ToU8Transformer(rounding=True)])
     sample = pipeline(read_image("cat.jpg"))          # skimage: RGB float 0..1
 
     image = CenterCrop(ShortSideResize(image, short_size=256), crop_size=224)

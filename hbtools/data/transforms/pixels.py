@@ -326,14 +326,28 @@ class NormalizeTransformer(Transformer):
 
 
 class F32ToU8Transformer(Transformer):
-    """Round half to even and saturate to uint8 (``astype`` would truncate 127.99 to 127)."""
+    """To uint8 as the vendor's ``data.astype(np.uint8)``: truncated toward zero (127.99 gives 127), values
+    outside 0..255 wrapped (``colour.astype_wrapped``). ``rounding=True`` rounds half to even and saturates
+    instead, for floats that stand for whole values (a skimage picture times 255 holds 127.99999...)."""
+
+    def __init__(self, rounding: bool = False) -> None:
+        self.rounding = rounding
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
-        return colour.round_to_uint8(image)
+        if self.rounding:
+            return colour.round_to_uint8(image)
+        return colour.astype_wrapped(image, np.uint8)
 
 
 class F32ToS8Transformer(Transformer):
-    """Round and saturate to 0..255, then subtract 128: the int8 ``*_128`` input type."""
+    """To int8 as the vendor's ``data.astype(np.int8)``: truncated toward zero, values outside -128..127
+    wrapped; data already on the signed scale (``AddTransformer(-128)``, the ``*_128`` conversions, a signed
+    featuremap) keeps its values. ``rounding=True`` rounds half to even and saturates to -128..127."""
+
+    def __init__(self, rounding: bool = False) -> None:
+        self.rounding = rounding
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
-        return (colour.round_to_uint8(image).astype(np.int16) - 128).astype(np.int8)
+        if self.rounding:
+            return np.clip(np.rint(image), -128, 127).astype(np.int8)
+        return colour.astype_wrapped(image, np.int8)
