@@ -68,11 +68,90 @@ def test_long_side_crop_of_a_tall_image_keeps_half_the_difference_plus_the_width
 # --------------------------------------------------------------------------- ShortLongResize
 
 
-def test_short_long_resize_by_one_half_averages_2x2_blocks_and_returns_the_original_too():
+def test_short_long_resize_by_one_half_averages_2x2_blocks_and_appends_im_info():
+    """hunt 43 D12: the vendor's post_process appends im_info = [h, w, scale] (float32) of the resized picture;
+    hbtools returned (resized, original)."""
     image = RNG.random((8, 12, 3))
-    resized, original = T.ShortLongResizeTransformer(short_size=4, long_size=100)(image)
-    assert original is image
+    resized, im_info = transformer.ShortLongResizeTransformer(short_size=4, long_size=100)([image])
     np.testing.assert_allclose(resized, block_means(image), atol=1e-12)
+    assert im_info.dtype == np.float32
+    np.testing.assert_array_equal(im_info, [4, 6, 0.5])
+    one, info = T.ShortLongResizeTransformer(4, 100)(image)  # one image: the two as a tuple
+    np.testing.assert_array_equal(one, resized)
+    np.testing.assert_array_equal(info, im_info)
+    out = T.ShortLongResizeTransformer(600, 1000)([np.zeros((300, 400, 3), np.uint8)])
+    assert [o.shape for o in out] == [(600, 800, 3), (3,)]
+    np.testing.assert_array_equal(out[1], [600, 800, 2.0])
+
+
+def test_short_long_resize_caps_by_the_rounded_long_side_as_the_vendor():
+    """600 / 1199 * 1999 = 1000.3 rounds to 1000, not over long_size 1000: the vendor keeps 600 / 1199."""
+    t = T.ShortLongResizeTransformer(600, 1000, include_im=False)
+    assert t.factor(1199, 1999) == 600 / 1199
+    assert t.factor(1199, 2001) == 1000 / 2001
+
+
+def test_vendor_style_hooks_run_around_each_image():
+    """The vendor's Transformer.__call__ calls pre_process(data_list, data) and post_process(result_list,
+    result) around run_transform of every list element; a subclass that appends in post_process keeps it."""
+    calls = []
+
+    class WithShape(transformer.Transformer):
+        def __init__(self):
+            super().__init__()
+
+        def pre_process(self, data_list, data):
+            calls.append((len(data_list), data.shape))
+
+        def run_transform(self, image):
+            return image[::2, ::2]
+
+        def post_process(self, data_list, data):
+            data_list.append(np.array(data.shape[:2], np.float32))
+
+    out = WithShape()([np.zeros((8, 6, 3), np.uint8), np.zeros((4, 4, 3), np.uint8)])
+    assert [o.shape for o in out] == [(4, 3, 3), (2,), (2, 2, 3), (2,)]
+    np.testing.assert_array_equal(out[3], [2, 2])
+    assert calls == [(2, (8, 6, 3)), (2, (4, 4, 3))]
+    assert transformer.Transformer()([np.ones(3)])[0].tolist() == [1, 1, 1]  # the base: unchanged, as the vendor's
+
+
+# cv2.getAffineTransform of the vendor's get_affine_transform points (OpenCV 5.0 and 4.10, the same doubles; run
+# once to write them down). numpy.linalg.solve gives 0.3200000072937013 for the second case's 0.32000000729370126.
+CV2_AFFINE = [
+    ((np.float32([256, 213.5]), 640.0, 0, [512, 512]), {}, [[0.8, -0.0, 51.2], [0.0, 0.8, 85.2]]),
+    ((np.float32([100.5, 60]), np.float32([200, 120]), 30, [128, 96]), {"shift": np.float32([0.1, -0.2])},
+     [[0.5542562626330612, 0.32000000729370126, -14.307879909857114],
+      [-0.32000000729370137, 0.554256262633061, 66.60677542410082]]),
+    ((np.float32([100.5, 60]), 200.0, -15, [128, 96]), {"inv": 1},
+     [[1.5092591047286987, 0.40440475940704346, -15.504011154174805],
+      [-0.40440475940704346, 1.5092591047286987, 13.437467575073242]]),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "want"), CV2_AFFINE)
+def test_the_vendor_modules_affine_helpers(args, kwargs, want):
+    """Scripts import get_affine_transform / get_3rd_point / get_dir from the vendor module; the matrix is
+    the one cv2.getAffineTransform solves, to the last bit."""
+    got = transformer.get_affine_transform(*args, **kwargs)
+    assert got.dtype == np.float64 and got.shape == (2, 3)
+    np.testing.assert_array_equal(got, want)
+    third = transformer.get_3rd_point(np.float32([1, 2]), np.float32([4, 8]))
+    np.testing.assert_array_equal(third, [10, 5])
+    np.testing.assert_allclose(transformer.get_dir([3.0, -4.0], np.pi / 2), [4.0, 3.0], atol=1e-12)
+
+
+def test_the_vendor_modules_colour_helpers_and_interpolation_table():
+    r, g, b = (rgb_uint8(3, 4)[..., 0] for _ in range(3))
+    y, u, v = transformer.rgb2bt601_full_range(r, g, b)
+    np.testing.assert_array_equal(y, 0.299 * r + 0.587 * g + 0.114 * b)
+    np.testing.assert_array_equal(u, -0.169 * r - 0.331 * g + 0.5 * b + 128)
+    np.testing.assert_array_equal(v, 0.5 * r - 0.419 * g - 0.081 * b + 128)
+    np.testing.assert_array_equal(transformer.rgb2bt601_full_range(r, g, b, single_channel=True), y)
+    y, u, v = transformer.rgb2bt601_video_range(r, g, b)
+    np.testing.assert_array_equal(y, 0.257 * r + 0.504 * g + 0.098 * b + 16)
+    np.testing.assert_array_equal(v, 0.439 * r - 0.368 * g - 0.071 * b + 128)
+    assert transformer.INTERPOLATION_DICT == {"INTER_CUBIC": 2}  # cv2.INTER_CUBIC
 
 
 @pytest.mark.parametrize(

@@ -108,6 +108,19 @@ class _SpaceTransformer(_ColourTransformer):
         return out.astype(np.float32)
 
 
+def rgb2bt601_full_range(r: np.ndarray, g: np.ndarray, b: np.ndarray, single_channel: bool = False):
+    """The vendor module's full-range BT.601 of R, G, B planes (``colour.vendor_yuv``): ``(y, u, v)``, or ``y``
+    alone with ``single_channel``; unrounded, U and V around 128."""
+    planes = colour.vendor_yuv(r, g, b, "regular", 1 if single_channel else 3)
+    return planes[0] if single_channel else tuple(planes)
+
+
+def rgb2bt601_video_range(r: np.ndarray, g: np.ndarray, b: np.ndarray, single_channel: bool = False):
+    """As ``rgb2bt601_full_range``, in BT.601 video range (Y from 16)."""
+    planes = colour.vendor_yuv(r, g, b, "bt601_video", 1 if single_channel else 3)
+    return planes[0] if single_channel else tuple(planes)
+
+
 class RGB2YUV444Transformer(_SpaceTransformer):
     """RGB -> YUV444 float32, unrounded (the vendor's BT.601 full range; video range with
     ``space_and_range='bt601_video'``)."""
