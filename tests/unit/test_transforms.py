@@ -580,3 +580,19 @@ def test_opencv_linear_resize_of_uint8_gives_opencvs_bytes(size: tuple[int, int]
     rgb = np.stack([img, img[::-1], 255 - img], axis=-1)
     np.testing.assert_array_equal(opencv_resize(rgb, *size)[..., 0], want)
     assert np.abs(np.rint(_opencv_reference(img, *size, nearest=False)) - want).max() <= 1
+
+
+def test_opencv_nearest_picks_opencvs_source_pixel_where_the_two_scales_differ() -> None:
+    """hunt 43 D10: OpenCV's INTER_NEAREST takes floor(d * (1 / (size / n))) (the inverse scale in double);
+    hbtools took floor(d * (n / size)), which for 14 -> 18 rows puts row 9 on source row 7 (9 * 14 / 18 = 7
+    exactly) where OpenCV, one bit under 7, reads row 6; 6 -> 34 columns: column 17 on 3, OpenCV 2 (both
+    checked with OpenCV 5.0 and 4.10)."""
+    rows, cols = np.meshgrid(np.arange(14), np.arange(6), indexing="ij")
+    image = np.stack([rows, cols, rows * 6 + cols], axis=-1).astype(np.uint8)
+    out = opencv_resize(image, 18, 34, "nearest")
+    want_rows = np.minimum(np.floor(np.arange(18) * (1 / (18 / 14))), 13).astype(int)
+    want_cols = np.minimum(np.floor(np.arange(34) * (1 / (34 / 6))), 5).astype(int)
+    assert want_rows[9] == 6 and want_cols[17] == 2
+    np.testing.assert_array_equal(out, image[want_rows][:, want_cols])
+    as_float = T.ResizeTransformer((18, 34), mode="opencv", interpolation="INTER_NEAREST")(image.astype(np.float32))
+    np.testing.assert_array_equal(as_float, out)

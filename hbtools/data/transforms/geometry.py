@@ -186,7 +186,9 @@ def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linea
     src = image.astype(np.float32 if image.dtype == np.uint8 else float_dtype(image))
     for axis, size in ((0, height), (1, width)):
         n = src.shape[axis]
-        scale = n / size if factors is None else 1 / factors[axis]
+        # OpenCV's inverse scale, 1 / (size / n) in double: for some sizes it lies on the other side of a
+        # whole number than n / size does, and INTER_NEAREST's floor(d * scale) then picks the next pixel.
+        scale = 1.0 / (size / n if factors is None else factors[axis])
         if kind == "nearest":
             src = np.take(src, np.minimum(np.floor(np.arange(size) * scale).astype(np.int64), n - 1), axis=axis)
             continue
