@@ -596,3 +596,27 @@ def test_opencv_nearest_picks_opencvs_source_pixel_where_the_two_scales_differ()
     np.testing.assert_array_equal(out, image[want_rows][:, want_cols])
     as_float = T.ResizeTransformer((18, 34), mode="opencv", interpolation="INTER_NEAREST")(image.astype(np.float32))
     np.testing.assert_array_equal(as_float, out)
+
+
+# cv2.resize of the uint16 picture below (OpenCV 5.0; run once to write them down): INTER_LINEAR to 3x7 (4.10 gives
+# 31564 at [0, 5], the exact value lying at .5) and INTER_CUBIC to 6x7, whose overshoots OpenCV saturates.
+U16 = [[0, 65535, 0, 65535, 1000], [65535, 0, 40000, 0, 3], [7, 30001, 65535, 65535, 0], [0, 0, 12345, 65535, 65535]]
+CV2_U16_LINEAR = [[10922, 35888, 40914, 6667, 40914, 31565, 834], [32771, 22616, 25791, 52768, 38482, 18725, 2],
+                  [1, 2858, 9632, 21210, 52871, 60854, 54612]]
+CV2_U16_CUBIC = [[0, 46774, 56658, 0, 55917, 49618, 0], [39616, 35011, 25323, 17606, 26560, 16603, 0],
+                 [65535, 20318, 7132, 48060, 18096, 0, 0], [9242, 15987, 40070, 65535, 65535, 28230, 0],
+                 [0, 5288, 25311, 41334, 65535, 58528, 29704], [204, 0, 0, 7728, 50113, 65535, 65535]]
+
+
+def test_opencv_resize_of_uint16_is_rounded_and_saturated_as_opencvs() -> None:
+    """hunt 43 D5: a uint16 picture came back as unrounded floats, INTER_CUBIC overshoots up to 4059 past
+    0..65535; OpenCV stores 16-bit results rounded and saturated."""
+    img = np.array(U16, np.uint16)
+    linear = opencv_resize(img, 3, 7, "linear")
+    assert linear.dtype == np.uint16
+    np.testing.assert_array_equal(linear, CV2_U16_LINEAR)
+    np.testing.assert_array_equal(opencv_resize(img, 6, 7, "cubic"), CV2_U16_CUBIC)
+    # the vendor-named resize: OpenCV's uint16 result, then float32
+    got = T.ResizeTransformer((6, 7), mode="opencv", interpolation="INTER_CUBIC")(img)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.array(CV2_U16_CUBIC, np.float32))

@@ -179,11 +179,13 @@ def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linea
     output pixels back with ``1 / f``, not with the ratio of the rounded sizes.
 
     A uint8 image with ``linear`` is computed in OpenCV's fixed point (``_opencv_linear_uint8``), so it
-    gives OpenCV's bytes; other types and kinds are computed in float (uint8 rounded)."""
+    gives OpenCV's bytes; other types and kinds are computed in float (uint8 rounded; uint16 and int16
+    computed in float32, rounded and saturated to their type as OpenCV stores them)."""
     check_image(image, "resize")
     if image.dtype == np.uint8 and kind == "linear":
         return _opencv_linear_uint8(image, height, width, factors)
-    src = image.astype(np.float32 if image.dtype == np.uint8 else float_dtype(image))
+    sixteen = image.dtype in (np.uint16, np.int16)
+    src = image.astype(np.float32 if image.dtype == np.uint8 or sixteen else float_dtype(image))
     for axis, size in ((0, height), (1, width)):
         n = src.shape[axis]
         # OpenCV's inverse scale, 1 / (size / n) in double: for some sizes it lies on the other side of a
@@ -205,6 +207,9 @@ def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linea
         shape = [1] * src.ndim
         shape[axis] = size
         src = sum(np.take(src, index, axis=axis) * w.reshape(shape).astype(src.dtype) for index, w in taps)
+    if sixteen:  # OpenCV resamples 16-bit pictures in float and stores them rounded and saturated
+        info = np.iinfo(image.dtype)
+        return np.clip(np.rint(src), info.min, info.max).astype(image.dtype)
     return like(src, image)
 
 
