@@ -233,13 +233,16 @@ def vendor_yuv(r: np.ndarray, g: np.ndarray, b: np.ndarray, space_and_range: str
 
 
 def vendor_nv12(rgb: np.ndarray, space_and_range: str = "regular") -> np.ndarray:
-    """RGB ``(H, W, 3)`` (0..255, H and W even) -> NV12 bytes ``(H * 3 // 2, W)`` as the vendor's
+    """RGB ``(H, W, 3)`` (0..255, W even) -> NV12 bytes ``(H + ceil(H / 2), W)`` as the vendor's
     ``rgb2nv12_calc``: ``vendor_yuv`` of every pixel for Y, of each 2x2 block's top-left pixel for U
-    and V, truncated toward zero (values outside 0..255 saturate)."""
+    and V, truncated toward zero (values outside 0..255 saturate). An odd H is taken, as the vendor's
+    takes it (its check refuses only H and W both odd): the last row of chroma comes from the last row
+    alone. An odd W is refused, where the vendor's fails stacking its planes."""
     h, w, _ = rgb.shape
-    _check_even(h, w)
+    if w % 2:
+        raise ValueError(f"nv12 needs an even width, got {h}x{w}")
     y, u, v = vendor_yuv(rgb[..., 0], rgb[..., 1], rgb[..., 2], space_and_range)
-    uv = np.stack([u[::2, ::2], v[::2, ::2]], axis=-1).reshape(h // 2, w)
+    uv = np.stack([u[::2, ::2], v[::2, ::2]], axis=-1).reshape(-(-h // 2), w)
     return np.clip(np.concatenate([y, uv], axis=0), 0, 255).astype(np.uint8)
 
 

@@ -192,8 +192,8 @@ def test_bgr2nv12_and_chw_input_agree_with_rgb2nv12():
     np.testing.assert_array_equal(T.RGB2NV12(img.transpose(2, 0, 1), data_format="CHW"), want)
     video = T.RGB2NV12(img, space_and_range="bt601_video")
     assert 16 <= video[:4].min() and video[:4].max() <= 235
-    with pytest.raises(ValueError, match="even"):
-        T.RGB2NV12(rgb_uint8(5, 6))
+    with pytest.raises(ValueError, match="even width"):  # an odd height is the vendor's (below)
+        T.RGB2NV12(rgb_uint8(6, 5))
 
 
 def test_nv12_to_yuv444_repeats_chroma_over_2x2_blocks():
@@ -620,3 +620,20 @@ def test_opencv_resize_of_uint16_is_rounded_and_saturated_as_opencvs() -> None:
     got = T.ResizeTransformer((6, 7), mode="opencv", interpolation="INTER_CUBIC")(img)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, np.array(CV2_U16_CUBIC, np.float32))
+
+
+def test_rgb_calc_nv12_takes_an_odd_height_as_the_vendors() -> None:
+    """hunt 43 D6: the vendor's rgb2nv12_calc refuses only H and W both odd; 3x4 gives 3 + 2 rows (chroma of
+    rows 0 and 2). hbtools refused every odd height."""
+    rgb = rgb_uint8(3, 4)
+    r, g, b = (rgb[..., i].astype(np.float64) for i in range(3))
+    y = 0.299 * r + 0.587 * g + 0.114 * b
+    u = (-0.169 * r - 0.331 * g + 0.5 * b + 128)[::2, ::2]
+    v = (0.5 * r - 0.419 * g - 0.081 * b + 128)[::2, ::2]
+    want = np.vstack([y, np.stack([u, v], axis=-1).reshape(2, 4)]).astype(np.uint8)
+    np.testing.assert_array_equal(T.RGB2NV12Transformer(data_format="HWC")(rgb), want)
+    np.testing.assert_array_equal(transformer.BGR2NV12Transformer(data_format="HWC")([rgb[..., ::-1]])[0], want)
+    with pytest.raises(ValueError, match="even width"):
+        T.RGB2NV12Transformer(data_format="HWC")(rgb_uint8(4, 3))
+    with pytest.raises(ValueError, match="even height and width"):
+        T.RGB2NV12Transformer(data_format="HWC", cvt_mode="opencv")(rgb)

@@ -211,13 +211,14 @@ class ReduceChannelTransformer(Transformer):
 
 
 class _NV12Transformer(_SpaceTransformer):
-    """RGB/BGR (0..255, even height and width) -> NV12 bytes, shape (H * 3 // 2, W).
+    """RGB/BGR (0..255, even width) -> NV12 bytes, shape (H * 3 // 2, W).
 
-    ``cvt_mode``: ``'rgb_calc'`` / ``'bgr_calc'`` (the default: the vendor's arithmetic, ``colour.vendor_yuv``
+    ``cvt_mode``: ``'rgb_calc'`` / ``'bgr_calc'`` (the default: the vendor's arithmetic, ``colour.vendor_nv12``
     in the range ``space_and_range`` says, each chroma sample from the top-left pixel of its 2x2 block,
-    Y, U and V truncated to uint8 as its ``astype``) or ``'opencv'`` (OpenCV's own I420 conversion,
-    which the vendor's scripts call: video range in fixed point, chroma of each block's top-left
-    pixel, the image cast to uint8 first)."""
+    Y, U and V truncated to uint8 as its ``astype``; an odd height gives ``H + (H + 1) // 2`` rows, as the
+    vendor's) or ``'opencv'`` (OpenCV's own I420 conversion, which the vendor's scripts call: video range
+    in fixed point, chroma of each block's top-left pixel, the image cast to uint8 first; even height
+    and width, as OpenCV requires)."""
 
     source = "rgb"
     CVT_MODES = ("rgb_calc", "bgr_calc", "opencv")
