@@ -637,3 +637,15 @@ def test_rgb_calc_nv12_takes_an_odd_height_as_the_vendors() -> None:
         T.RGB2NV12Transformer(data_format="HWC")(rgb_uint8(4, 3))
     with pytest.raises(ValueError, match="even height and width"):
         T.RGB2NV12Transformer(data_format="HWC", cvt_mode="opencv")(rgb)
+
+
+@pytest.mark.parametrize("second", ["bilinear", "INTER_CUBIC", 3])
+def test_short_side_resize_says_where_an_interpolation_given_second_goes(second) -> None:
+    """hunt 43 D3: hbtools' old order was (short_size, interpolation, data_type); the vendor's is (short_size,
+    data_type, interpolation). An interpolation given second was refused as an unknown data_type."""
+    with pytest.raises(ValueError, match=r"interpolation, given where data_type goes.*\(short_size, data_type='float', "
+                                         rf"interpolation=''\): pass interpolation={second!r}"):
+        T.ShortSideResizeTransformer(256, second)
+    with pytest.raises(ValueError, match="data_type 'int8' is not one of"):
+        T.ShortSideResizeTransformer(256, "int8")
+    assert T.ShortSideResizeTransformer(256, interpolation=second).interpolation == second

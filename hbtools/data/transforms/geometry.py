@@ -83,6 +83,17 @@ def _opencv_kind(interpolation: str | int) -> str | None:
     return None
 
 
+def _is_interpolation(value: object) -> bool:
+    """Whether ``value`` reads as an interpolation: an OpenCV name ``INTER_*``, a scikit-image name or order."""
+    if isinstance(value, str) and value.lower().startswith("inter_"):
+        return True
+    try:
+        _order(value)  # type: ignore[arg-type]
+    except ValueError:
+        return False
+    return True
+
+
 def _resample(image: np.ndarray, height: int, width: int, interpolation: str | int) -> np.ndarray:
     """``image`` resized as ``cv2.resize`` (``''`` / ``INTER_*``) or as skimage (a name or order)."""
     kind = _opencv_kind(interpolation)
@@ -274,6 +285,11 @@ class ShortSideResizeTransformer(Transformer):
 
     def __init__(self, short_size: int, data_type: str | None = "float", interpolation: str | int = "") -> None:
         self.short_size = size_hw(short_size, "short_size")[0]
+        if data_type not in (None, *DATA_TYPES) and _is_interpolation(data_type):
+            # hbtools' parameters were (short_size, interpolation, data_type) before they took the vendor's order.
+            raise ValueError(f"ShortSideResizeTransformer: {data_type!r} is an interpolation, given where data_type "
+                             "goes; the parameters are the vendor's (short_size, data_type='float', interpolation=''): "
+                             f"pass interpolation={data_type!r}")
         _opencv_kind(interpolation)
         _check_data_type(data_type)
         self.data_type, self.interpolation = data_type, interpolation
