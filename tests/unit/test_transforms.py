@@ -238,8 +238,6 @@ def test_yuv444_and_gray_are_the_vendors_formula_unrounded_in_float32():
     np.testing.assert_array_equal(T.BGR2GRAY(img[..., ::-1]), gray)
     # hbtools.data.colour, which converts model inputs, is unchanged: exact BT.601
     np.testing.assert_allclose(colour.rgb_to_yuv444(np.array([[200.0, 100, 50]]))[0, 1], 128 + (50 - 124.2) / 1.772)
-    # YUVTransformer stays hbtools' (colour.py, the image's type)
-    np.testing.assert_array_equal(T.YUVTransformer("RGB")(img), colour.round_to_uint8(colour.rgb_to_yuv444(img)))
 
 
 # --------------------------------------------------------------------------- values
@@ -286,6 +284,20 @@ def test_warp_affine_is_the_vendors_opencv_warp() -> None:
     np.testing.assert_allclose(scaled[2], WARP_OPENCV_FLOAT_ROW2, atol=1e-4)
     colour3 = T.WarpAffineTransformer((5, 7), 1.0)(np.repeat(WARP_IN[..., None], 3, axis=2))
     np.testing.assert_array_equal(colour3, np.repeat(got[..., None], 3, axis=2))
+
+
+def test_yuv_transformer_is_the_vendors_opencv_i420_repeated_in_float32() -> None:
+    """hunt 43 D11: the vendor's YUVTransformer converts by cv2.cvtColor(..., COLOR_BGR2YUV_I420), repeats each
+    chroma sample over its 2x2 block and returns float32; hbtools' gave exact full-range BT.601 in the input's type."""
+    bgr = np.array(OPENCV_BGR_2X4, np.uint8)
+    y, uv = np.array(OPENCV_NV12_2X4[:2]), np.array(OPENCV_NV12_2X4[2]).reshape(2, 2)
+    want = np.stack([y, np.repeat(uv[:, 0], 2)[None].repeat(2, 0), np.repeat(uv[:, 1], 2)[None].repeat(2, 0)], axis=-1)
+    got = transformer.YUVTransformer(color_sequence="BGR")([bgr])[0]
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(T.YUVTransformer("RGB")(bgr[..., ::-1].astype(np.float64)), want)
+    np.testing.assert_array_equal(T.YUVTransformer("BGR", data_format="CHW")(bgr.transpose(2, 0, 1)),
+                                  want.transpose(2, 0, 1))
 
 
 def test_nv12_cvt_mode_opencv_is_opencvs_conversion() -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import PIL.Image
 import pytest
 
+from hbtools.data import colour
 from hbtools.data import transforms as T
 from horizon_tc_ui.data import transformer
 
@@ -55,6 +56,7 @@ def test_padded_center_crop_defaults_and_bad_parameters():
 def test_long_side_crop_of_a_wide_image_keeps_the_central_square():
     image = rgb_uint8(70, 100)
     out = T.LongSideCropTransformer()(image)
+    assert out.dtype == np.float32  # hunt 43 D11: the vendor's returns float32; hbtools kept uint8
     np.testing.assert_array_equal(out, image[:, 15:85])
 
 
@@ -244,6 +246,9 @@ def test_pil_center_crop_places_the_window_as_torchvision_does():
     image = rgb_uint8(7, 10)  # top = round(3 / 2) = 2 (half to even), left = round(6 / 2) = 3
     out = T.PILCenterCropTransformer(size=4)(image)
     np.testing.assert_array_equal(out, np.asarray(PIL.Image.fromarray(image).crop((3, 2, 7, 6))))
+    # hunt 43 D11: the vendor's crops Image.fromarray(data.astype('uint8')) and returns float32
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(T.PILCenterCrop(image + 0.75, 4), out)
     with pytest.raises(ValueError, match="larger than the image"):
         T.PILCenterCropTransformer(size=8)(image)
 
@@ -298,9 +303,9 @@ def test_video_range_and_yuv_by_colour_sequence():
     np.testing.assert_array_equal(video, want)
     assert 16 <= video[..., 0].min() and video[..., 0].max() <= 235
     np.testing.assert_array_equal(transformer.BGR2YUVBT601VIDEOTransformer("HWC")(image[..., ::-1]), video)
-    yuv = transformer.YUVTransformer(color_sequence="BGR")(image[..., ::-1])  # hbtools' own: colour.py, uint8
-    assert yuv.dtype == np.uint8
-    assert np.abs(yuv - T.RGB2YUV444Transformer("HWC")(image)).max() < 1
+    yuv = transformer.YUVTransformer(color_sequence="BGR")(image[..., ::-1])  # the vendor's: OpenCV's I420, float32
+    assert yuv.dtype == np.float32
+    np.testing.assert_array_equal(yuv[..., 0], colour.rgb_to_nv12_opencv(image)[:4])
     with pytest.raises(ValueError, match="color_sequence"):
         transformer.YUVTransformer(color_sequence="YUV")
 

@@ -6,10 +6,11 @@ method name the vendor's transformer classes use, so their subclasses port over)
 
 Dtype rule: the transformers named as the vendor's return what the vendor's do
 (float32 from ``Resize``/``ShortSideResize``/``CenterCrop`` by default, from
-``PadResize``/``PaddedCenterCrop`` and the YUV/gray conversions always; NV12 bytes).
-The others keep the input's type: uint8 in, uint8 out (rounded half to even and
-saturated), float in, float out (``like``). ``Scale``/``Add``/``Mean``/``Normalize``
-always return floats, and the ``F32To*`` transformers return integers.
+``PadResize``/``PaddedCenterCrop``/``LongSideCrop``/``Pad``/``PILCenterCrop``/``WarpAffine``
+and the YUV/gray conversions always; NV12 bytes; the ``F32To*`` integers of ``astype``).
+Resizes that keep the input's type give uint8 for uint8 (rounded half to even and saturated,
+or OpenCV's fixed point), floats for floats (``like``). ``Scale``/``Add``/``Mean``/``Normalize``
+always return floats (float32 stays float32, the rest float64).
 """
 
 from __future__ import annotations

@@ -437,16 +437,16 @@ class LongSideCropTransformer(Transformer):
 
     A wide image keeps its central H x H square (left edge at ``(W - H) // 2``). A tall
     image keeps its rows from ``(H - W) // 2`` (where a central square would start) to the
-    bottom, ``H - (H - W) // 2`` of them: 70 wide and 100 high gives 85 x 70.
+    bottom, ``H - (H - W) // 2`` of them: 70 wide and 100 high gives 85 x 70. float32 out, as the vendor's.
     """
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         check_image(image, "LongSideCrop")
         h, w = image.shape[:2]
         if w > h:
-            return _crop(image, 0, (w - h) // 2, h, h)
+            return _crop(image, 0, (w - h) // 2, h, h).astype(np.float32)
         top = (h - w) // 2
-        return _crop(image, top, 0, h - top, w)
+        return _crop(image, top, 0, h - top, w).astype(np.float32)
 
 
 def resize_by_factor(image: np.ndarray, factor: float) -> np.ndarray:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hbtools.data import colour
-from hbtools.data.transforms.base import Transformer, channels_last, float_dtype, like, size_hw
+from hbtools.data.transforms.base import Transformer, channels_last, float_dtype, size_hw
 
 # --------------------------------------------------------------------------- layout
 
@@ -181,21 +181,25 @@ class BGR2YUVBT601VIDEOTransformer(BGR2YUV444Transformer):
 
 
 class YUVTransformer(Transformer):
-    """``color_sequence`` (``'RGB'`` or ``'BGR'``, how the picture was read) -> YUV444 by
-    ``hbtools.data.colour`` (exact BT.601 full range), in the image's type (uint8 rounded)."""
+    """``color_sequence`` (``'RGB'`` or ``'BGR'``, how the picture was read) -> YUV444, float32, as the vendor's:
+    the picture cast to uint8 (``astype``), OpenCV's I420 conversion (``colour.rgb_to_nv12_opencv``: BT.601
+    video range in fixed point, each chroma sample from its 2x2 block's top-left pixel), each chroma sample
+    repeated over its block. Even height and width, as OpenCV's conversion needs. For exact full-range
+    BT.601 use ``colour.rgb_to_yuv444``."""
 
     def __init__(self, color_sequence: str, data_format: str | None = None) -> None:
-        sources = {"RGB": colour.rgb_to_yuv444, "BGR": colour.bgr_to_yuv444}
-        if str(color_sequence).upper() not in sources:
+        if str(color_sequence).upper() not in ("RGB", "BGR"):
             raise ValueError(f"color_sequence {color_sequence!r} is not 'RGB' or 'BGR'")
         self.color_sequence, self.data_format = color_sequence, data_format
-        self._convert = sources[color_sequence.upper()]
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         last, axis = channels_last(image, self.data_format)
-        if last.shape[-1] != 3:
-            raise ValueError(f"YUVTransformer needs 3 channels, got shape {image.shape}")
-        return np.ascontiguousarray(np.moveaxis(like(self._convert(last), last), -1, axis))
+        if last.ndim != 3 or last.shape[-1] != 3:
+            raise ValueError(f"YUVTransformer needs one 3-channel image, got shape {image.shape}")
+        rgb = last if self.color_sequence.upper() == "RGB" else colour.bgr_to_rgb(last)
+        nv12 = colour.rgb_to_nv12_opencv(colour.astype_wrapped(rgb, np.uint8))
+        yuv = colour.nv12_decode(nv12).astype(np.float32)
+        return np.ascontiguousarray(np.moveaxis(yuv, -1, axis))
 
 
 class ReduceChannelTransformer(Transformer):
