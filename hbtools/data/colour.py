@@ -123,6 +123,24 @@ def round_to_uint8(x: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(x), 0, 255).astype(np.uint8)
 
 
+def astype_wrapped(x: np.ndarray, dtype: type) -> np.ndarray:
+    """``x.astype(dtype)`` for ``np.uint8`` / ``np.int8`` as numpy computes it on x86, where the vendor's
+    ``astype`` calls run: truncated toward zero, then wrapped modulo 256 (200.7 -> -56 in int8, -3.5 -> 253
+    in uint8). Written out because numpy leaves casts of out-of-range floats to the platform (and warns);
+    NaN, infinities and values beyond the int32 range give 0, as there."""
+    if dtype not in (np.uint8, np.int8):
+        raise ValueError(f"astype_wrapped casts to uint8 or int8, not {dtype}")
+    x = np.asarray(x)
+    if x.dtype.kind in "iub":
+        wrapped = x.astype(np.int64) & 0xFF
+    else:
+        whole = np.trunc(np.where(np.isfinite(x), x, 0.0))
+        whole = np.where((whole >= -(2.0**31)) & (whole < 2.0**31), whole, 0.0)  # x86 gives INT_MIN: low byte 0
+        # fmod keeps the sign: -3.5 -> -3 -> 253 after the second modulo; exact for every float.
+        wrapped = np.mod(np.fmod(whole, 256.0), 256.0).astype(np.int64)
+    return wrapped.astype(np.uint8).view(np.int8) if dtype is np.int8 else wrapped.astype(np.uint8)
+
+
 def rgb_to_bgr(x: np.ndarray) -> np.ndarray:
     return np.asarray(x)[..., ::-1]
 
@@ -215,13 +233,16 @@ def vendor_yuv(r: np.ndarray, g: np.ndarray, b: np.ndarray, space_and_range: str
 
 
 def vendor_nv12(rgb: np.ndarray, space_and_range: str = "regular") -> np.ndarray:
-    """RGB ``(H, W, 3)`` (0..255, H and W even) -> NV12 bytes ``(H * 3 // 2, W)`` as the vendor's
+    """RGB ``(H, W, 3)`` (0..255, W even) -> NV12 bytes ``(H + ceil(H / 2), W)`` as the vendor's
     ``rgb2nv12_calc``: ``vendor_yuv`` of every pixel for Y, of each 2x2 block's top-left pixel for U
-    and V, truncated toward zero (values outside 0..255 saturate)."""
+    and V, truncated toward zero (values outside 0..255 saturate). An odd H is taken, as the vendor's
+    takes it (its check refuses only H and W both odd): the last row of chroma comes from the last row
+    alone. An odd W is refused, where the vendor's fails stacking its planes."""
     h, w, _ = rgb.shape
-    _check_even(h, w)
+    if w % 2:
+        raise ValueError(f"nv12 needs an even width, got {h}x{w}")
     y, u, v = vendor_yuv(rgb[..., 0], rgb[..., 1], rgb[..., 2], space_and_range)
-    uv = np.stack([u[::2, ::2], v[::2, ::2]], axis=-1).reshape(h // 2, w)
+    uv = np.stack([u[::2, ::2], v[::2, ::2]], axis=-1).reshape(-(-h // 2), w)
     return np.clip(np.concatenate([y, uv], axis=0), 0, 255).astype(np.uint8)
 
 

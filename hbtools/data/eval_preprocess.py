@@ -80,7 +80,7 @@ def _det() -> list[Transformer]:
     # boxes map back by one scale factor. Black padding holds no text for DB-Net to find.
     # Resampled by scikit-image ('bilinear'); PadResize gives float32 (as the vendor's), of whole values here.
     return [PadResizeTransformer(640, pad_value=0, pad_position="bottom_right", interpolation="bilinear"),
-            F32ToU8Transformer(), HWC2CHWTransformer()]
+            F32ToU8Transformer(rounding=True), HWC2CHWTransformer()]
 
 
 def _imagenet() -> list[Transformer]:
@@ -97,7 +97,7 @@ def _imagenet() -> list[Transformer]:
     # scikit-image ('bilinear', anti-aliased as torchvision's), in the picture's float64 (data_type None).
     return [ShortSideResizeTransformer(256, data_type=None, interpolation="bilinear"),
             CenterCropTransformer(224, data_type=None), ScaleTransformer(scale_value=255),
-            F32ToU8Transformer(), HWC2CHWTransformer()]
+            F32ToU8Transformer(rounding=True), HWC2CHWTransformer()]
 
 
 def _yolo(size: int) -> Callable[[], list[Transformer]]:
@@ -111,7 +111,7 @@ def _yolo(size: int) -> Callable[[], list[Transformer]]:
         )
 
         return [PadResizeTransformer(size, pad_value=114, pad_position="boundary", interpolation="bilinear"),
-                F32ToU8Transformer(), BGR2RGBTransformer(data_format="HWC"), HWC2CHWTransformer()]
+                F32ToU8Transformer(rounding=True), BGR2RGBTransformer(data_format="HWC"), HWC2CHWTransformer()]
 
     return transformers
 

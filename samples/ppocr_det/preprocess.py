@@ -46,7 +46,7 @@ def letterbox() -> PadResizeTransformer:
 def transformers(read_mode: str) -> list[Transformer]:
     """A picture as read -> uint8 BGR 3x640x640, the input before normalisation."""
     # PaddleOCR trained on pictures read by OpenCV: uint8 BGR.
-    return [*opencv_like(read_mode), letterbox(), F32ToU8Transformer(), HWC2CHWTransformer()]
+    return [*opencv_like(read_mode), letterbox(), F32ToU8Transformer(rounding=True), HWC2CHWTransformer()]
 
 
 def prepare(path: Path, read_mode: str = "skimage") -> np.ndarray:

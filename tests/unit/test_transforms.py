@@ -192,8 +192,8 @@ def test_bgr2nv12_and_chw_input_agree_with_rgb2nv12():
     np.testing.assert_array_equal(T.RGB2NV12(img.transpose(2, 0, 1), data_format="CHW"), want)
     video = T.RGB2NV12(img, space_and_range="bt601_video")
     assert 16 <= video[:4].min() and video[:4].max() <= 235
-    with pytest.raises(ValueError, match="even"):
-        T.RGB2NV12(rgb_uint8(5, 6))
+    with pytest.raises(ValueError, match="even width"):  # an odd height is the vendor's (below)
+        T.RGB2NV12(rgb_uint8(6, 5))
 
 
 def test_nv12_to_yuv444_repeats_chroma_over_2x2_blocks():
@@ -238,8 +238,6 @@ def test_yuv444_and_gray_are_the_vendors_formula_unrounded_in_float32():
     np.testing.assert_array_equal(T.BGR2GRAY(img[..., ::-1]), gray)
     # hbtools.data.colour, which converts model inputs, is unchanged: exact BT.601
     np.testing.assert_allclose(colour.rgb_to_yuv444(np.array([[200.0, 100, 50]]))[0, 1], 128 + (50 - 124.2) / 1.772)
-    # YUVTransformer stays hbtools' (colour.py, the image's type)
-    np.testing.assert_array_equal(T.YUVTransformer("RGB")(img), colour.round_to_uint8(colour.rgb_to_yuv444(img)))
 
 
 # --------------------------------------------------------------------------- values
@@ -288,6 +286,20 @@ def test_warp_affine_is_the_vendors_opencv_warp() -> None:
     np.testing.assert_array_equal(colour3, np.repeat(got[..., None], 3, axis=2))
 
 
+def test_yuv_transformer_is_the_vendors_opencv_i420_repeated_in_float32() -> None:
+    """hunt 43 D11: the vendor's YUVTransformer converts by cv2.cvtColor(..., COLOR_BGR2YUV_I420), repeats each
+    chroma sample over its 2x2 block and returns float32; hbtools' gave exact full-range BT.601 in the input's type."""
+    bgr = np.array(OPENCV_BGR_2X4, np.uint8)
+    y, uv = np.array(OPENCV_NV12_2X4[:2]), np.array(OPENCV_NV12_2X4[2]).reshape(2, 2)
+    want = np.stack([y, np.repeat(uv[:, 0], 2)[None].repeat(2, 0), np.repeat(uv[:, 1], 2)[None].repeat(2, 0)], axis=-1)
+    got = transformer.YUVTransformer(color_sequence="BGR")([bgr])[0]
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(T.YUVTransformer("RGB")(bgr[..., ::-1].astype(np.float64)), want)
+    np.testing.assert_array_equal(T.YUVTransformer("BGR", data_format="CHW")(bgr.transpose(2, 0, 1)),
+                                  want.transpose(2, 0, 1))
+
+
 def test_nv12_cvt_mode_opencv_is_opencvs_conversion() -> None:
     """The vendor's eval preprocessing builds BGR2NV12Transformer(data_format="HWC", cvt_mode="opencv"): the
     keyword stopped the whole module at import. Its values are OpenCV's I420 conversion: video range, in
@@ -303,11 +315,20 @@ def test_nv12_cvt_mode_opencv_is_opencvs_conversion() -> None:
         T.BGR2NV12Transformer(cvt_mode="cv2")
 
 
-def test_float_to_integer_rounds_instead_of_truncating():
-    x = np.array([127.9999, -3.0, 300.0, 0.5, 1.5])
-    np.testing.assert_array_equal(T.F32ToU8(x), [128, 0, 255, 0, 2])
-    np.testing.assert_array_equal(T.F32ToS8(x), [0, -128, 127, -128, -126])
-    assert T.F32ToS8(x).dtype == np.int8
+def test_float_to_integer_is_the_vendors_astype_and_rounds_when_asked():
+    """hunt 43 D2: the vendor's F32ToU8 / F32ToS8 are ``astype(np.uint8)`` / ``astype(np.int8)``; hbtools rounded,
+    and F32ToS8 clipped to 0..255 before subtracting 128, so data already on the signed scale lost every
+    value under 0.5."""
+    x = np.array([127.9999, -3.0, 300.0, 0.5, 1.5, -0.7, 200.2, -129.5])
+    np.testing.assert_array_equal(T.F32ToU8(x), [127, 253, 44, 0, 1, 0, 200, 127])  # truncated, wrapped
+    np.testing.assert_array_equal(T.F32ToS8(x), [127, -3, 44, 0, 1, 0, -56, 127])
+    assert T.F32ToS8(x).dtype == np.int8 and T.F32ToU8(x).dtype == np.uint8
+    np.testing.assert_array_equal(T.F32ToU8(x, rounding=True), [128, 0, 255, 0, 2, 0, 200, 0])
+    np.testing.assert_array_equal(T.F32ToS8(x, rounding=True), [127, -3, 127, 0, 2, -1, 127, -128])
+    # the seed's recipe written with the vendor's transformers: image - 128, then int8
+    picture = skimage.data.astronaut().astype(np.float32)
+    signed = transformer.F32ToS8Transformer()([transformer.AddTransformer(-128)([picture])[0]])[0]
+    np.testing.assert_array_equal(signed, (picture.astype(np.int16) - 128).astype(np.int8))
 
 
 def test_function_forms_equal_the_classes():
@@ -571,3 +592,72 @@ def test_opencv_linear_resize_of_uint8_gives_opencvs_bytes(size: tuple[int, int]
     rgb = np.stack([img, img[::-1], 255 - img], axis=-1)
     np.testing.assert_array_equal(opencv_resize(rgb, *size)[..., 0], want)
     assert np.abs(np.rint(_opencv_reference(img, *size, nearest=False)) - want).max() <= 1
+
+
+def test_opencv_nearest_picks_opencvs_source_pixel_where_the_two_scales_differ() -> None:
+    """hunt 43 D10: OpenCV's INTER_NEAREST takes floor(d * (1 / (size / n))) (the inverse scale in double);
+    hbtools took floor(d * (n / size)), which for 14 -> 18 rows puts row 9 on source row 7 (9 * 14 / 18 = 7
+    exactly) where OpenCV, one bit under 7, reads row 6; 6 -> 34 columns: column 17 on 3, OpenCV 2 (both
+    checked with OpenCV 5.0 and 4.10)."""
+    rows, cols = np.meshgrid(np.arange(14), np.arange(6), indexing="ij")
+    image = np.stack([rows, cols, rows * 6 + cols], axis=-1).astype(np.uint8)
+    out = opencv_resize(image, 18, 34, "nearest")
+    want_rows = np.minimum(np.floor(np.arange(18) * (1 / (18 / 14))), 13).astype(int)
+    want_cols = np.minimum(np.floor(np.arange(34) * (1 / (34 / 6))), 5).astype(int)
+    assert want_rows[9] == 6 and want_cols[17] == 2
+    np.testing.assert_array_equal(out, image[want_rows][:, want_cols])
+    as_float = T.ResizeTransformer((18, 34), mode="opencv", interpolation="INTER_NEAREST")(image.astype(np.float32))
+    np.testing.assert_array_equal(as_float, out)
+
+
+# cv2.resize of the uint16 picture below (OpenCV 5.0; run once to write them down): INTER_LINEAR to 3x7 (4.10 gives
+# 31564 at [0, 5], the exact value lying at .5) and INTER_CUBIC to 6x7, whose overshoots OpenCV saturates.
+U16 = [[0, 65535, 0, 65535, 1000], [65535, 0, 40000, 0, 3], [7, 30001, 65535, 65535, 0], [0, 0, 12345, 65535, 65535]]
+CV2_U16_LINEAR = [[10922, 35888, 40914, 6667, 40914, 31565, 834], [32771, 22616, 25791, 52768, 38482, 18725, 2],
+                  [1, 2858, 9632, 21210, 52871, 60854, 54612]]
+CV2_U16_CUBIC = [[0, 46774, 56658, 0, 55917, 49618, 0], [39616, 35011, 25323, 17606, 26560, 16603, 0],
+                 [65535, 20318, 7132, 48060, 18096, 0, 0], [9242, 15987, 40070, 65535, 65535, 28230, 0],
+                 [0, 5288, 25311, 41334, 65535, 58528, 29704], [204, 0, 0, 7728, 50113, 65535, 65535]]
+
+
+def test_opencv_resize_of_uint16_is_rounded_and_saturated_as_opencvs() -> None:
+    """hunt 43 D5: a uint16 picture came back as unrounded floats, INTER_CUBIC overshoots up to 4059 past
+    0..65535; OpenCV stores 16-bit results rounded and saturated."""
+    img = np.array(U16, np.uint16)
+    linear = opencv_resize(img, 3, 7, "linear")
+    assert linear.dtype == np.uint16
+    np.testing.assert_array_equal(linear, CV2_U16_LINEAR)
+    np.testing.assert_array_equal(opencv_resize(img, 6, 7, "cubic"), CV2_U16_CUBIC)
+    # the vendor-named resize: OpenCV's uint16 result, then float32
+    got = T.ResizeTransformer((6, 7), mode="opencv", interpolation="INTER_CUBIC")(img)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.array(CV2_U16_CUBIC, np.float32))
+
+
+def test_rgb_calc_nv12_takes_an_odd_height_as_the_vendors() -> None:
+    """hunt 43 D6: the vendor's rgb2nv12_calc refuses only H and W both odd; 3x4 gives 3 + 2 rows (chroma of
+    rows 0 and 2). hbtools refused every odd height."""
+    rgb = rgb_uint8(3, 4)
+    r, g, b = (rgb[..., i].astype(np.float64) for i in range(3))
+    y = 0.299 * r + 0.587 * g + 0.114 * b
+    u = (-0.169 * r - 0.331 * g + 0.5 * b + 128)[::2, ::2]
+    v = (0.5 * r - 0.419 * g - 0.081 * b + 128)[::2, ::2]
+    want = np.vstack([y, np.stack([u, v], axis=-1).reshape(2, 4)]).astype(np.uint8)
+    np.testing.assert_array_equal(T.RGB2NV12Transformer(data_format="HWC")(rgb), want)
+    np.testing.assert_array_equal(transformer.BGR2NV12Transformer(data_format="HWC")([rgb[..., ::-1]])[0], want)
+    with pytest.raises(ValueError, match="even width"):
+        T.RGB2NV12Transformer(data_format="HWC")(rgb_uint8(4, 3))
+    with pytest.raises(ValueError, match="even height and width"):
+        T.RGB2NV12Transformer(data_format="HWC", cvt_mode="opencv")(rgb)
+
+
+@pytest.mark.parametrize("second", ["bilinear", "INTER_CUBIC", 3])
+def test_short_side_resize_says_where_an_interpolation_given_second_goes(second) -> None:
+    """hunt 43 D3: hbtools' old order was (short_size, interpolation, data_type); the vendor's is (short_size,
+    data_type, interpolation). An interpolation given second was refused as an unknown data_type."""
+    with pytest.raises(ValueError, match=r"interpolation, given where data_type goes.*\(short_size, data_type='float', "
+                                         rf"interpolation=''\): pass interpolation={second!r}"):
+        T.ShortSideResizeTransformer(256, second)
+    with pytest.raises(ValueError, match="data_type 'int8' is not one of"):
+        T.ShortSideResizeTransformer(256, "int8")
+    assert T.ShortSideResizeTransformer(256, interpolation=second).interpolation == second

@@ -6,7 +6,7 @@ each has a function twin without the suffix taking the image first::
     pipeline = Compose([ShortSideResizeTransformer(short_size=256),
                         CenterCropTransformer(crop_size=224),
                         HWC2CHWTransformer(), RGB2BGRTransformer(data_format="CHW"),
-                        ScaleTransformer(scale_value=255), F32ToU8Transformer()])
+                        ScaleTransformer(scale_value=255), F32ToU8Transformer(rounding=True)])
     sample = pipeline(read_image("cat.jpg"))          # skimage: RGB float 0..1
 
     image = CenterCrop(ShortSideResize(image, short_size=256), crop_size=224)
@@ -23,6 +23,7 @@ import numpy as np
 
 from hbtools.data.transforms.base import Compose, Transformer
 from hbtools.data.transforms.geometry import (
+    INTERPOLATION_DICT,
     INTERPOLATIONS,
     CenterCropTransformer,
     LongSideCropTransformer,
@@ -35,6 +36,9 @@ from hbtools.data.transforms.geometry import (
     ShortSideResizeTransformer,
     TextLineResizeTransformer,
     WarpAffineTransformer,
+    get_3rd_point,
+    get_affine_transform,
+    get_dir,
 )
 from hbtools.data.transforms.imread import READ_MODES, opencv_available, opencv_like, read_image
 from hbtools.data.transforms.pil import PILCenterCropTransformer, PILResizeTransformer
@@ -64,6 +68,8 @@ from hbtools.data.transforms.pixels import (
     ScaleTransformer,
     TransposeTransformer,
     YUVTransformer,
+    rgb2bt601_full_range,
+    rgb2bt601_video_range,
 )
 
 
@@ -110,6 +116,12 @@ F32ToS8 = _functional(F32ToS8Transformer)
 
 __all__ = [
     "WarpAffineTransformer",
+    "INTERPOLATION_DICT",
+    "get_3rd_point",
+    "get_affine_transform",
+    "get_dir",
+    "rgb2bt601_full_range",
+    "rgb2bt601_video_range",
     "RGB2GRAY_128Transformer",
     "RGB2YUV444_128Transformer",
     "BGR2YUV444_128Transformer",

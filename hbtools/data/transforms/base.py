@@ -6,10 +6,11 @@ method name the vendor's transformer classes use, so their subclasses port over)
 
 Dtype rule: the transformers named as the vendor's return what the vendor's do
 (float32 from ``Resize``/``ShortSideResize``/``CenterCrop`` by default, from
-``PadResize``/``PaddedCenterCrop`` and the YUV/gray conversions always; NV12 bytes).
-The others keep the input's type: uint8 in, uint8 out (rounded half to even and
-saturated), float in, float out (``like``). ``Scale``/``Add``/``Mean``/``Normalize``
-always return floats, and the ``F32To*`` transformers return integers.
+``PadResize``/``PaddedCenterCrop``/``LongSideCrop``/``Pad``/``PILCenterCrop``/``WarpAffine``
+and the YUV/gray conversions always; NV12 bytes; the ``F32To*`` integers of ``astype``).
+Resizes that keep the input's type give uint8 for uint8 (rounded half to even and saturated,
+or OpenCV's fixed point), floats for floats (``like``). ``Scale``/``Add``/``Mean``/``Normalize``
+always return floats (float32 stays float32, the rest float64).
 """
 
 from __future__ import annotations
@@ -24,18 +25,46 @@ LAYOUTS = ("HWC", "CHW", "NHWC", "NCHW")
 
 
 class Transformer:
-    """Base class: ``transformer(image) -> image``."""
+    """Base class: ``transformer(image) -> image``, ``transformer([images]) -> [images]``.
+
+    Around each image's ``run_transform`` the vendor's base class calls two hooks a subclass may override,
+    and so does this one: ``pre_process(data_list, data)`` with the input list and the image, and
+    ``post_process(result_list, result)`` with the list of results so far and this image's result; a hook
+    may append to the result list (``ShortLongResizeTransformer`` appends ``im_info``).
+    """
 
     def __call__(self, image: np.ndarray | list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
         # The vendor's transformer classes take and return a list of images
         # (``images = t([image])``, how its sample preprocess scripts call them); a list must
         # not be stacked into one 4-D array, so each element is transformed on its own.
         if isinstance(image, list | tuple):
-            return [self.run_transform(np.asarray(one)) for one in image]
-        return self.run_transform(np.asarray(image))
+            results: list[np.ndarray] = []
+            for one in image:
+                self.pre_process(image, one)
+                out = self.run_transform(np.asarray(one))
+                results.append(out)
+                # The vendor passes results[i], which after an appending hook is an earlier entry (and its
+                # ShortLongResize then fails on a second image); this image's result is what the hook means.
+                self.post_process(results, out)
+            return results
+        # One image (hbtools' own call): the hooks see a one-element list; what they append comes back
+        # with the result as a tuple.
+        image = np.asarray(image)
+        self.pre_process([image], image)
+        out = self.run_transform(image)
+        results = [out]
+        self.post_process(results, out)
+        return out if len(results) == 1 else tuple(results)
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The transformation of one image; the base class returns it unchanged, as the vendor's."""
+        return image
+
+    def pre_process(self, data_list: Sequence[np.ndarray], data: np.ndarray) -> None:
+        """Called before ``run_transform`` of ``data``, an element of ``data_list``; does nothing here."""
+
+    def post_process(self, data_list: list[np.ndarray], data: np.ndarray) -> None:
+        """Called after ``run_transform`` with the results so far and ``data``, the new one; may append."""
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

@@ -21,6 +21,7 @@ import numpy as np
 import scipy.ndimage
 import skimage.transform
 
+from hbtools.data import colour
 from hbtools.data.transforms.base import Transformer, check_image, float_dtype, like, size_hw
 
 # Interpolation name -> spline order of skimage.transform.resize.
@@ -62,6 +63,9 @@ RESIZE_MODES = ("skimage", "opencv")
 # OpenCV interpolation names (cv2.INTER_*, or without the prefix) -> the two hbtools computes OpenCV's way.
 OPENCV_INTERPOLATIONS = {"": "linear", "inter_linear": "linear", "linear": "linear", "bilinear": "linear",
                          "inter_nearest": "nearest", "nearest": "nearest", "inter_cubic": "cubic"}
+# The vendor module's table of OpenCV flags its resizes take besides the default INTER_LINEAR
+# (cv2.INTER_CUBIC is 2); scripts import it.
+INTERPOLATION_DICT = {"INTER_CUBIC": 2}
 CUBIC_A = -0.75  # OpenCV's bicubic kernel parameter
 DATA_TYPES = ("float", "uint8")
 
@@ -77,6 +81,17 @@ def _opencv_kind(interpolation: str | int) -> str | None:
         return kind
     _order(interpolation)  # fail at construction, not on the first image
     return None
+
+
+def _is_interpolation(value: object) -> bool:
+    """Whether ``value`` reads as an interpolation: an OpenCV name ``INTER_*``, a scikit-image name or order."""
+    if isinstance(value, str) and value.lower().startswith("inter_"):
+        return True
+    try:
+        _order(value)  # type: ignore[arg-type]
+    except ValueError:
+        return False
+    return True
 
 
 def _resample(image: np.ndarray, height: int, width: int, interpolation: str | int) -> np.ndarray:
@@ -175,14 +190,18 @@ def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linea
     output pixels back with ``1 / f``, not with the ratio of the rounded sizes.
 
     A uint8 image with ``linear`` is computed in OpenCV's fixed point (``_opencv_linear_uint8``), so it
-    gives OpenCV's bytes; other types and kinds are computed in float (uint8 rounded)."""
+    gives OpenCV's bytes; other types and kinds are computed in float (uint8 rounded; uint16 and int16
+    computed in float32, rounded and saturated to their type as OpenCV stores them)."""
     check_image(image, "resize")
     if image.dtype == np.uint8 and kind == "linear":
         return _opencv_linear_uint8(image, height, width, factors)
-    src = image.astype(np.float32 if image.dtype == np.uint8 else float_dtype(image))
+    sixteen = image.dtype in (np.uint16, np.int16)
+    src = image.astype(np.float32 if image.dtype == np.uint8 or sixteen else float_dtype(image))
     for axis, size in ((0, height), (1, width)):
         n = src.shape[axis]
-        scale = n / size if factors is None else 1 / factors[axis]
+        # OpenCV's inverse scale, 1 / (size / n) in double: for some sizes it lies on the other side of a
+        # whole number than n / size does, and INTER_NEAREST's floor(d * scale) then picks the next pixel.
+        scale = 1.0 / (size / n if factors is None else factors[axis])
         if kind == "nearest":
             src = np.take(src, np.minimum(np.floor(np.arange(size) * scale).astype(np.int64), n - 1), axis=axis)
             continue
@@ -199,6 +218,9 @@ def opencv_resize(image: np.ndarray, height: int, width: int, kind: str = "linea
         shape = [1] * src.ndim
         shape[axis] = size
         src = sum(np.take(src, index, axis=axis) * w.reshape(shape).astype(src.dtype) for index, w in taps)
+    if sixteen:  # OpenCV resamples 16-bit pictures in float and stores them rounded and saturated
+        info = np.iinfo(image.dtype)
+        return np.clip(np.rint(src), info.min, info.max).astype(image.dtype)
     return like(src, image)
 
 
@@ -263,6 +285,11 @@ class ShortSideResizeTransformer(Transformer):
 
     def __init__(self, short_size: int, data_type: str | None = "float", interpolation: str | int = "") -> None:
         self.short_size = size_hw(short_size, "short_size")[0]
+        if data_type not in (None, *DATA_TYPES) and _is_interpolation(data_type):
+            # hbtools' parameters were (short_size, interpolation, data_type) before they took the vendor's order.
+            raise ValueError(f"ShortSideResizeTransformer: {data_type!r} is an interpolation, given where data_type "
+                             "goes; the parameters are the vendor's (short_size, data_type='float', interpolation=''): "
+                             f"pass interpolation={data_type!r}")
         _opencv_kind(interpolation)
         _check_data_type(data_type)
         self.data_type, self.interpolation = data_type, interpolation
@@ -410,16 +437,16 @@ class LongSideCropTransformer(Transformer):
 
     A wide image keeps its central H x H square (left edge at ``(W - H) // 2``). A tall
     image keeps its rows from ``(H - W) // 2`` (where a central square would start) to the
-    bottom, ``H - (H - W) // 2`` of them: 70 wide and 100 high gives 85 x 70.
+    bottom, ``H - (H - W) // 2`` of them: 70 wide and 100 high gives 85 x 70. float32 out, as the vendor's.
     """
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         check_image(image, "LongSideCrop")
         h, w = image.shape[:2]
         if w > h:
-            return _crop(image, 0, (w - h) // 2, h, h)
+            return _crop(image, 0, (w - h) // 2, h, h).astype(np.float32)
         top = (h - w) // 2
-        return _crop(image, top, 0, h - top, w)
+        return _crop(image, top, 0, h - top, w).astype(np.float32)
 
 
 def resize_by_factor(image: np.ndarray, factor: float) -> np.ndarray:
@@ -431,36 +458,47 @@ def resize_by_factor(image: np.ndarray, factor: float) -> np.ndarray:
 
 
 class ShortLongResizeTransformer(Transformer):
-    """Scale keeping the aspect ratio so the shorter side becomes ``short_size``, unless that
-    would make the longer side exceed ``long_size``: then the longer side becomes ``long_size``.
+    """Scale keeping the aspect ratio so the shorter side becomes ``short_size``, unless the longer side
+    would then round to more than ``long_size``: then the longer side becomes ``long_size``.
 
-    Resampled as ``cv2.resize`` with ``fx = fy = factor`` (bilinear; each side rounded). With
-    ``include_im`` (the default, as the vendor's) the result is ``(resized, original)``;
-    ``factor(h, w)`` gives the factor, to map detections back to the original picture.
+    Resampled as ``cv2.resize`` with ``fx = fy = factor`` (bilinear; each side rounded), as the vendor's.
+    With ``include_im`` (the default) its ``post_process`` appends ``im_info``, float32 ``[height, width,
+    factor]`` of the resized picture, after each result: ``t([image])`` gives ``[resized, im_info]``, and
+    ``t(image)`` ``(resized, im_info)``. ``factor(h, w)`` gives the factor, to map detections back;
+    ``im_scale`` holds the last one used, as the vendor's attribute.
     """
 
     def __init__(self, short_size: int, long_size: int, include_im: bool = True) -> None:
         self.short_size = size_hw(short_size, "short_size")[0]
         self.long_size = size_hw(long_size, "long_size")[0]
         self.include_im = include_im
+        self.im_scale = 0.0
 
     def factor(self, height: int, width: int) -> float:
         """Output pixels per input pixel for an image of ``height`` x ``width``."""
         factor = self.short_size / min(height, width)
-        if factor * max(height, width) > self.long_size:
+        # The vendor compares the rounded long side: 1999 wide at 600 / 1199 is 1000.3, which keeps that factor.
+        if round(factor * max(height, width)) > self.long_size:
             factor = self.long_size / max(height, width)
         return factor
 
-    def run_transform(self, image: np.ndarray) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    def run_transform(self, image: np.ndarray) -> np.ndarray:
         check_image(image, "ShortLongResize")
-        resized = resize_by_factor(image, self.factor(*image.shape[:2]))
-        return (resized, image) if self.include_im else resized
+        self.im_scale = self.factor(*image.shape[:2])
+        return resize_by_factor(image, self.im_scale)
+
+    def post_process(self, data_list: list[np.ndarray], data: np.ndarray) -> None:
+        if self.include_im:
+            data_list.append(np.array([data.shape[0], data.shape[1], self.im_scale], dtype=np.float32))
 
 
 class PadTransformer(Transformer):
-    """Scale so the longer side is ``target_size`` (aspect ratio kept, ``cv2.resize``-style
-    bilinear), then pad with zeros on the bottom and right up to the next multiples of
-    ``size_divisor``. ``factor(h, w)`` maps boxes back: divide by it.
+    """Scale so the longer side is ``target_size`` (aspect ratio kept), then pad with zeros on the bottom
+    and right up to the next multiples of ``size_divisor``; float32 out, as the vendor's.
+
+    As the vendor's, the picture is resized to the explicit size ``round(W * f)`` x ``round(H * f)``
+    (``cv2.resize`` bilinear, sampled with the ratio of the two sizes) and truncated to uint8 (its
+    ``astype``) before it goes on the canvas. ``factor(h, w)`` maps boxes back: divide by it.
     """
 
     def __init__(self, size_divisor: int = 128, target_size: int = 512) -> None:
@@ -472,10 +510,14 @@ class PadTransformer(Transformer):
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         check_image(image, "Pad")
-        scaled = resize_by_factor(image, self.factor(*image.shape[:2]))
-        h, w = scaled.shape[:2]
+        h, w = image.shape[:2]
+        f = self.factor(h, w)
+        # The vendor passes cv2.resize the rounded size, not fx/fy: OpenCV then maps output pixels back with
+        # the ratio of the sizes, which differs from 1 / f wherever a side times f is not a whole number.
+        h, w = max(1, round(h * f)), max(1, round(w * f))
+        scaled = colour.astype_wrapped(opencv_resize(image, h, w, "linear"), np.uint8)
         d = self.size_divisor
-        canvas = np.zeros((-(-h // d) * d, -(-w // d) * d, *scaled.shape[2:]), dtype=scaled.dtype)
+        canvas = np.zeros((-(-h // d) * d, -(-w // d) * d, *scaled.shape[2:]), dtype=np.float32)
         canvas[:h, :w] = scaled
         return canvas
 
@@ -493,25 +535,71 @@ class WarpAffineTransformer(Transformer):
         check_image(image, "warp")
         height, width = image.shape[:2]
         centre = np.array([int(width * self.scale) / 2.0, int(height * self.scale) / 2.0], np.float32)
-        side = np.float32(max(height, width))
-        # The vendor's get_affine_transform without rotation or shift: the square of ``side`` around
-        # ``centre`` onto the output's width, centred (three float32 point pairs solved in float64).
-        out_w, out_h = self.input_width, self.input_height
-        src = np.array([centre, centre + [0, -side / 2], centre + [-side / 2, -side / 2]], np.float32)
-        dst = np.array([[out_w / 2, out_h / 2], [out_w / 2, out_h / 2 - out_w / 2],
-                        [0, out_h / 2 - out_w / 2]], np.float32)
-        forward = _affine_from_points(src, dst)
-        return opencv_warp_affine(image, forward, out_h, out_w).astype(np.float32)
+        forward = get_affine_transform(centre, max(height, width) * 1.0, 0, [self.input_width, self.input_height])
+        return opencv_warp_affine(image, forward, self.input_height, self.input_width).astype(np.float32)
+
+
+def get_dir(src_point: Sequence[float], rot_rad: float) -> list[float]:
+    """``src_point`` = (x, y) turned by ``rot_rad`` radians (the vendor's helper of ``get_affine_transform``)."""
+    sin, cos = np.sin(rot_rad), np.cos(rot_rad)
+    x, y = src_point[0], src_point[1]
+    return [x * cos - y * sin, x * sin + y * cos]
+
+
+def get_3rd_point(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The point that makes ``a``, ``b`` and it a right angle at ``b``: ``b`` plus ``a - b`` turned a quarter
+    (float32, as the vendor's)."""
+    direction = a - b
+    return b + np.array([-direction[1], direction[0]], dtype=np.float32)
+
+
+def get_affine_transform(center: np.ndarray, scale: float | np.ndarray, rot: float, output_size: Sequence[int],
+                         shift: np.ndarray | None = None, inv: int = 0) -> np.ndarray:
+    """The vendor's (CenterNet's) affine map, 2x3 float64: the square of side ``scale`` (or ``scale[0]``) around
+    ``center``, turned by ``rot`` degrees and moved by ``shift`` times the scale, onto ``output_size`` =
+    (width, height), its top edge's centre to the output's width above the output centre; ``inv`` the map
+    back. Three float32 point pairs solved as ``cv2.getAffineTransform`` does (no OpenCV needed)."""
+    if not isinstance(scale, np.ndarray | list):
+        scale = np.array([scale, scale], dtype=np.float32)
+    shift = np.array([0, 0], dtype=np.float32) if shift is None else shift
+    out_w, out_h = output_size[0], output_size[1]
+    src_dir = get_dir([0, scale[0] * -0.5], np.pi * rot / 180)
+    dst_dir = np.array([0, out_w * -0.5], np.float32)
+    src = np.zeros((3, 2), dtype=np.float32)
+    dst = np.zeros((3, 2), dtype=np.float32)
+    src[0, :] = center + scale * shift
+    src[1, :] = center + src_dir + scale * shift
+    dst[0, :] = [out_w * 0.5, out_h * 0.5]
+    dst[1, :] = np.array([out_w * 0.5, out_h * 0.5], np.float32) + dst_dir
+    src[2:, :] = get_3rd_point(src[0, :], src[1, :])
+    dst[2:, :] = get_3rd_point(dst[0, :], dst[1, :])
+    return _affine_from_points(dst, src) if inv else _affine_from_points(src, dst)
 
 
 def _affine_from_points(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """The 2x3 matrix taking three ``src`` points to ``dst`` (``cv2.getAffineTransform``)."""
+    """The 2x3 matrix taking three ``src`` points to ``dst``, bit for bit as ``cv2.getAffineTransform``: its
+    six equations (x then y of each point) solved in float64 by OpenCV's own LU elimination (partial
+    pivoting, multipliers ``a[j, i] * (-1 / a[i, i])``); LAPACK's solve differs from it in the last bits."""
     a = np.zeros((6, 6))
     b = np.zeros(6)
     for i, ((x, y), (u, v)) in enumerate(zip(src.astype(np.float64), dst.astype(np.float64), strict=True)):
-        a[i, :3] = a[i + 3, 3:] = x, y, 1.0
-        b[i], b[i + 3] = u, v
-    return np.linalg.solve(a, b).reshape(2, 3)
+        a[2 * i, :3] = a[2 * i + 1, 3:] = x, y, 1.0
+        b[2 * i], b[2 * i + 1] = u, v
+    for i in range(6):
+        k = i + int(np.argmax(np.abs(a[i:, i])))  # the first largest, as OpenCV's strict '>'
+        if k != i:
+            a[[i, k], i:], b[[i, k]] = a[[k, i], i:], b[[k, i]]
+        d = -1.0 / a[i, i]
+        for j in range(i + 1, 6):
+            alpha = a[j, i] * d
+            a[j, i + 1 :] += alpha * a[i, i + 1 :]
+            b[j] += alpha * b[i]
+    for i in range(5, -1, -1):
+        total = b[i]
+        for k in range(i + 1, 6):
+            total -= a[i, k] * b[k]
+        b[i] = total / a[i, i]
+    return b.reshape(2, 3)
 
 
 # cv2.warpAffine's fixed point: source coordinates in steps of 1 / 2**INTER_BITS, accumulated with

@@ -54,7 +54,8 @@ def opencv_like(read_mode: str = "skimage") -> list[Transformer]:
         raise HbError(f"read_mode {read_mode!r} is not one of {READ_MODES}")
     if read_mode == "opencv":
         return []
-    return [ScaleTransformer(scale_value=255), F32ToU8Transformer(), RGB2BGRTransformer(data_format="HWC")]
+    # Rounded: img_as_float(uint8) * 255 is 127.99999... where the file holds 128.
+    return [ScaleTransformer(scale_value=255), F32ToU8Transformer(rounding=True), RGB2BGRTransformer(data_format="HWC")]
 
 
 def _read_opencv(path: Path) -> np.ndarray:

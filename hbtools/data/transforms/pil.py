@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import PIL.Image
 
+from hbtools.data import colour
 from hbtools.data.transforms.base import Transformer, check_image, size_hw
 
 # Filter names -> Pillow's resampling constants (which are also accepted as they are).
@@ -79,7 +80,8 @@ class PILCenterCropTransformer(Transformer):
     """Cut the central ``size`` = side or (height, width) window the way torchvision's
     ``CenterCrop`` places it: top-left at ``(round((H - h) / 2), round((W - w) / 2))``
     (Python's ``round``, halves to even), one row or column off ``CenterCropTransformer``'s
-    ``//`` for some odd margins."""
+    ``//`` for some odd margins. As the vendor's (which crops a uint8 Pillow image): the picture truncated
+    to uint8 (``astype``), float32 out."""
 
     def __init__(self, size: int | Sequence[int]) -> None:
         self.size = size_hw(size, "size")
@@ -90,4 +92,4 @@ class PILCenterCropTransformer(Transformer):
         if ch > h or cw > w:
             raise ValueError(f"PILCenterCrop: crop {ch}x{cw} is larger than the image {h}x{w}")
         top, left = round((h - ch) / 2), round((w - cw) / 2)
-        return np.ascontiguousarray(image[top : top + ch, left : left + cw])
+        return colour.astype_wrapped(image[top : top + ch, left : left + cw], np.uint8).astype(np.float32)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hbtools.data import colour
-from hbtools.data.transforms.base import Transformer, channels_last, float_dtype, like, size_hw
+from hbtools.data.transforms.base import Transformer, channels_last, float_dtype, size_hw
 
 # --------------------------------------------------------------------------- layout
 
@@ -108,6 +108,19 @@ class _SpaceTransformer(_ColourTransformer):
         return out.astype(np.float32)
 
 
+def rgb2bt601_full_range(r: np.ndarray, g: np.ndarray, b: np.ndarray, single_channel: bool = False):
+    """The vendor module's full-range BT.601 of R, G, B planes (``colour.vendor_yuv``): ``(y, u, v)``, or ``y``
+    alone with ``single_channel``; unrounded, U and V around 128."""
+    planes = colour.vendor_yuv(r, g, b, "regular", 1 if single_channel else 3)
+    return planes[0] if single_channel else tuple(planes)
+
+
+def rgb2bt601_video_range(r: np.ndarray, g: np.ndarray, b: np.ndarray, single_channel: bool = False):
+    """As ``rgb2bt601_full_range``, in BT.601 video range (Y from 16)."""
+    planes = colour.vendor_yuv(r, g, b, "bt601_video", 1 if single_channel else 3)
+    return planes[0] if single_channel else tuple(planes)
+
+
 class RGB2YUV444Transformer(_SpaceTransformer):
     """RGB -> YUV444 float32, unrounded (the vendor's BT.601 full range; video range with
     ``space_and_range='bt601_video'``)."""
@@ -168,21 +181,25 @@ class BGR2YUVBT601VIDEOTransformer(BGR2YUV444Transformer):
 
 
 class YUVTransformer(Transformer):
-    """``color_sequence`` (``'RGB'`` or ``'BGR'``, how the picture was read) -> YUV444 by
-    ``hbtools.data.colour`` (exact BT.601 full range), in the image's type (uint8 rounded)."""
+    """``color_sequence`` (``'RGB'`` or ``'BGR'``, how the picture was read) -> YUV444, float32, as the vendor's:
+    the picture cast to uint8 (``astype``), OpenCV's I420 conversion (``colour.rgb_to_nv12_opencv``: BT.601
+    video range in fixed point, each chroma sample from its 2x2 block's top-left pixel), each chroma sample
+    repeated over its block. Even height and width, as OpenCV's conversion needs. For exact full-range
+    BT.601 use ``colour.rgb_to_yuv444``."""
 
     def __init__(self, color_sequence: str, data_format: str | None = None) -> None:
-        sources = {"RGB": colour.rgb_to_yuv444, "BGR": colour.bgr_to_yuv444}
-        if str(color_sequence).upper() not in sources:
+        if str(color_sequence).upper() not in ("RGB", "BGR"):
             raise ValueError(f"color_sequence {color_sequence!r} is not 'RGB' or 'BGR'")
         self.color_sequence, self.data_format = color_sequence, data_format
-        self._convert = sources[color_sequence.upper()]
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
         last, axis = channels_last(image, self.data_format)
-        if last.shape[-1] != 3:
-            raise ValueError(f"YUVTransformer needs 3 channels, got shape {image.shape}")
-        return np.ascontiguousarray(np.moveaxis(like(self._convert(last), last), -1, axis))
+        if last.ndim != 3 or last.shape[-1] != 3:
+            raise ValueError(f"YUVTransformer needs one 3-channel image, got shape {image.shape}")
+        rgb = last if self.color_sequence.upper() == "RGB" else colour.bgr_to_rgb(last)
+        nv12 = colour.rgb_to_nv12_opencv(colour.astype_wrapped(rgb, np.uint8))
+        yuv = colour.nv12_decode(nv12).astype(np.float32)
+        return np.ascontiguousarray(np.moveaxis(yuv, -1, axis))
 
 
 class ReduceChannelTransformer(Transformer):
@@ -198,13 +215,14 @@ class ReduceChannelTransformer(Transformer):
 
 
 class _NV12Transformer(_SpaceTransformer):
-    """RGB/BGR (0..255, even height and width) -> NV12 bytes, shape (H * 3 // 2, W).
+    """RGB/BGR (0..255, even width) -> NV12 bytes, shape (H * 3 // 2, W).
 
-    ``cvt_mode``: ``'rgb_calc'`` / ``'bgr_calc'`` (the default: the vendor's arithmetic, ``colour.vendor_yuv``
+    ``cvt_mode``: ``'rgb_calc'`` / ``'bgr_calc'`` (the default: the vendor's arithmetic, ``colour.vendor_nv12``
     in the range ``space_and_range`` says, each chroma sample from the top-left pixel of its 2x2 block,
-    Y, U and V truncated to uint8 as its ``astype``) or ``'opencv'`` (OpenCV's own I420 conversion,
-    which the vendor's scripts call: video range in fixed point, chroma of each block's top-left
-    pixel, the image cast to uint8 first)."""
+    Y, U and V truncated to uint8 as its ``astype``; an odd height gives ``H + (H + 1) // 2`` rows, as the
+    vendor's) or ``'opencv'`` (OpenCV's own I420 conversion, which the vendor's scripts call: video range
+    in fixed point, chroma of each block's top-left pixel, the image cast to uint8 first; even height
+    and width, as OpenCV requires)."""
 
     source = "rgb"
     CVT_MODES = ("rgb_calc", "bgr_calc", "opencv")
@@ -326,14 +344,28 @@ class NormalizeTransformer(Transformer):
 
 
 class F32ToU8Transformer(Transformer):
-    """Round half to even and saturate to uint8 (``astype`` would truncate 127.99 to 127)."""
+    """To uint8 as the vendor's ``data.astype(np.uint8)``: truncated toward zero (127.99 gives 127), values
+    outside 0..255 wrapped (``colour.astype_wrapped``). ``rounding=True`` rounds half to even and saturates
+    instead, for floats that stand for whole values (a skimage picture times 255 holds 127.99999...)."""
+
+    def __init__(self, rounding: bool = False) -> None:
+        self.rounding = rounding
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
-        return colour.round_to_uint8(image)
+        if self.rounding:
+            return colour.round_to_uint8(image)
+        return colour.astype_wrapped(image, np.uint8)
 
 
 class F32ToS8Transformer(Transformer):
-    """Round and saturate to 0..255, then subtract 128: the int8 ``*_128`` input type."""
+    """To int8 as the vendor's ``data.astype(np.int8)``: truncated toward zero, values outside -128..127
+    wrapped; data already on the signed scale (``AddTransformer(-128)``, the ``*_128`` conversions, a signed
+    featuremap) keeps its values. ``rounding=True`` rounds half to even and saturates to -128..127."""
+
+    def __init__(self, rounding: bool = False) -> None:
+        self.rounding = rounding
 
     def run_transform(self, image: np.ndarray) -> np.ndarray:
-        return (colour.round_to_uint8(image).astype(np.int16) - 128).astype(np.int8)
+        if self.rounding:
+            return np.clip(np.rint(image), -128, 127).astype(np.int8)
+        return colour.astype_wrapped(image, np.int8)
