@@ -12,14 +12,12 @@ hold the batch, would mix samples or fail, and the model then stays as it was).
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import numpy as np
 from onnx import ModelProto, helper, numpy_helper
 
 from hbtools.graph.graph import GraphView
-from hbtools.graph.shape_trial import forget_inferred
 
 BATCH_DIM = "batch"
 _TRIAL_BATCH = 2
@@ -61,73 +59,98 @@ def free_batch(model: ModelProto, shapes: dict[str, list[int | None]]) -> int:
     return changed
 
 
-def batch_free_reshapes(model: ModelProto) -> ModelProto:
-    """``model`` with ``free_batch``'s targets where a batch then gives each sample's outputs, else ``model``.
+def batch_free_reshapes(model: ModelProto) -> None:
+    """Write ``free_batch``'s targets into ``model`` where a batch then gives each sample's outputs; else leave it.
 
-    Only for models whose inputs all have a batch of one. Checked on random inputs: a batch of
-    two against the two samples run one by one (the float model: equal to float rounding).
+    Only for models whose inputs all have a batch of one. Checked on random inputs: a batch of two distinct
+    samples against the two run one by one (the float model: equal to float rounding), its weights read where
+    they are (no copy of the model). The batch-1 targets no node reads any more are dropped.
     """
     inits = {t.name for t in model.graph.initializer}
     inputs = [vi for vi in model.graph.input if vi.name not in inits]
     dims = [[d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
             for vi in inputs]
     if not inputs or any(not d or d[0] != 1 or None in d for d in dims):
-        return model
-    trial = copy.deepcopy(model)
-    if not free_batch(trial, GraphView(trial).shapes):
-        return model
-    if _takes_a_batch(trial, {vi.name: (d, vi.type.tensor_type.elem_type) for vi, d in zip(inputs, dims,
+        return
+    reshapes = [n for n in model.graph.node if n.op_type == "Reshape" and len(n.input) > 1]
+    targets = [n.input[1] for n in reshapes]
+    kept = len(model.graph.initializer)
+    if not free_batch(model, GraphView(model).shapes):
+        return
+    if _takes_a_batch(model, {vi.name: (d, vi.type.tensor_type.elem_type) for vi, d in zip(inputs, dims,
                                                                                           strict=True)}):
-        return trial
+        read = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+        unread = {t for t in targets if t not in read}
+        for t in [t for t in model.graph.initializer if t.name in unread]:
+            model.graph.initializer.remove(t)
+        return
+    for node, target in zip(reshapes, targets, strict=True):  # undone: the batch-1 targets again
+        node.input[1] = target
+    del model.graph.initializer[kept:]
     log.debug("the folded Reshape targets keep the batch of one: a batch of samples does not give each its "
               "own outputs")
-    return model
 
 
 def _takes_a_batch(model: ModelProto, inputs: dict[str, tuple[list[int], int]]) -> bool:
-    from hbtools.runtime.lowering import lower_model
+    from hbtools.runtime.lowering import lowered_parts
     from hbtools.runtime.session import make_session
 
-    probe = copy.deepcopy(model)
-    forget_inferred(probe.graph)
-    for vi in probe.graph.input:
-        if vi.name in inputs:
-            vi.type.tensor_type.shape.dim[0].Clear()
-            vi.type.tensor_type.shape.dim[0].dim_param = BATCH_DIM
-    for out in probe.graph.output:
-        out.type.tensor_type.ClearField("shape")
     rng = np.random.default_rng(0)
     samples = [{name: _random(rng, shape, elem) for name, (shape, elem) in inputs.items()}
                for _ in range(_TRIAL_BATCH)]
+    # The batch open while the model is lowered, as HB_ONNXRuntime's set_dim_param has it; the probe is a new
+    # graph whose weights are the model's own, not copies.
+    firsts = [vi.type.tensor_type.shape.dim[0] for vi in model.graph.input if vi.name in inputs]
     try:
-        session = make_session(lower_model(probe), threads=1)
+        for dim in firsts:
+            dim.dim_param = BATCH_DIM
+        probe, constants = lowered_parts(model)
+        for out in probe.graph.output:
+            out.type.tensor_type.ClearField("shape")
+        session = make_session(probe, threads=1, constants=constants)
         alone = [session.run(None, s) for s in samples]
         together = session.run(None, {name: np.concatenate([s[name] for s in samples]) for name in inputs})
     except Exception as e:  # noqa: BLE001 - onnxruntime's exception types are not importable; any failure: no batch
         log.debug("a batch of samples does not run: %s", e)
         return False
-    return all(same_outputs(got, np.concatenate([a[k] for a in alone]))
-               for k, got in enumerate(together))
+    finally:
+        for dim in firsts:
+            dim.dim_value = 1
+    # Outputs that do not depend on the samples tell nothing: at least one must differ between them.
+    differ = any(not np.array_equal(alone[0][k], alone[1][k]) for k in range(len(together)))
+    return differ and all(same_outputs(got, np.concatenate([a[k] for a in alone]))
+                          for k, got in enumerate(together))
 
 
 def _random(rng: np.random.Generator, shape: list[int], elem: int) -> np.ndarray:
+    """Distinct samples that most models take: positive floats (a log or a square root of them is finite),
+    pictures' bytes, 0 / 1 for other integers (indices into any table of two rows or more) and booleans."""
     dtype = helper.tensor_dtype_to_np_dtype(elem)
     if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
+        return rng.uniform(0.05, 1.0, shape).astype(dtype)
     if dtype in (np.uint8, np.int8):  # pictures and their int8 form
         info = np.iinfo(dtype)
         return rng.integers(info.min, int(info.max) + 1, shape, dtype=dtype)
-    return np.zeros(shape, dtype=dtype)  # indices, masks: zeros are valid everywhere
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    return rng.integers(0, 2, shape).astype(dtype)
 
 
 def same_outputs(got: np.ndarray, want: np.ndarray) -> bool:
-    """Whether a batched run's output ``got`` is the samples' own outputs ``want`` (floats: to float rounding)."""
+    """Whether a batched run's output ``got`` is the samples' own outputs ``want`` (floats: to float rounding,
+    the same values non-finite where any is; an output with no finite value at all proves nothing: False)."""
     if got.shape != want.shape:
         return False
     if got.dtype.kind != "f":
         return bool(np.array_equal(got, want))
-    scale = float(np.nanmax(np.abs(want))) if want.size and not np.all(np.isnan(want)) else 0.0
-    return bool(np.allclose(got, want, rtol=1e-4, atol=1e-5 * scale + 1e-30, equal_nan=True))
+    finite = np.isfinite(want)
+    if not np.array_equal(finite, np.isfinite(got)) or not np.array_equal(got[~finite], want[~finite],
+                                                                          equal_nan=True):
+        return False
+    if not finite.any():
+        return not want.size
+    scale = float(np.abs(want[finite]).max())
+    return bool(np.allclose(got[finite], want[finite], rtol=1e-4, atol=1e-5 * scale + 1e-30))
 
 
 def _unique(name: str, taken: dict) -> str:

@@ -73,7 +73,7 @@ def _loads_with_declared_shapes(model: ModelProto, declared: dict[str, list[int 
     from hbtools.runtime.session import make_session
 
     loose = copy.deepcopy(model)
-    forget_inferred(loose.graph)
+    _forget_inferred(loose.graph)
     for vi in loose.graph.input:
         dims = declared.get(vi.name)
         if dims is None or len(dims) != len(vi.type.tensor_type.shape.dim):
@@ -94,9 +94,9 @@ def _loads_with_declared_shapes(model: ModelProto, declared: dict[str, list[int 
     return True
 
 
-def forget_inferred(graph: onnx.GraphProto) -> None:
+def _forget_inferred(graph: onnx.GraphProto) -> None:
     del graph.value_info[:]
     for node in graph.node:
         for attr in node.attribute:
             for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                forget_inferred(sub)
+                _forget_inferred(sub)

@@ -179,7 +179,7 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
         if corrected is not None:
             log.info("bias correction applied")
             optimized = corrected
-    summary = _summary(method, plan, optimized is not uncorrected)
+    summary = _summary(method, plan, "" if optimized is uncorrected else "on" if not scores else "kept")
     log.info("calibration summary: %s", summary)
     model = build_calibrated_model(optimized, plan, thresholds, weight_th, methods)
     if optimized is not uncorrected:
@@ -187,7 +187,7 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
     return CalibrationResult(model, plan, thresholds, method, scores, summary)
 
 
-def _summary(method: str, plan: CalibrationPlan, corrected: bool) -> str:
+def _summary(method: str, plan: CalibrationPlan, corrected: str) -> str:
     """The method and what else the search chose: GPTQ rounding kept or not, int16 tensors, zero points, corrected
     biases (hb_model_info too)."""
     int16 = sum(p.bits == 16 for p in plan.activations)
@@ -195,7 +195,8 @@ def _summary(method: str, plan: CalibrationPlan, corrected: bool) -> str:
         "weights rounded to nearest (no GPTQ)"
     zero_points = sum(p.asymmetric and p.bits == 8 for p in plan.activations)
     asymmetric = f"; zero points on {zero_points} int8 tensors" if zero_points else ""
-    biases = "; biases corrected (bias correction kept)" if corrected else ""
+    # "kept": the search compared the corrected biases and kept them; "on": corrected as the config asks
+    biases = {"kept": "; biases corrected (bias correction kept)", "on": "; biases corrected"}.get(corrected, "")
     return (f"method {method}; {gptq}; {int16} of {len(plan.activations)} activation tensors int16{asymmetric}"
             f"{biases}")
 

@@ -294,7 +294,7 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     record_origins(out, trace.differing())
     record_fusions(out, trace.fused_into)
     # last: the rewrites above read the folded targets as they were
-    out = batch_free_reshapes(out)
+    batch_free_reshapes(out)
     log.info("Optimized model: %d nodes (from %d)", len(out.graph.node), len(model.graph.node))
     return compact(out)  # the rewrites above replaced weights in place: their old values are still held
 

@@ -318,8 +318,8 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
         self._outputs = self._session.get_outputs()
         # the intermediate tensors asked for so far, and the one session that fetches them all
         self._fetching: tuple[frozenset[str], ort.InferenceSession | CustomOpSession] | None = None
-        # per set of tensors fetched: whether a batch runs whole (``_batch_run``; None: not tried yet)
-        self._batch_apart: dict[tuple[str, ...], bool] = {}
+        # per set of tensors fetched, how a batch runs (``_batch_run``): whole, or each output's sample axis
+        self._batch_axes: dict[tuple[str, ...], object] = {}
         self._lock = threading.Lock()
 
     # onnxruntime's session cannot be pickled; a copy (copy.deepcopy, multiprocessing) rebuilds
@@ -499,27 +499,33 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
 
     def _batch_run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The run of ``feeds``; a batch fed to a model built for one sample (after ``set_dim_param``) gives
-        each sample's own outputs, stacked.
+        each sample's own outputs.
 
         Such a model may hold the batch of one in its own shapes (a ``Resize`` to fixed sizes, a ``Reshape``
-        the optimize stage could not write without it): the batch then fails or, worse, mixes or drops
-        samples. The first batch asking for ``names`` runs whole and sample by sample; the batch runs
-        whole from then on only if both gave the same, else sample by sample."""
+        the optimize stage could not write without it): the whole batch then fails or, worse, mixes or drops
+        samples. The first batch asking for ``names`` decides, on distinct samples (the batch's own, or its
+        first sample and that sample rolled along its last axis where they are all the same, as a warm-up
+        batch of zeros is): where each output of a whole run holds the samples' own outputs along some axis
+        (the first for most, the second for a sequence-first [T, N, C]; an output the samples share, once;
+        any where the samples' outputs differ in size, as an NMS keeps its own count of boxes), batches run
+        whole from then on; else sample by sample, each output's samples joined along that axis."""
         session = self._session_for(names)
         count = self._stacked_samples(feeds)
-        apart = self._batch_apart.get(tuple(names)) if count else True
-        if apart:
+        key = tuple(names)
+        if not count or self._batch_axes.get(key) is WHOLE:
             return session.run(names, feeds)
-        singles = [session.run(names, {n: d[i:i + 1] for n, d in feeds.items()}) for i in range(count)]
-        stacked = [np.concatenate(parts) if parts[0].ndim else np.stack(parts) for parts in zip(*singles, strict=True)]
-        if apart is None:
-            try:
-                whole = session.run(names, feeds)
-                self._batch_apart[tuple(names)] = all(
-                    same_outputs(w, s) for w, s in zip(whole, stacked, strict=True))
-            except RUN_ERRORS:
-                self._batch_apart[tuple(names)] = False
-        return stacked
+        samples = [{n: d[i:i + 1] for n, d in feeds.items()} for i in range(count)]
+        if key not in self._batch_axes:
+            own = _distinct(samples)
+            probe = samples if own else _rolled_pair(samples[0])
+            if probe is None:  # no sample can differ from another (constant inputs): nothing to keep apart
+                return session.run(names, feeds)
+            self._batch_axes[key], answer = _decided(session, names, probe)
+            if own:
+                return answer
+            if self._batch_axes[key] is WHOLE:
+                return session.run(names, feeds)
+        return _stacked([session.run(names, s) for s in samples], self._batch_axes[key], names)
 
     def _stacked_samples(self, feeds: dict[str, np.ndarray]) -> int | None:
         """How many samples ``feeds`` stack along the first axis of inputs built for one (None: not such a batch)."""
@@ -626,6 +632,81 @@ def _offset(value: object) -> int:
         raise FeedError(f"input_offset {value!r} is not a whole number; use 128 for 0..255 image data fed to "
                         "int8 inputs, 0 for data already in the input's range")
     return int(number)
+
+
+WHOLE = "whole"  # ``_batch_axes``: the whole batch gives each sample's outputs
+
+
+def _batch_axis(single: tuple[int, ...], whole: tuple[int, ...], count: int) -> int | str | None:
+    """The axis of an output along which a whole run of ``count`` samples holds the samples' outputs of shape
+    ``single``: where ``single`` has 1 and ``whole`` has ``count``, all else equal; "shared" where the whole run has
+    the one sample's shape (an output no sample changes, as an SSD's priors); None where neither fits."""
+    if tuple(whole) == tuple(single):
+        return "shared"
+    for axis, size in enumerate(single):
+        if size == 1 and tuple(whole) == (*single[:axis], count, *single[axis + 1:]):
+            return axis
+    return None
+
+
+def _decided(session: object, names: list[str], samples: list[dict]) -> tuple[object, list[np.ndarray]]:
+    """How batches of ``samples``' kind run (``WHOLE``, or each output's sample axis) and the outputs of ``samples``."""
+    try:
+        whole = session.run(names, {n: np.concatenate([s[n] for s in samples]) for n in samples[0]})
+    except RUN_ERRORS:
+        whole = None
+    singles = [session.run(names, s) for s in samples]
+    found = [_agreeing_axis(w, [o[k] for o in singles]) for k, w in enumerate(whole)] if whole is not None else []
+    if whole is not None and None not in found:
+        return WHOLE, whole
+    axes = [a if isinstance(a, int) or a == "shared" else _first_unit_axis(singles[0][k].shape)
+            for k, a in enumerate(found or [None] * len(names))]
+    return axes, _stacked(singles, axes, names)
+
+
+def _distinct(samples: list[dict]) -> bool:
+    return any(not np.array_equal(s[n], samples[0][n]) for s in samples[1:] for n in s)
+
+
+def _rolled_pair(sample: dict) -> list[dict] | None:
+    """``sample`` and a copy of it rolled by one along its inputs' last axes (values the model takes, in other
+    places), or None where that changes nothing."""
+    rolled = {n: np.roll(d, 1, axis=-1) if d.ndim else d for n, d in sample.items()}
+    return [sample, rolled] if _distinct([sample, rolled]) else None
+
+
+def _agreeing_axis(whole: np.ndarray, singles: list[np.ndarray]) -> int | str | None:
+    """``_batch_axis`` of an output where the whole run's values are the samples' own along it ("ragged" where
+    the samples' outputs differ in size, or are scalars: only a whole run gives them), else None."""
+    if any(o.shape != singles[0].shape for o in singles) or not singles[0].ndim:  # a count, boxes an NMS kept
+        return "ragged"
+    axis = _batch_axis(singles[0].shape, whole.shape, len(singles))
+    if axis == "shared":
+        return axis if all(same_outputs(whole, o) for o in singles) else None
+    if axis is None or not same_outputs(whole, np.concatenate(singles, axis=axis)):
+        return None
+    return axis
+
+
+def _first_unit_axis(shape: tuple[int, ...]) -> int | None:
+    return next((axis for axis, size in enumerate(shape) if size == 1), None)
+
+
+def _stacked(runs: list[list[np.ndarray]], axes: list, names: list[str]) -> list[np.ndarray]:
+    """Each output's samples (``runs``: one list of outputs per sample) joined along its axis in ``axes``
+    ("shared": the first sample's)."""
+    out = []
+    for k, parts in enumerate(zip(*runs, strict=True)):
+        axis = axes[k]
+        if axis == "shared" and all(np.array_equal(p, parts[0]) for p in parts):
+            out.append(parts[0])
+        elif isinstance(axis, int) and all(p.shape == parts[0].shape for p in parts):
+            out.append(np.concatenate(parts, axis=axis))
+        else:
+            raise FeedError(f"output '{names[k]}' has no batch axis this model keeps its samples apart on (shapes "
+                            f"{', '.join(str(list(p.shape)) for p in parts)} for one sample each): feed one sample "
+                            "at a time")
+    return out
 
 
 def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.ndarray:

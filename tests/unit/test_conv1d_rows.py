@@ -366,3 +366,19 @@ def test_a_long_1d_kernel_on_x3_converts_close_to_float(tmp_path: Path) -> None:
     got = HB_ONNXRuntime(onnx_model=quantized).run(None, {"x": x})[0]
     cos = float(np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got))
     assert cos >= 0.99, cos
+
+
+def test_a_column_conv_read_from_the_bpu_keeps_its_column() -> None:
+    """A column Conv whose input a model input or a BPU op makes (not an Unsqueeze, nor a layout op the CPU runs
+    anyway) got a CPU Reshape to the row in front: the BPU part split in two (hunt 44 D6). It stays a column."""
+    g = _Graph(9)
+    first = g.op("Relu", [g.op("Conv", ["x", g.const((g.rng.standard_normal((16, 16, 3, 1)) / 7).astype(np.float32),
+                                                        "w")], kernel_shape=[3, 1], pads=[1, 0, 1, 0])])
+    conv = g.op("Conv", [first, g.const((g.rng.standard_normal((16, 16, 5, 1)) / 9).astype(np.float32), "w")],
+                kernel_shape=[5, 1], pads=[2, 0, 2, 0])
+    y = g.op("Relu", [_axes(g, "Squeeze", conv, [3], 13)])
+    fm = g.model({"x": [1, 16, 40, 1]}, [_axes(g, "ReduceMax", y, [2], 13, keepdims=0)], opset=13)
+    optimized, subgraphs, cpu = _placed(fm.model, "bernoulli2")
+    assert subgraphs == 1 and "Reshape" not in [kind for kind, _ in cpu], cpu
+    feed = {"x": np.random.default_rng(5).standard_normal((1, 16, 40, 1)).astype(np.float32)}
+    np.testing.assert_allclose(_run(optimized, feed)[0], _run(fm.model, feed)[0], rtol=1e-5, atol=1e-5)

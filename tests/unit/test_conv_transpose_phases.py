@@ -52,6 +52,8 @@ CASES = {
     "one_row": ([1, 5, 1, 24], 3, [1, 16], [1, 8], [0, 4, 0, 4], 1, None),
     "one_column": ([1, 5, 24, 1], 3, [16, 1], [8, 1], [4, 0, 4, 0], 1, None),
     "stride_beyond_x3_2d": ([1, 3, 6, 7], 2, [6, 6], [6, 6], [0, 0, 0, 0], 1, None),
+    # 40 x 64 phase channels, more than RDK X3's convs take (2048): a Conv that wide runs as several (hunt 44 D5)
+    "phases_wider_than_x3": ([1, 40, 3, 3], 40, [16, 16], [8, 8], [4, 4, 4, 4], 1, None),
 }
 
 
@@ -102,3 +104,15 @@ def test_a_k16_s8_upsampler_runs_on_the_bpu(tmp_path: Path, rank: int) -> None:
     outcome = convert_and_check(fm, tmp_path, calibration_type="max")
     assert not outcome.cpu, outcome.placement()
     assert min(outcome.cosine) >= 0.99, outcome.cosine
+
+
+def test_phases_wider_than_the_channel_limit_run_on_the_bpu() -> None:
+    """A 40-class k16 s8 head on RDK X3 (40 x 64 phase channels) stayed a float ConvTranspose on the CPU, while
+    the same Conv, DepthToSpace and Slice written by hand ran on the BPU (hunt 44 D5)."""
+    from hbtools.quant.units import build_partition
+
+    shape, cout, kernel, strides, pads, group, output_padding = CASES["phases_wider_than_x3"]
+    profile = get_profile("bernoulli2")
+    optimized = optimize.run(_conv_transpose(shape, cout, kernel, strides, pads, group, output_padding), profile)
+    part = build_partition(optimized, profile, {})
+    assert not [(n.op_type, u.reason) for u in part.units if u.on == "CPU" for n in u.nodes]

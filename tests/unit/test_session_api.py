@@ -296,3 +296,73 @@ def test_unsigned_inputs_take_their_own_type(tmp_path: Path, elem: int, dtype: t
     assert z.tolist() == (x + y).tolist()
     with pytest.raises(FeedError, match=f"input 'x' takes {np.dtype(dtype).name}, and int64 data holds values"):
         sess.run(None, {"x": x.astype(np.int64) - 1, "y": y})
+
+
+def _plain(nodes: list, inputs: dict[str, list[int]], inits: list | None = None, opset: int = 13) -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
+                                           inputs.items()],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in nodes[-1].output],
+                              inits or [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_sequence_first_output_of_a_batch_keeps_its_batch_axis() -> None:
+    """A CRNN's [T, N, C] output for CTC: a batch of 3 came back as [3 T, 1, C] (every sample's frames one after
+    another in one column) once outputs were joined along the first axis (hunt 44 D1); the whole run was right."""
+    from onnx import helper
+
+    sess = HB_ONNXRuntime(onnx_model=_plain([helper.make_node("Transpose", ["x"], ["y"], perm=[2, 0, 1])],
+                                             {"x": [1, 4, 6]}))
+    x = np.random.default_rng(1).standard_normal((3, 4, 6)).astype(np.float32)
+    sess.set_dim_param(0, 0, "?")
+    (got,) = sess.run_feature(None, {"x": x})
+    np.testing.assert_array_equal(got, x.transpose(2, 0, 1))
+
+
+def test_a_warm_up_batch_of_identical_samples_does_not_decide_how_batches_run() -> None:
+    """A model written for one sample (rows centred on the mean of every row of the flattened batch) mixes the
+    samples of a whole batch. A first batch of zeros cannot show it: every later batch ran whole and mixed
+    (hunt 44 D4)."""
+    from onnx import helper, numpy_helper
+
+    rows = numpy_helper.from_array(np.array([-1, 6], np.int64), "rows")
+    back = numpy_helper.from_array(np.array([-1, 4, 6], np.int64), "back")
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["r"]),
+             helper.make_node("ReduceMean", ["r"], ["m"], axes=[0], keepdims=1),  # same for identical samples
+             helper.make_node("Sub", ["r", "m"], ["s"]), helper.make_node("Reshape", ["s", "back"], ["y"])]
+    sess = HB_ONNXRuntime(onnx_model=_plain(nodes, {"x": [1, 4, 6]}, [rows, back]))
+    x = np.random.default_rng(2).standard_normal((3, 4, 6)).astype(np.float32)
+    singles = np.concatenate([sess.run_feature(None, {"x": x[i:i + 1]})[0] for i in range(3)])
+    sess.set_dim_param(0, 0, "?")
+    sess.run_feature(None, {"x": np.zeros_like(x)})  # the warm-up
+    for _ in range(2):
+        np.testing.assert_allclose(sess.run_feature(None, {"x": x})[0], singles, rtol=1e-6)
+
+
+def test_outputs_of_another_size_per_sample_come_from_the_whole_batch() -> None:
+    """An NMS inside the model keeps its own number of boxes per picture ([K, 3] rows of batch, class, box): the
+    samples' results cannot be joined, and the batch stopped with a bare numpy error (hunt 44 D2); the whole run
+    gives them, with each box's batch index."""
+    from onnx import helper, numpy_helper
+
+    most = numpy_helper.from_array(np.array([10], np.int64), "most")
+    iou = numpy_helper.from_array(np.array([0.5], np.float32), "iou")
+    floor = numpy_helper.from_array(np.array([0.5], np.float32), "floor")
+    nodes = [helper.make_node("NonMaxSuppression", ["boxes", "scores", "most", "iou", "floor"], ["kept"])]
+    model = _plain(nodes, {"boxes": [1, 8, 4], "scores": [1, 1, 8]}, [most, iou, floor], opset=11)
+    model.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.INT64
+    sess = HB_ONNXRuntime(onnx_model=model)
+    rng = np.random.default_rng(3)
+    corners = rng.uniform(0, 10, (3, 8, 2)).astype(np.float32)
+    boxes = np.concatenate([corners, corners + 1], axis=2)
+    scores = rng.uniform(0, 1, (3, 1, 8)).astype(np.float32)
+    counts = [len(sess.run_feature(None, {"boxes": boxes[i:i + 1], "scores": scores[i:i + 1]})[0]) for i in range(3)]
+    assert len(set(counts)) > 1, counts  # the pictures keep different numbers of boxes
+    sess.set_dim_param(0, 0, "?")
+    sess.set_dim_param(1, 0, "?")
+    (kept,) = sess.run_feature(None, {"boxes": boxes, "scores": scores})
+    assert np.bincount(kept[:, 0], minlength=3).tolist() == counts

@@ -108,10 +108,10 @@ def test_calibration_summary_says_the_biases_were_corrected(tmp_path, monkeypatc
     project.write(calibration_parameters={"optimization": ["bias_correction"]})
     made = invoke(hb_mapper.main, ["makertbin", "--config", project.config_path, "--model-type", "onnx"])
     assert made.exit_code == 0, made.output
-    assert re.search(r"INFO calibration summary: method max; .*; biases corrected \(bias correction kept\)$",
-                     made.output, re.M), made.output
+    # asked for (optimization bias_correction), not compared by a search: corrected, not "kept" (hunt 44 D9)
+    assert re.search(r"INFO calibration summary: method max; .*; biases corrected$", made.output, re.M), made.output
     info = invoke(hb_model_info.main, [project.artefact("bin")]).output
-    assert re.search(r"calibration result  : method max; .*; biases corrected \(bias correction kept\)", info), info
+    assert re.search(r"calibration result  : method max; .*; biases corrected(;|$)", info, re.M), info
 
 
 def test_calibration_summary_states_modelled_latencies(tmp_path, monkeypatch) -> None:

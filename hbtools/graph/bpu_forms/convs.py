@@ -436,8 +436,8 @@ def conv_transposes_over_phases(model: ModelProto, profile: MarchProfile,
         taps = [-(-k // st) for k, st in zip(kernel, strides, strict=True)]
         # the Conv's frames per axis: enough for the last output sample the pads keep
         frames = [max(-(-(pads[k] + out[k + 2]) // strides[k]), shape[k + 2]) for k in range(spatial)]
-        if (conv.channels is not None and max(c_out * phases, c_in) > conv.channels) \
-                or not conv.ranks[0] <= w.ndim <= conv.ranks[1]:
+        # More output channels than the BPU takes are fine: such a Conv runs as several joined by a Concat.
+        if (conv.channels is not None and c_in > conv.channels) or not conv.ranks[0] <= w.ndim <= conv.ranks[1]:
             return None
         moved = [k for k in range(spatial) if strides[k] > 1]
         if spatial == 2 and len(moved) == 2 and (strides[0] != strides[1] or opset < 11

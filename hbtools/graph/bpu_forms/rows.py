@@ -38,16 +38,18 @@ def one_row_chains_as_4d(model: ModelProto, profile: MarchProfile, placed: Mappi
     conv = profile.rule("Conv")
     if profile.takes_rank(3) or conv is None or not conv.ranks[0] <= 4 <= conv.ranks[1]:
         return 0
-    columns = _column_convs_as_rows(model, placed or {})
+    columns = _column_convs_as_rows(model, profile, placed or {})
     return _Rows(model, placed or {}).run() + columns
 
 
-def _column_convs_as_rows(model: ModelProto, placed: Mapping[str, str]) -> int:
+def _column_convs_as_rows(model: ModelProto, profile: MarchProfile, placed: Mapping[str, str]) -> int:
     """A 2-D Conv over a single column, [N, C, L, 1] with kernel [k, 1] and nothing across the column, read only by
     a Squeeze of that column (tf2onnx / jax2tf write Keras' Conv1D so: magika's byte classifier) as the same Conv
-    over the row [N, C, 1, L] (its input an Unsqueeze of the row where it was an Unsqueeze of the column, else a
-    Reshape to the row), the Squeeze then of the row: ``_Rows`` carries the layers after it over the row, where
-    the Squeeze left them 3-D on the CPU. Returns how many Convs it turned."""
+    over the row [N, C, 1, L] (its input an Unsqueeze of the row where it was an Unsqueeze of the column, or a
+    Reshape to the row where a layout op the BPU does not take made the column: the CPU's anyway), the Squeeze
+    then of the row: ``_Rows`` carries the layers after it over the row, where the Squeeze left them 3-D on the
+    CPU. Not where the column comes from a BPU op or a model input: a CPU Reshape there would split the BPU
+    part. Returns how many Convs it turned."""
     view = GraphView(model)
     opset = _opset(model)
     taken = {*(i.name for i in model.graph.input), *(t.name for t in model.graph.initializer),
@@ -70,6 +72,9 @@ def _column_convs_as_rows(model: ModelProto, placed: Mapping[str, str]) -> int:
         if producer is not None and producer.op_type == "Unsqueeze" and _unit_axes(producer, view) == [3]:
             nodes.append(_axes_node(model, opset, "Unsqueeze", producer.input[0], row_in, [ROW],
                                     fresh_name(f"{node.name}_row_input", taken)))
+        elif not _made_on_the_cpu(producer, profile, view):
+            nodes.append(node)
+            continue
         else:
             nodes.append(reshape_node(model, node.input[0], row_in, [shape[0], shape[1], 1, shape[2]],
                                       fresh_name(f"{node.name}_row_input", taken)))
@@ -110,6 +115,18 @@ def _column_conv(node: NodeProto, squeeze: NodeProto | None, view: GraphView,
     if pads[1] or pads[3] or int((a.get("strides") or [1, 1])[1]) != 1:
         return None
     return shape, w, a
+
+
+def _made_on_the_cpu(producer: NodeProto | None, profile: MarchProfile, view: GraphView) -> bool:
+    """Whether ``producer`` is a layout op the march's BPU does not take (a Transpose of other axes than NCHW /
+    NHWC, a Reshape, Flatten, Squeeze or Unsqueeze where it has no such op)."""
+    if producer is None or producer.domain not in ("", "ai.onnx"):
+        return False
+    rule = profile.rule(producer.op_type)
+    if producer.op_type == "Transpose":
+        perm = tuple(int(p) for p in view.attrs(producer).get("perm") or ())
+        return rule is None or (rule.perms is not None and perm not in rule.perms)
+    return producer.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") and rule is None
 
 
 def _unit_axes(node: NodeProto, view: GraphView) -> list[int] | None:
