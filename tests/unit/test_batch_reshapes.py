@@ -62,3 +62,5 @@ def test_outputs_without_finite_values_or_with_an_inf_prove_nothing() -> None:
     assert same_outputs(want.copy(), want)
     assert not same_outputs(np.array([[1.0, np.inf], [9.0, 3.0]], np.float32), want)
     assert not same_outputs(np.array([[1.0, 5.0], [2.0, 3.0]], np.float32), want)
+    huge = np.array([[1.0, 2.0], [3.0, 2.4e17]], np.float32)  # one value far larger than the rest hides nothing
+    assert not same_outputs(np.array([[1.5, 2.0], [3.0, 2.4e17]], np.float32), huge)
