@@ -116,6 +116,10 @@ def _takes_a_batch(model: ModelProto, inputs: dict[str, tuple[list[int], int]]) 
     finally:
         for dim in firsts:
             dim.dim_value = 1
+    # Outputs of another size per sample (the boxes an NMS keeps) or scalars cannot be checked: the batch of
+    # one stays.
+    if any(a[k].shape != alone[0][k].shape or not a[k].ndim for a in alone for k in range(len(together))):
+        return False
     # Outputs that do not depend on the samples tell nothing: at least one must differ between them.
     differ = any(not np.array_equal(alone[0][k], alone[1][k]) for k in range(len(together)))
     return differ and all(same_outputs(got, np.concatenate([a[k] for a in alone]))

@@ -64,3 +64,18 @@ def test_outputs_without_finite_values_or_with_an_inf_prove_nothing() -> None:
     assert not same_outputs(np.array([[1.0, 5.0], [2.0, 3.0]], np.float32), want)
     huge = np.array([[1.0, 2.0], [3.0, 2.4e17]], np.float32)  # one value far larger than the rest hides nothing
     assert not same_outputs(np.array([[1.5, 2.0], [3.0, 2.4e17]], np.float32), huge)
+
+
+def test_outputs_of_another_size_per_sample_or_scalars_leave_the_model_as_it_is() -> None:
+    """A detector with its NMS inside keeps another number of boxes per picture, and a scalar output has no
+    samples: the check cannot compare them, and it stopped the optimize stage with a numpy error on them."""
+    shapes = [numpy_helper.from_array(np.array(s, np.int64), n) for s, n in (([5, 8], "flat"), ([1, 5, 8], "back"))]
+    for last in (helper.make_node("ReduceSum", ["mixed"], ["y"], keepdims=0),  # a scalar
+                 helper.make_node("NonZero", ["mixed"], ["y"])):  # as many rows as the sample has positives
+        nodes = [helper.make_node("Reshape", ["x", "flat"], ["rows"]), helper.make_node("Relu", ["rows"], ["r"]),
+                 helper.make_node("Reshape", ["r", "back"], ["mixed"]), last]
+        model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 8])], shapes)
+        model.graph.output[0].type.tensor_type.elem_type = TensorProto.INT64 if last.op_type == "NonZero" else \
+            TensorProto.FLOAT
+        batch_free_reshapes(model)
+        assert _targets(model) == [[5, 8], [1, 5, 8]], last.op_type
