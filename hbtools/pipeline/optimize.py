@@ -32,7 +32,6 @@ from hbtools.graph.batch_reshapes import batch_free_reshapes
 from hbtools.graph.bpu_forms._common import _axes_node, _opset, per_channel_const
 from hbtools.graph.contrib import expand_contrib_ops
 from hbtools.graph.flat_heads import flattens_after_heads, wide_flattens_as_convs
-from hbtools.graph.gemm_reshapes import batch_free_gemm_reshapes
 from hbtools.graph.graph import (
     GraphView,
     compact,
@@ -84,7 +83,6 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     expandable = _function_ops(body)
     trace.follow(body)  # onnxruntime's fusions name their nodes after no user node (gemm_input_reshape)
     body = _onnxruntime_basic(body)
-    batch_free_gemm_reshapes(body)
     einsums += bpu_forms.einsums_as_matmuls(body)
     if einsums:
         log.info("%d Einsums written as MatMuls", einsums)

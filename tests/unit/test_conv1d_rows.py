@@ -208,25 +208,30 @@ def test_a_channel_sum_without_keepdims_read_otherwise_stays() -> None:
     _same_outputs(optimized, fm.model)
 
 
-def test_a_1d_conv_net_converts_for_x3(tmp_path: Path) -> None:
-    """makertbin on RDK X3: every Conv1d is a BPU convolution, the .bin matches the quantized model (checked in
-    convert_featuremaps' run) and the output stays close to the float model's."""
+def _converted_for_x3(tmp_path: Path, model: onnx.ModelProto, name: str, shape: tuple[int, ...]):
+    """makertbin (max) on RDK X3 over 8 random samples: the quantized model's node types and its output's cosine
+    against the float model on another sample (the .bin is checked against it in convert_featuremaps' run)."""
     from conformance import convert_featuremaps
 
     from hbtools.runtime import HB_ONNXRuntime
 
-    fm = _keyword_spotter(13)
     rng = np.random.default_rng(0)
-    samples = [rng.standard_normal((1, 8, 50)).astype(np.float32) for _ in range(8)]
-    convert_featuremaps(tmp_path, fm.model, {"feats": samples}, "1x8x50", "float32", "m", calibration_type="max",
-                        march="bernoulli2")
+    samples = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
+    convert_featuremaps(tmp_path, model, {name: samples}, "x".join(map(str, shape)), "float32", "m",
+                        calibration_type="max", march="bernoulli2")
     quantized = onnx.load(next((tmp_path / "out").glob("*_quantized_model.onnx")))
-    kinds = [n.op_type for n in quantized.graph.node]
+    x = rng.standard_normal(shape).astype(np.float32)
+    want = _run(model, {name: x})[0]
+    got = HB_ONNXRuntime(onnx_model=quantized).run(None, {name: x})[0]
+    return [n.op_type for n in quantized.graph.node], float(np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want)
+                                                            / np.linalg.norm(got))
+
+
+def test_a_1d_conv_net_converts_for_x3(tmp_path: Path) -> None:
+    """makertbin on RDK X3: every Conv1d is a BPU convolution, the .bin matches the quantized model (checked in
+    convert_featuremaps' run) and the output stays close to the float model's."""
+    kinds, cos = _converted_for_x3(tmp_path, _keyword_spotter(13).model, "feats", (1, 8, 50))
     assert "Conv" not in kinds and kinds.count("HzSQuantizedConv") >= 5, sorted(set(kinds))
-    x = rng.standard_normal((1, 8, 50)).astype(np.float32)
-    want = _run(fm.model, {"feats": x})[0]
-    got = HB_ONNXRuntime(onnx_model=quantized).run(None, {"feats": x})[0]
-    cos = float(np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got))
     assert cos >= 0.98, cos
 
 
@@ -349,22 +354,8 @@ def test_a_long_1d_kernel_on_x3_is_one_conv_over_stacked_rows(k, stride, dilatio
 def test_a_long_1d_kernel_on_x3_converts_close_to_float(tmp_path: Path) -> None:
     """makertbin on RDK X3: the k15 Conv1d and its Relu are one BPU convolution (no Eltwise sum of pieces, no Relu
     table), the quantized model close to float."""
-    from conformance import convert_featuremaps
-
-    from hbtools.runtime import HB_ONNXRuntime
-
-    fm = _long_row_conv(15, pads=(7, 7))
-    rng = np.random.default_rng(0)
-    samples = [rng.standard_normal((1, 8, 64)).astype(np.float32) for _ in range(8)]
-    convert_featuremaps(tmp_path, fm.model, {"x": samples}, "1x8x64", "float32", "m", calibration_type="max",
-                        march="bernoulli2")
-    quantized = onnx.load(next((tmp_path / "out").glob("*_quantized_model.onnx")))
-    kinds = [n.op_type for n in quantized.graph.node]
+    kinds, cos = _converted_for_x3(tmp_path, _long_row_conv(15, pads=(7, 7)).model, "x", (1, 8, 64))
     assert kinds.count("HzSQuantizedConv") == 2 and "HzSQuantizedEltwise" not in kinds and "HzLut" not in kinds, kinds
-    x = rng.standard_normal((1, 8, 64)).astype(np.float32)
-    want = _run(fm.model, {"x": x})[0]
-    got = HB_ONNXRuntime(onnx_model=quantized).run(None, {"x": x})[0]
-    cos = float(np.dot(want.ravel(), got.ravel()) / np.linalg.norm(want) / np.linalg.norm(got))
     assert cos >= 0.99, cos
 
 

@@ -482,17 +482,9 @@ def conv_transposes_over_phases(model: ModelProto, profile: MarchProfile,
             nodes.append(helper.make_node("Reshape", [f"{y}_interleaved", f"{tag}_placed"], [f"{y}_placed"],
                                           name=f"{tag}_placed"))
             y = f"{y}_placed"
-        starts = [pads[k] for k in range(spatial)]
-        ends = [pads[k] + out[k + 2] for k in range(spatial)]
-        consts = []
-        for what, values in (("starts", starts), ("ends", ends), ("axes", [k + 2 for k in range(spatial)])):
-            model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), f"{tag}_{what}"))
-            consts.append(f"{tag}_{what}")
-        if opset >= 10:
-            nodes.append(helper.make_node("Slice", [y, *consts], list(node.output), name=f"{tag}_kept"))
-        else:
-            nodes.append(helper.make_node("Slice", [y], list(node.output), name=f"{tag}_kept", starts=starts,
-                                          ends=ends, axes=[k + 2 for k in range(spatial)]))
+        nodes.append(_slice(model, opset, y, node.output[0], [pads[k] for k in range(spatial)],
+                            [pads[k] + out[k + 2] for k in range(spatial)], [k + 2 for k in range(spatial)],
+                            f"{tag}_kept", tag))
         return nodes
 
     return rewrite_nodes(model, over_phases)
@@ -560,16 +552,7 @@ def row_convs_as_stacked_rows(model: ModelProto, profile: MarchProfile,
         for r in range(rows):
             start = r * taps * d
             copies.append(f"{x}_{tag}_{r}")
-            if opset < 10:
-                nodes.append(helper.make_node("Slice", [x], [copies[-1]], name=f"{tag}_{r}", starts=[start],
-                                              ends=[start + width], axes=[3]))
-                continue
-            consts = []
-            for what, values in (("starts", [start]), ("ends", [start + width]), ("axes", [3])):
-                name = f"{tag}_{r}_{what}"
-                model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
-                consts.append(name)
-            nodes.append(helper.make_node("Slice", [x, *consts], [copies[-1]], name=f"{tag}_{r}"))
+            nodes.append(_slice(model, opset, x, copies[-1], [start], [start + width], [3], f"{tag}_{r}"))
         nodes.append(helper.make_node("Concat", copies, [f"{x}_{tag}"], name=f"{tag}_stacked", axis=2))
         weight = np.zeros((w.shape[0], w.shape[1], rows * taps), w.dtype)
         weight[:, :, :k] = w[:, :, 0, :]
@@ -611,16 +594,7 @@ def _phase_chain(model: ModelProto, opset: int, x: str, shape: list[int], axis: 
     tail = frames * s - begin - length
     if tail < 0:
         cut = f"{x}_{tag}_cut"
-        if opset >= 10:
-            consts = []
-            for what, values in (("starts", [0]), ("ends", [length + tail]), ("axes", [axis])):
-                name = f"{tag}_slice_{what}"
-                model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
-                consts.append(name)
-            nodes.append(helper.make_node("Slice", [x, *consts], [cut], name=f"{tag}_cut"))
-        else:
-            nodes.append(helper.make_node("Slice", [x], [cut], name=f"{tag}_cut", starts=[0],
-                                          ends=[length + tail], axes=[axis]))
+        nodes.append(_slice(model, opset, x, cut, [0], [length + tail], [axis], f"{tag}_cut", f"{tag}_slice"))
         x = cut
     blocks = [(f"{tag}_front", begin), (f"{tag}_back", max(tail, 0))]
     if any(size for _, size in blocks):
@@ -715,16 +689,7 @@ def _conv_pieces(node: NodeProto, view: GraphView, plan: list[list[tuple[int, in
             starts = [crop_start[k - 2] for k in axes]
             ends = [crop_end[k - 2] for k in axes]
             cropped = f"{x}_{tag}_cropped"
-            if opset >= 10:
-                consts = []
-                for what, values in (("starts", starts), ("ends", ends), ("axes", axes)):
-                    cname = f"{tag}_slice_{what}"
-                    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), cname))
-                    consts.append(cname)
-                nodes.append(helper.make_node("Slice", [x, *consts], [cropped], name=f"{tag}_slice"))
-            else:
-                nodes.append(helper.make_node("Slice", [x], [cropped], name=f"{tag}_slice", starts=starts,
-                                              ends=ends, axes=axes))
+            nodes.append(_slice(model, opset, x, cropped, starts, ends, axes, f"{tag}_slice"))
             x = cropped
         weight = f"{node.input[1]}_{tag}"
         taps = tuple(slice(first, last) for first, last in ranges)
@@ -738,6 +703,19 @@ def _conv_pieces(node: NodeProto, view: GraphView, plan: list[list[tuple[int, in
         nodes[-1].attribute.extend(others)
         sums.append(y)
     return [*nodes, *_summed(node, sums)]
+
+
+def _slice(model: ModelProto, opset: int, x: str, out: str, starts: list[int], ends: list[int], axes: list[int],
+           name: str, constants: str | None = None) -> NodeProto:
+    """A Slice node ``name`` of ``x``: attributes before opset 10, else inputs (constants ``<constants>_starts``,
+    ``_ends``, ``_axes`` added to ``model``; ``constants`` defaults to ``name``)."""
+    if opset < 10:
+        return helper.make_node("Slice", [x], [out], name=name, starts=starts, ends=ends, axes=axes)
+    inputs = []
+    for what, values in (("starts", starts), ("ends", ends), ("axes", axes)):
+        inputs.append(f"{constants or name}_{what}")
+        model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), inputs[-1]))
+    return helper.make_node("Slice", [x, *inputs], [out], name=name)
 
 
 def _summed(node: NodeProto, parts: list[str]) -> list[NodeProto]:
