@@ -28,3 +28,11 @@ def integers_fit(data: np.ndarray, dtype: np.dtype | type) -> bool:
         return False
     info = np.iinfo(dtype)
     return not data.size or bool(info.min <= data.min() and data.max() <= info.max)
+
+
+def float32_overflow(data: np.ndarray) -> int:
+    """How many finite values of float64 ``data`` lie beyond float32's range (they would become inf)."""
+    if data.dtype != np.float64 or not data.size:
+        return 0
+    finite = np.abs(data[np.isfinite(data)])
+    return int(np.count_nonzero(finite > np.finfo(np.float32).max))

@@ -19,7 +19,7 @@ import numpy as np
 
 from hbtools.data import colour
 from hbtools.data.intermediate import from_channels_last
-from hbtools.data.npy import integers_fit, load_npy
+from hbtools.data.npy import float32_overflow, integers_fit, load_npy
 from hbtools.errors import HbError, ResourceError
 from hbtools.graph.graph import GraphView
 from hbtools.runtime.runtime_model import InputDesc, RuntimeModel
@@ -48,6 +48,9 @@ def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
     if data.dtype != want_dtype and not desc.is_image and integers_fit(data, want_dtype):
         data = data.astype(want_dtype)  # indices in another integer type, as HB_ONNXRuntime takes them
     if want_dtype == np.float32 and not desc.is_image and data.dtype in (np.float64, np.float16):
+        if overflow := float32_overflow(data):
+            raise HbError(f"input '{desc.name}' takes float32 data, and {overflow} of the float64 values given are "
+                          f"beyond float32's range (±{np.finfo(np.float32).max:.4g}): check the data's scale")
         data = data.astype(np.float32)  # numpy's default float64 (np.save of a float array), as HB_ONNXRuntime takes
     if data.dtype != want_dtype:
         shifted = ("; int8 data is the calibrated model's own input (pixel - 128, as the calibration_data dump "

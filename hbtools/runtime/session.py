@@ -15,7 +15,7 @@ import onnxruntime as ort
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.values import closest_names
-from hbtools.data.npy import integers_fit
+from hbtools.data.npy import float32_overflow, integers_fit
 from hbtools.errors import HbError
 from hbtools.graph import model_io
 from hbtools.graph.batch_reshapes import same_outputs
@@ -733,6 +733,9 @@ def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.n
                             f"0..255 image data (0 for data already in {np.dtype(target).name})")
         return shifted.astype(target)
     if target == np.float32 and data.dtype in (np.uint8, np.int8, np.float64, np.float16):
+        if overflow := float32_overflow(data):
+            raise FeedError(f"input '{name}' takes float32, and {overflow} of the float64 values given are beyond "
+                            f"float32's range (±{np.finfo(np.float32).max:.4g}): check the data's scale")
         return data.astype(np.float32)
     if integers_fit(data, target):  # indices and sizes in another integer type
         return data.astype(target)

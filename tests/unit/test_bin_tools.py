@@ -781,3 +781,15 @@ def test_hrt_model_exec_describes_a_channels_last_output_as_nhwc(tmp_path, in_tm
     head, plain = info.split("name: head")[1].split("name: plain")
     assert "valid shape: (1,8,8,6,)" in head and "tensor layout: HB_DNN_LAYOUT_NHWC" in head, head
     assert "valid shape: (1,6,8,8,)" in plain and "tensor layout: HB_DNN_LAYOUT_NCHW" in plain, plain
+
+
+def test_float64_npy_beyond_float32_is_refused_in_one_line(small, in_tmp) -> None:
+    """Values beyond float32's range became inf with numpy warnings (hunt 44 D9); hrt_model_exec now says so."""
+    desc = open_model(small[1].bin).inputs[0]
+    data = np.random.default_rng(2).standard_normal(desc.shape)
+    data.flat[0] = 1e40
+    np.save(in_tmp / "big.npy", data)
+    ran = invoke(hrt_model_exec.main, ["infer", f"--model_file={small[1].bin}", "--input_file=big.npy"])
+    assert ran.exit_code != 0
+    assert re.search(r"ERROR .*takes float32 data, and 1 of the float64 values given are beyond", ran.output), ran.output
+    assert "Warning" not in ran.output and "Traceback" not in ran.output

@@ -67,3 +67,18 @@ def test_every_pixel_value_reaches_an_int8_input_shifted_by_the_offset() -> None
         got = convert_feed(data, np.int8, 128, "x")
         assert got.dtype == np.int8
         np.testing.assert_array_equal(got.astype(np.int64), data.astype(np.int64) - 128)
+
+
+def test_float64_values_beyond_float32_are_refused_with_a_count() -> None:
+    """float64 values beyond float32's range became inf with numpy RuntimeWarnings on the console (hunt 44 D9); the
+    feed is refused and the message says how many; inf, nan and in-range float64 still run."""
+    sess = HB_ONNXRuntime(onnx_model=_two_inputs())
+    image, scale = _feeds()
+    big = image.astype(np.float64)
+    big[0, 0, 0, :2] = [1e39, -1e300]
+    with pytest.raises(FeedError, match=r"input 'image' takes float32, and 2 of the float64 values .* beyond"):
+        sess.run(None, {"image": big, "scale": scale})
+    fine = image.astype(np.float64)
+    fine[0, 0, 0, 0] = np.inf
+    (y,) = sess.run(None, {"image": fine, "scale": scale})
+    assert np.isinf(y[0, 0, 0, 0]) and np.isfinite(y[0, 1:]).all()
