@@ -791,5 +791,6 @@ def test_float64_npy_beyond_float32_is_refused_in_one_line(small, in_tmp) -> Non
     np.save(in_tmp / "big.npy", data)
     ran = invoke(hrt_model_exec.main, ["infer", f"--model_file={small[1].bin}", "--input_file=big.npy"])
     assert ran.exit_code != 0
-    assert re.search(r"ERROR .*takes float32 data, and 1 of the float64 values given are beyond", ran.output), ran.output
+    assert re.search(r"ERROR .*takes float32 data, and 1 of the float64 values given are beyond", ran.output), \
+        ran.output
     assert "Warning" not in ran.output and "Traceback" not in ran.output
