@@ -152,9 +152,11 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
                  "written as one Conv each, its kernel the sum of theirs", merged)
         trace.follow(body)
     bpu_forms.spatial_reductions_as_global_pools(body)
-    if profile is not None and bpu_forms.axis_means_as_pools(body, profile):
-        log.info("means over one spatial axis of a map written as AveragePools over whole columns or rows: %s has "
-                 "no BPU reduction", profile.label)
+    if profile is not None and bpu_forms.axis_reductions_as_pools(body, profile):
+        log.info("means or maxima over one spatial axis of a map written as pools over whole columns or rows: %s "
+                 "has no BPU reduction", profile.label)
+    if profile is not None and bpu_forms.squeeze_unsqueeze_pairs(body):
+        log.info("Squeezes undone by the Unsqueeze after them removed")
     if profile is not None and bpu_forms.pools_over_one_axis_as_2d(body, profile):
         log.info("pools over the one axis of a 3-D tensor, or over a 5-D view of a map one channel at a time, or "
                  "over other 5-D tensors, written as pools over 4-D tensors")
@@ -245,8 +247,8 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
                      "pools in steps", stepped)
         cascaded = bpu_forms.large_max_pools_in_steps(body, profile, placed)
         if cascaded:
-            log.info("%d MaxPools of stride 1 with a kernel larger than the BPU takes written as a cascade of smaller "
-                     "ones (an SPP block)", cascaded)
+            log.info("%d MaxPools with a kernel larger than the BPU takes written as a cascade of smaller ones (an "
+                     "SPP block; a max over a long axis)", cascaded)
     _fold_affine_into_conv(body)
     shifted = bpu_forms.shifts_into_next_convs(body)
     if shifted:

@@ -1,6 +1,7 @@
 """A mean over one spatial axis of a map (a CRNN's height collapse, ``x.mean(2, keepdim=True)``) where the BPU pools
 but has no reduction (RDK X3): an AveragePool over whole columns, on the BPU (it ran on the CPU and split the model
-in two; hunt 39 D10)."""
+in two; hunt 39 D10). A max the same way as a MaxPool (PointPillars' max over the points of each pillar: hunt 46 D2),
+taken in steps of whole windows where the axis is longer than the BPU's pool."""
 
 from __future__ import annotations
 
@@ -18,19 +19,24 @@ from hbtools.march.profiles import get_profile
 from hbtools.pipeline import optimize
 
 
-def _model(axis: int) -> onnx.ModelProto:
+def _model(axis: int, op: str = "ReduceMean", keepdims: int = 1, length: int = 12) -> onnx.ModelProto:
     g = _Graph(6)
-    mean = g.op("ReduceMean", [g.op("Relu", [g.conv("x", 3, 8)])], axes=[axis], keepdims=1)
-    return g.model({"x": [1, 3, 6, 12]}, [g.conv(mean, 8, 4, k=1)]).model
+    reduced = g.op(op, [g.op("Relu", [g.conv("x", 3, 8)])], axes=[axis], keepdims=keepdims)
+    if not keepdims:
+        reduced = g.op("Unsqueeze", [reduced, g.const(np.array([axis], np.int64), "axes")])
+    return g.model({"x": [1, 3, 6, length]}, [g.conv(reduced, 8, 4, k=1)]).model
 
 
+@pytest.mark.parametrize(("op", "keepdims", "length"), [("ReduceMean", 1, 12), ("ReduceMax", 1, 12),
+                                                        ("ReduceMax", 0, 64)],
+                         ids=["mean", "max", "max-64-no-keepdims"])
 @pytest.mark.parametrize("axis", [2, 3], ids=["height", "width"])
-def test_a_mean_over_one_axis_runs_on_the_bpu_of_rdk_x3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         axis: int) -> None:
-    model = _model(axis)
+def test_a_mean_or_max_over_one_axis_runs_on_the_bpu_of_rdk_x3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               axis: int, op: str, keepdims: int, length: int) -> None:
+    model = _model(axis, op, keepdims, length)
     optimized = optimize.run(model, get_profile("bernoulli2"))
-    assert "ReduceMean" not in {n.op_type for n in optimized.graph.node}
-    x = {"x": np.random.default_rng(7).normal(0, 1, (1, 3, 6, 12)).astype(np.float32)}
+    assert op not in {n.op_type for n in optimized.graph.node}
+    x = {"x": np.random.default_rng(7).normal(0, 1, (1, 3, 6, length)).astype(np.float32)}
     want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
                  for m in (model, optimized))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -26,6 +26,7 @@ from hbtools.graph.bpu_forms.elementwise import (
     divisions_as_reciprocal_products,
     expands_as_tiles,
     expands_into_broadcasts,
+    squeeze_unsqueeze_pairs,
 )
 from hbtools.graph.bpu_forms.layout import (
     channel_gathers_into_convs,
@@ -57,7 +58,7 @@ from hbtools.graph.bpu_forms.pools import (
     pools_over_one_axis_as_2d,
 )
 from hbtools.graph.bpu_forms.reductions import (
-    axis_means_as_pools,
+    axis_reductions_as_pools,
     channel_reductions_as_convs,
     norms_as_sums,
     reductions_over_the_first_axis,
@@ -76,6 +77,7 @@ __all__ = [
     "auto_pads_as_pads",
     "average_pools_over_whole_windows",
     "batch_squeezes_around_elementwise",
+    "squeeze_unsqueeze_pairs",
     "channel_broadcasts_as_convs",
     "channel_gathers_into_convs",
     "channel_reductions_as_convs",
@@ -114,7 +116,7 @@ __all__ = [
     "softplus_thresholds_dropped",
     "spatial_index_maps_as_matmuls",
     "spatial_reductions_as_global_pools",
-    "axis_means_as_pools",
+    "axis_reductions_as_pools",
     "splits_undoing_concats",
     "strided_convs_over_phases",
     "wide_convs_in_channel_pieces",

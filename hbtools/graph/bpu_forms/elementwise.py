@@ -258,3 +258,47 @@ def batch_squeezes_around_elementwise(model: ModelProto) -> int:
     for v in stale:
         model.graph.value_info.remove(v)
     return count
+
+
+def squeeze_unsqueeze_pairs(model: ModelProto) -> int:
+    """A Squeeze whose one reader is an Unsqueeze of the same axes hands its input on unchanged: both go, and the
+    Unsqueeze's readers read the Squeeze's input (a max over the points of a pillar without keepdims, unsqueezed
+    again: on RDK X3 the pair held the pool between two BPU subgraphs on the CPU). Returns how many pairs."""
+    view = GraphView(model)
+
+    def axes(node: NodeProto, shape: list) -> list[int] | None:
+        a = view.attrs(node)
+        given = a["axes"] if "axes" in a else view.const(node.input[1]) \
+            if len(node.input) > 1 and node.input[1] and view.is_const(node.input[1]) else None
+        if given is None and node.op_type == "Squeeze" and len(node.input) < 2:  # every axis of one
+            return [k for k, d in enumerate(shape) if d == 1] if is_static(shape) else None
+        return None if given is None else sorted(int(k) % len(shape) for k in np.atleast_1d(given))
+
+    renames: dict[str, str] = {}
+    dropped: set[int] = set()
+    for squeeze in model.graph.node:
+        shape = view.shapes.get(squeeze.input[0]) if squeeze.op_type == "Squeeze" and \
+            squeeze.domain in ("", "ai.onnx") and squeeze.input else None
+        readers = view.consumers.get(squeeze.output[0], []) if shape is not None else []
+        if len(readers) != 1 or squeeze.output[0] in view.graph_outputs:
+            continue
+        unsqueeze = readers[0]
+        if unsqueeze.op_type != "Unsqueeze" or unsqueeze.domain not in ("", "ai.onnx") or \
+                unsqueeze.output[0] in view.graph_outputs:
+            continue
+        taken = axes(squeeze, shape)
+        if taken is None or not taken or taken != axes(unsqueeze, shape):
+            continue
+        dropped.update((id(squeeze), id(unsqueeze)))
+        renames[unsqueeze.output[0]] = squeeze.input[0]
+    if not renames:
+        return 0
+    kept = [n for n in model.graph.node if id(n) not in dropped]
+    for node in kept:
+        for k, name in enumerate(node.input):
+            while name in renames:
+                name = renames[name]
+            node.input[k] = name
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return len(renames)

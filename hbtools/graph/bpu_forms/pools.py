@@ -9,7 +9,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.bpu_forms._common import _axes_node, _opset, around_one_row, reshape_node
 from hbtools.graph.graph import GraphView, is_static, rewrite_nodes
-from hbtools.march.profiles import MarchProfile
+from hbtools.march.profiles import MarchProfile, OpRule
 from hbtools.ops.base import attrs_of
 
 
@@ -179,12 +179,17 @@ def large_max_pools_in_steps(model: ModelProto, profile: MarchProfile,
     9x9 and 13x13 on RDK X3, whose limit is 7) as a cascade of stride-1 MaxPools within the limit whose kernels
     add up (k - 1 = sum of k_i - 1) and which share its padding: the max over the window is the max of maxes
     over overlapping windows that cover it (YOLOv5's SPPF is this cascade of 5x5 pools). Exact, on float and on
-    int8 levels alike. Pools that ``placed`` (node_info) names stay. The count of pools rewritten."""
+    int8 levels alike. A MaxPool over whole non-overlapping windows (kernel = stride, no padding, windows that
+    tile the map: a max over one axis written as a pool, ``axis_reductions_as_pools``) beyond the kernel or stride
+    limit is a GlobalMaxPool over the whole map, else the max taken in steps of whole windows within the limits,
+    as ``large_average_pools_in_steps`` takes a mean. Pools that ``placed`` (node_info) names stay. The count of
+    pools rewritten."""
     rule = profile.rule("MaxPool")
     if rule is None or rule.kernel is None:
         return 0
     limit = rule.kernel
     named = set(placed or ())
+    view = GraphView(model)
 
     def rewrite(node: NodeProto) -> list[NodeProto] | None:
         if node.op_type != "MaxPool" or node.domain not in ("", "ai.onnx") or node.name in named or \
@@ -194,6 +199,8 @@ def large_max_pools_in_steps(model: ModelProto, profile: MarchProfile,
         kernel = list(a.get("kernel_shape", []))
         rank = len(kernel)
         pads = list(a.get("pads", [0] * 2 * rank))
+        if rank == 2 and list(a.get("strides", [1] * rank)) == kernel and kernel != [1, 1]:
+            return _whole_window_max_steps(node, a, view.shapes.get(node.input[0]), rule, profile)
         if rank != 2 or max(kernel) <= limit or list(a.get("strides", [1] * rank)) != [1] * rank \
                 or list(a.get("dilations", [1] * rank)) != [1] * rank \
                 or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") or any(p >= k for p, k in zip(
@@ -216,6 +223,34 @@ def large_max_pools_in_steps(model: ModelProto, profile: MarchProfile,
         return nodes
 
     return rewrite_nodes(model, rewrite)
+
+
+def _whole_window_max_steps(node: NodeProto, a: dict, shape: list | None, rule: OpRule,
+                            profile: MarchProfile) -> list[NodeProto] | None:
+    """``large_max_pools_in_steps`` for a pool over whole non-overlapping windows (kernel = stride)."""
+    kernel = list(a["kernel_shape"])
+    limit = min(v for v in (rule.kernel, rule.stride) if v is not None)
+    if any(a.get("pads", [0] * 4)) or list(a.get("dilations", [1, 1])) != [1, 1] or a.get("ceil_mode", 0) \
+            or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") or max(kernel) <= limit \
+            or shape is None or len(shape) != 4 or any(not isinstance(d, int) for d in shape[2:]) \
+            or any(size % k for size, k in zip(shape[2:], kernel, strict=True)):
+        return None
+    if kernel == list(shape[2:]) and profile.rule("GlobalMaxPool") is not None:
+        return [helper.make_node("GlobalMaxPool", [node.input[0]], [node.output[0]], name=node.name)]
+    steps = [_factors(k, limit) for k in kernel]
+    if any(f is None for f in steps):
+        return None
+    count = max(len(f) for f in steps)
+    steps = [f + [1] * (count - len(f)) for f in steps]
+    nodes, x = [], node.input[0]
+    for i in range(count):
+        k = [steps[0][i], steps[1][i]]
+        last = i == count - 1
+        out = node.output[0] if last else f"{node.output[0]}_step{i}"
+        nodes.append(helper.make_node("MaxPool", [x], [out], name=node.name if last else f"{node.name}_step{i}",
+                                      kernel_shape=k, strides=k))
+        x = out
+    return nodes
 
 
 def _factors(n: int, limit: int) -> list[int] | None:

@@ -83,19 +83,26 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
     model.graph.node.extend(nodes)
 
 
-def axis_means_as_pools(model: ModelProto, profile: MarchProfile) -> int:
-    """A mean over one spatial axis of a 4-D map (a CRNN's height collapse, ``x.mean(2)``) as an AveragePool over
-    whole columns (or rows), where the BPU pools but has no reduction (RDK X3): it went to the CPU and split the
-    model in two. Without ``keepdims`` a Squeeze of that axis follows. The same values up to float rounding; a
-    pool larger than the march takes is cut in steps later (``large_average_pools_in_steps``). The count."""
-    if profile.rule("ReduceMean") is not None or profile.rule("AveragePool") is None:
+_AXIS_POOL_OF = {"ReduceMean": "AveragePool", "ReduceMax": "MaxPool"}
+
+
+def axis_reductions_as_pools(model: ModelProto, profile: MarchProfile) -> int:
+    """A mean or a max over one spatial axis of a 4-D map (a CRNN's height collapse, ``x.mean(2)``; PointPillars'
+    max over the points of each pillar, ``x.max(3)``) as an AveragePool or MaxPool over whole columns (or rows),
+    where the BPU pools but has no such reduction (RDK X3): it went to the CPU and split the model in two. Without
+    ``keepdims`` a Squeeze of that axis follows. A pool larger than the march takes is cut in steps later
+    (``large_average_pools_in_steps``, ``large_max_pools_in_steps``): the same values (the mean up to float
+    rounding). The count."""
+    kinds = {op: pool for op, pool in _AXIS_POOL_OF.items()
+             if profile.rule(op) is None and profile.rule(pool) is not None}
+    if not kinds:
         return 0
     view = GraphView(model)
     nodes = []
     count = 0
     for node in model.graph.node:
-        shape = view.shapes.get(node.input[0]) if node.op_type == "ReduceMean" and \
-            node.domain in ("", "ai.onnx") else None
+        shape = view.shapes.get(node.input[0]) if node.op_type in kinds and \
+            node.domain in ("", "ai.onnx") and len(node.output) == 1 else None
         axes = view.reduced_axes(node) if shape is not None and len(shape) == 4 else None
         if axes not in ([2], [3]) or not isinstance(shape[axes[0]], int) or shape[axes[0]] < 1:
             nodes.append(node)
@@ -103,8 +110,8 @@ def axis_means_as_pools(model: ModelProto, profile: MarchProfile) -> int:
         kernel = [shape[2], 1] if axes == [2] else [1, shape[3]]
         keep = view.attrs(node).get("keepdims", 1)
         pooled = node.output[0] if keep else f"{node.output[0]}_pooled"
-        nodes.append(helper.make_node("AveragePool", [node.input[0]], [pooled], name=node.name, kernel_shape=kernel,
-                                      strides=kernel))
+        nodes.append(helper.make_node(kinds[node.op_type], [node.input[0]], [pooled], name=node.name,
+                                      kernel_shape=kernel, strides=kernel))
         if not keep:
             nodes.append(_axes_node(model, _opset(model), "Squeeze", pooled, node.output[0], axes,
                                     f"{node.name or node.output[0]}_squeeze"))
