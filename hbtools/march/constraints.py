@@ -20,7 +20,7 @@ _BROADCAST_WORDS = {"same": "equal shapes", "scalar": "a single-value operand",
                     "channel": "a per-channel operand", "general": "general broadcasting"}
 
 
-def _shape_text(shape: list[int | None]) -> str:
+def shape_text(shape: list[int | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
@@ -160,12 +160,12 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
             side = t in node.input[1:] and t not in node.output and t != node.input[0]
             data = view.shapes.get(node.input[0]) if t in node.output else None
             what = f"{op} reads a {len(shape)}-D tensor '{t}' (input {list(node.input).index(t)}, computed at run " \
-                   f"time)" if side else f"{op} of {_shape_text(data)} gives a {len(shape)}-D tensor" \
+                   f"time)" if side else f"{op} of {shape_text(data)} gives a {len(shape)}-D tensor" \
                 if data is not None and len(data) != len(shape) else f"{op} on a {len(shape)}-D tensor"
             if profile.takes_rank(len(shape)):
-                return f"{what} {_shape_text(shape)}: {where} has no {len(shape)}-D {op} (its {op} takes {allowed} " \
+                return f"{what} {shape_text(shape)}: {where} has no {len(shape)}-D {op} (its {op} takes {allowed} " \
                        f"tensors only)"
-            return f"{what} {_shape_text(shape)}: {where} takes {allowed} tensors only"
+            return f"{what} {shape_text(shape)}: {where} takes {allowed} tensors only"
     a = view.attrs(node)
     # Every limit broken is named: a kernel too long for the BPU is split into pieces unless the stride
     # is too large as well (an STFT as a Conv: kernel 512, stride 160), and naming the kernel alone hides that.
@@ -211,7 +211,7 @@ def violation(node: NodeProto, rule: OpRule, view: GraphView, profile: MarchProf
         form = classify_broadcast(sa, sb) if sa is not None and sb is not None else None
         if form is not None and form not in rule.broadcast:
             accepted = ", ".join(_BROADCAST_WORDS[f] for f in rule.broadcast)
-            return (f"{op} of {_shape_text(sa)} and {_shape_text(sb)} needs {_BROADCAST_WORDS[form]}; "
+            return (f"{op} of {shape_text(sa)} and {shape_text(sb)} needs {_BROADCAST_WORDS[form]}; "
                     f"{where} takes {accepted}")
     return None
 

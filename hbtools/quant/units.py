@@ -24,7 +24,7 @@ from hbtools.graph.graph import GraphView, axis_through_reshape, elements, is_st
 from hbtools.graph.origins import Fusion, recorded_fusions, recorded_origins, written_as
 from hbtools.graph.recurrent import RECURRENT_OPS, gates_fit
 from hbtools.log import first_of
-from hbtools.march.constraints import constant_operand_shape, violation
+from hbtools.march.constraints import constant_operand_shape, shape_text, violation
 from hbtools.march.profiles import FORMS, MarchProfile, OpRule
 from hbtools.ops import custom, registry
 from hbtools.ops.base import CONTRIB_DOMAIN, DOMAIN
@@ -206,6 +206,19 @@ def _const_shapes(node: NodeProto, view: GraphView) -> str:
     return ", ".join(str(list(view.const(i).shape)) for i in node.input if i and view.is_const(i))
 
 
+def _untaken_rank(node: NodeProto, acts: list[str], view: GraphView, profile: MarchProfile) -> str | None:
+    """Where ``node`` reads a tensor of a rank the march's BPU takes for no op (a 5-D one on RDK X3), that as a
+    reason."""
+    for t in acts:
+        shape = view.shapes.get(t)
+        if shape is not None and not profile.takes_rank(len(shape)):
+            lo, hi = profile.tensor_ranks
+            allowed = f"{lo}-D" if lo == hi else f"{lo}-D to {hi}-D"
+            return f"{node.op_type} on a {len(shape)}-D tensor {shape_text(shape)}: the BPU of {profile.label} " \
+                   f"takes {allowed} tensors only"
+    return None
+
+
 def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: set[str], user: str | None) -> Unit:
     """``node``'s unit; ``user``: the user's node the optimize stage wrote it for, where it is another."""
     op = node.op_type
@@ -233,6 +246,9 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         # a Flatten after the pool it wrote for a ReduceMean): the user's model may have no such op
         written = f" (the optimize stage wrote {user or node.name} as one)" if node.domain == DOMAIN else \
             f" (the optimize stage wrote this {op} for {user})" if user else ""
+        rank = _untaken_rank(node, acts, view, profile) if op.startswith("Reduce") else None
+        if rank is not None:  # the optimize stage gives reductions of 4-D maps BPU forms (pools, convs)
+            return _cpu(node, acts, rank)
         return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}{written}")
     exact = next((t for t in acts if view.elem_types.get(t) in NON_FLOAT_TYPES), None)
     if exact is not None:
