@@ -249,6 +249,12 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         rank = _untaken_rank(node, acts, view, profile) if op.startswith("Reduce") else None
         if rank is not None:  # the optimize stage gives reductions of 4-D maps BPU forms (pools, convs)
             return _cpu(node, acts, rank)
+        if op == "Einsum" and node.domain in ("", "ai.onnx"):
+            equation = view.attrs(node).get("equation", b"")
+            equation = equation.decode() if isinstance(equation, bytes) else equation
+            return _cpu(node, acts, f"Einsum '{equation}' has no BPU form: the optimize stage writes an Einsum of two "
+                                    "tensors of static shapes as a MatMul where each letter is an axis of both and of "
+                                    "the output, summed over in both, or of one and the output")
         return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}{written}")
     exact = next((t for t in acts if view.elem_types.get(t) in NON_FLOAT_TYPES), None)
     if exact is not None:

@@ -318,6 +318,33 @@ def test_einsum_attention_runs_on_the_bpu(tmp_path: Path) -> None:
     _agrees_with_source(model, tmp_path / "out", (1, 8, 4, 4), rng, optimized=True)
 
 
+@pytest.mark.parametrize("equation", ["...hw,hwk->...k", "b...w,wk->b...k", "bchw,...hwk->bc...k"])
+def test_einsum_with_an_ellipsis_runs_on_the_bpu(tmp_path: Path, equation: str) -> None:
+    """BEV code writes its lift with an ellipsis (``einsum('...hw,hwk->...k', f, M)``): it stayed on the CPU with
+    'Einsum is not supported on the BPU', while the same product spelled with letters ran on it (hunt 46 D4)."""
+    rng = np.random.default_rng(29)
+    extra = [] if equation.split(",")[1].startswith("hw") or equation.split(",")[1].startswith("wk") else [1]
+    w_shape = [*extra, 4, 6, 5] if "hw" in equation.split(",")[1] else [6, 5]
+    inits = [_init("w", (rng.standard_normal(w_shape) / 4).astype(np.float32))]
+    nodes = [helper.make_node("Einsum", ["x", "w"], ["y"], equation=equation)]
+    model = _model(nodes, [("x", F, [1, 3, 4, 6])], [("y", F, None)], inits, opset=13)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 4, 6])}, "1x3x4x6", "float32", "m")
+    assert "1 Einsums written as MatMuls" in out, out
+    assert not _cpu_nodes(tmp_path / "out" / "m.bin")
+    _agrees_with_source(model, tmp_path / "out", (1, 3, 4, 6), rng, optimized=True)
+
+
+def test_an_einsum_without_a_bpu_form_says_which_it_takes(tmp_path: Path) -> None:
+    """An Einsum that is no matrix product (a sum over one operand's axis) says what the optimize stage writes as a
+    MatMul, not that Einsum has no BPU form at all."""
+    rng = np.random.default_rng(31)
+    inits = [_init("w", (rng.standard_normal((6, 5)) / 4).astype(np.float32))]
+    nodes = [helper.make_node("Einsum", ["x", "w"], ["y"], equation="bchw,wk->bck")]
+    model = _model(nodes, [("x", F, [1, 3, 4, 6])], [("y", F, None)], inits, opset=13)
+    out = convert_featuremaps(tmp_path, model, {"x": _normal(rng, [1, 3, 4, 6])}, "1x3x4x6", "float32", "m")
+    assert "Einsum 'bchw,wk->bck' has no BPU form: the optimize stage writes an Einsum of two tensors" in out, out
+
+
 def test_einsum_behind_computed_shapes_runs_on_the_bpu(tmp_path: Path) -> None:
     """tf2onnx writes a Keras attention output as a Reshape to a shape computed from Shape at run time and
     an Einsum ``abcd,cde->abe`` with the weight: its input shape is known only once onnxruntime folded

@@ -4,6 +4,7 @@ per slice.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Mapping
 
 import numpy as np
@@ -183,20 +184,43 @@ def einsums_as_matmuls(model: ModelProto) -> int:
     ``bhdn,bhdm->bhnm``, ``bnc,ck->bnk``) as Transpose, Reshape, MatMul, Reshape, Transpose: the BPU has a
     MatMul, no Einsum. Each letter must be a batch axis (in both operands and the output), a contracted
     one (in both operands only) or a free one (in one operand and the output), of static size; the
-    others (a trace, a sum over one operand's axis, an ellipsis) stay as they are. Returns how many."""
+    others (a trace, a sum over one operand's axis) stay as they are; an ellipsis is
+    spelled out in letters first. Returns how many."""
     view = GraphView(model)
     return rewrite_nodes(model, lambda node: _einsum_matmul(node, view, model)
                          if node.op_type == "Einsum" and len(node.input) == 2 else None)
 
 
+def _ellipsis_spelled_out(equation: str, ranks: list[int]) -> str | None:
+    """``equation`` with each ``...`` written as letters it does not use, as many as the axes it stands for in each
+    operand of ``ranks`` (aligned from the right, as broadcasting aligns them); None where that does not work out."""
+    ins, out = equation.split("->")
+    terms = ins.split(",")
+    if "..." not in equation:
+        return None if "." in equation else equation
+    if len(terms) != len(ranks) or "." in equation.replace("...", ""):
+        return None
+    counts = [rank - (len(t) - 3) if "..." in t else 0 for t, rank in zip(terms, ranks, strict=True)]
+    spare = [c for c in string.ascii_letters if c not in equation]
+    most = max(counts)
+    if min(counts) < 0 or most > len(spare):
+        return None
+    letters = "".join(spare[:most])
+    terms = [t.replace("...", letters[most - n:]) for t, n in zip(terms, counts, strict=True)]
+    return ",".join(terms) + "->" + out.replace("...", letters)
+
+
 def _einsum_matmul(node: NodeProto, view: GraphView, model: ModelProto) -> list[NodeProto] | None:
     equation = view.attrs(node).get("equation", b"")
     equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
-    if "->" not in equation or "." in equation:
+    shapes = [view.shapes.get(i) for i in node.input]
+    if "->" not in equation or any(s is None for s in shapes):
+        return None
+    equation = _ellipsis_spelled_out(equation, [len(s) for s in shapes])
+    if equation is None:
         return None
     ins, out = equation.split("->")
     terms = ins.split(",")
-    shapes = [view.shapes.get(i) for i in node.input]
     if len(terms) != 2 or any(s is None or len(s) != len(t) or any(not isinstance(d, int) or d <= 0 for d in s)
                               for s, t in zip(shapes, terms, strict=True)):
         return None
