@@ -54,10 +54,11 @@ def _cli(args: list[str], cwd: Path) -> tuple[int, str]:
 
 def convert_featuremaps(root: Path, model, samples: dict[str, list[np.ndarray]], input_shape: str,
                         cal_data_type: str, prefix: str, calibration_type: str = "default",
-                        calibration: dict[str, str] | None = None, **model_parameters: str) -> str:
+                        calibration: dict[str, str] | None = None, inputs: dict[str, str] | None = None,
+                        **model_parameters: str) -> str:
     """makertbin (``calibration_type``, ``default`` unless given; other ``calibration`` parameters) on ``model``
     whose inputs are all featuremaps, calibrated on ``samples`` (per input, .npy files); fails the test on an
-    error. The console output."""
+    error; ``inputs``: input parameters beyond the featuremap defaults (a norm_type). The console output."""
     import onnx
     import yaml
 
@@ -75,7 +76,7 @@ def convert_featuremaps(root: Path, model, samples: dict[str, list[np.ndarray]],
                              **model_parameters},
         "input_parameters": {"input_name": ";".join(samples), "input_type_train": each("featuremap"),
                              "input_layout_train": each("NCHW"), "input_type_rt": each("featuremap"),
-                             "input_shape": input_shape, "norm_type": each("no_preprocess")},
+                             "input_shape": input_shape, "norm_type": each("no_preprocess"), **(inputs or {})},
         "calibration_parameters": {"cal_data_dir": ";".join(str(root / f"cal_{name}") for name in samples),
                                    "cal_data_type": cal_data_type, "calibration_type": calibration_type,
                                    **(calibration or {})},

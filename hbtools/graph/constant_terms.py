@@ -10,7 +10,8 @@ and in a calibrated model.
 
 Restoration nets add their input to what they compute (``out = x + f(x)``: denoisers, NAFNet, a
 super-resolution body added to the bicubic resize of its input). Where the tail reads the model input
-through weight-free ops (the preprocessing, a resize: ``EXACT``), the tail evaluated with the input at
+through weight-free ops (the preprocessing, a resize: ``EXACT``; a featuremap's normalisation folded into a
+depthwise 1x1 Conv), the tail evaluated with the input at
 its value and the rest at zero gives, per sample, the part of the output the input alone decides
 (``known_model``).
 """
@@ -68,7 +69,8 @@ class Tails:
         for node in model.graph.node:
             data = [i for i in node.input if i and i not in self.constant]
             kind = node.op_type in EXACT if node.domain in _STANDARD else node.op_type in _EXACT_HZ
-            kind = kind or (node.op_type == "MatMul" and node.domain in _STANDARD and self._interpolates(node))
+            kind = kind or (node.op_type == "MatMul" and node.domain in _STANDARD and self._interpolates(node)) \
+                or (node.op_type == "Conv" and node.domain in _STANDARD and self._scales_channels(node))
             if kind and data and all(i in self.exact for i in data):
                 self.exact.update(o for o in node.output if o)
 
@@ -77,14 +79,25 @@ class Tails:
         output is an interpolation of its inputs (each column sums to 1): a linear or cubic Resize as the
         BPU computes it (``bpu_forms.resizes``), the resize of an input a super-resolution net adds to its
         output."""
-        name = node.input[1]
+        weight = self._constant_value(node.input[1])
+        return weight is not None and weight.ndim == 2 and weight.dtype.kind == "f" and \
+            bool(np.allclose(weight.sum(axis=0), 1, atol=1e-5))
+
+    def _scales_channels(self, node: NodeProto) -> bool:
+        """Whether a Conv is a constant scale and shift per channel (a depthwise 1x1 Conv of stride 1 and no
+        padding): the normalisation of a featuremap input that the optimize stage folded into one."""
+        weight = self._constant_value(node.input[1])
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        return weight is not None and weight.ndim >= 3 and all(d == 1 for d in weight.shape[1:]) \
+            and attrs.get("group", 1) == weight.shape[0] and not any(attrs.get("pads", [])) \
+            and all(v == 1 for v in attrs.get("strides", [])) and all(v == 1 for v in attrs.get("dilations", []))
+
+    def _constant_value(self, name: str) -> np.ndarray | None:
+        """An initializer's value, also behind its HzCalibration (a calibrated model's weight)."""
         while name not in self.inits and name in self.producer and \
                 self.producer[name].op_type in ("HzCalibration", "Identity"):
             name = self.producer[name].input[0]
-        if name not in self.inits:
-            return False
-        weight = numpy_helper.to_array(self.inits[name])
-        return weight.ndim == 2 and weight.dtype.kind == "f" and bool(np.allclose(weight.sum(axis=0), 1, atol=1e-5))
+        return numpy_helper.to_array(self.inits[name]) if name in self.inits else None
 
     def _in_tail(self, node: NodeProto, name: str, selections: bool = False) -> bool:
         op = node.op_type if node.domain in _STANDARD else None

@@ -94,3 +94,23 @@ def test_a_restoration_nets_correction_keeps_its_accuracy(tmp_path: Path, skip: 
         snr = 10 * np.log10(np.mean(want ** 2) / np.mean((want - got) ** 2))
         assert snr > {"input": 32, "resize": 23}[skip] and cosine > {"input": 0.9995, "resize": 0.998}[skip], \
             (cosine, snr)
+
+
+def test_a_featuremap_inputs_normalisation_keeps_the_skip_known(tmp_path: Path) -> None:
+    """The same net fed 0..255 featuremaps with ``norm_type: data_scale`` 1/255: the optimize stage folds the
+    normalisation into a depthwise 1x1 Conv, whose weights hid the input's skip from the scores, so the int16
+    search kept 1 tensor of 10 int16 and a DnCNN lost 24 dB against its rgb form (hunt 45 D4)."""
+    import onnxruntime as ort
+
+    model = _restoration_model("input")
+    pixels = [x * 255 for x in _pictures(8, 1)]
+    out = convert_featuremaps(tmp_path, model, {"x": pixels}, f"1x3x{SIZE}x{SIZE}", "float32", "m",
+                              inputs={"norm_type": "data_scale", "scale_value": str(1 / 255)})
+    assert "scored without what the model input adds to it" in out, out[-3000:]
+    float_model = ort.InferenceSession(model.SerializeToString())
+    quantized = HB_ONNXRuntime(model_file=str(tmp_path / "out" / "m_quantized_model.onnx"))
+    for x in _pictures(4, 2):
+        want = float_model.run(None, {"x": x})[0] - x
+        got = quantized.run(None, {"x": x * 255})[0] - x
+        snr = 10 * np.log10(np.mean(want ** 2) / np.mean((want - got) ** 2))
+        assert snr > 32, snr
