@@ -89,8 +89,8 @@ def test_nan_in_a_sample_is_one_error_naming_it(converted: Path) -> None:
     with pytest.raises(HbError, match=r"sample 2 of input 'f' holds 1 of 256 values that are NaN or infinite"):
         _sensitivity(converted, samples)
     samples[1]["f"] = np.full((1, 4, 8, 8), 1e39)  # float64 beyond float32: it was blamed on the model (D8)
-    with pytest.raises(HbError, match=r"sample 2 of input 'f' holds float64 values beyond the range of the model's "
-                                      r"float32 input"):
+    with pytest.raises(HbError, match=r"sample 2 of input 'f': input 'f' takes float32, and 256 of the float64 "
+                                      r"values given are beyond float32's range"):
         _sensitivity(converted, samples)
 
 
