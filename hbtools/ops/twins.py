@@ -196,6 +196,20 @@ def u8_levels(ctx: LoweringContext, x: str, twin: Twin, nodes: list[NodeProto]) 
     return ctx.uint8[x]
 
 
+def _float32_bounds(ctx: LoweringContext, bounds: tuple[str, str]) -> bool:
+    """Whether a fake quant's ``bounds`` (float32 scalars) go to one float32 Clip: constants that are whole
+    numbers of an 8- or 16-bit grid, or fed ones (a search's ``qmin`` / ``qmax``, likewise), from opset 11
+    (Clip's bounds as inputs). Levels between them are exact in float32, and so is their product with a
+    float32 step in float64: its float32 cast is the float32 product."""
+    if ctx.opset < 11:
+        return False
+    numbers = [_scalar(ctx, b) for b in bounds]
+    if any(v is None for v in numbers):  # fed: scalar graph inputs (and the Neg of one)
+        return True
+    lo, hi = numbers
+    return -2.0**15 <= lo <= hi < 2.0**15 and lo == int(lo) and hi == int(hi)
+
+
 def _int8_output(ctx: LoweringContext, y: str, y_u8: str, step: float, nodes: list[NodeProto]) -> None:
     """``y`` = uint8 levels ``y_u8`` (levels + 128) times the float32 ``step``, and its twin.
 
@@ -457,14 +471,20 @@ def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, y: str, scale: tu
     ``twin`` (step, bits, flags) becomes ``y``'s twin once its levels and value are filled in."""
     scale32, s = scale
     q = _node(ctx, "Round", [_requantized(ctx, src, s, base, nodes, twin.scalar_step)], f"{base}_round", nodes)
+    single = zero_point is None and _float32_bounds(ctx, bounds)  # the grid's two bounds in one Clip
     if src.bounds is not None:  # a fused activation clips the rounded result at its bounds' grid points
         levels = tuple(_node(ctx, "Cast", [_node(ctx, "Round", [_node(ctx, "Div", [b, s], f"{base}_act_bound", nodes)],
                                                   f"{base}_act_level", nodes)], f"{base}_act_level_f32", nodes,
                              to=TensorProto.FLOAT) if b else "" for b in src.bounds)
-        q = _clip(ctx, q, levels, f"{base}_act_clip", nodes)
+        if single and levels[0] and not levels[1] and twin.scalar_step:
+            # A Relu's: a lower bound too, taken into the grid's Clip (Max after Max is the Max of both bounds).
+            bounds = (_node(ctx, "Max", [levels[0], bounds[0]], f"{base}_act_low_grid", nodes), bounds[1])
+        else:
+            q = _clip(ctx, q, levels, f"{base}_act_clip", nodes)
     if zero_point:
         q = _node(ctx, "Add", [q, zero_point], f"{base}_shift", nodes)
-    q = _clip(ctx, q, bounds, f"{base}_clip", nodes)
+    q = _node(ctx, "Clip", [q, *bounds], f"{base}_clip", nodes) if single else _clip(ctx, q, bounds, f"{base}_clip",
+                                                                                       nodes)
     if zero_point:
         q = _node(ctx, "Sub", [q, zero_point], f"{base}_unshift", nodes)
     levels = to_double(ctx, q, f"{base}_levels", nodes)
