@@ -156,7 +156,8 @@ def _summable(twin: Twin) -> bool:
         and not twin.folded
 
 
-def _sum_levels(ctx: LoweringContext, sum_of: tuple, s: str, base: str, nodes: list[NodeProto]) -> str:
+def _sum_levels(ctx: LoweringContext, sum_of: tuple, s: str, base: str, nodes: list[NodeProto],
+                unrounded: bool = False) -> str:
     """The rounded levels (float64 whole numbers) of an Add/Sub of two twins on step ``s``, as the integer
     add computes them (HzSQuantizedEltwise ``requantize_f32``, ``grids.add_f32``):
     ``round(float32(float32(la * ma) + float32(lb * mb)))`` with ``ma = float32(step_a / s)``, the
@@ -170,11 +171,15 @@ def _sum_levels(ctx: LoweringContext, sum_of: tuple, s: str, base: str, nodes: l
             m = _node(ctx, "Neg", [m], f"{base}_b_negated", nodes)
         terms.append(_node(ctx, "Mul", [levels32_of(ctx, twin, f"{base}_{k}", nodes), m], f"{base}_{k}_scaled",
                            nodes))
-    rounded = _node(ctx, "Round", [_node(ctx, "Add", terms, f"{base}_sum_f32", nodes)], f"{base}_round_f32", nodes)
+    total = _node(ctx, "Add", terms, f"{base}_sum_f32", nodes)
+    if unrounded:  # the float32 sum itself (``unrounded``)
+        return total
+    rounded = _node(ctx, "Round", [total], f"{base}_round_f32", nodes)
     return to_double(ctx, rounded, f"{base}_sum_levels", nodes)
 
 
-def _product_levels(ctx: LoweringContext, product_of: tuple, s: str, base: str, nodes: list[NodeProto]) -> str:
+def _product_levels(ctx: LoweringContext, product_of: tuple, s: str, base: str, nodes: list[NodeProto],
+                    unrounded: bool = False) -> str:
     """The rounded levels (float64 whole numbers) of a Mul of two twins on step ``s``, as the integer mul
     computes them (HzSQuantizedEltwise ``requantize_f32``): ``round(float32(float32(la * lb) * m))`` with
     ``m = float32(step_a * step_b / s)``, the quantize stage's multiplier."""
@@ -183,8 +188,10 @@ def _product_levels(ctx: LoweringContext, product_of: tuple, s: str, base: str, 
                                   f"{base}_multiplier", nodes)], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
     product = _node(ctx, "Mul", [levels32_of(ctx, a, f"{base}_a", nodes), levels32_of(ctx, b, f"{base}_b", nodes)],
                     f"{base}_product_f32", nodes)
-    rounded = _node(ctx, "Round", [_node(ctx, "Mul", [product, m], f"{base}_scaled_f32", nodes)], f"{base}_round_f32",
-                    nodes)
+    scaled = _node(ctx, "Mul", [product, m], f"{base}_scaled_f32", nodes)
+    if unrounded:
+        return scaled
+    rounded = _node(ctx, "Round", [scaled], f"{base}_round_f32", nodes)
     return to_double(ctx, rounded, f"{base}_product_levels", nodes)
 
 
@@ -433,6 +440,20 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
     if src.bits == ACCUMULATOR_BITS and src.levels is not None:
         kept = Twin(None, None, s, bits, scalar_step=scalar_step, int8_levels=int8_levels)  # what y's twin records
         _accumulator_fake_quant32(ctx, src, y, (scale, s), bounds, zero_point, base, nodes, kept)
+        return
+    if zero_point is None and (src.sum_of or src.product_of) and _float32_bounds(ctx, bounds):
+        # The integer add's or mul's float32 value rounded, clipped and scaled in float32: the levels are whole
+        # numbers within the int16 range, and ``y`` is the one rounding of their exact product with the float32
+        # step, as the float32 cast of the float64 product gives it (one Mul, not a float64 chain and a cast).
+        unrounded = _sum_levels(ctx, src.sum_of, s, base, nodes, unrounded=True) if src.sum_of is not None else \
+            _product_levels(ctx, src.product_of, s, base, nodes, unrounded=True)
+        levels32 = _node(ctx, "Clip", [_node(ctx, "Round", [unrounded], f"{base}_round_f32", nodes), *bounds],
+                         f"{base}_clip_f32", nodes)
+        nodes.append(helper.make_node("Mul", [levels32, scale], [y], name=ctx.unique(f"{base}_fq")))
+        # The float64 levels and value as before (dropped where nothing reads them).
+        levels = to_double(ctx, levels32, f"{base}_levels", nodes)
+        ctx.twins[y] = Twin(_node(ctx, "Mul", [levels, s], f"{base}_fq_f64", nodes), levels, s, bits,
+                            scalar_step=scalar_step, int8_levels=int8_levels, levels32=levels32)
         return
     if src.sum_of is not None:  # an integer add: its float32 rule
         q = _sum_levels(ctx, src.sum_of, s, base, nodes)
