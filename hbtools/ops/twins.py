@@ -156,7 +156,8 @@ def _summable(twin: Twin) -> bool:
         and not twin.folded
 
 
-def _sum_levels(ctx: LoweringContext, sum_of: tuple, s: str, base: str, nodes: list[NodeProto]) -> str:
+def _sum_levels(ctx: LoweringContext, sum_of: tuple, s: str, base: str, nodes: list[NodeProto],
+                unrounded: bool = False) -> str:
     """The rounded levels (float64 whole numbers) of an Add/Sub of two twins on step ``s``, as the integer
     add computes them (HzSQuantizedEltwise ``requantize_f32``, ``grids.add_f32``):
     ``round(float32(float32(la * ma) + float32(lb * mb)))`` with ``ma = float32(step_a / s)``, the
@@ -170,11 +171,15 @@ def _sum_levels(ctx: LoweringContext, sum_of: tuple, s: str, base: str, nodes: l
             m = _node(ctx, "Neg", [m], f"{base}_b_negated", nodes)
         terms.append(_node(ctx, "Mul", [levels32_of(ctx, twin, f"{base}_{k}", nodes), m], f"{base}_{k}_scaled",
                            nodes))
-    rounded = _node(ctx, "Round", [_node(ctx, "Add", terms, f"{base}_sum_f32", nodes)], f"{base}_round_f32", nodes)
+    total = _node(ctx, "Add", terms, f"{base}_sum_f32", nodes)
+    if unrounded:  # the float32 sum itself (``unrounded``)
+        return total
+    rounded = _node(ctx, "Round", [total], f"{base}_round_f32", nodes)
     return to_double(ctx, rounded, f"{base}_sum_levels", nodes)
 
 
-def _product_levels(ctx: LoweringContext, product_of: tuple, s: str, base: str, nodes: list[NodeProto]) -> str:
+def _product_levels(ctx: LoweringContext, product_of: tuple, s: str, base: str, nodes: list[NodeProto],
+                    unrounded: bool = False) -> str:
     """The rounded levels (float64 whole numbers) of a Mul of two twins on step ``s``, as the integer mul
     computes them (HzSQuantizedEltwise ``requantize_f32``): ``round(float32(float32(la * lb) * m))`` with
     ``m = float32(step_a * step_b / s)``, the quantize stage's multiplier."""
@@ -183,8 +188,10 @@ def _product_levels(ctx: LoweringContext, product_of: tuple, s: str, base: str, 
                                   f"{base}_multiplier", nodes)], f"{base}_multiplier_f32", nodes, to=TensorProto.FLOAT)
     product = _node(ctx, "Mul", [levels32_of(ctx, a, f"{base}_a", nodes), levels32_of(ctx, b, f"{base}_b", nodes)],
                     f"{base}_product_f32", nodes)
-    rounded = _node(ctx, "Round", [_node(ctx, "Mul", [product, m], f"{base}_scaled_f32", nodes)], f"{base}_round_f32",
-                    nodes)
+    scaled = _node(ctx, "Mul", [product, m], f"{base}_scaled_f32", nodes)
+    if unrounded:
+        return scaled
+    rounded = _node(ctx, "Round", [scaled], f"{base}_round_f32", nodes)
     return to_double(ctx, rounded, f"{base}_product_levels", nodes)
 
 
@@ -194,6 +201,20 @@ def u8_levels(ctx: LoweringContext, x: str, twin: Twin, nodes: list[NodeProto]) 
         ctx.uint8[x] = _node(ctx, "QuantizeLinear", [levels32_of(ctx, twin, x, nodes), uint8_kernels.one(ctx),
                                                       uint8_kernels.uint8_zero(ctx)], f"{x}_u8", nodes)
     return ctx.uint8[x]
+
+
+def _float32_bounds(ctx: LoweringContext, bounds: tuple[str, str]) -> bool:
+    """Whether a fake quant's ``bounds`` (float32 scalars) go to one float32 Clip: constants that are whole
+    numbers of an 8- or 16-bit grid, or fed ones (a search's ``qmin`` / ``qmax``, likewise), from opset 11
+    (Clip's bounds as inputs). Levels between them are exact in float32, and so is their product with a
+    float32 step in float64: its float32 cast is the float32 product."""
+    if ctx.opset < 11:
+        return False
+    numbers = [_scalar(ctx, b) for b in bounds]
+    if any(v is None for v in numbers):  # fed: scalar graph inputs (and the Neg of one)
+        return True
+    lo, hi = numbers
+    return -2.0**15 <= lo <= hi < 2.0**15 and lo == int(lo) and hi == int(hi)
 
 
 def _int8_output(ctx: LoweringContext, y: str, y_u8: str, step: float, nodes: list[NodeProto]) -> None:
@@ -420,6 +441,20 @@ def fake_quant_twin(ctx: LoweringContext, x: str, y: str, scale: str, bounds: tu
         kept = Twin(None, None, s, bits, scalar_step=scalar_step, int8_levels=int8_levels)  # what y's twin records
         _accumulator_fake_quant32(ctx, src, y, (scale, s), bounds, zero_point, base, nodes, kept)
         return
+    if zero_point is None and (src.sum_of or src.product_of) and _float32_bounds(ctx, bounds):
+        # The integer add's or mul's float32 value rounded, clipped and scaled in float32: the levels are whole
+        # numbers within the int16 range, and ``y`` is the one rounding of their exact product with the float32
+        # step, as the float32 cast of the float64 product gives it (one Mul, not a float64 chain and a cast).
+        unrounded = _sum_levels(ctx, src.sum_of, s, base, nodes, unrounded=True) if src.sum_of is not None else \
+            _product_levels(ctx, src.product_of, s, base, nodes, unrounded=True)
+        levels32 = _node(ctx, "Clip", [_node(ctx, "Round", [unrounded], f"{base}_round_f32", nodes), *bounds],
+                         f"{base}_clip_f32", nodes)
+        nodes.append(helper.make_node("Mul", [levels32, scale], [y], name=ctx.unique(f"{base}_fq")))
+        # The float64 levels and value as before (dropped where nothing reads them).
+        levels = to_double(ctx, levels32, f"{base}_levels", nodes)
+        ctx.twins[y] = Twin(_node(ctx, "Mul", [levels, s], f"{base}_fq_f64", nodes), levels, s, bits,
+                            scalar_step=scalar_step, int8_levels=int8_levels, levels32=levels32)
+        return
     if src.sum_of is not None:  # an integer add: its float32 rule
         q = _sum_levels(ctx, src.sum_of, s, base, nodes)
     elif src.product_of is not None:  # an integer mul: its float32 rule
@@ -457,14 +492,20 @@ def _accumulator_fake_quant32(ctx: LoweringContext, src: Twin, y: str, scale: tu
     ``twin`` (step, bits, flags) becomes ``y``'s twin once its levels and value are filled in."""
     scale32, s = scale
     q = _node(ctx, "Round", [_requantized(ctx, src, s, base, nodes, twin.scalar_step)], f"{base}_round", nodes)
+    single = zero_point is None and _float32_bounds(ctx, bounds)  # the grid's two bounds in one Clip
     if src.bounds is not None:  # a fused activation clips the rounded result at its bounds' grid points
         levels = tuple(_node(ctx, "Cast", [_node(ctx, "Round", [_node(ctx, "Div", [b, s], f"{base}_act_bound", nodes)],
                                                   f"{base}_act_level", nodes)], f"{base}_act_level_f32", nodes,
                              to=TensorProto.FLOAT) if b else "" for b in src.bounds)
-        q = _clip(ctx, q, levels, f"{base}_act_clip", nodes)
+        if single and levels[0] and not levels[1] and twin.scalar_step:
+            # A Relu's: a lower bound too, taken into the grid's Clip (Max after Max is the Max of both bounds).
+            bounds = (_node(ctx, "Max", [levels[0], bounds[0]], f"{base}_act_low_grid", nodes), bounds[1])
+        else:
+            q = _clip(ctx, q, levels, f"{base}_act_clip", nodes)
     if zero_point:
         q = _node(ctx, "Add", [q, zero_point], f"{base}_shift", nodes)
-    q = _clip(ctx, q, bounds, f"{base}_clip", nodes)
+    q = _node(ctx, "Clip", [q, *bounds], f"{base}_clip", nodes) if single else _clip(ctx, q, bounds, f"{base}_clip",
+                                                                                       nodes)
     if zero_point:
         q = _node(ctx, "Sub", [q, zero_point], f"{base}_unshift", nodes)
     levels = to_double(ctx, q, f"{base}_levels", nodes)
