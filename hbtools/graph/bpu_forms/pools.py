@@ -237,20 +237,32 @@ def _whole_window_max_steps(node: NodeProto, a: dict, shape: list | None, rule: 
         return None
     if kernel == list(shape[2:]) and profile.rule("GlobalMaxPool") is not None:
         return [helper.make_node("GlobalMaxPool", [node.input[0]], [node.output[0]], name=node.name)]
-    steps = [_factors(k, limit) for k in kernel]
-    if any(f is None for f in steps):
-        return None
+    # Each axis in whole windows of its factors; a length with a prime factor beyond the limit in windows of the
+    # limit, the last one padded at the end (a MaxPool's padding takes part in no maximum).
+    steps = [[(f, 0) for f in _factors(k, limit)] if _factors(k, limit) is not None else _padded_steps(k, limit)
+             for k in kernel]
     count = max(len(f) for f in steps)
-    steps = [f + [1] * (count - len(f)) for f in steps]
+    steps = [f + [(1, 0)] * (count - len(f)) for f in steps]
     nodes, x = [], node.input[0]
     for i in range(count):
-        k = [steps[0][i], steps[1][i]]
+        (kh, ph), (kw, pw) = steps[0][i], steps[1][i]
         last = i == count - 1
         out = node.output[0] if last else f"{node.output[0]}_step{i}"
         nodes.append(helper.make_node("MaxPool", [x], [out], name=node.name if last else f"{node.name}_step{i}",
-                                      kernel_shape=k, strides=k))
+                                      kernel_shape=[kh, kw], strides=[kh, kw], pads=[0, 0, ph, pw]))
         x = out
     return nodes
+
+
+def _padded_steps(n: int, limit: int) -> list[tuple[int, int]]:
+    """Windows of ``limit`` (kernel, end padding) that reduce a length ``n`` to one, step by step."""
+    steps = []
+    while n > 1:
+        k = min(n, limit)
+        windows = -(-n // k)
+        steps.append((k, windows * k - n))
+        n = windows
+    return steps
 
 
 def _factors(n: int, limit: int) -> list[int] | None:
