@@ -574,14 +574,12 @@ def _requested_bits(part: Partition, config: Config | None, profile: MarchProfil
                     and (not unit.is_accumulator or wants_int_outputs(config)):
                 if t in graph_outputs:
                     bits[t] = output_bits
-            elif unit.on == "BPU" and unit.kind == "passive" and output_bits == 16 and opts.output_bits == 16:
+            elif unit.on == "BPU" and unit.kind == "passive" and output_bits == 16 and t in graph_outputs:
                 # a PixelShuffle (DepthToSpace) or Reshape writing the output carries its input's grid: the
                 # request is for that tensor (an SR net's last conv); it was left int8 without a word
-                for t in (o for o in unit.outputs if o in graph_outputs):
-                    source = part.producer.get(grid_of(t))
-                    if source is not None and source.on == "BPU" and not source.gives_indices:
-                        request(t, f"set_model_output_int16 (output {t}, written by {unit.main.op_type} "
-                                   f"{unit.main.name})")
+                source = part.producer.get(grid_of(t))
+                if source is not None and source.on == "BPU" and not source.gives_indices:
+                    request(t, f"set_model_output_int16 (output {t}, written by {unit.main.op_type} {unit.main.name})")
     # What a float join puts into a model output (``units._join_outputs_in_float``) leaves the BPU as the
     # output would have: a convolution's result as its accumulator, anything else at the output bit width.
     for t in {grid_of(t) for u in part.units if u.output_join for t in u.inputs}:
