@@ -787,6 +787,10 @@ class Evaluator:
         int8_score = self.score(thresholds, logits=logits)  # each unit's and each sample's own score
         int8, int8_samples = self.units, self.sample_units
         if np.all(int8 >= target):
+            log.info("mixed precision: the search makes no tensor int16: with every tensor it decides on int8, each "
+                     "output already scores %.6f or more on the calibration samples (its goal is %g); node_info or "
+                     "set_model_output_int16 give a tensor int16 where an output needs more (a picture's levels)",
+                     float(np.min(int8)), target)
             return {}, dict(thresholds)
         if logits:
             log.info("mixed precision: output cosine %.6f, %.6f counting the logits of the final Softmax "
