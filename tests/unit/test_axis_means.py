@@ -46,3 +46,40 @@ def test_a_mean_or_max_over_one_axis_runs_on_the_bpu_of_rdk_x3(tmp_path: Path, m
     result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bernoulli2", "--model",
                                        "model.onnx"], catch_exceptions=False)
     assert result.exit_code == 0 and "1 BPU subgraph(s) and 0 CPU node(s)" in result.output, result.output
+
+
+def test_a_max_over_integers_stays_a_reduction(tmp_path: Path) -> None:
+    """A pool takes float tensors only: a ReduceMax over W of an int32 map written as a MaxPool made the optimized
+    model invalid (hunt 47 D2)."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT32),
+             helper.make_node("ReduceMax", ["i"], ["m"], axes=[3], keepdims=1),
+             helper.make_node("Cast", ["m"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 13])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    optimized = optimize.run(model, get_profile("bernoulli2"))
+    x = {"x": np.random.default_rng(3).normal(0, 50, (1, 2, 3, 13)).astype(np.float32)}
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
+                 for m in (model, optimized))
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("kernel", "size"), [([5, 5], [10, 10]), ([1, 13], [4, 26]), ([13, 13], [26, 26])])
+def test_max_pools_over_several_whole_windows_keep_their_values(kernel: list[int], size: list[int]) -> None:
+    """A MaxPool with kernel = stride beyond RDK X3's limit over several windows along an axis: the padded steps
+    that reduce one whole axis took values across the windows' borders (hunt 47 D1)."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=kernel, strides=kernel)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, *size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    optimized = optimize.run(model, get_profile("bernoulli2"))
+    x = {"x": np.random.default_rng(4).normal(0, 1, (1, 2, *size)).astype(np.float32)}
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
+                 for m in (model, optimized))
+    np.testing.assert_array_equal(got, want)

@@ -84,6 +84,7 @@ def spatial_reductions_as_global_pools(model: ModelProto) -> None:
 
 
 _AXIS_POOL_OF = {"ReduceMean": "AveragePool", "ReduceMax": "MaxPool"}
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)  # those pools take
 
 
 def axis_reductions_as_pools(model: ModelProto, profile: MarchProfile) -> int:
@@ -101,8 +102,8 @@ def axis_reductions_as_pools(model: ModelProto, profile: MarchProfile) -> int:
     nodes = []
     count = 0
     for node in model.graph.node:
-        shape = view.shapes.get(node.input[0]) if node.op_type in kinds and \
-            node.domain in ("", "ai.onnx") and len(node.output) == 1 else None
+        shape = view.shapes.get(node.input[0]) if node.op_type in kinds and node.domain in ("", "ai.onnx") and \
+            len(node.output) == 1 and view.elem_types.get(node.input[0]) in _FLOAT_TYPES else None
         axes = view.reduced_axes(node) if shape is not None and len(shape) == 4 else None
         if axes not in ([2], [3]) or not isinstance(shape[axes[0]], int) or shape[axes[0]] < 1:
             nodes.append(node)
