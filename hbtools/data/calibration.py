@@ -245,6 +245,12 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool,
                           f"that are NaN or infinite; the model needs real numbers, regenerate the file{mask}")
         if spec.is_featuremap and np.dtype(spec.model_dtype).kind in "iu" and data.size:
             fraction = data[data != np.round(data)]
+            if fraction.size and path.suffix.lower() == ".npy":  # its type is its own: cal_data_type is not read
+                raise HbError(f"{what} {path} for input '{spec.name}' holds {data.dtype} values that are not whole "
+                              f"numbers ({fraction.size} of {data.size}, such as {float(fraction.flat[0]):.6g}), "
+                              f"but the model's input '{spec.name}' is {spec.model_dtype}",
+                              hint=f"save the file as an array of {spec.model_dtype} (numpy.save of "
+                                   f"x.astype(numpy.{spec.model_dtype}))")
             if fraction.size:
                 # int32 files read as float32 are tiny denormals that the cast to the model's type makes 0:
                 # the calibration ran on zeros with no word (hunt 46 D1)
@@ -279,7 +285,19 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool,
             raise HbError(f"{what} {path} for image input '{spec.name}' holds {data.dtype} values "
                           f"from {lo} to {hi}; an image input takes input_type_train pixels 0..255 (before "
                           f"mean/scale){dumped}")
+    if spec.is_featuremap and np.dtype(spec.model_dtype).kind in "iu" and data.size and data.dtype.kind in "fiu":
+        _check_integer_range(data, spec, path, what)
     return data
+
+
+def _check_integer_range(data: np.ndarray, spec: InputSpec, path: Path, what: str) -> None:
+    """Values an integer model input cannot hold would wrap around in the cast to its type (hunt 47 D6)."""
+    info = np.iinfo(spec.model_dtype)
+    lo, hi = data.min(), data.max()
+    if lo < info.min or hi > info.max:
+        raise HbError(f"{what} {path} for input '{spec.name}' holds values from {lo} to {hi}, but the model's input "
+                      f"'{spec.name}' is {spec.model_dtype} ({info.min}..{info.max}): they would wrap around",
+                      hint="give the values the model's input takes, or check cal_data_type for this input")
 
 
 def _read_sample(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool,

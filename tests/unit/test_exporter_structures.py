@@ -334,6 +334,19 @@ def test_einsum_with_an_ellipsis_runs_on_the_bpu(tmp_path: Path, equation: str) 
     _agrees_with_source(model, tmp_path / "out", (1, 3, 4, 6), rng, optimized=True)
 
 
+def test_an_einsum_that_sums_its_ellipsis_away_is_left_as_it_is() -> None:
+    """``...ij,...jk->ik`` sums the ellipsis' axes, which onnxruntime refuses to run: it was written as a MatMul,
+    so a model onnxruntime cannot run converted (hunt 47 D5)."""
+    from hbtools.graph import bpu_forms
+
+    rng = np.random.default_rng(5)
+    inits = [_init("w", rng.standard_normal((2, 5, 6)).astype(np.float32))]
+    nodes = [helper.make_node("Einsum", ["x", "w"], ["y"], equation="...ij,...jk->ik")]
+    model = _model(nodes, [("x", F, [2, 4, 5])], [("y", F, None)], inits, opset=13)
+    assert bpu_forms.einsums_as_matmuls(model) == 0
+    assert [n.op_type for n in model.graph.node] == ["Einsum"]
+
+
 def test_an_einsum_without_a_bpu_form_says_which_it_takes(tmp_path: Path) -> None:
     """An Einsum that is no matrix product (a sum over one operand's axis) says what the optimize stage writes as a
     MatMul, not that Einsum has no BPU form at all."""

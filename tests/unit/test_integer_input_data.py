@@ -67,3 +67,24 @@ def test_integer_input_data_in_its_own_type_or_as_whole_floats_converts(tmp_path
     code, out = _cli(["makertbin", "--config", str(config), "--model-type", "onnx"], tmp_path)
     assert code == 0 and INTERNAL not in out, out[-2000:]
     assert (tmp_path / "out" / "m.bin").exists()
+
+
+def test_values_an_integer_input_cannot_hold_are_refused(tmp_path: Path) -> None:
+    """Whole numbers beyond the integer input's range wrapped around in the cast without a word (hunt 47 D6)."""
+    config = _project(tmp_path, "float32;float32", np.float32)
+    np.full((1, 1, 1, 1), 3e9, np.float32).tofile(tmp_path / "cal_k" / "2.bin")
+    code, out = _cli(["makertbin", "--config", str(config), "--model-type", "onnx"], tmp_path)
+    assert code != 0 and INTERNAL not in out
+    assert "but the model's input 'k' is int32 (-2147483648..2147483647): they would wrap around" in out, out[-2000:]
+
+
+def test_a_npy_file_of_fractions_for_an_integer_input_says_to_save_it_as_integers(tmp_path: Path) -> None:
+    """A .npy file carries its own type, so the hint to set cal_data_type could not help (hunt 47 D7)."""
+    config = _project(tmp_path, "float32;int32", np.int32)
+    for old in (tmp_path / "cal_k").iterdir():
+        old.unlink()
+    for i in range(4):
+        np.save(tmp_path / "cal_k" / f"{i}.npy", np.full((1, 1, 1, 1), i + 0.5, np.float32))
+    code, out = _cli(["makertbin", "--config", str(config), "--model-type", "onnx"], tmp_path)
+    assert code != 0 and INTERNAL not in out
+    assert "save the file as an array of int32" in out and "set cal_data_type" not in out, out[-2000:]

@@ -198,8 +198,8 @@ def _ellipsis_spelled_out(equation: str, ranks: list[int]) -> str | None:
     terms = ins.split(",")
     if "..." not in equation:
         return None if "." in equation else equation
-    if len(terms) != len(ranks) or "." in equation.replace("...", ""):
-        return None
+    if len(terms) != len(ranks) or "." in equation.replace("...", "") or "..." not in out:
+        return None  # (an ellipsis summed away: onnxruntime refuses such an equation, so it stays as it is)
     counts = [rank - (len(t) - 3) if "..." in t else 0 for t, rank in zip(terms, ranks, strict=True)]
     spare = [c for c in string.ascii_letters if c not in equation]
     most = max(counts)
