@@ -83,3 +83,25 @@ def test_max_pools_over_several_whole_windows_keep_their_values(kernel: list[int
     want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
                  for m in (model, optimized))
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_squeezed_max_that_is_an_output_too_keeps_the_unsqueezed_path_on_the_bpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A max without keepdims that is a model output and is unsqueezed again for the next layer: the Unsqueeze's
+    readers read the pool itself, so only the output's Squeeze runs on the CPU (hunt 47 D4)."""
+    g = _Graph(6)
+    reduced = g.op("ReduceMax", [g.op("Relu", [g.conv("x", 3, 8)])], axes=[3], keepdims=0)
+    again = g.op("Unsqueeze", [reduced, g.const(np.array([3], np.int64), "axes")])
+    model = g.model({"x": [1, 3, 6, 16]}, [reduced, g.conv(again, 8, 4, k=1)]).model
+    optimized = optimize.run(model, get_profile("bernoulli2"))
+    assert "Unsqueeze" not in {n.op_type for n in optimized.graph.node}
+    x = {"x": np.random.default_rng(7).normal(0, 1, (1, 3, 6, 16)).astype(np.float32)}
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)
+                 for m in (model, optimized))
+    for w, o in zip(want, got, strict=True):
+        np.testing.assert_allclose(o, w, rtol=1e-6, atol=1e-6)
+    monkeypatch.chdir(tmp_path)
+    onnx.save(model, "model.onnx")
+    result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bernoulli2", "--model",
+                                       "model.onnx"], catch_exceptions=False)
+    assert result.exit_code == 0 and "1 BPU subgraph(s) and 1 CPU node(s)" in result.output, result.output

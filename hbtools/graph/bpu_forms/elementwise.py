@@ -261,9 +261,10 @@ def batch_squeezes_around_elementwise(model: ModelProto) -> int:
 
 
 def squeeze_unsqueeze_pairs(model: ModelProto) -> int:
-    """A Squeeze whose one reader is an Unsqueeze of the same axes hands its input on unchanged: both go, and the
-    Unsqueeze's readers read the Squeeze's input (a max over the points of a pillar without keepdims, unsqueezed
-    again: on RDK X3 the pair held the pool between two BPU subgraphs on the CPU). Returns how many pairs."""
+    """An Unsqueeze of the axes a Squeeze took away hands the Squeeze's input on unchanged: its readers read that
+    input, and the Squeeze goes too where nothing else reads it (a max over the points of a pillar without keepdims,
+    unsqueezed again: on RDK X3 the pair held the pool between two BPU subgraphs on the CPU). Returns how many
+    Unsqueezes went."""
     view = GraphView(model)
 
     def axes(node: NodeProto, shape: list) -> list[int] | None:
@@ -276,23 +277,25 @@ def squeeze_unsqueeze_pairs(model: ModelProto) -> int:
 
     renames: dict[str, str] = {}
     dropped: set[int] = set()
-    for squeeze in model.graph.node:
-        shape = view.shapes.get(squeeze.input[0]) if squeeze.op_type == "Squeeze" and \
-            squeeze.domain in ("", "ai.onnx") and squeeze.input else None
-        readers = view.consumers.get(squeeze.output[0], []) if shape is not None else []
-        if len(readers) != 1 or squeeze.output[0] in view.graph_outputs:
+    squeezes: list[NodeProto] = []
+    for unsqueeze in model.graph.node:
+        squeeze = view.producer.get(unsqueeze.input[0]) if unsqueeze.op_type == "Unsqueeze" and \
+            unsqueeze.domain in ("", "ai.onnx") and unsqueeze.output[0] not in view.graph_outputs else None
+        if squeeze is None or squeeze.op_type != "Squeeze" or squeeze.domain not in ("", "ai.onnx"):
             continue
-        unsqueeze = readers[0]
-        if unsqueeze.op_type != "Unsqueeze" or unsqueeze.domain not in ("", "ai.onnx") or \
-                unsqueeze.output[0] in view.graph_outputs:
+        shape = view.shapes.get(squeeze.input[0])
+        taken = axes(squeeze, shape) if shape is not None else None
+        if not taken or taken != axes(unsqueeze, shape):
             continue
-        taken = axes(squeeze, shape)
-        if taken is None or not taken or taken != axes(unsqueeze, shape):
-            continue
-        dropped.update((id(squeeze), id(unsqueeze)))
+        dropped.add(id(unsqueeze))
         renames[unsqueeze.output[0]] = squeeze.input[0]
+        squeezes.append(squeeze)
     if not renames:
         return 0
+    for squeeze in squeezes:  # read by nothing left
+        if squeeze.output[0] not in view.graph_outputs and \
+                all(id(n) in dropped for n in view.consumers.get(squeeze.output[0], [])):
+            dropped.add(id(squeeze))
     kept = [n for n in model.graph.node if id(n) not in dropped]
     for node in kept:
         for k, name in enumerate(node.input):
