@@ -245,22 +245,18 @@ def _load_raw(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool,
                           f"that are NaN or infinite; the model needs real numbers, regenerate the file{mask}")
         if spec.is_featuremap and np.dtype(spec.model_dtype).kind in "iu" and data.size:
             fraction = data[data != np.round(data)]
-            if fraction.size and path.suffix.lower() == ".npy":  # its type is its own: cal_data_type is not read
-                raise HbError(f"{what} {path} for input '{spec.name}' holds {data.dtype} values that are not whole "
-                              f"numbers ({fraction.size} of {data.size}, such as {float(fraction.flat[0]):.6g}), "
-                              f"but the model's input '{spec.name}' is {spec.model_dtype}",
-                              hint=f"save the file as an array of {spec.model_dtype} (numpy.save of "
-                                   f"x.astype(numpy.{spec.model_dtype}))")
             if fraction.size:
                 # int32 files read as float32 are tiny denormals that the cast to the model's type makes 0:
-                # the calibration ran on zeros with no word (hunt 46 D1)
+                # the calibration ran on zeros with no word (hunt 46 D1). A .npy file carries its own type.
                 written = next((t for t in dict.fromkeys((spec.model_dtype, "int32", "int64", "int16", "uint8"))
                                 if t in CAL_DATA_TYPES and np.dtype(t).itemsize == data.dtype.itemsize), None)
+                hint = f"save the file as an array of {spec.model_dtype} (numpy.save of " \
+                       f"x.astype(numpy.{spec.model_dtype}))" if path.suffix.lower() == ".npy" else \
+                    "set cal_data_type to the type the files were written in for this input" + \
+                    (f" ({written} if they hold {written} values)" if written else "")
                 raise HbError(f"{what} {path} for input '{spec.name}' holds {data.dtype} values that are not whole "
                               f"numbers ({fraction.size} of {data.size}, such as {float(fraction.flat[0]):.6g}), "
-                              f"but the model's input '{spec.name}' is {spec.model_dtype}",
-                              hint="set cal_data_type to the type the files were written in for this input"
-                                   + (f" ({written} if they hold {written} values)" if written else ""))
+                              f"but the model's input '{spec.name}' is {spec.model_dtype}", hint=hint)
         if not spec.is_featuremap and data.size:
             lo, hi = float(data.min()), float(data.max())
             if lo < PIXEL_RANGE[0] or hi > PIXEL_RANGE[1]:

@@ -28,6 +28,13 @@ def _model(axis: int, op: str = "ReduceMean", keepdims: int = 1, length: int = 1
     return g.model({"x": [1, 3, 6, length]}, [g.conv(reduced, 8, 4, k=1)]).model
 
 
+def _outputs(model: onnx.ModelProto, optimized: onnx.ModelProto, x: np.ndarray) -> tuple[list, list]:
+    """Both models' outputs for the input ``x`` (as float32)."""
+    feed = {"x": x.astype(np.float32)}
+    return tuple(ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+                 for m in (model, optimized))
+
+
 @pytest.mark.parametrize(("op", "keepdims", "length"), [("ReduceMean", 1, 12), ("ReduceMax", 1, 12),
                                                         ("ReduceMax", 0, 64), ("ReduceMax", 1, 13)],
                          ids=["mean", "max", "max-64-no-keepdims", "max-13-padded"])
@@ -37,10 +44,8 @@ def test_a_mean_or_max_over_one_axis_runs_on_the_bpu_of_rdk_x3(tmp_path: Path, m
     model = _model(axis, op, keepdims, length)
     optimized = optimize.run(model, get_profile("bernoulli2"))
     assert op not in {n.op_type for n in optimized.graph.node}
-    x = {"x": np.random.default_rng(7).normal(0, 1, (1, 3, 6, length)).astype(np.float32)}
-    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
-                 for m in (model, optimized))
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    want, got = _outputs(model, optimized, np.random.default_rng(7).normal(0, 1, (1, 3, 6, length)))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     monkeypatch.chdir(tmp_path)
     onnx.save(model, "model.onnx")
     result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bernoulli2", "--model",
@@ -61,10 +66,8 @@ def test_a_max_over_integers_stays_a_reduction(tmp_path: Path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     optimized = optimize.run(model, get_profile("bernoulli2"))
-    x = {"x": np.random.default_rng(3).normal(0, 50, (1, 2, 3, 13)).astype(np.float32)}
-    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
-                 for m in (model, optimized))
-    np.testing.assert_array_equal(got, want)
+    want, got = _outputs(model, optimized, np.random.default_rng(3).normal(0, 50, (1, 2, 3, 13)))
+    np.testing.assert_array_equal(got[0], want[0])
 
 
 @pytest.mark.parametrize(("kernel", "size"), [([5, 5], [10, 10]), ([1, 13], [4, 26]), ([13, 13], [26, 26])])
@@ -79,10 +82,8 @@ def test_max_pools_over_several_whole_windows_keep_their_values(kernel: list[int
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     optimized = optimize.run(model, get_profile("bernoulli2"))
-    x = {"x": np.random.default_rng(4).normal(0, 1, (1, 2, *size)).astype(np.float32)}
-    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
-                 for m in (model, optimized))
-    np.testing.assert_array_equal(got, want)
+    want, got = _outputs(model, optimized, np.random.default_rng(4).normal(0, 1, (1, 2, *size)))
+    np.testing.assert_array_equal(got[0], want[0])
 
 
 def test_a_squeezed_max_that_is_an_output_too_keeps_the_unsqueezed_path_on_the_bpu(
@@ -95,9 +96,7 @@ def test_a_squeezed_max_that_is_an_output_too_keeps_the_unsqueezed_path_on_the_b
     model = g.model({"x": [1, 3, 6, 16]}, [reduced, g.conv(again, 8, 4, k=1)]).model
     optimized = optimize.run(model, get_profile("bernoulli2"))
     assert "Unsqueeze" not in {n.op_type for n in optimized.graph.node}
-    x = {"x": np.random.default_rng(7).normal(0, 1, (1, 3, 6, 16)).astype(np.float32)}
-    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)
-                 for m in (model, optimized))
+    want, got = _outputs(model, optimized, np.random.default_rng(7).normal(0, 1, (1, 3, 6, 16)))
     for w, o in zip(want, got, strict=True):
         np.testing.assert_allclose(o, w, rtol=1e-6, atol=1e-6)
     monkeypatch.chdir(tmp_path)

@@ -246,14 +246,7 @@ def batch_squeezes_around_elementwise(model: ModelProto) -> int:
             renames[unsqueeze.output[0]] = squeeze.input[0]
     if not count:
         return 0
-    kept = [n for n in model.graph.node if id(n) not in dropped]
-    for node in kept:
-        for k, name in enumerate(node.input):
-            while name in renames:
-                name = renames[name]
-            node.input[k] = name
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
+    _without(model, dropped, renames)
     stale = [v for v in model.graph.value_info if v.name in restored]
     for v in stale:
         model.graph.value_info.remove(v)
@@ -296,6 +289,13 @@ def squeeze_unsqueeze_pairs(model: ModelProto) -> int:
         if squeeze.output[0] not in view.graph_outputs and \
                 all(id(n) in dropped for n in view.consumers.get(squeeze.output[0], [])):
             dropped.add(id(squeeze))
+    _without(model, dropped, renames)
+    return len(renames)
+
+
+def _without(model: ModelProto, dropped: set[int], renames: dict[str, str]) -> None:
+    """``model`` without the nodes ``dropped`` (their ids), its other nodes reading ``renames``' targets (followed
+    through chains) for the tensors those nodes made."""
     kept = [n for n in model.graph.node if id(n) not in dropped]
     for node in kept:
         for k, name in enumerate(node.input):
@@ -304,4 +304,3 @@ def squeeze_unsqueeze_pairs(model: ModelProto) -> int:
             node.input[k] = name
     del model.graph.node[:]
     model.graph.node.extend(kept)
-    return len(renames)

@@ -240,8 +240,9 @@ def _whole_window_max_steps(node: NodeProto, a: dict, shape: list | None, rule: 
     # Each axis in whole windows of its factors; a window over the whole axis whose length has a prime factor beyond
     # the limit in windows of the limit, the last one padded at the end (a MaxPool's padding takes part in no
     # maximum). Padded windows inside one of several would take values of the next.
-    steps = [[(f, 0) for f in _factors(k, limit)] if _factors(k, limit) is not None else
-             _padded_steps(k, limit) if k == size else None for k, size in zip(kernel, shape[2:], strict=True)]
+    factors = [_factors(k, limit) for k in kernel]
+    steps = [[(f, 0) for f in whole] if whole is not None else _padded_steps(k, limit) if k == size else None
+             for whole, k, size in zip(factors, kernel, shape[2:], strict=True)]
     if any(f is None for f in steps):
         return None
     count = max(len(f) for f in steps)
