@@ -2,7 +2,7 @@
 but has no reduction (RDK X3): an AveragePool over whole columns, on the BPU (it ran on the CPU and split the model
 in two; hunt 39 D10). A max the same way as a MaxPool (PointPillars' max over the points of each pillar: hunt 46 D2),
 taken in steps of whole windows where the axis is longer than the BPU's pool (the last window padded where the
-length has a prime factor beyond the pool's limit)."""
+length has a prime factor beyond the pool's limit; a mean then scaled back by a constant: hunt 47 D3)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,10 @@ def _outputs(model: onnx.ModelProto, optimized: onnx.ModelProto, x: np.ndarray) 
 
 
 @pytest.mark.parametrize(("op", "keepdims", "length"), [("ReduceMean", 1, 12), ("ReduceMax", 1, 12),
-                                                        ("ReduceMax", 0, 64), ("ReduceMax", 1, 13)],
-                         ids=["mean", "max", "max-64-no-keepdims", "max-13-padded"])
+                                                        ("ReduceMax", 0, 64), ("ReduceMax", 1, 13),
+                                                        ("ReduceMean", 1, 13), ("ReduceMean", 0, 80)],
+                         ids=["mean", "max", "max-64-no-keepdims", "max-13-padded", "mean-13-padded",
+                              "mean-80-no-keepdims-padded"])
 @pytest.mark.parametrize("axis", [2, 3], ids=["height", "width"])
 def test_a_mean_or_max_over_one_axis_runs_on_the_bpu_of_rdk_x3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                axis: int, op: str, keepdims: int, length: int) -> None:

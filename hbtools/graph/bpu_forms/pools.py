@@ -132,7 +132,10 @@ def large_average_pools_in_steps(model: ModelProto, profile: MarchProfile,
     the same mean taken in steps, each a pool over whole windows within the limits (a 30x30 one as 6x6 then
     5x5). A mean of equal-sized means is the mean: the same values up to float rounding, and one more grid
     between the steps once quantized. PSPNet's AdaptiveAvgPool2d of a 60x60 map and MobileOne's
-    squeeze-and-excitation (avg_pool2d over the whole map) export such pools, which went to the CPU.
+    squeeze-and-excitation (avg_pool2d over the whole map) export such pools, which went to the CPU. A window
+    over a whole axis whose length has a prime factor beyond the limit (a mean over 13 columns on RDK X3) in
+    windows of the limit, the last padded with zeros, and the sum over the padded length scaled by one constant
+    Mul to the mean.
     Pools that ``placed`` (node_info) names stay. The count of pools rewritten."""
     rule = profile.rule("AveragePool")
     limit = min(v for v in (rule.kernel, rule.stride) if v is not None) if rule is not None else None
@@ -155,19 +158,26 @@ def large_average_pools_in_steps(model: ModelProto, profile: MarchProfile,
             return None
         if kernel == list(shape[2:]):
             return [helper.make_node("GlobalAveragePool", [node.input[0]], [node.output[0]], name=node.name)]
-        steps = [_factors(k, limit) for k in kernel]
-        if any(f is None for f in steps):
+        steps = _whole_window_steps(kernel, shape[2:], limit)
+        if steps is None:
             return None
-        count = max(len(f) for f in steps)
-        steps = [f + [1] * (count - len(f)) for f in steps]
+        # Padding counts as zeros (count_include_pad): the padded steps divide the sum by the padded length, which
+        # one constant factor puts right.
+        padded = int(np.prod([k for axis in steps for k, _ in axis]))
+        correction = padded / int(np.prod(kernel))
         nodes, x = [], node.input[0]
-        for i in range(count):
-            k = [steps[0][i], steps[1][i]]
-            last = i == count - 1
+        for i in range(len(steps[0])):
+            (kh, ph), (kw, pw) = steps[0][i], steps[1][i]
+            last = i == len(steps[0]) - 1 and correction == 1
             out = node.output[0] if last else f"{node.output[0]}_step{i}"
+            padding = {"pads": [0, 0, ph, pw], "count_include_pad": 1} if ph or pw else {}
             nodes.append(helper.make_node("AveragePool", [x], [out], name=node.name if last else f"{node.name}_step{i}",
-                                          kernel_shape=k, strides=k))
+                                          kernel_shape=[kh, kw], strides=[kh, kw], **padding))
             x = out
+        if correction != 1:
+            factor = f"{node.name or node.output[0]}_padding_correction"
+            model.graph.initializer.append(numpy_helper.from_array(np.array(correction, np.float32), factor))
+            nodes.append(helper.make_node("Mul", [x, factor], [node.output[0]], name=node.name))
         return nodes
 
     return rewrite_nodes(model, rewrite)
@@ -237,25 +247,32 @@ def _whole_window_max_steps(node: NodeProto, a: dict, shape: list | None, rule: 
         return None
     if kernel == list(shape[2:]) and profile.rule("GlobalMaxPool") is not None:
         return [helper.make_node("GlobalMaxPool", [node.input[0]], [node.output[0]], name=node.name)]
-    # Each axis in whole windows of its factors; a window over the whole axis whose length has a prime factor beyond
-    # the limit in windows of the limit, the last one padded at the end (a MaxPool's padding takes part in no
-    # maximum). Padded windows inside one of several would take values of the next.
-    factors = [_factors(k, limit) for k in kernel]
-    steps = [[(f, 0) for f in whole] if whole is not None else _padded_steps(k, limit) if k == size else None
-             for whole, k, size in zip(factors, kernel, shape[2:], strict=True)]
-    if any(f is None for f in steps):
+    steps = _whole_window_steps(kernel, shape[2:], limit)  # a MaxPool's padding takes part in no maximum
+    if steps is None:
         return None
-    count = max(len(f) for f in steps)
-    steps = [f + [(1, 0)] * (count - len(f)) for f in steps]
     nodes, x = [], node.input[0]
-    for i in range(count):
+    for i in range(len(steps[0])):
         (kh, ph), (kw, pw) = steps[0][i], steps[1][i]
-        last = i == count - 1
+        last = i == len(steps[0]) - 1
         out = node.output[0] if last else f"{node.output[0]}_step{i}"
         nodes.append(helper.make_node("MaxPool", [x], [out], name=node.name if last else f"{node.name}_step{i}",
                                       kernel_shape=[kh, kw], strides=[kh, kw], pads=[0, 0, ph, pw]))
         x = out
     return nodes
+
+
+def _whole_window_steps(kernel: list[int], size: list[int], limit: int) -> list[list[tuple[int, int]]] | None:
+    """Steps of (kernel, end padding) per axis, as many on each, that pool whole windows of ``kernel`` within
+    ``limit``: each axis in whole windows of its factors; a window over the whole axis whose length has a prime
+    factor beyond the limit in windows of the limit, the last one padded at the end. Padded windows inside one of
+    several would take values of the next (None)."""
+    factors = [_factors(k, limit) for k in kernel]
+    steps = [[(f, 0) for f in whole] if whole is not None else _padded_steps(k, limit) if k == n else None
+             for whole, k, n in zip(factors, kernel, size, strict=True)]
+    if any(f is None for f in steps):
+        return None
+    count = max(len(f) for f in steps)
+    return [f + [(1, 0)] * (count - len(f)) for f in steps]
 
 
 def _padded_steps(n: int, limit: int) -> list[tuple[int, int]]:
