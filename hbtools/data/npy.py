@@ -36,3 +36,12 @@ def float32_overflow(data: np.ndarray) -> int:
         return 0
     finite = np.abs(data[np.isfinite(data)])
     return int(np.count_nonzero(finite > np.finfo(np.float32).max))
+
+
+def nan_warning(name: str, data: np.ndarray) -> str | None:
+    """A warning for NaN values in a float feed of input ``name`` (None: there are none). A calibrated model carries
+    NaN through its fake quantization, a quantized one (the BPU too) gives it some grid level: the two disagree."""
+    nans = int(np.count_nonzero(np.isnan(data))) if data.dtype.kind == "f" else 0
+    return (f"input '{name}' holds {nans} NaN value(s): a float or calibrated model carries them through, a quantized "
+            "model gives them an arbitrary level; check the preprocessing") if nans else None
+

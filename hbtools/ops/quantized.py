@@ -985,7 +985,8 @@ class HzQuantize(HzOp):
         if a.get("zero_point", 0):
             q = q + np.float32(a["zero_point"])
         q = np.clip(q, np.float32(a["out_min"]), np.float32(a["out_max"]))
-        return [q.astype(NUMPY_INT[a["out_type"]])]
+        with np.errstate(invalid="ignore"):  # NaN has no level (its input's feed was warned about)
+            return [q.astype(NUMPY_INT[a["out_type"]])]
 
 
 @register

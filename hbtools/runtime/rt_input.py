@@ -19,7 +19,7 @@ import numpy as np
 
 from hbtools.data import colour
 from hbtools.data.intermediate import from_channels_last
-from hbtools.data.npy import float32_overflow, integers_fit, load_npy
+from hbtools.data.npy import float32_overflow, integers_fit, load_npy, nan_warning
 from hbtools.errors import HbError, ResourceError
 from hbtools.graph.graph import GraphView
 from hbtools.runtime.runtime_model import InputDesc, RuntimeModel
@@ -62,6 +62,8 @@ def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
                       f"(shape {list(want_shape)}), got {data.size} (shape {list(data.shape)})"
                       f"{_frames_hint(desc, data.shape) or _image_hint(desc)}")
     data = data.reshape(want_shape)
+    if warning := nan_warning(desc.name, data):
+        log.warning(warning)
     if not desc.is_image:
         return np.require(data, requirements="C")  # keeps a scalar 0-d (ascontiguousarray makes it [1])
     if desc.type_rt == "nv12":

@@ -15,7 +15,7 @@ import onnxruntime as ort
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.values import closest_names
-from hbtools.data.npy import float32_overflow, integers_fit
+from hbtools.data.npy import float32_overflow, integers_fit, nan_warning
 from hbtools.errors import HbError
 from hbtools.graph import model_io
 from hbtools.graph.batch_reshapes import same_outputs
@@ -468,6 +468,8 @@ class HB_ONNXRuntime:  # noqa: N801 - name fixed by the toolkit's public API
                                 f"{arg.shape}") from None
             data = convert_feed(data, target, input_offset, arg.name) if target is not None else data
             _check_shape(arg.name, data.shape, arg.shape)
+            if warning := nan_warning(arg.name, data):
+                logger.warning(warning)
             feeds[arg.name] = data
         # A single name is one output, not a sequence of one-letter names.
         names = [output_names] if isinstance(output_names, str) else list(output_names or self.output_names)
