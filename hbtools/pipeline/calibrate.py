@@ -30,6 +30,7 @@ from hbtools.quant.plan import (
 )
 from hbtools.quant.search import (
     ALL_INT16_FLOOR,
+    PROMOTE_TARGET,
     Evaluator,
     constant_terms,
     output_pieces,
@@ -121,7 +122,9 @@ def run(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, count: i
                 log.info("output '%s' is scored without its mean on each sample: the mean is most of its values, and "
                          "the cosine of the whole would hide the errors in what varies", out)
             scores = _method_scores(evaluator, candidates, None, "")
-            if not allow_int16:
+            # With int16, the search gives 16 bits where a symmetric int8 grid costs the output; where int8 already
+            # meets its goal it gives none, and the model is an int8 one, as on a march without int16.
+            if not allow_int16 or max(scores.values()) >= PROMOTE_TARGET:
                 plan, evaluator, scores = _zero_points(optimized, plan, weight_th, candidates, evaluator, scores,
                                                        fold_candidates, without)
         with times.step("GPTQ"):
@@ -244,8 +247,8 @@ def _zero_points(optimized: ModelProto, plan: CalibrationPlan, weight_th: dict[s
                  fold_candidates: list[dict[str, dict[str, float]]],
                  folds: list[StatsCollector]) -> tuple[CalibrationPlan, Evaluator, dict[str, float]]:
     """The plan with asymmetric int8 grids (zero points) where every integer reader takes one, kept if the
-    output gets closer to float on samples the grids were not fitted to; for a march without int16, whose
-    model keeps every activation int8.
+    output gets closer to float on samples the grids were not fitted to; for a model that keeps every
+    activation int8 (a march without int16, or int8 already at the int16 search's goal).
 
     A symmetric grid spends half its levels on values a non-negative tensor (after a Relu, HardSwish or
     Sigmoid) never takes: PP-OCRv5's text-direction classifier on RDK X3 scored 0.9711 held out with

@@ -173,6 +173,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
         if weights:
             log.info("%d MatMuls of a constant (first, or with leading axes of one) written with a 2-D weight "
                      "second", weights)
+        flipped = bpu_forms.gemms_with_the_first_input_transposed(body, profile)
+        if flipped:
+            log.info("%d Gemms with transA written as a Transpose of the first input and a Gemm", flipped)
         batched = bpu_forms.matmuls_of_batched_weights(body, profile)
         if batched:
             log.info("%d MatMuls of a constant batched along one axis (a weight per head) written as a MatMul per "

@@ -39,6 +39,7 @@ from hbtools.graph.bpu_forms.layout import (
 from hbtools.graph.bpu_forms.linear_maps import cumsums_as_matmuls, spatial_index_maps_as_matmuls
 from hbtools.graph.bpu_forms.matmuls import (
     einsums_as_matmuls,
+    gemms_with_the_first_input_transposed,
     matmuls_of_batched_weights,
     matmuls_of_vectors,
     matmuls_read_in_slices,
@@ -92,6 +93,7 @@ __all__ = [
     "dilated_convs_by_phases",
     "divisions_as_reciprocal_products",
     "einsums_as_matmuls",
+    "gemms_with_the_first_input_transposed",
     "expands_as_tiles",
     "expands_into_broadcasts",
     "interpolations_as_matmuls",

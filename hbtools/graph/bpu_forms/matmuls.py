@@ -334,3 +334,25 @@ def _row_or_column_slice(node: NodeProto, view: GraphView, rank: int) -> int | N
         return None
     axis = int(axes.reshape(-1)[0]) % rank
     return axis if axis >= rank - 2 else None
+
+
+def gemms_with_the_first_input_transposed(model: ModelProto, profile: MarchProfile) -> int:
+    """A Gemm with ``transA`` (torch's ``fc(f.view(c, hw).t())``, a per-pixel MLP; onnxruntime's fusion of a
+    Transpose before a Gemm writes it too) as a Transpose of its first input before a plain Gemm, where
+    ``profile``'s BPU has that Transpose: the BPU's Gemm reads its activation untransposed, so the Gemm ran in
+    float on the CPU and split the BPU graph around it. The count rewritten."""
+    if not _swap_on_bpu(profile, 2):
+        return 0
+    view = GraphView(model)
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx") or not view.attrs(node).get("transA", 0) \
+                or view.is_const(node.input[0]):
+            return None
+        flipped = f"{node.input[0]}_{node.name}_transposed"
+        gemm = helper.make_node("Gemm", [flipped, *node.input[1:]], list(node.output), name=node.name)
+        gemm.attribute.extend(a for a in node.attribute if a.name != "transA")
+        return [helper.make_node("Transpose", [node.input[0]], [flipped], name=f"{node.name}_transpose_a",
+                                 perm=[1, 0]), gemm]
+
+    return rewrite_nodes(model, rewrite)
