@@ -95,6 +95,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
     trace.follow(body)
+    uniform = bpu_forms.uniform_constants_as_scalars(body)  # after onnxruntime folded zeros_like to a constant
+    if uniform:
+        log.info("%d constants whose elements are all equal read as scalars by element-wise ops", uniform)
     # after onnxruntime folded the threshold and beta to constants
     softplus = bpu_forms.softplus_thresholds_dropped(body, placed)
     if softplus:

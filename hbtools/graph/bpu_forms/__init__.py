@@ -27,6 +27,7 @@ from hbtools.graph.bpu_forms.elementwise import (
     expands_as_tiles,
     expands_into_broadcasts,
     squeeze_unsqueeze_pairs,
+    uniform_constants_as_scalars,
 )
 from hbtools.graph.bpu_forms.layout import (
     channel_gathers_into_convs,
@@ -79,6 +80,7 @@ __all__ = [
     "average_pools_over_whole_windows",
     "batch_squeezes_around_elementwise",
     "squeeze_unsqueeze_pairs",
+    "uniform_constants_as_scalars",
     "channel_broadcasts_as_convs",
     "channel_gathers_into_convs",
     "channel_reductions_as_convs",

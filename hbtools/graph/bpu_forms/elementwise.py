@@ -304,3 +304,39 @@ def _without(model: ModelProto, dropped: set[int], renames: dict[str, str]) -> N
             node.input[k] = name
     del model.graph.node[:]
     model.graph.node.extend(kept)
+
+
+_UNIFORM_READERS = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Greater", "Less",
+                    "GreaterOrEqual", "LessOrEqual")
+
+
+def uniform_constants_as_scalars(model: ModelProto) -> int:
+    """A constant whose elements are all equal, read by an element-wise op whose other inputs make the output's
+    shape alone, as the scalar it is (``torch.where(x > t, x, torch.zeros_like(x))``: the exporter folds
+    ``zeros_like`` / ``full_like`` to a constant of the map's whole shape). The scalar form is a function of one
+    tensor, one lookup table on the BPU; the full one ran on the CPU. The count of inputs rewritten."""
+    view = GraphView(model)
+    scalars: dict[str, str] = {}
+    count = 0
+    for node in model.graph.node:
+        if node.op_type not in _UNIFORM_READERS or node.domain not in ("", "ai.onnx"):
+            continue
+        out = view.shapes.get(node.output[0])
+        for k, name in enumerate(node.input):
+            value = view.const(name)
+            if value is None or value.size < 2 or not np.all(value == value.flat[0]):
+                continue
+            others = [view.shapes.get(n) for i, n in enumerate(node.input) if i != k]
+            if out is None or not is_static(out) or not others or any(s is None or not is_static(s) for s in others):
+                continue
+            try:
+                if list(np.broadcast_shapes(*[tuple(s) for s in others])) != list(out):
+                    continue
+            except ValueError:
+                continue
+            if name not in scalars:
+                scalars[name] = f"{name}_scalar"
+                model.graph.initializer.append(numpy_helper.from_array(value.flat[0:1].reshape(()), scalars[name]))
+            node.input[k] = scalars[name]
+            count += 1
+    return count
