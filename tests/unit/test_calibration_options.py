@@ -495,9 +495,10 @@ def test_asymmetric_sigmoid_output(sigmoid_cases: dict[str, Case]) -> None:
 
 def test_asymmetric_in_the_default_search(sigmoid_cases: dict[str, Case]) -> None:
     """default tries its methods with zero points fed to the search session; per_channel is ignored there."""
-    default, asym = sigmoid_cases["default"], sigmoid_cases["default_asym"]
-    # Measured: 0.0108 -> 0.0099.
-    assert asym.error("quantized") < 0.95 * default.error("quantized")
+    plain, asym = sigmoid_cases["plain"], sigmoid_cases["default_asym"]
+    # Measured: 0.0144 (max, symmetric) -> 0.0099. (default alone takes zero points here too: its int8 model
+    # meets the int16 search's goal, ``test_default_search_with_int16_tries_zero_points_only_on_int8_models``.)
+    assert asym.error("quantized") < 0.95 * plain.error("quantized")
     nodes = calibration_nodes(asym.model("calibrated"))
     assert nodes["act_HzCalibration"]["zero_points"] == [-128]
     assert all(a["axis"] == -1 for a in nodes.values())
@@ -525,11 +526,16 @@ def test_default_search_gives_int8_only_marches_zero_points_where_they_help(tmp_
     assert_emulates(x3)
 
 
-def test_default_search_with_int16_keeps_symmetric_grids(sigmoid_cases: dict[str, Case]) -> None:
-    """With int16 to follow, the int16 search serves the sensitive tensors: no zero points unless asked."""
-    default = sigmoid_cases["default"]
-    assert not any("zero_points" in a for a in calibration_nodes(default.model("calibrated")).values())
-    assert not any("zero points" in line for line in default.conv.log)
+def test_default_search_with_int16_tries_zero_points_only_on_int8_models(sigmoid_cases: dict[str, Case],
+                                                                         tmp_path: Path) -> None:
+    """With int16 to follow, the int16 search serves the sensitive tensors: no zero points unless asked (a Relu
+    chain's int8 model scores 0.99985, below the search's goal). Where the int8 model already meets the goal the
+    search gives no tensor int16, and zero points are tried as on a march without int16 (the Sigmoid chain's
+    0.99992; hunt 45 D2)."""
+    relu = run_case(tmp_path, conv_act_conv("Relu"), calibration_type="default")
+    assert not any("zero_points" in a for a in calibration_nodes(relu.model("calibrated")).values())
+    assert not any("zero points" in line for line in relu.conv.log)
+    assert any("zero points on" in line for line in sigmoid_cases["default"].conv.log)
 
 
 def test_lstm_batch_last_still_warns(tmp_path: Path) -> None:
