@@ -6,6 +6,7 @@ such a bound (``thresholds.int16_threshold``) keeps the values other pictures gi
 from __future__ import annotations
 
 import numpy as np
+from onnx import NodeProto
 
 from hbtools.graph.graph import GraphView
 
@@ -19,10 +20,11 @@ _WITHIN_INPUT = ("Relu", "Abs", "Neg", "Identity", "Reshape", "Transpose", "Flat
 
 def value_bounds(view: GraphView) -> dict[str, float]:
     """Tensor -> a bound on its magnitude that holds for any input, for the tensors the rules reach: the ops of
-    ``UNIT_BOUNDED``, a Clip between constants, and what follows them through ops of ``_WITHIN_INPUT``, Concat,
-    nearest or linear Resize, and Mul, Add, Sub of bounded tensors or constants, Div by a constant, Pow with a
-    constant positive exponent."""
+    ``UNIT_BOUNDED``, a Clip between constants, a tensor over its own L2 norm (``_divides_by_own_norm``), and what
+    follows them through ops of ``_WITHIN_INPUT``, Concat, nearest or linear Resize, and Mul, Add, Sub of bounded
+    tensors or constants, Div by a constant, Pow with a constant positive exponent."""
     bounds: dict[str, float] = {}
+    producers = {o: n for n in view.graph.node for o in n.output}
 
     def bound(name: str) -> float | None:
         if not name:
@@ -51,6 +53,8 @@ def value_bounds(view: GraphView) -> dict[str, float]:
         elif op == "Concat":
             parts = [bound(i) for i in node.input]
             out = max(parts) if parts and None not in parts else None
+        elif op in ("Div", "Mul") and len(node.input) == 2 and _divides_by_own_norm(node, view, producers):
+            out = 1.0  # an element over the L2 norm of a group of elements that holds it
         elif op in ("Mul", "Add", "Sub") and len(node.input) == 2:
             second = bound(node.input[1])
             if first is not None and second is not None:
@@ -66,3 +70,55 @@ def value_bounds(view: GraphView) -> dict[str, float]:
         if out is not None and np.isfinite(out):
             bounds.update({o: out for o in node.output if o})
     return bounds
+
+
+# Ops between a norm and the division that keep it at least the norm: eps clamps and additions, broadcasts.
+_NORM_KEEPING = ("Clip", "Max", "Add", "Expand", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
+
+
+def _divides_by_own_norm(node: NodeProto, view: GraphView, producers: dict[str, NodeProto]) -> bool:
+    """Whether ``node`` is ``x / n`` or ``x * (1 / n)`` with ``n`` an L2 norm of ``x`` over some of its axes, kept
+    at least that by an eps (``F.normalize``: ``x / max(||x||, eps)``; ``x / sqrt(sum(x * x) + eps)``; the
+    optimize stage's ``x * Reciprocal(Sqrt(ReduceSum(x * x)))``): each element is at most its group's norm."""
+    x, d = node.input
+    if node.op_type == "Mul":
+        for a, b in ((x, d), (d, x)):
+            r = producers.get(b)
+            if r is not None and r.op_type == "Reciprocal":
+                x, d = a, r.input[0]
+                break
+        else:
+            return False
+
+    def non_negative(name: str) -> bool:
+        c = view.const(name)
+        return c is not None and c.size > 0 and bool(np.all(c >= 0))
+
+    n = producers.get(d)
+    while n is not None and n.op_type in _NORM_KEEPING:
+        if n.op_type in ("Max", "Add") and not (len(n.input) == 2 and non_negative(n.input[1])):
+            return False
+        if n.op_type == "Clip" and ((len(n.input) > 2 and n.input[2]) or "max" in view.attrs(n)):
+            return False  # an upper clip could take the norm below an element
+        n = producers.get(n.input[0])
+    if n is None or view.attrs(n).get("keepdims", 1) != 1:
+        return False
+    if n.op_type == "ReduceL2":
+        return n.input[0] == x
+    if n.op_type != "Sqrt":
+        return False
+    s = producers.get(n.input[0])
+    while s is not None and s.op_type in ("Add", "Max") and len(s.input) == 2 and non_negative(s.input[1]):
+        s = producers.get(s.input[0])  # sqrt(sum + eps)
+    if s is None or view.attrs(s).get("keepdims", 1) != 1:
+        return False
+    if s.op_type == "ReduceSumSquare":
+        return s.input[0] == x
+    square = producers.get(s.input[0]) if s.op_type == "ReduceSum" else None
+    if square is None:
+        return False
+    if square.op_type == "Mul":
+        return list(square.input) == [x, x]
+    return square.op_type == "Pow" and square.input[0] == x and view.const(square.input[1]) is not None and \
+        view.const(square.input[1]).size == 1 and float(view.const(square.input[1]).reshape(-1)[0]) == 2.0
+
