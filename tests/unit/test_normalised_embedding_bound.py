@@ -1,0 +1,89 @@
+"""An L2-normalised embedding's elements lie within 1 whatever the picture; on RDK X5 its int16 grid ended at the
+largest element the calibration samples gave, so a held-out picture with one larger component came back clipped and
+no longer of unit norm (a ReID net's norms 0.96-0.97; hunt 49 D1). A tensor over its own L2 norm is bounded by 1 in
+every form the exporters and the optimize stage write, and its int16 grid reaches the bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from hbtools.cli.hb_mapper import main
+from hbtools.graph.graph import GraphView
+from hbtools.quant.bounds import value_bounds
+from horizon_tc_ui import HB_ONNXRuntime
+
+
+def _normalised(form: str, extra: list | None = None) -> onnx.ModelProto:
+    """Conv 1x1 + Relu -> GlobalAveragePool -> Flatten -> f / ||f|| in ``form``."""
+    weight = np.eye(4, 3, dtype=np.float32)[:, :, None, None]
+    weight[3] = 0.3
+    consts = {"w": weight, "b": np.full(4, 1.0, np.float32), "axes": np.array([1], np.int64),
+              "eps": np.array(1e-12, np.float32), "two": np.array(2.0, np.float32), "big": np.array(5.0, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]), helper.make_node("Flatten", ["p"], ["f"])]
+    if form == "F.normalize":
+        nodes += [helper.make_node("ReduceL2", ["f"], ["n"], axes=[1], keepdims=1),
+                  helper.make_node("Clip", ["n", "eps"], ["n_eps"]),
+                  helper.make_node("Div", ["f", "n_eps"], ["emb"])]
+    elif form == "sqrt-sum-eps":
+        nodes += [helper.make_node("Pow", ["f", "two"], ["sq"]), helper.make_node("ReduceSum", ["sq", "axes"], ["s"]),
+                  helper.make_node("Add", ["s", "eps"], ["s_eps"]), helper.make_node("Sqrt", ["s_eps"], ["n"]),
+                  helper.make_node("Div", ["f", "n"], ["emb"])]
+    elif form == "reciprocal":
+        nodes += [helper.make_node("Mul", ["f", "f"], ["sq"]), helper.make_node("ReduceSum", ["sq", "axes"], ["s"]),
+                  helper.make_node("Sqrt", ["s"], ["n"]), helper.make_node("Reciprocal", ["n"], ["inv"]),
+                  helper.make_node("Mul", ["inv", "f"], ["emb"])]
+    elif form == "upper-clip":  # min(||f||, 5) may be below an element: no bound
+        nodes += [helper.make_node("ReduceL2", ["f"], ["n"], axes=[1], keepdims=1),
+                  helper.make_node("Clip", ["n", "eps", "big"], ["n_eps"]),
+                  helper.make_node("Div", ["f", "n_eps"], ["emb"])]
+    else:  # another tensor's norm: no bound
+        nodes += [helper.make_node("ReduceL2", ["p"], ["n"], axes=[2, 3], keepdims=0),
+                  helper.make_node("Div", ["f", "n"], ["emb"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("form", "bounded"), [("F.normalize", True), ("sqrt-sum-eps", True), ("reciprocal", True),
+                                               ("upper-clip", False), ("other-norm", False)])
+def test_a_tensor_over_its_own_norm_is_bounded_by_one(form: str, bounded: bool) -> None:
+    found = value_bounds(GraphView(_normalised(form)))
+    assert found.get("emb") == (1.0 if bounded else None), found
+
+
+def test_a_normalised_embedding_keeps_unit_norm_on_rdk_x5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    onnx.save(_normalised("F.normalize"), "m.onnx")
+    Path("cal").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):  # grey-ish pictures: no component of the embedding beyond ~0.6
+        (0.5 + rng.normal(0, 0.05, (1, 1, 8, 8)) + rng.normal(0, 0.05, (1, 3, 8, 8))).astype(np.float32).tofile(
+            f"cal/{i}.bin")
+    config = {
+        "model_parameters": {"onnx_model": "m.onnx", "march": "bayes-e", "working_dir": "out",
+                             "output_model_file_prefix": "m"},
+        "input_parameters": {"input_name": "x", "input_type_rt": "featuremap", "input_type_train": "featuremap",
+                             "input_layout_train": "NCHW", "input_shape": "1x3x8x8", "norm_type": "no_preprocess"},
+        "calibration_parameters": {"cal_data_dir": "cal", "cal_data_type": "float32", "calibration_type": "default",
+                                   "optimization": "set_all_nodes_int16"},
+        "compiler_parameters": {"optimize_level": "O2"},
+    }
+    Path("c.yaml").write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(main, ["makertbin", "-c", "c.yaml", "--model-type", "onnx"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    quantized = HB_ONNXRuntime(model_file="out/m_quantized_model.onnx")
+    red = np.zeros((1, 3, 8, 8), np.float32)
+    red[:, 0] = 1.0  # one channel alone: an embedding component of 0.87
+    emb = quantized.run_feature(None, {"x": red})[0]
+    assert abs(float(np.linalg.norm(emb)) - 1) < 2e-3, emb
