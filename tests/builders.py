@@ -210,11 +210,11 @@ def fpn_like(h: int = 16, opset: int = OPSET) -> FloatModel:
 
 
 def bpu_cpu_bpu(h: int = 8, opset: int = OPSET) -> FloatModel:
-    """Conv -> Cos (no BPU op) -> Conv, then a Concat of the first and the last conv: the Concat is
+    """Conv -> LRN (no BPU op) -> Conv, then a Concat of the first and the last conv: the Concat is
     linked to the first BPU part but can only run after the CPU node, so it starts a second subgraph."""
     g = _Graph(7)
     a = g.op("Relu", [g.conv("data", 3, 8)])
-    b = g.conv(g.op("Cos", [g.conv(a, 8, 8)]), 8, 8)
+    b = g.conv(g.op("LRN", [g.conv(a, 8, 8)], size=3), 8, 8)
     out = g.conv(g.op("Concat", [a, b], axis=1), 16, 4, k=1)
     return g.model({"data": [1, 3, h, h]}, [out], opset)
 

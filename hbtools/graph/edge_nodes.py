@@ -46,8 +46,12 @@ def _warn_type_kept(model: BinModel, node_type: str) -> None:
     wanted = node_type.lower()
     kept = [n.name for n in model.load_graph().graph.node
             if modifier.display_type(n).lower() == wanted and n.doc_string != ROUND_TRIP_DOC]
+    sizeless = {name: end for name, end in modifier.unsized(model.load_graph()).items() if name in kept}
     if not kept:
         log.warning("remove_node_type: the model has no %s node; nothing removed", node_type)
+    elif sizeless:
+        name, end = next(iter(sizeless.items()))
+        log.warning("remove_node_type: %s node %s kept: %s", node_type, name, modifier.unsized_reason(end))
     else:
         # Types go in the order listed: a node another type would expose later is not at the edge yet.
         log.warning("remove_node_type: no %s node is next to a model input or output when its turn comes "

@@ -96,7 +96,8 @@ LUT_OPS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Leaky
            "Softplus", "Exp", "Log", "Sqrt", "Pow", "Abs", "Neg", "Erf", "Reciprocal", "Div", "Min", "Max",
            "Gelu", "Mish", "ThresholdedRelu", "PRelu", "Celu", "Softsign",
            # steps and periodic functions: a float remainder ``x - floor(x / c) * c``, fake-quant steps
-           "Floor", "Ceil", "Round", "Sign", "Sin", "Cos",
+           "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
+           "Acosh", "Atanh",
            # a comparison with a constant and what selects or casts by it (torch's F.threshold, Caffe's
            # Threshold): within a run that ends in a float value of the one tensor (``units._lut_unit``)
            *SELECTING_OPS)

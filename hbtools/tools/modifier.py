@@ -51,7 +51,36 @@ class Candidate:
 
 
 def candidates(graph: ModelProto) -> list[Candidate]:
-    """Nodes that can be deleted now, in graph order."""
+    """Nodes that can be deleted now, in graph order. A node whose other side has no static shape (the indices
+    ``NonZero`` or ``NonMaxSuppression`` find: as many as the data gives) is none: the tensor would become a model
+    input or output, and those have fixed shapes (``unsized``)."""
+    found = _at_the_edges(graph)
+    if not found:
+        return found
+    unsized = set(_unsized(graph, found))
+    return [c for c in found if c.name not in unsized]
+
+
+def unsized(graph: ModelProto) -> dict[str, str]:
+    """Nodes at a model input or output that cannot be deleted because the tensor on their other side has no
+    static shape: node name -> that tensor."""
+    return _unsized(graph, _at_the_edges(graph))
+
+
+def _unsized(graph: ModelProto, found: list[Candidate]) -> dict[str, str]:
+    if not found:
+        return {}
+    info = tensor_info(graph)
+    nodes = {n.name: n for n in graph.graph.node if n.name}
+    ends = {c.name: nodes[c.name].output[0] if c.side == "input" else nodes[c.name].input[0] for c in found}
+    return {name: end for name, end in ends.items() if not _static(info.get(end))}
+
+
+def _static(info: TensorInfo | None) -> bool:
+    return info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape)
+
+
+def _at_the_edges(graph: ModelProto) -> list[Candidate]:
     g = graph.graph
     inits = {t.name for t in g.initializer}
     inputs = {vi.name for vi in g.input if vi.name not in inits}
@@ -73,6 +102,11 @@ def candidates(graph: ModelProto) -> list[Candidate]:
                 and n.input[0] not in inputs and n.input[0] not in outputs and n.input[0] not in inits:
             out.append(Candidate(n.name, kind, "output"))
     return out
+
+
+def unsized_reason(tensor: str) -> str:
+    return (f"the tensor '{tensor}' on its other side has no fixed shape (its size depends on the data, as NonZero's "
+            f"or NonMaxSuppression's indices do), and a model input or output needs one")
 
 
 DEQUANTIZE_SUFFIX = "_HzDequantize"
@@ -128,6 +162,8 @@ def refusal(graph: ModelProto, name: str, deleted: Sequence[dict], deletable: Se
         return f"node '{name}' is not in the model{closest_names(name, dict.fromkeys(deletable))}"
     if any(c.name == node.name for c in candidates(graph)):
         return None
+    if node.name in (sizeless := unsized(graph)):
+        return f"node '{name}' cannot be deleted: {unsized_reason(sizeless[node.name])}"
     return (f"node '{name}' ({display_type(node)}) cannot be deleted: it is not a Quantize/Transpose/Cast/Reshape "
             f"right after a model input nor a Transpose/Dequantize/Cast/Reshape/Softmax right before a model output")
 

@@ -20,8 +20,8 @@ C, H = 16, 160  # 409,600 values a map: over the small-subgraph bound of 2**18 m
 
 
 def _islands(kind: str, count: int = 3):
-    """``count`` times: a CPU op (Floor), then ``kind``: a BatchNormalization, a per-channel Mul and Add followed by
-    a SiLU, or a 3x3 depthwise conv (9 multiply-accumulates a value); a Floor at the end."""
+    """``count`` times: a CPU op (LRN), then ``kind``: a BatchNormalization, a per-channel Mul and Add followed by
+    a SiLU, or a 3x3 depthwise conv (9 multiply-accumulates a value); an LRN at the end."""
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "x"
 
@@ -31,7 +31,7 @@ def _islands(kind: str, count: int = 3):
 
     for i in range(count):
         f = f"f{i}"
-        nodes.append(helper.make_node("Floor", [x], [f], name=f"floor{i}"))
+        nodes.append(helper.make_node("LRN", [x], [f], name=f"floor{i}", size=3))
         if kind == "batchnorm":
             params = [const(f"{p}{i}", rng.uniform(0.5, 1.5, C)) for p in "sbmv"]
             nodes.append(helper.make_node("BatchNormalization", [f, *params], [f"y{i}"], name=f"bn{i}"))
@@ -46,7 +46,7 @@ def _islands(kind: str, count: int = 3):
             nodes.append(helper.make_node("Conv", [f, const(f"w{i}", rng.uniform(-0.3, 0.3, (C, 1, 3, 3)))],
                                           [f"y{i}"], name=f"dw{i}", group=C, kernel_shape=[3, 3], pads=[1] * 4))
         x = f"y{i}"
-    nodes.append(helper.make_node("Floor", [x], ["out"], name="floor_last"))
+    nodes.append(helper.make_node("LRN", [x], ["out"], name="floor_last", size=3))
     shape = [1, C, H, H]
     graph = helper.make_graph(nodes, kind, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], inits)

@@ -207,13 +207,14 @@ def test_node_info_int8_and_int16_outputs_of_an_argmax(tmp_path: Path, caplog: p
 
 
 def _segmenter_between(before: str | None, after: str | None) -> onnx.ModelProto:
-    """The segmenter with a CPU-only op (Sin) on its logits ``before`` the ArgMax, or a Cast of its label map
+    """The segmenter with a CPU-only op (Hardmax over the channels) on its logits ``before`` the ArgMax, or a Cast
+    of its label map
     to uint8 ``after`` it."""
     model = _segmenter().model
     graph = model.graph
     if before:
         graph.node[-1].input[0] = "sin"
-        graph.node.insert(len(graph.node) - 1, helper.make_node("Sin", ["logits"], ["sin"], name="sin"))
+        graph.node.insert(len(graph.node) - 1, helper.make_node("Hardmax", ["logits"], ["sin"], name="sin", axis=1))
     if after:
         graph.node.append(helper.make_node("Cast", ["label"], ["label_u8"], to=TensorProto.UINT8, name="cast"))
         graph.output[0].name, graph.output[0].type.tensor_type.elem_type = "label_u8", TensorProto.UINT8

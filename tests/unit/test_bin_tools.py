@@ -381,7 +381,7 @@ def test_perf_replaces_a_models_report_as_one_set(tmp_path, in_tmp, monkeypatch)
     interrupted half-way through its files leaves the previous report whole."""
     from hbtools import outputs
 
-    two = build_bin(tmp_path / "two", bpu_cpu_bpu(), prefix="m").bin  # 2 BPU subgraphs around a CPU Cos
+    two = build_bin(tmp_path / "two", bpu_cpu_bpu(), prefix="m").bin  # 2 BPU subgraphs around a CPU LRN
     one = build_bin(tmp_path / "one", "resnet_like", prefix="m").bin
     folder = in_tmp / "hb_perf_result" / "m"
     assert invoke(hb_perf.main, [two]).exit_code == 0

@@ -30,7 +30,7 @@ def _model(form: str) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("march", ["bayes-e", "bernoulli2"])
-@pytest.mark.parametrize("form", ["remainder", "round", "Ceil", "Sign", "Sin", "Cos"])
+@pytest.mark.parametrize("form", ["remainder", "round", "Ceil", "Sign", "Sin", "Cos", "Atan", "Sinh"])
 def test_step_and_periodic_functions_are_one_table_on_the_bpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               march: str, form: str) -> None:
     monkeypatch.chdir(tmp_path)

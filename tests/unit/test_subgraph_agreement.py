@@ -32,8 +32,8 @@ def test_all_tools_agree_on_bpu_cpu_bpu(tmp_path, monkeypatch) -> None:
     assert checked.exit_code == 0, checked.output
     rows = table(made.output)
     assert rows == table(checked.output)
-    # Concat_0 reads Relu_0 (first part) and Conv_2 (behind the CPU Cos): second subgraph
-    assert (rows["Conv_1"], rows["Cos_0"], rows["Conv_2"], rows["Concat_0"]) == ("id(0)", "--", "id(1)", "id(1)")
+    # Concat_0 reads Relu_0 (first part) and Conv_2 (behind the CPU LRN): second subgraph
+    assert (rows["Conv_1"], rows["LRN_0"], rows["Conv_2"], rows["Concat_0"]) == ("id(0)", "--", "id(1)", "id(1)")
     assert "The model has 2 BPU subgraph(s)" in checked.output
     counts = subgraph_counts(project.artefact("bin"), tmp_path)
     assert set(counts.values()) == {2}, counts
