@@ -139,6 +139,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     kept = bpu_forms.scalar_reductions_kept_as_maps(body)
     if kept:
         log.info("%d reductions of a whole tensor keep its rank (keepdims) and leave out a batch axis of one", kept)
+    lp = bpu_forms.lp_normalizations_as_divisions(body) if profile is not None else 0
+    if lp:
+        log.info("%d LpNormalizations written as divisions by the norm", lp)
     # First: the rewrites and integer kernels after this read a node's padding from its pads.
     normed = bpu_forms.norms_as_sums(body, profile) if profile is not None else 0
     if normed:

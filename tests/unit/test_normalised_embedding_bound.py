@@ -87,3 +87,37 @@ def test_a_normalised_embedding_keeps_unit_norm_on_rdk_x5(tmp_path: Path, monkey
     red[:, 0] = 1.0  # one channel alone: an embedding component of 0.87
     emb = quantized.run_feature(None, {"x": red})[0]
     assert abs(float(np.linalg.norm(emb)) - 1) < 2e-3, emb
+
+
+def _lp(p: int) -> onnx.ModelProto:
+    model = _normalised("F.normalize")
+    nodes = [n for n in model.graph.node if n.op_type in ("Conv", "Relu", "GlobalAveragePool", "Flatten")]
+    nodes.append(helper.make_node("LpNormalization", ["f"], ["emb"], name="lpnorm", axis=1, p=p))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_normalization_runs_on_the_bpu_of_rdk_x5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, p: int) -> None:
+    """ONNX's LpNormalization ran on the CPU ("not supported") where the same division by ReduceL2 ran on the BPU
+    (hunt 49 D3): it is written as that division, with the same values (0 for a zero vector, as onnxruntime's)."""
+    import onnxruntime as ort
+
+    from hbtools.march.profiles import get_profile
+    from hbtools.pipeline import optimize
+
+    model = _lp(p)
+    optimized = optimize.run(model, get_profile("bayes-e"))
+    assert "LpNormalization" not in {n.op_type for n in optimized.graph.node}
+    if p == 2:
+        assert value_bounds(GraphView(optimized)).get("emb") == 1.0
+    for x in (np.random.default_rng(3).normal(0.5, 0.5, (1, 3, 8, 8)), np.full((1, 3, 8, 8), -10.0)):
+        want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": x.astype(np.float32)})[0] for m in (model, optimized))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    monkeypatch.chdir(tmp_path)
+    onnx.save(model, "m.onnx")
+    result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", "m.onnx"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0 and "1 BPU subgraph(s) and 0 CPU node(s)" in result.output, result.output

@@ -62,6 +62,7 @@ from hbtools.graph.bpu_forms.pools import (
 from hbtools.graph.bpu_forms.reductions import (
     axis_reductions_as_pools,
     channel_reductions_as_convs,
+    lp_normalizations_as_divisions,
     norms_as_sums,
     reductions_over_the_first_axis,
     scalar_reductions_kept_as_maps,
@@ -107,6 +108,7 @@ __all__ = [
     "matmuls_of_vectors",
     "matmuls_read_in_slices",
     "matmuls_with_the_weight_second",
+    "lp_normalizations_as_divisions",
     "norms_as_sums",
     "one_row_chains_as_4d",
     "parallel_convs_merged",

@@ -365,3 +365,37 @@ def channel_reductions_as_convs(model: ModelProto, profile: MarchProfile,
         return [helper.make_node("Conv", [node.input[0], weight], [out], name=node.name, kernel_shape=[1, 1])]
 
     return rewrite_nodes(model, as_conv) - len(dropped)
+
+
+def lp_normalizations_as_divisions(model: ModelProto) -> int:
+    """ONNX's ``LpNormalization`` (exporters other than torch write an embedding's L2 normalisation so) as the
+    division by the norm that ``F.normalize`` exports: ``x / max(sqrt(sum(x * x)), tiny)`` over its axis (``p=1``:
+    ``sum(|x|)``), whose parts the BPU has; the op itself ran on the CPU. Where the norm is 0 (x is) the result is
+    0, as onnxruntime's kernel gives. The count rewritten."""
+    view = GraphView(model)
+    opset = _opset(model)
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        shape = view.shapes.get(node.input[0])
+        if node.op_type != "LpNormalization" or node.domain not in ("", "ai.onnx") or shape is None:
+            return None
+        a = view.attrs(node)
+        p, axis = int(a.get("p", 2)), int(a.get("axis", -1)) % len(shape)
+        if p not in (1, 2):
+            return None
+        x, name = node.input[0], node.name or node.output[0]
+        tiny = f"{name}_tiny"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(np.finfo(np.float32).tiny, np.float32), tiny))
+        nodes = [helper.make_node("Mul", [x, x], [f"{name}_squares"], name=f"{name}_squares") if p == 2 else
+                 helper.make_node("Abs", [x], [f"{name}_squares"], name=f"{name}_abs"),
+                 _axes_node(model, opset, "ReduceSum", f"{name}_squares", f"{name}_sum", [axis], f"{name}_sum",
+                            keepdims=1)]
+        total = f"{name}_sum"
+        if p == 2:
+            nodes.append(helper.make_node("Sqrt", [total], [f"{name}_norm"], name=f"{name}_sqrt"))
+            total = f"{name}_norm"
+        nodes += [helper.make_node("Max", [total, tiny], [f"{name}_norm_tiny"], name=f"{name}_tiny"),
+                  helper.make_node("Div", [x, f"{name}_norm_tiny"], list(node.output), name=node.name)]
+        return nodes
+
+    return rewrite_nodes(model, rewrite)
