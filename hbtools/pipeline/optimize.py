@@ -95,6 +95,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     # partition, calibration and tables key on node names.
     name_unnamed_nodes(body)
     trace.follow(body)
+    scatters = bpu_forms.constant_scatters_as_masks(body)  # after onnxruntime folded the indices' shape arithmetic
+    if scatters:
+        log.info("%d ScatterNDs of constant updates at constant indices written as a product by a mask", scatters)
     uniform = bpu_forms.uniform_constants_as_scalars(body)  # after onnxruntime folded zeros_like to a constant
     if uniform:
         log.info("%d constants whose elements are all equal read as scalars by element-wise ops", uniform)

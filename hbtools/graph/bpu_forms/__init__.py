@@ -23,6 +23,7 @@ from hbtools.graph.bpu_forms.convs import (
 from hbtools.graph.bpu_forms.elementwise import (
     batch_squeezes_around_elementwise,
     channel_broadcasts_as_convs,
+    constant_scatters_as_masks,
     divisions_as_reciprocal_products,
     expands_as_tiles,
     expands_into_broadcasts,
@@ -80,6 +81,7 @@ __all__ = [
     "auto_pads_as_pads",
     "average_pools_over_whole_windows",
     "batch_squeezes_around_elementwise",
+    "constant_scatters_as_masks",
     "squeeze_unsqueeze_pairs",
     "uniform_constants_as_scalars",
     "channel_broadcasts_as_convs",

@@ -340,3 +340,38 @@ def uniform_constants_as_scalars(model: ModelProto) -> int:
             node.input[k] = scalars[name]
             count += 1
     return count
+
+
+def constant_scatters_as_masks(model: ModelProto) -> int:
+    """A ScatterND of constant updates at constant indices into a float map (``f[:, :, 0, :] = 0``: a border zeroed
+    in place, which torch exports as a ScatterND) as ``f * mask + values``: the mask 0 where the updates go and 1
+    elsewhere, the values the updates there and 0 elsewhere (no Add where they are all 0). The BPU multiplies and
+    adds by constants and has no scatter: the ScatterND ran on the CPU between two BPU subgraphs. The count."""
+    view = GraphView(model)
+
+    def rewrite(node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type != "ScatterND" or node.domain not in ("", "ai.onnx") or len(node.input) != 3 \
+                or view.attrs(node).get("reduction", "none") not in ("none", b"none"):
+            return None
+        shape = view.shapes.get(node.input[0])
+        indices, updates = view.const(node.input[1]), view.const(node.input[2])
+        if shape is None or not is_static(shape) or indices is None or updates is None or view.is_const(node.input[0]) \
+                or view.elem_types.get(node.input[0]) != onnx.TensorProto.FLOAT:
+            return None
+        mask = np.ones(shape, np.float32)
+        values = np.zeros(shape, np.float32)
+        try:
+            index = tuple(np.moveaxis(indices.astype(np.int64), -1, 0))
+            mask[index] = 0
+            values[index] = updates
+        except (IndexError, ValueError):
+            return None
+        name = node.name or node.output[0]
+        model.graph.initializer.append(numpy_helper.from_array(mask, f"{name}_mask"))
+        if not values.any():
+            return [helper.make_node("Mul", [node.input[0], f"{name}_mask"], list(node.output), name=node.name)]
+        model.graph.initializer.append(numpy_helper.from_array(values, f"{name}_values"))
+        return [helper.make_node("Mul", [node.input[0], f"{name}_mask"], [f"{name}_kept"], name=f"{name}_mask"),
+                helper.make_node("Add", [f"{name}_kept", f"{name}_values"], list(node.output), name=node.name)]
+
+    return rewrite_nodes(model, rewrite)
