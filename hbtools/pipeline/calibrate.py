@@ -600,7 +600,11 @@ def _collect(optimized: ModelProto, plan: CalibrationPlan, samples: Samples, cou
         _non_finite_outputs(non_finite, collector.samples, keep and not eval_feeds, generated)
     log.info("calibration statistics from %d samples over %d tensors", collector.samples, len(collector.stats))
     if collector.samples > 1 and not generated:
-        _warn_unvaried(first, collector.samples)
+        # an input only float CPU nodes read (an NMS threshold, hunt 48 D7) has no grid to clip it: warned of are
+        # those calibrated, or read by a node whose result is
+        calibrated = {p.tensor for p in plan.activations}
+        gridded = {i for n in optimized.graph.node if calibrated & set(n.output) for i in n.input}
+        _warn_unvaried({k: v for k, v in first.items() if k in calibrated or k in gridded}, collector.samples)
     if any(other.samples == 0 for other in without):
         # one calibration sample: a fold fitted to no sample at all would decide (every method scored alike, and
         # zero points that helped the sample were dropped); the searches judge on the samples themselves

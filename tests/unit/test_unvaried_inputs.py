@@ -48,3 +48,23 @@ def test_an_input_the_same_in_every_calibration_sample_is_named(tmp_path: Path, 
         assert not named, named
     else:
         assert len(named) == 1 and "in all 4 calibration samples (1, 1)" in named[0], named
+
+
+def test_an_input_only_float_cpu_nodes_read_is_not_named(tmp_path: Path) -> None:
+    """A score threshold fed as an input and read by a comparison on the CPU (an NMS's thresholds) has no grid: the
+    WARNING said other values are "clipped on the board", and nothing clips them (hunt 48 D7)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Greater", ["c", "thr"], ["keep"], name="keep")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+                                           helper.make_tensor_value_info("thr", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4, 8, 8]),
+                               helper.make_tensor_value_info("keep", TensorProto.BOOL, [1, 4, 8, 8])],
+                              [numpy_helper.from_array(rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    fm = FloatModel(onnx.shape_inference.infer_shapes(model), {"x": [1, 3, 8, 8], "thr": [1]}, {"x", "thr"})
+    project = make_project(tmp_path / "p", fm, calibration_type="max", cal_count=3)
+    for f in sorted((project.root / "cal_thr").iterdir()):
+        np.array([0.5], np.float32).tofile(f)
+    log = convert(project).log
+    assert not [line for line in log if "has the same values" in line], log
