@@ -231,8 +231,9 @@ def _check_input(spec: InputSpec, label: str, batch: int, march: str) -> None:
                        "input_layout_rt says; leave input_layout_rt out for the usual NHWC", label)
     elif march == "bernoulli2" and spec.layout_rt == "NCHW" and spec.type_rt not in ("featuremap", "nv12"):
         # The X3 artefacts take image inputs NHWC (SPEC §5); data laid out as configured would be misread.
-        logger.warning("%s: on bernoulli2 the converted model takes %s data in NHWC whatever input_layout_rt "
-                       "says; feed it NHWC (hrt_model_exec model_info shows the layout)", label, spec.type_rt)
+        logger.warning("%s: on bernoulli2 the quantized model and the .bin take %s data in NHWC whatever "
+                       "input_layout_rt says (the float and calibrated models take it NCHW, as configured); feed "
+                       "them NHWC (hrt_model_exec model_info shows the layout)", label, spec.type_rt)
     _check_shape(spec, label, batch)
     if spec.shape is not None and featuremap_norm_refused(spec):
         raise group_error(IN, f"{label}: {FEATUREMAP_NORM_REFUSED}")
