@@ -206,6 +206,11 @@ def _const_shapes(node: NodeProto, view: GraphView) -> str:
     return ", ".join(str(list(view.const(i).shape)) for i in node.input if i and view.is_const(i))
 
 
+# Reductions the optimize stage writes as pools or convs over 4-D maps where the BPU has no reduction (RDK X3): for
+# the others (ReduceL2, ReduceProd, ...) the rank is not what keeps them off it (hunt 49 D4).
+_REDUCTIONS_WITH_4D_FORMS = ("ReduceMean", "ReduceMax", "ReduceSum")
+
+
 def _untaken_rank(node: NodeProto, acts: list[str], view: GraphView, profile: MarchProfile) -> str | None:
     """Where ``node`` reads a tensor of a rank the march's BPU takes for no op (a 5-D one on RDK X3), that as a
     reason."""
@@ -246,8 +251,8 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
         # a Flatten after the pool it wrote for a ReduceMean): the user's model may have no such op
         written = f" (the optimize stage wrote {user or node.name} as one)" if node.domain == DOMAIN else \
             f" (the optimize stage wrote this {op} for {user})" if user else ""
-        rank = _untaken_rank(node, acts, view, profile) if op.startswith("Reduce") else None
-        if rank is not None:  # the optimize stage gives reductions of 4-D maps BPU forms (pools, convs)
+        rank = _untaken_rank(node, acts, view, profile) if op in _REDUCTIONS_WITH_4D_FORMS else None
+        if rank is not None:  # the optimize stage gives these reductions of 4-D maps BPU forms (pools, convs)
             return _cpu(node, acts, rank)
         if op == "Einsum" and node.domain in ("", "ai.onnx"):
             equation = view.attrs(node).get("equation", b"")

@@ -121,3 +121,15 @@ def test_lp_normalization_runs_on_the_bpu_of_rdk_x5(tmp_path: Path, monkeypatch:
     result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", "m.onnx"],
                                 catch_exceptions=False)
     assert result.exit_code == 0 and "1 BPU subgraph(s) and 0 CPU node(s)" in result.output, result.output
+
+
+def test_rdk_x3_names_what_keeps_an_embeddings_norm_on_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RDK X3 has no L2 reduction in any rank: the reason said "ReduceL2 on a 2-D tensor [1, 4] ... takes 4-D tensors
+    only", as if a 4-D embedding would run on the BPU (hunt 49 D4)."""
+    monkeypatch.chdir(tmp_path)
+    onnx.save(_normalised("F.normalize"), "m.onnx")
+    result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bernoulli2", "--model",
+                                       "m.onnx"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.split()[1:2] == ["ReduceL2"])
+    assert "ReduceL2 is not supported on the BPU of bernoulli2" in row, row
