@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.bpu_forms._common import _opset
+from hbtools.graph.bpu_forms._common import _axes_node, _opset
 from hbtools.graph.graph import GraphView, is_static, remove_dead_nodes, rewrite_nodes
 
 
@@ -340,38 +340,130 @@ def splits_undoing_concats(model: ModelProto) -> int:
 
 
 def sequences_as_concats(model: ModelProto) -> int:
-    """``ConcatFromSequence`` of a ``SequenceConstruct`` (``torch.cat`` of a Python list in some exports) as the
-    ``Concat`` of the tensors the sequence holds (with ``new_axis``: of each with that axis added, as
-    ``torch.stack``): onnx's shape inference follows no sequence, so every shape after one was lost, and the
-    BPU has no sequence op. The count rewritten."""
+    """Sequences whose tensors are known when the model is built, as those tensors: a ``SequenceConstruct`` or
+    ``SequenceEmpty``, a ``SplitToSequence`` with constant sizes (or none: pieces of one), and what a
+    ``SequenceInsert`` / ``SequenceErase`` at a constant position makes of them; a ``SequenceAt`` of a constant
+    position is that tensor, a ``SequenceLength`` a constant, and a ``ConcatFromSequence`` the ``Concat`` of the
+    tensors (with ``new_axis``: of each with that axis added, as ``torch.stack``). TorchScript writes
+    ``torch.split`` / ``unbind`` and list edits so, and ``torch.cat`` of a list in some exports. onnx's shape
+    inference follows no sequence, so every shape after one was lost, and the BPU has no sequence op: it ran on the
+    CPU between two BPU subgraphs. Sequences read by anything else stay as they are. The count of nodes rewritten."""
     view = GraphView(model)
+    opset = _opset(model)
+    known: dict[str, list[str]] = {}  # a sequence -> the tensors it holds
+    nodes: list[NodeProto] = []
+    count = 0
 
-    def rewrite(node: NodeProto) -> list[NodeProto] | None:
-        if node.op_type != "ConcatFromSequence" or node.domain not in ("", "ai.onnx"):
+    def position(name: str, length: int, default: int) -> int | None:
+        if not name:
+            return default
+        value = view.const(name)
+        if value is None or value.size != 1:
             return None
-        made = view.producer.get(node.input[0])
-        if made is None or made.op_type != "SequenceConstruct":
-            return None
-        a = view.attrs(node)
-        axis, new_axis = int(a.get("axis", 0)), int(a.get("new_axis", 0))
-        parts, nodes = list(made.input), []
-        if new_axis:  # stack: each part with the new axis first
-            rank = next((len(view.shapes[t]) for t in parts if view.shapes.get(t) is not None), None)
-            if rank is None and axis < 0:
-                return None
-            where = axis if axis >= 0 else axis + rank + 1
-            axes = f"{node.output[0]}_{node.name}_axes"
-            model.graph.initializer.append(numpy_helper.from_array(np.array([where], np.int64), axes))
-            stacked = []
-            for k, t in enumerate(parts):
-                stacked.append(f"{t}_{node.name}_unsqueezed{k}")
-                inputs, attrs = ([t, axes], {}) if _opset(model) >= 13 else ([t], {"axes": [where]})
-                nodes.append(helper.make_node("Unsqueeze", inputs, [stacked[-1]], name=f"{node.name}_unsqueeze{k}",
-                                              **attrs))
-            parts, axis = stacked, where
-        return [*nodes, helper.make_node("Concat", parts, [node.output[0]], name=node.name, axis=axis)]
+        k = int(value.reshape(-1)[0])
+        return k + length if k < 0 else k
 
-    count = rewrite_nodes(model, rewrite)
+    def constant(name: str, value: np.ndarray) -> str:
+        model.graph.initializer.append(numpy_helper.from_array(value, name))
+        return name
+
+    for node in model.graph.node:
+        nodes.append(node)
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        op, ins = node.op_type, list(node.input)
+        if op == "SequenceConstruct":
+            known[node.output[0]] = ins
+        elif op == "SequenceEmpty":
+            known[node.output[0]] = []
+        elif op == "SequenceInsert" and ins[0] in known:
+            held = list(known[ins[0]])
+            k = position(ins[2] if len(ins) > 2 else "", len(held), len(held))
+            if k is not None and 0 <= k <= len(held):
+                known[node.output[0]] = [*held[:k], ins[1], *held[k:]]
+        elif op == "SequenceErase" and ins[0] in known:
+            held = list(known[ins[0]])
+            k = position(ins[1] if len(ins) > 1 else "", len(held), len(held) - 1)
+            if k is not None and 0 <= k < len(held):
+                known[node.output[0]] = held[:k] + held[k + 1:]
+        elif op == "SplitToSequence":
+            pieces = _split_pieces(node, view, model, opset)
+            if pieces is not None:
+                split_nodes, names = pieces
+                nodes[-1:] = [*split_nodes, node]  # the sequence node stays for any other reader
+                known[node.output[0]] = names
+        elif op == "SequenceAt" and ins[0] in known:
+            held = known[ins[0]]
+            k = position(ins[1], len(held), 0)
+            if k is not None and 0 <= k < len(held):
+                nodes[-1] = helper.make_node("Identity", [held[k]], list(node.output), name=node.name)
+                count += 1
+        elif op == "SequenceLength" and ins[0] in known:
+            value = constant(f"{node.output[0]}_{node.name}_length", np.array(len(known[ins[0]]), np.int64))
+            nodes[-1] = helper.make_node("Identity", [value], list(node.output), name=node.name)
+            count += 1
+        elif op == "ConcatFromSequence" and known.get(ins[0]):
+            nodes[-1:] = _concat_of(node, known[ins[0]], view, model, opset)
+            count += 1
     if count:
-        remove_dead_nodes(model)  # the SequenceConstruct nothing reads now
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        remove_dead_nodes(model)  # the sequence nodes nothing reads now
     return count
+
+
+def _split_pieces(node: NodeProto, view: GraphView, model: ModelProto,
+                  opset: int) -> tuple[list[NodeProto], list[str]] | None:
+    """A ``SplitToSequence`` of constant sizes as a ``Split`` (then a ``Squeeze`` of each piece where ``keepdims`` is
+    0 and no sizes are given): its nodes and the pieces; None where the pieces are known only at run time."""
+    a = view.attrs(node)
+    shape = view.shapes.get(node.input[0])
+    if shape is None:
+        return None
+    axis = int(a.get("axis", 0)) % len(shape)
+    length = shape[axis]
+    given = node.input[1] if len(node.input) > 1 and node.input[1] else ""
+    sizes = view.const(given) if given else None
+    if given and sizes is None:
+        return None
+    if sizes is None or sizes.ndim == 0:
+        if not isinstance(length, int):
+            return None
+        chunk = 1 if sizes is None else int(sizes)
+        sizes = np.array([chunk] * (length // chunk) + ([length % chunk] if length % chunk else []), np.int64)
+    sizes = sizes.astype(np.int64).reshape(-1)
+    name = node.name or node.output[0]
+    pieces = [f"{node.output[0]}_{name}_piece{k}" for k in range(len(sizes))]
+    if opset >= 13:
+        split_sizes = f"{name}_split_sizes"
+        model.graph.initializer.append(numpy_helper.from_array(sizes, split_sizes))
+        split = helper.make_node("Split", [node.input[0], split_sizes], pieces, name=f"{name}_split", axis=axis)
+    else:
+        split = helper.make_node("Split", [node.input[0]], pieces, name=f"{name}_split", axis=axis,
+                                 split=sizes.tolist())
+    squeeze = not given and not int(a.get("keepdims", 1))
+    if not squeeze:
+        return [split], pieces
+    nodes, names = [split], []
+    for k, piece in enumerate(pieces):
+        names.append(f"{piece}_squeezed")
+        nodes.append(_axes_node(model, opset, "Squeeze", piece, names[-1], [axis], f"{name}_squeeze{k}"))
+    return nodes, names
+
+
+def _concat_of(node: NodeProto, parts: list[str], view: GraphView, model: ModelProto, opset: int) -> list[NodeProto]:
+    """A ``ConcatFromSequence`` of a sequence holding ``parts`` as a ``Concat`` (``new_axis``: of each with it)."""
+    a = view.attrs(node)
+    axis, new_axis = int(a.get("axis", 0)), int(a.get("new_axis", 0))
+    nodes = []
+    if new_axis:  # stack: each part with the new axis first
+        rank = next((len(view.shapes[t]) for t in parts if view.shapes.get(t) is not None), None)
+        if rank is None and axis < 0:
+            return [node]
+        where = axis if axis >= 0 else axis + rank + 1
+        stacked = []
+        for k, t in enumerate(parts):
+            stacked.append(f"{t}_{node.name}_unsqueezed{k}")
+            nodes.append(_axes_node(model, opset, "Unsqueeze", t, stacked[-1], [where], f"{node.name}_unsqueeze{k}"))
+        parts, axis = stacked, where
+    return [*nodes, helper.make_node("Concat", parts, [node.output[0]], name=node.name, axis=axis)]
