@@ -509,10 +509,12 @@ def _no_ops_removed(model: ModelProto) -> None:
             if producer is not None and src not in outputs \
                     and sum(src in references(n) for n in model.graph.node) == 1:  # sub-graphs read by name too
                 producer.output[list(producer.output).index(src)] = out
-            elif out not in outputs and not any(_has_subgraph(n) for n in model.graph.node if out in references(n)):
-                # the input has other readers (or is a graph input): the node's readers read it instead
+            elif out not in outputs:
+                # the input has other readers (or is a graph input): the node's readers read it instead, inside the
+                # bodies of an If or Loop too (a Dropout whose output a branch read stayed, "not supported")
                 for reader in model.graph.node:
                     reader.input[:] = [src if name == out else name for name in reader.input]
+                    _rename_in_bodies(reader, out, src)
             else:
                 continue
             model.graph.node.remove(node)
@@ -539,6 +541,19 @@ def _single_picks_as_squeezes(model: ModelProto) -> None:
             continue
         model.graph.node[k].CopyFrom(_axes_node(model, _opset(model), "Squeeze", node.input[0], node.output[0],
                                                 [axis % len(shape)], node.name))
+
+
+def _rename_in_bodies(node: NodeProto, old: str, new: str) -> None:
+    """Inside the graphs ``node`` holds (an If's branches, a Loop's body) at any depth, read ``new`` where an input
+    read the outer tensor ``old`` (names are unique across a model and its graphs: no body makes an ``old``)."""
+    for attr in node.attribute:
+        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            for inner in graph.node:
+                inner.input[:] = [new if name == old else name for name in inner.input]
+                _rename_in_bodies(inner, old, new)
+            for out in graph.output:  # a body output that is the outer tensor itself
+                if out.name == old:
+                    out.name = new
 
 
 def _has_subgraph(node: NodeProto) -> bool:
