@@ -4,7 +4,6 @@ supported on the BPU" (hunt 48 D10): it goes like any other, its readers inside 
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
