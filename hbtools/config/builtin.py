@@ -185,7 +185,9 @@ def builtin_config(model_path: str | Path, model_type: str, march: str, input_sh
     config = config_from_dict(raw, model_type, Path.cwd())
     for spec in config.inputs:
         shown = "x".join(map(str, shapes[spec.name])) or "scalar"
-        log.info("input '%s': shape %s, treated as %s (%s)", spec.name, shown, spec.type_train, spec.layout_train)
+        # a featuremap's values go in as they are, in whatever layout the model reads them: none is named
+        log.info("input '%s': shape %s, treated as %s", spec.name, shown, spec.type_train if spec.type_train ==
+                 "featuremap" else f"{spec.type_train} ({spec.layout_train})")
     if fast_perf:
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, fast_perf=True))
     return config

@@ -697,6 +697,7 @@ def test_the_checker_checks_a_model_with_a_uint8_picture_input(tmp_path: Path) -
     checked = checker(_save(model))
     assert checked.exit_code == 0, checked.output
     assert "input 'picture': shape 1x8x8x3, treated as featuremap" in checked.output
+    assert "featuremap (NCHW)" not in checked.output  # the model reads it NHWC (hunt 48 D6)
 
 
 def test_dynamic_inputs_are_named_together(tmp_path: Path) -> None:
