@@ -72,8 +72,9 @@ def value_bounds(view: GraphView) -> dict[str, float]:
     return bounds
 
 
-# Ops between a norm and the division that keep it at least the norm: eps clamps and additions, broadcasts.
-_NORM_KEEPING = ("Clip", "Max", "Add", "Expand", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten")
+# Ops between a norm and the division that keep it at least the norm, each at its elements' places: eps clamps and
+# additions, broadcasts (a Reshape could put one group's norm beside another group's elements).
+_NORM_KEEPING = ("Clip", "Max", "Add", "Expand", "Identity")
 
 
 def _divides_by_own_norm(node: NodeProto, view: GraphView, producers: dict[str, NodeProto]) -> bool:

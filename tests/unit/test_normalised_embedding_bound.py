@@ -133,3 +133,16 @@ def test_rdk_x3_names_what_keeps_an_embeddings_norm_on_the_cpu(tmp_path: Path, m
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if line.split()[1:2] == ["ReduceL2"])
     assert "ReduceL2 is not supported on the BPU of bernoulli2" in row, row
+
+
+def test_a_norm_moved_to_other_places_gives_no_bound() -> None:
+    """Each pixel's norm over the channels, reshaped onto the channels: an element is divided by another group's
+    norm and may exceed 1."""
+    nodes = [helper.make_node("ReduceL2", ["x"], ["n"], axes=[1], keepdims=1),
+             helper.make_node("Reshape", ["n", "shape"], ["moved"]),
+             helper.make_node("Div", ["x", "moved"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 2])],
+                              [numpy_helper.from_array(np.array([1, 4, 1, 1], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert "y" not in value_bounds(GraphView(model))
