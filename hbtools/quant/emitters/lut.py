@@ -32,8 +32,11 @@ def emit(state: EmitState, unit: Unit) -> None:
     # ... and their results go on the output grid as that fake quant puts them (float32 division).
     table = grids.quantize(y, np.float32(qt.scale[0]), qt.bits, zero_point=qt.zero_point,
                            asymmetric=state.acts[out].asymmetric)
-    # inf saturates in the clip; NaN (a function undefined at some input level) has no grid value: 0
-    table = np.where(np.isnan(table), np.float32(qt.zero_point), table)
+    # inf saturates in the clip; NaN (a function undefined at some input level: Sqrt or Log of a negative level)
+    # takes the lowest level, as the calibrated model's fake quant gives it (its Clip's lower bound), so that the
+    # two agree there too
+    lowest = grids.grid_bounds(qt.bits, asymmetric=state.acts[out].asymmetric)[0]
+    table = np.where(np.isnan(table), np.float32(lowest), table)
     # Only the reachable, varying part is stored (an int16 input has 65536 levels), packed.
     table, in_min = HzLut.compact(table.astype(np.int64), qmin)
     state.nodes.append(HzLut.make_node([xq.name], [qt.name], unit.main.name, table=packed_table(table),
