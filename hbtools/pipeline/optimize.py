@@ -43,6 +43,7 @@ from hbtools.graph.graph import (
     topological_sort,
 )
 from hbtools.graph.layer_norm import fuse_layer_norms
+from hbtools.graph.loops import constant_loops_unrolled
 from hbtools.graph.masks import MASKED_LOGIT, constant_masks, masked_logits_clamped
 from hbtools.graph.model_io import with_horizon_domain
 from hbtools.graph.origins import OriginTrace, record_fusions, record_origins
@@ -71,6 +72,9 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     recurrent = _recurrent_nodes(body)
     # Before onnxruntime loads the graph too: it has no kernel for batch-first (layout 1) layers.
     unroll_recurrences(body, placed, everything=all_bpu, explain=False, profile=profile)
+    loops = constant_loops_unrolled(body)
+    if loops:
+        log.info("%d Loops of a constant trip count written out step by step", loops)
     contrib = expand_contrib_ops(body)
     if contrib:
         log.info("%d onnxruntime contrib ops (FusedConv, Gelu, ...) written as the standard ops they fuse", contrib)
