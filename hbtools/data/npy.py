@@ -39,9 +39,11 @@ def float32_overflow(data: np.ndarray) -> int:
 
 
 def nan_warning(name: str, data: np.ndarray) -> str | None:
-    """A warning for NaN values in a float feed of input ``name`` (None: there are none). A calibrated model carries
-    NaN through its fake quantization, a quantized one (the BPU too) gives it some grid level: the two disagree."""
+    """A warning for NaN values in a float feed of input ``name`` (None: there are none). The calibrated model's fake
+    quantization and the quantized model's input quantization (the BPU's too) give NaN different grid levels: the
+    two disagree."""
     nans = int(np.count_nonzero(np.isnan(data))) if data.dtype.kind == "f" else 0
-    return (f"input '{name}' holds {nans} NaN value(s): a float or calibrated model carries them through, a quantized "
-            "model gives them an arbitrary level; check the preprocessing") if nans else None
+    return (f"input '{name}' holds {nans} NaN value(s): a float model carries them through, a calibrated or "
+            "quantized model puts them on some level of its grid (not the same in both); check the preprocessing") \
+        if nans else None
 

@@ -1,6 +1,7 @@
-"""A border zeroed in place (``f[:, :, 0, :] = 0``, or set to a value) exports as a ScatterND of constant updates at
-constant indices; it ran on the CPU between two BPU subgraphs (hunt 48 D5). It is a product by a 0/1 mask (and a
-sum with the values written), which the BPU computes."""
+"""A border zeroed in place (``f[:, :, 0, :] = 0``) exports as a ScatterND of zeros at constant indices; it ran on
+the CPU between two BPU subgraphs (hunt 48 D5). It is a product by a 0/1 mask, which the BPU computes. Other values
+written stay a ScatterND: an Add of them stretched the map's grid (a 60 written into a map of +-1 on RDK X3: held-out
+error 0.008 -> 0.13; hunt 50 D3)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ def _border(value: float) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("march", ["bayes-e", "bernoulli2"])
 @pytest.mark.parametrize("value", [0.0, 0.5], ids=["zeroed", "set"])
-def test_a_row_written_in_place_runs_on_the_bpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, march: str,
+def test_a_row_zeroed_in_place_runs_on_the_bpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, march: str,
                                                 value: float) -> None:
     model = _border(value)
     optimized = optimize.run(model, get_profile(march))
-    assert "ScatterND" not in {n.op_type for n in optimized.graph.node}
+    assert ("ScatterND" in {n.op_type for n in optimized.graph.node}) == bool(value)
     x = np.random.default_rng(1).normal(0, 1, (1, 3, 6, 6)).astype(np.float32)
     want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
                  for m in (model, optimized))
@@ -42,4 +43,5 @@ def test_a_row_written_in_place_runs_on_the_bpu(tmp_path: Path, monkeypatch: pyt
     onnx.save(model, "model.onnx")
     result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", march, "--model", "model.onnx"],
                                 catch_exceptions=False)
-    assert result.exit_code == 0 and "1 BPU subgraph(s) and 0 CPU node(s)" in result.output, result.output
+    placed = "2 BPU subgraph(s) and 1 CPU node(s)" if value else "1 BPU subgraph(s) and 0 CPU node(s)"
+    assert result.exit_code == 0 and placed in result.output, result.output

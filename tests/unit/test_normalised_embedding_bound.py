@@ -101,7 +101,8 @@ def _lp(p: int) -> onnx.ModelProto:
 @pytest.mark.parametrize("p", [1, 2])
 def test_lp_normalization_runs_on_the_bpu_of_rdk_x5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, p: int) -> None:
     """ONNX's LpNormalization ran on the CPU ("not supported") where the same division by ReduceL2 ran on the BPU
-    (hunt 49 D3): it is written as that division, with the same values (0 for a zero vector, as onnxruntime's)."""
+    (hunt 49 D3): it is written as that division, with the same values (0 for a zero vector, as onnxruntime's). Only
+    an embedding's: a per-pixel norm of a map stays in float (near-zero pixels: hunt 50 D2)."""
     import onnxruntime as ort
 
     from hbtools.march.profiles import get_profile
@@ -121,6 +122,10 @@ def test_lp_normalization_runs_on_the_bpu_of_rdk_x5(tmp_path: Path, monkeypatch:
     result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", "bayes-e", "--model", "m.onnx"],
                                 catch_exceptions=False)
     assert result.exit_code == 0 and "1 BPU subgraph(s) and 0 CPU node(s)" in result.output, result.output
+    per_pixel = _lp(p)
+    per_pixel.graph.node[-1].input[0] = "r"  # the Relu's map [1, 4, 8, 8], normalised over the channels
+    per_pixel.graph.output[0].type.tensor_type.shape.Clear()
+    assert "LpNormalization" in {n.op_type for n in optimize.run(per_pixel, get_profile("bayes-e")).graph.node}
 
 
 def test_rdk_x3_names_what_keeps_an_embeddings_norm_on_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

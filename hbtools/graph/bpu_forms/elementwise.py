@@ -343,10 +343,10 @@ def uniform_constants_as_scalars(model: ModelProto) -> int:
 
 
 def constant_scatters_as_masks(model: ModelProto) -> int:
-    """A ScatterND of constant updates at constant indices into a float map (``f[:, :, 0, :] = 0``: a border zeroed
-    in place, which torch exports as a ScatterND) as ``f * mask + values``: the mask 0 where the updates go and 1
-    elsewhere, the values the updates there and 0 elsewhere (no Add where they are all 0). The BPU multiplies and
-    adds by constants and has no scatter: the ScatterND ran on the CPU between two BPU subgraphs. The count."""
+    """A ScatterND of zeros at constant indices into a float map (``f[:, :, 0, :] = 0``: a border zeroed in place,
+    which torch exports as a ScatterND) as ``f * mask``, the mask 0 where the zeros go and 1 elsewhere. The BPU
+    multiplies by constants and has no scatter: the ScatterND ran on the CPU between two BPU subgraphs. Other values
+    written stay a ScatterND (an Add of them would stretch the map's grid to reach them). The count."""
     view = GraphView(model)
 
     def rewrite(node: NodeProto) -> list[NodeProto] | None:
@@ -358,20 +358,15 @@ def constant_scatters_as_masks(model: ModelProto) -> int:
         if shape is None or not is_static(shape) or indices is None or updates is None or view.is_const(node.input[0]) \
                 or view.elem_types.get(node.input[0]) != onnx.TensorProto.FLOAT:
             return None
+        if np.any(updates):  # values written into the map widen its grid to reach them (hunt 50 D3): stays
+            return None
         mask = np.ones(shape, np.float32)
-        values = np.zeros(shape, np.float32)
         try:
-            index = tuple(np.moveaxis(indices.astype(np.int64), -1, 0))
-            mask[index] = 0
-            values[index] = updates
+            mask[tuple(np.moveaxis(indices.astype(np.int64), -1, 0))] = 0
         except (IndexError, ValueError):
             return None
         name = node.name or node.output[0]
         model.graph.initializer.append(numpy_helper.from_array(mask, f"{name}_mask"))
-        if not values.any():
-            return [helper.make_node("Mul", [node.input[0], f"{name}_mask"], list(node.output), name=node.name)]
-        model.graph.initializer.append(numpy_helper.from_array(values, f"{name}_values"))
-        return [helper.make_node("Mul", [node.input[0], f"{name}_mask"], [f"{name}_kept"], name=f"{name}_mask"),
-                helper.make_node("Add", [f"{name}_kept", f"{name}_values"], list(node.output), name=node.name)]
+        return [helper.make_node("Mul", [node.input[0], f"{name}_mask"], list(node.output), name=node.name)]
 
     return rewrite_nodes(model, rewrite)
