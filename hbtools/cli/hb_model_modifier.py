@@ -84,8 +84,12 @@ def _run(model_file: str, remove: list[str], types: list[str], output: str | Non
         if not any(c.type.lower() == wanted for c in now):
             # as remove_node_type in a config: the other types given are still deleted
             kinds = sorted({c.type for c in now})
-            log.warning("-a %s: no deletable node of that type in %s; deletable types: %s (nodes next to the "
-                        "model's inputs and outputs)", node_type, model_file, ", ".join(kinds) or "none")
+            graph = model.load_graph()
+            kind_of = {n.name: modifier.display_type(n).lower() for n in graph.graph.node}
+            sizeless = {name: end for name, end in modifier.unsized(graph).items() if kind_of.get(name) == wanted}
+            why = "".join(f"; {name} is not: {modifier.unsized_reason(end)}" for name, end in sizeless.items())
+            log.warning("-a %s: no deletable node of that type in %s%s; deletable types: %s (nodes next to the "
+                        "model's inputs and outputs)", node_type, model_file, why, ", ".join(kinds) or "none")
             continue
         while True:
             graph = model.load_graph()

@@ -73,3 +73,6 @@ def test_remove_node_type_says_why_it_keeps_it_and_hb_model_modifier_refuses_it(
     assert refused.exit_code != 0 and "node 'tr' cannot be deleted: the tensor 'nzT' on its other side has no " \
         "fixed shape" in refused.output, refused.output
     assert not Path("out/m_modified.bin").exists()
+    by_type = invoke(hb_model_modifier.main, ["out/m.bin", "-a", "Transpose"])
+    assert by_type.exit_code != 0 and "tr is not: the tensor 'nzT' on its other side has no fixed shape" \
+        in by_type.output, by_type.output
