@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, helper
+from onnx import AttributeProto, ModelProto, NodeProto, TensorProto, helper
 
 from hbtools.config.model import Config, NodeInfo
 from hbtools.graph.constant_terms import MOVES
@@ -206,6 +206,19 @@ def _const_shapes(node: NodeProto, view: GraphView) -> str:
     return ", ".join(str(list(view.const(i).shape)) for i in node.input if i and view.is_const(i))
 
 
+def _body_note(node: NodeProto) -> str:
+    """For an If, Loop or Scan: what its graphs hold, which runs in float on the CPU with it (hunt 48 D9)."""
+    graphs = [a.g for a in node.attribute if a.type == AttributeProto.GRAPH] + \
+        [g for a in node.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
+    inner = [n.op_type for g in graphs for n in g.node]
+    if not inner:
+        return ""
+    convs = sum(op in ("Conv", "ConvTranspose", "Gemm", "MatMul") for op in inner)
+    loop = "; a Loop of a constant trip count (at most 16 steps, condition true throughout, no scan outputs) is " \
+        "written out step by step" if node.op_type == "Loop" else ""
+    return f": its {len(inner)} inner nodes ({convs} Conv / Gemm / MatMul) run in float on the CPU with it{loop}"
+
+
 # Reductions the optimize stage writes as pools or convs over 4-D maps where the BPU has no reduction (RDK X3): for
 # the others (ReduceL2, ReduceProd, ...) the rank is not what keeps them off it (hunt 49 D4).
 _REDUCTIONS_WITH_4D_FORMS = ("ReduceMean", "ReduceMax", "ReduceSum")
@@ -260,7 +273,7 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
             return _cpu(node, acts, f"Einsum '{equation}' has no BPU form: the optimize stage writes an Einsum of two "
                                     "tensors of static shapes as a MatMul where each letter is an axis of both and of "
                                     "the output, summed over in both, or of one and the output")
-        return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}{written}")
+        return _cpu(node, acts, f"{op} is not supported on the BPU of {profile.label}{written}{_body_note(node)}")
     exact = next((t for t in acts if view.elem_types.get(t) in NON_FLOAT_TYPES), None)
     if exact is not None:
         kind = helper.tensor_dtype_to_np_dtype(view.elem_types[exact]).name
