@@ -375,3 +375,39 @@ def without_int16(monkeypatch: Any, op: str, march: str = "bayes-e") -> None:
     profile = profiles.PROFILES[march]
     ops = {**profile.ops, op: replace(profile.ops[op], int16=False)}
     monkeypatch.setitem(profiles.PROFILES, march, replace(profile, ops=ops))
+
+
+def ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """``model``'s outputs for ``feeds`` in a plain onnxruntime session (CPU, warnings quiet)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def optimized_agreeing(model: onnx.ModelProto, march: str, feeds: dict[str, np.ndarray], *, rtol: float = 1e-5,
+                       atol: float = 1e-5) -> onnx.ModelProto:
+    """The optimize stage's model for ``march``, asserted to give ``model``'s first output on ``feeds``."""
+    from hbtools.march.profiles import get_profile
+    from hbtools.pipeline import optimize
+
+    optimized = optimize.run(model, get_profile(march))
+    np.testing.assert_allclose(ort_outputs(optimized, feeds)[0], ort_outputs(model, feeds)[0], rtol=rtol, atol=atol)
+    return optimized
+
+
+def checked(model: onnx.ModelProto, march: str, folder: Path) -> str:
+    """What ``hb_mapper checker`` prints for ``model`` (saved in ``folder``, run there), its exit code asserted 0."""
+    import contextlib
+
+    from click.testing import CliRunner
+
+    from hbtools.cli.hb_mapper import main
+
+    with contextlib.chdir(folder):
+        onnx.save(model, "model.onnx")
+        result = CliRunner().invoke(main, ["checker", "--model-type", "onnx", "--march", march, "--model",
+                                           "model.onnx"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output

@@ -46,7 +46,8 @@ def _warn_type_kept(model: BinModel, node_type: str) -> None:
     wanted = node_type.lower()
     kept = [n.name for n in model.load_graph().graph.node
             if modifier.display_type(n).lower() == wanted and n.doc_string != ROUND_TRIP_DOC]
-    sizeless = {name: end for name, end in modifier.unsized(model.load_graph()).items() if name in kept}
+    sizeless = {name: end for name, end in modifier.unsized(model.load_graph()).items() if name in kept} \
+        if kept else {}
     if not kept:
         log.warning("remove_node_type: the model has no %s node; nothing removed", node_type)
     elif sizeless:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, helper, numpy_helper
 
-from hbtools.graph.graph import GraphView
+from hbtools.graph.graph import GraphView, rewrite_nodes
 
 MAX_STEPS = 16  # steps a Loop is written out over; a longer one stays a Loop on the CPU
 
@@ -23,22 +23,11 @@ def constant_loops_unrolled(model: ModelProto) -> int:
               for a in n.attribute if a.name == "value" and a.type == AttributeProto.TENSOR}
 
     def constant(name: str) -> np.ndarray | None:  # an initializer, or a Constant node's value (not folded yet)
-        return folded.get(name) if view.const(name) is None else view.const(name)
+        value = view.const(name)
+        return folded.get(name) if value is None else value
 
-    nodes: list[NodeProto] = []
-    count = 0
-    for node in model.graph.node:
-        steps = _written_out(node, constant, model) if node.op_type == "Loop" and node.domain in ("", "ai.onnx") \
-            else None
-        if steps is None:
-            nodes.append(node)
-            continue
-        nodes.extend(steps)
-        count += 1
-    if count:
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-    return count
+    return rewrite_nodes(model, lambda node: _written_out(node, constant, model)
+                         if node.op_type == "Loop" and node.domain in ("", "ai.onnx") else None)
 
 
 def _written_out(node: NodeProto, constant: Callable[[str], np.ndarray | None],
