@@ -6,7 +6,7 @@ such a bound (``thresholds.int16_threshold``) keeps the values other pictures gi
 from __future__ import annotations
 
 import numpy as np
-from onnx import NodeProto
+from onnx import NodeProto, TensorProto
 
 from hbtools.graph.graph import GraphView
 
@@ -70,6 +70,53 @@ def value_bounds(view: GraphView) -> dict[str, float]:
         if out is not None and np.isfinite(out):
             bounds.update({o: out for o in node.output if o})
     return bounds
+
+
+# Ops whose float output is a whole number whatever their input.
+WHOLE_MAKERS = ("Floor", "Ceil", "Round", "Sign")
+# Ops that give whole numbers from whole numbers (and whole constants): data movement, max pooling, integer
+# arithmetic. Not averaging or linear resizing, not division.
+_KEEP_WHOLE = ("Relu", "Abs", "Neg", "Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice",
+               "Gather", "Split", "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin", "ReduceSum", "Expand", "Tile",
+               "DepthToSpace", "SpaceToDepth", "Concat", "Add", "Sub", "Mul", "Max", "Min", "Clip", "Pad")
+_INTEGER_TYPES = {TensorProto.BOOL, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
+                  TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64}
+
+
+def integer_valued(view: GraphView) -> set[str]:
+    """Float tensors that hold whole numbers only, whatever the input: the outputs of ``WHOLE_MAKERS``, a Cast of
+    an integer or boolean tensor to float, a nearest Resize of one, and what ``_KEEP_WHOLE`` ops make of them
+    with whole constants (their grids give each such number a level: ``grids.whole_steps``)."""
+    found: set[str] = set()
+    types = view.elem_types
+
+    def whole(name: str) -> bool:
+        if not name or name in found:
+            return True  # an omitted optional input (Clip without a bound, Pad without a value)
+        c = view.const(name)
+        return c is not None and (not np.issubdtype(c.dtype, np.floating) or bool(np.all(c == np.round(c))))
+
+    for node in view.graph.node:
+        if node.domain not in ("", "ai.onnx") or not node.input:
+            continue
+        op = node.op_type
+        if op in WHOLE_MAKERS:
+            made = True
+        elif op == "Cast":
+            made = types.get(node.input[0]) in _INTEGER_TYPES
+        elif op == "Resize":
+            made = node.input[0] in found and view.attrs(node).get("mode", b"nearest") in (b"nearest", "nearest")
+        elif op in _KEEP_WHOLE:
+            data = node.input[:1] if op in ("Reshape", "Slice", "Gather", "Split", "Expand", "Tile", "Squeeze",
+                                            "Unsqueeze", "ReduceMax", "ReduceMin", "ReduceSum") else node.input
+            floats = [v for k, v in view.attrs(node).items() if k in ("min", "max", "value")]
+            made = (data[0] in found if len(data) == 1 else any(i in found for i in data)) \
+                and all(whole(i) for i in data) and all(float(v) == round(float(v)) for v in floats)
+        else:
+            made = False
+        if made:
+            found.update(o for o in node.output if o)
+    return found
 
 
 # Ops between a norm and the division that keep it at least the norm, each at its elements' places: eps clamps and

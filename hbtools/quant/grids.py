@@ -227,21 +227,36 @@ class Grid:
     zero_points: np.ndarray | None = None  # int, one per scale; None for a symmetric grid
 
 
+def whole_steps(scales: np.ndarray) -> np.ndarray:
+    """The step of a grid for whole numbers, from the one fitted to their range: 1 where that step is at most 1
+    (each integer then has its own level, exact in float32; a finer step holds no other value such a tensor
+    takes). A coarser fitted step stays: a whole one beyond it would only be coarser still."""
+    return np.where(scales <= 1.0, np.float32(1.0), scales).astype(np.float32)
+
+
 def activation_grid(threshold: float | np.ndarray, bits: int, *, asymmetric: bool = False,
-                    low: float | np.ndarray | None = None, high: float | np.ndarray | None = None) -> Grid:
-    """The grid of a tensor with method threshold(s) ``threshold`` and observed range [low, high]."""
+                    low: float | np.ndarray | None = None, high: float | np.ndarray | None = None,
+                    whole: bool = False) -> Grid:
+    """The grid of a tensor with method threshold(s) ``threshold`` and observed range [low, high]; ``whole``: the
+    tensor holds whole numbers only, and its step is a whole number (``whole_steps``)."""
     t = np.atleast_1d(np.asarray(threshold, dtype=np.float64))
     if not asymmetric or bits != ASYMMETRIC_BITS:
-        return Grid(t, scales_for(t, bits))
+        scales = scales_for(t, bits)
+        if whole:
+            scales = whole_steps(scales)
+            t = scales.astype(np.float64) * qmax_for(bits)
+        return Grid(t, scales)
     low = -t if low is None else np.atleast_1d(np.asarray(low, dtype=np.float64))
     high = t if high is None else np.atleast_1d(np.asarray(high, dtype=np.float64))
     lo = np.minimum(0.0, np.maximum(low, -t))
     hi = np.maximum(0.0, np.minimum(high, t))
     if t.size > 1 and (lo < 0).any():
-        return Grid(t, scales_for(t, bits))  # per channel with a signed channel: one zero point cannot fit
+        return activation_grid(t, bits, whole=whole)  # per channel with a signed channel: one zero point cannot fit
     qmin, qmax = grid_bounds(bits, True)
     span = hi - lo
     scales = (np.where(span / (qmax - qmin) >= SMALLEST_STEP, span, 1.0) / (qmax - qmin)).astype(np.float32)
+    if whole:
+        scales = whole_steps(scales)
     zero_points = np.clip(np.round(qmin - lo / scales.astype(np.float64)), qmin, qmax).astype(np.int64)
     return Grid(np.maximum(-lo, hi), scales, zero_points)
 

@@ -39,7 +39,7 @@ from hbtools.ops.calibration import HzBiasCalibration, HzCalibration
 from hbtools.ops.names import CALIBRATED_SUFFIX, SPLIT_DOC, calibration_node, record_cpu_nodes
 from hbtools.ops.preprocess import HzPreprocess
 from hbtools.ops.softmax import softmax_axis
-from hbtools.quant.bounds import value_bounds
+from hbtools.quant.bounds import integer_valued, value_bounds
 from hbtools.quant.grids import (
     Grid,
     activation_grid,
@@ -72,6 +72,7 @@ class ActivationPoint:
     zero_point_ok: bool = False  # every integer reader takes a zero point (``_zero_point_ok``)
     low: float | np.ndarray | None = None  # observed minimum (per channel along axis), see observe
     high: float | np.ndarray | None = None
+    whole: bool = False  # holds whole numbers only (``bounds.integer_valued``): a whole step
 
     @property
     def node_name(self) -> str:
@@ -79,7 +80,7 @@ class ActivationPoint:
 
     def grid(self, threshold: float | np.ndarray, bits: int | None = None) -> Grid:
         return activation_grid(threshold, self.bits if bits is None else bits, asymmetric=self.asymmetric,
-                               low=self.low, high=self.high)
+                               low=self.low, high=self.high, whole=self.whole)
 
     def fed(self, threshold: float, bits: int | None = None) -> dict[str, np.ndarray]:
         """Graph-input values setting this point's node in a ``feed_calibration`` session to ``threshold``."""
@@ -278,6 +279,9 @@ def make_plan(model: ModelProto, part: Partition, config: Config | None, profile
     calibrated = {p.tensor for p in plan.activations}
     plan.counted_where = _reciprocal_numerators(part, view, calibrated)
     plan.bounds = _bounded_outputs(part, calibrated, view)
+    whole = integer_valued(view)
+    for p in plan.activations:
+        p.whole = p.tensor in whole
     plan.headroom = {t: f for t, f in _headroom(part, view.const).items() if t in calibrated}
     plan.logit_carriers = logit_carriers(model) & calibrated
     plan.grid_source = {t: t for t in calibrated}
