@@ -462,6 +462,7 @@ def _thresholds(plan: CalibrationPlan, collector: StatsCollector, method: str,
     def of(p: ActivationPoint) -> float:
         stats = collector.stats[p.tensor]
         threshold = plan.logit_threshold(p.tensor, threshold_for(method, stats, p.bits, percentile), stats)
+        threshold = plan.probability_threshold(p.tensor, threshold, stats)
         return plan.int16_threshold(p.tensor, threshold) if p.bits == 16 else threshold
 
     return {p.tensor: of(p) for p in plan.activations}
