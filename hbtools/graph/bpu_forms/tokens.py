@@ -7,8 +7,8 @@ tokens viewed as [B*L, C, 1, 1] (the same values in the same order) make each Li
 element-wise op one of that view, so the Reshapes between them cancel and an MLP is one BPU subgraph.
 
 Tokens made from a channels-first map, a ViT's patch tokens ``conv(x).flatten(2).transpose(1, 2)`` ([N, C, H, W]
-to [N, HW, C]) or a 1-D net's frames ``y.transpose(1, 2)`` of a row [N, C, 1, L], are that map read in another
-order: token l of item n is the pixel (l // W, l % W) of the map. Over the map itself a Linear is a 1x1 Conv, an
+to [N, HW, C]), channels-last tokens ``x.permute(0, 2, 3, 1)`` ([N, H, W, C]: ConvNeXt's pointwise MLP) or a 1-D
+net's frames ``y.transpose(1, 2)`` of a row [N, C, 1, L], are that map read in another order: token l of item n is the pixel (l // W, l % W) of the map. Over the map itself a Linear is a 1x1 Conv, an
 element-wise op stays one, and the mean over the tokens is a GlobalAveragePool, so no Transpose of a 3-D tensor
 (a CPU node there) comes between the patch conv and the MLP, or between a 1-D net and its per-frame head.
 """
@@ -180,9 +180,15 @@ class _MapTokens(_Tokens):
 
     def _seed(self, node: NodeProto) -> str | None:
         """The map [N, C, H, W] whose tokens [N, HW, C] a Transpose (perm [0, 2, 1]) of its flatten [N, C, HW]
-        (a Reshape, or a Squeeze of a row [N, C, 1, L]) writes; None for any other node."""
-        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or \
-                list(self.view.attrs(node).get("perm", [])) != [0, 2, 1]:
+        (a Reshape, or a Squeeze of a row [N, C, 1, L]) writes, or whose channels-last tokens [N, H, W, C] a
+        Transpose (perm [0, 2, 3, 1]) of it writes (ConvNeXt's and ConvFormer's pointwise MLPs); None for any
+        other node."""
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            return None
+        perm = list(self.view.attrs(node).get("perm", []))
+        if perm == [0, 2, 3, 1]:
+            return node.input[0] if len(self._static(node.input[0]) or []) == 4 else None
+        if perm != [0, 2, 1]:
             return None
         flat = self.view.producer.get(node.input[0])
         if flat is None or flat.op_type not in ("Reshape", "Squeeze", "Flatten") or flat.domain not in ("", "ai.onnx"):
@@ -199,6 +205,8 @@ class _MapTokens(_Tokens):
 
     def _to_view(self, tensor: str, view: str, name: str) -> NodeProto:
         n, c, h, w = self._view_shape(self.shapes[tensor])
+        if list(self.shapes[tensor]) == [n, h, w, c]:  # channels-last: one Transpose, which the BPU takes
+            return helper.make_node("Transpose", [tensor], [view], name=name, perm=[0, 3, 1, 2])
         tokens, channels_first = self._fresh(f"{view}_tokens"), self._fresh(f"{view}_channels_first")
         self.nodes.append(reshape_node(self.model, tensor, tokens, [n, h * w, c], self._fresh_node(f"{name}_tokens")))
         self.nodes.append(helper.make_node("Transpose", [tokens], [channels_first],
@@ -207,6 +215,8 @@ class _MapTokens(_Tokens):
 
     def _from_view(self, view: str, tensor: str, name: str) -> NodeProto:
         n, c, h, w = self.shapes[view]
+        if list(self.shapes[tensor]) == [n, h, w, c]:
+            return helper.make_node("Transpose", [view], [tensor], name=name, perm=[0, 2, 3, 1])
         flat, tokens = self._fresh(f"{view}_{name}_flat"), self._fresh(f"{view}_{name}_tokens")
         self.nodes.append(reshape_node(self.model, view, flat, [n, c, h * w], self._fresh_node(f"{name}_flat")))
         if list(self.shapes[tensor]) == [n, h * w, c]:
