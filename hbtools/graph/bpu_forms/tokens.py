@@ -8,9 +8,10 @@ element-wise op one of that view, so the Reshapes between them cancel and an MLP
 
 Tokens made from a channels-first map, a ViT's patch tokens ``conv(x).flatten(2).transpose(1, 2)`` ([N, C, H, W]
 to [N, HW, C]), channels-last tokens ``x.permute(0, 2, 3, 1)`` ([N, H, W, C]: ConvNeXt's pointwise MLP) or a 1-D
-net's frames ``y.transpose(1, 2)`` of a row [N, C, 1, L], are that map read in another order: token l of item n is the pixel (l // W, l % W) of the map. Over the map itself a Linear is a 1x1 Conv, an
-element-wise op stays one, and the mean over the tokens is a GlobalAveragePool, so no Transpose of a 3-D tensor
-(a CPU node there) comes between the patch conv and the MLP, or between a 1-D net and its per-frame head.
+net's frames ``y.transpose(1, 2)`` of a row [N, C, 1, L], are that map read in another order: token l of item n
+is the pixel (l // W, l % W) of the map. Over the map itself a Linear is a 1x1 Conv, an element-wise op stays one,
+and the mean over the tokens is a GlobalAveragePool, so no Transpose of a 3-D tensor (a CPU node there) comes
+between the patch conv and the MLP, or between a 1-D net and its per-frame head.
 """
 
 from __future__ import annotations
