@@ -119,6 +119,12 @@ def run(model: ModelProto, profile: MarchProfile | None = None, *, placed: Mappi
     if sliced:
         log.info("%d MatMuls of two activations read only in row or column slices written as a MatMul per slice",
                  sliced)
+    unfolds = bpu_forms.unfolds_as_slices(body, placed)  # after onnxruntime folded the windows' index
+    # arithmetic; before the no-ops go: a Reshape of the unfolded map to its own shape (`.view(N, C*k*k, h, w)`)
+    if unfolds:
+        log.info("%d unfold%s (im2col: Gathers of constant windows along H and W, a 6-D Transpose) written as a "
+                 "Slice of the map per window tap and a Concat along the channels", unfolds,
+                 "" if unfolds == 1 else "s")
     _single_picks_as_squeezes(body)
     _no_ops_removed(body)
     _sums_as_adds(body)

@@ -37,6 +37,7 @@ from hbtools.graph.bpu_forms.layout import (
     sequences_as_concats,
     splits_undoing_concats,
     transposes_in_fewer_axes,
+    unfolds_as_slices,
 )
 from hbtools.graph.bpu_forms.linear_maps import cumsums_as_matmuls, spatial_index_maps_as_matmuls
 from hbtools.graph.bpu_forms.matmuls import (
@@ -130,6 +131,7 @@ __all__ = [
     "wide_convs_in_channel_pieces",
     "token_mlps_as_4d",
     "transposes_in_fewer_axes",
+    "unfolds_as_slices",
     "upsampling_by_whole_factors",
     "zero_pads_into_convs",
 ]

@@ -706,13 +706,17 @@ def _conv_pieces(node: NodeProto, view: GraphView, plan: list[list[tuple[int, in
 
 
 def _slice(model: ModelProto, opset: int, x: str, out: str, starts: list[int], ends: list[int], axes: list[int],
-           name: str, constants: str | None = None) -> NodeProto:
+           name: str, constants: str | None = None, steps: list[int] | None = None) -> NodeProto:
     """A Slice node ``name`` of ``x``: attributes before opset 10, else inputs (constants ``<constants>_starts``,
-    ``_ends``, ``_axes`` added to ``model``; ``constants`` defaults to ``name``)."""
+    ``_ends``, ``_axes`` and, with ``steps``, ``_steps`` added to ``model``; ``constants`` defaults to ``name``).
+    Steps need opset 10 or later (the attribute form has none)."""
     if opset < 10:
+        if steps is not None and any(s != 1 for s in steps):
+            raise ValueError("Slice steps need opset 10 or later")
         return helper.make_node("Slice", [x], [out], name=name, starts=starts, ends=ends, axes=axes)
     inputs = []
-    for what, values in (("starts", starts), ("ends", ends), ("axes", axes)):
+    fields = [("starts", starts), ("ends", ends), ("axes", axes)] + ([("steps", steps)] if steps is not None else [])
+    for what, values in fields:
         inputs.append(f"{constants or name}_{what}")
         model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), inputs[-1]))
     return helper.make_node("Slice", [x, *inputs], [out], name=name)

@@ -11,6 +11,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from hbtools.graph.bpu_forms._common import _axes_node, _opset
+from hbtools.graph.bpu_forms.convs import _slice
 from hbtools.graph.graph import GraphView, is_static, remove_dead_nodes, rewrite_nodes
 
 
@@ -195,6 +196,135 @@ def transposes_in_fewer_axes(model: ModelProto) -> None:
         before.input[1] = target
         del node.attribute[:]
         node.attribute.append(helper.make_attribute("perm", new_perm))
+
+
+_MAX_WINDOW_TAPS = 64  # Slices an unfold may take (k_h * k_w): a 7x7 window, T2T-ViT's largest
+
+
+@dataclass(frozen=True)
+class _Windows:
+    """Constant windows along one axis: window ``i``, position ``l`` reads ``start + i * dilation + l * stride``."""
+
+    start: int
+    dilation: int
+    stride: int
+    count: int  # k, the taps of a window
+    length: int  # L, the windows along the axis
+
+    def taps(self) -> list[int]:
+        return [self.start + i * self.dilation for i in range(self.count)]
+
+
+def _windows(index: np.ndarray | None, extent: int) -> _Windows | None:
+    """The windows a Gather's constant [k, L] indices into an axis of ``extent`` pick (torch's unfold export
+    computes ``arange(k)[:, None] * dilation + arange(L)[None, :] * stride``); None for other indices."""
+    if index is None or index.ndim != 2 or index.size == 0 or not np.issubdtype(index.dtype, np.integer):
+        return None
+    count, length = index.shape
+    start = int(index[0, 0])
+    dilation = int(index[1, 0]) - start if count > 1 else 1
+    stride = int(index[0, 1]) - start if length > 1 else 1
+    expected = start + dilation * np.arange(count)[:, None] + stride * np.arange(length)[None, :]
+    if dilation < 1 or stride < 1 or start < 0 or int(expected.max()) >= extent or not np.array_equal(index, expected):
+        return None
+    return _Windows(start, dilation, stride, count, length)
+
+
+def unfolds_as_slices(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
+    """An unfold (im2col) of a 4-D map as torch exports ``F.unfold`` / ``nn.Unfold``: a Gather of constant
+    windows [k, L] along H, one along W (giving [N, C, k_h, L_h, k_w, L_w]), a Transpose to [N, C, k_h, k_w,
+    L_h, L_w] and Reshapes (to [N, C*k_h*k_w, L]). Every window element is a constant shift of the map, so
+    it becomes one Slice of the map per tap (starts at the tap, steps of the stride; named
+    ``<Gather>_window_<i>_<j>``), a Concat of them along the channels (named as the second Gather) and a
+    Gather of channels into the order the Transpose gives (named as the Transpose; none where the order is
+    already the taps' own); the Reshapes read that [N, C*k_h*k_w, L_h, L_w] map, which holds the elements in
+    the same order. The BPU takes no 6-D tensor (4-D on bernoulli2); the moves keep the values and their
+    grid. Only with static shapes, up to 64 taps, a Transpose keeping the windows' positions last and batch
+    first, and where ``placed`` (node_info) names none of the nodes. The count of unfolds rewritten."""
+    opset = _opset(model)
+    if opset < 10:  # Slice steps
+        return 0
+    view = GraphView(model)
+    replaced: dict[str, list[NodeProto]] = {}
+    dropped: set[str] = set()
+    for node in model.graph.node:
+        found = _unfold(view, node, placed or {})
+        if found is None:
+            continue
+        first, second, reshapes, windows = found
+        source = first.input[0]
+        channels = view.shapes[source][1]
+        rows, cols = windows["h"], windows["w"]
+        if rows.count * cols.count > _MAX_WINDOW_TAPS:
+            continue
+        pieces, nodes = [], []
+        for i, row in enumerate(rows.taps()):
+            for j, col in enumerate(cols.taps()):
+                pieces.append(f"{second.output[0]}_window_{i}_{j}")
+                ends = [row + (rows.length - 1) * rows.stride + 1, col + (cols.length - 1) * cols.stride + 1]
+                nodes.append(_slice(model, opset, source, pieces[-1], [row, col], ends, [2, 3],
+                                    f"{second.name}_window_{i}_{j}", steps=[rows.stride, cols.stride]))
+        joined = f"{second.output[0]}_windows"
+        nodes.append(helper.make_node("Concat", pieces, [joined], name=second.name, axis=1))
+        # the Concat's channel (i * k_w + j) * C + c; the Transpose's order of (c, i, j) picks from it
+        order = np.arange(len(pieces) * channels).reshape(rows.count, cols.count, channels)
+        index = order.transpose([("hk", "wk", "c").index(label) for label in windows["order"]]).reshape(-1)
+        unfolded = joined
+        if not np.array_equal(index, np.arange(index.size)):
+            unfolded = f"{node.output[0]}_as_map"
+            nodes.append(_channel_gather(model, joined, unfolded, index, node.name))
+        for reshape in reshapes:
+            reshape.input[0] = unfolded
+        replaced[node.name] = nodes
+        dropped.update((first.name, second.name))
+    rewrite_nodes(model, lambda n: replaced.get(n.name, [] if n.name in dropped else None))
+    return len(replaced)
+
+
+def _unfold(view: GraphView, transpose: NodeProto, placed: Mapping[str, str]) \
+        -> tuple[NodeProto, NodeProto, list[NodeProto], dict] | None:
+    """The two window Gathers an unfold's Transpose reads, the Reshapes reading it, and the windows along "h"
+    and "w" with the Transpose's order of the channel and tap axes ("order"); None where ``transpose`` is not
+    such an unfold's (see ``unfolds_as_slices``)."""
+    if transpose.op_type != "Transpose" or transpose.domain not in ("", "ai.onnx"):
+        return None
+    second = view.producer.get(transpose.input[0])
+    first = view.producer.get(second.input[0]) if second is not None else None
+    chain = [n for n in (first, second, transpose) if n is not None]
+    if len(chain) != 3 or any(n.op_type != op or n.domain not in ("", "ai.onnx") or n.name in placed
+                              for n, op in zip(chain, ("Gather", "Gather", "Transpose"), strict=True)):
+        return None
+    for made, reader in ((first, second), (second, transpose)):
+        if made.output[0] in view.graph_outputs or view.consumers.get(made.output[0], []) != [reader] \
+                or reader.input[0] != made.output[0]:
+            return None
+    reshapes = view.consumers.get(transpose.output[0], [])
+    if not reshapes or transpose.output[0] in view.graph_outputs or any(
+            r.op_type != "Reshape" or r.input[0] != transpose.output[0] or view.const(r.input[1]) is None
+            or 0 in view.const(r.input[1]).tolist() for r in reshapes):
+        return None  # a 0 in a Reshape's shape copies a dim of the 6-D tensor
+    shape = view.shapes.get(first.input[0])
+    if view.is_const(first.input[0]) or not is_static(shape) or len(shape) != 4:
+        return None
+    labels = ["n", "c", "h", "w"]
+    windows: dict = {}
+    for gather in (first, second):
+        axis = int(view.attrs(gather).get("axis", 0)) % len(labels)
+        label = labels[axis]
+        found = _windows(view.const(gather.input[1]), shape[2 if label == "h" else 3]) \
+            if label in ("h", "w") else None
+        if found is None:
+            return None
+        windows[label] = found
+        labels[axis:axis + 1] = [f"{label}k", f"{label}l"]
+    if len(labels) != 6:
+        return None
+    perm = list(view.attrs(transpose).get("perm", range(5, -1, -1)))
+    target = [labels[p] for p in perm]
+    if target[0] != "n" or target[4:] != ["hl", "wl"]:
+        return None
+    windows["order"] = target[1:4]
+    return first, second, reshapes, windows
 
 
 def _fewer_axes(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
