@@ -230,6 +230,19 @@ def _windows(index: np.ndarray | None, extent: int) -> _Windows | None:
     return _Windows(start, dilation, stride, count, length)
 
 
+@dataclass(frozen=True)
+class _Unfold:
+    """An unfold's nodes (the Gathers, the Reshapes reading its Transpose), its windows along H and W, and the
+    Transpose's order of the channel and tap axes (labels "c", "hk", "wk")."""
+
+    first: NodeProto
+    second: NodeProto
+    reshapes: list[NodeProto]
+    rows: _Windows
+    cols: _Windows
+    order: list[str]
+
+
 def unfolds_as_slices(model: ModelProto, placed: Mapping[str, str] | None = None) -> int:
     """An unfold (im2col) of a 4-D map as torch exports ``F.unfold`` / ``nn.Unfold``: a Gather of constant
     windows [k, L] along H, one along W (giving [N, C, k_h, L_h, k_w, L_w]), a Transpose to [N, C, k_h, k_w,
@@ -251,10 +264,9 @@ def unfolds_as_slices(model: ModelProto, placed: Mapping[str, str] | None = None
         found = _unfold(view, node, placed or {})
         if found is None:
             continue
-        first, second, reshapes, windows = found
+        first, second, rows, cols = found.first, found.second, found.rows, found.cols
         source = first.input[0]
         channels = view.shapes[source][1]
-        rows, cols = windows["h"], windows["w"]
         if rows.count * cols.count > _MAX_WINDOW_TAPS:
             continue
         pieces, nodes = [], []
@@ -268,12 +280,12 @@ def unfolds_as_slices(model: ModelProto, placed: Mapping[str, str] | None = None
         nodes.append(helper.make_node("Concat", pieces, [joined], name=second.name, axis=1))
         # the Concat's channel (i * k_w + j) * C + c; the Transpose's order of (c, i, j) picks from it
         order = np.arange(len(pieces) * channels).reshape(rows.count, cols.count, channels)
-        index = order.transpose([("hk", "wk", "c").index(label) for label in windows["order"]]).reshape(-1)
+        index = order.transpose([("hk", "wk", "c").index(label) for label in found.order]).reshape(-1)
         unfolded = joined
         if not np.array_equal(index, np.arange(index.size)):
             unfolded = f"{node.output[0]}_as_map"
             nodes.append(_channel_gather(model, joined, unfolded, index, node.name))
-        for reshape in reshapes:
+        for reshape in found.reshapes:
             reshape.input[0] = unfolded
         replaced[node.name] = nodes
         dropped.update((first.name, second.name))
@@ -282,10 +294,9 @@ def unfolds_as_slices(model: ModelProto, placed: Mapping[str, str] | None = None
 
 
 def _unfold(view: GraphView, transpose: NodeProto, placed: Mapping[str, str]) \
-        -> tuple[NodeProto, NodeProto, list[NodeProto], dict] | None:
-    """The two window Gathers an unfold's Transpose reads, the Reshapes reading it, and the windows along "h"
-    and "w" with the Transpose's order of the channel and tap axes ("order"); None where ``transpose`` is not
-    such an unfold's (see ``unfolds_as_slices``)."""
+        -> _Unfold | None:
+    """The unfold whose Transpose ``transpose`` is; None where it is no such unfold's (see
+    ``unfolds_as_slices``)."""
     if transpose.op_type != "Transpose" or transpose.domain not in ("", "ai.onnx"):
         return None
     second = view.producer.get(transpose.input[0])
@@ -307,7 +318,7 @@ def _unfold(view: GraphView, transpose: NodeProto, placed: Mapping[str, str]) \
     if view.is_const(first.input[0]) or not is_static(shape) or len(shape) != 4:
         return None
     labels = ["n", "c", "h", "w"]
-    windows: dict = {}
+    windows: dict[str, _Windows] = {}
     for gather in (first, second):
         axis = int(view.attrs(gather).get("axis", 0)) % len(labels)
         label = labels[axis]
@@ -323,8 +334,7 @@ def _unfold(view: GraphView, transpose: NodeProto, placed: Mapping[str, str]) \
     target = [labels[p] for p in perm]
     if target[0] != "n" or target[4:] != ["hl", "wl"]:
         return None
-    windows["order"] = target[1:4]
-    return first, second, reshapes, windows
+    return _Unfold(first, second, reshapes, windows["h"], windows["w"], target[1:4])
 
 
 def _fewer_axes(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]]:
