@@ -284,16 +284,19 @@ def _make_unit(node: NodeProto, view: GraphView, profile: MarchProfile, taken: s
     if not rule.forms:
         return _cpu(node, acts, f"{op} runs on the BPU of {profile.label}, but hbtools has no integer kernel "
                                 f"for it yet")
+    forms = rule.forms
+    constant_weight = len(node.input) > 1 and view.is_const(node.input[1])
+    if "conv" in forms and not constant_weight and not ("matmul" in forms and len(acts) == 2):
+        # Decided before the attribute limits: a kernel, stride or rank within them would not give it a BPU form,
+        # so naming one of them (a tracker's 8x8 template kernel "exceeds 7") would send the user the wrong way.
+        return _cpu(node, acts, f"{op} without a constant weight has no BPU form on {profile.label}")
     reason = violation(node, rule, view, profile)
     if reason:
         return _cpu(node, acts, reason)
-    forms = rule.forms
-    if "conv" in forms and len(node.input) > 1 and view.is_const(node.input[1]):
+    if "conv" in forms and constant_weight:
         return _conv_unit(node, acts, view, rule, taken)
     if "matmul" in forms and len(acts) == 2:
         return Unit("matmul", [node], acts, list(node.output), table_type=rule.table_type)
-    if "conv" in forms:
-        return _cpu(node, acts, f"{op} without a constant weight has no BPU form on {profile.label}")
     if "eltwise" in forms and len(acts) == 2 and acts[0] != acts[1]:
         return Unit("eltwise", [node], acts, list(node.output), table_type=rule.table_type)
     for form in forms:  # a kind an op class quantizes by itself
