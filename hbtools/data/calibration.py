@@ -95,8 +95,38 @@ def _check_npy_order(path: Path, shape: list[int], spec: InputSpec, what: str) -
                   f"in another order: its values would be read scrambled", hint=hint)
 
 
-def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> None:
-    """``what``: how the message names the file (``hb_mapper infer`` checks its --image-file here too)."""
+def _inputs_it_fits(spec: InputSpec, others: Sequence[InputSpec], *, values: int | None = None,
+                    nbytes: int | None = None) -> list[str]:
+    """The other inputs whose data a file of ``values`` numbers (a .npy file) or of ``nbytes`` bytes (a raw
+    file, in that input's own file type) would be: a two-input model's folders or files given in the wrong
+    order, or one given twice."""
+    return [o.name for o in others if o.name != spec.name and o.shape is not None
+            and (values is None or math.prod(o.shape) == values)
+            and (nbytes is None or math.prod(o.shape) * raw_dtype(o).itemsize == nbytes)]
+
+
+def _other_input_error(what: str, path: Path, found: str, expected: str, spec: InputSpec, fitting: list[str],
+                       others: Sequence[InputSpec], also: str = "") -> HbError:
+    """The error for a file that holds another input's data: where the folders or files of the inputs are
+    given, not input_shape, is what to check."""
+    names = " or ".join(f"'{n}'" for n in fitting)
+    # a raw file's size fits the shape in that input's own file type; a .npy file's count fits the shape alone
+    shapes = " / ".join("x".join(map(str, o.shape)) + (f" {raw_dtype(o).name}" if "bytes" in found else "")
+                        for o in others if o.name in fitting)
+    if what == "calibration file":
+        order = ";".join(o.name for o in others)
+        hint = (f"the folder {path.parent} looks like the data of input {names}: cal_data_dir lists one folder per "
+                f"input, in the order of input_name ({order})")
+    else:
+        hint = f"the file looks like the data of input {names}: give each --image-file NAME FILE the file of that input"
+    return HbError(f"{what} {path} {found}, expected {expected} for input '{spec.name}'; that is the size of input "
+                   f"{names} ({shapes}){also}", hint=hint)
+
+
+def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file",
+               others: Sequence[InputSpec] = ()) -> None:
+    """``what``: how the message names the file (``hb_mapper infer`` checks its --image-file here too);
+    ``others``: every input of the model, so a file of another input's size is said to be that input's data."""
     count = math.prod(spec.shape)
     if path.suffix.lower() == ".npy":
         with open(path, "rb") as f:
@@ -109,6 +139,9 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> N
             except (ValueError, EOFError) as e:  # a damaged or cut header
                 raise HbError(f"{what} {path} is not a valid .npy file: {e}",
                               hint=f"write it again with numpy.save (an array of shape {spec.shape})") from e
+        if math.prod(shape) != count and (fitting := _inputs_it_fits(spec, others, values=math.prod(shape))):
+            raise _other_input_error(what, path, f"holds {dtype} {list(shape)}",
+                                     f"{count} numbers (shape {spec.shape})", spec, fitting, others)
         if math.prod(shape) != count or dtype.kind not in "biuf":
             raise HbError(
                 f"{what} {path} holds {dtype} {list(shape)}, "
@@ -133,6 +166,12 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file") -> N
         # The model input's own type first: an int64 featuremap's files are int64, not float64.
         fits = [t for t in dict.fromkeys((spec.model_dtype, "uint8", "float32", "int16", "float64"))
                 if t in CAL_DATA_TYPES and t != dtype.name and size == count * np.dtype(t).itemsize]
+        fitting = [] if picture else _inputs_it_fits(spec, others, nbytes=size)
+        if fitting:  # another input's data, unless (also said) the files are this input's in another type
+            also = f" (or this input's in {fits[0]}: cal_data_type)" if fits else ""
+            raise _other_input_error(what, path, f"has {size} bytes",
+                                     f"{expected} bytes (shape {spec.shape}, dtype {dtype})", spec, fitting, others,
+                                     also)
         shape = None if fits or picture or size % dtype.itemsize else _other_shape(size // dtype.itemsize, spec)
         if shape is not None:  # the data type fits; the files hold another shape than input_shape says
             raise HbError(
@@ -169,11 +208,12 @@ def _other_shape(values: int, spec: InputSpec) -> str | None:
     return "x".join(map(str, dims))
 
 
-def _plan_input(spec: InputSpec, preprocess_on: bool) -> list[tuple[Path, ...]]:
+def _plan_input(spec: InputSpec, preprocess_on: bool, specs: Sequence[InputSpec] = ()) -> list[tuple[Path, ...]]:
+    """``specs``: every input of the model (to recognise another input's data in ``spec``'s folder)."""
     files = _listing(spec)
     if spec.is_featuremap or not preprocess_on:
         for f in files:
-            _check_raw(f, spec)
+            _check_raw(f, spec, others=specs)
         return [(f,) for f in files]
     for f in files:
         if f.suffix.lower() not in IMAGE_EXTENSIONS:
@@ -198,7 +238,7 @@ def _plan_input(spec: InputSpec, preprocess_on: bool) -> list[tuple[Path, ...]]:
 
 
 def _plan(specs: Sequence[InputSpec], preprocess_on: bool) -> list[list[tuple[Path, ...]]]:
-    plans = [_plan_input(s, preprocess_on) for s in specs]
+    plans = [_plan_input(s, preprocess_on, specs) for s in specs]
     counts = {len(p) for p in plans}
     if len(counts) > 1:
         detail = ", ".join(f"{s.cal_data_dir}: {len(p)}" for s, p in zip(specs, plans, strict=True))
@@ -301,19 +341,21 @@ def _read_sample(paths: tuple[Path, ...], spec: InputSpec, preprocess_on: bool,
     return to_intermediate(_load_raw(paths, spec, preprocess_on, what), spec)
 
 
-def read_sample_file(path: Path, spec: InputSpec, preprocess_on: bool = False) -> np.ndarray:
+def read_sample_file(path: Path, spec: InputSpec, preprocess_on: bool = False,
+                     specs: Sequence[InputSpec] = ()) -> np.ndarray:
     """One file prepared exactly as a calibration sample of ``spec`` (``hb_mapper infer``).
 
     Image files (jpg/png/bmp) are read like ``preprocess_on`` calibration images
     whatever the config says (raw bytes could not be them anyway); ``.npy`` and raw
-    files must match the input's shape and data type.
+    files must match the input's shape and data type. ``specs``: every input of the model, so a file of
+    another input's size is said to be that input's.
     """
     path = Path(path)
     if not path.is_file():
         raise HbError(f"input file {path} for input '{spec.name}' does not exist")
     image = not spec.is_featuremap and (preprocess_on or path.suffix.lower() in IMAGE_EXTENSIONS)
     if not image:
-        _check_raw(path, spec, "input file")
+        _check_raw(path, spec, "input file", specs)
     elif spec.shape[0] != 1:
         raise HbError(f"input '{spec.name}' has batch {spec.shape[0]}; give a raw or .npy sample, not one image")
     return _read_sample((path,), spec, image, "input file")

@@ -159,7 +159,7 @@ def infer(config_path: str | Path, model_file: str | Path, model_type: str, imag
             raise HbError(f"input '{name}' of {model_file} does not take image data as prepared for calibration",
                           hint="run infer on a makertbin artefact (*_original_float_model.onnx ... "
                                "*_quantized_model.onnx)")
-        data = read_sample_file(Path(given[name]), spec, config.calibration.preprocess_on)
+        data = read_sample_file(Path(given[name]), spec, config.calibration.preprocess_on, list(specs.values()))
         feeds[name] = _arrange(data, spec, model_inputs[name], layouts[name])
     layers = _layers(model, config)
     present = {o.name for o in model.graph.output}
