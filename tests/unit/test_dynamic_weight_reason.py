@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from builders import checked
 from onnx import TensorProto, helper, numpy_helper
-
-from tests.builders import checked
 
 
 def _tracker(kernel: int) -> onnx.ModelProto:
