@@ -5,6 +5,7 @@ input sizes stay open is told so."""
 from __future__ import annotations
 
 import copy
+import re
 from typing import NoReturn
 
 import numpy as np
@@ -34,6 +35,9 @@ def dry_run(model: ModelProto, inputs: list[InputSpec], declared: dict[str, list
     except Exception as e:  # onnxruntime's exception types are not importable
         # where input_shape changed a size the model fixes, that is the first thing to undo
         if not _changed_fixed_sizes(inputs, declared) and _loads_with_declared_shapes(model, declared):
+            refusing = _plain_node_refusing(e, model)
+            if refusing is not None:
+                _shapes_do_not_fit(e, refusing, inputs, shapes)
             raise HbError(f"onnxruntime takes the model only while the input sizes it leaves open stay open; with "
                           f"them fixed ({shapes}), as conversion needs, it refuses it: {last_line(e)}",
                           hint="the model changes its own structure with its input sizes (e.g. an If that "
@@ -46,6 +50,36 @@ def dry_run(model: ModelProto, inputs: list[InputSpec], declared: dict[str, list
         raise
     except Exception as e:
         _cannot_run(e, inputs, declared, shapes)
+
+
+# onnxruntime's load errors name the node whose shape inference failed: "Node (diff) Op (Sub) [ShapeInferenceError] ..."
+_FAILING_NODE = re.compile(r"Node \(([^)]*)\) Op \(([^)]*)\)")
+# Only a node holding graphs runs another structure than its inference with fixed sizes assumed (the branch an If
+# takes at run time); any other node's inference failing means the given shapes meet there in a way it refuses.
+_CONTROL_FLOW = ("If", "Loop", "Scan")
+
+
+def _plain_node_refusing(error: Exception, model: ModelProto) -> onnx.NodeProto | None:
+    """The node outside any control flow whose shape inference refused the input shapes given, named by
+    onnxruntime's ``error``; None where the error names no such node."""
+    found = _FAILING_NODE.search(str(error))
+    if found is None or found.group(2) in _CONTROL_FLOW:
+        return None
+    name, op_type = found.groups()
+    candidates = [n for n in model.graph.node if n.op_type == op_type and (n.name == name or not name)]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _shapes_do_not_fit(error: Exception, node: onnx.NodeProto, inputs: list[InputSpec], shapes: str) -> NoReturn:
+    """The given input shapes meet at ``node`` in sizes it cannot take: the shapes are what to change, not the
+    export (the model itself runs with its open sizes)."""
+    where = f"node '{node.name}' ({node.op_type})" if node.name else f"the {node.op_type} node"
+    if len(inputs) > 1:
+        raise HbError(f"the input shapes given do not fit together ({shapes}) at {where}: {last_line(error)}",
+                      hint="give input shapes the model can take: their sizes must agree where they meet at that "
+                           "node") from None
+    raise HbError(f"the input shape given ({shapes}) does not fit {where}: {last_line(error)}",
+                  hint="check input_shape (it is in the model's own layout and must fit its layers)") from None
 
 
 def _changed_fixed_sizes(inputs: list[InputSpec], declared: dict[str, list[int | None]]) -> list[str]:
