@@ -30,6 +30,21 @@ def integers_fit(data: np.ndarray, dtype: np.dtype | type) -> bool:
     return not data.size or bool(info.min <= data.min() and data.max() <= info.max)
 
 
+def first_inexact_in_float(data: np.ndarray, dtype: np.dtype | type) -> int | None:
+    """For bool or integer ``data``: the first value the float ``dtype`` does not hold exactly (float32 holds every
+    whole number up to ±2**24, and larger ones only in steps), None where it holds them all: a 0/1 mask or a count
+    given as bool or int64 converts to a float input without changing a value."""
+    if data.dtype == np.bool_ or not data.size:
+        return None
+    flat = data.ravel()
+    with np.errstate(over="ignore", invalid="ignore"):
+        as_float = flat.astype(dtype)
+        finite = np.isfinite(as_float)
+        exact = finite.copy()
+        exact[finite] = as_float[finite].astype(flat.dtype) == flat[finite]
+    return None if exact.all() else int(flat[np.argmin(exact)])
+
+
 def float32_overflow(data: np.ndarray) -> int:
     """How many finite values of float64 ``data`` lie beyond float32's range (they would become inf)."""
     if data.dtype != np.float64 or not data.size:

@@ -19,7 +19,7 @@ import numpy as np
 
 from hbtools.data import colour
 from hbtools.data.intermediate import from_channels_last
-from hbtools.data.npy import float32_overflow, integers_fit, load_npy, nan_warning
+from hbtools.data.npy import first_inexact_in_float, float32_overflow, integers_fit, load_npy, nan_warning
 from hbtools.errors import HbError, ResourceError
 from hbtools.graph.graph import GraphView
 from hbtools.runtime.runtime_model import InputDesc, RuntimeModel
@@ -52,6 +52,13 @@ def to_model_input(desc: InputDesc, data: np.ndarray) -> np.ndarray:
             raise HbError(f"input '{desc.name}' takes float32 data, and {overflow} of the float64 values given are "
                           f"beyond float32's range (±{np.finfo(np.float32).max:.4g}): check the data's scale")
         data = data.astype(np.float32)  # numpy's default float64 (np.save of a float array), as HB_ONNXRuntime takes
+    if want_dtype.kind == "f" and not desc.is_image and (data.dtype == np.bool_ or data.dtype.kind in "iu"):
+        # a 0/1 mask or a count saved as bool / int64, as HB_ONNXRuntime takes it: only where no value changes
+        inexact = first_inexact_in_float(data, want_dtype)
+        if inexact is not None:
+            raise HbError(f"input '{desc.name}' ({desc.type_rt}) takes {want_dtype} data, which does not hold the "
+                          f"{data.dtype} value {inexact} exactly: save the data as {want_dtype} if rounding is meant")
+        data = data.astype(want_dtype)
     if data.dtype != want_dtype:
         shifted = ("; int8 data is the calibrated model's own input (pixel - 128, as the calibration_data dump "
                    "holds it)") if desc.is_image and data.dtype == np.int8 else ""

@@ -15,7 +15,7 @@ import onnxruntime as ort
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from hbtools.config.values import closest_names
-from hbtools.data.npy import float32_overflow, integers_fit, nan_warning
+from hbtools.data.npy import first_inexact_in_float, float32_overflow, integers_fit, nan_warning
 from hbtools.errors import HbError
 from hbtools.graph import model_io
 from hbtools.graph.batch_reshapes import same_outputs
@@ -741,6 +741,15 @@ def convert_feed(data: np.ndarray, target: type, offset: int, name: str) -> np.n
         return data.astype(np.float32)
     if integers_fit(data, target):  # indices and sizes in another integer type
         return data.astype(target)
+    if np.issubdtype(target, np.floating) and (data.dtype == np.bool_ or np.issubdtype(data.dtype, np.integer)):
+        # a 0/1 mask or a count as bool / int64 for a float input: taken where the float type holds every value
+        inexact = first_inexact_in_float(data, target)
+        if inexact is None:
+            return data.astype(target)
+        kind = np.dtype(target).name
+        raise FeedError(f"input '{name}' takes {kind}, which does not hold the {data.dtype} value {inexact} "
+                        f"exactly (it holds every whole number up to ±2**{np.finfo(target).nmant + 1}, larger ones "
+                        f"only in steps): give the data as {kind} (.astype(np.{kind})) if rounding is meant")
     if np.issubdtype(target, np.integer) and np.issubdtype(data.dtype, np.integer):
         info = np.iinfo(target)
         raise FeedError(f"input '{name}' takes {np.dtype(target).name}, and {data.dtype} data holds values outside "
