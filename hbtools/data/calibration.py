@@ -106,12 +106,12 @@ def _inputs_it_fits(spec: InputSpec, others: Sequence[InputSpec], *, values: int
 
 
 def _other_input_error(what: str, path: Path, found: str, expected: str, spec: InputSpec, fitting: list[str],
-                       others: Sequence[InputSpec], also: str = "") -> HbError:
+                       others: Sequence[InputSpec], also: str = "", *, raw: bool) -> HbError:
     """The error for a file that holds another input's data: where the folders or files of the inputs are
-    given, not input_shape, is what to check."""
+    given, not input_shape, is what to check. ``raw``: a raw file, whose size fits the other input's shape in
+    that input's own file type (a .npy file's count fits the shape alone)."""
     names = " or ".join(f"'{n}'" for n in fitting)
-    # a raw file's size fits the shape in that input's own file type; a .npy file's count fits the shape alone
-    shapes = " / ".join("x".join(map(str, o.shape)) + (f" {raw_dtype(o).name}" if "bytes" in found else "")
+    shapes = " / ".join("x".join(map(str, o.shape)) + (f" {raw_dtype(o).name}" if raw else "")
                         for o in others if o.name in fitting)
     if what == "calibration file":
         order = ";".join(o.name for o in others)
@@ -141,7 +141,7 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file",
                               hint=f"write it again with numpy.save (an array of shape {spec.shape})") from e
         if math.prod(shape) != count and (fitting := _inputs_it_fits(spec, others, values=math.prod(shape))):
             raise _other_input_error(what, path, f"holds {dtype} {list(shape)}",
-                                     f"{count} numbers (shape {spec.shape})", spec, fitting, others)
+                                     f"{count} numbers (shape {spec.shape})", spec, fitting, others, raw=False)
         if math.prod(shape) != count or dtype.kind not in "biuf":
             raise HbError(
                 f"{what} {path} holds {dtype} {list(shape)}, "
@@ -171,7 +171,7 @@ def _check_raw(path: Path, spec: InputSpec, what: str = "calibration file",
             also = f" (or this input's in {fits[0]}: cal_data_type)" if fits else ""
             raise _other_input_error(what, path, f"has {size} bytes",
                                      f"{expected} bytes (shape {spec.shape}, dtype {dtype})", spec, fitting, others,
-                                     also)
+                                     also, raw=True)
         shape = None if fits or picture or size % dtype.itemsize else _other_shape(size // dtype.itemsize, spec)
         if shape is not None:  # the data type fits; the files hold another shape than input_shape says
             raise HbError(
