@@ -2,7 +2,9 @@
 
 A float Hz op the optimize stage wrote (HzLayerNorm) is copied as its standard-ONNX float
 computation: the quantized model's CPU nodes are onnxruntime's to run, in HB_ONNXRuntime
-and in the ``.bin`` simulator alike.
+and in the ``.bin`` simulator alike. It is the form the calibrated model's lowering writes for
+the same node (a recorded CPU node: no float64 twins), from the same constants and shapes, so
+the calibrated model runs the very float ops the quantized model runs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ def emit(state: EmitState, unit: Unit) -> None:
             taken = {x for n in [*state.src.graph.node, *state.nodes] for x in (n.name, *n.output)}
             ctx = LoweringContext(default_opset(state.src), taken | {t.name for t in state.inits}, state.view.shapes)
             ctx.exact = False
+            # The calibrated model's lowering of this node sees the model's constants (a scale's shape
+            # decides between LayerNormalization and the spelled-out chain): so must this one, or the two
+            # artefacts compute the CPU node with differently rounding float ops.
+            ctx.constant_values = {t.name: t for t in [*state.src.graph.initializer, *state.inits]}
             state.nodes.extend(op.lower(node, ctx))
             state.inits.extend(ctx.initializers)
         else:
