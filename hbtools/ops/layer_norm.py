@@ -178,10 +178,15 @@ class HzLayerNorm(HzOp):
         a = cls.read(node)
         x, scale, bias = node.input[:3]
         last = sorted(int(v) for v in a["axes"])
-        if ctx.opset >= 17 and last == list(range(-len(last), 0)) and ctx.rank(x) is not None and \
-                np.ndim(ctx.known(scale)) <= len(last):
-            return [helper.make_node("LayerNormalization", [x, scale, bias], [node.output[0]], name=node.name,
-                                     axis=last[0], epsilon=float(a["epsilon"]))]
+        rank = ctx.rank(x)
+        if ctx.opset >= 17 and last == list(range(-len(last), 0)) and rank is not None and len(last) <= rank:
+            # LayerNormalization's scale and bias span the normalized axes; a constant with leading axes of
+            # length 1 (the [1, 1] scale of an exported GroupNorm(1) over [N, 1, C*H*W]) is the same values.
+            operands = [_over_last_axes(ctx, t, len(last), rank, f"{node.name}_{part}")
+                        for t, part in ((scale, "scale"), (bias, "bias"))]
+            if None not in operands:
+                return [helper.make_node("LayerNormalization", [x, *operands], [node.output[0]], name=node.name,
+                                         axis=last[0], epsilon=float(a["epsilon"]))]
         rank = ctx.rank(x)
         if rank is None:
             raise ValueError(f"HzLayerNorm {node.name}: the rank of {x} is unknown")
@@ -204,6 +209,20 @@ class HzLayerNorm(HzOp):
         var = (d * d).mean(axis=axes, keepdims=True)
         y = d / np.sqrt(var + np.float32(a["epsilon"])) * inputs[1] + inputs[2]
         return [y.astype(np.float32)]
+
+
+def _over_last_axes(ctx: LoweringContext, tensor: str, count: int, rank: int, hint: str) -> str | None:
+    """``tensor``, a constant broadcast against a rank-``rank`` input, as one over its last ``count`` axes:
+    itself where it has no more axes, a reshaped copy where the extra leading ones have length 1, else None
+    (it varies along an axis LayerNormalization does not normalize, or its value is not known)."""
+    value = ctx.known(tensor)
+    if value is None or value.ndim > rank:
+        return None
+    if value.ndim <= count:
+        return tensor
+    if any(d != 1 for d in value.shape[: value.ndim - count]):
+        return None
+    return ctx.constant(hint, value.reshape(value.shape[value.ndim - count:]))
 
 
 def _statistics_only(node: NodeProto, view) -> bool:  # noqa: ANN001 - GraphView lives above ops/

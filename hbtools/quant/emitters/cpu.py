@@ -24,13 +24,15 @@ def emit(state: EmitState, unit: Unit) -> None:
     for node in unit.nodes:
         op = registry.op_class(node.op_type) if node.domain == DOMAIN else None
         if op is not None and op.device_op:
+            constants = {t.name: t for t in [*state.src.graph.initializer, *state.inits]}
             taken = {x for n in [*state.src.graph.node, *state.nodes] for x in (n.name, *n.output)}
-            ctx = LoweringContext(default_opset(state.src), taken | {t.name for t in state.inits}, state.view.shapes)
+            taken |= set(constants) | {i.name for i in state.src.graph.input}
+            ctx = LoweringContext(default_opset(state.src), taken, state.view.shapes)
             ctx.exact = False
             # The calibrated model's lowering of this node sees the model's constants (a scale's shape
             # decides between LayerNormalization and the spelled-out chain): so must this one, or the two
             # artefacts compute the CPU node with differently rounding float ops.
-            ctx.constant_values = {t.name: t for t in [*state.src.graph.initializer, *state.inits]}
+            ctx.constant_values = constants
             state.nodes.extend(op.lower(node, ctx))
             state.inits.extend(ctx.initializers)
         else:
